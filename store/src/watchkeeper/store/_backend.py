@@ -1,0 +1,531 @@
+"""``BaseStateBackend``: validation, the sync/async bridge, and the hooks a backend implements."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, ClassVar, Self, TypeVar
+
+import anyio
+import anyio.abc
+import greenback
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    AssetScope,
+    EventCommit,
+    GcReport,
+    RawEntry,
+    StateEntry,
+    StateScope,
+    TaskScope,
+    Writer,
+)
+from ._values import (
+    DEFAULT_MAX_VALUE_BYTES,
+    NEVER_EXPIRE,
+    JSONValue,
+    check_key,
+    check_retention,
+    decode_value,
+    encode_value,
+)
+from .errors import RetentionTypeError, StoreClosedError, SyncCallInLoopError
+
+__all__ = ["BaseStateBackend"]
+
+T = TypeVar("T")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _entry(raw: RawEntry) -> StateEntry:
+    return StateEntry(
+        key=raw.key,
+        value=decode_value(raw.value_json),
+        version=raw.version,
+        updated_at=raw.updated_at,
+        writer=raw.writer,
+        expires_at=raw.expires_at,
+        never_expire=raw.never_expire,
+    )
+
+
+class BaseStateBackend:
+    """Where task and asset state lives.
+
+    The async methods (``aget``, ``aset``, ...) are the primary interface; every one has a sync
+    twin (``get``, ``set``, ...). The public methods validate their input here, once, and then
+    call the backend's hooks. A backend implements **either** the async hooks (``_aget``,
+    ``_aput``, ``_adelete``, ``_aclear``, ``_alist``) **or** the sync ones (``_get``, ``_put``,
+    ``_delete``, ``_clear``, ``_list``); the other side is bridged:
+
+    - async hooks from sync callers: on the loop that opened the backend (``async with``) from
+      any other thread, through a greenback portal on the loop's own thread (the triggerer gives
+      each trigger one), or on a private loop thread when the backend was opened with ``with``;
+    - sync hooks from async callers: in a worker thread, so the loop never blocks.
+
+    Asset registration, events and garbage collection are metastore features: the built-in
+    backends implement them (``supports_events = True``); a custom backend may leave them out.
+    """
+
+    supports_events: ClassVar[bool] = False
+
+    def __init__(self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+        if max_value_bytes <= 0:
+            raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+        self.max_value_bytes = max_value_bytes
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._portal: BlockingPortal | None = None
+        self._portal_cm: Any = None
+        self._sync_cm: Any = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._open = False
+        self.clock: Callable[[], datetime] = _utcnow
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Open connections, apply migrations; start background tasks in ``task_group``."""
+
+    async def _aclose(self) -> None:
+        """Flush pending writes and close connections; the task group is cancelled after."""
+
+    async def __aenter__(self) -> Self:
+        if self._open:
+            raise RuntimeError(f"{type(self).__name__} is already open")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            await self._aopen(tg)
+        except BaseException as exc:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            self._loop = None
+            raise
+        self._task_group = tg
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._task_group
+        self._open = False
+        try:
+            with anyio.move_on_after(10, shield=True):
+                await self._aclose()
+        finally:
+            self._task_group = None
+            self._loop = None
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(exc_type, exc, tb)
+        return None
+
+    def __enter__(self) -> Self:
+        """Open the backend on a private event-loop thread, for purely synchronous use."""
+        portal_cm = start_blocking_portal(backend="asyncio")
+        portal = portal_cm.__enter__()
+        try:
+            cm = portal.wrap_async_context_manager(self)
+            cm.__enter__()
+        except BaseException:
+            portal_cm.__exit__(None, None, None)
+            raise
+        self._portal, self._portal_cm, self._sync_cm = portal, portal_cm, cm
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        cm, portal_cm = self._sync_cm, self._portal_cm
+        self._portal = self._portal_cm = self._sync_cm = None
+        try:
+            if cm is not None:
+                cm.__exit__(exc_type, exc, tb)
+        finally:
+            if portal_cm is not None:
+                portal_cm.__exit__(None, None, None)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreClosedError(self)
+
+    def _describe(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self._describe()
+        return f"<{type(self).__name__}{' ' + extra if extra else ''} open={self._open}>"
+
+    # -- the bridge --------------------------------------------------------------------------
+
+    def _run_sync(
+        self, method: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any
+    ) -> T:
+        """Run the coroutine function ``fn`` to completion from synchronous code."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None:
+            # On an event loop thread: blocking here would stall every other coroutine.
+            if greenback.has_portal():
+                return greenback.await_(fn(*args, **kwargs))  # type: ignore[no-any-return]
+            raise SyncCallInLoopError(method)
+        if self._portal is not None:
+            return self._portal.call(lambda: fn(*args, **kwargs))
+        loop = self._loop
+        if loop is None or not self._open:
+            raise StoreClosedError(self)
+        future = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
+        return future.result()
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(BaseStateBackend, name)
+
+    async def _call_hook(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Await the async hook ``_a<name>``, or run the sync hook ``_<name>`` in a thread."""
+        if self._overrides(f"_a{name}"):
+            return await getattr(self, f"_a{name}")(*args, **kwargs)
+        if self._overrides(f"_{name}"):
+            sync = getattr(self, f"_{name}")
+            return await anyio.to_thread.run_sync(lambda: sync(*args, **kwargs))
+        raise NotImplementedError(f"{type(self).__name__} implements neither _a{name} nor _{name}")
+
+    def _call_hook_sync(self, method: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._overrides(f"_{name}"):
+            return getattr(self, f"_{name}")(*args, **kwargs)
+        return self._run_sync(method, self._call_hook, name, *args, **kwargs)
+
+    # -- hooks: implement one side -------------------------------------------------------------
+
+    async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
+        raise NotImplementedError
+
+    async def _aput(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> int:
+        """Upsert and return the new version; with ``expected_version`` compare first
+        (0 means "must not exist") and raise :class:`VersionConflictError` on mismatch."""
+        raise NotImplementedError
+
+    async def _adelete(self, scope: StateScope, key: str) -> bool:
+        raise NotImplementedError
+
+    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+        raise NotImplementedError
+
+    async def _alist(self, scope: StateScope) -> list[RawEntry]:
+        raise NotImplementedError
+
+    def _get(self, scope: StateScope, key: str) -> RawEntry | None:
+        raise NotImplementedError
+
+    def _put(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> int:
+        raise NotImplementedError
+
+    def _delete(self, scope: StateScope, key: str) -> bool:
+        raise NotImplementedError
+
+    def _clear(self, scope: StateScope, all_map_indices: bool) -> int:
+        raise NotImplementedError
+
+    def _list(self, scope: StateScope) -> list[RawEntry]:
+        raise NotImplementedError
+
+    # -- validation shared by both sides -------------------------------------------------------
+
+    def _prepare_put(
+        self, scope: StateScope, key: object, value: object, retention: object
+    ) -> tuple[str, str, datetime | None, bool]:
+        if not isinstance(scope, TaskScope | AssetScope):
+            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+        key = check_key(key)
+        retention = check_retention(retention)
+        if isinstance(scope, AssetScope) and retention is not None:
+            raise RetentionTypeError(retention, "asset state has no retention")
+        text = encode_value(key, value, max_value_bytes=self.max_value_bytes)
+        expires_at: datetime | None = None
+        never_expire = retention is NEVER_EXPIRE
+        if isinstance(retention, timedelta):
+            expires_at = self.clock() + retention
+        return key, text, expires_at, never_expire
+
+    @staticmethod
+    def _check_scope(scope: object) -> None:
+        if not isinstance(scope, TaskScope | AssetScope):
+            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+
+    # -- public async API ----------------------------------------------------------------------
+
+    async def aget(self, scope: StateScope, key: str, default: JSONValue = None) -> JSONValue:
+        """Return the stored value of ``key`` in ``scope``, or ``default``."""
+        raw = await self.aget_raw(scope, key)
+        return default if raw is None else decode_value(raw.value_json)
+
+    async def aget_raw(self, scope: StateScope, key: str) -> RawEntry | None:
+        self._check_scope(scope)
+        check_key(key)
+        self._check_open()
+        result: RawEntry | None = await self._call_hook("get", scope, key)
+        return result
+
+    async def aget_entry(self, scope: StateScope, key: str) -> StateEntry | None:
+        """Return the value with its version, update time and writer, or ``None``."""
+        raw = await self.aget_raw(scope, key)
+        return None if raw is None else _entry(raw)
+
+    async def aset(
+        self,
+        scope: StateScope,
+        key: str,
+        value: JSONValue,
+        *,
+        retention: timedelta | object | None = None,
+        expected_version: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        """Upsert ``key`` and return its new version.
+
+        ``expected_version`` makes it a compare-and-set (0: the key must not exist yet).
+        """
+        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
+        return await self.aput_json(
+            scope,
+            key,
+            text,
+            expires_at=expires_at,
+            never_expire=never_expire,
+            expected_version=expected_version,
+            writer=writer,
+        )
+
+    async def aput_json(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None = None,
+        never_expire: bool = False,
+        expected_version: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        """Store already-validated JSON text (accessors that offload values use this)."""
+        if expected_version is not None and (
+            not isinstance(expected_version, int) or expected_version < 0
+        ):
+            raise ValueError(f"expected_version must be an int >= 0, got {expected_version!r}")
+        self._check_open()
+        version: int = await self._call_hook(
+            "put",
+            scope,
+            key,
+            value_json,
+            expires_at=expires_at,
+            never_expire=never_expire,
+            expected_version=expected_version,
+            writer=writer,
+        )
+        return version
+
+    async def adelete(self, scope: StateScope, key: str) -> None:
+        """Delete ``key``; a missing key is not an error."""
+        self._check_scope(scope)
+        check_key(key)
+        self._check_open()
+        await self._call_hook("delete", scope, key)
+
+    async def aclear(self, scope: StateScope, *, all_map_indices: bool = False) -> int:
+        """Delete every key of the scope (of every map index with ``all_map_indices``)."""
+        self._check_scope(scope)
+        self._check_open()
+        count: int = await self._call_hook("clear", scope, all_map_indices)
+        return count
+
+    async def alist(self, scope: StateScope) -> list[StateEntry]:
+        """Every entry of the scope, ordered by key."""
+        self._check_scope(scope)
+        self._check_open()
+        raws: list[RawEntry] = await self._call_hook("list", scope)
+        return [_entry(raw) for raw in raws]
+
+    # -- public sync API -------------------------------------------------------------------------
+
+    def get(self, scope: StateScope, key: str, default: JSONValue = None) -> JSONValue:
+        raw = self.get_raw(scope, key)
+        return default if raw is None else decode_value(raw.value_json)
+
+    def get_raw(self, scope: StateScope, key: str) -> RawEntry | None:
+        self._check_scope(scope)
+        check_key(key)
+        result: RawEntry | None = self._call_hook_sync("get", "get", scope, key)
+        return result
+
+    def get_entry(self, scope: StateScope, key: str) -> StateEntry | None:
+        raw = self.get_raw(scope, key)
+        return None if raw is None else _entry(raw)
+
+    def set(
+        self,
+        scope: StateScope,
+        key: str,
+        value: JSONValue,
+        *,
+        retention: timedelta | object | None = None,
+        expected_version: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
+        return self.put_json(
+            scope,
+            key,
+            text,
+            expires_at=expires_at,
+            never_expire=never_expire,
+            expected_version=expected_version,
+            writer=writer,
+        )
+
+    def put_json(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None = None,
+        never_expire: bool = False,
+        expected_version: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        if self._overrides("_put"):
+            version: int = self._put(
+                scope,
+                key,
+                value_json,
+                expires_at=expires_at,
+                never_expire=never_expire,
+                expected_version=expected_version,
+                writer=writer,
+            )
+            return version
+        return self._run_sync(
+            "set",
+            self.aput_json,
+            scope,
+            key,
+            value_json,
+            expires_at=expires_at,
+            never_expire=never_expire,
+            expected_version=expected_version,
+            writer=writer,
+        )
+
+    def delete(self, scope: StateScope, key: str) -> None:
+        self._check_scope(scope)
+        check_key(key)
+        self._call_hook_sync("delete", "delete", scope, key)
+
+    def clear(self, scope: StateScope, *, all_map_indices: bool = False) -> int:
+        self._check_scope(scope)
+        count: int = self._call_hook_sync("clear", "clear", scope, all_map_indices)
+        return count
+
+    def list(self, scope: StateScope) -> list[StateEntry]:
+        self._check_scope(scope)
+        raws: list[RawEntry] = self._call_hook_sync("list", "list", scope)
+        return [_entry(raw) for raw in raws]
+
+    # -- metastore features (async only; built-in backends implement them) ---------------------
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not support {what}")
+
+    async def amigrate(self) -> list[int]:
+        """Apply pending schema migrations; return the versions applied (opening does this too)."""
+        return []
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+        """Register ``assets`` (insert or update their URI) and mark them active."""
+        raise self._unsupported("asset registration")
+
+    async def adeactivate_asset(self, name: str) -> bool:
+        """Mark an asset inactive; its state is swept by the next GC. False when unknown."""
+        raise self._unsupported("asset registration")
+
+    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+        raise self._unsupported("asset registration")
+
+    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        """Commit one trigger event and its state atomically; return the events written.
+
+        An empty list means every asset had already recorded ``commit.dedup_key``. Concurrent
+        calls share transactions (group commit); each call is still atomic on its own.
+        """
+        raise self._unsupported("asset events")
+
+    async def alist_events(
+        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> list[AssetEvent]:
+        """Committed events with ``id > since_id`` in commit order."""
+        raise self._unsupported("asset events")
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+    ) -> GcReport:
+        """Delete expired task state, stale task state and the state of inactive assets."""
+        raise self._unsupported("garbage collection")
+
+    def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run one of this backend's coroutine methods from sync code (CLI, task threads)."""
+
+        async def call() -> T:
+            return await fn(*args)
+
+        return self._run_sync(getattr(fn, "__name__", "call"), call)

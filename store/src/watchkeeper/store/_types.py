@@ -1,0 +1,199 @@
+"""The plain data types of the store: scopes, assets, entries, events, writers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+__all__ = [
+    "Asset",
+    "AssetEvent",
+    "AssetInfo",
+    "AssetScope",
+    "EventCommit",
+    "GcReport",
+    "RawEntry",
+    "StateEntry",
+    "StateScope",
+    "TaskScope",
+    "Writer",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskScope:
+    """One task instance: the namespace of task state. Retries of a run share it."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+
+    def __post_init__(self) -> None:
+        for name in ("dag_id", "run_id", "task_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"TaskScope.{name} must be a non-empty str, got {value!r}")
+        if not isinstance(self.map_index, int) or isinstance(self.map_index, bool):
+            raise TypeError(f"TaskScope.map_index must be an int, got {self.map_index!r}")
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}/{self.run_id}/{self.task_id}[{self.map_index}]"
+
+
+@dataclass(frozen=True, slots=True)
+class AssetScope:
+    """One asset: the namespace of asset state. At least one field must be set.
+
+    Workers address an asset by ``name`` or ``uri``; server-side callers may use ``asset_id``.
+    """
+
+    name: str | None = None
+    uri: str | None = None
+    asset_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is None and self.uri is None and self.asset_id is None:
+            raise ValueError("AssetScope needs at least one of name, uri or asset_id")
+
+    def __str__(self) -> str:
+        if self.name is not None:
+            return self.name
+        if self.uri is not None:
+            return self.uri
+        return f"asset#{self.asset_id}"
+
+
+StateScope = TaskScope | AssetScope
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    """A named piece of data, identified by ``name`` (or by ``uri`` when both sides have one).
+
+    ``Asset(uri=...)`` alone takes the URI as its name. ``watchers`` holds the
+    :class:`~watchkeeper.triggerer.AssetWatcher` objects that watch it; the store ignores them.
+    """
+
+    name: str = ""
+    uri: str | None = None
+    watchers: Sequence[Any] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            if not self.uri:
+                raise ValueError("Asset needs a name or a uri")
+            object.__setattr__(self, "name", self.uri)
+        if not isinstance(self.name, str):
+            raise TypeError(f"Asset name must be a str, got {type(self.name).__name__}")
+        object.__setattr__(self, "watchers", tuple(self.watchers))
+
+    def matches(self, other: Asset) -> bool:
+        """True when the names are equal, or when both have a URI and the URIs are equal."""
+        if self.name == other.name:
+            return True
+        return self.uri is not None and other.uri is not None and self.uri == other.uri
+
+    @property
+    def scope(self) -> AssetScope:
+        return AssetScope(name=self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """Who wrote a row: a task instance try, a watcher, the CLI or the API."""
+
+    kind: Literal["task", "watcher", "cli", "api"]
+    name: str
+    try_number: int | None = None
+
+    def __str__(self) -> str:
+        if self.try_number is not None:
+            return f"{self.kind}:{self.name}#try{self.try_number}"
+        return f"{self.kind}:{self.name}"
+
+
+API_WRITER = Writer("api", "api")
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """A stored row as a backend returns it: the value still JSON text."""
+
+    key: str
+    value_json: str
+    version: int
+    updated_at: datetime
+    writer: Writer | None
+    expires_at: datetime | None = None
+    never_expire: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """A stored value with its metadata: ``version`` increases by one with every write."""
+
+    key: str
+    value: Any
+    version: int
+    updated_at: datetime
+    writer: Writer | None
+    expires_at: datetime | None = None
+    never_expire: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AssetInfo:
+    """A registered asset."""
+
+    asset_id: int
+    name: str
+    uri: str | None
+    active: bool
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AssetEvent:
+    """A committed asset event; ``id`` increases in commit order."""
+
+    id: int
+    asset: str
+    watcher: str
+    payload: Any
+    dedup_key: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EventCommit:
+    """One trigger event to commit atomically, with the state it carries.
+
+    For each asset: if ``dedup_key`` is already recorded for that asset nothing is written for
+    it (neither event nor state); otherwise one event is inserted and every ``state`` item is
+    upserted into the asset's state, in the same transaction. ``payload_json`` and the ``state``
+    values are JSON text already validated by :mod:`._values`.
+    """
+
+    watcher: str
+    assets: tuple[str, ...]
+    payload_json: str
+    dedup_key: str | None = None
+    state: Mapping[str, str] = field(default_factory=dict)
+    writer: Writer | None = None
+
+
+@dataclass(slots=True)
+class GcReport:
+    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete)."""
+
+    dry_run: bool
+    expired: list[tuple[TaskScope, str]] = field(default_factory=list)
+    retention: list[tuple[TaskScope, str]] = field(default_factory=list)
+    orphaned: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.expired) + len(self.retention) + len(self.orphaned)

@@ -1,0 +1,140 @@
+"""The errors of the state store, rooted at :class:`StateStoreError`.
+
+Where the seeds promise a built-in type (``ValueError``, ``TypeError``, ``KeyError``) the error
+subclasses both, so ``except ValueError`` in user code keeps working. Messages are built from the
+facts (key, size, limit, version) so a log line says what was wrong without a debugger.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AssetNotFoundError",
+    "BackendUnavailableError",
+    "InvalidKeyError",
+    "InvalidValueError",
+    "KeyTypeError",
+    "RetentionTypeError",
+    "StateStoreError",
+    "StoreClosedError",
+    "SyncCallInLoopError",
+    "ValueTooLargeError",
+    "ValueTypeError",
+    "VersionConflictError",
+]
+
+
+class StateStoreError(Exception):
+    """Raised for any failure of the state store; the root of this module's tree."""
+
+
+class InvalidKeyError(StateStoreError, ValueError):
+    """Raised when a key is an empty string or longer than the limit."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        shown = key if len(key) <= 40 else key[:37] + "..."
+        super().__init__(f"invalid key {shown!r}: {reason}")
+
+
+class KeyTypeError(StateStoreError, TypeError):
+    """Raised when a key is not a ``str``."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        super().__init__(f"key must be a str, got {type(key).__name__}")
+
+
+class InvalidValueError(StateStoreError, ValueError):
+    """Raised when a value is ``None`` or contains NaN or an infinity."""
+
+
+class ValueTypeError(StateStoreError, TypeError):
+    """Raised when a value (or part of it) is not JSON: a datetime, a set, a tuple, an object,
+    or a dict with a key that is not a ``str``."""
+
+    def __init__(self, path: str, value: object) -> None:
+        self.path = path
+        self.value_type = type(value).__name__
+        super().__init__(
+            f"value at {path} is a {self.value_type}, which is not JSON "
+            "(use str, int, float, bool, list or dict with str keys)"
+        )
+
+
+class ValueTooLargeError(InvalidValueError):
+    """Raised when a value's JSON encoding is larger than ``max_value_bytes``."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"value for key {key!r} is {size} bytes encoded, over the limit of {limit} bytes "
+            "(configure [workers] state_backend to offload large values)"
+        )
+
+
+class RetentionTypeError(StateStoreError, TypeError):
+    """Raised when ``retention`` is neither a ``timedelta``, ``NEVER_EXPIRE`` nor ``None``."""
+
+    def __init__(self, retention: object, reason: str | None = None) -> None:
+        self.retention = retention
+        super().__init__(
+            reason
+            or f"retention must be a datetime.timedelta, NEVER_EXPIRE or None, "
+            f"got {type(retention).__name__} {retention!r}"
+        )
+
+
+class VersionConflictError(StateStoreError):
+    """Raised when a compare-and-set finds the key at another version than expected.
+
+    Version 0 means the key does not exist.
+    """
+
+    def __init__(self, key: str, expected: int, actual: int) -> None:
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"key {key!r} is at version {actual}, expected {expected}")
+
+
+class AssetNotFoundError(StateStoreError, KeyError):
+    """Raised when an asset scope names no registered, active asset.
+
+    Airflow returns the default for such a read; watchkeeper says so instead, because a typo in
+    an asset name otherwise looks like an empty watermark.
+    """
+
+    def __init__(self, asset: str) -> None:
+        self.asset = asset
+        super().__init__(asset)
+
+    def __str__(self) -> str:
+        return f"asset {self.asset!r} is not registered or not active"
+
+
+class BackendUnavailableError(StateStoreError):
+    """Raised when the database cannot be reached or opened; the driver error is chained."""
+
+
+class StoreClosedError(StateStoreError):
+    """Raised when a backend is used before it was opened or after it was closed."""
+
+    def __init__(self, backend: object) -> None:
+        super().__init__(f"{type(backend).__name__} is closed; open it with 'async with' first")
+
+
+class SyncCallInLoopError(StateStoreError, RuntimeError):
+    """Raised when a sync method is called on the event loop thread outside a greenback portal.
+
+    Blocking there would stall every other coroutine; use the ``a``-prefixed method instead.
+    The triggerer gives each trigger a portal, so sync calls inside ``run()`` work.
+    """
+
+    def __init__(self, method: str) -> None:
+        super().__init__(
+            f"{method}() was called on the event loop thread; "
+            f"use 'await a{method}(...)' in async code"
+        )

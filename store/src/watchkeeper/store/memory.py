@@ -1,0 +1,306 @@
+"""``MemoryStateBackend``: a complete backend in a dict, and the fake the tests use."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Self
+
+from ._backend import BaseStateBackend
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    AssetScope,
+    EventCommit,
+    GcReport,
+    RawEntry,
+    StateScope,
+    TaskScope,
+    Writer,
+)
+from ._values import decode_value
+from .errors import AssetNotFoundError, VersionConflictError
+
+__all__ = ["MemoryStateBackend"]
+
+_TaskRow = tuple[str, str, str, int, str]  # dag_id, run_id, task_id, map_index, key
+
+
+@dataclass(slots=True)
+class _AssetRow:
+    asset_id: int
+    name: str
+    uri: str | None
+    active: bool
+    updated_at: datetime
+
+
+class MemoryStateBackend(BaseStateBackend):
+    """Everything in process memory, behind one lock; nothing survives the process.
+
+    It implements the sync and the async hooks directly (each operation is a few dict
+    look-ups), so neither side pays for a bridge, and the whole metastore: assets, events and
+    garbage collection, with the same semantics as the SQLite and PostgreSQL backends.
+    """
+
+    supports_events = True
+
+    def __init__(self, *, max_value_bytes: int = 65536) -> None:
+        super().__init__(max_value_bytes=max_value_bytes)
+        self._lock = threading.Lock()
+        self._task: dict[_TaskRow, RawEntry] = {}
+        self._asset_state: dict[tuple[int, str], RawEntry] = {}
+        self._assets: dict[str, _AssetRow] = {}
+        self._events: list[AssetEvent] = []
+        self._dedup: set[tuple[int, str]] = set()
+        self._open = True  # usable without 'async with'; entering it is harmless
+
+    async def __aenter__(self) -> Self:
+        self._open = True
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:  # type: ignore[override]
+        return None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:  # type: ignore[override]
+        return None
+
+    def _describe(self) -> str:
+        return f"assets={len(self._assets)} events={len(self._events)}"
+
+    # -- scope resolution ----------------------------------------------------------------------
+
+    def _resolve(self, scope: AssetScope) -> _AssetRow:
+        for row in self._assets.values():
+            if not row.active:
+                continue
+            if scope.asset_id is not None and row.asset_id == scope.asset_id:
+                return row
+            if scope.name is not None and row.name == scope.name:
+                return row
+            if scope.name is None and scope.uri is not None and row.uri == scope.uri:
+                return row
+        raise AssetNotFoundError(str(scope))
+
+    def _task_key(self, scope: TaskScope, key: str) -> _TaskRow:
+        return (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
+
+    # -- key/value hooks: both sides -----------------------------------------------------------
+
+    def _get(self, scope: StateScope, key: str) -> RawEntry | None:
+        with self._lock:
+            if isinstance(scope, TaskScope):
+                return self._task.get(self._task_key(scope, key))
+            return self._asset_state.get((self._resolve(scope).asset_id, key))
+
+    def _put(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> int:
+        with self._lock:
+            table: dict[object, RawEntry]
+            if isinstance(scope, TaskScope):
+                table, row_key = self._task, self._task_key(scope, key)  # type: ignore[assignment]
+            else:
+                table = self._asset_state  # type: ignore[assignment]
+                row_key = (self._resolve(scope).asset_id, key)  # type: ignore[assignment]
+            old = table.get(row_key)
+            current = old.version if old is not None else 0
+            if expected_version is not None and expected_version != current:
+                raise VersionConflictError(key, expected_version, current)
+            table[row_key] = RawEntry(
+                key=key,
+                value_json=value_json,
+                version=current + 1,
+                updated_at=self.clock(),
+                writer=writer,
+                expires_at=expires_at,
+                never_expire=never_expire,
+            )
+            return current + 1
+
+    def _delete(self, scope: StateScope, key: str) -> bool:
+        with self._lock:
+            if isinstance(scope, TaskScope):
+                return self._task.pop(self._task_key(scope, key), None) is not None
+            return self._asset_state.pop((self._resolve(scope).asset_id, key), None) is not None
+
+    def _clear(self, scope: StateScope, all_map_indices: bool) -> int:
+        with self._lock:
+            if isinstance(scope, TaskScope):
+                doomed = [
+                    k
+                    for k in self._task
+                    if k[:3] == (scope.dag_id, scope.run_id, scope.task_id)
+                    and (all_map_indices or k[3] == scope.map_index)
+                ]
+                for k in doomed:
+                    del self._task[k]
+                return len(doomed)
+            asset_id = self._resolve(scope).asset_id
+            gone = [k for k in self._asset_state if k[0] == asset_id]
+            for k in gone:
+                del self._asset_state[k]
+            return len(gone)
+
+    def _list(self, scope: StateScope) -> list[RawEntry]:
+        with self._lock:
+            if isinstance(scope, TaskScope):
+                prefix = (scope.dag_id, scope.run_id, scope.task_id, scope.map_index)
+                rows = [v for k, v in self._task.items() if k[:4] == prefix]
+            else:
+                asset_id = self._resolve(scope).asset_id
+                rows = [v for k, v in self._asset_state.items() if k[0] == asset_id]
+        return sorted(rows, key=lambda r: r.key)
+
+    async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
+        return self._get(scope, key)
+
+    async def _aput(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> int:
+        return self._put(
+            scope,
+            key,
+            value_json,
+            expires_at=expires_at,
+            never_expire=never_expire,
+            expected_version=expected_version,
+            writer=writer,
+        )
+
+    async def _adelete(self, scope: StateScope, key: str) -> bool:
+        return self._delete(scope, key)
+
+    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+        return self._clear(scope, all_map_indices)
+
+    async def _alist(self, scope: StateScope) -> list[RawEntry]:
+        return self._list(scope)
+
+    # -- metastore -------------------------------------------------------------------------------
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+        now = self.clock()
+        with self._lock:
+            for asset in assets:
+                row = self._assets.get(asset.name)
+                if row is None:
+                    self._assets[asset.name] = _AssetRow(
+                        len(self._assets) + 1, asset.name, asset.uri, True, now
+                    )
+                else:
+                    row.uri, row.active, row.updated_at = asset.uri, True, now
+
+    async def adeactivate_asset(self, name: str) -> bool:
+        with self._lock:
+            row = self._assets.get(name)
+            if row is None or not row.active:
+                return False
+            row.active, row.updated_at = False, self.clock()
+            return True
+
+    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+        with self._lock:
+            return [
+                AssetInfo(r.asset_id, r.name, r.uri, r.active, r.updated_at)
+                for r in sorted(self._assets.values(), key=lambda r: r.name)
+                if r.active or not active_only
+            ]
+
+    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        self._check_open()
+        with self._lock:
+            rows = [self._resolve(AssetScope(name=name)) for name in commit.assets]
+            # Check every compare first, so a failure changes nothing.
+            fresh = [
+                r
+                for r in rows
+                if commit.dedup_key is None or (r.asset_id, commit.dedup_key) not in self._dedup
+            ]
+            now = self.clock()
+            payload = decode_value(commit.payload_json)
+            written: list[AssetEvent] = []
+            for row in fresh:
+                event = AssetEvent(
+                    id=len(self._events) + 1,
+                    asset=row.name,
+                    watcher=commit.watcher,
+                    payload=payload,
+                    dedup_key=commit.dedup_key,
+                    created_at=now,
+                )
+                self._events.append(event)
+                written.append(event)
+                if commit.dedup_key is not None:
+                    self._dedup.add((row.asset_id, commit.dedup_key))
+                for key, value_json in commit.state.items():
+                    old = self._asset_state.get((row.asset_id, key))
+                    self._asset_state[(row.asset_id, key)] = RawEntry(
+                        key=key,
+                        value_json=value_json,
+                        version=(old.version if old else 0) + 1,
+                        updated_at=now,
+                        writer=commit.writer,
+                    )
+            return written
+
+    async def alist_events(
+        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> list[AssetEvent]:
+        with self._lock:
+            events = [e for e in self._events[since_id:] if asset is None or e.asset == asset]
+        return events if limit is None else events[:limit]
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+    ) -> GcReport:
+        now = now or self.clock()
+        report = GcReport(dry_run=dry_run)
+        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
+        with self._lock:
+            for k, row in list(self._task.items()):
+                scope = TaskScope(*k[:4])
+                if row.never_expire:
+                    continue
+                if row.expires_at is not None:
+                    if row.expires_at < now:
+                        report.expired.append((scope, k[4]))
+                        if not dry_run:
+                            del self._task[k]
+                elif cutoff is not None and row.updated_at < cutoff:
+                    report.retention.append((scope, k[4]))
+                    if not dry_run:
+                        del self._task[k]
+            inactive = {r.asset_id: r.name for r in self._assets.values() if not r.active}
+            for asset_key in [k for k in self._asset_state if k[0] in inactive]:
+                report.orphaned.append((inactive[asset_key[0]], asset_key[1]))
+                if not dry_run:
+                    del self._asset_state[asset_key]
+        return report

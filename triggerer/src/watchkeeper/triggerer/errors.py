@@ -1,0 +1,36 @@
+"""The errors of the triggerer, rooted at :class:`TriggererError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AssetStoreUnavailableError",
+    "InvalidEventError",
+    "TriggerImportError",
+    "TriggererError",
+]
+
+
+class TriggererError(Exception):
+    """Raised for failures of the triggerer runtime; the root of this module's tree."""
+
+
+class AssetStoreUnavailableError(TriggererError, RuntimeError, AttributeError):
+    """Raised when ``self.asset_state_store`` is read outside ``run()``.
+
+    It is also an ``AttributeError`` so that ``hasattr(trigger, "asset_state_store")`` is
+    False in ``__init__`` and ``serialize()``.
+    """
+
+    def __init__(self, trigger: object) -> None:
+        super().__init__(
+            f"{type(trigger).__name__}.asset_state_store exists only inside run(): the runtime "
+            "binds it to the watched assets right before run() starts"
+        )
+
+
+class InvalidEventError(TriggererError, TypeError):
+    """Raised when a trigger yields something that is not a valid :class:`TriggerEvent`."""
+
+
+class TriggerImportError(TriggererError, ImportError):
+    """Raised when a trigger classpath is outside ``allowed_trigger_modules`` or cannot load."""

@@ -1,0 +1,136 @@
+"""The authoring API: triggers, the events they yield, and the watchers that attach them."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from watchkeeper.store import AssetStateStoreAccessors
+
+from .errors import AssetStoreUnavailableError
+
+__all__ = [
+    "AssetWatcher",
+    "BaseEventTrigger",
+    "BaseTrigger",
+    "TriggerEvent",
+]
+
+
+class TriggerEvent:
+    """What a trigger yields: a JSON ``payload``, and optionally the ``state`` it advances.
+
+    ``state={key: value}`` is written to the watched assets' state in the same transaction as
+    the event, so a watermark never moves without its event and no event commits without its
+    watermark. ``dedup_key`` makes a redelivered source item produce no second event (and no
+    state write). Both are optional; the runtime validates them when the event is yielded.
+    """
+
+    __slots__ = ("dedup_key", "payload", "state")
+
+    def __init__(
+        self,
+        payload: Any,
+        *,
+        state: Mapping[str, Any] | None = None,
+        dedup_key: str | None = None,
+    ) -> None:
+        self.payload = payload
+        self.state = state
+        self.dedup_key = dedup_key
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.state:
+            extra += f", state={self.state!r}"
+        if self.dedup_key is not None:
+            extra += f", dedup_key={self.dedup_key!r}"
+        return f"TriggerEvent({self.payload!r}{extra})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TriggerEvent):
+            return NotImplemented
+        return (self.payload, self.state, self.dedup_key) == (
+            other.payload,
+            other.state,
+            other.dedup_key,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class BaseTrigger(abc.ABC):
+    """A unit of asynchronous waiting that yields :class:`TriggerEvent` objects.
+
+    Subclasses implement :meth:`run` as an async generator and :meth:`serialize`, which returns
+    ``(classpath, kwargs)`` with JSON kwargs so that a daemon can rebuild the trigger as
+    ``cls(**kwargs)``. :meth:`cleanup` is always awaited after ``run()`` ends, however it ends.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+
+    @classmethod
+    def classpath(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @abc.abstractmethod
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)``; kwargs must be JSON."""
+
+    @abc.abstractmethod
+    def run(self) -> AsyncIterator[TriggerEvent]:
+        """Yield events; an ``async def`` with ``yield``. Must never block the loop."""
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by design
+        """Release what ``run()`` held; called after every run, with a timeout."""
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        return f"<{classpath}({args})>"
+
+
+class BaseEventTrigger(BaseTrigger):
+    """A trigger that may watch assets; inside ``run()`` it reaches their state.
+
+    ``self.asset_state_store`` (alias ``self.asset_store``) is bound by the runtime to the
+    watched asset(s) right before ``run()``. With one asset, call ``get``/``set``/``aget``/...
+    on it directly; with several, subscript it with the asset or iterate over it.
+    """
+
+    _wk_accessors: AssetStateStoreAccessors | None = None
+
+    @property
+    def asset_state_store(self) -> AssetStateStoreAccessors:
+        accessors = self._wk_accessors
+        if accessors is None:
+            raise AssetStoreUnavailableError(self)
+        return accessors
+
+    @property
+    def asset_store(self) -> AssetStateStoreAccessors:
+        return self.asset_state_store
+
+    def bind_asset_state_store(self, accessors: AssetStateStoreAccessors | None) -> None:
+        """Used by the runtime (and the test kit) to bind or unbind the accessors."""
+        self._wk_accessors = accessors
+
+
+@dataclass(frozen=True, slots=True)
+class AssetWatcher:
+    """Attaches ``trigger`` to the asset(s) whose ``watchers=`` list it appears in."""
+
+    name: str
+    trigger: BaseEventTrigger
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("AssetWatcher needs a non-empty name")
+        if not isinstance(self.trigger, BaseEventTrigger):
+            raise TypeError(
+                f"AssetWatcher {self.name!r}: trigger must be a BaseEventTrigger, "
+                f"got {type(self.trigger).__name__}"
+            )

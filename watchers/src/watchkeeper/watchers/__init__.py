@@ -1,0 +1,5 @@
+"""watchkeeper.watchers: ready-made watermark watchers."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
