@@ -14,6 +14,7 @@ from ._types import (
     StateEntry,
     StateScope,
     TaskScope,
+    TriggerStatus,
     Writer,
 )
 from ._values import (
@@ -68,6 +69,7 @@ __all__ = [
     "SyncCallInLoopError",
     "TaskScope",
     "TaskStateStoreAccessor",
+    "TriggerStatus",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",

@@ -25,6 +25,7 @@ from ._types import (
     StateEntry,
     StateScope,
     TaskScope,
+    TriggerStatus,
     Writer,
 )
 from ._values import (
@@ -521,6 +522,17 @@ class BaseStateBackend:
     ) -> GcReport:
         """Delete expired task state, stale task state and the state of inactive assets."""
         raise self._unsupported("garbage collection")
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+        """Upsert the status rows of these triggers (the daemon calls this periodically)."""
+        raise self._unsupported("trigger status")
+
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+        raise self._unsupported("trigger status")
+
+    async def alist_trigger_status(self) -> list[TriggerStatus]:
+        """Every saved trigger status, ordered by trigger_id."""
+        raise self._unsupported("trigger status")
 
     def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run one of this backend's coroutine methods from sync code (CLI, task threads)."""

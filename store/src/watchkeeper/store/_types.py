@@ -18,6 +18,7 @@ __all__ = [
     "StateEntry",
     "StateScope",
     "TaskScope",
+    "TriggerStatus",
     "Writer",
 ]
 
@@ -197,3 +198,23 @@ class GcReport:
     @property
     def total(self) -> int:
         return len(self.expired) + len(self.retention) + len(self.orphaned)
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerStatus:
+    """What the daemon reports about one running trigger (``watchkeeper status`` reads it).
+
+    ``state`` is one of ``running``, ``backing_off``, ``failed``, ``stopped``.
+    """
+
+    trigger_id: str
+    classpath: str
+    assets: tuple[str, ...]
+    watchers: tuple[str, ...]
+    state: str
+    failures: int = 0
+    last_error: str | None = None
+    last_event_at: datetime | None = None
+    events: int = 0
+    updated_at: datetime | None = None
+    owner: str | None = None

@@ -19,6 +19,7 @@ from ._types import (
     RawEntry,
     StateScope,
     TaskScope,
+    TriggerStatus,
     Writer,
 )
 from ._values import decode_value
@@ -56,6 +57,7 @@ class MemoryStateBackend(BaseStateBackend):
         self._assets: dict[str, _AssetRow] = {}
         self._events: list[AssetEvent] = []
         self._dedup: set[tuple[int, str]] = set()
+        self._statuses: dict[str, TriggerStatus] = {}
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:
@@ -304,3 +306,17 @@ class MemoryStateBackend(BaseStateBackend):
                 if not dry_run:
                     del self._asset_state[asset_key]
         return report
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+        with self._lock:
+            for status in statuses:
+                self._statuses[status.trigger_id] = status
+
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+        with self._lock:
+            for trigger_id in trigger_ids:
+                self._statuses.pop(trigger_id, None)
+
+    async def alist_trigger_status(self) -> list[TriggerStatus]:
+        with self._lock:
+            return [self._statuses[k] for k in sorted(self._statuses)]

@@ -1,0 +1,103 @@
+"""Fixtures shared by the whole suite: the anyio backend, PostgreSQL access, state backends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from watchkeeper.store import BaseStateBackend, MemoryStateBackend
+
+PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """aiosqlite and asyncpg are asyncio-only."""
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """Each test starts from structlog's defaults, so capture_logs() sees everything."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
+def _pg_reachable() -> str | None:
+    """None when the test server answers, else the reason it does not."""
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return "asyncpg is not installed"
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return None
+    except OSError as exc:
+        return f"PostgreSQL is not reachable on 127.0.0.1:5432 ({exc})"
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The DSN of the test server; in CI (CI=true) an unreachable server fails the test."""
+    reason = _pg_reachable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    return PG_DSN
+
+
+@contextlib.asynccontextmanager
+async def _fresh_schema(pg_dsn: str) -> AsyncIterator[str]:
+    import asyncpg
+
+    schema = f"wk_test_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        yield schema
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+@pytest.fixture
+async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
+    async with _fresh_schema(pg_dsn) as schema:
+        yield schema
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
+    """Each built-in backend, opened, empty, with one registered asset-free metastore."""
+    kind = request.param
+    if kind == "memory":
+        async with MemoryStateBackend() as memory:
+            yield memory
+    elif kind == "sqlite":
+        from watchkeeper.store import SqliteStateBackend  # type: ignore[attr-defined]
+
+        async with SqliteStateBackend(tmp_path / "state.db") as sqlite:
+            yield sqlite
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        from watchkeeper.store import PostgresStateBackend  # type: ignore[attr-defined]
+
+        async with _fresh_schema(dsn) as schema:
+            async with PostgresStateBackend(dsn, schema=schema) as postgres:
+                yield postgres
