@@ -1,0 +1,282 @@
+"""Store benchmark: aset/aget latency and write throughput, beside raw-driver baselines.
+
+Not a test. Run by hand from the repository root:
+
+    python3 -m uv run python benchmarks/store_bench.py [--quick] [--no-postgres]
+
+Every figure is measured in the same run as its baseline (raw sqlite3, raw aiosqlite, raw
+asyncpg doing the same upsert), because this machine is shared and noisy; the ratios are the
+result. Writes a JSON file to benchmarks/results/store.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from watchkeeper.store import AssetScope, BaseStateBackend, SqliteStateBackend, TaskScope
+
+PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+UPSERT_SQLITE = (
+    "INSERT INTO kv(k, v, version) VALUES (?, ?, 1) "
+    "ON CONFLICT(k) DO UPDATE SET v = excluded.v, version = kv.version + 1"
+)
+UPSERT_PG = (
+    "INSERT INTO kv(k, v, version) VALUES ($1, $2, 1) "
+    "ON CONFLICT(k) DO UPDATE SET v = excluded.v, version = kv.version + 1"
+)
+VALUE = json.dumps({"watermark": "2024-06-01T00:00:00Z", "offset": 123456})
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": pct(samples, 0.50) * 1000,
+        "p99_ms": pct(samples, 0.99) * 1000,
+        "mean_ms": statistics.fmean(samples) * 1000,
+    }
+
+
+# -- baselines -----------------------------------------------------------------------------------
+
+
+def sqlite_connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS kv(k TEXT PRIMARY KEY, v TEXT, version INTEGER)")
+    return conn
+
+
+def raw_sqlite_per_op(path: Path, n: int) -> tuple[float, list[float]]:
+    """One upsert per transaction, synchronous=FULL: what a naive writer pays per call."""
+    conn = sqlite_connect(path)
+    lat = []
+    start = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(UPSERT_SQLITE, (f"k{i}", VALUE))
+        conn.execute("COMMIT")
+        lat.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed, lat
+
+
+def raw_sqlite_batched(path: Path, n: int, batch: int = 1000) -> float:
+    """Upserts in 1000-row transactions: the ceiling a group-committing writer can approach."""
+    conn = sqlite_connect(path)
+    start = time.perf_counter()
+    for base in range(0, n, batch):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            UPSERT_SQLITE, [(f"k{i}", VALUE) for i in range(base, min(n, base + batch))]
+        )
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed
+
+
+async def raw_aiosqlite_per_op(path: Path, n: int) -> tuple[float, list[float]]:
+    async with aiosqlite.connect(path, isolation_level=None) as conn:
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute("CREATE TABLE IF NOT EXISTS kv(k TEXT PRIMARY KEY, v TEXT, version INTEGER)")
+        lat = []
+        start = time.perf_counter()
+        for i in range(n):
+            t0 = time.perf_counter()
+            await conn.execute("BEGIN IMMEDIATE")
+            await conn.execute(UPSERT_SQLITE, (f"k{i}", VALUE))
+            await conn.execute("COMMIT")
+            lat.append(time.perf_counter() - t0)
+        return n / (time.perf_counter() - start), lat
+
+
+async def raw_asyncpg(n: int, writers: int) -> tuple[float, list[float]]:
+    """Raw asyncpg upserts from ``writers`` concurrent coroutines through a pool."""
+    import asyncpg
+
+    table = f"bench_kv_{uuid.uuid4().hex[:8]}"
+    pool = await asyncpg.create_pool(PG_DSN, min_size=1, max_size=10)
+    assert pool is not None
+    try:
+        await pool.execute(f"CREATE TABLE {table}(k TEXT PRIMARY KEY, v TEXT, version INTEGER)")
+        sql = UPSERT_PG.replace("kv", table)
+        lat: list[float] = []
+
+        async def writer(w: int) -> None:
+            for i in range(n // writers):
+                t0 = time.perf_counter()
+                await pool.execute(sql, f"k{w}-{i}", VALUE)
+                lat.append(time.perf_counter() - t0)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for w in range(writers):
+                tg.start_soon(writer, w)
+        elapsed = time.perf_counter() - start
+        await pool.execute(f"DROP TABLE {table}")
+        return len(lat) / elapsed, lat
+    finally:
+        await pool.close()
+
+
+# -- watchkeeper ---------------------------------------------------------------------------------
+
+
+async def ours_latency(backend: BaseStateBackend, n: int) -> dict[str, Any]:
+    scope = TaskScope("bench", "run", "latency")
+    set_lat, get_lat = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await backend.aset(scope, f"k{i % 100}", {"watermark": i})
+        set_lat.append(time.perf_counter() - t0)
+    for i in range(n):
+        t0 = time.perf_counter()
+        await backend.aget(scope, f"k{i % 100}")
+        get_lat.append(time.perf_counter() - t0)
+    return {"aset": summary(set_lat), "aget": summary(get_lat)}
+
+
+async def ours_throughput(backend: BaseStateBackend, n: int, writers: int) -> tuple[float, list[float]]:
+    scope = AssetScope(name="bench")
+    lat: list[float] = []
+    value = json.loads(VALUE)
+
+    async def writer(w: int) -> None:
+        for i in range(n // writers):
+            t0 = time.perf_counter()
+            await backend.aset(scope, f"k{w}-{i}", value)
+            lat.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for w in range(writers):
+            tg.start_soon(writer, w)
+    return len(lat) / (time.perf_counter() - start), lat
+
+
+async def with_backend(
+    make: Callable[[], BaseStateBackend], fn: Callable[[BaseStateBackend], Awaitable[Any]]
+) -> Any:
+    from watchkeeper.store import Asset
+
+    async with make() as backend:
+        await backend.aregister_assets([Asset("bench")])
+        return await fn(backend)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    n_lat = 500 if args.quick else 2000
+    n_tp = 5000 if args.quick else 20000
+    results: dict[str, Any] = {"n_latency": n_lat, "n_throughput": n_tp, "sqlite": {}, "postgres": {}}
+    tmp = Path(tempfile.mkdtemp(prefix="wk-bench-"))
+
+    def fresh(name: str) -> Path:
+        return tmp / f"{name}-{uuid.uuid4().hex[:6]}.db"
+
+    # SQLite
+    s: dict[str, Any] = results["sqlite"]
+    s["raw_sqlite3_per_op_ops"], lat = await anyio.to_thread.run_sync(raw_sqlite_per_op, fresh("raw"), n_lat)
+    s["raw_sqlite3_per_op_latency"] = summary(lat)
+    s["raw_sqlite3_batch1000_ops"] = await anyio.to_thread.run_sync(raw_sqlite_batched, fresh("rawb"), n_tp)
+    s["raw_aiosqlite_per_op_ops"], lat = await raw_aiosqlite_per_op(fresh("aio"), n_lat)
+    s["raw_aiosqlite_per_op_latency"] = summary(lat)
+    s["ours_latency"] = await with_backend(lambda: SqliteStateBackend(fresh("lat")), lambda b: ours_latency(b, n_lat))
+    for writers in (1, 100, 1000):
+        n = n_lat if writers == 1 else n_tp
+        ops, lat = await with_backend(
+            lambda: SqliteStateBackend(fresh(f"tp{writers}")), lambda b: ours_throughput(b, n, writers)
+        )
+        s[f"ours_{writers}_writers"] = {"ops": ops, **summary(lat)}
+
+    if not args.no_postgres:
+        from watchkeeper.store import PostgresStateBackend
+        import asyncpg
+
+        p: dict[str, Any] = results["postgres"]
+        for writers in (1, 100, 1000):
+            n = n_lat if writers == 1 else n_tp
+            ops, lat = await raw_asyncpg(n, writers)
+            p[f"raw_asyncpg_{writers}_writers"] = {"ops": ops, **summary(lat)}
+            schema = f"wk_bench_{uuid.uuid4().hex[:8]}"
+            conn = await asyncpg.connect(PG_DSN)
+            await conn.execute(f'CREATE SCHEMA "{schema}"')
+            try:
+                ops, lat = await with_backend(
+                    lambda: PostgresStateBackend(PG_DSN, schema=schema),
+                    lambda b: ours_throughput(b, n, writers),
+                )
+                p[f"ours_{writers}_writers"] = {"ops": ops, **summary(lat)}
+                if writers == 1:
+                    p["ours_latency"] = await with_backend(
+                        lambda: PostgresStateBackend(PG_DSN, schema=schema),
+                        lambda b: ours_latency(b, n_lat),
+                    )
+            finally:
+                await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+                await conn.close()
+    return results
+
+
+def report(r: dict[str, Any]) -> None:
+    s = r["sqlite"]
+    print("\nSQLite (synchronous=FULL, WAL)")
+    print(f"  aset p50/p99  ours {s['ours_latency']['aset']['p50_ms']:.3f}/{s['ours_latency']['aset']['p99_ms']:.3f} ms"
+          f"   raw sqlite3 per-op {s['raw_sqlite3_per_op_latency']['p50_ms']:.3f}/{s['raw_sqlite3_per_op_latency']['p99_ms']:.3f} ms"
+          f"   raw aiosqlite per-op {s['raw_aiosqlite_per_op_latency']['p50_ms']:.3f}/{s['raw_aiosqlite_per_op_latency']['p99_ms']:.3f} ms")
+    print(f"  aget p50/p99  ours {s['ours_latency']['aget']['p50_ms']:.3f}/{s['ours_latency']['aget']['p99_ms']:.3f} ms")
+    batch = s["raw_sqlite3_batch1000_ops"]
+    for w in (1, 100, 1000):
+        o = s[f"ours_{w}_writers"]
+        print(f"  {w:>4} writers  ours {o['ops']:>9.0f} ops/s  p50 {o['p50_ms']:.2f} ms p99 {o['p99_ms']:.2f} ms"
+              f"   ratio to raw sqlite3 1000-row txns ({batch:.0f}/s): {o['ops'] / batch:.2f}"
+              f"   to raw sqlite3 per-op ({s['raw_sqlite3_per_op_ops']:.0f}/s): {o['ops'] / s['raw_sqlite3_per_op_ops']:.1f}x")
+    p = r.get("postgres") or {}
+    if p:
+        print("\nPostgreSQL")
+        if "ours_latency" in p:
+            print(f"  aset p50/p99  ours {p['ours_latency']['aset']['p50_ms']:.3f}/{p['ours_latency']['aset']['p99_ms']:.3f} ms"
+                  f"   aget p50/p99 {p['ours_latency']['aget']['p50_ms']:.3f}/{p['ours_latency']['aget']['p99_ms']:.3f} ms")
+        for w in (1, 100, 1000):
+            o, raw = p[f"ours_{w}_writers"], p[f"raw_asyncpg_{w}_writers"]
+            print(f"  {w:>4} writers  ours {o['ops']:>9.0f} ops/s   raw asyncpg {raw['ops']:>9.0f} ops/s"
+                  f"   ratio {o['ops'] / raw['ops']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer operations")
+    parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--out", default="benchmarks/results/store.json")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    report(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
