@@ -1,5 +1,21 @@
-"""watchkeeper.watchers: ready-made watermark watchers."""
+"""watchkeeper.watchers: ready-made watermark watchers, each a ``BaseEventTrigger``.
+
+- :class:`DirectoryWatcher`: one event per new file in a directory.
+- :class:`SqlTableWatcher`: one event per new row of a SQLite or PostgreSQL table.
+
+Both commit their watermark with each event (``TriggerEvent(payload, state=...)``), so a
+restarted watcher neither loses nor repeats an item, and both catch items that arrive late
+(behind the watermark) inside a bounded lag window.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._sql import SqlSourceError
+from .directory import DirectoryWatcher
+from .sql_table import SqlTableWatcher
+
+__all__ = [
+    "DirectoryWatcher",
+    "SqlSourceError",
+    "SqlTableWatcher",
+]

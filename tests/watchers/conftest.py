@@ -1,0 +1,53 @@
+"""Fixtures of the watcher tests: durable state backends that can be closed and reopened."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+
+OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def reopenable_backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[OpenBackend]:
+    """Opens a fresh backend instance on the same durable storage each time it is called.
+
+    A watcher restarted on a second instance sees only what the first one committed, as a
+    restarted daemon does.
+    """
+    if request.param == "sqlite":
+        path = tmp_path / "state.db"
+
+        def open_sqlite() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+            return _opened(SqliteStateBackend(path))
+
+        yield open_sqlite
+        return
+    dsn: str = request.getfixturevalue("pg_dsn")  # a sync fixture: skips when PostgreSQL is down
+    schema = f"wk_watchers_{uuid.uuid4().hex[:12]}"
+    admin: Any = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f'CREATE SCHEMA "{schema}"')
+
+        def open_postgres() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+            return _opened(PostgresStateBackend(dsn, schema=schema))
+
+        yield open_postgres
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def _opened(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
+    async with backend:
+        yield backend

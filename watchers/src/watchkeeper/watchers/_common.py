@@ -1,0 +1,111 @@
+"""What the ready-made watchers share: argument checks, the jittered poll timer, state loading."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.triggerer import BaseEventTrigger
+
+__all__ = [
+    "JITTER",
+    "SerializedEquality",
+    "check_non_negative",
+    "check_positive",
+    "check_positive_int",
+    "check_str",
+    "read_states",
+    "sleep_jittered",
+    "sleep_spread",
+]
+
+JITTER = 0.1
+"""Each poll sleeps ``poll_interval`` times a random factor in ``[1 - JITTER, 1 + JITTER]``."""
+
+
+def check_str(owner: str, name: str, value: object) -> str:
+    """Return ``value`` if it is a non-empty ``str``; else a ``TypeError``/``ValueError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{owner}: {name} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{owner}: {name} must not be empty")
+    return value
+
+
+def _check_number(owner: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}: {name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_positive(owner: str, name: str, value: object) -> float:
+    """Return ``value`` if it is a finite number above zero (``bool`` is not a number here)."""
+    number = _check_number(owner, name, value)
+    if number <= 0:
+        raise ValueError(f"{owner}: {name} must be greater than 0, got {value!r}")
+    return number
+
+
+def check_non_negative(owner: str, name: str, value: object) -> float:
+    """Return ``value`` if it is a finite number at or above zero."""
+    number = _check_number(owner, name, value)
+    if number < 0:
+        raise ValueError(f"{owner}: {name} must be 0 or more, got {value!r}")
+    return number
+
+
+def check_positive_int(owner: str, name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{owner}: {name} must be at least 1, got {value!r}")
+    return value
+
+
+async def sleep_spread(interval: float) -> None:
+    """Sleep a uniformly random part of one interval, so watchers started together drift apart.
+
+    Thousands of watchers registered by one daemon start within milliseconds of each other;
+    without this their polls would stay in lockstep and hit the disk or database at once.
+    """
+    await anyio.sleep(random.uniform(0.0, interval))
+
+
+async def sleep_jittered(interval: float) -> None:
+    """Sleep ``interval`` give or take :data:`JITTER`, so phases keep spreading over time."""
+    await anyio.sleep(interval * random.uniform(1.0 - JITTER, 1.0 + JITTER))
+
+
+async def read_states(store: AssetStateStoreAccessors, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Read ``keys`` from every watched asset: one ``{key: value}`` dict per asset.
+
+    Identical triggers watching several assets commit the same state to each of them, so the
+    dicts normally agree; an asset attached later has none yet. The caller picks the most
+    advanced one (an asset that joins late receives events from then on, not the history).
+    """
+    states: list[dict[str, Any]] = []
+    for asset in store:
+        accessor = store[asset]
+        states.append({key: await accessor.aget(key) for key in keys})
+    return states
+
+
+class SerializedEquality(BaseEventTrigger):
+    """Triggers that are equal when they serialize equally (the daemon runs such triggers once)."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BaseEventTrigger):
+            return NotImplemented
+        return self.serialize() == other.serialize()
+
+    def __hash__(self) -> int:
+        classpath, kwargs = self.serialize()
+        return hash((classpath, json.dumps(kwargs, sort_keys=True)))

@@ -1,0 +1,374 @@
+"""``SqlTableWatcher``: one event per new row of a SQLite or PostgreSQL table, exactly once.
+
+Rows are read in ``(cursor_column, key_column)`` order past a watermark, ``batch_size`` at a
+time (keyset pagination, so rows that share a cursor value are neither skipped nor repeated
+across batches). A watermark on a serial id or a timestamp alone would skip rows that commit out
+of order (a transaction that took its id earlier commits later), so each poll also re-reads a
+*lag window* behind the watermark and emits the rows there whose primary key it has not emitted
+yet (see :mod:`._window`):
+
+- ``lag_window`` is in cursor units: ids for an integer cursor (rounded up), seconds for a
+  timestamp cursor, the same number for a real cursor. A text cursor supports only
+  ``lag_window=0``, which still catches rows that share the watermark's cursor value;
+- a row whose cursor is further behind than that when it commits is never emitted;
+- the keys emitted inside the window travel in the state (key ``"recent"``), at most
+  :attr:`SqlTableWatcher.recent_limit` keys and about 32 KiB; past that the window shrinks;
+- a row whose cursor is moved forward (an ``updated_at`` cursor) is emitted again, as a new
+  version; its key is what identifies it inside the window.
+
+Rows with a NULL cursor are never emitted. Keys must be integers, text or UUIDs; cursors
+integers, reals, timestamps or text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import structlog
+from watchkeeper.triggerer import TriggerEvent
+
+from ._common import (
+    SerializedEquality,
+    check_non_negative,
+    check_positive,
+    check_positive_int,
+    read_states,
+    sleep_jittered,
+    sleep_spread,
+)
+from ._sql import (
+    Source,
+    SqlSourceError,
+    driver_errors,
+    open_source,
+    parse_dsn,
+    quote_identifier,
+    quote_table,
+    redact_dsn,
+    to_json_value,
+)
+from ._window import LagWindow
+
+__all__ = ["SqlTableWatcher"]
+
+log = structlog.get_logger()
+
+Cursor = int | float | dt.datetime | str
+Key = int | str
+
+_STATE_KEYS = ("watermark", "recent")
+_MAX_RECENT_BYTES = 32 * 1024
+_CLOSE_TIMEOUT = 5.0
+
+
+class SqlTableWatcher(SerializedEquality):
+    """Yields one event per row of ``table`` past the watermark; the payload is the row as JSON.
+
+    ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://…``
+    (prefer a password from ``PGPASSWORD`` or ``.pgpass``: the DSN is part of ``serialize()``).
+    ``table`` (optionally ``schema.table``) and the column names must be plain identifiers; they
+    are quoted, so they match exactly. ``columns`` limits the payload (the cursor and key
+    columns are always included). Each event carries ``state={"watermark": {"kind", "cursor",
+    "key"}, "recent": {"floor", "keys", "cursors"}}``, committed with the event.
+    """
+
+    recent_limit: int = 1000
+    """At most this many recently emitted keys are kept in the state."""
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        cursor_column: str,
+        key_column: str,
+        batch_size: int = 500,
+        poll_interval: float = 1.0,
+        lag_window: float = 100,
+        columns: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self._dialect, self._target = parse_dsn(owner, dsn)
+        self.dsn = dsn
+        self._table_sql = quote_table(owner, table)
+        self.table = table
+        self._cursor_sql = quote_identifier(owner, "cursor_column", cursor_column)
+        self._key_sql = quote_identifier(owner, "key_column", key_column)
+        self.cursor_column = cursor_column
+        self.key_column = key_column
+        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
+        check_positive(owner, "poll_interval", poll_interval)
+        check_non_negative(owner, "lag_window", lag_window)
+        self.poll_interval = poll_interval
+        self.lag_window = lag_window
+        self.columns = self._check_columns(owner, columns)
+        if self.columns is None:
+            self._select_sql = "*"
+        else:
+            wanted = [*self.columns]
+            wanted += [name for name in (cursor_column, key_column) if name not in wanted]
+            self._select_sql = ", ".join(f'"{name}"' for name in wanted)
+        self._source: Source | None = None
+
+    @staticmethod
+    def _check_columns(owner: str, columns: object) -> list[str] | None:
+        if columns is None:
+            return None
+        if isinstance(columns, str) or not isinstance(columns, list | tuple):
+            raise TypeError(
+                f"{owner}: columns must be a list of column names or None, "
+                f"got {type(columns).__name__}"
+            )
+        if not columns:
+            raise ValueError(f"{owner}: columns must not be empty (use None for every column)")
+        for name in columns:
+            quote_identifier(owner, "a name in columns", name)
+        duplicates = sorted({name for name in columns if columns.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"{owner}: columns lists {', '.join(duplicates)} more than once")
+        return list(columns)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {
+            "dsn": self.dsn,
+            "table": self.table,
+            "cursor_column": self.cursor_column,
+            "key_column": self.key_column,
+            "batch_size": self.batch_size,
+            "poll_interval": self.poll_interval,
+            "lag_window": self.lag_window,
+            "columns": None if self.columns is None else list(self.columns),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} dsn={redact_dsn(self.dsn)!r} table={self.table!r} "
+            f"cursor={self.cursor_column!r} key={self.key_column!r} "
+            f"connected={self._source is not None}>"
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        window = self._load_window(await read_states(self.asset_state_store, _STATE_KEYS))
+        await sleep_spread(self.poll_interval)
+        reported_overflow = False
+        async with open_source(self._dialect, self._target, self.table) as source:
+            self._source = source
+            try:
+                while True:
+                    late, new = await self._poll(source, window)
+                    for rows, is_new in ((late, False), (new, True)):
+                        for row in rows:
+                            cursor, key = self._identity(row)
+                            if not is_new:
+                                log.info("late_row", table=self.table, key=key)
+                            window.record(cursor, key, new=is_new)
+                            if window.overflowed and not reported_overflow:
+                                log.warning(
+                                    "lag_window_overflow", table=self.table, limit=self.recent_limit
+                                )
+                                reported_overflow = True
+                            payload = {name: to_json_value(v) for name, v in row.items()}
+                            yield TriggerEvent(payload, state=self._state(window))
+                    if len(late) + len(new) < self.batch_size:
+                        await sleep_jittered(self.poll_interval)
+            finally:
+                self._source = None
+
+    async def cleanup(self) -> None:
+        """Close the connection if ``run()`` was abandoned without being finalized."""
+        source, self._source = self._source, None
+        if source is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await source.aclose()
+
+    async def _poll(
+        self, source: Source, window: LagWindow[Cursor, Key]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Read the unseen rows of the lag window, then the rows past the watermark."""
+        c, k = self._cursor_sql, self._key_sql
+        head = f"SELECT {self._select_sql} FROM {self._table_sql} WHERE "
+        tail = f" ORDER BY {c}, {k} LIMIT "
+        late: list[dict[str, Any]] = []
+        if window.watermark is not None:
+            params: list[Any] = [window.low, *window.watermark]
+            where = f"{c} >= {source.param(1)} AND ({c}, {k}) <= ({source.param(2)}, "
+            where += f"{source.param(3)})"
+            if window.floor is not None:
+                params.append(window.floor)
+                where += f" AND {c} > {source.param(len(params))}"
+            keys = window.keys()
+            if keys:
+                params.append(source.keys_param(keys))
+                where += " AND " + source.not_among(k, len(params))
+            params.append(self.batch_size)
+            late = await self._fetch(
+                source, head + where + tail + source.param(len(params)), params
+            )
+        room = self.batch_size - len(late)
+        if room <= 0:
+            return late, []
+        if window.watermark is None:
+            sql = f"{head}{c} IS NOT NULL{tail}{source.param(1)}"
+            return late, await self._fetch(source, sql, [room])
+        where = f"({c}, {k}) > ({source.param(1)}, {source.param(2)})"
+        sql = head + where + tail + source.param(3)
+        return late, await self._fetch(source, sql, [*window.watermark, room])
+
+    async def _fetch(self, source: Source, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        try:
+            return await source.fetch(sql, params)
+        except driver_errors(source.dialect) as exc:
+            raise SqlSourceError(self.table, "reading rows", exc) from exc
+
+    def _identity(self, row: dict[str, Any]) -> tuple[Cursor, Key]:
+        return (
+            _cursor(self.cursor_column, _column(row, self.cursor_column)),
+            _key(self.key_column, _column(row, self.key_column)),
+        )
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _lower(self, cursor: Cursor) -> Cursor:
+        lag = self.lag_window
+        if isinstance(cursor, dt.datetime):
+            return cursor - dt.timedelta(seconds=lag)
+        if isinstance(cursor, int):
+            return cursor - math.ceil(lag)
+        if isinstance(cursor, float):
+            return cursor - lag
+        if lag:
+            raise ValueError(
+                f"{type(self).__name__}({self.table!r}): cursor column {self.cursor_column!r} "
+                f"holds text, and a lag window needs an integer, real or timestamp cursor "
+                f"(lag_window={lag!r}; set lag_window=0 to watch a text cursor)"
+            )
+        return cursor
+
+    def _new_window(
+        self,
+        watermark: tuple[Cursor, Key] | None = None,
+        recent: Sequence[tuple[Cursor, Key]] = (),
+        floor: Cursor | None = None,
+    ) -> LagWindow[Cursor, Key]:
+        return LagWindow(
+            lower=self._lower,
+            encode=_encode,
+            size_of=lambda cursor, key: _json_size(cursor) + _json_size(key) + 4,
+            max_keys=self.recent_limit,
+            max_bytes=_MAX_RECENT_BYTES,
+            watermark=watermark,
+            recent=recent,
+            floor=floor,
+        )
+
+    def _load_window(self, states: list[dict[str, Any]]) -> LagWindow[Cursor, Key]:
+        best: LagWindow[Cursor, Key] | None = None
+        for state in states:
+            watermark = state.get("watermark")
+            if watermark is None:
+                continue
+            recent = state.get("recent") or {"floor": None, "keys": [], "cursors": []}
+            try:
+                kind = watermark["kind"]
+                window = self._new_window(
+                    (_decode(kind, watermark["cursor"]), _key("key", watermark["key"])),
+                    [
+                        (_decode(kind, c), _key("key", k))
+                        for c, k in zip(recent["cursors"], recent["keys"], strict=True)
+                    ],
+                    None if recent["floor"] is None else _decode(kind, recent["floor"]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"{type(self).__name__}({self.table!r}): the asset state 'watermark'/"
+                    f"'recent' is not a SqlTableWatcher watermark ({watermark!r}): {exc}"
+                ) from exc
+            if best is None or (
+                best.watermark is not None
+                and window.watermark is not None
+                and _gt(window.watermark, best.watermark)
+            ):
+                best = window
+        return best if best is not None else self._new_window()
+
+    def _state(self, window: LagWindow[Cursor, Key]) -> dict[str, Any]:
+        assert window.watermark is not None  # recorded before every event
+        cursor, key = window.watermark
+        return {
+            "watermark": {"kind": _kind(cursor), "cursor": _encode(cursor), "key": key},
+            "recent": {
+                "floor": None if window.floor is None else _encode(window.floor),
+                "keys": window.keys(),
+                "cursors": window.encoded_cursors(),
+            },
+        }
+
+
+def _column(row: dict[str, Any], name: str) -> Any:
+    """The value of column ``name``; SQLite reports ``SELECT *`` names as declared, in any case."""
+    if name in row:
+        return row[name]
+    folded = name.casefold()
+    for column, value in row.items():
+        if column.casefold() == folded:
+            return value
+    raise KeyError(f"the rows of the watched table have no column {name!r}")
+
+
+def _cursor(column: str, value: object) -> Cursor:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"cursor column {column!r} holds {value!r}, which cannot be a watermark")
+    if isinstance(value, int | float | dt.datetime | str) and not isinstance(value, bool):
+        return value
+    raise TypeError(
+        f"cursor column {column!r} holds {type(value).__name__} values; SqlTableWatcher "
+        "supports integer, real, timestamp and text cursors"
+    )
+
+
+def _key(column: str, value: object) -> Key:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return value
+    raise TypeError(
+        f"key column {column!r} holds {type(value).__name__} values; SqlTableWatcher supports "
+        "integer, text and uuid keys"
+    )
+
+
+def _kind(cursor: Cursor) -> str:
+    return "datetime" if isinstance(cursor, dt.datetime) else type(cursor).__name__
+
+
+def _encode(cursor: Cursor) -> int | float | str:
+    return cursor.isoformat() if isinstance(cursor, dt.datetime) else cursor
+
+
+def _decode(kind: object, value: object) -> Cursor:
+    if kind == "datetime":
+        if not isinstance(value, str):
+            raise TypeError(f"a datetime cursor is stored as ISO text, got {value!r}")
+        return dt.datetime.fromisoformat(value)
+    if kind in {"int", "float", "str"}:
+        return _cursor("cursor", value)
+    raise ValueError(f"unknown cursor kind {kind!r}")
+
+
+def _json_size(value: Cursor) -> int:
+    if isinstance(value, str):
+        return len(value.encode()) + 2
+    if isinstance(value, dt.datetime):
+        return 34
+    return len(repr(value))
+
+
+def _gt(left: tuple[Any, Any], right: tuple[Any, Any]) -> bool:
+    return bool(left > right)
