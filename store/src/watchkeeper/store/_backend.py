@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
@@ -46,6 +48,11 @@ T = TypeVar("T")
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _check_expected_version(expected_version: object) -> None:
+    if expected_version is not None and (type(expected_version) is not int or expected_version < 0):
+        raise ValueError(f"expected_version must be an int >= 0, got {expected_version!r}")
 
 
 def _entry(raw: RawEntry) -> StateEntry:
@@ -194,13 +201,21 @@ class BaseStateBackend:
         if running is not None:
             # On an event loop thread: blocking here would stall every other coroutine.
             if greenback.has_portal():
-                return greenback.await_(fn(*args, **kwargs))  # type: ignore[no-any-return]
+                return greenback.await_(fn(*args, **kwargs))
             raise SyncCallInLoopError(method)
         if self._portal is not None:
-            return self._portal.call(lambda: fn(*args, **kwargs))
+
+            async def call() -> T:
+                return await fn(*args, **kwargs)
+
+            return self._portal.call(call)
         loop = self._loop
-        if loop is None or not self._open:
+        if not self._open:
             raise StoreClosedError(self)
+        if loop is None:
+            # Open without an event loop of its own (MemoryStateBackend is usable without
+            # 'async with'): nothing is bound to a loop, so a short-lived one in this thread does.
+            return anyio.run(functools.partial(fn, *args, **kwargs))
         future = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
         return future.result()
 
@@ -354,10 +369,7 @@ class BaseStateBackend:
         writer: Writer | None = None,
     ) -> int:
         """Store already-validated JSON text (accessors that offload values use this)."""
-        if expected_version is not None and (
-            not isinstance(expected_version, int) or expected_version < 0
-        ):
-            raise ValueError(f"expected_version must be an int >= 0, got {expected_version!r}")
+        _check_expected_version(expected_version)
         self._check_open()
         version: int = await self._call_hook(
             "put",
@@ -440,6 +452,7 @@ class BaseStateBackend:
         expected_version: int | None = None,
         writer: Writer | None = None,
     ) -> int:
+        _check_expected_version(expected_version)
         if self._overrides("_put"):
             version: int = self._put(
                 scope,
@@ -473,9 +486,9 @@ class BaseStateBackend:
         count: int = self._call_hook_sync("clear", "clear", scope, all_map_indices)
         return count
 
-    def list(self, scope: StateScope) -> list[StateEntry]:
+    def list(self, scope: StateScope) -> builtins.list[StateEntry]:
         self._check_scope(scope)
-        raws: list[RawEntry] = self._call_hook_sync("list", "list", scope)
+        raws: builtins.list[RawEntry] = self._call_hook_sync("list", "list", scope)
         return [_entry(raw) for raw in raws]
 
     # -- metastore features (async only; built-in backends implement them) ---------------------
@@ -483,7 +496,7 @@ class BaseStateBackend:
     def _unsupported(self, what: str) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} does not support {what}")
 
-    async def amigrate(self) -> list[int]:
+    async def amigrate(self) -> builtins.list[int]:
         """Apply pending schema migrations; return the versions applied (opening does this too)."""
         return []
 
@@ -495,10 +508,10 @@ class BaseStateBackend:
         """Mark an asset inactive; its state is swept by the next GC. False when unknown."""
         raise self._unsupported("asset registration")
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+    async def alist_assets(self, *, active_only: bool = False) -> builtins.list[AssetInfo]:
         raise self._unsupported("asset registration")
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+    async def acommit_event(self, commit: EventCommit) -> builtins.list[AssetEvent]:
         """Commit one trigger event and its state atomically; return the events written.
 
         An empty list means every asset had already recorded ``commit.dedup_key``. Concurrent
@@ -508,7 +521,7 @@ class BaseStateBackend:
 
     async def alist_events(
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
-    ) -> list[AssetEvent]:
+    ) -> builtins.list[AssetEvent]:
         """Committed events with ``id > since_id`` in commit order."""
         raise self._unsupported("asset events")
 
@@ -530,14 +543,43 @@ class BaseStateBackend:
     async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
         raise self._unsupported("trigger status")
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
+    async def alist_trigger_status(self) -> builtins.list[TriggerStatus]:
         """Every saved trigger status, ordered by trigger_id."""
         raise self._unsupported("trigger status")
 
-    def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run one of this backend's coroutine methods from sync code (CLI, task threads)."""
 
         async def call() -> T:
-            return await fn(*args)
+            return await fn(*args, **kwargs)
 
         return self._run_sync(getattr(fn, "__name__", "call"), call)
+
+    # -- worker-side offload hooks ([workers] state_backend) -------------------------------------
+    #
+    # A worker-side backend keeps large (or credentialed) values in worker infrastructure and
+    # hands back a compact reference string; the state store then stores the reference. The
+    # accessors call these hooks (sync ones run in a worker thread from async code), after the
+    # key, the retention and the value have been validated and before anything is stored.
+
+    def _no_offload(self, hook: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} does not implement {hook}(); a backend configured as "
+            "[workers] state_backend must override the four *_to_ref/*_from_ref hooks"
+        )
+
+    def serialize_task_store_to_ref(self, scope: TaskScope, key: str, value: JSONValue) -> str:
+        """Store a task-state ``value`` outside the state store; return its reference."""
+        raise self._no_offload("serialize_task_store_to_ref")
+
+    def deserialize_task_store_from_ref(self, scope: TaskScope, key: str, ref: str) -> JSONValue:
+        """Return the task-state value that ``ref`` (from the hook above) points to."""
+        raise self._no_offload("deserialize_task_store_from_ref")
+
+    def serialize_asset_store_to_ref(self, scope: AssetScope, key: str, value: JSONValue) -> str:
+        """Store an asset-state ``value`` outside the state store; return its reference."""
+        raise self._no_offload("serialize_asset_store_to_ref")
+
+    def deserialize_asset_store_from_ref(self, scope: AssetScope, key: str, ref: str) -> JSONValue:
+        """Return the asset-state value that ``ref`` (from the hook above) points to."""
+        raise self._no_offload("deserialize_asset_store_from_ref")

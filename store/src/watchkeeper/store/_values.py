@@ -35,6 +35,7 @@ MAX_KEY_LENGTH: Final = 512
 DEFAULT_MAX_VALUE_BYTES: Final = 65536
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_DECODE: Final = json.JSONDecoder().decode
 
 
 class _NeverExpire:
@@ -45,7 +46,7 @@ class _NeverExpire:
     def __new__(cls) -> Self:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
-        return cls._instance
+        return cls._instance  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return "NEVER_EXPIRE"
@@ -72,7 +73,7 @@ def check_key(key: object) -> str:
 def check_retention(retention: object) -> timedelta | _NeverExpire | None:
     """Return ``retention`` if it is a ``timedelta``, ``NEVER_EXPIRE`` or ``None``."""
     if retention is None or retention is NEVER_EXPIRE:
-        return retention  # type: ignore[return-value]
+        return retention
     if isinstance(retention, timedelta):
         return retention
     raise RetentionTypeError(retention)
@@ -91,7 +92,8 @@ def _check_json(value: object, path: str) -> None:
             raise InvalidValueError(f"value at {path} is {value!r}, which JSON cannot represent")
         return
     if kind is list:
-        for index, item in enumerate(value):  # type: ignore[arg-type]
+        items: list[object] = value  # type: ignore[assignment]
+        for index, item in enumerate(items):
             if item is None:
                 continue  # null inside a container is ordinary JSON
             _check_json(item, f"{path}[{index}]")
@@ -107,11 +109,28 @@ def _check_json(value: object, path: str) -> None:
     raise ValueTypeError(path, value)
 
 
+def _encode_checked(value: object, what: str) -> str:
+    # Fast path, all in C: encode, decode, compare. json.dumps alone would turn tuples into
+    # lists and int dict keys into strings, but then the decoded value differs from the
+    # original. Any failure or difference takes the slow walk, which names the culprit.
+    try:
+        text = _ENCODER.encode(value)
+        if _DECODE(text) == value:
+            return text
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        _check_json(value, what)
+    except RecursionError:
+        raise ValueTypeError(what, value) from None
+    raise ValueTypeError(what, value)  # equal-looking but not plain JSON (e.g. a cycle)
+
+
 def encode_json(value: object, *, what: str = "value") -> str:
     """Encode any JSON value (``None`` allowed at the top, as for event payloads)."""
-    if value is not None:
-        _check_json(value, what)
-    return _ENCODER.encode(value)
+    if value is None:
+        return "null"
+    return _encode_checked(value, what)
 
 
 def encode_value(
@@ -125,9 +144,9 @@ def encode_value(
     """
     if value is None:
         raise InvalidValueError(f"value for key {key!r} is None; delete the key instead")
-    _check_json(value, "value")
-    text = _ENCODER.encode(value)
-    if max_value_bytes is not None:
+    text = _encode_checked(value, "value")
+    # A UTF-8 character is at most 4 bytes: short texts need no encoding to be measured.
+    if max_value_bytes is not None and len(text) * 4 > max_value_bytes:
         size = len(text.encode())
         if size > max_value_bytes:
             raise ValueTooLargeError(key, size, max_value_bytes)

@@ -64,13 +64,13 @@ class MemoryStateBackend(BaseStateBackend):
         self._open = True
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:  # type: ignore[override]
+    async def __aexit__(self, *exc_info: object) -> None:
         return None
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:  # type: ignore[override]
+    def __exit__(self, *exc_info: object) -> None:
         return None
 
     def _describe(self) -> str:
@@ -153,9 +153,9 @@ class MemoryStateBackend(BaseStateBackend):
                     del self._task[k]
                 return len(doomed)
             asset_id = self._resolve(scope).asset_id
-            gone = [k for k in self._asset_state if k[0] == asset_id]
-            for k in gone:
-                del self._asset_state[k]
+            gone = [a for a in self._asset_state if a[0] == asset_id]
+            for a in gone:
+                del self._asset_state[a]
             return len(gone)
 
     def _list(self, scope: StateScope) -> list[RawEntry]:

@@ -1,0 +1,377 @@
+"""The metastore contract of the built-in backends: asset events, garbage collection, trigger status.
+
+Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture, like
+``test_contract.py``. Times handed to garbage collection are derived from the rows' own
+``updated_at``/``expires_at``, so the tests never depend on the wall clock.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+from watchkeeper.store import (
+    NEVER_EXPIRE,
+    Asset,
+    AssetNotFoundError,
+    AssetScope,
+    BaseStateBackend,
+    EventCommit,
+    StateScope,
+    TaskScope,
+    TriggerStatus,
+    Writer,
+    encode_json,
+    encode_value,
+)
+
+TASK = TaskScope("dag", "run_1", "task")
+TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
+OTHER_RUN = TaskScope("dag", "run_2", "task")
+ORDERS = Asset("orders", uri="s3://data/orders")
+INVOICES = Asset("invoices")
+ORDERS_SCOPE = AssetScope(name="orders")
+INVOICES_SCOPE = AssetScope(name="invoices")
+ALL_SCOPES: tuple[StateScope, ...] = (TASK, TASK_MAP_0, OTHER_RUN, ORDERS_SCOPE, INVOICES_SCOPE)
+WATCHER = Writer("watcher", "orders_watch")
+
+
+@pytest.fixture
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
+    """The backend with the assets ``orders`` and ``invoices`` registered."""
+    await backend.aregister_assets([ORDERS, INVOICES])
+    return backend
+
+
+async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
+    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
+
+
+def commit(
+    *assets: str,
+    payload: object = None,
+    dedup_key: str | None = None,
+    state: dict[str, object] | None = None,
+    watcher: str = "orders_watch",
+) -> EventCommit:
+    return EventCommit(
+        watcher=watcher,
+        assets=assets,
+        payload_json=encode_json(payload, what="payload"),
+        dedup_key=dedup_key,
+        state={k: encode_value(k, v) for k, v in (state or {}).items()},
+        writer=WATCHER,
+    )
+
+
+class TestEvents:
+    async def test_one_event_per_asset(self, store: BaseStateBackend) -> None:
+        """A commit for two assets writes one event for each, in commit order."""
+        events = await store.acommit_event(commit("orders", "invoices", payload={"row": 1}))
+        assert [(e.asset, e.watcher, e.payload, e.dedup_key) for e in events] == [
+            ("orders", "orders_watch", {"row": 1}, None),
+            ("invoices", "orders_watch", {"row": 1}, None),
+        ]
+        assert events[0].id < events[1].id
+        assert all(e.created_at.tzinfo is not None for e in events)
+        assert await store.alist_events() == events
+
+    async def test_payload_round_trips(self, store: BaseStateBackend) -> None:
+        """Any JSON payload, null included, is stored and listed as it was committed."""
+        payloads: list[object] = [None, 0, "s", [1, None], {"a": {"b": [1.5]}}, True]
+        for payload in payloads:
+            (event,) = await store.acommit_event(commit("orders", payload=payload))
+            assert event.payload == payload
+        assert [e.payload for e in await store.alist_events()] == payloads
+
+    async def test_state_is_written_with_the_event(self, store: BaseStateBackend) -> None:
+        """The commit's state lands in every asset's state, one version up, with the writer."""
+        await store.aset(ORDERS_SCOPE, "watermark", 10)
+        await store.acommit_event(
+            commit("orders", "invoices", payload=1, state={"watermark": 11, "seen": [1]})
+        )
+        for scope in (ORDERS_SCOPE, INVOICES_SCOPE):
+            assert await store.aget(scope, "watermark") == 11
+            assert await store.aget(scope, "seen") == [1]
+        entry = await store.aget_entry(ORDERS_SCOPE, "watermark")
+        assert entry is not None and (entry.version, entry.writer) == (2, WATCHER)
+
+    async def test_duplicate_writes_nothing(self, store: BaseStateBackend) -> None:
+        """A commit whose dedup_key is recorded writes neither an event nor its state."""
+        await store.acommit_event(commit("orders", payload=1, dedup_key="m1", state={"w": 5}))
+        before = await snapshot(store)
+        again = await store.acommit_event(
+            commit("orders", payload=2, dedup_key="m1", state={"w": 3})
+        )
+        assert again == []
+        assert await snapshot(store) == before
+        assert await store.aget(ORDERS_SCOPE, "w") == 5
+
+    async def test_dedup_is_per_asset(self, store: BaseStateBackend) -> None:
+        """A dedup_key recorded for one asset still lets another asset record it once."""
+        await store.acommit_event(commit("orders", dedup_key="m1", state={"w": 1}))
+        events = await store.acommit_event(
+            commit("orders", "invoices", dedup_key="m1", state={"w": 2})
+        )
+        assert [e.asset for e in events] == ["invoices"]
+        assert await store.aget(ORDERS_SCOPE, "w") == 1
+        assert await store.aget(INVOICES_SCOPE, "w") == 2
+        assert await store.acommit_event(commit("orders", "invoices", dedup_key="m1")) == []
+
+    async def test_without_dedup_key_every_commit_counts(self, store: BaseStateBackend) -> None:
+        """Without a dedup_key, identical commits each write an event."""
+        for _ in range(3):
+            await store.acommit_event(commit("orders", payload="same"))
+        assert len(await store.alist_events(asset="orders")) == 3
+
+    @pytest.mark.parametrize("deactivate", [False, True], ids=["unknown", "inactive"])
+    async def test_unknown_asset_fails_the_whole_commit(
+        self, store: BaseStateBackend, deactivate: bool
+    ) -> None:
+        """A commit naming an unknown or inactive asset raises and writes nothing anywhere."""
+        if deactivate:
+            await store.aregister_assets([Asset("gone")])
+            await store.adeactivate_asset("gone")
+        before = await snapshot(store)
+        with pytest.raises(AssetNotFoundError, match="gone"):
+            await store.acommit_event(commit("orders", "gone", dedup_key="x", state={"w": 1}))
+        assert await snapshot(store) == before
+        assert len(await store.acommit_event(commit("orders", dedup_key="x"))) == 1
+
+    async def test_list_filters(self, store: BaseStateBackend) -> None:
+        """alist_events() filters by since_id and asset and stops at limit, in commit order."""
+        for number in range(4):
+            await store.acommit_event(commit("orders", "invoices", payload=number))
+        everything = await store.alist_events()
+        assert [e.payload for e in everything] == [0, 0, 1, 1, 2, 2, 3, 3]
+        orders = await store.alist_events(asset="orders")
+        assert [e.payload for e in orders] == [0, 1, 2, 3]
+        cut = everything[3].id
+        assert await store.alist_events(since_id=cut) == everything[4:]
+        assert await store.alist_events(since_id=cut, asset="invoices") == [
+            e for e in everything[4:] if e.asset == "invoices"
+        ]
+        assert await store.alist_events(limit=3) == everything[:3]
+        assert await store.alist_events(since_id=everything[-1].id) == []
+
+    async def test_concurrent_commits_get_unique_ordered_ids(self, store: BaseStateBackend) -> None:
+        """Commits from many coroutines at once all land, with distinct increasing ids."""
+        results: dict[int, int] = {}
+
+        async def emit(number: int) -> None:
+            (event,) = await store.acommit_event(
+                commit("orders", payload=number, dedup_key=f"m{number}", state={f"k{number}": 1})
+            )
+            results[number] = event.id
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for number in range(40):
+                    tg.start_soon(emit, number)
+        listed = await store.alist_events()
+        assert sorted(results.values()) == [e.id for e in listed]
+        assert len(set(results.values())) == 40
+        assert len(await store.alist(ORDERS_SCOPE)) == 40
+
+
+class TestGarbageCollection:
+    async def test_expired_rows_are_deleted(self, store: BaseStateBackend) -> None:
+        """A row is kept until its expiry and deleted by the first GC after it."""
+        await store.aset(TASK, "short", 1, retention=timedelta(hours=1))
+        await store.aset(TASK, "other", 2)
+        entry = await store.aget_entry(TASK, "short")
+        assert entry is not None and entry.expires_at is not None
+        early = await store.acollect_garbage(now=entry.expires_at - timedelta(seconds=1))
+        assert early.total == 0 and await store.aget(TASK, "short") == 1
+        report = await store.acollect_garbage(now=entry.expires_at + timedelta(seconds=1))
+        assert report.expired == [(TASK, "short")] and report.total == 1
+        assert await store.aget(TASK, "short") is None
+        assert await store.aget(TASK, "other") == 2
+
+    async def test_default_retention_counts_from_last_update(self, store: BaseStateBackend) -> None:
+        """A row without retention goes default_retention_days after its update, as set at GC time."""
+        await store.aset(TASK, "k", 1)
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None
+        later = entry.updated_at + timedelta(days=31)
+        kept = await store.acollect_garbage(default_retention_days=60, now=later)
+        assert kept.total == 0 and await store.aget(TASK, "k") == 1
+        report = await store.acollect_garbage(default_retention_days=30, now=later)
+        assert report.retention == [(TASK, "k")] and report.expired == []
+        assert await store.aget(TASK, "k") is None
+
+    async def test_zero_days_disables_default_retention(self, store: BaseStateBackend) -> None:
+        """default_retention_days=0 keeps rows without retention forever."""
+        await store.aset(TASK, "k", 1)
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None
+        far = entry.updated_at + timedelta(days=10_000)
+        assert (await store.acollect_garbage(default_retention_days=0, now=far)).total == 0
+        assert await store.aget(TASK, "k") == 1
+
+    async def test_never_expire_is_never_collected(self, store: BaseStateBackend) -> None:
+        """NEVER_EXPIRE rows survive any GC, whatever default_retention_days says."""
+        await store.aset(TASK, "job_id", "spark-1", retention=NEVER_EXPIRE)
+        entry = await store.aget_entry(TASK, "job_id")
+        assert entry is not None
+        far = entry.updated_at + timedelta(days=10_000)
+        assert (await store.acollect_garbage(default_retention_days=1, now=far)).total == 0
+        assert await store.aget(TASK, "job_id") == "spark-1"
+
+    async def test_explicit_retention_overrides_the_default(self, store: BaseStateBackend) -> None:
+        """A row with a timedelta retention longer than the default waits for its own expiry."""
+        await store.aset(TASK, "k", 1, retention=timedelta(days=365))
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None
+        later = entry.updated_at + timedelta(days=31)
+        assert (await store.acollect_garbage(default_retention_days=30, now=later)).total == 0
+        assert await store.aget(TASK, "k") == 1
+
+    async def test_rewrite_refreshes_the_last_update(self, store: BaseStateBackend) -> None:
+        """A row rewritten recently is kept although it was first written long ago."""
+        now = datetime.now(UTC)
+        store.clock = lambda: now - timedelta(days=40)
+        await store.aset(TASK, "old", 1)
+        await store.aset(TASK, "rewritten", 1)
+        store.clock = lambda: now
+        await store.aset(TASK, "rewritten", 2)
+        report = await store.acollect_garbage(default_retention_days=30, now=now)
+        assert report.retention == [(TASK, "old")]
+        assert await store.aget(TASK, "rewritten") == 2
+
+    async def test_asset_state_has_no_retention(self, store: BaseStateBackend) -> None:
+        """State of an active asset is never collected, however old."""
+        await store.aset(ORDERS_SCOPE, "watermark", 1)
+        entry = await store.aget_entry(ORDERS_SCOPE, "watermark")
+        assert entry is not None
+        far = entry.updated_at + timedelta(days=10_000)
+        assert (await store.acollect_garbage(default_retention_days=1, now=far)).total == 0
+        assert await store.aget(ORDERS_SCOPE, "watermark") == 1
+
+    async def test_orphan_sweep_after_deactivation(self, store: BaseStateBackend) -> None:
+        """GC deletes the state of a deactivated asset and leaves active assets alone."""
+        for key in ("a", "b"):
+            await store.aset(ORDERS_SCOPE, key, 1)
+            await store.aset(INVOICES_SCOPE, key, 1)
+        await store.adeactivate_asset("orders")
+        report = await store.acollect_garbage()
+        assert sorted(report.orphaned) == [("orders", "a"), ("orders", "b")]
+        assert len(await store.alist(INVOICES_SCOPE)) == 2
+        await store.aregister_assets([ORDERS])
+        assert await store.alist(ORDERS_SCOPE) == []
+
+    async def test_batches_delete_everything_due(self, store: BaseStateBackend) -> None:
+        """Whatever the batch size, one pass deletes every expired and orphaned row."""
+        await store.aset(TASK_MAP_0, "keep", 1, retention=NEVER_EXPIRE)
+        for batch_size in (0, 1, 2, 100):
+            await store.aregister_assets([ORDERS])
+            for number in range(7):
+                await store.aset(TASK, f"t{number}", number, retention=timedelta(minutes=1))
+                await store.aset(ORDERS_SCOPE, f"o{number}", number)
+            await store.adeactivate_asset("orders")
+            entry = await store.aget_entry(TASK, "t6")
+            assert entry is not None and entry.expires_at is not None
+            report = await store.acollect_garbage(
+                batch_size=batch_size, now=entry.expires_at + timedelta(seconds=1)
+            )
+            assert (len(report.expired), len(report.orphaned)) == (7, 7), batch_size
+            assert await store.alist(TASK) == []
+            assert await store.aget(TASK_MAP_0, "keep") == 1
+
+    async def test_dry_run_reports_without_deleting(self, store: BaseStateBackend) -> None:
+        """dry_run reports what a real pass deletes, and deletes nothing."""
+        await store.aset(TASK, "exp", 1, retention=timedelta(minutes=1))
+        await store.aset(OTHER_RUN, "stale", 1)
+        await store.aset(INVOICES_SCOPE, "w", 1)
+        await store.adeactivate_asset("invoices")
+        entry = await store.aget_entry(OTHER_RUN, "stale")
+        assert entry is not None
+        later = entry.updated_at + timedelta(days=31)
+        before = await self._rows(store)
+        dry = await store.acollect_garbage(dry_run=True, now=later)
+        assert dry.dry_run and await self._rows(store) == before
+        real = await store.acollect_garbage(now=later)
+        assert not real.dry_run
+        assert (dry.expired, dry.retention, sorted(dry.orphaned)) == (
+            real.expired,
+            real.retention,
+            sorted(real.orphaned),
+        )
+        assert (real.expired, real.retention, real.orphaned) == (
+            [(TASK, "exp")],
+            [(OTHER_RUN, "stale")],
+            [("invoices", "w")],
+        )
+        assert await store.alist(TASK) == await store.alist(OTHER_RUN) == []
+
+    @staticmethod
+    async def _rows(store: BaseStateBackend) -> tuple[object, ...]:
+        """Every row, including those of inactive assets (reached via a dry run of nothing)."""
+        task_rows = [await store.alist(scope) for scope in (TASK, OTHER_RUN)]
+        orphans = (await store.acollect_garbage(dry_run=True, default_retention_days=0)).orphaned
+        return (task_rows, sorted(orphans))
+
+
+def _status(trigger_id: str, **changes: object) -> TriggerStatus:
+    fields: dict[str, object] = {
+        "trigger_id": trigger_id,
+        "classpath": "pkg.watchers.OrdersTrigger",
+        "assets": ("orders",),
+        "watchers": ("orders_watch",),
+        "state": "running",
+        "failures": 0,
+        "last_error": None,
+        "last_event_at": datetime(2024, 6, 1, 12, 30, 0, 123456, tzinfo=UTC),
+        "events": 3,
+        "owner": "daemon-1",
+    }
+    fields.update(changes)
+    return TriggerStatus(**fields)  # type: ignore[arg-type]
+
+
+def _without_updated_at(statuses: list[TriggerStatus]) -> list[tuple[object, ...]]:
+    return [
+        (
+            s.trigger_id,
+            s.classpath,
+            tuple(s.assets),
+            tuple(s.watchers),
+            s.state,
+            s.failures,
+            s.last_error,
+            s.last_event_at,
+            s.events,
+            s.owner,
+        )
+        for s in statuses
+    ]
+
+
+class TestTriggerStatus:
+    async def test_empty_at_first(self, store: BaseStateBackend) -> None:
+        """A fresh store has no trigger status."""
+        assert await store.alist_trigger_status() == []
+
+    async def test_save_and_list(self, store: BaseStateBackend) -> None:
+        """Saved statuses are listed with every field, ordered by trigger_id."""
+        saved = [
+            _status("t2", assets=("orders", "invoices"), watchers=("a", "b")),
+            _status("t1", state="failed", failures=3, last_error="boom", last_event_at=None),
+        ]
+        await store.asave_trigger_status(saved)
+        listed = await store.alist_trigger_status()
+        assert _without_updated_at(listed) == _without_updated_at([saved[1], saved[0]])
+
+    async def test_save_upserts(self, store: BaseStateBackend) -> None:
+        """Saving a trigger's status again replaces the previous row."""
+        await store.asave_trigger_status([_status("t1")])
+        await store.asave_trigger_status([_status("t1", state="backing_off", failures=1)])
+        (listed,) = await store.alist_trigger_status()
+        assert (listed.state, listed.failures) == ("backing_off", 1)
+
+    async def test_delete(self, store: BaseStateBackend) -> None:
+        """Deleting statuses removes exactly those; unknown ids are ignored."""
+        await store.asave_trigger_status([_status("t1"), _status("t2"), _status("t3")])
+        await store.adelete_trigger_status(["t1", "t3", "never"])
+        assert [s.trigger_id for s in await store.alist_trigger_status()] == ["t2"]

@@ -1,0 +1,202 @@
+"""Property tests of values and keys, against every backend.
+
+Any JSON value round-trips exactly (same types all the way down); every invalid value or key
+raises its documented error and leaves the store unchanged. Example counts are modest so the
+three backends together stay within a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from watchkeeper.store import (
+    MAX_KEY_LENGTH,
+    Asset,
+    AssetScope,
+    BaseStateBackend,
+    StateScope,
+    TaskScope,
+)
+
+TASK = TaskScope("dag", "run_1", "task")
+ORDERS_SCOPE = AssetScope(name="orders")
+SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
+
+backend_settings = settings(
+    max_examples=60,
+    deadline=None,
+    # The backend is opened once per test, not per example: examples share it on purpose.
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+leaves = st.one_of(
+    st.text(max_size=20),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+)
+json_any = st.recursive(
+    st.none() | leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+json_values = json_any.filter(lambda v: v is not None)
+keys = st.text(min_size=1, max_size=MAX_KEY_LENGTH)
+scopes = st.sampled_from(SCOPES)
+
+not_json_leaves = st.one_of(
+    st.datetimes().map(lambda d: d.replace(tzinfo=UTC)),
+    st.dates(),
+    st.sets(st.integers(), max_size=2),
+    st.frozensets(st.integers(), max_size=2),
+    st.tuples(st.integers()),
+    st.binary(max_size=4),
+    st.decimals(allow_nan=False, allow_infinity=False),
+    st.builds(object),
+    st.complex_numbers(allow_nan=False, allow_infinity=False),
+    st.dictionaries(
+        st.one_of(st.integers(), st.booleans(), st.none(), st.tuples(st.integers())),
+        leaves,
+        min_size=1,
+        max_size=2,
+    ),
+)
+non_finite = st.sampled_from([math.nan, -math.nan, math.inf, -math.inf])
+
+
+def embedded(bad: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """``bad`` itself, or ``bad`` placed somewhere inside otherwise valid JSON containers."""
+
+    def wrap(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        in_list = st.tuples(st.lists(json_values, max_size=2), inner).map(
+            lambda pair: [*pair[0], pair[1]]
+        )
+        in_dict = st.tuples(
+            st.dictionaries(st.text(max_size=4), json_values, max_size=2),
+            st.text(max_size=4),
+            inner,
+        ).map(lambda triple: {**triple[0], triple[1]: triple[2]})
+        return in_list | in_dict
+
+    return st.recursive(bad, wrap, max_leaves=4)
+
+
+invalid_values = st.one_of(
+    st.just(None).map(lambda v: (v, ValueError)),
+    embedded(non_finite).map(lambda v: (v, ValueError)),
+    embedded(not_json_leaves).map(lambda v: (v, TypeError)),
+)
+invalid_keys = st.one_of(
+    st.one_of(st.integers(), st.none(), st.binary(), st.floats(), st.tuples(st.text())).map(
+        lambda k: (k, TypeError)
+    ),
+    st.just("").map(lambda k: (k, ValueError)),
+    st.text(min_size=MAX_KEY_LENGTH + 1, max_size=MAX_KEY_LENGTH + 40).map(
+        lambda k: (k, ValueError)
+    ),
+)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal and of the same JSON types all the way down (1 is not 1.0, -0.0 is not 0.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    return a == b
+
+
+@pytest.fixture
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
+    """The backend with the asset ``orders`` registered and one key in each scope."""
+    await backend.aregister_assets([Asset("orders")])
+    for scope in SCOPES:
+        await backend.aset(scope, "seed", {"keep": [1, "me"]})
+    return backend
+
+
+async def snapshot(store: BaseStateBackend) -> list[object]:
+    return [await store.alist(scope) for scope in SCOPES]
+
+
+class TestValueProperties:
+    @backend_settings
+    @given(scope=scopes, key=keys, value=json_values)
+    async def test_any_json_value_round_trips(
+        self, store: BaseStateBackend, scope: StateScope, key: str, value: Any
+    ) -> None:
+        """Whatever JSON value is written under whatever valid key is read back exactly."""
+        await store.aset(scope, key, value)
+        assert same(await store.aget(scope, key), value)
+
+    @backend_settings
+    @given(scope=scopes, case=invalid_values)
+    async def test_invalid_value_raises_and_changes_nothing(
+        self, store: BaseStateBackend, scope: StateScope, case: tuple[Any, type[Exception]]
+    ) -> None:
+        """None, a non-finite float or a non-JSON object anywhere raises its error, writing nothing."""
+        value, error = case
+        before = await snapshot(store)
+        with pytest.raises(error):
+            await store.aset(scope, "seed", value)
+        assert await snapshot(store) == before
+
+    @backend_settings
+    @given(scope=scopes, case=invalid_keys, method=st.sampled_from(["aget", "aset", "adelete"]))
+    async def test_invalid_key_raises_and_changes_nothing(
+        self,
+        store: BaseStateBackend,
+        scope: StateScope,
+        case: tuple[Any, type[Exception]],
+        method: str,
+    ) -> None:
+        """A non-str, empty or over-long key raises its error from every method, writing nothing."""
+        key, error = case
+        args = (scope, key, 1) if method == "aset" else (scope, key)
+        before = await snapshot(store)
+        with pytest.raises(error):
+            await getattr(store, method)(*args)
+        assert await snapshot(store) == before
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(writes=st.lists(st.tuples(st.text(min_size=1, max_size=12), json_values), max_size=8))
+    async def test_list_matches_a_dict_model(
+        self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
+    ) -> None:
+        """After any sequence of writes the scope lists the last value of each key, by key."""
+        scope = TaskScope("dag", "run_1", "model")
+        await backend.aclear(scope)
+        model: dict[str, Any] = {}
+        for key, value in writes:
+            await backend.aset(scope, key, value)
+            model[key] = value
+        listed = await backend.alist(scope)
+        assert [e.key for e in listed] == sorted(model)
+        assert all(same(e.value, model[e.key]) for e in listed)
+
+
+class TestStrategiesAreSound:
+    def test_invalid_leaves_are_really_invalid(self) -> None:
+        """The kinds of leaf the invalid strategies draw from are ones the store refuses."""
+        from watchkeeper.store import encode_value
+
+        for leaf in (date(2024, 1, 1), datetime(2024, 1, 1), Decimal(1), 1j, {1: 1}, (1,)):
+            with pytest.raises(TypeError):
+                encode_value("k", [leaf])
+        for number in (math.nan, math.inf):
+            with pytest.raises(ValueError):
+                encode_value("k", {"a": number})

@@ -1,0 +1,72 @@
+"""Each package's ``__all__`` is honest: every name exists, and the store's are its own."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import pytest
+
+PACKAGES = ["watchkeeper.store", "watchkeeper.triggerer", "watchkeeper.watchers"]
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+class TestAllAttributes:
+    @pytest.mark.parametrize("package", PACKAGES)
+    def test_every_exported_name_exists(self, package: str) -> None:
+        """Every name in the package's __all__ is an attribute of the package."""
+        module = _load(package)
+        missing = [name for name in module.__all__ if not hasattr(module, name)]
+        assert missing == []
+
+    @pytest.mark.parametrize("package", PACKAGES)
+    def test_all_has_no_duplicates_and_is_sorted(self, package: str) -> None:
+        """__all__ lists each name once, in ruff's sort order (constants, classes, functions)."""
+        names = list(_load(package).__all__)
+        assert len(names) == len(set(names))
+
+        def rank(name: str) -> tuple[int, str]:
+            if name.isupper():
+                return (0, name)
+            return (1, name) if name[:1].isupper() else (2, name)
+
+        assert names == sorted(names, key=rank)
+
+    def test_store_names_are_defined_in_the_store(self) -> None:
+        """Every class and function watchkeeper.store exports is defined inside the package."""
+        module = _load("watchkeeper.store")
+        foreign = []
+        for name in module.__all__:
+            value = getattr(module, name)
+            if not (isinstance(value, type) or callable(value)):
+                continue
+            owner = getattr(value, "__module__", "")
+            if owner != "watchkeeper.store" and not owner.startswith("watchkeeper.store."):
+                foreign.append(f"{name} from {owner}")
+        assert foreign == []
+
+    def test_store_constants_are_exported(self) -> None:
+        """The store's constants keep their documented values."""
+        module = _load("watchkeeper.store")
+        assert module.MAX_KEY_LENGTH == 512
+        assert module.DEFAULT_MAX_VALUE_BYTES == 65536
+        assert repr(module.NEVER_EXPIRE) == "NEVER_EXPIRE"
+
+    def test_store_imports_nothing_of_ours(self) -> None:
+        """watchkeeper.store does not import the triggerer or the watchers (one-way imports)."""
+        import subprocess
+        import sys
+
+        code = (
+            "import sys, watchkeeper.store\n"
+            "bad = [m for m in sys.modules if m.startswith(('watchkeeper.triggerer', "
+            "'watchkeeper.watchers'))]\n"
+            "print(','.join(bad))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        )
+        assert result.stdout.strip() == ""
