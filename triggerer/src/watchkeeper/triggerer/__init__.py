@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from watchkeeper.store import Asset
 
+from ._loader import LoadResult, WatcherError, WatcherGroup, load_watchers
+from ._logging import configure_logging
+from .daemon import Daemon, ReloadReport, run_daemon
 from .errors import (
     AssetStoreUnavailableError,
+    CapacityError,
     InvalidEventError,
     TriggererError,
     TriggerImportError,
 )
+from .runner import RunnerConfig, TriggerRunner, WatchSpec
+from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
 from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent
 
 __all__ = [
@@ -18,8 +24,24 @@ __all__ = [
     "AssetWatcher",
     "BaseEventTrigger",
     "BaseTrigger",
+    "CapacityError",
+    "Daemon",
     "InvalidEventError",
+    "LoadResult",
+    "LoggingSettings",
+    "ReloadReport",
+    "RunnerConfig",
+    "Settings",
     "TriggerEvent",
     "TriggerImportError",
+    "TriggerRunner",
     "TriggererError",
+    "TriggererSettings",
+    "WatchSpec",
+    "WatcherError",
+    "WatcherGroup",
+    "configure_logging",
+    "load_settings",
+    "load_watchers",
+    "run_daemon",
 ]

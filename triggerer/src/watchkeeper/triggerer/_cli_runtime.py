@@ -1,12 +1,286 @@
-"""Subcommands of the runtime: ``triggerer``, ``status``, ``demo``.
+"""Subcommands of the runtime: ``triggerer`` (the daemon), ``status`` and ``demo``.
 
-INTERFACE STUB — the daemon helper fills this in.
+``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.daemon.run_daemon` in the
+foreground until SIGTERM or SIGINT, on uvloop when it is installed. ``watchkeeper status``
+reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
+database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from watchkeeper.store import (
+    AssetNotFoundError,
+    AssetScope,
+    BaseStateBackend,
+    SqliteStateBackend,
+    TriggerStatus,
+)
+
+from ._cli_common import CommandError, UsageError, emit_json, open_backend
+from .daemon import DEFAULT_RELOAD_INTERVAL, run_daemon
+from .settings import Settings
+
+__all__ = ["register", "run_async", "status_rows"]
+
+if TYPE_CHECKING:
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+T = TypeVar("T")
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the runtime subcommands to the ``watchkeeper`` parser."""
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
+    options: dict[str, Any] = {}
+    if importlib.util.find_spec("uvloop") is not None:
+        options["use_uvloop"] = True
+    try:
+        return anyio.run(fn, *args, backend="asyncio", backend_options=options)
+    except BaseExceptionGroup as group:
+        lone = _lone_exception(group)
+        if lone is not None:
+            raise lone from None
+        raise
+
+
+def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """The only exception inside (possibly nested) groups, or None when there are several."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup):
+        if len(inner.exceptions) != 1:
+            return None
+        inner = inner.exceptions[0]
+    return inner if isinstance(inner, Exception) else None
+
+
+def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
+    def parse(text: str) -> T:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:  # type: ignore[operator]
+            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+        return value
+
+    return parse
+
+
+# -- watchkeeper triggerer ---------------------------------------------------------------------
+
+
+def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
+    updates: dict[str, Any] = {}
+    if args.watchers_path is not None:
+        updates["watchers_path"] = args.watchers_path
+    if args.capacity is not None:
+        updates["capacity"] = args.capacity
+    if updates:
+        triggerer = settings.triggerer.model_copy(update=updates)
+        settings = settings.model_copy(update={"triggerer": triggerer})
+    path = Path(settings.triggerer.watchers_path)
+    if not path.is_dir():
+        raise UsageError(
+            f"watchers path {str(path)!r} is not a directory "
+            "(use --watchers-path or [triggerer] watchers_path)"
+        )
+    open_backend(settings)  # a configuration mistake is a usage error before anything starts
+    run_async(functools.partial(run_daemon, settings, reload_interval=args.reload_interval))
+    return 0
+
+
+# -- watchkeeper status ------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+async def status_rows(backend: BaseStateBackend) -> list[dict[str, Any]]:
+    """Each saved trigger status with the state of the assets it watches, as JSON data."""
+    rows: list[dict[str, Any]] = []
+    for status in await backend.alist_trigger_status():
+        assets = []
+        for name in status.assets:
+            try:
+                entries = await backend.alist(AssetScope(name=name))
+            except AssetNotFoundError:  # deactivated since the status was saved
+                assets.append({"name": name, "active": False, "state": {}})
+                continue
+            state = {e.key: e.value for e in sorted(entries, key=lambda e: e.key)}
+            assets.append({"name": name, "active": True, "state": state})
+        rows.append(_status_json(status, assets))
+    return rows
+
+
+def _status_json(status: TriggerStatus, assets: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "trigger_id": status.trigger_id,
+        "watchers": list(status.watchers),
+        "classpath": status.classpath,
+        "state": status.state,
+        "assets": assets,
+        "events": status.events,
+        "last_event_at": _iso(status.last_event_at),
+        "failures": status.failures,
+        "last_error": status.last_error,
+        "owner": status.owner,
+        "updated_at": _iso(status.updated_at),
+    }
+
+
+_STATE_STYLE = {"running": "green", "backing_off": "yellow", "failed": "bold red", "stopped": "dim"}
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _status_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="watchkeeper watchers", title_justify="left", pad_edge=False)
+    table.add_column("watcher", overflow="fold", min_width=16)
+    table.add_column("state", no_wrap=True)
+    table.add_column("assets: state", overflow="fold")
+    table.add_column("events", justify="right")
+    table.add_column("last event", overflow="fold")
+    table.add_column("fails", justify="right")
+    errors = any(row["last_error"] for row in rows)
+    if errors:  # only when there is one: an 80-column terminal has no room to spare
+        table.add_column("last error", overflow="fold")
+    for row in rows:
+        # Text cells: names and errors are shown as written, never parsed as rich markup.
+        watcher = Text(", ".join(row["watchers"]) or "-")
+        watcher.append("\n" + row["trigger_id"], style="dim")
+        assets = Text()
+        for i, asset in enumerate(row["assets"]):
+            items = ", ".join(f"{k}={_short(v, 24)}" for k, v in asset["state"].items())
+            assets.append(("\n" if i else "") + asset["name"], style="bold")
+            assets.append(" (inactive)" if not asset["active"] else "", style="dim")
+            assets.append(f": {items}" if items else "")
+        last = row["last_event_at"]
+        cells = [
+            watcher,
+            Text(row["state"], style=_STATE_STYLE.get(row["state"], "")),
+            assets,
+            Text(str(row["events"])),
+            Text(last[:19].replace("T", " ") if last else "-"),
+            Text(str(row["failures"])),
+        ]
+        if errors:
+            cells.append(Text(_short(row["last_error"] or "", 120)))
+        table.add_row(*cells)
+    return table
+
+
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    backend = open_backend(settings)
+    if isinstance(backend, SqliteStateBackend) and not Path(backend.path).is_file():
+        # Opening it would create an empty database: say instead that nothing ran there.
+        raise CommandError(
+            f"no database at {backend.path} (has a daemon run with this [database] url?)"
+        )
+
+    async def read() -> list[dict[str, Any]]:
+        async with backend:
+            return await status_rows(backend)
+
+    try:
+        rows = run_async(read)
+    except NotImplementedError as exc:  # a custom backend without trigger status
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        emit_json({"watchers": rows})
+        return 0
+    console = Console()
+    if not rows:
+        console.print("no watcher status saved yet (is `watchkeeper triggerer` running?)")
+        return 0
+    console.print(_status_table(rows))
+    return 0
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from ._demo import run_demo  # rich's live display and the demo's helpers load on demand
+
+    return run_demo(args)
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``triggerer``, ``status`` and ``demo`` to the ``watchkeeper`` parser."""
+    triggerer = subparsers.add_parser(
+        "triggerer",
+        help="run the daemon in the foreground (SIGTERM/SIGINT stop it cleanly)",
+        description="Run the watchers defined under the watchers path until SIGTERM or SIGINT.",
+    )
+    triggerer.add_argument(
+        "--watchers-path",
+        metavar="DIR",
+        type=Path,
+        help="directory of watcher definition files (overrides [triggerer] watchers_path)",
+    )
+    triggerer.add_argument(
+        "--capacity",
+        metavar="N",
+        type=_positive(int),
+        help="most triggers run at once (overrides [triggerer] capacity)",
+    )
+    triggerer.add_argument(
+        "--reload-interval",
+        metavar="SECONDS",
+        type=_positive(float),
+        default=DEFAULT_RELOAD_INTERVAL,
+        help=f"seconds between scans of the watchers path (default {DEFAULT_RELOAD_INTERVAL:g})",
+    )
+    triggerer.set_defaults(handler=_triggerer)
+
+    status = subparsers.add_parser(
+        "status",
+        help="show each watcher: state, assets, last event, watermark, failures",
+        description="Show what the daemon saved about its watchers (works while it runs).",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.set_defaults(handler=_status)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="run the example watchers, kill -9 the daemon mid-stream, check exactly-once",
+        description=(
+            "Run the example watchers on a throwaway SQLite database in a temporary directory "
+            "(the configured database is not used), SIGKILL the daemon mid-stream, restart it, "
+            "and check that every item arrived exactly once. Exits 0 when the check passes."
+        ),
+    )
+    demo.add_argument(
+        "--items",
+        metavar="N",
+        type=_positive(int),
+        default=200,
+        help="items the fake source produces per table (default 200)",
+    )
+    demo.add_argument(
+        "--examples",
+        metavar="DIR",
+        type=Path,
+        help="the examples directory (default: the one in the source tree)",
+    )
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (database, source, logs) and print its path",
+    )
+    demo.set_defaults(handler=_demo)

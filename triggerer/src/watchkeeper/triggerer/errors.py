@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AssetStoreUnavailableError",
+    "CapacityError",
     "InvalidEventError",
     "TriggerImportError",
     "TriggererError",
@@ -25,6 +26,18 @@ class AssetStoreUnavailableError(TriggererError, RuntimeError, AttributeError):
         super().__init__(
             f"{type(trigger).__name__}.asset_state_store exists only inside run(): the runtime "
             "binds it to the watched assets right before run() starts"
+        )
+
+
+class CapacityError(TriggererError):
+    """Raised when a trigger is started on a runner that already runs ``capacity`` triggers."""
+
+    def __init__(self, trigger_id: str, capacity: int) -> None:
+        self.trigger_id = trigger_id
+        self.capacity = capacity
+        super().__init__(
+            f"cannot start trigger {trigger_id!r}: the runner is at its capacity of "
+            f"{capacity} triggers (stop one or raise [triggerer] capacity)"
         )
 
 

@@ -1,35 +1,325 @@
-"""The embeddable runner: supervises triggers inside the caller's event loop.
+"""The embeddable runner: supervises watcher triggers inside the caller's event loop.
 
-INTERFACE STUB — the runtime helper fills this in; the daemon helper builds on exactly this API.
+::
 
-    @dataclass(frozen=True, slots=True)
-    class WatchSpec:
-        trigger_id: str                     # stable id (the daemon uses a hash of serialize())
-        trigger: BaseEventTrigger           # the instance to run
-        assets: tuple[Asset, ...]           # the watched assets (already registered)
-        watchers: tuple[str, ...] = ()      # AssetWatcher names, for status and logs
+    async with SqliteStateBackend("state.db") as backend, TriggerRunner(backend) as runner:
+        await backend.aregister_assets([orders])
+        await runner.start_trigger(WatchSpec("orders-watcher", OrdersTrigger(), (orders,)))
+        with runner.subscribe() as events:
+            async for event in events:  # committed asset events, for a UI or a test
+                ...
 
-    class RunnerConfig(pydantic.BaseModel):  # frozen; the daemon builds it from Settings
-        capacity: int = 1000                # max triggers running at once
-        backoff_initial: float = 1.0        # s, first restart delay
-        backoff_max: float = 300.0          # s
-        backoff_jitter: float = 0.2         # fraction
-        max_failures: int = 5               # consecutive failures before state "failed"
-        cleanup_timeout: float = 5.0        # s for trigger.cleanup()
-        stop_grace: float = 10.0            # s for triggers to finish after cancellation
-        lag_threshold: float = 0.25         # s of loop lag that is logged with the culprit
-        status_interval: float = 2.0        # s between status saves (0: never save)
-        owner: str | None = None            # daemon identity written into TriggerStatus
+Each trigger runs in its own task of the runner's task group, under the supervisor of
+:mod:`._supervisor`: its ``asset_state_store`` is bound before ``run()``, each yielded event is
+committed (with its ``state``) before the generator resumes, a failing trigger is restarted
+with backoff and finally marked ``failed``, and ``cleanup()`` is always awaited. A loop-lag
+monitor names the trigger that blocked the loop, and the statuses are saved to the backend
+every ``status_interval`` seconds and once at exit.
 
-    class TriggerRunner:                     # async context manager owning a task group
-        def __init__(self, backend: BaseStateBackend, config: RunnerConfig | None = None): ...
-        async def __aenter__(self) -> TriggerRunner
-        async def __aexit__(...)             # cancels all triggers with stop_grace, flushes status
-        async def start_trigger(self, spec: WatchSpec) -> None   # CapacityError when full
-        async def stop_trigger(self, trigger_id: str) -> None    # cancel, await cleanup
-        def trigger_ids(self) -> frozenset[str]
-        def statuses(self) -> list[TriggerStatus]
-        def subscribe(self) -> MemoryObjectReceiveStream[AssetEvent]  # committed events, for UIs
+Stopping (``stop_trigger`` or leaving the ``async with``) cancels the trigger and waits up to
+``stop_grace`` seconds for it to finish. A trigger that catches the cancellation and carries on
+is logged as ``trigger_ignored_cancellation``; anyio cancels it again at each of its following
+awaits, so it ends as soon as it lets one through. One that swallows every cancellation forever
+cannot be killed from inside the process: leaving the runner then waits for it (a daemon's
+process exit is the backstop).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, TriggerStatus
+
+from ._config import RunnerConfig
+from ._lag import Culprit, LoopLagMonitor
+from ._supervisor import TriggerSlot, describe_error, supervise
+from .errors import CapacityError
+from .trigger import BaseEventTrigger, BaseTrigger
+
+__all__ = ["RunnerConfig", "TriggerRunner", "WatchSpec"]
+
+log = structlog.get_logger()
+
+_STATUS_SAVE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSpec:
+    """One trigger to run: a stable id, the instance, and the (registered) assets it watches."""
+
+    trigger_id: str
+    trigger: BaseEventTrigger
+    assets: tuple[Asset, ...]
+    watchers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trigger_id, str) or not self.trigger_id:
+            raise ValueError(
+                f"WatchSpec.trigger_id must be a non-empty str, got {self.trigger_id!r}"
+            )
+        if not isinstance(self.trigger, BaseEventTrigger):
+            raise TypeError(
+                f"WatchSpec {self.trigger_id!r}: trigger must be a BaseEventTrigger, "
+                f"got {type(self.trigger).__name__}"
+            )
+        given: object = self.assets
+        assets = (given,) if isinstance(given, Asset) else tuple(self.assets)
+        if not assets:
+            raise ValueError(f"WatchSpec {self.trigger_id!r} watches no asset; give at least one")
+        for asset in assets:
+            if not isinstance(asset, Asset):
+                raise TypeError(
+                    f"WatchSpec {self.trigger_id!r}: assets must be Asset objects, "
+                    f"got {type(asset).__name__}"
+                )
+        object.__setattr__(self, "assets", assets)
+        object.__setattr__(self, "watchers", tuple(self.watchers))
+
+
+class TriggerRunner:
+    """An async context manager that owns a task group and supervises triggers in it."""
+
+    def __init__(self, backend: BaseStateBackend, config: RunnerConfig | None = None) -> None:
+        self.backend = backend
+        self.config = config if config is not None else RunnerConfig()
+        self.dropped_events = 0
+        """Events not delivered to a subscriber whose buffer was full."""
+        self._slots: dict[str, TriggerSlot] = {}
+        self._by_task: dict[object, TriggerSlot] = {}
+        self._by_trigger: dict[int, TriggerSlot] = {}
+        self._subscribers: list[MemoryObjectSendStream[AssetEvent]] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._entered = False
+        self._closing = False
+        self._save_status = self.config.status_interval > 0
+        self.lag_monitor: LoopLagMonitor | None = None
+
+    def __repr__(self) -> str:
+        running = sum(1 for slot in self._slots.values() if slot.state == "running")
+        return (
+            f"<TriggerRunner triggers={len(self._slots)} running={running} "
+            f"capacity={self.config.capacity} open={self._tg is not None}>"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise RuntimeError("a TriggerRunner can be entered only once; create a new one")
+        self._entered = True
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            if self.config.lag_threshold > 0:
+                self.lag_monitor = LoopLagMonitor(
+                    self.config.lag_threshold,
+                    resolve_task=self._culprit_of_task,
+                    resolve_trigger=self._culprit_of_trigger,
+                )
+                await tg.start(self.lag_monitor.run)
+            if self._save_status:
+                tg.start_soon(self._save_statuses_periodically)
+        except BaseException as exc:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        tg = self._tg
+        if tg is None:
+            return None
+        self._closing = True
+        try:
+            slots = list(self._slots.values())
+            for slot in slots:
+                slot.scope.cancel()
+            await self._wait_stopped(slots)
+            if self._save_status:
+                await self._save_statuses()
+        finally:
+            for send in self._subscribers:
+                send.close()
+            self._subscribers.clear()
+            tg.cancel_scope.cancel()
+            self._tg = None
+        # The body's own exception is not handed to the task group, which would wrap it in an
+        # ExceptionGroup: it propagates unchanged once every task has finished.
+        await tg.__aexit__(None, None, None)
+        return None
+
+    # -- triggers ------------------------------------------------------------------------------
+
+    async def start_trigger(self, spec: WatchSpec) -> None:
+        """Start supervising ``spec.trigger``; returns once its task is running.
+
+        Raises :class:`CapacityError` when the runner already holds ``capacity`` triggers and
+        ``ValueError`` when ``spec.trigger_id`` (or the same trigger instance) is already here.
+        """
+        tg = self._tg
+        if tg is None or self._closing:
+            raise RuntimeError("TriggerRunner is not running; use 'async with TriggerRunner(...)'")
+        if not isinstance(spec, WatchSpec):
+            raise TypeError(f"start_trigger() takes a WatchSpec, got {type(spec).__name__}")
+        if spec.trigger_id in self._slots:
+            raise ValueError(f"trigger {spec.trigger_id!r} is already in this runner")
+        twin = self._by_trigger.get(id(spec.trigger))
+        if twin is not None:
+            raise ValueError(
+                f"this trigger instance already runs as {twin.trigger_id!r}; "
+                "give each WatchSpec its own instance"
+            )
+        if len(self._slots) >= self.config.capacity:
+            raise CapacityError(spec.trigger_id, self.config.capacity)
+        slot = TriggerSlot(spec.trigger_id, spec.trigger, spec.assets, spec.watchers)
+        self._slots[spec.trigger_id] = slot
+        self._by_trigger[id(spec.trigger)] = slot
+        try:
+            await tg.start(self._run_slot, slot)
+        except BaseException:
+            self._forget(slot)
+            raise
+
+    async def stop_trigger(self, trigger_id: str) -> None:
+        """Cancel one trigger and wait (up to ``stop_grace``) for it and its cleanup to end.
+
+        Raises ``KeyError`` when no trigger of that id is in the runner.
+        """
+        slot = self._slots.get(trigger_id)
+        if slot is None:
+            raise KeyError(f"no trigger {trigger_id!r} in this runner")
+        slot.scope.cancel()
+        await self._wait_stopped([slot])
+        self._forget(slot)
+        log.info("trigger_stopped", trigger_id=trigger_id, classpath=slot.classpath)
+        if self._save_status:
+            await self._save_statuses([slot.status(now=datetime.now(UTC), owner=self.config.owner)])
+
+    def trigger_ids(self) -> frozenset[str]:
+        """The ids of the triggers in the runner (running, backing off or failed)."""
+        return frozenset(self._slots)
+
+    def statuses(self) -> list[TriggerStatus]:
+        """A status per trigger in the runner, ordered by trigger_id."""
+        now = datetime.now(UTC)
+        owner = self.config.owner
+        return [self._slots[key].status(now=now, owner=owner) for key in sorted(self._slots)]
+
+    def subscribe(self, max_buffer_size: int = 1000) -> MemoryObjectReceiveStream[AssetEvent]:
+        """A stream of the asset events committed from now on, in commit order.
+
+        A subscriber that falls ``max_buffer_size`` events behind misses the events that do not
+        fit (counted in :attr:`dropped_events`); triggers never wait for subscribers. The stream
+        ends when the runner exits. Close it (``with runner.subscribe() as events:``) when done.
+        """
+        send, receive = anyio.create_memory_object_stream[AssetEvent](max_buffer_size)
+        if self._tg is None or self._closing:
+            send.close()
+        else:
+            self._subscribers.append(send)
+        return receive
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _run_slot(
+        self, slot: TriggerSlot, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        task = asyncio.current_task()
+        self._by_task[task] = slot
+        try:
+            with slot.scope:
+                task_status.started()
+                await supervise(slot, self.backend, self.config, self._publish)
+        finally:
+            self._by_task.pop(task, None)
+            slot.done.set()
+
+    def _forget(self, slot: TriggerSlot) -> None:
+        if self._slots.get(slot.trigger_id) is slot:
+            del self._slots[slot.trigger_id]
+        if self._by_trigger.get(id(slot.trigger)) is slot:
+            del self._by_trigger[id(slot.trigger)]
+
+    async def _wait_stopped(self, slots: Iterable[TriggerSlot]) -> None:
+        """Wait up to ``stop_grace`` for cancelled triggers; name those that did not stop."""
+        slots = list(slots)
+        with anyio.move_on_after(self.config.stop_grace, shield=True):
+            for slot in slots:
+                await slot.done.wait()
+        for slot in slots:
+            if not slot.done.is_set() and not slot.in_cleanup:
+                log.error(
+                    "trigger_ignored_cancellation",
+                    trigger_id=slot.trigger_id,
+                    classpath=slot.classpath,
+                    stop_grace=self.config.stop_grace,
+                )
+
+    def _publish(self, events: list[AssetEvent]) -> None:
+        subscribers = self._subscribers
+        if not subscribers:
+            return
+        gone: list[MemoryObjectSendStream[AssetEvent]] = []
+        for send in subscribers:
+            for event in events:
+                try:
+                    send.send_nowait(event)
+                except anyio.WouldBlock:
+                    self.dropped_events += 1
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    gone.append(send)
+                    break
+        for send in gone:
+            subscribers.remove(send)
+            send.close()
+
+    async def _save_statuses_periodically(self) -> None:
+        interval = self.config.status_interval
+        while True:
+            await anyio.sleep(interval)
+            await self._save_statuses(shield=False)
+
+    async def _save_statuses(
+        self, statuses: list[TriggerStatus] | None = None, *, shield: bool = True
+    ) -> None:
+        """Save statuses; bounded, and shielded (by default) so that it also runs at exit."""
+        if not self._save_status:
+            return
+        rows = self.statuses() if statuses is None else statuses
+        if not rows:
+            return
+        with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=shield) as scope:
+            try:
+                await self.backend.asave_trigger_status(rows)
+            except NotImplementedError:
+                self._save_status = False
+                log.info("trigger_status_unsupported", backend=type(self.backend).__name__)
+            except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
+                log.warning("trigger_status_save_failed", error=describe_error(exc))
+        if scope.cancelled_caught:
+            log.warning(
+                "trigger_status_save_failed", error="timed out", timeout=_STATUS_SAVE_TIMEOUT
+            )
+
+    def _culprit_of_task(self, task: object) -> Culprit | None:
+        slot = self._by_task.get(task)
+        return None if slot is None else (slot.trigger_id, slot.classpath)
+
+    def _culprit_of_trigger(self, trigger: BaseTrigger) -> Culprit | None:
+        slot = self._by_trigger.get(id(trigger))
+        return None if slot is None else (slot.trigger_id, slot.classpath)

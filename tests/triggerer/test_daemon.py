@@ -1,0 +1,521 @@
+"""The daemon: a real ``watchkeeper triggerer`` process on a SQLite file, and its reloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import anyio.abc
+import pytest
+from pydantic import SecretStr
+from watchkeeper.store import (
+    Asset,
+    AssetScope,
+    MemoryStateBackend,
+    SqliteStateBackend,
+    TriggerStatus,
+)
+from watchkeeper.store.settings import DatabaseSettings
+from watchkeeper.triggerer import Settings, TriggererSettings, cli
+from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer.daemon import Daemon
+
+STOP_GRACE = 5.0
+WAIT = 20.0  # bound of every wait on the daemon (a loaded CI machine starts Python slowly)
+
+LINES_WATCHER = '''
+"""A test watcher: emits each line of a text file once, with the line number as watermark."""
+
+import anyio
+
+from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
+
+
+class LinesWatcher(BaseEventTrigger):
+    def __init__(self, path, poll=0.05):
+        super().__init__()
+        self.path = path
+        self.poll = poll
+
+    def serialize(self):
+        return (self.classpath(), {"path": self.path, "poll": self.poll})
+
+    async def run(self):
+        n = await self.asset_state_store.aget("watermark", default=0)
+        source = anyio.Path(self.path)
+        while True:
+            lines = (await source.read_text()).splitlines() if await source.exists() else []
+            for line in lines[n:]:
+                n += 1
+                yield TriggerEvent({"n": n, "line": line}, state={"watermark": n})
+            await anyio.sleep(self.poll)
+'''
+
+
+def asset_file(asset: str, source: Path) -> str:
+    return textwrap.dedent(
+        f"""
+        from watchkeeper.triggerer import Asset, AssetWatcher
+        from lines import LinesWatcher
+
+        {asset} = Asset("{asset}", watchers=[AssetWatcher("{asset}_feed", LinesWatcher({str(source)!r}))])
+        """
+    )
+
+
+def append_lines(path: Path, start: int, stop: int) -> None:
+    with path.open("a") as f:
+        f.writelines(f"line {i}\n" for i in range(start, stop + 1))
+
+
+def watchkeeper_command(*args: str) -> list[str]:
+    """``watchkeeper ARGS``: the installed script, or the same code through this interpreter."""
+    script = Path(sys.executable).with_name("watchkeeper")
+    if script.is_file():
+        return [str(script), *args]
+    return [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()", *args]
+
+
+@pytest.fixture
+def watchers(tmp_path: Path) -> Path:
+    directory = tmp_path / "watchers"
+    directory.mkdir()
+    (directory / "lines.py").write_text(LINES_WATCHER)
+    return directory
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state.db"
+
+
+@pytest.fixture
+def env(db_path: Path) -> dict[str, str]:
+    """The daemon's environment: this test's database, fast heartbeats and GC, JSON logs."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+    clean.update(
+        WATCHKEEPER__DATABASE__URL=f"sqlite:///{db_path}",
+        WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL="0.2",
+        WATCHKEEPER__TRIGGERER__STOP_GRACE=str(STOP_GRACE),
+        WATCHKEEPER__TRIGGERER__GC_INTERVAL="0.5",
+        WATCHKEEPER__LOGGING__FORMAT="json",
+    )
+    return clean
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Iterator[IO[bytes]]:
+    with (tmp_path / "daemon.log").open("ab") as f:
+        yield f
+
+
+def log_events(tmp_path: Path) -> list[dict[str, Any]]:
+    events = []
+    for line in (tmp_path / "daemon.log").read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # a traceback line, or a line still being written
+            continue
+    return [e for e in events if isinstance(e, dict)]
+
+
+@asynccontextmanager
+async def daemon(
+    tmp_path: Path, watchers: Path, env: dict[str, str], log_file: IO[bytes]
+) -> AsyncIterator[anyio.abc.Process]:
+    """A running ``watchkeeper triggerer`` child; killed at exit if the test left it running."""
+    process = await anyio.open_process(
+        watchkeeper_command(
+            "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.2"
+        ),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=log_file,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with anyio.move_on_after(10, shield=True):
+            await process.wait()
+        await process.aclose()
+
+
+async def terminate(process: anyio.abc.Process) -> int:
+    """SIGTERM the daemon and return its exit status; it must exit within the grace period."""
+    process.send_signal(signal.SIGTERM)
+    with anyio.fail_after(STOP_GRACE + 5):
+        return await process.wait()
+
+
+async def wait_until(
+    check: Callable[[], Any], what: str, process: anyio.abc.Process | None = None
+) -> None:
+    """Poll ``check`` (sync or async) until truthy; fail after WAIT or if the daemon died."""
+    with anyio.fail_after(WAIT):
+        while True:
+            result = check()
+            if hasattr(result, "__await__"):
+                result = await result
+            if result:
+                return
+            if process is not None and process.returncode is not None:
+                pytest.fail(f"the daemon exited ({process.returncode}) while waiting for {what}")
+            await anyio.sleep(0.05)
+
+
+async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:
+    return [int(e.payload["n"]) for e in await backend.alist_events(asset=asset)]
+
+
+@pytest.mark.slow
+class TestDaemonProcess:
+    async def test_runs_watchers_reports_status_and_stops_on_sigterm(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        db_path: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+    ) -> None:
+        """It registers the assets, commits events, refuses a broken file, shows status, exits 0."""
+        alpha, beta = tmp_path / "alpha.txt", tmp_path / "beta.txt"
+        append_lines(alpha, 1, 3)
+        append_lines(beta, 1, 2)
+        (watchers / "alpha.py").write_text(asset_file("alpha", alpha))
+        (watchers / "beta.py").write_text(asset_file("beta", beta))
+        (watchers / "broken.py").write_text("def oops(:\n")
+        async with SqliteStateBackend(db_path) as backend:
+            async with daemon(tmp_path, watchers, env, log_file) as process:
+
+                async def committed() -> bool:
+                    return await payloads(backend, "alpha") == [1, 2, 3] and await payloads(
+                        backend, "beta"
+                    ) == [1, 2]
+
+                await wait_until(committed, "the events", process)
+
+                async def both_saved() -> bool:
+                    rows = await backend.alist_trigger_status()
+                    return len(rows) == 2 and all(r.events > 0 for r in rows)
+
+                await wait_until(both_saved, "the trigger statuses", process)
+                status = await anyio.run_process(
+                    watchkeeper_command("status", "--json"), env=env, cwd=tmp_path, check=False
+                )
+                assert status.returncode == 0, status.stderr.decode()
+                rows = json.loads(status.stdout)["watchers"]
+                assert sorted(w for r in rows for w in r["watchers"]) == ["alpha_feed", "beta_feed"]
+                by_watcher = {r["watchers"][0]: r for r in rows}
+                assert by_watcher["alpha_feed"]["state"] == "running"
+                assert by_watcher["alpha_feed"]["assets"] == [
+                    {"name": "alpha", "active": True, "state": {"watermark": 3}}
+                ]
+                assert by_watcher["beta_feed"]["assets"][0]["state"] == {"watermark": 2}
+                assert await terminate(process) == 0
+            assets = {a.name: a.active for a in await backend.alist_assets()}
+            assert assets == {"alpha": True, "beta": True}
+        events = [e["event"] for e in log_events(tmp_path)]
+        assert events.index("daemon_started") < events.index("daemon_stopped")
+        refused = [e for e in log_events(tmp_path) if e["event"] == "watcher_refused"]
+        assert refused[0]["file"] == "broken.py"
+        assert "SyntaxError" in refused[0]["reason"]
+
+    async def test_restart_after_kill_resumes_from_the_watermark(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        db_path: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+    ) -> None:
+        """After SIGKILL, a restarted daemon continues after the watermark: no gap, no duplicate."""
+        alpha = tmp_path / "alpha.txt"
+        append_lines(alpha, 1, 5)
+        (watchers / "alpha.py").write_text(asset_file("alpha", alpha))
+        async with SqliteStateBackend(db_path) as backend:
+            async with daemon(tmp_path, watchers, env, log_file) as first:
+
+                async def five() -> bool:
+                    return len(await payloads(backend, "alpha")) >= 5
+
+                await wait_until(five, "five events", first)
+                first.kill()
+                with anyio.fail_after(WAIT):
+                    assert await first.wait() == -signal.SIGKILL
+            append_lines(alpha, 6, 10)
+            async with daemon(tmp_path, watchers, env, log_file) as second:
+
+                async def ten() -> bool:
+                    return len(await payloads(backend, "alpha")) >= 10
+
+                await wait_until(ten, "ten events", second)
+                assert await terminate(second) == 0
+            assert await payloads(backend, "alpha") == list(range(1, 11))
+            assert await backend.aget(AssetScope(name="alpha"), "watermark") == 10
+
+    async def test_follows_added_and_removed_watcher_files(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        db_path: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+    ) -> None:
+        """A new file starts its watcher; a removed file's asset is deactivated and swept by GC."""
+        alpha, beta = tmp_path / "alpha.txt", tmp_path / "beta.txt"
+        append_lines(alpha, 1, 2)
+        append_lines(beta, 1, 4)
+        (watchers / "alpha.py").write_text(asset_file("alpha", alpha))
+        async with (
+            SqliteStateBackend(db_path) as backend,
+            daemon(tmp_path, watchers, env, log_file) as process,
+        ):
+
+            async def alpha_done() -> bool:
+                return await payloads(backend, "alpha") == [1, 2]
+
+            await wait_until(alpha_done, "alpha's events", process)
+            (watchers / "beta.py").write_text(asset_file("beta", beta))
+
+            async def beta_done() -> bool:
+                return await payloads(backend, "beta") == [1, 2, 3, 4]
+
+            await wait_until(beta_done, "the new watcher's events", process)
+            (watchers / "alpha.py").unlink()
+
+            async def alpha_inactive() -> bool:
+                active = {a.name for a in await backend.alist_assets(active_only=True)}
+                return active == {"beta"}
+
+            await wait_until(alpha_inactive, "alpha's deactivation", process)
+
+            def swept() -> bool:
+                return any(
+                    e["event"] == "gc_done" and e["orphaned"] >= 1 for e in log_events(tmp_path)
+                )
+
+            await wait_until(swept, "the GC pass that sweeps alpha's state", process)
+
+            async def status_forgot_alpha() -> bool:
+                rows = await backend.alist_trigger_status()
+                return [r.watchers for r in rows] == [("beta_feed",)]
+
+            await wait_until(status_forgot_alpha, "alpha's status row to go", process)
+            assert await terminate(process) == 0
+        deactivated = [e for e in log_events(tmp_path) if e["event"] == "asset_deactivated"]
+        assert [e["asset"] for e in deactivated] == ["alpha"]
+
+
+class TestDaemonReload:
+    """The reload logic in-process, on the memory backend (no timing involved)."""
+
+    @pytest.fixture(autouse=True)
+    def _unload(self) -> Iterator[None]:
+        yield
+        unload_watchers()
+
+    def settings(self, watchers: Path) -> Settings:
+        return Settings(
+            triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=1),
+            database=DatabaseSettings(url=SecretStr("sqlite:///:memory:")),
+        )
+
+    async def test_changed_kwargs_restart_the_trigger(self, tmp_path: Path, watchers: Path) -> None:
+        """Editing a watcher's kwargs stops the old trigger and starts the new one."""
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        async with (
+            MemoryStateBackend() as backend,
+            Daemon(self.settings(watchers), backend=backend) as d,
+        ):
+            (old,) = d.groups
+            (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "two.txt"))
+            report = await d.reload()
+            (new,) = d.groups
+            assert report.stopped == [old]
+            assert report.started == [new]
+            assert report.deactivated == []
+            assert d.runner.trigger_ids() == {new}
+
+    async def test_unchanged_definitions_keep_their_triggers(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """A reload with nothing changed stops and starts nothing."""
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        async with (
+            MemoryStateBackend() as backend,
+            Daemon(self.settings(watchers), backend=backend) as d,
+        ):
+            report = await d.reload()
+            assert (report.started, report.stopped) == ([], [])
+
+    async def test_a_file_broken_by_an_edit_keeps_its_watcher(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """A syntax error in an edited file neither stops its trigger nor deactivates its asset."""
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        async with (
+            MemoryStateBackend() as backend,
+            Daemon(self.settings(watchers), backend=backend) as d,
+        ):
+            before = set(d.groups)
+            (watchers / "alpha.py").write_text("def oops(:\n")
+            report = await d.reload()
+            assert report.errors == 1
+            assert (report.stopped, report.deactivated) == ([], [])
+            assert set(d.groups) == before
+            assert [a.name for a in await backend.alist_assets(active_only=True)] == ["alpha"]
+
+    async def test_exit_stops_every_trigger_and_saves_stopped(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """Leaving the daemon stops its triggers; their saved status reads ``stopped``."""
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        async with MemoryStateBackend() as backend:
+            async with Daemon(self.settings(watchers), backend=backend) as d:
+                assert len(d.groups) == 1
+            assert [r.state for r in await backend.alist_trigger_status()] == ["stopped"]
+            assert repr(d).endswith("open=False>")
+
+
+FAILING_WATCHER = """
+from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger
+
+
+class Failing(BaseEventTrigger):
+    def serialize(self):
+        return (self.classpath(), {})
+
+    async def run(self):
+        raise RuntimeError("source is down")
+        yield
+
+
+broken = Asset("broken", watchers=[AssetWatcher("broken_feed", Failing())])
+"""
+
+
+class TestDaemonFailedTriggers:
+    @pytest.fixture(autouse=True)
+    def _unload(self) -> Iterator[None]:
+        yield
+        unload_watchers()
+
+    async def test_reload_restarts_a_failed_trigger(self, watchers: Path) -> None:
+        """A trigger in the ``failed`` state is started afresh by the next reload."""
+        (watchers / "broken.py").write_text(FAILING_WATCHER)
+        settings = Settings(
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                gc_interval=0,
+                stop_grace=1,
+                max_failures=1,
+                backoff_initial=0.001,
+                backoff_max=0.001,
+            ),
+        )
+        async with MemoryStateBackend() as backend, Daemon(settings, backend=backend) as d:
+            (trigger_id,) = d.groups
+
+            def failed() -> bool:
+                return [s.state for s in d.runner.statuses()] == ["failed"]
+
+            await wait_until(failed, "the trigger to fail")
+            report = await d.reload()
+            assert report.stopped == [trigger_id]
+            assert report.started == [trigger_id]
+
+
+class TestRuntimeCommands:
+    def test_triggerer_without_a_watchers_directory_is_a_usage_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``triggerer`` with a watchers path that is not a directory exits 2 and starts nothing."""
+        db = tmp_path / "state.db"
+        args = ["--database-url", f"sqlite:///{db}", "triggerer", "--watchers-path"]
+        assert cli.run([*args, str(tmp_path / "nowhere")]) == 2
+        assert "is not a directory" in capsys.readouterr().err
+        assert not db.exists()
+
+    def test_status_without_a_database_is_a_clear_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``status`` on a SQLite file that does not exist says so and creates nothing."""
+        missing = tmp_path / "none.db"
+        assert cli.run(["--database-url", f"sqlite:///{missing}", "status"]) == 1
+        assert "no database at" in capsys.readouterr().err
+        assert not missing.exists()
+
+    def test_status_table_shows_watchers_states_and_watermarks(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The human table lists each watcher with its state, asset and watermark."""
+        path = tmp_path / "state.db"
+        with SqliteStateBackend(path) as backend:
+            backend.run_sync(backend.aregister_assets, [Asset("orders")])
+            backend.set(AssetScope(name="orders"), "watermark", 42)
+            status = TriggerStatus(
+                trigger_id="abc123",
+                classpath="m.C",
+                assets=("orders",),
+                watchers=("orders_feed",),
+                state="backing_off",
+                failures=2,
+                last_error="RuntimeError: source is down",
+                events=42,
+            )
+            backend.run_sync(backend.asave_trigger_status, [status])
+        monkeypatch.setenv("COLUMNS", "200")
+        assert cli.run(["--database-url", f"sqlite:///{path}", "status"]) == 0
+        out = capsys.readouterr().out
+        for text in ("orders_feed", "abc123", "backing_off", "watermark=42", "source is down"):
+            assert text in out
+
+
+class TestStaleStatuses:
+    @pytest.fixture(autouse=True)
+    def _unload(self) -> Iterator[None]:
+        yield
+        unload_watchers()
+
+    async def test_start_forgets_rows_no_daemon_refreshes(self, watchers: Path) -> None:
+        """At start, ``stopped`` and long-silent rows of unknown triggers go; fresh ones stay."""
+        now = datetime.now(UTC)
+
+        def row(trigger_id: str, state: str, age: float) -> TriggerStatus:
+            return TriggerStatus(
+                trigger_id=trigger_id,
+                classpath="m.C",
+                assets=("x",),
+                watchers=("x_feed",),
+                state=state,
+                updated_at=now - timedelta(seconds=age),
+            )
+
+        settings = Settings(
+            triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=1)
+        )
+        async with MemoryStateBackend() as backend:
+            await backend.asave_trigger_status(
+                [
+                    row("exited", "stopped", 1),
+                    row("killed", "running", 3600),
+                    row("elsewhere", "running", 1),
+                ]
+            )
+            async with Daemon(settings, backend=backend):
+                rows = await backend.alist_trigger_status()
+                assert [r.trigger_id for r in rows] == ["elsewhere"]

@@ -1,0 +1,288 @@
+"""The loader of watcher definitions: grouping, the allow-list, JSON kwargs, broken files."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from watchkeeper.triggerer import BaseEventTrigger, TriggerImportError
+from watchkeeper.triggerer._loader import (
+    canonical_trigger_json,
+    load_watchers,
+    rebuild_trigger,
+    scan_watchers_path,
+    trigger_id_for,
+    unload_watchers,
+)
+
+TICKER = """
+from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
+
+
+class Ticker(BaseEventTrigger):
+    def __init__(self, every=1.0, extra=None):
+        super().__init__()
+        self.every = every
+        self.extra = extra
+
+    def serialize(self):
+        kwargs = {"every": self.every}
+        if self.extra is not None:
+            kwargs["extra"] = self.extra
+        return (self.classpath(), kwargs)
+
+    async def run(self):
+        yield TriggerEvent({"every": self.every})
+"""
+
+
+@pytest.fixture(autouse=True)
+def _unload() -> Iterator[None]:
+    """Each test imports its own watcher files; forget them afterwards."""
+    yield
+    unload_watchers()
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def asset_file(asset: str, watcher: str, every: object = 1.0, extra: str = "None") -> str:
+    return f"""
+    from watchkeeper.triggerer import Asset, AssetWatcher
+    from ticks import Ticker
+
+    {asset} = Asset("{asset}", watchers=[AssetWatcher("{watcher}", Ticker(every={every!r}, extra={extra}))])
+    """
+
+
+@pytest.fixture
+def watchers(tmp_path: Path) -> Path:
+    directory = tmp_path / "watchers"
+    directory.mkdir()
+    write(directory, "ticks.py", TICKER)
+    return directory
+
+
+class TestGrouping:
+    def test_identical_triggers_on_two_assets_run_once(self, watchers: Path) -> None:
+        """Two assets in two files with the same serialize() form one group serving both."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "b.py", asset_file("payments", "payments_feed"))
+        result = load_watchers(watchers)
+        assert result.errors == ()
+        assert [a.name for a in result.assets] == ["orders", "payments"]
+        (group,) = result.groups
+        assert [a.name for a in group.assets] == ["orders", "payments"]
+        assert group.watchers == ("orders_feed", "payments_feed")
+        assert group.files == ("a.py", "b.py")
+        assert group.classpath == "ticks.Ticker"
+
+    def test_different_kwargs_make_different_groups(self, watchers: Path) -> None:
+        """Triggers whose kwargs differ are separate groups with separate ids."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed", every=1.0))
+        write(watchers, "b.py", asset_file("payments", "payments_feed", every=2.0))
+        result = load_watchers(watchers)
+        assert len(result.groups) == 2
+        assert len({g.trigger_id for g in result.groups}) == 2
+
+    def test_trigger_id_is_stable_across_loads(self, watchers: Path) -> None:
+        """Loading the same definitions twice yields the same trigger id."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        first = load_watchers(watchers).groups[0].trigger_id
+        second = load_watchers(watchers).groups[0].trigger_id
+        assert first == second
+        assert len(first) == 16
+
+    def test_canonical_json_ignores_kwargs_order(self) -> None:
+        """The id hashes canonical JSON, so kwargs order does not matter."""
+        one = canonical_trigger_json("m.C", {"a": 1, "b": [1, 2]})
+        two = canonical_trigger_json("m.C", {"b": [1, 2], "a": 1})
+        assert one == two
+        assert trigger_id_for(one) == trigger_id_for(two)
+
+    def test_running_trigger_is_rebuilt_from_serialize(self, watchers: Path) -> None:
+        """The group's trigger is a new instance built from the kwargs, not the file's object."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed", every=3.5))
+        result = load_watchers(watchers)
+        (group,) = result.groups
+        (asset,) = result.assets
+        defined = asset.watchers[0].trigger
+        assert group.trigger is not defined
+        assert isinstance(group.trigger, BaseEventTrigger)
+        assert group.trigger.serialize() == defined.serialize()
+        assert dict(group.kwargs) == {"every": 3.5}
+
+    def test_files_in_subdirectories_load(self, watchers: Path) -> None:
+        """A file in a subdirectory is imported as a submodule and its asset is found."""
+        write(watchers, "team/sales.py", asset_file("sales", "sales_feed"))
+        result = load_watchers(watchers)
+        assert result.errors == ()
+        assert [a.name for a in result.assets] == ["sales"]
+
+    def test_removed_file_takes_its_assets_away(self, watchers: Path) -> None:
+        """After a file is deleted, the next load no longer defines its asset."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        removed = write(watchers, "b.py", asset_file("payments", "payments_feed", every=2.0))
+        first = load_watchers(watchers)
+        removed.unlink()
+        second = load_watchers(watchers, previous=first)
+        assert [a.name for a in second.assets] == ["orders"]
+        assert len(second.groups) == 1
+
+
+class TestRefusals:
+    def test_class_outside_allowed_modules_is_refused(self, watchers: Path) -> None:
+        """A trigger class outside allowed_trigger_modules is refused and logged, not run."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        with capture_logs() as logs:
+            result = load_watchers(watchers, allowed_modules=["watchkeeper.watchers"])
+        assert result.groups == ()
+        (error,) = result.errors
+        assert (error.file, error.watcher) == ("a.py", "orders_feed")
+        assert "outside allowed_trigger_modules" in error.reason
+        assert "ticks.Ticker" in error.reason
+        refused = [e for e in logs if e["event"] == "watcher_refused"]
+        assert refused[0]["file"] == "a.py"
+        assert refused[0]["watcher"] == "orders_feed"
+        # The asset itself is still defined (tasks may use it); only the trigger is refused.
+        assert [a.name for a in result.assets] == ["orders"]
+
+    def test_prefix_must_match_a_whole_module(self) -> None:
+        """An allowed prefix 'tick' does not allow the module 'ticks'."""
+        with pytest.raises(TriggerImportError, match="outside allowed_trigger_modules"):
+            rebuild_trigger("ticks.Ticker", {}, ["tick"])
+
+    def test_non_trigger_class_is_refused(self) -> None:
+        """A classpath naming something that is not a BaseEventTrigger subclass is refused."""
+        with pytest.raises(TriggerImportError, match="not a BaseEventTrigger subclass"):
+            rebuild_trigger("collections.OrderedDict", {}, ["collections"])
+
+    def test_missing_class_is_a_clear_error(self) -> None:
+        """A classpath whose attribute does not exist names the classpath."""
+        with pytest.raises(TriggerImportError, match=r"cannot import trigger class 'json\.Nope'"):
+            rebuild_trigger("json.Nope", {}, ["json"])
+
+    def test_broken_file_does_not_stop_the_others(self, watchers: Path) -> None:
+        """A syntax error and an import-time exception are reported; other files still load."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "broken.py", "def oops(:\n")
+        write(watchers, "raises.py", "raise RuntimeError('no database here')\n")
+        write(watchers, "exits.py", "import sys\nsys.exit(3)\n")
+        result = load_watchers(watchers)
+        assert [a.name for a in result.assets] == ["orders"]
+        assert len(result.groups) == 1
+        reasons = {e.file: e.reason for e in result.errors}
+        assert reasons["broken.py"].startswith("SyntaxError")
+        assert "RuntimeError: no database here" in reasons["raises.py"]
+        assert "SystemExit" in reasons["exits.py"]
+        assert all(e.watcher is None for e in result.errors)
+
+    def test_invalid_module_file_name_is_refused(self, watchers: Path) -> None:
+        """A file whose name is not a module name is reported, not imported."""
+        write(watchers, "my-watchers.py", asset_file("orders", "orders_feed"))
+        result = load_watchers(watchers)
+        (error,) = result.errors
+        assert error.file == "my-watchers.py"
+        assert "not a valid Python module name" in error.reason
+
+    @pytest.mark.parametrize(
+        ("every", "extra", "reason"),
+        [
+            (1.0, "__import__('datetime').datetime(2024, 1, 1)", "not JSON"),
+            (1.0, "(1, 2)", "not JSON"),
+            (1.0, "{1: 'a'}", "not JSON"),
+            (float("inf"), "None", "not JSON"),
+        ],
+    )
+    def test_kwargs_must_be_json(
+        self, watchers: Path, every: float, extra: str, reason: str
+    ) -> None:
+        """serialize() kwargs with datetimes, tuples, int keys or infinities are refused."""
+        write(watchers, "good.py", asset_file("orders", "orders_feed"))
+        every_src = "float('inf')" if every == float("inf") else repr(every)
+        write(
+            watchers,
+            "bad.py",
+            f"""
+            from watchkeeper.triggerer import Asset, AssetWatcher
+            from ticks import Ticker
+
+            bad = Asset("bad", watchers=[AssetWatcher("bad_feed", Ticker(every={every_src}, extra={extra}))])
+            """,
+        )
+        result = load_watchers(watchers)
+        (error,) = result.errors
+        assert (error.file, error.watcher) == ("bad.py", "bad_feed")
+        assert reason in error.reason
+        assert [g.assets[0].name for g in result.groups] == ["orders"]
+
+    def test_constructor_rejecting_kwargs_is_refused(self, watchers: Path) -> None:
+        """A trigger whose class cannot be rebuilt from its own kwargs is refused."""
+        write(
+            watchers,
+            "odd.py",
+            """
+            from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger, TriggerEvent
+
+            class Odd(BaseEventTrigger):
+                def __init__(self):
+                    super().__init__()
+
+                def serialize(self):
+                    return (self.classpath(), {"unknown": 1})
+
+                async def run(self):
+                    yield TriggerEvent(1)
+
+            odd = Asset("odd", watchers=[AssetWatcher("odd_feed", Odd())])
+            """,
+        )
+        result = load_watchers(watchers)
+        (error,) = result.errors
+        assert error.watcher == "odd_feed"
+        assert "watchkeeper_watchers.odd.Odd(**kwargs) failed" in error.reason
+
+    def test_missing_directory_is_reported(self, tmp_path: Path) -> None:
+        """A watchers path that does not exist loads nothing and says so."""
+        result = load_watchers(tmp_path / "nowhere")
+        assert result.groups == ()
+        assert "not a directory" in result.errors[0].reason
+
+
+class TestLastGoodDefinitions:
+    def test_file_broken_during_an_edit_keeps_its_watchers(self, watchers: Path) -> None:
+        """A file that loaded before and now fails keeps its last good definitions."""
+        orders = write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        first = load_watchers(watchers)
+        orders.write_text("def oops(:\n")
+        second = load_watchers(watchers, previous=first)
+        assert [a.name for a in second.assets] == ["orders"]
+        assert [g.key for g in second.groups] == [g.key for g in first.groups]
+        assert second.groups[0].trigger is first.groups[0].trigger
+        assert second.errors[0].reason.startswith("SyntaxError")
+
+    def test_without_a_previous_load_a_broken_file_defines_nothing(self, watchers: Path) -> None:
+        """On a first load, a broken file contributes no asset."""
+        write(watchers, "a.py", "def oops(:\n")
+        result = load_watchers(watchers)
+        assert result.assets == ()
+
+
+class TestScan:
+    def test_scan_sees_new_changed_and_removed_files(self, watchers: Path) -> None:
+        """The mtime scan changes when a file is added, rewritten or removed."""
+        before = scan_watchers_path(watchers)
+        added = write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        after_add = scan_watchers_path(watchers)
+        assert set(after_add) - set(before) == {"a.py"}
+        added.write_text(added.read_text() + "\n# edited, longer\n")
+        assert scan_watchers_path(watchers)["a.py"] != after_add["a.py"]
+        added.unlink()
+        assert "a.py" not in scan_watchers_path(watchers)

@@ -1,0 +1,332 @@
+"""Running one trigger, and supervising it: the heart of the runtime.
+
+:func:`drive_trigger` runs ``trigger.run()`` once: it binds the trigger's
+``asset_state_store``, iterates the generator inside :func:`contextlib.aclosing`, validates each
+yielded event, commits it (with its ``state``) through ``backend.acommit_event`` and only then
+resumes the generator, so the code after ``yield`` runs with the event durable and the generator
+never runs ahead of its commits (one event in flight per trigger). ``cleanup()`` is awaited
+after every run, however it ended, shielded and bounded.
+
+:func:`supervise` wraps it in the restart loop: a run that raises or returns is restarted after
+an exponential, jittered backoff; after ``max_failures`` consecutive failures the trigger is
+``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
+degrades only itself); cancellation always passes through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from datetime import datetime
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import greenback
+import structlog
+from watchkeeper.store import (
+    Asset,
+    AssetEvent,
+    AssetStateStoreAccessors,
+    BackendUnavailableError,
+    BaseStateBackend,
+    TriggerStatus,
+    Writer,
+)
+
+from ._commit import EventEncoder
+from ._config import RunnerConfig
+from .errors import InvalidEventError
+from .trigger import BaseEventTrigger
+
+__all__ = [
+    "Publish",
+    "TriggerSlot",
+    "TriggerState",
+    "backoff_delay",
+    "describe_error",
+    "drive_trigger",
+    "supervise",
+]
+
+log = structlog.get_logger()
+
+_CHECKPOINT_EVERY = 32
+"""Commits between two forced checkpoints of a trigger's task."""
+
+TriggerState = Literal["running", "backing_off", "failed", "stopped"]
+Publish = Callable[[list[AssetEvent]], None]
+"""Called with the asset events of each commit, in commit order (it must not block)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"TypeName: message"``, the form errors take in statuses and logs."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class TriggerSlot:
+    """One supervised trigger: what it runs, and the counters its status is built from.
+
+    ``events`` counts the asset events committed (one per watched asset per trigger event that
+    was not a suppressed duplicate); ``failures`` counts consecutive failed runs and is reset by
+    every commit that wrote an event (re-delivering duplicates is not progress).
+    """
+
+    __slots__ = (
+        "asset_names",
+        "assets",
+        "classpath",
+        "cleanup_error",
+        "done",
+        "events",
+        "failures",
+        "in_cleanup",
+        "last_error",
+        "last_event_at",
+        "runs",
+        "scope",
+        "state",
+        "trigger",
+        "trigger_id",
+        "watchers",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        trigger_id: str,
+        trigger: BaseEventTrigger,
+        assets: tuple[Asset, ...],
+        watchers: tuple[str, ...] = (),
+    ) -> None:
+        self.trigger_id = trigger_id
+        self.trigger = trigger
+        self.assets = assets
+        self.watchers = watchers
+        self.asset_names = tuple(asset.name for asset in assets)
+        self.classpath = type(trigger).classpath()
+        self.writer = Writer("watcher", trigger_id)
+        self.state: TriggerState = "running"
+        self.failures = 0
+        self.runs = 0
+        self.events = 0
+        self.last_error: str | None = None
+        self.last_event_at: datetime | None = None
+        self.cleanup_error: BaseException | None = None
+        self.in_cleanup = False
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+    def __repr__(self) -> str:
+        return (
+            f"<TriggerSlot {self.trigger_id!r} {self.classpath} state={self.state} "
+            f"events={self.events} failures={self.failures}>"
+        )
+
+    def status(self, *, now: datetime, owner: str | None) -> TriggerStatus:
+        return TriggerStatus(
+            trigger_id=self.trigger_id,
+            classpath=self.classpath,
+            assets=self.asset_names,
+            watchers=self.watchers,
+            state=self.state,
+            failures=self.failures,
+            last_error=self.last_error,
+            last_event_at=self.last_event_at,
+            events=self.events,
+            updated_at=now,
+            owner=owner,
+        )
+
+
+def _debug_enabled(logger: Any) -> bool:
+    is_enabled_for = getattr(logger, "is_enabled_for", None)
+    return True if is_enabled_for is None else bool(is_enabled_for(logging.DEBUG))
+
+
+async def drive_trigger(
+    slot: TriggerSlot,
+    backend: BaseStateBackend,
+    *,
+    cleanup_timeout: float,
+    publish: Publish | None = None,
+    max_events: int | None = None,
+) -> None:
+    """Run ``slot.trigger.run()`` once, committing each event before resuming the generator.
+
+    Returns when ``run()`` returns, or once ``slot.events`` reaches ``max_events`` (the
+    generator is then closed at its ``yield``, as when breaking out of ``async for``). Raises
+    what ``run()`` raised, :class:`InvalidEventError` or the store's validation errors for an
+    event that cannot be stored, and what the commit raised. ``cleanup()`` is always awaited.
+    """
+    trigger = slot.trigger
+    encoder = EventEncoder(
+        slot.trigger_id,
+        slot.asset_names,
+        writer=slot.writer,
+        max_value_bytes=backend.max_value_bytes,
+    )
+    commit_event = backend.acommit_event
+    elog = log.bind()
+    debug = _debug_enabled(elog)
+    trigger.bind_asset_state_store(
+        AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
+    )
+    try:
+        events: object = trigger.run()
+        if not isinstance(events, AsyncIterator):
+            if inspect.iscoroutine(events):
+                events.close()  # an 'async def' without 'yield'; closing avoids a warning
+            raise InvalidEventError(
+                f"{slot.classpath}.run() returned a {type(events).__name__}; it must be an "
+                "async generator ('async def run(self)' containing 'yield')"
+            )
+        closing: contextlib.AbstractAsyncContextManager[object] = (
+            contextlib.aclosing(events)
+            if isinstance(events, AsyncGenerator)
+            else contextlib.nullcontext()
+        )
+        since_checkpoint = 0
+        async with closing:
+            async for item in events:
+                try:
+                    commit = encoder.build(item)
+                except Exception as exc:
+                    exc.add_note(
+                        f"raised for an event yielded by {slot.classpath}.run() "
+                        f"(trigger {slot.trigger_id!r}); nothing was committed"
+                    )
+                    raise
+                written = await commit_event(commit)
+                if written:
+                    slot.failures = 0
+                    slot.events += len(written)
+                    slot.last_event_at = written[-1].created_at
+                    if publish is not None:
+                        publish(written)
+                    if debug:
+                        elog.debug("event_committed", event_id=written[-1].id, count=len(written))
+                    if max_events is not None and slot.events >= max_events:
+                        return
+                elif debug:
+                    elog.debug("event_deduplicated", dedup_key=commit.dedup_key)
+                since_checkpoint += 1
+                if since_checkpoint == _CHECKPOINT_EVERY:
+                    # A backend that commits without suspending (memory) and a generator that
+                    # yields without awaiting would otherwise never let another task run.
+                    since_checkpoint = 0
+                    await anyio.lowlevel.checkpoint()
+    finally:
+        trigger.bind_asset_state_store(None)
+        await _cleanup(slot, cleanup_timeout)
+
+
+async def _cleanup(slot: TriggerSlot, limit: float) -> None:
+    """Await ``cleanup()``, shielded from cancellation but never for longer than ``limit``."""
+    slot.in_cleanup = True
+    try:
+        with anyio.move_on_after(limit, shield=True) as scope:
+            try:
+                await slot.trigger.cleanup()
+            except Exception as exc:
+                slot.cleanup_error = exc
+                log.error(
+                    "trigger_cleanup_failed",
+                    classpath=slot.classpath,
+                    error=describe_error(exc),
+                    exc_info=exc,
+                )
+        if scope.cancelled_caught:
+            slot.cleanup_error = TimeoutError(
+                f"{slot.classpath}.cleanup() did not finish within {limit} s"
+            )
+            log.error(
+                "trigger_cleanup_failed",
+                classpath=slot.classpath,
+                error=describe_error(slot.cleanup_error),
+                timeout=limit,
+            )
+    finally:
+        slot.in_cleanup = False
+
+
+def backoff_delay(failures: int, config: RunnerConfig) -> float:
+    """The delay before restart number ``failures``: doubling, capped, then jittered."""
+    exponent = min(max(failures - 1, 0), 64)
+    base = min(config.backoff_max, config.backoff_initial * 2.0**exponent)
+    jitter = config.backoff_jitter
+    if jitter:
+        base *= 1.0 + random.uniform(-jitter, jitter)
+    return max(base, 0.0)
+
+
+async def supervise(
+    slot: TriggerSlot,
+    backend: BaseStateBackend,
+    config: RunnerConfig,
+    publish: Publish | None = None,
+) -> None:
+    """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
+
+    Returns normally only when the trigger reached ``max_failures``; otherwise it runs until
+    cancelled. Never raises a trigger's exception.
+    """
+    with structlog.contextvars.bound_contextvars(
+        trigger_id=slot.trigger_id, assets=list(slot.asset_names)
+    ):
+        try:
+            # Each trigger task gets a greenback portal, so the sync asset-store methods
+            # (self.asset_state_store.get/set) await the backend without blocking the loop.
+            await greenback.ensure_portal()
+            while True:
+                slot.state = "running"
+                slot.runs += 1
+                log.info(
+                    "trigger_started",
+                    classpath=slot.classpath,
+                    watchers=list(slot.watchers),
+                    run=slot.runs,
+                )
+                error: Exception | None = None
+                try:
+                    await drive_trigger(
+                        slot, backend, cleanup_timeout=config.cleanup_timeout, publish=publish
+                    )
+                except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
+                    error = exc
+                slot.failures += 1
+                if error is None:
+                    slot.last_error = "run() returned"
+                    log.warning("trigger_returned", failures=slot.failures, events=slot.events)
+                else:
+                    slot.last_error = describe_error(error)
+                    log.error(
+                        "trigger_error",
+                        classpath=slot.classpath,
+                        error=slot.last_error,
+                        failures=slot.failures,
+                        exc_info=error,
+                    )
+                # An unreachable database is not the trigger's fault: keep retrying it.
+                blameless = isinstance(error, BackendUnavailableError)
+                if config.max_failures and slot.failures >= config.max_failures and not blameless:
+                    slot.state = "failed"
+                    log.error(
+                        "trigger_failed",
+                        classpath=slot.classpath,
+                        error=slot.last_error,
+                        failures=slot.failures,
+                    )
+                    return
+                delay = backoff_delay(slot.failures, config)
+                slot.state = "backing_off"
+                log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
+                await anyio.sleep(delay)
+        finally:
+            if slot.state != "failed":
+                slot.state = "stopped"
+            slot.done.set()

@@ -1,0 +1,91 @@
+"""``run_trigger``: run one trigger instance through the real runtime, once, and see what it did.
+
+It is the supervisor's own :func:`~watchkeeper.triggerer._supervisor.drive_trigger` (the same
+binding of ``asset_state_store``, the same validation and commit of each event before the
+generator resumes, the same awaited ``cleanup()``), minus the restart loop: a test wants to see
+its trigger's exception, not a backoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import greenback
+import structlog
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
+
+from .._supervisor import TriggerSlot, drive_trigger
+from ..trigger import BaseEventTrigger
+
+__all__ = ["run_trigger"]
+
+_CLEANUP_TIMEOUT = 5.0
+
+
+async def run_trigger(
+    trigger: BaseEventTrigger,
+    *,
+    assets: Asset | Sequence[Asset],
+    backend: BaseStateBackend,
+    max_events: int | None = None,
+    timeout: float | None = None,  # noqa: ASYNC109 - the documented API of the test kit
+    trigger_id: str | None = None,
+) -> list[AssetEvent]:
+    """Run ``trigger`` once and return the asset events this call committed, in commit order.
+
+    The assets are registered first. The run stops after ``max_events`` committed asset events
+    (one trigger event commits one per watched asset; a suppressed duplicate commits none), when
+    ``run()`` returns, or after ``timeout`` seconds, returning what was committed by then. Upon
+    ``max_events`` the generator is closed at its ``yield``, as when breaking out of
+    ``async for``. ``cleanup()`` is always awaited. An exception from ``run()`` (or from
+    validating an event it yielded, or from ``cleanup()``) is raised here, so a test sees its
+    bug. ``trigger_id`` (default: the trigger's classpath) names the watcher in the events.
+    """
+    if not isinstance(trigger, BaseEventTrigger):
+        raise TypeError(
+            f"run_trigger() runs a BaseEventTrigger instance, got {type(trigger).__name__}"
+        )
+    watched = (assets,) if isinstance(assets, Asset) else tuple(assets)
+    if not watched or not all(isinstance(asset, Asset) for asset in watched):
+        raise TypeError(
+            f"assets must be one Asset or a non-empty sequence of Assets, got {assets!r}"
+        )
+    if max_events is not None and (
+        not isinstance(max_events, int) or isinstance(max_events, bool) or max_events < 1
+    ):
+        raise ValueError(f"max_events must be a positive int or None, got {max_events!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+    slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched)
+    await backend.aregister_assets(watched)
+
+    committed: list[AssetEvent] = []
+    failure: list[Exception] = []
+
+    async def drive() -> None:
+        # A task of its own: the greenback portal and the bound log context stay in it, not
+        # in the caller's task.
+        with structlog.contextvars.bound_contextvars(
+            trigger_id=slot.trigger_id, assets=list(slot.asset_names)
+        ):
+            try:
+                await greenback.ensure_portal()
+                with anyio.move_on_after(timeout):
+                    await drive_trigger(
+                        slot,
+                        backend,
+                        cleanup_timeout=_CLEANUP_TIMEOUT,
+                        publish=committed.extend,
+                        max_events=max_events,
+                    )
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                failure.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drive, name=f"run_trigger {slot.trigger_id}")
+    if failure:
+        raise failure[0]
+    if slot.cleanup_error is not None:
+        raise slot.cleanup_error
+    return committed
