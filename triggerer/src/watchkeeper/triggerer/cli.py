@@ -1,12 +1,128 @@
-"""The ``watchkeeper`` command.
+"""The ``watchkeeper`` command: global options, settings, logging, and dispatch.
 
-INTERFACE STUB — the CLI helper builds the parser here. Each group of subcommands lives in its
-own private module exposing ``register(subparsers) -> None``; ``cli.py`` imports
-``_cli_store`` (db, state-store, assets, events) and ``_cli_runtime`` (triggerer, status, demo).
+``main`` parses the command line, builds :class:`~watchkeeper.triggerer.settings.Settings`
+once (``--config`` and ``--database-url`` beat the environment and the file), configures
+structlog, and calls the subcommand's handler (see :mod:`._cli_common` for the contract).
+Subcommands live in ``_cli_store`` (db, state-store, assets, events) and ``_cli_runtime``
+(triggerer, status, demo). Every failure the user can fix is one ``watchkeeper: error: ...``
+line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, cast
 
-def main() -> None:
-    raise SystemExit("watchkeeper: not built yet")
+from pydantic import ValidationError
+from watchkeeper.store import StateStoreError
+from watchkeeper.store.settings import ConfigFileNotFoundError, InvalidConfigFileError
+
+from . import _cli_runtime, _cli_store
+from ._cli_common import PROG, CommandError, OneLineArgumentParser, error_line
+from ._logging import configure_logging
+from .settings import LOG_LEVELS, Settings, load_settings
+
+__all__ = ["build_parser", "main"]
+
+
+def _version() -> str:
+    try:
+        return version("watchkeeper-triggerer")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: global options and every subcommand."""
+    parser = OneLineArgumentParser(
+        prog=PROG,
+        description="Run event watchers and inspect the state store they write.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="TOML settings file (default: ./watchkeeper.toml when it exists)",
+    )
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="overrides [database] url, e.g. sqlite:///watchkeeper.db or postgresql://host/db",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="overrides [logging] level",
+    )
+    subparsers = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
+    )
+    _cli_store.register(subparsers)
+    _cli_runtime.register(subparsers)
+    return parser
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if args.database_url is not None:
+        overrides["database"] = {"url": args.database_url}
+    if args.log_level is not None:
+        overrides["logging"] = {"level": args.log_level}
+    return load_settings(args.config, **overrides)
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each naming its key: ``state_store.max_value_bytes``."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        key = ".".join(str(part) for part in error["loc"]) or "settings"
+        shown = "" if "url" in error["loc"] else f" (got {error.get('input')!r})"  # may be secret
+        parts.append(f"{key}: {error['msg']}{shown}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit status (``main`` exits with it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = _settings_from(args)
+    except (ConfigFileNotFoundError, InvalidConfigFileError) as exc:
+        sys.stderr.write(error_line(str(exc)))
+        return 2
+    except ValidationError as exc:
+        sys.stderr.write(error_line(_describe_validation_error(exc)))
+        return 2
+    configure_logging(settings.logging.level, settings.logging.format)
+    handler = getattr(args, "handler", None)
+    if handler is None:  # a subcommand module forgot set_defaults(handler=...)
+        parser.error(f"{args.command!r} has no handler")
+    try:
+        status: int = handler(args, settings)
+    except CommandError as exc:
+        sys.stderr.write(error_line(str(exc)))
+        return exc.exit_code
+    except StateStoreError as exc:
+        sys.stderr.write(error_line(str(exc)))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``watchkeeper events --json | head``): stop quietly, and keep
+        # the interpreter from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``watchkeeper`` script."""
+    sys.exit(run(argv))

@@ -1,0 +1,249 @@
+"""StoreSettings (sources and their precedence) and open_state_backend (URLs, dotted paths)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from watchkeeper.store import (
+    BaseStateBackend,
+    ConfigFileNotFoundError,
+    InvalidConfigFileError,
+    MemoryStateBackend,
+    PostgresStateBackend,
+    SqliteStateBackend,
+    StoreSettings,
+    open_state_backend,
+)
+
+
+class CustomBackend(MemoryStateBackend):
+    """A user-defined backend, importable by its dotted path."""
+
+
+class NotABackend:
+    """Something importable that is not a state backend."""
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run in an empty directory with no WATCHKEEPER__ variables from the outer environment."""
+    for name in list(os.environ):
+        if name.upper().startswith("WATCHKEEPER__"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+
+
+def _write_toml(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+class TestStoreSettingsSources:
+    def test_defaults(self) -> None:
+        """Without a file or environment every key has its documented default."""
+        settings = StoreSettings()
+        assert settings.database_url() == "sqlite:///watchkeeper.db"
+        assert settings.state_store.backend is None
+        assert settings.state_store.default_retention_days == 30
+        assert settings.state_store.clear_on_success is False
+        assert settings.state_store.state_cleanup_batch_size == 0
+        assert settings.state_store.max_value_bytes == 65536
+        assert settings.workers.state_backend is None
+
+    def test_reads_watchkeeper_toml_in_the_working_directory(self, _isolated: Path) -> None:
+        """``./watchkeeper.toml`` is read when no file is named."""
+        _write_toml(
+            _isolated / "watchkeeper.toml",
+            '[database]\nurl = "sqlite:///from-file.db"\n[state_store]\nclear_on_success = true\n',
+        )
+        settings = StoreSettings.load()
+        assert settings.database_url() == "sqlite:///from-file.db"
+        assert settings.state_store.clear_on_success is True
+
+    def test_environment_beats_toml(self, _isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """WATCHKEEPER__SECTION__KEY overrides the same key in the file, others stay."""
+        _write_toml(
+            _isolated / "watchkeeper.toml",
+            "[state_store]\nmax_value_bytes = 100\ndefault_retention_days = 7\n",
+        )
+        monkeypatch.setenv("WATCHKEEPER__STATE_STORE__MAX_VALUE_BYTES", "200")
+        settings = StoreSettings.load()
+        assert settings.state_store.max_value_bytes == 200
+        assert settings.state_store.default_retention_days == 7
+
+    def test_explicit_arguments_beat_environment_and_toml(
+        self, _isolated: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An explicit argument wins over env and file; the sources merge key by key."""
+        config = _write_toml(
+            _isolated / "other.toml",
+            '[database]\nurl = "sqlite:///file.db"\n'
+            "[state_store]\nmax_value_bytes = 100\nstate_cleanup_batch_size = 9\n",
+        )
+        monkeypatch.setenv("WATCHKEEPER__STATE_STORE__MAX_VALUE_BYTES", "200")
+        monkeypatch.setenv("WATCHKEEPER__DATABASE__URL", "sqlite:///env.db")
+        settings = StoreSettings.load(config, database={"url": "sqlite:///explicit.db"})
+        assert settings.database_url() == "sqlite:///explicit.db"
+        assert settings.state_store.max_value_bytes == 200
+        assert settings.state_store.state_cleanup_batch_size == 9
+        assert type(settings) is StoreSettings
+
+    def test_named_file_replaces_the_default_file(self, _isolated: Path) -> None:
+        """With a file named, ./watchkeeper.toml is not read at all."""
+        _write_toml(_isolated / "watchkeeper.toml", "[state_store]\nmax_value_bytes = 1\n")
+        named = _write_toml(_isolated / "named.toml", "[state_store]\nclear_on_success = true\n")
+        settings = StoreSettings.load(named)
+        assert settings.state_store.clear_on_success is True
+        assert settings.state_store.max_value_bytes == 65536
+
+    def test_missing_named_file_is_an_error(self, _isolated: Path) -> None:
+        """A config file that was named but does not exist is a FileNotFoundError naming it."""
+        with pytest.raises(ConfigFileNotFoundError, match=r"nope\.toml") as caught:
+            StoreSettings.load(_isolated / "nope.toml")
+        assert isinstance(caught.value, FileNotFoundError)
+
+    def test_file_that_is_not_toml_is_an_error_naming_it(self, _isolated: Path) -> None:
+        """Broken TOML, named or found in the working directory, is an error naming the file."""
+        broken = _write_toml(_isolated / "watchkeeper.toml", "[database\nurl = 1\n")
+        with pytest.raises(InvalidConfigFileError, match=r"'watchkeeper\.toml' is not valid TOML"):
+            StoreSettings.load()
+        with pytest.raises(InvalidConfigFileError, match="line 1"):
+            StoreSettings.load(broken)
+
+    def test_invalid_value_names_the_key(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A value out of range is a ValidationError located at section.key."""
+        monkeypatch.setenv("WATCHKEEPER__STATE_STORE__DEFAULT_RETENTION_DAYS", "-1")
+        with pytest.raises(ValidationError) as caught:
+            StoreSettings.load()
+        locations = [error["loc"] for error in caught.value.errors()]
+        assert locations == [("state_store", "default_retention_days")]
+
+    def test_unknown_key_in_a_section_is_rejected(self, _isolated: Path) -> None:
+        """A misspelt key inside a known section is an error naming it, not silently ignored."""
+        config = _write_toml(_isolated / "typo.toml", "[state_store]\nmax_value_byte = 10\n")
+        with pytest.raises(ValidationError, match="max_value_byte"):
+            StoreSettings.load(config)
+
+    def test_sections_of_other_parts_are_ignored(self, _isolated: Path) -> None:
+        """The daemon's sections in a shared file do not stop the task side from reading it."""
+        config = _write_toml(
+            _isolated / "shared.toml", "[triggerer]\ncapacity = 3\n[logging]\nlevel = 'debug'\n"
+        )
+        assert StoreSettings.load(config) == StoreSettings()
+
+    def test_database_url_is_secret_in_repr(self) -> None:
+        """A password in the URL does not appear in the settings' repr."""
+        settings = StoreSettings.load(database={"url": "postgresql://u:hunter2@db/wk"})
+        assert "hunter2" not in repr(settings)
+        assert settings.database_url() == "postgresql://u:hunter2@db/wk"
+
+
+class TestOpenStateBackendUrls:
+    def _open(self, url: str, **state_store: object) -> BaseStateBackend:
+        return open_state_backend(
+            StoreSettings.load(database={"url": url}, state_store=state_store)
+        )
+
+    async def test_three_slashes_is_relative_to_the_working_directory(
+        self, _isolated: Path
+    ) -> None:
+        """``sqlite:///rel/state.db`` opens ``rel/state.db`` under the working directory."""
+        (_isolated / "rel").mkdir()
+        backend = self._open("sqlite:///rel/state.db")
+        assert isinstance(backend, SqliteStateBackend)
+        async with backend:
+            pass
+        assert (_isolated / "rel" / "state.db").is_file()
+
+    async def test_four_slashes_is_an_absolute_path(self, tmp_path: Path) -> None:
+        """``sqlite:////abs/path.db`` opens that absolute path."""
+        target = tmp_path / "abs" / "state.db"
+        target.parent.mkdir()
+        backend = self._open(f"sqlite:///{target}")
+        async with backend:
+            pass
+        assert target.is_file()
+
+    def test_memory_url_gives_a_memory_backend(self) -> None:
+        """``sqlite:///:memory:`` and ``sqlite://`` keep state in process memory."""
+        assert type(self._open("sqlite:///:memory:")) is MemoryStateBackend
+        assert type(self._open("sqlite://")) is MemoryStateBackend
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "postgresql://postgres@127.0.0.1:5432/test",
+            "postgres://postgres@127.0.0.1:5432/test",
+            "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        ],
+    )
+    def test_postgres_schemes(self, url: str) -> None:
+        """Each PostgreSQL spelling builds a PostgresStateBackend."""
+        assert isinstance(self._open(url), PostgresStateBackend)
+
+    def test_max_value_bytes_is_passed_on(self) -> None:
+        """``[state_store] max_value_bytes`` reaches the backend."""
+        assert self._open("sqlite:///:memory:", max_value_bytes=123).max_value_bytes == 123
+
+    def test_unknown_scheme_is_a_value_error_naming_it(self) -> None:
+        """A scheme no backend handles is a ValueError that names the scheme."""
+        with pytest.raises(ValueError, match="'mysql'"):
+            self._open("mysql://root@db/wk")
+
+    def test_text_without_scheme_is_a_value_error(self) -> None:
+        """A bare path is not a URL; the error says what a URL looks like."""
+        with pytest.raises(ValueError, match="not a URL"):
+            self._open("watchkeeper.db")
+
+    def test_sqlite_url_with_a_host_is_a_value_error(self) -> None:
+        """``sqlite://host/x.db`` is a mistake for three or four slashes."""
+        with pytest.raises(ValueError, match="names a host 'host'"):
+            self._open("sqlite://host/x.db")
+
+    def test_password_is_not_echoed_by_the_not_a_url_error(self) -> None:
+        """An error about the URL does not print a password it carries."""
+        with pytest.raises(ValueError) as caught:
+            self._open("user:hunter2@db")
+        assert "hunter2" not in str(caught.value)
+
+
+class TestOpenStateBackendDottedPath:
+    def _settings(self, backend: str) -> StoreSettings:
+        return StoreSettings.load(state_store={"backend": backend, "max_value_bytes": 77})
+
+    def test_subclass_is_built_with_max_value_bytes(self) -> None:
+        """A dotted path to a BaseStateBackend subclass wins over the URL."""
+        backend = open_state_backend(self._settings(f"{__name__}.CustomBackend"))
+        assert type(backend) is CustomBackend
+        assert backend.max_value_bytes == 77
+
+    def test_colon_form_is_accepted(self) -> None:
+        """``package.module:Class`` names the same class as ``package.module.Class``."""
+        backend = open_state_backend(self._settings(f"{__name__}:CustomBackend"))
+        assert type(backend) is CustomBackend
+
+    def test_non_subclass_is_a_type_error_naming_the_path(self) -> None:
+        """A class that is not a BaseStateBackend subclass is a TypeError naming the path."""
+        path = f"{__name__}.NotABackend"
+        with pytest.raises(TypeError, match=path.replace(".", r"\.")):
+            open_state_backend(self._settings(path))
+
+    def test_unimportable_module_is_an_import_error_naming_the_path(self) -> None:
+        """A module that does not exist is an ImportError naming the configured path."""
+        with pytest.raises(ImportError, match=r"no_such_module\.Backend"):
+            open_state_backend(self._settings("no_such_module.Backend"))
+
+    def test_missing_attribute_is_an_import_error(self) -> None:
+        """A module without the named class is an ImportError naming both."""
+        with pytest.raises(ImportError, match="has no attribute 'Missing'"):
+            open_state_backend(self._settings(f"{__name__}.Missing"))
+
+    def test_path_without_a_module_is_rejected_by_validation(self) -> None:
+        """A bare class name is not a dotted path; validation says where it came from."""
+        with pytest.raises(ValidationError, match=r"state_store\.backend"):
+            self._settings("CustomBackend")

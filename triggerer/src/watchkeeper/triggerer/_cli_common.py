@@ -1,0 +1,188 @@
+"""What every ``watchkeeper`` subcommand shares: the handler contract, errors, and output.
+
+A subcommand module exposes ``register(subparsers)``; each parser it adds sets
+``handler=fn`` with ``parser.set_defaults(handler=fn)``, where ``fn(args, settings) -> int``
+receives the parsed arguments and the :class:`~watchkeeper.triggerer.settings.Settings` the
+entry point built once, and returns the exit status. A handler reports bad input by raising
+:class:`UsageError` (exit 2) or :class:`CommandError` (exit 1); ``main`` prints it as one
+``watchkeeper: error: ...`` line on stderr. Store errors (``StateStoreError``) exit 1 the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
+
+import anyio
+from rich.console import Console
+from watchkeeper.store import BaseStateBackend, Writer, open_state_backend
+
+from .settings import Settings
+
+__all__ = [
+    "PROG",
+    "CommandError",
+    "Handler",
+    "OneLineArgumentParser",
+    "StoreCommand",
+    "UsageError",
+    "cli_writer",
+    "compact_json",
+    "console",
+    "emit",
+    "emit_json",
+    "error_line",
+    "int_at_least",
+    "json_default",
+    "json_flag",
+    "open_backend",
+    "run_store_command",
+    "store_handler",
+]
+
+PROG = "watchkeeper"
+
+if TYPE_CHECKING:
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+StoreCommand = Callable[[BaseStateBackend, argparse.Namespace, Settings], Awaitable[int]]
+"""A store subcommand: runs on the opened backend and returns the exit status."""
+
+
+class Handler(Protocol):
+    """The function a subcommand parser stores as ``handler``."""
+
+    def __call__(self, args: argparse.Namespace, settings: Settings, /) -> int: ...
+
+
+class CommandError(Exception):
+    """Raised by a handler when the command fails; ``main`` prints one line and exits 1."""
+
+    exit_code = 1
+
+
+class UsageError(CommandError):
+    """Raised by a handler for bad input the parser could not catch (exit 2)."""
+
+    exit_code = 2
+
+
+def error_line(message: str) -> str:
+    """``watchkeeper: error: <message>`` squeezed onto one line."""
+    flat = " ".join(str(message).split())
+    return f"{PROG}: error: {flat}\n"
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``watchkeeper: error: ...`` line (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see '{self.prog} --help')"
+        self.exit(2, error_line(message + hint))
+
+
+def cli_writer() -> Writer:
+    """``Writer("cli", <user>)``: who made a change from the command line."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return Writer("cli", user)
+
+
+def open_backend(settings: Settings) -> BaseStateBackend:
+    """The configured backend, unopened; a configuration mistake becomes a :class:`UsageError`."""
+    try:
+        return open_state_backend(settings)
+    except (ImportError, TypeError, ValueError) as exc:
+        raise UsageError(f"cannot build the configured state backend: {exc}") from exc
+
+
+def json_default(value: object) -> Any:
+    """Encode what ``json`` cannot: datetimes as ISO 8601 text, anything else by ``str``."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def emit(line: str = "") -> None:
+    """Write one line to stdout and flush it (a pipe reader sees it at once)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def emit_json(value: object, *, default: Callable[[object], Any] = json_default) -> None:
+    """Write ``value`` as one compact JSON line."""
+    emit(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=default))
+
+
+def compact_json(value: object) -> str:
+    """``value`` as compact JSON text, for a table cell or a log line."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def console() -> Console:
+    """A rich console on stdout for tables people read."""
+    return Console(soft_wrap=False, highlight=False)
+
+
+def json_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--json`` (machine-readable output) to ``parser``."""
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for integers not below ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{number} is less than {minimum}")
+        return number
+
+    return parse
+
+
+def run_store_command(
+    command: StoreCommand,
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    check: Callable[[argparse.Namespace], object] | None = None,
+) -> int:
+    """Run ``check(args)``, then open the backend, run ``command`` on it and close it, all
+    inside one event loop. ``check`` raises :class:`UsageError` before anything is opened."""
+    if check is not None:
+        check(args)
+    backend = open_backend(settings)
+
+    async def main() -> int:
+        async with backend:
+            return await command(backend, args, settings)
+
+    try:
+        return anyio.run(main, backend="asyncio")
+    except NotImplementedError as exc:  # a custom backend without the metastore features
+        raise CommandError(str(exc)) from exc
+    except BaseExceptionGroup as group:  # a failure inside a task group (events --follow)
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+
+
+def store_handler(
+    command: StoreCommand, *, check: Callable[[argparse.Namespace], object] | None = None
+) -> Handler:
+    """The ``handler`` of a parser whose command runs on the opened backend; ``check``
+    validates the arguments first (see :func:`run_store_command`)."""
+    return partial(run_store_command, command, check=check)

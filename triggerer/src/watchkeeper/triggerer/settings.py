@@ -1,0 +1,102 @@
+"""The daemon's configuration: the store's sections plus ``[triggerer]`` and ``[logging]``.
+
+Build it once at the entry point with :func:`load_settings` and pass it (or its sections) down;
+nothing here is read at import time. Sources, strongest first: explicit arguments, the
+environment (``WATCHKEEPER__TRIGGERER__CAPACITY=50``), ``watchkeeper.toml`` or ``--config``,
+defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from watchkeeper.store.settings import StoreSettings
+
+__all__ = [
+    "LOG_LEVELS",
+    "LogLevel",
+    "LoggingSettings",
+    "Settings",
+    "TriggererSettings",
+    "load_settings",
+]
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+LogLevel = Annotated[
+    Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)
+]
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    """A ``[section]`` of the file: frozen, and an unknown key is an error naming it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TriggererSettings(_Section):
+    """``[triggerer]``: what the daemon runs and how it supervises it."""
+
+    capacity: int = Field(default=1000, gt=0)
+    """Most triggers one daemon runs at once."""
+    watchers_path: Path = Path("watchers")
+    """Directory of Python files that declare assets and their watchers (like a DAGs folder)."""
+    allowed_trigger_modules: list[Annotated[str, Field(min_length=1)]] = []
+    """Module prefixes trigger classes may be imported from. Empty: the modules of the
+    watchers path and ``watchkeeper.watchers``."""
+    heartbeat_interval: PositiveSeconds = 5.0
+    """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
+    gc_interval: float = Field(default=3600.0, ge=0)
+    """Seconds between garbage-collection passes inside the daemon (0 disables)."""
+    stop_grace: float = Field(default=10.0, ge=0)
+    """Seconds triggers get to finish after SIGTERM before they are cancelled."""
+    lag_threshold: PositiveSeconds = 0.25
+    """Event-loop lag, in seconds, that is logged with the trigger that caused it."""
+    backoff_initial: PositiveSeconds = 1.0
+    """Seconds before the first restart of a failed trigger; doubles per failure."""
+    backoff_max: PositiveSeconds = 300.0
+    """Longest restart delay, in seconds."""
+    max_failures: int = Field(default=5, gt=0)
+    """Consecutive failures after which a trigger is reported as ``failed``."""
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> Self:
+        if self.backoff_max < self.backoff_initial:
+            raise ValueError(
+                f"backoff_max ({self.backoff_max}) must not be below "
+                f"backoff_initial ({self.backoff_initial})"
+            )
+        return self
+
+
+class LoggingSettings(_Section):
+    """``[logging]``: structlog's level and renderer."""
+
+    level: LogLevel = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+    """``auto``: JSON when stderr is not a terminal, coloured console lines when it is."""
+
+
+class Settings(StoreSettings):
+    """Everything the ``watchkeeper`` command and the daemon read."""
+
+    triggerer: TriggererSettings = TriggererSettings()
+    logging: LoggingSettings = LoggingSettings()
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from every source; ``overrides`` beat all of them.
+
+    ``config_file`` replaces ``./watchkeeper.toml`` and must exist; overrides are nested like
+    the file: ``load_settings(database={"url": "sqlite:///state.db"})``.
+    """
+    return Settings.load(config_file, **overrides)
