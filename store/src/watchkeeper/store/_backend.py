@@ -121,9 +121,9 @@ class BaseStateBackend:
         await tg.__aenter__()
         try:
             await self._aopen(tg)
-        except BaseException as exc:
+        except BaseException:
             tg.cancel_scope.cancel()
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
+            await tg.__aexit__(None, None, None)
             self._loop = None
             raise
         self._task_group = tg
@@ -146,7 +146,7 @@ class BaseStateBackend:
             self._loop = None
             if tg is not None:
                 tg.cancel_scope.cancel()
-                await tg.__aexit__(exc_type, exc, tb)
+                await tg.__aexit__(None, None, None)
         return None
 
     def __enter__(self) -> Self:

@@ -1,0 +1,360 @@
+"""The writes :class:`~watchkeeper.store.PostgresStateBackend` queues, and how a batch of them
+is applied: resolved, ordered by kind, and turned into a few set-based statements.
+
+Ops that share a batch were all in flight at the same moment (none of their callers has had an
+answer yet), so any serial order of them is a correct one. :func:`apply_batch` picks the order
+that needs the fewest round trips: asset registrations first, then every asset scope is
+resolved with one query, then event commits, compare-and-sets, upserts, deletes, clears, and
+the rest (status rows, garbage collection), each kind set-based (one ``unnest`` statement for
+all of them). Two ops on the same row go in successive rounds of statements, so the second
+sees the first.
+
+Ops that can fail for a reason of their own (an asset that is not registered, a version that
+does not match) are checked inside the transaction before they write, so a failure touches
+nothing and records its error on that op alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import anyio
+
+from ._postgres_sql import (
+    Statements,
+    StateStatements,
+    columns,
+    db_key,
+    rowcount,
+    writer_fields,
+)
+from ._types import AssetEvent, AssetScope, EventCommit, StateScope, TaskScope, Writer
+from ._values import decode_value
+from .errors import AssetNotFoundError, VersionConflictError
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = [
+    "CATALOG",
+    "LATE",
+    "CallOp",
+    "ClearOp",
+    "CommitOp",
+    "DeleteOp",
+    "Op",
+    "PutOp",
+    "apply_batch",
+]
+
+T = TypeVar("T")
+
+CATALOG: Final = 0  # asset registration: first, so the scopes resolve against it
+EVENTS: Final = 1
+CAS: Final = 2
+PUT: Final = 3
+DELETE: Final = 4
+CLEAR: Final = 5
+LATE: Final = 6  # trigger status, garbage collection
+
+_OP_OVERHEAD: Final = 256  # bytes a write costs beyond its values, for the batch size limit
+
+
+class Op:
+    """One write waiting for the writer; ``done`` is set once its outcome is final."""
+
+    __slots__ = ("done", "error", "phase", "result")
+
+    def __init__(self, phase: int) -> None:
+        self.phase = phase
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def weight(self) -> int:
+        return _OP_OVERHEAD
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        """Take the asset ids of the scopes :meth:`scopes` named (or record a missing one)."""
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return ()
+
+    def reset(self) -> None:
+        self.result = self.error = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class _ScopedOp(Op):
+    """An op on one state scope; an asset scope is resolved to ``asset_id`` in the batch."""
+
+    __slots__ = ("asset_id", "scope")
+
+    def __init__(self, scope: StateScope, phase: int) -> None:
+        super().__init__(phase)
+        self.scope = scope
+        self.asset_id: int | None = None
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return (self.scope,) if isinstance(self.scope, AssetScope) else ()
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        if isinstance(self.scope, AssetScope):
+            self.asset_id = ids[self.scope]
+            if self.asset_id is None:
+                self.error = AssetNotFoundError(str(self.scope))
+
+    def row_key(self, key: str) -> tuple[Any, ...]:
+        s = self.scope
+        if isinstance(s, TaskScope):
+            return (s.dag_id, s.run_id, s.task_id, s.map_index, key)
+        return (self.asset_id, key)
+
+
+class PutOp(_ScopedOp):
+    """Upsert one key; with ``expected`` a compare-and-set (0: must not exist)."""
+
+    __slots__ = ("db_key", "expected", "expires_at", "key", "never_expire", "updated_at",
+                 "value_json", "writer")  # fmt: skip
+
+    def __init__(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        updated_at: datetime,
+        writer: Writer | None,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected: int | None,
+    ) -> None:
+        super().__init__(scope, PUT if expected is None else CAS)
+        self.key, self.db_key = key, db_key(key)
+        self.value_json, self.updated_at = value_json, updated_at
+        self.writer, self.expires_at, self.never_expire = writer, expires_at, never_expire
+        self.expected = expected
+
+    def weight(self) -> int:
+        return _OP_OVERHEAD + len(self.value_json)
+
+    def pk(self) -> tuple[Any, ...]:
+        return self.row_key(self.db_key)
+
+    def row(self) -> tuple[Any, ...]:
+        data: tuple[Any, ...] = (self.value_json, self.updated_at, *writer_fields(self.writer))
+        if isinstance(self.scope, TaskScope):
+            data += (self.expires_at, self.never_expire)
+        return self.pk() + data
+
+
+class DeleteOp(_ScopedOp):
+    """Delete one key; the result says whether it existed."""
+
+    __slots__ = ("db_key",)
+
+    def __init__(self, scope: StateScope, key: str) -> None:
+        super().__init__(scope, DELETE)
+        self.db_key = db_key(key)
+
+    def pk(self) -> tuple[Any, ...]:
+        return self.row_key(self.db_key)
+
+
+class ClearOp(_ScopedOp):
+    """Delete every key of a scope; the result is how many."""
+
+    __slots__ = ("all_map_indices",)
+
+    def __init__(self, scope: StateScope, all_map_indices: bool) -> None:
+        super().__init__(scope, CLEAR)
+        self.all_map_indices = all_map_indices
+
+
+class CommitOp(Op):
+    """One trigger event with its state; the result is the events written, in id order."""
+
+    __slots__ = ("commit", "created_at", "targets")
+
+    def __init__(self, commit: EventCommit, created_at: datetime) -> None:
+        super().__init__(EVENTS)
+        self.commit, self.created_at = commit, created_at
+        self.targets: list[tuple[int, str]] = []
+
+    def weight(self) -> int:
+        c = self.commit
+        one = _OP_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
+        return one * max(1, len(c.assets))
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return [AssetScope(name=name) for name in self.commit.assets]
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        self.targets = []
+        for name in self.commit.assets:
+            asset_id = ids[AssetScope(name=name)]
+            if asset_id is None:
+                self.error = AssetNotFoundError(name)
+                return
+            if all(asset_id != seen for seen, _ in self.targets):
+                self.targets.append((asset_id, name))
+
+
+class CallOp(Op):
+    """Any other write: ``fn`` runs on the writer's connection inside the batch transaction."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]], *, phase: int) -> None:
+        super().__init__(phase)
+        self.fn = fn
+
+
+def _rounds(ops: Sequence[T], keys_of: Callable[[T], Sequence[Hashable]]) -> list[list[T]]:
+    """Split ``ops`` so that no round has two ops on the same key, keeping their order per key."""
+    next_round: dict[Hashable, int] = {}
+    out: list[list[T]] = []
+    for op in ops:
+        keys = keys_of(op)
+        index = max((next_round.get(k, 0) for k in keys), default=0)
+        for k in keys:
+            next_round[k] = index + 1
+        while len(out) <= index:
+            out.append([])
+        out[index].append(op)
+    return out
+
+
+def _by_table(ops: Sequence[T], sql: Statements) -> list[tuple[StateStatements, list[T]]]:
+    task = [op for op in ops if isinstance(op.scope, TaskScope)]  # type: ignore[attr-defined]
+    asset = [op for op in ops if not isinstance(op.scope, TaskScope)]  # type: ignore[attr-defined]
+    return [(st, group) for st, group in ((sql.task, task), (sql.asset, asset)) if group]
+
+
+async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence[Op]) -> None:
+    """Apply ``batch`` inside the caller's transaction, setting each op's result or error."""
+    ordered = sorted(batch, key=lambda op: op.phase)
+    for op in ordered:
+        if isinstance(op, CallOp) and op.phase == CATALOG:
+            op.result = await op.fn(conn)
+    scopes: dict[AssetScope, int | None] = {}
+    for op in ordered:
+        for scope in op.scopes():
+            scopes.setdefault(scope, None)
+    if scopes:
+        wanted = list(scopes)
+        rows = await conn.fetch(
+            sql.resolve,
+            [s.asset_id for s in wanted],
+            [s.name for s in wanted],
+            [s.uri for s in wanted],
+        )
+        scopes = {scope: row[0] for scope, row in zip(wanted, rows, strict=True)}
+        for op in ordered:
+            op.resolve(scopes)
+    live = [op for op in ordered if op.error is None]
+    await _commit_events(conn, sql, [op for op in live if isinstance(op, CommitOp)])
+    await _compare_and_set(
+        conn, sql, [op for op in live if isinstance(op, PutOp) and op.phase == CAS]
+    )
+    await _upsert(conn, sql, [op for op in live if isinstance(op, PutOp) and op.phase == PUT])
+    await _delete(conn, sql, [op for op in live if isinstance(op, DeleteOp)])
+    for op in live:
+        if isinstance(op, ClearOp):
+            s = op.scope
+            if isinstance(s, TaskScope):
+                status = await conn.execute(
+                    sql.task_clear, s.dag_id, s.run_id, s.task_id, op.all_map_indices, s.map_index
+                )
+            else:
+                status = await conn.execute(sql.asset_clear, op.asset_id)
+            op.result = rowcount(status)
+        elif isinstance(op, CallOp) and op.phase != CATALOG:
+            op.result = await op.fn(conn)
+
+
+async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[CommitOp]) -> None:
+    for batch in _rounds(ops, lambda op: [asset_id for asset_id, _ in op.targets]):
+        events: list[tuple[Any, ...]] = []
+        state: list[tuple[Any, ...]] = []
+        owner: dict[int, tuple[CommitOp, str]] = {}
+        for op in batch:
+            op.result = []
+            c = op.commit
+            who = writer_fields(c.writer)
+            for asset_id, name in op.targets:
+                owner[asset_id] = (op, name)
+                events.append(
+                    (asset_id, name, c.watcher, c.payload_json, c.dedup_key, op.created_at)
+                )
+                state.extend(
+                    (asset_id, db_key(k), v, op.created_at, *who) for k, v in c.state.items()
+                )
+        if not events:
+            continue
+        rows = await conn.fetch(sql.commit_events, *columns(events, 6), *columns(state, 7))
+        payloads: dict[int, Any] = {}
+        for event_id, asset_id, created_at in rows:
+            op, name = owner[asset_id]
+            if id(op) not in payloads:
+                payloads[id(op)] = decode_value(op.commit.payload_json)
+            c = op.commit
+            op.result.append(
+                AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
+            )
+
+
+async def _compare_and_set(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:
+    for st, group in _by_table(ops, sql):
+        width = len(st.spec.keys)
+        for batch in _rounds(group, lambda op: (op.pk(),)):
+            done: dict[tuple[Any, ...], int] = {}
+            fresh = [op.row() for op in batch if op.expected == 0]
+            known = [(*op.row(), op.expected) for op in batch if op.expected != 0]
+            for statement, rows in ((st.insert_new, fresh), (st.update_if, known)):
+                if rows:
+                    got = await conn.fetch(statement, *columns(rows, len(rows[0])))
+                    done.update((tuple(r)[:width], r[width]) for r in got)
+            missed = [op.pk() for op in batch if op.pk() not in done]
+            actual: dict[tuple[Any, ...], int] = {}
+            if missed:
+                got = await conn.fetch(st.versions, *columns(missed, width))
+                actual = {tuple(r)[:width]: r[width] for r in got}
+            for op in batch:
+                row_key = op.pk()
+                if row_key in done:
+                    op.result = done[row_key]
+                else:
+                    assert op.expected is not None
+                    op.error = VersionConflictError(op.key, op.expected, actual.get(row_key, 0))
+
+
+async def _upsert(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:
+    for st, group in _by_table(ops, sql):
+        width = len(st.spec.keys)
+        for batch in _rounds(group, lambda op: (op.pk(),)):
+            rows = [op.row() for op in batch]
+            got = await conn.fetch(st.upsert, *columns(rows, len(rows[0])))
+            versions = {tuple(r)[:width]: r[width] for r in got}
+            for op in batch:
+                op.result = versions[op.pk()]
+
+
+async def _delete(conn: asyncpg.Connection, sql: Statements, ops: list[DeleteOp]) -> None:
+    for st, group in _by_table(ops, sql):
+        width = len(st.spec.keys)
+        for batch in _rounds(group, lambda op: (op.pk(),)):
+            keys = [op.pk() for op in batch]
+            got = {tuple(r) for r in await conn.fetch(st.delete, *columns(keys, width))}
+            for op, row_key in zip(batch, keys, strict=True):
+                op.result = row_key in got

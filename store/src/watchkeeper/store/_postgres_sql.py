@@ -1,0 +1,391 @@
+"""The SQL of :class:`~watchkeeper.store.PostgresStateBackend`, and its driver-error mapping.
+
+Every statement is built once per backend from the (validated, quoted) schema prefix; values
+always travel as ``$n`` parameters. The writes are set-based: a batch of upserts is one
+``INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT … DO UPDATE`` whatever its size,
+because on asyncpg the round trips, not the rows, are what a batch costs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from ._types import RawEntry, Writer
+from .errors import BackendUnavailableError, InvalidValueError, StateStoreError
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = [
+    "ASSET_TABLE",
+    "TASK_TABLE",
+    "Statements",
+    "TableSpec",
+    "columns",
+    "db_key",
+    "is_connection_error",
+    "key_from_db",
+    "map_error",
+    "raw_entry",
+    "rowcount",
+    "writer_fields",
+]
+
+_Columns = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """A state table: its key columns and data columns (name, element type), ``version`` aside."""
+
+    table: str
+    keys: _Columns
+    data: _Columns
+
+
+TASK_TABLE: Final = TableSpec(
+    "task_state",
+    (("dag_id", "text"), ("run_id", "text"), ("task_id", "text"), ("map_index", "int4"),
+     ("key", "text")),
+    (("value", "text"), ("updated_at", "timestamptz"), ("writer_kind", "text"),
+     ("writer_name", "text"), ("writer_try", "int4"), ("expires_at", "timestamptz"),
+     ("never_expire", "bool")),
+)  # fmt: skip
+
+ASSET_TABLE: Final = TableSpec(
+    "asset_state",
+    (("asset_id", "int8"), ("key", "text")),
+    (("value", "text"), ("updated_at", "timestamptz"), ("writer_kind", "text"),
+     ("writer_name", "text"), ("writer_try", "int4")),
+)  # fmt: skip
+
+_ENTRY_COLUMNS: Final = "key, value, version, updated_at, writer_kind, writer_name, writer_try"
+
+
+def _names(cols: _Columns, alias: str = "") -> str:
+    dot = f"{alias}." if alias else ""
+    return ", ".join(f"{dot}{name}" for name, _ in cols)
+
+
+def _unnest(cols: _Columns) -> str:
+    args = ", ".join(f"${n}::{kind}[]" for n, (_, kind) in enumerate(cols, 1))
+    return f"unnest({args}) AS i({_names(cols)})"
+
+
+def _join(cols: _Columns) -> str:
+    return " AND ".join(f"t.{name} = i.{name}" for name, _ in cols)
+
+
+def _resolve(asset_id: str, name: str, uri: str, p: str) -> str:
+    """The id of the active asset a scope names, as the memory backend picks it.
+
+    Memory takes the first active row (in id order) whose id, or name, or (only when the scope
+    has no name) URI matches: the least of the three matches. Each term uses an index.
+    """
+    return (
+        f"LEAST((SELECT a.id FROM {p}assets a WHERE a.active AND a.id = {asset_id}), "
+        f"(SELECT a.id FROM {p}assets a WHERE a.active AND a.name = {name}), "
+        f"(SELECT min(a.id) FROM {p}assets a "
+        f"WHERE a.active AND {name} IS NULL AND a.uri = {uri}))"
+    )
+
+
+class StateStatements:
+    """The set-based writes of one state table (``i`` is the unnested input, ``t`` the table)."""
+
+    def __init__(self, spec: TableSpec, p: str) -> None:
+        t = f"{p}{spec.table}"
+        keys, data, both = spec.keys, spec.data, spec.keys + spec.data
+        sets = ", ".join(f"{name} = EXCLUDED.{name}" for name, _ in data)
+        self.spec = spec
+        self.upsert = (
+            f"INSERT INTO {t} AS t ({_names(both)}, version) "
+            f"SELECT {_names(both, 'i')}, 1 FROM {_unnest(both)} "
+            f"ON CONFLICT ({_names(keys)}) DO UPDATE SET {sets}, version = t.version + 1 "
+            f"RETURNING {_names(keys, 't')}, t.version"
+        )
+        self.insert_new = (
+            f"INSERT INTO {t} AS t ({_names(both)}, version) "
+            f"SELECT {_names(both, 'i')}, 1 FROM {_unnest(both)} "
+            f"ON CONFLICT ({_names(keys)}) DO NOTHING "
+            f"RETURNING {_names(keys, 't')}, t.version"
+        )
+        expected = (*both, ("expected", "int8"))
+        self.update_if = (
+            f"UPDATE {t} AS t SET "
+            + ", ".join(f"{name} = i.{name}" for name, _ in data)
+            + f", version = t.version + 1 FROM {_unnest(expected)} "
+            f"WHERE {_join(keys)} AND t.version = i.expected "
+            f"RETURNING {_names(keys, 't')}, t.version"
+        )
+        self.versions = (
+            f"SELECT {_names(keys, 't')}, t.version FROM {t} AS t "
+            f"JOIN {_unnest(keys)} ON {_join(keys)}"
+        )
+        self.delete = (
+            f"DELETE FROM {t} AS t USING {_unnest(keys)} WHERE {_join(keys)} "
+            f"RETURNING {_names(keys, 't')}"
+        )
+
+
+class Statements:
+    """Every statement of the backend, for one schema prefix (``'"wk".'`` or ``''``)."""
+
+    def __init__(self, p: str) -> None:
+        self.task = StateStatements(TASK_TABLE, p)
+        self.asset = StateStatements(ASSET_TABLE, p)
+        task_keys = "dag_id = $1 AND run_id = $2 AND task_id = $3 AND map_index = $4"
+        self.task_get = (
+            f"SELECT {_ENTRY_COLUMNS}, expires_at, never_expire FROM {p}task_state "
+            f"WHERE {task_keys} AND key = $5"
+        )
+        self.task_list = (
+            f"SELECT {_ENTRY_COLUMNS}, expires_at, never_expire FROM {p}task_state "
+            f"WHERE {task_keys} ORDER BY key"
+        )
+        self.task_clear = (
+            f"DELETE FROM {p}task_state WHERE dag_id = $1 AND run_id = $2 AND task_id = $3 "
+            "AND ($4::bool OR map_index = $5)"
+        )
+        entry = ", ".join(f"s.{c.strip()}" for c in _ENTRY_COLUMNS.split(","))
+        scope = _resolve("$1::int8", "$2::text", "$3::text", p)
+        self.asset_get = (
+            f"SELECT r.id, {entry} FROM (SELECT {scope} AS id) r "
+            f"LEFT JOIN {p}asset_state s ON s.asset_id = r.id AND s.key = $4"
+        )
+        self.asset_list = (
+            f"SELECT r.id, {entry} FROM (SELECT {scope} AS id) r "
+            f"LEFT JOIN {p}asset_state s ON s.asset_id = r.id ORDER BY s.key"
+        )
+        self.asset_clear = f"DELETE FROM {p}asset_state WHERE asset_id = $1"
+        self.resolve = (
+            f"SELECT {_resolve('i.asset_id', 'i.name', 'i.uri', p)} "
+            "FROM unnest($1::int8[], $2::text[], $3::text[]) WITH ORDINALITY "
+            "AS i(asset_id, name, uri, ord) ORDER BY i.ord"
+        )
+        # One round of events: each asset at most once, so RETURNING asset_id names the commit.
+        self.commit_events = f"""
+            WITH ev AS (
+                INSERT INTO {p}asset_events
+                    (asset_id, asset_name, watcher, payload, dedup_key, created_at)
+                SELECT i.asset_id, i.asset_name, i.watcher, i.payload, i.dedup_key, i.created_at
+                FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[],
+                            $6::timestamptz[]) WITH ORDINALITY
+                     AS i(asset_id, asset_name, watcher, payload, dedup_key, created_at, ord)
+                WHERE i.dedup_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM {p}asset_events e
+                    WHERE e.asset_id = i.asset_id AND e.dedup_key = i.dedup_key)
+                ORDER BY i.ord
+                ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+                RETURNING id, asset_id, created_at
+            ), st AS (
+                INSERT INTO {p}asset_state AS t
+                    (asset_id, key, value, version, updated_at,
+                     writer_kind, writer_name, writer_try)
+                SELECT j.asset_id, j.key, j.value, 1, j.updated_at,
+                       j.writer_kind, j.writer_name, j.writer_try
+                FROM unnest($7::int8[], $8::text[], $9::text[], $10::timestamptz[],
+                            $11::text[], $12::text[], $13::int4[])
+                     AS j(asset_id, key, value, updated_at, writer_kind, writer_name, writer_try)
+                WHERE j.asset_id IN (SELECT asset_id FROM ev)
+                ON CONFLICT (asset_id, key) DO UPDATE SET
+                    value = EXCLUDED.value, version = t.version + 1,
+                    updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
+                    writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
+            )
+            SELECT id, asset_id, created_at FROM ev ORDER BY id
+        """
+        self.list_events = (
+            "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
+            f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "
+            "ORDER BY id LIMIT $3"
+        )
+        # Update the known names first, so an insert consumes an identity value only for a
+        # new asset (ids stay dense, as in memory); ON CONFLICT covers another daemon's race.
+        self.register_assets = f"""
+            WITH i AS (
+                SELECT name, uri, ord
+                FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS i(name, uri, ord)
+            ), upd AS (
+                UPDATE {p}assets AS a SET uri = i.uri, active = true, updated_at = $3
+                FROM i WHERE a.name = i.name RETURNING a.name
+            )
+            INSERT INTO {p}assets AS a (name, uri, active, created_at, updated_at)
+            SELECT i.name, i.uri, true, $3, $3 FROM i
+            WHERE i.name NOT IN (SELECT name FROM upd) ORDER BY i.ord
+            ON CONFLICT (name) DO UPDATE SET
+                uri = EXCLUDED.uri, active = true, updated_at = EXCLUDED.updated_at
+        """
+        self.deactivate_asset = (
+            f"UPDATE {p}assets SET active = false, updated_at = $2 "
+            "WHERE name = $1 AND active RETURNING id"
+        )
+        self.list_assets = (
+            f"SELECT id, name, uri, active, updated_at FROM {p}assets "
+            "WHERE active OR NOT $1::bool ORDER BY name"
+        )
+        self.save_status = (
+            f"INSERT INTO {p}trigger_status (trigger_id, classpath, assets, watchers, state, "
+            "failures, last_error, last_event_at, events, updated_at, owner) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+            "ON CONFLICT (trigger_id) DO UPDATE SET classpath = EXCLUDED.classpath, "
+            "assets = EXCLUDED.assets, watchers = EXCLUDED.watchers, state = EXCLUDED.state, "
+            "failures = EXCLUDED.failures, last_error = EXCLUDED.last_error, "
+            "last_event_at = EXCLUDED.last_event_at, events = EXCLUDED.events, "
+            "updated_at = EXCLUDED.updated_at, owner = EXCLUDED.owner"
+        )
+        self.delete_status = f"DELETE FROM {p}trigger_status WHERE trigger_id = ANY($1::text[])"
+        self.list_status = (
+            "SELECT trigger_id, classpath, assets, watchers, state, failures, last_error, "
+            f"last_event_at, events, updated_at, owner FROM {p}trigger_status "
+            "ORDER BY trigger_id"
+        )
+        self.gc = _GcStatements(p)
+
+
+class _GcStatements:
+    """Select, delete, and delete-a-batch statements for each kind of garbage.
+
+    The task kinds take their time bound as ``$1`` (and the batch size as ``$2``); the orphan
+    kind takes no bound (the batch size is ``$1``). Each returns the deleted rows' identity.
+    """
+
+    def __init__(self, p: str) -> None:
+        task_keys = "dag_id, run_id, task_id, map_index, key"
+        conditions = {
+            "expired": ("NOT never_expire AND expires_at IS NOT NULL AND expires_at < $1", 2),
+            "retention": ("NOT never_expire AND expires_at IS NULL AND updated_at < $1", 2),
+        }
+        self.select: dict[str, str] = {}
+        self.delete: dict[str, str] = {}
+        self.delete_batch: dict[str, str] = {}
+        for kind, (cond, limit) in conditions.items():
+            self.select[kind] = f"SELECT {task_keys} FROM {p}task_state WHERE {cond}"
+            self.delete[kind] = f"DELETE FROM {p}task_state WHERE {cond} RETURNING {task_keys}"
+            self.delete_batch[kind] = (
+                f"DELETE FROM {p}task_state WHERE ({task_keys}) IN ("
+                f"SELECT {task_keys} FROM {p}task_state WHERE {cond} "
+                f"LIMIT ${limit} FOR UPDATE SKIP LOCKED) RETURNING {task_keys}"
+            )
+        self.select["orphaned"] = (
+            f"SELECT a.name, s.key FROM {p}asset_state s JOIN {p}assets a ON a.id = s.asset_id "
+            "WHERE NOT a.active"
+        )
+        self.delete["orphaned"] = (
+            f"DELETE FROM {p}asset_state s USING {p}assets a "
+            "WHERE a.id = s.asset_id AND NOT a.active RETURNING a.name, s.key"
+        )
+        self.delete_batch["orphaned"] = (
+            f"DELETE FROM {p}asset_state s USING {p}assets a "
+            "WHERE a.id = s.asset_id AND (s.asset_id, s.key) IN ("
+            f"SELECT asset_id, key FROM {p}asset_state "
+            f"WHERE asset_id IN (SELECT id FROM {p}assets WHERE NOT active) "
+            "LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING a.name, s.key"
+        )
+
+
+_KEY_ESCAPES: Final = str.maketrans({"\x00": "\x01\x01", "\x01": "\x01\x02"})
+_KEY_ESCAPED: Final = re.compile("\x01([\x01\x02])")
+
+
+def db_key(key: str) -> str:
+    """A state key as stored: PostgreSQL text cannot hold NUL, so NUL and U+0001 are escaped.
+
+    ``\\x00`` becomes ``\\x01\\x01`` and ``\\x01`` becomes ``\\x01\\x02``; every other
+    character stands for itself. The codes are prefix-free and ordered like the characters
+    they replace, so the ``"C"`` collation still sorts stored keys in code-point order.
+    """
+    return key.translate(_KEY_ESCAPES) if "\x00" in key or "\x01" in key else key
+
+
+def key_from_db(text: str) -> str:
+    """The key :func:`db_key` stored as ``text``."""
+    if "\x01" not in text:
+        return text
+    return _KEY_ESCAPED.sub(lambda m: "\x00" if m[1] == "\x01" else "\x01", text)
+
+
+def writer_fields(writer: Writer | None) -> tuple[str | None, str | None, int | None]:
+    if writer is None:
+        return None, None, None
+    return writer.kind, writer.name, writer.try_number
+
+
+def _writer(kind: str | None, name: str | None, try_number: int | None) -> Writer | None:
+    if kind is None or name is None:
+        return None
+    return Writer(kind, name, try_number)  # type: ignore[arg-type]
+
+
+def raw_entry(row: asyncpg.Record, offset: int = 0, *, task: bool) -> RawEntry:
+    """A :class:`RawEntry` from a row holding the entry columns from ``offset`` on."""
+    r = tuple(row)[offset:]
+    updated_at: datetime = r[3]
+    return RawEntry(
+        key=key_from_db(r[0]),
+        value_json=r[1],
+        version=r[2],
+        updated_at=updated_at,
+        writer=_writer(r[4], r[5], r[6]),
+        expires_at=r[7] if task else None,
+        never_expire=r[8] if task else False,
+    )
+
+
+def rowcount(status: str) -> int:
+    """The row count of a command status such as ``'DELETE 3'``."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means the server or the connection is gone, not a bad statement."""
+    import asyncpg
+
+    # InternalClientError: asyncpg's protocol state after the server dropped the session
+    # (seen as "cannot switch to state 12; another operation (2) is in progress").
+    return isinstance(
+        exc,
+        OSError
+        | TimeoutError
+        | asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.InternalClientError
+        | asyncpg.exceptions.OperatorInterventionError
+        | asyncpg.exceptions.InsufficientResourcesError
+        | asyncpg.exceptions.CannotConnectNowError,
+    )
+
+
+def map_error(exc: BaseException, what: str) -> StateStoreError:
+    """Our error for a driver error met while doing ``what``; the caller chains ``exc``.
+
+    Lost connections become :class:`BackendUnavailableError`, data PostgreSQL refuses (a NUL
+    character, an unpaired surrogate) :class:`InvalidValueError`, anything else a plain
+    :class:`StateStoreError`. Callers never see an asyncpg type.
+    """
+    import asyncpg
+
+    if isinstance(exc, StateStoreError):
+        return exc
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if is_connection_error(exc):
+        error: StateStoreError = BackendUnavailableError(
+            f"PostgreSQL unavailable ({what}): {detail}"
+        )
+    elif isinstance(exc, asyncpg.DataError | UnicodeError):
+        error = InvalidValueError(f"PostgreSQL rejected the data ({what}): {detail}")
+    else:
+        error = StateStoreError(f"PostgreSQL error ({what}): {detail}")
+    error.__cause__ = exc
+    return error
+
+
+def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Transpose rows into ``width`` column lists (the arrays ``unnest`` takes)."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(col) for col in zip(*rows, strict=True)]

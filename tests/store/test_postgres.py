@@ -1,0 +1,590 @@
+"""PostgresStateBackend against the real server: migrations, group commit, events, GC, errors.
+
+The shared semantics are covered by the contract suite; these tests cover what only this
+backend has: schemas and migrations, several instances on one database, the group-commit
+writer and how it isolates a failing write, and the translation of driver errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from watchkeeper.store import (
+    NEVER_EXPIRE,
+    Asset,
+    AssetNotFoundError,
+    AssetScope,
+    BackendUnavailableError,
+    EventCommit,
+    InvalidValueError,
+    PostgresStateBackend,
+    StoreClosedError,
+    TaskScope,
+    TriggerStatus,
+    VersionConflictError,
+    Writer,
+)
+
+TASK = TaskScope("dag", "run", "task")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def store(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStateBackend]:
+    """An open backend on a fresh schema."""
+    async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+        yield backend
+
+
+async def _outcome(fn: Callable[[], Awaitable[Any]]) -> Any:
+    """The result of ``fn()``, or the exception it raised."""
+    try:
+        return await fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects whichever error it was
+        return exc
+
+
+async def _in_one_batch(
+    store: PostgresStateBackend,
+    dsn: str,
+    schema: str,
+    calls: dict[str, Callable[[], Any]],
+    *,
+    when_queued: Callable[[], object] = lambda: None,
+) -> tuple[dict[str, Any], int]:
+    """Run ``calls`` concurrently so that they all land in one writer batch.
+
+    The writer is held inside a first batch (its row is locked from another connection) until
+    every call is queued; ``when_queued`` runs then, and the writer is released: the queued
+    calls form the next batch. Returns the outcomes and the number of transactions committed.
+    """
+    gate = TaskScope("gate", "run", "task")
+    await store.aset(gate, "gate", 0)
+    results: dict[str, Any] = {}
+    conn = await asyncpg.connect(dsn)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(
+            f'SELECT 1 FROM "{schema}".task_state WHERE dag_id = $1 FOR UPDATE', "gate"
+        )
+        before = store.write_batches
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.aset, gate, "gate", 1)
+            with anyio.fail_after(10):
+                blocked = (
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
+                )
+                # The server's lock table has no event to wait on: poll it, bounded above.
+                while not await conn.fetchval(blocked, conn.get_server_pid()):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+
+            async def run(name: str, fn: Callable[[], Any]) -> None:
+                results[name] = await _outcome(fn)
+
+            for name, fn in calls.items():
+                tg.start_soon(run, name, fn)
+            await anyio.wait_all_tasks_blocked()
+            when_queued()
+            await tx.rollback()
+    finally:
+        await conn.close()
+    return results, store.write_batches - before
+
+
+class TestConstruction:
+    """Arguments, repr and the lazy driver import."""
+
+    @pytest.mark.parametrize("schema", ["", "1abc", "a-b", 'x"; DROP TABLE t; --', "a" * 64])
+    def test_rejects_a_schema_that_is_not_a_plain_identifier(self, schema: str) -> None:
+        """A schema name that is not a plain identifier is a ValueError naming it."""
+        with pytest.raises(ValueError, match="not a plain identifier"):
+            PostgresStateBackend("postgresql://h/db", schema=schema)
+
+    def test_rejects_min_size_above_max_size(self) -> None:
+        """min_size greater than max_size is a ValueError naming both."""
+        with pytest.raises(ValueError, match=r"min_size \(5\) must not exceed max_size \(2\)"):
+            PostgresStateBackend("postgresql://h/db", min_size=5, max_size=2)
+
+    async def test_repr_shows_where_and_pool_but_never_the_password(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """The repr names host, database, schema and pool size, and hides the password."""
+        dsn = pg_dsn.replace("postgres@", "postgres:s3cret-pw@")
+        backend = PostgresStateBackend(dsn, schema=pg_schema, max_size=3)
+        assert "s3cret" not in repr(backend)
+        async with backend:
+            text = repr(backend)
+        assert "host=127.0.0.1:5432" in text and "db=test" in text
+        assert f"schema={pg_schema}" in text and "pool=1/3" in text and "open=True" in text
+        assert "s3cret" not in text
+
+    def test_repr_of_a_keyword_dsn_does_not_echo_it(self) -> None:
+        """A DSN that is not a URL (it may carry a password) is not shown in the repr."""
+        backend = PostgresStateBackend("host=db password=s3cret dbname=x")
+        assert "s3cret" not in repr(backend) and "not a postgresql:// URL" in repr(backend)
+
+    def test_importing_the_store_does_not_import_asyncpg(self) -> None:
+        """``import watchkeeper.store`` works without loading the PostgreSQL driver."""
+        code = "import sys, watchkeeper.store as s; s.PostgresStateBackend; print('asyncpg' in sys.modules)"
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == "False"
+
+
+class TestLifecycle:
+    """Migrations, opening, closing, and unreachable or lost servers."""
+
+    async def test_migrations_are_recorded_and_not_applied_twice(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """The first open applies and records every migration; later opens apply none."""
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
+            assert first.migrations_applied == [1, 2, 3]
+            assert await first.amigrate() == []
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
+            assert second.migrations_applied == []
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            rows = await conn.fetch(
+                f'SELECT version FROM "{pg_schema}".schema_migrations ORDER BY 1'
+            )
+        finally:
+            await conn.close()
+        assert [r[0] for r in rows] == [1, 2, 3]
+
+    async def test_two_backends_opening_a_fresh_schema_at_once_both_work(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """Concurrent opens serialise on the advisory lock: one migrates, both then work."""
+        backends = [PostgresStateBackend(pg_dsn, schema=pg_schema) for _ in range(3)]
+        opened = [anyio.Event() for _ in backends]
+        done = anyio.Event()
+
+        async def serve(backend: PostgresStateBackend, ready: anyio.Event) -> None:
+            async with backend:
+                ready.set()
+                await done.wait()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for backend, ready in zip(backends, opened, strict=True):
+                    tg.start_soon(serve, backend, ready)
+                for ready in opened:
+                    await ready.wait()
+                applied = sorted(b.migrations_applied for b in backends)
+                assert applied == [[], [], [1, 2, 3]]
+                await backends[0].aset(TASK, "k", 1)
+                assert await backends[2].aget(TASK, "k") == 1
+                done.set()
+
+    async def test_a_schema_that_does_not_exist_is_created(self, pg_dsn: str) -> None:
+        """Opening with a schema that is missing creates it."""
+        schema = f"wk_test_{uuid.uuid4().hex[:12]}"
+        try:
+            async with PostgresStateBackend(pg_dsn, schema=schema) as backend:
+                assert await backend.aset(TASK, "k", 1) == 1
+        finally:
+            conn = await asyncpg.connect(pg_dsn)
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await conn.close()
+
+    async def test_a_newer_schema_version_is_refused(self, pg_dsn: str, pg_schema: str) -> None:
+        """A database migrated by a newer watchkeeper is refused with BackendUnavailableError."""
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema):
+            pass
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(
+                f"INSERT INTO \"{pg_schema}\".schema_migrations (version, name) VALUES (99, 'x')"
+            )
+        finally:
+            await conn.close()
+        with pytest.raises(BackendUnavailableError, match="schema version 99"):
+            async with PostgresStateBackend(pg_dsn, schema=pg_schema):
+                pass
+
+    async def test_an_unreachable_server_is_backend_unavailable(self) -> None:
+        """Opening against a closed port raises BackendUnavailableError with the cause chained."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        backend = PostgresStateBackend(f"postgresql://postgres:pw@127.0.0.1:{port}/test")
+        with pytest.raises(BackendUnavailableError) as info:
+            async with backend:
+                pass
+        assert info.value.__cause__ is not None
+        assert f"127.0.0.1:{port}" in str(info.value) and "pw" not in str(info.value)
+        assert not backend.is_open
+
+    async def test_a_closed_backend_raises_store_closed(self, pg_dsn: str, pg_schema: str) -> None:
+        """Every call before opening and after closing raises StoreClosedError."""
+        backend = PostgresStateBackend(pg_dsn, schema=pg_schema)
+        with pytest.raises(StoreClosedError):
+            await backend.aget(TASK, "k")
+        async with backend:
+            await backend.aset(TASK, "k", 1)
+        for call in (
+            lambda: backend.aget(TASK, "k"),
+            lambda: backend.aset(TASK, "k", 2),
+            lambda: backend.alist_events(),
+            lambda: backend.acommit_event(EventCommit("w", ("a",), "1")),
+            lambda: backend.acollect_garbage(),
+        ):
+            with pytest.raises(StoreClosedError):
+                await call()
+
+    async def test_reads_and_writes_survive_the_server_dropping_the_connections(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """After the server kills every connection of the backend, reads and writes reconnect."""
+        tag = f"wk-{uuid.uuid4().hex[:12]}"
+        dsn = f"{pg_dsn}?application_name={tag}"
+        async with PostgresStateBackend(dsn, schema=pg_schema, min_size=2) as store:
+            await store.aset(TASK, "k", 1)
+            assert await store.aget(TASK, "k") == 1
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                killed = await conn.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = $1",
+                    tag,
+                )
+            finally:
+                await conn.close()
+            assert killed == 3  # the writer's connection and both pooled ones
+            assert await store.aset(TASK, "k", 2) == 2
+            assert await store.aget(TASK, "k") == 2
+            assert await store.aget(TASK, "k") == 2
+
+
+class TestState:
+    """Values, metadata and visibility across instances."""
+
+    async def test_json_text_round_trips_byte_for_byte(self, store: PostgresStateBackend) -> None:
+        """The stored JSON text comes back exactly, key order and spacing included."""
+        text = '{"z":1,"a":[1,2,{"é":"\\u0000"}],"m":1.5e300}'
+        await store.aput_json(TASK, "k", text)
+        raw = await store.aget_raw(TASK, "k")
+        assert raw is not None and raw.value_json == text
+
+    async def test_keys_with_nul_round_trip_and_sort_by_code_point(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """Keys holding NUL or U+0001 (which PostgreSQL text cannot store raw) work and sort right."""
+        keys = ["a", "a\x00", "a\x00b", "a\x01", "a\x02", "\x00", "\x01\x01", "b"]
+        for i, key in enumerate(keys):
+            await store.aset(TASK, key, i)
+        assert [e.key for e in await store.alist(TASK)] == sorted(keys)
+        assert [await store.aget(TASK, k) for k in keys] == list(range(len(keys)))
+        await store.adelete(TASK, "a\x00")
+        assert await store.aget(TASK, "a\x00") is None and await store.aget(TASK, "a") == 0
+
+    async def test_metadata_uses_the_backend_clock_and_writer(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """updated_at comes from backend.clock, expiry from it plus the retention, writer as given."""
+        store.clock = lambda: T0
+        writer = Writer("task", "dag.task", 3)
+        await store.aset(TASK, "k", 1, retention=timedelta(hours=1), writer=writer)
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None
+        assert (entry.updated_at, entry.expires_at, entry.writer) == (
+            T0,
+            T0 + timedelta(hours=1),
+            writer,
+        )
+        await store.aset(TASK, "n", 1, retention=NEVER_EXPIRE)
+        never = await store.aget_entry(TASK, "n")
+        assert never is not None and never.never_expire and never.writer is None
+
+    async def test_a_second_instance_sees_every_write(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A second backend on the same schema (another daemon) reads what the first wrote."""
+        await store.aregister_assets([Asset("orders", uri="s3://b/orders")])
+        await store.aset(TASK, "k", {"x": 1})
+        await store.aset(AssetScope(name="orders"), "wm", 41)
+        await store.acommit_event(EventCommit("w", ("orders",), '{"n":1}', state={"wm": "42"}))
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as other:
+            assert await other.aget(TASK, "k") == {"x": 1}
+            assert await other.aget(AssetScope(uri="s3://b/orders"), "wm") == 42
+            assert [e.payload for e in await other.alist_events()] == [{"n": 1}]
+            assert [a.name for a in await other.alist_assets()] == ["orders"]
+
+    async def test_an_inactive_asset_is_not_found(self, store: PostgresStateBackend) -> None:
+        """Reads and writes of a deactivated asset raise AssetNotFoundError."""
+        await store.aregister_assets([Asset("a")])
+        await store.aset(AssetScope(name="a"), "k", 1)
+        assert await store.adeactivate_asset("a") is True
+        assert await store.adeactivate_asset("a") is False
+        with pytest.raises(AssetNotFoundError):
+            await store.aget(AssetScope(name="a"), "k")
+        with pytest.raises(AssetNotFoundError):
+            await store.aset(AssetScope(name="a"), "k", 2)
+
+    def test_the_sync_api_works_on_a_private_loop(self, pg_dsn: str) -> None:
+        """Opened with ``with``, the sync methods run against PostgreSQL from plain code."""
+        schema = f"wk_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with PostgresStateBackend(pg_dsn, schema=schema) as backend:
+                assert backend.set(TASK, "k", [1, 2]) == 1
+                assert backend.get(TASK, "k") == [1, 2]
+                assert [e.key for e in backend.list(TASK)] == ["k"]
+        finally:
+
+            async def drop() -> None:
+                conn = await asyncpg.connect(pg_dsn)
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                await conn.close()
+
+            anyio.run(drop, backend="asyncio")
+
+
+class TestGroupCommit:
+    """Concurrent writes share transactions, and each stays atomic on its own."""
+
+    async def test_a_thousand_concurrent_writes_all_land_in_few_transactions(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """1000 concurrent asets each return version 1, all are stored, in far fewer commits."""
+        versions: list[int] = []
+
+        async def put(i: int) -> None:
+            versions.append(await store.aset(TaskScope("d", "r", f"t{i}"), "k", i))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(1000):
+                tg.start_soon(put, i)
+        assert versions == [1] * 1000
+        assert store.write_batches < 100
+        assert await store.aget(TaskScope("d", "r", "t999"), "k") == 999
+
+    async def test_concurrent_writes_to_one_key_get_distinct_versions(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """Writes to the same key in one batch are applied one after another."""
+        calls: dict[str, Callable[[], Any]] = {
+            str(i): functools.partial(store.aset, TASK, "same", i) for i in range(50)
+        }
+        results, batches = await _in_one_batch(store, pg_dsn, pg_schema, calls)
+        assert batches == 2
+        assert sorted(results.values()) == list(range(1, 51))
+        entry = await store.aget_entry(TASK, "same")
+        assert entry is not None and entry.version == 50
+
+    async def test_a_failing_write_in_a_batch_fails_alone(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A CAS conflict and an unknown asset fail only their own callers within one batch."""
+        await store.aregister_assets([Asset("a")])
+        await store.aset(TASK, "cas", "v1")
+        calls: dict[str, Callable[[], Any]] = {
+            f"put{i}": functools.partial(store.aset, TASK, f"p{i}", i) for i in range(20)
+        }
+        calls["bad_cas"] = lambda: store.aset(TASK, "cas", "no", expected_version=7)
+        calls["good_cas"] = lambda: store.aset(TASK, "new", "yes", expected_version=0)
+        calls["missing"] = lambda: store.aset(AssetScope(name="nope"), "k", 1)
+        calls["asset"] = lambda: store.aset(AssetScope(name="a"), "k", 1)
+        calls["event"] = lambda: store.acommit_event(
+            EventCommit("w", ("a",), "1", state={"e": "2"})
+        )
+        results, batches = await _in_one_batch(store, pg_dsn, pg_schema, calls)
+        assert batches == 2
+        assert isinstance(results.pop("bad_cas"), VersionConflictError)
+        assert isinstance(results.pop("missing"), AssetNotFoundError)
+        assert [e.asset for e in results.pop("event")] == ["a"]
+        assert results == {**{f"put{i}": 1 for i in range(20)}, "good_cas": 1, "asset": 1}
+        assert await store.aget(TASK, "cas") == "v1"
+        assert await store.aget(AssetScope(name="a"), "e") == 2
+
+    async def test_data_the_server_refuses_fails_only_its_own_write(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A NUL character PostgreSQL rejects fails that write alone; the batch is replayed."""
+        calls: dict[str, Callable[[], Any]] = {
+            f"ok{i}": functools.partial(store.aset, TASK, f"k{i}", i) for i in range(10)
+        }
+        calls["nul"] = lambda: store.aset(TaskScope("d\x00g", "r", "t"), "k", 1)
+        results, _ = await _in_one_batch(store, pg_dsn, pg_schema, calls)
+        assert isinstance(results.pop("nul"), InvalidValueError)
+        assert results == {f"ok{i}": 1 for i in range(10)}
+        assert len(await store.alist(TASK)) == 10
+
+    async def test_a_caller_cancelled_while_queued_does_not_disturb_the_writer(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """Cancelling a queued write leaves the writer and the other writes unharmed."""
+        scope = anyio.CancelScope()
+
+        async def abandoned() -> str:
+            with scope:
+                await store.aset(TASK, "abandoned", 1)
+            return "cancelled" if scope.cancelled_caught else "finished"
+
+        calls = {"abandoned": abandoned, "other": lambda: store.aset(TASK, "other", 1)}
+        results, batches = await _in_one_batch(
+            store, pg_dsn, pg_schema, calls, when_queued=scope.cancel
+        )
+        assert results == {"abandoned": "cancelled", "other": 1}
+        assert batches == 2
+        assert await store.aset(TASK, "after", 1) == 1
+        # The cancelled caller's write was already queued: it is not withdrawn, and committed.
+        assert await store.aget(TASK, "abandoned") == 1
+
+
+class TestEvents:
+    """acommit_event and alist_events."""
+
+    async def test_a_duplicate_dedup_key_writes_neither_event_nor_state(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """A redelivered event is suppressed per asset, and its state does not move."""
+        await store.aregister_assets([Asset("a"), Asset("b")])
+        first = await store.acommit_event(
+            EventCommit("w", ("a",), '{"m":1}', dedup_key="m1", state={"wm": "1"})
+        )
+        again = await store.acommit_event(
+            EventCommit("w", ("a", "b"), '{"m":1}', dedup_key="m1", state={"wm": "0"})
+        )
+        assert [e.asset for e in first] == ["a"] and [e.asset for e in again] == ["b"]
+        assert await store.aget(AssetScope(name="a"), "wm") == 1
+        assert await store.aget(AssetScope(name="b"), "wm") == 0
+        assert [e.id for e in await store.alist_events()] == [first[0].id, again[0].id]
+
+    async def test_an_unknown_asset_makes_the_whole_commit_fail(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """A commit naming an unregistered asset writes nothing for any of its assets."""
+        await store.aregister_assets([Asset("a")])
+        with pytest.raises(AssetNotFoundError, match="ghost"):
+            await store.acommit_event(EventCommit("w", ("a", "ghost"), "1", state={"wm": "5"}))
+        assert await store.alist_events() == []
+        assert await store.aget(AssetScope(name="a"), "wm") is None
+
+    async def test_concurrent_commits_get_ordered_ids_and_state_versions(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """Many watchers committing at once each get their event, ids in commit order."""
+        await store.aregister_assets([Asset("a"), Asset("b")])
+        written: list[int] = []
+
+        async def commit(i: int) -> None:
+            events = await store.acommit_event(
+                EventCommit("w", ("a", "b"), str(i), dedup_key=f"d{i}", state={"n": str(i)})
+            )
+            assert [e.asset for e in events] == ["a", "b"] and events[0].id < events[1].id
+            written.extend(e.id for e in events)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(commit, i)
+        listed = await store.alist_events()
+        assert [e.id for e in listed] == sorted(written) and len(set(written)) == 200
+        entry = await store.aget_entry(AssetScope(name="b"), "n")
+        assert entry is not None and entry.version == 100
+
+    async def test_listing_filters_by_asset_since_and_limit(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """alist_events honours asset, since_id and limit, in id order."""
+        await store.aregister_assets([Asset("a"), Asset("b")])
+        for i in range(4):
+            await store.acommit_event(EventCommit("w", ("a" if i % 2 else "b",), str(i)))
+        events = await store.alist_events()
+        assert [e.payload for e in events] == [0, 1, 2, 3]
+        assert [e.payload for e in await store.alist_events(asset="a")] == [1, 3]
+        assert [e.payload for e in await store.alist_events(since_id=events[1].id, limit=1)] == [2]
+
+
+class TestGarbageCollection:
+    """acollect_garbage: expired, retention and orphaned rows, batched and dry."""
+
+    async def _seed(self, store: PostgresStateBackend) -> None:
+        store.clock = lambda: T0
+        await store.aset(TASK, "expired", 1, retention=timedelta(hours=1))
+        await store.aset(TASK, "kept", 1, retention=timedelta(days=365))
+        await store.aset(TASK, "never", 1, retention=NEVER_EXPIRE)
+        for i in range(5):
+            await store.aset(TaskScope("d", "r", "t", i), "old", i)
+        await store.aregister_assets([Asset("gone"), Asset("live")])
+        for scope in (AssetScope(name="gone"), AssetScope(name="live")):
+            await store.aset(scope, "wm", 1)
+        await store.adeactivate_asset("gone")
+
+    async def test_collects_each_kind_and_spares_the_rest(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """Expired, stale and orphaned rows go; NEVER_EXPIRE, fresh and active rows stay."""
+        await self._seed(store)
+        report = await store.acollect_garbage(
+            default_retention_days=30, now=T0 + timedelta(days=40)
+        )
+        assert report.expired == [(TASK, "expired")]
+        assert sorted(s.map_index for s, _ in report.retention) == [0, 1, 2, 3, 4]
+        assert report.orphaned == [("gone", "wm")]
+        assert [e.key for e in await store.alist(TASK)] == ["kept", "never"]
+        assert await store.aget(AssetScope(name="live"), "wm") == 1
+
+    async def test_batches_delete_everything_in_several_statements(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """With batch_size 2 every row is still collected, over several transactions."""
+        await self._seed(store)
+        before = store.write_batches
+        report = await store.acollect_garbage(
+            default_retention_days=30, batch_size=2, now=T0 + timedelta(days=40)
+        )
+        assert (len(report.expired), len(report.retention), len(report.orphaned)) == (1, 5, 1)
+        assert store.write_batches - before >= 5
+        again = await store.acollect_garbage(default_retention_days=30, now=T0 + timedelta(days=40))
+        assert again.total == 0
+
+    async def test_dry_run_reports_and_changes_nothing(self, store: PostgresStateBackend) -> None:
+        """A dry run reports what a real run would delete, and deletes nothing."""
+        await self._seed(store)
+        now = T0 + timedelta(days=40)
+        dry = await store.acollect_garbage(dry_run=True, now=now)
+        assert dry.dry_run and dry.total == 7
+        real = await store.acollect_garbage(now=now)
+        assert (real.expired, real.retention, real.orphaned) == (
+            dry.expired,
+            dry.retention,
+            dry.orphaned,
+        )
+
+    async def test_zero_retention_days_keeps_rows_without_retention(
+        self, store: PostgresStateBackend
+    ) -> None:
+        """default_retention_days=0 disables the age rule; expiry still applies."""
+        await self._seed(store)
+        report = await store.acollect_garbage(
+            default_retention_days=0, now=T0 + timedelta(days=999)
+        )
+        assert report.retention == [] and len(report.expired) == 2
+
+
+class TestTriggerStatus:
+    """The daemon's status rows."""
+
+    async def test_save_list_and_delete(self, store: PostgresStateBackend) -> None:
+        """Saved statuses list back equal, ordered by trigger id, and can be deleted."""
+        b = TriggerStatus("b", "m.C", ("x", "y"), ("w",), "running", events=3, updated_at=T0)
+        a = TriggerStatus("a", "m.C", ("x",), (), "failed", failures=2, last_error="boom")
+        await store.asave_trigger_status([b, a])
+        assert await store.alist_trigger_status() == [a, b]
+        b2 = TriggerStatus("b", "m.C", ("x",), ("w",), "stopped", owner="host-1")
+        await store.asave_trigger_status([b2])
+        await store.adelete_trigger_status(["a", "missing"])
+        assert await store.alist_trigger_status() == [b2]
