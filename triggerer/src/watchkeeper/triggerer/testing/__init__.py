@@ -1,5 +1,42 @@
-"""watchkeeper.triggerer.testing: the test kit for trigger authors."""
+"""watchkeeper.triggerer.testing: the test kit for trigger authors.
+
+- :func:`run_trigger` runs one trigger instance through the real runtime and returns the asset
+  events it committed;
+- :class:`WatcherHarness` runs, restarts (from ``serialize()``) and crashes a watcher at named
+  points on one backend;
+- :class:`FakeEventSource` is a scripted source to poll or listen to, in memory or in a SQLite
+  file shared with another process;
+- the pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry point) provides the
+  ``wk_backend``, ``wk_source`` and ``wk_harness`` fixtures.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._observed import CrashPoint, SimulatedCrash
+from ._run import run_trigger
+from .harness import CrashNotReachedError, HarnessRun, WatcherHarness
+from .sources import (
+    FakeEventSource,
+    SourceClosedError,
+    SourceDisconnectedError,
+    SourceError,
+    SourceItem,
+    SourceUnavailableError,
+    Subscription,
+)
+
+__all__ = [
+    "CrashNotReachedError",
+    "CrashPoint",
+    "FakeEventSource",
+    "HarnessRun",
+    "SimulatedCrash",
+    "SourceClosedError",
+    "SourceDisconnectedError",
+    "SourceError",
+    "SourceItem",
+    "SourceUnavailableError",
+    "Subscription",
+    "WatcherHarness",
+    "run_trigger",
+]

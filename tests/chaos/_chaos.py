@@ -1,0 +1,351 @@
+"""The kill test's machinery: feed sources, run ``watchkeeper triggerer``, SIGKILL it, repeat.
+
+One :class:`ChaosRun` drives one backend. It writes a watchers path with three watchers, one
+per pattern (see ``chaos_watchers.py``), each on its own asset and its own cross-process
+:class:`~watchkeeper.triggerer.testing.FakeEventSource` (a SQLite file). Then, ``kills`` times:
+it publishes the next chunk of the stream into every source, starts the daemon, and SIGKILLs
+it at a random point of the work still pending (a random number of new events of the ``state``
+watcher), or at once when the Airflow-style watcher signals that it stopped right after its
+``aset`` (its pause points). A last daemon drains what is left and is stopped with SIGTERM.
+The asset events then committed per asset are compared with the stream ``1..items``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.abc import Process
+from watchkeeper.store import AssetEvent, AssetScope, BaseStateBackend
+from watchkeeper.triggerer.testing import FakeEventSource
+
+PATTERNS = ("state", "dedup", "airflow")
+"""Watcher patterns: state= watermark, dedup_key on a redelivering queue, Airflow's aset+yield."""
+
+WATCHERS_MODULE = Path(__file__).with_name("chaos_watchers.py")
+POLL = 0.01
+"""Seconds between two looks at the daemon's progress."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosPlan:
+    """How hard to shake: the stream length, the SIGKILLs, the Airflow pause points."""
+
+    items: int = 10_000
+    kills: int = 20
+    pauses: int = 4
+    seed: int = 0
+    round_timeout: float = 120.0
+    """Seconds a round may take before the test fails (a hung daemon, not a slow one)."""
+
+    def chunks(self) -> list[int]:
+        """How many items to publish before each of the ``kills + 1`` daemon starts."""
+        rounds = self.kills + 1
+        base, extra = divmod(self.items, rounds)
+        return [base + (1 if i < extra else 0) for i in range(rounds)]
+
+    def pause_at(self) -> list[int]:
+        """The Airflow watcher's pause points, spread over the first half of the stream (so
+        the killing rounds, not the final drain, reach them)."""
+        step = self.items // (2 * self.pauses)
+        return [step * k for k in range(1, self.pauses + 1)]
+
+
+@dataclass(slots=True)
+class PatternResult:
+    """What one watcher committed across all the kills."""
+
+    backend: str
+    pattern: str
+    items: int
+    kills: int
+    seqs: list[int]
+    watermark: Any
+    pause_kills: int = 0
+    """Kills at an Airflow pause point (right after its ``aset``)."""
+    redelivered: int | None = None
+    """Items the queue delivered more than once (the dedup pattern's source)."""
+
+    @property
+    def lost(self) -> int:
+        return len(set(range(1, self.items + 1)) - set(self.seqs))
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.seqs) - len(set(self.seqs))
+
+    def summary(self) -> str:
+        line = (
+            f"chaos: backend={self.backend} pattern={self.pattern} kills={self.kills} "
+            f"items={self.items} events={len(self.seqs)} lost={self.lost} "
+            f"duplicated={self.duplicated}"
+        )
+        if self.redelivered is not None:
+            line += f" redelivered={self.redelivered}"
+        return line
+
+
+def daemon_command() -> list[str]:
+    """The installed ``watchkeeper`` script of this interpreter's environment."""
+    script = shutil.which("watchkeeper", path=str(Path(sys.executable).parent))
+    if script is not None:
+        return [script, "triggerer"]
+    return [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()", "triggerer"]
+
+
+def _definitions(sources: dict[str, FakeEventSource], pause_dir: Path, pause_at: list[int]) -> str:
+    return textwrap.dedent(
+        f"""
+        from chaos_watchers import PollWatcher, QueueWatcher
+        from watchkeeper.triggerer import Asset, AssetWatcher
+
+        state = Asset(
+            "chaos-state",
+            watchers=[AssetWatcher("state", PollWatcher({sources["state"].address!r}))],
+        )
+        dedup = Asset(
+            "chaos-dedup",
+            watchers=[AssetWatcher("dedup", QueueWatcher({sources["dedup"].address!r}))],
+        )
+        airflow = Asset(
+            "chaos-airflow",
+            watchers=[
+                AssetWatcher(
+                    "airflow",
+                    PollWatcher(
+                        {sources["airflow"].address!r},
+                        pattern="airflow",
+                        pause_dir={str(pause_dir)!r},
+                        pause_at={pause_at!r},
+                    ),
+                )
+            ],
+        )
+        """
+    )
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Events seen so far per asset, read incrementally from the backend."""
+
+    last_id: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATTERNS, 0))
+
+    async def refresh(self, backend: BaseStateBackend) -> None:
+        events: list[AssetEvent] = await backend.alist_events(since_id=self.last_id)
+        for event in events:
+            pattern = event.asset.removeprefix("chaos-")
+            if pattern in self.counts:
+                self.counts[pattern] += 1
+            self.last_id = max(self.last_id, event.id)
+
+
+class ChaosRun:
+    """Kill-test one backend; ``open_backend`` builds an unopened backend on the same data."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        open_backend: Callable[[], BaseStateBackend],
+        work: Path,
+        plan: ChaosPlan,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.open_backend = open_backend
+        self.work = work
+        self.plan = plan
+        self.random = random.Random(plan.seed)
+        self.pause_dir = work / "pauses"
+        self.log_path = work / "daemon.log"
+        self.kills = 0
+        """SIGKILLs sent so far."""
+        self.pause_kills = 0
+        """Of which at an Airflow pause point (right after its aset)."""
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+        env.update(
+            {
+                "WATCHKEEPER__DATABASE__URL": self.url,
+                "WATCHKEEPER__TRIGGERER__GC_INTERVAL": "0",
+                "WATCHKEEPER__TRIGGERER__BACKOFF_INITIAL": "0.05",
+                "WATCHKEEPER__TRIGGERER__BACKOFF_MAX": "0.5",
+                "WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL": "0.5",
+                "WATCHKEEPER__TRIGGERER__STOP_GRACE": "5",
+                "WATCHKEEPER__LOGGING__FORMAT": "json",
+            }
+        )
+        return env
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no daemon log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    async def _start(self, watchers: Path) -> Process:
+        log = await anyio.to_thread.run_sync(lambda: self.log_path.open("ab"))
+        try:
+            return await anyio.open_process(
+                [*daemon_command(), "--watchers-path", str(watchers)],
+                cwd=self.work,
+                env=self._env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        finally:
+            log.close()
+
+    async def _paused(self) -> list[anyio.Path]:
+        return [path async for path in anyio.Path(self.pause_dir).glob("*.paused")]
+
+    async def _kill(self, process: Process) -> None:
+        process.send_signal(signal.SIGKILL)
+        with anyio.fail_after(10):
+            await process.wait()
+        self.kills += 1
+        for flag in await self._paused():
+            await flag.rename(flag.with_suffix(".done"))
+
+    def _check_alive(self, process: Process) -> None:
+        if process.returncode is not None:
+            raise RuntimeError(
+                f"{self.name}: the daemon exited with {process.returncode}:\n{self._log_tail()}"
+            )
+
+    async def _kill_at_random(
+        self, process: Process, backend: BaseStateBackend, progress: _Progress, published: int
+    ) -> None:
+        """SIGKILL once the state watcher did a random part of its pending work, or at a pause."""
+        pending = max(1, published - progress.counts["state"])
+        target = progress.counts["state"] + self.random.randint(1, pending)
+        with anyio.fail_after(self.plan.round_timeout):
+            while True:
+                self._check_alive(process)
+                if await self._paused():
+                    self.pause_kills += 1
+                    break
+                await progress.refresh(backend)
+                if progress.counts["state"] >= target:
+                    break
+                await anyio.sleep(POLL)
+        await self._kill(process)
+
+    async def _drain(self, process: Process, backend: BaseStateBackend) -> bool:
+        """Wait until every watcher caught up with the whole stream, then SIGTERM (True).
+
+        An Airflow pause point reached on the way is killed like in the other rounds (False).
+        """
+        scopes = [AssetScope(name=f"chaos-{p}") for p in PATTERNS]
+        with anyio.fail_after(self.plan.round_timeout):
+            while True:
+                self._check_alive(process)
+                if await self._paused():
+                    self.pause_kills += 1
+                    await self._kill(process)
+                    return False
+                marks = [await backend.aget(scope, "watermark") for scope in scopes]
+                if all(mark == self.plan.items for mark in marks):
+                    break
+                await anyio.sleep(POLL * 4)
+        process.terminate()
+        with anyio.fail_after(30):
+            await process.wait()
+        return True
+
+    async def _round(
+        self, watchers: Path, backend: BaseStateBackend, progress: _Progress, published: int
+    ) -> bool:
+        """One daemon life; True once the stream is drained and the daemon stopped cleanly."""
+        process = await self._start(watchers)
+        try:
+            if self.kills < self.plan.kills:
+                await self._kill_at_random(process, backend, progress, published)
+                return False
+            return await self._drain(process, backend)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                with anyio.move_on_after(10, shield=True):
+                    await process.wait()
+            await process.aclose()
+
+    async def run(self) -> dict[str, PatternResult]:
+        """Run the whole plan; return the result of each pattern."""
+        watchers = self.work / "watchers"
+        await anyio.Path(watchers).mkdir(parents=True, exist_ok=True)
+        await anyio.Path(self.pause_dir).mkdir(exist_ok=True)
+        sources = {p: FakeEventSource.at(self.work / f"source-{p}.db") for p in PATTERNS}
+        await anyio.Path(watchers / "chaos_watchers.py").write_text(
+            await anyio.Path(WATCHERS_MODULE).read_text()
+        )
+        await anyio.Path(watchers / "definitions.py").write_text(
+            _definitions(sources, self.pause_dir, self.plan.pause_at())
+        )
+        progress = _Progress()
+        chunks = self.plan.chunks()
+        published = 0
+        async with self.open_backend() as backend:
+            for source in sources.values():
+                await source.__aenter__()
+            try:
+                drained = False
+                while not drained:
+                    if chunks:
+                        chunk = chunks.pop(0)
+                        payloads = [{"n": published + i} for i in range(1, chunk + 1)]
+                        for source in sources.values():
+                            await source.publish(*payloads)
+                        published += chunk
+                    drained = await self._round(watchers, backend, progress, published)
+            finally:
+                for source in sources.values():
+                    await source.aclose()
+            return {p: await self._result(backend, p) for p in PATTERNS}
+
+    async def _result(self, backend: BaseStateBackend, pattern: str) -> PatternResult:
+        asset = f"chaos-{pattern}"
+        events = await backend.alist_events(asset=asset)
+        redelivered: int | None = None
+        if pattern == "dedup":
+            async with FakeEventSource.at(self.work / f"source-{pattern}.db") as source:
+                redelivered = sum(item.redelivered for item in await source.items())
+        return PatternResult(
+            backend=self.name,
+            pattern=pattern,
+            items=self.plan.items,
+            kills=self.kills,
+            seqs=[int(event.payload["seq"]) for event in events],
+            watermark=await backend.aget(AssetScope(name=asset), "watermark"),
+            pause_kills=self.pause_kills if pattern == "airflow" else 0,
+            redelivered=redelivered,
+        )
+
+
+def pg_database_dsn(dsn: str, database: str) -> str:
+    """``dsn`` with its database replaced by ``database``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def iter_lines(results: dict[str, PatternResult]) -> Iterator[str]:
+    for pattern in PATTERNS:
+        yield results[pattern].summary()
