@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
+from ._open import open_state_backend
 from ._types import (
     Asset,
     AssetEvent,
@@ -25,6 +26,7 @@ from ._values import (
     encode_value,
 )
 from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
+from .context import build_task_context, run_task
 from .errors import (
     AssetNotFoundError,
     BackendUnavailableError,
@@ -40,6 +42,16 @@ from .errors import (
     VersionConflictError,
 )
 from .memory import MemoryStateBackend
+from .postgres import PostgresStateBackend
+from .settings import (
+    ConfigFileNotFoundError,
+    DatabaseSettings,
+    InvalidConfigFileError,
+    StateStoreSettings,
+    StoreSettings,
+    WorkersSettings,
+)
+from .sqlite import SqliteStateBackend
 
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
@@ -54,18 +66,25 @@ __all__ = [
     "AssetStateStoreAccessors",
     "BackendUnavailableError",
     "BaseStateBackend",
+    "ConfigFileNotFoundError",
+    "DatabaseSettings",
     "EventCommit",
     "GcReport",
+    "InvalidConfigFileError",
     "InvalidKeyError",
     "InvalidValueError",
     "KeyTypeError",
     "MemoryStateBackend",
+    "PostgresStateBackend",
     "RawEntry",
     "RetentionTypeError",
+    "SqliteStateBackend",
     "StateEntry",
     "StateScope",
     "StateStoreError",
+    "StateStoreSettings",
     "StoreClosedError",
+    "StoreSettings",
     "SyncCallInLoopError",
     "TaskScope",
     "TaskStateStoreAccessor",
@@ -73,7 +92,11 @@ __all__ = [
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
+    "WorkersSettings",
     "Writer",
+    "build_task_context",
     "encode_json",
     "encode_value",
+    "open_state_backend",
+    "run_task",
 ]

@@ -1,0 +1,295 @@
+"""The SQLite schema of :class:`~watchkeeper.store.SqliteStateBackend`: migrations and helpers.
+
+Migrations are numbered and applied in order, each recorded in ``schema_migrations``. They run
+inside one ``BEGIN IMMEDIATE`` transaction, so two processes that open the same new file at the
+same moment serialise on the write lock: the first creates the tables, the second finds them
+recorded and applies nothing. A migration is a tuple of single statements, never a script,
+because :meth:`sqlite3.Connection.executescript` commits the open transaction first.
+
+Timestamps are stored as ISO-8601 text in UTC with microseconds
+(``2026-05-09T07:35:25.123456+00:00``): fixed width, so text order is time order and the GC can
+compare them in SQL, and readable by anyone who opens the file with the ``sqlite3`` shell.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final, Literal, TypeVar
+
+from ._types import AssetScope
+from .errors import BackendUnavailableError
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Synchronous",
+    "apply_migrations",
+    "asset_match",
+    "connect",
+    "from_db",
+    "is_busy",
+    "migrate",
+    "retry_busy",
+    "to_db",
+]
+
+T = TypeVar("T")
+
+Synchronous = Literal["FULL", "NORMAL", "OFF"]
+
+_SCHEMA_MIGRATIONS: Final = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at TEXT NOT NULL
+)
+"""
+
+MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    (
+        1,
+        "assets and state",
+        (
+            """
+            CREATE TABLE assets (
+                id         INTEGER PRIMARY KEY,
+                name       TEXT NOT NULL UNIQUE,
+                uri        TEXT,
+                active     INTEGER NOT NULL DEFAULT 1,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX assets_uri ON assets (uri) WHERE uri IS NOT NULL",
+            """
+            CREATE TABLE task_state (
+                dag_id       TEXT NOT NULL,
+                run_id       TEXT NOT NULL,
+                task_id      TEXT NOT NULL,
+                map_index    INTEGER NOT NULL,
+                key          TEXT NOT NULL,
+                value        TEXT NOT NULL,
+                version      INTEGER NOT NULL,
+                updated_at   TEXT NOT NULL,
+                writer_kind  TEXT,
+                writer_name  TEXT,
+                writer_try   INTEGER,
+                expires_at   TEXT,
+                never_expire INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (dag_id, run_id, task_id, map_index, key)
+            )
+            """,
+            # The two GC scans: expired rows, and rows governed by default_retention_days.
+            """
+            CREATE INDEX task_state_expires ON task_state (expires_at)
+            WHERE expires_at IS NOT NULL AND never_expire = 0
+            """,
+            """
+            CREATE INDEX task_state_retention ON task_state (updated_at)
+            WHERE expires_at IS NULL AND never_expire = 0
+            """,
+            """
+            CREATE TABLE asset_state (
+                asset_id    INTEGER NOT NULL REFERENCES assets (id),
+                key         TEXT NOT NULL,
+                value       TEXT NOT NULL,
+                version     INTEGER NOT NULL,
+                updated_at  TEXT NOT NULL,
+                writer_kind TEXT,
+                writer_name TEXT,
+                writer_try  INTEGER,
+                PRIMARY KEY (asset_id, key)
+            )
+            """,
+        ),
+    ),
+    (
+        2,
+        "asset events",
+        (
+            """
+            CREATE TABLE asset_events (
+                id         INTEGER PRIMARY KEY AUTOINCREMENT,
+                asset_id   INTEGER NOT NULL REFERENCES assets (id),
+                asset_name TEXT NOT NULL,
+                watcher    TEXT NOT NULL,
+                payload    TEXT NOT NULL,
+                dedup_key  TEXT,
+                created_at TEXT NOT NULL
+            )
+            """,
+            """
+            CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_id, dedup_key)
+            WHERE dedup_key IS NOT NULL
+            """,
+            "CREATE INDEX asset_events_asset ON asset_events (asset_name, id)",
+        ),
+    ),
+    (
+        3,
+        "trigger status",
+        (
+            """
+            CREATE TABLE trigger_status (
+                trigger_id    TEXT PRIMARY KEY,
+                classpath     TEXT NOT NULL,
+                assets        TEXT NOT NULL,
+                watchers      TEXT NOT NULL,
+                state         TEXT NOT NULL,
+                failures      INTEGER NOT NULL DEFAULT 0,
+                last_error    TEXT,
+                last_event_at TEXT,
+                events        INTEGER NOT NULL DEFAULT 0,
+                updated_at    TEXT,
+                owner         TEXT
+            )
+            """,
+        ),
+    ),
+)
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+
+_BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+
+
+def to_db(value: datetime) -> str:
+    """A datetime as fixed-width UTC ISO text; a naive datetime is taken to be UTC."""
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.isoformat(timespec="microseconds")
+
+
+def from_db(text: str) -> datetime:
+    """The aware UTC datetime of text written by :func:`to_db`."""
+    return datetime.fromisoformat(text)
+
+
+def asset_match(scope: AssetScope, alias: str = "") -> tuple[str, list[object]]:
+    """A WHERE condition (and its parameters) selecting the active assets ``scope`` names.
+
+    Like the memory backend, a row matches on its id, or its name, or (only when the scope has
+    no name) its URI; callers take the lowest id. Only the fields that are set become terms, so
+    each term can use its index (the primary key, the unique name, the URI index).
+    """
+    col = f"{alias}." if alias else ""
+    terms: list[str] = []
+    params: list[object] = []
+    if scope.asset_id is not None:
+        terms.append(f"{col}id = ?")
+        params.append(scope.asset_id)
+    if scope.name is not None:
+        terms.append(f"{col}name = ?")
+        params.append(scope.name)
+    elif scope.uri is not None:
+        terms.append(f"{col}uri = ?")
+        params.append(scope.uri)
+    return f"{col}active = 1 AND ({' OR '.join(terms)})", params
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True for SQLITE_BUSY / SQLITE_LOCKED (and their extended codes): worth a retry."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _BUSY_CODES
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
+    """Call ``fn`` (blocking; worker threads only), retrying with backoff while SQLite is busy.
+
+    SQLite's own busy handler already waits up to ``busy_timeout`` inside each attempt; this
+    covers the cases it does not (a busy WAL recovery, a lock met before the handler applies).
+    After ``timeout`` seconds the last error is raised as :class:`BackendUnavailableError`.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc) or time.monotonic() >= deadline:
+                raise BackendUnavailableError(f"SQLite could not {what}: {exc}") from exc
+        time.sleep(delay)  # a worker thread, never the event loop
+        delay = min(delay * 2, 0.25)
+
+
+def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqlite3.Connection:
+    """Open the writer's connection: WAL, the busy timeout, ``synchronous`` and foreign keys.
+
+    The connection is in autocommit mode (``isolation_level=None``): the writer issues
+    ``BEGIN IMMEDIATE`` and ``COMMIT`` itself. It may be used from any one thread at a time.
+    """
+    try:
+        conn = sqlite3.connect(
+            path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise BackendUnavailableError(f"cannot open SQLite database {path!r}: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+
+        def set_wal() -> None:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise BackendUnavailableError(
+                    f"SQLite database {path!r} refused WAL mode (journal_mode is {mode})"
+                )
+
+        retry_busy(set_wal, timeout=busy_timeout, what=f"switch {path!r} to WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _pending(conn: sqlite3.Connection) -> list[tuple[int, str, tuple[str, ...]]]:
+    conn.execute(_SCHEMA_MIGRATIONS)
+    applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+    newer = sorted(v for v in applied if v > SCHEMA_VERSION)
+    if newer:
+        raise BackendUnavailableError(
+            f"the database has schema version {newer[-1]}, newer than {SCHEMA_VERSION}, "
+            "the latest this watchkeeper knows; upgrade watchkeeper"
+        )
+    return [m for m in MIGRATIONS if m[0] not in applied]
+
+
+def apply_migrations(conn: sqlite3.Connection, now: datetime) -> list[int]:
+    """Apply the pending migrations inside the caller's open transaction; return their versions."""
+    done: list[int] = []
+    for version, name, statements in _pending(conn):
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+            (version, name, to_db(now)),
+        )
+        done.append(version)
+    return done
+
+
+def migrate(conn: sqlite3.Connection, now: datetime, *, busy_timeout: float) -> list[int]:
+    """Apply pending migrations in their own ``BEGIN IMMEDIATE`` transaction (opening does this)."""
+
+    def attempt() -> list[int]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = apply_migrations(conn, now)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return done
+
+    try:
+        return retry_busy(attempt, timeout=busy_timeout, what="apply schema migrations")
+    except sqlite3.Error as exc:
+        raise BackendUnavailableError(f"schema migration failed: {exc}") from exc

@@ -1,0 +1,375 @@
+"""``SqliteStateBackend``: the embedded default backend, one SQLite file in WAL mode.
+
+How it is built, and why (figures from the 2-core development machine, busy with other work;
+the formal benchmark suite owns the real numbers):
+
+- **Writes** go through group commit (:mod:`._sqlite_writer`): a bounded anyio stream drained
+  by one writer task, each batch run as a single function call in a worker thread on a plain
+  ``sqlite3`` connection (``BEGIN IMMEDIATE`` ... ``COMMIT``, savepoints only around
+  multi-statement operations, plain upserts coalesced into multi-row statements). Why not
+  aiosqlite for writes: every statement there is its own hop to its thread and back (a
+  1000-write batch would be thousands of awaits), and coroutines sharing one aiosqlite
+  connection share its open transaction and measured 3-5x slower than one writer draining a
+  queue. Measured here, steady state with 1000 coroutines each looping ``aset``: 30-38k
+  writes/s against 80-100k rows/s for raw ``sqlite3`` committing 1000-row transactions of the
+  same upsert in the same process (ratio 0.35-0.45). The batch itself beats raw (coalesced:
+  ~7 us a row against ~11); the rest is the event loop's share, ~15 us a call (validation and
+  the bridge in ``BaseStateBackend``, the queue, waking the caller), which the GIL keeps from
+  overlapping the batch thread. Smaller batches, to overlap them, were far worse (2-10k/s: the
+  writer thread waits out the 5 ms GIL switch interval while the loop runs).
+- **Reads** go through aiosqlite on a second, ``query_only`` connection: one hop per read
+  (``execute_fetchall``; p50 ~0.07 ms), beside the writer thanks to WAL. A read issued after
+  an awaited write returns sees that write (the write has committed).
+- Durability: ``synchronous=FULL`` by default, so every awaited write has been fsynced when it
+  returns: an uncontended ``aset`` took 0.4-0.6 ms at p50 where a raw single-row commit took
+  0.2-0.3 ms (fsync). ``NORMAL`` (0.2 ms) may lose the last commits on a power cut.
+- Asset scopes are resolved among active assets on every read (a join: no extra hop) and
+  through the writer's cache on writes, emptied whenever ``assets`` may have changed
+  (:class:`._sqlite_writer.Tx`).
+- Several processes (the daemon, task processes) may open the same file: ``busy_timeout``,
+  ``BEGIN IMMEDIATE`` and a retry with backoff keep "database is locked" from surfacing; when
+  the lock cannot be had in time the caller gets :class:`BackendUnavailableError`.
+
+Cancellation: a caller cancelled while its write is queued or running stops waiting, but the
+write may still commit (a statement another thread runs cannot be taken back, and a half-applied
+batch is never an option). Re-read after a cancelled write to learn which.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, Final, NamedTuple, TypeVar, cast
+
+import aiosqlite
+import anyio
+import anyio.abc
+
+from . import _sqlite_meta as meta
+from . import _sqlite_ops as ops
+from ._backend import BaseStateBackend
+from ._sqlite_schema import Synchronous, connect, is_busy, migrate
+from ._sqlite_writer import GroupCommitWriter, Tx, Upsert
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    EventCommit,
+    GcReport,
+    RawEntry,
+    StateScope,
+    TriggerStatus,
+    Writer,
+)
+from .errors import BackendUnavailableError, StoreClosedError
+
+__all__ = ["CommitStats", "SqliteStateBackend"]
+
+T = TypeVar("T")
+
+_SYNCHRONOUS: Final = ("FULL", "NORMAL", "OFF")
+
+
+class CommitStats(NamedTuple):
+    """Group-commit counters of one opening: ``writes / batches`` is the mean batch size."""
+
+    batches: int
+    writes: int
+
+
+class SqliteStateBackend(BaseStateBackend):
+    """Task and asset state, asset events and trigger status in one SQLite file.
+
+    Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
+    synchronous use). Opening creates the file if needed, switches it to WAL and applies the
+    pending schema migrations (:attr:`applied_migrations` lists them).
+    """
+
+    supports_events = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout: float = 30.0,
+        max_value_bytes: int = 65536,
+    ) -> None:
+        super().__init__(max_value_bytes=max_value_bytes)
+        text = os.fspath(path)
+        if not isinstance(text, str):
+            raise TypeError(f"path must be a str or os.PathLike[str], got {type(path).__name__}")
+        if text in ("", ":memory:"):
+            raise ValueError(
+                f"path must name a file on disk, got {text!r} (the reader and the writer "
+                "use separate connections, so an in-memory database cannot work)"
+            )
+        if synchronous not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float):
+            raise TypeError(f"busy_timeout must be a number of seconds, got {busy_timeout!r}")
+        if not busy_timeout >= 0:
+            raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
+        self.path = text
+        self.synchronous: Synchronous = synchronous
+        self.busy_timeout = float(busy_timeout)
+        self.applied_migrations: list[int] = []
+        self._writer: GroupCommitWriter | None = None
+        self._wconn: sqlite3.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+
+    def _describe(self) -> str:
+        return f"path={self.path}"
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        """How many transactions (batches) the writer committed for how many writes."""
+        writer = self._writer
+        if writer is None:
+            return CommitStats(0, 0)
+        return CommitStats(writer.batches, writer.ops)
+
+    def __del__(self) -> None:
+        if getattr(self, "_wconn", None) is not None:
+            warnings.warn(
+                f"{self!r} was garbage-collected while open; use 'async with' or 'with'",
+                ResourceWarning,
+                stacklevel=1,
+            )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _connect_writer(self) -> None:
+        conn = connect(self.path, synchronous=self.synchronous, busy_timeout=self.busy_timeout)
+        self._wconn = conn  # set here, in the thread: a cancelled opener still closes it
+        self.applied_migrations = migrate(conn, self.clock(), busy_timeout=self.busy_timeout)
+
+    async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
+        self._writer = None
+        try:
+            await anyio.to_thread.run_sync(self._connect_writer)
+            assert self._wconn is not None
+            self._reader = await aiosqlite.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None
+            )
+            await self._reader.execute_fetchall("PRAGMA query_only = ON")
+            writer = GroupCommitWriter(
+                self._wconn, self, lambda: self.clock(), busy_timeout=self.busy_timeout
+            )
+            await task_group.start(writer.run)
+            self._writer = writer
+        except sqlite3.Error as exc:
+            await self._close_connections()
+            raise BackendUnavailableError(f"cannot open {self.path!r}: {exc}") from exc
+        except BaseException:
+            await self._close_connections()
+            raise
+
+    async def _aclose(self) -> None:
+        writer = self._writer  # kept: commit_stats stays readable after closing
+        try:
+            if writer is not None:
+                writer.close()
+                await writer.wait_stopped()  # every queued write has committed or failed
+        finally:
+            await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        with anyio.move_on_after(5, shield=True):
+            reader, self._reader = self._reader, None
+            wconn, self._wconn = self._wconn, None
+            try:
+                if reader is not None:
+                    await reader.close()
+            finally:
+                if wconn is not None:
+                    # The last connection to close checkpoints the WAL: file I/O, so a thread;
+                    # the writer's limiter, so never while a batch still runs on it.
+                    limiter = None if self._writer is None else self._writer.limiter
+                    await anyio.to_thread.run_sync(wconn.close, limiter=limiter)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def _write(
+        self,
+        fn: Callable[[Tx], T],
+        *,
+        savepoint: bool = True,
+        coalesce: Callable[[Tx], Upsert] | None = None,
+    ) -> T:
+        writer = self._writer
+        if writer is None or not self._open:
+            raise StoreClosedError(self)
+        return await writer.submit(fn, savepoint=savepoint, coalesce=coalesce)
+
+    async def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        reader = self._reader
+        if reader is None or not self._open:
+            raise StoreClosedError(self)
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.002
+        while True:
+            try:
+                rows = await reader.execute_fetchall(sql, params)
+                return cast("list[tuple[Any, ...]]", rows)  # plain tuples: no row_factory
+            except sqlite3.Error as exc:
+                if not is_busy(exc) or time.monotonic() >= deadline:
+                    raise BackendUnavailableError(f"SQLite read failed: {exc}") from exc
+            except ValueError as exc:  # aiosqlite: "Connection closed" while closing
+                if self._reader is None:
+                    raise StoreClosedError(self) from exc
+                raise
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    # -- key/value hooks ---------------------------------------------------------------------
+
+    async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
+        sql, params = ops.get_query(scope, key)
+        rows = await self._read(sql, params)
+        return ops.get_result(scope, rows)
+
+    async def _alist(self, scope: StateScope) -> list[RawEntry]:
+        sql, params = ops.list_query(scope)
+        rows = await self._read(sql, params)
+        return ops.list_result(scope, rows)
+
+    async def _aput(
+        self,
+        scope: StateScope,
+        key: str,
+        value_json: str,
+        *,
+        expires_at: datetime | None,
+        never_expire: bool,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> int:
+        def put(tx: Tx) -> int:
+            return ops.put(
+                tx, scope, key, value_json, expires_at, never_expire, expected_version, writer
+            )
+
+        if expected_version is not None:
+            # The checks before its one write statement write nothing: no savepoint needed.
+            return await self._write(put, savepoint=False)
+
+        def upsert(tx: Tx) -> Upsert:
+            return ops.upsert(tx, scope, key, value_json, expires_at, never_expire, writer)
+
+        return await self._write(put, savepoint=False, coalesce=upsert)
+
+    async def _adelete(self, scope: StateScope, key: str) -> bool:
+        return await self._write(lambda tx: ops.delete(tx, scope, key), savepoint=False)
+
+    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+        return await self._write(lambda tx: ops.clear(tx, scope, all_map_indices), savepoint=False)
+
+    # -- metastore ---------------------------------------------------------------------------
+
+    async def amigrate(self) -> list[int]:
+        """Apply pending schema migrations (opening already did); return the versions applied."""
+        self._check_open()
+        return await self._write(meta.migrate_in)
+
+    async def apragmas(self) -> dict[str, object]:
+        """The settings in force on the writer's connection: journal mode, synchronous, ..."""
+        self._check_open()
+        return await self._write(meta.pragmas, savepoint=False)
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+        self._check_open()
+        batch = list(assets)
+        for asset in batch:
+            if not isinstance(asset, Asset):
+                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
+        if batch:
+            await self._write(lambda tx: meta.register_assets(tx, batch))
+
+    async def adeactivate_asset(self, name: str) -> bool:
+        self._check_open()
+        return await self._write(lambda tx: meta.deactivate_asset(tx, name), savepoint=False)
+
+    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+        self._check_open()
+        sql, params = meta.assets_query(active_only)
+        return meta.assets_result(await self._read(sql, params))
+
+    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        self._check_open()
+        if not isinstance(commit, EventCommit):
+            raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
+        return await self._write(lambda tx: meta.commit_event(tx, commit))
+
+    async def alist_events(
+        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> list[AssetEvent]:
+        self._check_open()
+        sql, params = meta.events_query(asset, since_id, limit)
+        return meta.events_result(await self._read(sql, params))
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+    ) -> GcReport:
+        self._check_open()
+        for name, number in (
+            ("default_retention_days", default_retention_days),
+            ("batch_size", batch_size),
+        ):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {number!r}")
+        now = now or self.clock()
+        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
+        report = GcReport(dry_run=dry_run)
+        for kind in meta.GC_KINDS:
+            bound = now
+            if kind == "retention":
+                if cutoff is None:
+                    continue  # default_retention_days = 0 disables it
+                bound = cutoff
+            found: list[Any]
+            if dry_run:
+                sql, params = meta.gc_select(kind, bound)
+                found = meta.gc_rows(kind, await self._read(sql, params))
+            elif batch_size == 0:
+                found = await self._write(partial(meta.gc_delete, kind=kind, bound=bound, limit=0))
+            else:
+                found = []
+                while True:  # each batch its own operation: the write lock is never held long
+                    chunk = await self._write(
+                        partial(meta.gc_delete, kind=kind, bound=bound, limit=batch_size)
+                    )
+                    found.extend(chunk)
+                    if len(chunk) < batch_size:
+                        break
+            getattr(report, kind).extend(found)
+        return report
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+        self._check_open()
+        batch = list(statuses)
+        for status in batch:
+            if not isinstance(status, TriggerStatus):
+                raise TypeError(f"statuses must be TriggerStatus, got {type(status).__name__}")
+        if batch:
+            await self._write(lambda tx: meta.save_statuses(tx, batch))
+
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+        self._check_open()
+        ids = list(trigger_ids)
+        if ids:
+            await self._write(lambda tx: meta.delete_statuses(tx, ids))
+
+    async def alist_trigger_status(self) -> list[TriggerStatus]:
+        self._check_open()
+        return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))

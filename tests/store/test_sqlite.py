@@ -1,0 +1,637 @@
+"""SQLite-specific behaviour of ``SqliteStateBackend``; the shared semantics are in test_contract*.
+
+Everything runs against real files under ``tmp_path``; the multi-writer tests use a real worker
+thread with its own ``with SqliteStateBackend(path)`` and a real second process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import anyio
+import pytest
+from watchkeeper.store import (
+    NEVER_EXPIRE,
+    Asset,
+    AssetNotFoundError,
+    AssetScope,
+    BackendUnavailableError,
+    EventCommit,
+    SqliteStateBackend,
+    StateStoreError,
+    StoreClosedError,
+    TaskScope,
+    TriggerStatus,
+    VersionConflictError,
+    Writer,
+)
+
+TASK = TaskScope("dag", "run_1", "task")
+ORDERS = Asset("orders", uri="s3://data/orders")
+INVOICES = Asset("invoices")
+ORDERS_SCOPE = AssetScope(name="orders")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def store(sqlite_path: Path) -> AsyncIterator[SqliteStateBackend]:
+    """An open backend on a fresh file with ``orders`` and ``invoices`` registered."""
+    async with SqliteStateBackend(sqlite_path) as backend:
+        await backend.aregister_assets([ORDERS, INVOICES])
+        yield backend
+
+
+def raw_rows(path: Path, sql: str) -> list[tuple[object, ...]]:
+    """Rows read with a plain sqlite3 connection, beside the backend."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def commit(*assets: str, dedup_key: str | None = None, **state: str) -> EventCommit:
+    return EventCommit("orders_watch", assets, '{"n":1}', dedup_key=dedup_key, state=state)
+
+
+async def increment(backend: SqliteStateBackend, scope: TaskScope, key: str) -> None:
+    """Add one to a counter with compare-and-set, retrying on conflict."""
+    while True:
+        entry = await backend.aget_entry(scope, key)
+        value, version = (0, 0) if entry is None else (entry.value, entry.version)
+        try:
+            await backend.aset(scope, key, value + 1, expected_version=version)
+            return
+        except VersionConflictError:
+            continue
+
+
+class TestMigrations:
+    async def test_a_new_file_records_every_migration(self, sqlite_path: Path) -> None:
+        """Opening a new file applies migrations 1..3 in order and records each one."""
+        async with SqliteStateBackend(sqlite_path) as backend:
+            assert backend.applied_migrations == [1, 2, 3]
+        rows = raw_rows(sqlite_path, "SELECT version, name FROM schema_migrations ORDER BY 1")
+        assert [row[0] for row in rows] == [1, 2, 3]
+        assert all(row[1] for row in rows)
+
+    async def test_reopening_applies_nothing(self, sqlite_path: Path) -> None:
+        """A second opening and amigrate() find nothing to apply."""
+        async with SqliteStateBackend(sqlite_path):
+            pass
+        async with SqliteStateBackend(sqlite_path) as backend:
+            assert backend.applied_migrations == []
+            assert await backend.amigrate() == []
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 3
+
+    async def test_two_backends_opening_a_new_file_at_once(self, sqlite_path: Path) -> None:
+        """Two openings racing on a new file apply each migration exactly once between them."""
+        applied: list[list[int]] = []
+
+        async def open_one() -> None:
+            async with SqliteStateBackend(sqlite_path) as backend:
+                applied.append(backend.applied_migrations)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_one)
+            tg.start_soon(open_one)
+        assert sorted(applied) == [[], [1, 2, 3]]
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 3
+
+    async def test_a_newer_schema_is_refused(self, sqlite_path: Path) -> None:
+        """A file migrated by a newer watchkeeper fails to open with a clear error."""
+        async with SqliteStateBackend(sqlite_path):
+            pass
+        conn = sqlite3.connect(sqlite_path)
+        conn.execute("INSERT INTO schema_migrations VALUES (99, 'future', '2030')")
+        conn.commit()
+        conn.close()
+        with pytest.raises(BackendUnavailableError, match="schema version 99"):
+            async with SqliteStateBackend(sqlite_path):
+                pass
+
+
+class TestSettings:
+    async def test_wal_and_synchronous_full_are_in_effect(
+        self, store: SqliteStateBackend, sqlite_path: Path
+    ) -> None:
+        """The writer's connection runs WAL with synchronous=FULL and the busy timeout."""
+        pragmas = await store.apragmas()
+        assert pragmas["journal_mode"] == "wal"
+        assert pragmas["synchronous"] == "FULL"
+        assert pragmas["busy_timeout"] == 30.0
+        assert raw_rows(sqlite_path, "PRAGMA journal_mode") == [("wal",)]
+
+    async def test_synchronous_and_busy_timeout_are_configurable(self, sqlite_path: Path) -> None:
+        """synchronous and busy_timeout given to the constructor reach the connection."""
+        async with SqliteStateBackend(
+            sqlite_path, synchronous="NORMAL", busy_timeout=2.5
+        ) as backend:
+            pragmas = await backend.apragmas()
+        assert (pragmas["synchronous"], pragmas["busy_timeout"]) == ("NORMAL", 2.5)
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"synchronous": "EXTRA"}, ValueError, "synchronous must be one of"),
+            ({"busy_timeout": -1}, ValueError, "busy_timeout must be >= 0"),
+            ({"busy_timeout": "5"}, TypeError, "busy_timeout must be a number"),
+            ({"max_value_bytes": 0}, ValueError, "max_value_bytes must be positive"),
+        ],
+    )
+    def test_bad_arguments_are_refused(
+        self, sqlite_path: Path, kwargs: dict[str, object], error: type[Exception], match: str
+    ) -> None:
+        """A bad constructor argument raises an error naming it."""
+        with pytest.raises(error, match=match):
+            SqliteStateBackend(sqlite_path, **kwargs)  # type: ignore[arg-type]
+
+    def test_an_in_memory_database_is_refused(self) -> None:
+        """':memory:' is refused: the reader and the writer need one shared file."""
+        with pytest.raises(ValueError, match="must name a file"):
+            SqliteStateBackend(":memory:")
+
+
+class TestLifecycle:
+    async def test_repr_shows_path_and_state(self, sqlite_path: Path) -> None:
+        """repr() names the path and whether the backend is open."""
+        backend = SqliteStateBackend(sqlite_path)
+        assert repr(backend) == f"<SqliteStateBackend path={sqlite_path} open=False>"
+        async with backend:
+            assert repr(backend) == f"<SqliteStateBackend path={sqlite_path} open=True>"
+        assert repr(SqliteStateBackend("state.db")) == (
+            "<SqliteStateBackend path=state.db open=False>"
+        )
+
+    async def test_closed_backend_raises_store_closed(self, sqlite_path: Path) -> None:
+        """Every call on a closed (or never opened) backend raises StoreClosedError."""
+        backend = SqliteStateBackend(sqlite_path)
+        with pytest.raises(StoreClosedError):
+            await backend.aget(TASK, "k")
+        async with backend:
+            await backend.aset(TASK, "k", 1)
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: backend.aget(TASK, "k"),
+            lambda: backend.aset(TASK, "k", 2),
+            lambda: backend.acommit_event(commit("orders")),
+            lambda: backend.alist_events(),
+            lambda: backend.aregister_assets([ORDERS]),
+            lambda: backend.acollect_garbage(),
+        ]
+        for call in calls:
+            with pytest.raises(StoreClosedError):
+                await call()
+
+    async def test_data_survives_close_and_reopen(self, sqlite_path: Path) -> None:
+        """State, assets, events and trigger status are all there after reopening."""
+        status = TriggerStatus("t1", "pkg.Trigger", ("orders",), ("w",), "running", events=3)
+        async with SqliteStateBackend(sqlite_path) as backend:
+            await backend.aregister_assets([ORDERS])
+            await backend.aset(TASK, "k", {"a": [1, 2]}, writer=Writer("task", "t", 2))
+            await backend.aset(ORDERS_SCOPE, "wm", 41)
+            await backend.acommit_event(commit("orders", dedup_key="m1", wm="42"))
+            await backend.asave_trigger_status([status])
+        async with SqliteStateBackend(sqlite_path) as backend:
+            entry = await backend.aget_entry(TASK, "k")
+            assert entry is not None
+            assert (entry.value, entry.writer) == ({"a": [1, 2]}, Writer("task", "t", 2))
+            assert await backend.aget(ORDERS_SCOPE, "wm") == 42
+            assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+            assert [a.name for a in await backend.alist_assets()] == ["orders"]
+            assert await backend.alist_trigger_status() == [status]
+
+    async def test_close_flushes_queued_writes(self, sqlite_path: Path) -> None:
+        """Writes still queued when the backend closes are committed before it closes."""
+        async with anyio.create_task_group() as tg, SqliteStateBackend(sqlite_path) as backend:
+            for i in range(200):
+                tg.start_soon(backend.aset, TASK, f"k{i}", i)
+            await anyio.wait_all_tasks_blocked()
+        assert raw_rows(sqlite_path, "SELECT count(*) FROM task_state") == [(200,)]
+
+    async def test_timestamps_are_stored_in_utc_from_the_clock(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """Rows carry the backend clock's time, stored as UTC text."""
+        store.clock = lambda: datetime(2026, 3, 1, 12, 0, tzinfo=timezone(timedelta(hours=2)))
+        await store.aset(TASK, "k", 1)
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None
+        assert entry.updated_at == datetime(2026, 3, 1, 10, 0, tzinfo=UTC)
+        assert raw_rows(Path(store.path), "SELECT updated_at FROM task_state") == [
+            ("2026-03-01T10:00:00.000000+00:00",)
+        ]
+
+    def test_sync_mode_works(self, sqlite_path: Path) -> None:
+        """'with' opens the backend on a private loop thread for plain synchronous use."""
+        with SqliteStateBackend(sqlite_path) as backend:
+            assert backend.set(TASK, "k", 1) == 1
+            assert backend.set(TASK, "k", 2) == 2
+            assert backend.get(TASK, "k") == 2
+        assert not backend.is_open
+
+
+class TestGroupCommit:
+    async def test_1000_concurrent_writes_land_with_correct_versions(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """1000 concurrent asets on 100 keys all land; each key reaches version 10."""
+        versions: dict[str, list[int]] = {f"k{i}": [] for i in range(100)}
+        before = store.commit_stats
+
+        async def write(key: str, value: int) -> None:
+            versions[key].append(await store.aset(TASK, key, value))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(1000):
+                tg.start_soon(write, f"k{n % 100}", n)
+        assert all(sorted(v) == list(range(1, 11)) for v in versions.values())
+        entries = await store.alist(TASK)
+        assert len(entries) == 100
+        assert {e.version for e in entries} == {10}
+        after = store.commit_stats
+        assert after.writes - before.writes == 1000
+        assert after.batches - before.batches < 100  # the writes shared transactions
+
+    async def test_a_failing_write_does_not_affect_its_batch(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """In one shared batch a failing compare-and-set and a failing event commit roll back
+        alone: the other writes commit and only the failing callers get the errors."""
+        await store.aset(TASK, "cas", "v1")
+        start = anyio.Event()
+        outcomes: dict[str, object] = {}
+
+        async def run(name: str, call: Callable[[], Awaitable[object]]) -> None:
+            await start.wait()
+            try:
+                outcomes[name] = await call()
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                outcomes[name] = exc
+
+        before = store.commit_stats
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(run, f"set{i}", lambda i=i: store.aset(TASK, f"k{i}", i))
+            tg.start_soon(run, "stale", lambda: store.aset(TASK, "cas", "x", expected_version=5))
+            tg.start_soon(run, "ghost", lambda: store.acommit_event(commit("orders", "ghost")))
+            tg.start_soon(run, "event", lambda: store.acommit_event(commit("invoices")))
+            tg.start_soon(run, "fresh", lambda: store.aset(TASK, "cas", "v2", expected_version=1))
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert store.commit_stats.batches - before.batches == 1  # they did share one batch
+        stale = outcomes.pop("stale")
+        assert isinstance(stale, VersionConflictError)
+        assert (stale.expected, stale.actual) == (5, 1)  # it ran before "fresh"
+        assert isinstance(outcomes.pop("ghost"), AssetNotFoundError)
+        assert outcomes.pop("fresh") == 2
+        assert len(outcomes.pop("event")) == 1  # type: ignore[arg-type]
+        assert outcomes == {f"set{i}": 1 for i in range(20)}
+        assert await store.aget(TASK, "cas") == "v2"
+        assert [e.asset for e in await store.alist_events()] == ["invoices"]
+
+    async def test_writes_in_one_batch_apply_in_call_order(self, store: SqliteStateBackend) -> None:
+        """Plain writes and compare-and-sets of one key released together apply in the order
+        they were made: versions 1..5 and the last value wins."""
+        start = anyio.Event()
+        versions: list[int] = []
+
+        async def write(value: str, expected: int | None) -> None:
+            await start.wait()
+            versions.append(await store.aset(TASK, "k", value, expected_version=expected))
+
+        before = store.commit_stats
+        async with anyio.create_task_group() as tg:
+            for value, expected in [("a", None), ("b", 1), ("c", None), ("d", None), ("e", 4)]:
+                tg.start_soon(write, value, expected)
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert store.commit_stats.batches - before.batches == 1
+        assert versions == [1, 2, 3, 4, 5]
+        assert await store.aget(TASK, "k") == "e"
+
+    async def test_a_constraint_failure_fails_only_its_write(
+        self, store: SqliteStateBackend, sqlite_path: Path
+    ) -> None:
+        """A write refused by the database (here a trigger raising on one key) fails alone,
+        with a store error chained from the driver's; its batch-mates commit."""
+        conn = sqlite3.connect(sqlite_path)
+        for table in ("task_state", "asset_state"):
+            conn.execute(
+                f"CREATE TRIGGER poison_{table} BEFORE INSERT ON {table} "
+                "WHEN NEW.key = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned key'); END"
+            )
+        conn.close()
+        start = anyio.Event()
+        outcomes: dict[str, object] = {}
+
+        async def run(name: str, call: Callable[[], Awaitable[object]]) -> None:
+            await start.wait()
+            try:
+                outcomes[name] = await call()
+            except StateStoreError as exc:
+                outcomes[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            # First, so it shares a multi-row statement with k0..k2 that has to be re-run.
+            tg.start_soon(run, "poison", lambda: store.aset(TASK, "poison", 1))
+            for i in range(10):
+                tg.start_soon(run, f"k{i}", lambda i=i: store.aset(TASK, f"k{i}", i))
+            tg.start_soon(
+                run, "event", lambda: store.acommit_event(commit("orders", poison="1", wm="2"))
+            )
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        for name in ("poison", "event"):
+            error = outcomes.pop(name)
+            assert isinstance(error, StateStoreError), error
+            assert "poisoned key" in str(error)
+            assert isinstance(error.__cause__, sqlite3.Error)
+        assert outcomes == {f"k{i}": 1 for i in range(10)}
+        assert await store.alist_events() == []  # the event went with its state
+        assert await store.aget(ORDERS_SCOPE, "wm") is None
+
+    async def test_cancelled_callers_do_not_break_the_writer(
+        self, store: SqliteStateBackend, sqlite_path: Path
+    ) -> None:
+        """Callers cancelled while their writes wait (the writer is held up by another
+        connection's lock) leave the writer working, and their queued writes still commit."""
+        holder = sqlite3.connect(sqlite_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # the writer's next batch has to wait
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    for i in range(300):
+                        tg.start_soon(store.aset, TASK, f"k{i}", i)
+                    await anyio.wait_all_tasks_blocked()
+                    scope.cancel()
+            assert scope.cancelled_caught
+            holder.execute("COMMIT")
+        finally:
+            holder.close()
+        assert await store.aset(TASK, "after", 1) == 1  # queued behind the cancelled ones
+        assert len(await store.alist(TASK)) == 301
+
+    async def test_reads_see_awaited_writes(self, store: SqliteStateBackend) -> None:
+        """A read issued after an awaited write (on the other connection) sees it."""
+        for i in range(50):
+            await store.aset(ORDERS_SCOPE, "wm", i)
+            assert await store.aget(ORDERS_SCOPE, "wm") == i
+
+
+class TestSeveralWriters:
+    async def test_sync_thread_and_coroutines_share_the_file(self, sqlite_path: Path) -> None:
+        """A worker thread with its own sync backend and coroutines on an async one increment
+        the same counter at once: no write is lost and no error surfaces."""
+        rounds = 100
+
+        def sync_side() -> None:
+            with SqliteStateBackend(sqlite_path) as other:
+                for _ in range(rounds):
+                    while True:
+                        entry = other.get_entry(TASK, "n")
+                        value, version = (0, 0) if entry is None else (entry.value, entry.version)
+                        try:
+                            other.set(TASK, "n", value + 1, expected_version=version)
+                            break
+                        except VersionConflictError:
+                            continue
+                    other.set(TASK, f"sync{value}", value)
+
+        async with SqliteStateBackend(sqlite_path) as backend:
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, sync_side)
+                    for _ in range(4):
+                        tg.start_soon(self._bump, backend, rounds // 4)
+            assert await backend.aget(TASK, "n") == 2 * rounds
+            keys = [e.key for e in await backend.alist(TASK)]
+            assert len([k for k in keys if k.startswith("sync")]) == rounds
+
+    @staticmethod
+    async def _bump(backend: SqliteStateBackend, times: int) -> None:
+        for _ in range(times):
+            await increment(backend, TASK, "n")
+
+    async def test_a_second_process_writes_the_same_file(self, sqlite_path: Path) -> None:
+        """A second process using the sync API and this one increment one counter at once;
+        both finish without error and every increment is counted."""
+        rounds = 150
+        script = textwrap.dedent(
+            f"""
+            import sys
+            from watchkeeper.store import SqliteStateBackend, TaskScope, VersionConflictError
+            scope = TaskScope("dag", "run_1", "task")
+            with SqliteStateBackend({str(sqlite_path)!r}) as backend:
+                print("ready", flush=True)
+                sys.stdin.readline()
+                for _ in range({rounds}):
+                    while True:
+                        entry = backend.get_entry(scope, "n")
+                        value, version = (0, 0) if entry is None else (entry.value, entry.version)
+                        try:
+                            backend.set(scope, "n", value + 1, expected_version=version)
+                            break
+                        except VersionConflictError:
+                            continue
+            print("done", flush=True)
+            """
+        )
+        async with SqliteStateBackend(sqlite_path) as backend:
+            process = await anyio.open_process(
+                [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+            async with process:
+                assert process.stdin is not None and process.stdout is not None
+                with anyio.fail_after(60):
+                    assert (await process.stdout.receive()).startswith(b"ready")
+                    await process.stdin.send(b"go\n")
+                    await self._bump(backend, rounds)
+                    assert await process.wait() == 0
+            assert await backend.aget(TASK, "n") == 2 * rounds
+
+    async def test_deactivation_elsewhere_is_seen_at_once(self, sqlite_path: Path) -> None:
+        """An asset deactivated through another connection is refused by the next write here,
+        even though this backend had just resolved (and cached) it."""
+        async with (
+            SqliteStateBackend(sqlite_path) as first,
+            SqliteStateBackend(sqlite_path) as second,
+        ):
+            await first.aregister_assets([ORDERS])
+            await first.aset(ORDERS_SCOPE, "wm", 1)
+            assert await second.adeactivate_asset("orders")
+            with pytest.raises(AssetNotFoundError):
+                await first.aset(ORDERS_SCOPE, "wm", 2)
+            with pytest.raises(AssetNotFoundError):
+                await first.aget(ORDERS_SCOPE, "wm")
+            await second.aregister_assets([ORDERS])
+            assert await first.aset(ORDERS_SCOPE, "wm", 3) == 2
+
+    async def test_a_lock_held_too_long_is_backend_unavailable(self, sqlite_path: Path) -> None:
+        """A write lock held past busy_timeout gives BackendUnavailableError chained from the
+        sqlite3 error, never a raw "database is locked"; once released, writes go through."""
+        async with SqliteStateBackend(sqlite_path, busy_timeout=0.2) as backend:
+            holder = sqlite3.connect(sqlite_path, isolation_level=None)
+            try:
+                holder.execute("BEGIN IMMEDIATE")
+                with pytest.raises(BackendUnavailableError) as info:
+                    await backend.aset(TASK, "k", 1)
+                assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+                assert "locked" in str(info.value)
+                holder.execute("ROLLBACK")
+            finally:
+                holder.close()
+            assert await backend.aset(TASK, "k", 1) == 1
+
+    async def test_a_briefly_held_lock_is_waited_out(self, sqlite_path: Path) -> None:
+        """A write that meets another connection's lock waits for it instead of failing."""
+        async with SqliteStateBackend(sqlite_path) as backend:
+            holder = sqlite3.connect(sqlite_path, isolation_level=None)
+            try:
+                holder.execute("BEGIN IMMEDIATE")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(backend.aset, TASK, "k", 1)
+                    await anyio.wait_all_tasks_blocked()
+                    holder.execute("COMMIT")
+            finally:
+                holder.close()
+            assert await backend.aget(TASK, "k") == 1
+
+
+class TestEventsAndAssets:
+    async def test_dedup_is_per_asset_and_a_duplicate_moves_no_state(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """A redelivered dedup_key writes nothing for the asset that has it, and the event
+        plus state for an asset that does not."""
+        first = await store.acommit_event(commit("orders", dedup_key="m1", wm="10"))
+        again = await store.acommit_event(commit("orders", "invoices", dedup_key="m1", wm="5"))
+        assert [e.asset for e in first] == ["orders"]
+        assert [e.asset for e in again] == ["invoices"]
+        assert again[0].id > first[0].id
+        assert await store.aget(ORDERS_SCOPE, "wm") == 10
+        assert await store.aget(AssetScope(name="invoices"), "wm") == 5
+        rows = raw_rows(
+            Path(store.path), "SELECT asset_name, dedup_key FROM asset_events ORDER BY id"
+        )
+        assert rows == [("orders", "m1"), ("invoices", "m1")]
+
+    async def test_an_unknown_asset_writes_neither_event_nor_state(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """A commit naming an unknown asset fails whole: no event and no state anywhere."""
+        with pytest.raises(AssetNotFoundError, match="ghost"):
+            await store.acommit_event(commit("orders", "ghost", wm="1"))
+        assert await store.alist_events() == []
+        assert await store.aget(ORDERS_SCOPE, "wm") is None
+        assert raw_rows(Path(store.path), "SELECT count(*) FROM asset_state") == [(0,)]
+
+    async def test_scopes_resolve_by_id_name_and_uri(self, store: SqliteStateBackend) -> None:
+        """An asset's state is reachable by its id, its name and its URI alike."""
+        (orders,) = [a for a in await store.alist_assets() if a.name == "orders"]
+        await store.aset(AssetScope(uri="s3://data/orders"), "wm", 1)
+        assert await store.aget(AssetScope(asset_id=orders.asset_id), "wm") == 1
+        assert await store.aset(ORDERS_SCOPE, "wm", 2) == 2
+        with pytest.raises(AssetNotFoundError):
+            await store.aset(AssetScope(uri="s3://elsewhere"), "wm", 1)
+
+    async def test_a_deactivated_asset_is_never_served_from_the_cache(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """After deactivation every read and write of the asset fails, though it was cached."""
+        await store.aset(ORDERS_SCOPE, "wm", 1)
+        assert await store.adeactivate_asset("orders")
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.aset(ORDERS_SCOPE, "wm", 2),
+            lambda: store.aget(ORDERS_SCOPE, "wm"),
+            lambda: store.alist(ORDERS_SCOPE),
+            lambda: store.adelete(ORDERS_SCOPE, "wm"),
+            lambda: store.acommit_event(commit("orders")),
+        ]
+        for call in calls:
+            with pytest.raises(AssetNotFoundError):
+                await call()
+        await store.aregister_assets([ORDERS])
+        assert await store.aget(ORDERS_SCOPE, "wm") == 1  # not yet swept by GC
+
+
+class TestGarbageCollection:
+    async def _fill(self, store: SqliteStateBackend) -> None:
+        store.clock = lambda: T0
+        for i in range(5):
+            await store.aset(TASK, f"expired{i}", i, retention=timedelta(hours=1))
+        await store.aset(TASK, "stale", 1)
+        await store.aset(TASK, "kept", 1, retention=NEVER_EXPIRE)
+        await store.aset(TASK, "fresh", 1, retention=timedelta(days=365))
+        await store.aset(ORDERS_SCOPE, "wm", 1)
+        await store.adeactivate_asset("orders")
+
+    async def test_collects_expired_stale_and_orphaned_rows(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """Expired rows, rows past default retention and state of inactive assets go; a
+        NEVER_EXPIRE row and an unexpired one stay."""
+        await self._fill(store)
+        report = await store.acollect_garbage(
+            default_retention_days=30, now=T0 + timedelta(days=31)
+        )
+        assert [key for _, key in report.expired] == [f"expired{i}" for i in range(5)]
+        assert [key for _, key in report.retention] == ["stale"]
+        assert report.orphaned == [("orders", "wm")]
+        assert sorted(e.key for e in await store.alist(TASK)) == ["fresh", "kept"]
+        assert raw_rows(Path(store.path), "SELECT count(*) FROM asset_state") == [(0,)]
+
+    async def test_batches_delete_everything_in_several_writes(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """batch_size=2 deletes the five expired rows in three writes and reports them all."""
+        await self._fill(store)
+        before = store.commit_stats.writes
+        report = await store.acollect_garbage(
+            default_retention_days=0, batch_size=2, now=T0 + timedelta(days=2)
+        )
+        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row.
+        assert store.commit_stats.writes - before == 4
+        assert len(report.expired) == 5 and report.retention == [] and len(report.orphaned) == 1
+        assert sorted(e.key for e in await store.alist(TASK)) == ["fresh", "kept", "stale"]
+
+    async def test_one_statement_when_batch_size_is_zero(self, store: SqliteStateBackend) -> None:
+        """batch_size=0 deletes each kind in one write."""
+        await self._fill(store)
+        before = store.commit_stats.writes
+        report = await store.acollect_garbage(now=T0 + timedelta(days=31))
+        assert store.commit_stats.writes - before == 3
+        assert report.total == 7
+
+    async def test_dry_run_reports_the_same_rows_and_deletes_nothing(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """A dry run reports exactly what the real run then deletes, and deletes nothing."""
+        await self._fill(store)
+        now = T0 + timedelta(days=31)
+        dry = await store.acollect_garbage(dry_run=True, now=now)
+        assert len(await store.alist(TASK)) == 8
+        real = await store.acollect_garbage(now=now)
+        assert dry.dry_run and not real.dry_run
+        assert (dry.expired, dry.retention, dry.orphaned) == (
+            real.expired,
+            real.retention,
+            real.orphaned,
+        )
+
+    @pytest.mark.parametrize(("days", "batch"), [(30, -1), (-3, 0)])
+    async def test_bad_arguments_change_nothing(
+        self, store: SqliteStateBackend, days: int, batch: int
+    ) -> None:
+        """A negative batch size or retention is refused before anything is deleted."""
+        await self._fill(store)
+        with pytest.raises(ValueError, match="must be an int >= 0"):
+            await store.acollect_garbage(
+                default_retention_days=days, batch_size=batch, now=T0 + timedelta(days=31)
+            )
+        assert len(await store.alist(TASK)) == 8
