@@ -10,98 +10,34 @@ metastore features (events, garbage collection, trigger status) in ``test_contra
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from watchkeeper.store import (
-    NEVER_EXPIRE,
-    Asset,
-    AssetScope,
-    BaseStateBackend,
-    StateScope,
-    TaskScope,
-    encode_value,
-)
-
-TASK = TaskScope("dag", "run_1", "task")
-TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
-TASK_MAP_1 = TaskScope("dag", "run_1", "task", 1)
-OTHER_RUN = TaskScope("dag", "run_2", "task")
-OTHER_TASK = TaskScope("dag", "run_1", "other")
-ORDERS = Asset("orders", uri="s3://data/orders")
-INVOICES = Asset("invoices")
-ORDERS_SCOPE = AssetScope(name="orders")
-INVOICES_SCOPE = AssetScope(name="invoices")
-ALL_SCOPES: tuple[StateScope, ...] = (
+from _contract import (
+    ALL_SCOPES,
+    INVOICES_SCOPE,
+    ORDERS_SCOPE,
+    OTHER_RUN,
+    OTHER_TASK,
+    SCOPES,
     TASK,
     TASK_MAP_0,
     TASK_MAP_1,
-    OTHER_RUN,
-    OTHER_TASK,
-    ORDERS_SCOPE,
-    INVOICES_SCOPE,
+    assert_rejected,
+    same,
+    snapshot,
 )
+from watchkeeper.store import (
+    NEVER_EXPIRE,
+    Asset,
+    BaseStateBackend,
+    StateScope,
+    encode_value,
+)
+
 LIMIT = 65536
-
-SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
-
-
-def same(a: object, b: object) -> bool:
-    """Equal and of the same JSON types all the way down (1 is not 1.0, -0.0 is not 0.0)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, float):
-        return repr(a) == repr(b)
-    return a == b
-
-
-@pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
-    """The backend with the assets ``orders`` and ``invoices`` registered."""
-    await backend.aregister_assets([ORDERS, INVOICES])
-    return backend
-
-
-@pytest.fixture
-async def seeded(store: BaseStateBackend) -> BaseStateBackend:
-    """Keys ``a`` and ``b`` in every scope (``a`` of TASK at version 2)."""
-    for scope in ALL_SCOPES:
-        await store.aset(scope, "a", {"n": 1})
-        await store.aset(scope, "b", [1, 2])
-    await store.aset(TASK, "a", {"n": 2})
-    return store
-
-
-async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
-    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
-
-
-async def assert_rejected(
-    store: BaseStateBackend,
-    error: type[BaseException],
-    method: Callable[..., Awaitable[object]],
-    *args: object,
-    says: tuple[str, ...] = (),
-    **kwargs: object,
-) -> BaseException:
-    """``method(*args, **kwargs)`` raises ``error``, its message holding ``says``, and changes
-    nothing."""
-    before = await snapshot(store)
-    with pytest.raises(error) as info:
-        await method(*args, **kwargs)
-    for fragment in says:
-        assert fragment in str(info.value)
-    assert await snapshot(store) == before
-    return info.value
 
 
 class TestGetAndSet:

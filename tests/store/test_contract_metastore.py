@@ -11,41 +11,28 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
+from _contract import (
+    INVOICES_SCOPE,
+    ORDERS,
+    ORDERS_SCOPE,
+    OTHER_RUN,
+    TASK,
+    TASK_MAP_0,
+    snapshot,
+)
 from watchkeeper.store import (
     NEVER_EXPIRE,
     Asset,
     AssetNotFoundError,
-    AssetScope,
     BaseStateBackend,
     EventCommit,
-    StateScope,
-    TaskScope,
     TriggerStatus,
     Writer,
     encode_json,
     encode_value,
 )
 
-TASK = TaskScope("dag", "run_1", "task")
-TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
-OTHER_RUN = TaskScope("dag", "run_2", "task")
-ORDERS = Asset("orders", uri="s3://data/orders")
-INVOICES = Asset("invoices")
-ORDERS_SCOPE = AssetScope(name="orders")
-INVOICES_SCOPE = AssetScope(name="invoices")
-ALL_SCOPES: tuple[StateScope, ...] = (TASK, TASK_MAP_0, OTHER_RUN, ORDERS_SCOPE, INVOICES_SCOPE)
 WATCHER = Writer("watcher", "orders_watch")
-
-
-@pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
-    """The backend with the assets ``orders`` and ``invoices`` registered."""
-    await backend.aregister_assets([ORDERS, INVOICES])
-    return backend
-
-
-async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
-    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
 
 
 def commit(

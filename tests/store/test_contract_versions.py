@@ -7,84 +7,29 @@ call must leave the store exactly as it was.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import pytest
+from _contract import (
+    INVOICES_SCOPE,
+    ORDERS_SCOPE,
+    SCOPES,
+    TASK,
+    assert_rejected,
+)
 from watchkeeper.store import (
     Asset,
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
     StateScope,
-    TaskScope,
     VersionConflictError,
     Writer,
 )
-
-TASK = TaskScope("dag", "run_1", "task")
-TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
-TASK_MAP_1 = TaskScope("dag", "run_1", "task", 1)
-OTHER_RUN = TaskScope("dag", "run_2", "task")
-OTHER_TASK = TaskScope("dag", "run_1", "other")
-ORDERS = Asset("orders", uri="s3://data/orders")
-INVOICES = Asset("invoices")
-ORDERS_SCOPE = AssetScope(name="orders")
-INVOICES_SCOPE = AssetScope(name="invoices")
-ALL_SCOPES: tuple[StateScope, ...] = (
-    TASK,
-    TASK_MAP_0,
-    TASK_MAP_1,
-    OTHER_RUN,
-    OTHER_TASK,
-    ORDERS_SCOPE,
-    INVOICES_SCOPE,
-)
-
-SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
-
-
-@pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
-    """The backend with the assets ``orders`` and ``invoices`` registered."""
-    await backend.aregister_assets([ORDERS, INVOICES])
-    return backend
-
-
-@pytest.fixture
-async def seeded(store: BaseStateBackend) -> BaseStateBackend:
-    """Keys ``a`` and ``b`` in every scope (``a`` of TASK at version 2)."""
-    for scope in ALL_SCOPES:
-        await store.aset(scope, "a", {"n": 1})
-        await store.aset(scope, "b", [1, 2])
-    await store.aset(TASK, "a", {"n": 2})
-    return store
-
-
-async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
-    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
-
-
-async def assert_rejected(
-    store: BaseStateBackend,
-    error: type[BaseException],
-    method: Callable[..., Awaitable[object]],
-    *args: object,
-    says: tuple[str, ...] = (),
-    **kwargs: object,
-) -> BaseException:
-    """``method(*args, **kwargs)`` raises ``error``, its message holding ``says``, and changes
-    nothing."""
-    before = await snapshot(store)
-    with pytest.raises(error) as info:
-        await method(*args, **kwargs)
-    for fragment in says:
-        assert fragment in str(info.value)
-    assert await snapshot(store) == before
-    return info.value
 
 
 class TestVersionsAndEntries:
