@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-
 from watchkeeper.store import BaseStateBackend, MemoryStateBackend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -83,21 +82,25 @@ def sqlite_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    """Each built-in backend, opened, empty, with one registered asset-free metastore."""
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[BaseStateBackend]:
+    """Each built-in backend, opened and empty (PostgreSQL in a fresh schema)."""
     kind = request.param
     if kind == "memory":
         async with MemoryStateBackend() as memory:
             yield memory
     elif kind == "sqlite":
-        from watchkeeper.store import SqliteStateBackend  # type: ignore[attr-defined]
+        from watchkeeper.store import SqliteStateBackend
 
         async with SqliteStateBackend(tmp_path / "state.db") as sqlite:
             yield sqlite
     else:
         dsn = request.getfixturevalue("pg_dsn")
-        from watchkeeper.store import PostgresStateBackend  # type: ignore[attr-defined]
+        from watchkeeper.store import PostgresStateBackend
 
-        async with _fresh_schema(dsn) as schema:
-            async with PostgresStateBackend(dsn, schema=schema) as postgres:
-                yield postgres
+        async with (
+            _fresh_schema(dsn) as schema,
+            PostgresStateBackend(dsn, schema=schema) as postgres,
+        ):
+            yield postgres
