@@ -23,6 +23,7 @@ from ._types import (
     AssetScope,
     EventCommit,
     GcReport,
+    Lease,
     RawEntry,
     StateEntry,
     StateScope,
@@ -81,8 +82,10 @@ class BaseStateBackend:
       each trigger one), or on a private loop thread when the backend was opened with ``with``;
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
-    Asset registration, events and garbage collection are metastore features: the built-in
-    backends implement them (``supports_events = True``); a custom backend may leave them out.
+    Asset registration, events, garbage collection, trigger status and trigger leases are
+    metastore features: the built-in backends implement them (``supports_events = True``); a
+    custom backend may leave them out (a daemon on a backend without leases runs every trigger
+    unfenced, as a single daemon).
     """
 
     supports_events: ClassVar[bool] = False
@@ -219,6 +222,25 @@ class BaseStateBackend:
         future = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
         return future.result()
 
+    _HOOKS: ClassVar[tuple[str, ...]] = ("get", "put", "delete", "clear", "list")
+    _async_native: ClassVar[frozenset[str]] = frozenset()
+    _sync_native: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Decide once per class which side of each hook it implements: the per-call
+        # dispatch is then a set look-up (it sits on the path of every store call).
+        cls._async_native = frozenset(
+            name
+            for name in cls._HOOKS
+            if getattr(cls, f"_a{name}") is not getattr(BaseStateBackend, f"_a{name}")
+        )
+        cls._sync_native = frozenset(
+            name
+            for name in cls._HOOKS
+            if getattr(cls, f"_{name}") is not getattr(BaseStateBackend, f"_{name}")
+        )
+
     def _overrides(self, name: str) -> bool:
         return getattr(type(self), name) is not getattr(BaseStateBackend, name)
 
@@ -323,7 +345,10 @@ class BaseStateBackend:
     async def aget_raw(self, scope: StateScope, key: str) -> RawEntry | None:
         self._check_scope(scope)
         check_key(key)
-        self._check_open()
+        if not self._open:
+            raise StoreClosedError(self)
+        if "get" in self._async_native:
+            return await self._aget(scope, key)
         result: RawEntry | None = await self._call_hook("get", scope, key)
         return result
 
@@ -370,7 +395,18 @@ class BaseStateBackend:
     ) -> int:
         """Store already-validated JSON text (accessors that offload values use this)."""
         _check_expected_version(expected_version)
-        self._check_open()
+        if not self._open:
+            raise StoreClosedError(self)
+        if "put" in self._async_native:
+            return await self._aput(
+                scope,
+                key,
+                value_json,
+                expires_at=expires_at,
+                never_expire=never_expire,
+                expected_version=expected_version,
+                writer=writer,
+            )
         version: int = await self._call_hook(
             "put",
             scope,
@@ -546,6 +582,27 @@ class BaseStateBackend:
     async def alist_trigger_status(self) -> builtins.list[TriggerStatus]:
         """Every saved trigger status, ordered by trigger_id."""
         raise self._unsupported("trigger status")
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]:
+        """Claim the leases of ``trigger_ids`` for ``owner`` until now + ``ttl`` (seconds or a
+        timedelta); return ``{trigger_id: token}`` of those ``owner`` now holds.
+
+        Takes each lease that is free (never claimed, released or expired) and renews those
+        ``owner`` already holds. A lease that changes hands gets the previous token + 1 (the
+        first claim gets 1); a renewal keeps its token. Leases held by another owner and not
+        expired are left alone. See :mod:`._leases` for fencing.
+        """
+        raise self._unsupported("trigger leases")
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
+        """Free the leases of ``trigger_ids`` that ``owner`` holds, so another can take them now."""
+        raise self._unsupported("trigger leases")
+
+    async def alist_leases(self) -> builtins.list[Lease]:
+        """Every lease row (released ones with ``owner=None``), ordered by trigger_id."""
+        raise self._unsupported("trigger leases")
 
     def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run one of this backend's coroutine methods from sync code (CLI, task threads)."""

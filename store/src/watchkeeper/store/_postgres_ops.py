@@ -9,9 +9,9 @@ the rest (status rows, garbage collection), each kind set-based (one ``unnest`` 
 all of them). Two ops on the same row go in successive rounds of statements, so the second
 sees the first.
 
-Ops that can fail for a reason of their own (an asset that is not registered, a version that
-does not match) are checked inside the transaction before they write, so a failure touches
-nothing and records its error on that op alone.
+Ops that can fail for a reason of their own (an asset that is not registered, a lease the
+daemon no longer holds, a version that does not match) are checked inside the transaction
+before they write, so a failure touches nothing and records its error on that op alone.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
+from ._leases import check_fence
 from ._postgres_sql import (
     Statements,
     StateStatements,
@@ -30,9 +31,9 @@ from ._postgres_sql import (
     rowcount,
     writer_fields,
 )
-from ._types import AssetEvent, AssetScope, EventCommit, StateScope, TaskScope, Writer
+from ._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
 from ._values import decode_value
-from .errors import AssetNotFoundError, VersionConflictError
+from .errors import AssetNotFoundError, LeaseLostError, VersionConflictError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -81,6 +82,10 @@ class Op:
 
     def scopes(self) -> Sequence[AssetScope]:
         return ()
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        """The lease this write depends on, and the write's timestamp to check it at."""
+        return None
 
     def reset(self) -> None:
         self.result = self.error = None
@@ -148,6 +153,10 @@ class PutOp(_ScopedOp):
     def weight(self) -> int:
         return _OP_OVERHEAD + len(self.value_json)
 
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        fence = None if self.writer is None else self.writer.fence
+        return None if fence is None else (fence, self.updated_at)
+
     def pk(self) -> tuple[Any, ...]:
         return self.row_key(self.db_key)
 
@@ -198,6 +207,10 @@ class CommitOp(Op):
 
     def scopes(self) -> Sequence[AssetScope]:
         return [AssetScope(name=name) for name in self.commit.assets]
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        fence = self.commit.fence
+        return None if fence is None else (fence, self.created_at)
 
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         self.targets = []
@@ -262,6 +275,7 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
         scopes = {scope: row[0] for scope, row in zip(wanted, rows, strict=True)}
         for op in ordered:
             op.resolve(scopes)
+    await _check_fences(conn, sql, [op for op in ordered if op.error is None])
     live = [op for op in ordered if op.error is None]
     await _commit_events(conn, sql, [op for op in live if isinstance(op, CommitOp)])
     await _compare_and_set(
@@ -281,6 +295,22 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
             op.result = rowcount(status)
         elif isinstance(op, CallOp) and op.phase != CATALOG:
             op.result = await op.fn(conn)
+
+
+async def _check_fences(conn: asyncpg.Connection, sql: Statements, ops: list[Op]) -> None:
+    """Lock the lease rows the fenced ops depend on (shared, until the commit) and refuse the
+    ops whose lease is not live: they get :class:`LeaseLostError` and write nothing."""
+    fenced = [(op, at) for op in ops if (at := op.fence_at()) is not None]
+    if not fenced:
+        return
+    ids = sorted({fence.trigger_id for _, (fence, _) in fenced})
+    rows = await conn.fetch(sql.lock_leases_shared, ids)
+    held = {r[0]: (r[1], r[2], r[3]) for r in rows}
+    for op, (fence, now) in fenced:
+        try:
+            check_fence(fence, held.get(fence.trigger_id), now)
+        except LeaseLostError as exc:
+            op.error = exc
 
 
 async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[CommitOp]) -> None:

@@ -137,6 +137,21 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (
+        4,
+        "trigger leases",
+        (
+            # owner is NULL once released; the row stays so the next token is still higher.
+            """
+            CREATE TABLE {p}trigger_leases (
+                trigger_id text COLLATE "C" PRIMARY KEY,
+                owner      text,
+                token      bigint NOT NULL,
+                expires_at timestamptz NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

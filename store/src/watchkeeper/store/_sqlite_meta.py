@@ -1,5 +1,5 @@
 """The metastore SQL of :class:`~watchkeeper.store.SqliteStateBackend`: assets, events,
-garbage collection, trigger status and maintenance.
+garbage collection, trigger status, trigger leases and maintenance.
 
 Like :mod:`._sqlite_ops`: write operations run in the writer's thread inside a batch
 transaction; ``*_query``/``*_result`` pairs are the reads. Reports keep ``rowid`` order, which
@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from ._sqlite_ops import ASSET_UPSERT, Query, Row, writer_cols
+from ._sqlite_ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
 from ._sqlite_schema import apply_migrations, from_db, to_db
 from ._sqlite_writer import Tx
-from ._types import Asset, AssetEvent, AssetInfo, AssetScope, EventCommit, TaskScope, TriggerStatus
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    AssetScope,
+    EventCommit,
+    Lease,
+    TaskScope,
+    TriggerStatus,
+)
 from ._values import decode_value
 
 GcKind = Literal["expired", "retention", "orphaned"]
@@ -47,6 +56,26 @@ _STATUS_SAVE: Final = """
         failures, last_error, last_event_at, events, updated_at, owner)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
+
+# A lease changes hands (token + 1) when free: never claimed, released (owner NULL) or
+# expired; its owner renews it (same token). A live lease of another owner is left alone:
+# the WHERE of DO UPDATE is false, so nothing is written and nothing returned.
+_LEASE_CLAIM: Final = """
+    INSERT INTO trigger_leases (trigger_id, owner, token, expires_at) VALUES (?, ?, 1, ?)
+    ON CONFLICT (trigger_id) DO UPDATE SET
+        token = CASE WHEN trigger_leases.owner IS excluded.owner
+                     THEN trigger_leases.token ELSE trigger_leases.token + 1 END,
+        owner = excluded.owner, expires_at = excluded.expires_at
+    WHERE trigger_leases.owner IS NULL OR trigger_leases.owner = excluded.owner
+       OR trigger_leases.expires_at <= ?
+    RETURNING trigger_id, token
+"""
+_LEASE_RELEASE: Final = (
+    "UPDATE trigger_leases SET owner = NULL, expires_at = ? WHERE trigger_id = ? AND owner = ?"
+)
+LEASE_LIST_SQL: Final = (
+    "SELECT trigger_id, owner, token, expires_at FROM trigger_leases ORDER BY trigger_id"
+)
 
 _SYNCHRONOUS_NAMES: Final = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
@@ -90,6 +119,7 @@ def assets_result(rows: list[Row]) -> list[AssetInfo]:
 
 def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
     """Insert one event per asset unless its dedup_key is recorded there, with its state."""
+    check_fence_in(tx, commit.fence)  # first: a refused commit writes nothing
     targets: dict[int, str] = {}
     for name in commit.assets:  # resolve all first: an unknown asset writes nothing
         asset_id, resolved = tx.resolve(AssetScope(name=name))
@@ -244,6 +274,29 @@ def statuses_result(rows: list[Row]) -> list[TriggerStatus]:
         )
         for row in rows
     ]
+
+
+# -- trigger leases ------------------------------------------------------------------------------
+
+
+def claim_leases(tx: Tx, owner: str, trigger_ids: Sequence[str], ttl: timedelta) -> dict[str, int]:
+    now, stamp = tx.now()
+    expires = to_db(now + ttl)
+    held: dict[str, int] = {}
+    for trigger_id in trigger_ids:
+        row = tx.conn.execute(_LEASE_CLAIM, (trigger_id, owner, expires, stamp)).fetchone()
+        if row is not None:
+            held[row[0]] = row[1]
+    return held
+
+
+def release_leases(tx: Tx, owner: str, trigger_ids: Sequence[str]) -> None:
+    stamp = tx.now()[1]
+    tx.conn.executemany(_LEASE_RELEASE, [(stamp, tid, owner) for tid in trigger_ids])
+
+
+def leases_result(rows: list[Row]) -> list[Lease]:
+    return [Lease(row[0], row[1], row[2], from_db(row[3])) for row in rows]
 
 
 # -- maintenance ---------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from ._leases import check_fence
 from ._sqlite_schema import asset_match, from_db, to_db
 from ._sqlite_writer import Tx, Upsert
 from ._types import (
+    Fence,
     RawEntry,
     StateScope,
     TaskScope,
@@ -209,6 +211,18 @@ def list_result(scope: StateScope, rows: list[Row]) -> list[RawEntry]:
 # -- key/value writes (run by the writer, in its thread) -------------------------------------
 
 
+def check_fence_in(tx: Tx, fence: Fence | None) -> None:
+    """Refuse a fenced write whose lease is not live (the batch's write lock is held)."""
+    if fence is None:
+        return
+    row = tx.conn.execute(
+        "SELECT owner, token, expires_at FROM trigger_leases WHERE trigger_id = ?",
+        (fence.trigger_id,),
+    ).fetchone()
+    held = None if row is None else (row[0], row[1], from_db(row[2]))
+    check_fence(fence, held, tx.now()[0])
+
+
 def upsert(
     tx: Tx,
     scope: StateScope,
@@ -218,7 +232,12 @@ def upsert(
     never_expire: bool,
     writer: Writer | None,
 ) -> Upsert:
-    """The row of a plain upsert, for the writer to coalesce (resolves an asset scope)."""
+    """The row of a plain upsert, for the writer to coalesce (resolves an asset scope).
+
+    A writer with a fence is checked here, so a refused write never reaches a statement.
+    """
+    if writer is not None and writer.fence is not None:
+        check_fence_in(tx, writer.fence)
     stamp = tx.now()[1]
     who = writer_cols(writer)
     if isinstance(scope, TaskScope):

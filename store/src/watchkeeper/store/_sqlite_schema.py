@@ -149,6 +149,21 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (
+        4,
+        "trigger leases",
+        (
+            # owner is NULL once released; the row stays so the next token is still higher.
+            """
+            CREATE TABLE trigger_leases (
+                trigger_id TEXT PRIMARY KEY,
+                owner      TEXT,
+                token      INTEGER NOT NULL,
+                expires_at TEXT NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

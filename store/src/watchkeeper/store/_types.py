@@ -13,7 +13,9 @@ __all__ = [
     "AssetInfo",
     "AssetScope",
     "EventCommit",
+    "Fence",
     "GcReport",
+    "Lease",
     "RawEntry",
     "StateEntry",
     "StateScope",
@@ -103,12 +105,56 @@ class Asset:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """The lease a write depends on: the trigger, the daemon that holds it, and its token.
+
+    A fenced write (an :class:`EventCommit`, or a ``set`` by a :class:`Writer` that carries a
+    fence) is stored only if, inside the same transaction, the lease of ``trigger_id`` is still
+    held by ``owner`` with ``token`` and has not expired; otherwise nothing is written and the
+    backend raises :class:`~watchkeeper.store.errors.LeaseLostError`.
+    """
+
+    trigger_id: str
+    owner: str
+    token: int
+
+    def __post_init__(self) -> None:
+        for name in ("trigger_id", "owner"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Fence.{name} must be a non-empty str, got {value!r}")
+        if type(self.token) is not int:
+            raise TypeError(f"Fence.token must be an int, got {type(self.token).__name__}")
+        if self.token < 1:
+            raise ValueError(f"Fence.token must be >= 1, got {self.token}")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A trigger's lease row: who holds it (``None`` once released), its token and expiry.
+
+    ``token`` grows by one each time the lease passes to another holder, so a write fenced
+    with an older token is recognisably stale.
+    """
+
+    trigger_id: str
+    owner: str | None
+    token: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Writer:
-    """Who wrote a row: a task instance try, a watcher, the CLI or the API."""
+    """Who wrote a row: a task instance try, a watcher, the CLI or the API.
+
+    ``fence`` (not stored, not compared) makes the writer's ``set`` calls conditional on a
+    trigger lease: the runtime gives each watcher's accessors such a writer.
+    """
 
     kind: Literal["task", "watcher", "cli", "api"]
     name: str
     try_number: int | None = None
+    fence: Fence | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         if self.try_number is not None:
@@ -176,6 +222,9 @@ class EventCommit:
     it (neither event nor state); otherwise one event is inserted and every ``state`` item is
     upserted into the asset's state, in the same transaction. ``payload_json`` and the ``state``
     values are JSON text already validated by :mod:`._values`.
+
+    ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease:
+    see :class:`Fence`. A refused commit writes nothing.
     """
 
     watcher: str
@@ -184,6 +233,11 @@ class EventCommit:
     dedup_key: str | None = None
     state: Mapping[str, str] = field(default_factory=dict)
     writer: Writer | None = None
+    fence: Fence | None = None
+
+    def __post_init__(self) -> None:
+        if self.fence is None and self.writer is not None and self.writer.fence is not None:
+            object.__setattr__(self, "fence", self.writer.fence)
 
 
 @dataclass(slots=True)

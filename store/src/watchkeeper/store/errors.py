@@ -13,6 +13,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidValueError",
     "KeyTypeError",
+    "LeaseLostError",
     "RetentionTypeError",
     "StateStoreError",
     "StoreClosedError",
@@ -113,6 +114,25 @@ class AssetNotFoundError(StateStoreError, KeyError):
 
     def __str__(self) -> str:
         return f"asset {self.asset!r} is not registered or not active"
+
+
+class LeaseLostError(StateStoreError):
+    """Raised when a fenced write comes from a daemon that no longer holds the trigger's lease.
+
+    The lease expired, was released, or passed to another daemon (with a higher token).
+    Nothing of the write was stored: a paused daemon that wakes up after another one took its
+    watcher over can neither emit an event twice nor move a watermark backwards.
+    """
+
+    def __init__(self, trigger_id: str, owner: str, token: int, reason: str) -> None:
+        self.trigger_id = trigger_id
+        self.owner = owner
+        self.token = token
+        self.reason = reason
+        super().__init__(
+            f"lease of trigger {trigger_id!r} is no longer held by {owner!r} with token "
+            f"{token} ({reason}); nothing was written"
+        )
 
 
 class BackendUnavailableError(StateStoreError):

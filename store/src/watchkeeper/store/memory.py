@@ -9,13 +9,16 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from ._backend import BaseStateBackend
+from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
 from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
     AssetScope,
     EventCommit,
+    Fence,
     GcReport,
+    Lease,
     RawEntry,
     StateScope,
     TaskScope,
@@ -58,6 +61,7 @@ class MemoryStateBackend(BaseStateBackend):
         self._events: list[AssetEvent] = []
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
+        self._leases: dict[str, HeldLease] = {}
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:
@@ -90,6 +94,11 @@ class MemoryStateBackend(BaseStateBackend):
                 return row
         raise AssetNotFoundError(str(scope))
 
+    def _check_fence(self, fence: Fence | None, now: datetime) -> None:
+        """With the lock held: refuse a write whose fence is not the live lease."""
+        if fence is not None:
+            check_fence(fence, self._leases.get(fence.trigger_id), now)
+
     def _task_key(self, scope: TaskScope, key: str) -> _TaskRow:
         return (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
 
@@ -113,6 +122,8 @@ class MemoryStateBackend(BaseStateBackend):
         writer: Writer | None,
     ) -> int:
         with self._lock:
+            if writer is not None and writer.fence is not None:
+                self._check_fence(writer.fence, self.clock())
             table: dict[object, RawEntry]
             if isinstance(scope, TaskScope):
                 table, row_key = self._task, self._task_key(scope, key)  # type: ignore[assignment]
@@ -234,6 +245,8 @@ class MemoryStateBackend(BaseStateBackend):
     async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         self._check_open()
         with self._lock:
+            now = self.clock()
+            self._check_fence(commit.fence, now)
             rows = [self._resolve(AssetScope(name=name)) for name in commit.assets]
             # Check every compare first, so a failure changes nothing.
             fresh = [
@@ -241,7 +254,6 @@ class MemoryStateBackend(BaseStateBackend):
                 for r in rows
                 if commit.dedup_key is None or (r.asset_id, commit.dedup_key) not in self._dedup
             ]
-            now = self.clock()
             payload = decode_value(commit.payload_json)
             written: list[AssetEvent] = []
             for row in fresh:
@@ -320,3 +332,37 @@ class MemoryStateBackend(BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]:
+        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+        held: dict[str, int] = {}
+        with self._lock:
+            now = self.clock()
+            for trigger_id in ids:
+                row = self._leases.get(trigger_id)
+                if row is None:
+                    token = 1
+                else:
+                    holder, token, expires_at = row
+                    if holder != owner:
+                        if holder is not None and expires_at > now:
+                            continue  # another owner's live lease
+                        token += 1
+                self._leases[trigger_id] = (owner, token, now + span)
+                held[trigger_id] = token
+        return held
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
+        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+        with self._lock:
+            now = self.clock()
+            for trigger_id in ids:
+                row = self._leases.get(trigger_id)
+                if row is not None and row[0] == owner:
+                    self._leases[trigger_id] = (None, row[1], now)
+
+    async def alist_leases(self) -> list[Lease]:
+        with self._lock:
+            return [Lease(k, *self._leases[k]) for k in sorted(self._leases)]

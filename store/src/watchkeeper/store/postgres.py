@@ -19,14 +19,15 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 import anyio.abc
 
 from ._backend import BaseStateBackend
+from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
@@ -45,6 +46,7 @@ from ._types import (
     AssetInfo,
     EventCommit,
     GcReport,
+    Lease,
     RawEntry,
     StateScope,
     TaskScope,
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["PostgresStateBackend"]
+
+T = TypeVar("T")
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -232,6 +236,19 @@ class PostgresStateBackend(BaseStateBackend):
                     continue
                 raise map_error(exc, what) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``fn(conn)`` in its own transaction on a pooled connection (not the writer's)."""
+        pool = self._pool_or_closed()
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                return await fn(conn)
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            if not self._open:
+                raise StoreClosedError(self) from exc
+            raise map_error(exc, what) from exc
 
     # -- key/value hooks ---------------------------------------------------------------------
 
@@ -452,3 +469,43 @@ class PostgresStateBackend(BaseStateBackend):
             )
             for r in rows
         ]  # fmt: skip
+
+    # -- trigger leases ------------------------------------------------------------------------
+    #
+    # Claims and releases run in their own short transactions on a pooled connection, not in
+    # the writer's batches: a batch holds the lease rows it fences on (FOR SHARE) until it
+    # commits, and a claim that shared its transaction could deadlock with another daemon's.
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]:
+        self._check_open()
+        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+        if not ids:
+            return {}
+        now = self.clock()
+
+        async def claim(conn: Any) -> dict[str, int]:
+            await conn.execute(self._sql.lock_leases, ids)
+            rows = await conn.fetch(self._sql.claim_leases, ids, owner, now + span, now)
+            return {r[0]: r[1] for r in rows}
+
+        return await self._transact("claiming leases", claim)
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
+        self._check_open()
+        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+        if not ids:
+            return
+        now = self.clock()
+
+        async def release(conn: Any) -> None:
+            await conn.execute(self._sql.lock_leases, ids)
+            await conn.execute(self._sql.release_leases, ids, owner, now)
+
+        await self._transact("releasing leases", release)
+
+    async def alist_leases(self) -> list[Lease]:
+        self._check_open()
+        rows = await self._fetch("listing leases", self._sql.list_leases)
+        return [Lease(r[0], r[1], r[2], r[3]) for r in rows]

@@ -53,6 +53,7 @@ import anyio.abc
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
+from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate
 from ._sqlite_writer import GroupCommitWriter, Tx, Upsert
 from ._types import (
@@ -61,6 +62,7 @@ from ._types import (
     AssetInfo,
     EventCommit,
     GcReport,
+    Lease,
     RawEntry,
     StateScope,
     TriggerStatus,
@@ -83,7 +85,7 @@ class CommitStats(NamedTuple):
 
 
 class SqliteStateBackend(BaseStateBackend):
-    """Task and asset state, asset events and trigger status in one SQLite file.
+    """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
     synchronous use). Opening creates the file if needed, switches it to WAL and applies the
@@ -373,3 +375,22 @@ class SqliteStateBackend(BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         self._check_open()
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]:
+        self._check_open()
+        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+        if not ids:
+            return {}
+        return await self._write(lambda tx: meta.claim_leases(tx, owner, ids, span))
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
+        self._check_open()
+        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+        if ids:
+            await self._write(lambda tx: meta.release_leases(tx, owner, ids))
+
+    async def alist_leases(self) -> list[Lease]:
+        self._check_open()
+        return meta.leases_result(await self._read(meta.LEASE_LIST_SQL))

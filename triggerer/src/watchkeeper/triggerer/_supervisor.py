@@ -11,6 +11,12 @@ after every run, however it ended, shielded and bounded.
 an exponential, jittered backoff; after ``max_failures`` consecutive failures the trigger is
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
+
+A slot with a :class:`~watchkeeper.store.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.Writer`: its events and its accessors' ``set`` calls
+are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
+the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
+failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BackendUnavailableError,
     BaseStateBackend,
+    Fence,
+    LeaseLostError,
     TriggerStatus,
     Writer,
 )
@@ -49,6 +57,7 @@ __all__ = [
     "backoff_delay",
     "describe_error",
     "drive_trigger",
+    "lease_lost",
     "supervise",
 ]
 
@@ -84,6 +93,7 @@ class TriggerSlot:
         "done",
         "events",
         "failures",
+        "fence",
         "in_cleanup",
         "last_error",
         "last_event_at",
@@ -102,6 +112,7 @@ class TriggerSlot:
         trigger: BaseEventTrigger,
         assets: tuple[Asset, ...],
         watchers: tuple[str, ...] = (),
+        fence: Fence | None = None,
     ) -> None:
         self.trigger_id = trigger_id
         self.trigger = trigger
@@ -109,7 +120,8 @@ class TriggerSlot:
         self.watchers = watchers
         self.asset_names = tuple(asset.name for asset in assets)
         self.classpath = type(trigger).classpath()
-        self.writer = Writer("watcher", trigger_id)
+        self.fence = fence
+        self.writer = Writer("watcher", trigger_id, fence=fence)
         self.state: TriggerState = "running"
         self.failures = 0
         self.runs = 0
@@ -141,6 +153,17 @@ class TriggerSlot:
             updated_at=now,
             owner=owner,
         )
+
+
+def lease_lost(error: BaseException | None) -> LeaseLostError | None:
+    """The :class:`LeaseLostError` behind ``error`` (itself, or one it was raised from)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, LeaseLostError):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
 
 
 def _debug_enabled(logger: Any) -> bool:
@@ -272,8 +295,9 @@ async def supervise(
 ) -> None:
     """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
 
-    Returns normally only when the trigger reached ``max_failures``; otherwise it runs until
-    cancelled. Never raises a trigger's exception.
+    Returns normally only when the trigger reached ``max_failures`` (state ``failed``) or its
+    lease was lost (state ``stopped``); otherwise it runs until cancelled. Never raises a
+    trigger's exception.
     """
     with structlog.contextvars.bound_contextvars(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
@@ -298,6 +322,18 @@ async def supervise(
                     )
                 except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                     error = exc
+                lost = lease_lost(error)
+                if lost is not None:
+                    # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
+                    slot.last_error = describe_error(lost)
+                    log.warning(
+                        "lease_lost",
+                        classpath=slot.classpath,
+                        owner=lost.owner,
+                        token=lost.token,
+                        reason=lost.reason,
+                    )
+                    return
                 slot.failures += 1
                 if error is None:
                     slot.last_error = "run() returned"

@@ -11,14 +11,24 @@
   starting daemon never deactivates anything. A file that fails to import keeps its last good
   definitions, so a typo being edited neither stops a watcher nor deactivates its asset;
 - the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds and
-  forgets the status rows of triggers that no daemon runs any more.
+  forgets the status rows of triggers that no daemon runs any more;
+- the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
+  every trigger loaded (see :mod:`._leases`): it starts the triggers whose lease it got, with
+  the lease's token as their fence, and stops those whose lease another daemon holds now (or
+  that stopped themselves because the store refused a write of theirs as stale). Leases last
+  ``[triggerer] lease_ttl`` seconds (three heartbeats by default), so the triggers of a daemon
+  that died move to another one that long after. Several daemons on one PostgreSQL database
+  thus share the watchers, each run by one daemon at a time; a single daemon (SQLite) holds
+  every lease.
 
 A reload also restarts a trigger that is in the ``failed`` state (it exhausted
 ``max_failures``): touching its file retries it once its source is fixed.
 
 :func:`run_daemon` adds the signal handling of the ``watchkeeper triggerer`` command: on
-SIGTERM or SIGINT it stops taking work (no more reloads or GC passes), lets the runner cancel
-the triggers within ``stop_grace`` and flush their status, closes the store and returns.
+SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims), lets the runner
+cancel the triggers within ``stop_grace`` and flush their status, releases its leases (so
+another daemon, or this one restarted, takes the triggers over at once), closes the store and
+returns.
 
 A restarted daemon resumes every watcher from its stored watermark: triggers read it from
 their asset state, which the store keeps across restarts and ``kill -9``.
@@ -30,7 +40,6 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -44,6 +53,7 @@ import anyio.to_thread
 import structlog
 from watchkeeper.store import BaseStateBackend, GcReport, open_state_backend
 
+from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
@@ -79,7 +89,7 @@ def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConf
         stop_grace=t.stop_grace,
         lag_threshold=t.lag_threshold,
         status_interval=t.heartbeat_interval,
-        owner=owner or f"{socket.gethostname()}:{os.getpid()}",
+        owner=owner or daemon_identity(),
     )
 
 
@@ -88,6 +98,8 @@ class Daemon:
 
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
     opens nor closes it); by default the daemon opens the one the settings configure.
+    ``owner`` names the daemon in the lease table and the statuses (default:
+    :func:`~._leases.daemon_identity`, ``host:pid:random``).
     """
 
     def __init__(
@@ -96,25 +108,32 @@ class Daemon:
         *,
         backend: BaseStateBackend | None = None,
         reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+        owner: str | None = None,
     ) -> None:
         if reload_interval <= 0:
             raise ValueError(f"reload_interval must be positive, got {reload_interval}")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ValueError(f"owner must be a non-empty str, got {owner!r}")
         self.settings = settings
+        self.owner = owner or daemon_identity()
         self.watchers_path = Path(settings.triggerer.watchers_path).resolve()
         self.reload_interval = reload_interval
         self._backend = backend
         self._owns_backend = backend is None
         self._runner: TriggerRunner | None = None
         self._loaded: LoadResult | None = None
+        self._wanted: dict[str, WatcherGroup] = {}
         self._running: dict[str, WatcherGroup] = {}
+        self._tokens: dict[str, int | None] = {}
+        self._leases: LeaseKeeper | None = None
         self._snapshot: dict[str, tuple[int, int]] = {}
         self._reload_lock = anyio.Lock()
         self._stack: contextlib.AsyncExitStack | None = None
 
     def __repr__(self) -> str:
         return (
-            f"<Daemon watchers_path={str(self.watchers_path)!r} "
-            f"triggers={len(self._running)} open={self._stack is not None}>"
+            f"<Daemon owner={self.owner!r} watchers_path={str(self.watchers_path)!r} "
+            f"triggers={len(self._running)}/{len(self._wanted)} open={self._stack is not None}>"
         )
 
     @property
@@ -131,8 +150,14 @@ class Daemon:
 
     @property
     def groups(self) -> dict[str, WatcherGroup]:
-        """The running triggers by id, as loaded from the watcher files."""
+        """The triggers running here by id, as loaded from the watcher files."""
         return dict(self._running)
+
+    @property
+    def leases(self) -> LeaseKeeper:
+        if self._leases is None:
+            raise RuntimeError("the daemon is not open")
+        return self._leases
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -147,8 +172,13 @@ class Daemon:
             if self._owns_backend:
                 await stack.enter_async_context(self._backend)
             stack.callback(self._forget)
+            self._leases = LeaseKeeper(
+                self._backend, self.owner, self.settings.triggerer.lease_seconds
+            )
+            # Released once the runner below has stopped every trigger, before the store closes.
+            stack.push_async_callback(self._leases.release_all)
             self._runner = await stack.enter_async_context(
-                TriggerRunner(self._backend, runner_config(self.settings))
+                TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             report = await self.reload()
@@ -156,6 +186,7 @@ class Daemon:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
+            tg.start_soon(self._lease_loop, self.settings.triggerer.heartbeat_interval)
             if self.settings.triggerer.gc_interval > 0:
                 tg.start_soon(self._gc_loop, self.settings.triggerer.gc_interval)
         except BaseException as exc:
@@ -173,6 +204,8 @@ class Daemon:
             refused=report.errors,
             backend=repr(self._backend),
             pid=os.getpid(),
+            owner=self.owner,
+            lease_ttl=self.settings.triggerer.lease_seconds,
         )
         return self
 
@@ -185,15 +218,19 @@ class Daemon:
         stack, self._stack = self._stack, None
         triggers = len(self._running)
         if stack is not None:
-            # First our loops stop (no more reloads or GC), then the runner cancels the
-            # triggers within stop_grace and saves their statuses, then the backend closes.
+            # First our loops stop (no more reloads, GC or claims), then the runner cancels
+            # the triggers within stop_grace and saves their statuses, then the leases are
+            # released, then the backend closes.
             await stack.__aexit__(exc_type, exc, tb)
         log.info("daemon_stopped", triggers=triggers)
         return None
 
     def _forget(self) -> None:
         self._runner = None
+        self._leases = None
+        self._wanted = {}
         self._running = {}
+        self._tokens = {}
         self._loaded = None
         if self._owns_backend:
             self._backend = None
@@ -214,33 +251,19 @@ class Daemon:
             backend, runner = self.backend, self.runner
             if result.assets:
                 await backend.aregister_assets(list(result.assets))
-            wanted = {g.trigger_id: g for g in result.groups}
+            self._wanted = {g.trigger_id: g for g in result.groups}
             # A trigger that gave up ("failed") gets a fresh start from any reload, so an
             # operator retries it by touching its file once the source is fixed.
             failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
-            for trigger_id, group in list(self._running.items()):
-                same = trigger_id in wanted and wanted[trigger_id].key == group.key
-                if not same or trigger_id in failed:
-                    await runner.stop_trigger(trigger_id)
-                    del self._running[trigger_id]
-                    report.stopped.append(trigger_id)
+            claimed = await self._to_claim()
+            await self._reconcile(report, claimed, await self.leases.claim(claimed), failed)
+            # After the reconcile stopped the triggers of removed files, their assets go.
             before = {a.name for a in self._loaded.assets} if self._loaded else set()
             for name in sorted(before - {a.name for a in result.assets}):
                 if await backend.adeactivate_asset(name):
                     report.deactivated.append(name)
                     log.info("asset_deactivated", asset=name)
-            for trigger_id, group in wanted.items():
-                if trigger_id in self._running:
-                    continue
-                try:
-                    await runner.start_trigger(_spec(group))
-                except (TriggererError, ValueError) as exc:  # over capacity: retried next reload
-                    report.not_started.append(trigger_id)
-                    log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
-                    continue
-                self._running[trigger_id] = group
-                report.started.append(trigger_id)
-            gone = [t for t in report.stopped if t not in self._running]
+            gone = [t for t in report.stopped if t not in self._wanted]
             if gone:
                 await backend.adelete_trigger_status(gone)
             self._loaded = result
@@ -254,6 +277,114 @@ class Daemon:
             refused=report.errors,
         )
         return report
+
+    async def _to_claim(self) -> list[str]:
+        """The loaded triggers to claim: those running here unchanged, then as many others
+        as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
+        from a daemon that has room), skipping those another daemon holds."""
+        keep = sorted(
+            t
+            for t, group in self._running.items()
+            if t in self._wanted and self._wanted[t].key == group.key
+        )
+        room = max(self.settings.triggerer.capacity - len(keep), 0)
+        others = [t for t in sorted(self._wanted) if t not in self._running]
+        if len(others) > room:
+            others = await self.leases.free_among(others)
+        return keep + others[:room]
+
+    async def _reconcile(
+        self,
+        report: ReloadReport,
+        claimed: list[str],
+        tokens: dict[str, int] | None,
+        restart: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
+        """Bring the runner in line with the loaded triggers and the leases of ``claimed``.
+
+        ``tokens`` is what claiming ``claimed`` returned (``None``: no leases, run everything).
+        A trigger runs here while it is loaded unchanged and, if it was claimed, its lease is
+        held with the token it was started with; otherwise it is stopped, and started again
+        (with the new token) when it is loaded and its lease is held. Triggers in ``restart``
+        (failed ones, on a reload) and those that stopped on a refused write start afresh.
+        Leases held for triggers that do not run here are released. Call under the lock.
+        """
+        runner = self.runner
+        asked = set(claimed)
+        dead = {s.trigger_id for s in runner.statuses() if s.state == "stopped"}
+
+        def token_of(trigger_id: str) -> tuple[bool, int | None]:
+            """(may run here, fence token) by the claim; unclaimed ids keep what they run with."""
+            if tokens is None:
+                return True, None
+            if trigger_id not in asked:
+                return trigger_id in self._running, self._tokens.get(trigger_id)
+            return trigger_id in tokens, tokens.get(trigger_id)
+
+        for trigger_id, group in list(self._running.items()):
+            held, token = token_of(trigger_id)
+            wanted = self._wanted.get(trigger_id)
+            if (
+                held
+                and wanted is not None
+                and wanted.key == group.key
+                and token == self._tokens.get(trigger_id)
+                and trigger_id not in restart
+                and trigger_id not in dead
+            ):
+                continue
+            # A trigger another daemon holds now is theirs, status row included.
+            await runner.stop_trigger(trigger_id, save_status=held)
+            del self._running[trigger_id]
+            self._tokens.pop(trigger_id, None)
+            report.stopped.append(trigger_id)
+        for trigger_id, group in self._wanted.items():
+            held, token = token_of(trigger_id)
+            if trigger_id in self._running or not held:
+                continue
+            try:
+                await runner.start_trigger(_spec(group, token))
+            except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
+                report.not_started.append(trigger_id)
+                log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
+                continue
+            self._running[trigger_id] = group
+            self._tokens[trigger_id] = token
+            report.started.append(trigger_id)
+        idle = [t for t in self.leases.held if t not in self._running]
+        if idle:  # removed from the files, or not startable here: let another daemon have it
+            await self.leases.release(idle)
+
+    async def renew_leases(self) -> ReloadReport:
+        """One heartbeat's work: renew and take leases, then start and stop triggers to match.
+
+        The lease loop calls this every ``heartbeat_interval``; it is public so that an
+        embedding (or a test) can run a heartbeat at a moment of its choosing.
+        """
+        # Claimed outside the lock, so a reload that waits on a slow trigger's stop does not
+        # hold up the renewals; the reconcile then takes the lock.
+        claimed = await self._to_claim()
+        tokens = await self.leases.claim(claimed)
+        report = ReloadReport()
+        async with self._reload_lock:
+            await self._reconcile(report, claimed, tokens)
+        if report.started or report.stopped or report.not_started:
+            log.info(
+                "leases_changed",
+                triggers=len(self._running),
+                started=report.started,
+                stopped=report.stopped,
+                not_started=report.not_started,
+            )
+        return report
+
+    async def _lease_loop(self, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self.renew_leases()
+            except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
+                log.error("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _drop_stale_statuses(self) -> None:
         """Forget status rows of triggers that no daemon runs any more.
@@ -315,12 +446,13 @@ class Daemon:
                 log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
 
 
-def _spec(group: WatcherGroup) -> WatchSpec:
+def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:
     return WatchSpec(
         trigger_id=group.trigger_id,
         trigger=group.trigger,
         assets=group.assets,
         watchers=group.watchers,
+        fence_token=fence_token,
     )
 
 

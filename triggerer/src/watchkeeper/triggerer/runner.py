@@ -16,6 +16,11 @@ with backoff and finally marked ``failed``, and ``cleanup()`` is always awaited.
 monitor names the trigger that blocked the loop, and the statuses are saved to the backend
 every ``status_interval`` seconds and once at exit.
 
+A spec with a ``fence_token`` runs fenced: its writes carry ``Fence(trigger_id,
+config.owner, fence_token)``, the lease the caller (the daemon) claimed for it, and the store
+refuses them once that lease is gone; the trigger then stops (state ``stopped``) and stays in
+the runner until the caller stops or replaces it.
+
 Stopping (``stop_trigger`` or leaving the ``async with``) cancels the trigger and waits up to
 ``stop_grace`` seconds for it to finish. A trigger that catches the cancellation and carries on
 is logged as ``trigger_ignored_cancellation``; anyio cancels it again at each of its following
@@ -37,7 +42,7 @@ import anyio
 import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, TriggerStatus
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus
 
 from ._config import RunnerConfig
 from ._lag import Culprit, LoopLagMonitor
@@ -54,12 +59,17 @@ _STATUS_SAVE_TIMEOUT = 5.0
 
 @dataclass(frozen=True, slots=True)
 class WatchSpec:
-    """One trigger to run: a stable id, the instance, and the (registered) assets it watches."""
+    """One trigger to run: a stable id, the instance, and the (registered) assets it watches.
+
+    ``fence_token`` is the token of the lease held on ``trigger_id`` by the runner's
+    ``config.owner``; with it, every write of the trigger is fenced on that lease.
+    """
 
     trigger_id: str
     trigger: BaseEventTrigger
     assets: tuple[Asset, ...]
     watchers: tuple[str, ...] = ()
+    fence_token: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trigger_id, str) or not self.trigger_id:
@@ -83,6 +93,12 @@ class WatchSpec:
                 )
         object.__setattr__(self, "assets", assets)
         object.__setattr__(self, "watchers", tuple(self.watchers))
+        token = self.fence_token
+        if token is not None and (type(token) is not int or token < 1):
+            raise ValueError(
+                f"WatchSpec {self.trigger_id!r}: fence_token must be None or an int >= 1, "
+                f"got {token!r}"
+            )
 
 
 class TriggerRunner:
@@ -169,7 +185,8 @@ class TriggerRunner:
         """Start supervising ``spec.trigger``; returns once its task is running.
 
         Raises :class:`CapacityError` when the runner already holds ``capacity`` triggers and
-        ``ValueError`` when ``spec.trigger_id`` (or the same trigger instance) is already here.
+        ``ValueError`` when ``spec.trigger_id`` (or the same trigger instance) is already here,
+        or when ``spec.fence_token`` is set but ``config.owner`` is not.
         """
         tg = self._tg
         if tg is None or self._closing:
@@ -184,9 +201,17 @@ class TriggerRunner:
                 f"this trigger instance already runs as {twin.trigger_id!r}; "
                 "give each WatchSpec its own instance"
             )
+        fence: Fence | None = None
+        if spec.fence_token is not None:
+            if self.config.owner is None:
+                raise ValueError(
+                    f"trigger {spec.trigger_id!r} has a fence_token but RunnerConfig.owner is "
+                    "not set: a lease token means nothing without the owner that holds it"
+                )
+            fence = Fence(spec.trigger_id, self.config.owner, spec.fence_token)
         if len(self._slots) >= self.config.capacity:
             raise CapacityError(spec.trigger_id, self.config.capacity)
-        slot = TriggerSlot(spec.trigger_id, spec.trigger, spec.assets, spec.watchers)
+        slot = TriggerSlot(spec.trigger_id, spec.trigger, spec.assets, spec.watchers, fence)
         self._slots[spec.trigger_id] = slot
         self._by_trigger[id(spec.trigger)] = slot
         try:
@@ -195,9 +220,11 @@ class TriggerRunner:
             self._forget(slot)
             raise
 
-    async def stop_trigger(self, trigger_id: str) -> None:
+    async def stop_trigger(self, trigger_id: str, *, save_status: bool = True) -> None:
         """Cancel one trigger and wait (up to ``stop_grace``) for it and its cleanup to end.
 
+        Its ``stopped`` status is saved unless ``save_status`` is False (the daemon passes
+        False when another daemon runs the trigger now and owns its status row).
         Raises ``KeyError`` when no trigger of that id is in the runner.
         """
         slot = self._slots.get(trigger_id)
@@ -207,7 +234,7 @@ class TriggerRunner:
         await self._wait_stopped([slot])
         self._forget(slot)
         log.info("trigger_stopped", trigger_id=trigger_id, classpath=slot.classpath)
-        if self._save_status:
+        if self._save_status and save_status:
             await self._save_statuses([slot.status(now=datetime.now(UTC), owner=self.config.owner)])
 
     def trigger_ids(self) -> frozenset[str]:
@@ -292,7 +319,9 @@ class TriggerRunner:
         interval = self.config.status_interval
         while True:
             await anyio.sleep(interval)
-            await self._save_statuses(shield=False)
+            # A trigger stopped by a lost lease is another daemon's now: its row is theirs.
+            rows = [row for row in self.statuses() if row.state != "stopped"]
+            await self._save_statuses(rows, shield=False)
 
     async def _save_statuses(
         self, statuses: list[TriggerStatus] | None = None, *, shield: bool = True

@@ -55,6 +55,9 @@ class TriggererSettings(_Section):
     watchers path and ``watchkeeper.watchers``."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
+    lease_ttl: PositiveSeconds | None = None
+    """Seconds a trigger lease lasts without renewal; another daemon takes the trigger over
+    that long after its holder died. None: three heartbeats. Must exceed the heartbeat."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
     stop_grace: float = Field(default=10.0, ge=0)
@@ -68,12 +71,22 @@ class TriggererSettings(_Section):
     max_failures: int = Field(default=5, gt=0)
     """Consecutive failures after which a trigger is reported as ``failed``."""
 
+    @property
+    def lease_seconds(self) -> float:
+        """The lease time to live in force: ``lease_ttl``, or three heartbeats."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
+
     @model_validator(mode="after")
     def _check_backoff(self) -> Self:
         if self.backoff_max < self.backoff_initial:
             raise ValueError(
                 f"backoff_max ({self.backoff_max}) must not be below "
                 f"backoff_initial ({self.backoff_initial})"
+            )
+        if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}): a lease would lapse between two renewals"
             )
         return self
 

@@ -1,0 +1,310 @@
+"""The lease contract of the built-in backends: claim, renew, expire, steal, release, fencing.
+
+Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture. Time is the
+backend's own ``clock``, set by each test, so expiry never depends on the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+from watchkeeper.store import (
+    Asset,
+    AssetScope,
+    BaseStateBackend,
+    EventCommit,
+    Fence,
+    Lease,
+    LeaseLostError,
+    PostgresStateBackend,
+    StateStoreError,
+    Writer,
+    encode_json,
+    encode_value,
+)
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+TTL = timedelta(seconds=30)
+ORDERS = AssetScope(name="orders")
+
+
+class Clock:
+    """A settable clock for ``backend.clock``."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+async def store(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
+    """The backend on a settable clock, with the asset ``orders`` registered."""
+    backend.clock = Clock()
+    await backend.aregister_assets([Asset("orders")])
+    yield backend
+
+
+def clock_of(store: BaseStateBackend) -> Clock:
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    return clock
+
+
+def commit(fence: Fence | None, payload: object, watermark: int) -> EventCommit:
+    return EventCommit(
+        watcher="w",
+        assets=("orders",),
+        payload_json=encode_json(payload, what="payload"),
+        state={"watermark": encode_value("watermark", watermark)},
+        writer=Writer("watcher", "w"),
+        fence=fence,
+    )
+
+
+async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
+    return (await store.alist(ORDERS), await store.alist_events())
+
+
+class TestClaim:
+    async def test_first_claim_gets_token_one(self, store: BaseStateBackend) -> None:
+        """Claiming free leases takes each with token 1, expiring ttl after the clock's now."""
+        held = await store.aclaim_leases("a", ["t2", "t1"], TTL)
+        assert held == {"t1": 1, "t2": 1}
+        assert await store.alist_leases() == [
+            Lease("t1", "a", 1, T0 + TTL),
+            Lease("t2", "a", 1, T0 + TTL),
+        ]
+
+    async def test_renewal_keeps_the_token_and_extends(self, store: BaseStateBackend) -> None:
+        """The holder claiming again keeps its token and pushes the expiry forward."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        clock_of(store).advance(10)
+        assert await store.aclaim_leases("a", ["t"], 60) == {"t": 1}
+        assert await store.alist_leases() == [Lease("t", "a", 1, T0 + timedelta(seconds=70))]
+
+    async def test_a_live_lease_is_not_taken(self, store: BaseStateBackend) -> None:
+        """Another owner gets nothing for a lease that has not expired, and changes nothing."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        clock_of(store).advance(29)
+        assert await store.aclaim_leases("b", ["t", "u"], TTL) == {"u": 1}
+        leases = {lease.trigger_id: lease for lease in await store.alist_leases()}
+        assert leases["t"] == Lease("t", "a", 1, T0 + TTL)
+
+    async def test_an_expired_lease_moves_with_the_next_token(
+        self, store: BaseStateBackend
+    ) -> None:
+        """Once expired, another owner takes the lease with the previous token + 1."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        clock_of(store).advance(30)
+        assert await store.aclaim_leases("b", ["t"], TTL) == {"t": 2}
+        assert await store.aclaim_leases("a", ["t"], TTL) == {}
+        clock_of(store).advance(31)
+        assert await store.aclaim_leases("a", ["t"], TTL) == {"t": 3}
+
+    async def test_the_holder_renews_its_own_expired_lease(self, store: BaseStateBackend) -> None:
+        """A lease that expired but that nobody took is renewed by its holder with its token."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        clock_of(store).advance(100)
+        assert await store.aclaim_leases("a", ["t"], TTL) == {"t": 1}
+
+    async def test_release_frees_at_once(self, store: BaseStateBackend) -> None:
+        """A released lease has no owner, and the next claim takes it at once with token + 1."""
+        await store.aclaim_leases("a", ["t", "u"], TTL)
+        await store.arelease_leases("a", ["t"])
+        leases = await store.alist_leases()
+        assert [(x.trigger_id, x.owner, x.token) for x in leases] == [
+            ("t", None, 1),
+            ("u", "a", 1),
+        ]
+        assert await store.aclaim_leases("b", ["t", "u"], TTL) == {"t": 2}
+
+    async def test_release_by_another_owner_does_nothing(self, store: BaseStateBackend) -> None:
+        """Releasing a lease someone else holds (or nobody claimed) changes nothing."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        await store.arelease_leases("b", ["t", "never"])
+        assert await store.alist_leases() == [Lease("t", "a", 1, T0 + TTL)]
+
+    async def test_duplicates_and_empty_lists(self, store: BaseStateBackend) -> None:
+        """An id named twice is claimed once; empty lists claim and release nothing."""
+        assert await store.aclaim_leases("a", ["t", "t"], 5) == {"t": 1}
+        assert await store.aclaim_leases("a", [], 5) == {}
+        await store.arelease_leases("a", [])
+        assert len(await store.alist_leases()) == 1
+
+    @pytest.mark.parametrize(
+        ("owner", "ids", "ttl", "error", "match"),
+        [
+            ("", ["t"], TTL, ValueError, "owner"),
+            ("a", "t", TTL, TypeError, "trigger_ids"),
+            ("a", ["t", ""], TTL, ValueError, "trigger_ids"),
+            ("a", ["t"], 0, ValueError, "ttl must be positive"),
+            ("a", ["t"], "30", TypeError, "ttl"),
+        ],
+        ids=["empty-owner", "str-ids", "empty-id", "zero-ttl", "str-ttl"],
+    )
+    async def test_bad_input_is_refused_and_changes_nothing(
+        self,
+        store: BaseStateBackend,
+        owner: str,
+        ids: list[str],
+        ttl: timedelta,
+        error: type[Exception],
+        match: str,
+    ) -> None:
+        """A bad owner, id list or ttl raises a clear error and claims nothing."""
+        with pytest.raises(error, match=match):
+            await store.aclaim_leases(owner, ids, ttl)
+        assert await store.alist_leases() == []
+
+
+class TestFencing:
+    async def test_a_live_fence_commits(self, store: BaseStateBackend) -> None:
+        """A commit fenced with the holder's current token writes its event and state."""
+        (token,) = (await store.aclaim_leases("a", ["w"], TTL)).values()
+        events = await store.acommit_event(commit(Fence("w", "a", token), {"n": 1}, 1))
+        assert [e.payload for e in events] == [{"n": 1}]
+        assert await store.aget(ORDERS, "watermark") == 1
+
+    async def test_a_stale_token_writes_nothing(self, store: BaseStateBackend) -> None:
+        """After another daemon took the lease, the old holder's commit raises and writes nothing."""
+        await store.aclaim_leases("a", ["w"], TTL)
+        await store.acommit_event(commit(Fence("w", "a", 1), {"n": 1}, 5))
+        clock_of(store).advance(31)
+        assert await store.aclaim_leases("b", ["w"], TTL) == {"w": 2}
+        before = await snapshot(store)
+        with pytest.raises(LeaseLostError) as caught:
+            await store.acommit_event(commit(Fence("w", "a", 1), {"n": 0}, 3))
+        assert await snapshot(store) == before
+        assert await store.aget(ORDERS, "watermark") == 5
+        error = caught.value
+        assert isinstance(error, StateStoreError)
+        assert (error.trigger_id, error.owner, error.token) == ("w", "a", 1)
+        assert "'w'" in str(error) and "'a'" in str(error) and "token 1" in str(error)
+        assert "'b' holds it with token 2" in str(error)
+
+    @pytest.mark.parametrize("how", ["expired", "released", "never-claimed"])
+    async def test_a_lease_not_live_refuses_the_commit(
+        self, store: BaseStateBackend, how: str
+    ) -> None:
+        """An expired, released or never-claimed lease refuses the commit; nothing is written."""
+        if how != "never-claimed":
+            await store.aclaim_leases("a", ["w"], TTL)
+        if how == "expired":
+            clock_of(store).advance(30)
+        elif how == "released":
+            await store.arelease_leases("a", ["w"])
+        before = await snapshot(store)
+        with pytest.raises(LeaseLostError, match="nothing was written"):
+            await store.acommit_event(commit(Fence("w", "a", 1), {"n": 1}, 1))
+        assert await snapshot(store) == before
+
+    async def test_the_writer_fence_guards_set(self, store: BaseStateBackend) -> None:
+        """A set by a writer carrying a stale fence raises and keeps the stored value."""
+        await store.aclaim_leases("a", ["w"], TTL)
+        fenced = Writer("watcher", "w", fence=Fence("w", "a", 1))
+        await store.aset(ORDERS, "watermark", 7, writer=fenced)
+        await store.arelease_leases("a", ["w"])
+        await store.aclaim_leases("b", ["w"], TTL)
+        with pytest.raises(LeaseLostError):
+            await store.aset(ORDERS, "watermark", 2, writer=fenced)
+        with pytest.raises(LeaseLostError):
+            await store.aset(ORDERS, "watermark", 2, writer=fenced, expected_version=1)
+        entry = await store.aget_entry(ORDERS, "watermark")
+        assert entry is not None and (entry.value, entry.version) == (7, 1)
+        assert entry.writer == Writer("watcher", "w")
+
+    async def test_a_commit_takes_its_writers_fence(self, store: BaseStateBackend) -> None:
+        """An EventCommit without a fence of its own is fenced by its writer's."""
+        fence = Fence("w", "a", 1)
+        built = EventCommit("w", ("orders",), "1", writer=Writer("watcher", "w", fence=fence))
+        assert built.fence == fence
+        with pytest.raises(LeaseLostError):
+            await store.acommit_event(built)
+        assert await store.alist_events() == []
+
+    async def test_only_the_stale_commit_of_a_group_fails(self, store: BaseStateBackend) -> None:
+        """Concurrent commits sharing a transaction: the stale one fails, the others commit."""
+        await store.aclaim_leases("a", ["w"], TTL)
+        await store.aclaim_leases("b", ["x"], TTL)
+        outcomes: dict[int, object] = {}
+
+        async def send(n: int, fence: Fence) -> None:
+            try:
+                outcomes[n] = len(await store.acommit_event(commit(fence, {"n": n}, n)))
+            except LeaseLostError as exc:
+                outcomes[n] = exc.trigger_id
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send, 1, Fence("w", "a", 1))
+                tg.start_soon(send, 2, Fence("x", "a", 1))  # "b" holds x
+                tg.start_soon(send, 3, Fence("x", "b", 1))
+        assert outcomes == {1: 1, 2: "x", 3: 1}
+        assert sorted(e.payload["n"] for e in await store.alist_events()) == [1, 3]
+
+    @pytest.mark.parametrize(
+        ("args", "error"),
+        [(("", "a", 1), ValueError), (("w", "a", 0), ValueError), (("w", "a", True), TypeError)],
+        ids=["empty-trigger", "zero-token", "bool-token"],
+    )
+    def test_a_bad_fence_is_refused(self, args: tuple[object, ...], error: type[Exception]) -> None:
+        """A fence needs a trigger id, an owner and a token >= 1."""
+        with pytest.raises(error, match="Fence"):
+            Fence(*args)  # type: ignore[arg-type]
+
+
+class TestPostgresLeaseLocking:
+    async def test_a_claim_waits_for_a_transaction_fenced_on_the_lease(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A claim by another daemon waits until a transaction holding the lease row (as the
+        writer's fence check does, FOR SHARE) commits, so the new holder sees its writes."""
+        import asyncpg
+
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
+            clock = Clock()
+            store.clock = clock
+            await store.aclaim_leases("a", ["w"], TTL)
+            clock.advance(60)
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                tx = conn.transaction()
+                await tx.start()
+                await conn.fetch(
+                    f'SELECT 1 FROM "{pg_schema}".trigger_leases WHERE trigger_id = $1 FOR SHARE',
+                    "w",
+                )
+                claimed: dict[str, int] = {}
+                done = anyio.Event()
+
+                async def claim() -> None:
+                    claimed.update(await store.aclaim_leases("b", ["w"], TTL))
+                    done.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(claim)
+                    with anyio.fail_after(10):
+                        while True:  # until the claim waits for our lock
+                            waiting = await conn.fetchval(
+                                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                "'Lock' AND position($1 in query) > 0",
+                                f'"{pg_schema}".trigger_leases',
+                            )
+                            if waiting:
+                                break
+                            await anyio.sleep(0.01)
+                    assert not done.is_set()
+                    await tx.commit()
+                    with anyio.fail_after(10):
+                        await done.wait()
+            finally:
+                await conn.close()
+            assert claimed == {"w": 2}

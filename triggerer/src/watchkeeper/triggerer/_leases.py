@@ -1,0 +1,118 @@
+"""The daemon's side of trigger leases: its identity, and claiming and releasing its leases.
+
+Several daemons may share one database. Each trigger runs only on the daemon that holds its
+lease (a row in the store, see :mod:`watchkeeper.store._leases`). Every heartbeat a daemon
+claims the leases of all the triggers it loaded: it renews those it holds and takes those that
+are free (never claimed, released, or expired because their holder died). It runs a trigger
+only under the lease's token, and its writes are fenced on it, so a daemon that was paused
+past the lease's time to live and wakes up finds its writes refused by the store.
+
+A backend without lease support (a custom one) makes the daemon run every trigger unfenced,
+as a single daemon would; :class:`LeaseKeeper` then answers ``None`` and logs that once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterable
+
+import anyio
+import structlog
+from watchkeeper.store import BaseStateBackend
+
+__all__ = ["LeaseKeeper", "daemon_identity"]
+
+log = structlog.get_logger()
+
+_RELEASE_TIMEOUT = 5.0
+
+
+def daemon_identity() -> str:
+    """``host:pid:random``: unique per daemon process, readable in the lease table and logs.
+
+    The random part keeps two incarnations with a recycled pid (a container restarted with
+    the same pid 1) from taking each other for the same daemon.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class LeaseKeeper:
+    """Claims and releases one daemon's leases and remembers which ones it holds."""
+
+    def __init__(self, backend: BaseStateBackend, owner: str, ttl: float) -> None:
+        if ttl <= 0:
+            raise ValueError(f"ttl must be positive, got {ttl}")
+        self.backend = backend
+        self.owner = owner
+        self.ttl = ttl
+        self.supported = True
+        self._held: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<LeaseKeeper owner={self.owner!r} held={len(self._held)} ttl={self.ttl}>"
+
+    @property
+    def held(self) -> dict[str, int]:
+        """Token by trigger id of the leases the last claim returned (minus those released)."""
+        return dict(self._held)
+
+    async def claim(self, trigger_ids: Iterable[str]) -> dict[str, int] | None:
+        """Renew or take the leases of ``trigger_ids``; the tokens now held, or ``None`` when
+        the backend has no leases (then every trigger runs here, unfenced)."""
+        if not self.supported:
+            return None
+        ids = sorted(set(trigger_ids))
+        try:
+            tokens = await self.backend.aclaim_leases(self.owner, ids, self.ttl)
+        except NotImplementedError:
+            self.supported = False
+            log.info("leases_unsupported", backend=type(self.backend).__name__)
+            return None
+        for trigger_id in ids:
+            if trigger_id in tokens:
+                if self._held.get(trigger_id) != tokens[trigger_id]:
+                    log.info("lease_acquired", trigger_id=trigger_id, token=tokens[trigger_id])
+            elif trigger_id in self._held:
+                log.warning("lease_moved", trigger_id=trigger_id, token=self._held[trigger_id])
+        self._held = {k: v for k, v in self._held.items() if k not in ids} | tokens
+        return tokens
+
+    async def free_among(self, trigger_ids: Iterable[str]) -> list[str]:
+        """``trigger_ids`` without those whose lease another daemon holds (and has not let
+        expire), in the given order: the ones a claim could take or renew."""
+        ids = list(trigger_ids)
+        if not self.supported:
+            return ids
+        try:
+            leases = await self.backend.alist_leases()
+        except NotImplementedError:
+            return ids  # the claim that follows finds out and says so
+        now = self.backend.clock()
+        busy = {
+            lease.trigger_id
+            for lease in leases
+            if lease.owner not in (None, self.owner) and lease.expires_at > now
+        }
+        return [t for t in ids if t not in busy]
+
+    async def release(self, trigger_ids: Iterable[str]) -> None:
+        """Free these leases (those held) so another daemon can take them at once."""
+        ids = sorted(set(trigger_ids) & set(self._held))
+        if not ids or not self.supported:
+            return
+        await self.backend.arelease_leases(self.owner, ids)
+        for trigger_id in ids:
+            del self._held[trigger_id]
+        log.info("leases_released", trigger_ids=ids)
+
+    async def release_all(self) -> None:
+        """Release every held lease, at shutdown: bounded, shielded, and never raising."""
+        with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True) as scope:
+            try:
+                await self.release(list(self._held))
+            except Exception as exc:  # noqa: BLE001 - they expire on their own after the ttl
+                log.warning("lease_release_failed", error=f"{type(exc).__name__}: {exc}")
+        if scope.cancelled_caught:
+            log.warning("lease_release_failed", error="timed out", timeout=_RELEASE_TIMEOUT)
