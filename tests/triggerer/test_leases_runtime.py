@@ -7,6 +7,10 @@ calls ``renew_leases()``. Time is the backend's settable clock.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +37,7 @@ from watchkeeper.triggerer import (
     TriggerRunner,
     WatchSpec,
 )
+from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
 from watchkeeper.triggerer._loader import unload_watchers
 
 ORDERS = Asset("orders")
@@ -357,3 +362,32 @@ class TestLeaseSettings:
         """A lease_ttl not above the heartbeat would lapse between renewals: refused."""
         with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed heartbeat_interval"):
             TriggererSettings(heartbeat_interval=2, lease_ttl=ttl)
+
+
+class TestDeadLocalOwner:
+    def test_a_gone_process_of_this_host_is_dead(self) -> None:
+        """An owner naming this host and a pid that no longer exists is recognised as dead."""
+        proc = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        gone = int(proc.stdout)
+        host = socket.gethostname()
+        assert is_dead_local_owner(f"{host}:{gone}:abc123")
+        assert not is_dead_local_owner(f"{host}:{os.getpid()}:abc123")  # this very process
+        assert not is_dead_local_owner(f"{host}:1:abc123")  # alive (init)
+        assert not is_dead_local_owner(f"other-host:{gone}:abc123")  # not ours to judge
+        assert not is_dead_local_owner("not-an-identity")
+
+    async def test_leases_of_a_killed_local_daemon_are_taken_at_once(self, tmp_path: Path) -> None:
+        """A lease still live but held by a dead daemon of this host is freed and taken over
+        without waiting for its time to live."""
+        proc = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+        dead_owner = f"{socket.gethostname()}:{int(proc.stdout)}:dead00"
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            assert await backend.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
+            keeper = LeaseKeeper(backend, "me:1:abc", ttl=30)
+            assert await keeper.free_among(["t1"]) == ["t1"]
+            assert await keeper.claim(["t1"]) == {"t1": 2}

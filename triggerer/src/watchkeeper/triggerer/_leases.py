@@ -22,7 +22,7 @@ import anyio
 import structlog
 from watchkeeper.store import BaseStateBackend
 
-__all__ = ["LeaseKeeper", "daemon_identity"]
+__all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 
 log = structlog.get_logger()
 
@@ -36,6 +36,30 @@ def daemon_identity() -> str:
     the same pid 1) from taking each other for the same daemon.
     """
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def is_dead_local_owner(owner: str) -> bool:
+    """True when ``owner`` names a daemon process of this host that no longer exists.
+
+    Its leases can be freed at once instead of after their time to live: a process that is
+    gone writes nothing. A pid reused by another process reads as alive (we then wait for the
+    expiry, as for a remote daemon); a live daemon misjudged dead (another pid namespace under
+    the same host name) only loses its lease, and fencing keeps its writes out.
+    """
+    host, sep, rest = owner.partition(":")
+    pid_text, sep2, _ = rest.partition(":")
+    if not sep or not sep2 or host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
 
 
 class LeaseKeeper:
@@ -90,11 +114,20 @@ class LeaseKeeper:
         except NotImplementedError:
             return ids  # the claim that follows finds out and says so
         now = self.backend.clock()
-        busy = {
-            lease.trigger_id
-            for lease in leases
-            if lease.owner not in (None, self.owner) and lease.expires_at > now
-        }
+        busy: set[str] = set()
+        dead: dict[str, list[str]] = {}
+        for lease in leases:
+            if lease.owner in (None, self.owner) or lease.expires_at <= now:
+                continue
+            if is_dead_local_owner(lease.owner):
+                dead.setdefault(lease.owner, []).append(lease.trigger_id)
+            else:
+                busy.add(lease.trigger_id)
+        for owner, held in dead.items():
+            # A daemon of this host killed with -9: free its leases now rather than after
+            # their time to live, so a restarted daemon resumes at once.
+            await self.backend.arelease_leases(owner, held)
+            log.info("dead_owner_leases_released", owner=owner, trigger_ids=held)
         return [t for t in ids if t not in busy]
 
     async def release(self, trigger_ids: Iterable[str]) -> None:

@@ -281,7 +281,7 @@ class Daemon:
     async def _to_claim(self) -> list[str]:
         """The loaded triggers to claim: those running here unchanged, then as many others
         as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
-        from a daemon that has room), skipping those another daemon holds."""
+        from a daemon that has room), skipping those another live daemon holds."""
         keep = sorted(
             t
             for t, group in self._running.items()
@@ -289,7 +289,8 @@ class Daemon:
         )
         room = max(self.settings.triggerer.capacity - len(keep), 0)
         others = [t for t in sorted(self._wanted) if t not in self._running]
-        if len(others) > room:
+        if others:
+            # Skips leases another live daemon holds; frees those of a dead local daemon.
             others = await self.leases.free_among(others)
         return keep + others[:room]
 
