@@ -535,6 +535,24 @@ class TestStatuses:
             [saved] = await backend.alist_trigger_status()
             assert saved.state == "stopped"
 
+    async def test_periodic_save_writes_only_changed_rows(self) -> None:
+        """A periodic save writes the rows that changed, plus the slice due for a refresh."""
+        backend = await registered(StatusRecordingBackend())
+        rounds = 1000
+        with watch_logs() as logs:
+            async with TriggerRunner(backend, fast(status_interval=3600)) as runner:
+                await runner.start_trigger(spec("ok", Scripted([]), ORDERS))
+                due = {hash("ok") % rounds, hash("bad") % rounds}
+                idle = next(phase for phase in range(rounds) if phase not in due)
+                await runner._save_changed_statuses(idle, rounds)
+                await runner._save_changed_statuses(idle, rounds)
+                await runner.start_trigger(spec("bad", Scripted([], then="raise"), USERS))
+                await logs.wait_for("trigger_failed")
+                await runner._save_changed_statuses(idle, rounds)
+                await runner._save_changed_statuses(hash("ok") % rounds, rounds)
+                saves = [[row.trigger_id for row in rows] for rows in backend.saves]  # type: ignore[attr-defined]
+        assert saves[:3] == [["ok"], ["bad"], ["ok"]]
+
     async def test_backend_without_status_support(self) -> None:
         """A backend without trigger status is noted once in the log and otherwise ignored."""
         backend = await registered(NoStatusBackend())

@@ -86,18 +86,20 @@ class TriggerSlot:
     """
 
     __slots__ = (
+        "_done",
         "asset_names",
         "assets",
         "classpath",
         "cleanup_error",
-        "done",
         "events",
         "failures",
         "fence",
+        "finished",
         "in_cleanup",
         "last_error",
         "last_event_at",
         "runs",
+        "saved",
         "scope",
         "state",
         "trigger",
@@ -131,13 +133,37 @@ class TriggerSlot:
         self.cleanup_error: BaseException | None = None
         self.in_cleanup = False
         self.scope = anyio.CancelScope()
-        self.done = anyio.Event()
+        self.finished = False
+        """True once the trigger's task has ended (see :meth:`wait_done`)."""
+        self.saved: tuple[object, ...] | None = None
+        """What :meth:`change_key` was when this status was last saved (None: never)."""
+        # Created only when someone waits: most triggers run until the process exits, and an
+        # idle Event costs ~0.7 KiB per trigger.
+        self._done: anyio.Event | None = None
 
     def __repr__(self) -> str:
         return (
             f"<TriggerSlot {self.trigger_id!r} {self.classpath} state={self.state} "
             f"events={self.events} failures={self.failures}>"
         )
+
+    def mark_done(self) -> None:
+        """Record that the trigger's task ended, waking whoever waits in :meth:`wait_done`."""
+        self.finished = True
+        if self._done is not None:
+            self._done.set()
+
+    async def wait_done(self) -> None:
+        """Wait until :meth:`mark_done` was called (returns at once if it was)."""
+        if self.finished:
+            return
+        if self._done is None:
+            self._done = anyio.Event()
+        await self._done.wait()
+
+    def change_key(self) -> tuple[object, ...]:
+        """The parts of the status that change while the trigger runs (not ``updated_at``)."""
+        return (self.state, self.failures, self.last_error, self.events, self.last_event_at)
 
     def status(self, *, now: datetime, owner: str | None) -> TriggerStatus:
         return TriggerStatus(
@@ -194,8 +220,8 @@ async def drive_trigger(
         max_value_bytes=backend.max_value_bytes,
     )
     commit_event = backend.acommit_event
-    elog = log.bind()
-    debug = _debug_enabled(elog)
+    # Checked once per run: no logger is kept per trigger when debug logging is off.
+    debug = _debug_enabled(log)
     trigger.bind_asset_state_store(
         AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
     )
@@ -232,11 +258,11 @@ async def drive_trigger(
                     if publish is not None:
                         publish(written)
                     if debug:
-                        elog.debug("event_committed", event_id=written[-1].id, count=len(written))
+                        log.debug("event_committed", event_id=written[-1].id, count=len(written))
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
-                    elog.debug("event_deduplicated", dedup_key=commit.dedup_key)
+                    log.debug("event_deduplicated", dedup_key=commit.dedup_key)
                 since_checkpoint += 1
                 if since_checkpoint == _CHECKPOINT_EVERY:
                     # A backend that commits without suspending (memory) and a generator that
@@ -299,70 +325,74 @@ async def supervise(
     lease was lost (state ``stopped``); otherwise it runs until cancelled. Never raises a
     trigger's exception.
     """
-    with structlog.contextvars.bound_contextvars(
+    # Bound in this task's own context (anyio runs each task in a copy), and reset at the end
+    # for a caller that runs supervise() in a task of its own making. Not the bound_contextvars
+    # context manager: its generator would stay alive, per trigger, for as long as it runs.
+    tokens = structlog.contextvars.bind_contextvars(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
-    ):
-        try:
-            # Each trigger task gets a greenback portal, so the sync asset-store methods
-            # (self.asset_state_store.get/set) await the backend without blocking the loop.
-            await greenback.ensure_portal()
-            while True:
-                slot.state = "running"
-                slot.runs += 1
-                log.info(
-                    "trigger_started",
-                    classpath=slot.classpath,
-                    watchers=list(slot.watchers),
-                    run=slot.runs,
+    )
+    try:
+        # Each trigger task gets a greenback portal, so the sync asset-store methods
+        # (self.asset_state_store.get/set) await the backend without blocking the loop.
+        await greenback.ensure_portal()
+        while True:
+            slot.state = "running"
+            slot.runs += 1
+            log.info(
+                "trigger_started",
+                classpath=slot.classpath,
+                watchers=list(slot.watchers),
+                run=slot.runs,
+            )
+            error: Exception | None = None
+            try:
+                await drive_trigger(
+                    slot, backend, cleanup_timeout=config.cleanup_timeout, publish=publish
                 )
-                error: Exception | None = None
-                try:
-                    await drive_trigger(
-                        slot, backend, cleanup_timeout=config.cleanup_timeout, publish=publish
-                    )
-                except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
-                    error = exc
-                lost = lease_lost(error)
-                if lost is not None:
-                    # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
-                    slot.last_error = describe_error(lost)
-                    log.warning(
-                        "lease_lost",
-                        classpath=slot.classpath,
-                        owner=lost.owner,
-                        token=lost.token,
-                        reason=lost.reason,
-                    )
-                    return
-                slot.failures += 1
-                if error is None:
-                    slot.last_error = "run() returned"
-                    log.warning("trigger_returned", failures=slot.failures, events=slot.events)
-                else:
-                    slot.last_error = describe_error(error)
-                    log.error(
-                        "trigger_error",
-                        classpath=slot.classpath,
-                        error=slot.last_error,
-                        failures=slot.failures,
-                        exc_info=error,
-                    )
-                # An unreachable database is not the trigger's fault: keep retrying it.
-                blameless = isinstance(error, BackendUnavailableError)
-                if config.max_failures and slot.failures >= config.max_failures and not blameless:
-                    slot.state = "failed"
-                    log.error(
-                        "trigger_failed",
-                        classpath=slot.classpath,
-                        error=slot.last_error,
-                        failures=slot.failures,
-                    )
-                    return
-                delay = backoff_delay(slot.failures, config)
-                slot.state = "backing_off"
-                log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
-                await anyio.sleep(delay)
-        finally:
-            if slot.state != "failed":
-                slot.state = "stopped"
-            slot.done.set()
+            except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
+                error = exc
+            lost = lease_lost(error)
+            if lost is not None:
+                # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
+                slot.last_error = describe_error(lost)
+                log.warning(
+                    "lease_lost",
+                    classpath=slot.classpath,
+                    owner=lost.owner,
+                    token=lost.token,
+                    reason=lost.reason,
+                )
+                return
+            slot.failures += 1
+            if error is None:
+                slot.last_error = "run() returned"
+                log.warning("trigger_returned", failures=slot.failures, events=slot.events)
+            else:
+                slot.last_error = describe_error(error)
+                log.error(
+                    "trigger_error",
+                    classpath=slot.classpath,
+                    error=slot.last_error,
+                    failures=slot.failures,
+                    exc_info=error,
+                )
+            # An unreachable database is not the trigger's fault: keep retrying it.
+            blameless = isinstance(error, BackendUnavailableError)
+            if config.max_failures and slot.failures >= config.max_failures and not blameless:
+                slot.state = "failed"
+                log.error(
+                    "trigger_failed",
+                    classpath=slot.classpath,
+                    error=slot.last_error,
+                    failures=slot.failures,
+                )
+                return
+            delay = backoff_delay(slot.failures, config)
+            slot.state = "backing_off"
+            log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
+            await anyio.sleep(delay)
+    finally:
+        if slot.state != "failed":
+            slot.state = "stopped"
+        slot.mark_done()
+        structlog.contextvars.reset_contextvars(**tokens)

@@ -53,6 +53,7 @@ import anyio.to_thread
 import structlog
 from watchkeeper.store import BaseStateBackend, GcReport, open_state_backend
 
+from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
 from .errors import TriggererError
@@ -99,7 +100,10 @@ class Daemon:
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
     opens nor closes it); by default the daemon opens the one the settings configure.
     ``owner`` names the daemon in the lease table and the statuses (default:
-    :func:`~._leases.daemon_identity`, ``host:pid:random``).
+    :func:`~._leases.daemon_identity`, ``host:pid:random``). ``tune_gc`` (for the owner of
+    the process, as :func:`run_daemon` is) pauses the cyclic garbage collector while the first
+    load starts the triggers, then freezes what is alive and raises the gen-0 threshold (see
+    :mod:`._gctune`); an embedding leaves the process's GC settings alone by default.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class Daemon:
         backend: BaseStateBackend | None = None,
         reload_interval: float = DEFAULT_RELOAD_INTERVAL,
         owner: str | None = None,
+        tune_gc: bool = False,
     ) -> None:
         if reload_interval <= 0:
             raise ValueError(f"reload_interval must be positive, got {reload_interval}")
@@ -118,6 +123,7 @@ class Daemon:
         self.owner = owner or daemon_identity()
         self.watchers_path = Path(settings.triggerer.watchers_path).resolve()
         self.reload_interval = reload_interval
+        self.tune_gc = tune_gc
         self._backend = backend
         self._owns_backend = backend is None
         self._runner: TriggerRunner | None = None
@@ -181,7 +187,12 @@ class Daemon:
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-            report = await self.reload()
+            if self.tune_gc:
+                raise_gen0_threshold()
+                with startup_gc():
+                    report = await self.reload()
+            else:
+                report = await self.reload()
             await self._drop_stale_statuses()
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
@@ -465,7 +476,7 @@ async def run_daemon(
 ) -> None:
     """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return."""
     with anyio.open_signal_receiver(*signals) as received:
-        async with Daemon(settings, reload_interval=reload_interval):
+        async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
             async for signum in received:
                 log.info("daemon_stopping", signal=signal.Signals(signum).name)
                 break

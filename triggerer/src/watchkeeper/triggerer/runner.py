@@ -14,7 +14,9 @@ Each trigger runs in its own task of the runner's task group, under the supervis
 committed (with its ``state``) before the generator resumes, a failing trigger is restarted
 with backoff and finally marked ``failed``, and ``cleanup()`` is always awaited. A loop-lag
 monitor names the trigger that blocked the loop, and the statuses are saved to the backend
-every ``status_interval`` seconds and once at exit.
+once at exit and, every ``status_interval`` seconds, those that changed since their last save
+(each unchanged row is also saved again every 20 s, or every ``status_interval`` if that is
+longer, so that its ``updated_at`` shows the runner is alive).
 
 A spec with a ``fence_token`` runs fenced: its writes carry ``Fence(trigger_id,
 config.owner, fence_token)``, the lease the caller (the daemon) claimed for it, and the store
@@ -32,6 +34,7 @@ process exit is the backstop).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,6 +58,10 @@ __all__ = ["RunnerConfig", "TriggerRunner", "WatchSpec"]
 log = structlog.get_logger()
 
 _STATUS_SAVE_TIMEOUT = 5.0
+_STATUS_REFRESH = 20.0
+"""Seconds within which every status row is saved again even if nothing in it changed
+(or every ``status_interval``, when that is longer); the daemon prunes rows of other daemons
+after ``3 * heartbeat + 30`` seconds without a refresh."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +281,7 @@ class TriggerRunner:
                 await supervise(slot, self.backend, self.config, self._publish)
         finally:
             self._by_task.pop(task, None)
-            slot.done.set()
+            slot.mark_done()
 
     def _forget(self, slot: TriggerSlot) -> None:
         if self._slots.get(slot.trigger_id) is slot:
@@ -287,9 +294,9 @@ class TriggerRunner:
         slots = list(slots)
         with anyio.move_on_after(self.config.stop_grace, shield=True):
             for slot in slots:
-                await slot.done.wait()
+                await slot.wait_done()
         for slot in slots:
-            if not slot.done.is_set() and not slot.in_cleanup:
+            if not slot.finished and not slot.in_cleanup:
                 log.error(
                     "trigger_ignored_cancellation",
                     trigger_id=slot.trigger_id,
@@ -317,24 +324,52 @@ class TriggerRunner:
 
     async def _save_statuses_periodically(self) -> None:
         interval = self.config.status_interval
+        # A row is saved when it changed, and otherwise refreshed every `rounds` intervals (a
+        # slice of the rows each time): its updated_at is the runner's heartbeat, by which
+        # other daemons tell a live row from one a dead daemon left.
+        rounds = max(1, math.ceil(_STATUS_REFRESH / interval))
+        tick = 0
         while True:
             await anyio.sleep(interval)
-            # A trigger stopped by a lost lease is another daemon's now: its row is theirs.
-            rows = [row for row in self.statuses() if row.state != "stopped"]
-            await self._save_statuses(rows, shield=False)
+            await self._save_changed_statuses(tick % rounds, rounds)
+            tick += 1
+
+    async def _save_changed_statuses(self, phase: int, rounds: int) -> None:
+        """Save the statuses that changed since their last save, plus the slice ``phase``."""
+        now = datetime.now(UTC)
+        owner = self.config.owner
+        due: list[tuple[TriggerSlot, tuple[object, ...]]] = []
+        for slot in self._slots.values():
+            if slot.state == "stopped":
+                continue  # stopped by a lost lease: the row is another daemon's now
+            key = slot.change_key()
+            if key != slot.saved or hash(slot.trigger_id) % rounds == phase:
+                due.append((slot, key))
+        if not due:
+            return
+        due.sort(key=lambda item: item[0].trigger_id)
+        rows = [slot.status(now=now, owner=owner) for slot, _ in due]
+        if await self._save_statuses(rows, shield=False):
+            for slot, key in due:
+                slot.saved = key
 
     async def _save_statuses(
         self, statuses: list[TriggerStatus] | None = None, *, shield: bool = True
-    ) -> None:
-        """Save statuses; bounded, and shielded (by default) so that it also runs at exit."""
+    ) -> bool:
+        """Save statuses; bounded, and shielded (by default) so that it also runs at exit.
+
+        Returns whether the backend took them (never raises: a status is advisory).
+        """
         if not self._save_status:
-            return
+            return False
         rows = self.statuses() if statuses is None else statuses
         if not rows:
-            return
+            return True
+        saved = False
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=shield) as scope:
             try:
                 await self.backend.asave_trigger_status(rows)
+                saved = True
             except NotImplementedError:
                 self._save_status = False
                 log.info("trigger_status_unsupported", backend=type(self.backend).__name__)
@@ -344,6 +379,7 @@ class TriggerRunner:
             log.warning(
                 "trigger_status_save_failed", error="timed out", timeout=_STATUS_SAVE_TIMEOUT
             )
+        return saved
 
     def _culprit_of_task(self, task: object) -> Culprit | None:
         slot = self._by_task.get(task)
