@@ -113,6 +113,11 @@ def _encode_checked(value: object, what: str) -> str:
     # Fast path, all in C: encode, decode, compare. json.dumps alone would turn tuples into
     # lists and int dict keys into strings, but then the decoded value differs from the
     # original. Any failure or difference takes the slow walk, which names the culprit.
+    kind = type(value)
+    if kind is int:  # watermarks, mostly: nothing to walk or compare
+        return int.__repr__(value)
+    if kind is str or kind is bool:
+        return _ENCODER.encode(value)
     try:
         text = _ENCODER.encode(value)
         if _DECODE(text) == value:
