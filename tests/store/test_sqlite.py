@@ -23,6 +23,8 @@ from watchkeeper.store import (
     AssetScope,
     BackendUnavailableError,
     EventCommit,
+    Fence,
+    LeaseLostError,
     SqliteStateBackend,
     StateStoreError,
     StoreClosedError,
@@ -558,6 +560,155 @@ class TestEventsAndAssets:
                 await call()
         await store.aregister_assets([ORDERS])
         assert await store.aget(ORDERS_SCOPE, "wm") == 1  # not yet swept by GC
+
+
+def grouped_commits() -> list[EventCommit]:
+    """Commits that exercise the grouped path: same and different assets, with and without
+    dedup keys (repeated inside the group and across it), overlapping state keys."""
+    commits: list[EventCommit] = []
+    for n in range(60):
+        assets = [("orders",), ("invoices",), ("orders", "invoices")][n % 3]
+        dedup = None if n % 2 else f"m{n % 7}"
+        state = {"wm": str(n), f"k{n % 4}": f'"v{n}"'}
+        if n % 5 == 0:
+            state = {}
+        commits.append(EventCommit(f"w{n % 3}", assets, f'{{"n":{n}}}', dedup, state))
+    return commits
+
+
+def ranked(results: dict[int, list[tuple[object, ...]]]) -> dict[int, list[tuple[object, ...]]]:
+    """``results`` with each event id replaced by its rank: a commit one by one spends an id
+    on a duplicate (``ON CONFLICT DO NOTHING`` under AUTOINCREMENT), a grouped one does not;
+    ids only promise to grow in commit order."""
+    order = sorted(int(str(row[0])) for rows in results.values() for row in rows)
+    rank = {event_id: n for n, event_id in enumerate(order)}
+    return {n: [(rank[int(str(row[0]))], *row[1:]) for row in rows] for n, rows in results.items()}
+
+
+async def outcome_of(backend: SqliteStateBackend) -> tuple[object, ...]:
+    """Everything the commits left behind: events (ids ranked, no timestamps), state with
+    versions."""
+    events = [
+        (n, e.asset, e.watcher, e.payload, e.dedup_key)
+        for n, e in enumerate(await backend.alist_events())
+    ]
+    state = {
+        name: [(e.key, e.value, e.version) for e in await backend.alist(AssetScope(name=name))]
+        for name in ("orders", "invoices")
+    }
+    return events, state
+
+
+class TestGroupedEventCommits:
+    async def test_concurrent_commits_equal_sequential_ones(
+        self, store: SqliteStateBackend, tmp_path: Path
+    ) -> None:
+        """Commits released together in one batch return, store and version exactly what the
+        same commits awaited one by one do."""
+        await store.acommit_event(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
+        start = anyio.Event()
+        results: dict[int, list[tuple[object, ...]]] = {}
+        commits = grouped_commits()
+
+        async def run(n: int, item: EventCommit) -> None:
+            await start.wait()
+            written = await store.acommit_event(item)
+            results[n] = [(e.id, e.asset, e.payload, e.dedup_key) for e in written]
+
+        before = store.commit_stats
+        async with anyio.create_task_group() as tg:
+            for n, item in enumerate(commits):
+                tg.start_soon(run, n, item)
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert store.commit_stats.batches - before.batches == 1  # they did share one batch
+
+        async with SqliteStateBackend(tmp_path / "sequential.db") as alone:
+            await alone.aregister_assets([ORDERS, INVOICES])
+            await alone.acommit_event(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
+            expected: dict[int, list[tuple[object, ...]]] = {}
+            for n, item in enumerate(commits):
+                written = await alone.acommit_event(item)
+                expected[n] = [(e.id, e.asset, e.payload, e.dedup_key) for e in written]
+            assert ranked(results) == ranked(expected)
+            assert await outcome_of(store) == await outcome_of(alone)
+        assert any(not written for written in results.values())  # some were duplicates
+        events = await store.alist_events()
+        assert len({e.created_at for e in events[1:]}) == 1  # one batch, one timestamp
+
+    async def test_a_bad_commit_in_a_group_fails_alone(self, store: SqliteStateBackend) -> None:
+        """In one batch, commits naming an unknown asset or carrying a stale fence fail with
+        their own errors and write nothing; the commits around them land."""
+        token = (await store.aclaim_leases("daemon", ["w"], 60))["w"]
+        start = anyio.Event()
+        outcomes: dict[str, object] = {}
+
+        async def run(name: str, item: EventCommit) -> None:
+            await start.wait()
+            try:
+                outcomes[name] = [e.asset for e in await store.acommit_event(item)]
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                outcomes[name] = exc
+
+        live, stale = Fence("w", "daemon", token), Fence("w", "daemon", token + 1)
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(run, f"ok{i}", commit("orders", wm=str(i)))
+            tg.start_soon(run, "ghost", commit("orders", "ghost", wm="100"))
+            tg.start_soon(
+                run, "stale", EventCommit("w", ("orders",), "1", state={"wm": "200"}, fence=stale)
+            )
+            tg.start_soon(
+                run, "live", EventCommit("w", ("invoices",), "1", state={"wm": "7"}, fence=live)
+            )
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert isinstance(outcomes.pop("ghost"), AssetNotFoundError)
+        assert isinstance(outcomes.pop("stale"), LeaseLostError)
+        assert outcomes.pop("live") == ["invoices"]
+        assert outcomes == {f"ok{i}": ["orders"] for i in range(10)}
+        entry = await store.aget_entry(ORDERS_SCOPE, "wm")
+        assert entry is not None
+        assert (entry.value, entry.version) == (9, 10)
+        assert await store.aget(AssetScope(name="invoices"), "wm") == 7
+        assert len(await store.alist_events()) == 11
+
+    async def test_a_statement_failure_reruns_the_group_one_by_one(
+        self, store: SqliteStateBackend, sqlite_path: Path
+    ) -> None:
+        """A commit whose state the database refuses fails alone, chained from the driver's
+        error; the other commits of its group land with their state."""
+        conn = sqlite3.connect(sqlite_path)
+        conn.execute(
+            "CREATE TRIGGER poison BEFORE INSERT ON asset_state "
+            "WHEN NEW.key = 'poison' BEGIN SELECT RAISE(ABORT, 'poisoned key'); END"
+        )
+        conn.close()
+        start = anyio.Event()
+        outcomes: dict[str, object] = {}
+
+        async def run(name: str, item: EventCommit) -> None:
+            await start.wait()
+            try:
+                outcomes[name] = len(await store.acommit_event(item))
+            except StateStoreError as exc:
+                outcomes[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(run, f"ok{i}", commit("orders", wm=str(i)))
+            tg.start_soon(run, "bad", commit("invoices", poison="1", wm="50"))
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        error = outcomes.pop("bad")
+        assert isinstance(error, StateStoreError)
+        assert isinstance(error.__cause__, sqlite3.Error)
+        assert outcomes == {f"ok{i}": 1 for i in range(5)}
+        assert [e.asset for e in await store.alist_events()] == ["orders"] * 5
+        assert await store.aget(AssetScope(name="invoices"), "wm") is None
+        entry = await store.aget_entry(ORDERS_SCOPE, "wm")
+        assert entry is not None
+        assert (entry.value, entry.version) == (4, 5)
 
 
 class TestGarbageCollection:

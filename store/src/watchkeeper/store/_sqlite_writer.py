@@ -20,6 +20,9 @@ distinct keys go into one multi-row ``INSERT ... ON CONFLICT DO UPDATE ... RETUR
 times cheaper per row than one statement each); any other operation, or a second write of the
 same key, first flushes what is pending, so the effects keep the order of the calls. If a
 multi-row statement fails, its operations are re-run one by one and only the culprit fails.
+Operations that name an :class:`OpGroup` (event commits) are run the same way: neighbouring
+ones go to the group in one call, inside one savepoint; if that call fails it is rolled back
+and each operation runs alone.
 A caller's ``submit()`` returns after ``COMMIT``, so every awaited write is durable
 (``synchronous=FULL``).
 
@@ -43,6 +46,7 @@ from typing import Any, Final, Generic, NamedTuple, Protocol, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db
@@ -54,7 +58,7 @@ from .errors import (
     StoreClosedError,
 )
 
-__all__ = ["GroupCommitWriter", "Tx", "Upsert", "UpsertGroup"]
+__all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -137,18 +141,37 @@ class Upsert(NamedTuple):
     row: Row
 
 
+class OpGroup(Protocol):
+    """Operations of one kind that the writer may run together, as one call.
+
+    ``run(tx, items)`` gets the ``item`` of each neighbouring operation of the group, in call
+    order, and must have the same effects as running their ``fn`` one after the other. It
+    returns one outcome per item: its result, or the exception its caller gets. An item that
+    fails must have written nothing. If ``run`` itself raises, the writer undoes it and runs
+    each operation alone, so only the faulty one fails.
+    """
+
+    def run(self, tx: Tx, items: Sequence[Any]) -> list[Any]:
+        """Apply ``items`` in order; one outcome (result or exception) per item."""
+        ...
+
+
 class _Op(Generic[T]):
-    __slots__ = ("coalesce", "done", "error", "fn", "ran", "result", "savepoint")
+    __slots__ = ("coalesce", "done", "error", "fn", "group", "item", "ran", "result", "savepoint")
 
     def __init__(
         self,
         fn: Callable[[Tx], T],
         savepoint: bool,
         coalesce: Callable[[Tx], Upsert] | None,
+        group: OpGroup | None,
+        item: object,
         done: asyncio.Future[None],
     ) -> None:
         self.fn = fn
         self.coalesce = coalesce
+        self.group = group
+        self.item = item
         self.savepoint = savepoint
         self.result: T | None = None
         self.error: BaseException | None = None
@@ -228,6 +251,8 @@ class GroupCommitWriter:
         *,
         savepoint: bool = True,
         coalesce: Callable[[Tx], Upsert] | None = None,
+        group: OpGroup | None = None,
+        item: object = None,
     ) -> T:
         """Queue ``fn`` and return its result once its batch has committed.
 
@@ -235,10 +260,12 @@ class GroupCommitWriter:
         statement by itself, so the two extra statements of a savepoint buy nothing.
         ``coalesce`` marks a plain upsert (``fn`` must then return its new version): it returns
         the row, and the writer applies neighbouring upserts of distinct keys in one statement,
-        falling back to ``fn`` alone if that statement fails.
+        falling back to ``fn`` alone if that statement fails. ``group`` (with its ``item``)
+        lets the writer run neighbouring operations of that group in one call
+        (:class:`OpGroup`), falling back to ``fn`` for each if that call fails.
         """
         loop = asyncio.get_running_loop()
-        op: _Op[T] = _Op(fn, savepoint, coalesce, loop.create_future())
+        op: _Op[T] = _Op(fn, savepoint, coalesce, group, item, loop.create_future())
         try:
             try:
                 self._send.send_nowait(op)  # the common case: no checkpoint, no wait
@@ -269,9 +296,11 @@ class GroupCommitWriter:
         batch: list[_Op[Any]] = []
         try:
             while True:
+                # Let the callers of the last batch run first: most queue their next write at
+                # once, so the next batch is about twice as large (measured: +6-12 % events/s
+                # at 100 watchers) for the cost of one pass of the event loop.
+                await anyio.lowlevel.checkpoint()
                 try:
-                    # No checkpoint when work is waiting: the next batch starts at once, so its
-                    # thread runs while the callers of the last one are resumed.
                     first = self._receive.receive_nowait()
                 except anyio.WouldBlock:
                     try:
@@ -338,7 +367,20 @@ class GroupCommitWriter:
         try:
             tx.begin()
             pending: dict[UpsertGroup, _Pending] = {}
+            grouped: list[_Op[Any]] = []  # neighbouring operations of one OpGroup
             for op in batch:
+                if op.group is not None:
+                    for group, queued in pending.items():  # keep the order of effects
+                        self._flush(tx, group, queued)
+                    pending.clear()
+                    if grouped and grouped[0].group is not op.group:
+                        self._run_group(tx, grouped)
+                        grouped = []
+                    grouped.append(op)
+                    continue
+                if grouped:
+                    self._run_group(tx, grouped)
+                    grouped = []
                 if op.coalesce is None:
                     for group, queued in pending.items():  # keep the order of effects
                         self._flush(tx, group, queued)
@@ -358,6 +400,8 @@ class GroupCommitWriter:
                 slot.ops.append(op)
                 slot.ups.append(up)
                 slot.keys.add(up.pk)
+            if grouped:
+                self._run_group(tx, grouped)
             for group, queued in pending.items():
                 self._flush(tx, group, queued)
             conn.execute("COMMIT")
@@ -395,6 +439,42 @@ class GroupCommitWriter:
                         op.error = StateStoreError(f"no version returned for {up.pk!r}")
                     op.result = version
             start += size
+
+    def _run_group(self, tx: Tx, ops: list[_Op[Any]]) -> None:
+        """Run neighbouring operations of one :class:`OpGroup` in one call, inside a savepoint;
+        if the call fails, undo it and run each operation alone (only the culprit fails)."""
+        group = ops[0].group
+        if len(ops) == 1 or group is None:
+            for op in ops:
+                self._run_op(tx, op)
+            return
+        conn = tx.conn
+        for op in ops:
+            op.reset()
+        conn.execute("SAVEPOINT wk_op")
+        try:
+            outcomes = group.run(tx, [op.item for op in ops])
+            if len(outcomes) != len(ops):
+                raise StateStoreError(f"{len(outcomes)} outcomes for {len(ops)} operations")
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                raise
+            if not conn.in_transaction:
+                raise _BatchAborted from exc
+            outcomes = None
+        except Exception:  # noqa: BLE001 - the one-by-one path decides who gets which error
+            outcomes = None
+        if outcomes is None:
+            self._undo(conn)
+            for op in ops:
+                self._run_op(tx, op)
+            return
+        conn.execute("RELEASE wk_op")
+        for op, outcome in zip(ops, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                op.error = outcome
+            else:
+                op.result = outcome
 
     def _run_op(self, tx: Tx, op: _Op[Any]) -> None:
         op.reset()

@@ -54,8 +54,9 @@ from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
 from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._sqlite_events import EVENT_COMMITS
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate
-from ._sqlite_writer import GroupCommitWriter, Tx, Upsert
+from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
 from ._types import (
     Asset,
     AssetEvent,
@@ -203,11 +204,15 @@ class SqliteStateBackend(BaseStateBackend):
         *,
         savepoint: bool = True,
         coalesce: Callable[[Tx], Upsert] | None = None,
+        group: OpGroup | None = None,
+        item: object = None,
     ) -> T:
         writer = self._writer
         if writer is None or not self._open:
             raise StoreClosedError(self)
-        return await writer.submit(fn, savepoint=savepoint, coalesce=coalesce)
+        return await writer.submit(
+            fn, savepoint=savepoint, coalesce=coalesce, group=group, item=item
+        )
 
     async def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         reader = self._reader
@@ -306,7 +311,11 @@ class SqliteStateBackend(BaseStateBackend):
         self._check_open()
         if not isinstance(commit, EventCommit):
             raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
-        return await self._write(lambda tx: meta.commit_event(tx, commit))
+        # Neighbouring commits of a batch run together (EVENT_COMMITS), this one alone
+        # if that fails.
+        return await self._write(
+            lambda tx: meta.commit_event(tx, commit), group=EVENT_COMMITS, item=commit
+        )
 
     async def alist_events(
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
