@@ -519,3 +519,49 @@ class TestStaleStatuses:
             async with Daemon(settings, backend=backend):
                 rows = await backend.alist_trigger_status()
                 assert [r.trigger_id for r in rows] == ["elsewhere"]
+
+
+STUBBORN_WATCHER = """
+import anyio
+from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger, TriggerEvent
+
+
+class Stubborn(BaseEventTrigger):
+    def serialize(self):
+        return (self.classpath(), {})
+
+    async def run(self):
+        yield TriggerEvent({"n": 1})
+        while True:
+            try:
+                await anyio.sleep(3600)
+            except BaseException:  # swallows every cancellation: the bug under test
+                pass
+
+
+stubborn = Asset("stubborn", watchers=[AssetWatcher("stubborn", Stubborn())])
+"""
+
+
+@pytest.mark.slow
+class TestShutdownWatchdog:
+    async def test_a_trigger_that_swallows_cancellation_cannot_hang_shutdown(
+        self, tmp_path: Path, env: dict[str, str], log_file: IO[bytes], db_path: Path
+    ) -> None:
+        """SIGTERM with a trigger that never lets cancellation through still ends the process:
+        the watchdog exits with status 70 after the grace period, and the committed event
+        stays committed."""
+        watchers = tmp_path / "stubborn"
+        watchers.mkdir()
+        (watchers / "stubborn.py").write_text(STUBBORN_WATCHER)
+        env = {**env, "WATCHKEEPER__TRIGGERER__STOP_GRACE": "0.5"}
+        async with daemon(tmp_path, watchers, env, log_file) as process:
+            async with SqliteStateBackend(db_path) as backend:
+                await wait_until(lambda: payloads(backend, "stubborn"), "the first event", process)
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(WAIT):
+                status = await process.wait()
+        assert status == 70
+        assert any(e.get("event") == "daemon_shutdown_stuck" for e in log_events(tmp_path))
+        async with SqliteStateBackend(db_path) as backend:
+            assert await payloads(backend, "stubborn") == [1]

@@ -40,6 +40,7 @@ import contextlib
 import functools
 import os
 import signal
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -474,9 +475,35 @@ async def run_daemon(
     reload_interval: float = DEFAULT_RELOAD_INTERVAL,
     signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
 ) -> None:
-    """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return."""
-    with anyio.open_signal_receiver(*signals) as received:
-        async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
-            async for signum in received:
-                log.info("daemon_stopping", signal=signal.Signals(signum).name)
-                break
+    """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return.
+
+    Shutting down is bounded: a trigger that swallows every cancellation would otherwise keep
+    the process alive forever, so a watchdog thread armed at the signal ends the process
+    (exit status 70, log ``daemon_shutdown_stuck``) once ``stop_grace`` and a margin for
+    flushing have passed. Whatever had committed stays committed; leases expire on their own.
+    """
+    watchdog: threading.Timer | None = None
+    try:
+        with anyio.open_signal_receiver(*signals) as received:
+            async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
+                async for signum in received:
+                    log.info("daemon_stopping", signal=signal.Signals(signum).name)
+                    watchdog = _arm_shutdown_watchdog(settings.triggerer.stop_grace * 2 + 5)
+                    break
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE
+
+
+def _arm_shutdown_watchdog(timeout: float) -> threading.Timer:
+    def stuck() -> None:
+        log.error("daemon_shutdown_stuck", timeout=timeout, exit_status=SHUTDOWN_STUCK_EXIT)
+        os._exit(SHUTDOWN_STUCK_EXIT)
+
+    timer = threading.Timer(timeout, stuck)
+    timer.daemon = True
+    timer.start()
+    return timer
