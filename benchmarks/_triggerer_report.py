@@ -79,11 +79,15 @@ def _idle(r: dict[str, Any]) -> None:
 
     if raw:
         row("bare anyio tasks", raw)
-    for kind in ("sqlite", "postgres"):
+    for kind, label in (
+        ("sqlite", "ours, SQLite"),
+        ("postgres", "ours, PostgreSQL"),
+        ("sqlite_tuned", "ours, SQLite, GC tuned"),
+    ):
         res = idle.get(kind)
         if not res:
             continue
-        row(f"ours, {_NAMES[kind]}", res)
+        row(label, res)
         if "error" not in res and "error" not in raw and raw:
             print(
                 f"  {'  ratio to bare tasks':<22}{_ratio(res['start_s'], raw['start_s']):>9}"
@@ -170,12 +174,11 @@ def _events(r: dict[str, Any]) -> None:
 def _goals(r: dict[str, Any]) -> None:
     print("\nGoals")
     idle = r.get("idle") or {}
-    for kind in ("sqlite", "postgres"):
+    for kind, name in (*_NAMES.items(), ("sqlite_tuned", "SQLite, daemon's GC tuning")):
         res = idle.get(kind)
         if not res or "error" in res:
             continue
         full = res["count"] == 10_000
-        name = _NAMES[kind]
         start, kib, cores = res["start_s"], res["rss_per_watcher_bytes"] / 1024, res["idle_cores"]
         print(
             f"  {name}: 10,000 watchers started within {GOALS['start_10k_s']} s: {start:.2f} s"

@@ -20,6 +20,7 @@ reused without growing RSS). Writes ``benchmarks/results/triggerer.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -59,6 +60,7 @@ from watchkeeper.triggerer import (
     WatchSpec,
     configure_logging,
 )
+from watchkeeper.triggerer._gctune import raise_gen0_threshold, startup_gc
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RAW_MAX_BATCH = {"sqlite": 1024, "postgres": 2048}  # the backends' own writer batch limits
@@ -158,10 +160,15 @@ async def idle_child(args: argparse.Namespace) -> dict[str, Any]:
     async def measure(start: Callable[[list[BaseEventTrigger]], Awaitable[None]]) -> None:
         gc.collect()
         rss0 = rss_bytes()
-        triggers: list[BaseEventTrigger] = [PollingWatcher("idle", args.interval) for _ in range(n)]
-        t0 = time.perf_counter()
-        await start(triggers)
-        out["start_s"] = time.perf_counter() - t0
+        # --tune-gc: what Daemon(tune_gc=True) does around its first load (which builds and
+        # starts the triggers): the collector paused, then gc.freeze() of what is alive.
+        with startup_gc() if args.tune_gc else contextlib.nullcontext():
+            triggers: list[BaseEventTrigger] = [
+                PollingWatcher("idle", args.interval) for _ in range(n)
+            ]
+            t0 = time.perf_counter()
+            await start(triggers)
+            out["start_s"] = time.perf_counter() - t0
         await source.all_started.wait()
         out["all_running_s"] = time.perf_counter() - t0
         await anyio.sleep(args.settle)
@@ -200,8 +207,11 @@ async def idle_child(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 await backend.aregister_assets(assets)
                 out["register_assets_s"] = time.perf_counter() - t0
-                runner = TriggerRunner(backend, RunnerConfig(capacity=n))
+                config = RunnerConfig(capacity=n, status_interval=args.status_interval)
+                runner = TriggerRunner(backend, config)
                 async with runner:
+                    if args.tune_gc:
+                        raise_gen0_threshold()  # as the daemon, once its runner is entered
 
                     async def start_ours(triggers: list[BaseEventTrigger]) -> None:
                         for i, trigger in enumerate(triggers):
@@ -448,6 +458,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--status-interval", type=float, default=2.0, help=argparse.SUPPRESS)
     parser.add_argument("--no-gc", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tune-gc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "idle":
         print(json.dumps(anyio.run(idle_child, args, backend="asyncio")))
@@ -469,6 +480,7 @@ def main() -> None:
         idle["raw"] = run_idle_child("raw", "sqlite", n, 1.0, args)
         for kind in args.backends:
             idle[kind] = run_idle_child("ours", kind, n, 1.0, args)
+        idle["sqlite_tuned"] = run_idle_child("ours", "sqlite", n, 1.0, args, "--tune-gc")
         if args.diagnose:
             idle["diag_no_status"] = run_idle_child(
                 "ours", "sqlite", n, 1.0, args, "--status-interval", "0"
