@@ -21,7 +21,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -111,7 +111,6 @@ class PostgresStateBackend(BaseStateBackend):
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
-        self._opening: tuple[asyncpg.Connection, asyncpg.Pool] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -134,19 +133,6 @@ class PostgresStateBackend(BaseStateBackend):
         pool = self._pool
         size = pool.get_size() if pool is not None else 0
         return f"{self._where()} pool={size}/{self.max_size}"
-
-    async def __aenter__(self) -> Self:
-        # Connect and migrate before the base class enters its task group: an error raised in
-        # there reaches the caller wrapped in an ExceptionGroup, and an unreachable server
-        # should be a plain BackendUnavailableError.
-        if not self._open:
-            self._opening = await self._connect()
-        try:
-            return await super().__aenter__()
-        finally:
-            leftover, self._opening = self._opening, None
-            if leftover is not None:
-                _discard(*leftover)
 
     async def _connect(self) -> tuple[asyncpg.Connection, asyncpg.Pool]:
         """The writer's connection (schema migrated) and the read pool."""
@@ -171,8 +157,7 @@ class PostgresStateBackend(BaseStateBackend):
         return conn, pool
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
-        opening, self._opening = self._opening, None
-        conn, pool = opening if opening is not None else await self._connect()
+        conn, pool = await self._connect()
         dsn = self._dsn
 
         async def reconnect() -> asyncpg.Connection:
