@@ -49,7 +49,9 @@ json_any = st.recursive(
     max_leaves=12,
 )
 json_values = json_any.filter(lambda v: v is not None)
-keys = st.text(min_size=1, max_size=MAX_KEY_LENGTH)
+# Key characters: any but C0/C1 controls and lone surrogates (the naming rule refuses those).
+key_chars = st.characters(blacklist_categories=("Cc", "Cs"))
+keys = st.text(key_chars, min_size=1, max_size=MAX_KEY_LENGTH)
 scopes = st.sampled_from(SCOPES)
 
 not_json_leaves = st.one_of(
@@ -102,6 +104,12 @@ invalid_keys = st.one_of(
     st.text(min_size=MAX_KEY_LENGTH + 1, max_size=MAX_KEY_LENGTH + 40).map(
         lambda k: (k, ValueError)
     ),
+    # a C0 control character or DEL anywhere, or a lone surrogate (not UTF-8)
+    st.tuples(
+        st.text(key_chars, max_size=8),
+        st.sampled_from(["\x00", "\n", "\x1b", "\x7f", "\ud800", "\udfff"]),
+        st.text(key_chars, max_size=8),
+    ).map(lambda parts: ("".join(parts), ValueError)),
 )
 
 
@@ -173,7 +181,11 @@ class TestValueProperties:
         assert await snapshot(store) == before
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(writes=st.lists(st.tuples(st.text(min_size=1, max_size=12), json_values), max_size=8))
+    @given(
+        writes=st.lists(
+            st.tuples(st.text(key_chars, min_size=1, max_size=12), json_values), max_size=8
+        )
+    )
     async def test_list_matches_a_dict_model(
         self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
     ) -> None:

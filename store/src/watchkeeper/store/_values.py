@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import timedelta
 from typing import Any, Final, Self
 
 from .errors import (
     InvalidKeyError,
+    InvalidNameError,
     InvalidValueError,
     KeyTypeError,
     RetentionTypeError,
@@ -19,9 +21,11 @@ from .errors import (
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "MAX_KEY_LENGTH",
+    "MAX_NAME_BYTES",
     "NEVER_EXPIRE",
     "JSONValue",
     "check_key",
+    "check_name",
     "check_retention",
     "decode_value",
     "encode_json",
@@ -32,6 +36,14 @@ JSONValue = Any
 """A value the store accepts: str, int, float, bool, list or dict (str keys), nested."""
 
 MAX_KEY_LENGTH: Final = 512
+MAX_NAME_BYTES: Final = 1024
+"""The UTF-8 size limit of every name (keys, asset and watcher names, dedup keys).
+
+Well under PostgreSQL's btree row limit (~2,700 bytes), so an indexed name never fails there.
+"""
+
+# C0 controls and DEL: a name is printed in logs, tables and URLs, and PostgreSQL refuses NUL.
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 DEFAULT_MAX_VALUE_BYTES: Final = 65536
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -59,14 +71,49 @@ NEVER_EXPIRE: Final = _NeverExpire()
 """Pass as ``retention=`` to keep a task-state key until it is deleted; GC never collects it."""
 
 
+def _name_problem(name: str, max_chars: int | None) -> str | None:
+    """Why ``name`` breaks the naming rule, or None when it keeps it."""
+    if not name:
+        return "must not be empty"
+    if max_chars is not None and len(name) > max_chars:
+        return f"{len(name)} characters, over the limit of {max_chars}"
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        return "not valid UTF-8 (it contains a lone surrogate)"
+    if size > MAX_NAME_BYTES:
+        return f"{size} bytes in UTF-8, over the limit of {MAX_NAME_BYTES}"
+    found = _CONTROL.search(name)
+    if found is not None:
+        return f"contains the control character {found.group()!r} at {found.start()}"
+    return None
+
+
+def check_name(name: object, *, what: str) -> str:
+    """Return ``name`` if it keeps the naming rule, else raise :class:`InvalidNameError`.
+
+    ``what`` names the kind of name in the message ("asset name", "watcher name", "dedup key").
+    A name that is not a ``str`` is a :class:`KeyTypeError` (a ``TypeError``).
+    """
+    if not isinstance(name, str):
+        raise KeyTypeError(name, what=what)
+    problem = _name_problem(name, None)
+    if problem is not None:
+        raise InvalidNameError(what, name, problem)
+    return name
+
+
 def check_key(key: object) -> str:
-    """Return ``key`` if it is a valid key; raise :class:`KeyTypeError` or :class:`InvalidKeyError`."""
+    """Return ``key`` if it is a valid key; raise :class:`KeyTypeError` or :class:`InvalidKeyError`.
+
+    Keys follow the naming rule of :func:`check_name` and are at most ``MAX_KEY_LENGTH``
+    characters.
+    """
     if not isinstance(key, str):
         raise KeyTypeError(key)
-    if not key:
-        raise InvalidKeyError(key, "a key must not be empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidKeyError(key, f"{len(key)} characters, over the limit of {MAX_KEY_LENGTH}")
+    problem = _name_problem(key, MAX_KEY_LENGTH)
+    if problem is not None:
+        raise InvalidKeyError(key, problem)
     return key
 
 

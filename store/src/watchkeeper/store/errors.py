@@ -11,6 +11,7 @@ __all__ = [
     "AssetNotFoundError",
     "BackendUnavailableError",
     "InvalidKeyError",
+    "InvalidNameError",
     "InvalidValueError",
     "KeyTypeError",
     "LeaseLostError",
@@ -28,22 +29,36 @@ class StateStoreError(Exception):
     """Raised for any failure of the state store; the root of this module's tree."""
 
 
-class InvalidKeyError(StateStoreError, ValueError):
-    """Raised when a key is an empty string or longer than the limit."""
+class InvalidNameError(StateStoreError, ValueError):
+    """Raised when a name (an asset, a watcher, a dedup key) breaks the naming rule.
+
+    The rule, one for every name the store keeps: a non-empty ``str`` that encodes as UTF-8
+    (no lone surrogates), without C0 control characters or DEL, within a byte limit. The
+    message shows the name escaped and cut short, so it is always one printable line.
+    """
+
+    def __init__(self, what: str, name: str, reason: str) -> None:
+        self.what = what
+        self.name = name
+        self.reason = reason
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        super().__init__(f"invalid {what} {shown!r}: {reason}")
+
+
+class InvalidKeyError(InvalidNameError):
+    """Raised when a state key breaks the naming rule (empty, too long, control characters)."""
 
     def __init__(self, key: str, reason: str) -> None:
         self.key = key
-        self.reason = reason
-        shown = key if len(key) <= 40 else key[:37] + "..."
-        super().__init__(f"invalid key {shown!r}: {reason}")
+        super().__init__("key", key, reason)
 
 
 class KeyTypeError(StateStoreError, TypeError):
-    """Raised when a key is not a ``str``."""
+    """Raised when a key (or another name: ``what``) is not a ``str``."""
 
-    def __init__(self, key: object) -> None:
+    def __init__(self, key: object, *, what: str = "key") -> None:
         self.key = key
-        super().__init__(f"key must be a str, got {type(key).__name__}")
+        super().__init__(f"{what} must be a str, got {type(key).__name__}")
 
 
 class InvalidValueError(StateStoreError, ValueError):
