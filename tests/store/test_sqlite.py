@@ -106,6 +106,27 @@ class TestMigrations:
         assert sorted(applied) == [[], [1, 2, 3, 4, 5]]
         assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 5
 
+    async def test_a_version_4_file_gets_the_event_retention_index(self, sqlite_path: Path) -> None:
+        """A file from before event retention (version 4) is upgraded by migration 5 alone,
+        its events kept, and the GC's scan of old events then uses the new index."""
+        async with SqliteStateBackend(sqlite_path) as backend:
+            await backend.aregister_assets([ORDERS])
+            await backend.acommit_event(commit("orders", dedup_key="m1"))
+        conn = sqlite3.connect(sqlite_path)
+        conn.execute("DROP INDEX asset_events_created")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 5")
+        conn.commit()
+        conn.close()
+        async with SqliteStateBackend(sqlite_path) as backend:
+            assert backend.applied_migrations == [5]
+            assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+        plan = raw_rows(
+            sqlite_path,
+            "EXPLAIN QUERY PLAN DELETE FROM asset_events "
+            "WHERE created_at < '' AND (dedup_key IS NULL OR created_at < '')",
+        )
+        assert "USING INDEX asset_events_created" in str(plan)
+
     async def test_a_newer_schema_is_refused(self, sqlite_path: Path) -> None:
         """A file migrated by a newer watchkeeper fails to open with a clear error."""
         async with SqliteStateBackend(sqlite_path):
