@@ -8,6 +8,7 @@ Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture, like
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -362,3 +363,160 @@ class TestTriggerStatus:
         await store.asave_trigger_status([_status("t1"), _status("t2"), _status("t3")])
         await store.adelete_trigger_status(["t1", "t3", "never"])
         assert [s.trigger_id for s in await store.alist_trigger_status()] == ["t2"]
+
+
+T0 = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
+TICK = timedelta(microseconds=1)
+
+
+def at(store: BaseStateBackend, when: datetime) -> None:
+    """Set the backend's clock: events get this created_at, GC takes it as now."""
+    store.clock = lambda: when
+
+
+class TestEventRetention:
+    """GC deletes events older than [events] retention_days; events with a dedup_key stay at
+    least dedup_retention_days, so a redelivery inside that window is still suppressed."""
+
+    async def test_events_go_at_the_exact_retention_boundary(self, store: BaseStateBackend) -> None:
+        """An event exactly retention_days old is kept; one microsecond later GC deletes it,
+        and a newer event stays."""
+        at(store, T0)
+        (old,) = await store.acommit_event(commit("orders", payload="old"))
+        at(store, T0 + timedelta(days=1))
+        (new,) = await store.acommit_event(commit("orders", payload="new"))
+        at(store, T0 + timedelta(days=30))
+        kept = await store.acollect_garbage(event_retention_days=30)
+        assert (kept.events, kept.total) == (0, 0)
+        assert await store.alist_events() == [old, new]
+        at(store, T0 + timedelta(days=30) + TICK)
+        report = await store.acollect_garbage(event_retention_days=30)
+        assert (report.events, report.total) == (1, 1)
+        assert await store.alist_events() == [new]
+
+    async def test_dedup_key_suppresses_a_redelivery_until_its_window_passed(
+        self, store: BaseStateBackend
+    ) -> None:
+        """With a 1-day event retention and a 7-day dedup window, the plain event goes after a
+        day, the keyed one stays (suppressing its redelivery) until 7 days have passed."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", payload=1, dedup_key="m1", state={"w": 1}))
+        await store.acommit_event(commit("orders", payload="plain"))
+        days: dict[str, Any] = {"event_retention_days": 1, "dedup_retention_days": 7}
+        at(store, T0 + timedelta(days=2))
+        assert (await store.acollect_garbage(**days)).events == 1
+        assert [e.dedup_key for e in await store.alist_events()] == ["m1"]
+        redelivered = commit("orders", payload=2, dedup_key="m1", state={"w": 0})
+        assert await store.acommit_event(redelivered) == []
+        at(store, T0 + timedelta(days=7))
+        assert (await store.acollect_garbage(**days)).events == 0
+        assert await store.acommit_event(redelivered) == []
+        assert await store.aget(ORDERS_SCOPE, "w") == 1
+        at(store, T0 + timedelta(days=7) + TICK)
+        assert (await store.acollect_garbage(**days)).events == 1
+        assert await store.alist_events() == []
+        (again,) = await store.acommit_event(redelivered)
+        assert (again.payload, again.dedup_key) == (2, "m1")
+        assert await store.aget(ORDERS_SCOPE, "w") == 0
+
+    async def test_a_keyed_event_follows_the_longer_event_retention(
+        self, store: BaseStateBackend
+    ) -> None:
+        """With a dedup window shorter than the event retention, a keyed event stays (and
+        suppresses) for the whole event retention."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", dedup_key="m1"))
+        at(store, T0 + timedelta(days=30))
+        report = await store.acollect_garbage(event_retention_days=30, dedup_retention_days=7)
+        assert report.events == 0
+        assert await store.acommit_event(commit("orders", dedup_key="m1")) == []
+        at(store, T0 + timedelta(days=30) + TICK)
+        report = await store.acollect_garbage(event_retention_days=30, dedup_retention_days=7)
+        assert report.events == 1
+
+    async def test_zero_days_keep_events_forever(self, store: BaseStateBackend) -> None:
+        """event_retention_days=0 keeps every event; dedup_retention_days=0 keeps those with a
+        dedup_key while the others go."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", payload="plain"))
+        await store.acommit_event(commit("orders", payload="keyed", dedup_key="m1"))
+        at(store, T0 + timedelta(days=100_000))
+        assert (await store.acollect_garbage(event_retention_days=0)).events == 0
+        assert len(await store.alist_events()) == 2
+        report = await store.acollect_garbage(event_retention_days=1, dedup_retention_days=0)
+        assert report.events == 1
+        assert [e.payload for e in await store.alist_events()] == ["keyed"]
+
+    @pytest.mark.parametrize("batch_size", [0, 1, 2, 100])
+    async def test_batches_delete_every_due_event(
+        self, store: BaseStateBackend, batch_size: int
+    ) -> None:
+        """Whatever state_cleanup_batch_size is, one pass deletes every due event, no other."""
+        at(store, T0)
+        for number in range(5):
+            await store.acommit_event(commit("orders", "invoices", payload=number))
+        at(store, T0 + timedelta(days=2))
+        (fresh,) = await store.acommit_event(commit("orders", payload="fresh"))
+        report = await store.acollect_garbage(event_retention_days=1, batch_size=batch_size)
+        assert report.events == 10
+        assert await store.alist_events() == [fresh]
+
+    async def test_dry_run_counts_what_a_real_pass_deletes(self, store: BaseStateBackend) -> None:
+        """A dry run reports the number of due events and deletes none of them."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", "invoices", payload=1))
+        await store.acommit_event(commit("orders", payload=2, dedup_key="m1"))
+        at(store, T0 + timedelta(days=3))
+        await store.acommit_event(commit("orders", payload=3))
+        before = await store.alist_events()
+        days: dict[str, Any] = {"event_retention_days": 2, "dedup_retention_days": 2}
+        dry = await store.acollect_garbage(dry_run=True, **days)
+        assert (dry.dry_run, dry.events) == (True, 3)
+        assert await store.alist_events() == before
+        real = await store.acollect_garbage(**days)
+        assert (real.dry_run, real.events) == (False, 3)
+        assert [e.payload for e in await store.alist_events()] == [3]
+
+    async def test_ids_keep_growing_after_gc(self, store: BaseStateBackend) -> None:
+        """Event ids are never reused once GC deleted the newest events, so a reader that
+        follows 'events with an id above N' sees every new one."""
+        at(store, T0)
+        for number in range(3):
+            await store.acommit_event(commit("orders", payload=number))
+        last = (await store.alist_events())[-1].id
+        at(store, T0 + timedelta(days=40))
+        assert (await store.acollect_garbage()).events == 3
+        (event,) = await store.acommit_event(commit("orders", payload="next"))
+        assert event.id > last
+        assert await store.alist_events(since_id=last) == [event]
+        assert await store.alist_events(since_id=event.id - 1, asset="orders") == [event]
+
+    @pytest.mark.parametrize(
+        "days",
+        [
+            {"event_retention_days": -1},
+            {"dedup_retention_days": -1},
+            {"event_retention_days": True},
+            {"event_retention_days": 1.5},
+        ],
+    )
+    async def test_bad_retention_is_refused_and_deletes_nothing(
+        self, store: BaseStateBackend, days: dict[str, Any]
+    ) -> None:
+        """A negative or non-int event retention is a ValueError naming it; nothing is deleted."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", payload=1))
+        await store.aset(TASK, "k", 1, retention=timedelta(seconds=1))
+        before = (await snapshot(store), await store.aget(TASK, "k"))
+        at(store, T0 + timedelta(days=400))
+        (name,) = days
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 0"):
+            await store.acollect_garbage(**days)
+        assert (await snapshot(store), await store.aget(TASK, "k")) == before
+
+    async def test_a_huge_retention_keeps_everything(self, store: BaseStateBackend) -> None:
+        """A retention reaching before year 1 deletes nothing instead of overflowing."""
+        at(store, T0)
+        await store.acommit_event(commit("orders", payload=1))
+        report = await store.acollect_garbage(event_retention_days=10**12)
+        assert report.events == 0 and len(await store.alist_events()) == 1

@@ -151,7 +151,7 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.migrations_applied == [1, 2, 3, 4]
+            assert first.migrations_applied == [1, 2, 3, 4, 5]
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
             assert second.migrations_applied == []
@@ -162,7 +162,31 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4]
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+
+    async def test_a_version_4_schema_gets_the_event_retention_index(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A schema from before event retention (version 4) is upgraded by migration 5 alone
+        and keeps its events."""
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+            await backend.aregister_assets([Asset("orders")])
+            await backend.acommit_event(EventCommit("w", ("orders",), "1", dedup_key="m1"))
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(f'DROP INDEX "{pg_schema}".asset_events_created')
+            await conn.execute(f'DELETE FROM "{pg_schema}".schema_migrations WHERE version = 5')
+            async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+                assert backend.migrations_applied == [5]
+                assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+            indexes = await conn.fetch(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = $2",
+                pg_schema,
+                "asset_events",
+            )
+        finally:
+            await conn.close()
+        assert "asset_events_created" in {r[0] for r in indexes}
 
     async def test_two_backends_opening_a_fresh_schema_at_once_both_work(
         self, pg_dsn: str, pg_schema: str
@@ -184,7 +208,7 @@ class TestLifecycle:
                 for ready in opened:
                     await ready.wait()
                 applied = sorted(b.migrations_applied for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4]]
+                assert applied == [[], [], [1, 2, 3, 4, 5]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()

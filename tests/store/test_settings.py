@@ -54,6 +54,9 @@ class TestStoreSettingsSources:
         assert settings.state_store.state_cleanup_batch_size == 0
         assert settings.state_store.max_value_bytes == 65536
         assert settings.workers.state_backend is None
+        assert settings.events.max_payload_bytes == 1048576
+        assert settings.events.retention_days == 30
+        assert settings.events.dedup_retention_days == 7
 
     def test_reads_watchkeeper_toml_in_the_working_directory(self, _isolated: Path) -> None:
         """``./watchkeeper.toml`` is read when no file is named."""
@@ -136,6 +139,33 @@ class TestStoreSettingsSources:
         )
         assert StoreSettings.load(config) == StoreSettings()
 
+    def test_events_section_from_toml_and_environment(
+        self, _isolated: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``[events]`` is read from the file, and the environment overrides it key by key."""
+        _write_toml(
+            _isolated / "watchkeeper.toml",
+            "[events]\nmax_payload_bytes = 4096\nretention_days = 3\ndedup_retention_days = 9\n",
+        )
+        monkeypatch.setenv("WATCHKEEPER__EVENTS__RETENTION_DAYS", "0")
+        events = StoreSettings().events
+        assert (events.max_payload_bytes, events.retention_days) == (4096, 0)
+        assert events.dedup_retention_days == 9
+
+    @pytest.mark.parametrize(
+        ("key", "value"),
+        [("max_payload_bytes", 0), ("retention_days", -1), ("dedup_retention_days", -1)],
+    )
+    def test_bad_events_value_names_the_key(self, key: str, value: int) -> None:
+        """A payload limit below 1 or a negative retention is refused, naming the key."""
+        with pytest.raises(ValidationError, match=key):
+            StoreSettings.load(events={key: value})
+
+    def test_unknown_events_key_is_rejected(self) -> None:
+        """A misspelled key of ``[events]`` is an error naming it."""
+        with pytest.raises(ValidationError, match="retention_day"):
+            StoreSettings.load(events={"retention_day": 1})
+
     def test_database_url_is_secret_in_repr(self) -> None:
         """A password in the URL does not appear in the settings' repr."""
         settings = StoreSettings.load(database={"url": "postgresql://u:hunter2@db/wk"})
@@ -190,6 +220,14 @@ class TestOpenStateBackendUrls:
         """``[state_store] max_value_bytes`` reaches the backend."""
         assert self._open("sqlite:///:memory:", max_value_bytes=123).max_value_bytes == 123
 
+    @pytest.mark.parametrize(
+        "url", ["sqlite:///:memory:", "sqlite:///state.db", "postgresql://u@127.0.0.1/db"]
+    )
+    def test_max_payload_bytes_is_passed_on(self, url: str) -> None:
+        """``[events] max_payload_bytes`` reaches every built-in backend."""
+        settings = StoreSettings.load(database={"url": url}, events={"max_payload_bytes": 321})
+        assert open_state_backend(settings).max_payload_bytes == 321
+
     def test_unknown_scheme_is_a_value_error_naming_it(self) -> None:
         """A scheme no backend handles is a ValueError that names the scheme."""
         with pytest.raises(ValueError, match="'mysql'"):
@@ -221,6 +259,14 @@ class TestOpenStateBackendDottedPath:
         backend = open_state_backend(self._settings(f"{__name__}.CustomBackend"))
         assert type(backend) is CustomBackend
         assert backend.max_value_bytes == 77
+
+    def test_subclass_gets_max_payload_bytes(self) -> None:
+        """A custom backend carries ``[events] max_payload_bytes`` like a built-in one."""
+        settings = StoreSettings.load(
+            state_store={"backend": f"{__name__}.CustomBackend"},
+            events={"max_payload_bytes": 55},
+        )
+        assert open_state_backend(settings).max_payload_bytes == 55
 
     def test_colon_form_is_accepted(self) -> None:
         """``package.module:Class`` names the same class as ``package.module.Class``."""

@@ -76,11 +76,11 @@ async def increment(backend: SqliteStateBackend, scope: TaskScope, key: str) -> 
 
 class TestMigrations:
     async def test_a_new_file_records_every_migration(self, sqlite_path: Path) -> None:
-        """Opening a new file applies migrations 1..4 in order and records each one."""
+        """Opening a new file applies migrations 1..5 in order and records each one."""
         async with SqliteStateBackend(sqlite_path) as backend:
-            assert backend.applied_migrations == [1, 2, 3, 4]
+            assert backend.applied_migrations == [1, 2, 3, 4, 5]
         rows = raw_rows(sqlite_path, "SELECT version, name FROM schema_migrations ORDER BY 1")
-        assert [row[0] for row in rows] == [1, 2, 3, 4]
+        assert [row[0] for row in rows] == [1, 2, 3, 4, 5]
         assert all(row[1] for row in rows)
 
     async def test_reopening_applies_nothing(self, sqlite_path: Path) -> None:
@@ -90,7 +90,7 @@ class TestMigrations:
         async with SqliteStateBackend(sqlite_path) as backend:
             assert backend.applied_migrations == []
             assert await backend.amigrate() == []
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 4
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 5
 
     async def test_two_backends_opening_a_new_file_at_once(self, sqlite_path: Path) -> None:
         """Two openings racing on a new file apply each migration exactly once between them."""
@@ -103,8 +103,29 @@ class TestMigrations:
         async with anyio.create_task_group() as tg:
             tg.start_soon(open_one)
             tg.start_soon(open_one)
-        assert sorted(applied) == [[], [1, 2, 3, 4]]
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 4
+        assert sorted(applied) == [[], [1, 2, 3, 4, 5]]
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 5
+
+    async def test_a_version_4_file_gets_the_event_retention_index(self, sqlite_path: Path) -> None:
+        """A file from before event retention (version 4) is upgraded by migration 5 alone,
+        its events kept, and the GC's scan of old events then uses the new index."""
+        async with SqliteStateBackend(sqlite_path) as backend:
+            await backend.aregister_assets([ORDERS])
+            await backend.acommit_event(commit("orders", dedup_key="m1"))
+        conn = sqlite3.connect(sqlite_path)
+        conn.execute("DROP INDEX asset_events_created")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 5")
+        conn.commit()
+        conn.close()
+        async with SqliteStateBackend(sqlite_path) as backend:
+            assert backend.applied_migrations == [5]
+            assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+        plan = raw_rows(
+            sqlite_path,
+            "EXPLAIN QUERY PLAN DELETE FROM asset_events "
+            "WHERE created_at < '' AND (dedup_key IS NULL OR created_at < '')",
+        )
+        assert "USING INDEX asset_events_created" in str(plan)
 
     async def test_a_newer_schema_is_refused(self, sqlite_path: Path) -> None:
         """A file migrated by a newer watchkeeper fails to open with a clear error."""
@@ -746,17 +767,17 @@ class TestGarbageCollection:
         report = await store.acollect_garbage(
             default_retention_days=0, batch_size=2, now=T0 + timedelta(days=2)
         )
-        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row.
-        assert store.commit_stats.writes - before == 4
+        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events: none.
+        assert store.commit_stats.writes - before == 5
         assert len(report.expired) == 5 and report.retention == [] and len(report.orphaned) == 1
         assert sorted(e.key for e in await store.alist(TASK)) == ["fresh", "kept", "stale"]
 
     async def test_one_statement_when_batch_size_is_zero(self, store: SqliteStateBackend) -> None:
-        """batch_size=0 deletes each kind in one write."""
+        """batch_size=0 deletes each kind (three of state, and events) in one write."""
         await self._fill(store)
         before = store.commit_stats.writes
         report = await store.acollect_garbage(now=T0 + timedelta(days=31))
-        assert store.commit_stats.writes - before == 3
+        assert store.commit_stats.writes - before == 4
         assert report.total == 7
 
     async def test_dry_run_reports_the_same_rows_and_deletes_nothing(

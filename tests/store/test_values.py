@@ -212,3 +212,49 @@ class TestStrategiesAreSound:
         for number in (math.nan, math.inf):
             with pytest.raises(ValueError):
                 encode_value("k", {"a": number})
+
+
+PAYLOAD_LIMIT = 1000
+
+
+class TestEncodePayload:
+    """encode_payload: an event payload's JSON text, within [events] max_payload_bytes."""
+
+    def test_exactly_at_the_limit_is_accepted(self) -> None:
+        """A payload whose JSON text is exactly the limit in bytes is returned as is."""
+        from watchkeeper.store import encode_payload
+
+        text = encode_payload("x" * (PAYLOAD_LIMIT - 2), max_payload_bytes=PAYLOAD_LIMIT)
+        assert len(text.encode()) == PAYLOAD_LIMIT
+
+    def test_one_byte_over_names_size_and_limit(self) -> None:
+        """One byte over is a PayloadTooLargeError (a ValueError) naming size, limit and key."""
+        from watchkeeper.store import PayloadTooLargeError, encode_payload
+
+        with pytest.raises(ValueError, match=r"1001 bytes.*limit of 1000 bytes") as caught:
+            encode_payload({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=PAYLOAD_LIMIT)
+        assert isinstance(caught.value, PayloadTooLargeError)
+        assert "[events] max_payload_bytes" in str(caught.value)
+        assert (caught.value.size, caught.value.limit) == (1001, PAYLOAD_LIMIT)
+
+    def test_the_limit_counts_utf8_bytes(self) -> None:
+        """502 characters of 'é' (1,006 bytes with the quotes) are over a 1,000-byte limit."""
+        from watchkeeper.store import PayloadTooLargeError, encode_payload
+
+        encode_payload("é" * 499, max_payload_bytes=PAYLOAD_LIMIT)
+        with pytest.raises(PayloadTooLargeError, match="1006 bytes"):
+            encode_payload("é" * 502, max_payload_bytes=PAYLOAD_LIMIT)
+
+    def test_none_payloads_and_no_limit(self) -> None:
+        """A None payload is JSON null; max_payload_bytes=None disables the limit."""
+        from watchkeeper.store import encode_payload
+
+        assert encode_payload(None, max_payload_bytes=4) == "null"
+        assert len(encode_payload("x" * 5000, max_payload_bytes=None)) == 5002
+
+    def test_a_payload_that_is_not_json_is_still_refused(self) -> None:
+        """The size check comes after the JSON check: a datetime is a TypeError."""
+        from watchkeeper.store import encode_payload
+
+        with pytest.raises(TypeError, match="payload"):
+            encode_payload({"at": datetime(2024, 1, 1)}, max_payload_bytes=PAYLOAD_LIMIT)

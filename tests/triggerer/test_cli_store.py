@@ -11,7 +11,7 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -257,13 +257,15 @@ class TestStateStoreTask:
             "would delete expired: task etl/run_1/load[-1] key 'stale'",
             "would delete orphaned: asset 'gone' key 'wm'",
             "would delete 2 rows (1 expired, 0 past retention, 1 of inactive assets)",
+            "would delete 0 events (older than 30 days; with a dedup_key: older than 30 days)",
         ]
         assert await snapshot(db_path) == before
         real = await cli("state-store", "clean")
         assert real.code == 0
-        assert real.out.splitlines()[-1] == (
-            "deleted 2 rows (1 expired, 0 past retention, 1 of inactive assets)"
-        )
+        assert real.out.splitlines()[-2:] == [
+            "deleted 2 rows (1 expired, 0 past retention, 1 of inactive assets)",
+            "deleted 0 events (older than 30 days; with a dedup_key: older than 30 days)",
+        ]
         async with SqliteStateBackend(db_path) as backend:
             assert sorted(e.key for e in await backend.alist(TASK)) == ["cursor", "kept"]
 
@@ -271,7 +273,75 @@ class TestStateStoreTask:
         """``[state_store] default_retention_days`` from the environment drives clean."""
         retention = {"WATCHKEEPER__STATE_STORE__DEFAULT_RETENTION_DAYS": "0"}
         kept = await cli("state-store", "clean", "--dry-run", env=retention)
-        assert kept.out.splitlines()[-1].startswith("would delete 0 rows")
+        assert kept.out.splitlines()[-2].startswith("would delete 0 rows")
+
+    @staticmethod
+    async def _old_events(db_path: Path) -> None:
+        """Two events committed 31 days ago (one with a dedup_key) beside the two recent ones."""
+        async with SqliteStateBackend(db_path) as backend:
+            then = datetime.now(UTC) - timedelta(days=31)
+            backend.clock = lambda: then
+            await commit(backend, "orders", {"n": "old"})
+            await commit(backend, "orders", {"n": "old keyed"}, dedup_key="old-1")
+
+    async def test_clean_deletes_events_past_retention(self, cli: Cli, db_path: Path) -> None:
+        """clean --dry-run counts the events older than [events] retention_days and deletes
+        nothing; clean deletes exactly those and keeps the recent ones."""
+        await self._old_events(db_path)
+        before = await snapshot(db_path)
+        dry = await cli("state-store", "clean", "--dry-run")
+        assert (dry.code, dry.err) == (0, "")
+        assert dry.out.splitlines()[-1] == (
+            "would delete 2 events (older than 30 days; with a dedup_key: older than 30 days)"
+        )
+        assert await snapshot(db_path) == before
+        real = await cli("state-store", "clean")
+        assert real.out.splitlines()[-1] == (
+            "deleted 2 events (older than 30 days; with a dedup_key: older than 30 days)"
+        )
+        async with SqliteStateBackend(db_path) as backend:
+            assert [e.payload for e in await backend.alist_events()] == [{"n": 1}, {"n": 2}]
+
+    async def test_clean_json_reports_rows_and_events(self, cli: Cli, db_path: Path) -> None:
+        """clean --json prints one document: the state rows by kind, the number of events,
+        and the event retention in force (here a 40-day dedup window keeps the keyed event)."""
+        await self._old_events(db_path)
+        async with SqliteStateBackend(db_path) as backend:
+            await backend.aset(TASK, "stale", 1, retention=timedelta(seconds=-1))
+        window = {"WATCHKEEPER__EVENTS__DEDUP_RETENTION_DAYS": "40"}
+        dry = await cli("state-store", "clean", "--dry-run", "--json", env=window)
+        expected = {
+            "dry_run": True,
+            "rows": 1,
+            "expired": [
+                {"dag_id": "etl", "run_id": "run_1", "task_id": "load", "map_index": -1,
+                 "key": "stale"},
+            ],
+            "retention": [],
+            "orphaned": [],
+            "events": 1,
+            "event_retention_days": 30,
+            "dedup_retention_days": 40,
+        }  # fmt: skip
+        assert (dry.code, dry.json_lines()) == (0, [expected])
+        real = await cli("state-store", "clean", "--json", env=window)
+        assert real.json_lines() == [{**expected, "dry_run": False}]
+        async with SqliteStateBackend(db_path) as backend:
+            keyed = [e.payload["n"] for e in await backend.alist_events() if e.dedup_key]
+        assert keyed == [1, "old keyed"]
+
+    async def test_clean_keeps_every_event_with_zero_retention(
+        self, cli: Cli, db_path: Path
+    ) -> None:
+        """With [events] retention_days = 0, clean says events are kept and deletes none."""
+        await self._old_events(db_path)
+        forever = {"WATCHKEEPER__EVENTS__RETENTION_DAYS": "0"}
+        done = await cli("state-store", "clean", env=forever)
+        assert done.out.splitlines()[-1] == (
+            "deleted 0 events ([events] retention_days = 0 keeps them forever)"
+        )
+        async with SqliteStateBackend(db_path) as backend:
+            assert len(await backend.alist_events()) == 4
 
 
 class TestAssets:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import signal
 import subprocess
@@ -17,10 +19,13 @@ from typing import IO, Any
 import anyio
 import anyio.abc
 import pytest
+from _runtime_support import watch_logs
 from pydantic import SecretStr
 from watchkeeper.store import (
     Asset,
     AssetScope,
+    EventCommit,
+    EventsSettings,
     MemoryStateBackend,
     SqliteStateBackend,
     TriggerStatus,
@@ -389,6 +394,31 @@ class TestDaemonReload:
                 assert len(d.groups) == 1
             assert [r.state for r in await backend.alist_trigger_status()] == ["stopped"]
             assert repr(d).endswith("open=False>")
+
+
+class TestDaemonGarbageCollection:
+    async def test_periodic_gc_deletes_events_past_retention(self, watchers: Path) -> None:
+        """The daemon's GC loop applies [events] retention: old events go (the one with a
+        dedup_key after its dedup window), recent ones stay, and gc_done counts them."""
+        settings = Settings(
+            triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0.01, stop_grace=1),
+            events=EventsSettings(retention_days=1, dedup_retention_days=3),
+        )
+        now = datetime.now(UTC)
+        async with MemoryStateBackend() as backend:
+            await backend.aregister_assets([Asset("orders")])
+            for age, dedup_key in ((2, None), (2, "kept"), (4, "gone"), (0, None)):
+                backend.clock = functools.partial(operator.sub, now, timedelta(days=age))
+                await backend.acommit_event(
+                    EventCommit("feed", ("orders",), json.dumps(age), dedup_key=dedup_key)
+                )
+            backend.clock = lambda: now
+            with watch_logs() as logs:
+                async with Daemon(settings, backend=backend):
+                    (done, *_) = await logs.wait_for("gc_done")
+            assert done["events"] == 2
+            remaining = [(e.payload, e.dedup_key) for e in await backend.alist_events()]
+            assert remaining == [(2, "kept"), (0, None)]
 
 
 FAILING_WATCHER = """

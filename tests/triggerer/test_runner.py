@@ -300,6 +300,51 @@ class TestSupervision:
                 states = {s.trigger_id: s.state for s in runner.statuses()}
         assert states == {"broken": "failed", "healthy": "running"}
 
+    async def test_an_oversize_payload_fails_only_its_watcher_and_writes_nothing(
+        self, backend: BaseStateBackend
+    ) -> None:
+        """A payload over [events] max_payload_bytes fails its watcher's runs like any bad
+        event, naming size and limit, and writes neither event, state nor dedup key; another
+        watcher keeps committing."""
+        await registered(backend)
+        backend.max_payload_bytes = 1000
+        bulky = Scripted(
+            [TriggerEvent({"blob": "x" * 1000}, state={"wm": 7}, dedup_key="big")], then="hold"
+        )
+        ticker = Ticker()
+        with watch_logs() as logs:
+            async with TriggerRunner(backend, fast(max_failures=2)) as runner:
+                await runner.start_trigger(spec("healthy", ticker, USERS))
+                await runner.start_trigger(spec("bulky", bulky, ORDERS))
+                await logs.wait_for("trigger_failed", trigger_id="bulky")
+                with anyio.fail_after(10):
+                    await ticker.reached(ticker.count + 10).wait()
+                states = {s.trigger_id: s for s in runner.statuses()}
+        failed = states["bulky"]
+        assert (failed.state, failed.failures, failed.events) == ("failed", 2, 0)
+        assert failed.last_error is not None
+        assert failed.last_error.startswith("PayloadTooLargeError: event payload is 1011 bytes")
+        assert "over the limit of 1000 bytes ([events] max_payload_bytes)" in failed.last_error
+        assert (states["healthy"].state, bulky.runs) == ("running", 2)
+        assert await backend.alist_events(asset="orders") == []
+        assert await backend.aget(ORDERS.scope, "wm") is None
+        assert len(await backend.alist_events(asset="users")) >= 10
+        (event,) = await backend.acommit_event(
+            EventCommit("bulky", ("orders",), '{"blob":"x"}', dedup_key="big")
+        )
+        assert event.dedup_key == "big"  # the key was never recorded
+
+    async def test_a_payload_exactly_at_the_limit_commits(self, backend: BaseStateBackend) -> None:
+        """The payload limit is inclusive: JSON text of exactly max_payload_bytes commits."""
+        await registered(backend)
+        backend.max_payload_bytes = 1011
+        trigger = Scripted([TriggerEvent({"blob": "x" * 1000}, state={"wm": 7})])
+        async with TriggerRunner(backend, FAST) as runner:
+            await runner.start_trigger(spec("w", trigger, ORDERS))
+            with anyio.fail_after(5):
+                await trigger.drained.wait()
+        assert [e.payload for e in await backend.alist_events()] == [{"blob": "x" * 1000}]
+
 
 class CleanupProbe(BaseEventTrigger):
     """Holds in run(); its cleanup awaits several times, or raises, or hangs."""

@@ -21,10 +21,12 @@ from ._types import (
     Writer,
 )
 from ._values import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     MAX_KEY_LENGTH,
     NEVER_EXPIRE,
     encode_json,
+    encode_payload,
     encode_value,
 )
 from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
@@ -37,6 +39,7 @@ from .errors import (
     InvalidValueError,
     KeyTypeError,
     LeaseLostError,
+    PayloadTooLargeError,
     RetentionTypeError,
     StateStoreError,
     StoreClosedError,
@@ -50,6 +53,7 @@ from .postgres import PostgresStateBackend
 from .settings import (
     ConfigFileNotFoundError,
     DatabaseSettings,
+    EventsSettings,
     InvalidConfigFileError,
     StateStoreSettings,
     StoreSettings,
@@ -58,6 +62,7 @@ from .settings import (
 from .sqlite import SqliteStateBackend
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
     "MAX_KEY_LENGTH",
     "NEVER_EXPIRE",
@@ -73,6 +78,7 @@ __all__ = [
     "ConfigFileNotFoundError",
     "DatabaseSettings",
     "EventCommit",
+    "EventsSettings",
     "Fence",
     "GcReport",
     "InvalidConfigFileError",
@@ -83,6 +89,7 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "MemoryStateBackend",
+    "PayloadTooLargeError",
     "PostgresStateBackend",
     "RawEntry",
     "RetentionTypeError",
@@ -104,6 +111,7 @@ __all__ = [
     "Writer",
     "build_task_context",
     "encode_json",
+    "encode_payload",
     "encode_value",
     "open_state_backend",
     "run_task",

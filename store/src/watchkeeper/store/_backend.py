@@ -26,6 +26,7 @@ from ._types import (
     Writer,
 )
 from ._values import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     NEVER_EXPIRE,
     JSONValue,
@@ -84,10 +85,19 @@ class BaseStateBackend(MetastoreFeatures):
 
     supports_events: ClassVar[bool] = False
 
-    def __init__(self, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
         if max_value_bytes <= 0:
             raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+        if max_payload_bytes <= 0:
+            raise ValueError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
         self.max_value_bytes = max_value_bytes
+        self.max_payload_bytes = max_payload_bytes
+        """The largest event payload (JSON, bytes): the runtime checks it before committing."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._portal: BlockingPortal | None = None

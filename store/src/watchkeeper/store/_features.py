@@ -71,8 +71,11 @@ class MetastoreFeatures:
         batch_size: int = 0,
         dry_run: bool = False,
         now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
     ) -> GcReport:
-        """Delete expired task state, stale task state and the state of inactive assets."""
+        """Delete expired task state, stale task state, the state of inactive assets and the
+        asset events past their retention (the rule is in :mod:`._gc`)."""
         raise self._unsupported("garbage collection")
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:

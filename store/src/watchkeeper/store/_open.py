@@ -35,9 +35,13 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
     is not a :class:`BaseStateBackend` subclass.
     """
     max_value_bytes = settings.state_store.max_value_bytes
+    max_payload_bytes = settings.events.max_payload_bytes
     if settings.state_store.backend is not None:
         cls = backend_class_from_path(settings.state_store.backend)
-        return cls(max_value_bytes=max_value_bytes)
+        backend = cls(max_value_bytes=max_value_bytes)
+        # Set, not passed: a custom backend's constructor may predate [events].
+        backend.max_payload_bytes = max_payload_bytes
+        return backend
     url = settings.database_url()
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
@@ -49,12 +53,16 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
     if scheme in _SQLITE_SCHEMES:
         path = sqlite_path_from_url(url)
         if path is None:
-            return MemoryStateBackend(max_value_bytes=max_value_bytes)
+            return MemoryStateBackend(
+                max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
+            )
         try:
             from .sqlite import SqliteStateBackend
         except ImportError as exc:
             raise ImportError(f"the SQLite backend cannot be imported: {exc}") from exc
-        return SqliteStateBackend(path, max_value_bytes=max_value_bytes)
+        return SqliteStateBackend(
+            path, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
+        )
     if scheme in _POSTGRES_SCHEMES:
         try:
             from .postgres import PostgresStateBackend
@@ -65,7 +73,9 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
             ) from exc
         # asyncpg understands postgresql:// and postgres://, not SQLAlchemy's driver suffix.
         dsn = url if scheme != "postgresql+asyncpg" else f"postgresql://{rest}"
-        return PostgresStateBackend(dsn, max_value_bytes=max_value_bytes)
+        return PostgresStateBackend(
+            dsn, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
+        )
     raise ValueError(
         f"[database] url has the unknown scheme {scheme!r}; "
         "use sqlite:///path.db, sqlite:///:memory: or postgresql://..."

@@ -283,6 +283,7 @@ class _GcStatements:
 
     The task kinds take their time bound as ``$1`` (and the batch size as ``$2``); the orphan
     kind takes no bound (the batch size is ``$1``). Each returns the deleted rows' identity.
+    The ``events_*`` statements count the events past retention, or delete them.
     """
 
     def __init__(self, p: str) -> None:
@@ -316,6 +317,15 @@ class _GcStatements:
             f"SELECT asset_id, key FROM {p}asset_state "
             f"WHERE asset_id IN (SELECT id FROM {p}assets WHERE NOT active) "
             "LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING a.name, s.key"
+        )
+        # Events past retention (_gc.py's rule; a NULL $2 keeps events with a dedup key),
+        # counted rather than returned: $1 and $2 are the cutoffs, $3 the batch size.
+        events = "created_at < $1 AND (dedup_key IS NULL OR created_at < $2::timestamptz)"
+        self.events_count = f"SELECT count(*) FROM {p}asset_events WHERE {events}"
+        self.events_delete = f"DELETE FROM {p}asset_events WHERE {events}"
+        self.events_delete_batch = (
+            f"DELETE FROM {p}asset_events WHERE id IN (SELECT id FROM {p}asset_events "
+            f"WHERE {events} LIMIT $3 FOR UPDATE SKIP LOCKED)"
         )
 
 

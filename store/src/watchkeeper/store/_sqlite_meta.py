@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
+from ._gc import EventCutoffs
 from ._sqlite_ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
 from ._sqlite_schema import apply_migrations, from_db, to_db
 from ._sqlite_writer import Tx
@@ -45,6 +46,8 @@ _GC_TASK_WHERE: Final = {
 }
 _GC_TASK_COLS: Final = "rowid, dag_id, run_id, task_id, map_index, key"
 _GC_ORPHAN_WHERE: Final = "asset_id IN (SELECT id FROM assets WHERE active = 0)"
+# _gc.py's rule; a NULL dedup cutoff (keep events with a dedup key forever) is never true.
+_GC_EVENTS_WHERE: Final = "created_at < ? AND (dedup_key IS NULL OR created_at < ?)"
 
 STATUS_LIST_SQL: Final = """
     SELECT trigger_id, classpath, assets, watchers, state, failures, last_error, last_event_at,
@@ -215,6 +218,28 @@ def gc_delete(tx: Tx, kind: GcKind, bound: datetime, limit: int) -> list[Any]:
     if kind == "orphaned":
         rows = [(row[0], names[row[1]], row[2]) for row in rows]
     return gc_rows(kind, rows)
+
+
+def _event_bounds(cutoffs: EventCutoffs) -> tuple[str, str | None]:
+    dedup = cutoffs.dedup
+    return to_db(cutoffs.events), None if dedup is None else to_db(dedup)
+
+
+def gc_events_select(cutoffs: EventCutoffs) -> Query:
+    """How many events :func:`gc_events_delete` would delete (the dry run)."""
+    return f"SELECT count(*) FROM asset_events WHERE {_GC_EVENTS_WHERE}", _event_bounds(cutoffs)
+
+
+def gc_events_delete(tx: Tx, cutoffs: EventCutoffs, limit: int) -> int:
+    """Delete the events past retention (at most ``limit``; 0: all); return how many."""
+    params = _event_bounds(cutoffs)
+    if limit:
+        sql = (
+            "DELETE FROM asset_events WHERE id IN "
+            f"(SELECT id FROM asset_events WHERE {_GC_EVENTS_WHERE} LIMIT ?)"
+        )
+        return tx.conn.execute(sql, (*params, limit)).rowcount
+    return tx.conn.execute(f"DELETE FROM asset_events WHERE {_GC_EVENTS_WHERE}", params).rowcount
 
 
 # -- trigger status ------------------------------------------------------------------------------

@@ -164,6 +164,12 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (
+        5,
+        "event retention",
+        # The GC's scan for events past [events] retention_days (see _gc.py).
+        ("CREATE INDEX asset_events_created ON asset_events (created_at)",),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -242,16 +242,21 @@ class EventCommit:
 
 @dataclass(slots=True)
 class GcReport:
-    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete)."""
+    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete).
+
+    The state rows are listed (task scope or asset name, and key); ``events`` is the number of
+    asset events past their retention (there may be millions, so they are counted, not listed).
+    """
 
     dry_run: bool
     expired: list[tuple[TaskScope, str]] = field(default_factory=list)
     retention: list[tuple[TaskScope, str]] = field(default_factory=list)
     orphaned: list[tuple[str, str]] = field(default_factory=list)
+    events: int = 0
 
     @property
     def total(self) -> int:
-        return len(self.expired) + len(self.retention) + len(self.orphaned)
+        return len(self.expired) + len(self.retention) + len(self.orphaned) + self.events
 
 
 @dataclass(frozen=True, slots=True)

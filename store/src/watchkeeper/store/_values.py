@@ -13,12 +13,14 @@ from .errors import (
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
+    PayloadTooLargeError,
     RetentionTypeError,
     ValueTooLargeError,
     ValueTypeError,
 )
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
     "MAX_KEY_LENGTH",
     "MAX_NAME_BYTES",
@@ -29,6 +31,7 @@ __all__ = [
     "check_retention",
     "decode_value",
     "encode_json",
+    "encode_payload",
     "encode_value",
 ]
 
@@ -45,6 +48,8 @@ Well under PostgreSQL's btree row limit (~2,700 bytes), so an indexed name never
 # C0 controls and DEL: a name is printed in logs, tables and URLs, and PostgreSQL refuses NUL.
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 DEFAULT_MAX_VALUE_BYTES: Final = 65536
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
+"""The default ``[events] max_payload_bytes``: 1 MiB of JSON per event payload."""
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _DECODE: Final = json.JSONDecoder().decode
@@ -183,6 +188,24 @@ def encode_json(value: object, *, what: str = "value") -> str:
     if value is None:
         return "null"
     return _encode_checked(value, what)
+
+
+def encode_payload(
+    value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
+) -> str:
+    """Validate an event payload (``None`` allowed) and return its compact JSON text.
+
+    Raises what :func:`encode_json` raises, and :class:`PayloadTooLargeError` when the
+    encoding is over ``max_payload_bytes`` (``None`` disables the limit).
+    """
+    text = encode_json(value, what="payload")
+    # As in encode_value: a UTF-8 character is at most 4 bytes, so a payload under a quarter
+    # of the limit (nearly all of them) costs one len(); only a long one is encoded to measure.
+    if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
+        size = len(text.encode("utf-8", "surrogatepass"))  # a measure; never raises
+        if size > max_payload_bytes:
+            raise PayloadTooLargeError(size, max_payload_bytes)
+    return text
 
 
 def encode_value(

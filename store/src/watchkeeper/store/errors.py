@@ -15,6 +15,7 @@ __all__ = [
     "InvalidValueError",
     "KeyTypeError",
     "LeaseLostError",
+    "PayloadTooLargeError",
     "RetentionTypeError",
     "StateStoreError",
     "StoreClosedError",
@@ -88,6 +89,18 @@ class ValueTooLargeError(InvalidValueError):
         super().__init__(
             f"value for key {key!r} is {size} bytes encoded, over the limit of {limit} bytes "
             "(configure [workers] state_backend to offload large values)"
+        )
+
+
+class PayloadTooLargeError(InvalidValueError):
+    """Raised when an event payload's JSON encoding is larger than ``[events] max_payload_bytes``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"event payload is {size} bytes encoded, over the limit of {limit} bytes "
+            "([events] max_payload_bytes); store large data elsewhere and send a reference"
         )
 
 

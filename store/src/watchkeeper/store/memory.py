@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from ._backend import BaseStateBackend
+from ._gc import check_days, event_cutoffs
 from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
 from ._types import (
     Asset,
@@ -25,7 +27,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, decode_value
 from .errors import AssetNotFoundError, VersionConflictError
 
 __all__ = ["MemoryStateBackend"]
@@ -52,13 +54,16 @@ class MemoryStateBackend(BaseStateBackend):
 
     supports_events = True
 
-    def __init__(self, *, max_value_bytes: int = 65536) -> None:
-        super().__init__(max_value_bytes=max_value_bytes)
+    def __init__(
+        self, *, max_value_bytes: int = 65536, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    ) -> None:
+        super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         self._lock = threading.Lock()
         self._task: dict[_TaskRow, RawEntry] = {}
         self._asset_state: dict[tuple[int, str], RawEntry] = {}
         self._assets: dict[str, _AssetRow] = {}
-        self._events: list[AssetEvent] = []
+        self._events: list[AssetEvent] = []  # in id order; GC deletes from anywhere in it
+        self._next_event_id = 1  # ids are never reused, as in SQL, even after GC
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
         self._leases: dict[str, HeldLease] = {}
@@ -258,13 +263,14 @@ class MemoryStateBackend(BaseStateBackend):
             written: list[AssetEvent] = []
             for row in fresh:
                 event = AssetEvent(
-                    id=len(self._events) + 1,
+                    id=self._next_event_id,
                     asset=row.name,
                     watcher=commit.watcher,
                     payload=payload,
                     dedup_key=commit.dedup_key,
                     created_at=now,
                 )
+                self._next_event_id += 1
                 self._events.append(event)
                 written.append(event)
                 if commit.dedup_key is not None:
@@ -284,7 +290,8 @@ class MemoryStateBackend(BaseStateBackend):
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
     ) -> list[AssetEvent]:
         with self._lock:
-            events = [e for e in self._events[since_id:] if asset is None or e.asset == asset]
+            start = bisect.bisect_right(self._events, since_id, key=lambda e: e.id)
+            events = [e for e in self._events[start:] if asset is None or e.asset == asset]
         return events if limit is None else events[:limit]
 
     async def acollect_garbage(
@@ -294,8 +301,13 @@ class MemoryStateBackend(BaseStateBackend):
         batch_size: int = 0,
         dry_run: bool = False,
         now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
     ) -> GcReport:
+        check_days("default_retention_days", default_retention_days)
+        check_days("batch_size", batch_size)
         now = now or self.clock()
+        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
         report = GcReport(dry_run=dry_run)
         cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         with self._lock:
@@ -317,6 +329,16 @@ class MemoryStateBackend(BaseStateBackend):
                 report.orphaned.append((inactive[asset_key[0]], asset_key[1]))
                 if not dry_run:
                     del self._asset_state[asset_key]
+            if events_due is not None:
+                due = [e for e in self._events if events_due.due(e.created_at, e.dedup_key)]
+                report.events = len(due)
+                if due and not dry_run:
+                    gone = {id(e) for e in due}
+                    self._events = [e for e in self._events if id(e) not in gone]
+                    for event in due:
+                        if event.dedup_key is not None:
+                            asset_id = self._assets[event.asset].asset_id
+                            self._dedup.discard((asset_id, event.dedup_key))
         return report
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:

@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 
 from ._backend import BaseStateBackend
+from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
@@ -53,7 +54,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_VALUE_BYTES, decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from .errors import AssetNotFoundError, StateStoreError, StoreClosedError
 
 if TYPE_CHECKING:
@@ -94,8 +95,9 @@ class PostgresStateBackend(BaseStateBackend):
         min_size: int = 1,
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        super().__init__(max_value_bytes=max_value_bytes)
+        super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         if not isinstance(dsn, str) or not dsn:
             raise ValueError(f"dsn must be a non-empty postgresql:// URL, got {type(dsn).__name__}")
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
@@ -365,6 +367,8 @@ class PostgresStateBackend(BaseStateBackend):
         batch_size: int = 0,
         dry_run: bool = False,
         now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
     ) -> GcReport:
         self._check_open()
         if not isinstance(batch_size, int) or batch_size < 0:
@@ -372,6 +376,9 @@ class PostgresStateBackend(BaseStateBackend):
                 f"batch_size must be an int >= 0 (0: one statement), got {batch_size!r}"
             )
         now = now or self.clock()
+        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
+        event_args = () if events_due is None else (events_due.events, events_due.dedup)
+        events = 0
         cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         bounds: dict[str, tuple[Any, ...]] = {"expired": (now,), "orphaned": ()}
         if cutoff is not None:
@@ -381,13 +388,19 @@ class PostgresStateBackend(BaseStateBackend):
         if dry_run:
             for kind, args in bounds.items():
                 found[kind] = [tuple(r) for r in await self._fetch("GC", gc.select[kind], *args)]
+            if event_args:
+                (row,) = await self._fetch("GC", gc.events_count, *event_args)
+                events = row[0]
         elif batch_size == 0:
 
-            async def collect(conn: asyncpg.Connection) -> None:
+            async def collect(conn: asyncpg.Connection) -> int:
                 for kind, args in bounds.items():
                     found[kind] = [tuple(r) for r in await conn.fetch(gc.delete[kind], *args)]
+                if not event_args:
+                    return 0
+                return rowcount(await conn.execute(gc.events_delete, *event_args))
 
-            await self._submit(CallOp(collect, phase=LATE))
+            events = await self._submit(CallOp(collect, phase=LATE))
         else:
             for kind, args in bounds.items():
                 while True:
@@ -404,7 +417,18 @@ class PostgresStateBackend(BaseStateBackend):
                     found[kind].extend(rows)
                     if len(rows) < batch_size:
                         break
-        report = GcReport(dry_run=dry_run)
+            while event_args:
+
+                async def delete_events(conn: asyncpg.Connection) -> int:
+                    return rowcount(
+                        await conn.execute(gc.events_delete_batch, *event_args, batch_size)
+                    )
+
+                deleted: int = await self._submit(CallOp(delete_events, phase=LATE))
+                events += deleted
+                if deleted < batch_size:
+                    break
+        report = GcReport(dry_run=dry_run, events=events)
         report.expired = [(TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found["expired"])]
         report.retention = [
             (TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found.get("retention", []))

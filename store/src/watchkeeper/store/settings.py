@@ -24,13 +24,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from ._values import DEFAULT_MAX_VALUE_BYTES
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
     "DEFAULT_DATABASE_URL",
     "ConfigFileNotFoundError",
     "DatabaseSettings",
+    "EventsSettings",
     "InvalidConfigFileError",
     "StateStoreSettings",
     "StoreSettings",
@@ -96,6 +97,23 @@ class StateStoreSettings(_Section):
     """Largest JSON encoding of one value."""
 
 
+class EventsSettings(_Section):
+    """``[events]``: how large an asset event may be and how long events are kept.
+
+    The rule garbage collection applies is in :mod:`._gc`: an event goes once it is older than
+    ``retention_days``; one that carries a dedup key also waits until it is older than
+    ``dedup_retention_days``, so a redelivery inside that window is still suppressed.
+    """
+
+    max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, gt=0)
+    """Largest JSON encoding of one event's payload; a larger event fails its watcher's run."""
+    retention_days: int = Field(default=30, ge=0)
+    """Events older than this many days are deleted by garbage collection (0: keep forever)."""
+    dedup_retention_days: int = Field(default=7, ge=0)
+    """Events with a dedup key are kept at least this many days, whatever ``retention_days``
+    says, so their keys keep suppressing redeliveries (0: keep them forever)."""
+
+
 class WorkersSettings(_Section):
     """``[workers]``: the worker (task) side."""
 
@@ -120,6 +138,7 @@ class StoreSettings(BaseSettings):
 
     database: DatabaseSettings = DatabaseSettings()
     state_store: StateStoreSettings = StateStoreSettings()
+    events: EventsSettings = EventsSettings()
     workers: WorkersSettings = WorkersSettings()
 
     @classmethod

@@ -53,6 +53,7 @@ import anyio.abc
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
+from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_events import EVENT_COMMITS
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate
@@ -69,6 +70,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import BackendUnavailableError, StoreClosedError
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
@@ -102,8 +104,9 @@ class SqliteStateBackend(BaseStateBackend):
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 30.0,
         max_value_bytes: int = 65536,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        super().__init__(max_value_bytes=max_value_bytes)
+        super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         text = os.fspath(path)
         if not isinstance(text, str):
             raise TypeError(f"path must be a str or os.PathLike[str], got {type(path).__name__}")
@@ -331,15 +334,14 @@ class SqliteStateBackend(BaseStateBackend):
         batch_size: int = 0,
         dry_run: bool = False,
         now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
     ) -> GcReport:
         self._check_open()
-        for name, number in (
-            ("default_retention_days", default_retention_days),
-            ("batch_size", batch_size),
-        ):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {number!r}")
+        check_days("default_retention_days", default_retention_days)
+        check_days("batch_size", batch_size)
         now = now or self.clock()
+        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
         cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         report = GcReport(dry_run=dry_run)
         for kind in meta.GC_KINDS:
@@ -364,6 +366,19 @@ class SqliteStateBackend(BaseStateBackend):
                     if len(chunk) < batch_size:
                         break
             getattr(report, kind).extend(found)
+        if events_due is not None:
+            if dry_run:
+                sql, params = meta.gc_events_select(events_due)
+                report.events = (await self._read(sql, params))[0][0]
+            else:
+                while True:  # one statement with batch_size 0, else one batch per operation
+                    deleted = await self._write(
+                        partial(meta.gc_events_delete, cutoffs=events_due, limit=batch_size),
+                        savepoint=False,
+                    )
+                    report.events += deleted
+                    if not batch_size or deleted < batch_size:
+                        break
         return report
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:

@@ -1,4 +1,5 @@
-"""``watchkeeper state-store``: get, set, delete, clear, list and clean task and asset state.
+"""``watchkeeper state-store``: get, set, delete, clear, list and clean task and asset state
+(``clean`` also deletes the asset events past ``[events]`` retention).
 
 A key is addressed by ``--asset NAME`` or by ``--task DAG_ID RUN_ID TASK_ID [--map-index N]``.
 Values go in and come out as JSON; writes are recorded as ``Writer("cli", <user>)``. Bad input
@@ -209,24 +210,67 @@ async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     return 0
 
 
+def _event_rule(retention_days: int, dedup_retention_days: int) -> str:
+    """The event retention in force, in words (the rule is the store's ``_gc`` module's)."""
+    if not dedup_retention_days:
+        dedup = "with a dedup_key: kept forever"
+    else:
+        dedup = f"with a dedup_key: older than {max(retention_days, dedup_retention_days)} days"
+    return f"older than {retention_days} days; {dedup}"
+
+
 async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: Settings) -> int:
+    events = s.events
     report = await backend.acollect_garbage(
         default_retention_days=s.state_store.default_retention_days,
         batch_size=s.state_store.state_cleanup_batch_size,
         dry_run=args.dry_run,
+        event_retention_days=events.retention_days,
+        dedup_retention_days=events.dedup_retention_days,
     )
-    rows = [("expired", f"task {scope}", key) for scope, key in report.expired]
-    rows += [("retention", f"task {scope}", key) for scope, key in report.retention]
-    rows += [("orphaned", f"asset {name!r}", key) for name, key in report.orphaned]
-    for reason, where, key in rows:
-        emit(f"{'would delete' if args.dry_run else 'deleted'} {reason}: {where} key {key!r}")
+    rows = len(report.expired) + len(report.retention) + len(report.orphaned)
+    if args.json:
+        emit_json(
+            {
+                "dry_run": report.dry_run,
+                "rows": rows,
+                "expired": [_task_row(scope, key) for scope, key in report.expired],
+                "retention": [_task_row(scope, key) for scope, key in report.retention],
+                "orphaned": [{"asset": name, "key": key} for name, key in report.orphaned],
+                "events": report.events,
+                "event_retention_days": events.retention_days,
+                "dedup_retention_days": events.dedup_retention_days,
+            }
+        )
+        return 0
+    lines = [("expired", f"task {scope}", key) for scope, key in report.expired]
+    lines += [("retention", f"task {scope}", key) for scope, key in report.retention]
+    lines += [("orphaned", f"asset {name!r}", key) for name, key in report.orphaned]
     verb = "would delete" if args.dry_run else "deleted"
+    for reason, where, key in lines:
+        emit(f"{verb} {reason}: {where} key {key!r}")
     emit(
-        f"{verb} {report.total} {'row' if report.total == 1 else 'rows'} "
+        f"{verb} {rows} {'row' if rows == 1 else 'rows'} "
         f"({len(report.expired)} expired, {len(report.retention)} past retention, "
         f"{len(report.orphaned)} of inactive assets)"
     )
+    if events.retention_days:
+        rule = _event_rule(events.retention_days, events.dedup_retention_days)
+        noun = "event" if report.events == 1 else "events"
+        emit(f"{verb} {report.events} {noun} ({rule})")
+    else:
+        emit(f"{verb} 0 events ([events] retention_days = 0 keeps them forever)")
     return 0
+
+
+def _task_row(scope: TaskScope, key: str) -> dict[str, Any]:
+    return {
+        "dag_id": scope.dag_id,
+        "run_id": scope.run_id,
+        "task_id": scope.task_id,
+        "map_index": scope.map_index,
+        "key": key,
+    }
 
 
 # -- the parser --------------------------------------------------------------------------------
@@ -283,8 +327,11 @@ def register_state_store(subparsers: Subparsers) -> None:
     json_flag(list_, "one entry per line")
     list_.set_defaults(handler=store_handler(_state_list, check=_check_options))
 
-    clean = actions.add_parser("clean", help="garbage-collect expired and orphaned state")
+    clean = actions.add_parser(
+        "clean", help="garbage-collect expired and orphaned state and events past retention"
+    )
     clean.add_argument(
         "--dry-run", action="store_true", help="print what would be deleted; delete nothing"
     )
+    json_flag(clean, "the report (one document)")
     clean.set_defaults(handler=store_handler(_state_clean))

@@ -1,8 +1,8 @@
 """Turning what a trigger yields into an :class:`EventCommit`, validating it on the way.
 
 This sits on the per-event path, so it does the least work that still rejects everything the
-store would reject: one type check, one JSON encoding of the payload, one encoding per state
-item, and one frozen dataclass. Nothing is written when validation fails, because the commit is
+store would reject: one type check, one JSON encoding of the payload (whose size check is one
+``len()`` unless the payload is long), one encoding per state item, and one frozen dataclass. Nothing is written when validation fails, because the commit is
 only built, never sent, until every part of the event passed.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from watchkeeper.store import EventCommit, Writer, encode_json, encode_value
+from watchkeeper.store import EventCommit, Writer, encode_payload, encode_value
 from watchkeeper.store._values import check_key
 
 from .errors import InvalidEventError
@@ -27,10 +27,10 @@ class EventEncoder:
     """Builds the :class:`EventCommit` of each event one trigger yields.
 
     Everything that is the same for every event of the trigger (its id, the names of the
-    watched assets, the writer, the value size limit) is computed once, here.
+    watched assets, the writer, the size limits) is computed once, here.
     """
 
-    __slots__ = ("assets", "max_value_bytes", "watcher", "writer")
+    __slots__ = ("assets", "max_payload_bytes", "max_value_bytes", "watcher", "writer")
 
     def __init__(
         self,
@@ -39,11 +39,13 @@ class EventEncoder:
         *,
         writer: Writer | None,
         max_value_bytes: int | None,
+        max_payload_bytes: int | None,
     ) -> None:
         self.watcher = watcher
         self.assets = assets
         self.writer = writer
         self.max_value_bytes = max_value_bytes
+        self.max_payload_bytes = max_payload_bytes
 
     def __repr__(self) -> str:
         return f"<EventEncoder watcher={self.watcher!r} assets={list(self.assets)!r}>"
@@ -53,15 +55,16 @@ class EventEncoder:
 
         Raises :class:`InvalidEventError` when ``item`` is not a :class:`TriggerEvent` (or its
         ``state``/``dedup_key`` has the wrong shape), and the store's own errors
-        (``ValueTypeError``, ``InvalidValueError``, ``ValueTooLargeError``, ``KeyTypeError``,
-        ``InvalidKeyError``) when the payload or a state item is not storable.
+        (``ValueTypeError``, ``InvalidValueError``, ``PayloadTooLargeError``,
+        ``ValueTooLargeError``, ``KeyTypeError``, ``InvalidKeyError``) when the payload or a
+        state item is not storable.
         """
         if not isinstance(item, TriggerEvent):
             raise InvalidEventError(
                 f"trigger {self.watcher!r} yielded a {type(item).__name__}; run() must yield "
                 "TriggerEvent(payload, state=..., dedup_key=...) objects"
             )
-        payload_json = encode_json(item.payload, what="payload")
+        payload_json = encode_payload(item.payload, max_payload_bytes=self.max_payload_bytes)
         state = item.state
         encoded: Mapping[str, str]
         if state is None:

@@ -218,6 +218,7 @@ async def drive_trigger(
         slot.asset_names,
         writer=slot.writer,
         max_value_bytes=backend.max_value_bytes,
+        max_payload_bytes=backend.max_payload_bytes,
     )
     commit_event = backend.acommit_event
     # Checked once per run: no logger is kept per trigger when debug logging is off.

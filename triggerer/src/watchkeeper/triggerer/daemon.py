@@ -10,8 +10,9 @@
   this process defined are deactivated: tasks may use assets no watcher file declares, so a
   starting daemon never deactivates anything. A file that fails to import keeps its last good
   definitions, so a typo being edited neither stops a watcher nor deactivates its asset;
-- the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds and
-  forgets the status rows of triggers that no daemon runs any more;
+- the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
+  state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
+  status rows of triggers that no daemon runs any more;
 - the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
   every trigger loaded (see :mod:`._leases`): it starts the triggers whose lease it got, with
   the lease's token as their fence, and stops those whose lease another daemon holds now (or
@@ -435,17 +436,20 @@ class Daemon:
     # -- garbage collection ----------------------------------------------------------------------
 
     async def collect_garbage(self) -> GcReport:
-        """One GC pass with the ``[state_store]`` retention and batch size."""
-        store = self.settings.state_store
+        """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
+        store, events = self.settings.state_store, self.settings.events
         report = await self.backend.acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
+            event_retention_days=events.retention_days,
+            dedup_retention_days=events.dedup_retention_days,
         )
         log.info(
             "gc_done",
             expired=len(report.expired),
             retention=len(report.retention),
             orphaned=len(report.orphaned),
+            events=report.events,
         )
         return report
 

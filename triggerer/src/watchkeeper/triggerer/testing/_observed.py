@@ -81,7 +81,9 @@ class ObservedBackend(BaseStateBackend):
         plan: CrashPlan | None = None,
         on_crash: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(max_value_bytes=inner.max_value_bytes)
+        super().__init__(
+            max_value_bytes=inner.max_value_bytes, max_payload_bytes=inner.max_payload_bytes
+        )
         self.inner = inner
         self.plan = plan
         self._on_crash = on_crash
@@ -222,6 +224,8 @@ class ObservedBackend(BaseStateBackend):
         batch_size: int = 0,
         dry_run: bool = False,
         now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
     ) -> GcReport:
         self._check_alive()
         return await self.inner.acollect_garbage(
@@ -229,6 +233,8 @@ class ObservedBackend(BaseStateBackend):
             batch_size=batch_size,
             dry_run=dry_run,
             now=now,
+            event_retention_days=event_retention_days,
+            dedup_retention_days=dedup_retention_days,
         )
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:

@@ -1,0 +1,62 @@
+"""The retention rule for asset events, one definition for every backend.
+
+An event is deleted by garbage collection once it is older than ``[events] retention_days``.
+An event that carries a ``dedup_key`` is what suppresses a redelivery of that key (a unique
+index on ``(asset, dedup_key)`` of the events), so it is kept until it is also older than
+``[events] dedup_retention_days``: a redelivery inside that window is still suppressed, however
+short the event retention. ``0`` for either means "forever": ``retention_days = 0`` keeps every
+event, ``dedup_retention_days = 0`` keeps every event that has a dedup key. "Older than N days"
+is ``created_at < now - N days``, with ``now`` from the backend's clock.
+
+The memory backend applies :meth:`EventCutoffs.due`; the SQL backends apply the same condition
+in SQL (``created_at < $events AND (dedup_key IS NULL OR created_at < $dedup)``, where a NULL
+``$dedup`` is never true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+__all__ = ["EventCutoffs", "check_days", "days_before", "event_cutoffs"]
+
+
+def check_days(name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int >= 0``; raise ``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def days_before(now: datetime, days: int) -> datetime | None:
+    """``now`` minus ``days``; None for 0 days (keep forever) or a span reaching past year 1
+    (nothing is that old)."""
+    if not days:
+        return None
+    try:
+        return now - timedelta(days=days)
+    except OverflowError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EventCutoffs:
+    """An event created before ``events`` is due, unless it has a dedup key and was not also
+    created before ``dedup`` (None: events with a dedup key are never due)."""
+
+    events: datetime
+    dedup: datetime | None
+
+    def due(self, created_at: datetime, dedup_key: str | None) -> bool:
+        if not created_at < self.events:
+            return False
+        return dedup_key is None or (self.dedup is not None and created_at < self.dedup)
+
+
+def event_cutoffs(
+    now: datetime, retention_days: int, dedup_retention_days: int
+) -> EventCutoffs | None:
+    """The cutoffs of one GC pass at ``now``, or None when no event can be due."""
+    events = days_before(now, check_days("event_retention_days", retention_days))
+    dedup = days_before(now, check_days("dedup_retention_days", dedup_retention_days))
+    return None if events is None else EventCutoffs(events, dedup)
