@@ -93,7 +93,6 @@ class TestResults:
         assert named[0].watcher == "mine"
         assert default[0].watcher == Scripted.classpath()
 
-
     async def test_a_bad_watcher_name_is_refused(self) -> None:
         """watcher_name must be a non-empty str; anything else is refused before running."""
         trigger = Counted(1)

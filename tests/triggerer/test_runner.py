@@ -460,7 +460,7 @@ class TestLifecycle:
 
     def test_watch_spec_has_at_most_one_watcher_name(self) -> None:
         """A WatchSpec naming two watchers is refused: a running trigger has one watcher_name."""
-        with pytest.raises(ValueError, match="names 2 watchers.*one watcher name"):
+        with pytest.raises(ValueError, match=r"names 2 watchers.*one watcher name"):
             WatchSpec("a", Scripted([]), (ORDERS,), ("first", "second"))
 
     def test_config_validation(self) -> None:

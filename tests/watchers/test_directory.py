@@ -467,6 +467,20 @@ class TestDirectoryWatcherStateKeys:
         assert await backend.aget(ASSET.scope, "watermark") == "2024-06-01T00:00:00Z"
         assert (await backend.aget(ASSET.scope, WATERMARK))["key"] == "b"
 
+    async def test_the_documented_rewind_emits_the_files_after_the_given_one(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """Setting the watermark, and a recent whose floor is its mtime, resumes right after it."""
+        for index, name in enumerate("abcd"):
+            make_file(inbox, name, T0 + index * S)
+        watcher = DirectoryWatcher(str(inbox), lag_window=60, poll_interval=POLL)
+        assert await names(watcher, backend, 4) == ["a", "b", "c", "d"]
+        await backend.aset(ASSET.scope, WATERMARK, {"kind": "int", "cursor": T0 + S, "key": "b"})
+        await backend.aset(ASSET.scope, RECENT, {"floor": T0 + S, "cursors": [], "keys": []})
+        assert await names(rebuilt(watcher), backend, 2) == ["c", "d"]
+        make_file(inbox, "sentinel", T0 + 10 * S)
+        assert await names(rebuilt(watcher), backend, 1) == ["sentinel"]
+
     async def test_the_state_keys_follow_the_bound_watcher_name(
         self, inbox: Path, backend: MemoryStateBackend
     ) -> None:

@@ -333,6 +333,19 @@ class TestSqlTableWatcherStateKeys:
         await table.insert((6, 6, "sentinel"))
         assert await ids(rebuilt(watcher), backend, 1) == [6]
 
+    async def test_the_documented_rewind_emits_the_rows_after_the_given_one(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """Setting the watermark, and a recent whose floor is its cursor, resumes right after it."""
+        await table.insert(*[(key, key, "x") for key in range(1, 6)])
+        watcher = table.watcher(lag_window=10)
+        assert await ids(watcher, backend, 5) == [1, 2, 3, 4, 5]
+        await backend.aset(ASSET.scope, WATERMARK, {"kind": "int", "cursor": 2, "key": 2})
+        await backend.aset(ASSET.scope, RECENT, {"floor": 2, "cursors": [], "keys": []})
+        assert await ids(rebuilt(watcher), backend, 3) == [3, 4, 5]
+        await table.insert((6, 6, "sentinel"))
+        assert await ids(rebuilt(watcher), backend, 1) == [6]
+
     async def test_a_directory_watcher_and_a_table_watcher_share_an_asset(
         self, table: Table, backend: MemoryStateBackend, tmp_path: Path
     ) -> None:

@@ -15,8 +15,10 @@ two watchers of one asset never share a key:
 
 Both are written with every event (``TriggerEvent(state=...)``), so they always describe the
 last committed event. To rewind a watcher, stop it (a running watcher keeps its position in
-memory and writes it with its next event), set ``<name>.watermark`` to the item it should resume
-after, delete ``<name>.recent``, and start it again; to start over, delete both.
+memory and writes it with its next event), set ``<name>.watermark`` to the item ``(C, K)`` it
+should resume after and ``<name>.recent`` to ``{"floor": C, "cursors": [], "keys": []}``, and
+start it again: it emits the items after ``(C, K)``. (Deleting ``<name>.recent`` instead also
+re-reads the lag window behind ``C``.) To start over, delete both keys.
 
 **Migration.** Before the keys were namespaced, both watchers wrote ``watermark`` and
 ``recent`` (the directory watcher with the fields ``mtime_ns``/``name`` and

@@ -110,10 +110,12 @@ class DirectoryWatcher(SerializedEquality):
     - ``<name>.recent``: ``{"floor", "cursors", "keys"}``, the names (and mtimes) emitted inside
       the lag window.
 
-    How to rewind it: stop the watcher, set ``<name>.watermark`` to the file it should resume
-    after (``{"kind": "int", "cursor": 0, "key": ""}`` re-emits every file), delete
-    ``<name>.recent``, start it again. The keys ``watermark``/``recent`` of earlier versions
-    are adopted once, when the watcher has none of its own.
+    How to rewind it: stop the watcher, set ``<name>.watermark`` to
+    ``{"kind": "int", "cursor": M, "key": N}`` and ``<name>.recent`` to
+    ``{"floor": M, "cursors": [], "keys": []}``, start it again: it emits the files after
+    ``(M, N)`` in (mtime, name) order. Delete both keys to emit every file present again. The
+    keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher has
+    none of its own.
     """
 
     recent_limit: int = 1000

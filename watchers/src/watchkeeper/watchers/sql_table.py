@@ -81,11 +81,12 @@ class SqlTableWatcher(SerializedEquality):
     - ``<name>.recent``: ``{"floor", "cursors", "keys"}``, the rows emitted inside the lag
       window.
 
-    How to rewind it: stop the watcher, set ``<name>.watermark`` to the row it should resume
-    after (``{"kind": "int", "cursor": 41, "key": 0}`` resumes at the rows whose cursor is 41
-    or more), delete ``<name>.recent``, start it again; delete both keys to read the table from
-    its first row. The keys ``watermark``/``recent`` of earlier versions are adopted once, when
-    the watcher has none of its own.
+    How to rewind it: stop the watcher, set ``<name>.watermark`` to
+    ``{"kind": "int", "cursor": C, "key": K}`` (the cursor's kind) and ``<name>.recent`` to
+    ``{"floor": C, "cursors": [], "keys": []}``, start it again: it emits the rows after
+    ``(C, K)`` in (cursor, key) order. Delete both keys to read the table from its first row.
+    The keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher
+    has none of its own.
     """
 
     recent_limit: int = 1000
