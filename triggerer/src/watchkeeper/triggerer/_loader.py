@@ -90,7 +90,7 @@ class FileDefinitions:
 
 @dataclass(frozen=True, slots=True)
 class WatcherGroup:
-    """One distinct trigger and every asset (and watcher name) it serves."""
+    """One distinct trigger under one watcher name, and every asset it serves."""
 
     trigger_id: str
     classpath: str
