@@ -438,6 +438,52 @@ broken = Asset("broken", watchers=[AssetWatcher("broken_feed", Failing())])
 """
 
 
+TWO_NAMES = """
+import anyio
+
+from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger, TriggerEvent
+
+
+class Echo(BaseEventTrigger):
+    def serialize(self):
+        return (self.classpath(), {})
+
+    async def run(self):
+        yield TriggerEvent(self.watcher_name, state={f"{self.watcher_name}.seen": True})
+        await anyio.sleep_forever()
+
+
+orders = Asset("orders", watchers=[AssetWatcher("first", Echo()), AssetWatcher("second", Echo())])
+"""
+
+
+class TestDaemonWatcherNames:
+    @pytest.fixture(autouse=True)
+    def _unload(self) -> Iterator[None]:
+        yield
+        unload_watchers()
+
+    async def test_identical_triggers_under_two_names_run_as_two_watchers(
+        self, watchers: Path
+    ) -> None:
+        """Two AssetWatchers with equal triggers run twice, each bound to its own name."""
+        (watchers / "named.py").write_text(TWO_NAMES)
+        settings = Settings(triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0))
+        async with MemoryStateBackend() as backend, Daemon(settings, backend=backend) as d:
+            assert len(d.groups) == 2
+
+            async def both_emitted() -> bool:
+                return sorted(e.payload for e in await backend.alist_events()) == [
+                    "first",
+                    "second",
+                ]
+
+            await wait_until(both_emitted, "one event from each watcher")
+            state = {e.key: e.value for e in await backend.alist(AssetScope(name="orders"))}
+            assert state == {"first.seen": True, "second.seen": True}
+            assert sorted(s.watchers for s in d.runner.statuses()) == [("first",), ("second",)]
+
+
 class TestDaemonFailedTriggers:
     @pytest.fixture(autouse=True)
     def _unload(self) -> Iterator[None]:

@@ -72,17 +72,32 @@ def watchers(tmp_path: Path) -> Path:
 
 class TestGrouping:
     def test_identical_triggers_on_two_assets_run_once(self, watchers: Path) -> None:
-        """Two assets in two files with the same serialize() form one group serving both."""
-        write(watchers, "a.py", asset_file("orders", "orders_feed"))
-        write(watchers, "b.py", asset_file("payments", "payments_feed"))
+        """Two assets in two files with the same serialize() and watcher name form one group."""
+        write(watchers, "a.py", asset_file("orders", "shared_feed"))
+        write(watchers, "b.py", asset_file("payments", "shared_feed"))
         result = load_watchers(watchers)
         assert result.errors == ()
         assert [a.name for a in result.assets] == ["orders", "payments"]
         (group,) = result.groups
         assert [a.name for a in group.assets] == ["orders", "payments"]
-        assert group.watchers == ("orders_feed", "payments_feed")
+        assert group.watchers == ("shared_feed",)
         assert group.files == ("a.py", "b.py")
         assert group.classpath == "ticks.Ticker"
+
+    def test_identical_triggers_under_two_names_are_two_groups(self, watchers: Path) -> None:
+        """The same serialize() under two watcher names runs twice, once per name."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "b.py", asset_file("payments", "payments_feed"))
+        result = load_watchers(watchers)
+        assert result.errors == ()
+        groups = sorted(result.groups, key=lambda g: g.watchers)
+        assert [(g.watchers, [a.name for a in g.assets]) for g in groups] == [
+            (("orders_feed",), ["orders"]),
+            (("payments_feed",), ["payments"]),
+        ]
+        assert groups[0].kwargs == groups[1].kwargs
+        assert groups[0].trigger is not groups[1].trigger
+        assert len({g.trigger_id for g in groups}) == 2
 
     def test_different_kwargs_make_different_groups(self, watchers: Path) -> None:
         """Triggers whose kwargs differ are separate groups with separate ids."""

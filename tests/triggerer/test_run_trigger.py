@@ -93,6 +93,20 @@ class TestResults:
         assert named[0].watcher == "mine"
         assert default[0].watcher == Scripted.classpath()
 
+    async def test_a_bad_watcher_name_is_refused(self) -> None:
+        """watcher_name must be a non-empty str; anything else is refused before running."""
+        trigger = Counted(1)
+        with pytest.raises(TypeError, match="watcher_name must be a str"):
+            await run_trigger(
+                trigger,
+                assets=ORDERS,
+                backend=MemoryStateBackend(),
+                watcher_name=3,  # type: ignore[arg-type]
+            )
+        with pytest.raises(ValueError, match="watcher_name must not be empty"):
+            await run_trigger(trigger, assets=ORDERS, backend=MemoryStateBackend(), watcher_name="")
+        assert trigger.resumed_after == [] and not trigger.cleaned
+
 
 class TestStopping:
     async def test_stops_when_run_returns(self) -> None:

@@ -503,6 +503,11 @@ class TestLifecycle:
         with pytest.raises(ValueError, match="non-empty"):
             WatchSpec("", Scripted([]), (ORDERS,))
 
+    def test_watch_spec_has_at_most_one_watcher_name(self) -> None:
+        """A WatchSpec naming two watchers is refused: a running trigger has one watcher_name."""
+        with pytest.raises(ValueError, match=r"names 2 watchers.*one watcher name"):
+            WatchSpec("a", Scripted([]), (ORDERS,), ("first", "second"))
+
     def test_config_validation(self) -> None:
         """RunnerConfig rejects a cap below the first delay and unknown fields."""
         with pytest.raises(ValueError, match="backoff_max"):

@@ -54,6 +54,18 @@ class ScriptedWatcher(BaseEventTrigger):
                     await self.asset_state_store.aset("closed", True)
 
 
+class NamedWatcher(BaseEventTrigger):
+    """Yields one counter per run, kept under its watcher name's key."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        key = f"{self.watcher_name}.count"
+        count = await self.asset_state_store.aget(key, 0) + 1
+        yield TriggerEvent({"name": self.watcher_name, "count": count}, state={key: count})
+
+
 class PollWatcher(BaseEventTrigger):
     """Polls a feed; ``pattern`` says how it keeps its watermark.
 
@@ -147,6 +159,21 @@ class TestWatcherHarnessRuns:
         assert isinstance(result.trigger, ScriptedWatcher)
         assert result.trigger.serialize() == original.serialize()
         assert result.payloads == [5]
+
+    async def test_watcher_name_is_bound_in_runs_and_restarts(
+        self, wk_harness: WatcherHarness
+    ) -> None:
+        """run() and restart() bind watcher_name= (default: the class name) inside run()."""
+        watcher = NamedWatcher()
+        first = await wk_harness.run(watcher, assets=ORDERS, watcher_name="a")
+        again = await wk_harness.restart(watcher, assets=ORDERS, watcher_name="a")
+        other = await wk_harness.restart(watcher, assets=ORDERS)
+        assert [r.payloads for r in (first, again, other)] == [
+            [{"name": "a", "count": 1}],
+            [{"name": "a", "count": 2}],
+            [{"name": "NamedWatcher", "count": 1}],
+        ]
+        assert other.state == {"orders": {"a.count": 2, "NamedWatcher.count": 1}}
 
     async def test_a_trigger_error_is_raised(self, wk_harness: WatcherHarness) -> None:
         """An exception from run() reaches the test, after the events before it committed."""

@@ -22,6 +22,8 @@ from watchkeeper.triggerer import (
     BaseTrigger,
     TriggerEvent,
     TriggerRunner,
+    WatcherNameUnavailableError,
+    WatchSpec,
 )
 from watchkeeper.triggerer.testing import run_trigger
 
@@ -152,6 +154,41 @@ class TestInsideRun:
 
         with pytest.raises(KeyError, match="payments"):
             await run_trigger(Probe(body), assets=[ORDERS], backend=store)
+
+
+class TestWatcherName:
+    def test_outside_run_it_raises_and_hasattr_is_false(self) -> None:
+        """Outside run() watcher_name raises an error that is a RuntimeError and AttributeError."""
+        trigger = Probe(lambda t: None)
+        assert not hasattr(trigger, "watcher_name")
+        with pytest.raises(WatcherNameUnavailableError, match=r"only inside run\(\)") as info:
+            _ = trigger.watcher_name
+        assert isinstance(info.value, RuntimeError)
+        assert isinstance(info.value, AttributeError)
+
+    async def test_run_trigger_binds_the_given_name_or_the_class_name(self) -> None:
+        """run_trigger binds watcher_name= in run() (by default the class name), unbound after."""
+        backend = MemoryStateBackend()
+        trigger = Probe(lambda t: t.watcher_name)
+        named = await run_trigger(trigger, assets=ORDERS, backend=backend, watcher_name="feed")
+        default = await run_trigger(Probe(lambda t: t.watcher_name), assets=ORDERS, backend=backend)
+        assert (named[0].payload, default[0].payload) == ("feed", "Probe")
+        assert not hasattr(trigger, "watcher_name")
+
+    async def test_the_runner_binds_the_spec_watcher_name_or_its_trigger_id(self) -> None:
+        """In a runner, watcher_name is the WatchSpec's watcher name, else its trigger_id."""
+        backend = MemoryStateBackend()
+        await backend.aregister_assets([ORDERS, USERS])
+        named = WatchSpec("t1", Probe(lambda t: t.watcher_name), (ORDERS,), ("orders_feed",))
+        async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
+            await runner.start_trigger(named)
+            await runner.start_trigger(spec("t2", Probe(lambda t: t.watcher_name), USERS))
+            seen: dict[str, Any] = {}
+            with anyio.fail_after(5):
+                while len(seen) < 2:
+                    event = await events.receive()
+                    seen[event.watcher] = event.payload
+        assert seen == {"t1": "orders_feed", "t2": "t2"}
 
 
 class TestSharedWithTasks:

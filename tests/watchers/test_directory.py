@@ -24,6 +24,9 @@ MS = 1_000_000
 S = 1_000_000_000
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("inbox")
+NAME = "inbox_feed"
+WATERMARK = f"{NAME}.watermark"
+RECENT = f"{NAME}.recent"
 POLL = 0.01
 
 
@@ -51,9 +54,15 @@ async def names(
     *,
     limit: float = 10.0,
     assets: Asset | list[Asset] = ASSET,
+    name: str = NAME,
 ) -> list[str]:
     events = await run_trigger(
-        trigger, assets=assets, backend=backend, max_events=max_events, timeout=limit
+        trigger,
+        assets=assets,
+        backend=backend,
+        max_events=max_events,
+        timeout=limit,
+        watcher_name=name,
     )
     return [event.payload["name"] for event in events]
 
@@ -110,7 +119,9 @@ class TestDirectoryWatcherEvents:
         make_file(inbox, "c.txt", T0 + MS)
         make_file(inbox, "a.txt", T0 + MS)
         watcher = DirectoryWatcher(str(inbox), poll_interval=POLL)
-        events = await run_trigger(watcher, assets=ASSET, backend=backend, max_events=3, timeout=10)
+        events = await run_trigger(
+            watcher, assets=ASSET, backend=backend, max_events=3, timeout=10, watcher_name=NAME
+        )
         assert [e.payload["name"] for e in events] == ["b.txt", "a.txt", "c.txt"]
         assert events[0].payload == {
             "path": str(inbox / "b.txt"),
@@ -119,9 +130,10 @@ class TestDirectoryWatcherEvents:
             "mtime": T0 / S,
             "mtime_ns": T0,
         }
-        assert await backend.aget(ASSET.scope, "watermark") == {
-            "mtime_ns": T0 + MS,
-            "name": "c.txt",
+        assert await backend.aget(ASSET.scope, WATERMARK) == {
+            "kind": "int",
+            "cursor": T0 + MS,
+            "key": "c.txt",
         }
 
     async def test_files_sharing_an_mtime_are_each_emitted_once_across_restarts(
@@ -259,10 +271,15 @@ class TestDirectoryWatcherEvents:
             backend=backend,
             max_events=2,
             timeout=10,
+            watcher_name=NAME,
         )
         assert sorted(e.asset for e in events) == ["inbox", "mirror"]
         for asset in (ASSET, other):
-            assert await backend.aget(asset.scope, "watermark") == {"mtime_ns": T0, "name": "a"}
+            assert await backend.aget(asset.scope, WATERMARK) == {
+                "kind": "int",
+                "cursor": T0,
+                "key": "a",
+            }
 
     async def test_a_burst_past_the_recent_limit_shrinks_the_window(
         self, inbox: Path, backend: MemoryStateBackend
@@ -276,11 +293,11 @@ class TestDirectoryWatcherEvents:
             make_file(inbox, name, T0 + index * MS)
         watcher = SmallWatcher(str(inbox), lag_window=60, poll_interval=POLL)
         assert await names(watcher, backend, 4) == ["a", "b", "c", "d"]
-        recent = await backend.aget(ASSET.scope, "recent")
+        recent = await backend.aget(ASSET.scope, RECENT)
         assert recent == {
             "floor": T0 + MS,
-            "names": ["c", "d"],
-            "mtimes_ns": [T0 + 2 * MS, T0 + 3 * MS],
+            "cursors": [T0 + 2 * MS, T0 + 3 * MS],
+            "keys": ["c", "d"],
         }
         make_file(inbox, "below-floor", T0 + MS // 2)
         make_file(inbox, "above-floor", T0 + 2 * MS + MS // 2)
@@ -295,9 +312,9 @@ class TestDirectoryWatcherEvents:
     async def test_a_corrupt_stored_watermark_is_a_clear_error(
         self, inbox: Path, backend: MemoryStateBackend
     ) -> None:
-        """A 'watermark' that is not this watcher's raises ValueError instead of re-emitting."""
+        """A stored watermark that is not this watcher's raises ValueError instead of re-emitting."""
         await backend.aregister_assets([ASSET])
-        await backend.aset(ASSET.scope, "watermark", {"cursor": 3})
+        await backend.aset(ASSET.scope, WATERMARK, {"cursor": 3})
         make_file(inbox, "a", T0)
         with pytest.raises(ValueError, match="not a DirectoryWatcher watermark"):
             await names(DirectoryWatcher(str(inbox), poll_interval=POLL), backend, 1)
@@ -369,7 +386,107 @@ class TestDirectoryWatcherDurableState:
         make_file(inbox, "sentinel", T0 + 20 * S)
         async with reopenable_backend() as second:
             assert await names(rebuilt(watcher), second, 3) == ["late", "c", "sentinel"]
-            assert await second.aget(ASSET.scope, "watermark") == {
-                "mtime_ns": T0 + 20 * S,
-                "name": "sentinel",
+            assert await second.aget(ASSET.scope, WATERMARK) == {
+                "kind": "int",
+                "cursor": T0 + 20 * S,
+                "key": "sentinel",
             }
+
+
+class TestDirectoryWatcherStateKeys:
+    async def test_two_watchers_on_one_asset_keep_their_own_watermarks(
+        self, tmp_path: Path, backend: MemoryStateBackend
+    ) -> None:
+        """Two watchers of one asset each resume from their own keys, neither skipping the other's."""
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.mkdir()
+        second.mkdir()
+        make_file(first, "a1", T0 + 100 * S)
+        make_file(second, "b1", T0)  # far behind a1: a shared watermark would skip it
+        a = DirectoryWatcher(str(first), lag_window=60, poll_interval=POLL)
+        b = DirectoryWatcher(str(second), lag_window=60, poll_interval=POLL)
+        assert await names(a, backend, 1, name="a_feed") == ["a1"]
+        assert await names(b, backend, 1, name="b_feed") == ["b1"]
+        make_file(first, "a2", T0 + 101 * S)
+        make_file(second, "b2", T0 + S)
+        assert await names(rebuilt(a), backend, 1, name="a_feed") == ["a2"]
+        assert await names(rebuilt(b), backend, 1, name="b_feed") == ["b2"]
+        state = {e.key: e.value for e in await backend.alist(ASSET.scope)}
+        assert state["a_feed.watermark"] == {"kind": "int", "cursor": T0 + 101 * S, "key": "a2"}
+        assert state["b_feed.watermark"] == {"kind": "int", "cursor": T0 + S, "key": "b2"}
+        assert sorted(state) == [
+            "a_feed.recent",
+            "a_feed.watermark",
+            "b_feed.recent",
+            "b_feed.watermark",
+        ]
+
+    async def test_the_old_keys_are_adopted_and_nothing_is_emitted_twice(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """State saved under the old 'watermark'/'recent' keys resumes there, then moves over."""
+        make_file(inbox, "a", T0)
+        make_file(inbox, "b", T0 + 10 * S)
+        make_file(inbox, "late", T0 + 5 * S)
+        await backend.aregister_assets([ASSET])
+        # What the previous version committed after emitting a, b and then the late file.
+        await backend.aset(ASSET.scope, "watermark", {"mtime_ns": T0 + 10 * S, "name": "b"})
+        old_recent = {
+            "floor": None,
+            "names": ["a", "b", "late"],
+            "mtimes_ns": [T0, T0 + 10 * S, T0 + 5 * S],
+        }
+        await backend.aset(ASSET.scope, "recent", old_recent)
+        make_file(inbox, "late-but-new", T0 + 6 * S)
+        make_file(inbox, "c", T0 + 20 * S)
+        watcher = DirectoryWatcher(str(inbox), lag_window=60, poll_interval=POLL)
+        assert await names(watcher, backend, 2) == ["late-but-new", "c"]
+        assert await backend.aget(ASSET.scope, WATERMARK) == {
+            "kind": "int",
+            "cursor": T0 + 20 * S,
+            "key": "c",
+        }
+        recent = await backend.aget(ASSET.scope, RECENT)
+        assert recent["keys"] == ["a", "late", "b", "late-but-new", "c"]
+        # The old keys stay (other watchers of the asset may still need them) but are not read
+        # again: resuming from them would emit c a second time.
+        assert await backend.aget(ASSET.scope, "recent") == old_recent
+        make_file(inbox, "sentinel", T0 + 30 * S)
+        assert await names(rebuilt(watcher), backend, 1) == ["sentinel"]
+
+    async def test_an_old_watermark_of_another_kind_is_left_alone(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """An old 'watermark' that is not a directory watcher's (a task's) is ignored and kept."""
+        await backend.aregister_assets([ASSET])
+        await backend.aset(ASSET.scope, "watermark", "2024-06-01T00:00:00Z")
+        make_file(inbox, "a", T0)
+        make_file(inbox, "b", T0 + S)
+        watcher = DirectoryWatcher(str(inbox), poll_interval=POLL)
+        assert await names(watcher, backend, 2) == ["a", "b"]
+        assert await backend.aget(ASSET.scope, "watermark") == "2024-06-01T00:00:00Z"
+        assert (await backend.aget(ASSET.scope, WATERMARK))["key"] == "b"
+
+    async def test_the_documented_rewind_emits_the_files_after_the_given_one(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """Setting the watermark, and a recent whose floor is its mtime, resumes right after it."""
+        for index, name in enumerate("abcd"):
+            make_file(inbox, name, T0 + index * S)
+        watcher = DirectoryWatcher(str(inbox), lag_window=60, poll_interval=POLL)
+        assert await names(watcher, backend, 4) == ["a", "b", "c", "d"]
+        await backend.aset(ASSET.scope, WATERMARK, {"kind": "int", "cursor": T0 + S, "key": "b"})
+        await backend.aset(ASSET.scope, RECENT, {"floor": T0 + S, "cursors": [], "keys": []})
+        assert await names(rebuilt(watcher), backend, 2) == ["c", "d"]
+        make_file(inbox, "sentinel", T0 + 10 * S)
+        assert await names(rebuilt(watcher), backend, 1) == ["sentinel"]
+
+    async def test_the_state_keys_follow_the_bound_watcher_name(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """Without a name given, run_trigger binds the class name, and the keys carry it."""
+        make_file(inbox, "a", T0)
+        watcher = DirectoryWatcher(str(inbox), poll_interval=POLL)
+        await run_trigger(watcher, assets=ASSET, backend=backend, max_events=1, timeout=10)
+        keys = sorted(e.key for e in await backend.alist(ASSET.scope))
+        assert keys == ["DirectoryWatcher.recent", "DirectoryWatcher.watermark"]

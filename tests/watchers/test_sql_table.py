@@ -20,10 +20,13 @@ import pytest
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
 from watchkeeper.triggerer import TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
-from watchkeeper.watchers import SqlSourceError, SqlTableWatcher
+from watchkeeper.watchers import DirectoryWatcher, SqlSourceError, SqlTableWatcher
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("orders")
+NAME = "orders_feed"
+WATERMARK = f"{NAME}.watermark"
+RECENT = f"{NAME}.recent"
 FAST: dict[str, Any] = {"poll_interval": 0.01}
 
 
@@ -115,15 +118,23 @@ async def payloads(
     max_events: int | None,
     *,
     limit: float = 10.0,
+    name: str = NAME,
 ) -> list[dict[str, Any]]:
     events = await run_trigger(
-        trigger, assets=ASSET, backend=backend, max_events=max_events, timeout=limit
+        trigger,
+        assets=ASSET,
+        backend=backend,
+        max_events=max_events,
+        timeout=limit,
+        watcher_name=name,
     )
     return [event.payload for event in events]
 
 
-async def ids(trigger: SqlTableWatcher, backend: BaseStateBackend, max_events: int) -> list[int]:
-    return [payload["id"] for payload in await payloads(trigger, backend, max_events)]
+async def ids(
+    trigger: SqlTableWatcher, backend: BaseStateBackend, max_events: int, *, name: str = NAME
+) -> list[int]:
+    return [payload["id"] for payload in await payloads(trigger, backend, max_events, name=name)]
 
 
 class SignallingWatcher(SqlTableWatcher):
@@ -154,7 +165,7 @@ class TestSqlTableWatcherRows:
             {"id": 3, "seq": 20, "body": "c"},
             {"id": 2, "seq": 30, "body": "b"},
         ]
-        assert await backend.aget(ASSET.scope, "watermark") == {
+        assert await backend.aget(ASSET.scope, WATERMARK) == {
             "kind": "int",
             "cursor": 30,
             "key": 2,
@@ -248,10 +259,10 @@ class TestSqlTableWatcherRows:
         await table.insert(*[(seq, seq, "x") for seq in (10, 20, 30, 40)])
         watcher = SmallWatcher(table.dsn, table.name, "seq", "id", lag_window=100, **FAST)
         assert await ids(watcher, backend, 4) == [10, 20, 30, 40]
-        assert await backend.aget(ASSET.scope, "recent") == {
+        assert await backend.aget(ASSET.scope, RECENT) == {
             "floor": 20,
-            "keys": [30, 40],
             "cursors": [30, 40],
+            "keys": [30, 40],
         }
         await table.insert((15, 15, "below floor"), (25, 25, "above floor"), (50, 50, "s"))
         restarted = SmallWatcher(**watcher.serialize()[1])
@@ -284,6 +295,78 @@ class TestSqlTableWatcherRows:
         assert caught.value.__cause__ is not None
 
 
+class TestSqlTableWatcherStateKeys:
+    async def test_two_watchers_of_one_table_on_one_asset_each_emit_every_row(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """Under two names, two watchers of one table keep two positions on one asset."""
+        await table.insert((1, 1, "a"), (2, 2, "b"))
+        watcher = table.watcher()
+        assert await ids(watcher, backend, 2, name="first") == [1, 2]
+        assert await ids(rebuilt(watcher), backend, 2, name="second") == [1, 2]
+        await table.insert((3, 3, "c"))
+        assert await ids(rebuilt(watcher), backend, 1, name="first") == [3]
+        assert await ids(rebuilt(watcher), backend, 1, name="second") == [3]
+        for name in ("first", "second"):
+            assert await backend.aget(ASSET.scope, f"{name}.watermark") == {
+                "kind": "int",
+                "cursor": 3,
+                "key": 3,
+            }
+
+    async def test_the_old_keys_are_adopted_and_nothing_is_emitted_twice(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """State saved under the old 'watermark'/'recent' keys resumes there, then moves over."""
+        await table.insert((1, 1, "a"), (2, 2, "b"), (4, 4, "d"))
+        await backend.aregister_assets([ASSET])
+        # What the previous version committed after emitting rows 1, 2 and 4.
+        old_recent = {"floor": None, "keys": [1, 2, 4], "cursors": [1, 2, 4]}
+        await backend.aset(ASSET.scope, "watermark", {"kind": "int", "cursor": 4, "key": 4})
+        await backend.aset(ASSET.scope, "recent", old_recent)
+        await table.insert((3, 3, "late"), (5, 5, "e"))
+        watcher = table.watcher(lag_window=10)
+        assert await ids(watcher, backend, 2) == [3, 5]
+        assert await backend.aget(ASSET.scope, WATERMARK) == {"kind": "int", "cursor": 5, "key": 5}
+        assert (await backend.aget(ASSET.scope, RECENT))["keys"] == [1, 2, 4, 3, 5]
+        assert await backend.aget(ASSET.scope, "recent") == old_recent  # left for other watchers
+        await table.insert((6, 6, "sentinel"))
+        assert await ids(rebuilt(watcher), backend, 1) == [6]
+
+    async def test_the_documented_rewind_emits_the_rows_after_the_given_one(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """Setting the watermark, and a recent whose floor is its cursor, resumes right after it."""
+        await table.insert(*[(key, key, "x") for key in range(1, 6)])
+        watcher = table.watcher(lag_window=10)
+        assert await ids(watcher, backend, 5) == [1, 2, 3, 4, 5]
+        await backend.aset(ASSET.scope, WATERMARK, {"kind": "int", "cursor": 2, "key": 2})
+        await backend.aset(ASSET.scope, RECENT, {"floor": 2, "cursors": [], "keys": []})
+        assert await ids(rebuilt(watcher), backend, 3) == [3, 4, 5]
+        await table.insert((6, 6, "sentinel"))
+        assert await ids(rebuilt(watcher), backend, 1) == [6]
+
+    async def test_a_directory_watcher_and_a_table_watcher_share_an_asset(
+        self, table: Table, backend: MemoryStateBackend, tmp_path: Path
+    ) -> None:
+        """Watchers of two kinds on one asset neither read nor overwrite each other's state."""
+        inbox = tmp_path / "inbox"
+        inbox.mkdir()
+        (inbox / "report.csv").write_text("x")
+        await table.insert((1, 1, "a"))
+        files = DirectoryWatcher(str(inbox), poll_interval=0.01)
+        rows = table.watcher()
+        file_events = await run_trigger(
+            files, assets=ASSET, backend=backend, max_events=1, timeout=10, watcher_name="files"
+        )
+        assert [e.payload["name"] for e in file_events] == ["report.csv"]
+        assert await ids(rows, backend, 1, name="rows") == [1]
+        await table.insert((2, 2, "b"))
+        assert await ids(rebuilt(rows), backend, 1, name="rows") == [2]
+        assert (await backend.aget(ASSET.scope, "files.watermark"))["key"] == "report.csv"
+        assert (await backend.aget(ASSET.scope, "rows.watermark"))["key"] == 2
+
+
 class TestSqlTableWatcherSqlite:
     async def test_values_become_json(self, tmp_path: Path, backend: MemoryStateBackend) -> None:
         """Blobs become base64, reals stay numbers, NULLs become null."""
@@ -296,7 +379,7 @@ class TestSqlTableWatcherSqlite:
         assert await payloads(watcher, backend, 1) == [
             {"k": "k1", "c": 1.5, "b": base64.b64encode(b"\x00\xff").decode(), "n": None}
         ]
-        assert await backend.aget(ASSET.scope, "watermark") == {
+        assert await backend.aget(ASSET.scope, WATERMARK) == {
             "kind": "float",
             "cursor": 1.5,
             "key": "k1",
@@ -372,7 +455,7 @@ class TestSqlTableWatcherPostgres:
             watcher = SqlTableWatcher(pg_dsn, name, "at", "id", lag_window=60, **FAST)
             first = await payloads(watcher, backend, 2)
             assert first[0] == {"id": str(keys[0]), "at": t0.isoformat(), "v": "1.25"}
-            mark = await backend.aget(ASSET.scope, "watermark")
+            mark = await backend.aget(ASSET.scope, WATERMARK)
             assert mark == {
                 "kind": "datetime",
                 "cursor": (t0 + dt.timedelta(seconds=30)).isoformat(),
@@ -477,9 +560,9 @@ class TestSqlTableWatcherDurableState:
         await table.insert((3, 3, "late"), (6, 6, "sentinel"))
         async with reopenable_backend() as second:
             assert await ids(rebuilt(watcher), second, 3) == [3, 5, 6]
-            recent = await second.aget(ASSET.scope, "recent")
+            recent = await second.aget(ASSET.scope, RECENT)
             assert recent == {
                 "floor": None,
-                "keys": [1, 4, 3, 5, 6],  # in emission order: the late row 3 came third
                 "cursors": [1, 4, 3, 4, 6],
+                "keys": [1, 4, 3, 5, 6],  # in emission order: the late row 3 came third
             }

@@ -13,6 +13,7 @@ from .errors import (
     InvalidEventError,
     TriggererError,
     TriggerImportError,
+    WatcherNameUnavailableError,
 )
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
@@ -40,6 +41,7 @@ __all__ = [
     "WatchSpec",
     "WatcherError",
     "WatcherGroup",
+    "WatcherNameUnavailableError",
     "configure_logging",
     "load_settings",
     "load_watchers",

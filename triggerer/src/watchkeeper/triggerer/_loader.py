@@ -5,11 +5,13 @@ Each ``*.py`` file under the path is imported as ``watchkeeper_watchers.<relativ
 files can import helper modules that sit next to them. Module-level :class:`Asset` objects with
 ``watchers=[AssetWatcher(name, trigger)]`` define what is watched.
 
-Identical triggers (same ``serialize()``) run once for all the assets they watch: they form one
-:class:`WatcherGroup` whose ``trigger_id`` is a short hash of the canonical JSON of
-``(classpath, kwargs)``. The trigger that runs is rebuilt from that serialization, never taken
-from the file: its class is imported only from ``allowed_modules`` prefixes, must be a
-:class:`BaseEventTrigger` subclass, and gets JSON kwargs (never pickle).
+Identical triggers (same ``serialize()``) under one :class:`AssetWatcher` name run once for all
+the assets they watch: they form one :class:`WatcherGroup` whose ``trigger_id`` is a short hash
+of the watcher name and the canonical JSON of ``(classpath, kwargs)``. Identical triggers under
+two names are two groups: each running trigger has exactly one ``watcher_name``, the namespace
+of its state keys (see :func:`watcher_trigger_id`). The trigger that runs is rebuilt from that
+serialization, never taken from the file: its class is imported only from ``allowed_modules``
+prefixes, must be a :class:`BaseEventTrigger` subclass, and gets JSON kwargs (never pickle).
 
 A definition that cannot be used (syntax error, import error, disallowed module, kwargs that
 are not JSON) is logged as ``watcher_refused`` and skipped; the rest still load. When a file
@@ -52,6 +54,7 @@ __all__ = [
     "scan_watchers_path",
     "trigger_id_for",
     "unload_watchers",
+    "watcher_trigger_id",
 ]
 
 log = structlog.get_logger()
@@ -87,7 +90,7 @@ class FileDefinitions:
 
 @dataclass(frozen=True, slots=True)
 class WatcherGroup:
-    """One distinct trigger and every asset (and watcher name) it serves."""
+    """One distinct trigger under one watcher name, and every asset it serves."""
 
     trigger_id: str
     classpath: str
@@ -132,6 +135,16 @@ def canonical_trigger_json(classpath: object, kwargs: object) -> str:
 def trigger_id_for(canonical: str) -> str:
     """A short stable id for a trigger's canonical JSON (16 hex digits of its SHA-256)."""
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def watcher_trigger_id(canonical: str, watcher_name: str) -> str:
+    """The id of the trigger ``canonical`` running as the watcher ``watcher_name``.
+
+    The name is part of the identity because it is part of what the trigger does: it namespaces
+    the trigger's state keys (``self.watcher_name``), so two watchers of one asset never share a
+    watermark even when their triggers serialize the same.
+    """
+    return trigger_id_for(json.dumps([watcher_name, canonical], ensure_ascii=False))
 
 
 # -- allowed modules and rebuilding --------------------------------------------------------------
@@ -336,7 +349,7 @@ def _group(
     errors: list[WatcherError] = []
     assets: dict[str, Asset] = {}
     asset_file: dict[str, str] = {}
-    pending: dict[str, _Pending] = {}
+    pending: dict[tuple[str, str], _Pending] = {}
     for rel, defs in files.items():
         for asset in defs.assets:
             if asset.name in assets:
@@ -362,10 +375,10 @@ def _group(
                     errors.append(serialized)
                     continue
                 canonical, classpath = serialized
-                entry = pending.get(canonical)
+                entry = pending.get((canonical, watcher.name))  # one watcher name per group
                 if entry is None:
                     kwargs = json.loads(canonical)[1]
-                    entry = pending[canonical] = _Pending(classpath, kwargs)
+                    entry = pending[canonical, watcher.name] = _Pending(classpath, kwargs)
                 if not any(a.name == asset.name for a in entry.assets):
                     entry.assets.append(asset)
                 if watcher.name not in entry.watchers:
@@ -375,8 +388,8 @@ def _group(
                 entry.carried = entry.carried or rel in carried
     before = {g.trigger_id: g.trigger for g in previous.groups} if previous else {}
     groups: list[WatcherGroup] = []
-    for canonical, entry in pending.items():
-        trigger_id = trigger_id_for(canonical)
+    for (canonical, watcher_name), entry in pending.items():
+        trigger_id = watcher_trigger_id(canonical, watcher_name)
         if entry.carried and trigger_id in before:
             trigger = before[trigger_id]  # its module failed to import this time
         else:

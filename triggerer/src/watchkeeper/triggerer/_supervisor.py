@@ -83,6 +83,8 @@ class TriggerSlot:
     ``events`` counts the asset events committed (one per watched asset per trigger event that
     was not a suppressed duplicate); ``failures`` counts consecutive failed runs and is reset by
     every commit that wrote an event (re-delivering duplicates is not progress).
+    ``watcher_name``, bound as the trigger's ``watcher_name`` in ``run()``, is the one name of
+    ``watchers``, or ``trigger_id`` when none is given.
     """
 
     __slots__ = (
@@ -104,6 +106,7 @@ class TriggerSlot:
         "state",
         "trigger",
         "trigger_id",
+        "watcher_name",
         "watchers",
         "writer",
     )
@@ -120,6 +123,7 @@ class TriggerSlot:
         self.trigger = trigger
         self.assets = assets
         self.watchers = watchers
+        self.watcher_name = watchers[0] if watchers else trigger_id
         self.asset_names = tuple(asset.name for asset in assets)
         self.classpath = type(trigger).classpath()
         self.fence = fence
@@ -226,6 +230,7 @@ async def drive_trigger(
     trigger.bind_asset_state_store(
         AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
     )
+    trigger.bind_watcher_name(slot.watcher_name)
     try:
         events: object = trigger.run()
         if not isinstance(events, AsyncIterator):
@@ -272,6 +277,7 @@ async def drive_trigger(
                     await anyio.lowlevel.checkpoint()
     finally:
         trigger.bind_asset_state_store(None)
+        trigger.bind_watcher_name(None)
         await _cleanup(slot, cleanup_timeout)
 
 

@@ -8,6 +8,7 @@ __all__ = [
     "InvalidEventError",
     "TriggerImportError",
     "TriggererError",
+    "WatcherNameUnavailableError",
 ]
 
 
@@ -26,6 +27,20 @@ class AssetStoreUnavailableError(TriggererError, RuntimeError, AttributeError):
         super().__init__(
             f"{type(trigger).__name__}.asset_state_store exists only inside run(): the runtime "
             "binds it to the watched assets right before run() starts"
+        )
+
+
+class WatcherNameUnavailableError(TriggererError, RuntimeError, AttributeError):
+    """Raised when ``self.watcher_name`` is read outside ``run()``.
+
+    Like :class:`AssetStoreUnavailableError` it is also an ``AttributeError``, so
+    ``hasattr(trigger, "watcher_name")`` is False in ``__init__`` and ``serialize()``.
+    """
+
+    def __init__(self, trigger: object) -> None:
+        super().__init__(
+            f"{type(trigger).__name__}.watcher_name exists only inside run(): the runtime "
+            "binds it to the AssetWatcher's name right before run() starts"
         )
 
 

@@ -70,6 +70,8 @@ class WatchSpec:
 
     ``fence_token`` is the token of the lease held on ``trigger_id`` by the runner's
     ``config.owner``; with it, every write of the trigger is fenced on that lease.
+    ``watchers`` holds at most one name, the trigger's ``watcher_name`` inside ``run()`` (the
+    namespace of its state keys); without one, ``trigger_id`` is its name.
     """
 
     trigger_id: str
@@ -100,6 +102,11 @@ class WatchSpec:
                 )
         object.__setattr__(self, "assets", assets)
         object.__setattr__(self, "watchers", tuple(self.watchers))
+        if len(self.watchers) > 1:
+            raise ValueError(
+                f"WatchSpec {self.trigger_id!r} names {len(self.watchers)} watchers "
+                f"{list(self.watchers)!r}; a running trigger has one watcher name"
+            )
         token = self.fence_token
         if token is not None and (type(token) is not int or token < 1):
             raise ValueError(

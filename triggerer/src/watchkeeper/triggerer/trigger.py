@@ -9,7 +9,7 @@ from typing import Any
 
 from watchkeeper.store import AssetStateStoreAccessors
 
-from .errors import AssetStoreUnavailableError
+from .errors import AssetStoreUnavailableError, WatcherNameUnavailableError
 
 __all__ = [
     "AssetWatcher",
@@ -99,9 +99,15 @@ class BaseEventTrigger(BaseTrigger):
     ``self.asset_state_store`` (alias ``self.asset_store``) is bound by the runtime to the
     watched asset(s) right before ``run()``. With one asset, call ``get``/``set``/``aget``/...
     on it directly; with several, subscript it with the asset or iterate over it.
+
+    ``self.watcher_name`` is bound at the same moment: the name of the :class:`AssetWatcher`
+    this trigger runs as (the daemon runs one trigger per watcher name). Prefix your state keys
+    with it (``f"{self.watcher_name}.watermark"``) so two watchers of one asset never share a
+    key.
     """
 
     _wk_accessors: AssetStateStoreAccessors | None = None
+    _wk_watcher_name: str | None = None
 
     @property
     def asset_state_store(self) -> AssetStateStoreAccessors:
@@ -117,6 +123,17 @@ class BaseEventTrigger(BaseTrigger):
     def bind_asset_state_store(self, accessors: AssetStateStoreAccessors | None) -> None:
         """Used by the runtime (and the test kit) to bind or unbind the accessors."""
         self._wk_accessors = accessors
+
+    @property
+    def watcher_name(self) -> str:
+        name = self._wk_watcher_name
+        if name is None:
+            raise WatcherNameUnavailableError(self)
+        return name
+
+    def bind_watcher_name(self, name: str | None) -> None:
+        """Used by the runtime (and the test kit) to bind or unbind the watcher's name."""
+        self._wk_watcher_name = name
 
 
 @dataclass(frozen=True, slots=True)

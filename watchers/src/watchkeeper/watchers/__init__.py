@@ -5,7 +5,8 @@
 
 Both commit their watermark with each event (``TriggerEvent(payload, state=...)``), so a
 restarted watcher neither loses nor repeats an item, and both catch items that arrive late
-(behind the watermark) inside a bounded lag window.
+(behind the watermark) inside a bounded lag window. Their state keys are prefixed with the
+watcher's name (``<name>.watermark``, ``<name>.recent``), so several watchers share an asset.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
-"""What the ready-made watchers share: argument checks, the jittered poll timer, state loading."""
+"""What the ready-made watchers share: argument checks, the jittered poll timer, equality."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
-from collections.abc import Sequence
-from typing import Any
 
 import anyio
-from watchkeeper.store import AssetStateStoreAccessors
 from watchkeeper.triggerer import BaseEventTrigger
 
 __all__ = [
@@ -19,7 +16,6 @@ __all__ = [
     "check_positive",
     "check_positive_int",
     "check_str",
-    "read_states",
     "sleep_jittered",
     "sleep_spread",
 ]
@@ -82,20 +78,6 @@ async def sleep_spread(interval: float) -> None:
 async def sleep_jittered(interval: float) -> None:
     """Sleep ``interval`` give or take :data:`JITTER`, so phases keep spreading over time."""
     await anyio.sleep(interval * random.uniform(1.0 - JITTER, 1.0 + JITTER))
-
-
-async def read_states(store: AssetStateStoreAccessors, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Read ``keys`` from every watched asset: one ``{key: value}`` dict per asset.
-
-    Identical triggers watching several assets commit the same state to each of them, so the
-    dicts normally agree; an asset attached later has none yet. The caller picks the most
-    advanced one (an asset that joins late receives events from then on, not the history).
-    """
-    states: list[dict[str, Any]] = []
-    for asset in store:
-        accessor = store[asset]
-        states.append({key: await accessor.aget(key) for key in keys})
-    return states
 
 
 class SerializedEquality(BaseEventTrigger):

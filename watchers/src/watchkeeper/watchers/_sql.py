@@ -1,13 +1,20 @@
-"""The database side of :class:`SqlTableWatcher`: DSNs, identifiers, connections, JSON values.
+"""The database side of :class:`SqlTableWatcher`: one driver per database, behind one interface.
 
-Two dialects: SQLite through aiosqlite (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
+A :class:`Driver` says which DSNs are its own, how it quotes an identifier, how it writes a
+parameter's placeholder and a "key not among these" condition, and how to open a connection: a
+:class:`Source`, whose query failures all surface as :class:`SqlSourceError`. The watcher writes
+its queries once, through a :class:`Query`, for every driver.
+
+Two drivers: SQLite through aiosqlite (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
 opened read-only so a mistyped path never creates a database) and PostgreSQL through asyncpg
-(``postgresql://`` or ``postgres://``). Values always travel as parameters (``?`` or ``$n``);
-identifiers are checked against a strict pattern and double-quoted, never formatted raw.
+(``postgresql://`` or ``postgres://``). Another database is one more :class:`Driver` subclass
+(and its :class:`Source`) listed in :data:`DRIVERS`. Values always travel as parameters;
+identifiers are checked against a strict pattern and quoted, never formatted raw.
 """
 
 from __future__ import annotations
 
+import abc
 import base64
 import contextlib
 import datetime as dt
@@ -18,7 +25,7 @@ import re
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import anyio
@@ -26,19 +33,19 @@ import anyio.to_thread
 from watchkeeper.triggerer import TriggererError
 
 __all__ = [
-    "Dialect",
+    "DRIVERS",
+    "Driver",
+    "PostgresDriver",
+    "Query",
     "Source",
     "SqlSourceError",
-    "driver_errors",
-    "open_source",
-    "parse_dsn",
-    "quote_identifier",
-    "quote_table",
+    "SqliteDriver",
+    "check_identifier",
+    "check_table",
+    "driver_for",
     "redact_dsn",
     "to_json_value",
 ]
-
-Dialect = Literal["sqlite", "postgres"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _CLOSE_TIMEOUT = 5.0
@@ -56,25 +63,7 @@ class SqlSourceError(TriggererError, RuntimeError):
         self.table = table
 
 
-def parse_dsn(owner: str, dsn: object) -> tuple[Dialect, str]:
-    """Return ``(dialect, target)``: the SQLite file path, or the PostgreSQL DSN itself."""
-    if not isinstance(dsn, str):
-        raise TypeError(f"{owner}: dsn must be a str, got {type(dsn).__name__}")
-    if dsn.startswith("sqlite:///"):
-        path = dsn[len("sqlite:///") :]
-        if not path or path == "/":
-            raise ValueError(f"{owner}: dsn {dsn!r} names no database file")
-        if path == ":memory:":
-            raise ValueError(f"{owner}: dsn {dsn!r} is an in-memory database nobody else writes")
-        return "sqlite", path
-    scheme = dsn.partition(":")[0].lower()
-    if scheme in {"postgresql", "postgres"} and dsn[len(scheme) :].startswith("://"):
-        if len(dsn) == len(scheme) + 3:
-            raise ValueError(f"{owner}: dsn {redact_dsn(dsn)!r} names no server")
-        return "postgres", dsn
-    raise ValueError(
-        f"{owner}: dsn must start with 'sqlite:///' or 'postgresql://', got {redact_dsn(dsn)!r}"
-    )
+# -- what every driver shares ---------------------------------------------------------------------
 
 
 def redact_dsn(dsn: str) -> str:
@@ -92,11 +81,12 @@ def redact_dsn(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def quote_identifier(owner: str, name: str, value: object) -> str:
-    """Check a column name against ``[A-Za-z_][A-Za-z0-9_]*`` (63 at most) and quote it.
+def check_identifier(owner: str, name: str, value: object) -> str:
+    """Return ``value`` if it matches ``[A-Za-z_][A-Za-z0-9_]*`` (63 at most).
 
-    Quoting keeps reserved words usable and makes the match exact: PostgreSQL folds unquoted
-    names to lower case when a table is created, so ``Events`` must be given as ``events``.
+    The drivers quote it, which keeps reserved words usable and makes the match exact:
+    PostgreSQL folds unquoted names to lower case when a table is created, so ``Events`` must
+    be given as ``events``.
     """
     if not isinstance(value, str):
         raise TypeError(f"{owner}: {name} must be a str, got {type(value).__name__}")
@@ -105,17 +95,17 @@ def quote_identifier(owner: str, name: str, value: object) -> str:
             f"{owner}: {name} {value!r} is not a plain SQL identifier (letters, digits and "
             "underscores, not starting with a digit, at most 63 characters)"
         )
-    return f'"{value}"'
+    return value
 
 
-def quote_table(owner: str, value: object) -> str:
-    """Check and quote a table name, optionally qualified by one schema: ``schema.table``."""
+def check_table(owner: str, value: object) -> list[str]:
+    """The parts of a table name, optionally qualified by one schema: ``schema.table``."""
     if not isinstance(value, str):
         raise TypeError(f"{owner}: table must be a str, got {type(value).__name__}")
     parts = value.split(".")
     if len(parts) > 2:
         raise ValueError(f"{owner}: table {value!r} has more than one '.' (use schema.table)")
-    return ".".join(quote_identifier(owner, "table", part) for part in parts)
+    return [check_identifier(owner, "table", part) for part in parts]
 
 
 def to_json_value(value: Any) -> Any:
@@ -145,140 +135,210 @@ def to_json_value(value: Any) -> Any:
     return str(value)
 
 
-class Source(Protocol):
-    """An open connection to the watched database, in one dialect."""
+class Query:
+    """The parameters of one statement being written, each placed by the driver's syntax."""
 
-    dialect: Dialect
+    __slots__ = ("driver", "params")
 
-    def param(self, index: int) -> str:
-        """The placeholder of the ``index``-th parameter (1-based)."""
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.params: list[Any] = []
 
-    def not_among(self, column: str, index: int) -> str:
-        """A condition: ``column`` is not in the list passed as parameter ``index``."""
+    def param(self, value: Any) -> str:
+        """Add ``value`` as the next parameter and return its placeholder."""
+        self.params.append(value)
+        return self.driver.placeholder(len(self.params))
 
-    def keys_param(self, keys: Sequence[Any]) -> Any:
-        """The list of keys as that parameter's value."""
+    def not_among(self, column: str, keys: Sequence[Any]) -> str:
+        """A condition: ``column`` (quoted) is none of ``keys``, which become parameters."""
+        return self.driver.not_among(self, column, keys)
+
+
+class Source(abc.ABC):
+    """An open connection to the watched database; query failures become SqlSourceError.
+
+    ``errors`` are the driver's exception types for database-side failures.
+    """
+
+    def __init__(
+        self, connection: Any, table: str, errors: tuple[type[BaseException], ...]
+    ) -> None:
+        self._connection = connection
+        self._table = table
+        self._errors = errors
+        self._closed = False
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """Run one SELECT and return its rows as dicts of column name to driver value."""
+        try:
+            return await self._fetch(sql, params)
+        except self._errors as exc:
+            raise SqlSourceError(self._table, "reading rows", exc) from exc
 
     async def aclose(self) -> None:
         """Close the connection; a second call does nothing."""
-
-
-class _SqliteSource:
-    dialect: Dialect = "sqlite"
-
-    def __init__(self, connection: Any) -> None:
-        self._connection = connection
-        self._closed = False
-
-    async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
             await self._connection.close()
 
-    def param(self, index: int) -> str:
-        return "?"
+    @abc.abstractmethod
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]: ...
 
-    def not_among(self, column: str, index: int) -> str:
-        return f"{column} NOT IN (SELECT value FROM json_each(?))"
 
-    def keys_param(self, keys: Sequence[Any]) -> Any:
-        return json.dumps(list(keys))
+class Driver(abc.ABC):
+    """One kind of database: its DSNs, its SQL spelling, and how to connect."""
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    name: ClassVar[str]
+    prefixes: ClassVar[tuple[str, ...]]
+    """How its DSNs start, as shown in the error for a DSN no driver takes."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+    @abc.abstractmethod
+    def target(self, owner: str, dsn: str) -> str | None:
+        """What to connect to, if ``dsn`` is this driver's (a bad one raises); else None."""
+
+    def quote(self, identifier: str) -> str:
+        """Quote an identifier already checked by :func:`check_identifier`."""
+        return f'"{identifier}"'
+
+    @abc.abstractmethod
+    def placeholder(self, index: int) -> str:
+        """The placeholder of the ``index``-th parameter (1-based)."""
+
+    @abc.abstractmethod
+    def not_among(self, query: Query, column: str, keys: Sequence[Any]) -> str:
+        """See :meth:`Query.not_among`."""
+
+    @abc.abstractmethod
+    def open(self, target: str, table: str) -> contextlib.AbstractAsyncContextManager[Source]:
+        """Open the database for the duration of the block; closed however it ends."""
+
+
+# -- SQLite ---------------------------------------------------------------------------------------
+
+
+class _SqliteSource(Source):
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         async with self._connection.execute(sql, tuple(params)) as cursor:
             rows = await cursor.fetchall()
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
 
 
-class _PostgresSource:
-    dialect: Dialect = "postgres"
+class SqliteDriver(Driver):
+    """SQLite files through aiosqlite, opened read-only."""
 
-    def __init__(self, connection: Any) -> None:
-        self._connection = connection
-        self._closed = False
+    name = "sqlite"
+    prefixes = ("sqlite:///",)
 
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._connection.close()
+    def target(self, owner: str, dsn: str) -> str | None:
+        if not dsn.startswith("sqlite:///"):
+            return None
+        path = dsn[len("sqlite:///") :]
+        if not path or path == "/":
+            raise ValueError(f"{owner}: dsn {dsn!r} names no database file")
+        if path == ":memory:":
+            raise ValueError(f"{owner}: dsn {dsn!r} is an in-memory database nobody else writes")
+        return path
 
-    def param(self, index: int) -> str:
-        return f"${index}"
+    def placeholder(self, index: int) -> str:
+        return "?"
 
-    def not_among(self, column: str, index: int) -> str:
-        return f"{column} <> ALL(${index})"
+    def not_among(self, query: Query, column: str, keys: Sequence[Any]) -> str:
+        return (
+            f"{column} NOT IN (SELECT value FROM json_each({query.param(json.dumps(list(keys)))}))"
+        )
 
-    def keys_param(self, keys: Sequence[Any]) -> Any:
-        return list(keys)
+    @contextlib.asynccontextmanager
+    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        import aiosqlite
 
-    async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        action = f"opening SQLite database {target!r}"
+        if not await anyio.Path(target).is_file():
+            missing = FileNotFoundError(f"no database file at {target!r}")
+            raise SqlSourceError(table, action, missing) from missing
+        uri = f"file:{quote(target, safe='/')}?mode=ro"
+        pending = aiosqlite.connect(uri, uri=True)
+        try:
+            connection = await pending
+        except sqlite3.Error as exc:
+            # aiosqlite stops its worker thread after a failed connect but does not wait for
+            # it; a thread still finishing when the loop closes dies with "Event loop is closed".
+            worker = getattr(pending, "_thread", None)
+            if worker is not None:
+                with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                    await anyio.to_thread.run_sync(worker.join)
+            raise SqlSourceError(table, action, exc) from exc
+        async with _closing(_SqliteSource(connection, table, (sqlite3.Error,))) as source:
+            yield source
+
+
+# -- PostgreSQL -----------------------------------------------------------------------------------
+
+
+class _PostgresSource(Source):
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         records = await self._connection.fetch(sql, *params)
         return [dict(record) for record in records]
 
 
-@contextlib.asynccontextmanager
-async def open_source(dialect: Dialect, target: str, table: str) -> AsyncIterator[Source]:
-    """Open the watched database for the duration of the block; closed however it ends."""
-    if dialect == "sqlite":
-        async with _open_sqlite(target, table) as source:
+class PostgresDriver(Driver):
+    """PostgreSQL through asyncpg."""
+
+    name = "postgres"
+    prefixes = ("postgresql://",)
+
+    def target(self, owner: str, dsn: str) -> str | None:
+        scheme = dsn.partition(":")[0].lower()
+        if scheme not in {"postgresql", "postgres"} or not dsn[len(scheme) :].startswith("://"):
+            return None
+        if len(dsn) == len(scheme) + 3:
+            raise ValueError(f"{owner}: dsn {redact_dsn(dsn)!r} names no server")
+        return dsn
+
+    def placeholder(self, index: int) -> str:
+        return f"${index}"
+
+    def not_among(self, query: Query, column: str, keys: Sequence[Any]) -> str:
+        return f"{column} <> ALL({query.param(list(keys))})"
+
+    @contextlib.asynccontextmanager
+    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        import asyncpg
+
+        try:
+            connection = await asyncpg.connect(target)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
+        errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
+        async with _closing(_PostgresSource(connection, table, errors)) as source:
             yield source
-    else:
-        async with _open_postgres(target, table) as source:
-            yield source
+
+
+# -- choosing one ---------------------------------------------------------------------------------
+
+DRIVERS: tuple[Driver, ...] = (SqliteDriver(), PostgresDriver())
+"""Every driver, asked in this order whether a DSN is its own."""
+
+
+def driver_for(owner: str, dsn: object) -> tuple[Driver, str]:
+    """Return ``(driver, target)`` for ``dsn``; a DSN no driver takes is a clear ``ValueError``."""
+    if not isinstance(dsn, str):
+        raise TypeError(f"{owner}: dsn must be a str, got {type(dsn).__name__}")
+    for driver in DRIVERS:
+        target = driver.target(owner, dsn)
+        if target is not None:
+            return driver, target
+    prefixes = " or ".join(repr(prefix) for driver in DRIVERS for prefix in driver.prefixes)
+    raise ValueError(f"{owner}: dsn must start with {prefixes}, got {redact_dsn(dsn)!r}")
 
 
 @contextlib.asynccontextmanager
-async def _open_sqlite(path: str, table: str) -> AsyncIterator[Source]:
-    import aiosqlite
-
-    action = f"opening SQLite database {path!r}"
-    if not await anyio.Path(path).is_file():
-        missing = FileNotFoundError(f"no database file at {path!r}")
-        raise SqlSourceError(table, action, missing) from missing
-    uri = f"file:{quote(path, safe='/')}?mode=ro"
-    pending = aiosqlite.connect(uri, uri=True)
-    try:
-        connection = await pending
-    except sqlite3.Error as exc:
-        # aiosqlite stops its worker thread after a failed connect but does not wait for it;
-        # a thread still finishing when the loop closes dies with "Event loop is closed".
-        worker = getattr(pending, "_thread", None)
-        if worker is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await anyio.to_thread.run_sync(worker.join)
-        raise SqlSourceError(table, action, exc) from exc
-    source = _SqliteSource(connection)
+async def _closing(source: Source) -> AsyncIterator[Source]:
     try:
         yield source
     finally:
         with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
             await source.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _open_postgres(dsn: str, table: str) -> AsyncIterator[Source]:
-    import asyncpg
-
-    try:
-        connection = await asyncpg.connect(dsn)
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise SqlSourceError(table, f"connecting to {redact_dsn(dsn)!r}", exc) from exc
-    source = _PostgresSource(connection)
-    try:
-        yield source
-    finally:
-        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-            await source.aclose()
-
-
-def driver_errors(dialect: Dialect) -> tuple[type[BaseException], ...]:
-    """The exception types a query of this dialect raises for database-side failures."""
-    if dialect == "sqlite":
-        return (sqlite3.Error,)
-    import asyncpg
-
-    return (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)

@@ -10,7 +10,7 @@ timestamp are ordered by name and none is missed or repeated. Late files (see
   was not emitted inside the window already;
 - a file older than that is never emitted: raise ``lag_window`` if your producers preserve
   older mtimes, or let them stamp the file when it lands;
-- the recently emitted names travel in the state (key ``"recent"``), at most
+- the recently emitted names travel in the state (``<watcher name>.recent``), at most
   :attr:`DirectoryWatcher.recent_limit` names and about 32 KiB; a burst larger than that inside
   the window shrinks the window instead of emitting anything twice;
 - a file rewritten in place gets a newer mtime and is emitted again, as a new version.
@@ -38,18 +38,15 @@ from ._common import (
     check_non_negative,
     check_positive,
     check_str,
-    read_states,
     sleep_jittered,
     sleep_spread,
 )
-from ._window import LagWindow
+from ._window_state import WindowState
 
 __all__ = ["DirectoryWatcher"]
 
 log = structlog.get_logger()
 
-_STATE_KEYS = ("watermark", "recent")
-_MAX_RECENT_BYTES = 32 * 1024
 _NS = 1_000_000_000
 
 
@@ -96,14 +93,29 @@ class DirectoryWatcher(SerializedEquality):
     """Yields one event per new file in ``path`` whose name matches the glob ``pattern``.
 
     The payload is ``{"path", "name", "size", "mtime", "mtime_ns"}`` (``mtime`` in seconds since
-    the epoch). Each event carries ``state={"watermark": {"mtime_ns", "name"}, "recent": ...}``,
-    committed with the event, so a restarted watcher neither misses nor repeats a file. On the
-    first run (no watermark yet) every file already present is emitted.
+    the epoch). Each event commits the watcher's state with it, so a restarted watcher neither
+    misses nor repeats a file. On the first run (no watermark yet) every file already present is
+    emitted.
 
     ``pattern`` matches names inside ``path`` (case-sensitively, no subdirectories).
     ``poll_interval`` seconds separate scans, with jitter. ``lag_window`` seconds behind the
     watermark are searched for late files; ``min_age`` seconds must pass after a file's last
     modification before it is emitted. A missing directory is waited for (and logged once).
+
+    State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
+    is the one of every lag-window watcher, see :mod:`._window_state`):
+
+    - ``<name>.watermark``: ``{"kind": "int", "cursor": <mtime in ns>, "key": <file name>}``,
+      the last file emitted;
+    - ``<name>.recent``: ``{"floor", "cursors", "keys"}``, the names (and mtimes) emitted inside
+      the lag window.
+
+    How to rewind it: stop the watcher, set ``<name>.watermark`` to
+    ``{"kind": "int", "cursor": M, "key": N}`` and ``<name>.recent`` to
+    ``{"floor": M, "cursors": [], "keys": []}``, start it again: it emits the files after
+    ``(M, N)`` in (mtime, name) order. Delete both keys to emit every file present again. The
+    keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher has
+    none of its own.
     """
 
     recent_limit: int = 1000
@@ -144,10 +156,21 @@ class DirectoryWatcher(SerializedEquality):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        window = self._load_window(await read_states(self.asset_state_store, _STATE_KEYS))
+        lag_ns = round(self.lag_window * _NS)
+        state: WindowState[int, str] = WindowState(
+            f"{type(self).__name__}({self.path!r})",
+            type(self).__name__,
+            self.watcher_name,
+            lower=lambda mtime_ns: mtime_ns - lag_ns,
+            size_of=lambda _mtime_ns, name: len(name.encode()) + 26,
+            max_keys=self.recent_limit,
+            kinds=("int",),
+            key_types=(str,),
+            legacy=_legacy,
+        )
+        window = await state.aload(self.asset_state_store)
         min_age_ns = round(self.min_age * _NS)
         reported_missing = False
-        reported_overflow = False
         await sleep_spread(self.poll_interval)
         while True:
             files = await anyio.to_thread.run_sync(_scan, self.path, self.pattern, min_age_ns)
@@ -164,10 +187,7 @@ class DirectoryWatcher(SerializedEquality):
                 if not window.is_new(file.mtime_ns, file.name):
                     log.info("late_file", path=self.path, name=file.name, mtime_ns=file.mtime_ns)
                 window.record(file.mtime_ns, file.name)
-                if window.overflowed and not reported_overflow:
-                    log.warning("lag_window_overflow", path=self.path, limit=self.recent_limit)
-                    reported_overflow = True
-                yield TriggerEvent(self._payload(file), state=self._state(window))
+                yield TriggerEvent(self._payload(file), state=state.state(window))
             await sleep_jittered(self.poll_interval)
 
     def _payload(self, file: _File) -> dict[str, Any]:
@@ -179,70 +199,11 @@ class DirectoryWatcher(SerializedEquality):
             "mtime_ns": file.mtime_ns,
         }
 
-    # -- state ---------------------------------------------------------------------------------
 
-    def _new_window(
-        self,
-        watermark: tuple[int, str] | None = None,
-        recent: list[tuple[int, str]] | None = None,
-        floor: int | None = None,
-    ) -> LagWindow[int, str]:
-        lag_ns = round(self.lag_window * _NS)
-        return LagWindow(
-            lower=lambda mtime_ns: mtime_ns - lag_ns,
-            size_of=lambda _mtime_ns, name: len(name.encode()) + 26,
-            max_keys=self.recent_limit,
-            max_bytes=_MAX_RECENT_BYTES,
-            watermark=watermark,
-            recent=recent or (),
-            floor=floor,
-        )
-
-    def _load_window(self, states: list[dict[str, Any]]) -> LagWindow[int, str]:
-        best: LagWindow[int, str] | None = None
-        for state in states:
-            watermark = state.get("watermark")
-            if watermark is None:
-                continue
-            recent = state.get("recent") or {"floor": None, "names": [], "mtimes_ns": []}
-            try:
-                window = self._new_window(
-                    _item(watermark["mtime_ns"], watermark["name"]),
-                    [
-                        _item(mtime_ns, name)
-                        for mtime_ns, name in zip(recent["mtimes_ns"], recent["names"], strict=True)
-                    ],
-                    None if recent["floor"] is None else _item(recent["floor"], "")[0],
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"{type(self).__name__}({self.path!r}): the asset state 'watermark'/"
-                    f"'recent' is not a DirectoryWatcher watermark ({watermark!r}): {exc}"
-                ) from exc
-            if best is None or _ahead(window, best):
-                best = window
-        return best if best is not None else self._new_window()
-
-    def _state(self, window: LagWindow[int, str]) -> dict[str, Any]:
-        assert window.watermark is not None  # recorded before every event
-        mtime_ns, name = window.watermark
-        return {
-            "watermark": {"mtime_ns": mtime_ns, "name": name},
-            "recent": {
-                "floor": window.floor,
-                "names": window.keys(),
-                "mtimes_ns": window.encoded_cursors(),
-            },
-        }
-
-
-def _item(mtime_ns: object, name: object) -> tuple[int, str]:
-    if isinstance(mtime_ns, bool) or not isinstance(mtime_ns, int) or not isinstance(name, str):
-        raise TypeError(f"expected (int, str), got ({mtime_ns!r}, {name!r})")
-    return mtime_ns, name
-
-
-def _ahead(window: LagWindow[int, str], other: LagWindow[int, str]) -> bool:
-    if window.watermark is None or other.watermark is None:
-        return other.watermark is None and window.watermark is not None
-    return window.watermark > other.watermark
+def _legacy(watermark: Any, recent: Any) -> tuple[Any, Any]:
+    """The state of earlier versions (``watermark``/``recent``) in the shared layout."""
+    recent = recent or {"floor": None, "names": [], "mtimes_ns": []}
+    return (
+        {"kind": "int", "cursor": watermark["mtime_ns"], "key": watermark["name"]},
+        {"floor": recent["floor"], "cursors": recent["mtimes_ns"], "keys": recent["names"]},
+    )

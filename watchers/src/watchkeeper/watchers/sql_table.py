@@ -11,13 +11,14 @@ yet (see :mod:`._window`):
   timestamp cursor, the same number for a real cursor. A text cursor supports only
   ``lag_window=0``, which still catches rows that share the watermark's cursor value;
 - a row whose cursor is further behind than that when it commits is never emitted;
-- the keys emitted inside the window travel in the state (key ``"recent"``), at most
+- the keys emitted inside the window travel in the state (``<watcher name>.recent``), at most
   :attr:`SqlTableWatcher.recent_limit` keys and about 32 KiB; past that the window shrinks;
 - a row whose cursor is moved forward (an ``updated_at`` cursor) is emitted again, as a new
   version; its key is what identifies it inside the window.
 
 Rows with a NULL cursor are never emitted. Keys must be integers, text or UUIDs; cursors
-integers, reals, timestamps or text.
+integers, reals, timestamps or text. The database is reached through a driver of
+:mod:`._sql` (SQLite, PostgreSQL), which spells the queries written here in its own SQL.
 """
 
 from __future__ import annotations
@@ -37,22 +38,20 @@ from ._common import (
     check_non_negative,
     check_positive,
     check_positive_int,
-    read_states,
     sleep_jittered,
     sleep_spread,
 )
 from ._sql import (
+    Query,
     Source,
-    SqlSourceError,
-    driver_errors,
-    open_source,
-    parse_dsn,
-    quote_identifier,
-    quote_table,
+    check_identifier,
+    check_table,
+    driver_for,
     redact_dsn,
     to_json_value,
 )
 from ._window import LagWindow
+from ._window_state import WindowState
 
 __all__ = ["SqlTableWatcher"]
 
@@ -61,8 +60,6 @@ log = structlog.get_logger()
 Cursor = int | float | dt.datetime | str
 Key = int | str
 
-_STATE_KEYS = ("watermark", "recent")
-_MAX_RECENT_BYTES = 32 * 1024
 _CLOSE_TIMEOUT = 5.0
 
 
@@ -73,8 +70,23 @@ class SqlTableWatcher(SerializedEquality):
     (prefer a password from ``PGPASSWORD`` or ``.pgpass``: the DSN is part of ``serialize()``).
     ``table`` (optionally ``schema.table``) and the column names must be plain identifiers; they
     are quoted, so they match exactly. ``columns`` limits the payload (the cursor and key
-    columns are always included). Each event carries ``state={"watermark": {"kind", "cursor",
-    "key"}, "recent": {"floor", "keys", "cursors"}}``, committed with the event.
+    columns are always included). Each event commits the watcher's state with it.
+
+    State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
+    is the one of every lag-window watcher, see :mod:`._window_state`):
+
+    - ``<name>.watermark``: ``{"kind", "cursor", "key"}``, the last row emitted: its cursor
+      value (``kind`` is ``int``, ``float``, ``str`` or ``datetime``, the latter as ISO 8601
+      text) and its key;
+    - ``<name>.recent``: ``{"floor", "cursors", "keys"}``, the rows emitted inside the lag
+      window.
+
+    How to rewind it: stop the watcher, set ``<name>.watermark`` to
+    ``{"kind": "int", "cursor": C, "key": K}`` (the cursor's kind) and ``<name>.recent`` to
+    ``{"floor": C, "cursors": [], "keys": []}``, start it again: it emits the rows after
+    ``(C, K)`` in (cursor, key) order. Delete both keys to read the table from its first row.
+    The keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher
+    has none of its own.
     """
 
     recent_limit: int = 1000
@@ -93,12 +105,13 @@ class SqlTableWatcher(SerializedEquality):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        self._dialect, self._target = parse_dsn(owner, dsn)
+        self._driver, self._target = driver_for(owner, dsn)
         self.dsn = dsn
-        self._table_sql = quote_table(owner, table)
+        quote = self._driver.quote
+        self._table_sql = ".".join(quote(part) for part in check_table(owner, table))
         self.table = table
-        self._cursor_sql = quote_identifier(owner, "cursor_column", cursor_column)
-        self._key_sql = quote_identifier(owner, "key_column", key_column)
+        self._cursor_sql = quote(check_identifier(owner, "cursor_column", cursor_column))
+        self._key_sql = quote(check_identifier(owner, "key_column", key_column))
         self.cursor_column = cursor_column
         self.key_column = key_column
         self.batch_size = check_positive_int(owner, "batch_size", batch_size)
@@ -112,7 +125,7 @@ class SqlTableWatcher(SerializedEquality):
         else:
             wanted = [*self.columns]
             wanted += [name for name in (cursor_column, key_column) if name not in wanted]
-            self._select_sql = ", ".join(f'"{name}"' for name in wanted)
+            self._select_sql = ", ".join(quote(name) for name in wanted)
         self._source: Source | None = None
 
     @staticmethod
@@ -127,7 +140,7 @@ class SqlTableWatcher(SerializedEquality):
         if not columns:
             raise ValueError(f"{owner}: columns must not be empty (use None for every column)")
         for name in columns:
-            quote_identifier(owner, "a name in columns", name)
+            check_identifier(owner, "a name in columns", name)
         duplicates = sorted({name for name in columns if columns.count(name) > 1})
         if duplicates:
             raise ValueError(f"{owner}: columns lists {', '.join(duplicates)} more than once")
@@ -155,10 +168,19 @@ class SqlTableWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        window = self._load_window(await read_states(self.asset_state_store, _STATE_KEYS))
+        state: WindowState[Cursor, Key] = WindowState(
+            f"{type(self).__name__}({self.table!r})",
+            type(self).__name__,
+            self.watcher_name,
+            lower=self._lower,
+            size_of=lambda cursor, key: _json_size(cursor) + _json_size(key) + 4,
+            max_keys=self.recent_limit,
+            kinds=("int", "float", "str", "datetime"),
+            key_types=(int, str),
+        )
+        window = await state.aload(self.asset_state_store)
         await sleep_spread(self.poll_interval)
-        reported_overflow = False
-        async with open_source(self._dialect, self._target, self.table) as source:
+        async with self._driver.open(self._target, self.table) as source:
             self._source = source
             try:
                 while True:
@@ -169,13 +191,8 @@ class SqlTableWatcher(SerializedEquality):
                             if not is_new:
                                 log.info("late_row", table=self.table, key=key)
                             window.record(cursor, key, new=is_new)
-                            if window.overflowed and not reported_overflow:
-                                log.warning(
-                                    "lag_window_overflow", table=self.table, limit=self.recent_limit
-                                )
-                                reported_overflow = True
                             payload = {name: to_json_value(v) for name, v in row.items()}
-                            yield TriggerEvent(payload, state=self._state(window))
+                            yield TriggerEvent(payload, state=state.state(window))
                     if len(late) + len(new) < self.batch_size:
                         await sleep_jittered(self.poll_interval)
             finally:
@@ -197,35 +214,25 @@ class SqlTableWatcher(SerializedEquality):
         tail = f" ORDER BY {c}, {k} LIMIT "
         late: list[dict[str, Any]] = []
         if window.watermark is not None:
-            params: list[Any] = [window.low, *window.watermark]
-            where = f"{c} >= {source.param(1)} AND ({c}, {k}) <= ({source.param(2)}, "
-            where += f"{source.param(3)})"
+            q = Query(self._driver)
+            cursor, key = window.watermark
+            where = f"{c} >= {q.param(window.low)} AND ({c}, {k}) <= ({q.param(cursor)}, "
+            where += f"{q.param(key)})"
             if window.floor is not None:
-                params.append(window.floor)
-                where += f" AND {c} > {source.param(len(params))}"
+                where += f" AND {c} > {q.param(window.floor)}"
             keys = window.keys()
             if keys:
-                params.append(source.keys_param(keys))
-                where += " AND " + source.not_among(k, len(params))
-            params.append(self.batch_size)
-            late = await self._fetch(
-                source, head + where + tail + source.param(len(params)), params
-            )
+                where += " AND " + q.not_among(k, keys)
+            late = await source.fetch(head + where + tail + q.param(self.batch_size), q.params)
         room = self.batch_size - len(late)
         if room <= 0:
             return late, []
+        q = Query(self._driver)
         if window.watermark is None:
-            sql = f"{head}{c} IS NOT NULL{tail}{source.param(1)}"
-            return late, await self._fetch(source, sql, [room])
-        where = f"({c}, {k}) > ({source.param(1)}, {source.param(2)})"
-        sql = head + where + tail + source.param(3)
-        return late, await self._fetch(source, sql, [*window.watermark, room])
-
-    async def _fetch(self, source: Source, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-        try:
-            return await source.fetch(sql, params)
-        except driver_errors(source.dialect) as exc:
-            raise SqlSourceError(self.table, "reading rows", exc) from exc
+            return late, await source.fetch(f"{head}{c} IS NOT NULL{tail}{q.param(room)}", q.params)
+        cursor, key = window.watermark
+        where = f"({c}, {k}) > ({q.param(cursor)}, {q.param(key)})"
+        return late, await source.fetch(head + where + tail + q.param(room), q.params)
 
     def _identity(self, row: dict[str, Any]) -> tuple[Cursor, Key]:
         return (
@@ -250,65 +257,6 @@ class SqlTableWatcher(SerializedEquality):
                 f"(lag_window={lag!r}; set lag_window=0 to watch a text cursor)"
             )
         return cursor
-
-    def _new_window(
-        self,
-        watermark: tuple[Cursor, Key] | None = None,
-        recent: Sequence[tuple[Cursor, Key]] = (),
-        floor: Cursor | None = None,
-    ) -> LagWindow[Cursor, Key]:
-        return LagWindow(
-            lower=self._lower,
-            encode=_encode,
-            size_of=lambda cursor, key: _json_size(cursor) + _json_size(key) + 4,
-            max_keys=self.recent_limit,
-            max_bytes=_MAX_RECENT_BYTES,
-            watermark=watermark,
-            recent=recent,
-            floor=floor,
-        )
-
-    def _load_window(self, states: list[dict[str, Any]]) -> LagWindow[Cursor, Key]:
-        best: LagWindow[Cursor, Key] | None = None
-        for state in states:
-            watermark = state.get("watermark")
-            if watermark is None:
-                continue
-            recent = state.get("recent") or {"floor": None, "keys": [], "cursors": []}
-            try:
-                kind = watermark["kind"]
-                window = self._new_window(
-                    (_decode(kind, watermark["cursor"]), _key("key", watermark["key"])),
-                    [
-                        (_decode(kind, c), _key("key", k))
-                        for c, k in zip(recent["cursors"], recent["keys"], strict=True)
-                    ],
-                    None if recent["floor"] is None else _decode(kind, recent["floor"]),
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"{type(self).__name__}({self.table!r}): the asset state 'watermark'/"
-                    f"'recent' is not a SqlTableWatcher watermark ({watermark!r}): {exc}"
-                ) from exc
-            if best is None or (
-                best.watermark is not None
-                and window.watermark is not None
-                and _gt(window.watermark, best.watermark)
-            ):
-                best = window
-        return best if best is not None else self._new_window()
-
-    def _state(self, window: LagWindow[Cursor, Key]) -> dict[str, Any]:
-        assert window.watermark is not None  # recorded before every event
-        cursor, key = window.watermark
-        return {
-            "watermark": {"kind": _kind(cursor), "cursor": _encode(cursor), "key": key},
-            "recent": {
-                "floor": None if window.floor is None else _encode(window.floor),
-                "keys": window.keys(),
-                "cursors": window.encoded_cursors(),
-            },
-        }
 
 
 def _column(row: dict[str, Any], name: str) -> Any:
@@ -344,31 +292,9 @@ def _key(column: str, value: object) -> Key:
     )
 
 
-def _kind(cursor: Cursor) -> str:
-    return "datetime" if isinstance(cursor, dt.datetime) else type(cursor).__name__
-
-
-def _encode(cursor: Cursor) -> int | float | str:
-    return cursor.isoformat() if isinstance(cursor, dt.datetime) else cursor
-
-
-def _decode(kind: object, value: object) -> Cursor:
-    if kind == "datetime":
-        if not isinstance(value, str):
-            raise TypeError(f"a datetime cursor is stored as ISO text, got {value!r}")
-        return dt.datetime.fromisoformat(value)
-    if kind in {"int", "float", "str"}:
-        return _cursor("cursor", value)
-    raise ValueError(f"unknown cursor kind {kind!r}")
-
-
 def _json_size(value: Cursor) -> int:
     if isinstance(value, str):
         return len(value.encode()) + 2
     if isinstance(value, dt.datetime):
         return 34
     return len(repr(value))
-
-
-def _gt(left: tuple[Any, Any], right: tuple[Any, Any]) -> bool:
-    return bool(left > right)

@@ -18,9 +18,20 @@ from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
 from .._supervisor import TriggerSlot, drive_trigger
 from ..trigger import BaseEventTrigger
 
-__all__ = ["run_trigger"]
+__all__ = ["run_trigger", "watcher_name_for"]
 
 _CLEANUP_TIMEOUT = 5.0
+
+
+def watcher_name_for(trigger: BaseEventTrigger, watcher_name: object) -> str:
+    """``watcher_name`` checked, or the default when it is None: the trigger's class name."""
+    if watcher_name is None:
+        return type(trigger).__name__
+    if not isinstance(watcher_name, str):
+        raise TypeError(f"watcher_name must be a str or None, got {type(watcher_name).__name__}")
+    if not watcher_name:
+        raise ValueError("watcher_name must not be empty")
+    return watcher_name
 
 
 async def run_trigger(
@@ -31,6 +42,7 @@ async def run_trigger(
     max_events: int | None = None,
     timeout: float | None = None,  # noqa: ASYNC109 - the documented API of the test kit
     trigger_id: str | None = None,
+    watcher_name: str | None = None,
 ) -> list[AssetEvent]:
     """Run ``trigger`` once and return the asset events this call committed, in commit order.
 
@@ -41,6 +53,8 @@ async def run_trigger(
     ``async for``. ``cleanup()`` is always awaited. An exception from ``run()`` (or from
     validating an event it yielded, or from ``cleanup()``) is raised here, so a test sees its
     bug. ``trigger_id`` (default: the trigger's classpath) names the watcher in the events.
+    ``watcher_name`` (default: the trigger's class name) is bound as ``self.watcher_name`` in
+    ``run()``, as the daemon binds the :class:`~watchkeeper.triggerer.AssetWatcher`'s name.
     """
     if not isinstance(trigger, BaseEventTrigger):
         raise TypeError(
@@ -57,7 +71,8 @@ async def run_trigger(
         raise ValueError(f"max_events must be a positive int or None, got {max_events!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be positive or None, got {timeout!r}")
-    slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched)
+    name = watcher_name_for(trigger, watcher_name)
+    slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched, (name,))
     await backend.aregister_assets(watched)
 
     committed: list[AssetEvent] = []

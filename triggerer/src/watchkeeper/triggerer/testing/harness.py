@@ -28,10 +28,10 @@ import anyio
 import anyio.abc
 from watchkeeper.store import Asset, AssetEvent, AssetScope, BaseStateBackend
 
-from .._loader import canonical_trigger_json, rebuild_trigger, trigger_id_for
+from .._loader import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
 from ..trigger import BaseEventTrigger
 from ._observed import CrashPlan, CrashPoint, ObservedBackend, SimulatedCrash
-from ._run import run_trigger
+from ._run import run_trigger, watcher_name_for
 from .sources import FakeEventSource
 
 __all__ = ["CrashNotReachedError", "HarnessRun", "StopReason", "WatcherHarness"]
@@ -96,7 +96,10 @@ def _positive(name: str, value: float | None) -> None:
 class WatcherHarness:
     """Runs watchers on one backend, as a daemon would across restarts and crashes.
 
-    ``watermark_key`` names the state key reported as :attr:`HarnessRun.watermark`.
+    ``watermark_key`` names the state key reported as :attr:`HarnessRun.watermark`. Each run
+    takes a ``watcher_name`` (default: the trigger's class name), bound as the trigger's
+    ``self.watcher_name`` as the daemon binds the :class:`~watchkeeper.triggerer.AssetWatcher`'s
+    name; pass the same one to a restart to resume the same watcher.
     """
 
     def __init__(self, backend: BaseStateBackend, *, watermark_key: str = "watermark") -> None:
@@ -135,12 +138,15 @@ class WatcherHarness:
         max_events: int | None = None,
         idle: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
+        watcher_name: str | None = None,
     ) -> HarnessRun:
         """Run ``trigger`` until ``max_events`` asset events committed, ``run()`` returns,
         ``timeout`` passes, or (once it committed something) ``idle`` seconds pass without a
         commit; then stop it (cancel, await cleanup). An exception from the trigger is raised
         here. The idle clock starts at the first commit, so a slow start never looks idle."""
-        return await self._run(trigger, _assets(assets), max_events, idle, timeout, None, ())
+        return await self._run(
+            trigger, _assets(assets), max_events, idle, timeout, None, (), watcher_name
+        )
 
     async def restart(
         self,
@@ -150,10 +156,13 @@ class WatcherHarness:
         max_events: int | None = None,
         idle: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
+        watcher_name: str | None = None,
     ) -> HarnessRun:
         """:meth:`run` a new instance rebuilt from ``trigger.serialize()`` (a daemon restart)."""
         fresh = self.rebuild(trigger)
-        return await self._run(fresh, _assets(assets), max_events, idle, timeout, None, ())
+        return await self._run(
+            fresh, _assets(assets), max_events, idle, timeout, None, (), watcher_name
+        )
 
     async def crash(
         self,
@@ -164,6 +173,7 @@ class WatcherHarness:
         event: int = 1,
         sources: Sequence[FakeEventSource] = (),
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
+        watcher_name: str | None = None,
     ) -> HarnessRun:
         """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event.
 
@@ -176,7 +186,9 @@ class WatcherHarness:
         for source in sources:
             if not isinstance(source, FakeEventSource):
                 raise TypeError(f"sources must be FakeEventSource objects, got {source!r}")
-        result = await self._run(trigger, _assets(assets), None, None, timeout, plan, sources)
+        result = await self._run(
+            trigger, _assets(assets), None, None, timeout, plan, sources, watcher_name
+        )
         return result
 
     async def _run(
@@ -188,12 +200,14 @@ class WatcherHarness:
         timeout: float | None,  # noqa: ASYNC109 - the kit's documented API
         plan: CrashPlan | None,
         sources: Sequence[FakeEventSource],
+        watcher_name: str | None,
     ) -> HarnessRun:
         if not isinstance(trigger, BaseEventTrigger):
             raise TypeError(f"the harness runs BaseEventTrigger instances, got {trigger!r}")
         _positive("idle", idle)
         _positive("timeout", timeout)
-        trigger_id = trigger_id_for(canonical_trigger_json(*trigger.serialize()))
+        name = watcher_name_for(trigger, watcher_name)
+        trigger_id = watcher_trigger_id(canonical_trigger_json(*trigger.serialize()), name)
         stop_reason: list[StopReason] = []
         failure: list[Exception] = []
         scope = anyio.CancelScope()
@@ -215,6 +229,7 @@ class WatcherHarness:
                         backend=observed,
                         max_events=max_events,
                         trigger_id=trigger_id,
+                        watcher_name=name,
                     )
                 except Exception as exc:  # noqa: BLE001 - re-raised below, unless it died
                     if observed.crashed is None:
