@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
+from ._log import get_logger
 from ._open import open_state_backend
+from ._redact import redact_dsn, redact_secrets
 from ._types import (
     Asset,
     AssetEvent,
@@ -105,6 +107,9 @@ __all__ = [
     "build_task_context",
     "encode_json",
     "encode_value",
+    "get_logger",
     "open_state_backend",
+    "redact_dsn",
+    "redact_secrets",
     "run_task",
 ]

@@ -43,6 +43,7 @@ from watchkeeper.store import (
     LeaseLostError,
     TriggerStatus,
     Writer,
+    get_logger,
 )
 
 from ._commit import EventEncoder
@@ -61,7 +62,7 @@ __all__ = [
     "supervise",
 ]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _CHECKPOINT_EVERY = 32
 """Commits between two forced checkpoints of a trigger's task."""

@@ -51,8 +51,7 @@ from typing import Self
 import anyio
 import anyio.abc
 import anyio.to_thread
-import structlog
-from watchkeeper.store import BaseStateBackend, GcReport, open_state_backend
+from watchkeeper.store import BaseStateBackend, GcReport, get_logger, open_state_backend
 
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
@@ -63,7 +62,7 @@ from .settings import Settings
 
 __all__ = ["Daemon", "ReloadReport", "run_daemon"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 DEFAULT_RELOAD_INTERVAL = 2.0
 """Seconds between two scans of the watchers path."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import structlog
+from watchkeeper.store import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._common import (
@@ -46,7 +46,7 @@ from ._window import LagWindow
 
 __all__ = ["DirectoryWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _STATE_KEYS = ("watermark", "recent")
 _MAX_RECENT_BYTES = 32 * 1024
