@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
 import anyio
 from rich.console import Console
-from watchkeeper.store import BaseStateBackend, Writer, open_state_backend
+from watchkeeper.store import BaseStateBackend, Writer, open_state_backend, redact_secrets
 
 from .settings import Settings
 
@@ -43,6 +43,7 @@ __all__ = [
     "json_default",
     "json_flag",
     "open_backend",
+    "redacted",
     "run_store_command",
     "store_handler",
 ]
@@ -75,9 +76,21 @@ class UsageError(CommandError):
 
 
 def error_line(message: str) -> str:
-    """``watchkeeper: error: <message>`` squeezed onto one line."""
+    """``watchkeeper: error: <message>`` squeezed onto one line, URL passwords masked."""
     flat = " ".join(str(message).split())
-    return f"{PROG}: error: {flat}\n"
+    return f"{PROG}: error: {redact_secrets(flat)}\n"
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (JSON data) with :func:`~watchkeeper.store.redact_secrets` applied to every
+    string in it, keys included: what ``status`` and ``events`` print."""
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if isinstance(value, dict):
+        return {redacted(k): redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(item) for item in value]
+    return value
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):

@@ -28,7 +28,7 @@ from watchkeeper.store import (
     TriggerStatus,
 )
 
-from ._cli_common import CommandError, UsageError, emit_json, open_backend
+from ._cli_common import CommandError, UsageError, emit_json, open_backend, redacted
 from .daemon import DEFAULT_RELOAD_INTERVAL, run_daemon
 from .settings import Settings
 
@@ -197,7 +197,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             return await status_rows(backend)
 
     try:
-        rows = run_async(read)
+        rows = redacted(run_async(read))  # errors and state may quote a URL with a password
     except NotImplementedError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:

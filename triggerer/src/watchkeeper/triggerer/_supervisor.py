@@ -44,6 +44,7 @@ from watchkeeper.store import (
     TriggerStatus,
     Writer,
     get_logger,
+    redact_secrets,
 )
 
 from ._commit import EventEncoder
@@ -73,8 +74,11 @@ Publish = Callable[[list[AssetEvent]], None]
 
 
 def describe_error(exc: BaseException) -> str:
-    """``"TypeName: message"``, the form errors take in statuses and logs."""
-    text = str(exc)
+    """``"TypeName: message"``, the form errors take in statuses and logs.
+
+    A URL's password in the message is masked: the text is shown by ``watchkeeper status``.
+    """
+    text = redact_secrets(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

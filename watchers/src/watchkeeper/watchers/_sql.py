@@ -19,10 +19,11 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, Protocol
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
+from watchkeeper.store import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 __all__ = [
@@ -75,21 +76,6 @@ def parse_dsn(owner: str, dsn: object) -> tuple[Dialect, str]:
     raise ValueError(
         f"{owner}: dsn must start with 'sqlite:///' or 'postgresql://', got {redact_dsn(dsn)!r}"
     )
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN with any password replaced by ``***``, for messages and ``repr()``."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "<unparsable dsn>"
-    if parts.password is None:
-        return dsn
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def quote_identifier(owner: str, name: str, value: object) -> str:
