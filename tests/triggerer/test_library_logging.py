@@ -82,9 +82,7 @@ class TestLibraryIsQuiet:
         assert done.returncode == 0, done.stderr
         assert (done.stdout, done.stderr) == ("", "")
 
-    def test_a_program_that_configures_stdlib_logging_sees_the_events(
-        self, tmp_path: Path
-    ) -> None:
+    def test_a_program_that_configures_stdlib_logging_sees_the_events(self, tmp_path: Path) -> None:
         """With stdlib logging at DEBUG, the debug events arrive as records of watchkeeper loggers."""
         done = _run(tmp_path, "debug")
         assert done.returncode == 0, done.stderr

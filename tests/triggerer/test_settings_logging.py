@@ -243,7 +243,8 @@ class LeakyWatcher(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         client = {"trigger": self, "url": self.url}  # locals a traceback used to show
-        raise ConnectionError(f"cannot reach {client['url']}")
+        if client:
+            raise ConnectionError(f"cannot reach {client['url']}")
         yield TriggerEvent(None)  # pragma: no cover - makes run() an async generator
 
 

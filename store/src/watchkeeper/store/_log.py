@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 import structlog
-from structlog.typing import EventDict, WrappedLogger
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 from ._redact import redact_secrets
 
@@ -47,7 +47,7 @@ def _to_stdlib(
     return (redact_secrets(f"{event} {fields}" if fields else event),), kwargs
 
 
-_STDLIB_PROCESSORS = [
+_STDLIB_PROCESSORS: list[Processor] = [
     structlog.stdlib.filter_by_level,  # below the stdlib logger's level: dropped here, cheaply
     structlog.contextvars.merge_contextvars,
     _to_stdlib,

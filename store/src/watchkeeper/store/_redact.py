@@ -30,9 +30,10 @@ UNPARSABLE_DSN: Final = "<unparsable dsn>"
 # ``sslpassword``, and the ``db_password``/``passwd``/``pwd`` spellings of other drivers).
 _PASSWORD_KEY: Final = r"[A-Za-z0-9_]*(?:password|passwd|pwd)"
 
-# scheme://user:password@ — the user part has no ':', '/', '@' or space; the password runs to
-# the first '@' (a raw '/' in it stays inside the match, so more is masked rather than less).
-_URL_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s@]*@")
+# scheme://user:password@ — the user part has no ':', '/', '@', quote or space; the password
+# runs to the last '@' before a '/', a quote or a space (an unencoded '@' stays inside the match,
+# so more is masked rather than less).
+_URL_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s/'\"]*@")
 
 # password=value, as a query parameter or in a keyword DSN. The value is a quoted string
 # (single quotes, or double quotes possibly JSON-escaped as \"...\"), or a bare word.
@@ -72,18 +73,30 @@ def redact_dsn(dsn: str) -> str:
     does not parse (a bad port, a space), is returned as ``<unparsable dsn>``: text that cannot
     be parsed cannot be shown to be free of a password.
     """
-    if not isinstance(dsn, str):
-        return UNPARSABLE_DSN
     if "://" in dsn:
-        try:
-            parts = urlsplit(dsn)
-            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-        except ValueError:
-            return UNPARSABLE_DSN
-        if not parts.scheme or any(ch.isspace() for ch in dsn):
-            return UNPARSABLE_DSN
-        return redact_secrets(dsn)
+        return _redact_url(dsn)
     return _redact_conninfo(dsn)
+
+
+def _redact_url(dsn: str) -> str:
+    """A URL with its userinfo password and ``password=`` parameters masked, or the marker."""
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return UNPARSABLE_DSN
+    if not parts.scheme or any(ch.isspace() for ch in dsn):
+        return UNPARSABLE_DSN
+    head = dsn[: dsn.index("://") + 3]
+    after = dsn[len(head) :]
+    end = next((i for i, ch in enumerate(after) if ch in "/?#"), len(after))
+    userinfo, at, hostport = after[:end].rpartition("@")  # the host follows the last '@'
+    if at and ":" in userinfo:
+        user = userinfo.partition(":")[0]
+        head += f"{user}:{MASK}@{hostport}"
+    else:
+        head += after[:end]
+    return head + _KEYWORD_VALUE.sub(rf"\g<head>{MASK}", after[end:])
 
 
 def _redact_conninfo(dsn: str) -> str:
