@@ -53,8 +53,10 @@ from .settings import (
     ConfigFileNotFoundError,
     DatabaseSettings,
     InvalidConfigFileError,
+    SettingOrigin,
     StateStoreSettings,
     StoreSettings,
+    UnknownSettingError,
     WorkersSettings,
 )
 from .sqlite import SqliteStateBackend
@@ -88,6 +90,7 @@ __all__ = [
     "PostgresStateBackend",
     "RawEntry",
     "RetentionTypeError",
+    "SettingOrigin",
     "SqliteStateBackend",
     "StateEntry",
     "StateScope",
@@ -99,6 +102,7 @@ __all__ = [
     "TaskScope",
     "TaskStateStoreAccessor",
     "TriggerStatus",
+    "UnknownSettingError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
