@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from pydantic import BaseModel, SecretStr
 from rich.table import Table
 from rich.text import Text
-from watchkeeper.store import SettingOrigin, redact_dsn, redact_secrets
-from watchkeeper.store.settings import DEFAULT_CONFIG_FILE
+from watchkeeper.store import redact_dsn, redact_secrets
+from watchkeeper.store.settings import DEFAULT_CONFIG_FILE, SettingOrigin
 
 from ._cli_common import compact_json, console, emit_json, json_flag, settings_overrides
 from .settings import Settings
