@@ -93,11 +93,12 @@ class Daemon:
 
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
     opens nor closes it); by default the daemon opens the one the settings configure.
-    ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon in the lease table and the statuses (default:
-    :func:`~._leases.daemon_identity`, ``host:pid:random``). ``tune_gc`` (for the owner of
-    the process, as :func:`run_daemon` is) pauses the cyclic garbage collector while the first
-    load starts the triggers, then freezes what is alive and raises the gen-0 threshold (see
-    :mod:`._gctune`); an embedding leaves the process's GC settings alone by default.
+    ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon
+    in the lease table and the statuses (default: :func:`~._leases.daemon_identity`,
+    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`run_daemon`
+    is) pauses the cyclic garbage collector while the first load starts the triggers, then
+    freezes what is alive and raises the gen-0 threshold (see :mod:`._gctune`); an embedding
+    leaves the process's GC settings alone by default.
     """
 
     def __init__(
