@@ -288,6 +288,15 @@ class TestOpenStateBackendUrls:
         with pytest.raises(ValueError, match="names a host 'host'"):
             self._open("sqlite://host/x.db")
 
+    @pytest.mark.parametrize(
+        "url", ["sqlite://app:hunter2@host/x.db", "sqlite:///x.db?password=hunter2"]
+    )
+    def test_password_is_not_echoed_by_a_sqlite_url_error(self, url: str) -> None:
+        """A sqlite URL refused for its host or query is quoted with the password masked."""
+        with pytest.raises(ValueError, match=r"\*\*\*") as caught:
+            self._open(url)
+        assert "hunter2" not in str(caught.value)
+
     def test_password_is_not_echoed_by_the_not_a_url_error(self) -> None:
         """An error about the URL does not print a password it carries."""
         with pytest.raises(ValueError) as caught:
