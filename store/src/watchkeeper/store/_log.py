@@ -32,18 +32,14 @@ __all__ = ["LibraryLogger", "get_logger"]
 def _to_stdlib(
     _: WrappedLogger, __: str, event_dict: EventDict
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The final processor on the stdlib path: one ``event key=value ...`` message.
-
-    The fields also travel whole as the record's ``event_dict`` attribute, for handlers that
-    want the data rather than the text. ``exc_info`` and ``stack_info`` are the stdlib's own.
-    """
+    """The final processor on the stdlib path: one ``event key=value ...`` message, with any
+    URL's password masked; ``exc_info`` and ``stack_info`` are passed on as the stdlib's own."""
     kwargs: dict[str, Any] = {}
     for key in ("exc_info", "stack_info"):
         if key in event_dict:
             kwargs[key] = event_dict.pop(key)
-    event = str(event_dict.get("event", ""))
-    fields = " ".join(f"{key}={value!r}" for key, value in event_dict.items() if key != "event")
-    kwargs["extra"] = {"event_dict": event_dict}
+    event = str(event_dict.pop("event", ""))
+    fields = " ".join(f"{key}={value!r}" for key, value in event_dict.items())
     return (redact_secrets(f"{event} {fields}" if fields else event),), kwargs
 
 
@@ -62,10 +58,12 @@ class LibraryLogger:
     logger created at import time follows a configuration applied later.
     """
 
-    __slots__ = ("_stdlib", "name")
+    __slots__ = ("_stdlib", "_structlog", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # structlog's lazy proxy reads the configuration each time it is used.
+        self._structlog = structlog.get_logger()
         self._stdlib = structlog.stdlib.BoundLogger(
             logging.getLogger(name), processors=_STDLIB_PROCESSORS, context={}
         )
@@ -75,9 +73,7 @@ class LibraryLogger:
         return f"<LibraryLogger {self.name!r} via={path}>"
 
     def _target(self) -> Any:
-        if structlog.is_configured():
-            return structlog.get_logger()
-        return self._stdlib
+        return self._structlog if structlog.is_configured() else self._stdlib
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target(), name)
@@ -86,7 +82,7 @@ class LibraryLogger:
         """Whether an event at ``level`` (a stdlib level number) would be emitted at all."""
         if not structlog.is_configured():
             return logging.getLogger(self.name).isEnabledFor(level)
-        check = getattr(structlog.get_logger().bind(), "is_enabled_for", None)
+        check = getattr(self._structlog.bind(), "is_enabled_for", None)
         return True if check is None else bool(check(level))
 
 

@@ -194,8 +194,9 @@ class StoreSettings(BaseSettings):
 
         ``config_file`` replaces ``watchkeeper.toml``; unlike the default file it must exist
         (:class:`ConfigFileNotFoundError`). A file that is not TOML raises
-        :class:`InvalidConfigFileError`; an invalid value raises pydantic's ``ValidationError``,
-        which names the key.
+        :class:`InvalidConfigFileError`; a section, key or variable that no model defines
+        raises :class:`UnknownSettingError`; an invalid value raises pydantic's
+        ``ValidationError``, which names the key (never the value).
         """
         if config_file is None:
             try:
