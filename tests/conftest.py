@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -23,10 +24,16 @@ def anyio_backend() -> str:
 
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> Iterator[None]:
-    """Each test starts from structlog's defaults, so capture_logs() sees everything."""
+    """Each test starts from structlog's defaults, so capture_logs() sees everything; the
+    root logger's handlers and level that a test's configure_logging() set are undone."""
+    root = logging.getLogger()
+    level = root.level
     structlog.reset_defaults()
     yield
     structlog.reset_defaults()
+    for handler in [h for h in root.handlers if h.get_name() == "watchkeeper"]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def _pg_reachable() -> str | None:

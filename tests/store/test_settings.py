@@ -16,6 +16,8 @@ from watchkeeper.store import (
     PostgresStateBackend,
     SqliteStateBackend,
     StoreSettings,
+    UnknownSettingError,
+    WorkersSettings,
     open_state_backend,
 )
 
@@ -128,8 +130,83 @@ class TestStoreSettingsSources:
 
     def test_unknown_key_in_a_section_is_rejected(self, _isolated: Path) -> None:
         """A misspelt key inside a known section is an error naming it, not silently ignored."""
+        config = _write_toml(_isolated / "typo.toml", '[database]\npasword = "hunter2"\n')
+        with pytest.raises(UnknownSettingError) as caught:
+            StoreSettings.load(config)
+        assert str(caught.value) == (
+            f"config file {str(config)!r}: unknown key 'pasword' in [database]"
+        )
         config = _write_toml(_isolated / "typo.toml", "[state_store]\nmax_value_byte = 10\n")
-        with pytest.raises(ValidationError, match="max_value_byte"):
+        with pytest.raises(UnknownSettingError, match="did you mean 'max_value_bytes'"):
+            StoreSettings.load(config)
+
+    def test_misspelt_section_in_the_file_is_an_error(self, _isolated: Path) -> None:
+        """``[databse]`` is refused with the closest known section, not run on the default."""
+        _write_toml(
+            _isolated / "watchkeeper.toml", '[databse]\nurl = "postgresql://u:hunter2@db/wk"\n'
+        )
+        with pytest.raises(UnknownSettingError) as caught:
+            StoreSettings.load()
+        assert str(caught.value) == (
+            "config file 'watchkeeper.toml': unknown section [databse]; did you mean [database]?"
+        )
+        assert isinstance(caught.value, ValueError)
+
+    @pytest.mark.parametrize(
+        ("name", "tail"),
+        [
+            (
+                "WATCHKEEPER__DATABSE__URL",
+                "names no setting; did you mean WATCHKEEPER__DATABASE__URL?",
+            ),
+            (
+                "WATCHKEEPER__STATE_STORE__MAX_VALUE_BYTE",
+                "names no setting; did you mean WATCHKEEPER__STATE_STORE__MAX_VALUE_BYTES?",
+            ),
+            (
+                "WATCHKEEPER_DATABASE_URL",
+                "is not read (one underscore); did you mean WATCHKEEPER__DATABASE__URL?",
+            ),
+            ("WATCHKEEPER__NOTHING_LIKE_IT", "names no setting"),
+        ],
+    )
+    def test_misspelt_environment_variable_is_an_error(
+        self, monkeypatch: pytest.MonkeyPatch, name: str, tail: str
+    ) -> None:
+        """An unknown WATCHKEEPER__ variable, or one underscore for two, is an error naming it."""
+        monkeypatch.setenv(name, "postgresql://u:hunter2@db/wk")
+        with pytest.raises(UnknownSettingError) as caught:
+            StoreSettings()
+        assert str(caught.value) == f"environment variable {name} {tail}"
+
+    def test_other_single_underscore_variables_are_left_alone(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A WATCHKEEPER_ variable that matches no setting (a test's, a script's) is not ours."""
+        monkeypatch.setenv("WATCHKEEPER_TEST_PG_DSN", "postgresql://db/test")
+        assert StoreSettings() == StoreSettings.model_construct()
+
+    def test_misspelt_keyword_argument_is_an_error(self) -> None:
+        """``StoreSettings(databse=...)`` names the argument and the closest section."""
+        with pytest.raises(UnknownSettingError, match="'databse' in the arguments; did you mean"):
+            StoreSettings.load(databse={"url": "sqlite:///x.db"})
+
+    def test_validation_errors_never_show_the_value(self) -> None:
+        """A bad value is named by its key; the value (maybe a password) is not in the error."""
+        with pytest.raises(ValidationError) as caught:
+            StoreSettings.load(database={"url": "postgresql://u:hunter2@db/wk", "pasword": "s3"})
+        assert "database.pasword" in str(caught.value)
+        assert "hunter2" not in str(caught.value) and "s3" not in str(caught.value)
+
+    def test_a_section_added_to_the_model_is_known_at_once(self, _isolated: Path) -> None:
+        """The check reads the models: a subclass's new section and keys are accepted."""
+
+        class Extended(StoreSettings):
+            extra: WorkersSettings = WorkersSettings()
+
+        config = _write_toml(_isolated / "x.toml", "[extra]\nstate_backend = 'a.b.C'\n")
+        assert Extended.load(config).extra.state_backend == "a.b.C"
+        with pytest.raises(UnknownSettingError, match="config file"):
             StoreSettings.load(config)
 
     def test_sections_of_other_parts_are_ignored(self, _isolated: Path) -> None:
@@ -165,6 +242,12 @@ class TestStoreSettingsSources:
         """A misspelled key of ``[events]`` is an error naming it."""
         with pytest.raises(ValidationError, match="retention_day"):
             StoreSettings.load(events={"retention_day": 1})
+
+    def test_variables_of_other_parts_are_ignored(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The daemon's WATCHKEEPER__TRIGGERER__ variables do not stop the task side."""
+        monkeypatch.setenv("WATCHKEEPER__TRIGGERER__CAPACITY", "3")
+        monkeypatch.setenv("WATCHKEEPER__LOGGING__LEVEL", "debug")
+        assert StoreSettings.load() == StoreSettings()
 
     def test_database_url_is_secret_in_repr(self) -> None:
         """A password in the URL does not appear in the settings' repr."""
@@ -242,6 +325,15 @@ class TestOpenStateBackendUrls:
         """``sqlite://host/x.db`` is a mistake for three or four slashes."""
         with pytest.raises(ValueError, match="names a host 'host'"):
             self._open("sqlite://host/x.db")
+
+    @pytest.mark.parametrize(
+        "url", ["sqlite://app:hunter2@host/x.db", "sqlite:///x.db?password=hunter2"]
+    )
+    def test_password_is_not_echoed_by_a_sqlite_url_error(self, url: str) -> None:
+        """A sqlite URL refused for its host or query is quoted with the password masked."""
+        with pytest.raises(ValueError, match=r"\*\*\*") as caught:
+            self._open(url)
+        assert "hunter2" not in str(caught.value)
 
     def test_password_is_not_echoed_by_the_not_a_url_error(self) -> None:
         """An error about the URL does not print a password it carries."""

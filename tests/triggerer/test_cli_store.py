@@ -27,6 +27,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     SqliteStateBackend,
     TaskScope,
+    TriggerStatus,
 )
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
@@ -390,6 +391,39 @@ class TestEvents:
         """--since skips ids up to ID, --limit caps the count, --asset filters."""
         done = await cli("events", "--asset", "orders", "--since", "1", "--limit", "1", "--json")
         assert [e["id"] for e in done.json_lines()] == [2]
+
+    async def test_a_url_password_in_a_payload_is_masked(self, cli: Cli, db_path: Path) -> None:
+        """events prints a URL's password in a payload as ``***``, as text and as JSON."""
+        async with SqliteStateBackend(db_path) as backend:
+            await commit(backend, "orders", {"source": "redis://:hunter2@cache:6379/0"})
+        text = await cli("events", "--since", "2")
+        as_json = await cli("events", "--since", "2", "--json")
+        assert "hunter2" not in text.out + as_json.out
+        assert "redis://:***@cache:6379/0" in text.out
+        [record] = as_json.json_lines()
+        assert record["payload"] == {"source": "redis://:***@cache:6379/0"}
+
+    async def test_status_masks_a_url_password_in_an_error(self, cli: Cli, db_path: Path) -> None:
+        """status shows a saved last_error quoting a URL only with its password masked."""
+        async with SqliteStateBackend(db_path) as backend:
+            await backend.asave_trigger_status(
+                [
+                    TriggerStatus(
+                        trigger_id="t1",
+                        classpath="mine.Watcher",
+                        assets=("orders",),
+                        watchers=("w",),
+                        state="backing_off",
+                        failures=1,
+                        last_error="ConnectionError: cannot reach postgresql://app:hunter2@db/x",
+                    )
+                ]
+            )
+        table = await cli("status")
+        as_json = await cli("status", "--json")
+        assert "hunter2" not in table.out + as_json.out
+        [row] = json.loads(as_json.out)["watchers"]
+        assert row["last_error"] == "ConnectionError: cannot reach postgresql://app:***@db/x"
 
     async def test_follow_prints_new_events_until_interrupted(
         self, cli: Cli, db_path: Path

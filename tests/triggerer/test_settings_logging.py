@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, Literal
 
+import anyio
 import pytest
 import structlog
+from _runtime_support import fast
 from pydantic import ValidationError
-from watchkeeper.store import ConfigFileNotFoundError, MemoryStateBackend, open_state_backend
-from watchkeeper.triggerer import Settings, configure_logging, load_settings
+from structlog.typing import EventDict, WrappedLogger
+from watchkeeper.store import Asset, ConfigFileNotFoundError, MemoryStateBackend, open_state_backend
+from watchkeeper.triggerer import (
+    BaseEventTrigger,
+    Settings,
+    TriggerEvent,
+    TriggerRunner,
+    WatchSpec,
+    configure_logging,
+    load_settings,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -150,3 +163,118 @@ class TestConfigureLogging:
         """A level name logging does not know is a ValueError naming it."""
         with pytest.raises(ValueError, match="'loud'"):
             configure_logging("loud", "json", stream=io.StringIO())
+
+
+def _fail_with_a_password_in_a_local() -> None:
+    dsn = "postgresql://app:hunter2@db/wk"  # a local variable, as asyncpg's frames hold
+    raise ConnectionError(f"cannot connect to {dsn}")
+
+
+class TestNoSecretsInLogs:
+    @pytest.mark.parametrize("fmt", ["json", "console"])
+    def test_tracebacks_show_no_local_variables(self, fmt: Literal["json", "console"]) -> None:
+        """A logged exception's traceback carries no frame locals, so no DSN held in one."""
+        out = io.StringIO()
+        configure_logging("info", fmt, stream=out)
+        try:
+            _fail_with_a_password_in_a_local()
+        except ConnectionError as exc:
+            structlog.get_logger().error("trigger_error", exc_info=exc)
+        text = out.getvalue()
+        assert "_fail_with_a_password_in_a_local" in text  # the traceback is there
+        assert "hunter2" not in text
+        assert "app:***@db" in text  # the message survives, masked
+        if fmt == "json":
+            frames = json.loads(text)["exception"][0]["frames"]
+            assert frames and all("locals" not in frame for frame in frames)
+
+    def test_urls_in_event_fields_are_masked(self) -> None:
+        """A URL with a password in any field, nested or not, is rendered with ``***``."""
+        out = io.StringIO()
+        configure_logging("info", "json", stream=out)
+        structlog.get_logger().info(
+            "trigger_started",
+            kwargs={"url": "redis://:hunter2@cache:6379/0"},
+            dsn="host=db password=s3cret",
+        )
+        record = json.loads(out.getvalue())
+        assert record["kwargs"] == {"url": "redis://:***@cache:6379/0"}
+        assert record["dsn"] == "host=db password=***"
+
+    def test_stdlib_records_are_one_json_line(self) -> None:
+        """A stdlib record (asyncpg's logger) with a traceback is one JSON object, like ours."""
+        out = io.StringIO()
+        configure_logging("info", "json", stream=out)
+        try:
+            _fail_with_a_password_in_a_local()
+        except ConnectionError:
+            logging.getLogger("asyncpg.pool").warning("connection lost", exc_info=True)
+        logging.getLogger("asyncpg.pool").debug("below the level")
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 1, lines
+        record = json.loads(lines[0])
+        assert (record["event"], record["level"], record["logger"]) == (
+            "connection lost",
+            "warning",
+            "asyncpg.pool",
+        )
+        assert record["exception"][0]["exc_type"] == "ConnectionError"
+        assert "hunter2" not in lines[0]
+
+    def test_configuring_again_replaces_the_stdlib_handler(self) -> None:
+        """Each call leaves one root handler, writing to the latest stream."""
+        first, second = io.StringIO(), io.StringIO()
+        configure_logging("info", "json", stream=first)
+        configure_logging("info", "json", stream=second)
+        logging.getLogger("asyncio").error("loop trouble")
+        assert first.getvalue() == ""
+        assert json.loads(second.getvalue())["event"] == "loop trouble"
+
+
+class LeakyWatcher(BaseEventTrigger):
+    """A user's watcher whose kwargs hold a password, failing with its URL in the message."""
+
+    def __init__(self, url: str = "redis://:hunter2@cache:6379/0") -> None:
+        super().__init__()
+        self.url = url
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {"url": self.url}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        client = {"trigger": self, "url": self.url}  # locals a traceback used to show
+        if client:
+            raise ConnectionError(f"cannot reach {client['url']}")
+        yield TriggerEvent(None)  # pragma: no cover - makes run() an async generator
+
+
+class TestNoSecretsFromWatchers:
+    def test_repr_masks_a_password_in_the_kwargs(self) -> None:
+        """A trigger's repr shows its kwargs with a URL's password masked."""
+        assert repr(LeakyWatcher()).endswith("(url='redis://:***@cache:6379/0')>")
+
+    async def test_a_failing_watcher_leaks_its_password_nowhere(self) -> None:
+        """trigger_error/trigger_failed lines and the status show the URL only masked."""
+        out = io.StringIO()
+        configure_logging("debug", "json", stream=out)
+        failed = anyio.Event()
+
+        def notice(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+            if event_dict.get("event") == "trigger_failed":
+                failed.set()
+            return event_dict
+
+        structlog.configure(processors=[notice, *structlog.get_config()["processors"]])
+        orders = Asset("orders")
+        async with MemoryStateBackend() as backend:
+            await backend.aregister_assets([orders])
+            async with TriggerRunner(backend, fast(max_failures=2)) as runner:
+                await runner.start_trigger(WatchSpec("leaky", LeakyWatcher(), (orders,)))
+                with anyio.fail_after(5):
+                    await failed.wait()
+                [status] = runner.statuses()
+        text = out.getvalue()
+        assert [json.loads(line)["event"] for line in text.splitlines()].count("trigger_error") == 2
+        assert "hunter2" not in text
+        assert "redis://:***@cache:6379/0" in text
+        assert status.last_error == "ConnectionError: cannot reach redis://:***@cache:6379/0"

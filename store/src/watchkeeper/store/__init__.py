@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
+from ._log import get_logger
 from ._open import open_state_backend
+from ._redact import redact_dsn, redact_secrets
 from ._types import (
     Asset,
     AssetEvent,
@@ -57,6 +59,7 @@ from .settings import (
     InvalidConfigFileError,
     StateStoreSettings,
     StoreSettings,
+    UnknownSettingError,
     WorkersSettings,
 )
 from .sqlite import SqliteStateBackend
@@ -104,6 +107,7 @@ __all__ = [
     "TaskScope",
     "TaskStateStoreAccessor",
     "TriggerStatus",
+    "UnknownSettingError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
@@ -113,6 +117,9 @@ __all__ = [
     "encode_json",
     "encode_payload",
     "encode_value",
+    "get_logger",
     "open_state_backend",
+    "redact_dsn",
+    "redact_secrets",
     "run_task",
 ]

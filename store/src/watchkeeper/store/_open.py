@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._backend import BaseStateBackend
+from ._redact import redact_dsn
 from .memory import MemoryStateBackend
 
 if TYPE_CHECKING:
@@ -89,17 +90,18 @@ def sqlite_path_from_url(url: str) -> Path | None:
     ``sqlite:////var/lib/wk/state.db`` is ``/var/lib/wk/state.db``. A query string
     (``?mode=...``) is not supported and is an error rather than part of the file name.
     """
+    shown = redact_dsn(url)  # what an error may quote: never a password
     _, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(f"{url!r} is not a sqlite:// URL")
+        raise ValueError(f"{shown!r} is not a sqlite:// URL")
     host, slash, path = rest.partition("/")
     if host:
         raise ValueError(
-            f"sqlite URL {url!r} names a host {host!r}; use sqlite:///relative.db "
-            "or sqlite:////absolute/path.db"
+            f"sqlite URL {shown!r} names a host {host.rpartition('@')[2]!r}; use "
+            "sqlite:///relative.db or sqlite:////absolute/path.db"
         )
     if "?" in path:
-        raise ValueError(f"sqlite URL {url!r} has a query string, which is not supported")
+        raise ValueError(f"sqlite URL {shown!r} has a query string, which is not supported")
     if not slash or path in _MEMORY_PATHS:
         return None
     return Path(path)

@@ -24,15 +24,15 @@ from typing import Any
 
 import anyio.to_thread
 import greenback
-import structlog
 
 from ._backend import BaseStateBackend
+from ._log import get_logger
 from ._types import Asset, TaskScope, Writer
 from .accessors import AssetStateStoreAccessors, TaskStateStoreAccessor
 
 __all__ = ["build_task_context", "declared_assets", "run_task"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _ASSET_KEYS = frozenset({"asset_state_store", "asset_store"})
 

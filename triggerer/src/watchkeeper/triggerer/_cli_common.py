@@ -21,8 +21,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
 import anyio
+from pydantic import ValidationError
 from rich.console import Console
-from watchkeeper.store import BaseStateBackend, Writer, open_state_backend
+from watchkeeper.store import BaseStateBackend, Writer, open_state_backend, redact_secrets
 
 from .settings import Settings
 
@@ -36,6 +37,7 @@ __all__ = [
     "cli_writer",
     "compact_json",
     "console",
+    "describe_validation_error",
     "emit",
     "emit_json",
     "error_line",
@@ -43,7 +45,9 @@ __all__ = [
     "json_default",
     "json_flag",
     "open_backend",
+    "redacted",
     "run_store_command",
+    "settings_overrides",
     "store_handler",
 ]
 
@@ -75,9 +79,43 @@ class UsageError(CommandError):
 
 
 def error_line(message: str) -> str:
-    """``watchkeeper: error: <message>`` squeezed onto one line."""
+    """``watchkeeper: error: <message>`` squeezed onto one line, URL passwords masked."""
     flat = " ".join(str(message).split())
-    return f"{PROG}: error: {flat}\n"
+    return f"{PROG}: error: {redact_secrets(flat)}\n"
+
+
+_SECRET_PARTS = ("url", "dsn", "password", "secret", "token")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each naming its key: ``state_store.max_value_bytes``.
+
+    The offending value is quoted, except for an unknown key (its value may be anything) and
+    for keys that may hold a secret (a URL, a DSN, a password or token).
+    """
+    parts = []
+    for error in exc.errors(include_url=False):
+        loc = [str(part) for part in error["loc"]]
+        key = ".".join(loc) or "settings"
+        if error["type"] == "extra_forbidden":
+            parts.append(f"{key}: unknown key")
+            continue
+        secret = any(word in part.lower() for part in loc for word in _SECRET_PARTS)
+        shown = "" if secret else f" (got {error.get('input')!r})"
+        parts.append(f"{key}: {error['msg']}{shown}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (JSON data) with :func:`~watchkeeper.store.redact_secrets` applied to every
+    string in it, keys included: what ``status`` and ``events`` print."""
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if isinstance(value, dict):
+        return {redacted(k): redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(item) for item in value]
+    return value
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -86,6 +124,17 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         hint = f" (see '{self.prog} --help')"
         self.exit(2, error_line(message + hint))
+
+
+def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the global options set (``--database-url``, ``--log-level``), nested like
+    the file: what ``load_settings`` takes as explicit arguments."""
+    overrides: dict[str, Any] = {}
+    if args.database_url is not None:
+        overrides["database"] = {"url": args.database_url}
+    if args.log_level is not None:
+        overrides["logging"] = {"level": args.log_level}
+    return overrides
 
 
 def cli_writer() -> Writer:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import anyio
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -28,9 +29,16 @@ from watchkeeper.store import (
     TriggerStatus,
 )
 
-from ._cli_common import CommandError, UsageError, emit_json, open_backend
-from .daemon import DEFAULT_RELOAD_INTERVAL, run_daemon
-from .settings import Settings
+from ._cli_common import (
+    CommandError,
+    UsageError,
+    describe_validation_error,
+    emit_json,
+    open_backend,
+    redacted,
+)
+from .daemon import run_daemon
+from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 
 __all__ = ["register", "run_async", "status_rows"]
 
@@ -80,15 +88,29 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
 # -- watchkeeper triggerer ---------------------------------------------------------------------
 
 
+_TRIGGERER_OPTIONS = ("watchers_path", "capacity", "reload_interval")
+"""The ``watchkeeper triggerer`` options that override ``[triggerer]`` keys of the same name."""
+
+
+def with_triggerer_options(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``settings`` with the ``[triggerer]`` keys given as options of ``triggerer`` replaced
+    (validated like the file's: ``--reload-interval`` must exceed 0, and so on)."""
+    updates = {
+        name: getattr(args, name)
+        for name in _TRIGGERER_OPTIONS
+        if getattr(args, name, None) is not None
+    }
+    if not updates:
+        return settings
+    try:
+        triggerer = TriggererSettings.model_validate(settings.triggerer.model_dump() | updates)
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc)) from None
+    return settings.model_copy(update={"triggerer": triggerer})
+
+
 def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
-    updates: dict[str, Any] = {}
-    if args.watchers_path is not None:
-        updates["watchers_path"] = args.watchers_path
-    if args.capacity is not None:
-        updates["capacity"] = args.capacity
-    if updates:
-        triggerer = settings.triggerer.model_copy(update=updates)
-        settings = settings.model_copy(update={"triggerer": triggerer})
+    settings = with_triggerer_options(settings, args)
     path = Path(settings.triggerer.watchers_path)
     if not path.is_dir():
         raise UsageError(
@@ -96,7 +118,7 @@ def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
             "(use --watchers-path or [triggerer] watchers_path)"
         )
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
-    run_async(functools.partial(run_daemon, settings, reload_interval=args.reload_interval))
+    run_async(functools.partial(run_daemon, settings))
     return 0
 
 
@@ -197,7 +219,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             return await status_rows(backend)
 
     try:
-        rows = run_async(read)
+        rows = redacted(run_async(read))  # errors and state may quote a URL with a password
     except NotImplementedError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
@@ -243,8 +265,10 @@ def register(subparsers: Subparsers) -> None:
         "--reload-interval",
         metavar="SECONDS",
         type=_positive(float),
-        default=DEFAULT_RELOAD_INTERVAL,
-        help=f"seconds between scans of the watchers path (default {DEFAULT_RELOAD_INTERVAL:g})",
+        help=(
+            "seconds between scans of the watchers path (overrides [triggerer] "
+            f"reload_interval, default {DEFAULT_RELOAD_INTERVAL:g})"
+        ),
     )
     triggerer.set_defaults(handler=_triggerer)
 

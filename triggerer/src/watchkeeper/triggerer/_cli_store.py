@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, redact_secrets
 
 from ._cli_common import (
     CommandError,
@@ -26,6 +26,7 @@ from ._cli_common import (
     emit_json,
     int_at_least,
     json_flag,
+    redacted,
     store_handler,
 )
 from ._cli_state import register_state_store
@@ -112,19 +113,22 @@ async def _assets_deactivate(
 
 
 def _event_record(event: AssetEvent) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "asset": event.asset,
-        "watcher": event.watcher,
-        "payload": event.payload,
-        "dedup_key": event.dedup_key,
-        "created_at": event.created_at.isoformat(),
-    }
+    record: dict[str, Any] = redacted(
+        {
+            "id": event.id,
+            "asset": event.asset,
+            "watcher": event.watcher,
+            "payload": event.payload,
+            "dedup_key": event.dedup_key,
+            "created_at": event.created_at.isoformat(),
+        }
+    )
+    return record
 
 
 def _event_line(event: AssetEvent) -> str:
     dedup = f" dedup_key={event.dedup_key!r}" if event.dedup_key is not None else ""
-    return (
+    return redact_secrets(
         f"{event.id} {event.created_at.isoformat()} asset={event.asset!r} "
         f"watcher={event.watcher!r} payload={compact_json(event.payload)}{dedup}"
     )
@@ -178,13 +182,14 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
         return 0
     table = Table("id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events")
     for event in events:
+        record = _event_record(event)  # passwords masked
         table.add_row(
-            str(event.id),
-            event.asset,
-            event.watcher,
-            compact_json(event.payload),
-            event.dedup_key or "",
-            event.created_at.isoformat(),
+            str(record["id"]),
+            record["asset"],
+            record["watcher"],
+            compact_json(record["payload"]),
+            record["dedup_key"] or "",
+            record["created_at"],
         )
     console().print(table)
     return 0

@@ -27,13 +27,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import structlog
+from watchkeeper.store import get_logger
 
 from .trigger import BaseTrigger
 
 __all__ = ["Culprit", "LoopLagMonitor"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 Culprit = tuple[str | None, str]
 """``(trigger_id, classpath)`` of the trigger found on the blocked loop."""

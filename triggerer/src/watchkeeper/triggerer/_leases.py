@@ -19,12 +19,11 @@ import socket
 from collections.abc import Iterable
 
 import anyio
-import structlog
-from watchkeeper.store import BaseStateBackend
+from watchkeeper.store import BaseStateBackend, get_logger
 
 __all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _RELEASE_TIMEOUT = 5.0
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-from watchkeeper.store import Asset, InvalidValueError, ValueTypeError, encode_json
+from watchkeeper.store import Asset, InvalidValueError, ValueTypeError, encode_json, get_logger
 
 from .errors import TriggerImportError
 from .trigger import AssetWatcher, BaseEventTrigger
@@ -57,7 +56,7 @@ __all__ = [
     "watcher_trigger_id",
 ]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 PACKAGE = "watchkeeper_watchers"
 """The package the watcher files are imported into (``watchkeeper_watchers.orders``)."""

@@ -1,8 +1,14 @@
 """structlog configuration, applied once by the entry point (never at import time).
 
-Modules log through ``structlog.get_logger()`` at module scope, a lazy proxy that picks up
-this configuration whenever it is applied. Logs go to stderr, so a command's stdout stays
-clean for the data it prints.
+Modules log through :func:`watchkeeper.store.get_logger`, which follows this configuration
+whenever it is applied (and stays on stdlib logging, quiet, in a program that applies none).
+Logs go to ``stream`` (stderr), so a command's stdout stays clean for the data it prints.
+
+What a line may contain is limited on purpose: tracebacks never show local variables (a
+frame's locals hold connection parameters and DSNs), and every rendered line goes through
+:func:`~watchkeeper.store.redact_secrets`, so a URL's password never reaches the log, however
+it got into an event. Records of the standard library's :mod:`logging` (asyncpg's, asyncio's)
+are rendered by the same chain: one JSON object per record, like structlog's own events.
 """
 
 from __future__ import annotations
@@ -12,9 +18,13 @@ import sys
 from typing import Literal, TextIO
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, ExceptionRenderer, Processor, WrappedLogger
+from watchkeeper.store import redact_secrets
 
-__all__ = ["configure_logging", "wants_json"]
+__all__ = ["HANDLER_NAME", "configure_logging", "wants_json"]
+
+HANDLER_NAME = "watchkeeper"
+"""The name of the root logger's handler that :func:`configure_logging` installs."""
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -49,38 +59,90 @@ def configure_logging(
     stream: TextIO | None = None,
     cache_logger_on_first_use: bool = False,
 ) -> None:
-    """Configure structlog for this process: events below ``level`` are dropped cheaply.
+    """Configure structlog and the stdlib root logger: events below ``level`` are dropped.
 
     The chain merges context variables (``trigger_id``, ``asset``), adds the level and an
-    ISO UTC timestamp, then renders JSON (tracebacks as dicts) or coloured console lines
-    (pretty tracebacks) to ``stream`` (default: stderr). Logger caching stays off unless asked
-    for, so tests that reconfigure structlog see their configuration.
+    ISO UTC timestamp, then renders JSON (tracebacks as dicts) or console lines (pretty
+    tracebacks) to ``stream`` (default: stderr); neither kind of traceback shows local
+    variables, and passwords in URLs are masked in the rendered line. The root logger gets
+    one handler that renders stdlib records the same way (calling this again replaces it).
+    Logger caching stays off unless asked for, so tests that reconfigure structlog see their
+    configuration.
     """
     out = sys.stderr if stream is None else stream
     number = _level_number(level)
-    processors: list[Processor] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.StackInfoRenderer(),
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
+    renderer: Processor
+    exceptions: list[Processor]
     if wants_json(fmt, out):
-        processors += [
-            structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(),
+        exceptions = [
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            )
         ]
+        renderer = _Redacting(structlog.processors.JSONRenderer())
     else:
         # ConsoleRenderer formats exceptions itself; format_exc_info would spoil them.
-        processors += [
-            structlog.dev.set_exc_info,
-            structlog.dev.ConsoleRenderer(colors=_isatty(out)),
-        ]
+        colors = _isatty(out)
+        exceptions = [structlog.dev.set_exc_info]
+        renderer = _Redacting(
+            structlog.dev.ConsoleRenderer(
+                colors=colors, exception_formatter=_console_traceback(colors)
+            )
+        )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
-        processors=processors,
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.StackInfoRenderer(),
+            stamp,
+            *exceptions,
+            renderer,
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(number),
         context_class=dict,
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=cache_logger_on_first_use,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.stdlib.add_logger_name,
+            stamp,
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            *exceptions,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(out)
+    handler.set_name(HANDLER_NAME)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(number)
+
+
+class _Redacting:
+    """Wraps the final renderer: the rendered line with every URL's password masked."""
+
+    __slots__ = ("_render",)
+
+    def __init__(self, render: Processor) -> None:
+        self._render = render
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> str:
+        return redact_secrets(str(self._render(logger, method_name, event_dict)))
+
+
+def _console_traceback(colors: bool) -> ExceptionRenderer:
+    """rich's pretty tracebacks (rich is a dependency of the CLI), without local variables."""
+    return structlog.dev.RichTracebackFormatter(
+        color_system="truecolor" if colors else None, show_locals=False
     )
 
 

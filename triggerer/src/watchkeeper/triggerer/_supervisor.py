@@ -43,6 +43,8 @@ from watchkeeper.store import (
     LeaseLostError,
     TriggerStatus,
     Writer,
+    get_logger,
+    redact_secrets,
 )
 
 from ._commit import EventEncoder
@@ -61,7 +63,7 @@ __all__ = [
     "supervise",
 ]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _CHECKPOINT_EVERY = 32
 """Commits between two forced checkpoints of a trigger's task."""
@@ -72,8 +74,11 @@ Publish = Callable[[list[AssetEvent]], None]
 
 
 def describe_error(exc: BaseException) -> str:
-    """``"TypeName: message"``, the form errors take in statuses and logs."""
-    text = str(exc)
+    """``"TypeName: message"``, the form errors take in statuses and logs.
+
+    A URL's password in the message is masked: the text is shown by ``watchkeeper status``.
+    """
+    text = redact_secrets(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

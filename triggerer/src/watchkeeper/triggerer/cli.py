@@ -16,14 +16,25 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from pydantic import ValidationError
 from watchkeeper.store import StateStoreError
-from watchkeeper.store.settings import ConfigFileNotFoundError, InvalidConfigFileError
+from watchkeeper.store.settings import (
+    ConfigFileNotFoundError,
+    InvalidConfigFileError,
+    UnknownSettingError,
+)
 
-from . import _cli_runtime, _cli_store
-from ._cli_common import PROG, CommandError, OneLineArgumentParser, error_line
+from . import _cli_config, _cli_runtime, _cli_store
+from ._cli_common import (
+    PROG,
+    CommandError,
+    OneLineArgumentParser,
+    describe_validation_error,
+    error_line,
+    settings_overrides,
+)
 from ._logging import configure_logging
 from .settings import LOG_LEVELS, Settings, load_settings
 
@@ -67,26 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cli_store.register(subparsers)
     _cli_runtime.register(subparsers)
+    _cli_config.register(subparsers)
     return parser
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {}
-    if args.database_url is not None:
-        overrides["database"] = {"url": args.database_url}
-    if args.log_level is not None:
-        overrides["logging"] = {"level": args.log_level}
-    return load_settings(args.config, **overrides)
-
-
-def _describe_validation_error(exc: ValidationError) -> str:
-    """pydantic's errors as one line, each naming its key: ``state_store.max_value_bytes``."""
-    parts = []
-    for error in exc.errors(include_url=False):
-        key = ".".join(str(part) for part in error["loc"]) or "settings"
-        shown = "" if "url" in error["loc"] else f" (got {error.get('input')!r})"  # may be secret
-        parts.append(f"{key}: {error['msg']}{shown}")
-    return "invalid configuration: " + "; ".join(parts)
+    return load_settings(args.config, **settings_overrides(args))
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -95,11 +92,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = _settings_from(args)
-    except (ConfigFileNotFoundError, InvalidConfigFileError) as exc:
+    except (ConfigFileNotFoundError, InvalidConfigFileError, UnknownSettingError) as exc:
         sys.stderr.write(error_line(str(exc)))
         return 2
     except ValidationError as exc:
-        sys.stderr.write(error_line(_describe_validation_error(exc)))
+        sys.stderr.write(error_line(describe_validation_error(exc)))
         return 2
     configure_logging(settings.logging.level, settings.logging.format)
     handler = getattr(args, "handler", None)

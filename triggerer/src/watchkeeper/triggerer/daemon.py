@@ -52,22 +52,19 @@ from typing import Self
 import anyio
 import anyio.abc
 import anyio.to_thread
-import structlog
-from watchkeeper.store import BaseStateBackend, GcReport, open_state_backend
+from watchkeeper.store import BaseStateBackend, GcReport, get_logger, open_state_backend
 
+from ._config import SupervisionSettings
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
-from .settings import Settings
+from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
-__all__ = ["Daemon", "ReloadReport", "run_daemon"]
+__all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport", "run_daemon"]
 
-log = structlog.get_logger()
-
-DEFAULT_RELOAD_INTERVAL = 2.0
-"""Seconds between two scans of the watchers path."""
+log = get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -82,15 +79,11 @@ class ReloadReport:
 
 
 def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConfig:
-    """The runner's configuration from the ``[triggerer]`` section."""
+    """The runner's configuration: the supervision keys of ``[triggerer]``, as they are."""
     t = settings.triggerer
+    shared = {name: getattr(t, name) for name in SupervisionSettings.model_fields}
     return RunnerConfig(
-        capacity=t.capacity,
-        backoff_initial=t.backoff_initial,
-        backoff_max=t.backoff_max,
-        max_failures=t.max_failures,
-        stop_grace=t.stop_grace,
-        lag_threshold=t.lag_threshold,
+        **shared,
         status_interval=t.heartbeat_interval,
         owner=owner or daemon_identity(),
     )
@@ -101,11 +94,12 @@ class Daemon:
 
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
     opens nor closes it); by default the daemon opens the one the settings configure.
-    ``owner`` names the daemon in the lease table and the statuses (default:
-    :func:`~._leases.daemon_identity`, ``host:pid:random``). ``tune_gc`` (for the owner of
-    the process, as :func:`run_daemon` is) pauses the cyclic garbage collector while the first
-    load starts the triggers, then freezes what is alive and raises the gen-0 threshold (see
-    :mod:`._gctune`); an embedding leaves the process's GC settings alone by default.
+    ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon
+    in the lease table and the statuses (default: :func:`~._leases.daemon_identity`,
+    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`run_daemon`
+    is) pauses the cyclic garbage collector while the first load starts the triggers, then
+    freezes what is alive and raises the gen-0 threshold (see :mod:`._gctune`); an embedding
+    leaves the process's GC settings alone by default.
     """
 
     def __init__(
@@ -113,10 +107,12 @@ class Daemon:
         settings: Settings,
         *,
         backend: BaseStateBackend | None = None,
-        reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+        reload_interval: float | None = None,
         owner: str | None = None,
         tune_gc: bool = False,
     ) -> None:
+        if reload_interval is None:
+            reload_interval = settings.triggerer.reload_interval
         if reload_interval <= 0:
             raise ValueError(f"reload_interval must be positive, got {reload_interval}")
         if owner is not None and (not isinstance(owner, str) or not owner):
@@ -476,7 +472,7 @@ def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:
 async def run_daemon(
     settings: Settings,
     *,
-    reload_interval: float = DEFAULT_RELOAD_INTERVAL,
+    reload_interval: float | None = None,
     signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
 ) -> None:
     """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return.

@@ -43,9 +43,8 @@ from typing import Self
 
 import anyio
 import anyio.abc
-import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
 from ._lag import Culprit, LoopLagMonitor
@@ -55,7 +54,7 @@ from .trigger import BaseEventTrigger, BaseTrigger
 
 __all__ = ["RunnerConfig", "TriggerRunner", "WatchSpec"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _STATUS_SAVE_TIMEOUT = 5.0
 _STATUS_REFRESH = 20.0

@@ -9,12 +9,15 @@ defaults.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, Self
+from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from watchkeeper.store.settings import StoreSettings
 
+from ._config import SupervisionSettings
+
 __all__ = [
+    "DEFAULT_RELOAD_INTERVAL",
     "LOG_LEVELS",
     "LogLevel",
     "LoggingSettings",
@@ -36,23 +39,31 @@ LogLevel = Annotated[
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
+DEFAULT_RELOAD_INTERVAL: Final = 2.0
+"""Seconds between two scans of the watchers path (``[triggerer] reload_interval``)."""
+
 
 class _Section(BaseModel):
     """A ``[section]`` of the file: frozen, and an unknown key is an error naming it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
-class TriggererSettings(_Section):
-    """``[triggerer]``: what the daemon runs and how it supervises it."""
+class TriggererSettings(SupervisionSettings):
+    """``[triggerer]``: what the daemon runs and how it supervises it.
 
-    capacity: int = Field(default=1000, gt=0)
-    """Most triggers one daemon runs at once."""
+    The supervision keys (``capacity``, ``backoff_*``, ``max_failures``, ``cleanup_timeout``,
+    ``stop_grace``, ``lag_threshold``) are :class:`~._config.SupervisionSettings`', shared with
+    :class:`~watchkeeper.triggerer.RunnerConfig`; the others are the daemon's own.
+    """
+
     watchers_path: Path = Path("watchers")
     """Directory of Python files that declare assets and their watchers (like a DAGs folder)."""
-    allowed_trigger_modules: list[Annotated[str, Field(min_length=1)]] = []
+    allowed_trigger_modules: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     """Module prefixes trigger classes may be imported from. Empty: the modules of the
     watchers path and ``watchkeeper.watchers``."""
+    reload_interval: PositiveSeconds = DEFAULT_RELOAD_INTERVAL
+    """Seconds between two scans of the watchers path for changed files."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
     lease_ttl: PositiveSeconds | None = None
@@ -60,16 +71,6 @@ class TriggererSettings(_Section):
     that long after its holder died. None: three heartbeats. Must exceed the heartbeat."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
-    stop_grace: float = Field(default=10.0, ge=0)
-    """Seconds triggers get to finish after SIGTERM before they are cancelled."""
-    lag_threshold: PositiveSeconds = 0.25
-    """Event-loop lag, in seconds, that is logged with the trigger that caused it."""
-    backoff_initial: PositiveSeconds = 1.0
-    """Seconds before the first restart of a failed trigger; doubles per failure."""
-    backoff_max: PositiveSeconds = 300.0
-    """Longest restart delay, in seconds."""
-    max_failures: int = Field(default=5, gt=0)
-    """Consecutive failures after which a trigger is reported as ``failed``."""
 
     @property
     def lease_seconds(self) -> float:
@@ -77,12 +78,7 @@ class TriggererSettings(_Section):
         return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
 
     @model_validator(mode="after")
-    def _check_backoff(self) -> Self:
-        if self.backoff_max < self.backoff_initial:
-            raise ValueError(
-                f"backoff_max ({self.backoff_max}) must not be below "
-                f"backoff_initial ({self.backoff_initial})"
-            )
+    def _check_lease(self) -> Self:
         if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
             raise ValueError(
                 f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
@@ -101,6 +97,8 @@ class LoggingSettings(_Section):
 
 class Settings(StoreSettings):
     """Everything the ``watchkeeper`` command and the daemon read."""
+
+    other_sections: ClassVar[frozenset[str]] = frozenset()  # every section is a field here
 
     triggerer: TriggererSettings = TriggererSettings()
     logging: LoggingSettings = LoggingSettings()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.store import AssetStateStoreAccessors, redact_secrets
 
 from .errors import AssetStoreUnavailableError, WatcherNameUnavailableError
 
@@ -90,7 +90,7 @@ class BaseTrigger(abc.ABC):
     def __repr__(self) -> str:
         classpath, kwargs = self.serialize()
         args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        return f"<{classpath}({args})>"
+        return redact_secrets(f"<{classpath}({args})>")  # kwargs may hold a URL's password
 
 
 class BaseEventTrigger(BaseTrigger):

@@ -26,10 +26,11 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
+from watchkeeper.store import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 __all__ = [
@@ -64,21 +65,6 @@ class SqlSourceError(TriggererError, RuntimeError):
 
 
 # -- what every driver shares ---------------------------------------------------------------------
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN with any password replaced by ``***``, for messages and ``repr()``."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "<unparsable dsn>"
-    if parts.password is None:
-        return dsn
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_identifier(owner: str, name: str, value: object) -> str:

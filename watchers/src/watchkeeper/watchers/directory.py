@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import structlog
+from watchkeeper.store import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._common import (
@@ -45,7 +45,7 @@ from ._window_state import WindowState
 
 __all__ = ["DirectoryWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 _NS = 1_000_000_000
 

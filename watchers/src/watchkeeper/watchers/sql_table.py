@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-import structlog
+from watchkeeper.store import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._common import (
@@ -55,7 +55,7 @@ from ._window_state import WindowState
 
 __all__ = ["SqlTableWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 Cursor = int | float | dt.datetime | str
 Key = int | str
