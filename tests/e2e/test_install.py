@@ -1,7 +1,7 @@
 """Installing watchkeeper where users work: wheels in a fresh virtual environment, no clone.
 
 The module builds the three wheels with ``uv build --all-packages`` into a temporary directory,
-creates a virtual environment with ``python -m venv``, and installs them there the way the
+creates a virtual environment with pip in it, and installs them there the way the
 README's "Using watchkeeper in your own project" section says: ``pip install --find-links
 DIST watchkeeper-triggerer watchkeeper-watchers "watchkeeper-store[postgres]"``, then a
 watcher's client library (httpx) with a second ``pip install``. Every command then runs from
@@ -142,7 +142,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     _setup([uv, "build", "--all-packages", "--wheel", "--out-dir", str(dist)], cwd=REPO)
     built = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
     assert built == list(DISTRIBUTIONS)
-    _setup([sys.executable, "-m", "venv", str(venv)], cwd=work)
+    # `uv venv --seed` is `python -m venv` (pip included) without needing ensurepip, which some
+    # distributions ship separately.
+    _setup([uv, "venv", "--seed", "--python", sys.executable, str(venv)], cwd=work)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     _setup(
         [
