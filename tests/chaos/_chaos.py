@@ -7,25 +7,32 @@ it publishes the next chunk of the stream into every source, starts the daemon, 
 it at a random point of the work still pending (a random number of new events of the ``state``
 watcher), or at once when the Airflow-style watcher signals that it stopped right after its
 ``aset`` (its pause points). A last daemon drains what is left and is stopped with SIGTERM.
-The asset events then committed per asset are compared with the stream ``1..items``.
+The asset events then committed per asset are compared with the items published into its
+source. The results are read with the drivers themselves (``sqlite3``, ``asyncpg``: see
+:class:`RawStore`), not through watchkeeper's API, so a bug in the product's read path cannot
+hide a lost or duplicated event; the sources' SQLite files are read the same way.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from anyio.abc import Process
 from watchkeeper.store import AssetEvent, AssetScope, BaseStateBackend
 from watchkeeper.triggerer.testing import FakeEventSource
@@ -36,6 +43,9 @@ PATTERNS = ("state", "dedup", "airflow")
 WATCHERS_MODULE = Path(__file__).with_name("chaos_watchers.py")
 POLL = 0.01
 """Seconds between two looks at the daemon's progress."""
+ACK_EVERY = 25
+"""The queue watcher acknowledges its committed messages this many at a time, so a kill
+leaves committed messages unacknowledged: redeliveries that dedup_key has to suppress."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +74,28 @@ class ChaosPlan:
 
 @dataclass(slots=True)
 class PatternResult:
-    """What one watcher committed across all the kills."""
+    """What one watcher committed across all the kills, read with raw SQL."""
 
     backend: str
     pattern: str
     items: int
     kills: int
+    published: list[int]
+    """The ids published into the watcher's source, read from the source's file."""
     seqs: list[int]
+    """The ``seq`` of each committed event of the watcher's asset, in commit order."""
     watermark: Any
     pause_kills: int = 0
     """Kills at an Airflow pause point (right after its ``aset``)."""
     redelivered: int | None = None
     """Items the queue delivered more than once (the dedup pattern's source)."""
+    redelivered_after_commit: int | None = None
+    """Of those, items whose event had committed before the kill that made the queue deliver
+    them again: the duplicates that ``dedup_key`` had to suppress."""
 
     @property
     def lost(self) -> int:
-        return len(set(range(1, self.items + 1)) - set(self.seqs))
+        return len(set(self.published) - set(self.seqs))
 
     @property
     def duplicated(self) -> int:
@@ -93,7 +109,83 @@ class PatternResult:
         )
         if self.redelivered is not None:
             line += f" redelivered={self.redelivered}"
+        if self.redelivered_after_commit is not None:
+            line += f" redelivered_after_commit={self.redelivered_after_commit}"
         return line
+
+
+class RawStore(Protocol):
+    """The daemon's database read with its driver, bypassing watchkeeper's own API."""
+
+    async def seqs(self, asset: str) -> list[int]:
+        """The ``seq`` of each committed event of ``asset``, in commit order."""
+        ...
+
+    async def watermark(self, asset: str) -> Any:
+        """The asset's committed ``watermark`` value, or None."""
+        ...
+
+
+_EVENTS_SQL = "SELECT payload FROM asset_events WHERE asset_name = {0} ORDER BY id"
+_WATERMARK_SQL = (
+    "SELECT s.value FROM asset_state s JOIN assets a ON a.id = s.asset_id "
+    "WHERE a.name = {0} AND s.key = 'watermark'"
+)
+
+
+def _sqlite_rows(path: Path, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+    """One query on a fresh sqlite3 connection (blocking: call it in a thread)."""
+    with closing(sqlite3.connect(path, timeout=30)) as db:
+        return db.execute(sql, params).fetchall()
+
+
+class SqliteRaw:
+    """:class:`RawStore` over the daemon's SQLite file, with :mod:`sqlite3`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def seqs(self, asset: str) -> list[int]:
+        rows = await anyio.to_thread.run_sync(
+            _sqlite_rows, self.path, _EVENTS_SQL.format("?"), (asset,)
+        )
+        return [int(json.loads(payload)["seq"]) for (payload,) in rows]
+
+    async def watermark(self, asset: str) -> Any:
+        rows = await anyio.to_thread.run_sync(
+            _sqlite_rows, self.path, _WATERMARK_SQL.format("?"), (asset,)
+        )
+        return json.loads(rows[0][0]) if rows else None
+
+
+class PostgresRaw:
+    """:class:`RawStore` over the daemon's PostgreSQL database, with asyncpg."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    async def _fetch(self, sql: str, *args: object) -> list[Any]:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+    async def seqs(self, asset: str) -> list[int]:
+        rows = await self._fetch(_EVENTS_SQL.format("$1"), asset)
+        return [int(json.loads(row["payload"])["seq"]) for row in rows]
+
+    async def watermark(self, asset: str) -> Any:
+        rows = await self._fetch(_WATERMARK_SQL.format("$1"), asset)
+        return json.loads(rows[0]["value"]) if rows else None
+
+
+async def source_seqs(path: Path, where: str = "1") -> list[int]:
+    """The ids of a FakeEventSource file's items matching ``where``, read with sqlite3."""
+    sql = f"SELECT seq FROM wk_source_items WHERE {where} ORDER BY seq"
+    return [int(seq) for (seq,) in await anyio.to_thread.run_sync(_sqlite_rows, path, sql)]
 
 
 def daemon_command() -> list[str]:
@@ -116,7 +208,11 @@ def _definitions(sources: dict[str, FakeEventSource], pause_dir: Path, pause_at:
         )
         dedup = Asset(
             "chaos-dedup",
-            watchers=[AssetWatcher("dedup", QueueWatcher({sources["dedup"].address!r}))],
+            watchers=[
+                AssetWatcher(
+                    "dedup", QueueWatcher({sources["dedup"].address!r}, ack_every={ACK_EVERY})
+                )
+            ],
         )
         airflow = Asset(
             "chaos-airflow",
@@ -160,12 +256,14 @@ class ChaosRun:
         name: str,
         url: str,
         open_backend: Callable[[], BaseStateBackend],
+        raw: RawStore,
         work: Path,
         plan: ChaosPlan,
     ) -> None:
         self.name = name
         self.url = url
         self.open_backend = open_backend
+        self.raw = raw
         self.work = work
         self.plan = plan
         self.random = random.Random(plan.seed)
@@ -175,6 +273,8 @@ class ChaosRun:
         """SIGKILLs sent so far."""
         self.pause_kills = 0
         """Of which at an Airflow pause point (right after its aset)."""
+        self.redelivered_after_commit: set[int] = set()
+        """Queue items unacknowledged at a kill although their event had committed."""
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
@@ -220,6 +320,11 @@ class ChaosRun:
         with anyio.fail_after(10):
             await process.wait()
         self.kills += 1
+        # The queue will deliver its unacknowledged items again; those whose event is already
+        # committed are the redeliveries that dedup_key must suppress.
+        unacked = await source_seqs(self._source_path("dedup"), "acked = 0")
+        committed = set(await self.raw.seqs("chaos-dedup"))
+        self.redelivered_after_commit.update(seq for seq in unacked if seq in committed)
         for flag in await self._paused():
             await flag.rename(flag.with_suffix(".done"))
 
@@ -286,12 +391,15 @@ class ChaosRun:
                     await process.wait()
             await process.aclose()
 
+    def _source_path(self, pattern: str) -> Path:
+        return self.work / f"source-{pattern}.db"
+
     async def run(self) -> dict[str, PatternResult]:
         """Run the whole plan; return the result of each pattern."""
         watchers = self.work / "watchers"
         await anyio.Path(watchers).mkdir(parents=True, exist_ok=True)
         await anyio.Path(self.pause_dir).mkdir(exist_ok=True)
-        sources = {p: FakeEventSource.at(self.work / f"source-{p}.db") for p in PATTERNS}
+        sources = {p: FakeEventSource.at(self._source_path(p)) for p in PATTERNS}
         await anyio.Path(watchers / "chaos_watchers.py").write_text(
             await anyio.Path(WATCHERS_MODULE).read_text()
         )
@@ -317,24 +425,28 @@ class ChaosRun:
             finally:
                 for source in sources.values():
                     await source.aclose()
-            return {p: await self._result(backend, p) for p in PATTERNS}
+        return {p: await self._result(p) for p in PATTERNS}
 
-    async def _result(self, backend: BaseStateBackend, pattern: str) -> PatternResult:
+    async def _result(self, pattern: str) -> PatternResult:
+        """The pattern's outcome, read with raw SQL from the database and the source file."""
         asset = f"chaos-{pattern}"
-        events = await backend.alist_events(asset=asset)
+        source = self._source_path(pattern)
         redelivered: int | None = None
+        after_commit: int | None = None
         if pattern == "dedup":
-            async with FakeEventSource.at(self.work / f"source-{pattern}.db") as source:
-                redelivered = sum(item.redelivered for item in await source.items())
+            redelivered = len(await source_seqs(source, "deliveries > 1"))
+            after_commit = len(self.redelivered_after_commit)
         return PatternResult(
             backend=self.name,
             pattern=pattern,
             items=self.plan.items,
             kills=self.kills,
-            seqs=[int(event.payload["seq"]) for event in events],
-            watermark=await backend.aget(AssetScope(name=asset), "watermark"),
+            published=await source_seqs(source),
+            seqs=await self.raw.seqs(asset),
+            watermark=await self.raw.watermark(asset),
             pause_kills=self.pause_kills if pattern == "airflow" else 0,
             redelivered=redelivered,
+            redelivered_after_commit=after_commit,
         )
 
 

@@ -13,8 +13,10 @@ follows a stream of sequence-numbered items from a cross-process
   At the items listed in ``pause_at`` it stops right after the ``aset`` and signals the test
   through a file in ``pause_dir``, so the test can kill it exactly there;
 - :class:`QueueWatcher`: a push source; each message is yielded with a ``dedup_key`` (and its
-  sequence number as ``state``) and acked only after its event committed. A killed consumer's
-  unacked messages are redelivered; a suppressed duplicate writes neither event nor state.
+  sequence number as ``state``) and acked only after its event committed, ``ack_every``
+  messages at a time (as consumers that acknowledge several deliveries at once do). A killed
+  consumer's unacked messages are redelivered, among them messages whose event had already
+  committed: a suppressed duplicate writes neither event nor state.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import anyio
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
-from watchkeeper.triggerer.testing import FakeEventSource
+from watchkeeper.triggerer.testing import FakeEventSource, SourceItem
 
 IDLE_POLL = 0.005
 """Seconds a poll watcher waits when its source had nothing new."""
@@ -90,17 +92,26 @@ class PollWatcher(BaseEventTrigger):
 
 
 class QueueWatcher(BaseEventTrigger):
-    """Listens to ``source``; yields each message with a ``dedup_key``, acks it once durable."""
+    """Listens to ``source``; yields each message with a ``dedup_key`` and acks it once its
+    event is durable, in batches of ``ack_every``."""
 
-    def __init__(self, source: str, prefetch: int = 100) -> None:
+    def __init__(self, source: str, prefetch: int = 100, ack_every: int = 1) -> None:
         super().__init__()
+        if ack_every < 1:
+            raise ValueError(f"ack_every must be at least 1, got {ack_every}")
         self.source = source
         self.prefetch = prefetch
+        self.ack_every = ack_every
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {"source": self.source, "prefetch": self.prefetch}
+        return self.classpath(), {
+            "source": self.source,
+            "prefetch": self.prefetch,
+            "ack_every": self.ack_every,
+        }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        durable: list[SourceItem] = []  # committed, not acknowledged yet
         async with FakeEventSource.connect(self.source) as source:
             async for message in source.listen(prefetch=self.prefetch):
                 yield TriggerEvent(
@@ -108,4 +119,8 @@ class QueueWatcher(BaseEventTrigger):
                     dedup_key=f"seq-{message.seq}",
                     state={"watermark": message.seq},
                 )
-                await source.ack(message)
+                durable.append(message)  # the generator resumes only after the commit
+                if len(durable) >= self.ack_every:
+                    for done in durable:
+                        await source.ack(done)
+                    durable.clear()

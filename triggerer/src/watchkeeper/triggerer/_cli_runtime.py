@@ -297,12 +297,6 @@ def register(subparsers: Subparsers) -> None:
         help="items the fake source produces per table (default 200)",
     )
     demo.add_argument(
-        "--examples",
-        metavar="DIR",
-        type=Path,
-        help="the examples directory (default: the one in the source tree)",
-    )
-    demo.add_argument(
         "--keep",
         action="store_true",
         help="keep the temporary directory (database, source, logs) and print its path",

@@ -2,10 +2,12 @@
 
 In a temporary directory, with an embedded SQLite database (no server), the demo:
 
-1. creates the fake source of ``examples/source.py`` (an application database whose
+1. creates the fake source of :mod:`._demo_source` (an application database whose
    ``orders`` and ``payments`` tables receive numbered rows) and starts its producer;
-2. starts ``watchkeeper triggerer --watchers-path examples/watchers`` as a real child process
-   and shows the committed events and watermarks live;
+2. copies the demo's watcher files (``_demo_watchers/``, shipped in this package, so the demo
+   works from an installed wheel as well as from a clone) into ``watchers/`` of its directory,
+   starts ``watchkeeper triggerer --watchers-path watchers`` as a real child process and shows
+   the committed events and watermarks live;
 3. kills the daemon with SIGKILL once a third of the items are committed, restarts it, and
    waits until every item is committed; then stops it with SIGTERM;
 4. reads every committed event back and checks, per table, that items 1..N each arrived
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import os
 import shutil
 import signal
@@ -26,9 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,7 +42,8 @@ from rich.table import Table
 from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
-from ._cli_common import CommandError, UsageError
+from . import _demo_source as source
+from ._cli_common import CommandError
 
 __all__ = ["run_demo"]
 
@@ -64,26 +66,22 @@ class _Progress:
     watermark: Any = None
 
 
-def find_examples(explicit: Path | None) -> Path:
-    """The examples directory: ``--examples``, the source tree's, or ``./examples``."""
-    if explicit is not None:
-        candidates = [explicit]
-    else:  # <repo>/triggerer/src/watchkeeper/triggerer/_demo.py -> <repo>/examples
-        candidates = [Path(__file__).resolve().parents[4] / "examples", Path.cwd() / "examples"]
-    for candidate in candidates:
-        if (candidate / "watchers").is_dir() and (candidate / "source.py").is_file():
-            return candidate.resolve()
-    tried = ", ".join(str(c) for c in candidates)
-    raise UsageError(f"no examples directory with watchers/ and source.py (tried {tried})")
+def copy_demo_watchers(target: Path) -> list[Path]:
+    """Copy the demo's watcher files (package data of this package) into ``target``.
 
-
-def _load_source(examples: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("watchkeeper_demo_source", examples / "source.py")
-    if spec is None or spec.loader is None:
-        raise CommandError(f"cannot load {examples / 'source.py'}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    They are read through :mod:`importlib.resources`, so this works wherever the package is
+    installed; returns the files written.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for resource in (files("watchkeeper.triggerer") / "_demo_watchers").iterdir():
+        if resource.name.endswith(".py"):
+            path = target / resource.name
+            path.write_text(resource.read_text(encoding="utf-8"), encoding="utf-8")
+            written.append(path)
+    if not written:  # a broken installation: say what is missing instead of running nothing
+        raise CommandError("no demo watcher files in watchkeeper.triggerer (_demo_watchers/)")
+    return written
 
 
 def _daemon_command(watchers: Path) -> list[str]:
@@ -96,16 +94,13 @@ def _daemon_command(watchers: Path) -> list[str]:
 
 
 class _Demo:
-    def __init__(
-        self, workdir: Path, examples: Path, items: int, console: Console, log: IO[bytes]
-    ) -> None:
+    def __init__(self, workdir: Path, items: int, console: Console, log: IO[bytes]) -> None:
         self.workdir = workdir
-        self.examples = examples
+        self.watchers = workdir / "watchers"
         self.items = items
         self.console = console
         self.log = log
-        self.source = _load_source(examples)
-        self.tables: tuple[str, ...] = tuple(self.source.TABLES)
+        self.tables: tuple[str, ...] = source.TABLES
         self.source_path = workdir / "source.db"
         self.db_path = workdir / "watchkeeper.db"
         self.progress = {t: _Progress() for t in self.tables}
@@ -137,7 +132,7 @@ class _Demo:
 
     async def _start_daemon(self, number: int) -> anyio.abc.Process:
         process = await anyio.open_process(
-            _daemon_command(self.examples / "watchers"),
+            _daemon_command(self.watchers),
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=self.log,
@@ -208,7 +203,7 @@ class _Demo:
 
     async def _produce(self) -> None:
         for n in range(1, self.items + 1):
-            await anyio.to_thread.run_sync(self.source.append, self.source_path, n, self.tables)
+            await anyio.to_thread.run_sync(source.append, self.source_path, n, self.tables)
             self.produced = n
             await anyio.sleep(1 / RATE)
 
@@ -266,7 +261,8 @@ class _Demo:
 
     async def main(self) -> int:
         self._polled = anyio.Event()
-        await anyio.to_thread.run_sync(self.source.create, self.source_path, self.tables)
+        await anyio.to_thread.run_sync(copy_demo_watchers, self.watchers)
+        await anyio.to_thread.run_sync(source.create, self.source_path, self.tables)
         self.console.print(
             f"demo directory {self.workdir}: SQLite state in watchkeeper.db, fake source in "
             f"source.db ({self.items} items per table: {', '.join(self.tables)})"
@@ -313,13 +309,12 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     from ._cli_runtime import run_async
 
-    examples = find_examples(args.examples)
     console = Console(highlight=False)
     workdir = Path(tempfile.mkdtemp(prefix="watchkeeper-demo-"))
     status = 1
     try:
         with (workdir / "daemon.log").open("ab") as log:
-            demo = _Demo(workdir, examples, args.items, console, log)
+            demo = _Demo(workdir, args.items, console, log)
             status = run_async(demo.main)
         return status
     finally:

@@ -7,9 +7,10 @@ yields carries the watermark it advances to, so the event and the watermark comm
 Kill the daemon at any moment and the restarted watcher continues after the last committed
 row: no row is lost and none is emitted twice.
 
-The demo (``watchkeeper demo``) points ``WATCHKEEPER_DEMO_SOURCE`` at its fake source; to run
-these watchers yourself, feed a database with ``python examples/source.py demo-source.db`` and
-start ``watchkeeper triggerer --watchers-path examples/watchers`` in the same directory.
+This file ships inside the watchkeeper-triggerer package: ``watchkeeper demo`` copies it into
+the watchers path of its temporary directory and points ``WATCHKEEPER_DEMO_SOURCE`` at its fake
+source there (``watchkeeper demo --keep`` leaves that directory, with this file, the databases
+and the daemon's log, for you to look at).
 """
 
 from __future__ import annotations
