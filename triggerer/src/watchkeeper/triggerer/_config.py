@@ -15,6 +15,9 @@ class RunnerConfig(BaseModel):
     Times are in seconds. A trigger whose ``run()`` raises or returns is restarted after
     ``backoff_initial * 2**(failures - 1)`` seconds, capped at ``backoff_max``, then varied by
     ``±backoff_jitter`` (a fraction) so that triggers failing together do not retry together.
+    A store that does not answer is not a trigger's failure: the runner pings it, waiting
+    ``backoff_initial`` doubled after each ping up to ``store_retry_max``, and the triggers
+    resume once it answers.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -27,6 +30,11 @@ class RunnerConfig(BaseModel):
         default=5,
         ge=0,
         description="consecutive failures before the state 'failed' (0: restart forever)",
+    )
+    store_retry_max: float = Field(
+        default=5.0,
+        gt=0,
+        description="longest wait between two pings of a store that does not answer",
     )
     cleanup_timeout: float = Field(default=5.0, gt=0, description="limit for trigger.cleanup()")
     stop_grace: float = Field(
