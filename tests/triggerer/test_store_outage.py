@@ -111,11 +111,31 @@ async def fresh_database(dsn: str) -> AsyncIterator[tuple[str, str]]:
 
 async def block_connections(admin_dsn: str, name: str) -> None:
     """Refuse new sessions to ``name`` and end every open one (the reproduction of issue 7)."""
+    await alter_and_terminate(admin_dsn, name, "ALLOW_CONNECTIONS false")
+
+
+async def make_read_only(admin_dsn: str, name: str) -> None:
+    """New sessions to ``name`` are read-only, as on a standby; every open one is ended."""
+    await alter_and_terminate(admin_dsn, name, "SET default_transaction_read_only = on")
+
+
+async def make_writable(admin_dsn: str, name: str) -> None:
+    """New sessions to ``name`` may write again (open ones stay read-only until replaced)."""
     import asyncpg
 
     conn = await asyncpg.connect(admin_dsn)
     try:
-        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        await conn.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+    finally:
+        await conn.close()
+
+
+async def alter_and_terminate(admin_dsn: str, name: str, change: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f'ALTER DATABASE "{name}" {change}')
         await conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = $1 AND pid <> pg_backend_pid()",
@@ -271,8 +291,6 @@ class TestPostgresOutage:
     async def test_runner_resumes_after_a_read_only_database(self, pg_dsn: str) -> None:
         """A database that turned read-only (as a demoted primary does) is an outage too: the
         watchers wait, and resume once writes are accepted again."""
-        import asyncpg
-
         async with fresh_database(pg_dsn) as (name, dsn):
             assets = [Asset(f"ro{i}") for i in range(3)]
             tickers = [Ticker() for _ in assets]
@@ -288,21 +306,11 @@ class TestPostgresOutage:
                     with anyio.fail_after(WAIT):
                         for ticker in tickers:
                             await ticker.reached(2).wait()
-                    admin = await asyncpg.connect(pg_dsn)
-                    try:
-                        await admin.execute(
-                            f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'
-                        )
-                        await block_connections(pg_dsn, name)
-                        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-                        with anyio.fail_after(WAIT):
-                            await logs.wait_for("store_ping_failed", count=2)
-                        unavailable = logs.named("store_unavailable")
-                        await admin.execute(
-                            f'ALTER DATABASE "{name}" RESET default_transaction_read_only'
-                        )
-                    finally:
-                        await admin.close()
+                    await make_read_only(pg_dsn, name)
+                    with anyio.fail_after(WAIT):
+                        await logs.wait_for("store_ping_failed", count=2)
+                    unavailable = logs.named("store_unavailable")
+                    await make_writable(pg_dsn, name)
                     with anyio.fail_after(WAIT):
                         await logs.wait_for("store_available")
                     counts = [t.count for t in tickers]
@@ -343,6 +351,35 @@ class TestClassification:
         for info in (written, read):
             assert info.value.__cause__ is not None
             assert "asyncpg" in type(info.value.__cause__).__module__
+
+    @pytest.mark.postgres
+    async def test_postgres_read_only_is_store_unavailable_until_writable(
+        self, pg_dsn: str
+    ) -> None:
+        """On a database that turned read-only, writes, lease claims and pings raise
+        StoreUnavailableError; once it is writable again they work on the same open backend
+        (the read-only connections were dropped and replaced)."""
+        async with (
+            fresh_database(pg_dsn) as (name, dsn),
+            PostgresStateBackend(dsn, max_size=2) as backend,
+        ):
+            await backend.aregister_assets([Asset("a")])
+            scope = AssetScope(name="a")
+            await backend.aset(scope, "k", 1)
+            await make_read_only(pg_dsn, name)
+            for _ in range(3):  # more tries than pooled connections: none is handed out again
+                with pytest.raises(StoreUnavailableError, match="ReadOnlySQLTransaction"):
+                    await backend.aclaim_leases("daemon-1", ["t"], 30)
+            with pytest.raises(StoreUnavailableError, match="ReadOnlySQLTransaction"):
+                await backend.aset(scope, "k", 2)
+            with pytest.raises(StoreUnavailableError, match="read-only"):
+                await backend.aping()
+            assert await backend.aget(scope, "k") == 1  # reads still work on a standby
+            await make_writable(pg_dsn, name)
+            await backend.aping()
+            assert await backend.aclaim_leases("daemon-1", ["t"], 30) == {"t": 1}
+            await backend.aset(scope, "k", 2)
+            assert await backend.aget(scope, "k") == 2
 
     async def test_sqlite_locked_past_busy_timeout_is_store_unavailable(
         self, tmp_path: Path
@@ -401,8 +438,10 @@ class TestSqliteOutage:
                     with anyio.fail_after(WAIT):
                         await logs.wait_for("store_unavailable")
                         await logs.wait_for("store_ping_failed", count=3)
-                    states = {s.state for s in runner.statuses()}
-                    assert states <= {"backing_off", "running"}
+                    await poll(
+                        lambda: {s.state for s in runner.statuses()} == {"backing_off"},
+                        "every watcher waiting for the lock",
+                    )
                 finally:
                     await anyio.to_thread.run_sync(lock.__exit__, None, None, None)
                 with anyio.fail_after(WAIT):
@@ -411,7 +450,9 @@ class TestSqliteOutage:
                 with anyio.fail_after(WAIT):
                     for ticker, count in zip(tickers, counts, strict=True):
                         await ticker.reached(count + 3).wait()
-                assert [(s.state, s.failures) for s in runner.statuses()] == [("running", 0)] * 4
+                statuses = runner.statuses()
+                assert [(s.state, s.failures) for s in statuses] == [("running", 0)] * 4
+                assert all((s.last_error or "").startswith("StoreUnavailable") for s in statuses)
         assert_one_outage(logs)
         with sqlite3.connect(path) as conn:
             rows = conn.execute("SELECT asset_name, payload FROM asset_events ORDER BY id")

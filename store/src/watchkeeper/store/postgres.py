@@ -226,25 +226,31 @@ class PostgresStateBackend(BaseStateBackend):
     async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Run ``fn(conn)`` in its own transaction on a pooled connection (not the writer's).
 
-        A connection that met the server unavailable (read-only, say) is dropped, so the pool
-        replaces it instead of handing it out again.
+        ``fn`` must be safe to run twice (claims and releases of leases are): a connection
+        that met the server unavailable (lost, or read-only after a failover) is dropped, so
+        the pool replaces it instead of handing it out again, and ``fn`` is tried once more
+        on another connection, as :meth:`_fetch` does.
         """
-        pool = self._pool_or_closed()
-        try:
-            async with pool.acquire() as conn:
-                try:
-                    async with conn.transaction():
-                        return await fn(conn)
-                except Exception as exc:
-                    if is_unavailable(exc) and not conn.is_closed():
-                        conn.terminate()
-                    raise
-        except StateStoreError:
-            raise
-        except Exception as exc:
-            if not self._open:
-                raise StoreClosedError(self) from exc
-            raise map_error(exc, what) from exc
+        for attempt in (1, 2):
+            pool = self._pool_or_closed()
+            try:
+                async with pool.acquire() as conn:
+                    try:
+                        async with conn.transaction():
+                            return await fn(conn)
+                    except Exception as exc:
+                        if is_unavailable(exc) and not conn.is_closed():
+                            conn.terminate()
+                        raise
+            except StateStoreError:
+                raise
+            except Exception as exc:
+                if not self._open:
+                    raise StoreClosedError(self) from exc
+                if attempt == 1 and is_unavailable(exc):
+                    continue
+                raise map_error(exc, what) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aping(self) -> None:
         """One transaction through the writer: the connection it commits on answers, and is
