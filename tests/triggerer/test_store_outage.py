@@ -42,6 +42,7 @@ from watchkeeper.triggerer import (
     TriggerEvent,
     TriggerRunner,
 )
+from watchkeeper.triggerer._health import store_unavailable
 from watchkeeper.triggerer._loader import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
 
@@ -396,6 +397,23 @@ class TestClassification:
                     await backend.aping()
             await backend.aping()
             await backend.aset(AssetScope(name="a"), "k", 1)
+
+    def test_a_wrapped_or_grouped_unavailability_is_still_found(self) -> None:
+        """An error a watcher raised from a store outage, or one inside its own task group's
+        exception group, is still the store's (and an unrelated error is not)."""
+        outage = StoreUnavailableError("PostgreSQL unavailable (reading): refused")
+        try:
+            try:
+                raise outage
+            except StoreUnavailableError as exc:
+                raise RuntimeError("could not read the cursor") from exc
+        except RuntimeError as wrapped:
+            chained = wrapped
+        group = BaseExceptionGroup("watcher tasks", [ValueError("x"), chained])
+        assert store_unavailable(chained) is outage
+        assert store_unavailable(group) is outage
+        assert store_unavailable(RuntimeError("a bug of the watcher")) is None
+        assert store_unavailable(None) is None
 
 
 class HeldWriteLock:
