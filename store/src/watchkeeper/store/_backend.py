@@ -42,6 +42,10 @@ __all__ = ["BaseStateBackend"]
 T = TypeVar("T")
 
 
+_PING_SCOPE = TaskScope("watchkeeper", "ping", "ping")
+"""A task scope nothing writes: what the default :meth:`BaseStateBackend.aping` reads."""
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -187,6 +191,26 @@ class BaseStateBackend(MetastoreFeatures):
     def _check_open(self) -> None:
         if not self._open:
             raise StoreClosedError(self)
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def aping(self) -> None:
+        """Return once the store answered a round trip; raise when it did not.
+
+        :class:`~watchkeeper.store.StoreUnavailableError` means it does not answer now (try
+        again later). The runtime pings while the store is unavailable, to know when to
+        resume its watchers. This default reads a key nobody writes; the built-in backends
+        go through their writer, so a store that answers reads but refuses writes (a
+        read-only standby, a locked SQLite file) does not count as back.
+        """
+        await self.aget_raw(_PING_SCOPE, "ping")
+
+    async def averify(self) -> None:
+        """Raise when the store this backend opened is gone for good (the daemon's heartbeat
+        calls it); nothing to check by default. The SQLite backend checks that its path
+        still names the file it opened (:class:`~watchkeeper.store.DatabaseFileRemovedError`).
+        """
+        self._check_open()
 
     def _describe(self) -> str:
         return ""

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from ._types import RawEntry, Writer
-from .errors import BackendUnavailableError, InvalidValueError, StateStoreError
+from .errors import InvalidValueError, StateStoreError, StoreUnavailableError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -27,6 +27,7 @@ __all__ = [
     "columns",
     "db_key",
     "is_connection_error",
+    "is_unavailable",
     "key_from_db",
     "map_error",
     "raw_entry",
@@ -398,26 +399,44 @@ def is_connection_error(exc: BaseException) -> bool:
         | asyncpg.InternalClientError
         | asyncpg.exceptions.OperatorInterventionError
         | asyncpg.exceptions.InsufficientResourcesError
-        | asyncpg.exceptions.CannotConnectNowError,
+        | asyncpg.exceptions.CannotConnectNowError
+        | asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    )
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the server cannot serve us now, whatever the statement's data.
+
+    The lost connections of :func:`is_connection_error`, and two refusals of a live server:
+    a database that does not accept connections (``ALLOW_CONNECTIONS false``, SQLSTATE 55000
+    exactly: its subclasses are about locks and objects) and a read-only transaction (25006:
+    a standby, or a primary demoted by a failover).
+    """
+    import asyncpg
+
+    return (
+        isinstance(exc, StoreUnavailableError)  # raised by our own checks (a ping)
+        or is_connection_error(exc)
+        or isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError)
+        or type(exc) is asyncpg.exceptions.ObjectNotInPrerequisiteStateError
     )
 
 
 def map_error(exc: BaseException, what: str) -> StateStoreError:
     """Our error for a driver error met while doing ``what``; the caller chains ``exc``.
 
-    Lost connections become :class:`BackendUnavailableError`, data PostgreSQL refuses (a NUL
-    character, an unpaired surrogate) :class:`InvalidValueError`, anything else a plain
-    :class:`StateStoreError`. Callers never see an asyncpg type.
+    A server that cannot serve us now (:func:`is_unavailable`) becomes
+    :class:`StoreUnavailableError`, data PostgreSQL refuses (a NUL character, an unpaired
+    surrogate) :class:`InvalidValueError`, anything else a plain :class:`StateStoreError`.
+    Callers never see an asyncpg type.
     """
     import asyncpg
 
     if isinstance(exc, StateStoreError):
         return exc
     detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if is_connection_error(exc):
-        error: StateStoreError = BackendUnavailableError(
-            f"PostgreSQL unavailable ({what}): {detail}"
-        )
+    if is_unavailable(exc):
+        error: StateStoreError = StoreUnavailableError(f"PostgreSQL unavailable ({what}): {detail}")
     elif isinstance(exc, asyncpg.DataError | UnicodeError):
         error = InvalidValueError(f"PostgreSQL rejected the data ({what}): {detail}")
     else:

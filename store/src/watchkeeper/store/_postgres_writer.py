@@ -11,7 +11,7 @@ Each op stays atomic on its own. If a statement fails (data PostgreSQL refuses, 
 another daemon), the transaction is rolled back and its ops are replayed one per transaction,
 so the error reaches only the op that caused it. A connection lost before ``COMMIT`` was sent
 is replaced and the batch retried once (nothing of it was applied); one lost during the commit
-gives every op of the batch :class:`BackendUnavailableError` (it may have committed), and the
+gives every op of the batch :class:`StoreUnavailableError` (it may have committed), and the
 next batch reconnects.
 
 A caller cancelled while its op is queued or in flight gets the cancellation; the op itself is
@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 
 from ._postgres_ops import Op, apply_batch
-from ._postgres_sql import Statements, is_connection_error, map_error
+from ._postgres_sql import Statements, is_unavailable, map_error
 from .errors import BackendUnavailableError, StoreClosedError
 
 if TYPE_CHECKING:
@@ -167,7 +167,8 @@ class GroupWriter:
 
     def _broken(self, conn: asyncpg.Connection | None, exc: Exception) -> bool:
         """Drop the connection if ``exc`` means it is lost; True when so."""
-        if conn is not None and not conn.is_closed() and not is_connection_error(exc):
+        # A read-only transaction counts: the connection may point at a demoted primary.
+        if conn is not None and not conn.is_closed() and not is_unavailable(exc):
             return False
         if conn is not None:
             conn.terminate()

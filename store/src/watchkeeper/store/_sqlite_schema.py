@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
 from ._types import AssetScope
-from .errors import BackendUnavailableError
+from .errors import BackendUnavailableError, StoreUnavailableError
 
 __all__ = [
     "MIGRATIONS",
@@ -31,9 +31,11 @@ __all__ = [
     "connect",
     "from_db",
     "is_busy",
+    "is_transient",
     "migrate",
     "retry_busy",
     "to_db",
+    "unavailable",
 ]
 
 T = TypeVar("T")
@@ -175,6 +177,13 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_TRANSIENT_CODES: Final = _BUSY_CODES | {
+    sqlite3.SQLITE_IOERR,  # disk I/O error
+    sqlite3.SQLITE_FULL,  # disk full
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_CANTOPEN,  # a journal or WAL file could not be opened (unmounted disk)
+    sqlite3.SQLITE_PROTOCOL,  # WAL locking race
+}
 
 
 def to_db(value: datetime) -> str:
@@ -220,12 +229,32 @@ def is_busy(exc: BaseException) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """True when an sqlite3 error says the database cannot serve us now, whatever the data:
+    locked, busy, a disk I/O error, a full disk, no memory, a file that would not open."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _TRANSIENT_CODES
+    return is_busy(exc) or "disk I/O error" in str(exc)
+
+
+def unavailable(exc: sqlite3.Error, message: str) -> BackendUnavailableError:
+    """``message`` as :class:`StoreUnavailableError` when ``exc`` is transient, else as
+    :class:`BackendUnavailableError`; ``exc`` chained either way."""
+    kind = StoreUnavailableError if is_transient(exc) else BackendUnavailableError
+    error = kind(message)
+    error.__cause__ = exc
+    return error
+
+
 def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
     """Call ``fn`` (blocking; worker threads only), retrying with backoff while SQLite is busy.
 
     SQLite's own busy handler already waits up to ``busy_timeout`` inside each attempt; this
     covers the cases it does not (a busy WAL recovery, a lock met before the handler applies).
-    After ``timeout`` seconds the last error is raised as :class:`BackendUnavailableError`.
+    After ``timeout`` seconds the last error is raised as :class:`StoreUnavailableError`.
     """
     deadline = time.monotonic() + timeout
     delay = 0.002
@@ -234,7 +263,7 @@ def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
             return fn()
         except sqlite3.OperationalError as exc:
             if not is_busy(exc) or time.monotonic() >= deadline:
-                raise BackendUnavailableError(f"SQLite could not {what}: {exc}") from exc
+                raise unavailable(exc, f"SQLite could not {what}: {exc}") from exc
         time.sleep(delay)  # a worker thread, never the event loop
         delay = min(delay * 2, 0.25)
 

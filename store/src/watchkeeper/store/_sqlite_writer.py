@@ -29,7 +29,13 @@ A caller's ``submit()`` returns after ``COMMIT``, so every awaited write is dura
 SQLITE_BUSY (another process holds the write lock past ``busy_timeout``, or a commit meets a
 busy WAL) rolls the batch back and re-runs it with backoff; operations are pure functions of the
 database, so a re-run is safe. When retries run out every operation of the batch fails with
-:class:`BackendUnavailableError` chained from the sqlite3 error.
+:class:`StoreUnavailableError` chained from the sqlite3 error (so does a disk I/O error; other
+driver errors are :class:`BackendUnavailableError`, constraints a :class:`StateStoreError`).
+
+Before each ``COMMIT`` the writer calls its ``check`` (the backend's: is the file at the
+database's path still the one this connection opened?); when it raises, the batch is rolled
+back and every operation of it fails with that error, so nothing is reported committed into a
+removed file.
 
 Cancellation: a caller cancelled while its operation is still being handed over gives it up; a
 caller cancelled once it is queued or running only stops waiting, and the operation may still
@@ -49,13 +55,15 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db
+from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 from ._types import AssetScope
 from .errors import (
     AssetNotFoundError,
     BackendUnavailableError,
+    DatabaseFileRemovedError,
     StateStoreError,
     StoreClosedError,
+    StoreUnavailableError,
 )
 
 __all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
@@ -188,19 +196,22 @@ class _Op(Generic[T]):
 def _translate(exc: sqlite3.Error) -> StateStoreError:
     if isinstance(exc, sqlite3.IntegrityError):
         error: StateStoreError = StateStoreError(f"SQLite constraint failed: {exc}")
-    else:
-        error = BackendUnavailableError(f"SQLite failed: {exc}")
-    error.__cause__ = exc
-    return error
+        error.__cause__ = exc
+        return error
+    return unavailable(exc, f"SQLite failed: {exc}")
 
 
 def _copy(exc: BaseException) -> BaseException:
     """A fresh instance per caller, so concurrent raisers do not share one traceback."""
-    if type(exc) in (StateStoreError, BackendUnavailableError):
+    fresh: BaseException
+    if type(exc) in (StateStoreError, BackendUnavailableError, StoreUnavailableError):
         fresh = type(exc)(str(exc))
-        fresh.__cause__ = exc.__cause__
-        return fresh
-    return exc
+    elif isinstance(exc, DatabaseFileRemovedError):
+        fresh = DatabaseFileRemovedError(exc.path, exc.reason)
+    else:
+        return exc
+    fresh.__cause__ = exc.__cause__
+    return fresh
 
 
 class _Pending:
@@ -229,8 +240,10 @@ class GroupCommitWriter:
         *,
         busy_timeout: float,
         max_batch: int = DEFAULT_MAX_BATCH,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self._tx = Tx(conn, clock)
+        self._check = check
         self._owner = owner
         self._busy_timeout = busy_timeout
         self._max_batch = max_batch
@@ -404,6 +417,8 @@ class GroupCommitWriter:
                 self._run_group(tx, grouped)
             for group, queued in pending.items():
                 self._flush(tx, group, queued)
+            if self._check is not None:
+                self._check()  # raises (and the batch rolls back) if the file is gone
             conn.execute("COMMIT")
         except BaseException:
             tx.forget_assets()

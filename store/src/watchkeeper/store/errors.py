@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AssetNotFoundError",
     "BackendUnavailableError",
+    "DatabaseFileRemovedError",
     "InvalidKeyError",
     "InvalidNameError",
     "InvalidValueError",
@@ -19,6 +20,7 @@ __all__ = [
     "RetentionTypeError",
     "StateStoreError",
     "StoreClosedError",
+    "StoreUnavailableError",
     "SyncCallInLoopError",
     "ValueTooLargeError",
     "ValueTypeError",
@@ -165,6 +167,34 @@ class LeaseLostError(StateStoreError):
 
 class BackendUnavailableError(StateStoreError):
     """Raised when the database cannot be reached or opened; the driver error is chained."""
+
+
+class StoreUnavailableError(BackendUnavailableError):
+    """Raised when the store does not answer now for a reason the call's data did not cause.
+
+    A connection refused or lost, a server not accepting connections (shutting down, starting,
+    ``ALLOW_CONNECTIONS false``), a read-only transaction during a failover, too many
+    connections, an SQLite database locked past ``busy_timeout`` or a disk I/O error. The
+    backend classifies the driver error once (it is chained); the same call may succeed
+    later, so the runtime waits and retries instead of blaming the caller.
+    """
+
+
+class DatabaseFileRemovedError(StateStoreError):
+    """Raised when the database file a backend opened is no longer the file at its path.
+
+    It was removed (``rm -rf`` of its directory) or replaced by another file. Writes would
+    go into a file nobody can open again, so from then on the backend refuses every read and
+    write with this error; reopening the path is the only way on.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"the SQLite database file {path!r} {reason}; refusing to commit into a file "
+            "that is gone (restore it or point [database] url elsewhere, then restart)"
+        )
 
 
 class StoreClosedError(StateStoreError):

@@ -35,6 +35,7 @@ from ._postgres_sql import (
     Statements,
     db_key,
     is_connection_error,
+    is_unavailable,
     key_from_db,
     map_error,
     raw_entry,
@@ -55,7 +56,7 @@ from ._types import (
     Writer,
 )
 from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
-from .errors import AssetNotFoundError, StateStoreError, StoreClosedError
+from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -225,17 +226,49 @@ class PostgresStateBackend(BaseStateBackend):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``fn(conn)`` in its own transaction on a pooled connection (not the writer's)."""
-        pool = self._pool_or_closed()
-        try:
-            async with pool.acquire() as conn, conn.transaction():
-                return await fn(conn)
-        except StateStoreError:
-            raise
-        except Exception as exc:
-            if not self._open:
-                raise StoreClosedError(self) from exc
-            raise map_error(exc, what) from exc
+        """Run ``fn(conn)`` in its own transaction on a pooled connection (not the writer's).
+
+        ``fn`` must be safe to run twice (claims and releases of leases are): a connection
+        that met the server unavailable (lost, or read-only after a failover) is dropped, so
+        the pool replaces it instead of handing it out again, and ``fn`` is tried once more
+        on another connection, as :meth:`_fetch` does.
+        """
+        for attempt in (1, 2):
+            pool = self._pool_or_closed()
+            try:
+                async with pool.acquire() as conn:
+                    try:
+                        async with conn.transaction():
+                            return await fn(conn)
+                    except Exception as exc:
+                        if is_unavailable(exc) and not conn.is_closed():
+                            conn.terminate()
+                        raise
+            except StateStoreError:
+                raise
+            except Exception as exc:
+                if not self._open:
+                    raise StoreClosedError(self) from exc
+                if attempt == 1 and is_unavailable(exc):
+                    continue
+                raise map_error(exc, what) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aping(self) -> None:
+        """One transaction through the writer: the connection it commits on answers, and is
+        not read-only (a standby, or a primary demoted by a failover)."""
+        self._check_open()
+
+        where = self._where()
+
+        async def check_writable(conn: asyncpg.Connection) -> None:
+            if await conn.fetchval("SHOW transaction_read_only") == "on":
+                # Raised inside the batch: the writer drops this connection and tries a new one.
+                raise StoreUnavailableError(
+                    f"PostgreSQL is read-only at {where} (a standby, or a failover)"
+                )
+
+        await self._submit(CallOp(check_writable, phase=LATE))
 
     # -- key/value hooks ---------------------------------------------------------------------
 

@@ -28,7 +28,11 @@ the formal benchmark suite owns the real numbers):
   (:class:`._sqlite_writer.Tx`).
 - Several processes (the daemon, task processes) may open the same file: ``busy_timeout``,
   ``BEGIN IMMEDIATE`` and a retry with backoff keep "database is locked" from surfacing; when
-  the lock cannot be had in time the caller gets :class:`BackendUnavailableError`.
+  the lock cannot be had in time the caller gets :class:`StoreUnavailableError`.
+- A database file removed (or replaced) under a running backend is noticed before every
+  commit and by :meth:`SqliteStateBackend.averify` (the daemon's heartbeat): SQLite itself would
+  keep committing into the removed inode. From then on every call raises
+  :class:`DatabaseFileRemovedError`.
 
 Cancellation: a caller cancelled while its write is queued or running stops waiting, but the
 write may still commit (a statement another thread runs cannot be taken back, and a half-applied
@@ -56,7 +60,7 @@ from ._backend import BaseStateBackend
 from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_events import EVENT_COMMITS
-from ._sqlite_schema import Synchronous, connect, is_busy, migrate
+from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
 from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
 from ._types import (
     Asset,
@@ -71,13 +75,22 @@ from ._types import (
     Writer,
 )
 from ._values import DEFAULT_MAX_PAYLOAD_BYTES
-from .errors import BackendUnavailableError, StoreClosedError
+from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
 
 T = TypeVar("T")
 
 _SYNCHRONOUS: Final = ("FULL", "NORMAL", "OFF")
+
+
+def _nothing(tx: Tx) -> None:
+    """The operation of :meth:`SqliteStateBackend.aping`: the transaction is the test."""
+
+
+def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
+    """A new instance per raise, so concurrent callers do not share one traceback."""
+    return DatabaseFileRemovedError(error.path, error.reason)
 
 
 class CommitStats(NamedTuple):
@@ -128,6 +141,8 @@ class SqliteStateBackend(BaseStateBackend):
         self._writer: GroupCommitWriter | None = None
         self._wconn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._file: tuple[str, int, int] | None = None  # absolute path, st_dev, st_ino
+        self._removed: DatabaseFileRemovedError | None = None
 
     def _describe(self) -> str:
         return f"path={self.path}"
@@ -153,7 +168,38 @@ class SqliteStateBackend(BaseStateBackend):
     def _connect_writer(self) -> None:
         conn = connect(self.path, synchronous=self.synchronous, busy_timeout=self.busy_timeout)
         self._wconn = conn  # set here, in the thread: a cancelled opener still closes it
+        self._removed = None
+        where = os.path.abspath(self.path)
+        opened = os.stat(where)
+        self._file = (where, opened.st_dev, opened.st_ino)
         self.applied_migrations = migrate(conn, self.clock(), busy_timeout=self.busy_timeout)
+
+    def _check_file(self) -> None:
+        """Raise :class:`DatabaseFileRemovedError` unless the path still names the file the
+        connections opened (same device and inode). Blocking: worker threads only.
+
+        SQLite keeps writing into a removed file's inode without an error, so this is what
+        stands between an ``rm -rf`` of the directory and commits that nobody can read back.
+        Once it failed, it fails for good (the backend refuses everything, see ``_removed``).
+        """
+        if self._removed is not None:
+            raise _fresh(self._removed)
+        file = self._file
+        if file is None:
+            return
+        where, device, inode = file
+        try:
+            now = os.stat(where)
+        except (FileNotFoundError, NotADirectoryError):
+            reason = "was removed"
+        except OSError:
+            return  # unreadable for another reason (permissions): not proof it is gone
+        else:
+            if (now.st_dev, now.st_ino) == (device, inode) or inode == 0:
+                return
+            reason = "was replaced by another file"
+        self._removed = DatabaseFileRemovedError(where, reason)
+        raise _fresh(self._removed)
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         self._writer = None
@@ -165,7 +211,11 @@ class SqliteStateBackend(BaseStateBackend):
             )
             await self._reader.execute_fetchall("PRAGMA query_only = ON")
             writer = GroupCommitWriter(
-                self._wconn, self, lambda: self.clock(), busy_timeout=self.busy_timeout
+                self._wconn,
+                self,
+                lambda: self.clock(),
+                busy_timeout=self.busy_timeout,
+                check=self._check_file,
             )
             await task_group.start(writer.run)
             self._writer = writer
@@ -213,6 +263,8 @@ class SqliteStateBackend(BaseStateBackend):
         writer = self._writer
         if writer is None or not self._open:
             raise StoreClosedError(self)
+        if self._removed is not None:
+            raise _fresh(self._removed)
         return await writer.submit(
             fn, savepoint=savepoint, coalesce=coalesce, group=group, item=item
         )
@@ -221,6 +273,8 @@ class SqliteStateBackend(BaseStateBackend):
         reader = self._reader
         if reader is None or not self._open:
             raise StoreClosedError(self)
+        if self._removed is not None:
+            raise _fresh(self._removed)
         deadline = time.monotonic() + self.busy_timeout
         delay = 0.002
         while True:
@@ -229,13 +283,28 @@ class SqliteStateBackend(BaseStateBackend):
                 return cast("list[tuple[Any, ...]]", rows)  # plain tuples: no row_factory
             except sqlite3.Error as exc:
                 if not is_busy(exc) or time.monotonic() >= deadline:
-                    raise BackendUnavailableError(f"SQLite read failed: {exc}") from exc
+                    raise unavailable(exc, f"SQLite read failed: {exc}") from exc
             except ValueError as exc:  # aiosqlite: "Connection closed" while closing
                 if self._reader is None:
                     raise StoreClosedError(self) from exc
                 raise
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def aping(self) -> None:
+        """An empty transaction through the writer: the write lock can be had in time, and
+        the file is still the one opened."""
+        self._check_open()
+        await self._write(_nothing, savepoint=False)
+
+    async def averify(self) -> None:
+        """Raise :class:`DatabaseFileRemovedError` when the database's path no longer names the
+        file this backend opened (removed, or replaced); ``os.stat`` runs in a worker thread.
+        From then on every read and write of this backend raises it too."""
+        self._check_open()
+        await anyio.to_thread.run_sync(self._check_file)
 
     # -- key/value hooks ---------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ class SupervisionSettings(BaseModel):
     A trigger whose ``run()`` raises or returns is restarted after
     ``backoff_initial * 2**(failures - 1)`` seconds, capped at ``backoff_max``, then varied by
     ``±backoff_jitter`` (a fraction) so that triggers failing together do not retry together.
+    A store that does not answer is not a trigger's failure: the runner pings it, waiting
+    ``backoff_initial`` doubled after each ping up to ``store_retry_max``, and the triggers
+    resume once it answers.
     """
 
     model_config = ConfigDict(
@@ -39,6 +42,9 @@ class SupervisionSettings(BaseModel):
     max_failures: int = Field(default=5, ge=0)
     """Consecutive failures after which a trigger is reported as ``failed`` and no longer
     restarted (0: restart forever)."""
+    store_retry_max: float = Field(default=5.0, gt=0)
+    """Longest wait, in seconds, between two pings of a store that does not answer; watchers
+    wait for it without counting a failure."""
     cleanup_timeout: float = Field(default=5.0, gt=0)
     """Seconds a trigger's ``cleanup()`` may take."""
     stop_grace: float = Field(default=10.0, ge=0)

@@ -17,6 +17,10 @@ through a fenced :class:`~watchkeeper.store.Writer`: its events and its accessor
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
+
+A store that does not answer (:class:`~watchkeeper.store.StoreUnavailableError`) is not the
+trigger's failure either: the supervisor waits on the runner's shared
+:class:`~._health.StoreHealth` and starts the trigger again once the store answers.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.lowlevel
@@ -37,8 +41,8 @@ from watchkeeper.store import (
     Asset,
     AssetEvent,
     AssetStateStoreAccessors,
-    BackendUnavailableError,
     BaseStateBackend,
+    DatabaseFileRemovedError,
     Fence,
     LeaseLostError,
     TriggerStatus,
@@ -51,6 +55,9 @@ from ._commit import EventEncoder
 from ._config import RunnerConfig
 from .errors import InvalidEventError
 from .trigger import BaseEventTrigger
+
+if TYPE_CHECKING:
+    from ._health import StoreHealth
 
 __all__ = [
     "Publish",
@@ -330,12 +337,20 @@ async def supervise(
     backend: BaseStateBackend,
     config: RunnerConfig,
     publish: Publish | None = None,
+    *,
+    health: StoreHealth,
 ) -> None:
     """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
 
-    Returns normally only when the trigger reached ``max_failures`` (state ``failed``) or its
-    lease was lost (state ``stopped``); otherwise it runs until cancelled. Never raises a
-    trigger's exception.
+    Returns normally only when the trigger reached ``max_failures`` (state ``failed``), its
+    lease was lost or its database file was removed (state ``stopped``); otherwise it runs
+    until cancelled. Never raises a trigger's exception.
+
+    A run that ended because the store did not answer (``health`` classifies the error) is
+    not a failure: the trigger waits (state ``backing_off``) until ``health`` has seen the
+    store answer, then starts again from its stored watermark, nothing counted and nothing
+    logged above debug (``health`` logs the outage once). Should it meet the store
+    unavailable again while the store answers others, it also backs off on its own.
     """
     # Bound in this task's own context (anyio runs each task in a copy), and reset at the end
     # for a caller that runs supervise() in a task of its own making. Not the bound_contextvars
@@ -347,15 +362,17 @@ async def supervise(
         # Each trigger task gets a greenback portal, so the sync asset-store methods
         # (self.asset_state_store.get/set) await the backend without blocking the loop.
         await greenback.ensure_portal()
+        waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
             slot.state = "running"
             slot.runs += 1
-            log.info(
+            (log.debug if waits else log.info)(
                 "trigger_started",
                 classpath=slot.classpath,
                 watchers=list(slot.watchers),
                 run=slot.runs,
             )
+            events_before = slot.events
             error: Exception | None = None
             try:
                 await drive_trigger(
@@ -375,6 +392,23 @@ async def supervise(
                     reason=lost.reason,
                 )
                 return
+            cause = health.report(error)
+            if isinstance(cause, DatabaseFileRemovedError):
+                slot.last_error = describe_error(cause)  # the daemon stops; health logged it
+                return
+            if cause is not None:
+                # Not the trigger's failure: wait for the store, then start again.
+                waits = 1 if slot.events > events_before else waits + 1
+                slot.last_error = describe_error(cause)
+                slot.state = "backing_off"
+                log.debug("trigger_waiting_for_store", error=slot.last_error, waits=waits)
+                await health.wait_available()
+                if waits > 1 and health.available:
+                    # The store answers, yet this trigger met it unavailable again.
+                    delay = min(backoff_delay(waits - 1, config), config.store_retry_max)
+                    await anyio.sleep(delay)
+                continue
+            waits = 0
             slot.failures += 1
             if error is None:
                 slot.last_error = "run() returned"
@@ -388,9 +422,7 @@ async def supervise(
                     failures=slot.failures,
                     exc_info=error,
                 )
-            # An unreachable database is not the trigger's fault: keep retrying it.
-            blameless = isinstance(error, BackendUnavailableError)
-            if config.max_failures and slot.failures >= config.max_failures and not blameless:
+            if config.max_failures and slot.failures >= config.max_failures:
                 slot.state = "failed"
                 log.error(
                     "trigger_failed",

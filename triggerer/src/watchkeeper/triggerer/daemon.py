@@ -22,6 +22,14 @@
   thus share the watchers, each run by one daemon at a time; a single daemon (SQLite) holds
   every lease.
 
+A database outage fails nothing: the runner's store health (see :mod:`._health`) holds the
+triggers, this daemon's loops skip their work meanwhile and report their errors there instead
+of logging each one, and once the store answers the leases are renewed before any trigger
+writes again. Every heartbeat also checks that the store is still the one opened
+(``backend.averify()``): a SQLite file removed under the daemon (``rm -rf`` of its directory)
+is logged as ``database_file_removed`` and the daemon stops with that error (``watchkeeper
+triggerer`` exits 1) instead of committing into a file nobody can open again.
+
 A reload also restarts a trigger that is in the ``failed`` state (it exhausted
 ``max_failures``): touching its file retries it once its source is fixed.
 
@@ -52,7 +60,13 @@ from typing import Self
 import anyio
 import anyio.abc
 import anyio.to_thread
-from watchkeeper.store import BaseStateBackend, GcReport, get_logger, open_state_backend
+from watchkeeper.store import (
+    BaseStateBackend,
+    DatabaseFileRemovedError,
+    GcReport,
+    get_logger,
+    open_state_backend,
+)
 
 from ._config import SupervisionSettings
 from ._gctune import raise_gen0_threshold, startup_gc
@@ -184,6 +198,7 @@ class Daemon:
             self._runner = await stack.enter_async_context(
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
+            self._runner.store_health.add_recovery_hook(self._renew_after_outage)
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             if self.tune_gc:
                 raise_gen0_threshold()
@@ -389,12 +404,36 @@ class Daemon:
         return report
 
     async def _lease_loop(self, interval: float) -> None:
+        health = self.runner.store_health
         while True:
             await anyio.sleep(interval)
+            await self.verify_store()
+            if not health.available:
+                continue  # renewed by the recovery hook, once the store answers again
             try:
                 await self.renew_leases()
             except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
-                log.error("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+                if health.report(exc) is None:  # an outage is logged once, by the health
+                    log.error("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def verify_store(self) -> None:
+        """Check, as every heartbeat does, that the store is still the one opened.
+
+        Raises :class:`~watchkeeper.store.DatabaseFileRemovedError` (logged once as
+        ``database_file_removed``) when the SQLite file was removed or replaced: the daemon
+        then stops with that error instead of committing into a file nobody can read back.
+        """
+        try:
+            await self.backend.averify()
+        except Exception as exc:
+            if isinstance(self.runner.store_health.report(exc), DatabaseFileRemovedError):
+                raise
+            log.error("store_verify_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _renew_after_outage(self) -> None:
+        """The store answers again: renew the leases (they may have lapsed meanwhile) before
+        the triggers write again, so none of them meets a lapsed fence."""
+        await self.renew_leases()
 
     async def _drop_stale_statuses(self) -> None:
         """Forget status rows of triggers that no daemon runs any more.
@@ -417,15 +456,17 @@ class Daemon:
             log.info("trigger_status_pruned", trigger_ids=stale)
 
     async def _reload_loop(self) -> None:
+        health = self.runner.store_health
         while True:
             await anyio.sleep(self.reload_interval)
             try:
                 current = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-                if current == self._snapshot:
+                if current == self._snapshot or not health.available:
                     continue
                 await self.reload()
             except Exception as exc:  # noqa: BLE001 - a failed reload is retried next poll
-                log.error("watchers_reload_failed", error=f"{type(exc).__name__}: {exc}")
+                if health.report(exc) is None:  # an outage is logged once, by the health
+                    log.error("watchers_reload_failed", error=f"{type(exc).__name__}: {exc}")
                 continue
             self._snapshot = current
 
@@ -450,13 +491,17 @@ class Daemon:
         return report
 
     async def _gc_loop(self, interval: float) -> None:
+        health = self.runner.store_health
         while True:
             await anyio.sleep(interval)
+            if not health.available:
+                continue
             try:
                 await self.collect_garbage()
                 await self._drop_stale_statuses()
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
+                if health.report(exc) is None:  # an outage is logged once, by the health
+                    log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:

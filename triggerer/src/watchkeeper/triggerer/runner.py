@@ -23,6 +23,11 @@ config.owner, fence_token)``, the lease the caller (the daemon) claimed for it, 
 refuses them once that lease is gone; the trigger then stops (state ``stopped``) and stays in
 the runner until the caller stops or replaces it.
 
+A store that does not answer (:class:`~watchkeeper.store.StoreUnavailableError`: a database
+outage) fails no trigger: the supervisors wait on the runner's :attr:`TriggerRunner.store_health`,
+which logs ``store_unavailable`` once, pings the store until it answers, logs
+``store_available`` and lets every trigger start again from its stored watermark.
+
 Stopping (``stop_trigger`` or leaving the ``async with``) cancels the trigger and waits up to
 ``stop_grace`` seconds for it to finish. A trigger that catches the cancellation and carries on
 is logged as ``trigger_ignored_cancellation``; anyio cancels it again at each of its following
@@ -47,6 +52,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
+from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
 from ._supervisor import TriggerSlot, describe_error, supervise
 from .errors import CapacityError
@@ -131,6 +137,8 @@ class TriggerRunner:
         self._closing = False
         self._save_status = self.config.status_interval > 0
         self.lag_monitor: LoopLagMonitor | None = None
+        self.store_health = StoreHealth(backend, self.config)
+        """Whether the store answers, shared by the supervisors (and the daemon's loops)."""
 
     def __repr__(self) -> str:
         running = sum(1 for slot in self._slots.values() if slot.state == "running")
@@ -148,6 +156,7 @@ class TriggerRunner:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
+            await tg.start(self.store_health.run)
             if self.config.lag_threshold > 0:
                 self.lag_monitor = LoopLagMonitor(
                     self.config.lag_threshold,
@@ -284,7 +293,9 @@ class TriggerRunner:
         try:
             with slot.scope:
                 task_status.started()
-                await supervise(slot, self.backend, self.config, self._publish)
+                await supervise(
+                    slot, self.backend, self.config, self._publish, health=self.store_health
+                )
         finally:
             self._by_task.pop(task, None)
             slot.mark_done()
@@ -337,6 +348,8 @@ class TriggerRunner:
         tick = 0
         while True:
             await anyio.sleep(interval)
+            if not self.store_health.available:
+                continue  # what changed meanwhile is saved once the store answers
             await self._save_changed_statuses(tick % rounds, rounds)
             tick += 1
 
@@ -380,7 +393,8 @@ class TriggerRunner:
                 self._save_status = False
                 log.info("trigger_status_unsupported", backend=type(self.backend).__name__)
             except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
-                log.warning("trigger_status_save_failed", error=describe_error(exc))
+                if self.store_health.report(exc) is None:  # an outage is logged once, there
+                    log.warning("trigger_status_save_failed", error=describe_error(exc))
         if scope.cancelled_caught:
             log.warning(
                 "trigger_status_save_failed", error="timed out", timeout=_STATUS_SAVE_TIMEOUT
