@@ -151,10 +151,10 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.migrations_applied == [1, 2, 3, 4]
+            assert first.applied_migrations == [1, 2, 3, 4]
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
-            assert second.migrations_applied == []
+            assert second.applied_migrations == []
         conn = await asyncpg.connect(pg_dsn)
         try:
             rows = await conn.fetch(
@@ -183,7 +183,7 @@ class TestLifecycle:
                     tg.start_soon(serve, backend, ready)
                 for ready in opened:
                     await ready.wait()
-                applied = sorted(b.migrations_applied for b in backends)
+                applied = sorted(b.applied_migrations for b in backends)
                 assert applied == [[], [], [1, 2, 3, 4]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
@@ -408,13 +408,31 @@ class TestGroupCommit:
     async def test_data_the_server_refuses_fails_only_its_own_write(
         self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
     ) -> None:
-        """A NUL character PostgreSQL rejects fails that write alone; the batch is replayed."""
+        """A row the server refuses (a data exception, from a trigger here) fails that write
+        alone, as InvalidValueError; the batch is replayed."""
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(
+                f"""
+                CREATE FUNCTION "{pg_schema}".poison() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.key = 'poison' THEN
+                        RAISE EXCEPTION 'poisoned key' USING ERRCODE = 'data_exception';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER poison BEFORE INSERT ON "{pg_schema}".task_state
+                FOR EACH ROW EXECUTE FUNCTION "{pg_schema}".poison();
+                """
+            )
+        finally:
+            await conn.close()
         calls: dict[str, Callable[[], Any]] = {
             f"ok{i}": functools.partial(store.aset, TASK, f"k{i}", i) for i in range(10)
         }
-        calls["nul"] = lambda: store.aset(TaskScope("d\x00g", "r", "t"), "k", 1)
+        calls["poison"] = lambda: store.aset(TaskScope("dag", "r", "t"), "poison", 1)
         results, _ = await _in_one_batch(store, pg_dsn, pg_schema, calls)
-        assert isinstance(results.pop("nul"), InvalidValueError)
+        assert isinstance(results.pop("poison"), InvalidValueError)
         assert results == {f"ok{i}": 1 for i in range(10)}
         assert len(await store.alist(TASK)) == 10
 
