@@ -125,8 +125,8 @@ class TestNames:
         """dag_id, run_id and task_id of MAX_SCOPE_ID_BYTES each (incompressible) with a key of
         1,024 bytes are stored, read and listed on every backend: the primary key stays under
         PostgreSQL's btree row limit."""
-        ids = [incompressible(MAX_SCOPE_ID_BYTES, seed=n) for n in range(3)]
-        scope = TaskScope(*ids, MAX_MAP_INDEX)
+        dag_id, run_id, task_id = (incompressible(MAX_SCOPE_ID_BYTES, seed=n) for n in range(3))
+        scope = TaskScope(dag_id, run_id, task_id, MAX_MAP_INDEX)
         key = incompressible(MAX_NAME_BYTES, seed=9)
         assert await store.aset(scope, key, "v") == 1
         assert await store.aget(scope, key) == "v"

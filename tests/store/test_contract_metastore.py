@@ -189,7 +189,9 @@ class TestGarbageCollection:
         assert await store.aget(TASK, "k") is None
 
     @pytest.mark.parametrize("batch_size", [0, 1])
-    async def test_retention_cutoff_is_exact(self, store: BaseStateBackend, batch_size: int) -> None:
+    async def test_retention_cutoff_is_exact(
+        self, store: BaseStateBackend, batch_size: int
+    ) -> None:
         """With the backend's clock as GC time: a row without retention is kept at exactly
         default_retention_days after its update and collected one microsecond later."""
         t0 = datetime(2031, 1, 1, tzinfo=UTC)

@@ -8,12 +8,15 @@ writer and how it isolates a failing write, and the translation of driver errors
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import subprocess
 import sys
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -102,6 +105,49 @@ async def _in_one_batch(
     return results, store.write_batches - before
 
 
+def _run_pytest(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """This suite's own pytest, in a subprocess whose test server is ``dsn``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["WATCHKEEPER_TEST_PG_DSN"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parents[2],
+        env=env,
+        timeout=120,
+    )
+
+
+class TestTheTestServer:
+    """WATCHKEEPER_TEST_PG_DSN names the server: the probe and the tests take it from there."""
+
+    def test_the_probe_checks_the_configured_server(self) -> None:
+        """A DSN naming a port where nothing listens skips the PostgreSQL tests, naming that
+        host and port (the probe used to check 127.0.0.1:5432 whatever the DSN said)."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        done = _run_pytest(
+            f"postgresql://postgres@127.0.0.1:{port}/test",
+            f"{__file__}::TestConstruction::test_repr_shows_where_and_pool_but_never_the_password",
+        )
+        assert "1 skipped" in done.stdout, done.stdout + done.stderr
+        assert f"not reachable on 127.0.0.1:{port}" in done.stdout
+
+    def test_the_tests_use_the_configured_database(self, pg_dsn: str) -> None:
+        """Against another database of the same server (``postgres``), the tests that name
+        the database expect that one, not a hard-coded ``test``."""
+        url = urllib.parse.urlsplit(pg_dsn)
+        other = urllib.parse.urlunsplit(url._replace(path="/postgres"))
+        done = _run_pytest(
+            other,
+            f"{__file__}::TestConstruction::test_repr_shows_where_and_pool_but_never_the_password",
+        )
+        assert "1 passed" in done.stdout, done.stdout + done.stderr
+
+
 class TestConstruction:
     """Arguments, repr and the lazy driver import."""
 
@@ -125,7 +171,9 @@ class TestConstruction:
         assert "s3cret" not in repr(backend)
         async with backend:
             text = repr(backend)
-        assert "host=127.0.0.1:5432" in text and "db=test" in text
+        url = urllib.parse.urlsplit(pg_dsn)  # the test server's, from WATCHKEEPER_TEST_PG_DSN
+        assert f"host={url.hostname}:{url.port or 5432}" in text
+        assert f"db={url.path.lstrip('/')}" in text
         assert f"schema={pg_schema}" in text and "pool=1/3" in text and "open=True" in text
         assert "s3cret" not in text
 
