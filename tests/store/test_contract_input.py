@@ -17,10 +17,17 @@ from typing import Any
 import pytest
 from _contract import ORDERS_SCOPE, SCOPES, TASK, assert_rejected, snapshot
 from watchkeeper.store import (
+    MAX_BIGINT,
+    MAX_MAP_INDEX,
+    MAX_NAME_BYTES,
+    MAX_SCOPE_ID_BYTES,
+    MAX_VALUE_DEPTH,
+    ArgumentTypeError,
     Asset,
     AssetScope,
     BaseStateBackend,
     EventCommit,
+    InvalidArgumentError,
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
@@ -28,14 +35,6 @@ from watchkeeper.store import (
     VersionConflictError,
     encode_json,
 )
-from watchkeeper.store._values import (
-    MAX_BIGINT,
-    MAX_MAP_INDEX,
-    MAX_NAME_BYTES,
-    MAX_SCOPE_ID_BYTES,
-    MAX_VALUE_DEPTH,
-)
-from watchkeeper.store.errors import ArgumentTypeError, InvalidArgumentError
 
 # Names that break the rule, with what the message says about each.
 BAD_NAMES: dict[str, tuple[str, str]] = {

@@ -19,6 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from watchkeeper.store import (
     MAX_KEY_LENGTH,
+    MAX_NAME_BYTES,
+    MAX_SCOPE_ID_BYTES,
+    MAX_VALUE_DEPTH,
     Asset,
     AssetScope,
     BaseStateBackend,
@@ -28,7 +31,6 @@ from watchkeeper.store import (
     StateScope,
     TaskScope,
 )
-from watchkeeper.store._values import MAX_NAME_BYTES, MAX_SCOPE_ID_BYTES, MAX_VALUE_DEPTH
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS_SCOPE = AssetScope(name="orders")

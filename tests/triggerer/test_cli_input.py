@@ -54,8 +54,8 @@ class Cli:
             cwd=self.cwd,
             env=env,
         )
-        decode = lambda data: data.decode(errors="backslashreplace")
-        return Result(done.returncode, decode(done.stdout), decode(done.stderr))
+        out, err = (data.decode(errors="backslashreplace") for data in (done.stdout, done.stderr))
+        return Result(done.returncode, out, err)
 
 
 def _dump(path: Path) -> list[str]:

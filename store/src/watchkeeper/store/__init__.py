@@ -22,7 +22,12 @@ from ._types import (
 )
 from ._values import (
     DEFAULT_MAX_VALUE_BYTES,
+    MAX_BIGINT,
     MAX_KEY_LENGTH,
+    MAX_MAP_INDEX,
+    MAX_NAME_BYTES,
+    MAX_SCOPE_ID_BYTES,
+    MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
     encode_json,
     encode_value,
@@ -30,8 +35,10 @@ from ._values import (
 from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
 from .context import build_task_context, run_task
 from .errors import (
+    ArgumentTypeError,
     AssetNotFoundError,
     BackendUnavailableError,
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidNameError,
     InvalidValueError,
@@ -59,8 +66,14 @@ from .sqlite import SqliteStateBackend
 
 __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
+    "MAX_BIGINT",
     "MAX_KEY_LENGTH",
+    "MAX_MAP_INDEX",
+    "MAX_NAME_BYTES",
+    "MAX_SCOPE_ID_BYTES",
+    "MAX_VALUE_DEPTH",
     "NEVER_EXPIRE",
+    "ArgumentTypeError",
     "Asset",
     "AssetEvent",
     "AssetInfo",
@@ -75,6 +88,7 @@ __all__ = [
     "EventCommit",
     "Fence",
     "GcReport",
+    "InvalidArgumentError",
     "InvalidConfigFileError",
     "InvalidKeyError",
     "InvalidNameError",

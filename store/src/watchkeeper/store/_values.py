@@ -112,8 +112,8 @@ def _name_problem(name: str, max_chars: int | None, max_bytes: int) -> str | Non
         return None
     try:
         size = len(name.encode())
-    except UnicodeEncodeError as exc:
-        return f"not valid UTF-8 (a lone surrogate at {exc.start})"
+    except UnicodeEncodeError:
+        return "not valid UTF-8 (it contains a lone surrogate)"
     if size > max_bytes:
         return f"{size} bytes in UTF-8, over the limit of {max_bytes}"
     found = _CONTROL.search(name)
@@ -128,6 +128,9 @@ def check_name(name: object, *, what: str, max_bytes: int = MAX_NAME_BYTES) -> s
     ``what`` names the kind of name in the message ("asset name", "watcher name", "dedup key").
     A name that is not a ``str`` is a :class:`KeyTypeError` (a ``TypeError``).
     """
+    # The common case inline (printable ASCII: one byte a character, no controls).
+    if type(name) is str and name.isascii() and name.isprintable() and 0 < len(name) <= max_bytes:
+        return name
     if not isinstance(name, str):
         raise KeyTypeError(name, what=what)
     problem = _name_problem(name, None, max_bytes)
@@ -142,6 +145,8 @@ def check_key(key: object) -> str:
     Keys follow the naming rule of :func:`check_name` and are at most ``MAX_KEY_LENGTH``
     characters.
     """
+    if type(key) is str and key.isascii() and key.isprintable() and 0 < len(key) <= MAX_KEY_LENGTH:
+        return key
     if not isinstance(key, str):
         raise KeyTypeError(key)
     problem = _name_problem(key, MAX_KEY_LENGTH, MAX_NAME_BYTES)
@@ -273,26 +278,41 @@ def _too_deep() -> InvalidValueError:
 
 
 def _deeper_than(value: object, limit: int) -> bool:
-    """True when lists and dicts nest more than ``limit`` levels in ``value`` (no recursion)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
+    """True when lists and dicts nest more than ``limit`` levels in ``value`` (no recursion).
+
+    Depth first, so a value that contains itself is found as soon as one path passes the
+    limit; scalars are never pushed, so a wide value costs one look at each of its items.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if type(item) is list:
-            children: Any = item
-        elif type(item) is dict:
-            children = item.values()
-        else:
-            continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children)
+        children = item if type(item) is list else item.values()
+        stack.extend((c, depth + 1) for c in children if type(c) is list or type(c) is dict)
     return False
+
+
+def _levels_deeper_than(value: object, limit: int) -> bool:
+    """:func:`_deeper_than` for a value known to hold no cycle (it encoded): level by level,
+    about three times faster on wide values, since nothing but the containers is kept."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        below: list[Any] = []
+        for item in level:
+            for child in item if type(item) is list else item.values():
+                if type(child) is list or type(child) is dict:
+                    below.append(child)  # noqa: PERF401 - measured faster than extend()
+        if not below:
+            return False
+        level = below
+    return True
 
 
 def _refuse(value: object, what: str) -> InvalidValueError | ValueTypeError:
     """The error that names what makes ``value`` unstorable (the slow path, after a failure)."""
     # Depth first, without recursion: the walk below recurses once per level.
-    if _deeper_than(value, MAX_VALUE_DEPTH):
+    if (type(value) is list or type(value) is dict) and _deeper_than(value, MAX_VALUE_DEPTH):
         return _too_deep()
     try:
         _check_json(value, what, 0)
@@ -325,7 +345,7 @@ def _encode_checked(value: object, what: str) -> str:
         if (
             len(text) > MAX_VALUE_DEPTH
             and text.count("[") + text.count("{") > MAX_VALUE_DEPTH
-            and _deeper_than(value, MAX_VALUE_DEPTH)
+            and _levels_deeper_than(value, MAX_VALUE_DEPTH)
         ):
             raise _too_deep()
     # ensure_ascii=False keeps a lone surrogate as it is; it would fail later, in the driver.

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from rich.table import Table
 from watchkeeper.store import (
+    MAX_BIGINT,
     MAX_KEY_LENGTH,
+    MAX_MAP_INDEX,
+    MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
     AssetScope,
     BaseStateBackend,
@@ -23,7 +26,6 @@ from watchkeeper.store import (
     StateScope,
     TaskScope,
 )
-from watchkeeper.store._values import MAX_BIGINT, MAX_MAP_INDEX, MAX_VALUE_DEPTH
 
 from ._cli_common import (
     CommandError,

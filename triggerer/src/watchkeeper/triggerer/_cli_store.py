@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
-from watchkeeper.store._values import MAX_BIGINT, check_name
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store._values import check_name
 
 from ._cli_common import (
     CommandError,
