@@ -31,14 +31,13 @@ def _reset_structlog() -> Iterator[None]:
     structlog.reset_defaults()
 
 
-def pg_address(dsn: str) -> tuple[str, int, str]:
-    """``(host, port, database)`` of a ``postgresql://`` DSN, with libpq's defaults."""
+def _pg_address(dsn: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``postgresql://`` DSN, with libpq's defaults."""
     url = urllib.parse.urlsplit(dsn)
     query = urllib.parse.parse_qs(url.query)
     host = url.hostname or query.get("host", ["localhost"])[0]
     port = url.port or int(query.get("port", ["5432"])[0])
-    database = url.path.lstrip("/") or query.get("dbname", [url.username or "postgres"])[0]
-    return host, port, database
+    return host, port
 
 
 def _pg_reachable(dsn: str = PG_DSN) -> str | None:
@@ -47,7 +46,7 @@ def _pg_reachable(dsn: str = PG_DSN) -> str | None:
         import asyncpg  # noqa: F401
     except ImportError:
         return "asyncpg is not installed"
-    host, port, _ = pg_address(dsn)
+    host, port = _pg_address(dsn)
     try:
         if host.startswith("/"):  # a Unix-domain socket directory, as libpq takes it
             with socket.socket(socket.AF_UNIX) as sock:
