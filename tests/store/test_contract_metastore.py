@@ -189,6 +189,48 @@ class TestGarbageCollection:
         assert report.retention == [(TASK, "k")] and report.expired == []
         assert await store.aget(TASK, "k") is None
 
+    @pytest.mark.parametrize("batch_size", [0, 1])
+    async def test_retention_cutoff_is_exact(
+        self, store: BaseStateBackend, batch_size: int
+    ) -> None:
+        """With the backend's clock as GC time: a row without retention is kept at exactly
+        default_retention_days after its update and collected one microsecond later."""
+        t0 = datetime(2031, 1, 1, tzinfo=UTC)
+        tick = timedelta(microseconds=1)
+        store.clock = lambda: t0
+        await store.aset(TASK, "k", 1)
+        await store.aset(TASK, "later", 1)  # written one tick after k: inside the cutoff
+        store.clock = lambda: t0 + tick
+        await store.aset(TASK, "later", 2)
+        for days in (30, 7):
+            store.clock = lambda days=days: t0 + timedelta(days=days)  # type: ignore[misc]
+            kept = await store.acollect_garbage(default_retention_days=days, batch_size=batch_size)
+            assert kept.total == 0 and await store.aget(TASK, "k") == 1
+        store.clock = lambda: t0 + timedelta(days=7) + tick
+        dry = await store.acollect_garbage(default_retention_days=7, dry_run=True)
+        assert dry.retention == [(TASK, "k")]
+        report = await store.acollect_garbage(default_retention_days=7, batch_size=batch_size)
+        assert report.retention == [(TASK, "k")] and report.total == 1
+        assert await store.aget(TASK, "k") is None and await store.aget(TASK, "later") == 2
+
+    @pytest.mark.parametrize("batch_size", [0, 1])
+    async def test_expiry_is_exact(self, store: BaseStateBackend, batch_size: int) -> None:
+        """A row written with a retention expires at exactly write time + retention (the
+        backend's clock): kept by a GC at that instant, collected one microsecond later."""
+        t0 = datetime(2031, 1, 1, tzinfo=UTC)
+        tick = timedelta(microseconds=1)
+        store.clock = lambda: t0
+        await store.aset(TASK, "k", 1, retention=timedelta(hours=1))
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None and entry.expires_at == t0 + timedelta(hours=1)
+        store.clock = lambda: t0 + timedelta(hours=1)
+        kept = await store.acollect_garbage(batch_size=batch_size)
+        assert kept.total == 0 and await store.aget(TASK, "k") == 1
+        store.clock = lambda: t0 + timedelta(hours=1) + tick
+        report = await store.acollect_garbage(batch_size=batch_size)
+        assert report.expired == [(TASK, "k")] and report.total == 1
+        assert await store.aget(TASK, "k") is None
+
     async def test_zero_days_disables_default_retention(self, store: BaseStateBackend) -> None:
         """default_retention_days=0 keeps rows without retention forever."""
         await store.aset(TASK, "k", 1)

@@ -25,7 +25,12 @@ from ._types import (
 from ._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
+    MAX_BIGINT,
     MAX_KEY_LENGTH,
+    MAX_MAP_INDEX,
+    MAX_NAME_BYTES,
+    MAX_SCOPE_ID_BYTES,
+    MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
     encode_json,
     encode_payload,
@@ -34,9 +39,11 @@ from ._values import (
 from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
 from .context import build_task_context, run_task
 from .errors import (
+    ArgumentTypeError,
     AssetNotFoundError,
     BackendUnavailableError,
     DatabaseFileRemovedError,
+    InvalidArgumentError,
     InvalidKeyError,
     InvalidNameError,
     InvalidValueError,
@@ -69,8 +76,14 @@ from .sqlite import SqliteStateBackend
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
+    "MAX_BIGINT",
     "MAX_KEY_LENGTH",
+    "MAX_MAP_INDEX",
+    "MAX_NAME_BYTES",
+    "MAX_SCOPE_ID_BYTES",
+    "MAX_VALUE_DEPTH",
     "NEVER_EXPIRE",
+    "ArgumentTypeError",
     "Asset",
     "AssetEvent",
     "AssetInfo",
@@ -87,6 +100,7 @@ __all__ = [
     "EventsSettings",
     "Fence",
     "GcReport",
+    "InvalidArgumentError",
     "InvalidConfigFileError",
     "InvalidKeyError",
     "InvalidNameError",

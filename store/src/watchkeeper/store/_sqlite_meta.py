@@ -27,7 +27,7 @@ from ._types import (
     TaskScope,
     TriggerStatus,
 )
-from ._values import decode_value
+from ._values import check_events_query, decode_value
 
 GcKind = Literal["expired", "retention", "orphaned"]
 
@@ -146,10 +146,7 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
 
 
 def events_query(asset: str | None, since_id: int, limit: int | None) -> Query:
-    if isinstance(since_id, bool) or not isinstance(since_id, int) or since_id < 0:
-        raise ValueError(f"since_id must be an int >= 0, got {since_id!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    check_events_query(asset, since_id, limit)
     sql = (
         "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
         "FROM asset_events WHERE id > ?"
@@ -191,7 +188,7 @@ def gc_rows(kind: GcKind, rows: list[Row]) -> list[Any]:
     rows = sorted(rows, key=lambda row: row[0])
     if kind == "orphaned":
         return [(row[1], row[2]) for row in rows]
-    return [(TaskScope(row[1], row[2], row[3], row[4]), row[5]) for row in rows]
+    return [(TaskScope._from_row(row[1], row[2], row[3], row[4]), row[5]) for row in rows]
 
 
 def gc_delete(tx: Tx, kind: GcKind, bound: datetime, limit: int) -> list[Any]:

@@ -33,10 +33,8 @@ from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, P
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
     Statements,
-    db_key,
     is_connection_error,
     is_unavailable,
-    key_from_db,
     map_error,
     raw_entry,
     rowcount,
@@ -55,7 +53,13 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
+from ._values import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    check_events_query,
+    check_name,
+    decode_value,
+)
 from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
 
 if TYPE_CHECKING:
@@ -108,7 +112,6 @@ class PostgresStateBackend(BaseStateBackend):
             raise ValueError(f"min_size ({min_size}) must not exceed max_size ({max_size})")
         self.schema = check_schema_name(schema)
         self.min_size, self.max_size = min_size, max_size
-        self.migrations_applied: list[int] = []
         self._dsn = dsn
         self._sql = Statements(table_prefix(self.schema))
         self._pool: asyncpg.Pool | None = None
@@ -148,7 +151,7 @@ class PostgresStateBackend(BaseStateBackend):
         conn: asyncpg.Connection | None = None
         try:
             conn = await asyncpg.connect(self._dsn)
-            self.migrations_applied = await apply_migrations(conn, self.schema)
+            self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
                 self._dsn, min_size=self.min_size, max_size=self.max_size, reset=_keep_session
             )
@@ -273,7 +276,6 @@ class PostgresStateBackend(BaseStateBackend):
     # -- key/value hooks ---------------------------------------------------------------------
 
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
-        key = db_key(key)
         if isinstance(scope, TaskScope):
             s = scope
             rows = await self._fetch(
@@ -325,12 +327,14 @@ class PostgresStateBackend(BaseStateBackend):
         version: int = await self._submit(op)
         return version
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        existed: bool = await self._submit(DeleteOp(scope, key))
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        existed: bool = await self._submit(DeleteOp(scope, key, writer, self.clock()))
         return existed
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        count: int = await self._submit(ClearOp(scope, all_map_indices))
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        count: int = await self._submit(ClearOp(scope, all_map_indices, writer, self.clock()))
         return count
 
     # -- metastore ---------------------------------------------------------------------------
@@ -364,6 +368,7 @@ class PostgresStateBackend(BaseStateBackend):
 
     async def adeactivate_asset(self, name: str) -> bool:
         self._check_open()
+        check_name(name, what="asset name")
         now = self.clock()
 
         async def deactivate(conn: asyncpg.Connection) -> bool:
@@ -388,8 +393,7 @@ class PostgresStateBackend(BaseStateBackend):
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
     ) -> list[AssetEvent]:
         self._check_open()
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0 or None, got {limit}")
+        check_events_query(asset, since_id, limit)
         rows = await self._fetch("listing events", self._sql.list_events, since_id, asset, limit)
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
@@ -462,11 +466,11 @@ class PostgresStateBackend(BaseStateBackend):
                 if deleted < batch_size:
                     break
         report = GcReport(dry_run=dry_run, events=events)
-        report.expired = [(TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found["expired"])]
+        report.expired = [(TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found["expired"])]
         report.retention = [
-            (TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found.get("retention", []))
+            (TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found.get("retention", []))
         ]
-        report.orphaned = [(r[0], key_from_db(r[1])) for r in sorted(found["orphaned"])]
+        report.orphaned = [(r[0], r[1]) for r in sorted(found["orphaned"])]
         return report
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:

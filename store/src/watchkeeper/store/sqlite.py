@@ -74,7 +74,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_name
 from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
@@ -137,7 +137,6 @@ class SqliteStateBackend(BaseStateBackend):
         self.path = text
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
-        self.applied_migrations: list[int] = []
         self._writer: GroupCommitWriter | None = None
         self._wconn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -343,11 +342,16 @@ class SqliteStateBackend(BaseStateBackend):
 
         return await self._write(put, savepoint=False, coalesce=upsert)
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        return await self._write(lambda tx: ops.delete(tx, scope, key), savepoint=False)
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        # The fence check before its one write statement writes nothing: no savepoint needed.
+        return await self._write(lambda tx: ops.delete(tx, scope, key, writer), savepoint=False)
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        return await self._write(lambda tx: ops.clear(tx, scope, all_map_indices), savepoint=False)
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        return await self._write(
+            lambda tx: ops.clear(tx, scope, all_map_indices, writer), savepoint=False
+        )
 
     # -- metastore ---------------------------------------------------------------------------
 
@@ -372,6 +376,7 @@ class SqliteStateBackend(BaseStateBackend):
 
     async def adeactivate_asset(self, name: str) -> bool:
         self._check_open()
+        check_name(name, what="asset name")
         return await self._write(lambda tx: meta.deactivate_asset(tx, name), savepoint=False)
 
     async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
