@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,8 +113,7 @@ class TestGrouping:
         write(watchers, "a.py", asset_file("orders", "orders_feed", every=3.5))
         result = load_watchers(watchers)
         (group,) = result.groups
-        (asset,) = result.assets
-        defined = asset.watchers[0].trigger
+        defined = sys.modules["watchkeeper_watchers.a"].orders.watchers[0].trigger
         assert group.trigger is not defined
         assert isinstance(group.trigger, BaseEventTrigger)
         assert group.trigger.serialize() == defined.serialize()

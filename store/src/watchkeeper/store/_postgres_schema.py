@@ -152,6 +152,23 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (
+        5,
+        "daemon status",
+        (
+            # One row per daemon, refreshed every heartbeat; refused is JSON text.
+            """
+            CREATE TABLE {p}daemon_status (
+                owner         text COLLATE "C" PRIMARY KEY,
+                started_at    timestamptz NOT NULL,
+                heartbeat_at  timestamptz NOT NULL,
+                lease_ttl     double precision NOT NULL,
+                watchers_path text NOT NULL,
+                refused       text NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -164,6 +164,23 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (
+        5,
+        "daemon status",
+        (
+            # One row per daemon, refreshed every heartbeat; refused is JSON text.
+            """
+            CREATE TABLE daemon_status (
+                owner         TEXT PRIMARY KEY,
+                started_at    TEXT NOT NULL,
+                heartbeat_at  TEXT NOT NULL,
+                lease_ttl     REAL NOT NULL,
+                watchers_path TEXT NOT NULL,
+                refused       TEXT NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -91,6 +91,7 @@ class TriggerSlot:
         "assets",
         "classpath",
         "cleanup_error",
+        "event_watcher",
         "events",
         "failures",
         "fence",
@@ -120,6 +121,9 @@ class TriggerSlot:
         self.trigger = trigger
         self.assets = assets
         self.watchers = watchers
+        # The name each committed event carries: the AssetWatcher's name (the names, joined,
+        # when identical triggers of several watchers run as one), else the trigger id.
+        self.event_watcher = ", ".join(watchers) if watchers else trigger_id
         self.asset_names = tuple(asset.name for asset in assets)
         self.classpath = type(trigger).classpath()
         self.fence = fence
@@ -214,7 +218,7 @@ async def drive_trigger(
     """
     trigger = slot.trigger
     encoder = EventEncoder(
-        slot.trigger_id,
+        slot.event_watcher,
         slot.asset_names,
         writer=slot.writer,
         max_value_bytes=backend.max_value_bytes,

@@ -53,6 +53,9 @@ class TriggererSettings(_Section):
     allowed_trigger_modules: list[Annotated[str, Field(min_length=1)]] = []
     """Module prefixes trigger classes may be imported from. Empty: the modules of the
     watchers path and ``watchkeeper.watchers``."""
+    import_timeout: PositiveSeconds = 30.0
+    """Seconds one watcher file may take to import (its triggers' ``__init__`` and
+    ``serialize()`` included); past it the file is refused and the others load."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
     lease_ttl: PositiveSeconds | None = None
