@@ -151,7 +151,7 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.migrations_applied == [1, 2, 3, 4]
+            assert first.migrations_applied == [1, 2, 3, 4, 5]
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
             assert second.migrations_applied == []
@@ -162,7 +162,7 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4]
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
 
     async def test_two_backends_opening_a_fresh_schema_at_once_both_work(
         self, pg_dsn: str, pg_schema: str
@@ -184,7 +184,7 @@ class TestLifecycle:
                 for ready in opened:
                     await ready.wait()
                 applied = sorted(b.migrations_applied for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4]]
+                assert applied == [[], [], [1, 2, 3, 4, 5]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()
