@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from watchkeeper.triggerer import BaseEventTrigger, TriggerImportError
 from watchkeeper.triggerer._evaluate import aload_watchers
 from watchkeeper.triggerer._loader import (
+    _LOAD_LOCK,
     canonical_trigger_json,
     load_watchers,
     rebuild_trigger,
@@ -427,3 +428,40 @@ class TestIsolatedLoading:
         assert isolated.assets == in_process.assets
         assert isolated.errors == in_process.errors
         assert [type(g.trigger).__name__ for g in isolated.groups] == ["Ticker", "Ticker"]
+
+    async def test_a_trigger_module_that_hangs_only_in_the_daemon_is_refused(
+        self, watchers: Path
+    ) -> None:
+        """A module that imports in the reading process but hangs when the daemon imports it
+        to rebuild the trigger: that trigger is refused as timed out in the daemon, the
+        others load, and a load while the import still hangs refuses instead of waiting."""
+        write(
+            watchers,
+            "flaky.py",
+            """
+            import sys, time
+            from watchkeeper.triggerer import Asset, AssetWatcher
+            from ticks import Ticker
+
+            class Flaky(Ticker):
+                pass
+
+            if sys.argv[0] != "-c":  # not the reading process: the daemon
+                time.sleep(3)
+            flaky = Asset("flaky", watchers=[AssetWatcher("flaky_feed", Flaky(every=5))])
+            """,
+        )
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        with anyio.fail_after(30):
+            result = await aload_watchers(watchers, import_timeout=0.5)
+            again = await aload_watchers(watchers, import_timeout=0.5)
+            # Let the abandoned import finish before the next test loads anything.
+            assert await anyio.to_thread.run_sync(_LOAD_LOCK.acquire, True, 20)
+            _LOAD_LOCK.release()
+        errors = {(e.file, e.watcher): e.reason for e in result.errors}
+        assert errors[("flaky.py", "flaky_feed")] == "import timed out after 0.5 s in the daemon"
+        assert ("a.py", "orders_feed") not in errors
+        assert [a.name for a in result.assets] == ["flaky", "orders"]
+        hung = {e.reason for e in again.errors}
+        assert hung == {"not rebuilt: an earlier import in the daemon still hangs"}
+        assert again.groups == ()

@@ -17,28 +17,28 @@ start.
 
 The daemon then rebuilds each trigger from its serialization, through the allow-list, as
 :func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
-itself) in the daemon: the child has just imported it within the timeout, and the rebuild runs
-in a daemon thread bounded by the same timeout, so even a file that hangs only sometimes
+itself) in the daemon: the child has just imported it within the timeout, and the rebuilds run
+in a daemon thread, each bounded by the same timeout, so even a file that hangs only sometimes
 cannot hold up the daemon (the hung thread is abandoned and the trigger refused).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-import structlog
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -65,10 +65,6 @@ from .errors import TriggererError, TriggerImportError
 from .trigger import BaseEventTrigger
 
 __all__ = ["DEFAULT_IMPORT_TIMEOUT", "aload_watchers", "child_main", "evaluate_files"]
-
-log = structlog.get_logger()
-
-T = TypeVar("T")
 
 DEFAULT_IMPORT_TIMEOUT: Final = 30.0
 _START_TIMEOUT: Final = 60.0
@@ -207,71 +203,58 @@ async def evaluate_files(
     return results
 
 
-async def run_bounded(fn: Callable[[], T], limit: float) -> T:
-    """``fn()`` in a daemon thread of its own; :class:`TimeoutError` after ``limit`` s.
+async def rebuild_in_daemon(
+    path: Path, entries: Sequence[PendingTrigger], allowed: Sequence[str], limit: float
+) -> list[BaseEventTrigger | str]:
+    """Rebuild each entry's trigger in this process: the trigger, or why it was refused.
 
-    A timed-out (or cancelled) call is abandoned, not stopped: the thread runs on, and as a
-    daemon thread it never keeps the process from exiting.
+    The imports run one after another in a daemon thread of their own. The loop waits as long
+    as the thread makes progress, at most ``limit`` seconds per trigger: past that, the
+    trigger being rebuilt is refused as timed out and the thread is abandoned (it cannot be
+    stopped; as a daemon thread it never keeps the process from exiting). The triggers after
+    it are refused too, as the hung import holds the loader's lock; a later load waits at most
+    ``limit`` for that lock.
     """
-    outcome: list[tuple[bool, Any]] = []
-    done = anyio.Event()
+    results: list[BaseEventTrigger | str] = []
+    locked = threading.Event()
+    finished = anyio.Event()
     token = anyio.lowlevel.current_token()
 
-    def target() -> None:
+    def work() -> None:
         try:
-            outcome.append((True, fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
-            outcome.append((False, exc))
-        try:
-            anyio.from_thread.run_sync(done.set, token=token)
-        except RuntimeError:  # the loop is gone: nobody waits any more
-            pass
-
-    threading.Thread(target=target, name="watchkeeper-import", daemon=True).start()
-    with anyio.move_on_after(limit):
-        await done.wait()
-    if not outcome:
-        raise TimeoutError
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    result: T = value
-    return result
-
-
-def _daemon_timeout(limit: float, exc: TimeoutError) -> str:
-    detail = f": {exc}" if str(exc) else ""
-    return f"import timed out after {limit:g} s in the daemon{detail}"
-
-
-def _locked(fn: Callable[[], T], timeout: float) -> Callable[[], T]:
-    """``fn`` under the loader's lock; an import that still hangs holds it: then time out."""
-
-    def call() -> T:
-        if not _LOAD_LOCK.acquire(timeout=timeout):
-            raise TimeoutError("an earlier import in the daemon still hangs")
-        try:
-            return fn()
+            if not _LOAD_LOCK.acquire(timeout=limit):
+                return
+            locked.set()
+            try:
+                reset_package(path)
+                for entry in entries:
+                    try:
+                        trigger = rebuild_trigger(entry.classpath, entry.kwargs, allowed)
+                    except TriggerImportError as exc:
+                        results.append(str(exc))
+                    else:
+                        results.append(trigger)
+            finally:
+                _LOAD_LOCK.release()
         finally:
-            _LOAD_LOCK.release()
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                anyio.from_thread.run_sync(finished.set, token=token)
 
-    return call
-
-
-async def _rebuild(
-    entry: PendingTrigger, allowed: Sequence[str], limit: float
-) -> BaseEventTrigger | str:
-    """The trigger of ``entry`` rebuilt in the daemon, or the reason it was refused."""
-
-    def rebuild() -> BaseEventTrigger:
-        return rebuild_trigger(entry.classpath, entry.kwargs, allowed)
-
-    try:
-        return await run_bounded(_locked(rebuild, limit), limit)
-    except TriggerImportError as exc:
-        return str(exc)
-    except TimeoutError as exc:
-        return _daemon_timeout(limit, exc)
+    threading.Thread(target=work, name="watchkeeper-rebuild", daemon=True).start()
+    progress = -1
+    while not finished.is_set() and len(results) > progress:
+        progress = len(results)
+        with anyio.move_on_after(limit):
+            await finished.wait()
+    settled = list(results)
+    if len(settled) < len(entries):
+        rest = "not rebuilt: an earlier import in the daemon still hangs"
+        if locked.is_set() and finished.is_set():
+            rest = "not rebuilt: the daemon's import thread failed"
+        elif locked.is_set():
+            settled.append(f"import timed out after {limit:g} s in the daemon")
+        settled.extend(rest for _ in entries[len(settled) :])
+    return settled
 
 
 async def aload_watchers(
@@ -303,21 +286,18 @@ async def aload_watchers(
     plan = plan_load({rel: read[rel] for rel in rels}, previous)
     groups: list[WatcherGroup] = []
     errors: list[WatcherError] = []
-    if plan.pending:
-        try:
-            await run_bounded(_locked(lambda: reset_package(path), import_timeout), import_timeout)
-        except TimeoutError as exc:
-            reason = _daemon_timeout(import_timeout, exc)
-            for entry in plan.pending:
-                errors.extend(refuse_group(entry, reason))
-            return finish(path, plan, groups, errors)
+    fresh = [entry for entry in plan.pending if reused_trigger(plan, entry) is None]
+    rebuilt = dict(
+        zip(
+            (id(entry) for entry in fresh),
+            await rebuild_in_daemon(path, fresh, allowed, import_timeout) if fresh else [],
+            strict=True,
+        )
+    )
     for entry in plan.pending:
-        trigger = reused_trigger(plan, entry)
-        if trigger is None:
-            rebuilt = await _rebuild(entry, allowed, import_timeout)
-            if isinstance(rebuilt, str):
-                errors.extend(refuse_group(entry, rebuilt))
-                continue
-            trigger = rebuilt
+        trigger = reused_trigger(plan, entry) or rebuilt[id(entry)]
+        if isinstance(trigger, str):
+            errors.extend(refuse_group(entry, trigger))
+            continue
         groups.append(group_of(entry, trigger))
     return finish(path, plan, groups, errors)
