@@ -155,6 +155,7 @@ class Daemon:
         # _reload_lock: bringing the runner in line with a load or a claim (short).
         self._load_lock = anyio.Lock()
         self._reload_lock = anyio.Lock()
+        self._unapplied: tuple[dict[str, tuple[int, int]], LoadResult] | None = None
         self._claims = 0
         self._last_claim: _Claim | None = None
         self._applied_claim = 0
@@ -285,16 +286,30 @@ class Daemon:
         The files are read first, without the lock the lease loop's reconciles take (a file
         may take ``import_timeout`` to be refused); only bringing the runner in line holds it.
         """
+        return await self._reload(None)
+
+    async def _reload(self, snapshot: dict[str, tuple[int, int]] | None) -> ReloadReport:
+        """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
+        a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
         async with self._load_lock:
-            triggerer = self.settings.triggerer
-            result = await aload_watchers(
-                self.watchers_path,
-                allowed_modules=triggerer.allowed_trigger_modules or None,
-                previous=self._loaded,
-                import_timeout=triggerer.import_timeout,
-            )
-            async with self._reload_lock:
-                report = await self._apply(result)
+            unapplied = self._unapplied
+            if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
+                result = unapplied[1]
+            else:
+                triggerer = self.settings.triggerer
+                result = await aload_watchers(
+                    self.watchers_path,
+                    allowed_modules=triggerer.allowed_trigger_modules or None,
+                    previous=self._loaded,
+                    import_timeout=triggerer.import_timeout,
+                )
+            try:
+                async with self._reload_lock:
+                    report = await self._apply(result)
+            except Exception:
+                self._unapplied = None if snapshot is None else (snapshot, result)
+                raise
+            self._unapplied = None
         await self.save_daemon_status()  # what was refused may have changed
         log.info(
             "watchers_reloaded",
@@ -555,7 +570,7 @@ class Daemon:
                 current = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
                 if current == self._snapshot:
                     continue
-                await self.reload()
+                await self._reload(current)
             except Exception as exc:  # noqa: BLE001 - a failed reload is retried next poll
                 log.error("watchers_reload_failed", error=describe_error(exc))
                 continue
