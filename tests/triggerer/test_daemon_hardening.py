@@ -319,3 +319,24 @@ class TestTruthfulStatus:
         out = table.stdout.decode()
         for text in ("stale", "unknown", "events since start", "refused definitions", "broken.py"):
             assert text in out, out
+
+
+class TestReadingProcessLifetime:
+    async def test_a_daemon_killed_while_a_file_hangs_leaves_no_reading_process(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+    ) -> None:
+        """SIGKILL gives the daemon no chance to kill the process reading a hung file: that
+        process notices its parent is gone and exits by itself."""
+        marker = tmp_path / "busy.pid"
+        (watchers / "busy.py").write_text(hanging_file(marker, "sleep"))
+        env = {**env, "WATCHKEEPER__TRIGGERER__IMPORT_TIMEOUT": "600"}
+        async with daemon(tmp_path, watchers, env, log_file) as process:
+            await wait_until(marker.exists, "the hanging import to start", process)
+            process.kill()
+            with anyio.fail_after(WAIT):
+                assert await process.wait() == -signal.SIGKILL
+        await wait_until(lambda: gone(int(marker.read_text())), "the orphaned reading process")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -95,6 +96,7 @@ def child_main() -> None:
     The request is ``{"path", "files", "sys_path"}``. The files' own output (``print`` at
     import) goes to stderr: stdout is kept for the answers only.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the daemon's to handle
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     request = json.loads(sys.stdin.readline())

@@ -1,7 +1,7 @@
 """The long-lived daemon: load the watchers path, run its triggers, follow its changes.
 
 :class:`Daemon` is an async context manager that owns, in order, the state backend, a
-:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own two loops:
+:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own loops:
 
 - the **reload loop** polls the watchers path (file mtimes and sizes, in a worker thread) and,
   when something changed, reads the definitions again, registers their assets, starts the new
@@ -15,24 +15,24 @@
 - the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds and
   forgets the status rows of triggers that no daemon runs any more;
 - the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
-  every trigger loaded (see :mod:`._leases`) and saves the daemon's heartbeat row (what
-  ``watchkeeper status`` reads to tell a live daemon from a dead one, with the definitions it
-  refused). It never waits for a reload: the **reconcile loop** then starts the triggers whose
-  lease was got, with the lease's token as their fence, and stops those whose lease another
-  daemon holds now (or that stopped themselves because the store refused a write of theirs as
-  stale). Leases last ``[triggerer] lease_ttl`` seconds (three heartbeats by default), so the
+  every trigger loaded (see :mod:`._leases`). It never waits for a reload: the **reconcile
+  loop** then starts the triggers whose lease was got, with the lease's token as their fence,
+  and stops those whose lease another daemon holds now (or that stopped themselves because
+  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl`` seconds (three heartbeats by default), so the
   triggers of a daemon that died move to another one that long after. Several daemons on one
   PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
-  daemon (SQLite) holds every lease.
+  daemon (SQLite) holds every lease;
+- the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
+  status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 
 A reload also restarts a trigger that is in the ``failed`` state (it exhausted
 ``max_failures``): touching its file retries it once its source is fixed.
 
 :func:`run_daemon` adds the signal handling of the ``watchkeeper triggerer`` command: on
-SIGTERM or SIGINT (also while it is still starting) it stops taking work (no more reloads, GC passes or claims), lets the runner
+SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims), lets the runner
 cancel the triggers within ``stop_grace`` and flush their status, releases its leases (so
 another daemon, or this one restarted, takes the triggers over at once), closes the store and
-returns.
+returns. A signal while the daemon is still starting cancels the start-up.
 
 A restarted daemon resumes every watcher from its stored watermark: triggers read it from
 their asset state, which the store keeps across restarts and ``kill -9``.
@@ -226,9 +226,11 @@ class Daemon:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
+            heartbeat = self.settings.triggerer.heartbeat_interval
             claimed, to_apply = anyio.create_memory_object_stream[None](1)
-            tg.start_soon(self._lease_loop, self.settings.triggerer.heartbeat_interval, claimed)
+            tg.start_soon(self._lease_loop, heartbeat, claimed)
             tg.start_soon(self._reconcile_loop, to_apply)
+            tg.start_soon(self._status_loop, heartbeat)
             if self.settings.triggerer.gc_interval > 0:
                 tg.start_soon(self._gc_loop, self.settings.triggerer.gc_interval)
         except BaseException as exc:
@@ -465,9 +467,9 @@ class Daemon:
         return report
 
     async def _lease_loop(self, interval: float, claimed: MemoryObjectSendStream[None]) -> None:
-        """Every heartbeat: claim leases, hand the claim to the reconcile loop, save the
-        daemon's heartbeat row. Waits on nothing else, so leases are renewed on time however
-        long a reload or a trigger's stop takes."""
+        """Every heartbeat: claim leases and hand the claim to the reconcile loop. Waits on
+        nothing else, so leases are renewed on time however long a reload, a trigger's stop
+        or a status save takes."""
         with claimed:
             while True:
                 await anyio.sleep(interval)
@@ -478,7 +480,6 @@ class Daemon:
                 else:
                     with contextlib.suppress(anyio.WouldBlock):
                         claimed.send_nowait(None)  # one pending is enough: it takes the latest
-                await self.save_daemon_status()
 
     async def _reconcile_loop(self, to_apply: MemoryObjectReceiveStream[None]) -> None:
         with to_apply:
@@ -489,6 +490,12 @@ class Daemon:
                     log.error("lease_reconcile_failed", error=describe_error(exc))
 
     # -- daemon status -----------------------------------------------------------------------------
+
+    async def _status_loop(self, interval: float) -> None:
+        """Every heartbeat: save the daemon's heartbeat row (``watchkeeper status`` reads it)."""
+        while True:
+            await anyio.sleep(interval)
+            await self.save_daemon_status()
 
     async def save_daemon_status(self) -> None:
         """Save this daemon's heartbeat row (owner, heartbeat time, lease time to live, the
