@@ -155,7 +155,7 @@ class FileDefinitions:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FileDefinitions:
-        """The inverse of :meth:`to_json`; ``KeyError``/``TypeError``/``ValueError`` if malformed."""
+        """The inverse of :meth:`to_json`; raises KeyError, TypeError or ValueError if malformed."""
         file = data["file"]
         if not isinstance(file, str):
             raise TypeError("file must be a str")

@@ -18,10 +18,10 @@
   every trigger loaded (see :mod:`._leases`). It never waits for a reload: the **reconcile
   loop** then starts the triggers whose lease was got, with the lease's token as their fence,
   and stops those whose lease another daemon holds now (or that stopped themselves because
-  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl`` seconds (three heartbeats by default), so the
-  triggers of a daemon that died move to another one that long after. Several daemons on one
-  PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
-  daemon (SQLite) holds every lease;
+  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl``
+  seconds (three heartbeats by default), so the triggers of a daemon that died move to
+  another one that long after. Several daemons on one PostgreSQL database thus share the
+  watchers, each run by one daemon at a time; a single daemon (SQLite) holds every lease;
 - the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
   status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 
@@ -550,11 +550,13 @@ class Daemon:
                 daemons = await self.backend.alist_daemon_status()
             except NotImplementedError:
                 daemons = []
+            # Stamped with the backend's clock, so compared with it.
+            silent = self.backend.clock() - timedelta(seconds=3 * heartbeat + 30)
             dead = [
                 d.owner
                 for d in daemons
                 if d.owner != self.owner
-                and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < cutoff
+                and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < silent
             ]
             if dead:
                 await self.backend.adelete_daemon_status(dead)
