@@ -434,7 +434,8 @@ class TestIsolatedLoading:
     ) -> None:
         """A module that imports in the reading process but hangs when the daemon imports it
         to rebuild the trigger: that trigger is refused as timed out in the daemon, the
-        others load, and a load while the import still hangs refuses instead of waiting."""
+        others load; a load while that import still hangs does not wait for it, and keeps
+        the triggers that were running."""
         write(
             watchers,
             "flaky.py",
@@ -454,7 +455,7 @@ class TestIsolatedLoading:
         write(watchers, "a.py", asset_file("orders", "orders_feed"))
         with anyio.fail_after(30):
             result = await aload_watchers(watchers, import_timeout=0.5)
-            again = await aload_watchers(watchers, import_timeout=0.5)
+            again = await aload_watchers(watchers, import_timeout=0.5, previous=result)
             # Let the abandoned import finish before the next test loads anything.
             assert await anyio.to_thread.run_sync(_LOAD_LOCK.acquire, True, 20)
             _LOAD_LOCK.release()
@@ -462,6 +463,12 @@ class TestIsolatedLoading:
         assert errors[("flaky.py", "flaky_feed")] == "import timed out after 0.5 s in the daemon"
         assert ("a.py", "orders_feed") not in errors
         assert [a.name for a in result.assets] == ["flaky", "orders"]
-        hung = {e.reason for e in again.errors}
-        assert hung == {"not rebuilt: an earlier import in the daemon still hangs"}
-        assert again.groups == ()
+        stuck = "not rebuilt: an earlier import in the daemon still hangs"
+        assert {(e.file, e.reason) for e in again.errors} == {
+            ("flaky.py", stuck),
+            ("a.py", f"{stuck}; the running trigger is kept"),
+        }
+        # The trigger that ran keeps its running instance; the one that never ran stays out.
+        assert [(g.watchers, g.trigger) for g in again.groups] == [
+            (g.watchers, g.trigger) for g in result.groups
+        ]

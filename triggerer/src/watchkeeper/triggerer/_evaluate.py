@@ -19,7 +19,8 @@ The daemon then rebuilds each trigger from its serialization, through the allow-
 :func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
 itself) in the daemon: the child has just imported it within the timeout, and the rebuilds run
 in a daemon thread, each bounded by the same timeout, so even a file that hangs only sometimes
-cannot hold up the daemon (the hung thread is abandoned and the trigger refused).
+cannot hold up the daemon (the hung thread is abandoned and the trigger refused; one that was
+running keeps running its previous instance).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -60,6 +62,7 @@ from ._loader import (
     refuse_group,
     reset_package,
     reused_trigger,
+    trigger_id_for,
     watcher_files,
 )
 from .errors import TriggererError, TriggerImportError
@@ -77,6 +80,13 @@ _CHILD_CODE: Final = "from watchkeeper.triggerer._evaluate import child_main; ch
 
 class _ChildFailedError(TriggererError):
     """Raised when the reading process could not even start (no user code had run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Stuck:
+    """A trigger not rebuilt because an import in the daemon hangs (not its file's fault)."""
+
+    reason: str
 
 
 # -- the child -----------------------------------------------------------------------------------
@@ -207,15 +217,17 @@ async def evaluate_files(
 
 async def rebuild_in_daemon(
     path: Path, entries: Sequence[PendingTrigger], allowed: Sequence[str], limit: float
-) -> list[BaseEventTrigger | str]:
-    """Rebuild each entry's trigger in this process: the trigger, or why it was refused.
+) -> list[BaseEventTrigger | str | _Stuck]:
+    """Rebuild each entry's trigger in this process: the trigger, or why it was refused
+    (a :class:`_Stuck` when an import in the daemon hangs).
 
     The imports run one after another in a daemon thread of their own. The loop waits as long
     as the thread makes progress, at most ``limit`` seconds per trigger: past that, the
     trigger being rebuilt is refused as timed out and the thread is abandoned (it cannot be
     stopped; as a daemon thread it never keeps the process from exiting). The triggers after
     it are refused too, as the hung import holds the loader's lock; a later load waits at most
-    ``limit`` for that lock.
+    ``limit`` for that lock. The caller keeps running the previous instance of a trigger
+    that could not be rebuilt for that reason.
     """
     results: list[BaseEventTrigger | str] = []
     locked = threading.Event()
@@ -248,13 +260,13 @@ async def rebuild_in_daemon(
         progress = len(results)
         with anyio.move_on_after(limit):
             await finished.wait()
-    settled = list(results)
+    settled: list[BaseEventTrigger | str | _Stuck] = list(results)
     if len(settled) < len(entries):
-        rest = "not rebuilt: an earlier import in the daemon still hangs"
+        rest = _Stuck("not rebuilt: an earlier import in the daemon still hangs")
         if locked.is_set() and finished.is_set():
-            rest = "not rebuilt: the daemon's import thread failed"
+            rest = _Stuck("not rebuilt: the daemon's import thread failed")
         elif locked.is_set():
-            settled.append(f"import timed out after {limit:g} s in the daemon")
+            settled.append(_Stuck(f"import timed out after {limit:g} s in the daemon"))
         settled.extend(rest for _ in entries[len(settled) :])
     return settled
 
@@ -298,7 +310,15 @@ async def aload_watchers(
     )
     for entry in plan.pending:
         trigger = reused_trigger(plan, entry) or rebuilt[id(entry)]
-        if isinstance(trigger, str):
+        if isinstance(trigger, _Stuck):
+            # Not this trigger's fault: one that ran before keeps its running instance.
+            running = plan.before.get(trigger_id_for(entry.canonical))
+            if running is None:
+                errors.extend(refuse_group(entry, trigger.reason))
+                continue
+            errors.extend(refuse_group(entry, f"{trigger.reason}; the running trigger is kept"))
+            trigger = running
+        elif isinstance(trigger, str):
             errors.extend(refuse_group(entry, trigger))
             continue
         groups.append(group_of(entry, trigger))
