@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
 from ._gc import check_days, event_cutoffs
 from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
 from ._types import (
@@ -17,6 +18,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     Fence,
     GcReport,
@@ -66,6 +68,7 @@ class MemoryStateBackend(BaseStateBackend):
         self._next_event_id = 1  # ids are never reused, as in SQL, even after GC
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
+        self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, HeldLease] = {}
         self._open = True  # usable without 'async with'; entering it is harmless
 
@@ -367,6 +370,21 @@ class MemoryStateBackend(BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        status = check_daemon_status(status)
+        with self._lock:
+            self._daemons[status.owner] = status
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        names = check_owners(owners)
+        with self._lock:
+            for owner in names:
+                self._daemons.pop(owner, None)
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        with self._lock:
+            return [self._daemons[k] for k in sorted(self._daemons)]
 
     async def aclaim_leases(
         self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float

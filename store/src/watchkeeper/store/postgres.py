@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners, decode_refused, encode_refused
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
@@ -44,6 +45,7 @@ from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -512,6 +514,39 @@ class PostgresStateBackend(BaseStateBackend):
                 trigger_id=r[0], classpath=r[1], assets=tuple(r[2]), watchers=tuple(r[3]),
                 state=r[4], failures=r[5], last_error=r[6], last_event_at=r[7], events=r[8],
                 updated_at=r[9], owner=r[10],
+            )
+            for r in rows
+        ]  # fmt: skip
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        self._check_open()
+        s = check_daemon_status(status)
+        row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
+               encode_refused(s.refused))  # fmt: skip
+
+        async def save(conn: asyncpg.Connection) -> None:
+            await conn.execute(self._sql.save_daemon, *row)
+
+        await self._submit(CallOp(save, phase=LATE))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        self._check_open()
+        names = check_owners(owners)
+        if not names:
+            return
+
+        async def delete(conn: asyncpg.Connection) -> int:
+            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+
+        await self._submit(CallOp(delete, phase=LATE))
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        self._check_open()
+        rows = await self._fetch("listing daemon status", self._sql.list_daemons)
+        return [
+            DaemonStatus(
+                owner=r[0], started_at=r[1], heartbeat_at=r[2], lease_ttl=r[3],
+                watchers_path=r[4], refused=decode_refused(r[5]),
             )
             for r in rows
         ]  # fmt: skip

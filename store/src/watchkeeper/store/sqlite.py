@@ -57,6 +57,7 @@ import anyio.abc
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
 from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_events import EVENT_COMMITS
@@ -66,6 +67,7 @@ from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -473,6 +475,21 @@ class SqliteStateBackend(BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         self._check_open()
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        self._check_open()
+        status = check_daemon_status(status)
+        await self._write(lambda tx: meta.save_daemon(tx, status))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        self._check_open()
+        names = check_owners(owners)
+        if names:
+            await self._write(lambda tx: meta.delete_daemons(tx, names))
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        self._check_open()
+        return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
     async def aclaim_leases(
         self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
