@@ -37,7 +37,7 @@ from test_daemon import (
 )
 from test_lease_daemons import fresh_database
 from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
-from watchkeeper.triggerer._cli_runtime import status_report
+from watchkeeper.triggerer.cli._runtime import status_report
 
 __all__ = ["db_path", "env", "log_file", "watchers"]  # fixtures shared with test_daemon
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-import anyio
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -29,47 +27,24 @@ from watchkeeper.store import (
     TriggerStatus,
 )
 
-from ._cli_common import (
+from ..daemon import run_daemon
+from ..settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
+from ._common import (
     CommandError,
     UsageError,
     describe_validation_error,
     emit_json,
     open_backend,
     redacted,
+    run_async,
 )
-from .daemon import run_daemon
-from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 
-__all__ = ["register", "run_async", "status_report", "status_rows"]
+__all__ = ["register", "status_report", "status_rows"]
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 T = TypeVar("T")
-
-
-def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
-    options: dict[str, Any] = {}
-    if importlib.util.find_spec("uvloop") is not None:
-        options["use_uvloop"] = True
-    try:
-        return anyio.run(fn, *args, backend="asyncio", backend_options=options)
-    except BaseExceptionGroup as group:
-        lone = _lone_exception(group)
-        if lone is not None:
-            raise lone from None
-        raise
-
-
-def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
-    """The only exception inside (possibly nested) groups, or None when there are several."""
-    inner: BaseException = group
-    while isinstance(inner, BaseExceptionGroup):
-        if len(inner.exceptions) != 1:
-            return None
-        inner = inner.exceptions[0]
-    return inner if isinstance(inner, Exception) else None
 
 
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:

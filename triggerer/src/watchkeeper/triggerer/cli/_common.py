@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
 import anyio
 from pydantic import ValidationError
@@ -26,7 +27,7 @@ from rich.console import Console
 from rich.text import Text
 from watchkeeper.store import BaseStateBackend, Writer, open_state_backend, redact_secrets
 
-from .settings import Settings
+from ..settings import Settings
 
 __all__ = [
     "PROG",
@@ -50,12 +51,15 @@ __all__ = [
     "open_backend",
     "printable",
     "redacted",
+    "run_async",
     "run_store_command",
     "settings_overrides",
     "store_handler",
 ]
 
 PROG = "watchkeeper"
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -267,3 +271,27 @@ def store_handler(
     """The ``handler`` of a parser whose command runs on the opened backend; ``check``
     validates the arguments first (see :func:`run_store_command`)."""
     return partial(run_store_command, command, check=check)
+
+
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
+    options: dict[str, Any] = {}
+    if importlib.util.find_spec("uvloop") is not None:
+        options["use_uvloop"] = True
+    try:
+        return anyio.run(fn, *args, backend="asyncio", backend_options=options)
+    except BaseExceptionGroup as group:
+        lone = _lone_exception(group)
+        if lone is not None:
+            raise lone from None
+        raise
+
+
+def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """The only exception inside (possibly nested) groups, or None when there are several."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup):
+        if len(inner.exceptions) != 1:
+            return None
+        inner = inner.exceptions[0]
+    return inner if isinstance(inner, Exception) else None

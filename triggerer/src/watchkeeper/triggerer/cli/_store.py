@@ -18,7 +18,8 @@ from rich.table import Table
 from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend, redact_secrets
 from watchkeeper.store._values import check_name
 
-from ._cli_common import (
+from ..settings import Settings
+from ._common import (
     CommandError,
     UsageError,
     cell,
@@ -32,11 +33,10 @@ from ._cli_common import (
     redacted,
     store_handler,
 )
-from ._cli_state import register_state_store
-from .settings import Settings
+from ._state import register_state_store
 
 if TYPE_CHECKING:
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register"]
 

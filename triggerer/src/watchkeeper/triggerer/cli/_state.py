@@ -28,7 +28,8 @@ from watchkeeper.store import (
     TaskScope,
 )
 
-from ._cli_common import (
+from ..settings import Settings
+from ._common import (
     CommandError,
     UsageError,
     cell,
@@ -42,10 +43,9 @@ from ._cli_common import (
     printable,
     store_handler,
 )
-from .settings import Settings
 
 if TYPE_CHECKING:
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register_state_store"]
 
