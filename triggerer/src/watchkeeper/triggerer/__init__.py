@@ -6,7 +6,8 @@ from watchkeeper.store import Asset
 
 from ._loader import LoadResult, WatcherError, WatcherGroup, load_watchers
 from ._logging import configure_logging
-from .daemon import Daemon, ReloadReport, run_daemon
+from ._process import run_daemon
+from .daemon import Daemon, ReloadReport
 from .errors import (
     AssetStoreUnavailableError,
     CapacityError,

@@ -1,6 +1,6 @@
 """Subcommands of the runtime: ``triggerer`` (the daemon), ``status`` and ``demo``.
 
-``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.daemon.run_daemon` in the
+``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.run_daemon` in the
 foreground until SIGTERM or SIGINT, on uvloop when it is installed. ``watchkeeper status``
 reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
 database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
@@ -27,7 +27,7 @@ from watchkeeper.store import (
     TriggerStatus,
 )
 
-from ..daemon import run_daemon
+from .._process import run_daemon
 from ..settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 from ._common import (
     CommandError,
