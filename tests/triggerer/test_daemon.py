@@ -35,7 +35,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.cli._runtime import status_report
 from watchkeeper.triggerer.daemon import Daemon
 

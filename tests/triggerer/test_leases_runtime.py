@@ -38,7 +38,7 @@ from watchkeeper.triggerer import (
     WatchSpec,
 )
 from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
 
 ORDERS = Asset("orders")
 TTL = 7200.0  # above the daemons' heartbeat of 3600 s, which never fires in these tests

@@ -43,7 +43,7 @@ from watchkeeper.triggerer import (
     TriggerRunner,
 )
 from watchkeeper.triggerer._health import store_unavailable
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
 
 WAIT = 30.0  # bound of every wait here (the machine is shared and PostgreSQL may be slow)

@@ -72,10 +72,11 @@ from ._daemon_status import DaemonStatusKeeper
 from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
-from ._loader import LoadResult, WatcherGroup, scan_watchers_path
+from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
 from ._supervisor import describe_error
+from ._watcher_files import scan_watchers_path
 from .runner import RunnerConfig, TriggerRunner
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
