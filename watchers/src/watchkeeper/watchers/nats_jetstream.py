@@ -65,11 +65,15 @@ class NatsJetStreamWatcher(SerializedEquality):
     consumer is used as it is. Messages are fetched ``batch_size`` at a time, waiting up to
     ``fetch_timeout`` seconds for the first.
 
-    Connection: nats-py reconnects by itself (``reconnect_attempts`` tries, 2 s apart, logged
-    as ``nats_disconnected``/``nats_reconnected``); the consumer and this watcher's pending
-    acknowledgements survive it. When the client gives up, ``run()`` raises
-    :class:`BrokerSourceError` and the daemon restarts the watcher with its backoff. Messages
-    fetched but not yet emitted when the watcher stops are released (``nak``) for redelivery.
+    Connection: the first connect must succeed within ``connect_timeout`` seconds. After
+    that nats-py reconnects by itself (``reconnect_attempts`` tries, 2 s apart, logged as
+    ``nats_disconnected``/``nats_reconnected``); the consumer and this watcher's pending
+    acknowledgements survive it. When the first connect fails or the client gives up,
+    ``run()`` raises :class:`BrokerSourceError` and the daemon restarts the watcher with its
+    backoff. Messages
+    fetched but not yet acknowledged when the watcher stops are released (``nak``) for
+    redelivery at once. Messages come in stream order, except that one redelivered after a
+    crash (once ``ack_wait`` passed) comes after those delivered in the meantime.
 
     State key (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name):
 
@@ -96,6 +100,7 @@ class NatsJetStreamWatcher(SerializedEquality):
         max_ack_pending: int = 1000,
         deliver: Deliver = "all",
         reconnect_attempts: int = 60,
+        connect_timeout: float = 30.0,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -130,7 +135,10 @@ class NatsJetStreamWatcher(SerializedEquality):
         self.reconnect_attempts = check_positive_int(
             owner, "reconnect_attempts", reconnect_attempts
         )
+        check_positive(owner, "connect_timeout", connect_timeout)
+        self.connect_timeout = connect_timeout
         self._client: Client | None = None
+        self._closing = False
         self._name = f"{owner}({stream!r})"
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -145,6 +153,7 @@ class NatsJetStreamWatcher(SerializedEquality):
             "max_ack_pending": self.max_ack_pending,
             "deliver": self.deliver,
             "reconnect_attempts": self.reconnect_attempts,
+            "connect_timeout": self.connect_timeout,
         }
 
     def __repr__(self) -> str:
@@ -163,6 +172,7 @@ class NatsJetStreamWatcher(SerializedEquality):
         highest = await _highest(self.asset_state_store, key, self._name)
         durable = self.durable or durable_name_for(self.watcher_name)
         secrets = url_secrets(*self.servers)
+        self._closing = False
         client = await self._connect(secrets)
         self._client = client
         pending: list[Msg] = []
@@ -185,7 +195,10 @@ class NatsJetStreamWatcher(SerializedEquality):
                         secrets,
                     )
                 while pending:
-                    message = pending.pop(0)
+                    # Stays first in ``pending`` until acked: if the run ends at its yield, it
+                    # is released with the rest (committed or not; a committed one comes back
+                    # as a suppressed duplicate).
+                    message = pending[0]
                     sequence = message.metadata.sequence.stream
                     highest = max(highest, sequence)
                     yield TriggerEvent(
@@ -196,6 +209,7 @@ class NatsJetStreamWatcher(SerializedEquality):
                         ),
                     )
                     # Committed (or suppressed as a redelivery): now the server may forget it.
+                    pending.pop(0)
                     try:
                         await message.ack()
                     except nats.errors.Error as exc:
@@ -209,6 +223,7 @@ class NatsJetStreamWatcher(SerializedEquality):
                         )
         finally:
             self._client = None
+            self._closing = True
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await _release(pending)
                 await client.close()
@@ -234,24 +249,28 @@ class NatsJetStreamWatcher(SerializedEquality):
             )
 
         async def on_disconnected() -> None:
-            log.warning("nats_disconnected", watcher=watcher)
+            if not self._closing:
+                log.warning("nats_disconnected", watcher=watcher)
 
         async def on_reconnected() -> None:
             log.info("nats_reconnected", watcher=watcher)
 
         try:
-            client: Client = await nats.connect(
-                servers=list(self.servers),
-                name=f"watchkeeper:{watcher}",
-                allow_reconnect=True,
-                max_reconnect_attempts=self.reconnect_attempts,
-                reconnect_time_wait=2,
-                connect_timeout=5,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
-            )
-        except (nats.errors.Error, OSError) as exc:
+            # nats-py retries a first connect as it retries reconnects; bound it, so a wrong
+            # address shows up as this run's error instead of a silent wait.
+            with anyio.fail_after(self.connect_timeout):
+                client: Client = await nats.connect(
+                    servers=list(self.servers),
+                    name=f"watchkeeper:{watcher}",
+                    allow_reconnect=True,
+                    max_reconnect_attempts=self.reconnect_attempts,
+                    reconnect_time_wait=2,
+                    connect_timeout=min(5.0, self.connect_timeout),
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnected,
+                    reconnected_cb=on_reconnected,
+                )
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
             servers = ", ".join(redact_url(url) for url in self.servers)
             raise BrokerSourceError(self._name, f"connecting to {servers}", exc, secrets) from exc
         return client
