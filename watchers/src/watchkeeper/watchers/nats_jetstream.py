@@ -181,7 +181,9 @@ class NatsJetStreamWatcher(SerializedEquality):
             while True:
                 try:
                     pending = await subscription.fetch(self.batch_size, timeout=self.fetch_timeout)
-                except nats.errors.TimeoutError:
+                except (nats.errors.TimeoutError, TimeoutError):
+                    # Nothing within fetch_timeout (nats-py raises either type, the plain one
+                    # when a reconnect swallowed the pull request).
                     pending = []
                 except nats.errors.Error as exc:
                     raise BrokerSourceError(
