@@ -128,7 +128,10 @@ class RedisStreamWatcher(SerializedEquality):
             )
         self.start = check_str(owner, "start", start)
         if start != "$":
-            parse_id(start) if "-" in start else parse_id(f"{start}-0")
+            try:
+                parse_id(start if "-" in start else f"{start}-0")
+            except ValueError as exc:
+                raise ValueError(f"{owner}: start must be '$' or a stream id: {exc}") from None
         self.batch_size = check_positive_int(owner, "batch_size", batch_size)
         check_positive(owner, "block", block)
         self.block = block
