@@ -241,6 +241,10 @@ class MqttWatcher(SerializedEquality):
                     # Committed (or suppressed as a resent copy): the broker may forget it.
                     bridge.ack(item)
         finally:
+            # The receive side is closed by now (a network thread waiting for room in the
+            # stream gets BrokenResourceError); closing the send side too makes every later
+            # hand-over fail at once. Both on the event loop: the streams are not thread-safe.
+            send.close()
             self._bridge = None
             with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
                 await anyio.to_thread.run_sync(bridge.stop, abandon_on_cancel=True)
@@ -375,7 +379,6 @@ class _Bridge:
         client = self.client
         if client is None:
             return
-        self.send.close()  # wakes a network thread waiting for room in the stream
         client.disconnect()  # the session stays: its expiry was set at connect
         client.loop_stop()
 
