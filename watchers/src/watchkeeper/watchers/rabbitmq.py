@@ -8,8 +8,10 @@ its event is then suppressed, writing nothing, and the redelivery is acknowledge
 
 **The identity of a message.** The AMQP ``message_id`` property, when the publisher set one:
 the key is ``<watcher name>:amqp:<queue>:<message_id>``, so the publisher decides what "the
-same message" means (a retried publish with the same id is one event). Many publishers set
-none; ``missing_id`` says what happens then:
+same message" means (a retried publish with the same id is one event). Note that aio-pika
+(through aiormq) gives a message published without an id a random one, so a publish retried
+through it is a new message. Many other publishers set none; ``missing_id`` says what happens
+then:
 
 - ``"hash"`` (the default): the key is a SHA-256 of the body and the headers. Exactly once
   across crashes, but two messages with the same body and headers are one event while the
