@@ -1,11 +1,11 @@
 """The broker kill test's machinery: a real broker, a real daemon, SIGKILLs, then raw SQL.
 
 One :class:`BrokerChaos` drives one push source (NATS JetStream, RabbitMQ or MQTT) end to
-end: it writes a watchers path with one ready-made broker watcher on one asset, then, round
-after round, starts ``watchkeeper triggerer`` (SQLite state), publishes the round's share of
-the ``items`` messages into the broker while the daemon runs, and SIGKILLs the daemon at a
-random point of the work still pending (a random number of new events). After ``kills``
-rounds a last daemon drains the rest and is stopped with SIGTERM. The events are then read
+end: it writes a watchers path with one ready-made broker watcher on one asset, and, while a
+publisher sends the ``items`` messages into the broker (never more than ``window`` ahead of
+the events committed), starts ``watchkeeper triggerer`` (SQLite state) again and again,
+SIGKILLing it each time once it committed a random number of new events. After ``kills``
+lives a last daemon drains the rest and is stopped with SIGTERM. The events are then read
 with plain ``sqlite3`` from the daemon's database and compared with the ids published: every
 id must be there exactly once.
 
@@ -34,6 +34,8 @@ from anyio.abc import Process
 
 POLL = 0.05
 """Seconds between two looks at the daemon's progress."""
+_BATCH = 50
+"""Messages the publisher sends at a time."""
 ASSET = "chaos-broker"
 
 Publish = Callable[[list[int]], Coroutine[Any, Any, None]]
@@ -49,13 +51,9 @@ class BrokerPlan:
     seed: int = 0
     round_timeout: float = 60.0
     settle: float = 10.0
-    """Seconds without a new event after which the last daemon counts as drained."""
-
-    def chunks(self) -> list[int]:
-        """How many messages to publish during each of the ``kills + 1`` daemon lives."""
-        rounds = self.kills + 1
-        base, extra = divmod(self.items, rounds)
-        return [base + (1 if i < extra else 0) for i in range(rounds)]
+    """Seconds without a new event after which a daemon's life ends anyway (messages lost)."""
+    window: int = 500
+    """At most this many messages published and not yet committed."""
 
 
 @dataclass(slots=True)
@@ -174,23 +172,15 @@ class BrokerChaos:
             )
 
     async def _wait_for(self, process: Process, target: int) -> None:
-        """Return once ``target`` events committed (the daemon must stay alive meanwhile)."""
-        with anyio.fail_after(self.plan.round_timeout):
-            while True:
-                self._check_alive(process)
-                if await self._count() >= target:
-                    return
-                await anyio.sleep(POLL)
-
-    async def _drain(self, process: Process) -> None:
-        """Wait until every message committed, or nothing committed for ``settle`` seconds
-        (what is missing then is lost, and the result says how much)."""
+        """Return once ``target`` events committed, or once nothing was committed for
+        ``settle`` seconds (what is missing then was lost, and the result says how much).
+        The daemon must stay alive meanwhile."""
         last, changed = -1, anyio.current_time()
         with anyio.fail_after(self.plan.round_timeout):
             while True:
                 self._check_alive(process)
                 count = await self._count()
-                if count >= self.plan.items:
+                if count >= target:
                     return
                 if count != last:
                     last, changed = count, anyio.current_time()
@@ -198,30 +188,45 @@ class BrokerChaos:
                     return
                 await anyio.sleep(POLL)
 
-    async def _round(self, watchers: Path, numbers: list[int], published: int) -> None:
-        """One daemon life: start it, publish ``numbers`` meanwhile, and SIGKILL it at a
-        random point of the pending work (the publishing goes on after the kill); the last
-        life drains everything and is stopped with SIGTERM."""
-        final = self.kills >= self.plan.kills
+    async def _publish_all(self) -> None:
+        """Publish 1..items in small batches, never more than ``window`` ahead of the events
+        committed: a broker's queue for an absent consumer is bounded (Mosquitto drops what
+        is past ``max_queued_messages``, 1000 by default), and the test is about our crashes,
+        not about that limit."""
+        published = 0
+        while published < self.plan.items:
+            with anyio.fail_after(self.plan.round_timeout * 2):
+                while True:
+                    if published - await self._count() <= self.plan.window - _BATCH:
+                        break
+                    await anyio.sleep(POLL)
+            batch = list(range(published + 1, min(published + _BATCH, self.plan.items) + 1))
+            await self.publish(batch)
+            published = batch[-1]
+
+    async def _life(self, watchers: Path, final: bool) -> None:
+        """One daemon life: SIGKILLed once it committed a random number of new events (up
+        to two rounds' share of the stream), or, the last one, stopped with SIGTERM once
+        everything committed."""
         done = await self._count()
-        pending = max(1, published + len(numbers) - done)
-        target = self.plan.items if final else done + self.random.randint(1, pending)
+        share = self.plan.items // (self.plan.kills + 1)
+        target = (
+            self.plan.items
+            if final
+            else min(self.plan.items - 1, done + self.random.randint(1, 2 * share))
+        )
         process = await self._start(watchers)
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.publish, numbers)
-                if final:
-                    await self._drain(process)
-                else:
-                    await self._wait_for(process, target)
-                    process.send_signal(signal.SIGKILL)
-                    with anyio.fail_after(10):
-                        await process.wait()
-                    self.kills += 1
+            await self._wait_for(process, target)
             if final:
                 process.terminate()
                 with anyio.fail_after(30):
                     await process.wait()
+            else:
+                process.send_signal(signal.SIGKILL)
+                with anyio.fail_after(10):
+                    await process.wait()
+                self.kills += 1
         finally:
             if process.returncode is None:
                 process.kill()
@@ -230,7 +235,7 @@ class BrokerChaos:
             await process.aclose()
 
     async def run(self) -> BrokerResult:
-        """Run the whole plan; return what was committed."""
+        """Run the whole plan while the messages are published; return what was committed."""
         watchers = self.work / "watchers"
         await anyio.Path(watchers).mkdir(parents=True, exist_ok=True)
         definitions = textwrap.dedent(
@@ -242,11 +247,11 @@ class BrokerChaos:
             """
         )
         await anyio.Path(watchers / "definitions.py").write_text(definitions)
-        published = 0
-        for chunk in self.plan.chunks():
-            numbers = list(range(published + 1, published + chunk + 1))
-            await self._round(watchers, numbers, published)
-            published += chunk
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._publish_all)
+            while self.kills < self.plan.kills:
+                await self._life(watchers, final=False)
+            await self._life(watchers, final=True)
         numbers = await anyio.to_thread.run_sync(committed_numbers, self.database)
         log = await anyio.Path(self.log_path).read_text(errors="replace")
         redelivered = sum(
