@@ -29,8 +29,9 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from _chaos import daemon_command
 from anyio.abc import Process
+
+from tests.chaos._chaos import daemon_command
 
 POLL = 0.05
 """Seconds between two looks at the daemon's progress."""

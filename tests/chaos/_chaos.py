@@ -450,14 +450,6 @@ class ChaosRun:
         )
 
 
-def pg_database_dsn(dsn: str, database: str) -> str:
-    """``dsn`` with its database replaced by ``database``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 def iter_lines(results: dict[str, PatternResult]) -> Iterator[str]:
     for pattern in PATTERNS:
         yield results[pattern].summary()

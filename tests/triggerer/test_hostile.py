@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 import pytest
-from _runtime_support import LogWatch, Ticker, fast, spec, watch_logs
 from watchkeeper.store import (
     Asset,
     BaseStateBackend,
@@ -25,6 +24,8 @@ from watchkeeper.store import (
     TriggerStatus,
 )
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent, TriggerRunner, WatchSpec
+
+from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
 
 HOSTILE = Asset("hostile")
 HEALTHY = Asset("healthy")

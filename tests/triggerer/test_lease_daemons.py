@@ -14,18 +14,22 @@ import json
 import os
 import signal
 import subprocess
-import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import pytest
-from test_daemon import LINES_WATCHER, append_lines, asset_file, watchkeeper_command
 from watchkeeper.store import AssetScope, PostgresStateBackend
+
+from tests.support.daemons import (
+    LINES_WATCHER,
+    append_lines,
+    asset_file,
+    wait_until,
+    watchkeeper_command,
+)
+from tests.support.postgres import fresh_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -33,28 +37,6 @@ ASSETS = ("alpha", "beta", "gamma")
 HEARTBEAT = 0.25
 LEASE_TTL = 1.0
 WAIT = 20.0  # bound of every wait (a loaded machine starts Python slowly)
-
-
-@asynccontextmanager
-async def fresh_database(dsn: str) -> AsyncIterator[str]:
-    """A new, empty database on the test server (its DSN), dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_lease_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 class Node:
@@ -77,21 +59,12 @@ class Node:
                 found.append(entry)
         return found
 
-
-async def wait_until(check: Callable[[], Any], what: str, *alive: Node) -> None:
-    """Poll ``check`` (sync or async) until truthy; fail after WAIT or if a node died."""
-    with anyio.fail_after(WAIT):
-        while True:
-            result = check()
-            if hasattr(result, "__await__"):
-                result = await result
-            if result:
-                return
-            for node in alive:
-                if node.process.returncode is not None:
-                    tail = node.log_path.read_text(errors="replace")[-3000:]
-                    pytest.fail(f"daemon {node.name} exited while waiting for {what}:\n{tail}")
-            await anyio.sleep(0.05)
+    def exit_note(self) -> str | None:
+        """Why waiting for this daemon failed (it exited, with its log's tail), or None."""
+        if self.process.returncode is None:
+            return None
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        return f"daemon {self.name} exited:\n{tail}\n"
 
 
 class TestTwoDaemons:
@@ -108,7 +81,8 @@ class TestTwoDaemons:
             (watchers / f"{name}.py").write_text(asset_file(name, source))
             append_lines(source, 1, 3)
 
-        async with fresh_database(pg_dsn) as database:
+        async with fresh_pg_database(pg_dsn, prefix="wk_lease") as fresh:
+            database = fresh.dsn
             env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
             env.update(
                 WATCHKEEPER__DATABASE__URL=database,

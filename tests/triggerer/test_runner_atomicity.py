@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 import pytest
-from _runtime_support import FAST, Scripted
 from watchkeeper.store import (
     Asset,
     AssetEvent,
@@ -38,6 +37,8 @@ from watchkeeper.store import (
     Writer,
 )
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
+
+from tests.support.runtime import FAST, Scripted
 
 ORDERS = Asset("orders")
 USERS = Asset("users")

@@ -13,19 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.to_thread
 import pytest
-from _runtime_support import LogWatch, Ticker, fast, spec, watch_logs
 from pydantic import SecretStr
-from test_daemon import daemon, log_events
 from watchkeeper.store import (
     Asset,
     AssetScope,
@@ -45,6 +40,10 @@ from watchkeeper.triggerer import (
 from watchkeeper.triggerer._health import store_unavailable
 from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+
+from tests.support.daemons import daemon, log_events
+from tests.support.postgres import fresh_pg_database
+from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
 
 WAIT = 30.0  # bound of every wait here (the machine is shared and PostgreSQL may be slow)
 QUIET = ("trigger_error", "trigger_failed", "trigger_backoff", "trigger_returned", "lease_lost")
@@ -85,29 +84,6 @@ class Paced(BaseEventTrigger):
 for i in range(6):
     globals()[f"feed{i}"] = Asset(f"feed{i}", watchers=[AssetWatcher(f"feed{i}_watch", Paced(f"feed{i}"))])
 '''
-
-
-@asynccontextmanager
-async def fresh_database(dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """A new, empty database on the test server: its name and DSN; dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_outage_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield name, urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 async def block_connections(admin_dsn: str, name: str) -> None:
@@ -222,7 +198,7 @@ class TestPostgresOutage:
         watchers = tmp_path / "watchers"
         watchers.mkdir()
         (watchers / "paced.py").write_text(PACED_WATCHERS)
-        async with fresh_database(pg_dsn) as (name, dsn):
+        async with fresh_pg_database(pg_dsn, prefix="wk_outage") as (name, dsn):
             settings = Settings(
                 database=DatabaseSettings(url=SecretStr(dsn)),
                 triggerer=TriggererSettings(
@@ -292,7 +268,7 @@ class TestPostgresOutage:
     async def test_runner_resumes_after_a_read_only_database(self, pg_dsn: str) -> None:
         """A database that turned read-only (as a demoted primary does) is an outage too: the
         watchers wait, and resume once writes are accepted again."""
-        async with fresh_database(pg_dsn) as (name, dsn):
+        async with fresh_pg_database(pg_dsn, prefix="wk_outage") as (name, dsn):
             assets = [Asset(f"ro{i}") for i in range(3)]
             tickers = [Ticker() for _ in assets]
             config = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
@@ -333,7 +309,7 @@ class TestClassification:
         """Writes, reads and pings of a database that refuses connections raise
         StoreUnavailableError chained from the driver error (it was a plain StateStoreError)."""
         async with (
-            fresh_database(pg_dsn) as (name, dsn),
+            fresh_pg_database(pg_dsn, prefix="wk_outage") as (name, dsn),
             PostgresStateBackend(dsn) as backend,
         ):
             await backend.aregister_assets([Asset("a")])
@@ -361,7 +337,7 @@ class TestClassification:
         StoreUnavailableError; once it is writable again they work on the same open backend
         (the read-only connections were dropped and replaced)."""
         async with (
-            fresh_database(pg_dsn) as (name, dsn),
+            fresh_pg_database(pg_dsn, prefix="wk_outage") as (name, dsn),
             PostgresStateBackend(dsn, max_size=2) as backend,
         ):
             await backend.aregister_assets([Asset("a")])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -214,3 +214,20 @@ def watch_logs() -> Iterator[LogWatch]:
     with structlog.testing.capture_logs(processors=processors) as entries:
         watch.entries = entries
         yield watch
+
+
+class Signalling(BaseEventTrigger):
+    """Mix in before a watcher class: sets ``committed`` once ``signal_after`` events were
+    committed (the watcher's run resumes after each yield only once its event committed)."""
+
+    signal_after = 1
+    committed: anyio.Event
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        count = 0
+        async with aclosing(super().run()) as events:  # type: ignore[type-var, safe-super]
+            async for event in events:
+                yield event
+                count += 1
+                if count == self.signal_after:
+                    self.committed.set()
