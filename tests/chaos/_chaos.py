@@ -37,6 +37,8 @@ from anyio.abc import Process
 from watchkeeper.store import AssetEvent, AssetScope, BaseStateBackend
 from watchkeeper.triggerer.testing import FakeEventSource
 
+from tests.support.daemons import reap
+
 PATTERNS = ("state", "dedup", "airflow")
 """Watcher patterns: state= watermark, dedup_key on a redelivering queue, Airflow's aset+yield."""
 
@@ -385,11 +387,7 @@ class ChaosRun:
                 return False
             return await self._drain(process, backend)
         finally:
-            if process.returncode is None:
-                process.kill()
-                with anyio.move_on_after(10, shield=True):
-                    await process.wait()
-            await process.aclose()
+            await reap(process)
 
     def _source_path(self, pattern: str) -> Path:
         return self.work / f"source-{pattern}.db"

@@ -29,6 +29,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 
+from tests.support.daemons import reap
 from tests.support.postgres import fresh_pg_database
 
 # Building and installing take a while on a loaded machine, and the first test pays for it.
@@ -281,11 +282,7 @@ class TestInstalledWheels:
                     await process.wait()
                 assert process.returncode == 0, await _tail(log_path)
             finally:
-                if process.returncode is None:
-                    process.kill()
-                    with anyio.move_on_after(10, shield=True):
-                        await process.wait()
-                await process.aclose()
+                await reap(process)
         assert [(e["asset"], e["payload"]) for e in events] == [("feed", item) for item in ITEMS]
         get = installed.watchkeeper("state-store", "get", "--asset", "feed", "watermark", "--json")
         with anyio.fail_after(60):

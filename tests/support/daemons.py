@@ -33,6 +33,7 @@ __all__ = [
     "daemon",
     "log_events",
     "payloads",
+    "reap",
     "terminate",
     "wait_until",
     "watchkeeper_command",
@@ -122,11 +123,16 @@ async def daemon(
     try:
         yield process
     finally:
-        if process.returncode is None:
-            process.kill()
-        with anyio.move_on_after(10, shield=True):
-            await process.wait()
-        await process.aclose()
+        await reap(process)
+
+
+async def reap(process: anyio.abc.Process) -> None:
+    """Kill ``process`` if it still runs, wait for it (bounded, shielded) and close it."""
+    if process.returncode is None:
+        process.kill()
+    with anyio.move_on_after(10, shield=True):
+        await process.wait()
+    await process.aclose()
 
 
 async def terminate(process: anyio.abc.Process) -> int:

@@ -53,7 +53,7 @@ import contextlib
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -83,6 +83,8 @@ from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 __all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"]
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
 
 
 def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConfig:
@@ -157,15 +159,11 @@ class Daemon:
 
     @property
     def backend(self) -> BaseStateBackend:
-        if self._backend is None:
-            raise RuntimeError("the daemon is not open")
-        return self._backend
+        return _while_open(self._backend)
 
     @property
     def runner(self) -> TriggerRunner:
-        if self._runner is None:
-            raise RuntimeError("the daemon is not open")
-        return self._runner
+        return _while_open(self._runner)
 
     @property
     def groups(self) -> dict[str, WatcherGroup]:
@@ -175,15 +173,11 @@ class Daemon:
     @property
     def placement(self) -> TriggerPlacement:
         """Which loaded triggers run here (see :mod:`._placement`)."""
-        if self._placement is None:
-            raise RuntimeError("the daemon is not open")
-        return self._placement
+        return _while_open(self._placement)
 
     @property
     def leases(self) -> LeaseKeeper:
-        if self._leases is None:
-            raise RuntimeError("the daemon is not open")
-        return self._leases
+        return _while_open(self._leases)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -465,3 +459,10 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def _while_open(part: _T | None) -> _T:
+    """A part the daemon holds only while it is open (its backend, runner, leases...)."""
+    if part is None:
+        raise RuntimeError("the daemon is not open")
+    return part
