@@ -18,7 +18,7 @@ import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEventBatch
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher, SqlSourceError, SqlTableWatcher
 
@@ -138,18 +138,19 @@ async def ids(
 
 
 class SignallingWatcher(SqlTableWatcher):
-    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each)."""
+    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each
+    batch, once all of it committed)."""
 
     signal_after = 1
     committed: anyio.Event
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         count = 0
-        async with contextlib.aclosing(super().run()) as events:  # type: ignore[type-var]
-            async for event in events:
-                yield event
-                count += 1
-                if count == self.signal_after:
+        async with contextlib.aclosing(super().run()) as batches:  # type: ignore[type-var]
+            async for batch in batches:
+                yield batch
+                count += len(batch)
+                if count >= self.signal_after:
                     self.committed.set()
 
 
@@ -183,14 +184,25 @@ class TestSqlTableWatcherRows:
         await table.insert((8, 3, "tie"), (9, 4, "sentinel"))
         assert await ids(rebuilt(watcher), backend, 2) == [8, 9]
 
+    async def test_each_poll_commits_its_rows_as_one_batch(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """batch_size rows commit with one state write: 7 rows in batches of 3 are 3 writes."""
+        await table.insert(*[(key, key, "x") for key in range(1, 8)])
+        assert await ids(table.watcher(batch_size=3), backend, 7) == list(range(1, 8))
+        entry = await backend.aget_entry(ASSET.scope, WATERMARK)
+        assert entry is not None
+        assert (entry.value["cursor"], entry.version) == (7, 3)
+
     async def test_a_restarted_watcher_resumes_after_the_stored_watermark(
         self, table: Table, backend: MemoryStateBackend
     ) -> None:
-        """A new instance built from serialize() emits only the rows the first one did not."""
+        """A new instance built from serialize() emits only the rows the first one did not;
+        each poll's rows commit as one batch, so a stop never falls inside one."""
         await table.insert(*[(key, key, "x") for key in range(1, 6)])
         watcher = table.watcher(batch_size=2)
-        assert await ids(watcher, backend, 3) == [1, 2, 3]
-        assert await ids(rebuilt(watcher), backend, 2) == [4, 5]
+        assert await ids(watcher, backend, 3) == [1, 2, 3, 4]  # two batches of two
+        assert await ids(rebuilt(watcher), backend, 1) == [5]
         await table.insert((6, 6, "x"))
         assert await ids(rebuilt(watcher), backend, 1) == [6]
 

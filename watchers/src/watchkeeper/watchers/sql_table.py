@@ -2,7 +2,9 @@
 
 Rows are read in ``(cursor_column, key_column)`` order past a watermark, ``batch_size`` at a
 time (keyset pagination, so rows that share a cursor value are neither skipped nor repeated
-across batches). A watermark on a serial id or a timestamp alone would skip rows that commit out
+across batches), and each batch is committed as one
+:class:`~watchkeeper.triggerer.TriggerEventBatch`: one event per row and the state after the
+last, in one transaction. A watermark on a serial id or a timestamp alone would skip rows that commit out
 of order (a transaction that took its id earlier commits later), so each poll also re-reads a
 *lag window* behind the watermark and emits the rows there whose primary key it has not emitted
 yet (see :mod:`._window`):
@@ -31,7 +33,7 @@ from typing import Any
 
 import anyio
 import structlog
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import (
     SerializedEquality,
@@ -70,7 +72,10 @@ class SqlTableWatcher(SerializedEquality):
     (prefer a password from ``PGPASSWORD`` or ``.pgpass``: the DSN is part of ``serialize()``).
     ``table`` (optionally ``schema.table``) and the column names must be plain identifiers; they
     are quoted, so they match exactly. ``columns`` limits the payload (the cursor and key
-    columns are always included). Each event commits the watcher's state with it.
+    columns are always included). Each poll reads at most ``batch_size`` rows and commits their
+    events with the watcher's state in one transaction (a
+    :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a backfill costs one commit per
+    ``batch_size`` rows, not one per row.
 
     State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
     is the one of every lag-window watcher, see :mod:`._window_state`):
@@ -167,7 +172,7 @@ class SqlTableWatcher(SerializedEquality):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         state: WindowState[Cursor, Key] = WindowState(
             f"{type(self).__name__}({self.table!r})",
             type(self).__name__,
@@ -185,6 +190,7 @@ class SqlTableWatcher(SerializedEquality):
             try:
                 while True:
                     late, new = await self._poll(source, window)
+                    events: list[TriggerEvent] = []
                     for rows, is_new in ((late, False), (new, True)):
                         for row in rows:
                             cursor, key = self._identity(row)
@@ -192,7 +198,10 @@ class SqlTableWatcher(SerializedEquality):
                                 log.info("late_row", table=self.table, key=key)
                             window.record(cursor, key, new=is_new)
                             payload = {name: to_json_value(v) for name, v in row.items()}
-                            yield TriggerEvent(payload, state=state.state(window))
+                            events.append(TriggerEvent(payload))
+                    if events:
+                        # The state after the last row: what its single event would carry.
+                        yield TriggerEventBatch(events, state=state.state(window))
                     if len(late) + len(new) < self.batch_size:
                         await sleep_jittered(self.poll_interval)
             finally:
