@@ -399,10 +399,12 @@ async def _commit_batches(
         b = op.batch
         who = writer_fields(b.writer)
         keys = list(b.state)
+        dedup_keys = [dedup_key for _, dedup_key in b.events]
+        keyed = any(key is not None for key in dedup_keys)
         rows = await conn.fetch(
-            sql.commit_batch,
+            sql.commit_batch if keyed else sql.commit_batch_plain,
             [payload for payload, _ in b.events],
-            [dedup_key for _, dedup_key in b.events],
+            dedup_keys if keyed else [],  # unnest pads the shorter array with NULLs
             [asset_id for asset_id, _ in op.targets],
             [name for _, name in op.targets],
             b.watcher,
@@ -422,28 +424,34 @@ def _batch_events(op: BatchCommitOp, rows: Sequence[Any]) -> list[AssetEvent]:
     ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
     """
     b = op.batch
+    targets = op.targets
     returned = {(asset_id, dedup_key) for _, asset_id, dedup_key in rows if dedup_key is not None}
-    expected: list[tuple[int, int, str]] = []  # (event index, asset_id, asset name)
-    for index, (_, dedup_key) in enumerate(b.events):
-        for asset_id, name in op.targets:
-            if dedup_key is not None:
-                if (asset_id, dedup_key) not in returned:
-                    continue
-                returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
-            expected.append((index, asset_id, name))
+    expected: list[tuple[int, int, str]]  # (event index, asset_id, asset name)
+    if not returned and len(rows) == len(b.events) * len(targets):
+        # Nothing suppressed (the usual batch, without dedup keys): every event on every asset.
+        expected = [(i, asset_id, name) for i in range(len(b.events)) for asset_id, name in targets]
+    else:
+        expected = []
+        for index, (_, dedup_key) in enumerate(b.events):
+            for asset_id, name in targets:
+                if dedup_key is not None:
+                    if (asset_id, dedup_key) not in returned:
+                        continue
+                    returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
+                expected.append((index, asset_id, name))
     if len(expected) != len(rows):
         raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
-    payloads: dict[int, Any] = {}
-    events: list[AssetEvent] = []
+    decoded = b.decoded
+    if decoded is None:  # decoded once per event, for all its assets
+        decoded = tuple(decode_value(payload_json) for payload_json, _ in b.events)
+    watcher, events, created_at = b.watcher, b.events, op.created_at
+    out: list[AssetEvent] = []
     for (index, asset_id, name), (event_id, got_asset, got_key) in zip(expected, rows, strict=True):
-        payload_json, dedup_key = b.events[index]
+        dedup_key = events[index][1]
         if got_asset != asset_id or got_key != dedup_key:
             raise StateStoreError("the ids of a batch's events do not follow its order")
-        if index not in payloads:  # decoded once per event, for all its assets
-            payloads[index] = decode_value(payload_json)
-        payload = payloads[index]
-        events.append(AssetEvent(event_id, name, b.watcher, payload, dedup_key, op.created_at))
-    return events
+        out.append(AssetEvent(event_id, name, watcher, decoded[index], dedup_key, created_at))
+    return out
 
 
 async def _compare_and_set(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:

@@ -170,30 +170,33 @@ class EventCommits:
             if [r[1] for r in returned] != [row[0] for row in chunk]:
                 raise StateStoreError("event ids do not follow the rows")  # the writer falls back
             ids.extend(r[0] for r in returned)
-        # 4. The state of the inserted events, folded per key in first-write order; a batch
-        # writes its state once per asset where at least one of its events was inserted.
-        folded: dict[tuple[int, str], list[Any]] = {}
+        # 4. The events returned, and the state: written once per (commit, asset) that inserted
+        # a row (a single event has one row per asset; a batch writes its state once), folded
+        # per key in first-write order.
         payloads: dict[tuple[int, int], object] = {}  # decoded once per event, for its assets
-        stated: set[tuple[int, int]] = set()
+        stated: dict[tuple[int, int], None] = {}  # (commit, asset_id), in first-row order
         for row, (owner, entry), event_id in zip(rows, owners, ids, strict=True):
             commit = commits[owner]
-            payload = payloads.get((owner, entry), _MISSING)
-            if payload is _MISSING:
-                payload = payloads[(owner, entry)] = decode_value(row[3])
+            if type(commit) is EventBatchCommit and commit.decoded is not None:
+                payload = commit.decoded[entry]  # the caller decoded it already
+            else:
+                payload = payloads.get((owner, entry), _MISSING)
+                if payload is _MISSING:
+                    payload = payloads[(owner, entry)] = decode_value(row[3])
             outcomes[owner].append(
                 AssetEvent(event_id, row[1], commit.watcher, payload, row[4], now)
             )
+            stated[(owner, row[0])] = None
+        folded: dict[tuple[int, str], list[Any]] = {}
+        for owner, asset_id in stated:
+            commit = commits[owner]
             if not commit.state:
                 continue
-            if type(commit) is EventBatchCommit:
-                if (owner, row[0]) in stated:
-                    continue
-                stated.add((owner, row[0]))
             who = writer_cols(commit.writer)
             for key, value_json in commit.state.items():
-                slot = folded.get((row[0], key))
+                slot = folded.get((asset_id, key))
                 if slot is None:
-                    folded[(row[0], key)] = [row[0], key, value_json, 1, stamp, *who]
+                    folded[(asset_id, key)] = [asset_id, key, value_json, 1, stamp, *who]
                 else:
                     slot[2], slot[3], slot[5:] = value_json, slot[3] + 1, who
         for chunk in self._chunks([tuple(v) for v in folded.values()]):

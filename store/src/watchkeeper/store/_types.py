@@ -255,6 +255,10 @@ class EventBatchCommit:
 
     ``fence`` (by default the writer's) guards the whole batch: see :class:`Fence`. A refused
     batch, or one naming an unknown asset, writes nothing.
+
+    ``decoded`` (optional) holds each event's payload already decoded from its
+    ``payload_json`` (the triggerer has it from validating it): the events returned carry these
+    instead of a second decoding. Each must equal ``json.loads`` of its text.
     """
 
     watcher: str
@@ -263,6 +267,7 @@ class EventBatchCommit:
     state: Mapping[str, str] = field(default_factory=dict)
     writer: Writer | None = None
     fence: Fence | None = None
+    decoded: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         events = self.events
@@ -283,6 +288,11 @@ class EventBatchCommit:
                     f"EventBatchCommit.events[{index}] must be a (payload_json: str, "
                     f"dedup_key: str | None) tuple, got {type(event).__name__}"
                 )
+        if self.decoded is not None and len(self.decoded) != len(events):
+            raise ValueError(
+                f"EventBatchCommit has {len(self.decoded)} decoded payloads for "
+                f"{len(events)} events"
+            )
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
 

@@ -298,7 +298,7 @@ class MemoryStateBackend(BaseStateBackend):
             for name in batch.assets:  # resolve all first: an unknown asset writes nothing
                 row = self._resolve(AssetScope(name=name))
                 rows.setdefault(row.asset_id, row)
-            payloads = [decode_value(payload_json) for payload_json, _ in batch.events]
+            payloads = batch.decoded or [decode_value(text) for text, _ in batch.events]
             written: list[AssetEvent] = []
             stated: set[int] = set()
             for payload, (_, dedup_key) in zip(payloads, batch.events, strict=True):

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Final
 
 from watchkeeper.store import EventBatchCommit, EventCommit, Writer, encode_payload, encode_value
-from watchkeeper.store._values import check_key
+from watchkeeper.store._values import check_key, encode_payload_decoded
 
 from .errors import InvalidEventError
 from .trigger import TriggerEvent, TriggerEventBatch
@@ -100,18 +100,23 @@ class EventEncoder:
             )
         limit = self.max_payload_bytes
         pairs: list[tuple[str, str | None]] = []
+        decoded: list[object] = []  # validating decodes each payload: the events reuse it
         for index, event in enumerate(events):
             try:
-                pairs.append(self._batched(event, limit))
+                payload_json, payload, dedup_key = self._batched(event, limit)
             except Exception as exc:
                 exc.add_note(f"raised for event {index} of a TriggerEventBatch of {len(events)}")
                 raise
+            pairs.append((payload_json, dedup_key))
+            decoded.append(payload)
         state = batch.state
         encoded = _NO_STATE if state is None else self._state(state)
-        return EventBatchCommit(self.watcher, self.assets, tuple(pairs), encoded, self.writer)
+        return EventBatchCommit(
+            self.watcher, self.assets, tuple(pairs), encoded, self.writer, decoded=tuple(decoded)
+        )
 
-    def _batched(self, event: object, limit: int | None) -> tuple[str, str | None]:
-        """``(payload_json, dedup_key)`` of one event of a batch."""
+    def _batched(self, event: object, limit: int | None) -> tuple[str, object, str | None]:
+        """``(payload_json, decoded payload, dedup_key)`` of one event of a batch."""
         if not isinstance(event, TriggerEvent):
             raise InvalidEventError(
                 f"trigger {self.watcher!r} yielded a TriggerEventBatch holding a "
@@ -129,7 +134,8 @@ class EventEncoder:
                 f"trigger {self.watcher!r} yielded an event whose dedup_key is "
                 f"{dedup_key!r}; it must be a non-empty str or None"
             )
-        return encode_payload(event.payload, max_payload_bytes=limit), dedup_key
+        payload_json, payload = encode_payload_decoded(event.payload, max_payload_bytes=limit)
+        return payload_json, payload, dedup_key
 
     def _state(self, state: object) -> Mapping[str, str]:
         """The encoded items of an event's (or a batch's) ``state``."""

@@ -192,13 +192,15 @@ class SqlTableWatcher(SerializedEquality):
                     late, new = await self._poll(source, window)
                     events: list[TriggerEvent] = []
                     for rows, is_new in ((late, False), (new, True)):
-                        for row in rows:
-                            cursor, key = self._identity(row)
-                            if not is_new:
+                        identities = [self._identity(row) for row in rows]
+                        if not is_new:
+                            for _, key in identities:
                                 log.info("late_row", table=self.table, key=key)
-                            window.record(cursor, key, new=is_new)
-                            payload = {name: to_json_value(v) for name, v in row.items()}
-                            events.append(TriggerEvent(payload))
+                        window.record_many(identities, new=is_new)
+                        events += [
+                            TriggerEvent({name: to_json_value(v) for name, v in row.items()})
+                            for row in rows
+                        ]
                     if events:
                         # The state after the last row: what its single event would carry.
                         yield TriggerEventBatch(events, state=state.state(window))
