@@ -1,4 +1,5 @@
-"""``SqlTableWatcher``: one event per new row of a SQLite or PostgreSQL table, exactly once.
+"""``SqlTableWatcher``: one event per new row of a SQLite, PostgreSQL or MySQL/MariaDB table,
+exactly once.
 
 Rows are read in ``(cursor_column, key_column)`` order past a watermark, ``batch_size`` at a
 time (keyset pagination, so rows that share a cursor value are neither skipped nor repeated
@@ -20,7 +21,9 @@ yet (see :mod:`._window`):
 
 Rows with a NULL cursor are never emitted. Keys must be integers, text or UUIDs; cursors
 integers, reals, timestamps or text. The database is reached through a driver of
-:mod:`._sql` (SQLite, PostgreSQL), which spells the queries written here in its own SQL.
+:mod:`._sql` (SQLite, PostgreSQL, MySQL/MariaDB), which spells the queries written here in
+its own SQL. On MySQL an AUTO_INCREMENT id, like a PostgreSQL serial, becomes visible at
+commit, possibly after a higher one: the lag window is what catches it.
 """
 
 from __future__ import annotations
@@ -68,8 +71,10 @@ _CLOSE_TIMEOUT = 5.0
 class SqlTableWatcher(SerializedEquality):
     """Yields one event per row of ``table`` past the watermark; the payload is the row as JSON.
 
-    ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://…``
-    (prefer a password from ``PGPASSWORD`` or ``.pgpass``: the DSN is part of ``serialize()``).
+    ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``postgresql://…`` or
+    ``mysql://user:password@host:3306/database`` (``mariadb://`` too; the ``mysql`` extra).
+    The DSN is part of ``serialize()``: prefer a password from ``PGPASSWORD`` or ``.pgpass``
+    on PostgreSQL; ``repr()`` and errors never show it.
     ``table`` (optionally ``schema.table``) and the column names must be plain identifiers; they
     are quoted, so they match exactly. ``columns`` limits the payload (the cursor and key
     columns are always included). Each poll reads at most ``batch_size`` rows and commits their
