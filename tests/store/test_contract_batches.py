@@ -184,6 +184,18 @@ class TestEventBatches:
         assert len({e.id for e in listed}) == 60
         assert await store.aget(ORDERS_SCOPE, "b") == 1
 
+    async def test_decoded_payloads_are_returned_as_given(self, store: BaseStateBackend) -> None:
+        """Payloads the caller decoded already come back in the events; a count that does not
+        match the events is refused."""
+        given = ({"n": 1}, [2])
+        events = await store.acommit_events(
+            EventBatchCommit("w", ("orders",), (('{"n":1}', None), ("[2]", None)), decoded=given)
+        )
+        assert [e.payload for e in events] == [{"n": 1}, [2]]
+        assert all(e.payload is g for e, g in zip(events, given, strict=True))
+        with pytest.raises(ValueError, match="1 decoded payloads for 2 events"):
+            EventBatchCommit("w", ("orders",), (("1", None), ("2", None)), decoded=(1,))
+
     def test_an_empty_batch_is_refused(self) -> None:
         """A batch needs at least one event: a state alone would commit without an event."""
         with pytest.raises(ValueError, match="at least one event"):

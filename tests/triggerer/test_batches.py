@@ -168,6 +168,30 @@ class TestBatchCommits:
         assert await backend.aget(ORDERS.scope, "w") == 6
         assert trigger.closed and len(trigger.seen_after_yield) == 1  # closed at its yield
 
+    async def test_the_committed_payloads_share_nothing_with_the_yielded_ones(
+        self, backend: BaseStateBackend
+    ) -> None:
+        """A trigger that reuses and changes its payload object after the yield does not
+        change the events already committed and returned."""
+
+        class Reusing(BaseEventTrigger):
+            def serialize(self) -> tuple[str, dict[str, Any]]:
+                return self.classpath(), {}
+
+            async def run(self) -> AsyncIterator[TriggerEventBatch]:
+                row: dict[str, Any] = {"n": 1, "tags": ["a"]}
+                yield TriggerEventBatch([TriggerEvent(row)], state={"w": 1})
+                row["n"] = 2
+                row["tags"].append("b")
+                yield TriggerEventBatch([TriggerEvent(row)], state={"w": 2})
+
+        events = await run_trigger(Reusing(), assets=ORDERS, backend=backend)
+        assert [e.payload for e in events] == [
+            {"n": 1, "tags": ["a"]},
+            {"n": 2, "tags": ["a", "b"]},
+        ]
+        assert await committed(backend) == [e.payload for e in events]
+
     def test_repr_and_equality(self) -> None:
         """A batch shows its size and state, and equals another with the same events and state."""
         assert repr(batch(1, 2, w=2)) == "TriggerEventBatch(<2 events>, state={'w': 2})"
