@@ -2,7 +2,7 @@
 
 Not a test (CI does not run it). Run by hand from the repository root:
 
-    uv run python benchmarks/backfill_bench.py [--quick] [--no-postgres] [--rows N]
+    uv run python benchmarks/backfill_bench.py [--quick] [--no-postgres] [--only DB] [--rows N]
 
 For SQLite and for PostgreSQL, one source table of N rows ``(id, seq, body, amount, at)`` is
 read three ways, in the same process and the same run, each writing into a fresh store:
@@ -10,7 +10,8 @@ read three ways, in the same process and the same run, each writing into a fresh
 - *raw loop* (the baseline): keyset-read 1,000 rows at a time with the same driver the
   watcher uses (aiosqlite / asyncpg), turn each row into JSON, and insert them as event rows,
   with the watermark upsert, in one transaction per 1,000 rows (``executemany`` on aiosqlite,
-  two ``unnest`` statements on asyncpg), into tables shaped like the store's;
+  two ``unnest`` statements on asyncpg), into tables shaped like the store's (same columns
+  and indexes, WAL and ``synchronous=FULL`` on SQLite);
 - *ours*: ``SqlTableWatcher(batch_size=1000)`` run by a ``TriggerRunner`` (default
   ``RunnerConfig``, as the daemon runs watchers) on ``SqliteStateBackend`` /
   ``PostgresStateBackend`` until it committed N events: each poll is one
@@ -119,6 +120,7 @@ _SQLITE_SINK = (
         "WHERE dedup_key IS NOT NULL"
     ),
     "CREATE INDEX asset_events_asset ON asset_events (asset_name, id)",
+    "CREATE INDEX asset_events_created ON asset_events (created_at)",
     """CREATE TABLE asset_state (
         asset_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
         version INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (asset_id, key))""",
@@ -179,6 +181,7 @@ async def raw_postgres(dsn: str, source: str, sink: str, count: int) -> float:
             "WHERE dedup_key IS NOT NULL"
         )
         await dst.execute(f"CREATE INDEX ON {p}asset_events (asset_name, id)")
+        await dst.execute(f"CREATE INDEX ON {p}asset_events (created_at)")
         await dst.execute(
             f"""CREATE TABLE {p}asset_state (
             asset_id bigint NOT NULL, key text COLLATE "C" NOT NULL, value text NOT NULL,
@@ -373,8 +376,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "load": loadavg(),
         "started": datetime.now(UTC).isoformat(),
     }
-    results["sqlite"] = await bench_sqlite(args.rows, args.per_row_rows, args.repeat)
-    if not args.no_postgres:
+    if args.only in (None, "sqlite"):
+        results["sqlite"] = await bench_sqlite(args.rows, args.per_row_rows, args.repeat)
+    if not args.no_postgres and args.only in (None, "postgres"):
         results["postgres"] = await bench_postgres(args.rows, args.per_row_rows, args.repeat)
     return results
 
@@ -383,6 +387,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 rows, one repetition")
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--only", choices=["sqlite", "postgres"], help="run one database")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--per-row-rows", type=int, default=3_000)
     parser.add_argument("--repeat", type=int, default=3, help="best of this many rounds")
