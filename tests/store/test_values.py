@@ -387,3 +387,48 @@ class TestEncodePayload:
             assert not is_valid_name(name, MAX_NAME_BYTES)
         else:
             assert is_valid_name(name, MAX_NAME_BYTES)
+
+
+class TestEncodePayloadDecoded:
+    """encode_payload_decoded: encode_payload's text, and a fresh decoded copy of the payload."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(value=json_any)
+    def test_same_text_and_an_equal_copy(self, value: Any) -> None:
+        """Any JSON payload gives encode_payload's text and a value equal to it, typed the
+        same all the way down, sharing no container with the original."""
+        from watchkeeper.store import encode_payload
+        from watchkeeper.store._values import encode_payload_decoded
+
+        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
+        assert text == encode_payload(value, max_payload_bytes=None)
+        assert same(decoded, value)
+        if isinstance(value, list | dict):
+            assert decoded is not value
+
+    @settings(max_examples=200, deadline=None)
+    @given(case=invalid_values.filter(lambda case: case[0] is not None))
+    def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
+        """A value that is not plain JSON raises the same error as encode_payload."""
+        from watchkeeper.store import encode_payload
+        from watchkeeper.store._values import encode_payload_decoded
+
+        value, error = case
+        with pytest.raises(error) as expected:
+            encode_payload(value, max_payload_bytes=None)
+        with pytest.raises(error) as got:
+            encode_payload_decoded(value, max_payload_bytes=None)
+        assert str(got.value) == str(expected.value)
+
+    def test_a_cycle_and_the_size_limit(self) -> None:
+        """A self-containing list is refused as too deep (InvalidValueError, as encode_payload
+        says); a payload over the limit names its size."""
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store._values import encode_payload_decoded
+
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        with pytest.raises(InvalidValueError, match="nested more than"):
+            encode_payload_decoded(cycle, max_payload_bytes=None)
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)

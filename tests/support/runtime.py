@@ -22,7 +22,13 @@ from watchkeeper.store import (
     StateScope,
     Writer,
 )
-from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerEvent, WatchSpec
+from watchkeeper.triggerer import (
+    BaseEventTrigger,
+    RunnerConfig,
+    TriggerEvent,
+    TriggerEventBatch,
+    WatchSpec,
+)
 
 FAST = RunnerConfig(
     backoff_initial=0.001,
@@ -217,17 +223,19 @@ def watch_logs() -> Iterator[LogWatch]:
 
 
 class Signalling(BaseEventTrigger):
-    """Mix in before a watcher class: sets ``committed`` once ``signal_after`` events were
-    committed (the watcher's run resumes after each yield only once its event committed)."""
+    """Mix in before a ready-made watcher class (they yield batches): sets ``committed`` once
+    ``signal_after`` events were committed (the run resumes after a batch once all of it
+    committed)."""
 
     signal_after = 1
     committed: anyio.Event
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         count = 0
-        async with aclosing(super().run()) as events:  # type: ignore[type-var, safe-super]
-            async for event in events:
-                yield event
-                count += 1
-                if count == self.signal_after:
+        async with aclosing(super().run()) as batches:  # type: ignore[type-var, safe-super]
+            async for batch in batches:
+                assert isinstance(batch, TriggerEventBatch)
+                yield batch
+                count += len(batch)
+                if count >= self.signal_after:
                     self.committed.set()

@@ -1,8 +1,11 @@
-"""Fixtures of the watcher tests: durable state backends that can be closed and reopened."""
+"""Fixtures of the watcher tests: durable state backends that can be closed and reopened, and
+the MariaDB server the MySQL tests read from."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,6 +16,21 @@ import pytest
 from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
+
+MYSQL_DSN = os.environ.get("WATCHKEEPER_TEST_MYSQL_DSN", "mysql://root@127.0.0.1:3306/test")
+
+
+@pytest.fixture(scope="session")
+def mysql_dsn() -> str:
+    """The DSN of the test MariaDB; in CI (CI=true) an unreachable server fails the test."""
+    try:
+        with socket.create_connection(("127.0.0.1", 3306), timeout=1):
+            return MYSQL_DSN
+    except OSError as exc:
+        reason = f"MariaDB is not reachable on 127.0.0.1:3306 ({exc})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}")
+    pytest.skip(reason)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -17,6 +17,7 @@ from ._types import (
     AssetInfo,
     AssetScope,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     GcReport,
     Lease,
@@ -58,6 +59,15 @@ class MetastoreFeatures:
         calls share transactions (group commit); each call is still atomic on its own.
         """
         raise self._unsupported("asset events")
+
+    async def acommit_events(self, batch: EventBatchCommit) -> builtins.list[AssetEvent]:
+        """Commit a batch of trigger events and its state atomically; return the events written.
+
+        All of the batch or nothing of it; dedup applies to each event, and the state is
+        written to each asset where at least one event was (see :class:`EventBatchCommit`).
+        Batches share transactions with concurrent commits like single events do.
+        """
+        raise self._unsupported("event batches")
 
     async def alist_events(
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None

@@ -30,9 +30,18 @@ from ._postgres_sql import (
     rowcount,
     writer_fields,
 )
-from ._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
+from ._types import (
+    AssetEvent,
+    AssetScope,
+    EventBatchCommit,
+    EventCommit,
+    Fence,
+    StateScope,
+    TaskScope,
+    Writer,
+)
 from ._values import decode_value
-from .errors import AssetNotFoundError, LeaseLostError, VersionConflictError
+from .errors import AssetNotFoundError, LeaseLostError, StateStoreError, VersionConflictError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CATALOG",
     "LATE",
+    "BatchCommitOp",
     "CallOp",
     "ClearOp",
     "CommitOp",
@@ -228,6 +238,43 @@ class CommitOp(Op):
                 self.targets.append((asset_id, name))
 
 
+class BatchCommitOp(Op):
+    """A batch of one trigger's events with one state; the result is the events written.
+
+    Applied by one statement of its own (:func:`_commit_batches`), so it is all or nothing
+    like every op: a failure rolls the writer's transaction back and replays it alone.
+    """
+
+    __slots__ = ("batch", "created_at", "targets")
+
+    def __init__(self, batch: EventBatchCommit, created_at: datetime) -> None:
+        super().__init__(EVENTS)
+        self.batch, self.created_at = batch, created_at
+        self.targets: list[tuple[int, str]] = []
+
+    def weight(self) -> int:
+        b = self.batch
+        events = sum(_OP_OVERHEAD + len(payload) for payload, _ in b.events)
+        return (events + sum(len(v) for v in b.state.values())) * max(1, len(b.assets))
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return [AssetScope(name=name) for name in self.batch.assets]
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        fence = self.batch.fence
+        return None if fence is None else (fence, self.created_at)
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        self.targets = []
+        for name in self.batch.assets:
+            asset_id = ids[AssetScope(name=name)]
+            if asset_id is None:
+                self.error = AssetNotFoundError(name)
+                return
+            if all(asset_id != seen for seen, _ in self.targets):
+                self.targets.append((asset_id, name))
+
+
 class CallOp(Op):
     """Any other write: ``fn`` runs on the writer's connection inside the batch transaction."""
 
@@ -283,6 +330,7 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
     await _check_fences(conn, sql, [op for op in ordered if op.error is None])
     live = [op for op in ordered if op.error is None]
     await _commit_events(conn, sql, [op for op in live if isinstance(op, CommitOp)])
+    await _commit_batches(conn, sql, [op for op in live if isinstance(op, BatchCommitOp)])
     await _compare_and_set(
         conn, sql, [op for op in live if isinstance(op, PutOp) and op.phase == CAS]
     )
@@ -345,6 +393,68 @@ async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[Co
             op.result.append(
                 AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
             )
+
+
+async def _commit_batches(
+    conn: asyncpg.Connection, sql: Statements, ops: list[BatchCommitOp]
+) -> None:
+    for op in ops:
+        b = op.batch
+        who = writer_fields(b.writer)
+        keys = list(b.state)
+        dedup_keys = [dedup_key for _, dedup_key in b.events]
+        keyed = any(key is not None for key in dedup_keys)
+        rows = await conn.fetch(
+            sql.commit_batch if keyed else sql.commit_batch_plain,
+            [payload for payload, _ in b.events],
+            dedup_keys if keyed else [],  # unnest pads the shorter array with NULLs
+            [asset_id for asset_id, _ in op.targets],
+            [name for _, name in op.targets],
+            b.watcher,
+            op.created_at,
+            list(keys),
+            [b.state[k] for k in keys],
+            *who,
+        )
+        op.result = _batch_events(op, rows)
+
+
+def _batch_events(op: BatchCommitOp, rows: Sequence[Any]) -> list[AssetEvent]:
+    """Pair the returned ``(id, asset_id, dedup_key)`` rows, in id order, with the events.
+
+    An event without a dedup key is always inserted; one with a key is inserted on an asset
+    when that pair came back (its first event in the batch). The ids follow the insert's
+    ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
+    """
+    b = op.batch
+    targets = op.targets
+    returned = {(asset_id, dedup_key) for _, asset_id, dedup_key in rows if dedup_key is not None}
+    expected: list[tuple[int, int, str]]  # (event index, asset_id, asset name)
+    if not returned and len(rows) == len(b.events) * len(targets):
+        # Nothing suppressed (the usual batch, without dedup keys): every event on every asset.
+        expected = [(i, asset_id, name) for i in range(len(b.events)) for asset_id, name in targets]
+    else:
+        expected = []
+        for index, (_, dedup_key) in enumerate(b.events):
+            for asset_id, name in targets:
+                if dedup_key is not None:
+                    if (asset_id, dedup_key) not in returned:
+                        continue
+                    returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
+                expected.append((index, asset_id, name))
+    if len(expected) != len(rows):
+        raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
+    decoded = b.decoded
+    if decoded is None:  # decoded once per event, for all its assets
+        decoded = tuple(decode_value(payload_json) for payload_json, _ in b.events)
+    watcher, events, created_at = b.watcher, b.events, op.created_at
+    out: list[AssetEvent] = []
+    for (index, asset_id, name), (event_id, got_asset, got_key) in zip(expected, rows, strict=True):
+        dedup_key = events[index][1]
+        if got_asset != asset_id or got_key != dedup_key:
+            raise StateStoreError("the ids of a batch's events do not follow its order")
+        out.append(AssetEvent(event_id, name, watcher, decoded[index], dedup_key, created_at))
+    return out
 
 
 async def _compare_and_set(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:

@@ -19,6 +19,7 @@ from ._types import (
     AssetInfo,
     AssetScope,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     Fence,
     GcReport,
@@ -298,6 +299,47 @@ class MemoryStateBackend(BaseStateBackend):
                         version=(old.version if old else 0) + 1,
                         updated_at=now,
                         writer=commit.writer,
+                    )
+            return written
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        self._check_open()
+        if not isinstance(batch, EventBatchCommit):
+            raise TypeError(f"batch must be an EventBatchCommit, got {type(batch).__name__}")
+        with self._lock:
+            now = self.clock()
+            self._check_fence(batch.fence, now)
+            rows: dict[int, _AssetRow] = {}
+            for name in batch.assets:  # resolve all first: an unknown asset writes nothing
+                row = self._resolve(AssetScope(name=name))
+                rows.setdefault(row.asset_id, row)
+            payloads = batch.decoded or [decode_value(text) for text, _ in batch.events]
+            written: list[AssetEvent] = []
+            stated: set[int] = set()
+            for payload, (_, dedup_key) in zip(payloads, batch.events, strict=True):
+                for row in rows.values():
+                    if dedup_key is not None:
+                        if (row.asset_id, dedup_key) in self._dedup:
+                            continue  # recorded before, or by an earlier event of the batch
+                        self._dedup.add((row.asset_id, dedup_key))
+                    event = AssetEvent(
+                        self._next_event_id, row.name, batch.watcher, payload, dedup_key, now
+                    )
+                    self._next_event_id += 1
+                    self._events.append(event)
+                    written.append(event)
+                    stated.add(row.asset_id)
+            for row in rows.values():
+                if row.asset_id not in stated:
+                    continue  # every event of the batch was a duplicate here
+                for key, value_json in batch.state.items():
+                    old = self._asset_state.get((row.asset_id, key))
+                    self._asset_state[(row.asset_id, key)] = RawEntry(
+                        key=key,
+                        value_json=value_json,
+                        version=(old.version if old else 0) + 1,
+                        updated_at=now,
+                        writer=batch.writer,
                     )
             return written
 

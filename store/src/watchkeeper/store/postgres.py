@@ -30,7 +30,16 @@ from ._backend import BaseStateBackend
 from ._daemons import check_daemon_status, check_owners, decode_refused, encode_refused
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
-from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from ._postgres_ops import (
+    CATALOG,
+    LATE,
+    BatchCommitOp,
+    CallOp,
+    ClearOp,
+    CommitOp,
+    DeleteOp,
+    PutOp,
+)
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
     Statements,
@@ -46,6 +55,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     GcReport,
     Lease,
@@ -389,6 +399,13 @@ class PostgresStateBackend(BaseStateBackend):
         if not isinstance(commit, EventCommit):
             raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
         events: list[AssetEvent] = await self._submit(CommitOp(commit, self.clock()))
+        return events
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        self._check_open()
+        if not isinstance(batch, EventBatchCommit):
+            raise TypeError(f"batch must be an EventBatchCommit, got {type(batch).__name__}")
+        events: list[AssetEvent] = await self._submit(BatchCommitOp(batch, self.clock()))
         return events
 
     async def alist_events(

@@ -68,6 +68,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     GcReport,
     Lease,
@@ -394,6 +395,15 @@ class SqliteStateBackend(BaseStateBackend):
         # if that fails.
         return await self._write(
             lambda tx: meta.commit_event(tx, commit), group=EVENT_COMMITS, item=commit
+        )
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        self._check_open()
+        if not isinstance(batch, EventBatchCommit):
+            raise TypeError(f"batch must be an EventBatchCommit, got {type(batch).__name__}")
+        # One operation of the event group; alone, the group's code on it, in a savepoint.
+        return await self._write(
+            lambda tx: EVENT_COMMITS.commit_batch(tx, batch), group=EVENT_COMMITS, item=batch
         )
 
     async def alist_events(

@@ -23,7 +23,7 @@ from .errors import (
 )
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
-from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent
+from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent, TriggerEventBatch
 
 __all__ = [
     "Asset",
@@ -39,6 +39,7 @@ __all__ = [
     "RunnerConfig",
     "Settings",
     "TriggerEvent",
+    "TriggerEventBatch",
     "TriggerImportError",
     "TriggerRunner",
     "TriggererError",

@@ -20,6 +20,7 @@ from watchkeeper.store import (
     AssetEvent,
     AssetInfo,
     BaseStateBackend,
+    EventBatchCommit,
     EventCommit,
     GcReport,
     RawEntry,
@@ -32,7 +33,8 @@ from watchkeeper.store import (
 __all__ = ["CRASH_POINTS", "CrashPlan", "CrashPoint", "ObservedBackend", "SimulatedCrash"]
 
 CrashPoint = Literal["before_commit", "after_commit", "between_items"]
-"""Where a harness crash hits, relative to the trigger's ``event``-th yielded event:
+"""Where a harness crash hits, relative to the trigger's ``event``-th yielded event (a
+:class:`~watchkeeper.triggerer.TriggerEventBatch` is one yielded event: it commits whole):
 
 - ``before_commit``: the event was yielded, the process dies before it commits;
 - ``after_commit``: the event and its ``state`` committed, the process dies before the
@@ -88,7 +90,8 @@ class ObservedBackend(BaseStateBackend):
         self.plan = plan
         self._on_crash = on_crash
         self.yielded = 0
-        """Trigger events that reached the commit (suppressed duplicates included)."""
+        """Trigger events (or batches) that reached the commit (suppressed duplicates
+        included)."""
         self.committed: list[AssetEvent] = []
         self.crashed: SimulatedCrash | None = None
         self.last_commit_at = 0.0
@@ -121,6 +124,13 @@ class ObservedBackend(BaseStateBackend):
     # -- events ----------------------------------------------------------------------------------
 
     async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        return await self._commit(lambda: self.inner.acommit_event(commit))
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        return await self._commit(lambda: self.inner.acommit_events(batch))
+
+    async def _commit(self, commit: Callable[[], Awaitable[list[AssetEvent]]]) -> list[AssetEvent]:
+        """One yielded event's (or batch's) commit, with the crash points around it."""
         self._check_alive()
         plan = self.plan
         number = self.yielded + 1
@@ -129,7 +139,7 @@ class ObservedBackend(BaseStateBackend):
                 raise await self._die("before_commit", number)
             if plan.point == "between_items" and number == plan.event + 1:
                 raise await self._die("between_items", plan.event)
-        written = await self.inner.acommit_event(commit)
+        written = await commit()
         self.yielded = number
         self.committed.extend(written)
         self.last_commit_at = anyio.current_time()

@@ -47,7 +47,9 @@ async def run_trigger(
     """Run ``trigger`` once and return the asset events this call committed, in commit order.
 
     The assets are registered first. The run stops after ``max_events`` committed asset events
-    (one trigger event commits one per watched asset; a suppressed duplicate commits none), when
+    (one trigger event commits one per watched asset; a suppressed duplicate commits none; a
+    :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops after the
+    batch that reached ``max_events`` and returns all of it), when
     ``run()`` returns, or after ``timeout`` seconds, returning what was committed by then. Upon
     ``max_events`` the generator is closed at its ``yield``, as when breaking out of
     ``async for``. ``cleanup()`` is always awaited. An exception from ``run()`` (or from

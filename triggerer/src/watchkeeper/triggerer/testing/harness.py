@@ -143,7 +143,9 @@ class WatcherHarness:
         """Run ``trigger`` until ``max_events`` asset events committed, ``run()`` returns,
         ``timeout`` passes, or (once it committed something) ``idle`` seconds pass without a
         commit; then stop it (cancel, await cleanup). An exception from the trigger is raised
-        here. The idle clock starts at the first commit, so a slow start never looks idle."""
+        here. The idle clock starts at the first commit, so a slow start never looks idle.
+        A :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run stops after
+        the batch that reached ``max_events``, and its events are all in the result."""
         return await self._run(
             trigger, _assets(assets), max_events, idle, timeout, None, (), watcher_name
         )
@@ -175,7 +177,8 @@ class WatcherHarness:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
         watcher_name: str | None = None,
     ) -> HarnessRun:
-        """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event.
+        """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event (a
+        :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits whole).
 
         Nothing the dying run does after that point reaches the backend, and each of
         ``sources`` is disconnected at that moment (a broker forgets a dead consumer's
