@@ -22,6 +22,7 @@ from watchkeeper.store import (
     Asset,
     AssetScope,
     BaseStateBackend,
+    MissingCapabilityError,
     RawEntry,
     SqliteStateBackend,
     StateScope,
@@ -31,6 +32,7 @@ from watchkeeper.store import (
     VersionConflictError,
     Writer,
 )
+from watchkeeper.store.backend import CAPABILITIES, MetastoreBackend, require_event_log
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders")
@@ -290,14 +292,16 @@ class TestMissingHooks:
             with pytest.raises(NotImplementedError, match="neither _aget nor _get"):
                 await backend.aget(TASK, "k")
 
-    async def test_metastore_features_are_optional(self) -> None:
-        """A custom backend without a metastore says so when asked for events."""
+    async def test_metastore_capabilities_are_optional(self) -> None:
+        """A custom backend without a metastore has none of its capabilities, and asking it
+        for an event log names the backend and the capability."""
         async with AsyncOnlyBackend() as backend:
-            with pytest.raises(NotImplementedError, match="AsyncOnlyBackend does not support"):
-                await backend.alist_events()
+            assert not any(isinstance(backend, capability) for capability in CAPABILITIES)
+            with pytest.raises(MissingCapabilityError, match="AsyncOnlyBackend has no EventLog"):
+                require_event_log(backend)
 
 
-def _sqlite(path: Path) -> BaseStateBackend:
+def _sqlite(path: Path) -> MetastoreBackend:
     return SqliteStateBackend(path)
 
 

@@ -24,13 +24,13 @@ from watchkeeper.store import (
     MAX_VALUE_DEPTH,
     Asset,
     AssetScope,
-    BaseStateBackend,
     EventCommit,
     InvalidNameError,
     InvalidValueError,
     StateScope,
     TaskScope,
 )
+from watchkeeper.store.backend import MetastoreBackend
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS_SCOPE = AssetScope(name="orders")
@@ -186,7 +186,7 @@ def same(a: object, b: object) -> bool:
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
+async def store(backend: MetastoreBackend) -> MetastoreBackend:
     """The backend with the asset ``orders`` registered and one key in each scope."""
     await backend.aregister_assets([Asset("orders")])
     for scope in SCOPES:
@@ -194,7 +194,7 @@ async def store(backend: BaseStateBackend) -> BaseStateBackend:
     return backend
 
 
-async def snapshot(store: BaseStateBackend) -> list[object]:
+async def snapshot(store: MetastoreBackend) -> list[object]:
     return [await store.alist(scope) for scope in SCOPES]
 
 
@@ -202,7 +202,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, key=keys, value=json_values)
     async def test_any_json_value_round_trips(
-        self, store: BaseStateBackend, scope: StateScope, key: str, value: Any
+        self, store: MetastoreBackend, scope: StateScope, key: str, value: Any
     ) -> None:
         """Whatever JSON value is written under whatever valid key is read back exactly."""
         await store.aset(scope, key, value)
@@ -211,7 +211,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, case=invalid_values)
     async def test_invalid_value_raises_and_changes_nothing(
-        self, store: BaseStateBackend, scope: StateScope, case: tuple[Any, type[Exception]]
+        self, store: MetastoreBackend, scope: StateScope, case: tuple[Any, type[Exception]]
     ) -> None:
         """None, a non-finite float or a non-JSON object anywhere raises its error, writing nothing."""
         value, error = case
@@ -224,7 +224,7 @@ class TestValueProperties:
     @given(scope=scopes, case=invalid_keys, method=st.sampled_from(["aget", "aset", "adelete"]))
     async def test_invalid_key_raises_and_changes_nothing(
         self,
-        store: BaseStateBackend,
+        store: MetastoreBackend,
         scope: StateScope,
         case: tuple[Any, type[Exception]],
         method: str,
@@ -244,7 +244,7 @@ class TestValueProperties:
         )
     )
     async def test_list_matches_a_dict_model(
-        self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
+        self, backend: MetastoreBackend, writes: list[tuple[str, Any]]
     ) -> None:
         """After any sequence of writes the scope lists the last value of each key, by key."""
         scope = TaskScope("dag", "run_1", "model")
@@ -262,7 +262,7 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_dedup_key_is_refused_or_deduplicates(
-        self, store: BaseStateBackend, name: str
+        self, store: MetastoreBackend, name: str
     ) -> None:
         """A dedup key breaking the naming rule is refused before any I/O; any other commits
         once, reads back exactly, and suppresses its redelivery, on every backend."""
@@ -285,7 +285,7 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_asset_name_is_refused_or_round_trips(
-        self, store: BaseStateBackend, name: str
+        self, store: MetastoreBackend, name: str
     ) -> None:
         """An asset name breaking the rule is refused by Asset() and AssetScope(); any other
         registers, lists and addresses its state exactly, on every backend."""
@@ -303,7 +303,7 @@ class TestNameProperties:
     @backend_settings
     @given(ids=st.tuples(any_name, any_name, any_name))
     async def test_any_task_scope_is_refused_or_round_trips(
-        self, store: BaseStateBackend, ids: tuple[str, str, str]
+        self, store: MetastoreBackend, ids: tuple[str, str, str]
     ) -> None:
         """Task scope ids breaking the rule (with the 512-byte limit) are refused by
         TaskScope(); any others address their own state exactly, on every backend."""

@@ -22,6 +22,7 @@ from watchkeeper.store import (
     StateScope,
     Writer,
 )
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerEvent, WatchSpec
 
 FAST = RunnerConfig(
@@ -158,7 +159,7 @@ class GatedBackend(MemoryStateBackend):
         )
 
 
-def open_backend(kind: str, tmp_path: Path) -> BaseStateBackend:
+def open_backend(kind: str, tmp_path: Path) -> MetastoreBackend:
     """An unopened backend of ``kind`` (``memory`` or ``sqlite``, a file under tmp_path)."""
     if kind == "memory":
         return MemoryStateBackend()

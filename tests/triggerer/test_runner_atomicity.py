@@ -30,13 +30,13 @@ from _runtime_support import FAST, Scripted
 from watchkeeper.store import (
     Asset,
     AssetEvent,
-    BaseStateBackend,
     EventCommit,
     PostgresStateBackend,
     SqliteStateBackend,
     StateScope,
     Writer,
 )
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 ORDERS = Asset("orders")
@@ -150,7 +150,7 @@ class PostgresObserver:
         return Snapshot(write, seqs, watermarks, same)
 
 
-class ObservedWrites(BaseStateBackend):
+class ObservedWrites(MetastoreBackend):
     """Mixed into a real backend: after each state or event write returns, take a snapshot."""
 
     _observer: Observer | None = None
@@ -249,7 +249,7 @@ def _events(count: int = EVENTS) -> list[TriggerEvent]:
     return [TriggerEvent({"seq": n}, state={WATERMARK: n}) for n in range(1, count + 1)]
 
 
-async def _run(backend: BaseStateBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
+async def _run(backend: MetastoreBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
     """Run the scripted triggers in one runner until each resumed after its last event."""
     async with TriggerRunner(backend, FAST) as runner:
         for trigger_id, trigger, assets in specs:

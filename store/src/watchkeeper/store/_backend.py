@@ -16,7 +16,7 @@ import anyio.abc
 import greenback
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._features import MetastoreFeatures
+from ._offload import OffloadHooks
 from ._types import (
     AssetScope,
     RawEntry,
@@ -78,7 +78,7 @@ def _entry(raw: RawEntry) -> StateEntry:
     )
 
 
-class BaseStateBackend(MetastoreFeatures):
+class BaseStateBackend(OffloadHooks):
     """Where task and asset state lives.
 
     The async methods (``aget``, ``aset``, ...) are the primary interface; every one has a sync
@@ -93,12 +93,11 @@ class BaseStateBackend(MetastoreFeatures):
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
     Asset registration, events, garbage collection, trigger status and trigger leases are
-    metastore features: the built-in backends implement them (``supports_events = True``); a
-    custom backend may leave them out (a daemon on a backend without leases runs every trigger
-    unfenced, as a single daemon).
+    capabilities (``runtime_checkable`` Protocols in :mod:`watchkeeper.store.backend`): the
+    built-in backends have them all (they subclass ``MetastoreBackend``); a custom backend
+    implements those it has, and the runtime checks for each with ``isinstance`` (a daemon on
+    a backend without leases runs every trigger unfenced, as a single daemon).
     """
-
-    supports_events: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -224,6 +223,10 @@ class BaseStateBackend(MetastoreFeatures):
         still names the file it opened (:class:`~watchkeeper.store.DatabaseFileRemovedError`).
         """
         self._check_open()
+
+    async def amigrate(self) -> builtins.list[int]:
+        """Apply pending schema migrations; return the versions applied (opening does this too)."""
+        return []
 
     def _describe(self) -> str:
         return ""

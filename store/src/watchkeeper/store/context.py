@@ -29,6 +29,7 @@ from ._backend import BaseStateBackend
 from ._log import get_logger
 from ._types import Asset, TaskScope, Writer
 from .accessors import AssetStateStoreAccessors, TaskStateStoreAccessor
+from .backend import require_asset_registry
 
 __all__ = ["build_task_context", "declared_assets", "run_task"]
 
@@ -181,7 +182,7 @@ async def run_task(
     inlets, outlets = _as_tuple("inlets", inlets), _as_tuple("outlets", outlets)
     assets = declared_assets(inlets, outlets)
     if register_assets and assets:
-        await backend.aregister_assets(assets)
+        await require_asset_registry(backend).aregister_assets(assets)
     try_number = 1
     while True:
         context = build_task_context(

@@ -18,6 +18,7 @@ __all__ = [
     "InvalidValueError",
     "KeyTypeError",
     "LeaseLostError",
+    "MissingCapabilityError",
     "PayloadTooLargeError",
     "RetentionTypeError",
     "StateStoreError",
@@ -238,6 +239,17 @@ class StoreClosedError(StateStoreError):
 
     def __init__(self, backend: object) -> None:
         super().__init__(f"{type(backend).__name__} is closed; open it with 'async with' first")
+
+
+class MissingCapabilityError(StateStoreError, TypeError):
+    """Raised when a backend lacks a capability the caller needs: a runner on a backend with
+    no event log, ``watchkeeper gc`` on one without garbage collection (the capabilities are
+    the Protocols of :mod:`watchkeeper.store.backend`)."""
+
+    def __init__(self, backend: object, capability: str) -> None:
+        self.backend_type = type(backend).__name__
+        self.capability = capability
+        super().__init__(f"{self.backend_type} has no {capability} (it is not a {capability})")
 
 
 class SyncCallInLoopError(StateStoreError, RuntimeError):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Self
 
-from ._backend import BaseStateBackend
-from ._gc import check_days, event_cutoffs
-from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
+from ._gc import GcPlan
+from ._leases import HeldLease, check_fence
+from ._metastore import MetastoreBackend
 from ._types import (
     Asset,
     AssetEvent,
@@ -27,7 +26,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_events_query, check_name, decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from .errors import AssetNotFoundError, VersionConflictError
 
 __all__ = ["MemoryStateBackend"]
@@ -44,7 +43,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(BaseStateBackend):
+class MemoryStateBackend(MetastoreBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -52,10 +51,11 @@ class MemoryStateBackend(BaseStateBackend):
     garbage collection, with the same semantics as the SQLite and PostgreSQL backends.
     """
 
-    supports_events = True
-
     def __init__(
-        self, *, max_value_bytes: int = 65536, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+        self,
+        *,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         self._lock = threading.Lock()
@@ -227,10 +227,7 @@ class MemoryStateBackend(BaseStateBackend):
 
     # -- metastore -------------------------------------------------------------------------------
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        for asset in assets:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
         now = self.clock()
         with self._lock:
             for asset in assets:
@@ -242,8 +239,7 @@ class MemoryStateBackend(BaseStateBackend):
                 else:
                     row.uri, row.active, row.updated_at = asset.uri, True, now
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         with self._lock:
             row = self._assets.get(name)
             if row is None or not row.active:
@@ -251,7 +247,7 @@ class MemoryStateBackend(BaseStateBackend):
             row.active, row.updated_at = False, self.clock()
             return True
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         with self._lock:
             return [
                 AssetInfo(r.asset_id, r.name, r.uri, r.active, r.updated_at)
@@ -259,8 +255,7 @@ class MemoryStateBackend(BaseStateBackend):
                 if r.active or not active_only
             ]
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         with self._lock:
             now = self.clock()
             self._check_fence(commit.fence, now)
@@ -298,31 +293,17 @@ class MemoryStateBackend(BaseStateBackend):
                     )
             return written
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        check_events_query(asset, since_id, limit)
         with self._lock:
             start = bisect.bisect_right(self._events, since_id, key=lambda e: e.id)
             events = [e for e in self._events[start:] if asset is None or e.asset == asset]
         return events if limit is None else events[:limit]
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        check_days("default_retention_days", default_retention_days)
-        check_days("batch_size", batch_size)
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        now, dry_run, cutoff, events_due = plan.now, plan.dry_run, plan.stale_before, plan.events
         report = GcReport(dry_run=dry_run)
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         with self._lock:
             for k, row in list(self._task.items()):
                 scope = TaskScope._from_row(*k[:4])
@@ -354,24 +335,21 @@ class MemoryStateBackend(BaseStateBackend):
                             self._dedup.discard((asset_id, event.dedup_key))
         return report
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
         with self._lock:
             for status in statuses:
                 self._statuses[status.trigger_id] = status
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
         with self._lock:
             for trigger_id in trigger_ids:
                 self._statuses.pop(trigger_id, None)
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         held: dict[str, int] = {}
         with self._lock:
             now = self.clock()
@@ -389,8 +367,7 @@ class MemoryStateBackend(BaseStateBackend):
                 held[trigger_id] = token
         return held
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
         with self._lock:
             now = self.clock()
             for trigger_id in ids:
@@ -398,6 +375,6 @@ class MemoryStateBackend(BaseStateBackend):
                 if row is not None and row[0] == owner:
                     self._leases[trigger_id] = (None, row[1], now)
 
-    async def alist_leases(self) -> list[Lease]:
+    async def _alist_leases(self) -> list[Lease]:
         with self._lock:
             return [Lease(k, *self._leases[k]) for k in sorted(self._leases)]

@@ -19,16 +19,15 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 
-from ._backend import BaseStateBackend
-from ._gc import event_cutoffs
-from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._gc import GcPlan
+from ._metastore import MetastoreBackend
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
@@ -56,8 +55,6 @@ from ._types import (
 from ._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
-    check_events_query,
-    check_name,
     decode_value,
 )
 from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
@@ -82,15 +79,13 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(BaseStateBackend):
+class PostgresStateBackend(MetastoreBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
     go where the server's search path puts them. The pool holds ``min_size`` to ``max_size``
     connections for reads; the writer has one more of its own.
     """
-
-    supports_events = True
 
     def __init__(
         self,
@@ -350,25 +345,15 @@ class PostgresStateBackend(BaseStateBackend):
         except Exception as exc:
             raise map_error(exc, "migrating") from exc
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        self._check_open()
-        latest: dict[str, str | None] = {}
-        for asset in assets:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must hold Asset objects, got {type(asset).__name__}")
-            latest[asset.name] = asset.uri  # a name given twice: the last URI wins, as in memory
-        if not latest:
-            return
-        now, names, uris = self.clock(), list(latest), list(latest.values())
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
+        now, names, uris = self.clock(), [a.name for a in assets], [a.uri for a in assets]
 
         async def register(conn: asyncpg.Connection) -> None:
             await conn.execute(self._sql.register_assets, names, uris, now)
 
         await self._submit(CallOp(register, phase=CATALOG))
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        self._check_open()
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         now = self.clock()
 
         async def deactivate(conn: asyncpg.Connection) -> bool:
@@ -377,46 +362,30 @@ class PostgresStateBackend(BaseStateBackend):
         changed: bool = await self._submit(CallOp(deactivate, phase=CATALOG))
         return changed
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
-        self._check_open()
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         rows = await self._fetch("listing assets", self._sql.list_assets, active_only)
         return [AssetInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
-        if not isinstance(commit, EventCommit):
-            raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         events: list[AssetEvent] = await self._submit(CommitOp(commit, self.clock()))
         return events
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        self._check_open()
-        check_events_query(asset, since_id, limit)
         rows = await self._fetch("listing events", self._sql.list_events, since_id, asset, limit)
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        self._check_open()
-        if not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(
-                f"batch_size must be an int >= 0 (0: one statement), got {batch_size!r}"
-            )
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        now, dry_run, batch_size, cutoff = (
+            plan.now,
+            plan.dry_run,
+            plan.batch_size,
+            plan.stale_before,
+        )
+        events_due = plan.events
         event_args = () if events_due is None else (events_due.events, events_due.dedup)
         events = 0
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         bounds: dict[str, tuple[Any, ...]] = {"expired": (now,), "orphaned": ()}
         if cutoff is not None:
             bounds["retention"] = (cutoff,)
@@ -473,39 +442,26 @@ class PostgresStateBackend(BaseStateBackend):
         report.orphaned = [(r[0], r[1]) for r in sorted(found["orphaned"])]
         return report
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        self._check_open()
-        rows: list[tuple[Any, ...]] = []
-        for s in statuses:
-            if not isinstance(s, TriggerStatus):
-                raise TypeError(f"statuses must hold TriggerStatus objects, got {type(s).__name__}")
-            rows.append(
-                (s.trigger_id, s.classpath, list(s.assets), list(s.watchers), s.state, s.failures,
-                 s.last_error, s.last_event_at, s.events, s.updated_at, s.owner)
-            )  # fmt: skip
-        if not rows:
-            return
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        rows = [
+            (s.trigger_id, s.classpath, list(s.assets), list(s.watchers), s.state, s.failures,
+             s.last_error, s.last_event_at, s.events, s.updated_at, s.owner)
+            for s in statuses
+        ]  # fmt: skip
 
         async def save(conn: asyncpg.Connection) -> None:
             await conn.executemany(self._sql.save_status, rows)
 
         await self._submit(CallOp(save, phase=LATE))
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        ids = list(trigger_ids)
-        if not all(isinstance(i, str) for i in ids):
-            raise TypeError("trigger_ids must hold str trigger ids")
-        if not ids:
-            return
+    async def _adelete_trigger_status(self, ids: list[str]) -> None:
 
         async def delete(conn: asyncpg.Connection) -> int:
             return rowcount(await conn.execute(self._sql.delete_status, ids))
 
         await self._submit(CallOp(delete, phase=LATE))
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
-        self._check_open()
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         rows = await self._fetch("listing trigger status", self._sql.list_status)
         return [
             TriggerStatus(
@@ -522,13 +478,7 @@ class PostgresStateBackend(BaseStateBackend):
     # the writer's batches: a batch holds the lease rows it fences on (FOR SHARE) until it
     # commits, and a claim that shared its transaction could deadlock with another daemon's.
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        self._check_open()
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
-        if not ids:
-            return {}
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         now = self.clock()
 
         async def claim(conn: Any) -> dict[str, int]:
@@ -538,11 +488,7 @@ class PostgresStateBackend(BaseStateBackend):
 
         return await self._transact("claiming leases", claim)
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
-        if not ids:
-            return
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
         now = self.clock()
 
         async def release(conn: Any) -> None:
@@ -551,7 +497,6 @@ class PostgresStateBackend(BaseStateBackend):
 
         await self._transact("releasing leases", release)
 
-    async def alist_leases(self) -> list[Lease]:
-        self._check_open()
+    async def _alist_leases(self) -> list[Lease]:
         rows = await self._fetch("listing leases", self._sql.list_leases)
         return [Lease(r[0], r[1], r[2], r[3]) for r in rows]

@@ -56,9 +56,8 @@ import anyio.abc
 
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
-from ._backend import BaseStateBackend
-from ._gc import check_days, event_cutoffs
-from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._gc import GcPlan
+from ._metastore import MetastoreBackend
 from ._sqlite_events import EVENT_COMMITS
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
 from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
@@ -74,7 +73,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_name
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
@@ -100,15 +99,13 @@ class CommitStats(NamedTuple):
     writes: int
 
 
-class SqliteStateBackend(BaseStateBackend):
+class SqliteStateBackend(MetastoreBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
     synchronous use). Opening creates the file if needed, switches it to WAL and applies the
     pending schema migrations (:attr:`applied_migrations` lists them).
     """
-
-    supports_events = True
 
     def __init__(
         self,
@@ -365,58 +362,32 @@ class SqliteStateBackend(BaseStateBackend):
         self._check_open()
         return await self._write(meta.pragmas, savepoint=False)
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        self._check_open()
-        batch = list(assets)
-        for asset in batch:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
-        if batch:
-            await self._write(lambda tx: meta.register_assets(tx, batch))
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
+        await self._write(lambda tx: meta.register_assets(tx, assets))
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        self._check_open()
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         return await self._write(lambda tx: meta.deactivate_asset(tx, name), savepoint=False)
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
-        self._check_open()
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         sql, params = meta.assets_query(active_only)
         return meta.assets_result(await self._read(sql, params))
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
-        if not isinstance(commit, EventCommit):
-            raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         # Neighbouring commits of a batch run together (EVENT_COMMITS), this one alone
         # if that fails.
         return await self._write(
             lambda tx: meta.commit_event(tx, commit), group=EVENT_COMMITS, item=commit
         )
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        self._check_open()
         sql, params = meta.events_query(asset, since_id, limit)
         return meta.events_result(await self._read(sql, params))
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        self._check_open()
-        check_days("default_retention_days", default_retention_days)
-        check_days("batch_size", batch_size)
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        now, dry_run, batch_size = plan.now, plan.dry_run, plan.batch_size
+        cutoff, events_due = plan.stale_before, plan.events
         report = GcReport(dry_run=dry_run)
         for kind in meta.GC_KINDS:
             bound = now
@@ -455,40 +426,20 @@ class SqliteStateBackend(BaseStateBackend):
                         break
         return report
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        self._check_open()
-        batch = list(statuses)
-        for status in batch:
-            if not isinstance(status, TriggerStatus):
-                raise TypeError(f"statuses must be TriggerStatus, got {type(status).__name__}")
-        if batch:
-            await self._write(lambda tx: meta.save_statuses(tx, batch))
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        await self._write(lambda tx: meta.save_statuses(tx, statuses))
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        ids = list(trigger_ids)
-        if ids:
-            await self._write(lambda tx: meta.delete_statuses(tx, ids))
+    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
+        await self._write(lambda tx: meta.delete_statuses(tx, trigger_ids))
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
-        self._check_open()
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        self._check_open()
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
-        if not ids:
-            return {}
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         return await self._write(lambda tx: meta.claim_leases(tx, owner, ids, span))
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
-        if ids:
-            await self._write(lambda tx: meta.release_leases(tx, owner, ids))
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
+        await self._write(lambda tx: meta.release_leases(tx, owner, ids))
 
-    async def alist_leases(self) -> list[Lease]:
-        self._check_open()
+    async def _alist_leases(self) -> list[Lease]:
         return meta.leases_result(await self._read(meta.LEASE_LIST_SQL))

@@ -28,6 +28,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TriggerStatus,
 )
+from watchkeeper.store.backend import require_status_table
 
 from ._cli_common import (
     CommandError,
@@ -36,6 +37,7 @@ from ._cli_common import (
     emit_json,
     open_backend,
     redacted,
+    unwrap_lone_exception,
 )
 from .daemon import run_daemon
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
@@ -53,23 +55,8 @@ def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     options: dict[str, Any] = {}
     if importlib.util.find_spec("uvloop") is not None:
         options["use_uvloop"] = True
-    try:
+    with unwrap_lone_exception():
         return anyio.run(fn, *args, backend="asyncio", backend_options=options)
-    except BaseExceptionGroup as group:
-        lone = _lone_exception(group)
-        if lone is not None:
-            raise lone from None
-        raise
-
-
-def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
-    """The only exception inside (possibly nested) groups, or None when there are several."""
-    inner: BaseException = group
-    while isinstance(inner, BaseExceptionGroup):
-        if len(inner.exceptions) != 1:
-            return None
-        inner = inner.exceptions[0]
-    return inner if isinstance(inner, Exception) else None
 
 
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
@@ -132,7 +119,7 @@ def _iso(value: datetime | None) -> str | None:
 async def status_rows(backend: BaseStateBackend) -> list[dict[str, Any]]:
     """Each saved trigger status with the state of the assets it watches, as JSON data."""
     rows: list[dict[str, Any]] = []
-    for status in await backend.alist_trigger_status():
+    for status in await require_status_table(backend).alist_trigger_status():
         assets = []
         for name in status.assets:
             try:

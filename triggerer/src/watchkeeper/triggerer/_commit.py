@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Final
 
 from watchkeeper.store import EventCommit, Writer, encode_payload, encode_value
-from watchkeeper.store._values import check_key
+from watchkeeper.store.backend import check_key
 
 from .errors import InvalidEventError
 from .trigger import TriggerEvent

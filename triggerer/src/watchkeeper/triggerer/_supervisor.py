@@ -50,6 +50,7 @@ from watchkeeper.store import (
     get_logger,
     redact_secrets,
 )
+from watchkeeper.store.backend import require_event_log
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig
@@ -236,7 +237,7 @@ async def drive_trigger(
         max_value_bytes=backend.max_value_bytes,
         max_payload_bytes=backend.max_payload_bytes,
     )
-    commit_event = backend.acommit_event
+    commit_event = require_event_log(backend).acommit_event  # checked once per run
     # Checked once per run: no logger is kept per trigger when debug logging is off.
     debug = _debug_enabled(log)
     trigger.bind_asset_state_store(

@@ -67,11 +67,17 @@ from watchkeeper.store import (
     get_logger,
     open_state_backend,
 )
+from watchkeeper.store.backend import (
+    StatusTable,
+    require_asset_registry,
+    require_garbage_collector,
+)
 
 from ._config import SupervisionSettings
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
+from ._supervisor import describe_error
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
@@ -274,7 +280,7 @@ class Daemon:
             report = ReloadReport(errors=len(result.errors))
             backend, runner = self.backend, self.runner
             if result.assets:
-                await backend.aregister_assets(list(result.assets))
+                await require_asset_registry(backend).aregister_assets(list(result.assets))
             self._wanted = {g.trigger_id: g for g in result.groups}
             # A trigger that gave up ("failed") gets a fresh start from any reload, so an
             # operator retries it by touching its file once the source is fixed.
@@ -284,11 +290,11 @@ class Daemon:
             # After the reconcile stopped the triggers of removed files, their assets go.
             before = {a.name for a in self._loaded.assets} if self._loaded else set()
             for name in sorted(before - {a.name for a in result.assets}):
-                if await backend.adeactivate_asset(name):
+                if await require_asset_registry(backend).adeactivate_asset(name):
                     report.deactivated.append(name)
                     log.info("asset_deactivated", asset=name)
             gone = [t for t in report.stopped if t not in self._wanted]
-            if gone:
+            if gone and isinstance(backend, StatusTable):
                 await backend.adelete_trigger_status(gone)
             self._loaded = result
         log.info(
@@ -414,7 +420,7 @@ class Daemon:
                 await self.renew_leases()
             except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("lease_renewal_failed", error=describe_error(exc))
 
     async def verify_store(self) -> None:
         """Check, as every heartbeat does, that the store is still the one opened.
@@ -428,7 +434,7 @@ class Daemon:
         except Exception as exc:
             if isinstance(self.runner.store_health.report(exc), DatabaseFileRemovedError):
                 raise
-            log.error("store_verify_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("store_verify_failed", error=describe_error(exc))
 
     async def _renew_after_outage(self) -> None:
         """The store answers again: renew the leases (they may have lapsed meanwhile) before
@@ -444,7 +450,10 @@ class Daemon:
         """
         heartbeat = self.settings.triggerer.heartbeat_interval
         cutoff = datetime.now(UTC) - timedelta(seconds=3 * heartbeat + 30)
-        rows = await self.backend.alist_trigger_status()
+        table = self.backend
+        if not isinstance(table, StatusTable):
+            return
+        rows = await table.alist_trigger_status()
         stale = [
             r.trigger_id
             for r in rows
@@ -452,7 +461,7 @@ class Daemon:
             and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
         ]
         if stale:
-            await self.backend.adelete_trigger_status(stale)
+            await table.adelete_trigger_status(stale)
             log.info("trigger_status_pruned", trigger_ids=stale)
 
     async def _reload_loop(self) -> None:
@@ -466,7 +475,7 @@ class Daemon:
                 await self.reload()
             except Exception as exc:  # noqa: BLE001 - a failed reload is retried next poll
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("watchers_reload_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("watchers_reload_failed", error=describe_error(exc))
                 continue
             self._snapshot = current
 
@@ -475,7 +484,7 @@ class Daemon:
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
         store, events = self.settings.state_store, self.settings.events
-        report = await self.backend.acollect_garbage(
+        report = await require_garbage_collector(self.backend).acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
             event_retention_days=events.retention_days,
@@ -501,7 +510,7 @@ class Daemon:
                 await self._drop_stale_statuses()
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("gc_failed", error=describe_error(exc))
 
 
 def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:
