@@ -23,10 +23,10 @@ from _contract import (
 )
 from watchkeeper.store import (
     NEVER_EXPIRE,
-    StateStoreError,
     Asset,
     AssetNotFoundError,
     EventCommit,
+    StateStoreError,
     TriggerStatus,
     Writer,
     encode_json,
@@ -581,7 +581,11 @@ BAD_METASTORE_CALLS: list[tuple[str, str, Any]] = [
     ("deactivate", "invalid asset name ''", lambda s: s.adeactivate_asset("")),
     ("save_status", "statuses must be a sequence of", lambda s: s.asave_trigger_status([1])),
     ("delete_status", "trigger_ids must be a sequence of", lambda s: s.adelete_trigger_status([1])),
-    ("claim_owner", "invalid owner '': must be a non-empty str", lambda s: s.aclaim_leases("", ["t"], 5)),
+    (
+        "claim_owner",
+        "invalid owner '': must be a non-empty str",
+        lambda s: s.aclaim_leases("", ["t"], 5),
+    ),
     ("claim_ttl", "invalid ttl 0: must be positive", lambda s: s.aclaim_leases("me", ["t"], 0)),
 ]
 
