@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ._types import RawEntry, Writer
-from .errors import InvalidValueError, StateStoreError, StoreUnavailableError
+from .._types import RawEntry, Writer
+from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
 
 if TYPE_CHECKING:
     import asyncpg

@@ -1,31 +1,24 @@
 """``SqliteStateBackend``: the embedded default backend, one SQLite file in WAL mode.
 
-How it is built, and why (figures from the 2-core development machine, busy with other work;
-the formal benchmark suite owns the real numbers):
+How it is built, and why (the measurements behind these choices are in BENCHMARKS.md,
+"SQLite backend design measurements"):
 
-- **Writes** go through group commit (:mod:`._sqlite_writer`): a bounded anyio stream drained
-  by one writer task, each batch run as a single function call in a worker thread on a plain
-  ``sqlite3`` connection (``BEGIN IMMEDIATE`` ... ``COMMIT``, savepoints only around
-  multi-statement operations, plain upserts coalesced into multi-row statements). Why not
-  aiosqlite for writes: every statement there is its own hop to its thread and back (a
-  1000-write batch would be thousands of awaits), and coroutines sharing one aiosqlite
-  connection share its open transaction and measured 3-5x slower than one writer draining a
-  queue. Measured here, steady state with 1000 coroutines each looping ``aset``: 30-38k
-  writes/s against 80-100k rows/s for raw ``sqlite3`` committing 1000-row transactions of the
-  same upsert in the same process (ratio 0.35-0.45). The batch itself beats raw (coalesced:
-  ~7 us a row against ~11); the rest is the event loop's share, ~15 us a call (validation and
-  the bridge in ``BaseStateBackend``, the queue, waking the caller), which the GIL keeps from
-  overlapping the batch thread. Smaller batches, to overlap them, were far worse (2-10k/s: the
-  writer thread waits out the 5 ms GIL switch interval while the loop runs).
+- **Writes** go through group commit (:mod:`watchkeeper.store.sqlite.writer` over the shared
+  :mod:`watchkeeper.store._commit_queue`): one writer task drains a bounded anyio stream, each
+  batch run as a single function call in a worker thread on a plain ``sqlite3`` connection
+  (``BEGIN IMMEDIATE`` ... ``COMMIT``, savepoints only around multi-statement operations,
+  plain upserts coalesced into multi-row statements). Not aiosqlite for writes: every
+  statement there is its own hop to its thread and back, and coroutines sharing one
+  aiosqlite connection share its open transaction. Batches are as large as the queue allows:
+  smaller ones, to overlap the loop with the batch thread, lose to the GIL switch interval.
 - **Reads** go through aiosqlite on a second, ``query_only`` connection: one hop per read
-  (``execute_fetchall``; p50 ~0.07 ms), beside the writer thanks to WAL. A read issued after
-  an awaited write returns sees that write (the write has committed).
+  (``execute_fetchall``), beside the writer thanks to WAL. A read issued after an awaited
+  write returns sees that write (the write has committed).
 - Durability: ``synchronous=FULL`` by default, so every awaited write has been fsynced when it
-  returns: an uncontended ``aset`` took 0.4-0.6 ms at p50 where a raw single-row commit took
-  0.2-0.3 ms (fsync). ``NORMAL`` (0.2 ms) may lose the last commits on a power cut.
+  returns; ``NORMAL`` is faster and may lose the last commits on a power cut.
 - Asset scopes are resolved among active assets on every read (a join: no extra hop) and
   through the writer's cache on writes, emptied whenever ``assets`` may have changed
-  (:class:`._sqlite_writer.Tx`).
+  (:class:`.writer.Tx`).
 - Several processes (the daemon, task processes) may open the same file: ``busy_timeout``,
   ``BEGIN IMMEDIATE`` and a retry with backoff keep "database is locked" from surfacing; when
   the lock cannot be had in time the caller gets :class:`StoreUnavailableError`.
@@ -54,14 +47,9 @@ import aiosqlite
 import anyio
 import anyio.abc
 
-from . import _sqlite_meta as meta
-from . import _sqlite_ops as ops
-from ._gc import GcPlan
-from ._metastore import MetastoreBackend
-from ._sqlite_events import EVENT_COMMITS
-from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
-from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
-from ._types import (
+from .._gc import GcPlan
+from .._metastore import MetastoreBackend
+from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
@@ -73,8 +61,12 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES
-from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES
+from ..errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
+from . import meta, ops
+from .events import EVENT_COMMITS
+from .schema import Synchronous, connect, is_busy, migrate, unavailable
+from .writer import GroupCommitWriter, OpGroup, Tx, Upsert
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
 

@@ -1,8 +1,8 @@
 """The key/value SQL of :class:`~watchkeeper.store.SqliteStateBackend` (metastore SQL is in
-:mod:`._sqlite_meta`).
+:mod:`watchkeeper.store.sqlite.meta`).
 
 Write operations are plain functions ``op(tx, ...)`` that the group-commit writer runs in its
-thread, inside the batch transaction (see :mod:`._sqlite_writer`); they raise the store's own
+thread, inside the batch transaction (see :mod:`watchkeeper.store.sqlite.writer`); they raise the store's own
 errors (:class:`VersionConflictError`, :class:`AssetNotFoundError`) and leave sqlite3 errors to
 the writer, which translates them. Reads are split in two: ``*_query`` builds the SQL and its
 parameters for the aiosqlite reader, ``*_result`` turns the rows into the store's types.
@@ -15,17 +15,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from ._leases import check_fence
-from ._sqlite_schema import asset_match, from_db, to_db
-from ._sqlite_writer import Tx, Upsert
-from ._types import (
+from .._leases import check_fence
+from .._types import (
     Fence,
     RawEntry,
     StateScope,
     TaskScope,
     Writer,
 )
-from .errors import AssetNotFoundError, VersionConflictError
+from ..errors import AssetNotFoundError, VersionConflictError
+from .schema import asset_match, from_db, to_db
+from .writer import Tx, Upsert
 
 Row = tuple[Any, ...]
 Query = tuple[str, Sequence[object]]

@@ -55,9 +55,8 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
-from ._types import AssetScope
-from .errors import (
+from .._types import AssetScope
+from ..errors import (
     AssetNotFoundError,
     BackendUnavailableError,
     DatabaseFileRemovedError,
@@ -65,6 +64,7 @@ from .errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from .schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 
 __all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 

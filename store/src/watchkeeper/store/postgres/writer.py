@@ -1,9 +1,9 @@
 """Group commit for :class:`~watchkeeper.store.PostgresStateBackend`: one writer, one transaction
 per batch of concurrent writes.
 
-Callers put an :class:`~._postgres_ops.Op` on a bounded memory object stream and wait for its
+Callers put an :class:`~watchkeeper.store.postgres.ops.Op` on a bounded memory object stream and wait for its
 ``done`` event; one writer task (in the backend's task group) takes everything queued, applies
-it with :func:`~._postgres_ops.apply_batch` in one transaction on its own connection, commits,
+it with :func:`~watchkeeper.store.postgres.ops.apply_batch` in one transaction on its own connection, commits,
 and only then wakes the callers. So an awaited write is durable when it returns, and a thousand
 concurrent writers share one commit.
 
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from ._postgres_ops import Op, apply_batch
-from ._postgres_sql import Statements, is_unavailable, map_error
-from .errors import BackendUnavailableError, StoreClosedError
+from ..errors import BackendUnavailableError, StoreClosedError
+from .ops import Op, apply_batch
+from .sql import Statements, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg

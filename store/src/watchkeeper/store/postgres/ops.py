@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
-from ._leases import check_fence
-from ._postgres_sql import (
+from .._leases import check_fence
+from .._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
+from .._values import decode_value
+from ..errors import AssetNotFoundError, LeaseLostError, VersionConflictError
+from .sql import (
     Statements,
     StateStatements,
     columns,
     rowcount,
     writer_fields,
 )
-from ._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
-from ._values import decode_value
-from .errors import AssetNotFoundError, LeaseLostError, VersionConflictError
 
 if TYPE_CHECKING:
     import asyncpg

@@ -2,7 +2,7 @@
 
 For several daemons on several machines sharing one database. Semantics are the memory
 backend's, hook for hook. Reads go through an asyncpg pool; writes go through one group-commit
-writer (:mod:`._postgres_writer`) that turns every batch of concurrent writes into one
+writer (:mod:`watchkeeper.store.postgres.writer`) that turns every batch of concurrent writes into one
 transaction of a few set-based statements on a dedicated connection.
 
 asyncpg is imported when the backend opens, so ``import watchkeeper.store`` works without the
@@ -26,20 +26,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
-from ._gc import GcPlan
-from ._metastore import MetastoreBackend
-from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
-from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
-from ._postgres_sql import (
-    Statements,
-    is_connection_error,
-    is_unavailable,
-    map_error,
-    raw_entry,
-    rowcount,
-)
-from ._postgres_writer import GroupWriter
-from ._types import (
+from .._gc import GcPlan
+from .._metastore import MetastoreBackend
+from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
@@ -52,12 +41,23 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import (
+from .._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     decode_value,
 )
-from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
+from ..errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
+from .ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from .schema import apply_migrations, check_schema_name, table_prefix
+from .sql import (
+    Statements,
+    is_connection_error,
+    is_unavailable,
+    map_error,
+    raw_entry,
+    rowcount,
+)
+from .writer import GroupWriter
 
 if TYPE_CHECKING:
     import asyncpg
