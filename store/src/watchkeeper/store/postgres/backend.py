@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from .._commit_queue import CommitStats
 from .._gc import GcPlan
 from .._metastore import MetastoreBackend
 from .._types import (
@@ -194,9 +195,11 @@ class PostgresStateBackend(MetastoreBackend):
                         pool.terminate()
 
     @property
-    def write_batches(self) -> int:
-        """How many transactions the group-commit writer has committed since the backend opened."""
-        return self._last_writer.batches if self._last_writer is not None else 0
+    def commit_stats(self) -> CommitStats:
+        """How many batches the group-commit writer ran for how many writes since the backend
+        opened (readable after closing)."""
+        writer = self._last_writer
+        return CommitStats(0, 0) if writer is None else writer.queue.stats
 
     def _pool_or_closed(self) -> asyncpg.Pool:
         if self._pool is None or not self._open:

@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import anyio
-
+from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
 from .._leases import check_fence
 from .._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
 from .._values import decode_value
@@ -59,22 +58,15 @@ DELETE: Final = 4
 CLEAR: Final = 5
 LATE: Final = 6  # trigger status, garbage collection
 
-_OP_OVERHEAD: Final = 256  # bytes a write costs beyond its values, for the batch size limit
 
+class Op(QueuedWrite):
+    """One write waiting for the writer, with the phase of the batch it runs in."""
 
-class Op:
-    """One write waiting for the writer; ``done`` is set once its outcome is final."""
-
-    __slots__ = ("done", "error", "phase", "result")
+    __slots__ = ("phase",)
 
     def __init__(self, phase: int) -> None:
+        super().__init__()
         self.phase = phase
-        self.done = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def weight(self) -> int:
-        return _OP_OVERHEAD
 
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         """Take the asset ids of the scopes :meth:`scopes` named (or record a missing one)."""
@@ -85,18 +77,6 @@ class Op:
     def fence_at(self) -> tuple[Fence, datetime] | None:
         """The lease this write depends on, and the write's timestamp to check it at."""
         return None
-
-    def reset(self) -> None:
-        self.result = self.error = None
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class _ScopedOp(Op):
@@ -158,7 +138,7 @@ class PutOp(_ScopedOp):
         self.expected = expected
 
     def weight(self) -> int:
-        return _OP_OVERHEAD + len(self.value_json)
+        return WRITE_OVERHEAD + len(self.value_json)
 
     def pk(self) -> tuple[Any, ...]:
         return self.row_key(self.key)
@@ -207,7 +187,7 @@ class CommitOp(Op):
 
     def weight(self) -> int:
         c = self.commit
-        one = _OP_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
+        one = WRITE_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
         return one * max(1, len(c.assets))
 
     def scopes(self) -> Sequence[AssetScope]:

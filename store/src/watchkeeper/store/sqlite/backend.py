@@ -41,12 +41,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, Final, NamedTuple, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import aiosqlite
 import anyio
 import anyio.abc
 
+from .._commit_queue import CommitStats
 from .._gc import GcPlan
 from .._metastore import MetastoreBackend
 from .._types import (
@@ -82,13 +83,6 @@ def _nothing(tx: Tx) -> None:
 def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     """A new instance per raise, so concurrent callers do not share one traceback."""
     return DatabaseFileRemovedError(error.path, error.reason)
-
-
-class CommitStats(NamedTuple):
-    """Group-commit counters of one opening: ``writes / batches`` is the mean batch size."""
-
-    batches: int
-    writes: int
 
 
 class SqliteStateBackend(MetastoreBackend):
@@ -141,7 +135,7 @@ class SqliteStateBackend(MetastoreBackend):
         writer = self._writer
         if writer is None:
             return CommitStats(0, 0)
-        return CommitStats(writer.batches, writer.ops)
+        return writer.queue.stats
 
     def __del__(self) -> None:
         if getattr(self, "_wconn", None) is not None:
@@ -218,8 +212,7 @@ class SqliteStateBackend(MetastoreBackend):
         writer = self._writer  # kept: commit_stats stays readable after closing
         try:
             if writer is not None:
-                writer.close()
-                await writer.wait_stopped()  # every queued write has committed or failed
+                await writer.aclose()  # every queued write has committed or failed
         finally:
             await self._close_connections()
 
