@@ -38,8 +38,12 @@ from ._values import (
     expiry_of,
 )
 from .errors import (
+    ArgumentTypeError,
+    HookNotImplementedError,
     InvalidArgumentError,
+    InvalidSettingError,
     RetentionTypeError,
+    StoreAlreadyOpenError,
     StoreClosedError,
     SyncCallInLoopError,
 )
@@ -106,9 +110,11 @@ class BaseStateBackend(OffloadHooks):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if max_value_bytes <= 0:
-            raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+            raise InvalidSettingError("max_value_bytes", f"must be positive, got {max_value_bytes}")
         if max_payload_bytes <= 0:
-            raise ValueError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
+            raise InvalidSettingError(
+                "max_payload_bytes", f"must be positive, got {max_payload_bytes}"
+            )
         self.max_value_bytes = max_value_bytes
         self.max_payload_bytes = max_payload_bytes
         """The largest event payload (JSON, bytes): the runtime checks it before committing."""
@@ -137,7 +143,7 @@ class BaseStateBackend(OffloadHooks):
 
     async def __aenter__(self) -> Self:
         if self._open:
-            raise RuntimeError(f"{type(self).__name__} is already open")
+            raise StoreAlreadyOpenError(self)
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         tg = anyio.create_task_group()
@@ -295,7 +301,9 @@ class BaseStateBackend(OffloadHooks):
         if self._overrides(f"_{name}"):
             sync = getattr(self, f"_{name}")
             return await anyio.to_thread.run_sync(lambda: sync(*args, **kwargs))
-        raise NotImplementedError(f"{type(self).__name__} implements neither _a{name} nor _{name}")
+        raise HookNotImplementedError(
+            self, f"_a{name}", f"it implements neither _a{name} nor _{name}"
+        )
 
     def _call_hook_sync(self, method: str, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._overrides(f"_{name}"):
@@ -370,8 +378,7 @@ class BaseStateBackend(OffloadHooks):
     def _prepare_put(
         self, scope: StateScope, key: object, value: object, retention: object
     ) -> tuple[str, str, datetime | None, bool]:
-        if not isinstance(scope, TaskScope | AssetScope):
-            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+        self._check_scope(scope)
         key = check_key(key)
         retention = check_retention(retention)
         if isinstance(scope, AssetScope) and retention is not None:
@@ -386,7 +393,7 @@ class BaseStateBackend(OffloadHooks):
     @staticmethod
     def _check_scope(scope: object) -> None:
         if not isinstance(scope, TaskScope | AssetScope):
-            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+            raise ArgumentTypeError("scope", scope, "a TaskScope or AssetScope")
 
     # -- public async API ----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The worker-side offload hooks: what a backend configured as ``[workers] state_backend`` overrides.
 
 :class:`~watchkeeper.store.BaseStateBackend` inherits these defaults, which raise
-``NotImplementedError`` naming the backend and the hook (a configuration error, not a
+:class:`HookNotImplementedError` (a ``NotImplementedError``) naming the backend and the hook (a configuration error, not a
 capability check: the metastore capabilities are in :mod:`watchkeeper.store.backend`).
 """
 
@@ -12,6 +12,7 @@ from ._types import (
     TaskScope,
 )
 from ._values import JSONValue
+from .errors import HookNotImplementedError
 
 __all__ = ["OffloadHooks"]
 
@@ -26,10 +27,12 @@ class OffloadHooks:
     # accessors call these hooks (sync ones run in a worker thread from async code), after the
     # key, the retention and the value have been validated and before anything is stored.
 
-    def _no_offload(self, hook: str) -> NotImplementedError:
-        return NotImplementedError(
-            f"{type(self).__name__} does not implement {hook}(); a backend configured as "
-            "[workers] state_backend must override the four *_to_ref/*_from_ref hooks"
+    def _no_offload(self, hook: str) -> HookNotImplementedError:
+        return HookNotImplementedError(
+            self,
+            f"{hook}()",
+            "a backend configured as [workers] state_backend must override the four "
+            "*_to_ref/*_from_ref hooks",
         )
 
     def serialize_task_store_to_ref(self, scope: TaskScope, key: str, value: JSONValue) -> str:

@@ -15,7 +15,7 @@ from ._values import (
     check_key,
     check_name,
 )
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
     "Asset",
@@ -162,11 +162,11 @@ class Fence:
         for name in ("trigger_id", "owner"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"Fence.{name} must be a non-empty str, got {value!r}")
+                raise InvalidArgumentError(f"Fence.{name}", value, "must be a non-empty str")
         if type(self.token) is not int:
-            raise TypeError(f"Fence.token must be an int, got {type(self.token).__name__}")
+            raise ArgumentTypeError("Fence.token", self.token, "an int")
         if self.token < 1:
-            raise ValueError(f"Fence.token must be >= 1, got {self.token}")
+            raise InvalidArgumentError("Fence.token", self.token, "must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

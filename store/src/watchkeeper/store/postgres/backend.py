@@ -47,7 +47,13 @@ from .._values import (
     DEFAULT_MAX_VALUE_BYTES,
     decode_value,
 )
-from ..errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
+from ..errors import (
+    AssetNotFoundError,
+    InvalidSettingError,
+    StateStoreError,
+    StoreClosedError,
+    StoreUnavailableError,
+)
 from .ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
@@ -100,12 +106,16 @@ class PostgresStateBackend(MetastoreBackend):
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         if not isinstance(dsn, str) or not dsn:
-            raise ValueError(f"dsn must be a non-empty postgresql:// URL, got {type(dsn).__name__}")
+            raise InvalidSettingError(
+                "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
+            )
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                raise InvalidSettingError(name, f"must be an int >= {low}, got {value!r}")
         if min_size > max_size:
-            raise ValueError(f"min_size ({min_size}) must not exceed max_size ({max_size})")
+            raise InvalidSettingError(
+                f"min_size ({min_size})", f"must not exceed max_size ({max_size})"
+            )
         self.schema = check_schema_name(schema)
         self.min_size, self.max_size = min_size, max_size
         self._dsn = dsn

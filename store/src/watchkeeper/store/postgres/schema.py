@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
-from ..errors import BackendUnavailableError
+from ..errors import ArgumentTypeError, BackendUnavailableError, InvalidSettingError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -180,11 +180,12 @@ def check_schema_name(schema: object) -> str | None:
     if schema is None:
         return None
     if not isinstance(schema, str):
-        raise TypeError(f"schema must be a str or None, got {type(schema).__name__}")
+        raise ArgumentTypeError("schema", schema, "a str or None")
     if not _SCHEMA_NAME.fullmatch(schema):
-        raise ValueError(
-            f"schema {schema!r} is not a plain identifier "
-            "(letters, digits and '_', not starting with a digit, at most 63 characters)"
+        raise InvalidSettingError(
+            f"schema {schema!r}",
+            "is not a plain identifier "
+            "(letters, digits and '_', not starting with a digit, at most 63 characters)",
         )
     return schema
 

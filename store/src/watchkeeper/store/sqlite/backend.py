@@ -62,8 +62,14 @@ from .._types import (
     TriggerStatus,
     Writer,
 )
-from .._values import DEFAULT_MAX_PAYLOAD_BYTES
-from ..errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
+from ..errors import (
+    ArgumentTypeError,
+    BackendUnavailableError,
+    DatabaseFileRemovedError,
+    InvalidSettingError,
+    StoreClosedError,
+)
 from . import meta, ops
 from .events import EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
@@ -99,24 +105,27 @@ class SqliteStateBackend(MetastoreBackend):
         *,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 30.0,
-        max_value_bytes: int = 65536,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         text = os.fspath(path)
         if not isinstance(text, str):
-            raise TypeError(f"path must be a str or os.PathLike[str], got {type(path).__name__}")
+            raise ArgumentTypeError("path", path, "a str or os.PathLike[str]")
         if text in ("", ":memory:"):
-            raise ValueError(
-                f"path must name a file on disk, got {text!r} (the reader and the writer "
-                "use separate connections, so an in-memory database cannot work)"
+            raise InvalidSettingError(
+                "path",
+                f"must name a file on disk, got {text!r} (the reader and the writer "
+                "use separate connections, so an in-memory database cannot work)",
             )
         if synchronous not in _SYNCHRONOUS:
-            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+            raise InvalidSettingError(
+                "synchronous", f"must be one of {_SYNCHRONOUS}, got {synchronous!r}"
+            )
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float):
-            raise TypeError(f"busy_timeout must be a number of seconds, got {busy_timeout!r}")
+            raise ArgumentTypeError("busy_timeout", busy_timeout, "a number of seconds")
         if not busy_timeout >= 0:
-            raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
+            raise InvalidSettingError("busy_timeout", f"must be >= 0 seconds, got {busy_timeout!r}")
         self.path = text
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
