@@ -1,4 +1,4 @@
-"""The metastore contract of the built-in backends: asset events, garbage collection, trigger status.
+"""The metastore contract of the built-in backends: asset events, GC, trigger and daemon status.
 
 Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture, like
 ``test_contract.py``. Times handed to garbage collection are derived from the rows' own
@@ -25,7 +25,9 @@ from watchkeeper.store import (
     NEVER_EXPIRE,
     Asset,
     AssetNotFoundError,
+    DaemonStatus,
     EventCommit,
+    RefusedDefinition,
     StateStoreError,
     TriggerStatus,
     Writer,
@@ -609,3 +611,73 @@ class TestBadMetastoreArguments:
         assert isinstance(info.value, StateStoreError)
         assert str(info.value).startswith(message), str(info.value)
         assert await snapshot(store) == before
+
+
+T_START = datetime(2024, 6, 1, 12, 0, 0, 250000, tzinfo=UTC)
+
+
+def _daemon(owner: str, **changes: object) -> DaemonStatus:
+    fields: dict[str, object] = {
+        "owner": owner,
+        "started_at": T_START,
+        "heartbeat_at": T_START + timedelta(seconds=42, microseconds=5),
+        "lease_ttl": 15.0,
+        "watchers_path": "/srv/watchers",
+        "refused": (),
+    }
+    fields.update(changes)
+    return DaemonStatus(**fields)  # type: ignore[arg-type]
+
+
+class TestDaemonStatus:
+    async def test_empty_at_first(self, store: MetastoreBackend) -> None:
+        """A fresh store has no daemon status."""
+        assert await store.alist_daemon_status() == []
+
+    async def test_save_and_list_round_trips_every_field(self, store: MetastoreBackend) -> None:
+        """Rows come back equal, ordered by owner, refusals included even when their texts
+        hold NUL, newlines or lone surrogates (which a PostgreSQL text column refuses)."""
+        refused = (
+            RefusedDefinition("bad.py", None, "invalid asset name 'a\\x00b': control character"),
+            RefusedDefinition("odd\udc80.py", "feed\x00", "line one\nline two"),
+        )
+        saved = [_daemon("host:2:b"), _daemon("host:1:a", refused=refused, lease_ttl=2.5)]
+        for status in saved:
+            await store.asave_daemon_status(status)
+        assert await store.alist_daemon_status() == [saved[1], saved[0]]
+
+    async def test_save_upserts(self, store: MetastoreBackend) -> None:
+        """Saving a daemon's row again replaces it (a heartbeat)."""
+        await store.asave_daemon_status(_daemon("d1"))
+        later = _daemon("d1", heartbeat_at=T_START + timedelta(minutes=5))
+        await store.asave_daemon_status(later)
+        assert await store.alist_daemon_status() == [later]
+
+    async def test_delete(self, store: MetastoreBackend) -> None:
+        """Deleting rows removes exactly those owners; unknown owners are ignored."""
+        for owner in ("d1", "d2", "d3"):
+            await store.asave_daemon_status(_daemon(owner))
+        await store.adelete_daemon_status(["d1", "d3", "never"])
+        assert [d.owner for d in await store.alist_daemon_status()] == ["d2"]
+
+    @pytest.mark.parametrize(
+        ("status", "error"),
+        [
+            ("d1", TypeError),
+            (_daemon(""), ValueError),
+            (_daemon("d9", heartbeat_at=datetime(2024, 1, 1)), TypeError),  # naive
+            (_daemon("d9", lease_ttl=0.0), ValueError),
+            (_daemon("d9", lease_ttl=float("nan")), TypeError),
+            (_daemon("d9", refused=("bad.py",)), TypeError),
+        ],
+    )
+    async def test_bad_input_is_refused_and_changes_nothing(
+        self, store: MetastoreBackend, status: object, error: type[Exception]
+    ) -> None:
+        """A malformed row is a TypeError/ValueError and nothing is written."""
+        await store.asave_daemon_status(_daemon("d1"))
+        with pytest.raises(error):
+            await store.asave_daemon_status(status)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await store.adelete_daemon_status("d1")  # a str, not a list of owners
+        assert [d.owner for d in await store.alist_daemon_status()] == ["d1"]

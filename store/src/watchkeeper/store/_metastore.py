@@ -15,9 +15,19 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
 from ._gc import GcPlan, gc_plan
 from ._leases import check_owner, check_trigger_ids, check_ttl
-from ._types import Asset, AssetEvent, AssetInfo, EventCommit, GcReport, Lease, TriggerStatus
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    DaemonStatus,
+    EventCommit,
+    GcReport,
+    Lease,
+    TriggerStatus,
+)
 from ._values import check_events_query, check_name
 from .errors import ArgumentTypeError
 
@@ -37,7 +47,7 @@ def _check_items(name: str, items: object, kind: type, expected: str) -> list[ob
 
 class MetastoreBackend(BaseStateBackend, ABC):
     """A backend with the whole metastore: asset registry, event log, garbage collection,
-    trigger status and trigger leases (it satisfies every capability Protocol)."""
+    trigger and daemon status, trigger leases (it satisfies every capability Protocol)."""
 
     # -- asset registry ----------------------------------------------------------------------
 
@@ -127,6 +137,25 @@ class MetastoreBackend(BaseStateBackend, ABC):
         self._check_open()
         return await self._alist_trigger_status()
 
+    # -- daemon status -----------------------------------------------------------------------
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        """Upsert one daemon's heartbeat row (the daemon calls this every heartbeat)."""
+        self._check_open()
+        await self._asave_daemon_status(check_daemon_status(status))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        """Delete the heartbeat rows of ``owners`` (unknown ones are ignored)."""
+        self._check_open()
+        names = check_owners(owners)
+        if names:
+            await self._adelete_daemon_status(names)
+
+    async def alist_daemon_status(self) -> builtins.list[DaemonStatus]:
+        """Every saved daemon status, ordered by owner."""
+        self._check_open()
+        return await self._alist_daemon_status()
+
     # -- trigger leases ----------------------------------------------------------------------
 
     async def aclaim_leases(
@@ -191,6 +220,16 @@ class MetastoreBackend(BaseStateBackend, ABC):
 
     @abstractmethod
     async def _alist_trigger_status(self) -> builtins.list[TriggerStatus]: ...
+
+    @abstractmethod
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None: ...
+
+    @abstractmethod
+    async def _adelete_daemon_status(self, owners: builtins.list[str]) -> None:
+        """Delete these rows (distinct sorted owners, at least one)."""
+
+    @abstractmethod
+    async def _alist_daemon_status(self) -> builtins.list[DaemonStatus]: ...
 
     @abstractmethod
     async def _aclaim_leases(

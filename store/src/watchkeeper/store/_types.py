@@ -22,11 +22,13 @@ __all__ = [
     "AssetEvent",
     "AssetInfo",
     "AssetScope",
+    "DaemonStatus",
     "EventCommit",
     "Fence",
     "GcReport",
     "Lease",
     "RawEntry",
+    "RefusedDefinition",
     "StateEntry",
     "StateScope",
     "TaskScope",
@@ -328,3 +330,29 @@ class TriggerStatus:
     events: int = 0
     updated_at: datetime | None = None
     owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedDefinition:
+    """A watcher file (``watcher`` None) or one of its watchers that a daemon refused, and why."""
+
+    file: str
+    watcher: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """One daemon's heartbeat row (``watchkeeper status`` reads it).
+
+    ``heartbeat_at`` is refreshed every heartbeat; once it is more than ``lease_ttl`` seconds
+    old the daemon's leases have lapsed and what it last reported about its watchers is no
+    longer known to be true. ``refused`` lists the definitions its last load refused.
+    """
+
+    owner: str
+    started_at: datetime
+    heartbeat_at: datetime
+    lease_ttl: float
+    watchers_path: str
+    refused: tuple[RefusedDefinition, ...] = ()

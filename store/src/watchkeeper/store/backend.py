@@ -4,7 +4,7 @@ the records and the value rules.
 A backend subclasses :class:`BaseStateBackend` (key/value state, the sync/async bridge, input
 checks) and implements the hooks it documents. The metastore comes in capabilities, each a
 ``runtime_checkable`` Protocol: :class:`AssetRegistry`, :class:`EventLog`,
-:class:`GarbageCollector`, :class:`StatusTable`, :class:`LeaseTable`. A backend has a
+:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable`. A backend has a
 capability when it has the methods; the runtime checks once, with ``isinstance``, and does
 without what is missing (no leases: a single unfenced daemon; no status table: no status rows).
 :class:`MetastoreBackend` has them all, its rules written once over ``_a<name>`` hooks: the
@@ -24,6 +24,7 @@ from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     Fence,
     GcReport,
@@ -46,6 +47,8 @@ __all__ = [
     "CAPABILITIES",
     "AssetRegistry",
     "BaseStateBackend",
+    "DaemonStatus",
+    "DaemonTable",
     "EventCommit",
     "EventCutoffs",
     "EventLog",
@@ -121,6 +124,17 @@ class StatusTable(Protocol):
     async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None: ...
 
     async def alist_trigger_status(self) -> list[TriggerStatus]: ...
+
+
+@runtime_checkable
+class DaemonTable(Protocol):
+    """Keeps one heartbeat row per daemon (``watchkeeper status`` tells live daemons from dead)."""
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None: ...
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None: ...
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]: ...
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     Fence,
     GcReport,
@@ -66,6 +67,7 @@ class MemoryStateBackend(MetastoreBackend):
         self._next_event_id = 1  # ids are never reused, as in SQL, even after GC
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
+        self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, HeldLease] = {}
         self._open = True  # usable without 'async with'; entering it is harmless
 
@@ -348,6 +350,19 @@ class MemoryStateBackend(MetastoreBackend):
     async def _alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
+
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None:
+        with self._lock:
+            self._daemons[status.owner] = status
+
+    async def _adelete_daemon_status(self, owners: list[str]) -> None:
+        with self._lock:
+            for owner in owners:
+                self._daemons.pop(owner, None)
+
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
+        with self._lock:
+            return [self._daemons[k] for k in sorted(self._daemons)]
 
     async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         held: dict[str, int] = {}

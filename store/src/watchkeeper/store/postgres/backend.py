@@ -27,12 +27,14 @@ import anyio
 import anyio.abc
 
 from .._commit_queue import CommitStats
+from .._daemons import decode_refused, encode_refused
 from .._gc import GcPlan
 from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -481,6 +483,32 @@ class PostgresStateBackend(MetastoreBackend):
                 trigger_id=r[0], classpath=r[1], assets=tuple(r[2]), watchers=tuple(r[3]),
                 state=r[4], failures=r[5], last_error=r[6], last_event_at=r[7], events=r[8],
                 updated_at=r[9], owner=r[10],
+            )
+            for r in rows
+        ]  # fmt: skip
+
+    async def _asave_daemon_status(self, s: DaemonStatus) -> None:
+        row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
+               encode_refused(s.refused))  # fmt: skip
+
+        async def save(conn: asyncpg.Connection) -> None:
+            await conn.execute(self._sql.save_daemon, *row)
+
+        await self._submit(CallOp(save, phase=LATE))
+
+    async def _adelete_daemon_status(self, names: list[str]) -> None:
+
+        async def delete(conn: asyncpg.Connection) -> int:
+            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+
+        await self._submit(CallOp(delete, phase=LATE))
+
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
+        rows = await self._fetch("listing daemon status", self._sql.list_daemons)
+        return [
+            DaemonStatus(
+                owner=r[0], started_at=r[1], heartbeat_at=r[2], lease_ttl=r[3],
+                watchers_path=r[4], refused=decode_refused(r[5]),
             )
             for r in rows
         ]  # fmt: skip

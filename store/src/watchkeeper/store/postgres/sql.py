@@ -241,6 +241,18 @@ class Statements:
             f"last_event_at, events, updated_at, owner FROM {p}trigger_status "
             "ORDER BY trigger_id"
         )
+        self.save_daemon = (
+            f"INSERT INTO {p}daemon_status (owner, started_at, heartbeat_at, lease_ttl, "
+            "watchers_path, refused) VALUES ($1, $2, $3, $4, $5, $6) "
+            "ON CONFLICT (owner) DO UPDATE SET started_at = EXCLUDED.started_at, "
+            "heartbeat_at = EXCLUDED.heartbeat_at, lease_ttl = EXCLUDED.lease_ttl, "
+            "watchers_path = EXCLUDED.watchers_path, refused = EXCLUDED.refused"
+        )
+        self.delete_daemons = f"DELETE FROM {p}daemon_status WHERE owner = ANY($1::text[])"
+        self.list_daemons = (
+            "SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused "
+            f"FROM {p}daemon_status ORDER BY owner"
+        )
         self.gc = _GcStatements(p)
         # Leases. Every statement that locks lease rows locks them in trigger_id order (the
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.

@@ -54,6 +54,7 @@ from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -428,6 +429,15 @@ class SqliteStateBackend(MetastoreBackend):
 
     async def _alist_trigger_status(self) -> list[TriggerStatus]:
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
+
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None:
+        await self._write(lambda tx: meta.save_daemon(tx, status))
+
+    async def _adelete_daemon_status(self, owners: list[str]) -> None:
+        await self._write(lambda tx: meta.delete_daemons(tx, owners))
+
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
+        return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
     async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         return await self._write(lambda tx: meta.claim_leases(tx, owner, ids, span))

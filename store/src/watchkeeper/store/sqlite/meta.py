@@ -1,5 +1,5 @@
 """The metastore SQL of :class:`~watchkeeper.store.SqliteStateBackend`: assets, events,
-garbage collection, trigger status, trigger leases and maintenance.
+garbage collection, trigger and daemon status, trigger leases and maintenance.
 
 Like :mod:`watchkeeper.store.sqlite.ops`: write operations run in the writer's thread inside a batch
 transaction; ``*_query``/``*_result`` pairs are the reads. Reports keep ``rowid`` order, which
@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
+from .._daemons import decode_refused, encode_refused
 from .._gc import EventCutoffs
 from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     Lease,
     TaskScope,
@@ -293,6 +295,51 @@ def statuses_result(rows: list[Row]) -> list[TriggerStatus]:
             events=row[8],
             updated_at=_unstamp(row[9]),
             owner=row[10],
+        )
+        for row in rows
+    ]
+
+
+# -- daemon status -------------------------------------------------------------------------------
+
+DAEMON_LIST_SQL: Final = """
+    SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused
+    FROM daemon_status ORDER BY owner
+"""
+_DAEMON_SAVE: Final = """
+    INSERT OR REPLACE INTO daemon_status (owner, started_at, heartbeat_at, lease_ttl,
+        watchers_path, refused)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+
+
+def save_daemon(tx: Tx, status: DaemonStatus) -> None:
+    tx.conn.execute(
+        _DAEMON_SAVE,
+        (
+            status.owner,
+            to_db(status.started_at),
+            to_db(status.heartbeat_at),
+            float(status.lease_ttl),
+            status.watchers_path,
+            encode_refused(status.refused),
+        ),
+    )
+
+
+def delete_daemons(tx: Tx, owners: Sequence[str]) -> None:
+    tx.conn.executemany("DELETE FROM daemon_status WHERE owner = ?", [(o,) for o in owners])
+
+
+def daemons_result(rows: list[Row]) -> list[DaemonStatus]:
+    return [
+        DaemonStatus(
+            owner=row[0],
+            started_at=from_db(row[1]),
+            heartbeat_at=from_db(row[2]),
+            lease_ttl=row[3],
+            watchers_path=row[4],
+            refused=decode_refused(row[5]),
         )
         for row in rows
     ]
