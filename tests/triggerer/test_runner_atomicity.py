@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,7 +35,7 @@ from watchkeeper.store import (
     StateScope,
     Writer,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.backend import MetastoreBackend, Put
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 ORDERS = Asset("orders")
@@ -170,27 +169,9 @@ class ObservedWrites(MetastoreBackend):
         await self._after(f"acommit_event({json.loads(commit.payload_json)})")
         return written
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        version = await super()._aput(
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
-        await self._after(f"put({key}={value_json})")
+    async def _aput(self, put: Put) -> int:
+        version = await super()._aput(put)
+        await self._after(f"put({put.key}={put.value_json})")
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:

@@ -19,6 +19,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._offload import OffloadHooks
 from ._types import (
     AssetScope,
+    Put,
     RawEntry,
     StateEntry,
     StateScope,
@@ -274,7 +275,6 @@ class BaseStateBackend(OffloadHooks):
 
     _HOOKS: ClassVar[tuple[str, ...]] = ("get", "put", "delete", "clear", "list")
     _async_native: ClassVar[frozenset[str]] = frozenset()
-    _sync_native: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -284,11 +284,6 @@ class BaseStateBackend(OffloadHooks):
             name
             for name in cls._HOOKS
             if getattr(cls, f"_a{name}") is not getattr(BaseStateBackend, f"_a{name}")
-        )
-        cls._sync_native = frozenset(
-            name
-            for name in cls._HOOKS
-            if getattr(cls, f"_{name}") is not getattr(BaseStateBackend, f"_{name}")
         )
 
     def _overrides(self, name: str) -> bool:
@@ -315,18 +310,8 @@ class BaseStateBackend(OffloadHooks):
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
         raise NotImplementedError
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        """Upsert and return the new version; with ``expected_version`` compare first
+    async def _aput(self, put: Put) -> int:
+        """Upsert and return the new version; with ``put.expected_version`` compare first
         (0 means "must not exist") and raise :class:`VersionConflictError` on mismatch.
 
         A ``writer`` that carries a fence makes the write conditional: inside the transaction
@@ -351,17 +336,7 @@ class BaseStateBackend(OffloadHooks):
     def _get(self, scope: StateScope, key: str) -> RawEntry | None:
         raise NotImplementedError
 
-    def _put(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
+    def _put(self, put: Put) -> int:
         raise NotImplementedError
 
     def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
@@ -376,19 +351,26 @@ class BaseStateBackend(OffloadHooks):
     # -- validation shared by both sides -------------------------------------------------------
 
     def _prepare_put(
-        self, scope: StateScope, key: object, value: object, retention: object
-    ) -> tuple[str, str, datetime | None, bool]:
+        self,
+        scope: StateScope,
+        key: object,
+        value: object,
+        retention: object,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> Put:
         self._check_scope(scope)
         key = check_key(key)
         retention = check_retention(retention)
         if isinstance(scope, AssetScope) and retention is not None:
             raise RetentionTypeError(retention, "asset state has no retention")
         text = encode_value(key, value, max_value_bytes=self.max_value_bytes)
-        never_expire = retention is NEVER_EXPIRE
         expires_at = (
             expiry_of(retention, self.clock()) if isinstance(retention, timedelta) else None
         )
-        return key, text, expires_at, never_expire
+        return Put(
+            scope, key, text, expires_at, retention is NEVER_EXPIRE, expected_version, writer
+        )
 
     @staticmethod
     def _check_scope(scope: object) -> None:
@@ -431,15 +413,8 @@ class BaseStateBackend(OffloadHooks):
 
         ``expected_version`` makes it a compare-and-set (0: the key must not exist yet).
         """
-        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
-        return await self.aput_json(
-            scope,
-            key,
-            text,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
+        return await self.aput(
+            self._prepare_put(scope, key, value, retention, expected_version, writer)
         )
 
     async def aput_json(
@@ -454,29 +429,18 @@ class BaseStateBackend(OffloadHooks):
         writer: Writer | None = None,
     ) -> int:
         """Store already-validated JSON text (accessors that offload values use this)."""
-        _check_expected_version(expected_version)
+        return await self.aput(
+            Put(scope, key, value_json, expires_at, never_expire, expected_version, writer)
+        )
+
+    async def aput(self, put: Put) -> int:
+        """Store one prepared :class:`Put` and return the key's new version."""
+        _check_expected_version(put.expected_version)
         if not self._open:
             raise StoreClosedError(self)
         if "put" in self._async_native:
-            return await self._aput(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-        version: int = await self._call_hook(
-            "put",
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+            return await self._aput(put)
+        version: int = await self._call_hook("put", put)
         return version
 
     async def adelete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
@@ -534,16 +498,7 @@ class BaseStateBackend(OffloadHooks):
         expected_version: int | None = None,
         writer: Writer | None = None,
     ) -> int:
-        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
-        return self.put_json(
-            scope,
-            key,
-            text,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+        return self.put(self._prepare_put(scope, key, value, retention, expected_version, writer))
 
     def put_json(
         self,
@@ -556,29 +511,16 @@ class BaseStateBackend(OffloadHooks):
         expected_version: int | None = None,
         writer: Writer | None = None,
     ) -> int:
-        _check_expected_version(expected_version)
-        if self._overrides("_put"):
-            version: int = self._put(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-            return version
-        return self._run_sync(
-            "set",
-            self.aput_json,
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
+        return self.put(
+            Put(scope, key, value_json, expires_at, never_expire, expected_version, writer)
         )
+
+    def put(self, put: Put) -> int:
+        """The sync twin of :meth:`aput`."""
+        _check_expected_version(put.expected_version)
+        if self._overrides("_put"):
+            return self._put(put)
+        return self._run_sync("set", self.aput, put)
 
     def delete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
         self._check_scope(scope)

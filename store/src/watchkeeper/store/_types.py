@@ -27,6 +27,7 @@ __all__ = [
     "Fence",
     "GcReport",
     "Lease",
+    "Put",
     "RawEntry",
     "RefusedDefinition",
     "StateEntry",
@@ -204,7 +205,22 @@ class Writer:
         return f"{self.kind}:{self.name}"
 
 
-API_WRITER = Writer("api", "api")
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One write of a key, checked and encoded: what a backend's put hook receives.
+
+    ``value_json`` is the value as JSON text; ``expires_at``/``never_expire`` the task-state
+    retention (asset state has none); ``expected_version`` makes it a compare-and-set (0: the
+    key must not exist yet); a ``writer`` carrying a fence makes it conditional on the lease.
+    """
+
+    scope: StateScope
+    key: str
+    value_json: str
+    expires_at: datetime | None = None
+    never_expire: bool = False
+    expected_version: int | None = None
+    writer: Writer | None = None
 
 
 @dataclass(frozen=True, slots=True)

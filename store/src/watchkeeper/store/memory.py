@@ -21,6 +21,7 @@ from ._types import (
     Fence,
     GcReport,
     Lease,
+    Put,
     RawEntry,
     StateScope,
     TaskScope,
@@ -122,19 +123,10 @@ class MemoryStateBackend(MetastoreBackend):
                 return self._task.get(self._task_key(scope, key))
             return self._asset_state.get((self._resolve(scope).asset_id, key))
 
-    def _put(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
+    def _put(self, put: Put) -> int:
+        scope, key, expected_version = put.scope, put.key, put.expected_version
         with self._lock:
-            self._check_writer(writer)
+            self._check_writer(put.writer)
             table: dict[object, RawEntry]
             if isinstance(scope, TaskScope):
                 table, row_key = self._task, self._task_key(scope, key)  # type: ignore[assignment]
@@ -147,12 +139,12 @@ class MemoryStateBackend(MetastoreBackend):
                 raise VersionConflictError(key, expected_version, current)
             table[row_key] = RawEntry(
                 key=key,
-                value_json=value_json,
+                value_json=put.value_json,
                 version=current + 1,
                 updated_at=self.clock(),
-                writer=writer,
-                expires_at=expires_at,
-                never_expire=never_expire,
+                writer=put.writer,
+                expires_at=put.expires_at,
+                never_expire=put.never_expire,
             )
             return current + 1
 
@@ -195,26 +187,8 @@ class MemoryStateBackend(MetastoreBackend):
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
         return self._get(scope, key)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        return self._put(
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+    async def _aput(self, put: Put) -> int:
+        return self._put(put)
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self._delete(scope, key, writer=writer)

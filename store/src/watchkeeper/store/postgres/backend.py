@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -38,6 +38,7 @@ from .._types import (
     EventCommit,
     GcReport,
     Lease,
+    Put,
     RawEntry,
     StateScope,
     TaskScope,
@@ -313,28 +314,8 @@ class PostgresStateBackend(MetastoreBackend):
             raise AssetNotFoundError(str(scope))
         return [raw_entry(row, 1, task=False) for row in rows if row[1] is not None]
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        op = PutOp(
-            scope,
-            key,
-            value_json,
-            updated_at=self.clock(),
-            writer=writer,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected=expected_version,
-        )
-        version: int = await self._submit(op)
+    async def _aput(self, put: Put) -> int:
+        version: int = await self._submit(PutOp(put, updated_at=self.clock()))
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
 from .._leases import check_fence
-from .._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
+from .._types import AssetEvent, AssetScope, EventCommit, Fence, Put, StateScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, LeaseLostError, VersionConflictError
 from .sql import (
@@ -120,21 +120,11 @@ class PutOp(_ScopedOp):
 
     __slots__ = ("expected", "expires_at", "key", "never_expire", "value_json")
 
-    def __init__(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        updated_at: datetime,
-        writer: Writer | None,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected: int | None,
-    ) -> None:
-        super().__init__(scope, PUT if expected is None else CAS, writer, updated_at)
-        self.key, self.value_json = key, value_json
-        self.expires_at, self.never_expire = expires_at, never_expire
+    def __init__(self, put: Put, *, updated_at: datetime) -> None:
+        expected = put.expected_version
+        super().__init__(put.scope, PUT if expected is None else CAS, put.writer, updated_at)
+        self.key, self.value_json = put.key, put.value_json
+        self.expires_at, self.never_expire = put.expires_at, put.never_expire
         self.expected = expected
 
     def weight(self) -> int:

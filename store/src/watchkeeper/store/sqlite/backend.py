@@ -39,7 +39,7 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any, Final, TypeVar, cast
 
@@ -58,6 +58,7 @@ from .._types import (
     EventCommit,
     GcReport,
     Lease,
+    Put,
     RawEntry,
     StateScope,
     TriggerStatus,
@@ -309,30 +310,18 @@ class SqliteStateBackend(MetastoreBackend):
         rows = await self._read(sql, params)
         return ops.list_result(scope, rows)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        def put(tx: Tx) -> int:
-            return ops.put(
-                tx, scope, key, value_json, expires_at, never_expire, expected_version, writer
-            )
+    async def _aput(self, put: Put) -> int:
+        def write(tx: Tx) -> int:
+            return ops.put(tx, put)
 
-        if expected_version is not None:
+        if put.expected_version is not None:
             # The checks before its one write statement write nothing: no savepoint needed.
-            return await self._write(put, savepoint=False)
+            return await self._write(write, savepoint=False)
 
         def upsert(tx: Tx) -> Upsert:
-            return ops.upsert(tx, scope, key, value_json, expires_at, never_expire, writer)
+            return ops.upsert(tx, put)
 
-        return await self._write(put, savepoint=False, coalesce=upsert)
+        return await self._write(write, savepoint=False, coalesce=upsert)
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         # The fence check before its one write statement writes nothing: no savepoint needed.

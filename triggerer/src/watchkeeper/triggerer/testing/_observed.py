@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal, Self, get_args
 
 import anyio
@@ -26,7 +25,7 @@ from watchkeeper.store import (
     Writer,
     encode_json,
 )
-from watchkeeper.store.backend import CAPABILITIES, capability_methods, require_event_log
+from watchkeeper.store.backend import CAPABILITIES, Put, capability_methods, require_event_log
 
 __all__ = ["CRASH_POINTS", "CrashPlan", "CrashPoint", "ObservedBackend", "SimulatedCrash"]
 
@@ -152,28 +151,8 @@ class ObservedBackend(BaseStateBackend):
         self._check_alive()
         return await self.inner.aget_raw(scope, key)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        version: int = await self._direct_write(
-            lambda: self.inner.aput_json(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-        )
+    async def _aput(self, put: Put) -> int:
+        version: int = await self._direct_write(lambda: self.inner.aput(put))
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
