@@ -22,13 +22,8 @@ from typing import Any
 import anyio
 import anyio.abc
 import asyncpg
-from watchkeeper.store import (
-    EventCommit,
-    PostgresStateBackend,
-    SqliteStateBackend,
-    Writer,
-)
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, Writer
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 
 __all__ = [

@@ -106,3 +106,12 @@ class TestAllAttributes:
             if not isinstance(b, c)
         ]
         assert missing == []
+
+    def test_store_exports_the_user_api_and_backend_the_runtime_api(self) -> None:
+        """Records and value rules the runtime needs are in watchkeeper.store.backend, not in
+        the user API of watchkeeper.store."""
+        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
+        runtime = {"EventCommit", "Fence", "Writer", "TriggerStatus", "encode_json", "check_key"}
+        assert runtime & set(store.__all__) == set()
+        assert runtime <= set(backend.__all__)
+        assert {"Asset", "TaskScope", "run_task", "open_state_backend"} <= set(store.__all__)

@@ -22,16 +22,21 @@ from watchkeeper.store import (
     AssetScope,
     BaseStateBackend,
     MissingCapabilityError,
-    RawEntry,
     SqliteStateBackend,
     StateScope,
     StoreClosedError,
     SyncCallInLoopError,
     TaskScope,
     VersionConflictError,
-    Writer,
 )
-from watchkeeper.store.backend import CAPABILITIES, MetastoreBackend, Put, require_event_log
+from watchkeeper.store.backend import (
+    CAPABILITIES,
+    MetastoreBackend,
+    Put,
+    RawEntry,
+    Writer,
+    require_event_log,
+)
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders")

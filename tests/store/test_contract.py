@@ -29,13 +29,8 @@ from _contract import (
     same,
     snapshot,
 )
-from watchkeeper.store import (
-    NEVER_EXPIRE,
-    Asset,
-    StateScope,
-    encode_value,
-)
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store import NEVER_EXPIRE, Asset, StateScope
+from watchkeeper.store.backend import MetastoreBackend, encode_value
 
 LIMIT = 65536
 

@@ -25,16 +25,14 @@ from watchkeeper.store import (
     ArgumentTypeError,
     Asset,
     AssetScope,
-    EventCommit,
     InvalidArgumentError,
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
     TaskScope,
     VersionConflictError,
-    encode_json,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, encode_json
 
 # Names that break the rule, with what the message says about each.
 BAD_NAMES: dict[str, tuple[str, str]] = {

@@ -15,19 +15,21 @@ from watchkeeper.store import (
     Asset,
     AssetScope,
     AssetStateStoreAccessors,
-    EventCommit,
-    Fence,
-    Lease,
     LeaseLostError,
     PostgresStateBackend,
     StateStoreError,
     TaskScope,
     TaskStateStoreAccessor,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    Fence,
+    Lease,
+    MetastoreBackend,
     Writer,
     encode_json,
     encode_value,
 )
-from watchkeeper.store.backend import MetastoreBackend
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=30)

@@ -21,20 +21,17 @@ from _contract import (
     TASK_MAP_0,
     snapshot,
 )
-from watchkeeper.store import (
-    NEVER_EXPIRE,
-    Asset,
-    AssetNotFoundError,
+from watchkeeper.store import NEVER_EXPIRE, Asset, AssetNotFoundError, StateStoreError
+from watchkeeper.store.backend import (
     DaemonStatus,
     EventCommit,
+    MetastoreBackend,
     RefusedDefinition,
-    StateStoreError,
     TriggerStatus,
     Writer,
     encode_json,
     encode_value,
 )
-from watchkeeper.store.backend import MetastoreBackend
 
 WATCHER = Writer("watcher", "orders_watch")
 

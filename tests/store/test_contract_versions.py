@@ -25,12 +25,10 @@ from watchkeeper.store import (
     Asset,
     AssetNotFoundError,
     AssetScope,
-    EventCommit,
     StateScope,
     VersionConflictError,
-    Writer,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, Writer
 
 
 class TestVersionsAndEntries:

@@ -28,15 +28,13 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BackendUnavailableError,
-    EventCommit,
     InvalidValueError,
     PostgresStateBackend,
     StoreClosedError,
     TaskScope,
-    TriggerStatus,
     VersionConflictError,
-    Writer,
 )
+from watchkeeper.store.backend import EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -16,11 +16,10 @@ from watchkeeper.store import (
     Asset,
     BaseStateBackend,
     MemoryStateBackend,
-    RawEntry,
     SqliteStateBackend,
     StateScope,
 )
-from watchkeeper.store.backend import MetastoreBackend, Put
+from watchkeeper.store.backend import MetastoreBackend, Put, RawEntry
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerEvent, WatchSpec
 
 FAST = RunnerConfig(

@@ -22,13 +22,11 @@ from watchkeeper.store import (
     NEVER_EXPIRE,
     Asset,
     AssetScope,
-    EventCommit,
     PostgresStateBackend,
     SqliteStateBackend,
     TaskScope,
-    TriggerStatus,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (

@@ -17,13 +17,8 @@ from typing import Any
 import anyio
 import pytest
 from _runtime_support import LogWatch, Ticker, fast, spec, watch_logs
-from watchkeeper.store import (
-    Asset,
-    MemoryStateBackend,
-    SqliteStateBackend,
-    TriggerStatus,
-)
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend, TriggerStatus
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent, TriggerRunner, WatchSpec
 
 HOSTILE = Asset("hostile")

@@ -12,14 +12,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 from _runtime_support import FAST, Scripted, Ticker, fast, spec, watch_logs
-from watchkeeper.store import (
-    Asset,
-    AssetEvent,
-    EventCommit,
-    MemoryStateBackend,
-    TriggerStatus,
-)
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store import Asset, AssetEvent, MemoryStateBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     CapacityError,

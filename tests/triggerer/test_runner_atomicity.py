@@ -29,13 +29,11 @@ from _runtime_support import FAST, Scripted
 from watchkeeper.store import (
     Asset,
     AssetEvent,
-    EventCommit,
     PostgresStateBackend,
     SqliteStateBackend,
     StateScope,
-    Writer,
 )
-from watchkeeper.store.backend import MetastoreBackend, Put
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, Put, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 ORDERS = Asset("orders")

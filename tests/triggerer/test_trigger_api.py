@@ -9,13 +9,8 @@ from typing import Any
 import anyio
 import pytest
 from _runtime_support import FAST, GatedBackend, open_backend, spec
-from watchkeeper.store import (
-    Asset,
-    AssetStateStoreAccessors,
-    MemoryStateBackend,
-    Writer,
-)
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store import Asset, AssetStateStoreAccessors, MemoryStateBackend
+from watchkeeper.store.backend import MetastoreBackend, Writer
 from watchkeeper.triggerer import (
     AssetStoreUnavailableError,
     BaseEventTrigger,

@@ -1,28 +1,21 @@
-"""watchkeeper.store: task and asset state, its backends and the accessors tasks and triggers use."""
+"""watchkeeper.store: task and asset state, its backends and the accessors tasks and triggers use.
+
+This is the API of task and watcher authors and operators. What a backend author implements
+and the runtime calls (capabilities, records, value rules) is in :mod:`watchkeeper.store.backend`.
+"""
 
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
-from ._log import get_logger
 from ._open import open_state_backend
-from ._redact import redact_dsn, redact_secrets
 from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
     AssetScope,
-    DaemonStatus,
-    EventCommit,
-    Fence,
-    GcReport,
-    Lease,
-    RawEntry,
-    RefusedDefinition,
     StateEntry,
     StateScope,
     TaskScope,
-    TriggerStatus,
-    Writer,
 )
 from ._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -34,9 +27,6 @@ from ._values import (
     MAX_SCOPE_ID_BYTES,
     MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
-    encode_json,
-    encode_payload,
-    encode_value,
 )
 from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
 from .context import build_task_context, run_task
@@ -107,13 +97,9 @@ __all__ = [
     "BaseStateBackend",
     "ConfigFileNotFoundError",
     "ContextKeyError",
-    "DaemonStatus",
     "DatabaseFileRemovedError",
     "DatabaseSettings",
-    "EventCommit",
     "EventsSettings",
-    "Fence",
-    "GcReport",
     "HookNotImplementedError",
     "InvalidArgumentError",
     "InvalidConfigFileError",
@@ -122,15 +108,12 @@ __all__ = [
     "InvalidSettingError",
     "InvalidValueError",
     "KeyTypeError",
-    "Lease",
     "LeaseLostError",
     "MemoryStateBackend",
     "MissingCapabilityError",
     "PayloadTooLargeError",
     "PostgresStateBackend",
-    "RawEntry",
     "ReferenceTypeError",
-    "RefusedDefinition",
     "RetentionTypeError",
     "SqliteStateBackend",
     "StateEntry",
@@ -144,20 +127,12 @@ __all__ = [
     "SyncCallInLoopError",
     "TaskScope",
     "TaskStateStoreAccessor",
-    "TriggerStatus",
     "UnknownSettingError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
     "WorkersSettings",
-    "Writer",
     "build_task_context",
-    "encode_json",
-    "encode_payload",
-    "encode_value",
-    "get_logger",
     "open_state_backend",
-    "redact_dsn",
-    "redact_secrets",
     "run_task",
 ]

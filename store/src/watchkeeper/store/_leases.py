@@ -6,7 +6,7 @@ all until ``now + ttl``; a lease that changes hands gets ``token = previous toke
 first claim gets 1), a renewal keeps its token. ``arelease_leases`` frees the leases ``owner``
 holds (the row stays, with no owner, so the next holder's token is still higher).
 
-Fencing: a write that carries a :class:`~watchkeeper.store.Fence` checks, in the transaction
+Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the transaction
 that would write, that the lease row names the fence's owner and token and has not expired at
 the write's own timestamp. If not, the write stores nothing and raises
 :class:`~watchkeeper.store.errors.LeaseLostError`. Times come from the backend's ``clock``, so

@@ -19,7 +19,9 @@ from typing import Protocol, runtime_checkable
 
 from ._backend import BaseStateBackend
 from ._gc import EventCutoffs, GcPlan
+from ._log import get_logger
 from ._metastore import MetastoreBackend
+from ._redact import redact_dsn, redact_secrets
 from ._types import (
     Asset,
     AssetEvent,
@@ -31,6 +33,7 @@ from ._types import (
     Lease,
     Put,
     RawEntry,
+    RefusedDefinition,
     TriggerStatus,
     Writer,
 )
@@ -62,6 +65,7 @@ __all__ = [
     "MetastoreBackend",
     "Put",
     "RawEntry",
+    "RefusedDefinition",
     "StatusTable",
     "TriggerStatus",
     "Writer",
@@ -72,6 +76,9 @@ __all__ = [
     "encode_json",
     "encode_payload",
     "encode_value",
+    "get_logger",
+    "redact_dsn",
+    "redact_secrets",
     "require_asset_registry",
     "require_event_log",
     "require_garbage_collector",

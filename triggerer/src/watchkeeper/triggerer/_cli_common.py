@@ -25,13 +25,8 @@ import anyio
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
-from watchkeeper.store import (
-    BaseStateBackend,
-    MissingCapabilityError,
-    Writer,
-    open_state_backend,
-    redact_secrets,
-)
+from watchkeeper.store import BaseStateBackend, MissingCapabilityError, open_state_backend
+from watchkeeper.store.backend import Writer, redact_secrets
 
 from .settings import Settings
 
@@ -118,7 +113,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON data) with :func:`~watchkeeper.store.redact_secrets` applied to every
+    """``value`` (JSON data) with :func:`~watchkeeper.store.backend.redact_secrets` applied to every
     string in it, keys included: what ``status`` and ``events`` print."""
     if isinstance(value, str):
         return redact_secrets(value)

@@ -27,9 +27,8 @@ from watchkeeper.store import (
     BaseStateBackend,
     MissingCapabilityError,
     SqliteStateBackend,
-    TriggerStatus,
 )
-from watchkeeper.store.backend import DaemonTable, require_status_table
+from watchkeeper.store.backend import DaemonTable, TriggerStatus, require_status_table
 
 from ._cli_common import (
     CommandError,

@@ -15,8 +15,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend, redact_secrets
-from watchkeeper.store.backend import check_name, require_asset_registry, require_event_log
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import (
+    check_name,
+    redact_secrets,
+    require_asset_registry,
+    require_event_log,
+)
 
 from ._cli_common import (
     CommandError,

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from watchkeeper.store import EventCommit, Writer, encode_payload, encode_value
-from watchkeeper.store.backend import check_key
+from watchkeeper.store.backend import EventCommit, Writer, check_key, encode_payload, encode_value
 
 from .errors import InvalidEventError
 from .trigger import TriggerEvent

@@ -19,8 +19,8 @@ import socket
 from collections.abc import Iterable
 
 import anyio
-from watchkeeper.store import BaseStateBackend, get_logger
-from watchkeeper.store.backend import LeaseTable
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import LeaseTable, get_logger
 
 from ._supervisor import describe_error
 

@@ -12,8 +12,8 @@ an exponential, jittered backoff; after ``max_failures`` consecutive failures th
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
 
-A slot with a :class:`~watchkeeper.store.Fence` (the daemon's lease on the trigger) writes
-through a fenced :class:`~watchkeeper.store.Writer`: its events and its accessors' ``set`` calls
+A slot with a :class:`~watchkeeper.store.backend.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.backend.Writer`: its events and its accessors' ``set`` calls
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
@@ -43,14 +43,16 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BaseStateBackend,
     DatabaseFileRemovedError,
-    Fence,
     LeaseLostError,
+)
+from watchkeeper.store.backend import (
+    Fence,
     TriggerStatus,
     Writer,
     get_logger,
     redact_secrets,
+    require_event_log,
 )
-from watchkeeper.store.backend import require_event_log
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig

@@ -64,18 +64,14 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import (
-    BaseStateBackend,
+from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, open_state_backend
+from watchkeeper.store.backend import (
     DaemonStatus,
-    DatabaseFileRemovedError,
+    DaemonTable,
     GcReport,
     RefusedDefinition,
-    get_logger,
-    open_state_backend,
-)
-from watchkeeper.store.backend import (
-    DaemonTable,
     StatusTable,
+    get_logger,
     require_asset_registry,
     require_garbage_collector,
 )

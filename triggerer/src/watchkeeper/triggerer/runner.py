@@ -49,8 +49,8 @@ from typing import Self
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus, get_logger
-from watchkeeper.store.backend import StatusTable
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
 from ._health import StoreHealth

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._common import (

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self, get_args
 
 import anyio
-from watchkeeper.store import (
-    AssetEvent,
-    BaseStateBackend,
+from watchkeeper.store import AssetEvent, BaseStateBackend, StateScope
+from watchkeeper.store.backend import (
+    CAPABILITIES,
     EventCommit,
+    Put,
     RawEntry,
-    StateScope,
     Writer,
+    capability_methods,
     encode_json,
+    require_event_log,
 )
-from watchkeeper.store.backend import CAPABILITIES, Put, capability_methods, require_event_log
 
 __all__ = ["CRASH_POINTS", "CrashPlan", "CrashPoint", "ObservedBackend", "SimulatedCrash"]
 
