@@ -57,6 +57,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from .gc import collect_garbage
 from .ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
@@ -373,70 +374,7 @@ class PostgresStateBackend(MetastoreBackend):
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
-        now, dry_run, batch_size, cutoff = (
-            plan.now,
-            plan.dry_run,
-            plan.batch_size,
-            plan.stale_before,
-        )
-        events_due = plan.events
-        event_args = () if events_due is None else (events_due.events, events_due.dedup)
-        events = 0
-        bounds: dict[str, tuple[Any, ...]] = {"expired": (now,), "orphaned": ()}
-        if cutoff is not None:
-            bounds["retention"] = (cutoff,)
-        gc = self._sql.gc
-        found: dict[str, list[tuple[Any, ...]]] = {kind: [] for kind in bounds}
-        if dry_run:
-            for kind, args in bounds.items():
-                found[kind] = [tuple(r) for r in await self._fetch("GC", gc.select[kind], *args)]
-            if event_args:
-                (row,) = await self._fetch("GC", gc.events_count, *event_args)
-                events = row[0]
-        elif batch_size == 0:
-
-            async def collect(conn: asyncpg.Connection) -> int:
-                for kind, args in bounds.items():
-                    found[kind] = [tuple(r) for r in await conn.fetch(gc.delete[kind], *args)]
-                if not event_args:
-                    return 0
-                return rowcount(await conn.execute(gc.events_delete, *event_args))
-
-            events = await self._submit(CallOp(collect, phase=LATE))
-        else:
-            for kind, args in bounds.items():
-                while True:
-                    sql, params = gc.delete_batch[kind], (*args, batch_size)
-
-                    async def collect_batch(
-                        conn: asyncpg.Connection, sql: str = sql, params: tuple[Any, ...] = params
-                    ) -> list[tuple[Any, ...]]:
-                        return [tuple(r) for r in await conn.fetch(sql, *params)]
-
-                    rows: list[tuple[Any, ...]] = await self._submit(
-                        CallOp(collect_batch, phase=LATE)
-                    )
-                    found[kind].extend(rows)
-                    if len(rows) < batch_size:
-                        break
-            while event_args:
-
-                async def delete_events(conn: asyncpg.Connection) -> int:
-                    return rowcount(
-                        await conn.execute(gc.events_delete_batch, *event_args, batch_size)
-                    )
-
-                deleted: int = await self._submit(CallOp(delete_events, phase=LATE))
-                events += deleted
-                if deleted < batch_size:
-                    break
-        report = GcReport(dry_run=dry_run, events=events)
-        report.expired = [(TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found["expired"])]
-        report.retention = [
-            (TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found.get("retention", []))
-        ]
-        report.orphaned = [(r[0], r[1]) for r in sorted(found["orphaned"])]
-        return report
+        return await collect_garbage(plan, self._sql.gc, self._fetch, self._submit)
 
     async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
         rows = [
