@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import structlog
-from watchkeeper.store import BaseStateBackend, MemoryStateBackend
+from watchkeeper.store import MemoryStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
 from tests.support.postgres import PgDatabase, fresh_pg_database
 
@@ -117,7 +118,7 @@ def sqlite_path(tmp_path: Path) -> Path:
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[BaseStateBackend]:
+) -> AsyncIterator[MetastoreBackend]:
     """Each built-in backend, opened and empty (PostgreSQL in a fresh schema)."""
     kind = request.param
     if kind == "memory":

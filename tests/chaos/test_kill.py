@@ -21,7 +21,8 @@ from typing import Any
 
 import anyio
 import pytest
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
 from tests.chaos._chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw
 from tests.support.postgres import fresh_pg_database
@@ -40,7 +41,7 @@ Outcome = dict[str, PatternResult] | BaseException
 async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
     path = work / "state.db"
 
-    def open_backend() -> BaseStateBackend:
+    def open_backend() -> MetastoreBackend:
         return SqliteStateBackend(path)
 
     raw = SqliteRaw(path)
@@ -50,7 +51,7 @@ async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
 async def _run_postgres(work: Path, dsn: str) -> dict[str, PatternResult]:
     async with fresh_pg_database(dsn, prefix="wk_chaos") as (_, database):
 
-        def open_backend() -> BaseStateBackend:
+        def open_backend() -> MetastoreBackend:
             return PostgresStateBackend(database)
 
         raw = PostgresRaw(database)

@@ -16,14 +16,16 @@ import asyncpg
 import pytest
 from watchkeeper.store import (
     AssetNotFoundError,
-    BaseStateBackend,
-    EventBatchCommit,
-    EventCommit,
-    Fence,
     LeaseLostError,
     PostgresStateBackend,
     SqliteStateBackend,
     StateStoreError,
+)
+from watchkeeper.store.backend import (
+    EventBatchCommit,
+    EventCommit,
+    Fence,
+    MetastoreBackend,
     Writer,
     encode_json,
     encode_value,
@@ -69,7 +71,7 @@ def plain(count: int, start: int = 0) -> list[Event]:
 
 class TestEventBatches:
     async def test_every_event_is_written_in_order_and_the_state_once(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """Each event lands on each asset, ids in (event, asset) order; the state is one write."""
         events = await store.acommit_events(
@@ -90,14 +92,14 @@ class TestEventBatches:
             assert entry is not None
             assert (entry.value, entry.version, entry.writer) == (2, 1, WATCHER)
 
-    async def test_a_large_batch_keeps_its_order(self, store: BaseStateBackend) -> None:
+    async def test_a_large_batch_keeps_its_order(self, store: MetastoreBackend) -> None:
         """A batch of more rows than one insert statement takes comes back whole and in order."""
         events = await store.acommit_events(batch("orders", events=plain(1000), state={"w": 999}))
         assert [e.payload for e in events] == list(range(1000))
         assert [e.id for e in events] == [e.id for e in await store.alist_events()]
         assert await store.aget(ORDERS_SCOPE, "w") == 999
 
-    async def test_each_event_is_deduplicated_on_its_own(self, store: BaseStateBackend) -> None:
+    async def test_each_event_is_deduplicated_on_its_own(self, store: MetastoreBackend) -> None:
         """Recorded keys are suppressed one by one; the rest and the state are written."""
         await store.acommit_event(single("orders", "first", "m1", w=1))
         events = await store.acommit_events(
@@ -112,7 +114,7 @@ class TestEventBatches:
         assert entry is not None and (entry.value, entry.version) == (4, 2)
 
     async def test_a_batch_redelivered_in_full_writes_nothing(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """When every event of a batch is a duplicate, neither events nor state are written."""
         keyed: list[Event] = [("a", "m1"), ("b", "m2")]
@@ -122,7 +124,7 @@ class TestEventBatches:
         assert await snapshot(store) == before
         assert await store.aget(ORDERS_SCOPE, "w") == 2
 
-    async def test_dedup_and_state_are_per_asset(self, store: BaseStateBackend) -> None:
+    async def test_dedup_and_state_are_per_asset(self, store: MetastoreBackend) -> None:
         """A key recorded on one asset suppresses the batch there only, with its state."""
         await store.acommit_event(single("orders", "seen", "m1", w=1))
         events = await store.acommit_events(
@@ -132,7 +134,7 @@ class TestEventBatches:
         assert await store.aget(ORDERS_SCOPE, "w") == 1
         assert await store.aget(INVOICES_SCOPE, "w") == 2
 
-    async def test_an_unknown_asset_fails_the_whole_batch(self, store: BaseStateBackend) -> None:
+    async def test_an_unknown_asset_fails_the_whole_batch(self, store: MetastoreBackend) -> None:
         """A batch naming an unregistered asset raises and writes nothing anywhere."""
         await assert_rejected(
             store,
@@ -142,7 +144,7 @@ class TestEventBatches:
             says=("ghost",),
         )
 
-    async def test_a_stale_fence_refuses_the_whole_batch(self, store: BaseStateBackend) -> None:
+    async def test_a_stale_fence_refuses_the_whole_batch(self, store: MetastoreBackend) -> None:
         """After the lease moved, the old holder's batch raises LeaseLostError and writes nothing."""
         await store.aclaim_leases("a", ["w"], 60)
         stale = Fence("w", "a", 1)
@@ -157,7 +159,7 @@ class TestEventBatches:
         )
 
     async def test_batches_and_single_commits_share_transactions(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """Concurrent batches and single events all commit, a failing batch alone failing."""
         outcomes: dict[str, object] = {}
@@ -185,7 +187,7 @@ class TestEventBatches:
         assert len({e.id for e in listed}) == 60
         assert await store.aget(ORDERS_SCOPE, "b") == 1
 
-    async def test_decoded_payloads_are_returned_as_given(self, store: BaseStateBackend) -> None:
+    async def test_decoded_payloads_are_returned_as_given(self, store: MetastoreBackend) -> None:
         """Payloads the caller decoded already come back in the events; a count that does not
         match the events is refused."""
         given = ({"n": 1}, [2])
@@ -215,8 +217,8 @@ class TestEventBatches:
 
 @pytest.fixture
 async def poisoned(
-    store: BaseStateBackend, tmp_path: Path, request: pytest.FixtureRequest
-) -> BaseStateBackend:
+    store: MetastoreBackend, tmp_path: Path, request: pytest.FixtureRequest
+) -> MetastoreBackend:
     """The SQLite or PostgreSQL store, its database refusing any event whose payload is
     ``"poison"`` (a trigger on ``asset_events``): a failure in the middle of a batch's writes."""
     if isinstance(store, SqliteStateBackend):
@@ -252,7 +254,7 @@ async def poisoned(
 
 class TestBatchAtomicityInTheDatabase:
     async def test_a_row_refused_late_in_a_batch_leaves_nothing(
-        self, poisoned: BaseStateBackend
+        self, poisoned: MetastoreBackend
     ) -> None:
         """The database refusing the 300th event of a batch undoes the 299 written before it."""
         events: list[Event] = [*plain(299), ("poison", None)]
@@ -266,7 +268,7 @@ class TestBatchAtomicityInTheDatabase:
         assert len(await poisoned.acommit_events(batch("orders", events=plain(299)))) == 299
 
     async def test_a_refused_batch_fails_alone_in_its_group(
-        self, poisoned: BaseStateBackend
+        self, poisoned: MetastoreBackend
     ) -> None:
         """Sharing a transaction with other commits, a refused batch fails and they commit."""
         outcomes: dict[str, object] = {}

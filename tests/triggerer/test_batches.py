@@ -11,7 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
-from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend, ValueTypeError
+from watchkeeper.store import Asset, MemoryStateBackend, ValueTypeError
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     InvalidEventError,
@@ -36,7 +37,7 @@ class Batches(BaseEventTrigger):
     what the code after ``yield`` (an acknowledgement, say) can rely on.
     """
 
-    def __init__(self, script: Sequence[object], backend: BaseStateBackend) -> None:
+    def __init__(self, script: Sequence[object], backend: MetastoreBackend) -> None:
         super().__init__()
         self.script = list(script)
         self.backend = backend
@@ -66,13 +67,13 @@ def batch(*payloads: object, keys: Sequence[str | None] = (), **state: Any) -> T
     )
 
 
-async def committed(backend: BaseStateBackend) -> list[Any]:
+async def committed(backend: MetastoreBackend) -> list[Any]:
     return [event.payload for event in await backend.alist_events()]
 
 
 class TestBatchCommits:
     async def test_a_batch_commits_every_event_and_its_state_once(
-        self, backend: BaseStateBackend
+        self, backend: MetastoreBackend
     ) -> None:
         """Each event becomes one asset event per asset; the state is written once, after all."""
         events = await run_trigger(
@@ -91,7 +92,7 @@ class TestBatchCommits:
             assert entry is not None and (entry.value, entry.version) == (3, 1)
 
     async def test_the_generator_resumes_once_the_whole_batch_committed(
-        self, backend: BaseStateBackend
+        self, backend: MetastoreBackend
     ) -> None:
         """The code after the batch's yield sees all its events and its state durable."""
         trigger = Batches(
@@ -100,7 +101,7 @@ class TestBatchCommits:
         await run_trigger(trigger, assets=ORDERS, backend=backend)
         assert trigger.seen_after_yield == [(2, 2), (3, 3), (5, 5)]
 
-    async def test_a_bad_event_fails_the_whole_batch(self, backend: BaseStateBackend) -> None:
+    async def test_a_bad_event_fails_the_whole_batch(self, backend: MetastoreBackend) -> None:
         """An event that cannot be stored fails the run; nothing of its batch is written."""
         trigger = Batches([batch(1, w=1), batch(2, {3}, 4, w=4)], backend)
         with pytest.raises(ValueTypeError) as caught:
@@ -133,7 +134,7 @@ class TestBatchCommits:
         assert await backend.aget(ORDERS.scope, "w") is None
 
     async def test_redelivered_events_are_suppressed_one_by_one(
-        self, backend: BaseStateBackend
+        self, backend: MetastoreBackend
     ) -> None:
         """Known keys are dropped alone; a batch redelivered in full leaves the state alone."""
         first = await run_trigger(
@@ -159,7 +160,7 @@ class TestBatchCommits:
         assert await backend.aget(ORDERS.scope, "w") == 3
 
     async def test_max_events_counts_events_and_never_splits_a_batch(
-        self, backend: BaseStateBackend
+        self, backend: MetastoreBackend
     ) -> None:
         """The run stops after the batch that reaches max_events and returns all of it."""
         trigger = Batches([batch(1, 2, 3, w=3), batch(4, 5, 6, w=6), batch(7, w=7)], backend)
@@ -169,7 +170,7 @@ class TestBatchCommits:
         assert trigger.closed and len(trigger.seen_after_yield) == 1  # closed at its yield
 
     async def test_the_committed_payloads_share_nothing_with_the_yielded_ones(
-        self, backend: BaseStateBackend
+        self, backend: MetastoreBackend
     ) -> None:
         """A trigger that reuses and changes its payload object after the yield does not
         change the events already committed and returned."""

@@ -20,7 +20,8 @@ from typing import IO, Any
 import anyio
 import anyio.abc
 import pytest
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer.cli._runtime import status_report
 
 from tests.support.daemons import (
@@ -189,7 +190,7 @@ def bad_name_file(name: str, source: Path) -> str:
 @asynccontextmanager
 async def database(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[str, BaseStateBackend]]:
+) -> AsyncIterator[tuple[str, MetastoreBackend]]:
     """The daemon's database URL and a backend open on it, for SQLite or PostgreSQL."""
     if kind == "sqlite":
         path = tmp_path / "state.db"

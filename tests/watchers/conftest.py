@@ -13,9 +13,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
-OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
+OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[MetastoreBackend]]
 
 MYSQL_DSN = os.environ.get("WATCHKEEPER_TEST_MYSQL_DSN", "mysql://root@127.0.0.1:3306/test")
 
@@ -45,7 +46,7 @@ async def reopenable_backend(
     if request.param == "sqlite":
         path = tmp_path / "state.db"
 
-        def open_sqlite() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+        def open_sqlite() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
             return _opened(SqliteStateBackend(path))
 
         yield open_sqlite
@@ -56,7 +57,7 @@ async def reopenable_backend(
     try:
         await admin.execute(f'CREATE SCHEMA "{schema}"')
 
-        def open_postgres() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+        def open_postgres() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
             return _opened(PostgresStateBackend(dsn, schema=schema))
 
         yield open_postgres
@@ -66,6 +67,6 @@ async def reopenable_backend(
 
 
 @contextlib.asynccontextmanager
-async def _opened(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
+async def _opened(backend: MetastoreBackend) -> AsyncIterator[MetastoreBackend]:
     async with backend:
         yield backend

@@ -15,7 +15,7 @@ from ._values import (
     check_key,
     check_name,
 )
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
     "Asset",
@@ -28,6 +28,7 @@ __all__ = [
     "Fence",
     "GcReport",
     "Lease",
+    "Put",
     "RawEntry",
     "RefusedDefinition",
     "StateEntry",
@@ -165,11 +166,11 @@ class Fence:
         for name in ("trigger_id", "owner"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"Fence.{name} must be a non-empty str, got {value!r}")
+                raise InvalidArgumentError(f"Fence.{name}", value, "must be a non-empty str")
         if type(self.token) is not int:
-            raise TypeError(f"Fence.token must be an int, got {type(self.token).__name__}")
+            raise ArgumentTypeError("Fence.token", self.token, "an int")
         if self.token < 1:
-            raise ValueError(f"Fence.token must be >= 1, got {self.token}")
+            raise InvalidArgumentError("Fence.token", self.token, "must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,22 @@ class Writer:
         return f"{self.kind}:{self.name}"
 
 
-API_WRITER = Writer("api", "api")
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One write of a key, checked and encoded: what a backend's put hook receives.
+
+    ``value_json`` is the value as JSON text; ``expires_at``/``never_expire`` the task-state
+    retention (asset state has none); ``expected_version`` makes it a compare-and-set (0: the
+    key must not exist yet); a ``writer`` carrying a fence makes it conditional on the lease.
+    """
+
+    scope: StateScope
+    key: str
+    value_json: str
+    expires_at: datetime | None = None
+    never_expire: bool = False
+    expected_version: int | None = None
+    writer: Writer | None = None
 
 
 @dataclass(frozen=True, slots=True)

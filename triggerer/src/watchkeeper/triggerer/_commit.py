@@ -16,8 +16,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from watchkeeper.store import EventBatchCommit, EventCommit, Writer, encode_payload, encode_value
-from watchkeeper.store._values import check_key, encode_payload_decoded
+from watchkeeper.store.backend import (
+    EventBatchCommit,
+    EventCommit,
+    Writer,
+    check_key,
+    encode_payload,
+    encode_payload_decoded,
+    encode_value,
+)
 
 from .errors import InvalidEventError
 from .trigger import TriggerEvent, TriggerEventBatch

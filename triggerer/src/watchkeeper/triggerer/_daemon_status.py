@@ -3,8 +3,9 @@
 Every heartbeat the daemon saves its row (owner, start and heartbeat times, lease time to
 live, the definitions its last load refused): what ``watchkeeper status`` reads to tell a
 live daemon from a dead one. A clean exit removes the row. Saving is advisory: bounded in
-time, and a failure is logged, never raised. A backend without a daemon status table turns
-it off (logged once as ``daemon_status_unsupported``).
+time, and a failure is logged, never raised. A backend without a daemon table
+(:class:`~watchkeeper.store.backend.DaemonTable`) keeps no row, and one without a status
+table (:class:`~watchkeeper.store.backend.StatusTable`) has no trigger rows to prune.
 
 :meth:`DaemonStatusKeeper.prune` forgets the rows of daemons that stopped refreshing theirs,
 and the status rows of triggers no daemon runs any more.
@@ -17,7 +18,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
-from watchkeeper.store import BaseStateBackend, DaemonStatus, RefusedDefinition, get_logger
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import (
+    DaemonStatus,
+    DaemonTable,
+    RefusedDefinition,
+    StatusTable,
+    get_logger,
+)
 
 from ._loader import WatcherError
 from ._supervisor import describe_error
@@ -47,26 +55,23 @@ class DaemonStatusKeeper:
         self.heartbeat = heartbeat
         self.lease_ttl = lease_ttl
         self.started_at = backend.clock()
-        self.enabled = True
 
     async def save(self, refused: Sequence[WatcherError]) -> None:
         """Save this daemon's heartbeat row. Advisory: bounded, and never raises."""
-        if not self.enabled:
+        table = self.backend
+        if not isinstance(table, DaemonTable):
             return
         status = DaemonStatus(
             owner=self.owner,
             started_at=self.started_at,
-            heartbeat_at=self.backend.clock(),
+            heartbeat_at=table.clock(),
             lease_ttl=self.lease_ttl,
             watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
             refused=tuple(RefusedDefinition(e.file, e.watcher, e.reason) for e in refused),
         )
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT) as scope:
             try:
-                await self.backend.asave_daemon_status(status)
-            except NotImplementedError:
-                self.enabled = False
-                log.info("daemon_status_unsupported", backend=type(self.backend).__name__)
+                await table.asave_daemon_status(status)
             except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
                 log.warning("daemon_status_save_failed", error=describe_error(exc))
         if scope.cancelled_caught:
@@ -74,11 +79,12 @@ class DaemonStatusKeeper:
 
     async def forget(self) -> None:
         """At a clean exit: remove this daemon's row (its triggers' rows say ``stopped``)."""
-        if not self.enabled:
+        table = self.backend
+        if not isinstance(table, DaemonTable):
             return
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=True):
             try:
-                await self.backend.adelete_daemon_status([self.owner])
+                await table.adelete_daemon_status([self.owner])
             except Exception as exc:  # noqa: BLE001 - advisory; pruned by others later
                 log.warning("daemon_status_save_failed", error=describe_error(exc))
 
@@ -92,11 +98,8 @@ class DaemonStatusKeeper:
         silence = timedelta(seconds=3 * self.heartbeat + 30)
         cutoff = datetime.now(UTC) - silence
         backend = self.backend
-        if self.enabled:
-            try:
-                daemons = await backend.alist_daemon_status()
-            except NotImplementedError:
-                daemons = []
+        if isinstance(backend, DaemonTable):
+            daemons = await backend.alist_daemon_status()
             silent = backend.clock() - silence  # stamped with the backend's clock
             dead = [
                 d.owner
@@ -107,6 +110,8 @@ class DaemonStatusKeeper:
             if dead:
                 await backend.adelete_daemon_status(dead)
                 log.info("daemon_status_pruned", owners=dead)
+        if not isinstance(backend, StatusTable):
+            return
         rows = await backend.alist_trigger_status()
         stale = [
             r.trigger_id

@@ -16,8 +16,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from watchkeeper.store import encode_json
+from watchkeeper.store.backend import encode_json
 
+from ._supervisor import describe_error
 from .errors import TriggerImportError
 from .trigger import BaseEventTrigger
 
@@ -87,13 +88,11 @@ def rebuild_trigger(
         raise TriggerImportError(f"cannot import trigger class {classpath!r}: {exc}") from exc
     except (Exception, SystemExit) as exc:  # the module's own code failed as it was imported
         raise TriggerImportError(
-            f"cannot import trigger class {classpath!r}: {type(exc).__name__}: {exc}"
+            f"cannot import trigger class {classpath!r}: {describe_error(exc)}"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseEventTrigger)):
         raise TriggerImportError(f"{classpath!r} is not a BaseEventTrigger subclass")
     try:
         return cls(**kwargs)
     except Exception as exc:
-        raise TriggerImportError(
-            f"{classpath}(**kwargs) failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise TriggerImportError(f"{classpath}(**kwargs) failed: {describe_error(exc)}") from exc

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchkeeper.store import Asset, get_logger
-from watchkeeper.store._values import check_name
+from watchkeeper.store import Asset
+from watchkeeper.store.backend import check_name, get_logger
 from watchkeeper.store.errors import InvalidNameError, KeyTypeError
 
 from ._identity import rebuild_trigger, watcher_trigger_id

@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import anyio
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 
 from ._leases import LeaseKeeper
 from ._loader import WatcherGroup

@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 
 import anyio
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 
 from .daemon import Daemon
 from .settings import Settings

@@ -14,8 +14,8 @@ an exponential, jittered backoff; after ``max_failures`` consecutive failures th
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
 
-A slot with a :class:`~watchkeeper.store.Fence` (the daemon's lease on the trigger) writes
-through a fenced :class:`~watchkeeper.store.Writer`: its events and its accessors' ``set`` calls
+A slot with a :class:`~watchkeeper.store.backend.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.backend.Writer`: its events and its accessors' ``set`` calls
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
@@ -45,13 +45,16 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BaseStateBackend,
     DatabaseFileRemovedError,
+    LeaseLostError,
+)
+from watchkeeper.store.backend import (
     EventCommit,
     Fence,
-    LeaseLostError,
     TriggerStatus,
     Writer,
     get_logger,
     redact_secrets,
+    require_event_log,
 )
 
 from ._commit import EventEncoder
@@ -241,8 +244,9 @@ async def drive_trigger(
         max_value_bytes=backend.max_value_bytes,
         max_payload_bytes=backend.max_payload_bytes,
     )
-    commit_event = backend.acommit_event
-    commit_events = backend.acommit_events
+    event_log = require_event_log(backend)  # checked once per run
+    commit_event = event_log.acommit_event
+    commit_events = event_log.acommit_events
     # Checked once per run: no logger is kept per trigger when debug logging is off.
     debug = _debug_enabled(log)
     trigger.bind_asset_state_store(

@@ -31,6 +31,7 @@ from typing import Any
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
+from ._supervisor import describe_error
 from .trigger import AssetWatcher
 
 __all__ = [
@@ -262,7 +263,7 @@ def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, Watch
     except SyntaxError as exc:
         return None, WatcherError(rel, None, f"SyntaxError: {exc.msg} (line {exc.lineno})")
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a watcher file must not kill the daemon
-        return None, WatcherError(rel, None, f"import failed: {type(exc).__name__}: {exc}")
+        return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}")
 
 
 def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherError:
@@ -272,7 +273,7 @@ def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherEr
     except (InvalidValueError, ValueTypeError) as exc:
         return WatcherError(rel, watcher.name, f"serialize() kwargs are not JSON: {exc}")
     except Exception as exc:  # noqa: BLE001 - user code; reported, never fatal
-        return WatcherError(rel, watcher.name, f"serialize() failed: {type(exc).__name__}: {exc}")
+        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}")
     try:
         canonical.encode()  # the trigger id hashes it
     except UnicodeEncodeError:

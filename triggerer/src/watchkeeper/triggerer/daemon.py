@@ -59,12 +59,13 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import (
-    BaseStateBackend,
-    DatabaseFileRemovedError,
+from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, open_state_backend
+from watchkeeper.store.backend import (
     GcReport,
+    StatusTable,
     get_logger,
-    open_state_backend,
+    require_asset_registry,
+    require_garbage_collector,
 )
 
 from ._config import SupervisionSettings
@@ -324,16 +325,16 @@ class Daemon:
         report = ReloadReport(errors=len(result.errors))
         backend, placement = self.backend, self.placement
         if result.assets:
-            await backend.aregister_assets(list(result.assets))
+            await require_asset_registry(backend).aregister_assets(list(result.assets))
         await placement.apply_load(result.groups, report)
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
         for name in sorted(before - {a.name for a in result.assets}):
-            if await backend.adeactivate_asset(name):
+            if await require_asset_registry(backend).adeactivate_asset(name):
                 report.deactivated.append(name)
                 log.info("asset_deactivated", asset=name)
         gone = [t for t in report.stopped if t not in placement.wanted]
-        if gone:
+        if gone and isinstance(backend, StatusTable):
             await backend.adelete_trigger_status(gone)
         self._loaded = result
         return report
@@ -431,7 +432,7 @@ class Daemon:
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
         store, events = self.settings.state_store, self.settings.events
-        report = await self.backend.acollect_garbage(
+        report = await require_garbage_collector(self.backend).acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
             event_retention_days=events.retention_days,
@@ -458,7 +459,7 @@ class Daemon:
                     await self._status.prune(self._running)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("gc_failed", error=describe_error(exc))
 
 
 def _while_open(part: _T | None) -> _T:

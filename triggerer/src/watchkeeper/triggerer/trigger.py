@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchkeeper.store import AssetStateStoreAccessors, redact_secrets
+from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.store.backend import redact_secrets
 
 from .errors import AssetStoreUnavailableError, WatcherNameUnavailableError
 

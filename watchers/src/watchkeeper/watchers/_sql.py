@@ -31,7 +31,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store import redact_dsn
+from watchkeeper.store.backend import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 __all__ = [

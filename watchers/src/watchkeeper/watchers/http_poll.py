@@ -36,7 +36,7 @@ from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import anyio
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
 
 from ._common import (

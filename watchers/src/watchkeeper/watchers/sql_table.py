@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import (

@@ -23,9 +23,10 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
+    MissingCapabilityError,
     SqliteStateBackend,
-    TriggerStatus,
 )
+from watchkeeper.store.backend import DaemonTable, TriggerStatus, require_status_table
 
 from .._process import run_daemon
 from ..settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
@@ -120,11 +121,9 @@ def _printable(text: str) -> str:
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
     now = backend.clock()
-    try:
-        daemons = await backend.alist_daemon_status()
-        tracked = True
-    except NotImplementedError:  # a custom backend: take the saved states as they are
-        daemons, tracked = [], False
+    # Without daemon rows (a custom backend) the saved states are taken as they are.
+    tracked = isinstance(backend, DaemonTable)
+    daemons = await backend.alist_daemon_status() if isinstance(backend, DaemonTable) else []
     live: set[str] = set()
     daemon_rows = []
     for daemon in daemons:
@@ -149,7 +148,7 @@ async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
         )
     known = {daemon.owner for daemon in daemons}
     watchers: list[dict[str, Any]] = []
-    for status in await backend.alist_trigger_status():
+    for status in await require_status_table(backend).alist_trigger_status():
         state = status.state
         if tracked and status.owner not in live and (status.owner in known or state != "stopped"):
             state = "unknown"
@@ -302,7 +301,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         report = redacted(run_async(read))  # errors and state may quote a URL with a password
-    except NotImplementedError as exc:  # a custom backend without trigger status
+    except MissingCapabilityError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
         emit_json(report)

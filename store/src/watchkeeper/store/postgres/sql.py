@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ._types import RawEntry, Writer
-from .errors import InvalidValueError, StateStoreError, StoreUnavailableError
+from .._types import RawEntry, Writer
+from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -258,7 +258,7 @@ class Statements:
             "SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused "
             f"FROM {p}daemon_status ORDER BY owner"
         )
-        self.gc = _GcStatements(p)
+        self.gc = GcStatements(p)
         # Leases. Every statement that locks lease rows locks them in trigger_id order (the
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.
         # The fence check takes FOR SHARE: a claim by another daemon (FOR UPDATE) waits until
@@ -293,7 +293,7 @@ class Statements:
         )
 
 
-class _GcStatements:
+class GcStatements:
     """Select, delete, and delete-a-batch statements for each kind of garbage.
 
     The task kinds take their time bound as ``$1`` (and the batch size as ``$2``); the orphan

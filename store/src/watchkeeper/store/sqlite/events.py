@@ -1,9 +1,9 @@
 """Event commits of :class:`~watchkeeper.store.SqliteStateBackend` run as a group.
 
-The writer (:mod:`._sqlite_writer`) hands neighbouring ``acommit_event`` operations of a batch
+The writer (:mod:`watchkeeper.store.sqlite.writer`) hands neighbouring ``acommit_event`` operations of a batch
 to :data:`EVENT_COMMITS` in one call: a handful of statements for the whole group instead of a
 savepoint and two statements per event. The effects are those of
-:func:`._sqlite_meta.commit_event` run once per commit, in call order, which stays the path
+:func:`.meta.commit_event` run once per commit, in call order, which stays the path
 for a lone commit and the fallback when the group's call fails.
 
 An ``acommit_events`` batch (:class:`~watchkeeper.store.EventBatchCommit`) is one operation of
@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._leases import HeldLease, check_fence
-from ._sqlite_ops import Row, writer_cols
-from ._sqlite_schema import from_db
-from ._sqlite_writer import Tx
-from ._types import AssetEvent, AssetScope, EventBatchCommit, EventCommit
-from ._values import decode_value
-from .errors import StateStoreError
+from .._leases import HeldLease, check_fence
+from .._types import AssetEvent, AssetScope, EventBatchCommit, EventCommit
+from .._values import decode_value
+from ..errors import StateStoreError
+from .ops import Row, writer_cols
+from .schema import from_db
+from .writer import Tx
 
 __all__ = ["EVENT_COMMITS", "EventCommits"]
 

@@ -20,28 +20,28 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import anyio
-
-from ._leases import check_fence
-from ._postgres_sql import (
+from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
+from .._leases import check_fence
+from .._types import (
+    AssetEvent,
+    AssetScope,
+    EventBatchCommit,
+    EventCommit,
+    Fence,
+    Put,
+    StateScope,
+    TaskScope,
+    Writer,
+)
+from .._values import decode_value
+from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError, VersionConflictError
+from .sql import (
     Statements,
     StateStatements,
     columns,
     rowcount,
     writer_fields,
 )
-from ._types import (
-    AssetEvent,
-    AssetScope,
-    EventBatchCommit,
-    EventCommit,
-    Fence,
-    StateScope,
-    TaskScope,
-    Writer,
-)
-from ._values import decode_value
-from .errors import AssetNotFoundError, LeaseLostError, StateStoreError, VersionConflictError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -69,22 +69,15 @@ DELETE: Final = 4
 CLEAR: Final = 5
 LATE: Final = 6  # trigger status, garbage collection
 
-_OP_OVERHEAD: Final = 256  # bytes a write costs beyond its values, for the batch size limit
 
+class Op(QueuedWrite):
+    """One write waiting for the writer, with the phase of the batch it runs in."""
 
-class Op:
-    """One write waiting for the writer; ``done`` is set once its outcome is final."""
-
-    __slots__ = ("done", "error", "phase", "result")
+    __slots__ = ("phase",)
 
     def __init__(self, phase: int) -> None:
+        super().__init__()
         self.phase = phase
-        self.done = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def weight(self) -> int:
-        return _OP_OVERHEAD
 
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         """Take the asset ids of the scopes :meth:`scopes` named (or record a missing one)."""
@@ -95,18 +88,6 @@ class Op:
     def fence_at(self) -> tuple[Fence, datetime] | None:
         """The lease this write depends on, and the write's timestamp to check it at."""
         return None
-
-    def reset(self) -> None:
-        self.result = self.error = None
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class _ScopedOp(Op):
@@ -150,25 +131,15 @@ class PutOp(_ScopedOp):
 
     __slots__ = ("expected", "expires_at", "key", "never_expire", "value_json")
 
-    def __init__(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        updated_at: datetime,
-        writer: Writer | None,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected: int | None,
-    ) -> None:
-        super().__init__(scope, PUT if expected is None else CAS, writer, updated_at)
-        self.key, self.value_json = key, value_json
-        self.expires_at, self.never_expire = expires_at, never_expire
+    def __init__(self, put: Put, *, updated_at: datetime) -> None:
+        expected = put.expected_version
+        super().__init__(put.scope, PUT if expected is None else CAS, put.writer, updated_at)
+        self.key, self.value_json = put.key, put.value_json
+        self.expires_at, self.never_expire = put.expires_at, put.never_expire
         self.expected = expected
 
     def weight(self) -> int:
-        return _OP_OVERHEAD + len(self.value_json)
+        return WRITE_OVERHEAD + len(self.value_json)
 
     def pk(self) -> tuple[Any, ...]:
         return self.row_key(self.key)
@@ -217,7 +188,7 @@ class CommitOp(Op):
 
     def weight(self) -> int:
         c = self.commit
-        one = _OP_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
+        one = WRITE_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
         return one * max(1, len(c.assets))
 
     def scopes(self) -> Sequence[AssetScope]:
@@ -254,7 +225,7 @@ class BatchCommitOp(Op):
 
     def weight(self) -> int:
         b = self.batch
-        events = sum(_OP_OVERHEAD + len(payload) for payload, _ in b.events)
+        events = sum(WRITE_OVERHEAD + len(payload) for payload, _ in b.events)
         return (events + sum(len(v) for v in b.state.values())) * max(1, len(b.assets))
 
     def scopes(self) -> Sequence[AssetScope]:
