@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
+from ._controls import ApiToken, SupportsControls, TokenExistsError, WatcherControl
 from ._log import get_logger
 from ._open import open_state_backend
 from ._redact import redact_dsn, redact_secrets
@@ -71,6 +72,7 @@ __all__ = [
     "DEFAULT_MAX_VALUE_BYTES",
     "MAX_KEY_LENGTH",
     "NEVER_EXPIRE",
+    "ApiToken",
     "Asset",
     "AssetEvent",
     "AssetInfo",
@@ -107,14 +109,17 @@ __all__ = [
     "StoreClosedError",
     "StoreSettings",
     "StoreUnavailableError",
+    "SupportsControls",
     "SyncCallInLoopError",
     "TaskScope",
     "TaskStateStoreAccessor",
+    "TokenExistsError",
     "TriggerStatus",
     "UnknownSettingError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
+    "WatcherControl",
     "WorkersSettings",
     "Writer",
     "build_task_context",

@@ -29,6 +29,7 @@ import anyio.abc
 from ._backend import BaseStateBackend
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._postgres_controls import PostgresControls
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
@@ -78,7 +79,7 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(BaseStateBackend):
+class PostgresStateBackend(PostgresControls, BaseStateBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables

@@ -46,6 +46,7 @@ their asset state, which the store keeps across restarts and ``kill -9``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -72,6 +73,7 @@ from ._config import SupervisionSettings
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
+from ._watcher_controls import ControlsTracker
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
@@ -144,6 +146,7 @@ class Daemon:
         self._running: dict[str, WatcherGroup] = {}
         self._tokens: dict[str, int | None] = {}
         self._leases: LeaseKeeper | None = None
+        self._controls: ControlsTracker | None = None
         self._snapshot: dict[str, tuple[int, int]] = {}
         self._reload_lock = anyio.Lock()
         self._stack: contextlib.AsyncExitStack | None = None
@@ -199,6 +202,9 @@ class Daemon:
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._runner.store_health.add_recovery_hook(self._renew_after_outage)
+            # Read before the first load, so a watcher paused before a restart stays paused.
+            self._controls = ControlsTracker(self._backend)
+            await self._controls.refresh()
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             if self.tune_gc:
                 raise_gen0_threshold()
@@ -252,6 +258,7 @@ class Daemon:
     def _forget(self) -> None:
         self._runner = None
         self._leases = None
+        self._controls = None
         self._wanted = {}
         self._running = {}
         self._tokens = {}
@@ -279,6 +286,7 @@ class Daemon:
             # A trigger that gave up ("failed") gets a fresh start from any reload, so an
             # operator retries it by touching its file once the source is fixed.
             failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
+            await self._refresh_controls()
             claimed = await self._to_claim()
             await self._reconcile(report, claimed, await self.leases.claim(claimed), failed)
             # After the reconcile stopped the triggers of removed files, their assets go.
@@ -309,10 +317,14 @@ class Daemon:
         keep = sorted(
             t
             for t, group in self._running.items()
-            if t in self._wanted and self._wanted[t].key == group.key
+            if t in self._wanted and self._wanted[t].key == group.key and not self._paused(group)
         )
         room = max(self.settings.triggerer.capacity - len(keep), 0)
-        others = [t for t in sorted(self._wanted) if t not in self._running]
+        others = [
+            t
+            for t in sorted(self._wanted)
+            if t not in self._running and not self._paused(self._wanted[t])
+        ]
         if others:
             # Skips leases another live daemon holds; frees those of a dead local daemon.
             others = await self.leases.free_among(others)
@@ -356,16 +368,20 @@ class Daemon:
                 and token == self._tokens.get(trigger_id)
                 and trigger_id not in restart
                 and trigger_id not in dead
+                and not self._paused(group)
             ):
                 continue
-            # A trigger another daemon holds now is theirs, status row included.
-            await runner.stop_trigger(trigger_id, save_status=held)
+            if held and self._paused(group):
+                await self._pause_trigger(trigger_id)
+            else:
+                # A trigger another daemon holds now is theirs, status row included.
+                await runner.stop_trigger(trigger_id, save_status=held)
             del self._running[trigger_id]
             self._tokens.pop(trigger_id, None)
             report.stopped.append(trigger_id)
         for trigger_id, group in self._wanted.items():
             held, token = token_of(trigger_id)
-            if trigger_id in self._running or not held:
+            if trigger_id in self._running or not held or self._paused(group):
                 continue
             try:
                 await runner.start_trigger(_spec(group, token))
@@ -388,11 +404,18 @@ class Daemon:
         """
         # Claimed outside the lock, so a reload that waits on a slow trigger's stop does not
         # hold up the renewals; the reconcile then takes the lock.
+        retried = await self._refresh_controls()
         claimed = await self._to_claim()
         tokens = await self.leases.claim(claimed)
         report = ReloadReport()
         async with self._reload_lock:
-            await self._reconcile(report, claimed, tokens)
+            # A watcher retried by an operator starts afresh if it gave up ("failed").
+            restart = {
+                s.trigger_id
+                for s in self.runner.statuses()
+                if s.state == "failed" and any(w in retried for w in s.watchers or (s.trigger_id,))
+            }
+            await self._reconcile(report, claimed, tokens, restart)
         if report.started or report.stopped or report.not_started:
             log.info(
                 "leases_changed",
@@ -402,6 +425,31 @@ class Daemon:
                 not_started=report.not_started,
             )
         return report
+
+    # -- watcher controls (pause, resume, retry: rows in the store) ---------------------------------
+
+    def _paused(self, group: WatcherGroup) -> bool:
+        controls = self._controls
+        return controls is not None and controls.is_paused(group.watchers or (group.trigger_id,))
+
+    async def _refresh_controls(self) -> set[str]:
+        """Read the control rows; return the watcher names retried since the last read."""
+        if self._controls is None:
+            return set()
+        return await self._controls.refresh()
+
+    async def _pause_trigger(self, trigger_id: str) -> None:
+        """Stop a trigger whose watcher an operator paused; its status row says ``paused``."""
+        runner = self.runner
+        before = next((s for s in runner.statuses() if s.trigger_id == trigger_id), None)
+        await runner.stop_trigger(trigger_id, save_status=False)
+        log.info("watcher_paused", trigger_id=trigger_id)
+        if before is not None:
+            paused = dataclasses.replace(before, state="paused", updated_at=datetime.now(UTC))
+            try:
+                await self.backend.asave_trigger_status([paused])
+            except Exception as exc:  # noqa: BLE001 - a status is advisory
+                log.warning("trigger_status_save_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _lease_loop(self, interval: float) -> None:
         health = self.runner.store_health
@@ -449,6 +497,7 @@ class Daemon:
             r.trigger_id
             for r in rows
             if r.trigger_id not in self._running
+            and not (r.state == "paused" and r.trigger_id in self._wanted)
             and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
         ]
         if stale:

@@ -1,0 +1,79 @@
+"""Watcher controls and API tokens of :class:`~watchkeeper.store.MemoryStateBackend`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
+
+__all__ = ["MemoryControls"]
+
+
+class MemoryControls:
+    """Mixed into the memory backend: the rows of :mod:`._controls` in two dicts."""
+
+    clock: Callable[[], datetime]
+
+    def _init_controls(self) -> None:
+        self._controls_lock = threading.Lock()
+        self._controls: dict[str, WatcherControl] = {}
+        self._tokens: dict[str, ApiToken] = {}
+
+    def _controls_now(self) -> datetime:
+        return self.clock()
+
+    def _control_row(self, watcher: str, now: datetime) -> WatcherControl:
+        row = self._controls.get(watcher)
+        return row if row is not None else WatcherControl(watcher, False, 0, now)
+
+    async def aset_watcher_paused(self, watcher: str, paused: bool, *, by: str) -> WatcherControl:
+        watcher = check_watcher_name(watcher)
+        with self._controls_lock:
+            now = self._controls_now()
+            row = replace(
+                self._control_row(watcher, now), paused=bool(paused), updated_at=now, updated_by=by
+            )
+            self._controls[watcher] = row
+            return row
+
+    async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl:
+        watcher = check_watcher_name(watcher)
+        with self._controls_lock:
+            now = self._controls_now()
+            old = self._control_row(watcher, now)
+            row = replace(old, retry_seq=old.retry_seq + 1, updated_at=now, updated_by=by)
+            self._controls[watcher] = row
+            return row
+
+    async def alist_watcher_controls(self) -> list[WatcherControl]:
+        with self._controls_lock:
+            return [self._controls[k] for k in sorted(self._controls)]
+
+    async def acreate_token(self, token: ApiToken) -> None:
+        with self._controls_lock:
+            old = self._tokens.get(token.name)
+            if old is not None and old.revoked_at is None:
+                raise TokenExistsError(token.name)
+            self._tokens[token.name] = token
+
+    async def alist_tokens(self) -> list[ApiToken]:
+        with self._controls_lock:
+            return [self._tokens[k] for k in sorted(self._tokens)]
+
+    async def aget_token(self, token_id: str) -> ApiToken | None:
+        with self._controls_lock:
+            for token in self._tokens.values():
+                if token.token_id == token_id:
+                    return token
+            return None
+
+    async def arevoke_token(self, name: str) -> bool:
+        with self._controls_lock:
+            old = self._tokens.get(name)
+            if old is None or old.revoked_at is not None:
+                return False
+            self._tokens[name] = replace(old, revoked_at=self._controls_now())
+            return True

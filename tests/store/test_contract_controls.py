@@ -1,0 +1,112 @@
+"""The controls contract of the built-in backends: watcher pause/resume/retry rows, API tokens.
+
+Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from watchkeeper.store import (
+    ApiToken,
+    BaseStateBackend,
+    InvalidNameError,
+    SqliteStateBackend,
+    SupportsControls,
+    TokenExistsError,
+)
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _token(name: str, token_id: str, *scopes: str) -> ApiToken:
+    return ApiToken(name, token_id, scopes, "salt", "digest-" + token_id, T0, T0 + timedelta(1))
+
+
+class TestWatcherControls:
+    async def test_builtin_backends_support_controls(self, backend: BaseStateBackend) -> None:
+        """Every built-in backend declares the controls capability."""
+        assert isinstance(backend, SupportsControls)
+
+    async def test_pause_resume_keeps_one_row(self, backend: BaseStateBackend) -> None:
+        """Pausing creates the row, resuming flips it, and the writer is recorded."""
+        assert isinstance(backend, SupportsControls)
+        paused = await backend.aset_watcher_paused("feed", True, by="cli:alice")
+        assert (paused.watcher, paused.paused, paused.retry_seq) == ("feed", True, 0)
+        resumed = await backend.aset_watcher_paused("feed", False, by="api:ops")
+        assert (resumed.paused, resumed.updated_by) == (False, "api:ops")
+        rows = await backend.alist_watcher_controls()
+        assert [(r.watcher, r.paused) for r in rows] == [("feed", False)]
+
+    async def test_retry_counts_up_and_keeps_paused(self, backend: BaseStateBackend) -> None:
+        """Each retry adds one to retry_seq without touching the paused flag."""
+        assert isinstance(backend, SupportsControls)
+        await backend.aset_watcher_paused("b", True, by="cli:x")
+        await backend.arequest_watcher_retry("b", by="cli:x")
+        row = await backend.arequest_watcher_retry("b", by="cli:x")
+        first = await backend.arequest_watcher_retry("a", by="cli:x")
+        assert (row.retry_seq, row.paused) == (2, True)
+        assert first.retry_seq == 1
+        assert [r.watcher for r in await backend.alist_watcher_controls()] == ["a", "b"]
+
+    async def test_bad_watcher_name_writes_nothing(self, backend: BaseStateBackend) -> None:
+        """An empty watcher name is refused and no row appears."""
+        assert isinstance(backend, SupportsControls)
+        with pytest.raises(InvalidNameError, match="watcher name"):
+            await backend.aset_watcher_paused("", True, by="cli:x")
+        assert await backend.alist_watcher_controls() == []
+
+
+class TestApiTokens:
+    async def test_create_get_list_revoke(self, backend: BaseStateBackend) -> None:
+        """A token is found by its id, listed by name, and revoked once."""
+        assert isinstance(backend, SupportsControls)
+        await backend.acreate_token(_token("ops", "id1", "read", "write:asset:orders_*"))
+        found = await backend.aget_token("id1")
+        assert found is not None
+        assert (found.name, found.scopes, found.digest) == (
+            "ops",
+            ("read", "write:asset:orders_*"),
+            "digest-id1",
+        )
+        assert found.expires_at == T0 + timedelta(1)
+        assert await backend.aget_token("nope") is None
+        assert await backend.arevoke_token("ops") is True
+        assert await backend.arevoke_token("ops") is False
+        (listed,) = await backend.alist_tokens()
+        assert listed.revoked_at is not None
+
+    async def test_live_name_is_refused_revoked_name_is_reused(
+        self, backend: BaseStateBackend
+    ) -> None:
+        """A second token under a live name fails; once revoked, the name takes a new token."""
+        assert isinstance(backend, SupportsControls)
+        await backend.acreate_token(_token("ops", "id1", "read"))
+        with pytest.raises(TokenExistsError, match="'ops' already exists"):
+            await backend.acreate_token(_token("ops", "id2", "admin"))
+        assert (await backend.aget_token("id1")) is not None
+        await backend.arevoke_token("ops")
+        await backend.acreate_token(_token("ops", "id2", "admin"))
+        renewed = await backend.aget_token("id2")
+        assert renewed is not None and renewed.revoked_at is None
+        assert await backend.aget_token("id1") is None
+
+    def test_repr_hides_digest(self) -> None:
+        """A token's repr shows its name and scopes, never the salt or digest."""
+        text = repr(_token("ops", "id1", "read"))
+        assert "digest" not in text and "salt" not in text and "ops" in text
+
+
+class TestControlsPersist:
+    async def test_sqlite_rows_survive_reopen(self, tmp_path: object) -> None:
+        """A paused watcher and a token are still there after the SQLite file is reopened."""
+        from pathlib import Path
+
+        path = Path(str(tmp_path)) / "s.db"
+        async with SqliteStateBackend(path) as first:
+            await first.aset_watcher_paused("feed", True, by="cli:x")
+            await first.acreate_token(_token("ops", "id1", "read"))
+        async with SqliteStateBackend(path) as second:
+            assert [r.paused for r in await second.alist_watcher_controls()] == [True]
+            assert await second.aget_token("id1") is not None
