@@ -96,6 +96,11 @@ class SupportsControls(Protocol):
         """Every control row, ordered by watcher name."""
         ...
 
+    async def alast_event_id(self, asset: str | None = None) -> int:
+        """The id of the latest committed event (of ``asset``), 0 when there is none: where a
+        live tail of the events starts."""
+        ...
+
     async def acreate_token(self, token: ApiToken) -> None:
         """Store ``token``; a revoked token of the same name is replaced.
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
+from ._types import AssetEvent
 
 __all__ = ["MemoryControls"]
 
@@ -51,6 +52,13 @@ class MemoryControls:
     async def alist_watcher_controls(self) -> list[WatcherControl]:
         with self._controls_lock:
             return [self._controls[k] for k in sorted(self._controls)]
+
+    async def alast_event_id(self, asset: str | None = None) -> int:
+        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        for event in reversed(events):
+            if asset is None or event.asset == asset:
+                return event.id
+        return 0
 
     async def acreate_token(self, token: ApiToken) -> None:
         with self._controls_lock:

@@ -73,6 +73,17 @@ class PostgresControls:
         sql = f"SELECT {_CONTROL_COLS} FROM {self._p()}watcher_controls ORDER BY watcher"
         return [_control(r) for r in await backend._fetch("listing watcher controls", sql)]
 
+    async def alast_event_id(self, asset: str | None = None) -> int:
+        backend = self._backend()
+        backend._check_open()
+        sql = f"SELECT max(id) FROM {self._p()}asset_events"
+        if asset is None:
+            rows = await backend._fetch("reading the last event id", sql)
+        else:
+            sql += " WHERE asset_name = $1"
+            rows = await backend._fetch("reading the last event id", sql, asset)
+        return int(rows[0][0] or 0)
+
     async def acreate_token(self, token: ApiToken) -> None:
         p = self._p()
         sql = f"""

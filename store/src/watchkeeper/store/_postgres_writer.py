@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
+from ._batch_sizes import BatchSizes
 from ._postgres_ops import Op, apply_batch
 from ._postgres_sql import Statements, is_unavailable, map_error
 from .errors import BackendUnavailableError, StoreClosedError
@@ -57,6 +58,7 @@ class GroupWriter:
         self._stopped = anyio.Event()
         self.batches = 0
         self.ops = 0
+        self.batch_sizes = BatchSizes()
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op``, wait until its batch has committed, and return its result."""
@@ -162,6 +164,7 @@ class GroupWriter:
             return
         self.batches += 1
         self.ops += len(batch)
+        self.batch_sizes.observe(len(batch))
         for op in batch:
             op.done.set()
 

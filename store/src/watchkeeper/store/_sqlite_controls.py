@@ -84,6 +84,14 @@ class SqliteControls:
         sql = f"SELECT {_CONTROL_COLS} FROM watcher_controls ORDER BY watcher"
         return [_control(row) for row in await self._backend()._read(sql)]
 
+    async def alast_event_id(self, asset: str | None = None) -> int:
+        if asset is None:
+            rows = await self._backend()._read("SELECT max(id) FROM asset_events")
+        else:
+            sql = "SELECT max(id) FROM asset_events WHERE asset_name = ?"
+            rows = await self._backend()._read(sql, (asset,))
+        return int(rows[0][0] or 0)
+
     async def acreate_token(self, token: ApiToken) -> None:
         params = (
             token.name,

@@ -55,6 +55,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ._batch_sizes import BatchSizes
 from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 from ._types import AssetScope
 from .errors import (
@@ -255,6 +256,7 @@ class GroupCommitWriter:
         self._stopped = anyio.Event()
         self.batches = 0
         self.ops = 0
+        self.batch_sizes = BatchSizes()
 
     # -- callers ---------------------------------------------------------------------------
 
@@ -358,6 +360,7 @@ class GroupCommitWriter:
     def _run_batch(self, batch: list[_Op[Any]]) -> None:
         self.batches += 1
         self.ops += len(batch)
+        self.batch_sizes.observe(len(batch))
         try:
             retry_busy(
                 lambda: self._attempt(batch),

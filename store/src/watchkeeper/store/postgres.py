@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 
 from ._backend import BaseStateBackend
+from ._batch_sizes import BatchSizes
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._postgres_controls import PostgresControls
@@ -200,6 +201,12 @@ class PostgresStateBackend(PostgresControls, BaseStateBackend):
     def write_batches(self) -> int:
         """How many transactions the group-commit writer has committed since the backend opened."""
         return self._last_writer.batches if self._last_writer is not None else 0
+
+    @property
+    def commit_batch_sizes(self) -> BatchSizes | None:
+        """The histogram of operations per committed batch (None before the first opening)."""
+        writer = self._last_writer
+        return None if writer is None else writer.batch_sizes
 
     def _pool_or_closed(self) -> asyncpg.Pool:
         if self._pool is None or not self._open:

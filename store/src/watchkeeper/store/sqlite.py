@@ -57,6 +57,7 @@ import anyio.abc
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
+from ._batch_sizes import BatchSizes
 from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_controls import SqliteControls
@@ -155,6 +156,12 @@ class SqliteStateBackend(SqliteControls, BaseStateBackend):
         if writer is None:
             return CommitStats(0, 0)
         return CommitStats(writer.batches, writer.ops)
+
+    @property
+    def commit_batch_sizes(self) -> BatchSizes | None:
+        """The histogram of operations per committed batch (None while closed)."""
+        writer = self._writer
+        return None if writer is None else writer.batch_sizes
 
     def __del__(self) -> None:
         if getattr(self, "_wconn", None) is not None:

@@ -579,14 +579,33 @@ async def run_daemon(
     watchdog: threading.Timer | None = None
     try:
         with anyio.open_signal_receiver(*signals) as received:
-            async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
+            async with (
+                Daemon(settings, reload_interval=reload_interval, tune_gc=True) as daemon,
+                anyio.create_task_group() as tg,
+            ):
+                if settings.api.enabled:
+                    await _start_api(tg, daemon)
                 async for signum in received:
                     log.info("daemon_stopping", signal=signal.Signals(signum).name)
                     watchdog = _arm_shutdown_watchdog(settings.triggerer.stop_grace * 2 + 5)
                     break
+                tg.cancel_scope.cancel()  # the API stops first, then the daemon
     finally:
         if watchdog is not None:
             watchdog.cancel()
+
+
+async def _start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
+    """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
+    run without it (they matter more than the API)."""
+    from .api import ApiListenError, serve_api  # the web stack loads only when it serves
+
+    try:
+        await tg.start(
+            functools.partial(serve_api, daemon.backend, daemon.settings.api, daemon=daemon)
+        )
+    except ApiListenError as exc:
+        log.error("api_not_started", error=str(exc))
 
 
 SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE

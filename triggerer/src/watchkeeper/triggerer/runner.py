@@ -54,6 +54,7 @@ from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, Trigge
 from ._config import RunnerConfig
 from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
+from ._runtime_metrics import RuntimeMetrics
 from ._supervisor import TriggerSlot, describe_error, supervise
 from .errors import CapacityError
 from .trigger import BaseEventTrigger, BaseTrigger
@@ -137,6 +138,8 @@ class TriggerRunner:
         self._closing = False
         self._save_status = self.config.status_interval > 0
         self.lag_monitor: LoopLagMonitor | None = None
+        self.metrics = RuntimeMetrics()
+        """Commit latencies, fenced writes and events per asset, for ``/metrics``."""
         self.store_health = StoreHealth(backend, self.config)
         """Whether the store answers, shared by the supervisors (and the daemon's loops)."""
 
@@ -263,6 +266,10 @@ class TriggerRunner:
         """The ids of the triggers in the runner (running, backing off or failed)."""
         return frozenset(self._slots)
 
+    def slots(self) -> list[TriggerSlot]:
+        """The supervised triggers' live slots (read-only use: the metrics collector)."""
+        return list(self._slots.values())
+
     def statuses(self) -> list[TriggerStatus]:
         """A status per trigger in the runner, ordered by trigger_id."""
         now = datetime.now(UTC)
@@ -294,7 +301,12 @@ class TriggerRunner:
             with slot.scope:
                 task_status.started()
                 await supervise(
-                    slot, self.backend, self.config, self._publish, health=self.store_health
+                    slot,
+                    self.backend,
+                    self.config,
+                    self._publish,
+                    health=self.store_health,
+                    metrics=self.metrics,
                 )
         finally:
             self._by_task.pop(task, None)
@@ -322,6 +334,7 @@ class TriggerRunner:
                 )
 
     def _publish(self, events: list[AssetEvent]) -> None:
+        self.metrics.count_events(events)
         subscribers = self._subscribers
         if not subscribers:
             return
