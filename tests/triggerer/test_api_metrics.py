@@ -116,6 +116,22 @@ class TestCollector:
         assert value(found, "watchkeeper_watcher_series_dropped") == 1
         assert value(found, "watchkeeper_watchers", state="running") == 3
 
+    async def test_label_values_are_escaped_and_collect_gives_families(
+        self, tmp_path: Path
+    ) -> None:
+        """A watcher name with a quote, a backslash and a newline survives the text format, and
+        ``collect()`` yields the same families for a prometheus-client registry."""
+        name = 'we"ird\\na\nme'
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            status = TriggerStatus("t1", "m.C", ("orders",), (name,), "running", events=1)
+            await backend.asave_trigger_status([status])
+            metrics = Metrics(backend)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+            families = {f.name for f in metrics.collect()}
+        assert value(found, "watchkeeper_watcher_up", watcher=name) == 1
+        assert {"watchkeeper_events", "watchkeeper_watcher_state"} <= families
+
     async def test_without_a_runner_the_status_rows_are_used(self, tmp_path: Path) -> None:
         """``watchkeeper api`` (no runner) reports the watchers the daemons saved."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 import anyio
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend, TriggerStatus
 
 if TYPE_CHECKING:
@@ -91,17 +86,12 @@ class Metrics:
         self.max_watcher_series = max_watcher_series
         self.lag = lag
         self._statuses: list[TriggerStatus] = []
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self)
+        self._labels: dict[str, str] = {}  # watcher name -> its escaped label text
 
     async def prepare(self) -> None:
         """Read the status rows when no runner is in this process (``watchkeeper api``)."""
         if self.runner is None:
             self._statuses = await self.backend.alist_trigger_status()
-
-    def render(self) -> bytes:
-        """The exposition text (call :meth:`prepare` first, on the same loop)."""
-        return generate_latest(self._registry)
 
     # -- the collector ------------------------------------------------------------------------
 
@@ -134,101 +124,145 @@ class Metrics:
         ]
 
     def collect(self) -> Iterator[Metric]:
+        """The families of :meth:`render`'s text (prometheus-client's collector protocol)."""
+        yield from text_string_to_metric_families(self.render().decode())
+
+    def render(self) -> bytes:
+        """The exposition text (call :meth:`prepare` first, on the same loop).
+
+        Written directly rather than through ``generate_latest``: with thousands of watchers
+        the generic path spends most of a scrape building and formatting sample objects.
+        """
         samples = self._samples()
-        totals = GaugeMetricFamily(
-            "watchkeeper_watchers", "Watchers by state (every watcher).", labels=["state"]
-        )
+        out: list[str] = []
+
+        def family(name: str, kind: str, text: str, rows: list[str]) -> None:
+            out.append(f"# HELP {name} {text}\n# TYPE {name} {kind}\n")
+            out.extend(rows)
+
         by_state = dict.fromkeys(STATES, 0)
         for sample in samples:
             by_state[sample.state] = by_state.get(sample.state, 0) + 1
-        for state, count in by_state.items():
-            totals.add_metric([state], count)
-        yield totals
-
+        family(
+            "watchkeeper_watchers",
+            "gauge",
+            "Watchers by state (every watcher).",
+            [f'watchkeeper_watchers{{state="{_esc(k)}"}} {v}\n' for k, v in by_state.items()],
+        )
         cap = self.max_watcher_series
         shown = samples
         if len(samples) > cap:
             shown = heapq.nlargest(cap, samples, key=lambda s: s.total)
-        dropped = GaugeMetricFamily(
+        family(
             "watchkeeper_watcher_series_dropped",
+            "gauge",
             "Watchers left out of the per-watcher series by [api] max_watcher_series.",
+            [f"watchkeeper_watcher_series_dropped {len(samples) - len(shown)}\n"],
         )
-        dropped.add_metric([], len(samples) - len(shown))
-        yield dropped
-
-        events = CounterMetricFamily(
-            "watchkeeper_events", "Asset events committed.", labels=["asset", "watcher"]
-        )
-        up = GaugeMetricFamily(
-            "watchkeeper_watcher_up", "1 while the watcher runs, else 0.", labels=["watcher"]
-        )
-        states = GaugeMetricFamily(
-            "watchkeeper_watcher_state",
-            "1 for the watcher's current state, 0 for the others.",
-            labels=["watcher", "state"],
-        )
-        last = GaugeMetricFamily(
-            "watchkeeper_watcher_last_event_timestamp_seconds",
-            "Unix time of the watcher's last committed event.",
-            labels=["watcher"],
-        )
-        failures = CounterMetricFamily(
-            "watchkeeper_watcher_failures",
-            "Failed runs of the watcher (run() raised or returned).",
-            labels=["watcher"],
-        )
+        events: list[str] = []
+        up: list[str] = []
+        states: list[str] = []
+        last: list[str] = []
+        failures: list[str] = []
+        labels = self._labels
+        if len(labels) > 2 * len(samples) + 1024:
+            labels.clear()
         for sample in shown:
             name = sample.watcher
+            label = labels.get(name)
+            if label is None:
+                label = labels[name] = f'watcher="{_esc(name)}"'
             for asset, count in sample.events.items():
-                events.add_metric([asset, name], count)
-            up.add_metric([name], 1 if sample.state == "running" else 0)
+                events.append(
+                    f'watchkeeper_events_total{{asset="{_esc(asset)}",{label}}} {count}\n'
+                )
+            current = sample.state
+            up.append(f"watchkeeper_watcher_up{{{label}}} {1 if current == 'running' else 0}\n")
             for each in STATES:
-                states.add_metric([name, each], 1 if sample.state == each else 0)
+                flag = 1 if current == each else 0
+                states.append(f'watchkeeper_watcher_state{{{label},state="{each}"}} {flag}\n')
             if sample.last_event_at is not None:
-                last.add_metric([name], sample.last_event_at.timestamp())
-            failures.add_metric([name], sample.failures)
-        yield from (events, up, states, last, failures)
-
-        label = _backend_label(self.backend)
+                stamp = sample.last_event_at.timestamp()
+                last.append(
+                    f"watchkeeper_watcher_last_event_timestamp_seconds{{{label}}} {stamp!r}\n"
+                )
+            failures.append(f"watchkeeper_watcher_failures_total{{{label}}} {sample.failures}\n")
+        family("watchkeeper_events_total", "counter", "Asset events committed.", events)
+        family("watchkeeper_watcher_up", "gauge", "1 while the watcher runs, else 0.", up)
+        family(
+            "watchkeeper_watcher_state",
+            "gauge",
+            "1 for the watcher's current state, 0 for the others.",
+            states,
+        )
+        family(
+            "watchkeeper_watcher_last_event_timestamp_seconds",
+            "gauge",
+            "Unix time of the watcher's last committed event.",
+            last,
+        )
+        family(
+            "watchkeeper_watcher_failures_total",
+            "counter",
+            "Failed runs of the watcher (run() raised or returned).",
+            failures,
+        )
+        backend = f'backend="{_esc(_backend_label(self.backend))}"'
         runner = self.runner
         if runner is not None:
             hist = runner.metrics.commit_seconds
-            commit = HistogramMetricFamily(
+            family(
                 "watchkeeper_commit_seconds",
+                "histogram",
                 "Seconds from an event's commit call to its durable commit.",
-                labels=["backend"],
+                _histogram("watchkeeper_commit_seconds", backend, hist.cumulative(), hist.total),
             )
-            commit.add_metric([label], hist.cumulative(), sum_value=hist.total)
-            yield commit
-            fenced = CounterMetricFamily(
-                "watchkeeper_fenced_writes",
+            family(
+                "watchkeeper_fenced_writes_total",
+                "counter",
                 "Writes the store refused because the watcher's lease had moved.",
+                [f"watchkeeper_fenced_writes_total {runner.metrics.fenced_writes}\n"],
             )
-            fenced.add_metric([], runner.metrics.fenced_writes)
-            yield fenced
         sizes = getattr(self.backend, "commit_batch_sizes", None)
         if sizes is not None:
-            buckets = [(le, float(count)) for le, count in sizes.cumulative()]
-            batch = HistogramMetricFamily(
+            family(
                 "watchkeeper_commit_batch_size",
+                "histogram",
                 "Operations per group-commit transaction.",
-                labels=["backend"],
+                _histogram(
+                    "watchkeeper_commit_batch_size", backend, sizes.cumulative(), sizes.total
+                ),
             )
-            batch.add_metric([label], buckets, sum_value=float(sizes.total))
-            yield batch
         if self.lag is not None:
-            lag = GaugeMetricFamily(
+            family(
                 "watchkeeper_loop_lag_seconds",
+                "gauge",
                 "How late the event loop last woke a task that slept 0.25 s.",
+                [f"watchkeeper_loop_lag_seconds {self.lag.lag!r}\n"],
             )
-            lag.add_metric([], self.lag.lag)
-            yield lag
         if self.daemon is not None:
-            leases = GaugeMetricFamily(
-                "watchkeeper_leases_held", "Watcher leases this daemon holds."
-            )
             try:
-                leases.add_metric([], len(self.daemon.leases.held))
+                held = len(self.daemon.leases.held)
             except RuntimeError:  # the daemon is closing
-                leases.add_metric([], 0)
-            yield leases
+                held = 0
+            family(
+                "watchkeeper_leases_held",
+                "gauge",
+                "Watcher leases this daemon holds.",
+                [f"watchkeeper_leases_held {held}\n"],
+            )
+        return "".join(out).encode()
+
+
+def _esc(value: str) -> str:
+    """A label value escaped for the text format."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _histogram(
+    name: str, label: str, buckets: Sequence[tuple[str, float]], total: float
+) -> list[str]:
+    rows = [f'{name}_bucket{{{label},le="{le}"}} {count}\n' for le, count in buckets]
+    rows.append(f"{name}_count{{{label}}} {buckets[-1][1]}\n")
+    rows.append(f"{name}_sum{{{label}}} {float(total)!r}\n")
+    return rows

@@ -1,0 +1,288 @@
+"""API benchmark: what serving the HTTP API costs the daemon, and how long a scrape takes.
+
+Not a test (CI does not run it). Run by hand from the repository root:
+
+    uv run python benchmarks/api_bench.py [--quick] [--watchers N] [--window SECONDS]
+
+1. **Cost of the API.** ``--watchers`` firehose watchers (default 100) commit events on a fresh
+   SQLite file through a ``TriggerRunner`` for ``--window`` seconds, twice without the API and
+   twice with it (alternating, so a change in the machine's load hits both): with the API
+   served in the same process, a separate client process scraping ``/metrics`` every second
+   and one Server-Sent Events client attached to ``/api/v1/events/stream``. Reported: durable
+   events/s and the p99 of the commit latency (each ``acommit_event`` call, timed by the
+   runtime's own hook), medians of the runs of each kind. Goal: under 5 % lower with the API.
+2. **Scrape time.** 10,000 idle watchers in a runner (memory backend); the time of
+   ``GET /metrics`` over HTTP, with the default ``max_watcher_series`` (2000) and uncapped.
+   Goal: under 100 ms.
+
+Writes ``benchmarks/results/api.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
+from watchkeeper.triggerer import (
+    BaseEventTrigger,
+    RunnerConfig,
+    TriggerEvent,
+    TriggerRunner,
+    WatchSpec,
+    configure_logging,
+)
+from watchkeeper.triggerer._runtime_metrics import RuntimeMetrics
+from watchkeeper.triggerer.api import api_context, make_token, serve_app
+from watchkeeper.triggerer.settings import ApiSettings
+
+RESULTS = Path(__file__).parent / "results"
+
+
+class Firehose(BaseEventTrigger):
+    """Yields events as fast as they commit, each advancing the watermark."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {"name": self.name}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        n = await self.asset_state_store.aget("wm", 0)
+        while True:
+            n += 1
+            yield TriggerEvent({"n": n}, state={"wm": n})
+
+
+class Idle(BaseEventTrigger):
+    """One event, then nothing: a watcher with a series and no load."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {"name": self.name}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent({"hello": self.name})
+        await anyio.sleep_forever()
+
+
+class SampledMetrics(RuntimeMetrics):
+    """The runtime's metrics, also keeping every commit latency inside the window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = False
+        self.latencies: list[float] = []
+
+    def observe_commit(self, seconds: float) -> None:
+        super().observe_commit(seconds)
+        if self.recording:
+            self.latencies.append(seconds)
+
+
+CLIENT = r"""
+import sys, threading, time, httpx
+base, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+stop = time.monotonic() + seconds
+seen = [0]
+def sse():
+    headers = {"Authorization": "Bearer " + token}
+    try:
+        with httpx.stream("GET", base + "/api/v1/events/stream", headers=headers, timeout=None) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    seen[0] += 1
+                if time.monotonic() > stop:
+                    return
+    except httpx.HTTPError:
+        pass
+threading.Thread(target=sse, daemon=True).start()
+scrapes = []
+with httpx.Client(base_url=base, timeout=10) as client:
+    while time.monotonic() < stop:
+        t = time.perf_counter()
+        client.get("/metrics").raise_for_status()
+        scrapes.append(time.perf_counter() - t)
+        time.sleep(1.0)
+print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0])
+"""
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def one_run(tmp: Path, watchers: int, window: float, with_api: bool) -> dict[str, Any]:
+    assets = [Asset(f"a{i}") for i in range(watchers)]
+    config = RunnerConfig(capacity=watchers + 10, status_interval=2.0)
+    async with SqliteStateBackend(tmp / f"bench-{time.monotonic_ns()}.db") as backend:
+        await backend.aregister_assets(assets)
+        async with TriggerRunner(backend, config) as runner, anyio.create_task_group() as tg:
+            metrics = SampledMetrics()
+            runner.metrics = metrics
+            client: anyio.abc.Process | None = None
+            if with_api:
+                text, row = make_token("bench", ["read"], now=backend.clock())
+                await backend.acreate_token(row)
+                ctx = api_context(backend, ApiSettings(port=0))
+                ctx.runner = runner
+                ctx.metrics.runner = runner
+                port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+                client = await anyio.open_process(
+                    [sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}", text, str(window + 2)],
+                    stderr=subprocess.DEVNULL,
+                )
+            for i, asset in enumerate(assets):
+                await runner.start_trigger(WatchSpec(f"w{i}", Firehose(f"w{i}"), (asset,)))
+            await anyio.sleep(2.0)  # warm up (and let the client connect)
+            before = sum(metrics.events.values())
+            metrics.recording = True
+            started = time.perf_counter()
+            await anyio.sleep(window)
+            elapsed = time.perf_counter() - started
+            metrics.recording = False
+            committed = sum(metrics.events.values()) - before
+            result: dict[str, Any] = {
+                "api": with_api,
+                "events_per_s": committed / elapsed,
+                "p99_commit_ms": pct(metrics.latencies, 0.99) * 1000,
+                "p50_commit_ms": pct(metrics.latencies, 0.50) * 1000,
+            }
+            if client is not None:
+                assert client.stdout is not None
+                out = (await client.stdout.receive()).decode().split()
+                await client.wait()
+                await client.aclose()
+                result.update(scrapes=int(out[0]), max_scrape_ms=float(out[1]) * 1000)
+                result["sse_events_seen"] = int(out[2])
+            tg.cancel_scope.cancel()
+    return result
+
+
+async def cost_of_api(args: argparse.Namespace) -> dict[str, Any]:
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for with_api in (False, True) if round_ % 2 == 0 else (True, False):
+                run = await one_run(Path(tmp), args.watchers, args.window, with_api)
+                print(json.dumps(run))
+                runs.append(run)
+
+    def median(key: str, api: bool) -> float:
+        return statistics.median(r[key] for r in runs if r["api"] == api)
+
+    base_eps, api_eps = median("events_per_s", False), median("events_per_s", True)
+    base_p99, api_p99 = median("p99_commit_ms", False), median("p99_commit_ms", True)
+    return {
+        "watchers": args.watchers,
+        "window_s": args.window,
+        "runs": runs,
+        "events_per_s": {"without": base_eps, "with": api_eps},
+        "events_per_s_change_pct": (api_eps / base_eps - 1) * 100,
+        "p99_commit_ms": {"without": base_p99, "with": api_p99},
+        "p99_commit_change_pct": (api_p99 / base_p99 - 1) * 100,
+    }
+
+
+async def scrape_time(args: argparse.Namespace) -> dict[str, Any]:
+    n = args.scrape_watchers
+    assets = [Asset(f"a{i}") for i in range(n)]
+    out: dict[str, Any] = {"watchers": n}
+    async with MemoryStateBackend() as backend:
+        await backend.aregister_assets(assets)
+        config = RunnerConfig(capacity=n + 10, status_interval=0, lag_threshold=0)
+        async with TriggerRunner(backend, config) as runner:
+            started = time.perf_counter()
+            for i, asset in enumerate(assets):
+                await runner.start_trigger(WatchSpec(f"w{i}", Idle(f"w{i}"), (asset,)))
+            out["start_s"] = time.perf_counter() - started
+            while sum(runner.metrics.events.values()) < n:
+                await anyio.sleep(0.1)
+            for cap in (2000, n):
+                async with anyio.create_task_group() as tg:
+                    ctx = api_context(backend, ApiSettings(port=0, max_watcher_series=cap))
+                    ctx.runner = runner
+                    ctx.metrics.runner = runner
+                    port = await tg.start(
+                        functools.partial(serve_app, ctx, host="127.0.0.1", port=0)
+                    )
+                    times, size = [], 0
+                    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                        for _ in range(args.scrapes):
+                            t = time.perf_counter()
+                            response = await client.get("/metrics")
+                            times.append(time.perf_counter() - t)
+                            size = len(response.content)
+                    tg.cancel_scope.cancel()
+                out[f"cap_{cap}"] = {
+                    "median_ms": statistics.median(times) * 1000,
+                    "max_ms": max(times) * 1000,
+                    "bytes": size,
+                }
+                print(json.dumps({f"cap_{cap}": out[f"cap_{cap}"]}))
+    return out
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short windows, one round each")
+    parser.add_argument("--watchers", type=int, default=100)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--scrape-watchers", type=int, default=10_000)
+    parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=RESULTS / "api.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.window, args.rounds, args.scrapes = 4.0, 1, 5
+    configure_logging("warning", "json")
+    result: dict[str, Any] = {"loadavg_before": loadavg(), "cpus": os.cpu_count()}
+    result["cost"] = anyio.run(cost_of_api, args, backend="asyncio")
+    result["scrape"] = anyio.run(scrape_time, args, backend="asyncio")
+    result["loadavg_after"] = loadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    cost, scrape = result["cost"], result["scrape"]
+    print()
+    print(f"load average {result['loadavg_before']} -> {result['loadavg_after']}")
+    eps, p99 = cost["events_per_s"], cost["p99_commit_ms"]
+    print(
+        f"events/s   without API {eps['without']:9.0f}   with API {eps['with']:9.0f}   "
+        f"({cost['events_per_s_change_pct']:+.1f} %, goal > -5 %)"
+    )
+    print(
+        f"p99 commit without API {p99['without']:9.2f} ms with API {p99['with']:9.2f} ms "
+        f"({cost['p99_commit_change_pct']:+.1f} %)"
+    )
+    for key in ("cap_2000", f"cap_{scrape['watchers']}"):
+        s = scrape[key]
+        print(
+            f"/metrics with {scrape['watchers']} watchers, {key}: median {s['median_ms']:.1f} ms, "
+            f"max {s['max_ms']:.1f} ms, {s['bytes']} bytes (goal < 100 ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
