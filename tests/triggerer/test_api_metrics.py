@@ -3,6 +3,7 @@ and the API served by a real ``watchkeeper triggerer`` process."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import socket
 import subprocess
@@ -145,6 +146,42 @@ class TestCollector:
         assert value(found, "watchkeeper_events_total", asset="orders", watcher="feed") == 9
         assert value(found, "watchkeeper_watcher_state", watcher="feed", state="backing_off") == 1
         assert "watchkeeper_commit_seconds_count" not in found
+
+
+class TestInDaemon:
+    async def test_ready_and_leases_held_inside_a_daemon(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """Served from a daemon, /readyz is 200 while it holds its leases and /metrics
+        counts them."""
+        from watchkeeper.store import MemoryStateBackend
+        from watchkeeper.triggerer import Settings, TriggererSettings
+        from watchkeeper.triggerer._loader import unload_watchers
+        from watchkeeper.triggerer.api import api_context, serve_app
+        from watchkeeper.triggerer.daemon import Daemon
+        from watchkeeper.triggerer.settings import ApiSettings
+
+        source = tmp_path / "lines.txt"
+        append_lines(source, 1, 1)
+        (watchers / "orders.py").write_text(asset_file("orders", source))
+        settings = Settings(triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0))
+        try:
+            async with (
+                MemoryStateBackend() as backend,
+                Daemon(settings, backend=backend) as daemon,
+                anyio.create_task_group() as tg,
+            ):
+                ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
+                port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                    ready = await client.get("/readyz")
+                    found = samples((await client.get("/metrics")).text)
+                tg.cancel_scope.cancel()
+        finally:
+            unload_watchers()
+        assert ready.status_code == 200, ready.text
+        assert value(found, "watchkeeper_leases_held") == 1
+        assert value(found, "watchkeeper_loop_lag_seconds") >= 0
 
 
 def _free_port() -> int:

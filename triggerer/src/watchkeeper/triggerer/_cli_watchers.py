@@ -56,7 +56,9 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
     if not rows:
         emit("no watchers: no daemon has reported one, and none is paused")
         return 0
-    table = Table("asset", "watcher", "state", "daemon", "last event", "events", "failures")
+    table = Table(
+        "asset", "watcher", "state", "daemon", "last event", "events", "failures", "paused"
+    )
     for row in rows:
         table.add_row(
             ", ".join(row.assets) or "-",
@@ -66,6 +68,7 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
             _age(row.last_event_age(now)),
             str(row.events),
             str(row.failures),
+            "yes" if row.paused else "no",
         )
     console().print(table)
     return 0

@@ -51,6 +51,7 @@ import functools
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -147,6 +148,7 @@ class Daemon:
         self._tokens: dict[str, int | None] = {}
         self._leases: LeaseKeeper | None = None
         self._controls: ControlsTracker | None = None
+        self._renewed_at: float | None = None
         self._snapshot: dict[str, tuple[int, int]] = {}
         self._reload_lock = anyio.Lock()
         self._stack: contextlib.AsyncExitStack | None = None
@@ -173,6 +175,17 @@ class Daemon:
     def groups(self) -> dict[str, WatcherGroup]:
         """The triggers running here by id, as loaded from the watcher files."""
         return dict(self._running)
+
+    def lease_renewal_age(self) -> float | None:
+        """Seconds since the leases were last claimed or renewed (None before the first)."""
+        return None if self._renewed_at is None else time.monotonic() - self._renewed_at
+
+    def unleased(self) -> list[str]:
+        """Triggers running here on a lease this daemon no longer holds (``/readyz`` reports
+        them until the next heartbeat stops them). Unfenced triggers (a backend without
+        leases) never count."""
+        held = self.leases.held
+        return sorted(t for t, token in self._tokens.items() if token is not None and t not in held)
 
     @property
     def leases(self) -> LeaseKeeper:
@@ -288,7 +301,9 @@ class Daemon:
             failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
             await self._refresh_controls()
             claimed = await self._to_claim()
-            await self._reconcile(report, claimed, await self.leases.claim(claimed), failed)
+            tokens = await self.leases.claim(claimed)
+            self._renewed_at = time.monotonic()
+            await self._reconcile(report, claimed, tokens, failed)
             # After the reconcile stopped the triggers of removed files, their assets go.
             before = {a.name for a in self._loaded.assets} if self._loaded else set()
             for name in sorted(before - {a.name for a in result.assets}):
@@ -407,6 +422,7 @@ class Daemon:
         retried = await self._refresh_controls()
         claimed = await self._to_claim()
         tokens = await self.leases.claim(claimed)
+        self._renewed_at = time.monotonic()
         report = ReloadReport()
         async with self._reload_lock:
             # A watcher retried by an operator starts afresh if it gave up ("failed").

@@ -237,8 +237,11 @@ async def readyz(request: Request) -> Response:
         try:
             if not daemon.runner.store_health.available:
                 reasons.append("store: the daemon is waiting out an outage")
-            held = daemon.leases.held
-            missing = sorted(t for t in daemon.groups if t not in held)
+            age = daemon.lease_renewal_age()
+            ttl = daemon.settings.triggerer.lease_seconds
+            if age is not None and age > ttl:
+                reasons.append(f"leases: not renewed for {age:.0f} s (lease_ttl {ttl:g} s)")
+            missing = daemon.unleased()
             if missing:
                 reasons.append(f"leases: {len(missing)} running watcher(s) without their lease")
         except RuntimeError:
