@@ -175,9 +175,9 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
             await anyio.sleep(2.0)  # warm up (and let the client connect)
             before = sum(metrics.events.values())
             metrics.recording = True
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             await anyio.sleep(window)
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             metrics.recording = False
             committed = sum(metrics.events.values()) - before
             result: dict[str, Any] = {
@@ -185,6 +185,9 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
                 "events_per_s": committed / elapsed,
                 "p99_commit_ms": pct(metrics.latencies, 0.99) * 1000,
                 "p50_commit_ms": pct(metrics.latencies, 0.50) * 1000,
+                # This process's CPU (all its threads) per 1000 events: the daemon's own cost,
+                # steadier than events/s on a machine shared with other work.
+                "cpu_ms_per_1000_events": cpu * 1000 / max(committed / 1000, 1e-9),
             }
             if client is not None:
                 assert client.stdout is not None
@@ -216,6 +219,7 @@ async def cost_of_api(args: argparse.Namespace) -> dict[str, Any]:
     for mode in modes:
         eps, p99 = median("events_per_s", mode), median("p99_commit_ms", mode)
         out[mode] = {
+            "cpu_ms_per_1000_events": median("cpu_ms_per_1000_events", mode),
             "events_per_s": eps,
             "p99_commit_ms": p99,
             "events_per_s_change_pct": (eps / base_eps - 1) * 100,
@@ -275,6 +279,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scrape-watchers", type=int, default=10_000)
     parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--skip-scrape", action="store_true", help="only the cost of the API")
     parser.add_argument("--out", type=Path, default=RESULTS / "api.json")
     args = parser.parse_args()
     if args.quick:
@@ -282,19 +287,23 @@ def main() -> None:
     configure_logging("warning", "json")
     result: dict[str, Any] = {"loadavg_before": loadavg(), "cpus": os.cpu_count()}
     result["cost"] = anyio.run(cost_of_api, args, backend="asyncio")
-    result["scrape"] = anyio.run(scrape_time, args, backend="asyncio")
+    if not args.skip_scrape:
+        result["scrape"] = anyio.run(scrape_time, args, backend="asyncio")
     result["loadavg_after"] = loadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    cost, scrape = result["cost"], result["scrape"]
+    cost, scrape = result["cost"], result.get("scrape")
     print()
     print(f"load average {result['loadavg_before']} -> {result['loadavg_after']}")
     for mode in MODES:
         row = cost[mode]
         print(
             f"{mode:15} {row['events_per_s']:8.0f} events/s ({row['events_per_s_change_pct']:+.1f} %),"
-            f" p99 commit {row['p99_commit_ms']:7.2f} ms ({row['p99_commit_change_pct']:+.1f} %)"
+            f" p99 commit {row['p99_commit_ms']:7.2f} ms ({row['p99_commit_change_pct']:+.1f} %),"
+            f" CPU {row['cpu_ms_per_1000_events']:.0f} ms per 1000 events"
         )
+    if scrape is None:
+        return
     for key in ("cap_2000", f"cap_{scrape['watchers']}"):
         s = scrape[key]
         print(
