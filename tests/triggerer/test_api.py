@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 from watchkeeper.store import (
     Asset,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     SqliteStateBackend,
     TriggerStatus,
@@ -390,6 +391,7 @@ class TestWatchersAndDaemons:
             TriggerStatus("t2", "m.C", ("bills",), ("bills_feed",), "failed", 5, updated_at=now, owner="d1"),
         ]  # fmt: skip
         await api.backend.asave_trigger_status(statuses)
+        await api.backend.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
         await api.backend.aclaim_leases("d1", ["t1", "t2"], 60)
 
     async def test_list_and_control_watchers(self, api: Api) -> None:
@@ -417,9 +419,9 @@ class TestWatchersAndDaemons:
         }
 
     async def test_daemons_with_heartbeat_age(self, api: Api) -> None:
-        """/daemons lists each daemon with its live leases and the age of its last heartbeat."""
+        """/daemons lists each daemon with its state, live leases and heartbeat age."""
         await self._seed(api)
         async with api.client("ops") as client:
             (daemon,) = (await client.get("/api/v1/daemons")).json()["daemons"]
-        assert (daemon["daemon"], daemon["leases"], daemon["watchers"]) == ("d1", 2, 2)
-        assert 0 <= daemon["heartbeat_age_seconds"] < 3600
+        assert (daemon["owner"], daemon["state"], daemon["leases"]) == ("d1", "running", 2)
+        assert 0 <= daemon["heartbeat_age_seconds"] < 60

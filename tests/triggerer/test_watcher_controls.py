@@ -29,6 +29,7 @@ from test_daemon import (
 from watchkeeper.store import (
     Asset,
     AssetScope,
+    DaemonStatus,
     MemoryStateBackend,
     SqliteStateBackend,
     SupportsControls,
@@ -138,6 +139,9 @@ class TestWatchersCommand:
             backend.run_sync(backend.aregister_assets, [Asset("orders"), Asset("bills")])
             rows = [_status("orders_feed", "orders"), _status("bills_feed", "bills", "failed")]
             backend.run_sync(backend.asave_trigger_status, rows)
+            now = backend.clock()  # the daemon that saved them is alive (a fresh heartbeat)
+            daemon = DaemonStatus("host:1:abc", now, now, 3600.0, "watchers")
+            backend.run_sync(backend.asave_daemon_status, daemon)
         return path
 
     def test_list_json_merges_status_and_controls(

@@ -67,7 +67,7 @@ class RuntimeMetrics:
         self.fenced_writes = 0
         """Writes the store refused because the trigger's lease had moved."""
         self.events: dict[tuple[str, str], int] = {}
-        """Committed asset events by (asset, trigger_id), kept across restarts of a trigger."""
+        """Committed asset events by (asset, watcher name), kept across restarts of a trigger."""
         self.failures: dict[str, int] = {}
         """Failed runs by trigger_id, in total (the status's ``failures`` is consecutive)."""
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from watchkeeper.store import BaseStateBackend, SupportsControls, WatcherControl
 
+from ._daemon_report import daemon_report
+
 __all__ = ["ControlsTracker", "WatcherRow", "controls_of", "watcher_rows"]
 
 
@@ -102,7 +104,9 @@ def _state(status_state: str | None, paused: bool) -> str:
 
 
 async def watcher_rows(backend: BaseStateBackend) -> list[WatcherRow]:
-    """Every watcher a daemon reported or an operator controlled, ordered by name."""
+    """Every watcher a daemon reported or an operator controlled, ordered by name; the state
+    of a watcher whose daemon is no longer alive is ``unknown``."""
+    daemons = await daemon_report(backend)
     statuses = await backend.alist_trigger_status()
     store = controls_of(backend)
     controls: dict[str, WatcherControl] = {}
@@ -117,7 +121,7 @@ async def watcher_rows(backend: BaseStateBackend) -> list[WatcherRow]:
             watcher=name,
             trigger_id=status.trigger_id,
             assets=tuple(status.assets),
-            state=_state(status.state, paused),
+            state=_state(daemons.watcher_state(status.state, status.owner), paused),
             daemon=status.owner,
             events=status.events,
             failures=status.failures,

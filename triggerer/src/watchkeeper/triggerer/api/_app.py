@@ -42,6 +42,7 @@ from watchkeeper.store import (
     get_logger,
 )
 
+from .._daemon_report import daemon_report
 from .._supervisor import describe_error
 from .._watcher_controls import controls_of, watcher_rows
 from ._metrics import CONTENT_TYPE, Metrics
@@ -534,43 +535,15 @@ async def list_daemons(request: Request) -> Response:
     principal = await authenticate(request)
     _require(principal.can_see_watchers(), principal, "list daemons (needs read or operate)")
     backend = _ctx(request).backend
-    now = _now()
-    leases = [
-        lease
-        for lease in await backend.alist_leases()
-        if lease.owner is not None and lease.expires_at > now
-    ]
-    daemons: dict[str, dict[str, Any]] = {}
-    for lease in leases:
-        assert lease.owner is not None
-        row = daemons.setdefault(lease.owner, {"leases": 0, "watchers": 0, "last": None})
-        row["leases"] += 1
-    for status in await backend.alist_trigger_status():
-        if status.owner is None:
-            continue
-        row = daemons.setdefault(status.owner, {"leases": 0, "watchers": 0, "last": None})
-        if status.state in ("running", "backing_off", "failed"):
-            row["watchers"] += 1
-        if status.updated_at is not None and (
-            row["last"] is None or status.updated_at > row["last"]
-        ):
-            row["last"] = status.updated_at
-    out = []
-    for owner in sorted(daemons):
-        row = daemons[owner]
-        last: datetime | None = row["last"]
-        out.append(
-            {
-                "daemon": owner,
-                "leases": row["leases"],
-                "watchers": row["watchers"],
-                "last_heartbeat_at": _iso(last),
-                "heartbeat_age_seconds": None
-                if last is None
-                else round(max((now - last).total_seconds(), 0.0), 3),
-            }
-        )
-    return JSONResponse({"daemons": out})
+    report = await daemon_report(backend)
+    now = backend.clock()
+    leases: dict[str, int] = {}
+    for lease in await backend.alist_leases():
+        if lease.owner is not None and lease.expires_at > now:
+            leases[lease.owner] = leases.get(lease.owner, 0) + 1
+    return JSONResponse(
+        {"daemons": [row | {"leases": leases.get(row["owner"], 0)} for row in report.rows]}
+    )
 
 
 # -- errors and the app ---------------------------------------------------------------------------

@@ -109,14 +109,14 @@ class Metrics:
                 for s in self._statuses
             ]
         metrics = runner.metrics
-        by_trigger: dict[str, dict[str, int]] = {}
-        for (asset, trigger_id), count in metrics.events.items():
-            by_trigger.setdefault(trigger_id, {})[asset] = count
+        by_watcher: dict[str, dict[str, int]] = {}
+        for (asset, watcher), count in metrics.events.items():
+            by_watcher.setdefault(watcher, {})[asset] = count
         return [
             WatcherSample(
                 slot.watcher_name,
                 slot.state,
-                by_trigger.get(slot.trigger_id, {}),
+                by_watcher.get(slot.watcher_name, {}),
                 metrics.failures.get(slot.trigger_id, 0),
                 slot.last_event_at,
             )
