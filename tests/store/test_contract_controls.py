@@ -110,3 +110,35 @@ class TestControlsPersist:
         async with SqliteStateBackend(path) as second:
             assert [r.paused for r in await second.alist_watcher_controls()] == [True]
             assert await second.aget_token("id1") is not None
+
+
+class TestEventReads:
+    async def test_last_event_id_and_event_json(self, backend: BaseStateBackend) -> None:
+        """The latest event id (per asset too), and events as JSON text built by the backend,
+        paged by id, with the payload as it was committed."""
+        import json
+
+        from watchkeeper.store import Asset, EventCommit, encode_json
+
+        assert isinstance(backend, SupportsControls)
+        assert await backend.alast_event_id() == 0
+        await backend.aregister_assets([Asset("a"), Asset("b")])
+        for n, asset in enumerate(["a", "b", "a"], start=1):
+            payload = encode_json({"n": n, "x": [1.5, "é"]})
+            await backend.acommit_event(EventCommit("w", (asset,), payload, dedup_key=f"k{n}"))
+        ids = [e.id for e in await backend.alist_events()]
+        assert await backend.alast_event_id() == ids[-1]
+        assert await backend.alast_event_id("b") == ids[1]
+        rows = await backend.alist_event_json(asset="a", since_id=0, limit=10)
+        assert [i for i, _ in rows] == [ids[0], ids[2]]
+        first = json.loads(rows[0][1])
+        assert first["payload"] == {"n": 1, "x": [1.5, "é"]}
+        assert (first["id"], first["asset"], first["watcher"], first["dedup_key"]) == (
+            ids[0],
+            "a",
+            "w",
+            "k1",
+        )
+        assert first["created_at"].startswith("20")
+        page = await backend.alist_event_json(asset=None, since_id=ids[0], limit=1)
+        assert [i for i, _ in page] == [ids[1]]

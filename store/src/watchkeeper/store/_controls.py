@@ -101,6 +101,14 @@ class SupportsControls(Protocol):
         live tail of the events starts."""
         ...
 
+    async def alist_event_json(
+        self, *, asset: str | None, since_id: int, limit: int
+    ) -> builtins.list[tuple[int, str]]:
+        """Events with ``id > since_id`` in id order, as ``(id, JSON object text)`` built by
+        the database (``id``, ``asset``, ``watcher``, ``payload``, ``dedup_key``,
+        ``created_at``): what a live stream sends, without decoding and re-encoding each one."""
+        ...
+
     async def acreate_token(self, token: ApiToken) -> None:
         """Store ``token``; a revoked token of the same name is replaced.
 

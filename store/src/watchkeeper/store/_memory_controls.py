@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -59,6 +60,27 @@ class MemoryControls:
             if asset is None or event.asset == asset:
                 return event.id
         return 0
+
+    async def alist_event_json(
+        self, *, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        out: list[tuple[int, str]] = []
+        for event in events:
+            if event.id <= since_id or (asset is not None and event.asset != asset):
+                continue
+            record = {
+                "id": event.id,
+                "asset": event.asset,
+                "watcher": event.watcher,
+                "payload": event.payload,
+                "dedup_key": event.dedup_key,
+                "created_at": event.created_at.isoformat(),
+            }
+            out.append((event.id, json.dumps(record, ensure_ascii=False, separators=(",", ":"))))
+            if len(out) >= limit:
+                break
+        return out
 
     async def acreate_token(self, token: ApiToken) -> None:
         with self._controls_lock:

@@ -84,6 +84,25 @@ class PostgresControls:
             rows = await backend._fetch("reading the last event id", sql, asset)
         return int(rows[0][0] or 0)
 
+    async def alist_event_json(
+        self, *, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        backend = self._backend()
+        backend._check_open()
+        sql = (
+            "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
+            "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', created_at)::text "
+            f"FROM {self._p()}asset_events WHERE id > $1"
+        )
+        args: list[object] = [int(since_id)]
+        if asset is not None:
+            sql += " AND asset_name = $2"
+            args.append(asset)
+        sql += f" ORDER BY id LIMIT ${len(args) + 1}"
+        args.append(int(limit))
+        rows = await backend._fetch("reading events", sql, *args)
+        return [(row[0], row[1]) for row in rows]
+
     async def acreate_token(self, token: ApiToken) -> None:
         p = self._p()
         sql = f"""

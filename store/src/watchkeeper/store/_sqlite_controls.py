@@ -92,6 +92,22 @@ class SqliteControls:
             rows = await self._backend()._read(sql, (asset,))
         return int(rows[0][0] or 0)
 
+    async def alist_event_json(
+        self, *, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        sql = (
+            "SELECT id, json_object('id', id, 'asset', asset_name, 'watcher', watcher, "
+            "'payload', json(payload), 'dedup_key', dedup_key, 'created_at', created_at) "
+            "FROM asset_events WHERE id > ?"
+        )
+        params: list[object] = [int(since_id)]
+        if asset is not None:
+            sql += " AND asset_name = ?"
+            params.append(asset)
+        sql += " ORDER BY id LIMIT ?"
+        params.append(int(limit))
+        return [(row[0], row[1]) for row in await self._backend()._read(sql, params)]
+
     async def acreate_token(self, token: ApiToken) -> None:
         params = (
             token.name,

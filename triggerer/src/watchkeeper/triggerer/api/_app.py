@@ -461,17 +461,16 @@ async def stream_events(request: Request) -> Response:
 async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: watching from event {after}\n\n".encode()
     quiet = 0.0
+    controls = ctx.controls
     while not ctx.closing.is_set():
         try:
-            events = await ctx.backend.alist_events(asset=asset, since_id=after, limit=SSE_BATCH)
+            # The database builds each event's JSON: no decoding and re-encoding on the loop.
+            events = await controls.alist_event_json(asset=asset, since_id=after, limit=SSE_BATCH)
         except StoreUnavailableError:
             events = []  # the client keeps its place; the next poll tries again
         if events:
-            frames = []
-            for event in events:
-                data = json.dumps(_event(event), ensure_ascii=False, separators=(",", ":"))
-                frames.append(f"id: {event.id}\nevent: asset_event\ndata: {data}\n\n")
-                after = event.id
+            frames = [f"id: {i}\nevent: asset_event\ndata: {data}\n\n" for i, data in events]
+            after = events[-1][0]
             quiet = 0.0
             yield "".join(frames).encode()
             if len(events) == SSE_BATCH:
