@@ -142,3 +142,27 @@ class TestEventReads:
         assert first["created_at"].startswith("20")
         page = await backend.alist_event_json(asset=None, since_id=ids[0], limit=1)
         assert [i for i, _ in page] == [ids[1]]
+
+
+class TestDeleteIfVersion:
+    async def test_deletes_only_at_the_expected_version(self, backend: BaseStateBackend) -> None:
+        """A stale or missing version is a conflict naming the current one and deletes nothing;
+        the current version deletes the key."""
+        from watchkeeper.store import Asset, AssetNotFoundError, AssetScope, VersionConflictError
+
+        assert isinstance(backend, SupportsControls)
+        await backend.aregister_assets([Asset("a")])
+        scope = AssetScope(name="a")
+        await backend.aset(scope, "k", 1)
+        await backend.aset(scope, "k", 2)
+        with pytest.raises(VersionConflictError) as stale:
+            await backend.adelete_if_version("a", "k", 1)
+        assert (stale.value.expected, stale.value.actual) == (1, 2)
+        assert await backend.aget(scope, "k") == 2
+        await backend.adelete_if_version("a", "k", 2)
+        assert await backend.aget_entry(scope, "k") is None
+        with pytest.raises(VersionConflictError) as missing:
+            await backend.adelete_if_version("a", "k", 2)
+        assert missing.value.actual == 0
+        with pytest.raises(AssetNotFoundError):
+            await backend.adelete_if_version("nope", "k", 1)

@@ -109,6 +109,15 @@ class SupportsControls(Protocol):
         ``created_at``): what a live stream sends, without decoding and re-encoding each one."""
         ...
 
+    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        """Delete ``key`` of ``asset`` only if it is at ``expected_version``, atomically.
+
+        Raises :class:`~watchkeeper.store.VersionConflictError` (``actual`` 0: the key does not
+        exist) and writes nothing otherwise; an unknown asset is
+        :class:`~watchkeeper.store.AssetNotFoundError`.
+        """
+        ...
+
     async def acreate_token(self, token: ApiToken) -> None:
         """Store ``token``; a revoked token of the same name is replaced.
 

@@ -7,9 +7,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
-from ._types import AssetEvent
+from ._types import AssetEvent, AssetScope
+from ._values import check_key
+from .errors import VersionConflictError
+
+if TYPE_CHECKING:
+    from .memory import MemoryStateBackend
 
 __all__ = ["MemoryControls"]
 
@@ -18,6 +24,9 @@ class MemoryControls:
     """Mixed into the memory backend: the rows of :mod:`._controls` in two dicts."""
 
     clock: Callable[[], datetime]
+
+    def _memory(self) -> MemoryStateBackend:
+        return self  # type: ignore[return-value]  # only ever mixed into MemoryStateBackend
 
     def _init_controls(self) -> None:
         self._controls_lock = threading.Lock()
@@ -81,6 +90,17 @@ class MemoryControls:
             if len(out) >= limit:
                 break
         return out
+
+    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        check_key(key)
+        backend = self._memory()
+        with backend._lock:
+            row = backend._resolve(AssetScope(name=asset))
+            entry = backend._asset_state.get((row.asset_id, key))
+            actual = 0 if entry is None else entry.version
+            if actual != expected_version or entry is None:
+                raise VersionConflictError(key, expected_version, actual)
+            del backend._asset_state[(row.asset_id, key)]
 
     async def acreate_token(self, token: ApiToken) -> None:
         with self._controls_lock:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
 from ._postgres_schema import table_prefix
+from ._values import check_key
+from .errors import AssetNotFoundError, VersionConflictError
 
 if TYPE_CHECKING:
     from .postgres import PostgresStateBackend
@@ -102,6 +104,33 @@ class PostgresControls:
         args.append(int(limit))
         rows = await backend._fetch("reading events", sql, *args)
         return [(row[0], row[1]) for row in rows]
+
+    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        check_key(key)
+        p = self._p()
+
+        async def delete(conn: Any) -> None:
+            asset_id = await conn.fetchval(
+                f"SELECT id FROM {p}assets WHERE name = $1 AND active FOR SHARE", asset
+            )
+            if asset_id is None:
+                raise AssetNotFoundError(asset)
+            deleted = await conn.fetchval(
+                f"DELETE FROM {p}asset_state WHERE asset_id = $1 AND key = $2 AND version = $3 "
+                "RETURNING version",
+                asset_id,
+                key,
+                expected_version,
+            )
+            if deleted is None:
+                actual = await conn.fetchval(
+                    f"SELECT version FROM {p}asset_state WHERE asset_id = $1 AND key = $2",
+                    asset_id,
+                    key,
+                )
+                raise VersionConflictError(key, expected_version, actual or 0)
+
+        await self._backend()._transact("deleting a key", delete)
 
     async def acreate_token(self, token: ApiToken) -> None:
         p = self._p()

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
 from ._sqlite_schema import from_db, to_db
+from ._types import AssetScope
+from ._values import check_key
+from .errors import VersionConflictError
 
 if TYPE_CHECKING:
     from ._sqlite_writer import Tx
@@ -107,6 +110,24 @@ class SqliteControls:
         sql += " ORDER BY id LIMIT ?"
         params.append(int(limit))
         return [(row[0], row[1]) for row in await self._backend()._read(sql, params)]
+
+    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        check_key(key)
+
+        def write(tx: Tx) -> None:
+            asset_id, _ = tx.resolve(AssetScope(name=asset))
+            cursor = tx.conn.execute(
+                "DELETE FROM asset_state WHERE asset_id = ? AND key = ? AND version = ?",
+                (asset_id, key, expected_version),
+            )
+            if cursor.rowcount == 0:
+                row = tx.conn.execute(
+                    "SELECT version FROM asset_state WHERE asset_id = ? AND key = ?",
+                    (asset_id, key),
+                ).fetchone()
+                raise VersionConflictError(key, expected_version, 0 if row is None else row[0])
+
+        await self._backend()._write(write)
 
     async def acreate_token(self, token: ApiToken) -> None:
         params = (

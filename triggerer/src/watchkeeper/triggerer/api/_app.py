@@ -400,11 +400,12 @@ async def delete_state(request: Request) -> Response:
     if_match = request.headers.get("if-match")
     if if_match is not None:
         expected = _parse_etag(if_match, "If-Match")
-        entry = await backend.aget_entry(scope, key)
-        actual = 0 if entry is None else entry.version
-        if actual != expected:
-            raise _conflict(VersionConflictError(key, expected, actual))
-    await backend.adelete(scope, key)
+        try:
+            await _ctx(request).controls.adelete_if_version(name, key, expected)
+        except VersionConflictError as exc:
+            raise _conflict(exc) from None
+    else:
+        await backend.adelete(scope, key, writer=Writer("api", principal.name))
     return Response(status_code=204)
 
 
