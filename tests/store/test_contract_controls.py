@@ -9,12 +9,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from watchkeeper.store import (
-    ApiToken,
     BaseStateBackend,
     InvalidNameError,
     SqliteStateBackend,
-    SupportsControls,
     TokenExistsError,
+)
+from watchkeeper.store.backend import (
+    ApiToken,
+    OperatorControls,
+    require_asset_registry,
+    require_event_log,
 )
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -27,11 +31,11 @@ def _token(name: str, token_id: str, *scopes: str) -> ApiToken:
 class TestWatcherControls:
     async def test_builtin_backends_support_controls(self, backend: BaseStateBackend) -> None:
         """Every built-in backend declares the controls capability."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
 
     async def test_pause_resume_keeps_one_row(self, backend: BaseStateBackend) -> None:
         """Pausing creates the row, resuming flips it, and the writer is recorded."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         paused = await backend.aset_watcher_paused("feed", True, by="cli:alice")
         assert (paused.watcher, paused.paused, paused.retry_seq) == ("feed", True, 0)
         resumed = await backend.aset_watcher_paused("feed", False, by="api:ops")
@@ -41,7 +45,7 @@ class TestWatcherControls:
 
     async def test_retry_counts_up_and_keeps_paused(self, backend: BaseStateBackend) -> None:
         """Each retry adds one to retry_seq without touching the paused flag."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         await backend.aset_watcher_paused("b", True, by="cli:x")
         await backend.arequest_watcher_retry("b", by="cli:x")
         row = await backend.arequest_watcher_retry("b", by="cli:x")
@@ -52,7 +56,7 @@ class TestWatcherControls:
 
     async def test_bad_watcher_name_writes_nothing(self, backend: BaseStateBackend) -> None:
         """An empty watcher name is refused and no row appears."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         with pytest.raises(InvalidNameError, match="watcher name"):
             await backend.aset_watcher_paused("", True, by="cli:x")
         assert await backend.alist_watcher_controls() == []
@@ -61,7 +65,7 @@ class TestWatcherControls:
 class TestApiTokens:
     async def test_create_get_list_revoke(self, backend: BaseStateBackend) -> None:
         """A token is found by its id, listed by name, and revoked once."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         await backend.acreate_token(_token("ops", "id1", "read", "write:asset:orders_*"))
         found = await backend.aget_token("id1")
         assert found is not None
@@ -81,7 +85,7 @@ class TestApiTokens:
         self, backend: BaseStateBackend
     ) -> None:
         """A second token under a live name fails; once revoked, the name takes a new token."""
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         await backend.acreate_token(_token("ops", "id1", "read"))
         with pytest.raises(TokenExistsError, match="'ops' already exists"):
             await backend.acreate_token(_token("ops", "id2", "admin"))
@@ -118,15 +122,18 @@ class TestEventReads:
         paged by id, with the payload as it was committed."""
         import json
 
-        from watchkeeper.store import Asset, EventCommit, encode_json
+        from watchkeeper.store import Asset
+        from watchkeeper.store.backend import EventCommit, encode_json
 
-        assert isinstance(backend, SupportsControls)
+        assert isinstance(backend, OperatorControls)
         assert await backend.alast_event_id() == 0
-        await backend.aregister_assets([Asset("a"), Asset("b")])
+        await require_asset_registry(backend).aregister_assets([Asset("a"), Asset("b")])
         for n, asset in enumerate(["a", "b", "a"], start=1):
             payload = encode_json({"n": n, "x": [1.5, "é"]})
-            await backend.acommit_event(EventCommit("w", (asset,), payload, dedup_key=f"k{n}"))
-        ids = [e.id for e in await backend.alist_events()]
+            await require_event_log(backend).acommit_event(
+                EventCommit("w", (asset,), payload, dedup_key=f"k{n}")
+            )
+        ids = [e.id for e in await require_event_log(backend).alist_events()]
         assert await backend.alast_event_id() == ids[-1]
         assert await backend.alast_event_id("b") == ids[1]
         rows = await backend.alist_event_json(asset="a", since_id=0, limit=10)
@@ -150,8 +157,8 @@ class TestDeleteIfVersion:
         the current version deletes the key."""
         from watchkeeper.store import Asset, AssetNotFoundError, AssetScope, VersionConflictError
 
-        assert isinstance(backend, SupportsControls)
-        await backend.aregister_assets([Asset("a")])
+        assert isinstance(backend, OperatorControls)
+        await require_asset_registry(backend).aregister_assets([Asset("a")])
         scope = AssetScope(name="a")
         await backend.aset(scope, "k", 1)
         await backend.aset(scope, "k", 2)
@@ -166,3 +173,32 @@ class TestDeleteIfVersion:
         assert missing.value.actual == 0
         with pytest.raises(AssetNotFoundError):
             await backend.adelete_if_version("nope", "k", 1)
+
+
+class TestArgumentChecks:
+    async def test_bad_arguments_are_refused_alike_and_change_nothing(
+        self, backend: BaseStateBackend
+    ) -> None:
+        """Each controls method refuses a wrong argument with the same error on every backend
+        (checked once, in ControlsBackend) and writes nothing."""
+        from watchkeeper.store import ArgumentTypeError, InvalidArgumentError, InvalidKeyError
+
+        assert isinstance(backend, OperatorControls)
+        with pytest.raises(ArgumentTypeError, match="paused must be a bool, got str"):
+            await backend.aset_watcher_paused("w", "yes", by="cli:x")  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match="by must be a str, got int"):
+            await backend.arequest_watcher_retry("w", by=7)  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match="token must be an ApiToken, got dict"):
+            await backend.acreate_token({"name": "t"})  # type: ignore[arg-type]
+        with pytest.raises(ArgumentTypeError, match="token_id must be a str, got NoneType"):
+            await backend.aget_token(None)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="expected_version"):
+            await backend.adelete_if_version("a", "k", -1)
+        with pytest.raises(InvalidKeyError):
+            await backend.adelete_if_version("a", "", 1)
+        with pytest.raises(InvalidArgumentError, match="limit"):
+            await backend.alist_event_json(asset=None, since_id=0, limit=-1)
+        with pytest.raises(InvalidNameError, match="asset name"):
+            await backend.alast_event_id("")
+        assert await backend.alist_watcher_controls() == []
+        assert await backend.alist_tokens() == []

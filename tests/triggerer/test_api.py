@@ -20,15 +20,8 @@ import anyio
 import httpx
 import pytest
 from structlog.testing import capture_logs
-from watchkeeper.store import (
-    Asset,
-    AssetScope,
-    DaemonStatus,
-    EventCommit,
-    SqliteStateBackend,
-    TriggerStatus,
-    encode_json,
-)
+from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
+from watchkeeper.store.backend import DaemonStatus, EventCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 

@@ -20,7 +20,8 @@ from _runtime_support import FAST, Scripted, spec
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from test_daemon import append_lines, asset_file, wait_until, watchkeeper_command
-from watchkeeper.store import Asset, SqliteStateBackend, TriggerStatus
+from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store.backend import TriggerStatus
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 

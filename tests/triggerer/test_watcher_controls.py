@@ -26,15 +26,8 @@ from test_daemon import (
     wait_until,
     watchkeeper_command,
 )
-from watchkeeper.store import (
-    Asset,
-    AssetScope,
-    DaemonStatus,
-    MemoryStateBackend,
-    SqliteStateBackend,
-    SupportsControls,
-    TriggerStatus,
-)
+from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import DaemonStatus, OperatorControls, TriggerStatus
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
 from watchkeeper.triggerer._loader import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
@@ -169,7 +162,7 @@ class TestWatchersCommand:
         assert cli.run(["--database-url", url, "watchers", "retry", "bills_feed"]) == 0
         assert "retried" in capsys.readouterr().out
         with SqliteStateBackend(db) as backend:
-            assert isinstance(backend, SupportsControls)
+            assert isinstance(backend, OperatorControls)
             (row,) = backend.run_sync(backend.alist_watcher_controls)
         assert (row.watcher, row.paused, row.retry_seq) == ("bills_feed", False, 1)
         assert row.updated_by is not None and row.updated_by.startswith("cli:")

@@ -9,10 +9,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
+from ._controls import ApiToken, ControlsBackend, WatcherControl
 from ._types import AssetEvent, AssetScope
-from ._values import check_key
-from .errors import VersionConflictError
+from .errors import TokenExistsError, VersionConflictError
 
 if TYPE_CHECKING:
     from .memory import MemoryStateBackend
@@ -20,8 +19,9 @@ if TYPE_CHECKING:
 __all__ = ["MemoryControls"]
 
 
-class MemoryControls:
-    """Mixed into the memory backend: the rows of :mod:`._controls` in two dicts."""
+class MemoryControls(ControlsBackend):
+    """The hooks of :class:`~._controls.ControlsBackend` for the memory backend: the rows in
+    two dicts."""
 
     clock: Callable[[], datetime]
 
@@ -40,18 +40,16 @@ class MemoryControls:
         row = self._controls.get(watcher)
         return row if row is not None else WatcherControl(watcher, False, 0, now)
 
-    async def aset_watcher_paused(self, watcher: str, paused: bool, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         with self._controls_lock:
             now = self._controls_now()
             row = replace(
-                self._control_row(watcher, now), paused=bool(paused), updated_at=now, updated_by=by
+                self._control_row(watcher, now), paused=paused, updated_at=now, updated_by=by
             )
             self._controls[watcher] = row
             return row
 
-    async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
         with self._controls_lock:
             now = self._controls_now()
             old = self._control_row(watcher, now)
@@ -59,19 +57,19 @@ class MemoryControls:
             self._controls[watcher] = row
             return row
 
-    async def alist_watcher_controls(self) -> list[WatcherControl]:
+    async def _alist_watcher_controls(self) -> list[WatcherControl]:
         with self._controls_lock:
             return [self._controls[k] for k in sorted(self._controls)]
 
-    async def alast_event_id(self, asset: str | None = None) -> int:
+    async def _alast_event_id(self, asset: str | None) -> int:
         events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
         for event in reversed(events):
             if asset is None or event.asset == asset:
                 return event.id
         return 0
 
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
         events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
         out: list[tuple[int, str]] = []
@@ -91,8 +89,7 @@ class MemoryControls:
                 break
         return out
 
-    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        check_key(key)
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         backend = self._memory()
         with backend._lock:
             row = backend._resolve(AssetScope(name=asset))
@@ -102,25 +99,25 @@ class MemoryControls:
                 raise VersionConflictError(key, expected_version, actual)
             del backend._asset_state[(row.asset_id, key)]
 
-    async def acreate_token(self, token: ApiToken) -> None:
+    async def _acreate_token(self, token: ApiToken) -> None:
         with self._controls_lock:
             old = self._tokens.get(token.name)
             if old is not None and old.revoked_at is None:
                 raise TokenExistsError(token.name)
             self._tokens[token.name] = token
 
-    async def alist_tokens(self) -> list[ApiToken]:
+    async def _alist_tokens(self) -> list[ApiToken]:
         with self._controls_lock:
             return [self._tokens[k] for k in sorted(self._tokens)]
 
-    async def aget_token(self, token_id: str) -> ApiToken | None:
+    async def _aget_token(self, token_id: str) -> ApiToken | None:
         with self._controls_lock:
             for token in self._tokens.values():
                 if token.token_id == token_id:
                     return token
             return None
 
-    async def arevoke_token(self, name: str) -> bool:
+    async def _arevoke_token(self, name: str) -> bool:
         with self._controls_lock:
             old = self._tokens.get(name)
             if old is None or old.revoked_at is not None:

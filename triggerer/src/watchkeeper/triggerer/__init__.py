@@ -17,7 +17,7 @@ from .errors import (
 )
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
-from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent
+from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent, TriggerEventBatch
 
 __all__ = [
     "Asset",
@@ -34,6 +34,7 @@ __all__ = [
     "RunnerConfig",
     "Settings",
     "TriggerEvent",
+    "TriggerEventBatch",
     "TriggerImportError",
     "TriggerRunner",
     "TriggererError",

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 from rich.table import Table
-from watchkeeper.store import BaseStateBackend, get_logger
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import get_logger
 
 from ._cli_common import (
     CommandError,
@@ -33,7 +34,7 @@ from ._watcher_controls import controls_of
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from watchkeeper.store import SupportsControls
+    from watchkeeper.store.backend import OperatorControls
 
     from ._cli_common import Subparsers
 
@@ -74,7 +75,7 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 # -- watchkeeper tokens ---------------------------------------------------------------------------
 
 
-def _store(backend: BaseStateBackend) -> SupportsControls:
+def _store(backend: BaseStateBackend) -> OperatorControls:
     store = controls_of(backend)
     if store is None:
         raise CommandError(f"{type(backend).__name__} does not keep API tokens")

@@ -25,9 +25,10 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
+    MissingCapabilityError,
     SqliteStateBackend,
-    TriggerStatus,
 )
+from watchkeeper.store.backend import TriggerStatus, require_status_table
 
 from ._cli_common import (
     CommandError,
@@ -36,6 +37,7 @@ from ._cli_common import (
     emit_json,
     open_backend,
     redacted,
+    unwrap_lone_exception,
 )
 from ._daemon_report import daemon_report
 from .daemon import run_daemon
@@ -54,23 +56,8 @@ def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     options: dict[str, Any] = {}
     if importlib.util.find_spec("uvloop") is not None:
         options["use_uvloop"] = True
-    try:
+    with unwrap_lone_exception():
         return anyio.run(fn, *args, backend="asyncio", backend_options=options)
-    except BaseExceptionGroup as group:
-        lone = _lone_exception(group)
-        if lone is not None:
-            raise lone from None
-        raise
-
-
-def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
-    """The only exception inside (possibly nested) groups, or None when there are several."""
-    inner: BaseException = group
-    while isinstance(inner, BaseExceptionGroup):
-        if len(inner.exceptions) != 1:
-            return None
-        inner = inner.exceptions[0]
-    return inner if isinstance(inner, Exception) else None
 
 
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
@@ -147,7 +134,7 @@ async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
     daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []
-    for status in await backend.alist_trigger_status():
+    for status in await require_status_table(backend).alist_trigger_status():
         state = daemons.watcher_state(status.state, status.owner)
         watchers.append(_status_json(status, state, await _asset_states(backend, status)))
     return {"daemons": daemons.rows, "watchers": watchers}
@@ -298,7 +285,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         report = redacted(run_async(read))  # errors and state may quote a URL with a password
-    except NotImplementedError as exc:  # a custom backend without trigger status
+    except MissingCapabilityError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
         emit_json(report)

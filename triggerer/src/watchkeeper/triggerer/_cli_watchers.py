@@ -29,7 +29,7 @@ from ._watcher_controls import controls_of, watcher_rows
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from watchkeeper.store import SupportsControls
+    from watchkeeper.store.backend import OperatorControls
 
     from ._cli_common import Subparsers
 
@@ -74,7 +74,7 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
     return 0
 
 
-def _store(backend: BaseStateBackend) -> SupportsControls:
+def _store(backend: BaseStateBackend) -> OperatorControls:
     store = controls_of(backend)
     if store is None:
         raise CommandError(f"{type(backend).__name__} does not keep watcher controls")

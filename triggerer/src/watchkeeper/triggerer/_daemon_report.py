@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import DaemonTable
 
 __all__ = ["DaemonReport", "daemon_report"]
 
@@ -41,11 +42,9 @@ class DaemonReport:
 async def daemon_report(backend: BaseStateBackend) -> DaemonReport:
     """The daemons with their heartbeat age (``status``, ``watchers list`` and the API)."""
     now = backend.clock()
-    try:
-        daemons = await backend.alist_daemon_status()
-        tracked = True
-    except NotImplementedError:  # a custom backend: take the saved states as they are
-        daemons, tracked = [], False
+    # Without daemon rows (a custom backend) the saved states are taken as they are.
+    tracked = isinstance(backend, DaemonTable)
+    daemons = await backend.alist_daemon_status() if isinstance(backend, DaemonTable) else []
     live: set[str] = set()
     daemon_rows = []
     for daemon in daemons:

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from watchkeeper.store import BaseStateBackend, SupportsControls, WatcherControl
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import OperatorControls, StatusTable, WatcherControl
 
 from ._daemon_report import daemon_report
 
 __all__ = ["ControlsTracker", "WatcherRow", "controls_of", "watcher_rows"]
 
 
-def controls_of(backend: BaseStateBackend) -> SupportsControls | None:
+def controls_of(backend: BaseStateBackend) -> OperatorControls | None:
     """``backend`` as a controls store, or None when it does not keep controls."""
-    return backend if isinstance(backend, SupportsControls) else None
+    return backend if isinstance(backend, OperatorControls) else None
 
 
 class ControlsTracker:
@@ -107,7 +108,7 @@ async def watcher_rows(backend: BaseStateBackend) -> list[WatcherRow]:
     """Every watcher a daemon reported or an operator controlled, ordered by name; the state
     of a watcher whose daemon is no longer alive is ``unknown``."""
     daemons = await daemon_report(backend)
-    statuses = await backend.alist_trigger_status()
+    statuses = await backend.alist_trigger_status() if isinstance(backend, StatusTable) else []
     store = controls_of(backend)
     controls: dict[str, WatcherControl] = {}
     if store is not None:

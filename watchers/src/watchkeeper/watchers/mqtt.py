@@ -44,8 +44,8 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-import structlog
 from anyio.streams.memory import MemoryObjectSendStream
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._broker import (
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MqttWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 MissingId = Literal["hash", "emit"]
 

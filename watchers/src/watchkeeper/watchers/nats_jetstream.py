@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-import structlog
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._broker import (
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NatsJetStreamWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 Deliver = Literal["all", "new"]
 

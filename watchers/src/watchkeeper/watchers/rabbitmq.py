@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-import structlog
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._broker import (
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RabbitMQWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 MissingId = Literal["hash", "emit", "reject"]
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import structlog
+from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._broker import (
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisStreamWatcher"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 StreamId = tuple[int, int]
 

@@ -34,12 +34,17 @@ from watchkeeper.store import (
     StateEntry,
     StateStoreError,
     StoreUnavailableError,
-    SupportsControls,
     ValueTooLargeError,
     ValueTypeError,
     VersionConflictError,
+)
+from watchkeeper.store.backend import (
+    LeaseTable,
+    OperatorControls,
     Writer,
     get_logger,
+    require_asset_registry,
+    require_event_log,
 )
 
 from .._daemon_report import daemon_report
@@ -99,7 +104,7 @@ class ApiContext:
     """The server's task group (set by :func:`~._server.serve_api`): for heartbeat kicks."""
 
     @property
-    def controls(self) -> SupportsControls:
+    def controls(self) -> OperatorControls:
         store = controls_of(self.backend)
         if store is None:
             raise ApiError(
@@ -268,7 +273,7 @@ async def openapi(request: Request) -> Response:
 
 async def list_assets(request: Request) -> Response:
     principal = await authenticate(request)
-    assets = await _ctx(request).backend.alist_assets()
+    assets = await require_asset_registry(_ctx(request).backend).alist_assets()
     shown = [a for a in assets if principal.can_read_asset(a.name)]
     if (
         not shown
@@ -296,7 +301,7 @@ async def _asset_principal(request: Request) -> tuple[Principal, str]:
 async def asset_detail(request: Request) -> Response:
     principal, name = await _asset_principal(request)
     ctx = _ctx(request)
-    found = [a for a in await ctx.backend.alist_assets() if a.name == name]
+    found = [a for a in await require_asset_registry(ctx.backend).alist_assets() if a.name == name]
     if not found:
         raise ApiError(404, "not_found", f"no asset named {name!r}")
     asset = found[0]
@@ -427,7 +432,9 @@ async def list_events(request: Request) -> Response:
     asset = await _events_principal(request)
     after = _int_param(request, "after", 0, 0, None)
     limit = _int_param(request, "limit", 100, 1, MAX_PAGE)
-    events = await _ctx(request).backend.alist_events(asset=asset, since_id=after, limit=limit)
+    events = await require_event_log(_ctx(request).backend).alist_events(
+        asset=asset, since_id=after, limit=limit
+    )
     next_after = events[-1].id if events else after
     return JSONResponse(
         {
@@ -538,7 +545,7 @@ async def list_daemons(request: Request) -> Response:
     report = await daemon_report(backend)
     now = backend.clock()
     leases: dict[str, int] = {}
-    for lease in await backend.alist_leases():
+    for lease in await backend.alist_leases() if isinstance(backend, LeaseTable) else []:
         if lease.owner is not None and lease.expires_at > now:
             leases[lease.owner] = leases.get(lease.owner, 0) + 1
     return JSONResponse(

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from watchkeeper.store import BaseStateBackend, TriggerStatus
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import StatusTable, TriggerStatus
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -90,7 +91,7 @@ class Metrics:
 
     async def prepare(self) -> None:
         """Read the status rows when no runner is in this process (``watchkeeper api``)."""
-        if self.runner is None:
+        if self.runner is None and isinstance(self.backend, StatusTable):
             self._statuses = await self.backend.alist_trigger_status()
 
     # -- the collector ------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 import uvicorn
-from watchkeeper.store import BaseStateBackend, get_logger
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import get_logger
 
 from ..errors import TriggererError
 from ._app import ApiContext, create_app

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from watchkeeper.store import ApiToken, SupportsControls
+from watchkeeper.store.backend import ApiToken, OperatorControls
 
 __all__ = [
     "Principal",
@@ -112,7 +112,7 @@ class Principal:
         return self.can_read() or self.can_write_asset(asset)
 
 
-async def verify_token(store: SupportsControls, text: str, now: datetime) -> Principal | None:
+async def verify_token(store: OperatorControls, text: str, now: datetime) -> Principal | None:
     """The principal of a presented token, or None (unknown, wrong, revoked or expired).
 
     Every path that reads a row compares digests, so timing tells nothing about the secret.

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
-from ._types import AssetScope
-from .errors import BackendUnavailableError, StoreUnavailableError
+from .._types import AssetScope
+from ..errors import BackendUnavailableError, StoreUnavailableError
 
 __all__ = [
     "MIGRATIONS",

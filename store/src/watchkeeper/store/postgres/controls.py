@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
-from ._postgres_schema import table_prefix
-from ._values import check_key
-from .errors import AssetNotFoundError, VersionConflictError
+from .._controls import ApiToken, ControlsBackend, WatcherControl
+from ..errors import AssetNotFoundError, TokenExistsError, VersionConflictError
+from .schema import table_prefix
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStateBackend
+    from .backend import PostgresStateBackend
 
 __all__ = ["PostgresControls"]
 
@@ -30,8 +29,9 @@ def _token(row: Any) -> ApiToken:
     return ApiToken(row[0], row[1], tuple(row[2]), row[3], row[4], row[5], row[6], row[7])
 
 
-class PostgresControls:
-    """Mixed into the PostgreSQL backend: the rows of :mod:`._controls`."""
+class PostgresControls(ControlsBackend):
+    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the PostgreSQL
+    backend."""
 
     def _backend(self) -> PostgresStateBackend:
         return self  # type: ignore[return-value]  # only ever mixed into PostgresStateBackend
@@ -45,8 +45,7 @@ class PostgresControls:
 
         return await self._backend()._transact(what, run)
 
-    async def aset_watcher_paused(self, watcher: str, paused: bool, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         p = self._p()
         sql = f"""
             INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, $2, 0, $3, $4)
@@ -57,8 +56,7 @@ class PostgresControls:
         now = self._backend().clock()
         return _control(await self._one("pausing a watcher", sql, watcher, paused, now, by))
 
-    async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
         p = self._p()
         sql = f"""
             INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, false, 1, $2, $3)
@@ -69,15 +67,13 @@ class PostgresControls:
         now = self._backend().clock()
         return _control(await self._one("retrying a watcher", sql, watcher, now, by))
 
-    async def alist_watcher_controls(self) -> list[WatcherControl]:
+    async def _alist_watcher_controls(self) -> list[WatcherControl]:
         backend = self._backend()
-        backend._check_open()
         sql = f"SELECT {_CONTROL_COLS} FROM {self._p()}watcher_controls ORDER BY watcher"
         return [_control(r) for r in await backend._fetch("listing watcher controls", sql)]
 
-    async def alast_event_id(self, asset: str | None = None) -> int:
+    async def _alast_event_id(self, asset: str | None) -> int:
         backend = self._backend()
-        backend._check_open()
         sql = f"SELECT max(id) FROM {self._p()}asset_events"
         if asset is None:
             rows = await backend._fetch("reading the last event id", sql)
@@ -86,11 +82,10 @@ class PostgresControls:
             rows = await backend._fetch("reading the last event id", sql, asset)
         return int(rows[0][0] or 0)
 
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
         backend = self._backend()
-        backend._check_open()
         sql = (
             "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
             "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', created_at)::text "
@@ -105,8 +100,7 @@ class PostgresControls:
         rows = await backend._fetch("reading events", sql, *args)
         return [(row[0], row[1]) for row in rows]
 
-    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        check_key(key)
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         p = self._p()
 
         async def delete(conn: Any) -> None:
@@ -132,7 +126,7 @@ class PostgresControls:
 
         await self._backend()._transact("deleting a key", delete)
 
-    async def acreate_token(self, token: ApiToken) -> None:
+    async def _acreate_token(self, token: ApiToken) -> None:
         p = self._p()
         sql = f"""
             INSERT INTO {p}api_tokens ({_TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)
@@ -157,20 +151,18 @@ class PostgresControls:
         if row is None:
             raise TokenExistsError(token.name)
 
-    async def alist_tokens(self) -> list[ApiToken]:
+    async def _alist_tokens(self) -> list[ApiToken]:
         backend = self._backend()
-        backend._check_open()
         sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens ORDER BY name"
         return [_token(r) for r in await backend._fetch("listing tokens", sql)]
 
-    async def aget_token(self, token_id: str) -> ApiToken | None:
+    async def _aget_token(self, token_id: str) -> ApiToken | None:
         backend = self._backend()
-        backend._check_open()
         sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens WHERE token_id = $1"
         rows = await backend._fetch("reading a token", sql, token_id)
         return _token(rows[0]) if rows else None
 
-    async def arevoke_token(self, name: str) -> bool:
+    async def _arevoke_token(self, name: str) -> bool:
         sql = (
             f"UPDATE {self._p()}api_tokens SET revoked_at = $2 "
             "WHERE name = $1 AND revoked_at IS NULL RETURNING name"

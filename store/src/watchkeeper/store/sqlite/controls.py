@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Final
 
-from ._controls import ApiToken, TokenExistsError, WatcherControl, check_watcher_name
-from ._sqlite_schema import from_db, to_db
-from ._types import AssetScope
-from ._values import check_key
-from .errors import VersionConflictError
+from .._controls import ApiToken, ControlsBackend, WatcherControl
+from .._types import AssetScope
+from ..errors import TokenExistsError, VersionConflictError
+from .schema import from_db, to_db
 
 if TYPE_CHECKING:
-    from ._sqlite_writer import Tx
-    from .sqlite import SqliteStateBackend
+    from .backend import SqliteStateBackend
+    from .writer import Tx
 
 __all__ = ["SqliteControls"]
 
@@ -42,14 +41,13 @@ def _token(row: Any) -> ApiToken:
     )
 
 
-class SqliteControls:
-    """Mixed into the SQLite backend: the rows of :mod:`._controls`."""
+class SqliteControls(ControlsBackend):
+    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the SQLite backend."""
 
     def _backend(self) -> SqliteStateBackend:
         return self  # type: ignore[return-value]  # only ever mixed into SqliteStateBackend
 
-    async def aset_watcher_paused(self, watcher: str, paused: bool, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         flag = 1 if paused else 0
 
         def write(tx: Tx) -> WatcherControl:
@@ -66,8 +64,7 @@ class SqliteControls:
 
         return await self._backend()._write(write, savepoint=False)
 
-    async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl:
-        watcher = check_watcher_name(watcher)
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
 
         def write(tx: Tx) -> WatcherControl:
             row = tx.conn.execute(
@@ -83,11 +80,11 @@ class SqliteControls:
 
         return await self._backend()._write(write, savepoint=False)
 
-    async def alist_watcher_controls(self) -> list[WatcherControl]:
+    async def _alist_watcher_controls(self) -> list[WatcherControl]:
         sql = f"SELECT {_CONTROL_COLS} FROM watcher_controls ORDER BY watcher"
         return [_control(row) for row in await self._backend()._read(sql)]
 
-    async def alast_event_id(self, asset: str | None = None) -> int:
+    async def _alast_event_id(self, asset: str | None) -> int:
         if asset is None:
             rows = await self._backend()._read("SELECT max(id) FROM asset_events")
         else:
@@ -95,8 +92,8 @@ class SqliteControls:
             rows = await self._backend()._read(sql, (asset,))
         return int(rows[0][0] or 0)
 
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
         sql = (
             "SELECT id, json_object('id', id, 'asset', asset_name, 'watcher', watcher, "
@@ -111,8 +108,7 @@ class SqliteControls:
         params.append(int(limit))
         return [(row[0], row[1]) for row in await self._backend()._read(sql, params)]
 
-    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        check_key(key)
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
 
         def write(tx: Tx) -> None:
             asset_id, _ = tx.resolve(AssetScope(name=asset))
@@ -129,7 +125,7 @@ class SqliteControls:
 
         await self._backend()._write(write)
 
-    async def acreate_token(self, token: ApiToken) -> None:
+    async def _acreate_token(self, token: ApiToken) -> None:
         params = (
             token.name,
             token.token_id,
@@ -158,16 +154,16 @@ class SqliteControls:
         if not await self._backend()._write(write, savepoint=False):
             raise TokenExistsError(token.name)
 
-    async def alist_tokens(self) -> list[ApiToken]:
+    async def _alist_tokens(self) -> list[ApiToken]:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens ORDER BY name"
         return [_token(row) for row in await self._backend()._read(sql)]
 
-    async def aget_token(self, token_id: str) -> ApiToken | None:
+    async def _aget_token(self, token_id: str) -> ApiToken | None:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens WHERE token_id = ?"
         rows = await self._backend()._read(sql, (token_id,))
         return _token(rows[0]) if rows else None
 
-    async def arevoke_token(self, name: str) -> bool:
+    async def _arevoke_token(self, name: str) -> bool:
         def write(tx: Tx) -> bool:
             cursor = tx.conn.execute(
                 "UPDATE api_tokens SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
