@@ -24,6 +24,7 @@ import pytest
 from watchkeeper.store import SqliteStateBackend
 
 __all__ = [
+    "FAILING_WATCHER",
     "LINES_WATCHER",
     "STOP_GRACE",
     "WAIT",
@@ -69,6 +70,23 @@ class LinesWatcher(BaseEventTrigger):
                 yield TriggerEvent({"n": n, "line": line}, state={"watermark": n})
             await anyio.sleep(self.poll)
 '''
+
+
+FAILING_WATCHER = """
+from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger
+
+
+class Failing(BaseEventTrigger):
+    def serialize(self):
+        return (self.classpath(), {})
+
+    async def run(self):
+        raise RuntimeError("source is down")
+        yield
+
+
+broken = Asset("broken", watchers=[AssetWatcher("broken_feed", Failing())])
+"""
 
 
 def asset_file(asset: str, source: Path) -> str:

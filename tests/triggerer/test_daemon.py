@@ -32,6 +32,7 @@ from watchkeeper.triggerer.cli._runtime import status_report
 from watchkeeper.triggerer.daemon import Daemon
 
 from tests.support.daemons import (
+    FAILING_WATCHER,
     WAIT,
     append_lines,
     asset_file,
@@ -314,23 +315,6 @@ class TestDaemonGarbageCollection:
             assert done["events"] == 2
             remaining = [(e.payload, e.dedup_key) for e in await backend.alist_events()]
             assert remaining == [(2, "kept"), (0, None)]
-
-
-FAILING_WATCHER = """
-from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger
-
-
-class Failing(BaseEventTrigger):
-    def serialize(self):
-        return (self.classpath(), {})
-
-    async def run(self):
-        raise RuntimeError("source is down")
-        yield
-
-
-broken = Asset("broken", watchers=[AssetWatcher("broken_feed", Failing())])
-"""
 
 
 TWO_NAMES = """

@@ -99,3 +99,18 @@ class TestPlanReconcile:
         wanted = {"t1": group("t1"), "t2": group("t2")}
         plan = plan_reconcile(running(wanted, t1=1), wanted, leases({"t2": 7}))
         assert (plan.stop, plan.start) == ([], [("t2", 7)])
+
+    def test_a_paused_trigger_is_paused_and_not_started(self) -> None:
+        """A running trigger whose watcher is paused is paused (not stopped); a paused one that
+        does not run is not started."""
+        wanted = {"t1": group("t1"), "t2": group("t2")}
+        claim = leases({"t1": 1, "t2": 2})
+        plan = plan_reconcile(running(wanted, t1=1), wanted, claim, paused={"t1", "t2"})
+        assert (plan.stop, plan.pause, plan.start) == ([], ["t1"], [])
+
+    def test_a_paused_trigger_another_daemon_holds_is_stopped_without_status(self) -> None:
+        """Without its lease, a paused watcher's trigger is stopped as any other (its row is
+        the holder's)."""
+        wanted = {"t1": group("t1")}
+        plan = plan_reconcile(running(wanted, t1=1), wanted, leases({}, "t1"), paused={"t1"})
+        assert (plan.stop, plan.pause, plan.start) == ([("t1", False)], [], [])

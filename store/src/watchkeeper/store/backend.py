@@ -4,11 +4,13 @@ the records and the value rules.
 A backend subclasses :class:`BaseStateBackend` (key/value state, the sync/async bridge, input
 checks) and implements the hooks it documents. The metastore comes in capabilities, each a
 ``runtime_checkable`` Protocol: :class:`AssetRegistry`, :class:`EventLog`,
-:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable`. A backend has a
+:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable` and
+:class:`OperatorControls` (watcher controls and API tokens, for the HTTP API). A backend has a
 capability when it has the methods; the runtime checks once, with ``isinstance``, and does
 without what is missing (no leases: a single unfenced daemon; no status table: no status rows).
 :class:`MetastoreBackend` has them all, its rules written once over ``_a<name>`` hooks: the
-built-in backends subclass it, and so can a new one.
+built-in backends subclass it, and so can a new one; :class:`ControlsBackend` does the same
+for :class:`OperatorControls`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from ._backend import BaseStateBackend
+from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._log import get_logger
 from ._metastore import MetastoreBackend
@@ -51,8 +54,10 @@ from .errors import MissingCapabilityError
 
 __all__ = [
     "CAPABILITIES",
+    "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",
+    "ControlsBackend",
     "DaemonStatus",
     "DaemonTable",
     "EventBatchCommit",
@@ -66,11 +71,13 @@ __all__ = [
     "Lease",
     "LeaseTable",
     "MetastoreBackend",
+    "OperatorControls",
     "Put",
     "RawEntry",
     "RefusedDefinition",
     "StatusTable",
     "TriggerStatus",
+    "WatcherControl",
     "Writer",
     "capability_methods",
     "check_key",
@@ -86,6 +93,7 @@ __all__ = [
     "require_asset_registry",
     "require_event_log",
     "require_garbage_collector",
+    "require_operator_controls",
     "require_status_table",
 ]
 
@@ -171,6 +179,7 @@ CAPABILITIES: tuple[type, ...] = (
     GarbageCollector,
     StatusTable,
     LeaseTable,
+    OperatorControls,
 )
 """Every capability Protocol, for code that forwards or reports them all."""
 
@@ -208,3 +217,10 @@ def require_status_table(backend: object) -> StatusTable:
     if isinstance(backend, StatusTable):
         return backend
     raise MissingCapabilityError(backend, "StatusTable")
+
+
+def require_operator_controls(backend: object) -> OperatorControls:
+    """``backend`` as an :class:`OperatorControls`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, OperatorControls):
+        return backend
+    raise MissingCapabilityError(backend, "OperatorControls")

@@ -32,6 +32,7 @@ __all__ = [
     "StoreClosedError",
     "StoreUnavailableError",
     "SyncCallInLoopError",
+    "TokenExistsError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
@@ -344,3 +345,11 @@ class HookNotImplementedError(StateStoreError, NotImplementedError):
     def __init__(self, backend: object, hook: str, remedy: str) -> None:
         self.hook = hook
         super().__init__(f"{type(backend).__name__} does not implement {hook}; {remedy}")
+
+
+class TokenExistsError(StateStoreError, ValueError):
+    """Raised when an API token is created under the name of a token that is not revoked."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"a token named {name!r} already exists; revoke it first")

@@ -88,12 +88,13 @@ class DaemonStatusKeeper:
             except Exception as exc:  # noqa: BLE001 - advisory; pruned by others later
                 log.warning("daemon_status_save_failed", error=describe_error(exc))
 
-    async def prune(self, running: Collection[str]) -> None:
+    async def prune(self, running: Collection[str], wanted: Collection[str] = ()) -> None:
         """Forget the rows of dead daemons and of triggers that no daemon runs any more.
 
         A row of a trigger this daemon does not run (``running``) is stale when it says
         ``stopped`` (saved by a daemon that exited) or has not been refreshed for several
-        heartbeats (its daemon was killed). Rows that other live daemons keep refreshing stay.
+        heartbeats (its daemon was killed). Rows that other live daemons keep refreshing stay,
+        and so do the ``paused`` rows of triggers still loaded (``wanted``).
         """
         silence = timedelta(seconds=3 * self.heartbeat + 30)
         cutoff = datetime.now(UTC) - silence
@@ -118,6 +119,7 @@ class DaemonStatusKeeper:
             for r in rows
             if r.trigger_id not in running
             and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
+            and not (r.state == "paused" and r.trigger_id in wanted)
         ]
         if stale:
             await backend.adelete_trigger_status(stale)

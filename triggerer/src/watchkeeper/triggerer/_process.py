@@ -1,17 +1,21 @@
 """The daemon as the main of its process: signals, and a shutdown that cannot hang.
 
 :func:`run_daemon` is what ``watchkeeper triggerer`` runs: a :class:`~.daemon.Daemon` until
-SIGTERM or SIGINT, then a clean stop (see :mod:`.daemon` for what stopping does).
+SIGTERM or SIGINT, then a clean stop (see :mod:`.daemon` for what stopping does), with the
+HTTP API (:mod:`.api`) in the same process when ``[api] enabled``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Sequence
 
 import anyio
+import anyio.abc
 from watchkeeper.store.backend import get_logger
 
 from .daemon import Daemon
@@ -54,6 +58,10 @@ async def run_daemon(
             stop.set()
             return
 
+    if settings.api.enabled:
+        # The web stack is imported now, before any trigger runs: imported once the daemon
+        # runs, it would hold the loop long enough to let short leases lapse.
+        importlib.import_module("watchkeeper.triggerer.api")
     error: Exception | None = None
     try:
         with anyio.open_signal_receiver(*signals) as received:
@@ -61,9 +69,15 @@ async def run_daemon(
                 tg.start_soon(on_signal, received)
                 try:
                     with starting:
-                        async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
+                        async with (
+                            Daemon(settings, reload_interval=reload_interval, tune_gc=True) as d,
+                            anyio.create_task_group() as api_tg,
+                        ):
+                            if settings.api.enabled:
+                                await _start_api(api_tg, d)
                             started.set()
                             await stop.wait()
+                            api_tg.cancel_scope.cancel()  # the API stops first, then the daemon
                 except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group
                     error = exc
                 finally:
@@ -73,6 +87,19 @@ async def run_daemon(
             timer.cancel()
     if error is not None:
         raise error
+
+
+async def _start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
+    """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
+    run without it (they matter more than the API)."""
+    from .api import ApiListenError, serve_api  # the web stack loads only when it serves
+
+    try:
+        await tg.start(
+            functools.partial(serve_api, daemon.backend, daemon.settings.api, daemon=daemon)
+        )
+    except ApiListenError as exc:
+        log.error("api_not_started", error=str(exc))
 
 
 SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE

@@ -10,11 +10,13 @@ A trigger keeps running here while all of these hold:
 - it is still loaded (wanted) with the same identity, assets and watcher names
   (:attr:`WatcherGroup.key <._loader.WatcherGroup.key>`);
 - its lease is held, with the fence token it was started with;
-- it is not to be restarted (it gave up and a reload retries it, or it stopped itself because
-  the store refused one of its writes as stale).
+- it is not to be restarted (it gave up and a reload or an operator retries it, or it
+  stopped itself because the store refused one of its writes as stale);
+- its watcher is not paused by an operator.
 
-Otherwise it is stopped; and a wanted trigger that does not run (any more) is started when
-its lease is held.
+Otherwise it is stopped (*paused*, when its lease is held and its watcher paused); and a
+wanted trigger that does not run (any more) is started when its lease is held and its
+watcher is not paused.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ class Claim:
 @dataclass(slots=True)
 class ReconcilePlan:
     """What to do: the triggers to stop (with whether to save their status row: not when
-    another daemon holds them now), then the triggers to start with their fence tokens."""
+    another daemon holds them now) or to pause (their row then says ``paused``), then the
+    triggers to start with their fence tokens."""
 
     stop: list[tuple[str, bool]] = field(default_factory=list)
+    pause: list[str] = field(default_factory=list)
     start: list[tuple[str, int | None]] = field(default_factory=list)
 
 
@@ -85,24 +89,31 @@ def plan_reconcile(
     wanted: Mapping[str, WatcherGroup],
     claim: Claim,
     restart: Collection[str] = frozenset(),
+    paused: Collection[str] = frozenset(),
 ) -> ReconcilePlan:
     """The stops and starts that bring ``running`` in line with ``wanted`` and ``claim``.
 
     ``restart`` names triggers to start afresh even when nothing else changed (failed ones
-    on a reload, and those that stopped on a refused write). Starts come in ``wanted``'s order.
+    on a reload, and those that stopped on a refused write); ``paused`` names the triggers
+    whose watcher an operator paused. Starts come in ``wanted``'s order.
     """
     plan = ReconcilePlan()
     for trigger_id, current in running.items():
         lease = claim.lease(trigger_id, running)
-        if not _keeps(current, wanted.get(trigger_id), lease, trigger_id in restart):
+        fresh = trigger_id in restart or trigger_id in paused
+        if _keeps(current, wanted.get(trigger_id), lease, fresh):
+            continue
+        if lease[0] and trigger_id in paused:
+            plan.pause.append(trigger_id)
+        else:
             plan.stop.append((trigger_id, lease[0]))
-    stopped = {trigger_id for trigger_id, _ in plan.stop}
+    stopped = {trigger_id for trigger_id, _ in plan.stop} | set(plan.pause)
     for trigger_id in wanted:
         if trigger_id in running and trigger_id not in stopped:
             continue
         if trigger_id not in claim.asked and claim.tokens is not None:
             continue  # not claimed: not ours to start
         held, token = claim.lease(trigger_id, running)
-        if held:
+        if held and trigger_id not in paused:
             plan.start.append((trigger_id, token))
     return plan

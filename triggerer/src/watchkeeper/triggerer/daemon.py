@@ -77,6 +77,7 @@ from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
 from ._supervisor import describe_error
+from ._watcher_controls import ControlsTracker
 from ._watcher_files import scan_watchers_path
 from .runner import RunnerConfig, TriggerRunner
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
@@ -158,6 +159,16 @@ class Daemon:
     def _running(self) -> dict[str, RunningTrigger]:
         return self._placement.running if self._placement is not None else {}
 
+    def lease_renewal_age(self) -> float | None:
+        """Seconds since the leases were last claimed or renewed (None before the first)."""
+        return self._placement.lease_renewal_age() if self._placement is not None else None
+
+    def unleased(self) -> list[str]:
+        """Triggers running here on a lease this daemon no longer holds (``/readyz`` reports
+        them until the next heartbeat stops them). Unfenced triggers (a backend without
+        leases) never count."""
+        return self.placement.unleased()
+
     @property
     def backend(self) -> BaseStateBackend:
         return _while_open(self._backend)
@@ -210,8 +221,15 @@ class Daemon:
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._runner.store_health.add_recovery_hook(self._renew_after_outage)
+            # Read before the first load, so a watcher paused before a restart stays paused.
+            controls = ControlsTracker(self._backend)
+            await controls.refresh()
             self._placement = TriggerPlacement(
-                self._runner, self._leases, self.settings.triggerer.capacity
+                self._runner,
+                self._leases,
+                self.settings.triggerer.capacity,
+                backend=self._backend,
+                controls=controls,
             )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             if self.tune_gc:
@@ -220,7 +238,7 @@ class Daemon:
                     report = await self.reload()
             else:
                 report = await self.reload()
-            await self._status.prune(self._running)
+            await self._status.prune(self._running, self.placement.wanted)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
@@ -456,7 +474,7 @@ class Daemon:
             try:
                 await self.collect_garbage()
                 if self._status is not None:
-                    await self._status.prune(self._running)
+                    await self._status.prune(self._running, self.placement.wanted)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=describe_error(exc))

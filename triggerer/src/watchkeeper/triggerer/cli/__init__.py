@@ -28,7 +28,7 @@ from watchkeeper.store.settings import (
 
 from .._logging import configure_logging
 from ..settings import LOG_LEVELS, Settings, load_settings
-from . import _config, _runtime, _store
+from . import _api, _config, _runtime, _store, _watchers
 from ._common import (
     PROG,
     CommandError,
@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _store.register(subparsers)
     _runtime.register(subparsers)
     _config.register(subparsers)
+    _watchers.register(subparsers)
+    _api.register(subparsers)
     return parser
 
 
