@@ -16,6 +16,8 @@ import structlog
 from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
+from tests.support.postgres import PgDatabase, fresh_pg_database
+
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -98,6 +100,14 @@ async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
     """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
     async with _fresh_schema(pg_dsn) as schema:
         yield schema
+
+
+@pytest.fixture
+async def pg_database(pg_dsn: str) -> AsyncIterator[PgDatabase]:
+    """A fresh, empty PostgreSQL database for one test (its name and DSN), dropped afterwards:
+    for tests that need a whole database (daemons in processes, an outage), not a schema."""
+    async with fresh_pg_database(pg_dsn) as database:
+        yield database
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ PACKAGES = [
     "watchkeeper.store",
     "watchkeeper.store.backend",
     "watchkeeper.triggerer",
+    "watchkeeper.triggerer.cli",
+    "watchkeeper.triggerer.daemon",
+    "watchkeeper.triggerer.testing",
     "watchkeeper.watchers",
 ]
 SOURCES = Path(__file__).resolve().parents[1]
@@ -115,3 +118,32 @@ class TestAllAttributes:
         assert runtime & set(store.__all__) == set()
         assert runtime <= set(backend.__all__)
         assert {"Asset", "TaskScope", "run_task", "open_state_backend"} <= set(store.__all__)
+
+    def test_triggerer_exports_no_loader_internals(self) -> None:
+        """watchkeeper.triggerer exports the authoring, runtime and daemon API, not the loader's
+        records and functions (they stay importable from the private modules)."""
+        module = _load("watchkeeper.triggerer")
+        internals = {"LoadResult", "WatcherError", "WatcherGroup", "load_watchers"}
+        assert internals & set(module.__all__) == set()
+        assert not any(hasattr(module, name) for name in internals)
+
+    def test_cli_exposes_main_and_build_parser(self) -> None:
+        """The ``watchkeeper`` entry point's module exports ``main`` and ``build_parser``."""
+        module = _load("watchkeeper.triggerer.cli")
+        assert module.__all__ == ["build_parser", "main"]
+        assert callable(module.main) and callable(module.build_parser)
+
+    def test_triggerer_imports_no_watchers(self) -> None:
+        """watchkeeper.triggerer and its CLI do not import the watchers (one-way imports)."""
+        import subprocess
+        import sys
+
+        code = (
+            "import sys, watchkeeper.triggerer, watchkeeper.triggerer.cli, "
+            "watchkeeper.triggerer.testing\n"
+            "print(','.join(m for m in sys.modules if m.startswith('watchkeeper.watchers')))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        )
+        assert result.stdout.strip() == ""

@@ -29,8 +29,10 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from _chaos import daemon_command
 from anyio.abc import Process
+
+from tests.chaos._chaos import daemon_command
+from tests.support.daemons import reap
 
 POLL = 0.05
 """Seconds between two looks at the daemon's progress."""
@@ -228,11 +230,7 @@ class BrokerChaos:
                     await process.wait()
                 self.kills += 1
         finally:
-            if process.returncode is None:
-                process.kill()
-                with anyio.move_on_after(10, shield=True):
-                    await process.wait()
-            await process.aclose()
+            await reap(process)
 
     async def run(self) -> BrokerResult:
         """Run the whole plan while the messages are published; return what was committed."""

@@ -38,6 +38,8 @@ from watchkeeper.store import AssetEvent, AssetScope
 from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer.testing import FakeEventSource
 
+from tests.support.daemons import reap
+
 PATTERNS = ("state", "dedup", "airflow")
 """Watcher patterns: state= watermark, dedup_key on a redelivering queue, Airflow's aset+yield."""
 
@@ -386,11 +388,7 @@ class ChaosRun:
                 return False
             return await self._drain(process, backend)
         finally:
-            if process.returncode is None:
-                process.kill()
-                with anyio.move_on_after(10, shield=True):
-                    await process.wait()
-            await process.aclose()
+            await reap(process)
 
     def _source_path(self, pattern: str) -> Path:
         return self.work / f"source-{pattern}.db"
@@ -449,14 +447,6 @@ class ChaosRun:
             redelivered=redelivered,
             redelivered_after_commit=after_commit,
         )
-
-
-def pg_database_dsn(dsn: str, database: str) -> str:
-    """``dsn`` with its database replaced by ``database``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def iter_lines(results: dict[str, PatternResult]) -> Iterator[str]:

@@ -23,7 +23,8 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from _broker_chaos import BrokerChaos, BrokerPlan, BrokerResult, Publish
+
+from tests.chaos._broker_chaos import BrokerChaos, BrokerPlan, BrokerResult, Publish
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -13,19 +13,19 @@ through watchkeeper's API.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from _chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw, pg_database_dsn
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.backend import MetastoreBackend
+
+from tests.chaos._chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw
+from tests.support.postgres import fresh_pg_database
 
 # The module's fixture runs the whole chaos (both backends, concurrently) inside the first
 # test's timeout: a couple of minutes on an idle two-core machine, more when it is loaded.
@@ -36,28 +36,6 @@ PLAN = ChaosPlan(items=10_000, kills=20, pauses=4, seed=SEED)
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 Outcome = dict[str, PatternResult] | BaseException
-
-
-@contextlib.asynccontextmanager
-async def fresh_database(dsn: str) -> AsyncIterator[str]:
-    """A new, empty PostgreSQL database on the test server (its DSN), dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_chaos_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield pg_database_dsn(dsn, name)
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
@@ -71,7 +49,7 @@ async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
 
 
 async def _run_postgres(work: Path, dsn: str) -> dict[str, PatternResult]:
-    async with fresh_database(dsn) as database:
+    async with fresh_pg_database(dsn, prefix="wk_chaos") as (_, database):
 
         def open_backend() -> MetastoreBackend:
             return PostgresStateBackend(database)

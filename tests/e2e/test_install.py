@@ -19,17 +19,18 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 import pytest
+
+from tests.support.daemons import reap
+from tests.support.postgres import fresh_pg_database
 
 # Building and installing take a while on a loaded machine, and the first test pays for it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -200,28 +201,6 @@ async def _http_feed(items: list[dict[str, Any]]) -> AsyncIterator[str]:
         tg.cancel_scope.cancel()
 
 
-@contextlib.asynccontextmanager
-async def _fresh_pg_database(dsn: str) -> AsyncIterator[str]:
-    """A new, empty database on the test server (its DSN), dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_install_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """A database the daemon in the venv writes to: a SQLite file, or a fresh PG database."""
@@ -229,7 +208,7 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
         yield f"sqlite:///{tmp_path / 'state.db'}"
         return
     dsn: str = request.getfixturevalue("pg_dsn")
-    async with _fresh_pg_database(dsn) as url:
+    async with fresh_pg_database(dsn, prefix="wk_install") as (_, url):
         yield url
 
 
@@ -303,11 +282,7 @@ class TestInstalledWheels:
                     await process.wait()
                 assert process.returncode == 0, await _tail(log_path)
             finally:
-                if process.returncode is None:
-                    process.kill()
-                    with anyio.move_on_after(10, shield=True):
-                        await process.wait()
-                await process.aclose()
+                await reap(process)
         assert [(e["asset"], e["payload"]) for e in events] == [("feed", item) for item in ITEMS]
         get = installed.watchkeeper("state-store", "get", "--asset", "feed", "watermark", "--json")
         with anyio.fail_after(60):

@@ -29,21 +29,6 @@ ALL_SCOPES: tuple[StateScope, ...] = (
 SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
 
 
-def same(a: object, b: object) -> bool:
-    """Equal and of the same JSON types all the way down (1 is not 1.0, -0.0 is not 0.0)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, float):
-        return repr(a) == repr(b)
-    return a == b
-
-
 async def snapshot(store: MetastoreBackend) -> tuple[object, ...]:
     """Every scope's entries and the event log: what a rejected call must leave unchanged."""
     return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from _contract import ALL_SCOPES, INVOICES, ORDERS, TASK
 from watchkeeper.store.backend import MetastoreBackend
+
+from tests.store._contract import ALL_SCOPES, INVOICES, ORDERS, TASK
 
 
 @pytest.fixture

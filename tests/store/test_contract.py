@@ -15,7 +15,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from _contract import (
+from watchkeeper.store import NEVER_EXPIRE, Asset, StateScope
+from watchkeeper.store.backend import MetastoreBackend, encode_value
+
+from tests.store._contract import (
     ALL_SCOPES,
     INVOICES_SCOPE,
     ORDERS_SCOPE,
@@ -26,11 +29,9 @@ from _contract import (
     TASK_MAP_0,
     TASK_MAP_1,
     assert_rejected,
-    same,
     snapshot,
 )
-from watchkeeper.store import NEVER_EXPIRE, Asset, StateScope
-from watchkeeper.store.backend import MetastoreBackend, encode_value
+from tests.support.values import same
 
 LIMIT = 65536
 

@@ -14,7 +14,6 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from _contract import INVOICES_SCOPE, ORDERS_SCOPE, assert_rejected, snapshot
 from watchkeeper.store import (
     AssetNotFoundError,
     LeaseLostError,
@@ -31,6 +30,8 @@ from watchkeeper.store.backend import (
     encode_json,
     encode_value,
 )
+
+from tests.store._contract import INVOICES_SCOPE, ORDERS_SCOPE, assert_rejected, snapshot
 
 WATCHER = Writer("watcher", "orders_watch")
 Event = tuple[object, str | None]

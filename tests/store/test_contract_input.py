@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from _contract import ORDERS_SCOPE, SCOPES, TASK, assert_rejected, snapshot
 from watchkeeper.store import (
     MAX_BIGINT,
     MAX_MAP_INDEX,
@@ -33,6 +32,8 @@ from watchkeeper.store import (
     VersionConflictError,
 )
 from watchkeeper.store.backend import EventCommit, MetastoreBackend, encode_json
+
+from tests.store._contract import ORDERS_SCOPE, SCOPES, TASK, assert_rejected, snapshot
 
 # Names that break the rule, with what the message says about each.
 BAD_NAMES: dict[str, tuple[str, str]] = {

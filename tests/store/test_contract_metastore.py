@@ -12,15 +12,6 @@ from typing import Any
 
 import anyio
 import pytest
-from _contract import (
-    INVOICES_SCOPE,
-    ORDERS,
-    ORDERS_SCOPE,
-    OTHER_RUN,
-    TASK,
-    TASK_MAP_0,
-    snapshot,
-)
 from watchkeeper.store import NEVER_EXPIRE, Asset, AssetNotFoundError, StateStoreError
 from watchkeeper.store.backend import (
     DaemonStatus,
@@ -31,6 +22,16 @@ from watchkeeper.store.backend import (
     Writer,
     encode_json,
     encode_value,
+)
+
+from tests.store._contract import (
+    INVOICES_SCOPE,
+    ORDERS,
+    ORDERS_SCOPE,
+    OTHER_RUN,
+    TASK,
+    TASK_MAP_0,
+    snapshot,
 )
 
 WATCHER = Writer("watcher", "orders_watch")

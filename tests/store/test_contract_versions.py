@@ -14,13 +14,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from _contract import (
-    INVOICES_SCOPE,
-    ORDERS_SCOPE,
-    SCOPES,
-    TASK,
-    assert_rejected,
-)
 from watchkeeper.store import (
     Asset,
     AssetNotFoundError,
@@ -29,6 +22,14 @@ from watchkeeper.store import (
     VersionConflictError,
 )
 from watchkeeper.store.backend import EventCommit, MetastoreBackend, Writer
+
+from tests.store._contract import (
+    INVOICES_SCOPE,
+    ORDERS_SCOPE,
+    SCOPES,
+    TASK,
+    assert_rejected,
+)
 
 
 class TestVersionsAndEntries:

@@ -31,6 +31,8 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import EventCommit, MetastoreBackend
 
+from tests.support.values import same
+
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS_SCOPE = AssetScope(name="orders")
 SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
@@ -167,21 +169,6 @@ def is_valid_name(name: str, max_bytes: int) -> bool:
     except UnicodeEncodeError:
         return False
     return 0 < size <= max_bytes and not any(c < " " or c == "\x7f" for c in name)
-
-
-def same(a: object, b: object) -> bool:
-    """Equal and of the same JSON types all the way down (1 is not 1.0, -0.0 is not 0.0)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, float):
-        return repr(a) == repr(b)
-    return a == b
 
 
 @pytest.fixture

@@ -19,23 +19,21 @@ from typing import Any
 
 import anyio
 import pytest
-import test_daemon as td
 from pydantic import SecretStr
-from test_daemon import append_lines, asset_file, wait_until
 from watchkeeper.store import SqliteStateBackend
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.daemon import Daemon
 from watchkeeper.triggerer.settings import ApiSettings
+
+from tests.support.daemons import append_lines, asset_file, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT_MS = 15_000
-
-watchers = td.watchers
 
 
 @pytest.fixture

@@ -11,10 +11,11 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from test_daemon import wait_until, watchkeeper_command
 from watchkeeper.store import SqliteStateBackend
 from watchkeeper.triggerer import cli
 from watchkeeper.triggerer.api import verify_token
+
+from tests.support.daemons import wait_until, watchkeeper_command
 
 
 class TestTokensCommand:

@@ -15,20 +15,15 @@ from typing import IO
 import anyio
 import httpx
 import pytest
-import test_daemon as td
-from _runtime_support import FAST, Scripted, spec
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from test_daemon import append_lines, asset_file, wait_until, watchkeeper_command
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import TriggerStatus
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 
-watchers = td.watchers
-env = td.env
-db_path = td.db_path
-log_file = td.log_file
+from tests.support.daemons import append_lines, asset_file, wait_until, watchkeeper_command
+from tests.support.runtime import FAST, Scripted, spec
 
 ORDERS, BILLS = Asset("orders"), Asset("bills")
 
@@ -157,7 +152,7 @@ class TestInDaemon:
         counts them."""
         from watchkeeper.store import MemoryStateBackend
         from watchkeeper.triggerer import Settings, TriggererSettings
-        from watchkeeper.triggerer._loader import unload_watchers
+        from watchkeeper.triggerer._watcher_files import unload_watchers
         from watchkeeper.triggerer.api import api_context, serve_app
         from watchkeeper.triggerer.daemon import Daemon
         from watchkeeper.triggerer.settings import ApiSettings

@@ -5,21 +5,16 @@ from __future__ import annotations
 import functools
 import json
 import operator
-import os
 import signal
-import subprocess
-import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
 import pytest
-from _runtime_support import watch_logs
 from pydantic import SecretStr
 from watchkeeper.store import (
     Asset,
@@ -32,159 +27,23 @@ from watchkeeper.store import (
 from watchkeeper.store.backend import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._cli_runtime import status_report
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.cli._runtime import status_report
 from watchkeeper.triggerer.daemon import Daemon
 
-STOP_GRACE = 5.0
-WAIT = 20.0  # bound of every wait on the daemon (a loaded CI machine starts Python slowly)
-
-LINES_WATCHER = '''
-"""A test watcher: emits each line of a text file once, with the line number as watermark."""
-
-import anyio
-
-from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
-
-
-class LinesWatcher(BaseEventTrigger):
-    def __init__(self, path, poll=0.05):
-        super().__init__()
-        self.path = path
-        self.poll = poll
-
-    def serialize(self):
-        return (self.classpath(), {"path": self.path, "poll": self.poll})
-
-    async def run(self):
-        n = await self.asset_state_store.aget("watermark", default=0)
-        source = anyio.Path(self.path)
-        while True:
-            lines = (await source.read_text()).splitlines() if await source.exists() else []
-            for line in lines[n:]:
-                n += 1
-                yield TriggerEvent({"n": n, "line": line}, state={"watermark": n})
-            await anyio.sleep(self.poll)
-'''
-
-
-def asset_file(asset: str, source: Path) -> str:
-    return textwrap.dedent(
-        f"""
-        from watchkeeper.triggerer import Asset, AssetWatcher
-        from lines import LinesWatcher
-
-        {asset} = Asset("{asset}", watchers=[AssetWatcher("{asset}_feed", LinesWatcher({str(source)!r}))])
-        """
-    )
-
-
-def append_lines(path: Path, start: int, stop: int) -> None:
-    with path.open("a") as f:
-        f.writelines(f"line {i}\n" for i in range(start, stop + 1))
-
-
-def watchkeeper_command(*args: str) -> list[str]:
-    """``watchkeeper ARGS``: the installed script, or the same code through this interpreter."""
-    script = Path(sys.executable).with_name("watchkeeper")
-    if script.is_file():
-        return [str(script), *args]
-    return [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()", *args]
-
-
-@pytest.fixture
-def watchers(tmp_path: Path) -> Path:
-    directory = tmp_path / "watchers"
-    directory.mkdir()
-    (directory / "lines.py").write_text(LINES_WATCHER)
-    return directory
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state.db"
-
-
-@pytest.fixture
-def env(db_path: Path) -> dict[str, str]:
-    """The daemon's environment: this test's database, fast heartbeats and GC, JSON logs."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
-    clean.update(
-        WATCHKEEPER__DATABASE__URL=f"sqlite:///{db_path}",
-        WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL="0.2",
-        WATCHKEEPER__TRIGGERER__STOP_GRACE=str(STOP_GRACE),
-        WATCHKEEPER__TRIGGERER__GC_INTERVAL="0.5",
-        WATCHKEEPER__LOGGING__FORMAT="json",
-    )
-    return clean
-
-
-@pytest.fixture
-def log_file(tmp_path: Path) -> Iterator[IO[bytes]]:
-    with (tmp_path / "daemon.log").open("ab") as f:
-        yield f
-
-
-def log_events(tmp_path: Path) -> list[dict[str, Any]]:
-    events = []
-    for line in (tmp_path / "daemon.log").read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:  # a traceback line, or a line still being written
-            continue
-    return [e for e in events if isinstance(e, dict)]
-
-
-@asynccontextmanager
-async def daemon(
-    tmp_path: Path, watchers: Path, env: dict[str, str], log_file: IO[bytes]
-) -> AsyncIterator[anyio.abc.Process]:
-    """A running ``watchkeeper triggerer`` child; killed at exit if the test left it running."""
-    process = await anyio.open_process(
-        watchkeeper_command(
-            "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.2"
-        ),
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=log_file,
-        cwd=tmp_path,
-        env=env,
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with anyio.move_on_after(10, shield=True):
-            await process.wait()
-        await process.aclose()
-
-
-async def terminate(process: anyio.abc.Process) -> int:
-    """SIGTERM the daemon and return its exit status; it must exit within the grace period."""
-    process.send_signal(signal.SIGTERM)
-    with anyio.fail_after(STOP_GRACE + 5):
-        return await process.wait()
-
-
-async def wait_until(
-    check: Callable[[], Any], what: str, process: anyio.abc.Process | None = None
-) -> None:
-    """Poll ``check`` (sync or async) until truthy; fail after WAIT or if the daemon died."""
-    with anyio.fail_after(WAIT):
-        while True:
-            result = check()
-            if hasattr(result, "__await__"):
-                result = await result
-            if result:
-                return
-            if process is not None and process.returncode is not None:
-                pytest.fail(f"the daemon exited ({process.returncode}) while waiting for {what}")
-            await anyio.sleep(0.05)
-
-
-async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:
-    return [int(e.payload["n"]) for e in await backend.alist_events(asset=asset)]
+from tests.support.daemons import (
+    FAILING_WATCHER,
+    WAIT,
+    append_lines,
+    asset_file,
+    daemon,
+    log_events,
+    payloads,
+    terminate,
+    wait_until,
+    watchkeeper_command,
+)
+from tests.support.runtime import watch_logs
 
 
 @pytest.mark.slow
@@ -456,23 +315,6 @@ class TestDaemonGarbageCollection:
             assert done["events"] == 2
             remaining = [(e.payload, e.dedup_key) for e in await backend.alist_events()]
             assert remaining == [(2, "kept"), (0, None)]
-
-
-FAILING_WATCHER = """
-from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger
-
-
-class Failing(BaseEventTrigger):
-    def serialize(self):
-        return (self.classpath(), {})
-
-    async def run(self):
-        raise RuntimeError("source is down")
-        yield
-
-
-broken = Asset("broken", watchers=[AssetWatcher("broken_feed", Failing())])
-"""
 
 
 TWO_NAMES = """

@@ -20,27 +20,22 @@ from typing import IO, Any
 import anyio
 import anyio.abc
 import pytest
-from test_daemon import (
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.triggerer.cli._runtime import status_report
+
+from tests.support.daemons import (
     WAIT,
     append_lines,
     asset_file,
     daemon,
-    db_path,
-    env,
     log_events,
-    log_file,
     payloads,
     terminate,
     wait_until,
-    watchers,
     watchkeeper_command,
 )
-from test_lease_daemons import fresh_database
-from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
-from watchkeeper.triggerer._cli_runtime import status_report
-
-__all__ = ["db_path", "env", "log_file", "watchers"]  # fixtures shared with test_daemon
+from tests.support.postgres import fresh_pg_database
 
 pytestmark = pytest.mark.slow
 
@@ -203,7 +198,7 @@ async def database(
             yield f"sqlite:///{path}", backend
         return
     async with (
-        fresh_database(request.getfixturevalue("pg_dsn")) as dsn,
+        fresh_pg_database(request.getfixturevalue("pg_dsn"), prefix="wk_names") as (_, dsn),
         PostgresStateBackend(dsn) as backend,
     ):
         yield dsn, backend

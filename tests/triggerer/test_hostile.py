@@ -16,10 +16,11 @@ from typing import Any
 
 import anyio
 import pytest
-from _runtime_support import LogWatch, Ticker, fast, spec, watch_logs
 from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
 from watchkeeper.store.backend import MetastoreBackend, TriggerStatus
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent, TriggerRunner, WatchSpec
+
+from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
 
 HOSTILE = Asset("hostile")
 HEALTHY = Asset("healthy")

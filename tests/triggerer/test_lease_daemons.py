@@ -14,18 +14,22 @@ import json
 import os
 import signal
 import subprocess
-import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import pytest
-from test_daemon import LINES_WATCHER, append_lines, asset_file, watchkeeper_command
 from watchkeeper.store import AssetScope, PostgresStateBackend
+
+from tests.support.daemons import (
+    LINES_WATCHER,
+    append_lines,
+    asset_file,
+    wait_until,
+    watchkeeper_command,
+)
+from tests.support.postgres import PgDatabase
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -33,28 +37,6 @@ ASSETS = ("alpha", "beta", "gamma")
 HEARTBEAT = 0.25
 LEASE_TTL = 1.0
 WAIT = 20.0  # bound of every wait (a loaded machine starts Python slowly)
-
-
-@asynccontextmanager
-async def fresh_database(dsn: str) -> AsyncIterator[str]:
-    """A new, empty database on the test server (its DSN), dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_lease_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 class Node:
@@ -77,26 +59,17 @@ class Node:
                 found.append(entry)
         return found
 
-
-async def wait_until(check: Callable[[], Any], what: str, *alive: Node) -> None:
-    """Poll ``check`` (sync or async) until truthy; fail after WAIT or if a node died."""
-    with anyio.fail_after(WAIT):
-        while True:
-            result = check()
-            if hasattr(result, "__await__"):
-                result = await result
-            if result:
-                return
-            for node in alive:
-                if node.process.returncode is not None:
-                    tail = node.log_path.read_text(errors="replace")[-3000:]
-                    pytest.fail(f"daemon {node.name} exited while waiting for {what}:\n{tail}")
-            await anyio.sleep(0.05)
+    def exit_note(self) -> str | None:
+        """Why waiting for this daemon failed (it exited, with its log's tail), or None."""
+        if self.process.returncode is None:
+            return None
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        return f"daemon {self.name} exited:\n{tail}\n"
 
 
 class TestTwoDaemons:
     async def test_each_watcher_runs_on_one_daemon_and_moves_without_gap_or_duplicate(
-        self, tmp_path: Path, pg_dsn: str
+        self, tmp_path: Path, pg_database: PgDatabase
     ) -> None:
         """Leases keep each watcher on one daemon; pause and SIGKILL move them; the events
         of every asset are exactly 1..9 and a resumed zombie writes nothing."""
@@ -108,111 +81,109 @@ class TestTwoDaemons:
             (watchers / f"{name}.py").write_text(asset_file(name, source))
             append_lines(source, 1, 3)
 
-        async with fresh_database(pg_dsn) as database:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
-            env.update(
-                WATCHKEEPER__DATABASE__URL=database,
-                WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL=str(HEARTBEAT),
-                WATCHKEEPER__TRIGGERER__LEASE_TTL=str(LEASE_TTL),
-                WATCHKEEPER__TRIGGERER__GC_INTERVAL="0",
-                WATCHKEEPER__TRIGGERER__STOP_GRACE="2",
-                WATCHKEEPER__LOGGING__FORMAT="json",
-            )
-            nodes: list[Node] = []
+        database = pg_database.dsn
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+        env.update(
+            WATCHKEEPER__DATABASE__URL=database,
+            WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL=str(HEARTBEAT),
+            WATCHKEEPER__TRIGGERER__LEASE_TTL=str(LEASE_TTL),
+            WATCHKEEPER__TRIGGERER__GC_INTERVAL="0",
+            WATCHKEEPER__TRIGGERER__STOP_GRACE="2",
+            WATCHKEEPER__LOGGING__FORMAT="json",
+        )
+        nodes: list[Node] = []
 
-            async def start(name: str) -> Node:
-                log_path = tmp_path / f"{name}.log"
-                with log_path.open("ab") as log:
-                    process = await anyio.open_process(
-                        watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=log,
-                        cwd=tmp_path,
-                        env=env,
-                    )
-                node = Node(name, process, log_path)
-                nodes.append(node)
-                await wait_until(lambda: node.events("daemon_started"), f"{name} to start", node)
-                node.owner = node.events("daemon_started")[0]["owner"]
-                return node
+        async def start(name: str) -> Node:
+            log_path = tmp_path / f"{name}.log"
+            with log_path.open("ab") as log:
+                process = await anyio.open_process(
+                    watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd=tmp_path,
+                    env=env,
+                )
+            node = Node(name, process, log_path)
+            nodes.append(node)
+            await wait_until(lambda: node.events("daemon_started"), f"{name} to start", node)
+            node.owner = node.events("daemon_started")[0]["owner"]
+            return node
 
-            try:
-                async with PostgresStateBackend(database) as db:
+        try:
+            async with PostgresStateBackend(database) as db:
 
-                    async def holders() -> dict[str | None, list[int]]:
-                        """Lease tokens by owner."""
-                        found: dict[str | None, list[int]] = {}
-                        for lease in await db.alist_leases():
-                            found.setdefault(lease.owner, []).append(lease.token)
-                        return found
+                async def holders() -> dict[str | None, list[int]]:
+                    """Lease tokens by owner."""
+                    found: dict[str | None, list[int]] = {}
+                    for lease in await db.alist_leases():
+                        found.setdefault(lease.owner, []).append(lease.token)
+                    return found
 
-                    async def committed(count: int) -> bool:
-                        events = await db.alist_events()
-                        return all(
-                            len([e for e in events if e.asset == a]) >= count for a in ASSETS
-                        )
+                async def committed(count: int) -> bool:
+                    events = await db.alist_events()
+                    return all(len([e for e in events if e.asset == a]) >= count for a in ASSETS)
 
-                    # 1. The first daemon takes every lease; the second one runs nothing.
-                    a = await start("a")
-                    await wait_until(lambda: committed(3), "a's first events", a)
-                    assert await holders() == {a.owner: [1, 1, 1]}
-                    b = await start("b")
-                    assert b.events("daemon_started")[0]["triggers"] == 0
-                    assert await holders() == {a.owner: [1, 1, 1]}
-                    assert b.events("trigger_started") == []
+                # 1. The first daemon takes every lease; the second one runs nothing.
+                a = await start("a")
+                await wait_until(lambda: committed(3), "a's first events", a)
+                assert await holders() == {a.owner: [1, 1, 1]}
+                b = await start("b")
+                assert b.events("daemon_started")[0]["triggers"] == 0
+                assert await holders() == {a.owner: [1, 1, 1]}
+                assert b.events("trigger_started") == []
 
-                    # 2. a is paused past the lease's ttl: b takes every watcher over.
-                    a.process.send_signal(signal.SIGSTOP)
-                    for source in sources.values():
-                        append_lines(source, 4, 6)
+                # 2. a is paused past the lease's ttl: b takes every watcher over.
+                a.process.send_signal(signal.SIGSTOP)
+                for source in sources.values():
+                    append_lines(source, 4, 6)
 
-                    async def b_holds() -> bool:
-                        return await holders() == {b.owner: [2, 2, 2]}
+                async def b_holds() -> bool:
+                    return await holders() == {b.owner: [2, 2, 2]}
 
-                    await wait_until(b_holds, "b to take the leases", b)
-                    await wait_until(lambda: committed(6), "b's events", b)
-                    assert len(b.events("trigger_started")) == 3
+                await wait_until(b_holds, "b to take the leases", b)
+                await wait_until(lambda: committed(6), "b's events", b)
+                assert len(b.events("trigger_started")) == 3
 
-                    # 3. a resumes as a zombie: it writes nothing and stops its watchers.
-                    a.process.send_signal(signal.SIGCONT)
+                # 3. a resumes as a zombie: it writes nothing and stops its watchers.
+                a.process.send_signal(signal.SIGCONT)
 
-                    def a_let_go() -> bool:
-                        moved = {e["trigger_id"] for e in a.events("lease_moved")}
-                        lost = {e["trigger_id"] for e in a.events("lease_lost")}
-                        return len(moved | lost) == 3 and bool(a.events("leases_changed"))
+                def a_let_go() -> bool:
+                    moved = {e["trigger_id"] for e in a.events("lease_moved")}
+                    lost = {e["trigger_id"] for e in a.events("lease_lost")}
+                    return len(moved | lost) == 3 and bool(a.events("leases_changed"))
 
-                    await wait_until(a_let_go, "a to stop its watchers", a, b)
-                    assert await holders() == {b.owner: [2, 2, 2]}
+                await wait_until(a_let_go, "a to stop its watchers", a, b)
+                assert await holders() == {b.owner: [2, 2, 2]}
 
-                    # 4. b is SIGKILLed: a takes the watchers back once b's leases expire.
-                    b.process.kill()
-                    with anyio.fail_after(WAIT):
-                        assert await b.process.wait() == -signal.SIGKILL
-                    for source in sources.values():
-                        append_lines(source, 7, 9)
+                # 4. b is SIGKILLed: a takes the watchers back once b's leases expire.
+                b.process.kill()
+                with anyio.fail_after(WAIT):
+                    assert await b.process.wait() == -signal.SIGKILL
+                for source in sources.values():
+                    append_lines(source, 7, 9)
 
-                    async def a_holds() -> bool:
-                        return await holders() == {a.owner: [3, 3, 3]}
+                async def a_holds() -> bool:
+                    return await holders() == {a.owner: [3, 3, 3]}
 
-                    await wait_until(a_holds, "a to take the leases back", a)
-                    await wait_until(lambda: committed(9), "the last events", a)
+                await wait_until(a_holds, "a to take the leases back", a)
+                await wait_until(lambda: committed(9), "the last events", a)
 
-                    # 5. A clean exit releases every lease.
-                    a.process.send_signal(signal.SIGTERM)
-                    with anyio.fail_after(WAIT):
-                        assert await a.process.wait() == 0
-                    assert await holders() == {None: [3, 3, 3]}
+                # 5. A clean exit releases every lease.
+                a.process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(WAIT):
+                    assert await a.process.wait() == 0
+                assert await holders() == {None: [3, 3, 3]}
 
-                    for name in ASSETS:
-                        events = await db.alist_events(asset=name)
-                        assert [e.payload["n"] for e in events] == list(range(1, 10)), name
-                        assert await db.aget(AssetScope(name=name), "watermark") == 9
-            finally:
-                for node in nodes:
-                    if node.process.returncode is None:
-                        node.process.send_signal(signal.SIGCONT)
-                        node.process.kill()
-                    with anyio.move_on_after(10, shield=True):
-                        await node.process.wait()
-                    await node.process.aclose()
+                for name in ASSETS:
+                    events = await db.alist_events(asset=name)
+                    assert [e.payload["n"] for e in events] == list(range(1, 10)), name
+                    assert await db.aget(AssetScope(name=name), "watermark") == 9
+        finally:
+            for node in nodes:
+                if node.process.returncode is None:
+                    node.process.send_signal(signal.SIGCONT)
+                    node.process.kill()
+                with anyio.move_on_after(10, shield=True):
+                    await node.process.wait()
+                await node.process.aclose()

@@ -18,8 +18,6 @@ from typing import Any
 
 import anyio
 import pytest
-from _runtime_support import fast, watch_logs
-from test_daemon import LINES_WATCHER, append_lines, asset_file
 from watchkeeper.store import (
     Asset,
     AssetScope,
@@ -38,7 +36,10 @@ from watchkeeper.triggerer import (
     WatchSpec,
 )
 from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
+
+from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
+from tests.support.runtime import fast, watch_logs
 
 ORDERS = Asset("orders")
 TTL = 7200.0  # above the daemons' heartbeat of 3600 s, which never fires in these tests

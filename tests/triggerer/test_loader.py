@@ -13,15 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 from watchkeeper.triggerer import BaseEventTrigger, TriggerImportError
 from watchkeeper.triggerer._evaluate import aload_watchers
-from watchkeeper.triggerer._loader import (
-    _LOAD_LOCK,
-    canonical_trigger_json,
-    load_watchers,
-    rebuild_trigger,
-    scan_watchers_path,
-    trigger_id_for,
-    unload_watchers,
-)
+from watchkeeper.triggerer._identity import canonical_trigger_json, rebuild_trigger, trigger_id_for
+from watchkeeper.triggerer._loader import load_watchers
+from watchkeeper.triggerer._watcher_files import MODULES, scan_watchers_path, unload_watchers
 
 TICKER = """
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
@@ -478,8 +472,8 @@ class TestIsolatedLoading:
             result = await aload_watchers(watchers, import_timeout=0.5)
             again = await aload_watchers(watchers, import_timeout=0.5, previous=result)
             # Let the abandoned import finish before the next test loads anything.
-            assert await anyio.to_thread.run_sync(_LOAD_LOCK.acquire, True, 40)
-            _LOAD_LOCK.release()
+            assert await anyio.to_thread.run_sync(MODULES.lock.acquire, True, 40)
+            MODULES.lock.release()
         errors = {(e.file, e.watcher): e.reason for e in result.errors}
         assert errors[("flaky.py", "flaky_feed")] == "import timed out after 0.5 s in the daemon"
         assert ("a.py", "orders_feed") not in errors

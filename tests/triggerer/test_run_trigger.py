@@ -8,11 +8,12 @@ from typing import Any
 import anyio
 import greenback
 import pytest
-from _runtime_support import Scripted
 from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import BaseEventTrigger, InvalidEventError, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
+
+from tests.support.runtime import Scripted
 
 ORDERS = Asset("orders")
 USERS = Asset("users")

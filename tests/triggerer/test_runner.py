@@ -11,7 +11,6 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from _runtime_support import FAST, Scripted, Ticker, fast, spec, watch_logs
 from watchkeeper.store import Asset, AssetEvent, MemoryStateBackend
 from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
 from watchkeeper.triggerer import (
@@ -23,6 +22,8 @@ from watchkeeper.triggerer import (
     WatchSpec,
 )
 from watchkeeper.triggerer._supervisor import backoff_delay
+
+from tests.support.runtime import FAST, Scripted, Ticker, fast, spec, watch_logs
 
 ORDERS = Asset("orders")
 USERS = Asset("users")

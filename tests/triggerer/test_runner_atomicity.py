@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 import pytest
-from _runtime_support import FAST, Scripted
 from watchkeeper.store import (
     Asset,
     AssetEvent,
@@ -35,6 +34,8 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import EventCommit, MetastoreBackend, Put, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
+
+from tests.support.runtime import FAST, Scripted
 
 ORDERS = Asset("orders")
 USERS = Asset("users")

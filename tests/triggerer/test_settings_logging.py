@@ -13,7 +13,6 @@ from typing import Any, Literal
 import anyio
 import pytest
 import structlog
-from _runtime_support import fast
 from pydantic import ValidationError
 from structlog.typing import EventDict, WrappedLogger
 from watchkeeper.store import Asset, ConfigFileNotFoundError, MemoryStateBackend, open_state_backend
@@ -26,6 +25,8 @@ from watchkeeper.triggerer import (
     configure_logging,
     load_settings,
 )
+
+from tests.support.runtime import fast
 
 
 @pytest.fixture(autouse=True)

@@ -13,19 +13,14 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.to_thread
 import pytest
-from _runtime_support import LogWatch, Ticker, fast, spec, watch_logs
 from pydantic import SecretStr
-from test_daemon import daemon, log_events
 from watchkeeper.store import (
     Asset,
     AssetScope,
@@ -44,8 +39,12 @@ from watchkeeper.triggerer import (
     TriggerRunner,
 )
 from watchkeeper.triggerer._health import store_unavailable
-from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+
+from tests.support.daemons import daemon, log_events
+from tests.support.postgres import PgDatabase
+from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
 
 WAIT = 30.0  # bound of every wait here (the machine is shared and PostgreSQL may be slow)
 QUIET = ("trigger_error", "trigger_failed", "trigger_backoff", "trigger_returned", "lease_lost")
@@ -86,29 +85,6 @@ class Paced(BaseEventTrigger):
 for i in range(6):
     globals()[f"feed{i}"] = Asset(f"feed{i}", watchers=[AssetWatcher(f"feed{i}_watch", Paced(f"feed{i}"))])
 '''
-
-
-@asynccontextmanager
-async def fresh_database(dsn: str) -> AsyncIterator[tuple[str, str]]:
-    """A new, empty database on the test server: its name and DSN; dropped afterwards."""
-    import asyncpg
-
-    name = f"wk_outage_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    try:
-        yield name, urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    finally:
-        with anyio.move_on_after(30, shield=True):
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await conn.close()
 
 
 async def block_connections(admin_dsn: str, name: str) -> None:
@@ -214,7 +190,7 @@ class TestPostgresOutage:
         unload_watchers()
 
     async def test_daemon_watchers_wait_out_a_blocked_database_and_resume(
-        self, tmp_path: Path, pg_dsn: str
+        self, tmp_path: Path, pg_dsn: str, pg_database: PgDatabase
     ) -> None:
         """Issue 7 item 2: six watchers of a daemon on a database whose connections are refused
         and terminated past the lease time wait without failing, resume by themselves once
@@ -223,66 +199,65 @@ class TestPostgresOutage:
         watchers = tmp_path / "watchers"
         watchers.mkdir()
         (watchers / "paced.py").write_text(PACED_WATCHERS)
-        async with fresh_database(pg_dsn) as (name, dsn):
-            settings = Settings(
-                database=DatabaseSettings(url=SecretStr(dsn)),
-                triggerer=TriggererSettings(
-                    watchers_path=watchers,
-                    heartbeat_interval=0.2,  # leases last 0.6 s: the outage outlives them
-                    gc_interval=0.5,
-                    stop_grace=2,
-                    backoff_initial=0.05,
-                    backoff_max=0.2,
-                    max_failures=2,  # a watcher blamed for the outage would fail at once
-                ),
-            )
-            with watch_logs() as logs:
-                async with Daemon(settings, reload_interval=0.2) as d:
-                    runner = d.runner
-                    assert len(d.groups) == 6
+        name, dsn = pg_database
+        settings = Settings(
+            database=DatabaseSettings(url=SecretStr(dsn)),
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                heartbeat_interval=0.2,  # leases last 0.6 s: the outage outlives them
+                gc_interval=0.5,
+                stop_grace=2,
+                backoff_initial=0.05,
+                backoff_max=0.2,
+                max_failures=2,  # a watcher blamed for the outage would fail at once
+            ),
+        )
+        with watch_logs() as logs:
+            async with Daemon(settings, reload_interval=0.2) as d:
+                runner = d.runner
+                assert len(d.groups) == 6
 
-                    def each_committed(n: int, since: dict[str, int] | None = None) -> bool:
-                        base = since or {}
-                        rows = runner.statuses()
-                        return len(rows) == 6 and all(
-                            s.events >= base.get(s.trigger_id, 0) + n for s in rows
-                        )
+                def each_committed(n: int, since: dict[str, int] | None = None) -> bool:
+                    base = since or {}
+                    rows = runner.statuses()
+                    return len(rows) == 6 and all(
+                        s.events >= base.get(s.trigger_id, 0) + n for s in rows
+                    )
 
-                    await poll(lambda: each_committed(3), "events before the outage")
-                    await block_connections(pg_dsn, name)
-                    with anyio.fail_after(WAIT):
-                        await logs.wait_for("store_unavailable")
-                    # Pings keep failing for 1.5 s and more: past the leases' 0.6 s.
-                    with anyio.fail_after(WAIT):
-                        await logs.wait_for("store_ping_failed", count=6)
+                await poll(lambda: each_committed(3), "events before the outage")
+                await block_connections(pg_dsn, name)
+                with anyio.fail_after(WAIT):
+                    await logs.wait_for("store_unavailable")
+                # Pings keep failing for 1.5 s and more: past the leases' 0.6 s.
+                with anyio.fail_after(WAIT):
+                    await logs.wait_for("store_ping_failed", count=6)
 
-                    def all_waiting() -> bool:
-                        return all(
-                            s.state == "backing_off"
-                            and (s.last_error or "").startswith("StoreUnavailableError")
-                            for s in runner.statuses()
-                        )
+                def all_waiting() -> bool:
+                    return all(
+                        s.state == "backing_off"
+                        and (s.last_error or "").startswith("StoreUnavailableError")
+                        for s in runner.statuses()
+                    )
 
-                    await poll(all_waiting, "every watcher waiting for the store")
-                    assert runner.store_health.available is False
-                    await allow_connections(pg_dsn, name)
-                    with anyio.fail_after(WAIT):
-                        await logs.wait_for("store_available")
-                    at_recovery = {s.trigger_id: s.events for s in runner.statuses()}
-                    await poll(lambda: each_committed(3, at_recovery), "every watcher resumed")
-                    statuses = runner.statuses()
-                    assert [s.state for s in statuses] == ["running"] * 6
-                    assert [s.failures for s in statuses] == [0] * 6
+                await poll(all_waiting, "every watcher waiting for the store")
+                assert runner.store_health.available is False
+                await allow_connections(pg_dsn, name)
+                with anyio.fail_after(WAIT):
+                    await logs.wait_for("store_available")
+                at_recovery = {s.trigger_id: s.events for s in runner.statuses()}
+                await poll(lambda: each_committed(3, at_recovery), "every watcher resumed")
+                statuses = runner.statuses()
+                assert [s.state for s in statuses] == ["running"] * 6
+                assert [s.failures for s in statuses] == [0] * 6
 
-                    async def saved_after_recovery() -> bool:
-                        rows = await require_status_table(d.backend).alist_trigger_status()
-                        return len(rows) == 6 and all(
-                            r.state == "running" and r.events > at_recovery[r.trigger_id]
-                            for r in rows
-                        )
+                async def saved_after_recovery() -> bool:
+                    rows = await require_status_table(d.backend).alist_trigger_status()
+                    return len(rows) == 6 and all(
+                        r.state == "running" and r.events > at_recovery[r.trigger_id] for r in rows
+                    )
 
-                    await poll(saved_after_recovery, "the statuses saved after the outage")
-            streams, marks, failures = await pg_streams(dsn)
+                await poll(saved_after_recovery, "the statuses saved after the outage")
+        streams, marks, failures = await pg_streams(dsn)
         assert_one_outage(logs)
         assert sorted(streams) == [f"feed{i}" for i in range(6)]
         for feed, stream in streams.items():
@@ -290,37 +265,39 @@ class TestPostgresOutage:
             assert marks[feed] == len(stream)
         assert set(failures.values()) == {0}
 
-    async def test_runner_resumes_after_a_read_only_database(self, pg_dsn: str) -> None:
+    async def test_runner_resumes_after_a_read_only_database(
+        self, pg_dsn: str, pg_database: PgDatabase
+    ) -> None:
         """A database that turned read-only (as a demoted primary does) is an outage too: the
         watchers wait, and resume once writes are accepted again."""
-        async with fresh_database(pg_dsn) as (name, dsn):
-            assets = [Asset(f"ro{i}") for i in range(3)]
-            tickers = [Ticker() for _ in assets]
-            config = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
-            with watch_logs() as logs:
-                async with (
-                    PostgresStateBackend(dsn, max_size=3) as backend,
-                    TriggerRunner(backend, config) as runner,
-                ):
-                    await backend.aregister_assets(assets)
-                    for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
-                        await runner.start_trigger(spec(f"ro{i}", ticker, asset))
-                    with anyio.fail_after(WAIT):
-                        for ticker in tickers:
-                            await ticker.reached(2).wait()
-                    await make_read_only(pg_dsn, name)
-                    with anyio.fail_after(WAIT):
-                        await logs.wait_for("store_ping_failed", count=2)
-                    unavailable = logs.named("store_unavailable")
-                    await make_writable(pg_dsn, name)
-                    with anyio.fail_after(WAIT):
-                        await logs.wait_for("store_available")
-                    counts = [t.count for t in tickers]
-                    with anyio.fail_after(WAIT):
-                        for ticker, count in zip(tickers, counts, strict=True):
-                            await ticker.reached(count + 2).wait()
-                    assert [s.failures for s in runner.statuses()] == [0, 0, 0]
-            streams, marks, _ = await pg_streams(dsn, "tick")
+        name, dsn = pg_database
+        assets = [Asset(f"ro{i}") for i in range(3)]
+        tickers = [Ticker() for _ in assets]
+        config = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
+        with watch_logs() as logs:
+            async with (
+                PostgresStateBackend(dsn, max_size=3) as backend,
+                TriggerRunner(backend, config) as runner,
+            ):
+                await backend.aregister_assets(assets)
+                for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
+                    await runner.start_trigger(spec(f"ro{i}", ticker, asset))
+                with anyio.fail_after(WAIT):
+                    for ticker in tickers:
+                        await ticker.reached(2).wait()
+                await make_read_only(pg_dsn, name)
+                with anyio.fail_after(WAIT):
+                    await logs.wait_for("store_ping_failed", count=2)
+                unavailable = logs.named("store_unavailable")
+                await make_writable(pg_dsn, name)
+                with anyio.fail_after(WAIT):
+                    await logs.wait_for("store_available")
+                counts = [t.count for t in tickers]
+                with anyio.fail_after(WAIT):
+                    for ticker, count in zip(tickers, counts, strict=True):
+                        await ticker.reached(count + 2).wait()
+                assert [s.failures for s in runner.statuses()] == [0, 0, 0]
+        streams, marks, _ = await pg_streams(dsn, "tick")
         assert "read-only" in unavailable[0]["error"]
         assert_one_outage(logs)
         for feed, stream in streams.items():
@@ -330,13 +307,13 @@ class TestPostgresOutage:
 
 class TestClassification:
     @pytest.mark.postgres
-    async def test_postgres_refusing_connections_is_store_unavailable(self, pg_dsn: str) -> None:
+    async def test_postgres_refusing_connections_is_store_unavailable(
+        self, pg_dsn: str, pg_database: PgDatabase
+    ) -> None:
         """Writes, reads and pings of a database that refuses connections raise
         StoreUnavailableError chained from the driver error (it was a plain StateStoreError)."""
-        async with (
-            fresh_database(pg_dsn) as (name, dsn),
-            PostgresStateBackend(dsn) as backend,
-        ):
+        name, dsn = pg_database
+        async with PostgresStateBackend(dsn) as backend:
             await backend.aregister_assets([Asset("a")])
             await block_connections(pg_dsn, name)
             scope = AssetScope(name="a")
@@ -356,15 +333,13 @@ class TestClassification:
 
     @pytest.mark.postgres
     async def test_postgres_read_only_is_store_unavailable_until_writable(
-        self, pg_dsn: str
+        self, pg_dsn: str, pg_database: PgDatabase
     ) -> None:
         """On a database that turned read-only, writes, lease claims and pings raise
         StoreUnavailableError; once it is writable again they work on the same open backend
         (the read-only connections were dropped and replaced)."""
-        async with (
-            fresh_database(pg_dsn) as (name, dsn),
-            PostgresStateBackend(dsn, max_size=2) as backend,
-        ):
+        name, dsn = pg_database
+        async with PostgresStateBackend(dsn, max_size=2) as backend:
             await backend.aregister_assets([Asset("a")])
             scope = AssetScope(name="a")
             await backend.aset(scope, "k", 1)

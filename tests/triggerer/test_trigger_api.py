@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import pytest
-from _runtime_support import FAST, GatedBackend, open_backend, spec
 from watchkeeper.store import Asset, AssetStateStoreAccessors, MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend, Writer
 from watchkeeper.triggerer import (
@@ -21,6 +20,8 @@ from watchkeeper.triggerer import (
     WatchSpec,
 )
 from watchkeeper.triggerer.testing import run_trigger
+
+from tests.support.runtime import FAST, GatedBackend, open_backend, spec
 
 ORDERS = Asset("orders", uri="s3://bucket/orders")
 USERS = Asset("users")

@@ -14,8 +14,13 @@ from typing import IO, Any
 
 import anyio
 import pytest
-import test_daemon as td
-from test_daemon import (
+from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import DaemonStatus, OperatorControls, TriggerStatus
+from watchkeeper.triggerer import Settings, TriggererSettings, cli
+from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon import Daemon
+
+from tests.support.daemons import (
     FAILING_WATCHER,
     append_lines,
     asset_file,
@@ -26,17 +31,6 @@ from test_daemon import (
     wait_until,
     watchkeeper_command,
 )
-from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, OperatorControls, TriggerStatus
-from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._loader import unload_watchers
-from watchkeeper.triggerer.daemon import Daemon
-
-# The daemon tests' fixtures, shared by name.
-watchers = td.watchers
-db_path = td.db_path
-env = td.env
-log_file = td.log_file
 
 
 def _settings(watchers: Path, **triggerer: Any) -> Settings:

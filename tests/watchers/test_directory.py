@@ -7,7 +7,7 @@ import importlib
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,10 @@ import anyio
 import pytest
 import structlog
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
-from watchkeeper.triggerer import TriggerEventBatch
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher
+
+from tests.support.runtime import Signalling
 
 T0 = 1_700_000_000 * 1_000_000_000  # a fixed modification time, in ns
 MS = 1_000_000
@@ -67,21 +68,8 @@ async def names(
     return [event.payload["name"] for event in events]
 
 
-class SignallingWatcher(DirectoryWatcher):
-    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each
-    batch, once all of it committed)."""
-
-    signal_after = 1
-    committed: anyio.Event
-
-    async def run(self) -> AsyncIterator[TriggerEventBatch]:
-        count = 0
-        async with contextlib.aclosing(super().run()) as batches:  # type: ignore[type-var]
-            async for batch in batches:
-                yield batch
-                count += len(batch)
-                if count >= self.signal_after:
-                    self.committed.set()
+class SignallingWatcher(Signalling, DirectoryWatcher):
+    """The DirectoryWatcher that signals its committed events (see :class:`Signalling`)."""
 
 
 class SignalOn:

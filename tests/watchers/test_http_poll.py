@@ -244,7 +244,7 @@ class TestHttpPollWatcherItems:
         api.respond = pages
         watcher = HttpPollWatcher(f"{api.url}/list", items="", cursor=next_from_link, **FAST)
         assert await payloads(watcher, backend, 3) == [{"page": 1}, {"page": 2}, {"page": 3}]
-        assert watcher.serialize()[1]["cursor_function"] == "test_http_poll:next_from_link"
+        assert watcher.serialize()[1]["cursor_function"] == f"{__name__}:next_from_link"
         assert rebuilt(watcher) == watcher
 
     async def test_a_snapshot_without_items_is_one_event_per_change(

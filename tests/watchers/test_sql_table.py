@@ -20,9 +20,10 @@ import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
-from watchkeeper.triggerer import TriggerEventBatch
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher, SqlSourceError, SqlTableWatcher
+
+from tests.support.runtime import Signalling
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("orders")
@@ -171,21 +172,8 @@ async def ids(
     return [payload["id"] for payload in await payloads(trigger, backend, max_events, name=name)]
 
 
-class SignallingWatcher(SqlTableWatcher):
-    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each
-    batch, once all of it committed)."""
-
-    signal_after = 1
-    committed: anyio.Event
-
-    async def run(self) -> AsyncIterator[TriggerEventBatch]:
-        count = 0
-        async with contextlib.aclosing(super().run()) as batches:  # type: ignore[type-var]
-            async for batch in batches:
-                yield batch
-                count += len(batch)
-                if count >= self.signal_after:
-                    self.committed.set()
+class SignallingWatcher(Signalling, SqlTableWatcher):
+    """The SqlTableWatcher that signals its committed events (see :class:`Signalling`)."""
 
 
 class TestSqlTableWatcherRows:

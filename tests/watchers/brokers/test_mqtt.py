@@ -13,13 +13,14 @@ import anyio.to_thread
 import paho.mqtt.client as paho
 import pytest
 import structlog
-from _brokers import MQTT_PORT, Observed, open_proxy, require_server, unique
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, MqttWatcher
+
+from tests.watchers.brokers._brokers import MQTT_PORT, Observed, open_proxy, require_server, unique
 
 URL = f"mqtt://127.0.0.1:{MQTT_PORT}"
 ASSET = Asset("events")

@@ -11,11 +11,12 @@ import anyio
 import nats
 import pytest
 import structlog
-from _brokers import NATS_PORT, Observed, open_proxy, require_server, unique
 from nats.js.client import JetStreamContext
 from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
+
+from tests.watchers.brokers._brokers import NATS_PORT, Observed, open_proxy, require_server, unique
 
 URL = f"nats://127.0.0.1:{NATS_PORT}"
 ASSET = Asset("events")

@@ -11,17 +11,18 @@ import aio_pika
 import anyio
 import pytest
 import structlog
-from _brokers import (
+from aio_pika.abc import AbstractChannel
+from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
+from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
+
+from tests.watchers.brokers._brokers import (
     RABBITMQ_PORT,
     Observed,
     publish_without_message_id,
     require_server,
     unique,
 )
-from aio_pika.abc import AbstractChannel
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
-from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
-from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 
 URL = f"amqp://guest:guest@127.0.0.1:{RABBITMQ_PORT}/"
 ASSET = Asset("events")

@@ -10,11 +10,12 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 import structlog
-from _brokers import REDIS_PORT, Observed, require_server, unique
 from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RedisStreamWatcher
 from watchkeeper.watchers.redis_stream import parse_id
+
+from tests.watchers.brokers._brokers import REDIS_PORT, Observed, require_server, unique
 
 URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 ASSET = Asset("events")

@@ -1,12 +1,18 @@
-"""watchkeeper.triggerer: watcher triggers, the runtime that runs them, the daemon and the CLI."""
+"""watchkeeper.triggerer: watcher triggers, the runtime that runs them, the daemon and the CLI.
+
+This package exports what watcher authors and embedders use: the authoring API
+(:mod:`.trigger`), the runner, the daemon and its settings, and the errors. The command line
+is :mod:`watchkeeper.triggerer.cli`, the test kit :mod:`watchkeeper.triggerer.testing`; how
+watcher files are loaded is internal.
+"""
 
 from __future__ import annotations
 
 from watchkeeper.store import Asset
 
-from ._loader import LoadResult, WatcherError, WatcherGroup, load_watchers
 from ._logging import configure_logging
-from .daemon import Daemon, ReloadReport, run_daemon
+from ._process import run_daemon
+from .daemon import Daemon, ReloadReport
 from .errors import (
     AssetStoreUnavailableError,
     CapacityError,
@@ -28,7 +34,6 @@ __all__ = [
     "CapacityError",
     "Daemon",
     "InvalidEventError",
-    "LoadResult",
     "LoggingSettings",
     "ReloadReport",
     "RunnerConfig",
@@ -40,11 +45,8 @@ __all__ = [
     "TriggererError",
     "TriggererSettings",
     "WatchSpec",
-    "WatcherError",
-    "WatcherGroup",
     "WatcherNameUnavailableError",
     "configure_logging",
     "load_settings",
-    "load_watchers",
     "run_daemon",
 ]

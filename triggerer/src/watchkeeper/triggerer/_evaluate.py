@@ -4,7 +4,7 @@ A watcher file is user code that runs at import: ``while True: pass`` or a conne
 a timeout at module level would freeze the daemon that imports it (a thread cannot be killed,
 so a thread alone cannot bound it), and ``os._exit()`` would end it. :func:`aload_watchers`
 therefore imports the files in a child process (this interpreter, the daemon's ``sys.path``)
-that hands back each file's :class:`~._loader.FileDefinitions` as one line of JSON: asset
+that hands back each file's :class:`~._watcher_files.FileDefinitions` as one line of JSON: asset
 names, watcher names and the triggers' ``serialize()``. ``__init__`` and ``serialize()`` run
 there too, as the files build their triggers.
 
@@ -15,8 +15,8 @@ child reads all the files, so a load costs one interpreter start (about what imp
 watchkeeper costs) plus the files' own import time; a hung file costs its timeout and one more
 start.
 
-The daemon then rebuilds each trigger from its serialization, through the allow-list, as
-:func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
+The daemon then rebuilds each trigger from its serialization, through the allow-list
+(:func:`~._identity.rebuild_trigger`), as :func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
 itself) in the daemon: the child has just imported it within the timeout, and the rebuilds run
 in a daemon thread, each bounded by the same timeout, so even a file that hangs only sometimes
 cannot hold up the daemon (the hung thread is abandoned and the trigger refused; one that was
@@ -45,23 +45,24 @@ import anyio.to_thread
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from ._identity import rebuild_trigger
 from ._loader import (
-    _LOAD_LOCK,
-    FileDefinitions,
     LoadResult,
     PendingTrigger,
-    WatcherError,
     WatcherGroup,
-    default_allowed_modules,
     finish,
     group_of,
     missing_path,
     plan_load,
-    read_definitions,
-    rebuild_trigger,
     refuse_group,
-    reset_package,
     reused_trigger,
+)
+from ._watcher_files import (
+    MODULES,
+    FileDefinitions,
+    WatcherError,
+    default_allowed_modules,
+    read_definitions,
     watcher_files,
 )
 from .errors import TriggererError, TriggerImportError
@@ -116,7 +117,7 @@ def child_main() -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     sys.path[:] = request["sys_path"]
     path = Path(request["path"])
-    reset_package(path)
+    MODULES.reset(path)
     out.write(_READY)
     for rel in request["files"]:
         defs = read_definitions(path, path / rel)
@@ -235,11 +236,11 @@ async def rebuild_in_daemon(
 
     def work() -> None:
         try:
-            if not _LOAD_LOCK.acquire(timeout=limit):
+            if not MODULES.lock.acquire(timeout=limit):
                 return
             locked.set()
             try:
-                reset_package(path)
+                MODULES.reset(path)
                 for entry in entries:
                     try:
                         trigger = rebuild_trigger(entry.classpath, entry.kwargs, allowed)
@@ -248,7 +249,7 @@ async def rebuild_in_daemon(
                     else:
                         results.append(trigger)
             finally:
-                _LOAD_LOCK.release()
+                MODULES.lock.release()
         finally:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
                 anyio.from_thread.run_sync(finished.set, token=token)

@@ -37,11 +37,11 @@ triggerer`` exits 1) instead of committing into a file nobody can open again.
 A reload also restarts a trigger that is in the ``failed`` state (it exhausted
 ``max_failures``): touching its file retries it once its source is fixed.
 
-:func:`run_daemon` adds the signal handling of the ``watchkeeper triggerer`` command: on
-SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims), lets the runner
-cancel the triggers within ``stop_grace`` and flush their status, releases its leases (so
-another daemon, or this one restarted, takes the triggers over at once), closes the store and
-returns. A signal while the daemon is still starting cancels the start-up.
+:func:`~._process.run_daemon` adds the signal handling of the ``watchkeeper triggerer``
+command: on SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims),
+lets the runner cancel the triggers within ``stop_grace`` and flush their status, releases
+its leases (so another daemon, or this one restarted, takes the triggers over at once),
+closes the store and returns. A signal while the daemon is still starting cancels the start-up.
 
 A restarted daemon resumes every watcher from its stored watermark: triggers read it from
 their asset state, which the store keeps across restarts and ``kill -9``.
@@ -50,19 +50,10 @@ their asset state, which the store keeps across restarts and ``kill -9``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import importlib
 import os
-import signal
-import threading
-import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -70,10 +61,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, open_state_backend
 from watchkeeper.store.backend import (
-    DaemonStatus,
-    DaemonTable,
     GcReport,
-    RefusedDefinition,
     StatusTable,
     get_logger,
     require_asset_registry,
@@ -81,35 +69,24 @@ from watchkeeper.store.backend import (
 )
 
 from ._config import SupervisionSettings
+from ._daemon_status import DaemonStatusKeeper
 from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
-from ._loader import LoadResult, WatcherGroup, scan_watchers_path
+from ._loader import LoadResult, WatcherGroup
+from ._placement import ReloadReport, TriggerPlacement
+from ._reconcile import RunningTrigger
 from ._supervisor import describe_error
 from ._watcher_controls import ControlsTracker
-from .errors import TriggererError
-from .runner import RunnerConfig, TriggerRunner, WatchSpec
+from ._watcher_files import scan_watchers_path
+from .runner import RunnerConfig, TriggerRunner
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
-__all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport", "run_daemon"]
+__all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"]
 
 log = get_logger(__name__)
 
-_STATUS_SAVE_TIMEOUT = 5.0
-
-_Claim = tuple[int, list[str], dict[str, int] | None]
-"""One claim of leases: its sequence number, the ids asked for, the tokens got."""
-
-
-@dataclass(slots=True)
-class ReloadReport:
-    """What one reload changed (trigger ids and asset names)."""
-
-    started: list[str] = field(default_factory=list)
-    stopped: list[str] = field(default_factory=list)
-    deactivated: list[str] = field(default_factory=list)
-    not_started: list[str] = field(default_factory=list)
-    errors: int = 0
+_T = TypeVar("_T")
 
 
 def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConfig:
@@ -130,7 +107,7 @@ class Daemon:
     opens nor closes it); by default the daemon opens the one the settings configure.
     ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon
     in the lease table and the statuses (default: :func:`~._leases.daemon_identity`,
-    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`run_daemon`
+    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`~._process.run_daemon`
     is) pauses the cyclic garbage collector while the first load starts the triggers, then
     freezes what is alive and raises the gen-0 threshold (see :mod:`._gctune`); an embedding
     leaves the process's GC settings alone by default.
@@ -160,64 +137,59 @@ class Daemon:
         self._owns_backend = backend is None
         self._runner: TriggerRunner | None = None
         self._loaded: LoadResult | None = None
-        self._wanted: dict[str, WatcherGroup] = {}
-        self._running: dict[str, WatcherGroup] = {}
-        self._tokens: dict[str, int | None] = {}
+        self._placement: TriggerPlacement | None = None
         self._leases: LeaseKeeper | None = None
-        self._controls: ControlsTracker | None = None
-        self._renewed_at: float | None = None
-        self._retried: set[str] = set()
+        self._status: DaemonStatusKeeper | None = None
         self._snapshot: dict[str, tuple[int, int]] = {}
-        # _load_lock: one load at a time (it may take import_timeout per hung file);
-        # _reload_lock: bringing the runner in line with a load or a claim (short).
+        # One load at a time (it may take import_timeout per hung file); bringing the runner
+        # in line with it holds the placement's lock too.
         self._load_lock = anyio.Lock()
-        self._reload_lock = anyio.Lock()
         self._unapplied: tuple[dict[str, tuple[int, int]], LoadResult] | None = None
-        self._claims = 0
-        self._last_claim: _Claim | None = None
-        self._applied_claim = 0
-        self._started_at = datetime.now(UTC)
         self._stack: contextlib.AsyncExitStack | None = None
 
     def __repr__(self) -> str:
+        placement = self._placement
+        running, wanted = (len(placement.running), len(placement.wanted)) if placement else (0, 0)
         return (
             f"<Daemon owner={self.owner!r} watchers_path={str(self.watchers_path)!r} "
-            f"triggers={len(self._running)}/{len(self._wanted)} open={self._stack is not None}>"
+            f"triggers={running}/{wanted} open={self._stack is not None}>"
         )
 
     @property
-    def backend(self) -> BaseStateBackend:
-        if self._backend is None:
-            raise RuntimeError("the daemon is not open")
-        return self._backend
-
-    @property
-    def runner(self) -> TriggerRunner:
-        if self._runner is None:
-            raise RuntimeError("the daemon is not open")
-        return self._runner
-
-    @property
-    def groups(self) -> dict[str, WatcherGroup]:
-        """The triggers running here by id, as loaded from the watcher files."""
-        return dict(self._running)
+    def _running(self) -> dict[str, RunningTrigger]:
+        return self._placement.running if self._placement is not None else {}
 
     def lease_renewal_age(self) -> float | None:
         """Seconds since the leases were last claimed or renewed (None before the first)."""
-        return None if self._renewed_at is None else time.monotonic() - self._renewed_at
+        return self._placement.lease_renewal_age() if self._placement is not None else None
 
     def unleased(self) -> list[str]:
         """Triggers running here on a lease this daemon no longer holds (``/readyz`` reports
         them until the next heartbeat stops them). Unfenced triggers (a backend without
         leases) never count."""
-        held = self.leases.held
-        return sorted(t for t, token in self._tokens.items() if token is not None and t not in held)
+        return self.placement.unleased()
+
+    @property
+    def backend(self) -> BaseStateBackend:
+        return _while_open(self._backend)
+
+    @property
+    def runner(self) -> TriggerRunner:
+        return _while_open(self._runner)
+
+    @property
+    def groups(self) -> dict[str, WatcherGroup]:
+        """The triggers running here by id, as loaded from the watcher files."""
+        return {trigger_id: r.group for trigger_id, r in self._running.items()}
+
+    @property
+    def placement(self) -> TriggerPlacement:
+        """Which loaded triggers run here (see :mod:`._placement`)."""
+        return _while_open(self._placement)
 
     @property
     def leases(self) -> LeaseKeeper:
-        if self._leases is None:
-            raise RuntimeError("the daemon is not open")
-        return self._leases
+        return _while_open(self._leases)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -237,15 +209,28 @@ class Daemon:
             )
             # Released once the runner below has stopped every trigger, before the store closes.
             stack.push_async_callback(self._leases.release_all)
-            stack.push_async_callback(self._forget_daemon_status)
-            self._started_at = self._backend.clock()
+            self._status = DaemonStatusKeeper(
+                self._backend,
+                self.owner,
+                watchers_path=self.watchers_path,
+                heartbeat=self.settings.triggerer.heartbeat_interval,
+                lease_ttl=self.settings.triggerer.lease_seconds,
+            )
+            stack.push_async_callback(self._status.forget)
             self._runner = await stack.enter_async_context(
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._runner.store_health.add_recovery_hook(self._renew_after_outage)
             # Read before the first load, so a watcher paused before a restart stays paused.
-            self._controls = ControlsTracker(self._backend)
-            await self._controls.refresh()
+            controls = ControlsTracker(self._backend)
+            await controls.refresh()
+            self._placement = TriggerPlacement(
+                self._runner,
+                self._leases,
+                self.settings.triggerer.capacity,
+                backend=self._backend,
+                controls=controls,
+            )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             if self.tune_gc:
                 raise_gen0_threshold()
@@ -253,7 +238,7 @@ class Daemon:
                     report = await self.reload()
             else:
                 report = await self.reload()
-            await self._drop_stale_statuses()
+            await self._status.prune(self._running, self.placement.wanted)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
@@ -303,12 +288,9 @@ class Daemon:
     def _forget(self) -> None:
         self._runner = None
         self._leases = None
-        self._controls = None
-        self._wanted = {}
-        self._running = {}
-        self._tokens = {}
+        self._placement = None
+        self._status = None
         self._loaded = None
-        self._last_claim = None
         if self._owns_backend:
             self._backend = None
 
@@ -338,7 +320,7 @@ class Daemon:
                     import_timeout=triggerer.import_timeout,
                 )
             try:
-                async with self._reload_lock:
+                async with self.placement.lock:
                     report = await self._apply(result)
             except Exception:
                 self._unapplied = None if snapshot is None else (snapshot, result)
@@ -359,114 +341,21 @@ class Daemon:
     async def _apply(self, result: LoadResult) -> ReloadReport:
         """Register, start, stop and deactivate to match ``result``; call under the lock."""
         report = ReloadReport(errors=len(result.errors))
-        backend, runner = self.backend, self.runner
+        backend, placement = self.backend, self.placement
         if result.assets:
             await require_asset_registry(backend).aregister_assets(list(result.assets))
-        self._wanted = {g.trigger_id: g for g in result.groups}
-        # A trigger that gave up ("failed") gets a fresh start from any reload, so an
-        # operator retries it by touching its file once the source is fixed.
-        failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
-        seq, claimed, tokens = await self._claim()
-        self._applied_claim = seq
-        self._retried.clear()  # every failed trigger restarts anyway
-        await self._reconcile(report, claimed, tokens, failed)
+        await placement.apply_load(result.groups, report)
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
         for name in sorted(before - {a.name for a in result.assets}):
             if await require_asset_registry(backend).adeactivate_asset(name):
                 report.deactivated.append(name)
                 log.info("asset_deactivated", asset=name)
-        gone = [t for t in report.stopped if t not in self._wanted]
+        gone = [t for t in report.stopped if t not in placement.wanted]
         if gone and isinstance(backend, StatusTable):
             await backend.adelete_trigger_status(gone)
         self._loaded = result
         return report
-
-    async def _to_claim(self) -> list[str]:
-        """The loaded triggers to claim: those running here unchanged, then as many others
-        as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
-        from a daemon that has room), skipping those another live daemon holds."""
-        keep = sorted(
-            t
-            for t, group in self._running.items()
-            if t in self._wanted and self._wanted[t].key == group.key and not self._paused(group)
-        )
-        room = max(self.settings.triggerer.capacity - len(keep), 0)
-        others = [
-            t
-            for t in sorted(self._wanted)
-            if t not in self._running and not self._paused(self._wanted[t])
-        ]
-        if others:
-            # Skips leases another live daemon holds; frees those of a dead local daemon.
-            others = await self.leases.free_among(others)
-        return keep + others[:room]
-
-    async def _reconcile(
-        self,
-        report: ReloadReport,
-        claimed: list[str],
-        tokens: dict[str, int] | None,
-        restart: set[str] | frozenset[str] = frozenset(),
-    ) -> None:
-        """Bring the runner in line with the loaded triggers and the leases of ``claimed``.
-
-        ``tokens`` is what claiming ``claimed`` returned (``None``: no leases, run everything).
-        A trigger runs here while it is loaded unchanged and, if it was claimed, its lease is
-        held with the token it was started with; otherwise it is stopped, and started again
-        (with the new token) when it is loaded and its lease is held. Triggers in ``restart``
-        (failed ones, on a reload) and those that stopped on a refused write start afresh.
-        Leases held for triggers that do not run here are released. Call under the lock.
-        """
-        runner = self.runner
-        asked = set(claimed)
-        dead = {s.trigger_id for s in runner.statuses() if s.state == "stopped"}
-
-        def token_of(trigger_id: str) -> tuple[bool, int | None]:
-            """(may run here, fence token) by the claim; unclaimed ids keep what they run with."""
-            if tokens is None:
-                return True, None
-            if trigger_id not in asked:
-                return trigger_id in self._running, self._tokens.get(trigger_id)
-            return trigger_id in tokens, tokens.get(trigger_id)
-
-        for trigger_id, group in list(self._running.items()):
-            held, token = token_of(trigger_id)
-            wanted = self._wanted.get(trigger_id)
-            if (
-                held
-                and wanted is not None
-                and wanted.key == group.key
-                and token == self._tokens.get(trigger_id)
-                and trigger_id not in restart
-                and trigger_id not in dead
-                and not self._paused(group)
-            ):
-                continue
-            if held and self._paused(group):
-                await self._pause_trigger(trigger_id)
-            else:
-                # A trigger another daemon holds now is theirs, status row included.
-                await runner.stop_trigger(trigger_id, save_status=held)
-            del self._running[trigger_id]
-            self._tokens.pop(trigger_id, None)
-            report.stopped.append(trigger_id)
-        for trigger_id, group in self._wanted.items():
-            held, token = token_of(trigger_id)
-            if trigger_id in self._running or not held or self._paused(group):
-                continue
-            try:
-                await runner.start_trigger(_spec(group, token))
-            except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
-                report.not_started.append(trigger_id)
-                log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
-                continue
-            self._running[trigger_id] = group
-            self._tokens[trigger_id] = token
-            report.started.append(trigger_id)
-        idle = [t for t in self.leases.held if t not in self._running]
-        if idle:  # removed from the files, or not startable here: let another daemon have it
-            await self.leases.release(idle)
 
     async def renew_leases(self) -> ReloadReport:
         """One heartbeat's work: renew and take leases, then start and stop triggers to match.
@@ -475,79 +364,8 @@ class Daemon:
         choosing. The lease loop does the same in two tasks, so that renewing never waits for
         a reload or for triggers being stopped.
         """
-        await self._claim()
-        return await self._apply_last_claim()
-
-    async def _claim(self) -> _Claim:
-        """Renew and take the leases of the triggers to run here (never takes a lock).
-
-        The watcher controls are read first: paused watchers are not claimed, and retries
-        asked since the last read are kept for the next apply.
-        """
-        self._retried |= await self._refresh_controls()
-        claimed = await self._to_claim()
-        tokens = await self.leases.claim(claimed)
-        self._renewed_at = time.monotonic()
-        self._claims += 1
-        self._last_claim = (self._claims, claimed, tokens)
-        return self._last_claim
-
-    async def _apply_last_claim(self) -> ReloadReport:
-        """Start and stop triggers to match the latest claim, unless a reload applied a newer
-        one meanwhile."""
-        report = ReloadReport()
-        async with self._reload_lock:
-            claim = self._last_claim
-            if claim is None or claim[0] <= self._applied_claim:
-                return report
-            seq, claimed, tokens = claim
-            self._applied_claim = seq
-            await self._reconcile(report, claimed, tokens, self._take_retries())
-        if report.started or report.stopped or report.not_started:
-            log.info(
-                "leases_changed",
-                triggers=len(self._running),
-                started=report.started,
-                stopped=report.stopped,
-                not_started=report.not_started,
-            )
-        return report
-
-    # -- watcher controls (pause, resume, retry: rows in the store) ---------------------------------
-
-    def _paused(self, group: WatcherGroup) -> bool:
-        controls = self._controls
-        return controls is not None and controls.is_paused(group.watchers or (group.trigger_id,))
-
-    def _take_retries(self) -> set[str]:
-        """The failed triggers whose watcher an operator retried since the last apply."""
-        retried, self._retried = self._retried, set()
-        if not retried:
-            return set()
-        return {
-            s.trigger_id
-            for s in self.runner.statuses()
-            if s.state == "failed" and any(w in retried for w in s.watchers or (s.trigger_id,))
-        }
-
-    async def _refresh_controls(self) -> set[str]:
-        """Read the control rows; return the watcher names retried since the last read."""
-        if self._controls is None:
-            return set()
-        return await self._controls.refresh()
-
-    async def _pause_trigger(self, trigger_id: str) -> None:
-        """Stop a trigger whose watcher an operator paused; its status row says ``paused``."""
-        runner = self.runner
-        before = next((s for s in runner.statuses() if s.trigger_id == trigger_id), None)
-        await runner.stop_trigger(trigger_id, save_status=False)
-        log.info("watcher_paused", trigger_id=trigger_id)
-        if before is not None and isinstance(self.backend, StatusTable):
-            paused = dataclasses.replace(before, state="paused", updated_at=datetime.now(UTC))
-            try:
-                await self.backend.asave_trigger_status([paused])
-            except Exception as exc:  # noqa: BLE001 - a status is advisory
-                log.warning("trigger_status_save_failed", error=f"{type(exc).__name__}: {exc}")
+        await self.placement.claim()
+        return await self.placement.apply_last_claim()
 
     async def _lease_loop(self, interval: float, claimed: MemoryObjectSendStream[None]) -> None:
         """Every heartbeat: check the store is the one opened, claim leases and hand the claim
@@ -561,7 +379,7 @@ class Daemon:
                 if not health.available:
                     continue  # renewed by the recovery hook, once the store answers again
                 try:
-                    await self._claim()
+                    await self.placement.claim()
                 except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
                     if health.report(exc) is None:  # an outage is logged once, by the health
                         log.error("lease_renewal_failed", error=describe_error(exc))
@@ -593,7 +411,7 @@ class Daemon:
         with to_apply:
             async for _ in to_apply:
                 try:
-                    await self._apply_last_claim()
+                    await self.placement.apply_last_claim()
                 except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
                     if health.report(exc) is None:
                         log.error("lease_reconcile_failed", error=describe_error(exc))
@@ -609,77 +427,8 @@ class Daemon:
     async def save_daemon_status(self) -> None:
         """Save this daemon's heartbeat row (owner, heartbeat time, lease time to live, the
         definitions its last load refused). Advisory: bounded, and never raises."""
-        table = self._backend
-        if table is None or not isinstance(table, DaemonTable):
-            return
-        loaded = self._loaded
-        refused = tuple(
-            RefusedDefinition(e.file, e.watcher, e.reason)
-            for e in (loaded.errors if loaded else ())
-        )
-        status = DaemonStatus(
-            owner=self.owner,
-            started_at=self._started_at,
-            heartbeat_at=table.clock(),
-            lease_ttl=self.settings.triggerer.lease_seconds,
-            watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
-            refused=refused,
-        )
-        with anyio.move_on_after(_STATUS_SAVE_TIMEOUT) as scope:
-            try:
-                await table.asave_daemon_status(status)
-            except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
-                log.warning("daemon_status_save_failed", error=describe_error(exc))
-        if scope.cancelled_caught:
-            log.warning("daemon_status_save_failed", error="timed out")
-
-    async def _forget_daemon_status(self) -> None:
-        """At a clean exit: remove this daemon's row (its triggers' rows say ``stopped``)."""
-        table = self._backend
-        if table is None or not isinstance(table, DaemonTable):
-            return
-        with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=True):
-            try:
-                await table.adelete_daemon_status([self.owner])
-            except Exception as exc:  # noqa: BLE001 - advisory; pruned by others later
-                log.warning("daemon_status_save_failed", error=describe_error(exc))
-
-    async def _drop_stale_statuses(self) -> None:
-        """Forget status rows of triggers that no daemon runs any more.
-
-        A row of a trigger this daemon does not run is stale when it says ``stopped`` (saved by
-        a daemon that exited) or has not been refreshed for several heartbeats (its daemon was
-        killed). Rows that other live daemons keep refreshing stay.
-        """
-        heartbeat = self.settings.triggerer.heartbeat_interval
-        cutoff = datetime.now(UTC) - timedelta(seconds=3 * heartbeat + 30)
-        backend = self.backend
-        if isinstance(backend, DaemonTable):
-            daemons = await backend.alist_daemon_status()
-            # Stamped with the backend's clock, so compared with it.
-            silent = backend.clock() - timedelta(seconds=3 * heartbeat + 30)
-            dead = [
-                d.owner
-                for d in daemons
-                if d.owner != self.owner
-                and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < silent
-            ]
-            if dead:
-                await backend.adelete_daemon_status(dead)
-                log.info("daemon_status_pruned", owners=dead)
-        if not isinstance(backend, StatusTable):
-            return
-        rows = await backend.alist_trigger_status()
-        stale = [
-            r.trigger_id
-            for r in rows
-            if r.trigger_id not in self._running
-            and not (r.state == "paused" and r.trigger_id in self._wanted)
-            and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
-        ]
-        if stale:
-            await backend.adelete_trigger_status(stale)
-            log.info("trigger_status_pruned", trigger_ids=stale)
+        if self._status is not None:
+            await self._status.save(self._loaded.errors if self._loaded else ())
 
     async def _reload_loop(self) -> None:
         health = self.runner.store_health
@@ -724,107 +473,15 @@ class Daemon:
                 continue
             try:
                 await self.collect_garbage()
-                await self._drop_stale_statuses()
+                if self._status is not None:
+                    await self._status.prune(self._running, self.placement.wanted)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=describe_error(exc))
 
 
-def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:
-    return WatchSpec(
-        trigger_id=group.trigger_id,
-        trigger=group.trigger,
-        assets=group.assets,
-        watchers=group.watchers,
-        fence_token=fence_token,
-    )
-
-
-async def run_daemon(
-    settings: Settings,
-    *,
-    reload_interval: float | None = None,
-    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
-) -> None:
-    """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return.
-
-    A signal that arrives while the daemon is still starting (reading the watcher files,
-    opening the store) cancels the start-up, which undoes what it had done.
-
-    Shutting down is bounded: a trigger that swallows every cancellation would otherwise keep
-    the process alive forever, so a watchdog thread armed at the signal ends the process
-    (exit status 70, log ``daemon_shutdown_stuck``) once ``stop_grace`` and a margin for
-    flushing have passed. Whatever had committed stays committed; leases expire on their own.
-    """
-    watchdog: list[threading.Timer] = []
-    started = anyio.Event()
-    stop = anyio.Event()
-    starting = anyio.CancelScope()
-
-    async def on_signal(received: AsyncIterator[int]) -> None:
-        async for signum in received:
-            log.info(
-                "daemon_stopping", signal=signal.Signals(signum).name, starting=not started.is_set()
-            )
-            watchdog.append(_arm_shutdown_watchdog(settings.triggerer.stop_grace * 2 + 5))
-            if not started.is_set():
-                starting.cancel()
-            stop.set()
-            return
-
-    if settings.api.enabled:
-        # The web stack is imported now, before any trigger runs: imported once the daemon
-        # runs, it would hold the loop long enough to let short leases lapse.
-        importlib.import_module("watchkeeper.triggerer.api")
-    error: Exception | None = None
-    try:
-        with anyio.open_signal_receiver(*signals) as received:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(on_signal, received)
-                try:
-                    with starting:
-                        async with (
-                            Daemon(settings, reload_interval=reload_interval, tune_gc=True) as d,
-                            anyio.create_task_group() as api_tg,
-                        ):
-                            if settings.api.enabled:
-                                await _start_api(api_tg, d)
-                            started.set()
-                            await stop.wait()
-                            api_tg.cancel_scope.cancel()  # the API stops first, then the daemon
-                except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group
-                    error = exc
-                finally:
-                    tg.cancel_scope.cancel()
-    finally:
-        for timer in watchdog:
-            timer.cancel()
-    if error is not None:
-        raise error
-
-
-async def _start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
-    """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
-    run without it (they matter more than the API)."""
-    from .api import ApiListenError, serve_api  # the web stack loads only when it serves
-
-    try:
-        await tg.start(
-            functools.partial(serve_api, daemon.backend, daemon.settings.api, daemon=daemon)
-        )
-    except ApiListenError as exc:
-        log.error("api_not_started", error=str(exc))
-
-
-SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE
-
-
-def _arm_shutdown_watchdog(timeout: float) -> threading.Timer:
-    def stuck() -> None:
-        log.error("daemon_shutdown_stuck", timeout=timeout, exit_status=SHUTDOWN_STUCK_EXIT)
-        os._exit(SHUTDOWN_STUCK_EXIT)
-
-    timer = threading.Timer(timeout, stuck)
-    timer.daemon = True
-    timer.start()
-    return timer
+def _while_open(part: _T | None) -> _T:
+    """A part the daemon holds only while it is open (its backend, runner, leases...)."""
+    if part is None:
+        raise RuntimeError("the daemon is not open")
+    return part

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from watchkeeper.store import BaseStateBackend
 
-from ._cli_common import (
+from .._watcher_controls import controls_of, watcher_rows
+from ..settings import Settings
+from ._common import (
     CommandError,
     cli_writer,
     console,
@@ -25,13 +27,11 @@ from ._cli_common import (
     json_flag,
     store_handler,
 )
-from ._watcher_controls import controls_of, watcher_rows
-from .settings import Settings
 
 if TYPE_CHECKING:
     from watchkeeper.store.backend import OperatorControls
 
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register"]
 

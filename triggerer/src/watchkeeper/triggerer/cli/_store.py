@@ -23,7 +23,8 @@ from watchkeeper.store.backend import (
     require_event_log,
 )
 
-from ._cli_common import (
+from ..settings import Settings
+from ._common import (
     CommandError,
     UsageError,
     cell,
@@ -37,11 +38,10 @@ from ._cli_common import (
     redacted,
     store_handler,
 )
-from ._cli_state import register_state_store
-from .settings import Settings
+from ._state import register_state_store
 
 if TYPE_CHECKING:
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register"]
 

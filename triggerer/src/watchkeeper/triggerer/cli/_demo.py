@@ -43,7 +43,7 @@ from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
 from . import _demo_source as source
-from ._cli_common import CommandError
+from ._common import CommandError, run_async
 
 __all__ = ["run_demo"]
 
@@ -74,13 +74,13 @@ def copy_demo_watchers(target: Path) -> list[Path]:
     """
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for resource in (files("watchkeeper.triggerer") / "_demo_watchers").iterdir():
+    for resource in (files("watchkeeper.triggerer.cli") / "_demo_watchers").iterdir():
         if resource.name.endswith(".py"):
             path = target / resource.name
             path.write_text(resource.read_text(encoding="utf-8"), encoding="utf-8")
             written.append(path)
     if not written:  # a broken installation: say what is missing instead of running nothing
-        raise CommandError("no demo watcher files in watchkeeper.triggerer (_demo_watchers/)")
+        raise CommandError("no demo watcher files in watchkeeper.triggerer.cli (_demo_watchers/)")
     return written
 
 
@@ -307,8 +307,6 @@ def run_demo(args: argparse.Namespace) -> int:
     The directory is removed afterwards unless ``--keep`` is given or the demo failed (then
     its path is printed, with the end of the daemon's log).
     """
-    from ._cli_runtime import run_async
-
     console = Console(highlight=False)
     workdir = Path(tempfile.mkdtemp(prefix="watchkeeper-demo-"))
     status = 1

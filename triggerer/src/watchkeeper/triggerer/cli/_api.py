@@ -18,7 +18,9 @@ from rich.table import Table
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import get_logger
 
-from ._cli_common import (
+from .._watcher_controls import controls_of
+from ..settings import Settings
+from ._common import (
     CommandError,
     UsageError,
     console,
@@ -27,16 +29,14 @@ from ._cli_common import (
     int_at_least,
     json_flag,
     open_backend,
+    run_async,
     store_handler,
 )
-from ._cli_runtime import run_async
-from ._watcher_controls import controls_of
-from .settings import Settings
 
 if TYPE_CHECKING:
     from watchkeeper.store.backend import OperatorControls
 
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register"]
 
@@ -47,7 +47,7 @@ log = get_logger(__name__)
 
 
 async def _serve(settings: Settings) -> None:
-    from .api import serve_api
+    from ..api import serve_api
 
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with open_backend(settings) as backend, anyio.create_task_group() as tg:
@@ -59,7 +59,7 @@ async def _serve(settings: Settings) -> None:
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:
-    from .api import ApiListenError
+    from ..api import ApiListenError
 
     changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if changes:
@@ -83,7 +83,7 @@ def _store(backend: BaseStateBackend) -> OperatorControls:
 
 
 async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from .api import make_token
+    from ..api import make_token
 
     store = _store(backend)
     expires = None if args.expires_in is None else timedelta(days=args.expires_in)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
 import anyio
 from pydantic import ValidationError
@@ -28,7 +29,7 @@ from rich.text import Text
 from watchkeeper.store import BaseStateBackend, MissingCapabilityError, open_state_backend
 from watchkeeper.store.backend import Writer, redact_secrets
 
-from .settings import Settings
+from ..settings import Settings
 
 __all__ = [
     "PROG",
@@ -52,12 +53,15 @@ __all__ = [
     "open_backend",
     "printable",
     "redacted",
+    "run_async",
     "run_store_command",
     "settings_overrides",
     "store_handler",
 ]
 
 PROG = "watchkeeper"
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -289,3 +293,12 @@ def store_handler(
     """The ``handler`` of a parser whose command runs on the opened backend; ``check``
     validates the arguments first (see :func:`run_store_command`)."""
     return partial(run_store_command, command, check=check)
+
+
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
+    options: dict[str, Any] = {}
+    if importlib.util.find_spec("uvloop") is not None:
+        options["use_uvloop"] = True
+    with unwrap_lone_exception():
+        return anyio.run(fn, *args, backend="asyncio", backend_options=options)

@@ -20,8 +20,8 @@ from rich.text import Text
 from watchkeeper.store.backend import redact_dsn, redact_secrets
 from watchkeeper.store.settings import DEFAULT_CONFIG_FILE, SettingOrigin
 
-from ._cli_common import compact_json, console, emit_json, json_flag, settings_overrides
-from .settings import Settings
+from ..settings import Settings
+from ._common import compact_json, console, emit_json, json_flag, settings_overrides
 
 __all__ = ["register", "settings_in_force"]
 

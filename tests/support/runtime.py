@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ from watchkeeper.store import (
     StateScope,
 )
 from watchkeeper.store.backend import MetastoreBackend, Put, RawEntry
-from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerEvent, WatchSpec
+from watchkeeper.triggerer import (
+    BaseEventTrigger,
+    RunnerConfig,
+    TriggerEvent,
+    TriggerEventBatch,
+    WatchSpec,
+)
 
 FAST = RunnerConfig(
     backoff_initial=0.001,
@@ -193,3 +199,22 @@ def watch_logs() -> Iterator[LogWatch]:
     with structlog.testing.capture_logs(processors=processors) as entries:
         watch.entries = entries
         yield watch
+
+
+class Signalling(BaseEventTrigger):
+    """Mix in before a ready-made watcher class (they yield batches): sets ``committed`` once
+    ``signal_after`` events were committed (the run resumes after a batch once all of it
+    committed)."""
+
+    signal_after = 1
+    committed: anyio.Event
+
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
+        count = 0
+        async with aclosing(super().run()) as batches:  # type: ignore[type-var, safe-super]
+            async for batch in batches:
+                assert isinstance(batch, TriggerEventBatch)
+                yield batch
+                count += len(batch)
+                if count >= self.signal_after:
+                    self.committed.set()

@@ -1,6 +1,6 @@
 """Subcommands of the runtime: ``triggerer`` (the daemon), ``status`` and ``demo``.
 
-``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.daemon.run_daemon` in the
+``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.run_daemon` in the
 foreground until SIGTERM or SIGINT, on uvloop when it is installed. ``watchkeeper status``
 reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
 database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-import anyio
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -30,34 +28,25 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import TriggerStatus, require_status_table
 
-from ._cli_common import (
+from .._daemon_report import daemon_report
+from .._process import run_daemon
+from ..settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
+from ._common import (
     CommandError,
     UsageError,
     describe_validation_error,
     emit_json,
     open_backend,
     redacted,
-    unwrap_lone_exception,
+    run_async,
 )
-from ._daemon_report import daemon_report
-from .daemon import run_daemon
-from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 
-__all__ = ["daemon_report", "register", "run_async", "status_report", "status_rows"]
+__all__ = ["daemon_report", "register", "status_report", "status_rows"]
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 T = TypeVar("T")
-
-
-def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
-    options: dict[str, Any] = {}
-    if importlib.util.find_spec("uvloop") is not None:
-        options["use_uvloop"] = True
-    with unwrap_lone_exception():
-        return anyio.run(fn, *args, backend="asyncio", backend_options=options)
 
 
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:

@@ -2,9 +2,9 @@
 
 ``main`` parses the command line, builds :class:`~watchkeeper.triggerer.settings.Settings`
 once (``--config`` and ``--database-url`` beat the environment and the file), configures
-structlog, and calls the subcommand's handler (see :mod:`._cli_common` for the contract).
-Subcommands live in ``_cli_store`` (db, state-store, assets, events) and ``_cli_runtime``
-(triggerer, status, demo). Every failure the user can fix is one ``watchkeeper: error: ...``
+structlog, and calls the subcommand's handler (see :mod:`._common` for the contract).
+Subcommands live in ``_store`` (db, assets, events; ``state-store`` in ``_state``),
+``_runtime`` (triggerer, status, demo; the demo itself in ``_demo``) and ``_config`` (config). Every failure the user can fix is one ``watchkeeper: error: ...``
 line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
 """
 
@@ -26,8 +26,10 @@ from watchkeeper.store.settings import (
     UnknownSettingError,
 )
 
-from . import _cli_api, _cli_config, _cli_runtime, _cli_store, _cli_watchers
-from ._cli_common import (
+from .._logging import configure_logging
+from ..settings import LOG_LEVELS, Settings, load_settings
+from . import _api, _config, _runtime, _store, _watchers
+from ._common import (
     PROG,
     CommandError,
     OneLineArgumentParser,
@@ -35,8 +37,6 @@ from ._cli_common import (
     error_line,
     settings_overrides,
 )
-from ._logging import configure_logging
-from .settings import LOG_LEVELS, Settings, load_settings
 
 __all__ = ["build_parser", "main"]
 
@@ -76,11 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         "argparse._SubParsersAction[argparse.ArgumentParser]",
         parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
     )
-    _cli_store.register(subparsers)
-    _cli_runtime.register(subparsers)
-    _cli_config.register(subparsers)
-    _cli_watchers.register(subparsers)
-    _cli_api.register(subparsers)
+    _store.register(subparsers)
+    _runtime.register(subparsers)
+    _config.register(subparsers)
+    _watchers.register(subparsers)
+    _api.register(subparsers)
     return parser
 
 

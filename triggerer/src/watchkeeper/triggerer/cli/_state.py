@@ -29,7 +29,9 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import require_garbage_collector
 
-from ._cli_common import (
+from .._watcher_controls import watcher_rows
+from ..settings import Settings
+from ._common import (
     CommandError,
     UsageError,
     cell,
@@ -43,11 +45,9 @@ from ._cli_common import (
     printable,
     store_handler,
 )
-from ._watcher_controls import watcher_rows
-from .settings import Settings
 
 if TYPE_CHECKING:
-    from ._cli_common import Subparsers
+    from ._common import Subparsers
 
 __all__ = ["register_state_store"]
 

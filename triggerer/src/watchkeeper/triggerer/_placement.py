@@ -1,0 +1,240 @@
+"""Which of the loaded triggers run in this daemon, decided by the leases it holds.
+
+:class:`TriggerPlacement` keeps the daemon's two sets of triggers, the *wanted* ones (what
+the last load of the watcher files defined) and the *running* ones (started on the runner
+with a fence token), and brings the second in line with the first and with the leases:
+
+- :meth:`~TriggerPlacement.claim` renews and takes leases (see :mod:`._leases`): those of
+  the triggers running here unchanged, then as many others as ``capacity`` leaves room for,
+  skipping those another live daemon holds;
+- :meth:`~TriggerPlacement.reconcile` carries out the pure step of :mod:`._reconcile` on
+  the runner and releases the leases of triggers that do not run here;
+- :meth:`~TriggerPlacement.apply_last_claim` reconciles with the latest claim, unless a
+  reload applied a newer one meanwhile (claims are numbered).
+
+Reconciling holds :attr:`~TriggerPlacement.lock`; claiming never does, so the daemon's lease
+loop renews on time however long a reload or a trigger's stop takes.
+
+Operators' watcher controls (see :mod:`._watcher_controls`) are read before each claim: a
+paused watcher is neither claimed nor run (a running one is stopped, its status row saying
+``paused``), and a retry restarts a failed trigger at the next reconcile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import anyio
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import StatusTable, get_logger
+
+from ._leases import LeaseKeeper
+from ._loader import WatcherGroup
+from ._reconcile import Claim, RunningTrigger, plan_reconcile
+from ._supervisor import describe_error
+from ._watcher_controls import ControlsTracker
+from .errors import TriggererError
+from .runner import TriggerRunner, WatchSpec
+
+__all__ = ["ReloadReport", "TriggerPlacement"]
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class ReloadReport:
+    """What one reload changed (trigger ids and asset names)."""
+
+    started: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    deactivated: list[str] = field(default_factory=list)
+    not_started: list[str] = field(default_factory=list)
+    errors: int = 0
+
+
+class TriggerPlacement:
+    """The wanted and the running triggers of one daemon, and the claims between them."""
+
+    def __init__(
+        self,
+        runner: TriggerRunner,
+        leases: LeaseKeeper,
+        capacity: int,
+        *,
+        backend: BaseStateBackend,
+        controls: ControlsTracker | None = None,
+    ) -> None:
+        self.runner = runner
+        self.leases = leases
+        self.capacity = capacity
+        self.backend = backend
+        self.controls = controls
+        self._retried: set[str] = set()
+        self._renewed_at: float | None = None
+        self.wanted: dict[str, WatcherGroup] = {}
+        self.running: dict[str, RunningTrigger] = {}
+        self.lock = anyio.Lock()
+        """Held while the runner is brought in line with a load or a claim (short)."""
+        self._claims = 0
+        self._last_claim: tuple[int, Claim] | None = None
+        self._applied_claim = 0
+
+    async def apply_load(self, groups: Iterable[WatcherGroup], report: ReloadReport) -> None:
+        """Want ``groups`` from now on, claim their leases and reconcile. Call under the lock.
+
+        A trigger that gave up ("failed") gets a fresh start, so an operator retries it by
+        touching its file once the source is fixed.
+        """
+        self.wanted = {g.trigger_id: g for g in groups}
+        failed = {s.trigger_id for s in self.runner.statuses() if s.state == "failed"}
+        self._retried.clear()  # every failed trigger restarts anyway
+        seq, claim = await self.claim()
+        self._applied_claim = seq
+        await self.reconcile(report, claim, failed)
+
+    async def _to_claim(self) -> list[str]:
+        """The wanted triggers to claim: those running here unchanged, then as many others
+        as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
+        from a daemon that has room), skipping those another live daemon holds."""
+        keep = sorted(
+            t
+            for t, running in self.running.items()
+            if t in self.wanted
+            and self.wanted[t].key == running.group.key
+            and not self._paused(running.group)
+        )
+        room = max(self.capacity - len(keep), 0)
+        others = [
+            t
+            for t in sorted(self.wanted)
+            if t not in self.running and not self._paused(self.wanted[t])
+        ]
+        if others:
+            # Skips leases another live daemon holds; frees those of a dead local daemon.
+            others = await self.leases.free_among(others)
+        return keep + others[:room]
+
+    async def claim(self) -> tuple[int, Claim]:
+        """Renew and take the leases of the triggers to run here (never takes the lock).
+
+        The watcher controls are read first: paused watchers are not claimed, and retries
+        asked since the last read are kept for the next apply.
+        """
+        if self.controls is not None:
+            self._retried |= await self.controls.refresh()
+        claimed = await self._to_claim()
+        tokens = await self.leases.claim(claimed)
+        self._renewed_at = time.monotonic()
+        self._claims += 1
+        self._last_claim = (self._claims, Claim(frozenset(claimed), tokens))
+        return self._last_claim
+
+    async def apply_last_claim(self) -> ReloadReport:
+        """Start and stop triggers to match the latest claim, unless a reload applied a newer
+        one meanwhile."""
+        report = ReloadReport()
+        async with self.lock:
+            last = self._last_claim
+            if last is None or last[0] <= self._applied_claim:
+                return report
+            self._applied_claim = last[0]
+            await self.reconcile(report, last[1], self._take_retries())
+        if report.started or report.stopped or report.not_started:
+            log.info(
+                "leases_changed",
+                triggers=len(self.running),
+                started=report.started,
+                stopped=report.stopped,
+                not_started=report.not_started,
+            )
+        return report
+
+    async def reconcile(
+        self, report: ReloadReport, claim: Claim, restart: Collection[str] = frozenset()
+    ) -> None:
+        """Carry out :func:`~._reconcile.plan_reconcile` for ``claim`` on the runner, then
+        release the leases held for triggers that do not run here. Call under the lock.
+
+        Triggers in ``restart`` (failed ones, on a reload) and those that stopped on a
+        refused write start afresh.
+        """
+        runner = self.runner
+        dead = {s.trigger_id for s in runner.statuses() if s.state == "stopped"}
+        paused = {t for t, g in self.wanted.items() if self._paused(g)}
+        paused |= {t for t, r in self.running.items() if self._paused(r.group)}
+        plan = plan_reconcile(self.running, self.wanted, claim, {*restart, *dead}, paused)
+        for trigger_id, save_status in plan.stop:
+            # A trigger another daemon holds now is theirs, status row included.
+            await runner.stop_trigger(trigger_id, save_status=save_status)
+            del self.running[trigger_id]
+            report.stopped.append(trigger_id)
+        for trigger_id in plan.pause:
+            await self._pause_trigger(trigger_id)
+            del self.running[trigger_id]
+            report.stopped.append(trigger_id)
+        for trigger_id, token in plan.start:
+            group = self.wanted[trigger_id]
+            try:
+                await runner.start_trigger(_spec(group, token))
+            except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
+                report.not_started.append(trigger_id)
+                log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
+                continue
+            self.running[trigger_id] = RunningTrigger(group, token)
+            report.started.append(trigger_id)
+        idle = [t for t in self.leases.held if t not in self.running]
+        if idle:  # removed from the files, or not startable here: let another daemon have it
+            await self.leases.release(idle)
+
+    def lease_renewal_age(self) -> float | None:
+        """Seconds since the leases were last claimed or renewed (None before the first)."""
+        return None if self._renewed_at is None else time.monotonic() - self._renewed_at
+
+    def unleased(self) -> list[str]:
+        """Triggers running here on a lease no longer held (unfenced ones never count)."""
+        held = self.leases.held
+        return sorted(t for t, r in self.running.items() if r.token is not None and t not in held)
+
+    # -- watcher controls (pause, resume, retry: rows in the store) -----------------------------
+
+    def _paused(self, group: WatcherGroup) -> bool:
+        controls = self.controls
+        return controls is not None and controls.is_paused(group.watchers or (group.trigger_id,))
+
+    def _take_retries(self) -> set[str]:
+        """The failed triggers whose watcher an operator retried since the last apply."""
+        retried, self._retried = self._retried, set()
+        if not retried:
+            return set()
+        return {
+            s.trigger_id
+            for s in self.runner.statuses()
+            if s.state == "failed" and any(w in retried for w in s.watchers or (s.trigger_id,))
+        }
+
+    async def _pause_trigger(self, trigger_id: str) -> None:
+        """Stop a trigger whose watcher an operator paused; its status row says ``paused``."""
+        runner = self.runner
+        before = next((s for s in runner.statuses() if s.trigger_id == trigger_id), None)
+        await runner.stop_trigger(trigger_id, save_status=False)
+        log.info("watcher_paused", trigger_id=trigger_id)
+        if before is not None and isinstance(self.backend, StatusTable):
+            paused = dataclasses.replace(before, state="paused", updated_at=datetime.now(UTC))
+            try:
+                await self.backend.asave_trigger_status([paused])
+            except Exception as exc:  # noqa: BLE001 - a status is advisory
+                log.warning("trigger_status_save_failed", error=describe_error(exc))
+
+
+def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:
+    return WatchSpec(
+        trigger_id=group.trigger_id,
+        trigger=group.trigger,
+        assets=group.assets,
+        watchers=group.watchers,
+        fence_token=fence_token,
+    )
