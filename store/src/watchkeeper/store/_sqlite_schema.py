@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
+from ._sqlite_tasks_schema import TASK_TABLES
 from ._types import AssetScope
 from .errors import BackendUnavailableError, StoreUnavailableError
 
@@ -172,6 +173,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         # The GC's scan for events past [events] retention_days (see _gc.py).
         ("CREATE INDEX asset_events_created ON asset_events (created_at)",),
     ),
+    # 6 and 7 are taken by other branches; the lead reconciles the numbering at merge.
+    (8, "tasks on asset events", TASK_TABLES),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

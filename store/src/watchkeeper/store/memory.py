@@ -12,6 +12,7 @@ from typing import Self
 from ._backend import BaseStateBackend
 from ._gc import check_days, event_cutoffs
 from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
+from ._memory_tasks import MemoryTasks
 from ._types import (
     Asset,
     AssetEvent,
@@ -44,7 +45,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(BaseStateBackend):
+class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -67,6 +68,7 @@ class MemoryStateBackend(BaseStateBackend):
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
         self._leases: dict[str, HeldLease] = {}
+        self._init_tasks()
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:

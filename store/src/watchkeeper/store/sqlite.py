@@ -61,6 +61,7 @@ from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_events import EVENT_COMMITS
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
+from ._sqlite_tasks import SqliteTasks
 from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
 from ._types import (
     Asset,
@@ -100,7 +101,7 @@ class CommitStats(NamedTuple):
     writes: int
 
 
-class SqliteStateBackend(BaseStateBackend):
+class SqliteStateBackend(SqliteTasks, BaseStateBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
