@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
+from ._postgres_tasks_schema import TASK_TABLES
 from .errors import BackendUnavailableError
 
 if TYPE_CHECKING:
@@ -158,6 +159,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         # The GC's scan for events past [events] retention_days (see _gc.py).
         ("CREATE INDEX asset_events_created ON {p}asset_events (created_at)",),
     ),
+    # 6 and 7 are taken by other branches; the lead reconciles the numbering at merge.
+    (8, "tasks on asset events", TASK_TABLES),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

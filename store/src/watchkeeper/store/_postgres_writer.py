@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from ._postgres_ops import Op, apply_batch
+from ._postgres_ops import CommitOp, Op, apply_batch
 from ._postgres_sql import Statements, is_unavailable, map_error
 from .errors import BackendUnavailableError, StoreClosedError
 
@@ -49,12 +49,16 @@ class GroupWriter:
         buffer_size: int = 4096,
         max_batch: int = 2048,
         max_batch_bytes: int = 8 << 20,
+        on_events: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     ) -> None:
         self._owner, self._sql, self._connect = owner, sql, connect
         self._conn: asyncpg.Connection | None = conn
         self._send, self._receive = anyio.create_memory_object_stream[Op](buffer_size)
         self._max_batch, self._max_bytes = max_batch, max_batch_bytes
         self._stopped = anyio.Event()
+        # Run first in every batch that commits events (the commit-order lock and the one
+        # NOTIFY of the batch: see _postgres_tasks).
+        self._on_events = on_events
         self.batches = 0
         self.ops = 0
 
@@ -149,6 +153,8 @@ class GroupWriter:
         try:
             conn = await self._connection()
             async with conn.transaction():
+                if self._on_events is not None and any(isinstance(op, CommitOp) for op in batch):
+                    await self._on_events(conn)
                 await apply_batch(conn, self._sql, batch)
                 applied = True
         except Exception as exc:  # noqa: BLE001 - any failure goes to the ops, never kills the writer

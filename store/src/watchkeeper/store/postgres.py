@@ -41,6 +41,7 @@ from ._postgres_sql import (
     raw_entry,
     rowcount,
 )
+from ._postgres_tasks import PostgresTasks, events_hook
 from ._postgres_writer import GroupWriter
 from ._types import (
     Asset,
@@ -78,7 +79,7 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(BaseStateBackend):
+class PostgresStateBackend(PostgresTasks, BaseStateBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -168,7 +169,7 @@ class PostgresStateBackend(BaseStateBackend):
 
             return await asyncpg.connect(dsn)
 
-        writer = GroupWriter(self, self._sql, reconnect, conn)
+        writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
         try:
             await task_group.start(writer.run)
         except BaseException:
@@ -181,6 +182,7 @@ class PostgresStateBackend(BaseStateBackend):
         writer, pool = self._writer, self._pool
         self._writer = None
         try:
+            await self._close_listener()
             if writer is not None:
                 await writer.aclose()
         finally:
