@@ -37,6 +37,7 @@ from typing import Any
 
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError, encode_json, get_logger
 
+from ._asset_task import AssetTask
 from .errors import TriggerImportError
 from .trigger import AssetWatcher, BaseEventTrigger
 
@@ -85,6 +86,7 @@ class FileDefinitions:
     file: str
     assets: tuple[Asset, ...] = ()
     error: WatcherError | None = None
+    tasks: tuple[AssetTask, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,8 @@ class LoadResult:
     assets: tuple[Asset, ...] = ()
     errors: tuple[WatcherError, ...] = ()
     files: Mapping[str, FileDefinitions] = field(default_factory=dict)
+    tasks: tuple[AssetTask, ...] = ()
+    """The ``asset_task`` objects the files define at module level (``watchkeeper worker``)."""
 
 
 # -- identity ------------------------------------------------------------------------------------
@@ -454,11 +458,49 @@ def load_watchers(
                 continue
             assets, asset_errors = _module_assets(rel, module)
             errors.extend(asset_errors)
-            files[rel] = FileDefinitions(rel, assets=tuple(assets))
+            tasks = _module_tasks(module)
+            for task in tasks:  # a task's assets are declared by its file too
+                assets.extend(a for a in task.assets if all(a is not b for b in assets))
+            files[rel] = FileDefinitions(rel, assets=tuple(assets), tasks=tasks)
         groups, assets, group_errors = _group(files, carried, allowed, previous)
+        tasks, task_errors = _collect_tasks(files)
     errors.extend(group_errors)
+    errors.extend(task_errors)
     for error in errors:
         log.warning("watcher_refused", file=error.file, watcher=error.watcher, reason=error.reason)
     return LoadResult(
-        path=path, groups=tuple(groups), assets=tuple(assets), errors=tuple(errors), files=files
+        path=path,
+        groups=tuple(groups),
+        assets=tuple(assets),
+        errors=tuple(errors),
+        files=files,
+        tasks=tasks,
     )
+
+
+def _module_tasks(module: types.ModuleType) -> tuple[AssetTask, ...]:
+    found: list[AssetTask] = []
+    for value in vars(module).values():
+        if isinstance(value, AssetTask) and all(value is not t for t in found):
+            found.append(value)
+    return tuple(found)
+
+
+def _collect_tasks(
+    files: Mapping[str, FileDefinitions],
+) -> tuple[tuple[AssetTask, ...], list[WatcherError]]:
+    """Every file's tasks, by name; a name defined by two files is refused in the second."""
+    tasks: dict[str, AssetTask] = {}
+    where: dict[str, str] = {}
+    errors: list[WatcherError] = []
+    for rel in sorted(files):
+        for task in files[rel].tasks:
+            if task.name in tasks and tasks[task.name] is not task:
+                errors.append(
+                    WatcherError(
+                        rel, None, f"task {task.name!r} is already defined in {where[task.name]}"
+                    )
+                )
+                continue
+            tasks[task.name], where[task.name] = task, rel
+    return tuple(tasks[name] for name in sorted(tasks)), errors
