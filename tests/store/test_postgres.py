@@ -162,7 +162,7 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 8]
 
     async def test_a_version_4_schema_gets_the_event_retention_index(
         self, pg_dsn: str, pg_schema: str
@@ -208,7 +208,7 @@ class TestLifecycle:
                 for ready in opened:
                     await ready.wait()
                 applied = sorted(b.migrations_applied for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4, 5]]
+                assert applied == [[], [], [1, 2, 3, 4, 5, 8]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()
