@@ -57,7 +57,7 @@ async def store(backend: BaseStateBackend) -> AsyncIterator[Any]:
 
 
 async def emit(store: Any, asset: str, n: int = 1) -> list[int]:
-    ids = []
+    ids: list[int] = []
     for i in range(n):
         commit = EventCommit("w", (asset,), encode_json({"i": i}, what="payload"))
         ids.extend(e.id for e in await store.acommit_event(commit))
@@ -213,7 +213,7 @@ class TestClaimAndFinish:
     async def test_lapsed_lease_retried_with_next_try(self, store: Any) -> None:
         """A run whose worker stopped renewing is claimed again with the next try number."""
         await self.ready(store)
-        (run,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        (_run,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
         store.clock.advance(31)
         (again,) = await store.aclaim_runs("w2", limit=1, ttl=TTL)
         assert (again.try_number, again.lease_token, again.lease_owner) == (2, 2, "w2")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from watchkeeper.store import Asset
 
+from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
 from ._loader import LoadResult, WatcherError, WatcherGroup, load_watchers
 from ._logging import configure_logging
+from ._worker import Worker, run_worker
 from .daemon import Daemon, ReloadReport, run_daemon
 from .errors import (
     AssetStoreUnavailableError,
@@ -16,12 +18,20 @@ from .errors import (
     WatcherNameUnavailableError,
 )
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
-from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
+from .settings import (
+    LoggingSettings,
+    Settings,
+    TriggererSettings,
+    WorkerSettings,
+    load_settings,
+)
 from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent
 
 __all__ = [
+    "AnyOf",
     "Asset",
     "AssetStoreUnavailableError",
+    "AssetTask",
     "AssetWatcher",
     "BaseEventTrigger",
     "BaseTrigger",
@@ -30,6 +40,7 @@ __all__ = [
     "InvalidEventError",
     "LoadResult",
     "LoggingSettings",
+    "OutletEventAccessor",
     "ReloadReport",
     "RunnerConfig",
     "Settings",
@@ -42,8 +53,12 @@ __all__ = [
     "WatcherError",
     "WatcherGroup",
     "WatcherNameUnavailableError",
+    "Worker",
+    "WorkerSettings",
+    "asset_task",
     "configure_logging",
     "load_settings",
     "load_watchers",
     "run_daemon",
+    "run_worker",
 ]
