@@ -4,7 +4,7 @@
 once (``--config`` and ``--database-url`` beat the environment and the file), configures
 structlog, and calls the subcommand's handler (see :mod:`._cli_common` for the contract).
 Subcommands live in ``_cli_store`` (db, state-store, assets, events) and ``_cli_runtime``
-(triggerer, status, demo). Every failure the user can fix is one ``watchkeeper: error: ...``
+(triggerer, status, demo) and ``_cli_tasks`` (worker, up, tasks, runs). Every failure the user can fix is one ``watchkeeper: error: ...``
 line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
 """
 
@@ -26,7 +26,7 @@ from watchkeeper.store.settings import (
     UnknownSettingError,
 )
 
-from . import _cli_config, _cli_runtime, _cli_store
+from . import _cli_config, _cli_runtime, _cli_store, _cli_tasks
 from ._cli_common import (
     PROG,
     CommandError,
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cli_store.register(subparsers)
     _cli_runtime.register(subparsers)
+    _cli_tasks.register(subparsers)
     _cli_config.register(subparsers)
     return parser
 
