@@ -106,7 +106,9 @@ async def stop(process: Process) -> int:
 
 async def wait_registered(env: Env) -> None:
     with anyio.fail_after(30):
-        while not env.db.exists() or not await env.json_lines("tasks", "list"):
+        while True:
+            if env.db.exists() and await env.json_lines("tasks", "list"):
+                return
             await anyio.sleep(0.1)
 
 
