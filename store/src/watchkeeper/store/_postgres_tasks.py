@@ -257,8 +257,10 @@ class PostgresTasks:
             return
         p, now = self._p, self.clock()
 
+        batch.sort(key=lambda spec: spec.name)  # rows locked in one order by every caller
+
         async def sync(conn: Any) -> None:
-            await self._lock_events(conn)  # a new cursor's start must not pass an in-flight event
+            # Locks in acreate_run's order, task rows then the events lock (else a deadlock).
             for spec in batch:
                 await conn.execute(
                     f"INSERT INTO {p}tasks (name, assets, mode, max_events, max_tries, "
@@ -268,6 +270,8 @@ class PostgresTasks:
                     "updated_at = EXCLUDED.updated_at",
                     spec.name, list(spec.assets), spec.mode, spec.max_events, spec.max_tries, now,
                 )  # fmt: skip
+            await self._lock_events(conn)  # a new cursor's start must not pass an in-flight event
+            for spec in batch:
                 await conn.execute(
                     f"INSERT INTO {p}task_cursors (task, asset, cursor, updated_at) "
                     "SELECT $1, a.name, coalesce((SELECT max(id) FROM "

@@ -38,7 +38,7 @@ from watchkeeper.store import (
     BaseStateBackend,
     OutletEvent,
     RunLeaseLostError,
-    StoreUnavailableError,
+    StateStoreError,
     TaskQueue,
     TaskRun,
     TaskScope,
@@ -182,8 +182,8 @@ class Worker:
                         await self._slot_freed.wait()
                     continue
                 last_seen = await self.queue.await_events(last_seen, poll)
-            except StoreUnavailableError as exc:
-                log.warning("worker_store_unavailable", error=describe_error(exc))
+            except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
+                log.warning("worker_store_error", error=describe_error(exc))
                 await anyio.sleep(max(poll, 1.0))
 
     async def _execute(self, run: TaskRun, scope: anyio.CancelScope) -> None:
@@ -242,6 +242,10 @@ class Worker:
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
                 return
+            except StateStoreError as exc:
+                # Not recorded: the lease lapses and the run is tried again.
+                log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
+                return
         self.finished += 1
         log.info(
             "run_finished", run_id=run.id, task=run.task, state=done.state,
@@ -262,8 +266,8 @@ class Worker:
                             log.warning("run_lease_lost", run_id=run_id, owner=self.owner)
                             flight.scope.cancel()
                 await self._free_dead_owners()
-            except StoreUnavailableError as exc:
-                log.warning("worker_store_unavailable", error=describe_error(exc))
+            except StateStoreError as exc:
+                log.warning("worker_store_error", error=describe_error(exc))
 
     async def _free_dead_owners(self) -> None:
         running = await self.queue.alist_runs(state="running")
