@@ -99,7 +99,9 @@ class Workers:
 
     async def wait_file(self, path: Path) -> None:
         with anyio.fail_after(30):
-            while not path.exists():
+            while True:
+                if await anyio.Path(path).exists():
+                    return
                 await anyio.sleep(0.02)
 
     async def wait_success(self) -> Any:
@@ -169,7 +171,9 @@ class TestFrozenWorker:
             workers.go.touch()
             frozen.send_signal(signal.SIGCONT)
             with anyio.fail_after(30):
-                while not {"run_fenced", "run_lease_lost"} & set(workers.log_events(0)):
+                while True:
+                    if {"run_fenced", "run_lease_lost"} & set(workers.log_events(0)):
+                        break
                     await anyio.sleep(0.05)
             await finish(frozen)
             async with SqliteStateBackend(workers.db) as backend:
