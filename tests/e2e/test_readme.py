@@ -252,7 +252,9 @@ class TestPythonBlocks:
                 for name in ("a.csv", "b.csv"):
                     await backend.acommit_event(EventCommit("feed", ("orders",), json.dumps(name)))
                 with anyio.fail_after(20):
-                    while not await backend.alist_events(asset="order_report"):
+                    while True:
+                        if await backend.alist_events(asset="order_report"):
+                            break
                         await anyio.sleep(0.02)
                 tg.cancel_scope.cancel()
             payloads = [e.payload for e in await backend.alist_events(asset="order_report")]
