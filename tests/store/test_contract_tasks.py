@@ -137,6 +137,16 @@ class TestRunCreation:
         assert [e.id for e in second.events] == ids[3:]
         assert first.state == "queued" and first.try_number == 0
 
+    async def test_create_runs_makes_several_at_once(self, store: Any) -> None:
+        """acreate_runs splits the pending events into up to max_runs runs, in order."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=2)])
+        ids = await emit(store, "a", 5)
+        runs = await store.acreate_runs("t", 2)
+        assert [[e.id for e in r.events] for r in runs] == [ids[0:2], ids[2:4]]
+        (last,) = await store.acreate_runs("t", 10)
+        assert [e.id for e in last.events] == ids[4:]
+        assert await store.acreate_runs("t", 10) == []
+
     async def test_all_schedule_waits_for_every_asset(self, store: Any) -> None:
         """A list schedule runs only once every asset has a new event."""
         await store.async_tasks([TaskSpec("t", ("a", "b"), mode="all")])

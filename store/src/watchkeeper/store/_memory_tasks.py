@@ -214,40 +214,54 @@ class MemoryTasks:
             task.writers[asset] = writer
 
     async def acreate_run(self, name: str) -> TaskRun | None:
+        created = await self.acreate_runs(name, 1)
+        return created[0] if created else None
+
+    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
         self._check_open()
+        check_limit(max_runs, "max_runs")
+        created: list[TaskRun] = []
         with self._lock:
-            _, _, runs = self._tasks_state()
-            task = self._named_task(name)
-            if task.paused:
-                return None
-            spec = task.spec
-            pending: dict[str, list[tuple[int, str]]] = {}
-            for asset in spec.assets:
-                found = [e for e in self._after(task.cursors[asset]) if e.asset == asset]
-                pending[asset] = [(e.id, asset) for e in found[: spec.max_events]]
-            plan = plan_run(spec, pending)
-            if plan is None:
-                return None
-            taken, cursors = plan
-            task.cursors.update(cursors)
-            for asset in cursors:
-                task.writers[asset] = None
-            now = self.clock()
-            run_id = len(runs) + 1
-            by_id = {e.id: e for e in self._events}
-            run = TaskRun(
-                id=run_id,
-                task=name,
-                state="queued",
-                try_number=0,
-                max_tries=spec.max_tries,
-                event_count=len(taken),
-                created_at=now,
-                updated_at=now,
-                events=tuple(by_id[event_id] for event_id, _ in taken),
-            )
-            runs[run_id] = run
-            return run
+            while len(created) < max_runs:
+                run = self._create_one(name)
+                if run is None:
+                    break
+                created.append(run)
+        return created
+
+    def _create_one(self, name: str) -> TaskRun | None:
+        _, _, runs = self._tasks_state()
+        task = self._named_task(name)
+        if task.paused:
+            return None
+        spec = task.spec
+        pending: dict[str, list[tuple[int, str]]] = {}
+        for asset in spec.assets:
+            found = [e for e in self._after(task.cursors[asset]) if e.asset == asset]
+            pending[asset] = [(e.id, asset) for e in found[: spec.max_events]]
+        plan = plan_run(spec, pending)
+        if plan is None:
+            return None
+        taken, cursors = plan
+        task.cursors.update(cursors)
+        for asset in cursors:
+            task.writers[asset] = None
+        now = self.clock()
+        run_id = len(runs) + 1
+        by_id = {e.id: e for e in self._events}
+        run = TaskRun(
+            id=run_id,
+            task=name,
+            state="queued",
+            try_number=0,
+            max_tries=spec.max_tries,
+            event_count=len(taken),
+            created_at=now,
+            updated_at=now,
+            events=tuple(by_id[event_id] for event_id, _ in taken),
+        )
+        runs[run_id] = run
+        return run
 
     # -- runs --------------------------------------------------------------------------------
 

@@ -359,54 +359,69 @@ class PostgresTasks:
         await self._transact("rewinding a task", rewind)
 
     async def acreate_run(self, name: str) -> TaskRun | None:
-        self._check_open()
-        p = self._p
+        created = await self.acreate_runs(name, 1)
+        return created[0] if created else None
 
-        async def create(conn: Any) -> TaskRun | None:
+    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
+        self._check_open()
+        check_limit(max_runs, "max_runs")
+
+        async def create(conn: Any) -> list[TaskRun]:
             # The task row serialises the workers creating its runs; the events lock makes
             # every event below the ids read here committed (see the module docstring).
             spec, paused = await self._spec(conn, name, lock=True)
             if paused:
-                return None
+                return []
             await self._lock_events(conn)
-            now = self.clock()
-            cursors = dict(
-                await conn.fetch(f"SELECT asset, cursor FROM {p}task_cursors WHERE task = $1", name)
-            )
-            pending: dict[str, list[tuple[int, str]]] = {}
-            for asset in spec.assets:
-                rows = await conn.fetch(
-                    f"SELECT id FROM {p}asset_events WHERE asset_name = $1 AND id > $2 "
-                    "ORDER BY id LIMIT $3",
-                    asset,
-                    cursors.get(asset, 0),
-                    spec.max_events,
-                )
-                pending[asset] = [(r[0], asset) for r in rows]
-            plan = plan_run(spec, pending)
-            if plan is None:
-                return None
-            taken, moved = plan
-            run_id = await conn.fetchval(
-                f"INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
-                "created_at, updated_at) VALUES ($1, 'queued', 0, $2, $3, $4, $4) RETURNING id",
-                name, spec.max_tries, len(taken), now,
-            )  # fmt: skip
-            await conn.execute(
-                f"INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
-                "SELECT $1, i.event_id, $2, i.asset FROM unnest($3::int8[], $4::text[]) "
-                "AS i(event_id, asset)",
-                run_id, name, [e for e, _ in taken], [a for _, a in taken],
-            )  # fmt: skip
-            await conn.execute(
-                f"UPDATE {p}task_cursors c SET cursor = i.cursor, updated_at = $2, "
-                "writer_kind = NULL, writer_name = NULL FROM unnest($3::text[], $4::int8[]) "
-                "AS i(asset, cursor) WHERE c.task = $1 AND c.asset = i.asset",
-                name, now, list(moved), list(moved.values()),
-            )  # fmt: skip
-            return (await self._runs_with_events(conn, [run_id]))[0]
+            created: list[TaskRun] = []
+            while len(created) < max_runs:
+                run = await self._create_one(conn, spec)
+                if run is None:
+                    break
+                created.append(run)
+            return created
 
-        return await self._transact("creating a run", create)
+        return await self._transact("creating runs", create)
+
+    async def _create_one(self, conn: Any, spec: TaskSpec) -> TaskRun | None:
+        """One run from the pending events (the caller holds the task row and the lock)."""
+        p, name = self._p, spec.name
+        now = self.clock()
+        cursors = dict(
+            await conn.fetch(f"SELECT asset, cursor FROM {p}task_cursors WHERE task = $1", name)
+        )
+        pending: dict[str, list[tuple[int, str]]] = {}
+        for asset in spec.assets:
+            rows = await conn.fetch(
+                f"SELECT id FROM {p}asset_events WHERE asset_name = $1 AND id > $2 "
+                "ORDER BY id LIMIT $3",
+                asset,
+                cursors.get(asset, 0),
+                spec.max_events,
+            )
+            pending[asset] = [(r[0], asset) for r in rows]
+        plan = plan_run(spec, pending)
+        if plan is None:
+            return None
+        taken, moved = plan
+        run_id = await conn.fetchval(
+            f"INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
+            "created_at, updated_at) VALUES ($1, 'queued', 0, $2, $3, $4, $4) RETURNING id",
+            name, spec.max_tries, len(taken), now,
+        )  # fmt: skip
+        await conn.execute(
+            f"INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
+            "SELECT $1, i.event_id, $2, i.asset FROM unnest($3::int8[], $4::text[]) "
+            "AS i(event_id, asset)",
+            run_id, name, [e for e, _ in taken], [a for _, a in taken],
+        )  # fmt: skip
+        await conn.execute(
+            f"UPDATE {p}task_cursors c SET cursor = i.cursor, updated_at = $2, "
+            "writer_kind = NULL, writer_name = NULL FROM unnest($3::text[], $4::int8[]) "
+            "AS i(asset, cursor) WHERE c.task = $1 AND c.asset = i.asset",
+            name, now, list(moved), list(moved.values()),
+        )  # fmt: skip
+        return (await self._runs_with_events(conn, [run_id]))[0]
 
     # -- runs --------------------------------------------------------------------------------
 

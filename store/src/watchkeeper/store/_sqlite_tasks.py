@@ -216,6 +216,16 @@ def _create_run(tx: Tx, name: str) -> TaskRun | None:
     return _runs_with_events(conn, [run_id])[0]
 
 
+def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
+    created: list[TaskRun] = []
+    while len(created) < max_runs:
+        run = _create_run(tx, name)
+        if run is None:
+            break
+        created.append(run)
+    return created
+
+
 def _claim(
     tx: Tx, owner: str, limit: int, span: timedelta, tasks: Sequence[str] | None
 ) -> list[TaskRun]:
@@ -464,6 +474,11 @@ class SqliteTasks:
     async def acreate_run(self, name: str) -> TaskRun | None:
         self._check_open()
         return await self._write(lambda tx: _create_run(tx, name))
+
+    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
+        self._check_open()
+        check_limit(max_runs, "max_runs")
+        return await self._write(lambda tx: _create_runs(tx, name, max_runs))
 
     # -- runs --------------------------------------------------------------------------------
 

@@ -213,6 +213,10 @@ class TaskQueue(Protocol):
 
     async def acreate_run(self, name: str) -> TaskRun | None: ...
 
+    async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]:
+        """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
+        ...
+
     async def aclaim_runs(
         self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
     ) -> list[TaskRun]: ...

@@ -162,9 +162,8 @@ class Worker:
             try:
                 if self._accepting:
                     for name in names:
-                        for _ in range(1000):  # bounded: claims interleave with a long backlog
-                            if await self.queue.acreate_run(name) is None:
-                                break
+                        # Bounded: a steady trickle of events must not starve the claims.
+                        await self.queue.acreate_runs(name, 2 * self.settings.concurrency)
                     free = self.settings.concurrency - len(self._running)
                     if free > 0:
                         claimed = await self.queue.aclaim_runs(
