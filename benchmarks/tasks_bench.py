@@ -147,7 +147,9 @@ async def runs_per_second(kind: str, where: str, workers: int, events: int) -> f
                     await tg.start(Worker(backend, [noop], settings).run)
                 t0 = time.perf_counter()
                 await main.aset_task_paused("noop", False)  # type: ignore[attr-defined]
-                while not await all_succeeded(main):
+                while True:
+                    if await all_succeeded(main):
+                        break
                     await anyio.sleep(0.02)
                 elapsed = time.perf_counter() - t0
                 tg.cancel_scope.cancel()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,19 +38,33 @@ def _reset_structlog() -> Iterator[None]:
     root.setLevel(level)
 
 
-def _pg_reachable() -> str | None:
-    """None when the test server answers, else the reason it does not."""
+def _pg_address(dsn: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``postgresql://`` DSN, with libpq's defaults."""
+    url = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qs(url.query)
+    host = url.hostname or query.get("host", ["localhost"])[0]
+    port = url.port or int(query.get("port", ["5432"])[0])
+    return host, port
+
+
+def _pg_reachable(dsn: str = PG_DSN) -> str | None:
+    """None when the server of ``dsn`` answers, else the reason it does not."""
     try:
         import asyncpg  # noqa: F401
     except ImportError:
         return "asyncpg is not installed"
-    import socket
-
+    host, port = _pg_address(dsn)
     try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return None
+        if host.startswith("/"):  # a Unix-domain socket directory, as libpq takes it
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(1)
+                sock.connect(f"{host}/.s.PGSQL.{port}")
+        else:
+            with socket.create_connection((host, port), timeout=1):
+                pass
     except OSError as exc:
-        return f"PostgreSQL is not reachable on 127.0.0.1:5432 ({exc})"
+        return f"PostgreSQL is not reachable on {host}:{port} ({exc})"
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from watchkeeper.store import (
     AssetScope,
     BaseStateBackend,
     RawEntry,
+    SqliteStateBackend,
     StateScope,
     StoreClosedError,
     SyncCallInLoopError,
@@ -103,10 +104,10 @@ class SyncOnlyBackend(BaseStateBackend):
     def _put(self, scope: StateScope, key: str, value_json: str, **kw: Any) -> int:
         return self.store.put(scope, key, value_json, **kw)
 
-    def _delete(self, scope: StateScope, key: str) -> bool:
+    def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self.store.delete(scope, key)
 
-    def _clear(self, scope: StateScope, all_map_indices: bool) -> int:
+    def _clear(self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None) -> int:
         return self.store.clear(scope, all_map_indices)
 
     def _list(self, scope: StateScope) -> list[RawEntry]:
@@ -130,10 +131,12 @@ class AsyncOnlyBackend(BaseStateBackend):
         await anyio.lowlevel.checkpoint()
         return self.store.put(scope, key, value_json, **kw)
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self.store.delete(scope, key)
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
         return self.store.clear(scope, all_map_indices)
 
     async def _alist(self, scope: StateScope) -> list[RawEntry]:
@@ -295,13 +298,7 @@ class TestMissingHooks:
 
 
 def _sqlite(path: Path) -> BaseStateBackend:
-    from watchkeeper import store
-
-    cls = getattr(store, "SqliteStateBackend", None)
-    if cls is None:
-        pytest.skip("SqliteStateBackend is not exported by watchkeeper.store yet")
-    backend: BaseStateBackend = cls(path)
-    return backend
+    return SqliteStateBackend(path)
 
 
 class TestSqliteBridge:

@@ -6,7 +6,7 @@ backend's own ``clock``, set by each test, so expiry never depends on the wall c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -14,6 +14,7 @@ import pytest
 from watchkeeper.store import (
     Asset,
     AssetScope,
+    AssetStateStoreAccessors,
     BaseStateBackend,
     EventCommit,
     Fence,
@@ -21,6 +22,8 @@ from watchkeeper.store import (
     LeaseLostError,
     PostgresStateBackend,
     StateStoreError,
+    TaskScope,
+    TaskStateStoreAccessor,
     Writer,
     encode_json,
     encode_value,
@@ -29,6 +32,7 @@ from watchkeeper.store import (
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 TTL = timedelta(seconds=30)
 ORDERS = AssetScope(name="orders")
+TASK = TaskScope("dag", "run", "task")
 
 
 class Clock:
@@ -259,6 +263,107 @@ class TestFencing:
         """A fence needs a trigger id, an owner and a token >= 1."""
         with pytest.raises(error, match="Fence"):
             Fence(*args)  # type: ignore[arg-type]
+
+
+def fenced(owner: str, token: int) -> Writer:
+    """The writer the runtime gives a watcher whose lease of trigger ``w`` is (owner, token)."""
+    return Writer("watcher", "w", fence=Fence("w", owner, token))
+
+
+Write = Callable[[BaseStateBackend, Writer], Awaitable[object]]
+
+# Every write path a fenced writer can take, each against the rows `seed_fenced` wrote.
+WRITES: dict[str, Write] = {
+    "set": lambda s, w: s.aset(ORDERS, "watermark", 2, writer=w),
+    "compare-and-set": lambda s, w: s.aset(ORDERS, "watermark", 2, writer=w, expected_version=1),
+    "create": lambda s, w: s.aset(ORDERS, "fresh", 2, writer=w, expected_version=0),
+    "delete": lambda s, w: s.adelete(ORDERS, "watermark", writer=w),
+    "clear": lambda s, w: s.aclear(ORDERS, writer=w),
+    "task set": lambda s, w: s.aset(TASK, "k", 2, writer=w),
+    "task delete": lambda s, w: s.adelete(TASK, "k", writer=w),
+    "task clear": lambda s, w: s.aclear(TASK, all_map_indices=True, writer=w),
+    "event commit": lambda s, w: s.acommit_event(
+        EventCommit("w", ("orders",), "1", state={"watermark": "2"}, writer=w)
+    ),
+}
+
+
+async def seed_fenced(store: BaseStateBackend) -> None:
+    """Owner "a" claims trigger w (token 1) and writes asset and task state with that fence."""
+    assert await store.aclaim_leases("a", ["w"], TTL) == {"w": 1}
+    for scope, key in ((ORDERS, "watermark"), (ORDERS, "other"), (TASK, "k")):
+        await store.aset(scope, key, 1, writer=fenced("a", 1))
+
+
+async def everything(store: BaseStateBackend) -> tuple[object, ...]:
+    return (await store.alist(ORDERS), await store.alist(TASK), await store.alist_events())
+
+
+class TestFencedWrites:
+    """Every write a fenced writer makes checks the lease in its own transaction."""
+
+    @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
+    async def test_same_owner_with_a_stale_token_is_refused(
+        self, store: BaseStateBackend, write: str
+    ) -> None:
+        """The owner released and re-claimed the lease (token 2): a write still fenced with its
+        old token 1 raises LeaseLostError and changes nothing, on every write path."""
+        await seed_fenced(store)
+        await store.arelease_leases("a", ["w"])
+        assert await store.aclaim_leases("a", ["w"], TTL) == {"w": 2}
+        before = await everything(store)
+        with pytest.raises(LeaseLostError) as caught:
+            await WRITES[write](store, fenced("a", 1))
+        assert "'a' holds it with token 2" in str(caught.value)
+        assert await everything(store) == before
+
+    @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
+    async def test_a_token_never_issued_is_refused(
+        self, store: BaseStateBackend, write: str
+    ) -> None:
+        """A fence naming the holder with a token above the lease's is refused as well: the
+        token must match exactly, not merely belong to the owner."""
+        await seed_fenced(store)
+        before = await everything(store)
+        with pytest.raises(LeaseLostError, match="'a' holds it with token 1"):
+            await WRITES[write](store, fenced("a", 2))
+        assert await everything(store) == before
+
+    @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
+    async def test_the_live_fence_writes(self, store: BaseStateBackend, write: str) -> None:
+        """The same write with the holder's current token goes through."""
+        await seed_fenced(store)
+        before = await everything(store)
+        await WRITES[write](store, fenced("a", 1))
+        assert await everything(store) != before
+
+    async def test_a_stale_accessor_cannot_delete_or_clear(self, store: BaseStateBackend) -> None:
+        """Issue 7.1: lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
+        accessors are refused on delete and clear, async and sync, asset and task state."""
+        await store.aclaim_leases("daemon-1", ["trig"], TTL)
+        old = Writer("watcher", "w", fence=Fence("trig", "daemon-1", 1))
+        assets = AssetStateStoreAccessors(store, [Asset("orders")], writer=old)
+        task = TaskStateStoreAccessor(store, TASK, writer=old)
+        await assets.aset("wm", 1)
+        await task.aset("k", 1)
+        await store.arelease_leases("daemon-1", ["trig"])
+        assert await store.aclaim_leases("daemon-2", ["trig"], TTL) == {"trig": 2}
+        before = await everything(store)
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: assets.aset("wm", 2),
+            lambda: assets.adelete("wm"),
+            lambda: assets.aclear(),
+            lambda: anyio.to_thread.run_sync(assets.delete, "wm"),
+            lambda: anyio.to_thread.run_sync(assets.clear),
+            lambda: task.adelete("k"),
+            lambda: task.aclear(),
+            lambda: anyio.to_thread.run_sync(task.delete, "k"),
+            lambda: anyio.to_thread.run_sync(task.clear, True),
+        ]
+        for call in calls:
+            with pytest.raises(LeaseLostError, match="'daemon-2' holds it with token 2"):
+                await call()
+        assert await everything(store) == before
 
 
 class TestPostgresLeaseLocking:

@@ -1,4 +1,4 @@
-"""The metastore contract of the built-in backends: asset events, garbage collection, trigger status.
+"""The metastore contract of the built-in backends: asset events, GC, trigger and daemon status.
 
 Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture, like
 ``test_contract.py``. Times handed to garbage collection are derived from the rows' own
@@ -26,7 +26,9 @@ from watchkeeper.store import (
     Asset,
     AssetNotFoundError,
     BaseStateBackend,
+    DaemonStatus,
     EventCommit,
+    RefusedDefinition,
     TriggerStatus,
     Writer,
     encode_json,
@@ -187,6 +189,48 @@ class TestGarbageCollection:
         assert kept.total == 0 and await store.aget(TASK, "k") == 1
         report = await store.acollect_garbage(default_retention_days=30, now=later)
         assert report.retention == [(TASK, "k")] and report.expired == []
+        assert await store.aget(TASK, "k") is None
+
+    @pytest.mark.parametrize("batch_size", [0, 1])
+    async def test_retention_cutoff_is_exact(
+        self, store: BaseStateBackend, batch_size: int
+    ) -> None:
+        """With the backend's clock as GC time: a row without retention is kept at exactly
+        default_retention_days after its update and collected one microsecond later."""
+        t0 = datetime(2031, 1, 1, tzinfo=UTC)
+        tick = timedelta(microseconds=1)
+        store.clock = lambda: t0
+        await store.aset(TASK, "k", 1)
+        await store.aset(TASK, "later", 1)  # written one tick after k: inside the cutoff
+        store.clock = lambda: t0 + tick
+        await store.aset(TASK, "later", 2)
+        for days in (30, 7):
+            store.clock = lambda days=days: t0 + timedelta(days=days)  # type: ignore[misc]
+            kept = await store.acollect_garbage(default_retention_days=days, batch_size=batch_size)
+            assert kept.total == 0 and await store.aget(TASK, "k") == 1
+        store.clock = lambda: t0 + timedelta(days=7) + tick
+        dry = await store.acollect_garbage(default_retention_days=7, dry_run=True)
+        assert dry.retention == [(TASK, "k")]
+        report = await store.acollect_garbage(default_retention_days=7, batch_size=batch_size)
+        assert report.retention == [(TASK, "k")] and report.total == 1
+        assert await store.aget(TASK, "k") is None and await store.aget(TASK, "later") == 2
+
+    @pytest.mark.parametrize("batch_size", [0, 1])
+    async def test_expiry_is_exact(self, store: BaseStateBackend, batch_size: int) -> None:
+        """A row written with a retention expires at exactly write time + retention (the
+        backend's clock): kept by a GC at that instant, collected one microsecond later."""
+        t0 = datetime(2031, 1, 1, tzinfo=UTC)
+        tick = timedelta(microseconds=1)
+        store.clock = lambda: t0
+        await store.aset(TASK, "k", 1, retention=timedelta(hours=1))
+        entry = await store.aget_entry(TASK, "k")
+        assert entry is not None and entry.expires_at == t0 + timedelta(hours=1)
+        store.clock = lambda: t0 + timedelta(hours=1)
+        kept = await store.acollect_garbage(batch_size=batch_size)
+        assert kept.total == 0 and await store.aget(TASK, "k") == 1
+        store.clock = lambda: t0 + timedelta(hours=1) + tick
+        report = await store.acollect_garbage(batch_size=batch_size)
+        assert report.expired == [(TASK, "k")] and report.total == 1
         assert await store.aget(TASK, "k") is None
 
     async def test_zero_days_disables_default_retention(self, store: BaseStateBackend) -> None:
@@ -520,3 +564,73 @@ class TestEventRetention:
         await store.acommit_event(commit("orders", payload=1))
         report = await store.acollect_garbage(event_retention_days=10**12)
         assert report.events == 0 and len(await store.alist_events()) == 1
+
+
+T_START = datetime(2024, 6, 1, 12, 0, 0, 250000, tzinfo=UTC)
+
+
+def _daemon(owner: str, **changes: object) -> DaemonStatus:
+    fields: dict[str, object] = {
+        "owner": owner,
+        "started_at": T_START,
+        "heartbeat_at": T_START + timedelta(seconds=42, microseconds=5),
+        "lease_ttl": 15.0,
+        "watchers_path": "/srv/watchers",
+        "refused": (),
+    }
+    fields.update(changes)
+    return DaemonStatus(**fields)  # type: ignore[arg-type]
+
+
+class TestDaemonStatus:
+    async def test_empty_at_first(self, store: BaseStateBackend) -> None:
+        """A fresh store has no daemon status."""
+        assert await store.alist_daemon_status() == []
+
+    async def test_save_and_list_round_trips_every_field(self, store: BaseStateBackend) -> None:
+        """Rows come back equal, ordered by owner, refusals included even when their texts
+        hold NUL, newlines or lone surrogates (which a PostgreSQL text column refuses)."""
+        refused = (
+            RefusedDefinition("bad.py", None, "invalid asset name 'a\\x00b': control character"),
+            RefusedDefinition("odd\udc80.py", "feed\x00", "line one\nline two"),
+        )
+        saved = [_daemon("host:2:b"), _daemon("host:1:a", refused=refused, lease_ttl=2.5)]
+        for status in saved:
+            await store.asave_daemon_status(status)
+        assert await store.alist_daemon_status() == [saved[1], saved[0]]
+
+    async def test_save_upserts(self, store: BaseStateBackend) -> None:
+        """Saving a daemon's row again replaces it (a heartbeat)."""
+        await store.asave_daemon_status(_daemon("d1"))
+        later = _daemon("d1", heartbeat_at=T_START + timedelta(minutes=5))
+        await store.asave_daemon_status(later)
+        assert await store.alist_daemon_status() == [later]
+
+    async def test_delete(self, store: BaseStateBackend) -> None:
+        """Deleting rows removes exactly those owners; unknown owners are ignored."""
+        for owner in ("d1", "d2", "d3"):
+            await store.asave_daemon_status(_daemon(owner))
+        await store.adelete_daemon_status(["d1", "d3", "never"])
+        assert [d.owner for d in await store.alist_daemon_status()] == ["d2"]
+
+    @pytest.mark.parametrize(
+        ("status", "error"),
+        [
+            ("d1", TypeError),
+            (_daemon(""), ValueError),
+            (_daemon("d9", heartbeat_at=datetime(2024, 1, 1)), TypeError),  # naive
+            (_daemon("d9", lease_ttl=0.0), ValueError),
+            (_daemon("d9", lease_ttl=float("nan")), TypeError),
+            (_daemon("d9", refused=("bad.py",)), TypeError),
+        ],
+    )
+    async def test_bad_input_is_refused_and_changes_nothing(
+        self, store: BaseStateBackend, status: object, error: type[Exception]
+    ) -> None:
+        """A malformed row is a TypeError/ValueError and nothing is written."""
+        await store.asave_daemon_status(_daemon("d1"))
+        with pytest.raises(error):
+            await store.asave_daemon_status(status)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await store.adelete_daemon_status("d1")  # a str, not a list of owners
+        assert [d.owner for d in await store.alist_daemon_status()] == ["d1"]

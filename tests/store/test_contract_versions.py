@@ -8,7 +8,7 @@ call must leave the store exactly as it was.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -26,6 +26,7 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
+    EventCommit,
     StateScope,
     VersionConflictError,
     Writer,
@@ -67,15 +68,27 @@ class TestVersionsAndEntries:
                 assert entry.updated_at.tzinfo is not None
             assert await store.aget_entry(scope, "missing") is None
 
-    async def test_update_time_moves_forward(self, store: BaseStateBackend) -> None:
-        """A later write has an update time no earlier than the one before."""
+    async def test_update_time_moves_with_every_write(self, store: BaseStateBackend) -> None:
+        """Each write, plain, compare-and-set or by an event, stamps the key with the backend's
+        clock at that write: a write one microsecond later has an update time one later."""
+        t0 = datetime(2031, 5, 1, 9, 30, tzinfo=UTC)
+        step = timedelta(microseconds=1)
         for scope in SCOPES:
-            await store.aset(scope, "k", 1)
-            first = await store.aget_entry(scope, "k")
-            await store.aset(scope, "k", 2)
-            second = await store.aget_entry(scope, "k")
-            assert first is not None and second is not None
-            assert second.updated_at >= first.updated_at
+            stamps = []
+            for n in range(3):
+                store.clock = lambda n=n: t0 + n * step  # type: ignore[misc]
+                if n == 1:
+                    await store.aset(scope, "k", n, expected_version=1)
+                else:
+                    await store.aset(scope, "k", n)
+                entry = await store.aget_entry(scope, "k")
+                assert entry is not None
+                stamps.append(entry.updated_at)
+            assert stamps == [t0, t0 + step, t0 + 2 * step]
+        store.clock = lambda: t0 + 3 * step
+        await store.acommit_event(EventCommit("w", ("orders",), "1", state={"k": "3"}))
+        entry = await store.aget_entry(ORDERS_SCOPE, "k")
+        assert entry is not None and entry.updated_at == t0 + 3 * step
 
     async def test_list_carries_versions_and_writers(self, store: BaseStateBackend) -> None:
         """alist() entries carry the same metadata as aget_entry()."""

@@ -8,12 +8,15 @@ writer and how it isolates a failing write, and the translation of driver errors
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import subprocess
 import sys
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -102,6 +105,49 @@ async def _in_one_batch(
     return results, store.write_batches - before
 
 
+def _run_pytest(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """This suite's own pytest, in a subprocess whose test server is ``dsn``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["WATCHKEEPER_TEST_PG_DSN"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parents[2],
+        env=env,
+        timeout=120,
+    )
+
+
+class TestTheTestServer:
+    """WATCHKEEPER_TEST_PG_DSN names the server: the probe and the tests take it from there."""
+
+    def test_the_probe_checks_the_configured_server(self) -> None:
+        """A DSN naming a port where nothing listens skips the PostgreSQL tests, naming that
+        host and port (the probe used to check 127.0.0.1:5432 whatever the DSN said)."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        done = _run_pytest(
+            f"postgresql://postgres@127.0.0.1:{port}/test",
+            f"{__file__}::TestConstruction::test_repr_shows_where_and_pool_but_never_the_password",
+        )
+        assert "1 skipped" in done.stdout, done.stdout + done.stderr
+        assert f"not reachable on 127.0.0.1:{port}" in done.stdout
+
+    def test_the_tests_use_the_configured_database(self, pg_dsn: str) -> None:
+        """Against another database of the same server (``postgres``), the tests that name
+        the database expect that one, not a hard-coded ``test``."""
+        url = urllib.parse.urlsplit(pg_dsn)
+        other = urllib.parse.urlunsplit(url._replace(path="/postgres"))
+        done = _run_pytest(
+            other,
+            f"{__file__}::TestConstruction::test_repr_shows_where_and_pool_but_never_the_password",
+        )
+        assert "1 passed" in done.stdout, done.stdout + done.stderr
+
+
 class TestConstruction:
     """Arguments, repr and the lazy driver import."""
 
@@ -125,7 +171,9 @@ class TestConstruction:
         assert "s3cret" not in repr(backend)
         async with backend:
             text = repr(backend)
-        assert "host=127.0.0.1:5432" in text and "db=test" in text
+        url = urllib.parse.urlsplit(pg_dsn)  # the test server's, from WATCHKEEPER_TEST_PG_DSN
+        assert f"host={url.hostname}:{url.port or 5432}" in text
+        assert f"db={url.path.lstrip('/')}" in text
         assert f"schema={pg_schema}" in text and "pool=1/3" in text and "open=True" in text
         assert "s3cret" not in text
 
@@ -151,10 +199,10 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.migrations_applied == [1, 2, 3, 4, 5, 8]
+            assert first.applied_migrations == [1, 2, 3, 4, 5, 6, 8]
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
-            assert second.migrations_applied == []
+            assert second.applied_migrations == []
         conn = await asyncpg.connect(pg_dsn)
         try:
             rows = await conn.fetch(
@@ -162,7 +210,7 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 8]
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 8]
 
     async def test_a_version_4_schema_gets_the_event_retention_index(
         self, pg_dsn: str, pg_schema: str
@@ -177,7 +225,7 @@ class TestLifecycle:
             await conn.execute(f'DROP INDEX "{pg_schema}".asset_events_created')
             await conn.execute(f'DELETE FROM "{pg_schema}".schema_migrations WHERE version = 5')
             async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-                assert backend.migrations_applied == [5]
+                assert backend.applied_migrations == [5]
                 assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
             indexes = await conn.fetch(
                 "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = $2",
@@ -207,8 +255,8 @@ class TestLifecycle:
                     tg.start_soon(serve, backend, ready)
                 for ready in opened:
                     await ready.wait()
-                applied = sorted(b.migrations_applied for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4, 5, 8]]
+                applied = sorted(b.applied_migrations for b in backends)
+                assert applied == [[], [], [1, 2, 3, 4, 5, 6, 8]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()
@@ -432,13 +480,31 @@ class TestGroupCommit:
     async def test_data_the_server_refuses_fails_only_its_own_write(
         self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
     ) -> None:
-        """A NUL character PostgreSQL rejects fails that write alone; the batch is replayed."""
+        """A row the server refuses (a data exception, from a trigger here) fails that write
+        alone, as InvalidValueError; the batch is replayed."""
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(
+                f"""
+                CREATE FUNCTION "{pg_schema}".poison() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.key = 'poison' THEN
+                        RAISE EXCEPTION 'poisoned key' USING ERRCODE = 'data_exception';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER poison BEFORE INSERT ON "{pg_schema}".task_state
+                FOR EACH ROW EXECUTE FUNCTION "{pg_schema}".poison();
+                """
+            )
+        finally:
+            await conn.close()
         calls: dict[str, Callable[[], Any]] = {
             f"ok{i}": functools.partial(store.aset, TASK, f"k{i}", i) for i in range(10)
         }
-        calls["nul"] = lambda: store.aset(TaskScope("d\x00g", "r", "t"), "k", 1)
+        calls["poison"] = lambda: store.aset(TaskScope("dag", "r", "t"), "poison", 1)
         results, _ = await _in_one_batch(store, pg_dsn, pg_schema, calls)
-        assert isinstance(results.pop("nul"), InvalidValueError)
+        assert isinstance(results.pop("poison"), InvalidValueError)
         assert results == {f"ok{i}": 1 for i in range(10)}
         assert len(await store.alist(TASK)) == 10
 

@@ -1,8 +1,10 @@
 """Property tests of values and keys, against every backend.
 
 Any JSON value round-trips exactly (same types all the way down); every invalid value or key
-raises its documented error and leaves the store unchanged. Example counts are modest so the
-three backends together stay within a few seconds.
+raises its documented error and leaves the store unchanged. Names (dedup keys, asset names,
+task scope ids) drawn from every code point, controls and lone surrogates included, are either
+refused before any I/O or round-trip, the same on every backend. Example counts are modest so
+the three backends together stay within a few seconds.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from watchkeeper.store import (
     MAX_KEY_LENGTH,
+    MAX_NAME_BYTES,
+    MAX_SCOPE_ID_BYTES,
+    MAX_VALUE_DEPTH,
     Asset,
     AssetScope,
     BaseStateBackend,
+    EventCommit,
+    InvalidNameError,
+    InvalidValueError,
     StateScope,
     TaskScope,
 )
@@ -72,6 +80,25 @@ not_json_leaves = st.one_of(
     ),
 )
 non_finite = st.sampled_from([math.nan, -math.nan, math.inf, -math.inf])
+surrogates = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+# A str holding at least one lone surrogate (two in a row stay two: Python never pairs them).
+with_surrogate = st.tuples(st.text(max_size=4), surrogates, st.text(max_size=4)).map("".join)
+# Ints past Python's int-to-text limit (4,300 digits by default), either sign.
+too_long_ints = st.tuples(st.integers(4300, 6000), st.sampled_from([1, -1])).map(
+    lambda pair: pair[1] * 10 ** pair[0]
+)
+
+
+def nested(depth: int) -> Any:
+    """A list nested ``depth`` levels deep around a 1."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Beyond MAX_VALUE_DEPTH, up to far past what Python's recursion limit allows.
+too_deep = st.sampled_from([MAX_VALUE_DEPTH + 1, MAX_VALUE_DEPTH + 7, 5_000, 100_000]).map(nested)
 
 
 def embedded(bad: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -95,6 +122,12 @@ invalid_values = st.one_of(
     st.just(None).map(lambda v: (v, ValueError)),
     embedded(non_finite).map(lambda v: (v, ValueError)),
     embedded(not_json_leaves).map(lambda v: (v, TypeError)),
+    embedded(with_surrogate).map(lambda v: (v, InvalidValueError)),
+    embedded(st.dictionaries(with_surrogate, leaves, min_size=1, max_size=2)).map(
+        lambda v: (v, InvalidValueError)
+    ),
+    embedded(too_long_ints).map(lambda v: (v, InvalidValueError)),
+    embedded(too_deep).map(lambda v: (v, InvalidValueError)),
 )
 invalid_keys = st.one_of(
     st.one_of(st.integers(), st.none(), st.binary(), st.floats(), st.tuples(st.text())).map(
@@ -110,7 +143,31 @@ invalid_keys = st.one_of(
         st.sampled_from(["\x00", "\n", "\x1b", "\x7f", "\ud800", "\udfff"]),
         st.text(key_chars, max_size=8),
     ).map(lambda parts: ("".join(parts), ValueError)),
+    st.tuples(st.text(key_chars, max_size=8), surrogates).map(
+        lambda parts: ("".join(parts), ValueError)
+    ),
+    # within 512 characters but over 1,024 bytes of UTF-8
+    st.text(st.characters(min_codepoint=0x10000), min_size=257, max_size=MAX_KEY_LENGTH).map(
+        lambda k: (k, ValueError)
+    ),
 )
+
+# Any code point at all: C0 controls, DEL, C1 controls, lone surrogates, astral characters;
+# sometimes long enough to pass a byte limit.
+any_char = st.characters(blacklist_categories=())
+any_name = st.one_of(
+    st.text(any_char, max_size=12),
+    st.text(st.characters(min_codepoint=0x80, blacklist_categories=()), min_size=120, max_size=300),
+)
+
+
+def is_valid_name(name: str, max_bytes: int) -> bool:
+    """The naming rule, restated: non-empty UTF-8, no C0 control or DEL, within the bytes."""
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        return False
+    return 0 < size <= max_bytes and not any(c < " " or c == "\x7f" for c in name)
 
 
 def same(a: object, b: object) -> bool:
@@ -201,6 +258,69 @@ class TestValueProperties:
         assert all(same(e.value, model[e.key]) for e in listed)
 
 
+class TestNameProperties:
+    @backend_settings
+    @given(name=any_name)
+    async def test_any_dedup_key_is_refused_or_deduplicates(
+        self, store: BaseStateBackend, name: str
+    ) -> None:
+        """A dedup key breaking the naming rule is refused before any I/O; any other commits
+        once, reads back exactly, and suppresses its redelivery, on every backend."""
+        before = await store.alist_events()
+        if not is_valid_name(name, MAX_NAME_BYTES):
+            with pytest.raises(InvalidNameError):
+                EventCommit("w", ("orders",), "1", dedup_key=name)
+            assert await store.alist_events() == before
+            return
+        commit = EventCommit("w", ("orders",), "1", dedup_key=name)
+        first = await store.acommit_event(commit)
+        again = await store.acommit_event(commit)
+        assert [e.dedup_key for e in first] == ([name] if not any_seen(before, name) else [])
+        assert again == []
+        since = before[-1].id if before else 0
+        assert [e.dedup_key for e in await store.alist_events(since_id=since)] == [
+            e.dedup_key for e in first
+        ]
+
+    @backend_settings
+    @given(name=any_name)
+    async def test_any_asset_name_is_refused_or_round_trips(
+        self, store: BaseStateBackend, name: str
+    ) -> None:
+        """An asset name breaking the rule is refused by Asset() and AssetScope(); any other
+        registers, lists and addresses its state exactly, on every backend."""
+        if not is_valid_name(name, MAX_NAME_BYTES):
+            with pytest.raises(InvalidNameError):
+                Asset(name or "\x00")
+            with pytest.raises(InvalidNameError):
+                AssetScope(name=name)
+            return
+        await store.aregister_assets([Asset(name)])
+        assert name in {info.name for info in await store.alist_assets()}
+        await store.aset(AssetScope(name=name), "k", name)
+        assert await store.aget(AssetScope(name=name), "k") == name
+
+    @backend_settings
+    @given(ids=st.tuples(any_name, any_name, any_name))
+    async def test_any_task_scope_is_refused_or_round_trips(
+        self, store: BaseStateBackend, ids: tuple[str, str, str]
+    ) -> None:
+        """Task scope ids breaking the rule (with the 512-byte limit) are refused by
+        TaskScope(); any others address their own state exactly, on every backend."""
+        if not all(is_valid_name(part, MAX_SCOPE_ID_BYTES) for part in ids):
+            with pytest.raises(InvalidNameError):
+                TaskScope(*ids)
+            return
+        scope = TaskScope(*ids)
+        await store.aset(scope, "k", list(ids))
+        assert await store.aget(scope, "k") == list(ids)
+        assert [e.key for e in await store.alist(scope)] == ["k"]
+
+
+def any_seen(events: list[Any], dedup_key: str) -> bool:
+    return any(e.dedup_key == dedup_key for e in events)
+
+
 class TestStrategiesAreSound:
     def test_invalid_leaves_are_really_invalid(self) -> None:
         """The kinds of leaf the invalid strategies draw from are ones the store refuses."""
@@ -258,3 +378,25 @@ class TestEncodePayload:
 
         with pytest.raises(TypeError, match="payload"):
             encode_payload({"at": datetime(2024, 1, 1)}, max_payload_bytes=PAYLOAD_LIMIT)
+
+    @settings(max_examples=50, deadline=None)
+    @given(bad=st.one_of(with_surrogate, too_long_ints, too_deep))
+    def test_the_new_invalid_leaves_are_really_invalid(self, bad: Any) -> None:
+        """Lone surrogates, ints past the text limit and deep nesting are InvalidValueError."""
+        from watchkeeper.store import encode_value
+
+        with pytest.raises(InvalidValueError):
+            encode_value("k", bad)
+
+    @settings(max_examples=200, deadline=None)
+    @given(name=any_name)
+    def test_the_name_oracle_matches_the_store(self, name: str) -> None:
+        """The restated naming rule agrees with the store's check on any text."""
+        from watchkeeper.store._values import check_name
+
+        try:
+            check_name(name, what="name")
+        except InvalidNameError:
+            assert not is_valid_name(name, MAX_NAME_BYTES)
+        else:
+            assert is_valid_name(name, MAX_NAME_BYTES)

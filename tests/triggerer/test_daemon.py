@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,14 +24,18 @@ from pydantic import SecretStr
 from watchkeeper.store import (
     Asset,
     AssetScope,
+    BackendUnavailableError,
+    DaemonStatus,
     EventCommit,
     EventsSettings,
     MemoryStateBackend,
+    RefusedDefinition,
     SqliteStateBackend,
     TriggerStatus,
 )
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
+from watchkeeper.triggerer._cli_runtime import status_report
 from watchkeeper.triggerer._loader import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
 
@@ -355,6 +359,42 @@ class TestDaemonReload:
             assert report.deactivated == []
             assert d.runner.trigger_ids() == {new}
 
+    async def test_a_reload_whose_apply_failed_is_retried_without_reading_again(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """When registering a new file's assets fails (the store down, say), the next polls
+        retry applying what was read, without starting a reading process again."""
+
+        class RegisterFails(MemoryStateBackend):
+            failures = 0
+
+            async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+                if self.failures:
+                    self.failures -= 1
+                    raise BackendUnavailableError("the store is down")
+                await super().aregister_assets(assets)
+
+        reads = tmp_path / "reads.txt"
+        counting = asset_file("beta", tmp_path / "two.txt") + textwrap.dedent(
+            f"""
+            import sys
+            if sys.argv[0] == "-c":  # the reading process, not the daemon's own import
+                open({str(reads)!r}, "a").write("read\\n")
+            """
+        )
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        with watch_logs() as logs:
+            async with (
+                RegisterFails() as backend,
+                Daemon(self.settings(watchers), backend=backend, reload_interval=0.05) as d,
+            ):
+                backend.failures = 2
+                (watchers / "beta.py").write_text(counting)
+                await logs.wait_for("watchers_reloaded", count=2)
+                assert len(d.groups) == 2
+        assert len(logs.named("watchers_reload_failed")) == 2
+        assert reads.read_text().splitlines() == ["read"]
+
     async def test_unchanged_definitions_keep_their_triggers(
         self, tmp_path: Path, watchers: Path
     ) -> None:
@@ -641,3 +681,95 @@ class TestShutdownWatchdog:
         assert any(e.get("event") == "daemon_shutdown_stuck" for e in log_events(tmp_path))
         async with SqliteStateBackend(db_path) as backend:
             assert await payloads(backend, "stubborn") == [1]
+
+
+class TestStatusReport:
+    """What ``status`` concludes from the saved rows: a row is true only while its daemon lives."""
+
+    @pytest.fixture(autouse=True)
+    def _unload(self) -> Iterator[None]:
+        yield
+        unload_watchers()
+
+    NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+    def row(self, trigger_id: str, owner: str | None, state: str = "running") -> TriggerStatus:
+        return TriggerStatus(
+            trigger_id=trigger_id,
+            classpath="m.C",
+            assets=("x",),
+            watchers=(f"{trigger_id}_feed",),
+            state=state,
+            events=7,
+            owner=owner,
+        )
+
+    def daemon(self, owner: str, age: float) -> DaemonStatus:
+        return DaemonStatus(
+            owner=owner,
+            started_at=self.NOW - timedelta(hours=1),
+            heartbeat_at=self.NOW - timedelta(seconds=age),
+            lease_ttl=15.0,
+            watchers_path="/srv/watchers",
+            refused=(RefusedDefinition("bad.py", None, "import timed out after 30 s"),),
+        )
+
+    async def test_stale_daemons_make_their_watchers_unknown(self) -> None:
+        """A daemon whose heartbeat is older than its lease time is stale and its watchers
+        unknown; a live daemon's watchers keep their state; a row whose daemon left no
+        heartbeat row is unknown unless it said stopped (a clean exit)."""
+        async with MemoryStateBackend() as backend:
+            backend.clock = lambda: self.NOW
+            await backend.asave_daemon_status(self.daemon("live", age=3))
+            await backend.asave_daemon_status(self.daemon("dead", age=16))
+            await backend.asave_trigger_status(
+                [
+                    self.row("a", "live", "backing_off"),
+                    self.row("b", "dead"),
+                    self.row("c", "dead", "failed"),
+                    self.row("d", "gone", "stopped"),
+                    self.row("e", "gone"),
+                ]
+            )
+            report = await status_report(backend)
+        daemons = {d["owner"]: d for d in report["daemons"]}
+        assert {o: d["state"] for o, d in daemons.items()} == {"dead": "stale", "live": "running"}
+        assert daemons["live"]["heartbeat_age_seconds"] == 3
+        assert daemons["dead"]["refused"] == [
+            {"file": "bad.py", "watcher": None, "reason": "import timed out after 30 s"}
+        ]
+        states = {r["trigger_id"]: (r["state"], r["reported_state"]) for r in report["watchers"]}
+        assert states == {
+            "a": ("backing_off", "backing_off"),
+            "b": ("unknown", "running"),
+            "c": ("unknown", "failed"),
+            "d": ("stopped", "stopped"),
+            "e": ("unknown", "running"),
+        }
+        assert {r["events_since_start"] for r in report["watchers"]} == {7}
+
+    async def test_a_daemon_saves_its_row_and_removes_it_on_a_clean_exit(
+        self, watchers: Path, tmp_path: Path
+    ) -> None:
+        """While it runs the daemon's heartbeat row names it with its refusals; a clean exit
+        removes the row, and a starting daemon prunes the row of one long dead."""
+        (watchers / "alpha.py").write_text(asset_file("alpha", tmp_path / "one.txt"))
+        (watchers / "broken.py").write_text("def oops(:\n")
+        settings = Settings(
+            triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=1)
+        )
+        long_dead = DaemonStatus(
+            owner="elsewhere:1:dead00",
+            started_at=datetime(2020, 1, 1, tzinfo=UTC),
+            heartbeat_at=datetime(2020, 1, 1, tzinfo=UTC),
+            lease_ttl=15.0,
+            watchers_path="/old",
+        )
+        async with MemoryStateBackend() as backend:
+            await backend.asave_daemon_status(long_dead)
+            async with Daemon(settings, backend=backend, owner="me:1:abc") as d:
+                (row,) = await backend.alist_daemon_status()
+                assert (row.owner, row.watchers_path) == ("me:1:abc", str(d.watchers_path))
+                assert [(r.file, r.watcher) for r in row.refused] == [("broken.py", None)]
+                assert row.lease_ttl == settings.triggerer.lease_seconds
+            assert await backend.alist_daemon_status() == []

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.triggerer import BaseEventTrigger, TriggerImportError
+from watchkeeper.triggerer._evaluate import aload_watchers
 from watchkeeper.triggerer._loader import (
+    _LOAD_LOCK,
     canonical_trigger_json,
     load_watchers,
     rebuild_trigger,
@@ -127,8 +132,7 @@ class TestGrouping:
         write(watchers, "a.py", asset_file("orders", "orders_feed", every=3.5))
         result = load_watchers(watchers)
         (group,) = result.groups
-        (asset,) = result.assets
-        defined = asset.watchers[0].trigger
+        defined = sys.modules["watchkeeper_watchers.a"].orders.watchers[0].trigger
         assert group.trigger is not defined
         assert isinstance(group.trigger, BaseEventTrigger)
         assert group.trigger.serialize() == defined.serialize()
@@ -301,3 +305,191 @@ class TestScan:
         assert scan_watchers_path(watchers)["a.py"] != after_add["a.py"]
         added.unlink()
         assert "a.py" not in scan_watchers_path(watchers)
+
+
+def named_asset_file(asset: str, watcher: str = "feed", uri: str | None = None) -> str:
+    """A file whose asset, watcher and URI names are Python literals (any characters)."""
+    return f"""
+    from watchkeeper.triggerer import Asset, AssetWatcher
+    from ticks import Ticker
+
+    thing = Asset({asset!r}, uri={uri!r}, watchers=[AssetWatcher({watcher!r}, Ticker(every=9))])
+    """
+
+
+class TestNames:
+    @pytest.mark.parametrize(
+        ("asset", "watcher", "uri", "reason"),
+        [
+            ("bad\x00name", "feed", None, r"invalid asset name .*control character '\\x00'"),
+            ("bad\udc80", "feed", None, "invalid asset name .*lone surrogate"),
+            ("x" * 2000, "feed", None, "invalid asset name .*2000 bytes in UTF-8, over the limit"),
+            ("fine", "feed\nline", None, r"invalid watcher name .*control character '\\n'"),
+            (
+                "fine",
+                "feed",
+                "s3://b/\x00",
+                r"invalid (uri of asset 'fine'|asset URI 's3://b/\\x00')",
+            ),
+        ],
+    )
+    def test_a_bad_name_refuses_only_its_file(
+        self, watchers: Path, asset: str, watcher: str, uri: str | None, reason: str
+    ) -> None:
+        """A NUL, a lone surrogate or an over-long name refuses its file, named with the
+        reason, before anything reaches the store; the other files load."""
+        write(watchers, "good.py", asset_file("orders", "orders_feed"))
+        write(watchers, "bad.py", named_asset_file(asset, watcher, uri))
+        with capture_logs() as logs:
+            result = load_watchers(watchers)
+        assert [a.name for a in result.assets] == ["orders"]
+        assert [g.watchers for g in result.groups] == [("orders_feed",)]
+        (error,) = result.errors
+        assert (error.file, error.watcher) == ("bad.py", None)
+        assert re.search(reason, error.reason), error.reason
+        refused = [e for e in logs if e["event"] == "watcher_refused"]
+        assert [(e["file"], e["reason"]) for e in refused] == [("bad.py", error.reason)]
+
+    def test_a_file_edited_to_a_bad_name_keeps_its_last_good_definitions(
+        self, watchers: Path
+    ) -> None:
+        """As with a syntax error, a file that loaded before keeps running what it defined."""
+        edited = write(watchers, "a.py", named_asset_file("orders"))
+        first = load_watchers(watchers)
+        edited.write_text(textwrap.dedent(named_asset_file("orders\x00")))
+        second = load_watchers(watchers, previous=first)
+        assert [a.name for a in second.assets] == ["orders"]
+        assert second.groups[0].trigger is first.groups[0].trigger
+        assert "control character" in second.errors[0].reason
+
+
+class TestOneAssetOneFile:
+    def test_the_same_asset_in_two_files_refuses_the_later_one(self, watchers: Path) -> None:
+        """A copy-pasted asset with another watcher is refused, naming both files; the first
+        file's watcher alone serves the asset (nothing is merged into its stream)."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed", every=1.0))
+        write(watchers, "b.py", asset_file("orders", "copied_feed", every=2.0))
+        result = load_watchers(watchers)
+        assert [g.watchers for g in result.groups] == [("orders_feed",)]
+        assert [a.name for a in result.assets] == ["orders"]
+        (error,) = result.errors
+        assert (error.file, error.watcher) == ("b.py", None)
+        assert "asset 'orders' is already defined in a.py" in error.reason
+
+    def test_a_different_uri_is_a_conflict_too(self, watchers: Path) -> None:
+        """The same name with another URI is refused like any other difference."""
+        write(watchers, "a.py", named_asset_file("orders", uri="s3://one/orders"))
+        write(watchers, "b.py", named_asset_file("orders", uri="s3://two/orders"))
+        result = load_watchers(watchers)
+        assert [a.uri for a in result.assets] == ["s3://one/orders"]
+        assert [e.file for e in result.errors] == ["b.py"]
+
+    def test_an_identical_definition_in_another_file_is_accepted(self, watchers: Path) -> None:
+        """Importing the asset object into another file, or repeating it identically, is no
+        conflict: one group, no refusal."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "b.py", "from a import orders\n")
+        write(watchers, "c.py", asset_file("orders", "orders_feed"))
+        result = load_watchers(watchers)
+        assert result.errors == ()
+        assert [g.watchers for g in result.groups] == [("orders_feed",)]
+
+    def test_the_file_that_held_the_asset_keeps_it(self, watchers: Path) -> None:
+        """A copy added later is refused even when it sorts first: the asset stays with the
+        file that defined it in the previous load."""
+        write(watchers, "orders.py", asset_file("orders", "orders_feed", every=1.0))
+        first = load_watchers(watchers)
+        write(watchers, "a_copy.py", asset_file("orders", "copied_feed", every=2.0))
+        second = load_watchers(watchers, previous=first)
+        assert [g.key for g in second.groups] == [g.key for g in first.groups]
+        (error,) = second.errors
+        assert error.file == "a_copy.py"
+        assert "already defined in orders.py" in error.reason
+
+
+class TestIsolatedLoading:
+    """The daemon's loader: files read in a child process, each within import_timeout."""
+
+    async def test_hung_and_exiting_files_are_refused_and_the_others_load(
+        self, watchers: Path
+    ) -> None:
+        """A file stuck in ``while True: pass`` or ``time.sleep`` at import is refused as
+        timed out, one that calls ``os._exit`` as ending the process; the rest load."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "busy.py", "while True:\n    pass\n")
+        write(watchers, "sleepy.py", "import time\ntime.sleep(3600)\n")
+        write(watchers, "exits.py", "import os\nos._exit(7)\n")
+        write(watchers, "z.py", asset_file("payments", "payments_feed", every=2.0))
+        with anyio.fail_after(60), capture_logs() as logs:
+            result = await aload_watchers(watchers, import_timeout=1)
+        assert [a.name for a in result.assets] == ["orders", "payments"]
+        assert sorted(g.watchers for g in result.groups) == [("orders_feed",), ("payments_feed",)]
+        reasons = {e.file: e.reason for e in result.errors}
+        assert reasons == {
+            "busy.py": "import timed out after 1 s",
+            "sleepy.py": "import timed out after 1 s",
+            "exits.py": "import ended the process that reads the watcher files (exit status 7)",
+        }
+        refused = {e["file"] for e in logs if e["event"] == "watcher_refused"}
+        assert refused == set(reasons)
+
+    async def test_it_loads_what_the_in_process_loader_loads(self, watchers: Path) -> None:
+        """Same groups, assets and refusals as load_watchers, and a file's own output on
+        stdout does not get in the way."""
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        write(watchers, "b.py", asset_file("payments", "payments_feed"))
+        write(watchers, "loud.py", 'print("{not json")\n' + textwrap.dedent(named_asset_file("x")))
+        write(watchers, "broken.py", "def oops(:\n")
+        write(watchers, "copy.py", asset_file("orders", "copied_feed", every=3.0))
+        in_process = load_watchers(watchers)
+        unload_watchers()
+        isolated = await aload_watchers(watchers, import_timeout=30)
+        assert [g.key for g in isolated.groups] == [g.key for g in in_process.groups]
+        assert isolated.assets == in_process.assets
+        assert isolated.errors == in_process.errors
+        # orders_feed and payments_feed serialize alike but are two watchers: two groups
+        assert [type(g.trigger).__name__ for g in isolated.groups] == ["Ticker"] * 3
+
+    async def test_a_trigger_module_that_hangs_only_in_the_daemon_is_refused(
+        self, watchers: Path
+    ) -> None:
+        """A module that imports in the reading process but hangs when the daemon imports it
+        to rebuild the trigger: that trigger is refused as timed out in the daemon, the
+        others load; a load while that import still hangs does not wait for it, and keeps
+        the triggers that were running."""
+        write(
+            watchers,
+            "flaky.py",
+            """
+            import sys, time
+            from watchkeeper.triggerer import Asset, AssetWatcher
+            from ticks import Ticker
+
+            class Flaky(Ticker):
+                pass
+
+            if sys.argv[0] != "-c":  # not the reading process: the daemon
+                time.sleep(8)
+            flaky = Asset("flaky", watchers=[AssetWatcher("flaky_feed", Flaky(every=5))])
+            """,
+        )
+        write(watchers, "a.py", asset_file("orders", "orders_feed"))
+        with anyio.fail_after(60):
+            result = await aload_watchers(watchers, import_timeout=0.5)
+            again = await aload_watchers(watchers, import_timeout=0.5, previous=result)
+            # Let the abandoned import finish before the next test loads anything.
+            assert await anyio.to_thread.run_sync(_LOAD_LOCK.acquire, True, 40)
+            _LOAD_LOCK.release()
+        errors = {(e.file, e.watcher): e.reason for e in result.errors}
+        assert errors[("flaky.py", "flaky_feed")] == "import timed out after 0.5 s in the daemon"
+        assert ("a.py", "orders_feed") not in errors
+        assert [a.name for a in result.assets] == ["flaky", "orders"]
+        stuck = "not rebuilt: an earlier import in the daemon still hangs"
+        assert {(e.file, e.reason) for e in again.errors} == {
+            ("flaky.py", stuck),
+            ("a.py", f"{stuck}; the running trigger is kept"),
+        }
+        # The trigger that ran keeps its running instance; the one that never ran stays out.
+        assert [(g.watchers, g.trigger) for g in again.groups] == [
+            (g.watchers, g.trigger) for g in result.groups
+        ]

@@ -84,14 +84,14 @@ class TestResults:
         ]
 
     async def test_trigger_id_names_the_watcher(self) -> None:
-        """trigger_id is the watcher name on the events; the classpath is the default."""
+        """watcher_name is the watcher on the events; the trigger's class name is the default."""
         backend = MemoryStateBackend()
-        named = await run_trigger(Counted(1), assets=ORDERS, backend=backend, trigger_id="mine")
+        named = await run_trigger(Counted(1), assets=ORDERS, backend=backend, watcher_name="mine")
         default = await run_trigger(
             Scripted([TriggerEvent(0)], then="return"), assets=ORDERS, backend=backend
         )
         assert named[0].watcher == "mine"
-        assert default[0].watcher == Scripted.classpath()
+        assert default[0].watcher == Scripted.__name__
 
     async def test_a_bad_watcher_name_is_refused(self) -> None:
         """watcher_name must be a non-empty str; anything else is refused before running."""

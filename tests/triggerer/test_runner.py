@@ -102,6 +102,22 @@ class TestCommit:
         ]
         assert trigger.wm_seen == 1
 
+    async def test_events_carry_the_asset_watchers_names(self, backend: BaseStateBackend) -> None:
+        """A spec naming its AssetWatcher stores that name on its events, not the trigger id."""
+        await registered(backend)
+        one, two = AfterYield(backend), AfterYield(backend)
+        async with TriggerRunner(backend, FAST) as runner:
+            await runner.start_trigger(WatchSpec("3f2a9c", one, (ORDERS,), ("orders_feed",)))
+            with anyio.fail_after(5):
+                await one.resumed.wait()
+            await runner.start_trigger(WatchSpec("77b0e1", two, (ORDERS,), ("a_feed",)))
+            with anyio.fail_after(5):
+                await two.resumed.wait()
+        assert [e.watcher for e in await backend.alist_events()] == [
+            "orders_feed",
+            "a_feed",
+        ]
+
     async def test_each_watermark_is_visible_after_its_yield(
         self, backend: BaseStateBackend
     ) -> None:

@@ -193,13 +193,15 @@ class ObservedWrites(BaseStateBackend):
         await self._after(f"put({key}={value_json})")
         return version
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        deleted = await super()._adelete(scope, key)
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        deleted = await super()._adelete(scope, key, writer=writer)
         await self._after(f"delete({key})")
         return deleted
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        cleared = await super()._aclear(scope, all_map_indices)
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        cleared = await super()._aclear(scope, all_map_indices, writer=writer)
         await self._after("clear()")
         return cleared
 

@@ -188,7 +188,7 @@ class TestWatcherName:
                 while len(seen) < 2:
                     event = await events.receive()
                     seen[event.watcher] = event.payload
-        assert seen == {"t1": "orders_feed", "t2": "t2"}
+        assert seen == {"orders_feed": "orders_feed", "t2": "t2"}
 
 
 class TestSharedWithTasks:

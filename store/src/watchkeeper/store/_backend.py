@@ -28,14 +28,21 @@ from ._types import (
 from ._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
+    MAX_BIGINT,
     NEVER_EXPIRE,
     JSONValue,
     check_key,
     check_retention,
     decode_value,
     encode_value,
+    expiry_of,
 )
-from .errors import RetentionTypeError, StoreClosedError, SyncCallInLoopError
+from .errors import (
+    InvalidArgumentError,
+    RetentionTypeError,
+    StoreClosedError,
+    SyncCallInLoopError,
+)
 
 __all__ = ["BaseStateBackend"]
 
@@ -51,8 +58,12 @@ def _utcnow() -> datetime:
 
 
 def _check_expected_version(expected_version: object) -> None:
-    if expected_version is not None and (type(expected_version) is not int or expected_version < 0):
-        raise ValueError(f"expected_version must be an int >= 0, got {expected_version!r}")
+    if expected_version is None:
+        return
+    if type(expected_version) is not int or not 0 <= expected_version <= MAX_BIGINT:
+        raise InvalidArgumentError(
+            "expected_version", expected_version, f"must be an int from 0 to {MAX_BIGINT}"
+        )
 
 
 def _entry(raw: RawEntry) -> StateEntry:
@@ -110,6 +121,8 @@ class BaseStateBackend(MetastoreFeatures):
         self._task_group: anyio.abc.TaskGroup | None = None
         self._open = False
         self.clock: Callable[[], datetime] = _utcnow
+        self.applied_migrations: list[int] = []
+        """The schema migrations the last opening applied (empty when it was up to date)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -303,13 +316,22 @@ class BaseStateBackend(MetastoreFeatures):
         writer: Writer | None,
     ) -> int:
         """Upsert and return the new version; with ``expected_version`` compare first
-        (0 means "must not exist") and raise :class:`VersionConflictError` on mismatch."""
+        (0 means "must not exist") and raise :class:`VersionConflictError` on mismatch.
+
+        A ``writer`` that carries a fence makes the write conditional: inside the transaction
+        that writes, the fence's lease must still be live, else :class:`LeaseLostError` and
+        nothing is written (see :mod:`._leases`)."""
         raise NotImplementedError
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        """Delete one key; True when it existed. A ``writer`` with a fence is checked as in
+        :meth:`_aput`: in the transaction that deletes, :class:`LeaseLostError` if stale."""
         raise NotImplementedError
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        """Delete every key of the scope; return how many. Fenced like :meth:`_adelete`."""
         raise NotImplementedError
 
     async def _alist(self, scope: StateScope) -> list[RawEntry]:
@@ -331,10 +353,10 @@ class BaseStateBackend(MetastoreFeatures):
     ) -> int:
         raise NotImplementedError
 
-    def _delete(self, scope: StateScope, key: str) -> bool:
+    def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         raise NotImplementedError
 
-    def _clear(self, scope: StateScope, all_map_indices: bool) -> int:
+    def _clear(self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None) -> int:
         raise NotImplementedError
 
     def _list(self, scope: StateScope) -> list[RawEntry]:
@@ -352,10 +374,10 @@ class BaseStateBackend(MetastoreFeatures):
         if isinstance(scope, AssetScope) and retention is not None:
             raise RetentionTypeError(retention, "asset state has no retention")
         text = encode_value(key, value, max_value_bytes=self.max_value_bytes)
-        expires_at: datetime | None = None
         never_expire = retention is NEVER_EXPIRE
-        if isinstance(retention, timedelta):
-            expires_at = self.clock() + retention
+        expires_at = (
+            expiry_of(retention, self.clock()) if isinstance(retention, timedelta) else None
+        )
         return key, text, expires_at, never_expire
 
     @staticmethod
@@ -447,18 +469,26 @@ class BaseStateBackend(MetastoreFeatures):
         )
         return version
 
-    async def adelete(self, scope: StateScope, key: str) -> None:
-        """Delete ``key``; a missing key is not an error."""
+    async def adelete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
+        """Delete ``key``; a missing key is not an error.
+
+        A ``writer`` with a fence deletes only while its lease is live (as ``aset`` does).
+        """
         self._check_scope(scope)
         check_key(key)
         self._check_open()
-        await self._call_hook("delete", scope, key)
+        await self._call_hook("delete", scope, key, writer=writer)
 
-    async def aclear(self, scope: StateScope, *, all_map_indices: bool = False) -> int:
-        """Delete every key of the scope (of every map index with ``all_map_indices``)."""
+    async def aclear(
+        self, scope: StateScope, *, all_map_indices: bool = False, writer: Writer | None = None
+    ) -> int:
+        """Delete every key of the scope (of every map index with ``all_map_indices``).
+
+        A ``writer`` with a fence clears only while its lease is live (as ``aset`` does).
+        """
         self._check_scope(scope)
         self._check_open()
-        count: int = await self._call_hook("clear", scope, all_map_indices)
+        count: int = await self._call_hook("clear", scope, all_map_indices, writer=writer)
         return count
 
     async def alist(self, scope: StateScope) -> list[StateEntry]:
@@ -540,14 +570,16 @@ class BaseStateBackend(MetastoreFeatures):
             writer=writer,
         )
 
-    def delete(self, scope: StateScope, key: str) -> None:
+    def delete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
         self._check_scope(scope)
         check_key(key)
-        self._call_hook_sync("delete", "delete", scope, key)
+        self._call_hook_sync("delete", "delete", scope, key, writer=writer)
 
-    def clear(self, scope: StateScope, *, all_map_indices: bool = False) -> int:
+    def clear(
+        self, scope: StateScope, *, all_map_indices: bool = False, writer: Writer | None = None
+    ) -> int:
         self._check_scope(scope)
-        count: int = self._call_hook_sync("clear", "clear", scope, all_map_indices)
+        count: int = self._call_hook_sync("clear", "clear", scope, all_map_indices, writer=writer)
         return count
 
     def list(self, scope: StateScope) -> builtins.list[StateEntry]:

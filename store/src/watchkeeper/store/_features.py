@@ -16,6 +16,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -88,6 +89,17 @@ class MetastoreFeatures:
     async def alist_trigger_status(self) -> builtins.list[TriggerStatus]:
         """Every saved trigger status, ordered by trigger_id."""
         raise self._unsupported("trigger status")
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        """Upsert one daemon's heartbeat row (the daemon calls this every heartbeat)."""
+        raise self._unsupported("daemon status")
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        raise self._unsupported("daemon status")
+
+    async def alist_daemon_status(self) -> builtins.list[DaemonStatus]:
+        """Every saved daemon status, ordered by owner."""
+        raise self._unsupported("daemon status")
 
     async def aclaim_leases(
         self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float

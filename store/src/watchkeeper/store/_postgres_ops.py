@@ -27,7 +27,6 @@ from ._postgres_sql import (
     Statements,
     StateStatements,
     columns,
-    db_key,
     rowcount,
     writer_fields,
 )
@@ -101,14 +100,24 @@ class Op:
 
 
 class _ScopedOp(Op):
-    """An op on one state scope; an asset scope is resolved to ``asset_id`` in the batch."""
+    """An op on one state scope; an asset scope is resolved to ``asset_id`` in the batch.
 
-    __slots__ = ("asset_id", "scope")
+    ``writer`` wrote it; when it carries a fence, the op is checked against the lease at
+    ``at`` inside the batch's transaction, before anything is written.
+    """
 
-    def __init__(self, scope: StateScope, phase: int) -> None:
+    __slots__ = ("asset_id", "at", "scope", "writer")
+
+    def __init__(self, scope: StateScope, phase: int, writer: Writer | None, at: datetime) -> None:
         super().__init__(phase)
         self.scope = scope
+        self.writer = writer
+        self.at = at
         self.asset_id: int | None = None
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        fence = None if self.writer is None else self.writer.fence
+        return None if fence is None else (fence, self.at)
 
     def scopes(self) -> Sequence[AssetScope]:
         return (self.scope,) if isinstance(self.scope, AssetScope) else ()
@@ -129,8 +138,7 @@ class _ScopedOp(Op):
 class PutOp(_ScopedOp):
     """Upsert one key; with ``expected`` a compare-and-set (0: must not exist)."""
 
-    __slots__ = ("db_key", "expected", "expires_at", "key", "never_expire", "updated_at",
-                 "value_json", "writer")  # fmt: skip
+    __slots__ = ("expected", "expires_at", "key", "never_expire", "value_json")
 
     def __init__(
         self,
@@ -144,24 +152,19 @@ class PutOp(_ScopedOp):
         never_expire: bool,
         expected: int | None,
     ) -> None:
-        super().__init__(scope, PUT if expected is None else CAS)
-        self.key, self.db_key = key, db_key(key)
-        self.value_json, self.updated_at = value_json, updated_at
-        self.writer, self.expires_at, self.never_expire = writer, expires_at, never_expire
+        super().__init__(scope, PUT if expected is None else CAS, writer, updated_at)
+        self.key, self.value_json = key, value_json
+        self.expires_at, self.never_expire = expires_at, never_expire
         self.expected = expected
 
     def weight(self) -> int:
         return _OP_OVERHEAD + len(self.value_json)
 
-    def fence_at(self) -> tuple[Fence, datetime] | None:
-        fence = None if self.writer is None else self.writer.fence
-        return None if fence is None else (fence, self.updated_at)
-
     def pk(self) -> tuple[Any, ...]:
-        return self.row_key(self.db_key)
+        return self.row_key(self.key)
 
     def row(self) -> tuple[Any, ...]:
-        data: tuple[Any, ...] = (self.value_json, self.updated_at, *writer_fields(self.writer))
+        data: tuple[Any, ...] = (self.value_json, self.at, *writer_fields(self.writer))
         if isinstance(self.scope, TaskScope):
             data += (self.expires_at, self.never_expire)
         return self.pk() + data
@@ -170,14 +173,14 @@ class PutOp(_ScopedOp):
 class DeleteOp(_ScopedOp):
     """Delete one key; the result says whether it existed."""
 
-    __slots__ = ("db_key",)
+    __slots__ = ("key",)
 
-    def __init__(self, scope: StateScope, key: str) -> None:
-        super().__init__(scope, DELETE)
-        self.db_key = db_key(key)
+    def __init__(self, scope: StateScope, key: str, writer: Writer | None, at: datetime) -> None:
+        super().__init__(scope, DELETE, writer, at)
+        self.key = key
 
     def pk(self) -> tuple[Any, ...]:
-        return self.row_key(self.db_key)
+        return self.row_key(self.key)
 
 
 class ClearOp(_ScopedOp):
@@ -185,8 +188,10 @@ class ClearOp(_ScopedOp):
 
     __slots__ = ("all_map_indices",)
 
-    def __init__(self, scope: StateScope, all_map_indices: bool) -> None:
-        super().__init__(scope, CLEAR)
+    def __init__(
+        self, scope: StateScope, all_map_indices: bool, writer: Writer | None, at: datetime
+    ) -> None:
+        super().__init__(scope, CLEAR, writer, at)
         self.all_map_indices = all_map_indices
 
 
@@ -327,9 +332,7 @@ async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[Co
                 events.append(
                     (asset_id, name, c.watcher, c.payload_json, c.dedup_key, op.created_at)
                 )
-                state.extend(
-                    (asset_id, db_key(k), v, op.created_at, *who) for k, v in c.state.items()
-                )
+                state.extend((asset_id, k, v, op.created_at, *who) for k, v in c.state.items())
         if not events:
             continue
         rows = await conn.fetch(sql.commit_events, *columns(events, 6), *columns(state, 7))

@@ -159,7 +159,24 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         # The GC's scan for events past [events] retention_days (see _gc.py).
         ("CREATE INDEX asset_events_created ON {p}asset_events (created_at)",),
     ),
-    # 6 and 7 are taken by other branches; the lead reconciles the numbering at merge.
+    (
+        6,
+        "daemon status",
+        (
+            # One row per daemon, refreshed every heartbeat; refused is JSON text.
+            """
+            CREATE TABLE {p}daemon_status (
+                owner         text COLLATE "C" PRIMARY KEY,
+                started_at    timestamptz NOT NULL,
+                heartbeat_at  timestamptz NOT NULL,
+                lease_ttl     double precision NOT NULL,
+                watchers_path text NOT NULL,
+                refused       text NOT NULL
+            )
+            """,
+        ),
+    ),
+    # 7 is taken by another branch; the lead reconciles the numbering at merge.
     (8, "tasks on asset events", TASK_TABLES),
 )
 

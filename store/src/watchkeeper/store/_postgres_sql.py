@@ -8,7 +8,6 @@ because on asyncpg the round trips, not the rows, are what a batch costs.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -25,10 +24,8 @@ __all__ = [
     "Statements",
     "TableSpec",
     "columns",
-    "db_key",
     "is_connection_error",
     "is_unavailable",
-    "key_from_db",
     "map_error",
     "raw_entry",
     "rowcount",
@@ -244,6 +241,18 @@ class Statements:
             f"last_event_at, events, updated_at, owner FROM {p}trigger_status "
             "ORDER BY trigger_id"
         )
+        self.save_daemon = (
+            f"INSERT INTO {p}daemon_status (owner, started_at, heartbeat_at, lease_ttl, "
+            "watchers_path, refused) VALUES ($1, $2, $3, $4, $5, $6) "
+            "ON CONFLICT (owner) DO UPDATE SET started_at = EXCLUDED.started_at, "
+            "heartbeat_at = EXCLUDED.heartbeat_at, lease_ttl = EXCLUDED.lease_ttl, "
+            "watchers_path = EXCLUDED.watchers_path, refused = EXCLUDED.refused"
+        )
+        self.delete_daemons = f"DELETE FROM {p}daemon_status WHERE owner = ANY($1::text[])"
+        self.list_daemons = (
+            "SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused "
+            f"FROM {p}daemon_status ORDER BY owner"
+        )
         self.gc = _GcStatements(p)
         # Leases. Every statement that locks lease rows locks them in trigger_id order (the
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.
@@ -330,27 +339,6 @@ class _GcStatements:
         )
 
 
-_KEY_ESCAPES: Final = str.maketrans({"\x00": "\x01\x01", "\x01": "\x01\x02"})
-_KEY_ESCAPED: Final = re.compile("\x01([\x01\x02])")
-
-
-def db_key(key: str) -> str:
-    """A state key as stored: PostgreSQL text cannot hold NUL, so NUL and U+0001 are escaped.
-
-    ``\\x00`` becomes ``\\x01\\x01`` and ``\\x01`` becomes ``\\x01\\x02``; every other
-    character stands for itself. The codes are prefix-free and ordered like the characters
-    they replace, so the ``"C"`` collation still sorts stored keys in code-point order.
-    """
-    return key.translate(_KEY_ESCAPES) if "\x00" in key or "\x01" in key else key
-
-
-def key_from_db(text: str) -> str:
-    """The key :func:`db_key` stored as ``text``."""
-    if "\x01" not in text:
-        return text
-    return _KEY_ESCAPED.sub(lambda m: "\x00" if m[1] == "\x01" else "\x01", text)
-
-
 def writer_fields(writer: Writer | None) -> tuple[str | None, str | None, int | None]:
     if writer is None:
         return None, None, None
@@ -368,7 +356,7 @@ def raw_entry(row: asyncpg.Record, offset: int = 0, *, task: bool) -> RawEntry:
     r = tuple(row)[offset:]
     updated_at: datetime = r[3]
     return RawEntry(
-        key=key_from_db(r[0]),
+        key=r[0],
         value_json=r[1],
         version=r[2],
         updated_at=updated_at,
@@ -426,9 +414,9 @@ def map_error(exc: BaseException, what: str) -> StateStoreError:
     """Our error for a driver error met while doing ``what``; the caller chains ``exc``.
 
     A server that cannot serve us now (:func:`is_unavailable`) becomes
-    :class:`StoreUnavailableError`, data PostgreSQL refuses (a NUL character, an unpaired
-    surrogate) :class:`InvalidValueError`, anything else a plain :class:`StateStoreError`.
-    Callers never see an asyncpg type.
+    :class:`StoreUnavailableError`, data PostgreSQL refuses :class:`InvalidValueError` (the
+    store's own checks refuse NUL characters and lone surrogates first, the same way on every
+    backend), anything else a plain :class:`StateStoreError`. Callers never see an asyncpg type.
     """
     import asyncpg
 

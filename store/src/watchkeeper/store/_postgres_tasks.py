@@ -29,7 +29,7 @@ import anyio
 
 from ._leases import check_owner, check_ttl
 from ._postgres_schema import table_prefix
-from ._postgres_sql import db_key, rowcount, writer_fields
+from ._postgres_sql import rowcount, writer_fields
 from ._tasks import (
     OutletEvent,
     RunError,
@@ -228,7 +228,7 @@ class PostgresTasks:
     async def _put_state(
         self, conn: Any, write: StateWrite, now: Any, who: tuple[Any, ...]
     ) -> None:
-        key = db_key(write.key)
+        key = write.key
         scope = write.scope
         if isinstance(scope, TaskScope):
             st = self._sql.task

@@ -1,5 +1,5 @@
 """The metastore SQL of :class:`~watchkeeper.store.SqliteStateBackend`: assets, events,
-garbage collection, trigger status, trigger leases and maintenance.
+garbage collection, trigger and daemon status, trigger leases and maintenance.
 
 Like :mod:`._sqlite_ops`: write operations run in the writer's thread inside a batch
 transaction; ``*_query``/``*_result`` pairs are the reads. Reports keep ``rowid`` order, which
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
+from ._daemons import decode_refused, encode_refused
 from ._gc import EventCutoffs
 from ._sqlite_ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
 from ._sqlite_schema import apply_migrations, from_db, to_db
@@ -22,12 +23,13 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     Lease,
     TaskScope,
     TriggerStatus,
 )
-from ._values import decode_value
+from ._values import check_events_query, decode_value
 
 GcKind = Literal["expired", "retention", "orphaned"]
 
@@ -146,10 +148,7 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
 
 
 def events_query(asset: str | None, since_id: int, limit: int | None) -> Query:
-    if isinstance(since_id, bool) or not isinstance(since_id, int) or since_id < 0:
-        raise ValueError(f"since_id must be an int >= 0, got {since_id!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    check_events_query(asset, since_id, limit)
     sql = (
         "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
         "FROM asset_events WHERE id > ?"
@@ -191,7 +190,7 @@ def gc_rows(kind: GcKind, rows: list[Row]) -> list[Any]:
     rows = sorted(rows, key=lambda row: row[0])
     if kind == "orphaned":
         return [(row[1], row[2]) for row in rows]
-    return [(TaskScope(row[1], row[2], row[3], row[4]), row[5]) for row in rows]
+    return [(TaskScope._from_row(row[1], row[2], row[3], row[4]), row[5]) for row in rows]
 
 
 def gc_delete(tx: Tx, kind: GcKind, bound: datetime, limit: int) -> list[Any]:
@@ -296,6 +295,51 @@ def statuses_result(rows: list[Row]) -> list[TriggerStatus]:
             events=row[8],
             updated_at=_unstamp(row[9]),
             owner=row[10],
+        )
+        for row in rows
+    ]
+
+
+# -- daemon status -------------------------------------------------------------------------------
+
+DAEMON_LIST_SQL: Final = """
+    SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused
+    FROM daemon_status ORDER BY owner
+"""
+_DAEMON_SAVE: Final = """
+    INSERT OR REPLACE INTO daemon_status (owner, started_at, heartbeat_at, lease_ttl,
+        watchers_path, refused)
+    VALUES (?, ?, ?, ?, ?, ?)
+"""
+
+
+def save_daemon(tx: Tx, status: DaemonStatus) -> None:
+    tx.conn.execute(
+        _DAEMON_SAVE,
+        (
+            status.owner,
+            to_db(status.started_at),
+            to_db(status.heartbeat_at),
+            float(status.lease_ttl),
+            status.watchers_path,
+            encode_refused(status.refused),
+        ),
+    )
+
+
+def delete_daemons(tx: Tx, owners: Sequence[str]) -> None:
+    tx.conn.executemany("DELETE FROM daemon_status WHERE owner = ?", [(o,) for o in owners])
+
+
+def daemons_result(rows: list[Row]) -> list[DaemonStatus]:
+    return [
+        DaemonStatus(
+            owner=row[0],
+            started_at=from_db(row[1]),
+            heartbeat_at=from_db(row[2]),
+            lease_ttl=row[3],
+            watchers_path=row[4],
+            refused=decode_refused(row[5]),
         )
         for row in rows
     ]

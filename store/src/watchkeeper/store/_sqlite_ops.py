@@ -236,8 +236,7 @@ def upsert(
 
     A writer with a fence is checked here, so a refused write never reaches a statement.
     """
-    if writer is not None and writer.fence is not None:
-        check_fence_in(tx, writer.fence)
+    _check_writer_in(tx, writer)
     stamp = tx.now()[1]
     who = writer_cols(writer)
     if isinstance(scope, TaskScope):
@@ -282,7 +281,14 @@ def put(
     raise VersionConflictError(key, expected_version, 0 if current is None else current[0])
 
 
-def delete(tx: Tx, scope: StateScope, key: str) -> bool:
+def _check_writer_in(tx: Tx, writer: Writer | None) -> None:
+    if writer is not None and writer.fence is not None:
+        check_fence_in(tx, writer.fence)
+
+
+def delete(tx: Tx, scope: StateScope, key: str, writer: Writer | None) -> bool:
+    """Delete one key; a writer with a stale fence is refused before the statement."""
+    _check_writer_in(tx, writer)
     if isinstance(scope, TaskScope):
         cursor = tx.conn.execute(
             f"DELETE FROM task_state WHERE {_TASK_KEY}", (*_task_params(scope), key)
@@ -295,7 +301,9 @@ def delete(tx: Tx, scope: StateScope, key: str) -> bool:
     return cursor.rowcount > 0
 
 
-def clear(tx: Tx, scope: StateScope, all_map_indices: bool) -> int:
+def clear(tx: Tx, scope: StateScope, all_map_indices: bool, writer: Writer | None) -> int:
+    """Delete every key of the scope; a writer with a stale fence is refused first."""
+    _check_writer_in(tx, writer)
     if isinstance(scope, TaskScope):
         if all_map_indices:
             cursor = tx.conn.execute(

@@ -173,7 +173,24 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         # The GC's scan for events past [events] retention_days (see _gc.py).
         ("CREATE INDEX asset_events_created ON asset_events (created_at)",),
     ),
-    # 6 and 7 are taken by other branches; the lead reconciles the numbering at merge.
+    (
+        6,
+        "daemon status",
+        (
+            # One row per daemon, refreshed every heartbeat; refused is JSON text.
+            """
+            CREATE TABLE daemon_status (
+                owner         TEXT PRIMARY KEY,
+                started_at    TEXT NOT NULL,
+                heartbeat_at  TEXT NOT NULL,
+                lease_ttl     REAL NOT NULL,
+                watchers_path TEXT NOT NULL,
+                refused       TEXT NOT NULL
+            )
+            """,
+        ),
+    ),
+    # 7 is taken by another branch; the lead reconciles the numbering at merge.
     (8, "tasks on asset events", TASK_TABLES),
 )
 

@@ -5,18 +5,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
+
+from ._values import (
+    MAX_BIGINT,
+    MAX_MAP_INDEX,
+    MAX_SCOPE_ID_BYTES,
+    check_bigint,
+    check_key,
+    check_name,
+)
+from .errors import InvalidArgumentError
 
 __all__ = [
     "Asset",
     "AssetEvent",
     "AssetInfo",
     "AssetScope",
+    "DaemonStatus",
     "EventCommit",
     "Fence",
     "GcReport",
     "Lease",
     "RawEntry",
+    "RefusedDefinition",
     "StateEntry",
     "StateScope",
     "TaskScope",
@@ -27,7 +39,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class TaskScope:
-    """One task instance: the namespace of task state. Retries of a run share it."""
+    """One task instance: the namespace of task state. Retries of a run share it.
+
+    ``dag_id``, ``run_id`` and ``task_id`` follow the naming rule (non-empty UTF-8, no control
+    characters) with a limit of ``MAX_SCOPE_ID_BYTES`` each; ``map_index`` is -1 (not mapped)
+    or an index up to ``MAX_MAP_INDEX``. Anything else is refused here, the same for every
+    backend: :class:`InvalidNameError`/:class:`InvalidArgumentError` (``ValueError``) or
+    :class:`KeyTypeError`/:class:`ArgumentTypeError` (``TypeError``).
+    """
 
     dag_id: str
     run_id: str
@@ -35,12 +54,24 @@ class TaskScope:
     map_index: int = -1
 
     def __post_init__(self) -> None:
-        for name in ("dag_id", "run_id", "task_id"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"TaskScope.{name} must be a non-empty str, got {value!r}")
-        if not isinstance(self.map_index, int) or isinstance(self.map_index, bool):
-            raise TypeError(f"TaskScope.map_index must be an int, got {self.map_index!r}")
+        check_name(self.dag_id, what="dag_id", max_bytes=MAX_SCOPE_ID_BYTES)
+        check_name(self.run_id, what="run_id", max_bytes=MAX_SCOPE_ID_BYTES)
+        check_name(self.task_id, what="task_id", max_bytes=MAX_SCOPE_ID_BYTES)
+        check_bigint(self.map_index, what="map_index", minimum=-1, maximum=MAX_MAP_INDEX)
+
+    @classmethod
+    def _from_row(cls, dag_id: str, run_id: str, task_id: str, map_index: int) -> Self:
+        """A scope read back from a database row: not validated again (rows written before a
+        rule was tightened must still be reported, by garbage collection for one)."""
+        scope = object.__new__(cls)
+        for name, value in (
+            ("dag_id", dag_id),
+            ("run_id", run_id),
+            ("task_id", task_id),
+            ("map_index", map_index),
+        ):
+            object.__setattr__(scope, name, value)
+        return scope
 
     def __str__(self) -> str:
         return f"{self.dag_id}/{self.run_id}/{self.task_id}[{self.map_index}]"
@@ -51,6 +82,8 @@ class AssetScope:
     """One asset: the namespace of asset state. At least one field must be set.
 
     Workers address an asset by ``name`` or ``uri``; server-side callers may use ``asset_id``.
+    A name or URI that breaks the naming rule cannot be registered, so it is refused here
+    (:class:`InvalidNameError`) rather than looked up.
     """
 
     name: str | None = None
@@ -59,7 +92,15 @@ class AssetScope:
 
     def __post_init__(self) -> None:
         if self.name is None and self.uri is None and self.asset_id is None:
-            raise ValueError("AssetScope needs at least one of name, uri or asset_id")
+            raise InvalidArgumentError(
+                "AssetScope", None, "needs at least one of name, uri or asset_id", show=False
+            )
+        if self.name is not None:
+            check_name(self.name, what="asset name")
+        if self.uri is not None:
+            check_name(self.uri, what="asset URI")
+        if self.asset_id is not None:
+            check_bigint(self.asset_id, what="asset_id", minimum=1, maximum=MAX_BIGINT)
 
     def __str__(self) -> str:
         if self.name is not None:
@@ -87,10 +128,11 @@ class Asset:
     def __post_init__(self) -> None:
         if not self.name:
             if not self.uri:
-                raise ValueError("Asset needs a name or a uri")
+                raise InvalidArgumentError("Asset", self.name, "needs a name or a uri", show=False)
             object.__setattr__(self, "name", self.uri)
-        if not isinstance(self.name, str):
-            raise TypeError(f"Asset name must be a str, got {type(self.name).__name__}")
+        check_name(self.name, what="asset name")
+        if self.uri is not None:
+            check_name(self.uri, what="asset URI")
         object.__setattr__(self, "watchers", tuple(self.watchers))
 
     def matches(self, other: Asset) -> bool:
@@ -225,6 +267,10 @@ class EventCommit:
 
     ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease:
     see :class:`Fence`. A refused commit writes nothing.
+
+    The watcher and asset names, the dedup key and the state keys are checked against the
+    naming rule when the commit is built (:class:`InvalidNameError`, :class:`InvalidKeyError`),
+    so every backend refuses the same commits, before any I/O.
     """
 
     watcher: str
@@ -236,6 +282,13 @@ class EventCommit:
     fence: Fence | None = None
 
     def __post_init__(self) -> None:
+        check_name(self.watcher, what="watcher name")
+        for asset in self.assets:
+            check_name(asset, what="asset name")
+        if self.dedup_key is not None:
+            check_name(self.dedup_key, what="dedup key")
+        for key in self.state:
+            check_key(key)
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
 
@@ -277,3 +330,29 @@ class TriggerStatus:
     events: int = 0
     updated_at: datetime | None = None
     owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedDefinition:
+    """A watcher file (``watcher`` None) or one of its watchers that a daemon refused, and why."""
+
+    file: str
+    watcher: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """One daemon's heartbeat row (``watchkeeper status`` reads it).
+
+    ``heartbeat_at`` is refreshed every heartbeat; once it is more than ``lease_ttl`` seconds
+    old the daemon's leases have lapsed and what it last reported about its watchers is no
+    longer known to be true. ``refused`` lists the definitions its last load refused.
+    """
+
+    owner: str
+    started_at: datetime
+    heartbeat_at: datetime
+    lease_ttl: float
+    watchers_path: str
+    refused: tuple[RefusedDefinition, ...] = ()

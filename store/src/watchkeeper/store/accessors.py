@@ -20,7 +20,7 @@ import anyio.to_thread
 
 from ._backend import BaseStateBackend
 from ._types import Asset, AssetScope, StateEntry, StateScope, TaskScope, Writer
-from ._values import JSONValue, check_key, check_retention, encode_value
+from ._values import JSONValue, check_key, check_retention, encode_value, expiry_of
 from .errors import RetentionTypeError
 
 __all__ = [
@@ -76,6 +76,7 @@ class _Accessor:
         retention = check_retention(retention)
         if isinstance(self.scope, AssetScope) and retention is not None:
             raise RetentionTypeError(retention, "asset state has no retention")
+        expiry_of(retention, self._backend.clock())
         encode_value(key, value, max_value_bytes=None)
 
     def _stored(self, key: str, value: JSONValue, retention: object) -> JSONValue:
@@ -124,7 +125,7 @@ class _Accessor:
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
-        self._backend.delete(self.scope, key)
+        self._backend.delete(self.scope, key, writer=self._writer)
 
     async def aget(self, key: str, default: JSONValue = None) -> JSONValue:
         stored = await self._backend.aget(self.scope, key, _MISSING)
@@ -134,7 +135,7 @@ class _Accessor:
         return await self._aloaded_entry(await self._backend.aget_entry(self.scope, key))
 
     async def adelete(self, key: str) -> None:
-        await self._backend.adelete(self.scope, key)
+        await self._backend.adelete(self.scope, key, writer=self._writer)
 
 
 class TaskStateStoreAccessor(_Accessor):
@@ -185,7 +186,7 @@ class TaskStateStoreAccessor(_Accessor):
 
     def clear(self, all_map_indices: bool = False) -> int:
         """Delete this map index's keys, or every map index's with ``all_map_indices``."""
-        return self._backend.clear(self.scope, all_map_indices=all_map_indices)
+        return self._backend.clear(self.scope, all_map_indices=all_map_indices, writer=self._writer)
 
     async def aset(
         self,
@@ -205,7 +206,9 @@ class TaskStateStoreAccessor(_Accessor):
         )
 
     async def aclear(self, all_map_indices: bool = False) -> int:
-        return await self._backend.aclear(self.scope, all_map_indices=all_map_indices)
+        return await self._backend.aclear(
+            self.scope, all_map_indices=all_map_indices, writer=self._writer
+        )
 
 
 class AssetStateStoreAccessor(_Accessor):
@@ -249,7 +252,7 @@ class AssetStateStoreAccessor(_Accessor):
 
     def clear(self) -> int:
         """Delete every key of the asset."""
-        return self._backend.clear(self.scope)
+        return self._backend.clear(self.scope, writer=self._writer)
 
     def list(self) -> list[StateEntry]:
         """Every entry of the asset, ordered by key."""
@@ -266,7 +269,7 @@ class AssetStateStoreAccessor(_Accessor):
         )
 
     async def aclear(self) -> int:
-        return await self._backend.aclear(self.scope)
+        return await self._backend.aclear(self.scope, writer=self._writer)
 
     async def alist(self) -> builtins.list[StateEntry]:
         entries = await self._backend.alist(self.scope)

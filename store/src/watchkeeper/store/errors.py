@@ -8,10 +8,12 @@ facts (key, size, limit, version) so a log line says what was wrong without a de
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "AssetNotFoundError",
     "BackendUnavailableError",
     "ConsumerCursorError",
     "DatabaseFileRemovedError",
+    "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidNameError",
     "InvalidValueError",
@@ -35,6 +37,38 @@ __all__ = [
 
 class StateStoreError(Exception):
     """Raised for any failure of the state store; the root of this module's tree."""
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` cut to one short line; an int too long to print is described instead."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's int-to-str digit limit
+        return f"<an int of {value.bit_length()} bits>"  # type: ignore[attr-defined]
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class InvalidArgumentError(StateStoreError, ValueError):
+    """Raised when an argument is outside what every backend can keep: a map index or an
+    asset id beyond the database's integer, an expected version below 0 or beyond 2**63 - 1,
+    a retention whose expiry falls after year 9999, an asset scope with no field set.
+    """
+
+    def __init__(self, name: str, value: object, reason: str, *, show: bool = True) -> None:
+        self.name = name
+        self.value = value
+        self.reason = reason
+        shown = f" {_shown(value)}" if show else ""
+        super().__init__(f"invalid {name}{shown}: {reason}")
+
+
+class ArgumentTypeError(StateStoreError, TypeError):
+    """Raised when an argument has the wrong type (a map index that is not an int, say)."""
+
+    def __init__(self, name: str, value: object, expected: str) -> None:
+        self.name = name
+        self.value = value
+        super().__init__(f"{name} must be {expected}, got {type(value).__name__}")
 
 
 class InvalidNameError(StateStoreError, ValueError):
@@ -70,7 +104,9 @@ class KeyTypeError(StateStoreError, TypeError):
 
 
 class InvalidValueError(StateStoreError, ValueError):
-    """Raised when a value is ``None`` or contains NaN or an infinity."""
+    """Raised when a value cannot be stored although its types are JSON: ``None`` at the top,
+    NaN or an infinity, a string with a lone surrogate (not UTF-8), an int too long to write
+    as text, or containers nested deeper than ``MAX_VALUE_DEPTH``."""
 
 
 class ValueTypeError(StateStoreError, TypeError):

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Self
 
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
 from ._gc import check_days, event_cutoffs
 from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
 from ._memory_tasks import MemoryTasks
@@ -18,6 +19,7 @@ from ._types import (
     AssetEvent,
     AssetInfo,
     AssetScope,
+    DaemonStatus,
     EventCommit,
     Fence,
     GcReport,
@@ -28,7 +30,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_events_query, check_name, decode_value
 from .errors import AssetNotFoundError, VersionConflictError
 
 __all__ = ["MemoryStateBackend"]
@@ -67,6 +69,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
         self._next_event_id = 1  # ids are never reused, as in SQL, even after GC
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
+        self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, HeldLease] = {}
         self._init_tasks()
         self._open = True  # usable without 'async with'; entering it is harmless
@@ -106,6 +109,11 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
         if fence is not None:
             check_fence(fence, self._leases.get(fence.trigger_id), now)
 
+    def _check_writer(self, writer: Writer | None) -> None:
+        """With the lock held: refuse a write by a writer whose fence is not the live lease."""
+        if writer is not None and writer.fence is not None:
+            check_fence(writer.fence, self._leases.get(writer.fence.trigger_id), self.clock())
+
     def _task_key(self, scope: TaskScope, key: str) -> _TaskRow:
         return (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
 
@@ -129,8 +137,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
         writer: Writer | None,
     ) -> int:
         with self._lock:
-            if writer is not None and writer.fence is not None:
-                self._check_fence(writer.fence, self.clock())
+            self._check_writer(writer)
             table: dict[object, RawEntry]
             if isinstance(scope, TaskScope):
                 table, row_key = self._task, self._task_key(scope, key)  # type: ignore[assignment]
@@ -152,14 +159,16 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
             )
             return current + 1
 
-    def _delete(self, scope: StateScope, key: str) -> bool:
+    def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         with self._lock:
+            self._check_writer(writer)
             if isinstance(scope, TaskScope):
                 return self._task.pop(self._task_key(scope, key), None) is not None
             return self._asset_state.pop((self._resolve(scope).asset_id, key), None) is not None
 
-    def _clear(self, scope: StateScope, all_map_indices: bool) -> int:
+    def _clear(self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None) -> int:
         with self._lock:
+            self._check_writer(writer)
             if isinstance(scope, TaskScope):
                 doomed = [
                     k
@@ -210,11 +219,13 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
             writer=writer,
         )
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        return self._delete(scope, key)
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        return self._delete(scope, key, writer=writer)
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        return self._clear(scope, all_map_indices)
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        return self._clear(scope, all_map_indices, writer=writer)
 
     async def _alist(self, scope: StateScope) -> list[RawEntry]:
         return self._list(scope)
@@ -222,6 +233,9 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     # -- metastore -------------------------------------------------------------------------------
 
     async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+        for asset in assets:
+            if not isinstance(asset, Asset):
+                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
         now = self.clock()
         with self._lock:
             for asset in assets:
@@ -234,6 +248,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                     row.uri, row.active, row.updated_at = asset.uri, True, now
 
     async def adeactivate_asset(self, name: str) -> bool:
+        check_name(name, what="asset name")
         with self._lock:
             row = self._assets.get(name)
             if row is None or not row.active:
@@ -291,6 +306,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     async def alist_events(
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
     ) -> list[AssetEvent]:
+        check_events_query(asset, since_id, limit)
         with self._lock:
             start = bisect.bisect_right(self._events, since_id, key=lambda e: e.id)
             events = [e for e in self._events[start:] if asset is None or e.asset == asset]
@@ -314,7 +330,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
         cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         with self._lock:
             for k, row in list(self._task.items()):
-                scope = TaskScope(*k[:4])
+                scope = TaskScope._from_row(*k[:4])
                 if row.never_expire:
                     continue
                 if row.expires_at is not None:
@@ -356,6 +372,21 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        status = check_daemon_status(status)
+        with self._lock:
+            self._daemons[status.owner] = status
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        names = check_owners(owners)
+        with self._lock:
+            for owner in names:
+                self._daemons.pop(owner, None)
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        with self._lock:
+            return [self._daemons[k] for k in sorted(self._daemons)]
 
     async def aclaim_leases(
         self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float

@@ -27,16 +27,15 @@ import anyio
 import anyio.abc
 
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners, decode_refused, encode_refused
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
     Statements,
-    db_key,
     is_connection_error,
     is_unavailable,
-    key_from_db,
     map_error,
     raw_entry,
     rowcount,
@@ -47,6 +46,7 @@ from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -56,7 +56,13 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
+from ._values import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    check_events_query,
+    check_name,
+    decode_value,
+)
 from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
 
 if TYPE_CHECKING:
@@ -109,7 +115,6 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
             raise ValueError(f"min_size ({min_size}) must not exceed max_size ({max_size})")
         self.schema = check_schema_name(schema)
         self.min_size, self.max_size = min_size, max_size
-        self.migrations_applied: list[int] = []
         self._dsn = dsn
         self._sql = Statements(table_prefix(self.schema))
         self._pool: asyncpg.Pool | None = None
@@ -149,7 +154,7 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
         conn: asyncpg.Connection | None = None
         try:
             conn = await asyncpg.connect(self._dsn)
-            self.migrations_applied = await apply_migrations(conn, self.schema)
+            self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
                 self._dsn, min_size=self.min_size, max_size=self.max_size, reset=_keep_session
             )
@@ -275,7 +280,6 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
     # -- key/value hooks ---------------------------------------------------------------------
 
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
-        key = db_key(key)
         if isinstance(scope, TaskScope):
             s = scope
             rows = await self._fetch(
@@ -327,12 +331,14 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
         version: int = await self._submit(op)
         return version
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        existed: bool = await self._submit(DeleteOp(scope, key))
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        existed: bool = await self._submit(DeleteOp(scope, key, writer, self.clock()))
         return existed
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        count: int = await self._submit(ClearOp(scope, all_map_indices))
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        count: int = await self._submit(ClearOp(scope, all_map_indices, writer, self.clock()))
         return count
 
     # -- metastore ---------------------------------------------------------------------------
@@ -366,6 +372,7 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
 
     async def adeactivate_asset(self, name: str) -> bool:
         self._check_open()
+        check_name(name, what="asset name")
         now = self.clock()
 
         async def deactivate(conn: asyncpg.Connection) -> bool:
@@ -390,8 +397,7 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
         self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
     ) -> list[AssetEvent]:
         self._check_open()
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0 or None, got {limit}")
+        check_events_query(asset, since_id, limit)
         rows = await self._fetch("listing events", self._sql.list_events, since_id, asset, limit)
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
@@ -464,11 +470,11 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
                 if deleted < batch_size:
                     break
         report = GcReport(dry_run=dry_run, events=events)
-        report.expired = [(TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found["expired"])]
+        report.expired = [(TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found["expired"])]
         report.retention = [
-            (TaskScope(*r[:4]), key_from_db(r[4])) for r in sorted(found.get("retention", []))
+            (TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found.get("retention", []))
         ]
-        report.orphaned = [(r[0], key_from_db(r[1])) for r in sorted(found["orphaned"])]
+        report.orphaned = [(r[0], r[1]) for r in sorted(found["orphaned"])]
         return report
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
@@ -510,6 +516,39 @@ class PostgresStateBackend(PostgresTasks, BaseStateBackend):
                 trigger_id=r[0], classpath=r[1], assets=tuple(r[2]), watchers=tuple(r[3]),
                 state=r[4], failures=r[5], last_error=r[6], last_event_at=r[7], events=r[8],
                 updated_at=r[9], owner=r[10],
+            )
+            for r in rows
+        ]  # fmt: skip
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        self._check_open()
+        s = check_daemon_status(status)
+        row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
+               encode_refused(s.refused))  # fmt: skip
+
+        async def save(conn: asyncpg.Connection) -> None:
+            await conn.execute(self._sql.save_daemon, *row)
+
+        await self._submit(CallOp(save, phase=LATE))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        self._check_open()
+        names = check_owners(owners)
+        if not names:
+            return
+
+        async def delete(conn: asyncpg.Connection) -> int:
+            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+
+        await self._submit(CallOp(delete, phase=LATE))
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        self._check_open()
+        rows = await self._fetch("listing daemon status", self._sql.list_daemons)
+        return [
+            DaemonStatus(
+                owner=r[0], started_at=r[1], heartbeat_at=r[2], lease_ttl=r[3],
+                watchers_path=r[4], refused=decode_refused(r[5]),
             )
             for r in rows
         ]  # fmt: skip

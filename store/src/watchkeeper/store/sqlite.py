@@ -57,6 +57,7 @@ import anyio.abc
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
 from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._sqlite_events import EVENT_COMMITS
@@ -67,6 +68,7 @@ from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
+    DaemonStatus,
     EventCommit,
     GcReport,
     Lease,
@@ -75,7 +77,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_name
 from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
@@ -138,7 +140,6 @@ class SqliteStateBackend(SqliteTasks, BaseStateBackend):
         self.path = text
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
-        self.applied_migrations: list[int] = []
         self._writer: GroupCommitWriter | None = None
         self._wconn: sqlite3.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -344,11 +345,16 @@ class SqliteStateBackend(SqliteTasks, BaseStateBackend):
 
         return await self._write(put, savepoint=False, coalesce=upsert)
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        return await self._write(lambda tx: ops.delete(tx, scope, key), savepoint=False)
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        # The fence check before its one write statement writes nothing: no savepoint needed.
+        return await self._write(lambda tx: ops.delete(tx, scope, key, writer), savepoint=False)
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
-        return await self._write(lambda tx: ops.clear(tx, scope, all_map_indices), savepoint=False)
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
+        return await self._write(
+            lambda tx: ops.clear(tx, scope, all_map_indices, writer), savepoint=False
+        )
 
     # -- metastore ---------------------------------------------------------------------------
 
@@ -373,6 +379,7 @@ class SqliteStateBackend(SqliteTasks, BaseStateBackend):
 
     async def adeactivate_asset(self, name: str) -> bool:
         self._check_open()
+        check_name(name, what="asset name")
         return await self._write(lambda tx: meta.deactivate_asset(tx, name), savepoint=False)
 
     async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
@@ -469,6 +476,21 @@ class SqliteStateBackend(SqliteTasks, BaseStateBackend):
     async def alist_trigger_status(self) -> list[TriggerStatus]:
         self._check_open()
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        self._check_open()
+        status = check_daemon_status(status)
+        await self._write(lambda tx: meta.save_daemon(tx, status))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        self._check_open()
+        names = check_owners(owners)
+        if names:
+            await self._write(lambda tx: meta.delete_daemons(tx, names))
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]:
+        self._check_open()
+        return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
     async def aclaim_leases(
         self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float

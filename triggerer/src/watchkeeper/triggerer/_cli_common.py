@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 import anyio
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 from watchkeeper.store import BaseStateBackend, Writer, open_state_backend, redact_secrets
 
 from .settings import Settings
@@ -34,6 +35,7 @@ __all__ = [
     "OneLineArgumentParser",
     "StoreCommand",
     "UsageError",
+    "cell",
     "cli_writer",
     "compact_json",
     "console",
@@ -42,9 +44,11 @@ __all__ = [
     "emit_json",
     "error_line",
     "int_at_least",
+    "int_between",
     "json_default",
     "json_flag",
     "open_backend",
+    "printable",
     "redacted",
     "run_store_command",
     "settings_overrides",
@@ -177,6 +181,20 @@ def compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (controls, line and paragraph
+    separators, bidirectional overrides, lone surrogates) escaped as Python would show it, so
+    a key or a payload cannot move the cursor, recolour the terminal or break a line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def cell(text: str) -> Text:
+    """A table cell showing ``text`` as it is: escaped (:func:`printable`), no rich markup."""
+    return Text(printable(text))
+
+
 def console() -> Console:
     """A rich console on stdout for tables people read."""
     return Console(soft_wrap=False, highlight=False)
@@ -189,14 +207,28 @@ def json_flag(parser: argparse.ArgumentParser, what: str) -> None:
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type=`` for integers not below ``minimum``."""
+    return int_between(minimum, None)
+
+
+def int_between(minimum: int, maximum: int | None) -> Callable[[str], int]:
+    """An argparse ``type=`` for integers from ``minimum`` to ``maximum`` (None: no bound).
+
+    The bound is what the store can keep (a 32-bit map index, a 64-bit id), so a number past
+    it is a one-line usage error rather than an overflow deep inside a driver.
+    """
 
     def parse(text: str) -> int:
+        shown = text if len(text) <= 30 else text[:27] + "..."
         try:
             number = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            if text.strip().lstrip("+-").isdigit():  # past Python's int-to-text digit limit
+                raise argparse.ArgumentTypeError(f"{shown} has too many digits") from None
+            raise argparse.ArgumentTypeError(f"{shown!r} is not an integer") from None
         if number < minimum:
-            raise argparse.ArgumentTypeError(f"{number} is less than {minimum}")
+            raise argparse.ArgumentTypeError(f"{shown} is less than {minimum}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"{shown} is more than {maximum}")
         return number
 
     return parse

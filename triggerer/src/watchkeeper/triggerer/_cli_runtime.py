@@ -40,7 +40,7 @@ from ._cli_common import (
 from .daemon import run_daemon
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 
-__all__ = ["register", "run_async", "status_rows"]
+__all__ = ["register", "run_async", "status_report", "status_rows"]
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -123,37 +123,94 @@ def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- watchkeeper status ------------------------------------------------------------------------
+#
+# A status row is what a daemon last saved about a trigger; it is true only while that daemon
+# lives. Each daemon refreshes its own row every heartbeat: once that is older than the
+# daemon's lease time to live (its leases have lapsed too), the daemon is shown as "stale" and
+# its watchers as "unknown". A watcher whose daemon left no row is "stopped" if that is what
+# it saved (a clean exit removes the daemon's row), else "unknown".
 
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters and lone surrogates escaped, for a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
+    """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
+    now = backend.clock()
+    try:
+        daemons = await backend.alist_daemon_status()
+        tracked = True
+    except NotImplementedError:  # a custom backend: take the saved states as they are
+        daemons, tracked = [], False
+    live: set[str] = set()
+    daemon_rows = []
+    for daemon in daemons:
+        age = max((now - daemon.heartbeat_at).total_seconds(), 0.0)
+        stale = age > daemon.lease_ttl
+        if not stale:
+            live.add(daemon.owner)
+        daemon_rows.append(
+            {
+                "owner": daemon.owner,
+                "state": "stale" if stale else "running",
+                "heartbeat_age_seconds": round(age, 3),
+                "heartbeat_at": _iso(daemon.heartbeat_at),
+                "lease_ttl_seconds": daemon.lease_ttl,
+                "started_at": _iso(daemon.started_at),
+                "watchers_path": daemon.watchers_path,
+                "refused": [
+                    {"file": r.file, "watcher": r.watcher, "reason": r.reason}
+                    for r in daemon.refused
+                ],
+            }
+        )
+    known = {daemon.owner for daemon in daemons}
+    watchers: list[dict[str, Any]] = []
+    for status in await backend.alist_trigger_status():
+        state = status.state
+        if tracked and status.owner not in live and (status.owner in known or state != "stopped"):
+            state = "unknown"
+        watchers.append(_status_json(status, state, await _asset_states(backend, status)))
+    return {"daemons": daemon_rows, "watchers": watchers}
+
+
 async def status_rows(backend: BaseStateBackend) -> list[dict[str, Any]]:
     """Each saved trigger status with the state of the assets it watches, as JSON data."""
-    rows: list[dict[str, Any]] = []
-    for status in await backend.alist_trigger_status():
-        assets = []
-        for name in status.assets:
-            try:
-                entries = await backend.alist(AssetScope(name=name))
-            except AssetNotFoundError:  # deactivated since the status was saved
-                assets.append({"name": name, "active": False, "state": {}})
-                continue
-            state = {e.key: e.value for e in sorted(entries, key=lambda e: e.key)}
-            assets.append({"name": name, "active": True, "state": state})
-        rows.append(_status_json(status, assets))
+    rows: list[dict[str, Any]] = (await status_report(backend))["watchers"]
     return rows
 
 
-def _status_json(status: TriggerStatus, assets: list[dict[str, Any]]) -> dict[str, Any]:
+async def _asset_states(backend: BaseStateBackend, status: TriggerStatus) -> list[dict[str, Any]]:
+    assets = []
+    for name in status.assets:
+        try:
+            entries = await backend.alist(AssetScope(name=name))
+        except AssetNotFoundError:  # deactivated since the status was saved
+            assets.append({"name": name, "active": False, "state": {}})
+            continue
+        state = {e.key: e.value for e in sorted(entries, key=lambda e: e.key)}
+        assets.append({"name": name, "active": True, "state": state})
+    return assets
+
+
+def _status_json(status: TriggerStatus, state: str, assets: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "trigger_id": status.trigger_id,
         "watchers": list(status.watchers),
         "classpath": status.classpath,
-        "state": status.state,
+        "state": state,
+        "reported_state": status.state,
         "assets": assets,
-        "events": status.events,
+        # Counted by the daemon that runs the trigger, since it started it: not a total.
+        "events_since_start": status.events,
         "last_event_at": _iso(status.last_event_at),
         "failures": status.failures,
         "last_error": status.last_error,
@@ -162,12 +219,59 @@ def _status_json(status: TriggerStatus, assets: list[dict[str, Any]]) -> dict[st
     }
 
 
-_STATE_STYLE = {"running": "green", "backing_off": "yellow", "failed": "bold red", "stopped": "dim"}
+_STATE_STYLE = {
+    "running": "green",
+    "backing_off": "yellow",
+    "failed": "bold red",
+    "stopped": "dim",
+    "stale": "bold red",
+    "unknown": "bold yellow",
+}
 
 
 def _short(value: object, limit: int = 40) -> str:
-    text = str(value)
+    text = _printable(str(value))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
+    table = Table(title="watchkeeper daemons", title_justify="left", pad_edge=False)
+    table.add_column("daemon", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("last heartbeat", justify="right")
+    table.add_column("lease ttl", justify="right")
+    table.add_column("started", overflow="fold")
+    table.add_column("refused", justify="right")
+    for row in daemons:
+        table.add_row(
+            Text(_printable(row["owner"])),
+            Text(row["state"], style=_STATE_STYLE.get(row["state"], "")),
+            Text(f"{row['heartbeat_age_seconds']:.1f} s ago"),
+            Text(f"{row['lease_ttl_seconds']:g} s"),
+            Text((row["started_at"] or "-")[:19].replace("T", " ")),
+            Text(str(len(row["refused"]))),
+        )
+    return table
+
+
+def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
+    seen: dict[tuple[str, str | None, str], None] = {}
+    for row in daemons:
+        for refused in row["refused"]:
+            seen.setdefault((refused["file"], refused["watcher"], refused["reason"]), None)
+    if not seen:
+        return None
+    table = Table(title="refused definitions", title_justify="left", pad_edge=False)
+    table.add_column("file", overflow="fold")
+    table.add_column("watcher", overflow="fold")
+    table.add_column("reason", overflow="fold")
+    for file, watcher, reason in seen:
+        table.add_row(
+            Text(_printable(file)),
+            Text(_printable(watcher) if watcher is not None else "(whole file)"),
+            Text(_short(reason, 200)),
+        )
+    return table
 
 
 def _status_table(rows: list[dict[str, Any]]) -> Table:
@@ -175,7 +279,7 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
     table.add_column("watcher", overflow="fold", min_width=16)
     table.add_column("state", no_wrap=True)
     table.add_column("assets: state", overflow="fold")
-    table.add_column("events", justify="right")
+    table.add_column("events since start", justify="right")
     table.add_column("last event", overflow="fold")
     table.add_column("fails", justify="right")
     errors = any(row["last_error"] for row in rows)
@@ -183,20 +287,23 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column("last error", overflow="fold")
     for row in rows:
         # Text cells: names and errors are shown as written, never parsed as rich markup.
-        watcher = Text(", ".join(row["watchers"]) or "-")
+        watcher = Text(_printable(", ".join(row["watchers"])) or "-")
         watcher.append("\n" + row["trigger_id"], style="dim")
         assets = Text()
         for i, asset in enumerate(row["assets"]):
-            items = ", ".join(f"{k}={_short(v, 24)}" for k, v in asset["state"].items())
-            assets.append(("\n" if i else "") + asset["name"], style="bold")
+            items = ", ".join(f"{_printable(k)}={_short(v, 24)}" for k, v in asset["state"].items())
+            assets.append(("\n" if i else "") + _printable(asset["name"]), style="bold")
             assets.append(" (inactive)" if not asset["active"] else "", style="dim")
             assets.append(f": {items}" if items else "")
         last = row["last_event_at"]
+        state = Text(row["state"], style=_STATE_STYLE.get(row["state"], ""))
+        if row["state"] != row["reported_state"]:
+            state.append(f"\n(last said {row['reported_state']})", style="dim")
         cells = [
             watcher,
-            Text(row["state"], style=_STATE_STYLE.get(row["state"], "")),
+            state,
             assets,
-            Text(str(row["events"])),
+            Text(str(row["events_since_start"])),
             Text(last[:19].replace("T", " ") if last else "-"),
             Text(str(row["failures"])),
         ]
@@ -214,22 +321,29 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             f"no database at {backend.path} (has a daemon run with this [database] url?)"
         )
 
-    async def read() -> list[dict[str, Any]]:
+    async def read() -> dict[str, Any]:
         async with backend:
-            return await status_rows(backend)
+            return await status_report(backend)
 
     try:
-        rows = redacted(run_async(read))  # errors and state may quote a URL with a password
+        report = redacted(run_async(read))  # errors and state may quote a URL with a password
     except NotImplementedError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
-        emit_json({"watchers": rows})
+        emit_json(report)
         return 0
     console = Console()
-    if not rows:
+    daemons, rows = report["daemons"], report["watchers"]
+    if not rows and not daemons:
         console.print("no watcher status saved yet (is `watchkeeper triggerer` running?)")
         return 0
-    console.print(_status_table(rows))
+    if daemons:
+        console.print(_daemon_table(daemons))
+    if rows:
+        console.print(_status_table(rows))
+    refused = _refused_table(daemons)
+    if refused is not None:
+        console.print(refused)
     return 0
 
 
@@ -274,8 +388,12 @@ def register(subparsers: Subparsers) -> None:
 
     status = subparsers.add_parser(
         "status",
-        help="show each watcher: state, assets, last event, watermark, failures",
-        description="Show what the daemon saved about its watchers (works while it runs).",
+        help="show each daemon and watcher: liveness, state, watermark, failures, refusals",
+        description=(
+            "Show what the daemons saved about themselves and their watchers (works while they "
+            "run): a daemon whose heartbeat is older than its lease time is 'stale' and its "
+            "watchers 'unknown'; refused watcher files are listed with the reason."
+        ),
     )
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.set_defaults(handler=_status)

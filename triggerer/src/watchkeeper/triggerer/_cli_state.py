@@ -12,11 +12,14 @@ import argparse
 import json
 import sys
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from rich.table import Table
 from watchkeeper.store import (
+    MAX_BIGINT,
     MAX_KEY_LENGTH,
+    MAX_MAP_INDEX,
+    MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
     AssetScope,
     BaseStateBackend,
@@ -28,13 +31,15 @@ from watchkeeper.store import (
 from ._cli_common import (
     CommandError,
     UsageError,
+    cell,
     cli_writer,
     compact_json,
     console,
     emit,
     emit_json,
-    int_at_least,
+    int_between,
     json_flag,
+    printable,
     store_handler,
 )
 from .settings import Settings
@@ -44,21 +49,45 @@ if TYPE_CHECKING:
 
 __all__ = ["register_state_store"]
 
-_KEY_HELP = f"a non-empty key of at most {MAX_KEY_LENGTH} characters"
+_KEY_HELP = (
+    f"a non-empty key of at most {MAX_KEY_LENGTH} characters (1,024 UTF-8 bytes), "
+    "without control characters"
+)
+_MAX_RETENTION_DAYS: Final = timedelta.max.days
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _TooLong(ValueError):
+    """An integer literal past Python's int-to-text digit limit: valid JSON, not storable."""
+
+
+def _parse_int(digits: str) -> int:
+    try:
+        return int(digits)
+    except ValueError:
+        raise _TooLong(
+            f"its integer of {len(digits.lstrip('-'))} digits is longer than the "
+            f"{sys.get_int_max_str_digits()} the store can keep"
+        ) from None
+
+
 def _json_value(text: str) -> Any:
     """argparse ``type=``: the JSON document ``text`` (``-``: read it from stdin)."""
     if text == "-":
         text = sys.stdin.read()
+    shown = text if len(text) <= 40 else text[:37] + "..."
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+    except RecursionError:
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is nested too deeply (the store keeps at most {MAX_VALUE_DEPTH} levels)"
+        ) from None
+    except _TooLong as exc:
+        raise argparse.ArgumentTypeError(f"{shown!r}: {exc}") from None
     except ValueError as exc:
-        shown = text if len(text) <= 40 else text[:37] + "..."
         raise argparse.ArgumentTypeError(
             f"{shown!r} is not JSON ({exc}); quote a string as '\"text\"'"
         ) from None
@@ -79,7 +108,7 @@ def _scope_options() -> argparse.ArgumentParser:
     )
     parent.add_argument(
         "--map-index",
-        type=int_at_least(-1),
+        type=int_between(-1, MAX_MAP_INDEX),
         metavar="N",
         help="map index of the task instance (default -1: not mapped)",
     )
@@ -92,12 +121,13 @@ def _scope(args: argparse.Namespace) -> StateScope:
             raise UsageError("--map-index applies to --task only")
         if not args.asset:
             raise UsageError("--asset needs a non-empty asset name")
-        return AssetScope(name=args.asset)
     map_index = -1 if args.map_index is None else args.map_index
     try:
+        if args.asset is not None:
+            return AssetScope(name=args.asset)
         dag_id, run_id, task_id = args.task
         return TaskScope(dag_id, run_id, task_id, map_index)
-    except ValueError as exc:
+    except ValueError as exc:  # the store's naming rule, or a number out of range
         raise UsageError(str(exc)) from None
 
 
@@ -116,8 +146,9 @@ def _describe(scope: StateScope, *, all_map_indices: bool = False) -> str:
     if isinstance(scope, AssetScope):
         return f"asset {scope.name!r}"
     if all_map_indices:
-        return f"task {scope.dag_id}/{scope.run_id}/{scope.task_id} (every map index)"
-    return f"task {scope}"
+        where = printable(f"{scope.dag_id}/{scope.run_id}/{scope.task_id}")
+        return f"task {where} (every map index)"
+    return f"task {printable(str(scope))}"
 
 
 def _entry_record(entry: StateEntry) -> dict[str, Any]:
@@ -196,15 +227,15 @@ async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     if not entries:
         emit(f"no keys for {_describe(scope)}")
         return 0
-    table = Table("key", "value", "version", "updated_at", "writer", title=_describe(scope))
+    table = Table("key", "value", "version", "updated_at", "writer", title=cell(_describe(scope)))
     for entry in entries:
         record = _entry_record(entry)
         table.add_row(
-            entry.key,
-            compact_json(entry.value),
+            cell(entry.key),
+            cell(compact_json(entry.value)),
             str(entry.version),
             record["updated_at"],
-            record["writer"] or "",
+            cell(record["writer"] or ""),
         )
     console().print(table)
     return 0
@@ -243,8 +274,10 @@ async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: S
             }
         )
         return 0
-    lines = [("expired", f"task {scope}", key) for scope, key in report.expired]
-    lines += [("retention", f"task {scope}", key) for scope, key in report.retention]
+    lines = [("expired", f"task {printable(str(scope))}", key) for scope, key in report.expired]
+    lines += [
+        ("retention", f"task {printable(str(scope))}", key) for scope, key in report.retention
+    ]
     lines += [("orphaned", f"asset {name!r}", key) for name, key in report.orphaned]
     verb = "would delete" if args.dry_run else "deleted"
     for reason, where, key in lines:
@@ -294,14 +327,14 @@ def register_state_store(subparsers: Subparsers) -> None:
     )
     set_.add_argument(
         "--expected-version",
-        type=int_at_least(0),
+        type=int_between(0, MAX_BIGINT),
         metavar="N",
         help="write only if the key is at version N (0: only if it does not exist)",
     )
     retention = set_.add_mutually_exclusive_group()
     retention.add_argument(
         "--retention-days",
-        type=int_at_least(0),
+        type=int_between(0, _MAX_RETENTION_DAYS),
         metavar="N",
         help="task state: expire N days after this write",
     )

@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, redact_secrets
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend, redact_secrets
+from watchkeeper.store._values import check_name
 
 from ._cli_common import (
     CommandError,
     UsageError,
+    cell,
     compact_json,
     console,
     emit,
     emit_json,
-    int_at_least,
+    int_between,
     json_flag,
+    printable,
     redacted,
     store_handler,
 )
@@ -45,8 +48,8 @@ FOLLOW_INTERVAL = 0.5
 
 
 async def _db_migrate(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    # Opening already migrates; the built-in backends record what that applied.
-    applied = [*getattr(backend, "applied_migrations", ()), *await backend.amigrate()]
+    # Opening already migrates; every backend records what that applied.
+    applied = [*backend.applied_migrations, *await backend.amigrate()]
     if applied:
         emit(f"applied migrations {', '.join(str(v) for v in applied)}")
     else:
@@ -77,7 +80,10 @@ async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: S
     table = Table("name", "uri", "active", "updated_at", title="assets")
     for info in assets:
         table.add_row(
-            info.name, info.uri or "", "yes" if info.active else "no", info.updated_at.isoformat()
+            cell(info.name),
+            cell(info.uri or ""),
+            "yes" if info.active else "no",
+            info.updated_at.isoformat(),
         )
     console().print(table)
     return 0
@@ -88,6 +94,12 @@ def _check_asset(args: argparse.Namespace) -> None:
         raise UsageError("an asset name must not be empty")
     if getattr(args, "uri", None) == "":
         raise UsageError("--uri must not be empty")
+    try:
+        check_name(args.name, what="asset name")
+        if getattr(args, "uri", None) is not None:
+            check_name(args.uri, what="asset URI")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
@@ -130,7 +142,7 @@ def _event_line(event: AssetEvent) -> str:
     dedup = f" dedup_key={event.dedup_key!r}" if event.dedup_key is not None else ""
     return redact_secrets(
         f"{event.id} {event.created_at.isoformat()} asset={event.asset!r} "
-        f"watcher={event.watcher!r} payload={compact_json(event.payload)}{dedup}"
+        f"watcher={event.watcher!r} payload={printable(compact_json(event.payload))}{dedup}"
     )
 
 
@@ -185,10 +197,10 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
         record = _event_record(event)  # passwords masked
         table.add_row(
             str(record["id"]),
-            record["asset"],
-            record["watcher"],
-            compact_json(record["payload"]),
-            record["dedup_key"] or "",
+            cell(record["asset"]),
+            cell(record["watcher"]),
+            cell(compact_json(record["payload"])),
+            cell(record["dedup_key"] or ""),
             record["created_at"],
         )
     console().print(table)
@@ -231,12 +243,14 @@ def _add_events(subparsers: Subparsers) -> None:
     events.add_argument("--asset", metavar="NAME", help="only the events of this asset")
     events.add_argument(
         "--since",
-        type=int_at_least(0),
+        type=int_between(0, MAX_BIGINT),
         default=0,
         metavar="ID",
         help="only events with an id above ID",
     )
-    events.add_argument("--limit", type=int_at_least(1), metavar="N", help="at most N events")
+    events.add_argument(
+        "--limit", type=int_between(1, MAX_BIGINT), metavar="N", help="at most N events"
+    )
     events.add_argument(
         "--follow",
         action="store_true",

@@ -39,7 +39,8 @@ from ._cli_common import (
     store_handler,
 )
 from ._cli_runtime import run_async, with_triggerer_options
-from ._loader import load_watchers, unload_watchers
+from ._loader import unload_watchers
+from ._task_loader import load_tasks
 from ._worker import Worker, run_worker
 from .daemon import Daemon
 from .settings import Settings
@@ -65,8 +66,8 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
             f"watchers path {str(path)!r} is not a directory "
             "(use --watchers-path or [triggerer] watchers_path)"
         )
-    result = load_watchers(path, allowed_modules=settings.triggerer.allowed_trigger_modules)
-    return result.tasks
+    tasks, _ = load_tasks(path)  # refusals are logged
+    return tasks
 
 
 # -- watchkeeper worker / up ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ In a temporary directory, with an embedded SQLite database (no server), the demo
 3. kills the daemon with SIGKILL once a third of the items are committed, restarts it, and
    waits until every item is committed; then stops it with SIGTERM;
 4. meanwhile runs ``watchkeeper worker`` on the same files: the task ``tally_orders``
-   (``_demo_watchers/order_tasks.py``) runs on the orders events; the worker is killed with
+   (in ``_demo_watchers/orders.py``) runs on the orders events; the worker is killed with
    SIGKILL while a run executes, and restarted (see :mod:`._demo_tasks`);
 5. reads every committed event back and checks, per table, that items 1..N each arrived
    exactly once (no gap, no duplicate) and that the watermark is N, and that every orders

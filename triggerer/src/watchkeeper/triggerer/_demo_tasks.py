@@ -1,6 +1,6 @@
 """The task half of ``watchkeeper demo``: a worker process, its SIGKILL, and the check.
 
-The demo's definitions include ``order_tasks.py``: ``tally_orders`` runs on the ``orders``
+The demo's ``orders.py`` also defines the task ``tally_orders``, which runs on the ``orders``
 events. :class:`DemoWorker` starts ``watchkeeper worker`` as a child process, kills it with
 SIGKILL while a run is executing, and :func:`check_exactly_once` reads the runs back: every
 orders event must be in exactly one successful run.

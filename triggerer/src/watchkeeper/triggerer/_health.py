@@ -27,11 +27,11 @@ from typing import TypeVar
 
 import anyio
 import anyio.abc
-import structlog
 from watchkeeper.store import (
     BaseStateBackend,
     DatabaseFileRemovedError,
     StoreUnavailableError,
+    get_logger,
 )
 
 from ._config import RunnerConfig
@@ -39,7 +39,7 @@ from ._supervisor import describe_error
 
 __all__ = ["StoreHealth", "find_cause", "store_unavailable"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 E = TypeVar("E", bound=BaseException)
 

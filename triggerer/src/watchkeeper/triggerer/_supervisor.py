@@ -135,6 +135,7 @@ class TriggerSlot:
         self.trigger = trigger
         self.assets = assets
         self.watchers = watchers
+        # Also the name each committed event carries (the AssetWatcher's name).
         self.watcher_name = watchers[0] if watchers else trigger_id
         self.asset_names = tuple(asset.name for asset in assets)
         self.classpath = type(trigger).classpath()
@@ -230,7 +231,7 @@ async def drive_trigger(
     """
     trigger = slot.trigger
     encoder = EventEncoder(
-        slot.trigger_id,
+        slot.watcher_name,
         slot.asset_names,
         writer=slot.writer,
         max_value_bytes=backend.max_value_bytes,

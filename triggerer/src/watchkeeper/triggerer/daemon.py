@@ -1,26 +1,30 @@
 """The long-lived daemon: load the watchers path, run its triggers, follow its changes.
 
 :class:`Daemon` is an async context manager that owns, in order, the state backend, a
-:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own two loops:
+:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own loops:
 
 - the **reload loop** polls the watchers path (file mtimes and sizes, in a worker thread) and,
-  when something changed, re-imports the definitions, registers their assets, starts the new
+  when something changed, reads the definitions again, registers their assets, starts the new
   triggers, stops the removed or changed ones, and deactivates the assets no file defines any
   more (their state is then swept by garbage collection). Only assets that an earlier load of
   this process defined are deactivated: tasks may use assets no watcher file declares, so a
   starting daemon never deactivates anything. A file that fails to import keeps its last good
-  definitions, so a typo being edited neither stops a watcher nor deactivates its asset;
+  definitions, so a typo being edited neither stops a watcher nor deactivates its asset. The
+  files are read in a child process, each within ``[triggerer] import_timeout`` (see
+  :mod:`._evaluate`): a file that hangs at import is refused, not waited for;
 - the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
   state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
   status rows of triggers that no daemon runs any more;
 - the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
-  every trigger loaded (see :mod:`._leases`): it starts the triggers whose lease it got, with
-  the lease's token as their fence, and stops those whose lease another daemon holds now (or
-  that stopped themselves because the store refused a write of theirs as stale). Leases last
-  ``[triggerer] lease_ttl`` seconds (three heartbeats by default), so the triggers of a daemon
-  that died move to another one that long after. Several daemons on one PostgreSQL database
-  thus share the watchers, each run by one daemon at a time; a single daemon (SQLite) holds
-  every lease.
+  every trigger loaded (see :mod:`._leases`). It never waits for a reload: the **reconcile
+  loop** then starts the triggers whose lease was got, with the lease's token as their fence,
+  and stops those whose lease another daemon holds now (or that stopped themselves because
+  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl``
+  seconds (three heartbeats by default), so the triggers of a daemon that died move to
+  another one that long after. Several daemons on one PostgreSQL database thus share the
+  watchers, each run by one daemon at a time; a single daemon (SQLite) holds every lease;
+- the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
+  status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 
 A database outage fails nothing: the runner's store health (see :mod:`._health`) holds the
 triggers, this daemon's loops skip their work meanwhile and report their errors there instead
@@ -37,7 +41,7 @@ A reload also restarts a trigger that is in the ``failed`` state (it exhausted
 SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims), lets the runner
 cancel the triggers within ``stop_grace`` and flush their status, releases its leases (so
 another daemon, or this one restarted, takes the triggers over at once), closes the store and
-returns.
+returns. A signal while the daemon is still starting cancels the start-up.
 
 A restarted daemon resumes every watcher from its stored watermark: triggers read it from
 their asset state, which the store keeps across restarts and ``kill -9``.
@@ -46,11 +50,10 @@ their asset state, which the store keeps across restarts and ``kill -9``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,18 +63,23 @@ from typing import Self
 import anyio
 import anyio.abc
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import (
     BaseStateBackend,
+    DaemonStatus,
     DatabaseFileRemovedError,
     GcReport,
+    RefusedDefinition,
     get_logger,
     open_state_backend,
 )
 
 from ._config import SupervisionSettings
+from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
-from ._loader import LoadResult, WatcherGroup, load_watchers, scan_watchers_path
+from ._loader import LoadResult, WatcherGroup, scan_watchers_path
+from ._supervisor import describe_error
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
@@ -79,6 +87,11 @@ from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 __all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport", "run_daemon"]
 
 log = get_logger(__name__)
+
+_STATUS_SAVE_TIMEOUT = 5.0
+
+_Claim = tuple[int, list[str], dict[str, int] | None]
+"""One claim of leases: its sequence number, the ids asked for, the tokens got."""
 
 
 @dataclass(slots=True)
@@ -145,7 +158,16 @@ class Daemon:
         self._tokens: dict[str, int | None] = {}
         self._leases: LeaseKeeper | None = None
         self._snapshot: dict[str, tuple[int, int]] = {}
+        # _load_lock: one load at a time (it may take import_timeout per hung file);
+        # _reload_lock: bringing the runner in line with a load or a claim (short).
+        self._load_lock = anyio.Lock()
         self._reload_lock = anyio.Lock()
+        self._unapplied: tuple[dict[str, tuple[int, int]], LoadResult] | None = None
+        self._claims = 0
+        self._last_claim: _Claim | None = None
+        self._applied_claim = 0
+        self._started_at = datetime.now(UTC)
+        self._daemon_status = True
         self._stack: contextlib.AsyncExitStack | None = None
 
     def __repr__(self) -> str:
@@ -195,6 +217,8 @@ class Daemon:
             )
             # Released once the runner below has stopped every trigger, before the store closes.
             stack.push_async_callback(self._leases.release_all)
+            stack.push_async_callback(self._forget_daemon_status)
+            self._started_at = self._backend.clock()
             self._runner = await stack.enter_async_context(
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
@@ -210,7 +234,11 @@ class Daemon:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
-            tg.start_soon(self._lease_loop, self.settings.triggerer.heartbeat_interval)
+            heartbeat = self.settings.triggerer.heartbeat_interval
+            claimed, to_apply = anyio.create_memory_object_stream[None](1)
+            tg.start_soon(self._lease_loop, heartbeat, claimed)
+            tg.start_soon(self._reconcile_loop, to_apply)
+            tg.start_soon(self._status_loop, heartbeat)
             if self.settings.triggerer.gc_interval > 0:
                 tg.start_soon(self._gc_loop, self.settings.triggerer.gc_interval)
         except BaseException as exc:
@@ -256,41 +284,43 @@ class Daemon:
         self._running = {}
         self._tokens = {}
         self._loaded = None
+        self._last_claim = None
         if self._owns_backend:
             self._backend = None
 
     # -- reloading -------------------------------------------------------------------------------
 
     async def reload(self) -> ReloadReport:
-        """Load the watchers path again and bring the running triggers in line with it."""
-        async with self._reload_lock:
-            loader = functools.partial(
-                load_watchers,
-                self.watchers_path,
-                allowed_modules=self.settings.triggerer.allowed_trigger_modules or None,
-                previous=self._loaded,
-            )
-            result = await anyio.to_thread.run_sync(loader)
-            report = ReloadReport(errors=len(result.errors))
-            backend, runner = self.backend, self.runner
-            if result.assets:
-                await backend.aregister_assets(list(result.assets))
-            self._wanted = {g.trigger_id: g for g in result.groups}
-            # A trigger that gave up ("failed") gets a fresh start from any reload, so an
-            # operator retries it by touching its file once the source is fixed.
-            failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
-            claimed = await self._to_claim()
-            await self._reconcile(report, claimed, await self.leases.claim(claimed), failed)
-            # After the reconcile stopped the triggers of removed files, their assets go.
-            before = {a.name for a in self._loaded.assets} if self._loaded else set()
-            for name in sorted(before - {a.name for a in result.assets}):
-                if await backend.adeactivate_asset(name):
-                    report.deactivated.append(name)
-                    log.info("asset_deactivated", asset=name)
-            gone = [t for t in report.stopped if t not in self._wanted]
-            if gone:
-                await backend.adelete_trigger_status(gone)
-            self._loaded = result
+        """Load the watchers path again and bring the running triggers in line with it.
+
+        The files are read first, without the lock the lease loop's reconciles take (a file
+        may take ``import_timeout`` to be refused); only bringing the runner in line holds it.
+        """
+        return await self._reload(None)
+
+    async def _reload(self, snapshot: dict[str, tuple[int, int]] | None) -> ReloadReport:
+        """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
+        a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
+        async with self._load_lock:
+            unapplied = self._unapplied
+            if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
+                result = unapplied[1]
+            else:
+                triggerer = self.settings.triggerer
+                result = await aload_watchers(
+                    self.watchers_path,
+                    allowed_modules=triggerer.allowed_trigger_modules or None,
+                    previous=self._loaded,
+                    import_timeout=triggerer.import_timeout,
+                )
+            try:
+                async with self._reload_lock:
+                    report = await self._apply(result)
+            except Exception:
+                self._unapplied = None if snapshot is None else (snapshot, result)
+                raise
+            self._unapplied = None
+        await self.save_daemon_status()  # what was refused may have changed
         log.info(
             "watchers_reloaded",
             triggers=len(self._running),
@@ -300,6 +330,31 @@ class Daemon:
             deactivated=report.deactivated,
             refused=report.errors,
         )
+        return report
+
+    async def _apply(self, result: LoadResult) -> ReloadReport:
+        """Register, start, stop and deactivate to match ``result``; call under the lock."""
+        report = ReloadReport(errors=len(result.errors))
+        backend, runner = self.backend, self.runner
+        if result.assets:
+            await backend.aregister_assets(list(result.assets))
+        self._wanted = {g.trigger_id: g for g in result.groups}
+        # A trigger that gave up ("failed") gets a fresh start from any reload, so an
+        # operator retries it by touching its file once the source is fixed.
+        failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
+        seq, claimed, tokens = await self._claim()
+        self._applied_claim = seq
+        await self._reconcile(report, claimed, tokens, failed)
+        # After the reconcile stopped the triggers of removed files, their assets go.
+        before = {a.name for a in self._loaded.assets} if self._loaded else set()
+        for name in sorted(before - {a.name for a in result.assets}):
+            if await backend.adeactivate_asset(name):
+                report.deactivated.append(name)
+                log.info("asset_deactivated", asset=name)
+        gone = [t for t in report.stopped if t not in self._wanted]
+        if gone:
+            await backend.adelete_trigger_status(gone)
+        self._loaded = result
         return report
 
     async def _to_claim(self) -> list[str]:
@@ -383,15 +438,31 @@ class Daemon:
     async def renew_leases(self) -> ReloadReport:
         """One heartbeat's work: renew and take leases, then start and stop triggers to match.
 
-        The lease loop calls this every ``heartbeat_interval``; it is public so that an
-        embedding (or a test) can run a heartbeat at a moment of its choosing.
+        It is public so that an embedding (or a test) can run a heartbeat at a moment of its
+        choosing. The lease loop does the same in two tasks, so that renewing never waits for
+        a reload or for triggers being stopped.
         """
-        # Claimed outside the lock, so a reload that waits on a slow trigger's stop does not
-        # hold up the renewals; the reconcile then takes the lock.
+        await self._claim()
+        return await self._apply_last_claim()
+
+    async def _claim(self) -> _Claim:
+        """Renew and take the leases of the triggers to run here (never takes a lock)."""
         claimed = await self._to_claim()
         tokens = await self.leases.claim(claimed)
+        self._claims += 1
+        self._last_claim = (self._claims, claimed, tokens)
+        return self._last_claim
+
+    async def _apply_last_claim(self) -> ReloadReport:
+        """Start and stop triggers to match the latest claim, unless a reload applied a newer
+        one meanwhile."""
         report = ReloadReport()
         async with self._reload_lock:
+            claim = self._last_claim
+            if claim is None or claim[0] <= self._applied_claim:
+                return report
+            seq, claimed, tokens = claim
+            self._applied_claim = seq
             await self._reconcile(report, claimed, tokens)
         if report.started or report.stopped or report.not_started:
             log.info(
@@ -403,18 +474,25 @@ class Daemon:
             )
         return report
 
-    async def _lease_loop(self, interval: float) -> None:
+    async def _lease_loop(self, interval: float, claimed: MemoryObjectSendStream[None]) -> None:
+        """Every heartbeat: check the store is the one opened, claim leases and hand the claim
+        to the reconcile loop. Waits on nothing else, so leases are renewed on time however
+        long a reload, a trigger's stop or a status save takes."""
         health = self.runner.store_health
-        while True:
-            await anyio.sleep(interval)
-            await self.verify_store()
-            if not health.available:
-                continue  # renewed by the recovery hook, once the store answers again
-            try:
-                await self.renew_leases()
-            except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
-                if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+        with claimed:
+            while True:
+                await anyio.sleep(interval)
+                await self.verify_store()
+                if not health.available:
+                    continue  # renewed by the recovery hook, once the store answers again
+                try:
+                    await self._claim()
+                except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
+                    if health.report(exc) is None:  # an outage is logged once, by the health
+                        log.error("lease_renewal_failed", error=describe_error(exc))
+                else:
+                    with contextlib.suppress(anyio.WouldBlock):
+                        claimed.send_nowait(None)  # one pending is enough: it takes the latest
 
     async def verify_store(self) -> None:
         """Check, as every heartbeat does, that the store is still the one opened.
@@ -428,12 +506,69 @@ class Daemon:
         except Exception as exc:
             if isinstance(self.runner.store_health.report(exc), DatabaseFileRemovedError):
                 raise
-            log.error("store_verify_failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("store_verify_failed", error=describe_error(exc))
 
     async def _renew_after_outage(self) -> None:
         """The store answers again: renew the leases (they may have lapsed meanwhile) before
         the triggers write again, so none of them meets a lapsed fence."""
         await self.renew_leases()
+
+    async def _reconcile_loop(self, to_apply: MemoryObjectReceiveStream[None]) -> None:
+        health = self.runner.store_health
+        with to_apply:
+            async for _ in to_apply:
+                try:
+                    await self._apply_last_claim()
+                except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
+                    if health.report(exc) is None:
+                        log.error("lease_reconcile_failed", error=describe_error(exc))
+
+    # -- daemon status -----------------------------------------------------------------------------
+
+    async def _status_loop(self, interval: float) -> None:
+        """Every heartbeat: save the daemon's heartbeat row (``watchkeeper status`` reads it)."""
+        while True:
+            await anyio.sleep(interval)
+            await self.save_daemon_status()
+
+    async def save_daemon_status(self) -> None:
+        """Save this daemon's heartbeat row (owner, heartbeat time, lease time to live, the
+        definitions its last load refused). Advisory: bounded, and never raises."""
+        if not self._daemon_status or self._backend is None:
+            return
+        loaded = self._loaded
+        refused = tuple(
+            RefusedDefinition(e.file, e.watcher, e.reason)
+            for e in (loaded.errors if loaded else ())
+        )
+        status = DaemonStatus(
+            owner=self.owner,
+            started_at=self._started_at,
+            heartbeat_at=self._backend.clock(),
+            lease_ttl=self.settings.triggerer.lease_seconds,
+            watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
+            refused=refused,
+        )
+        with anyio.move_on_after(_STATUS_SAVE_TIMEOUT) as scope:
+            try:
+                await self._backend.asave_daemon_status(status)
+            except NotImplementedError:
+                self._daemon_status = False
+                log.info("daemon_status_unsupported", backend=type(self._backend).__name__)
+            except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
+                log.warning("daemon_status_save_failed", error=describe_error(exc))
+        if scope.cancelled_caught:
+            log.warning("daemon_status_save_failed", error="timed out")
+
+    async def _forget_daemon_status(self) -> None:
+        """At a clean exit: remove this daemon's row (its triggers' rows say ``stopped``)."""
+        if not self._daemon_status or self._backend is None:
+            return
+        with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=True):
+            try:
+                await self._backend.adelete_daemon_status([self.owner])
+            except Exception as exc:  # noqa: BLE001 - advisory; pruned by others later
+                log.warning("daemon_status_save_failed", error=describe_error(exc))
 
     async def _drop_stale_statuses(self) -> None:
         """Forget status rows of triggers that no daemon runs any more.
@@ -444,6 +579,22 @@ class Daemon:
         """
         heartbeat = self.settings.triggerer.heartbeat_interval
         cutoff = datetime.now(UTC) - timedelta(seconds=3 * heartbeat + 30)
+        if self._daemon_status:
+            try:
+                daemons = await self.backend.alist_daemon_status()
+            except NotImplementedError:
+                daemons = []
+            # Stamped with the backend's clock, so compared with it.
+            silent = self.backend.clock() - timedelta(seconds=3 * heartbeat + 30)
+            dead = [
+                d.owner
+                for d in daemons
+                if d.owner != self.owner
+                and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < silent
+            ]
+            if dead:
+                await self.backend.adelete_daemon_status(dead)
+                log.info("daemon_status_pruned", owners=dead)
         rows = await self.backend.alist_trigger_status()
         stale = [
             r.trigger_id
@@ -463,10 +614,10 @@ class Daemon:
                 current = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
                 if current == self._snapshot or not health.available:
                     continue
-                await self.reload()
+                await self._reload(current)
             except Exception as exc:  # noqa: BLE001 - a failed reload is retried next poll
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("watchers_reload_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("watchers_reload_failed", error=describe_error(exc))
                 continue
             self._snapshot = current
 
@@ -522,22 +673,49 @@ async def run_daemon(
 ) -> None:
     """Run the daemon until one of ``signals`` arrives, then shut down cleanly and return.
 
+    A signal that arrives while the daemon is still starting (reading the watcher files,
+    opening the store) cancels the start-up, which undoes what it had done.
+
     Shutting down is bounded: a trigger that swallows every cancellation would otherwise keep
     the process alive forever, so a watchdog thread armed at the signal ends the process
     (exit status 70, log ``daemon_shutdown_stuck``) once ``stop_grace`` and a margin for
     flushing have passed. Whatever had committed stays committed; leases expire on their own.
     """
-    watchdog: threading.Timer | None = None
+    watchdog: list[threading.Timer] = []
+    started = anyio.Event()
+    stop = anyio.Event()
+    starting = anyio.CancelScope()
+
+    async def on_signal(received: AsyncIterator[int]) -> None:
+        async for signum in received:
+            log.info(
+                "daemon_stopping", signal=signal.Signals(signum).name, starting=not started.is_set()
+            )
+            watchdog.append(_arm_shutdown_watchdog(settings.triggerer.stop_grace * 2 + 5))
+            if not started.is_set():
+                starting.cancel()
+            stop.set()
+            return
+
+    error: Exception | None = None
     try:
         with anyio.open_signal_receiver(*signals) as received:
-            async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
-                async for signum in received:
-                    log.info("daemon_stopping", signal=signal.Signals(signum).name)
-                    watchdog = _arm_shutdown_watchdog(settings.triggerer.stop_grace * 2 + 5)
-                    break
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(on_signal, received)
+                try:
+                    with starting:
+                        async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
+                            started.set()
+                            await stop.wait()
+                except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group
+                    error = exc
+                finally:
+                    tg.cancel_scope.cancel()
     finally:
-        if watchdog is not None:
-            watchdog.cancel()
+        for timer in watchdog:
+            timer.cancel()
+    if error is not None:
+        raise error
 
 
 SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE

@@ -73,6 +73,10 @@ after ``3 * heartbeat + 30`` seconds without a refresh."""
 class WatchSpec:
     """One trigger to run: a stable id, the instance, and the (registered) assets it watches.
 
+    ``watchers`` names the :class:`~watchkeeper.triggerer.AssetWatcher` objects the trigger
+    serves; each committed event carries them as its ``watcher`` (joined by ", " when there
+    are several), or ``trigger_id`` when there are none.
+
     ``fence_token`` is the token of the lease held on ``trigger_id`` by the runner's
     ``config.owner``; with it, every write of the trigger is fenced on that lease.
     ``watchers`` holds at most one name, the trigger's ``watcher_name`` inside ``run()`` (the

@@ -65,6 +65,10 @@ class TriggererSettings(SupervisionSettings):
     watchers path and ``watchkeeper.watchers``."""
     reload_interval: PositiveSeconds = DEFAULT_RELOAD_INTERVAL
     """Seconds between two scans of the watchers path for changed files."""
+
+    import_timeout: PositiveSeconds = 30.0
+    """Seconds one watcher file may take to import (its triggers' ``__init__`` and
+    ``serialize()`` included); past it the file is refused and the others load."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
     lease_ttl: PositiveSeconds | None = None

@@ -43,14 +43,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-import structlog
-from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.store import AssetStateStoreAccessors, get_logger
 
 from ._window import LagWindow
 
 __all__ = ["LEGACY_KEYS", "MAX_RECENT_BYTES", "WindowState"]
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 C = TypeVar("C")
 K = TypeVar("K")

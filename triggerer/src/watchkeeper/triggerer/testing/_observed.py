@@ -168,13 +168,15 @@ class ObservedBackend(BaseStateBackend):
         )
         return version
 
-    async def _adelete(self, scope: StateScope, key: str) -> bool:
-        await self._direct_write(lambda: self.inner.adelete(scope, key))
+    async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
+        await self._direct_write(lambda: self.inner.adelete(scope, key, writer=writer))
         return True
 
-    async def _aclear(self, scope: StateScope, all_map_indices: bool) -> int:
+    async def _aclear(
+        self, scope: StateScope, all_map_indices: bool, *, writer: Writer | None
+    ) -> int:
         count: int = await self._direct_write(
-            lambda: self.inner.aclear(scope, all_map_indices=all_map_indices)
+            lambda: self.inner.aclear(scope, all_map_indices=all_map_indices, writer=writer)
         )
         return count
 

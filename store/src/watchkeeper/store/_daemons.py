@@ -1,0 +1,60 @@
+"""Daemon status rows: the rules every backend shares (the argument check, the refusals' JSON).
+
+A daemon saves one :class:`~watchkeeper.store.DaemonStatus` row under its owner name every
+heartbeat, so that ``watchkeeper status`` can tell a live daemon from one that died (its
+``heartbeat_at`` stops moving) and show the definitions it refused. The refusals are kept as
+one JSON text column, escaped to ASCII: file names and reasons may hold anything a file system
+or a user's exception allows, and PostgreSQL's ``text`` refuses NUL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+
+from ._leases import check_owner
+from ._types import DaemonStatus, RefusedDefinition
+
+__all__ = ["check_daemon_status", "check_owners", "decode_refused", "encode_refused"]
+
+
+def check_daemon_status(status: object) -> DaemonStatus:
+    """Return ``status`` if it is a well-formed :class:`DaemonStatus`; raise otherwise."""
+    if not isinstance(status, DaemonStatus):
+        raise TypeError(f"status must be a DaemonStatus, got {type(status).__name__}")
+    check_owner(status.owner)
+    for name in ("started_at", "heartbeat_at"):
+        value = getattr(status, name)
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise TypeError(f"DaemonStatus.{name} must be an aware datetime, got {value!r}")
+    ttl = status.lease_ttl
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
+        raise TypeError(f"DaemonStatus.lease_ttl must be a number of seconds, got {ttl!r}")
+    if ttl <= 0:
+        raise ValueError(f"DaemonStatus.lease_ttl must be positive, got {ttl!r}")
+    if not isinstance(status.watchers_path, str):
+        raise TypeError("DaemonStatus.watchers_path must be a str")
+    for refused in status.refused:
+        if not isinstance(refused, RefusedDefinition):
+            raise TypeError(
+                f"DaemonStatus.refused must hold RefusedDefinition, got {type(refused).__name__}"
+            )
+    return status
+
+
+def check_owners(owners: object) -> list[str]:
+    """The distinct owner names, sorted; each a non-empty str."""
+    if isinstance(owners, str | bytes) or not isinstance(owners, list | tuple | set | frozenset):
+        raise TypeError(f"owners must be a list of str, got {type(owners).__name__}")
+    return sorted({check_owner(owner) for owner in owners})
+
+
+def encode_refused(refused: tuple[RefusedDefinition, ...]) -> str:
+    """The refusals as ASCII JSON text: ``[[file, watcher, reason], ...]``."""
+    return json.dumps([[r.file, r.watcher, r.reason] for r in refused], ensure_ascii=True)
+
+
+def decode_refused(text: str) -> tuple[RefusedDefinition, ...]:
+    """The inverse of :func:`encode_refused`."""
+    return tuple(RefusedDefinition(f, w, r) for f, w, r in json.loads(text))
