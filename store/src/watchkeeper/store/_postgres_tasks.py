@@ -1,4 +1,5 @@
-"""Event consumers, task cursors and runs for :class:`~watchkeeper.store.PostgresStateBackend`.
+"""Task cursors and runs for :class:`~watchkeeper.store.PostgresStateBackend` (the event
+consumers and wake-ups are :mod:`._postgres_consumers`).
 
 Each operation is one short transaction on a pooled connection (``_transact``), not a batch
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
@@ -11,10 +12,11 @@ the later-committed lower id for good. Every transaction that inserts events the
 a shared transaction-scoped advisory lock (the group writer takes it per batch, see
 :func:`events_hook`; a finish with outlets takes it too), and every reader that moves a cursor
 takes it exclusively first: once it has it, every event with a lower id has committed or
-rolled back. The exclusive holds are short (one run's creation).
+rolled back. The exclusive holds are short (one batch of run creations). Lock order, always:
+task rows, then the events lock (declaring tasks and creating runs both keep it).
 
 **Wake-ups.** The same hook sends one ``NOTIFY`` per committed batch (never one per event);
-:meth:`PostgresTasks.await_events` listens on a connection of its own and falls back to
+:meth:`PostgresConsumers.await_events` listens on a connection of its own and falls back to
 polling when that connection is lost.
 """
 
@@ -25,21 +27,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
 from ._leases import check_owner, check_ttl
-from ._postgres_schema import table_prefix
+from ._postgres_consumers import EVENT_COLS, event_row, events_hook
 from ._postgres_sql import rowcount, writer_fields
 from ._tasks import (
     OutletEvent,
     RunError,
-    StateWrite,
     TaskInfo,
     TaskRun,
     TaskSpec,
     after_failure,
     check_limit,
-    check_name,
     check_state,
     errors_from_json,
     errors_to_json,
@@ -49,11 +47,9 @@ from ._tasks import (
     lost_reason,
     plan_run,
 )
-from ._types import AssetEvent, AssetScope, TaskScope, Writer
-from ._values import decode_value
+from ._types import AssetEvent, Writer
 from .errors import (
     AssetNotFoundError,
-    ConsumerCursorError,
     RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
@@ -65,7 +61,7 @@ if TYPE_CHECKING:
 
     from ._postgres_sql import Statements
 
-__all__ = ["PostgresTasks", "events_channel", "events_hook"]
+__all__ = ["PostgresTasks"]
 
 T = TypeVar("T")
 
@@ -74,25 +70,6 @@ _RUN_COLS = (
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
     "outlet_event_ids"
 )
-_EVENT_COLS = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
-_LOCK_KEY = "hashtextextended('watchkeeper.events:' || coalesce($1::text, current_schema()), 0)"
-
-
-def events_channel(schema: str | None) -> str:
-    """The NOTIFY channel of a schema's event commits (an identifier: the schema is one)."""
-    return "watchkeeper_events" if schema is None else f"watchkeeper_events_{schema}"[:63]
-
-
-def events_hook(schema: str | None) -> Callable[[Any], Awaitable[None]]:
-    """What a transaction that inserts events runs first: the shared commit-order lock, and
-    the batch's one notification (delivered at commit, dropped on rollback)."""
-    sql = f"SELECT pg_advisory_xact_lock_shared({_LOCK_KEY}), pg_notify($2, '')"
-    channel = events_channel(schema)
-
-    async def hook(conn: Any) -> None:
-        await conn.execute(sql, schema, channel)
-
-    return hook
 
 
 def _run(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
@@ -103,10 +80,6 @@ def _run(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
         lease_expires_at=row[13], errors=errors_from_json(row[14]),
         outlet_event_ids=ids_from_json(row[15]), events=tuple(events),
     )  # fmt: skip
-
-
-def _event(r: Any) -> AssetEvent:
-    return AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5])
 
 
 class PostgresTasks:
@@ -123,12 +96,11 @@ class PostgresTasks:
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
 
-    @property
-    def _p(self) -> str:
-        return table_prefix(self.schema)
+    if TYPE_CHECKING:
 
-    async def _lock_events(self, conn: Any) -> None:
-        await conn.execute(f"SELECT pg_advisory_xact_lock({_LOCK_KEY})", self.schema)
+        @property
+        def _p(self) -> str: ...
+        async def _lock_events(self, conn: Any) -> None: ...
 
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:
@@ -140,110 +112,13 @@ class PostgresTasks:
         )
         events: dict[int, list[AssetEvent]] = {}
         for r in await conn.fetch(
-            f"SELECT e.run_id, {_EVENT_COLS} FROM {p}task_run_events e "
+            f"SELECT e.run_id, {EVENT_COLS} FROM {p}task_run_events e "
             f"JOIN {p}asset_events ev ON ev.id = e.event_id WHERE e.run_id = ANY($1::int8[]) "
             "ORDER BY e.event_id",
             ids,
         ):
-            events.setdefault(r[0], []).append(_event(tuple(r)[1:]))
+            events.setdefault(r[0], []).append(event_row(tuple(r)[1:]))
         return [_run(row, events.get(row[0], ())) for row in rows]
-
-    # -- consumers ---------------------------------------------------------------------------
-
-    async def aconsumer_position(self, name: str) -> int:
-        self._check_open()
-        rows = await self._fetch(
-            "reading a consumer",
-            f"SELECT cursor FROM {self._p}event_consumers WHERE name = $1",
-            check_name("consumer name", name),
-        )
-        return int(rows[0][0]) if rows else 0
-
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
-    ) -> list[AssetEvent]:
-        self._check_open()
-        check_name("consumer name", name)
-        check_limit(limit)
-        wanted = None if assets is None else list(assets)
-        p = self._p
-
-        async def fetch(conn: Any) -> list[AssetEvent]:
-            await self._lock_events(conn)
-            rows = await conn.fetch(
-                f"SELECT {_EVENT_COLS} FROM {p}asset_events ev WHERE ev.id > coalesce("
-                f"(SELECT cursor FROM {p}event_consumers WHERE name = $1), 0) "
-                "AND ($2::text[] IS NULL OR ev.asset_name = ANY($2::text[])) ORDER BY ev.id "
-                "LIMIT $3",
-                name,
-                wanted,
-                limit,
-            )
-            return [_event(r) for r in rows]
-
-        return await self._transact("fetching consumer events", fetch)
-
-    async def aconsumer_ack(
-        self,
-        name: str,
-        event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
-    ) -> int:
-        self._check_open()
-        check_name("consumer name", name)
-        if type(event_id) is not int or event_id < 0:
-            raise ValueError(f"event_id must be an int >= 0, got {event_id!r}")
-        writes = list(state)
-        p, now = self._p, self.clock()
-        kind, who, try_number = writer_fields(writer)
-
-        async def ack(conn: Any) -> int:
-            await conn.execute(
-                f"INSERT INTO {p}event_consumers (name, cursor, updated_at) VALUES ($1, 0, $2) "
-                "ON CONFLICT (name) DO NOTHING",
-                name,
-                now,
-            )
-            current = await conn.fetchval(
-                f"SELECT cursor FROM {p}event_consumers WHERE name = $1 FOR UPDATE", name
-            )
-            if expected is not None and expected != current:
-                raise ConsumerCursorError(name, event_id, current, f"expected {expected}")
-            if event_id < current:
-                raise ConsumerCursorError(name, event_id, current, "a cursor only moves forward")
-            await conn.execute(
-                f"UPDATE {p}event_consumers SET cursor = $2, updated_at = $3, writer_kind = $4, "
-                "writer_name = $5 WHERE name = $1",
-                name, event_id, now, kind, who,
-            )  # fmt: skip
-            for write in writes:
-                await self._put_state(conn, write, now, (kind, who, try_number))
-            return event_id
-
-        return await self._transact("acknowledging events", ack)
-
-    async def _put_state(
-        self, conn: Any, write: StateWrite, now: Any, who: tuple[Any, ...]
-    ) -> None:
-        key = write.key
-        scope = write.scope
-        if isinstance(scope, TaskScope):
-            st = self._sql.task
-            cols = [[scope.dag_id], [scope.run_id], [scope.task_id], [scope.map_index], [key],
-                    [write.value_json], [now], [who[0]], [who[1]], [who[2]], [None], [False]]  # fmt: skip
-        else:
-            assert isinstance(scope, AssetScope)
-            asset_id = await conn.fetchval(
-                self._sql.resolve, [scope.asset_id], [scope.name], [scope.uri]
-            )
-            if asset_id is None:
-                raise AssetNotFoundError(str(scope))
-            st = self._sql.asset
-            cols = [[asset_id], [key], [write.value_json], [now], [who[0]], [who[1]], [who[2]]]
-        await conn.fetch(st.upsert, *cols)
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -638,67 +513,3 @@ class PostgresTasks:
             return (await self._runs_with_events(conn, [run_id]))[0]
 
         return await self._transact("retrying a run", retry)
-
-    # -- wake-ups ----------------------------------------------------------------------------
-
-    async def _last_event_id(self) -> int:
-        rows = await self._fetch(
-            "reading the last event id", f"SELECT coalesce(max(id), 0) FROM {self._p}asset_events"
-        )
-        return int(rows[0][0])
-
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """The newest event id once it is past ``after_id``, or after ``wait`` seconds.
-
-        Woken by the commits' NOTIFY on a listening connection of its own (opened on first
-        use, closed with the backend); without one (lost, or refused) it polls every 50 ms.
-        """
-        last = await self._last_event_id()
-        if last > after_id:
-            return last
-        signal = await self._listener()
-        with anyio.move_on_after(wait):
-            while last <= after_id:
-                if signal is None:
-                    await anyio.sleep(0.05)
-                else:
-                    with anyio.move_on_after(1.0):  # a notification lost with its connection
-                        await signal.wait()
-                    signal = await self._listener()
-                last = await self._last_event_id()
-        return last
-
-    async def _listener(self) -> anyio.Event | None:
-        """The event the listening connection sets on every notification (reset each call)."""
-        state: dict[str, Any] = self.__dict__.setdefault("_listen_state", {})
-        conn = state.get("conn")
-        if conn is None or conn.is_closed():
-            if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
-                return None
-            try:
-                import asyncpg
-
-                conn = await asyncpg.connect(self._dsn)
-                state.update(conn=conn, event=anyio.Event(), failed_at=None)
-
-                def notified(*_: object) -> None:
-                    state["event"].set()
-
-                await conn.add_listener(events_channel(self.schema), notified)
-            except Exception:  # noqa: BLE001 - no listener: poll instead, and try again later
-                state.update(conn=None, failed_at=anyio.current_time())
-                return None
-        event: anyio.Event = state["event"]
-        if event.is_set():
-            state["event"] = anyio.Event()
-            return event  # already set: the caller re-reads at once
-        return event
-
-    async def _close_listener(self) -> None:
-        state: dict[str, Any] = self.__dict__.get("_listen_state", {})
-        conn = state.pop("conn", None)
-        if conn is not None and not conn.is_closed():
-            with anyio.move_on_after(2, shield=True):
-                await conn.close()
-            if not conn.is_closed():
-                conn.terminate()

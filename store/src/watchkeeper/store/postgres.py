@@ -30,6 +30,7 @@ from ._backend import BaseStateBackend
 from ._daemons import check_daemon_status, check_owners, decode_refused, encode_refused
 from ._gc import event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._postgres_consumers import PostgresConsumers, events_hook
 from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
 from ._postgres_sql import (
@@ -40,7 +41,7 @@ from ._postgres_sql import (
     raw_entry,
     rowcount,
 )
-from ._postgres_tasks import PostgresTasks, events_hook
+from ._postgres_tasks import PostgresTasks
 from ._postgres_writer import GroupWriter
 from ._types import (
     Asset,
@@ -85,7 +86,7 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresTasks, BaseStateBackend):
+class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
