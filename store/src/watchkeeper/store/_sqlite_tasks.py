@@ -1,4 +1,6 @@
-"""Event consumers, task cursors and runs for :class:`~watchkeeper.store.SqliteStateBackend`.
+"""Task cursors and runs for :class:`~watchkeeper.store.SqliteStateBackend`.
+
+The event consumers and the wake-ups are :mod:`._sqlite_consumers`.
 
 Every write is one operation of the group-commit writer (:mod:`._sqlite_writer`), so it is one
 transaction and serialised with every other write of the file: creating a run and moving its
@@ -16,22 +18,19 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
 from . import _sqlite_meta as meta
 from . import _sqlite_ops as ops
 from ._leases import check_owner, check_ttl
+from ._sqlite_consumers import EVENT_COLS
 from ._sqlite_schema import from_db, to_db
 from ._tasks import (
     OutletEvent,
     RunError,
-    StateWrite,
     TaskInfo,
     TaskRun,
     TaskSpec,
     after_failure,
     check_limit,
-    check_name,
     check_state,
     errors_from_json,
     errors_to_json,
@@ -43,7 +42,6 @@ from ._tasks import (
 )
 from ._types import AssetEvent, AssetScope, Writer
 from .errors import (
-    ConsumerCursorError,
     RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
@@ -63,7 +61,6 @@ _RUN_COLS = (
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
     "outlet_event_ids"
 )
-_EVENT_COLS = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
 
 
 def _opt(text: str | None) -> datetime | None:
@@ -90,7 +87,7 @@ def _runs_with_events(conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
     ).fetchall()
     events: dict[int, list[AssetEvent]] = {}
     for r in conn.execute(
-        f"SELECT e.run_id, {_EVENT_COLS} FROM task_run_events e "
+        f"SELECT e.run_id, {EVENT_COLS} FROM task_run_events e "
         f"JOIN asset_events ev ON ev.id = e.event_id WHERE e.run_id IN ({marks}) "
         "ORDER BY e.event_id",
         run_ids,
@@ -104,31 +101,6 @@ def _spec(row: Row) -> TaskSpec:
 
 
 # -- operations (fn(tx), run by the writer) -------------------------------------------------------
-
-
-def _consumer_ack(
-    tx: Tx, name: str, event_id: int, state: Sequence[StateWrite], expected: int | None,
-    writer: Writer | None,
-) -> int:  # fmt: skip
-    conn = tx.conn
-    _, stamp = tx.now()
-    row = conn.execute("SELECT cursor FROM event_consumers WHERE name = ?", (name,)).fetchone()
-    current = 0 if row is None else row[0]
-    if expected is not None and expected != current:
-        raise ConsumerCursorError(name, event_id, current, f"expected {expected}")
-    if event_id < current:
-        raise ConsumerCursorError(name, event_id, current, "a cursor only moves forward")
-    who = ops.writer_cols(writer)
-    conn.execute(
-        "INSERT INTO event_consumers (name, cursor, updated_at, writer_kind, writer_name) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET cursor = excluded.cursor, "
-        "updated_at = excluded.updated_at, writer_kind = excluded.writer_kind, "
-        "writer_name = excluded.writer_name",
-        (name, event_id, stamp, who[0], who[1]),
-    )
-    for write in state:
-        ops.put(tx, write.scope, write.key, write.value_json, None, False, None, writer)
-    return event_id
 
 
 def _sync_tasks(tx: Tx, specs: Sequence[TaskSpec]) -> None:
@@ -373,53 +345,6 @@ class SqliteTasks:
         async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
         async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
 
-    # -- consumers ---------------------------------------------------------------------------
-
-    async def aconsumer_position(self, name: str) -> int:
-        self._check_open()
-        rows = await self._read(
-            "SELECT cursor FROM event_consumers WHERE name = ?",
-            (check_name("consumer name", name),),
-        )
-        return int(rows[0][0]) if rows else 0
-
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
-    ) -> list[AssetEvent]:
-        self._check_open()
-        check_name("consumer name", name)
-        check_limit(limit)
-        where, params = "", [name]
-        if assets is not None:
-            names = list(assets)
-            where = f" AND ev.asset_name IN ({', '.join('?' * len(names))})"
-            params.extend(names)
-        rows = await self._read(
-            f"SELECT {_EVENT_COLS} FROM asset_events ev WHERE ev.id > coalesce("
-            f"(SELECT cursor FROM event_consumers WHERE name = ?), 0){where} ORDER BY ev.id "
-            "LIMIT ?",
-            (*params, limit),
-        )
-        return meta.events_result(rows)
-
-    async def aconsumer_ack(
-        self,
-        name: str,
-        event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
-    ) -> int:
-        self._check_open()
-        check_name("consumer name", name)
-        if type(event_id) is not int or event_id < 0:
-            raise ValueError(f"event_id must be an int >= 0, got {event_id!r}")
-        writes = list(state)
-        return await self._write(
-            lambda tx: _consumer_ack(tx, name, event_id, writes, expected, writer)
-        )
-
     # -- tasks -------------------------------------------------------------------------------
 
     async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
@@ -539,7 +464,7 @@ class SqliteTasks:
         if not rows:
             raise RunNotFoundError(run_id)
         events = await self._read(
-            f"SELECT {_EVENT_COLS} FROM task_run_events e JOIN asset_events ev "
+            f"SELECT {EVENT_COLS} FROM task_run_events e JOIN asset_events ev "
             "ON ev.id = e.event_id WHERE e.run_id = ? ORDER BY e.event_id",
             (run_id,),
         )
@@ -560,16 +485,3 @@ class SqliteTasks:
     async def aretry_run(self, run_id: int) -> TaskRun:
         self._check_open()
         return await self._write(lambda tx: _retry(tx, run_id))
-
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """Poll the newest event id (a cheap read: the primary key's last row) until it is past
-        ``after_id`` or ``wait`` seconds have passed: other processes commit into the file."""
-        last = 0
-        with anyio.move_on_after(wait):
-            while True:
-                rows = await self._read("SELECT coalesce(max(id), 0) FROM asset_events")
-                last = int(rows[0][0])
-                if last > after_id:
-                    return last
-                await anyio.sleep(min(0.02, wait))
-        return last

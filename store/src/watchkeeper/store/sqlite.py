@@ -60,6 +60,7 @@ from ._backend import BaseStateBackend
 from ._daemons import check_daemon_status, check_owners
 from ._gc import check_days, event_cutoffs
 from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._sqlite_consumers import SqliteConsumers
 from ._sqlite_events import EVENT_COMMITS
 from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
 from ._sqlite_tasks import SqliteTasks
@@ -103,7 +104,7 @@ class CommitStats(NamedTuple):
     writes: int
 
 
-class SqliteStateBackend(SqliteTasks, BaseStateBackend):
+class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
