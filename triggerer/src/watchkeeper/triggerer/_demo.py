@@ -121,6 +121,7 @@ class _Demo:
         worker = [*_command(), "worker", "--watchers-path", str(self.watchers)]
         self.worker = tasks.DemoWorker(worker, workdir, self._env(), log)
         self._polled: anyio.Event  # created in main(), inside the event loop
+        self._declared: anyio.Event  # set once the worker has declared its task
 
     def _say(self, message: str) -> None:
         elapsed = time.monotonic() - self.t0
@@ -214,6 +215,7 @@ class _Demo:
     # -- the scenario ----------------------------------------------------------------------------
 
     async def _produce(self) -> None:
+        await self._declared.wait()  # the task's cursor starts before the first orders event
         for n in range(1, self.items + 1):
             await anyio.to_thread.run_sync(source.append, self.source_path, n, self.tables)
             self.produced = n
@@ -247,6 +249,7 @@ class _Demo:
         await self._start_worker()
         with anyio.fail_after(DEADLINE):
             await tasks.wait_declared(backend, self._worker_alive)
+        self._declared.set()
         first = await self._start_daemon(1)
         await self._wait_for(
             f"{kill_at} committed items", lambda: self.progress[self.tables[0]].committed >= kill_at
@@ -313,6 +316,7 @@ class _Demo:
 
     async def main(self) -> int:
         self._polled = anyio.Event()
+        self._declared = anyio.Event()
         await anyio.to_thread.run_sync(copy_demo_watchers, self.watchers)
         await anyio.to_thread.run_sync(source.create, self.source_path, self.tables)
         self.console.print(
