@@ -22,13 +22,8 @@ from typing import Any
 import anyio
 import anyio.abc
 import asyncpg
-from watchkeeper.store import (
-    BaseStateBackend,
-    EventCommit,
-    PostgresStateBackend,
-    SqliteStateBackend,
-    Writer,
-)
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, Writer
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 
 __all__ = [
@@ -223,7 +218,7 @@ async def firehose_producer(index: int, asset_id: int, submit: Submit) -> None:
         await submit(asset_id, name, json.dumps({"n": n}), n)
 
 
-async def commit_firehose(index: int, backend: BaseStateBackend) -> None:
+async def commit_firehose(index: int, backend: MetastoreBackend) -> None:
     """Between the two: ``backend.acommit_event`` called from a bare task, no runtime around it.
 
     It does what the supervisor does for each event minus the trigger, its validation and its
@@ -257,7 +252,7 @@ class Database:
     def prefix(self) -> str:
         return f'"{self.schema}".' if self.schema else ""
 
-    def backend(self) -> BaseStateBackend:
+    def backend(self) -> MetastoreBackend:
         if self.kind == "sqlite":
             assert self.path is not None
             return SqliteStateBackend(self.path)

@@ -52,7 +52,8 @@ from _triggerer_fixtures import (
     paced_producer,
 )
 from _triggerer_report import report
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     RunnerConfig,
@@ -266,7 +267,7 @@ async def _start_all(runner: TriggerRunner, specs: list[WatchSpec]) -> float:
 async def throughput_ours(kind: str, n: int, args: Any, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"watchers": n}
     async with open_database(kind, tmp, args.dsn) as db:
-        backend: BaseStateBackend
+        backend: MetastoreBackend
         async with db.backend() as backend:
             assets = [Asset(f"a{i}") for i in range(n)]
             await backend.aregister_assets(assets)

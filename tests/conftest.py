@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import structlog
-from watchkeeper.store import BaseStateBackend, MemoryStateBackend
+from watchkeeper.store import MemoryStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -107,7 +108,7 @@ def sqlite_path(tmp_path: Path) -> Path:
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[BaseStateBackend]:
+) -> AsyncIterator[MetastoreBackend]:
     """Each built-in backend, opened and empty (PostgreSQL in a fresh schema)."""
     kind = request.param
     if kind == "memory":

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-PACKAGES = ["watchkeeper.store", "watchkeeper.triggerer", "watchkeeper.watchers"]
+PACKAGES = [
+    "watchkeeper.store",
+    "watchkeeper.store.backend",
+    "watchkeeper.triggerer",
+    "watchkeeper.watchers",
+]
+SOURCES = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str) -> ModuleType:
@@ -35,9 +43,10 @@ class TestAllAttributes:
 
         assert names == sorted(names, key=rank)
 
-    def test_store_names_are_defined_in_the_store(self) -> None:
-        """Every class and function watchkeeper.store exports is defined inside the package."""
-        module = _load("watchkeeper.store")
+    @pytest.mark.parametrize("package", ["watchkeeper.store", "watchkeeper.store.backend"])
+    def test_store_names_are_defined_in_the_store(self, package: str) -> None:
+        """Every class and function the store's public modules export is defined in the store."""
+        module = _load(package)
         foreign = []
         for name in module.__all__:
             value = getattr(module, name)
@@ -70,3 +79,39 @@ class TestAllAttributes:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
         )
         assert result.stdout.strip() == ""
+
+    @pytest.mark.parametrize("part", ["triggerer", "watchers"])
+    def test_no_private_store_module_is_imported(self, part: str) -> None:
+        """The triggerer and the watchers import only the store's public modules."""
+        private = re.compile(r"watchkeeper\.store\._\w+")
+        found = [
+            f"{path.name}: {match.group()}"
+            for path in sorted((SOURCES / part / "src").rglob("*.py"))
+            for match in private.finditer(path.read_text(encoding="utf-8"))
+        ]
+        assert found == []
+
+    def test_built_in_backends_have_every_capability(self) -> None:
+        """Memory, SQLite and PostgreSQL backends satisfy every capability Protocol."""
+        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
+        instances = [
+            store.MemoryStateBackend(),
+            store.SqliteStateBackend("never-opened.db"),
+            store.PostgresStateBackend("postgresql://nobody@127.0.0.1:1/none"),
+        ]
+        missing = [
+            f"{type(b).__name__} lacks {c.__name__}"
+            for b in instances
+            for c in backend.CAPABILITIES
+            if not isinstance(b, c)
+        ]
+        assert missing == []
+
+    def test_store_exports_the_user_api_and_backend_the_runtime_api(self) -> None:
+        """Records and value rules the runtime needs are in watchkeeper.store.backend, not in
+        the user API of watchkeeper.store."""
+        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
+        runtime = {"EventCommit", "Fence", "Writer", "TriggerStatus", "encode_json", "check_key"}
+        assert runtime & set(store.__all__) == set()
+        assert runtime <= set(backend.__all__)
+        assert {"Asset", "TaskScope", "run_task", "open_state_backend"} <= set(store.__all__)

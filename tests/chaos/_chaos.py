@@ -34,7 +34,8 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from anyio.abc import Process
-from watchkeeper.store import AssetEvent, AssetScope, BaseStateBackend
+from watchkeeper.store import AssetEvent, AssetScope
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer.testing import FakeEventSource
 
 PATTERNS = ("state", "dedup", "airflow")
@@ -239,7 +240,7 @@ class _Progress:
     last_id: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATTERNS, 0))
 
-    async def refresh(self, backend: BaseStateBackend) -> None:
+    async def refresh(self, backend: MetastoreBackend) -> None:
         events: list[AssetEvent] = await backend.alist_events(since_id=self.last_id)
         for event in events:
             pattern = event.asset.removeprefix("chaos-")
@@ -255,7 +256,7 @@ class ChaosRun:
         self,
         name: str,
         url: str,
-        open_backend: Callable[[], BaseStateBackend],
+        open_backend: Callable[[], MetastoreBackend],
         raw: RawStore,
         work: Path,
         plan: ChaosPlan,
@@ -335,7 +336,7 @@ class ChaosRun:
             )
 
     async def _kill_at_random(
-        self, process: Process, backend: BaseStateBackend, progress: _Progress, published: int
+        self, process: Process, backend: MetastoreBackend, progress: _Progress, published: int
     ) -> None:
         """SIGKILL once the state watcher did a random part of its pending work, or at a pause."""
         pending = max(1, published - progress.counts["state"])
@@ -352,7 +353,7 @@ class ChaosRun:
                 await anyio.sleep(POLL)
         await self._kill(process)
 
-    async def _drain(self, process: Process, backend: BaseStateBackend) -> bool:
+    async def _drain(self, process: Process, backend: MetastoreBackend) -> bool:
         """Wait until every watcher caught up with the whole stream, then SIGTERM (True).
 
         An Airflow pause point reached on the way is killed like in the other rounds (False).
@@ -375,7 +376,7 @@ class ChaosRun:
         return True
 
     async def _round(
-        self, watchers: Path, backend: BaseStateBackend, progress: _Progress, published: int
+        self, watchers: Path, backend: MetastoreBackend, progress: _Progress, published: int
     ) -> bool:
         """One daemon life; True once the stream is drained and the daemon stopped cleanly."""
         process = await self._start(watchers)

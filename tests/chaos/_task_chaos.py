@@ -24,7 +24,11 @@ from typing import Any
 
 import anyio
 from anyio.abc import Process
-from watchkeeper.store import Asset, BaseStateBackend, EventCommit
+from watchkeeper.store import (
+    Asset,
+    BaseStateBackend,
+)
+from watchkeeper.store.backend import EventCommit, require_asset_registry, require_event_log
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -209,13 +213,14 @@ class TaskChaos:
 
     async def produce(self, backend: BaseStateBackend) -> None:
         """Commit the events in bursts of concurrent commits (group commit), with short gaps."""
-        await backend.aregister_assets([SOURCE])
+        await require_asset_registry(backend).aregister_assets([SOURCE])
+        events = require_event_log(backend)
         while self.committed < self.events:
             burst = min(self.rng.randint(20, 200), self.events - self.committed)
             async with anyio.create_task_group() as tg:
                 for i in range(burst):
                     commit = EventCommit("chaos", (SOURCE.name,), f'{{"n": {self.committed + i}}}')
-                    tg.start_soon(backend.acommit_event, commit)
+                    tg.start_soon(events.acommit_event, commit)
             self.committed += burst
             await anyio.sleep(self.rng.uniform(0.05, 0.25))  # spread over the kills
 

@@ -24,7 +24,8 @@ from typing import Any
 import anyio
 import pytest
 from _chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw, pg_database_dsn
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
 # The module's fixture runs the whole chaos (both backends, concurrently) inside the first
 # test's timeout: a couple of minutes on an idle two-core machine, more when it is loaded.
@@ -62,7 +63,7 @@ async def fresh_database(dsn: str) -> AsyncIterator[str]:
 async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
     path = work / "state.db"
 
-    def open_backend() -> BaseStateBackend:
+    def open_backend() -> MetastoreBackend:
         return SqliteStateBackend(path)
 
     raw = SqliteRaw(path)
@@ -72,7 +73,7 @@ async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
 async def _run_postgres(work: Path, dsn: str) -> dict[str, PatternResult]:
     async with fresh_database(dsn) as database:
 
-        def open_backend() -> BaseStateBackend:
+        def open_backend() -> MetastoreBackend:
             return PostgresStateBackend(database)
 
         raw = PostgresRaw(database)

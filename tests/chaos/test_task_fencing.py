@@ -20,7 +20,11 @@ import anyio
 import pytest
 from _task_chaos import COMMAND
 from anyio.abc import Process
-from watchkeeper.store import Asset, EventCommit, SqliteStateBackend
+from watchkeeper.store import (
+    Asset,
+    SqliteStateBackend,
+)
+from watchkeeper.store.backend import EventCommit
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
-from watchkeeper.store import Asset, AssetScope, BaseStateBackend, StateScope, TaskScope
+from watchkeeper.store import Asset, AssetScope, StateScope, TaskScope
+from watchkeeper.store.backend import MetastoreBackend
 
 TASK = TaskScope("dag", "run_1", "task")
 TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
@@ -43,13 +44,13 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
+async def snapshot(store: MetastoreBackend) -> tuple[object, ...]:
     """Every scope's entries and the event log: what a rejected call must leave unchanged."""
     return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
 
 
 async def assert_rejected(
-    store: BaseStateBackend,
+    store: MetastoreBackend,
     error: type[BaseException],
     method: Callable[..., Awaitable[object]],
     *args: object,

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 from _contract import ALL_SCOPES, INVOICES, ORDERS, TASK
-from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
+async def store(backend: MetastoreBackend) -> MetastoreBackend:
     """The backend with the assets ``orders`` and ``invoices`` registered."""
     await backend.aregister_assets([ORDERS, INVOICES])
     return backend
 
 
 @pytest.fixture
-async def seeded(store: BaseStateBackend) -> BaseStateBackend:
+async def seeded(store: MetastoreBackend) -> MetastoreBackend:
     """Keys ``a`` and ``b`` in every scope (``a`` of TASK at version 2)."""
     for scope in ALL_SCOPES:
         await store.aset(scope, "a", {"n": 1})

@@ -32,8 +32,8 @@ from watchkeeper.store import (
     TaskScope,
     TaskStateStoreAccessor,
     ValueTooLargeError,
-    Writer,
 )
+from watchkeeper.store.backend import Writer
 
 T = TypeVar("T")
 

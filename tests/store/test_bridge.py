@@ -12,7 +12,6 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -22,14 +21,21 @@ from watchkeeper.store import (
     Asset,
     AssetScope,
     BaseStateBackend,
-    RawEntry,
+    MissingCapabilityError,
     SqliteStateBackend,
     StateScope,
     StoreClosedError,
     SyncCallInLoopError,
     TaskScope,
     VersionConflictError,
+)
+from watchkeeper.store.backend import (
+    CAPABILITIES,
+    MetastoreBackend,
+    Put,
+    RawEntry,
     Writer,
+    require_event_log,
 )
 
 TASK = TaskScope("dag", "run_1", "task")
@@ -47,21 +53,21 @@ class _Rows:
         self.threads.add(threading.get_ident())
         return self.rows.get((scope, key))
 
-    def put(self, scope: StateScope, key: str, value_json: str, **kw: Any) -> int:
+    def put(self, put: Put) -> int:
         self.threads.add(threading.get_ident())
-        old = self.rows.get((scope, key))
+        old = self.rows.get((put.scope, put.key))
         current = 0 if old is None else old.version
-        expected = kw["expected_version"]
+        expected = put.expected_version
         if expected is not None and expected != current:
-            raise VersionConflictError(key, expected, current)
-        self.rows[(scope, key)] = RawEntry(
-            key=key,
-            value_json=value_json,
+            raise VersionConflictError(put.key, expected, current)
+        self.rows[(put.scope, put.key)] = RawEntry(
+            key=put.key,
+            value_json=put.value_json,
             version=current + 1,
             updated_at=datetime.now(UTC),
-            writer=kw["writer"],
-            expires_at=kw["expires_at"],
-            never_expire=kw["never_expire"],
+            writer=put.writer,
+            expires_at=put.expires_at,
+            never_expire=put.never_expire,
         )
         return current + 1
 
@@ -101,8 +107,8 @@ class SyncOnlyBackend(BaseStateBackend):
     def _get(self, scope: StateScope, key: str) -> RawEntry | None:
         return self.store.get(scope, key)
 
-    def _put(self, scope: StateScope, key: str, value_json: str, **kw: Any) -> int:
-        return self.store.put(scope, key, value_json, **kw)
+    def _put(self, put: Put) -> int:
+        return self.store.put(put)
 
     def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self.store.delete(scope, key)
@@ -127,9 +133,9 @@ class AsyncOnlyBackend(BaseStateBackend):
             await self.gate.wait()
         return self.store.get(scope, key)
 
-    async def _aput(self, scope: StateScope, key: str, value_json: str, **kw: Any) -> int:
+    async def _aput(self, put: Put) -> int:
         await anyio.lowlevel.checkpoint()
-        return self.store.put(scope, key, value_json, **kw)
+        return self.store.put(put)
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self.store.delete(scope, key)
@@ -290,14 +296,16 @@ class TestMissingHooks:
             with pytest.raises(NotImplementedError, match="neither _aget nor _get"):
                 await backend.aget(TASK, "k")
 
-    async def test_metastore_features_are_optional(self) -> None:
-        """A custom backend without a metastore says so when asked for events."""
+    async def test_metastore_capabilities_are_optional(self) -> None:
+        """A custom backend without a metastore has none of its capabilities, and asking it
+        for an event log names the backend and the capability."""
         async with AsyncOnlyBackend() as backend:
-            with pytest.raises(NotImplementedError, match="AsyncOnlyBackend does not support"):
-                await backend.alist_events()
+            assert not any(isinstance(backend, capability) for capability in CAPABILITIES)
+            with pytest.raises(MissingCapabilityError, match="AsyncOnlyBackend has no EventLog"):
+                require_event_log(backend)
 
 
-def _sqlite(path: Path) -> BaseStateBackend:
+def _sqlite(path: Path) -> MetastoreBackend:
     return SqliteStateBackend(path)
 
 

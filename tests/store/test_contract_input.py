@@ -25,16 +25,14 @@ from watchkeeper.store import (
     ArgumentTypeError,
     Asset,
     AssetScope,
-    BaseStateBackend,
-    EventCommit,
     InvalidArgumentError,
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
     TaskScope,
     VersionConflictError,
-    encode_json,
 )
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, encode_json
 
 # Names that break the rule, with what the message says about each.
 BAD_NAMES: dict[str, tuple[str, str]] = {
@@ -100,7 +98,7 @@ class TestNames:
         with pytest.raises(InvalidArgumentError, match="needs a name or a uri"):
             Asset("")
 
-    async def test_names_at_the_limits_round_trip(self, store: BaseStateBackend) -> None:
+    async def test_names_at_the_limits_round_trip(self, store: MetastoreBackend) -> None:
         """Names of exactly 1,024 UTF-8 bytes, and non-ASCII ones (C1 NEL, emoji), register,
         commit and deduplicate on every backend."""
         long_name = incompressible(MAX_NAME_BYTES, seed=1)
@@ -120,7 +118,7 @@ class TestNames:
         assert [(e.watcher, e.dedup_key) for e in events] == [(long_name, dedup)]
         assert await store.aget(AssetScope(name=long_name), "é\u0085") == 1
 
-    async def test_the_largest_task_scope_fits_every_index(self, store: BaseStateBackend) -> None:
+    async def test_the_largest_task_scope_fits_every_index(self, store: MetastoreBackend) -> None:
         """dag_id, run_id and task_id of MAX_SCOPE_ID_BYTES each (incompressible) with a key of
         1,024 bytes are stored, read and listed on every backend: the primary key stays under
         PostgreSQL's btree row limit."""
@@ -141,7 +139,7 @@ class TestNames:
                 TaskScope(*args)
 
     async def test_deactivate_and_event_filter_refuse_bad_names(
-        self, seeded: BaseStateBackend
+        self, seeded: MetastoreBackend
     ) -> None:
         """adeactivate_asset() and alist_events(asset=...) refuse a bad name the same way on
         every backend, and change nothing."""
@@ -172,7 +170,7 @@ class TestNumbers:
         with pytest.raises(InvalidArgumentError, match="needs at least one of"):
             AssetScope()
 
-    async def test_the_largest_ids_are_valid_everywhere(self, store: BaseStateBackend) -> None:
+    async def test_the_largest_ids_are_valid_everywhere(self, store: MetastoreBackend) -> None:
         """The largest map index, asset id, expected version and event id are valid input on
         every backend: no overflow inside a driver."""
         scope = TaskScope("d", "r", "t", MAX_MAP_INDEX)
@@ -192,7 +190,7 @@ class TestNumbers:
         with pytest.raises(KeyError):
             await store.aget(AssetScope(asset_id=MAX_BIGINT), "k")
 
-    async def test_out_of_range_numbers_are_refused_alike(self, seeded: BaseStateBackend) -> None:
+    async def test_out_of_range_numbers_are_refused_alike(self, seeded: MetastoreBackend) -> None:
         """An expected version, event id or limit beyond 2**63-1 and a retention whose expiry
         falls after year 9999 are InvalidArgumentError on every backend, changing nothing."""
         calls: list[tuple[Callable[..., Awaitable[object]], tuple[Any, ...], dict[str, Any]]] = [
@@ -220,7 +218,7 @@ class TestNumbers:
 
 
 class TestValues:
-    async def test_deep_nesting_is_refused_at_the_limit(self, seeded: BaseStateBackend) -> None:
+    async def test_deep_nesting_is_refused_at_the_limit(self, seeded: MetastoreBackend) -> None:
         """A value nested MAX_VALUE_DEPTH levels round-trips; one level more, or 100,000 (which
         overflows Python's recursion), is InvalidValueError naming the limit, on every backend."""
         for scope in SCOPES:
@@ -243,7 +241,7 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="nested more than"):
             encode_json(nested(100_000), what="payload")
 
-    async def test_lone_surrogates_are_refused_alike(self, seeded: BaseStateBackend) -> None:
+    async def test_lone_surrogates_are_refused_alike(self, seeded: MetastoreBackend) -> None:
         """A lone surrogate in a string value, inside a container or in a dict key is
         InvalidValueError on every backend (SQLite raised UnicodeEncodeError, PostgreSQL a
         driver error, memory stored it), and nothing is written."""
@@ -256,7 +254,7 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="surrogate"):
             encode_json({"text": "\ud800"}, what="payload")
 
-    async def test_ints_too_long_for_text_are_refused(self, seeded: BaseStateBackend) -> None:
+    async def test_ints_too_long_for_text_are_refused(self, seeded: MetastoreBackend) -> None:
         """10**5000 (past Python's int-to-text limit) is InvalidValueError, not a bare
         ValueError, at the top or nested; the longest int that converts round-trips."""
         longest = 10**4299
@@ -270,7 +268,7 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="bits"):
             encode_json(10**5000, what="payload")
 
-    async def test_a_bad_event_writes_nothing(self, seeded: BaseStateBackend) -> None:
+    async def test_a_bad_event_writes_nothing(self, seeded: MetastoreBackend) -> None:
         """An event whose dedup key or state key breaks the rule is refused before any I/O:
         the event log and the state are as before on every backend."""
         before = await snapshot(seeded)

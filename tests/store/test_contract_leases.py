@@ -15,15 +15,17 @@ from watchkeeper.store import (
     Asset,
     AssetScope,
     AssetStateStoreAccessors,
-    BaseStateBackend,
-    EventCommit,
-    Fence,
-    Lease,
     LeaseLostError,
     PostgresStateBackend,
     StateStoreError,
     TaskScope,
     TaskStateStoreAccessor,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    Fence,
+    Lease,
+    MetastoreBackend,
     Writer,
     encode_json,
     encode_value,
@@ -49,14 +51,14 @@ class Clock:
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
+async def store(backend: MetastoreBackend) -> AsyncIterator[MetastoreBackend]:
     """The backend on a settable clock, with the asset ``orders`` registered."""
     backend.clock = Clock()
     await backend.aregister_assets([Asset("orders")])
     yield backend
 
 
-def clock_of(store: BaseStateBackend) -> Clock:
+def clock_of(store: MetastoreBackend) -> Clock:
     clock = store.clock
     assert isinstance(clock, Clock)
     return clock
@@ -73,12 +75,12 @@ def commit(fence: Fence | None, payload: object, watermark: int) -> EventCommit:
     )
 
 
-async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
+async def snapshot(store: MetastoreBackend) -> tuple[object, ...]:
     return (await store.alist(ORDERS), await store.alist_events())
 
 
 class TestClaim:
-    async def test_first_claim_gets_token_one(self, store: BaseStateBackend) -> None:
+    async def test_first_claim_gets_token_one(self, store: MetastoreBackend) -> None:
         """Claiming free leases takes each with token 1, expiring ttl after the clock's now."""
         held = await store.aclaim_leases("a", ["t2", "t1"], TTL)
         assert held == {"t1": 1, "t2": 1}
@@ -87,14 +89,14 @@ class TestClaim:
             Lease("t2", "a", 1, T0 + TTL),
         ]
 
-    async def test_renewal_keeps_the_token_and_extends(self, store: BaseStateBackend) -> None:
+    async def test_renewal_keeps_the_token_and_extends(self, store: MetastoreBackend) -> None:
         """The holder claiming again keeps its token and pushes the expiry forward."""
         await store.aclaim_leases("a", ["t"], TTL)
         clock_of(store).advance(10)
         assert await store.aclaim_leases("a", ["t"], 60) == {"t": 1}
         assert await store.alist_leases() == [Lease("t", "a", 1, T0 + timedelta(seconds=70))]
 
-    async def test_a_live_lease_is_not_taken(self, store: BaseStateBackend) -> None:
+    async def test_a_live_lease_is_not_taken(self, store: MetastoreBackend) -> None:
         """Another owner gets nothing for a lease that has not expired, and changes nothing."""
         await store.aclaim_leases("a", ["t"], TTL)
         clock_of(store).advance(29)
@@ -103,7 +105,7 @@ class TestClaim:
         assert leases["t"] == Lease("t", "a", 1, T0 + TTL)
 
     async def test_an_expired_lease_moves_with_the_next_token(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """Once expired, another owner takes the lease with the previous token + 1."""
         await store.aclaim_leases("a", ["t"], TTL)
@@ -113,13 +115,13 @@ class TestClaim:
         clock_of(store).advance(31)
         assert await store.aclaim_leases("a", ["t"], TTL) == {"t": 3}
 
-    async def test_the_holder_renews_its_own_expired_lease(self, store: BaseStateBackend) -> None:
+    async def test_the_holder_renews_its_own_expired_lease(self, store: MetastoreBackend) -> None:
         """A lease that expired but that nobody took is renewed by its holder with its token."""
         await store.aclaim_leases("a", ["t"], TTL)
         clock_of(store).advance(100)
         assert await store.aclaim_leases("a", ["t"], TTL) == {"t": 1}
 
-    async def test_release_frees_at_once(self, store: BaseStateBackend) -> None:
+    async def test_release_frees_at_once(self, store: MetastoreBackend) -> None:
         """A released lease has no owner, and the next claim takes it at once with token + 1."""
         await store.aclaim_leases("a", ["t", "u"], TTL)
         await store.arelease_leases("a", ["t"])
@@ -130,13 +132,13 @@ class TestClaim:
         ]
         assert await store.aclaim_leases("b", ["t", "u"], TTL) == {"t": 2}
 
-    async def test_release_by_another_owner_does_nothing(self, store: BaseStateBackend) -> None:
+    async def test_release_by_another_owner_does_nothing(self, store: MetastoreBackend) -> None:
         """Releasing a lease someone else holds (or nobody claimed) changes nothing."""
         await store.aclaim_leases("a", ["t"], TTL)
         await store.arelease_leases("b", ["t", "never"])
         assert await store.alist_leases() == [Lease("t", "a", 1, T0 + TTL)]
 
-    async def test_duplicates_and_empty_lists(self, store: BaseStateBackend) -> None:
+    async def test_duplicates_and_empty_lists(self, store: MetastoreBackend) -> None:
         """An id named twice is claimed once; empty lists claim and release nothing."""
         assert await store.aclaim_leases("a", ["t", "t"], 5) == {"t": 1}
         assert await store.aclaim_leases("a", [], 5) == {}
@@ -148,15 +150,15 @@ class TestClaim:
         [
             ("", ["t"], TTL, ValueError, "owner"),
             ("a", "t", TTL, TypeError, "trigger_ids"),
-            ("a", ["t", ""], TTL, ValueError, "trigger_ids"),
-            ("a", ["t"], 0, ValueError, "ttl must be positive"),
+            ("a", ["t", ""], TTL, ValueError, "trigger id"),
+            ("a", ["t"], 0, ValueError, "invalid ttl 0: must be positive"),
             ("a", ["t"], "30", TypeError, "ttl"),
         ],
         ids=["empty-owner", "str-ids", "empty-id", "zero-ttl", "str-ttl"],
     )
     async def test_bad_input_is_refused_and_changes_nothing(
         self,
-        store: BaseStateBackend,
+        store: MetastoreBackend,
         owner: str,
         ids: list[str],
         ttl: timedelta,
@@ -170,14 +172,14 @@ class TestClaim:
 
 
 class TestFencing:
-    async def test_a_live_fence_commits(self, store: BaseStateBackend) -> None:
+    async def test_a_live_fence_commits(self, store: MetastoreBackend) -> None:
         """A commit fenced with the holder's current token writes its event and state."""
         (token,) = (await store.aclaim_leases("a", ["w"], TTL)).values()
         events = await store.acommit_event(commit(Fence("w", "a", token), {"n": 1}, 1))
         assert [e.payload for e in events] == [{"n": 1}]
         assert await store.aget(ORDERS, "watermark") == 1
 
-    async def test_a_stale_token_writes_nothing(self, store: BaseStateBackend) -> None:
+    async def test_a_stale_token_writes_nothing(self, store: MetastoreBackend) -> None:
         """After another daemon took the lease, the old holder's commit raises and writes nothing."""
         await store.aclaim_leases("a", ["w"], TTL)
         await store.acommit_event(commit(Fence("w", "a", 1), {"n": 1}, 5))
@@ -196,7 +198,7 @@ class TestFencing:
 
     @pytest.mark.parametrize("how", ["expired", "released", "never-claimed"])
     async def test_a_lease_not_live_refuses_the_commit(
-        self, store: BaseStateBackend, how: str
+        self, store: MetastoreBackend, how: str
     ) -> None:
         """An expired, released or never-claimed lease refuses the commit; nothing is written."""
         if how != "never-claimed":
@@ -210,7 +212,7 @@ class TestFencing:
             await store.acommit_event(commit(Fence("w", "a", 1), {"n": 1}, 1))
         assert await snapshot(store) == before
 
-    async def test_the_writer_fence_guards_set(self, store: BaseStateBackend) -> None:
+    async def test_the_writer_fence_guards_set(self, store: MetastoreBackend) -> None:
         """A set by a writer carrying a stale fence raises and keeps the stored value."""
         await store.aclaim_leases("a", ["w"], TTL)
         fenced = Writer("watcher", "w", fence=Fence("w", "a", 1))
@@ -225,7 +227,7 @@ class TestFencing:
         assert entry is not None and (entry.value, entry.version) == (7, 1)
         assert entry.writer == Writer("watcher", "w")
 
-    async def test_a_commit_takes_its_writers_fence(self, store: BaseStateBackend) -> None:
+    async def test_a_commit_takes_its_writers_fence(self, store: MetastoreBackend) -> None:
         """An EventCommit without a fence of its own is fenced by its writer's."""
         fence = Fence("w", "a", 1)
         built = EventCommit("w", ("orders",), "1", writer=Writer("watcher", "w", fence=fence))
@@ -234,7 +236,7 @@ class TestFencing:
             await store.acommit_event(built)
         assert await store.alist_events() == []
 
-    async def test_only_the_stale_commit_of_a_group_fails(self, store: BaseStateBackend) -> None:
+    async def test_only_the_stale_commit_of_a_group_fails(self, store: MetastoreBackend) -> None:
         """Concurrent commits sharing a transaction: the stale one fails, the others commit."""
         await store.aclaim_leases("a", ["w"], TTL)
         await store.aclaim_leases("b", ["x"], TTL)
@@ -270,7 +272,7 @@ def fenced(owner: str, token: int) -> Writer:
     return Writer("watcher", "w", fence=Fence("w", owner, token))
 
 
-Write = Callable[[BaseStateBackend, Writer], Awaitable[object]]
+Write = Callable[[MetastoreBackend, Writer], Awaitable[object]]
 
 # Every write path a fenced writer can take, each against the rows `seed_fenced` wrote.
 WRITES: dict[str, Write] = {
@@ -288,14 +290,14 @@ WRITES: dict[str, Write] = {
 }
 
 
-async def seed_fenced(store: BaseStateBackend) -> None:
+async def seed_fenced(store: MetastoreBackend) -> None:
     """Owner "a" claims trigger w (token 1) and writes asset and task state with that fence."""
     assert await store.aclaim_leases("a", ["w"], TTL) == {"w": 1}
     for scope, key in ((ORDERS, "watermark"), (ORDERS, "other"), (TASK, "k")):
         await store.aset(scope, key, 1, writer=fenced("a", 1))
 
 
-async def everything(store: BaseStateBackend) -> tuple[object, ...]:
+async def everything(store: MetastoreBackend) -> tuple[object, ...]:
     return (await store.alist(ORDERS), await store.alist(TASK), await store.alist_events())
 
 
@@ -304,7 +306,7 @@ class TestFencedWrites:
 
     @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
     async def test_same_owner_with_a_stale_token_is_refused(
-        self, store: BaseStateBackend, write: str
+        self, store: MetastoreBackend, write: str
     ) -> None:
         """The owner released and re-claimed the lease (token 2): a write still fenced with its
         old token 1 raises LeaseLostError and changes nothing, on every write path."""
@@ -319,7 +321,7 @@ class TestFencedWrites:
 
     @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
     async def test_a_token_never_issued_is_refused(
-        self, store: BaseStateBackend, write: str
+        self, store: MetastoreBackend, write: str
     ) -> None:
         """A fence naming the holder with a token above the lease's is refused as well: the
         token must match exactly, not merely belong to the owner."""
@@ -330,14 +332,14 @@ class TestFencedWrites:
         assert await everything(store) == before
 
     @pytest.mark.parametrize("write", list(WRITES), ids=list(WRITES))
-    async def test_the_live_fence_writes(self, store: BaseStateBackend, write: str) -> None:
+    async def test_the_live_fence_writes(self, store: MetastoreBackend, write: str) -> None:
         """The same write with the holder's current token goes through."""
         await seed_fenced(store)
         before = await everything(store)
         await WRITES[write](store, fenced("a", 1))
         assert await everything(store) != before
 
-    async def test_a_stale_accessor_cannot_delete_or_clear(self, store: BaseStateBackend) -> None:
+    async def test_a_stale_accessor_cannot_delete_or_clear(self, store: MetastoreBackend) -> None:
         """Issue 7.1: lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
         accessors are refused on delete and clear, async and sync, asset and task state."""
         await store.aclaim_leases("daemon-1", ["trig"], TTL)

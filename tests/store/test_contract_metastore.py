@@ -21,13 +21,11 @@ from _contract import (
     TASK_MAP_0,
     snapshot,
 )
-from watchkeeper.store import (
-    NEVER_EXPIRE,
-    Asset,
-    AssetNotFoundError,
-    BaseStateBackend,
+from watchkeeper.store import NEVER_EXPIRE, Asset, AssetNotFoundError, StateStoreError
+from watchkeeper.store.backend import (
     DaemonStatus,
     EventCommit,
+    MetastoreBackend,
     RefusedDefinition,
     TriggerStatus,
     Writer,
@@ -56,7 +54,7 @@ def commit(
 
 
 class TestEvents:
-    async def test_one_event_per_asset(self, store: BaseStateBackend) -> None:
+    async def test_one_event_per_asset(self, store: MetastoreBackend) -> None:
         """A commit for two assets writes one event for each, in commit order."""
         events = await store.acommit_event(commit("orders", "invoices", payload={"row": 1}))
         assert [(e.asset, e.watcher, e.payload, e.dedup_key) for e in events] == [
@@ -67,7 +65,7 @@ class TestEvents:
         assert all(e.created_at.tzinfo is not None for e in events)
         assert await store.alist_events() == events
 
-    async def test_payload_round_trips(self, store: BaseStateBackend) -> None:
+    async def test_payload_round_trips(self, store: MetastoreBackend) -> None:
         """Any JSON payload, null included, is stored and listed as it was committed."""
         payloads: list[object] = [None, 0, "s", [1, None], {"a": {"b": [1.5]}}, True]
         for payload in payloads:
@@ -75,7 +73,7 @@ class TestEvents:
             assert event.payload == payload
         assert [e.payload for e in await store.alist_events()] == payloads
 
-    async def test_state_is_written_with_the_event(self, store: BaseStateBackend) -> None:
+    async def test_state_is_written_with_the_event(self, store: MetastoreBackend) -> None:
         """The commit's state lands in every asset's state, one version up, with the writer."""
         await store.aset(ORDERS_SCOPE, "watermark", 10)
         await store.acommit_event(
@@ -87,7 +85,7 @@ class TestEvents:
         entry = await store.aget_entry(ORDERS_SCOPE, "watermark")
         assert entry is not None and (entry.version, entry.writer) == (2, WATCHER)
 
-    async def test_duplicate_writes_nothing(self, store: BaseStateBackend) -> None:
+    async def test_duplicate_writes_nothing(self, store: MetastoreBackend) -> None:
         """A commit whose dedup_key is recorded writes neither an event nor its state."""
         await store.acommit_event(commit("orders", payload=1, dedup_key="m1", state={"w": 5}))
         before = await snapshot(store)
@@ -98,7 +96,7 @@ class TestEvents:
         assert await snapshot(store) == before
         assert await store.aget(ORDERS_SCOPE, "w") == 5
 
-    async def test_dedup_is_per_asset(self, store: BaseStateBackend) -> None:
+    async def test_dedup_is_per_asset(self, store: MetastoreBackend) -> None:
         """A dedup_key recorded for one asset still lets another asset record it once."""
         await store.acommit_event(commit("orders", dedup_key="m1", state={"w": 1}))
         events = await store.acommit_event(
@@ -109,7 +107,7 @@ class TestEvents:
         assert await store.aget(INVOICES_SCOPE, "w") == 2
         assert await store.acommit_event(commit("orders", "invoices", dedup_key="m1")) == []
 
-    async def test_without_dedup_key_every_commit_counts(self, store: BaseStateBackend) -> None:
+    async def test_without_dedup_key_every_commit_counts(self, store: MetastoreBackend) -> None:
         """Without a dedup_key, identical commits each write an event."""
         for _ in range(3):
             await store.acommit_event(commit("orders", payload="same"))
@@ -117,7 +115,7 @@ class TestEvents:
 
     @pytest.mark.parametrize("deactivate", [False, True], ids=["unknown", "inactive"])
     async def test_unknown_asset_fails_the_whole_commit(
-        self, store: BaseStateBackend, deactivate: bool
+        self, store: MetastoreBackend, deactivate: bool
     ) -> None:
         """A commit naming an unknown or inactive asset raises and writes nothing anywhere."""
         if deactivate:
@@ -129,7 +127,7 @@ class TestEvents:
         assert await snapshot(store) == before
         assert len(await store.acommit_event(commit("orders", dedup_key="x"))) == 1
 
-    async def test_list_filters(self, store: BaseStateBackend) -> None:
+    async def test_list_filters(self, store: MetastoreBackend) -> None:
         """alist_events() filters by since_id and asset and stops at limit, in commit order."""
         for number in range(4):
             await store.acommit_event(commit("orders", "invoices", payload=number))
@@ -145,7 +143,7 @@ class TestEvents:
         assert await store.alist_events(limit=3) == everything[:3]
         assert await store.alist_events(since_id=everything[-1].id) == []
 
-    async def test_concurrent_commits_get_unique_ordered_ids(self, store: BaseStateBackend) -> None:
+    async def test_concurrent_commits_get_unique_ordered_ids(self, store: MetastoreBackend) -> None:
         """Commits from many coroutines at once all land, with distinct increasing ids."""
         results: dict[int, int] = {}
 
@@ -166,7 +164,7 @@ class TestEvents:
 
 
 class TestGarbageCollection:
-    async def test_expired_rows_are_deleted(self, store: BaseStateBackend) -> None:
+    async def test_expired_rows_are_deleted(self, store: MetastoreBackend) -> None:
         """A row is kept until its expiry and deleted by the first GC after it."""
         await store.aset(TASK, "short", 1, retention=timedelta(hours=1))
         await store.aset(TASK, "other", 2)
@@ -179,7 +177,7 @@ class TestGarbageCollection:
         assert await store.aget(TASK, "short") is None
         assert await store.aget(TASK, "other") == 2
 
-    async def test_default_retention_counts_from_last_update(self, store: BaseStateBackend) -> None:
+    async def test_default_retention_counts_from_last_update(self, store: MetastoreBackend) -> None:
         """A row without retention goes default_retention_days after its update, as set at GC time."""
         await store.aset(TASK, "k", 1)
         entry = await store.aget_entry(TASK, "k")
@@ -193,7 +191,7 @@ class TestGarbageCollection:
 
     @pytest.mark.parametrize("batch_size", [0, 1])
     async def test_retention_cutoff_is_exact(
-        self, store: BaseStateBackend, batch_size: int
+        self, store: MetastoreBackend, batch_size: int
     ) -> None:
         """With the backend's clock as GC time: a row without retention is kept at exactly
         default_retention_days after its update and collected one microsecond later."""
@@ -216,7 +214,7 @@ class TestGarbageCollection:
         assert await store.aget(TASK, "k") is None and await store.aget(TASK, "later") == 2
 
     @pytest.mark.parametrize("batch_size", [0, 1])
-    async def test_expiry_is_exact(self, store: BaseStateBackend, batch_size: int) -> None:
+    async def test_expiry_is_exact(self, store: MetastoreBackend, batch_size: int) -> None:
         """A row written with a retention expires at exactly write time + retention (the
         backend's clock): kept by a GC at that instant, collected one microsecond later."""
         t0 = datetime(2031, 1, 1, tzinfo=UTC)
@@ -233,7 +231,7 @@ class TestGarbageCollection:
         assert report.expired == [(TASK, "k")] and report.total == 1
         assert await store.aget(TASK, "k") is None
 
-    async def test_zero_days_disables_default_retention(self, store: BaseStateBackend) -> None:
+    async def test_zero_days_disables_default_retention(self, store: MetastoreBackend) -> None:
         """default_retention_days=0 keeps rows without retention forever."""
         await store.aset(TASK, "k", 1)
         entry = await store.aget_entry(TASK, "k")
@@ -242,7 +240,7 @@ class TestGarbageCollection:
         assert (await store.acollect_garbage(default_retention_days=0, now=far)).total == 0
         assert await store.aget(TASK, "k") == 1
 
-    async def test_never_expire_is_never_collected(self, store: BaseStateBackend) -> None:
+    async def test_never_expire_is_never_collected(self, store: MetastoreBackend) -> None:
         """NEVER_EXPIRE rows survive any GC, whatever default_retention_days says."""
         await store.aset(TASK, "job_id", "spark-1", retention=NEVER_EXPIRE)
         entry = await store.aget_entry(TASK, "job_id")
@@ -251,7 +249,7 @@ class TestGarbageCollection:
         assert (await store.acollect_garbage(default_retention_days=1, now=far)).total == 0
         assert await store.aget(TASK, "job_id") == "spark-1"
 
-    async def test_explicit_retention_overrides_the_default(self, store: BaseStateBackend) -> None:
+    async def test_explicit_retention_overrides_the_default(self, store: MetastoreBackend) -> None:
         """A row with a timedelta retention longer than the default waits for its own expiry."""
         await store.aset(TASK, "k", 1, retention=timedelta(days=365))
         entry = await store.aget_entry(TASK, "k")
@@ -260,7 +258,7 @@ class TestGarbageCollection:
         assert (await store.acollect_garbage(default_retention_days=30, now=later)).total == 0
         assert await store.aget(TASK, "k") == 1
 
-    async def test_rewrite_refreshes_the_last_update(self, store: BaseStateBackend) -> None:
+    async def test_rewrite_refreshes_the_last_update(self, store: MetastoreBackend) -> None:
         """A row rewritten recently is kept although it was first written long ago."""
         now = datetime.now(UTC)
         store.clock = lambda: now - timedelta(days=40)
@@ -272,7 +270,7 @@ class TestGarbageCollection:
         assert report.retention == [(TASK, "old")]
         assert await store.aget(TASK, "rewritten") == 2
 
-    async def test_asset_state_has_no_retention(self, store: BaseStateBackend) -> None:
+    async def test_asset_state_has_no_retention(self, store: MetastoreBackend) -> None:
         """State of an active asset is never collected, however old."""
         await store.aset(ORDERS_SCOPE, "watermark", 1)
         entry = await store.aget_entry(ORDERS_SCOPE, "watermark")
@@ -281,7 +279,7 @@ class TestGarbageCollection:
         assert (await store.acollect_garbage(default_retention_days=1, now=far)).total == 0
         assert await store.aget(ORDERS_SCOPE, "watermark") == 1
 
-    async def test_orphan_sweep_after_deactivation(self, store: BaseStateBackend) -> None:
+    async def test_orphan_sweep_after_deactivation(self, store: MetastoreBackend) -> None:
         """GC deletes the state of a deactivated asset and leaves active assets alone."""
         for key in ("a", "b"):
             await store.aset(ORDERS_SCOPE, key, 1)
@@ -293,7 +291,7 @@ class TestGarbageCollection:
         await store.aregister_assets([ORDERS])
         assert await store.alist(ORDERS_SCOPE) == []
 
-    async def test_batches_delete_everything_due(self, store: BaseStateBackend) -> None:
+    async def test_batches_delete_everything_due(self, store: MetastoreBackend) -> None:
         """Whatever the batch size, one pass deletes every expired and orphaned row."""
         await store.aset(TASK_MAP_0, "keep", 1, retention=NEVER_EXPIRE)
         for batch_size in (0, 1, 2, 100):
@@ -311,7 +309,7 @@ class TestGarbageCollection:
             assert await store.alist(TASK) == []
             assert await store.aget(TASK_MAP_0, "keep") == 1
 
-    async def test_dry_run_reports_without_deleting(self, store: BaseStateBackend) -> None:
+    async def test_dry_run_reports_without_deleting(self, store: MetastoreBackend) -> None:
         """dry_run reports what a real pass deletes, and deletes nothing."""
         await store.aset(TASK, "exp", 1, retention=timedelta(minutes=1))
         await store.aset(OTHER_RUN, "stale", 1)
@@ -338,7 +336,7 @@ class TestGarbageCollection:
         assert await store.alist(TASK) == await store.alist(OTHER_RUN) == []
 
     @staticmethod
-    async def _rows(store: BaseStateBackend) -> tuple[object, ...]:
+    async def _rows(store: MetastoreBackend) -> tuple[object, ...]:
         """Every row, including those of inactive assets (reached via a dry run of nothing)."""
         task_rows = [await store.alist(scope) for scope in (TASK, OTHER_RUN)]
         orphans = (await store.acollect_garbage(dry_run=True, default_retention_days=0)).orphaned
@@ -381,11 +379,11 @@ def _without_updated_at(statuses: list[TriggerStatus]) -> list[tuple[object, ...
 
 
 class TestTriggerStatus:
-    async def test_empty_at_first(self, store: BaseStateBackend) -> None:
+    async def test_empty_at_first(self, store: MetastoreBackend) -> None:
         """A fresh store has no trigger status."""
         assert await store.alist_trigger_status() == []
 
-    async def test_save_and_list(self, store: BaseStateBackend) -> None:
+    async def test_save_and_list(self, store: MetastoreBackend) -> None:
         """Saved statuses are listed with every field, ordered by trigger_id."""
         saved = [
             _status("t2", assets=("orders", "invoices"), watchers=("a", "b")),
@@ -395,14 +393,14 @@ class TestTriggerStatus:
         listed = await store.alist_trigger_status()
         assert _without_updated_at(listed) == _without_updated_at([saved[1], saved[0]])
 
-    async def test_save_upserts(self, store: BaseStateBackend) -> None:
+    async def test_save_upserts(self, store: MetastoreBackend) -> None:
         """Saving a trigger's status again replaces the previous row."""
         await store.asave_trigger_status([_status("t1")])
         await store.asave_trigger_status([_status("t1", state="backing_off", failures=1)])
         (listed,) = await store.alist_trigger_status()
         assert (listed.state, listed.failures) == ("backing_off", 1)
 
-    async def test_delete(self, store: BaseStateBackend) -> None:
+    async def test_delete(self, store: MetastoreBackend) -> None:
         """Deleting statuses removes exactly those; unknown ids are ignored."""
         await store.asave_trigger_status([_status("t1"), _status("t2"), _status("t3")])
         await store.adelete_trigger_status(["t1", "t3", "never"])
@@ -413,7 +411,7 @@ T0 = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 TICK = timedelta(microseconds=1)
 
 
-def at(store: BaseStateBackend, when: datetime) -> None:
+def at(store: MetastoreBackend, when: datetime) -> None:
     """Set the backend's clock: events get this created_at, GC takes it as now."""
     store.clock = lambda: when
 
@@ -422,7 +420,7 @@ class TestEventRetention:
     """GC deletes events older than [events] retention_days; events with a dedup_key stay at
     least dedup_retention_days, so a redelivery inside that window is still suppressed."""
 
-    async def test_events_go_at_the_exact_retention_boundary(self, store: BaseStateBackend) -> None:
+    async def test_events_go_at_the_exact_retention_boundary(self, store: MetastoreBackend) -> None:
         """An event exactly retention_days old is kept; one microsecond later GC deletes it,
         and a newer event stays."""
         at(store, T0)
@@ -439,7 +437,7 @@ class TestEventRetention:
         assert await store.alist_events() == [new]
 
     async def test_dedup_key_suppresses_a_redelivery_until_its_window_passed(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """With a 1-day event retention and a 7-day dedup window, the plain event goes after a
         day, the keyed one stays (suppressing its redelivery) until 7 days have passed."""
@@ -464,7 +462,7 @@ class TestEventRetention:
         assert await store.aget(ORDERS_SCOPE, "w") == 0
 
     async def test_a_keyed_event_follows_the_longer_event_retention(
-        self, store: BaseStateBackend
+        self, store: MetastoreBackend
     ) -> None:
         """With a dedup window shorter than the event retention, a keyed event stays (and
         suppresses) for the whole event retention."""
@@ -478,7 +476,7 @@ class TestEventRetention:
         report = await store.acollect_garbage(event_retention_days=30, dedup_retention_days=7)
         assert report.events == 1
 
-    async def test_zero_days_keep_events_forever(self, store: BaseStateBackend) -> None:
+    async def test_zero_days_keep_events_forever(self, store: MetastoreBackend) -> None:
         """event_retention_days=0 keeps every event; dedup_retention_days=0 keeps those with a
         dedup_key while the others go."""
         at(store, T0)
@@ -493,7 +491,7 @@ class TestEventRetention:
 
     @pytest.mark.parametrize("batch_size", [0, 1, 2, 100])
     async def test_batches_delete_every_due_event(
-        self, store: BaseStateBackend, batch_size: int
+        self, store: MetastoreBackend, batch_size: int
     ) -> None:
         """Whatever state_cleanup_batch_size is, one pass deletes every due event, no other."""
         at(store, T0)
@@ -505,7 +503,7 @@ class TestEventRetention:
         assert report.events == 10
         assert await store.alist_events() == [fresh]
 
-    async def test_dry_run_counts_what_a_real_pass_deletes(self, store: BaseStateBackend) -> None:
+    async def test_dry_run_counts_what_a_real_pass_deletes(self, store: MetastoreBackend) -> None:
         """A dry run reports the number of due events and deletes none of them."""
         at(store, T0)
         await store.acommit_event(commit("orders", "invoices", payload=1))
@@ -521,7 +519,7 @@ class TestEventRetention:
         assert (real.dry_run, real.events) == (False, 3)
         assert [e.payload for e in await store.alist_events()] == [3]
 
-    async def test_ids_keep_growing_after_gc(self, store: BaseStateBackend) -> None:
+    async def test_ids_keep_growing_after_gc(self, store: MetastoreBackend) -> None:
         """Event ids are never reused once GC deleted the newest events, so a reader that
         follows 'events with an id above N' sees every new one."""
         at(store, T0)
@@ -545,7 +543,7 @@ class TestEventRetention:
         ],
     )
     async def test_bad_retention_is_refused_and_deletes_nothing(
-        self, store: BaseStateBackend, days: dict[str, Any]
+        self, store: MetastoreBackend, days: dict[str, Any]
     ) -> None:
         """A negative or non-int event retention is a ValueError naming it; nothing is deleted."""
         at(store, T0)
@@ -554,16 +552,62 @@ class TestEventRetention:
         before = (await snapshot(store), await store.aget(TASK, "k"))
         at(store, T0 + timedelta(days=400))
         (name,) = days
-        with pytest.raises(ValueError, match=f"{name} must be an int >= 0"):
+        with pytest.raises(ValueError, match=f"invalid {name} .*: must be an int >= 0"):
             await store.acollect_garbage(**days)
         assert (await snapshot(store), await store.aget(TASK, "k")) == before
 
-    async def test_a_huge_retention_keeps_everything(self, store: BaseStateBackend) -> None:
+    async def test_a_huge_retention_keeps_everything(self, store: MetastoreBackend) -> None:
         """A retention reaching before year 1 deletes nothing instead of overflowing."""
         at(store, T0)
         await store.acommit_event(commit("orders", payload=1))
         report = await store.acollect_garbage(event_retention_days=10**12)
         assert report.events == 0 and len(await store.alist_events()) == 1
+
+
+BAD_METASTORE_CALLS: list[tuple[str, str, Any]] = [
+    ("list_events_limit", "invalid limit -1: ", lambda s: s.alist_events(limit=-1)),
+    ("list_events_since", "since_id must be an int", lambda s: s.alist_events(since_id="0")),
+    ("list_events_asset", "invalid asset name ''", lambda s: s.alist_events(asset="")),
+    ("gc_batch_size", "invalid batch_size -5: ", lambda s: s.acollect_garbage(batch_size=-5)),
+    (
+        "gc_retention",
+        "invalid default_retention_days -1: ",
+        lambda s: s.acollect_garbage(default_retention_days=-1),
+    ),
+    ("register_assets", "assets must be a sequence of Asset", lambda s: s.aregister_assets(["x"])),
+    ("register_a_str", "assets must be a sequence of Asset", lambda s: s.aregister_assets("ab")),
+    ("commit_event", "commit must be an EventCommit", lambda s: s.acommit_event({"x": 1})),
+    ("deactivate", "invalid asset name ''", lambda s: s.adeactivate_asset("")),
+    ("save_status", "statuses must be a sequence of", lambda s: s.asave_trigger_status([1])),
+    ("delete_status", "trigger_ids must be a sequence of", lambda s: s.adelete_trigger_status([1])),
+    (
+        "claim_owner",
+        "invalid owner '': must be a non-empty str",
+        lambda s: s.aclaim_leases("", ["t"], 5),
+    ),
+    ("claim_ttl", "invalid ttl 0: must be positive", lambda s: s.aclaim_leases("me", ["t"], 0)),
+]
+
+
+class TestBadMetastoreArguments:
+    @pytest.mark.parametrize(
+        ("message", "call"),
+        [(m, c) for _, m, c in BAD_METASTORE_CALLS],
+        ids=[name for name, _, _ in BAD_METASTORE_CALLS],
+    )
+    async def test_every_backend_refuses_alike(
+        self, store: MetastoreBackend, message: str, call: Any
+    ) -> None:
+        """Memory, SQLite and PostgreSQL refuse the same bad metastore argument with the same
+        error of the tree and message, and change nothing."""
+        await store.aregister_assets([ORDERS])
+        await store.acommit_event(commit("orders", payload=1))
+        before = await snapshot(store)
+        with pytest.raises((ValueError, TypeError)) as info:
+            await call(store)
+        assert isinstance(info.value, StateStoreError)
+        assert str(info.value).startswith(message), str(info.value)
+        assert await snapshot(store) == before
 
 
 T_START = datetime(2024, 6, 1, 12, 0, 0, 250000, tzinfo=UTC)
@@ -583,11 +627,11 @@ def _daemon(owner: str, **changes: object) -> DaemonStatus:
 
 
 class TestDaemonStatus:
-    async def test_empty_at_first(self, store: BaseStateBackend) -> None:
+    async def test_empty_at_first(self, store: MetastoreBackend) -> None:
         """A fresh store has no daemon status."""
         assert await store.alist_daemon_status() == []
 
-    async def test_save_and_list_round_trips_every_field(self, store: BaseStateBackend) -> None:
+    async def test_save_and_list_round_trips_every_field(self, store: MetastoreBackend) -> None:
         """Rows come back equal, ordered by owner, refusals included even when their texts
         hold NUL, newlines or lone surrogates (which a PostgreSQL text column refuses)."""
         refused = (
@@ -599,14 +643,14 @@ class TestDaemonStatus:
             await store.asave_daemon_status(status)
         assert await store.alist_daemon_status() == [saved[1], saved[0]]
 
-    async def test_save_upserts(self, store: BaseStateBackend) -> None:
+    async def test_save_upserts(self, store: MetastoreBackend) -> None:
         """Saving a daemon's row again replaces it (a heartbeat)."""
         await store.asave_daemon_status(_daemon("d1"))
         later = _daemon("d1", heartbeat_at=T_START + timedelta(minutes=5))
         await store.asave_daemon_status(later)
         assert await store.alist_daemon_status() == [later]
 
-    async def test_delete(self, store: BaseStateBackend) -> None:
+    async def test_delete(self, store: MetastoreBackend) -> None:
         """Deleting rows removes exactly those owners; unknown owners are ignored."""
         for owner in ("d1", "d2", "d3"):
             await store.asave_daemon_status(_daemon(owner))
@@ -625,7 +669,7 @@ class TestDaemonStatus:
         ],
     )
     async def test_bad_input_is_refused_and_changes_nothing(
-        self, store: BaseStateBackend, status: object, error: type[Exception]
+        self, store: MetastoreBackend, status: object, error: type[Exception]
     ) -> None:
         """A malformed row is a TypeError/ValueError and nothing is written."""
         await store.asave_daemon_status(_daemon("d1"))

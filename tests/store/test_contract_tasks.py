@@ -6,27 +6,34 @@ wall clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from watchkeeper.store import (
+    ArgumentTypeError,
     Asset,
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
     ConsumerCursorError,
-    EventCommit,
     EventConsumer,
-    EventConsumers,
-    OutletEvent,
+    InvalidArgumentError,
+    MissingCapabilityError,
     RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
+    StateStoreError,
     TaskNotFoundError,
-    TaskQueue,
     TaskScope,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    EventConsumers,
+    MetastoreBackend,
+    OutletEvent,
+    TaskQueue,
     TaskSpec,
     encode_json,
 )
@@ -49,7 +56,7 @@ class Clock:
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> AsyncIterator[Any]:
+async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
     """The backend on a settable clock, with the assets ``a``, ``b`` and ``out`` registered."""
     backend.clock = Clock()
     await backend.aregister_assets([Asset("a"), Asset("b"), Asset("out")])
@@ -174,7 +181,7 @@ class TestRunCreation:
 
     async def test_rewind_redelivers(self, store: Any) -> None:
         """Rewinding a cursor redelivers past events and records who moved it."""
-        from watchkeeper.store import Writer
+        from watchkeeper.store.backend import Writer
 
         await store.async_tasks([TaskSpec("t", ("a",))])
         ids = await emit(store, "a", 3)
@@ -315,5 +322,57 @@ class TestClaimAndFinish:
         assert [e.id for e in shown.events] == [e.id for e in run.events]
         assert [r.id for r in await store.alist_runs(task="t", state="queued")] == [run.id]
         assert await store.alist_runs(state="success") == []
-        with pytest.raises(ValueError, match="state must be"):
+        with pytest.raises(InvalidArgumentError, match="one of queued, running"):
             await store.alist_runs(state="bogus")
+
+
+# Each call is refused by the shared checks (TaskStoreBackend), the same on every backend.
+BAD_CALLS: list[tuple[str, Callable[[Any], Awaitable[object]], type[Exception], str]] = [
+    ("ack_negative", lambda s: s.aconsumer_ack("c", -1), InvalidArgumentError, "event_id"),
+    ("ack_str_id", lambda s: s.aconsumer_ack("c", "1"), ArgumentTypeError, "event_id"),
+    ("fetch_empty_name", lambda s: s.aconsumer_fetch(""), InvalidArgumentError, "consumer"),
+    ("fetch_limit_0", lambda s: s.aconsumer_fetch("c", limit=0), InvalidArgumentError, "limit"),
+    ("sync_not_spec", lambda s: s.async_tasks(["t"]), ArgumentTypeError, "TaskSpec"),
+    ("rewind_to_0", lambda s: s.arewind_task("t", "a", 0), InvalidArgumentError, "to_event_id"),
+    ("create_0_runs", lambda s: s.acreate_runs("t", 0), InvalidArgumentError, "max_runs"),
+    ("claim_no_owner", lambda s: s.aclaim_runs("", limit=1, ttl=TTL), InvalidArgumentError,
+     "owner"),
+    ("heartbeat_str_id", lambda s: s.aheartbeat_runs("w", {"1": 1}, TTL), ArgumentTypeError,
+     "run_id"),
+    ("finish_bad_outlet", lambda s: s.afinish_run(1, "w", 1, success=True, outlets=["x"]),
+     ArgumentTypeError, "OutletEvent"),
+    ("finish_negative_delay", lambda s: s.afinish_run(
+        1, "w", 1, success=False, retry_delay=timedelta(seconds=-1)), InvalidArgumentError,
+     "retry_delay"),
+    ("get_run_0", lambda s: s.aget_run(0), InvalidArgumentError, "run_id"),
+    ("list_limit_0", lambda s: s.alist_runs(limit=0), InvalidArgumentError, "limit"),
+    ("wait_negative", lambda s: s.await_events(0, -1), InvalidArgumentError, "wait"),
+]  # fmt: skip
+
+
+class TestArguments:
+    @pytest.mark.parametrize(
+        ("call", "error", "named"),
+        [pytest.param(call, error, named, id=name) for name, call, error, named in BAD_CALLS],
+    )
+    async def test_bad_arguments_are_store_errors_and_change_nothing(
+        self,
+        store: Any,
+        call: Callable[[Any], Awaitable[object]],
+        error: type[Exception],
+        named: str,
+    ) -> None:
+        """A bad argument raises a store error naming it, before anything is written."""
+        await store.async_tasks([TaskSpec("t", ("a",))])
+        await emit(store, "a", 2)
+        before = await snapshot(store)
+        with pytest.raises(error, match=named) as caught:
+            await call(store)
+        assert isinstance(caught.value, StateStoreError)
+        assert await snapshot(store) == before
+
+    async def test_event_consumer_needs_the_capability(self) -> None:
+        """An EventConsumer on a backend without EventConsumers names what is missing."""
+        async with BaseStateBackend() as plain:
+            with pytest.raises(MissingCapabilityError, match="has no EventConsumers"):
+                EventConsumer(plain, "c")

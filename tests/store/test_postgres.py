@@ -28,15 +28,13 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BackendUnavailableError,
-    EventCommit,
     InvalidValueError,
     PostgresStateBackend,
     StoreClosedError,
     TaskScope,
-    TriggerStatus,
     VersionConflictError,
-    Writer,
 )
+from watchkeeper.store.backend import EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -81,7 +79,7 @@ async def _in_one_batch(
         await conn.execute(
             f'SELECT 1 FROM "{schema}".task_state WHERE dag_id = $1 FOR UPDATE', "gate"
         )
-        before = store.write_batches
+        before = store.commit_stats.batches
         async with anyio.create_task_group() as tg:
             tg.start_soon(store.aset, gate, "gate", 1)
             with anyio.fail_after(10):
@@ -102,7 +100,7 @@ async def _in_one_batch(
             await tx.rollback()
     finally:
         await conn.close()
-    return results, store.write_batches - before
+    return results, store.commit_stats.batches - before
 
 
 def _run_pytest(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -436,7 +434,7 @@ class TestGroupCommit:
             for i in range(1000):
                 tg.start_soon(put, i)
         assert versions == [1] * 1000
-        assert store.write_batches < 100
+        assert store.commit_stats.batches < 100
         assert await store.aget(TaskScope("d", "r", "t999"), "k") == 999
 
     async def test_concurrent_writes_to_one_key_get_distinct_versions(
@@ -628,12 +626,12 @@ class TestGarbageCollection:
     ) -> None:
         """With batch_size 2 every row is still collected, over several transactions."""
         await self._seed(store)
-        before = store.write_batches
+        before = store.commit_stats.batches
         report = await store.acollect_garbage(
             default_retention_days=30, batch_size=2, now=T0 + timedelta(days=40)
         )
         assert (len(report.expired), len(report.retention), len(report.orphaned)) == (1, 5, 1)
-        assert store.write_batches - before >= 5
+        assert store.commit_stats.batches - before >= 5
         again = await store.acollect_garbage(default_retention_days=30, now=T0 + timedelta(days=40))
         assert again.total == 0
 

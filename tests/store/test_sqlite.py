@@ -22,17 +22,14 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BackendUnavailableError,
-    EventCommit,
-    Fence,
     LeaseLostError,
     SqliteStateBackend,
     StateStoreError,
     StoreClosedError,
     TaskScope,
-    TriggerStatus,
     VersionConflictError,
-    Writer,
 )
+from watchkeeper.store.backend import EventCommit, Fence, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")

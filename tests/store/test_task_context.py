@@ -17,9 +17,9 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TaskScope,
     TaskStateStoreAccessor,
-    Writer,
     build_task_context,
 )
+from watchkeeper.store.backend import Writer
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")

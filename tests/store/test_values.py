@@ -24,13 +24,12 @@ from watchkeeper.store import (
     MAX_VALUE_DEPTH,
     Asset,
     AssetScope,
-    BaseStateBackend,
-    EventCommit,
     InvalidNameError,
     InvalidValueError,
     StateScope,
     TaskScope,
 )
+from watchkeeper.store.backend import EventCommit, MetastoreBackend
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS_SCOPE = AssetScope(name="orders")
@@ -186,7 +185,7 @@ def same(a: object, b: object) -> bool:
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> BaseStateBackend:
+async def store(backend: MetastoreBackend) -> MetastoreBackend:
     """The backend with the asset ``orders`` registered and one key in each scope."""
     await backend.aregister_assets([Asset("orders")])
     for scope in SCOPES:
@@ -194,7 +193,7 @@ async def store(backend: BaseStateBackend) -> BaseStateBackend:
     return backend
 
 
-async def snapshot(store: BaseStateBackend) -> list[object]:
+async def snapshot(store: MetastoreBackend) -> list[object]:
     return [await store.alist(scope) for scope in SCOPES]
 
 
@@ -202,7 +201,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, key=keys, value=json_values)
     async def test_any_json_value_round_trips(
-        self, store: BaseStateBackend, scope: StateScope, key: str, value: Any
+        self, store: MetastoreBackend, scope: StateScope, key: str, value: Any
     ) -> None:
         """Whatever JSON value is written under whatever valid key is read back exactly."""
         await store.aset(scope, key, value)
@@ -211,7 +210,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, case=invalid_values)
     async def test_invalid_value_raises_and_changes_nothing(
-        self, store: BaseStateBackend, scope: StateScope, case: tuple[Any, type[Exception]]
+        self, store: MetastoreBackend, scope: StateScope, case: tuple[Any, type[Exception]]
     ) -> None:
         """None, a non-finite float or a non-JSON object anywhere raises its error, writing nothing."""
         value, error = case
@@ -224,7 +223,7 @@ class TestValueProperties:
     @given(scope=scopes, case=invalid_keys, method=st.sampled_from(["aget", "aset", "adelete"]))
     async def test_invalid_key_raises_and_changes_nothing(
         self,
-        store: BaseStateBackend,
+        store: MetastoreBackend,
         scope: StateScope,
         case: tuple[Any, type[Exception]],
         method: str,
@@ -244,7 +243,7 @@ class TestValueProperties:
         )
     )
     async def test_list_matches_a_dict_model(
-        self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
+        self, backend: MetastoreBackend, writes: list[tuple[str, Any]]
     ) -> None:
         """After any sequence of writes the scope lists the last value of each key, by key."""
         scope = TaskScope("dag", "run_1", "model")
@@ -262,7 +261,7 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_dedup_key_is_refused_or_deduplicates(
-        self, store: BaseStateBackend, name: str
+        self, store: MetastoreBackend, name: str
     ) -> None:
         """A dedup key breaking the naming rule is refused before any I/O; any other commits
         once, reads back exactly, and suppresses its redelivery, on every backend."""
@@ -285,7 +284,7 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_asset_name_is_refused_or_round_trips(
-        self, store: BaseStateBackend, name: str
+        self, store: MetastoreBackend, name: str
     ) -> None:
         """An asset name breaking the rule is refused by Asset() and AssetScope(); any other
         registers, lists and addresses its state exactly, on every backend."""
@@ -303,7 +302,7 @@ class TestNameProperties:
     @backend_settings
     @given(ids=st.tuples(any_name, any_name, any_name))
     async def test_any_task_scope_is_refused_or_round_trips(
-        self, store: BaseStateBackend, ids: tuple[str, str, str]
+        self, store: MetastoreBackend, ids: tuple[str, str, str]
     ) -> None:
         """Task scope ids breaking the rule (with the 512-byte limit) are refused by
         TaskScope(); any others address their own state exactly, on every backend."""
@@ -324,7 +323,7 @@ def any_seen(events: list[Any], dedup_key: str) -> bool:
 class TestStrategiesAreSound:
     def test_invalid_leaves_are_really_invalid(self) -> None:
         """The kinds of leaf the invalid strategies draw from are ones the store refuses."""
-        from watchkeeper.store import encode_value
+        from watchkeeper.store.backend import encode_value
 
         for leaf in (date(2024, 1, 1), datetime(2024, 1, 1), Decimal(1), 1j, {1: 1}, (1,)):
             with pytest.raises(TypeError):
@@ -342,14 +341,15 @@ class TestEncodePayload:
 
     def test_exactly_at_the_limit_is_accepted(self) -> None:
         """A payload whose JSON text is exactly the limit in bytes is returned as is."""
-        from watchkeeper.store import encode_payload
+        from watchkeeper.store.backend import encode_payload
 
         text = encode_payload("x" * (PAYLOAD_LIMIT - 2), max_payload_bytes=PAYLOAD_LIMIT)
         assert len(text.encode()) == PAYLOAD_LIMIT
 
     def test_one_byte_over_names_size_and_limit(self) -> None:
         """One byte over is a PayloadTooLargeError (a ValueError) naming size, limit and key."""
-        from watchkeeper.store import PayloadTooLargeError, encode_payload
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store.backend import encode_payload
 
         with pytest.raises(ValueError, match=r"1001 bytes.*limit of 1000 bytes") as caught:
             encode_payload({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -359,7 +359,8 @@ class TestEncodePayload:
 
     def test_the_limit_counts_utf8_bytes(self) -> None:
         """502 characters of 'é' (1,006 bytes with the quotes) are over a 1,000-byte limit."""
-        from watchkeeper.store import PayloadTooLargeError, encode_payload
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store.backend import encode_payload
 
         encode_payload("é" * 499, max_payload_bytes=PAYLOAD_LIMIT)
         with pytest.raises(PayloadTooLargeError, match="1006 bytes"):
@@ -367,14 +368,14 @@ class TestEncodePayload:
 
     def test_none_payloads_and_no_limit(self) -> None:
         """A None payload is JSON null; max_payload_bytes=None disables the limit."""
-        from watchkeeper.store import encode_payload
+        from watchkeeper.store.backend import encode_payload
 
         assert encode_payload(None, max_payload_bytes=4) == "null"
         assert len(encode_payload("x" * 5000, max_payload_bytes=None)) == 5002
 
     def test_a_payload_that_is_not_json_is_still_refused(self) -> None:
         """The size check comes after the JSON check: a datetime is a TypeError."""
-        from watchkeeper.store import encode_payload
+        from watchkeeper.store.backend import encode_payload
 
         with pytest.raises(TypeError, match="payload"):
             encode_payload({"at": datetime(2024, 1, 1)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -383,7 +384,7 @@ class TestEncodePayload:
     @given(bad=st.one_of(with_surrogate, too_long_ints, too_deep))
     def test_the_new_invalid_leaves_are_really_invalid(self, bad: Any) -> None:
         """Lone surrogates, ints past the text limit and deep nesting are InvalidValueError."""
-        from watchkeeper.store import encode_value
+        from watchkeeper.store.backend import encode_value
 
         with pytest.raises(InvalidValueError):
             encode_value("k", bad)
@@ -400,3 +401,48 @@ class TestEncodePayload:
             assert not is_valid_name(name, MAX_NAME_BYTES)
         else:
             assert is_valid_name(name, MAX_NAME_BYTES)
+
+
+class TestEncodePayloadDecoded:
+    """encode_payload_decoded: encode_payload's text, and a fresh decoded copy of the payload."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(value=json_any)
+    def test_same_text_and_an_equal_copy(self, value: Any) -> None:
+        """Any JSON payload gives encode_payload's text and a value equal to it, typed the
+        same all the way down, sharing no container with the original."""
+        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store.backend import encode_payload
+
+        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
+        assert text == encode_payload(value, max_payload_bytes=None)
+        assert same(decoded, value)
+        if isinstance(value, list | dict):
+            assert decoded is not value
+
+    @settings(max_examples=200, deadline=None)
+    @given(case=invalid_values.filter(lambda case: case[0] is not None))
+    def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
+        """A value that is not plain JSON raises the same error as encode_payload."""
+        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store.backend import encode_payload
+
+        value, error = case
+        with pytest.raises(error) as expected:
+            encode_payload(value, max_payload_bytes=None)
+        with pytest.raises(error) as got:
+            encode_payload_decoded(value, max_payload_bytes=None)
+        assert str(got.value) == str(expected.value)
+
+    def test_a_cycle_and_the_size_limit(self) -> None:
+        """A self-containing list is refused as too deep (InvalidValueError, as encode_payload
+        says); a payload over the limit names its size."""
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store._values import encode_payload_decoded
+
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        with pytest.raises(InvalidValueError, match="nested more than"):
+            encode_payload_decoded(cycle, max_payload_bytes=None)
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)

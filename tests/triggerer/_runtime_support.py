@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ from watchkeeper.store import (
     Asset,
     BaseStateBackend,
     MemoryStateBackend,
-    RawEntry,
     SqliteStateBackend,
     StateScope,
-    Writer,
 )
+from watchkeeper.store.backend import MetastoreBackend, Put, RawEntry
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerEvent, WatchSpec
 
 FAST = RunnerConfig(
@@ -135,30 +133,11 @@ class GatedBackend(MemoryStateBackend):
             await self.gate.wait()
         return MemoryStateBackend._get(self, scope, key)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        return MemoryStateBackend._put(
-            self,
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+    async def _aput(self, put: Put) -> int:
+        return MemoryStateBackend._put(self, put)
 
 
-def open_backend(kind: str, tmp_path: Path) -> BaseStateBackend:
+def open_backend(kind: str, tmp_path: Path) -> MetastoreBackend:
     """An unopened backend of ``kind`` (``memory`` or ``sqlite``, a file under tmp_path)."""
     if kind == "memory":
         return MemoryStateBackend()

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from watchkeeper.store import Asset, BaseStateBackend, InvalidKeyError, InvalidNameError
+from watchkeeper.store import Asset, InvalidKeyError, InvalidNameError
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 
@@ -38,7 +39,7 @@ class TestBadNamesInEvents:
         "dedup_key", ["a\x00b", "\ud800", "x" * 1025], ids=["NUL", "surrogate", "too-long"]
     )
     async def test_a_bad_dedup_key_is_refused_alike(
-        self, backend: BaseStateBackend, dedup_key: str
+        self, backend: MetastoreBackend, dedup_key: str
     ) -> None:
         """The bad event raises InvalidNameError naming the dedup key on every backend; the
         event before it stays committed with its watermark, nothing of the bad one is."""
@@ -47,7 +48,7 @@ class TestBadNamesInEvents:
         assert [e.payload for e in await backend.alist_events()] == [{"n": 1}]
         assert await backend.aget(ORDERS.scope, "wm") == 1
 
-    async def test_a_bad_state_key_is_refused_alike(self, backend: BaseStateBackend) -> None:
+    async def test_a_bad_state_key_is_refused_alike(self, backend: MetastoreBackend) -> None:
         """A state key with a control character is InvalidKeyError on every backend."""
         with pytest.raises(InvalidKeyError, match="control character"):
             await run_trigger(ThenBad("m2", state_key="w\x00m"), assets=ORDERS, backend=backend)

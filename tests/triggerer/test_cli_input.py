@@ -17,7 +17,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from watchkeeper.store import Asset, AssetScope, EventCommit, SqliteStateBackend, TaskScope
+from watchkeeper.store import Asset, AssetScope, SqliteStateBackend, TaskScope
+from watchkeeper.store.backend import EventCommit
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (

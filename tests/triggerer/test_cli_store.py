@@ -22,13 +22,11 @@ from watchkeeper.store import (
     NEVER_EXPIRE,
     Asset,
     AssetScope,
-    BaseStateBackend,
-    EventCommit,
     PostgresStateBackend,
     SqliteStateBackend,
     TaskScope,
-    TriggerStatus,
 )
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (
@@ -130,7 +128,7 @@ def cli(populated: Path, tmp_path: Path, pycache: Path) -> Cli:
 
 
 async def commit(
-    backend: BaseStateBackend, asset: str, payload: object, dedup_key: str | None = None
+    backend: MetastoreBackend, asset: str, payload: object, dedup_key: str | None = None
 ) -> None:
     await backend.acommit_event(
         EventCommit(

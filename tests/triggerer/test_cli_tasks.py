@@ -15,7 +15,14 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import Process
-from watchkeeper.store import Asset, EventCommit, SqliteStateBackend, encode_json
+from watchkeeper.store import (
+    Asset,
+    SqliteStateBackend,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    encode_json,
+)
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 

@@ -25,14 +25,11 @@ from watchkeeper.store import (
     Asset,
     AssetScope,
     BackendUnavailableError,
-    DaemonStatus,
-    EventCommit,
     EventsSettings,
     MemoryStateBackend,
-    RefusedDefinition,
     SqliteStateBackend,
-    TriggerStatus,
 )
+from watchkeeper.store.backend import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
 from watchkeeper.triggerer._cli_runtime import status_report

@@ -36,7 +36,8 @@ from test_daemon import (
     watchkeeper_command,
 )
 from test_lease_daemons import fresh_database
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer._cli_runtime import status_report
 
 __all__ = ["db_path", "env", "log_file", "watchers"]  # fixtures shared with test_daemon
@@ -194,7 +195,7 @@ def bad_name_file(name: str, source: Path) -> str:
 @asynccontextmanager
 async def database(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[str, BaseStateBackend]]:
+) -> AsyncIterator[tuple[str, MetastoreBackend]]:
     """The daemon's database URL and a backend open on it, for SQLite or PostgreSQL."""
     if kind == "sqlite":
         path = tmp_path / "state.db"

@@ -9,7 +9,8 @@ import anyio
 import greenback
 import pytest
 from _runtime_support import Scripted
-from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
+from watchkeeper.store import Asset, MemoryStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import BaseEventTrigger, InvalidEventError, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 
@@ -45,7 +46,7 @@ class Counted(BaseEventTrigger):
 
 
 class TestResults:
-    async def test_returns_committed_events_in_order(self, backend: BaseStateBackend) -> None:
+    async def test_returns_committed_events_in_order(self, backend: MetastoreBackend) -> None:
         """The result is this call's asset events in commit order, with payload and dedup_key."""
         events = await run_trigger(Counted(3), assets=[ORDERS], backend=backend)
         assert [(e.asset, e.payload, e.dedup_key) for e in events] == [

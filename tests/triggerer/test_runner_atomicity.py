@@ -19,7 +19,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,13 +29,11 @@ from _runtime_support import FAST, Scripted
 from watchkeeper.store import (
     Asset,
     AssetEvent,
-    BaseStateBackend,
-    EventCommit,
     PostgresStateBackend,
     SqliteStateBackend,
     StateScope,
-    Writer,
 )
+from watchkeeper.store.backend import EventCommit, MetastoreBackend, Put, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 ORDERS = Asset("orders")
@@ -150,7 +147,7 @@ class PostgresObserver:
         return Snapshot(write, seqs, watermarks, same)
 
 
-class ObservedWrites(BaseStateBackend):
+class ObservedWrites(MetastoreBackend):
     """Mixed into a real backend: after each state or event write returns, take a snapshot."""
 
     _observer: Observer | None = None
@@ -170,27 +167,9 @@ class ObservedWrites(BaseStateBackend):
         await self._after(f"acommit_event({json.loads(commit.payload_json)})")
         return written
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        version = await super()._aput(
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
-        await self._after(f"put({key}={value_json})")
+    async def _aput(self, put: Put) -> int:
+        version = await super()._aput(put)
+        await self._after(f"put({put.key}={put.value_json})")
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
@@ -249,7 +228,7 @@ def _events(count: int = EVENTS) -> list[TriggerEvent]:
     return [TriggerEvent({"seq": n}, state={WATERMARK: n}) for n in range(1, count + 1)]
 
 
-async def _run(backend: BaseStateBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
+async def _run(backend: MetastoreBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
     """Run the scripted triggers in one runner until each resumed after its last event."""
     async with TriggerRunner(backend, FAST) as runner:
         for trigger_id, trigger, assets in specs:

@@ -34,6 +34,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StoreUnavailableError,
 )
+from watchkeeper.store.backend import require_status_table
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import (
     BaseEventTrigger,
@@ -274,7 +275,7 @@ class TestPostgresOutage:
                     assert [s.failures for s in statuses] == [0] * 6
 
                     async def saved_after_recovery() -> bool:
-                        rows = await d.backend.alist_trigger_status()
+                        rows = await require_status_table(d.backend).alist_trigger_status()
                         return len(rows) == 6 and all(
                             r.state == "running" and r.events > at_recovery[r.trigger_id]
                             for r in rows

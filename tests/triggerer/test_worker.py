@@ -10,8 +10,10 @@ import anyio
 import pytest
 from watchkeeper.store import (
     AssetEvent,
-    BaseStateBackend,
+)
+from watchkeeper.store.backend import (
     EventCommit,
+    MetastoreBackend,
     TaskRun,
     encode_json,
 )
@@ -42,7 +44,7 @@ async def wait_runs(store: Any, task: str, state: str, count: int) -> list[TaskR
 
 
 @pytest.fixture
-async def store(backend: BaseStateBackend) -> AsyncIterator[Any]:
+async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
     """A built-in backend with the test assets registered."""
     await backend.aregister_assets([A, B, OUT])
     yield backend

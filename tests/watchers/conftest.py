@@ -1,8 +1,11 @@
-"""Fixtures of the watcher tests: durable state backends that can be closed and reopened."""
+"""Fixtures of the watcher tests: durable state backends that can be closed and reopened, and
+the MariaDB server the MySQL tests read from."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -10,9 +13,25 @@ from typing import Any
 
 import asyncpg
 import pytest
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
 
-OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
+OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[MetastoreBackend]]
+
+MYSQL_DSN = os.environ.get("WATCHKEEPER_TEST_MYSQL_DSN", "mysql://root@127.0.0.1:3306/test")
+
+
+@pytest.fixture(scope="session")
+def mysql_dsn() -> str:
+    """The DSN of the test MariaDB; in CI (CI=true) an unreachable server fails the test."""
+    try:
+        with socket.create_connection(("127.0.0.1", 3306), timeout=1):
+            return MYSQL_DSN
+    except OSError as exc:
+        reason = f"MariaDB is not reachable on 127.0.0.1:3306 ({exc})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}")
+    pytest.skip(reason)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -27,7 +46,7 @@ async def reopenable_backend(
     if request.param == "sqlite":
         path = tmp_path / "state.db"
 
-        def open_sqlite() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+        def open_sqlite() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
             return _opened(SqliteStateBackend(path))
 
         yield open_sqlite
@@ -38,7 +57,7 @@ async def reopenable_backend(
     try:
         await admin.execute(f'CREATE SCHEMA "{schema}"')
 
-        def open_postgres() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
+        def open_postgres() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
             return _opened(PostgresStateBackend(dsn, schema=schema))
 
         yield open_postgres
@@ -48,6 +67,6 @@ async def reopenable_backend(
 
 
 @contextlib.asynccontextmanager
-async def _opened(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
+async def _opened(backend: MetastoreBackend) -> AsyncIterator[MetastoreBackend]:
     async with backend:
         yield backend

@@ -15,7 +15,7 @@ import anyio
 import pytest
 import structlog
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEventBatch
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher
 
@@ -68,18 +68,19 @@ async def names(
 
 
 class SignallingWatcher(DirectoryWatcher):
-    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each)."""
+    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each
+    batch, once all of it committed)."""
 
     signal_after = 1
     committed: anyio.Event
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         count = 0
-        async with contextlib.aclosing(super().run()) as events:  # type: ignore[type-var]
-            async for event in events:
-                yield event
-                count += 1
-                if count == self.signal_after:
+        async with contextlib.aclosing(super().run()) as batches:  # type: ignore[type-var]
+            async for batch in batches:
+                yield batch
+                count += len(batch)
+                if count >= self.signal_after:
                     self.committed.set()
 
 
@@ -142,11 +143,25 @@ class TestDirectoryWatcherEvents:
         """Three files with one mtime, split by a restart after the first, each come exactly once."""
         for name in ("a", "b", "c"):
             make_file(inbox, name, T0)
-        watcher = DirectoryWatcher(str(inbox), poll_interval=POLL)
+        watcher = DirectoryWatcher(str(inbox), poll_interval=POLL, batch_size=1)
         assert await names(watcher, backend, 1) == ["a"]
         assert await names(rebuilt(watcher), backend, 2) == ["b", "c"]
         make_file(inbox, "d", T0 + S)
         assert await names(rebuilt(watcher), backend, 1) == ["d"]
+
+    async def test_a_scan_commits_its_files_in_batches(
+        self, inbox: Path, backend: MemoryStateBackend
+    ) -> None:
+        """Five new files with batch_size=2 commit as three batches: three state writes."""
+        for index, name in enumerate("abcde"):
+            make_file(inbox, name, T0 + index * MS)
+        watcher = DirectoryWatcher(str(inbox), poll_interval=POLL, batch_size=2)
+        assert await names(watcher, backend, 5) == list("abcde")
+        entry = await backend.aget_entry(ASSET.scope, WATERMARK)
+        assert entry is not None
+        assert (entry.value["key"], entry.version) == ("e", 3)
+        make_file(inbox, "f", T0 + 9 * MS)
+        assert await names(rebuilt(watcher), backend, 1) == ["f"]
 
     async def test_a_restarted_watcher_emits_nothing_twice(
         self, inbox: Path, backend: MemoryStateBackend
@@ -323,7 +338,7 @@ class TestDirectoryWatcherEvents:
 class TestDirectoryWatcherArguments:
     def test_serialize_rebuilds_an_equal_trigger(self, tmp_path: Path) -> None:
         """serialize() gives an importable classpath and JSON kwargs that rebuild an equal one."""
-        watcher = DirectoryWatcher(tmp_path, "*.csv", 0.5, lag_window=30, min_age=2)
+        watcher = DirectoryWatcher(tmp_path, "*.csv", 0.5, lag_window=30, min_age=2, batch_size=9)
         classpath, kwargs = watcher.serialize()
         assert classpath == "watchkeeper.watchers.directory.DirectoryWatcher"
         assert kwargs == {
@@ -332,6 +347,7 @@ class TestDirectoryWatcherArguments:
             "poll_interval": 0.5,
             "lag_window": 30,
             "min_age": 2,
+            "batch_size": 9,
         }
         copy = rebuilt(watcher)
         assert copy == watcher
@@ -354,6 +370,8 @@ class TestDirectoryWatcherArguments:
             ({"lag_window": -1}, ValueError, "lag_window must be 0 or more"),
             ({"lag_window": math.inf}, ValueError, "lag_window must be finite"),
             ({"min_age": -0.5}, ValueError, "min_age must be 0 or more"),
+            ({"batch_size": 0}, ValueError, "batch_size must be at least 1"),
+            ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
         ],
     )
     def test_bad_arguments_are_rejected_by_name(
@@ -379,7 +397,7 @@ class TestDirectoryWatcherDurableState:
         make_file(inbox, "a", T0)
         make_file(inbox, "b", T0 + 10 * S)
         make_file(inbox, "c", T0 + 10 * S)
-        watcher = DirectoryWatcher(str(inbox), lag_window=60, poll_interval=POLL)
+        watcher = DirectoryWatcher(str(inbox), lag_window=60, poll_interval=POLL, batch_size=1)
         async with reopenable_backend() as first:
             assert await names(watcher, first, 2) == ["a", "b"]
         make_file(inbox, "late", T0 + 5 * S)

@@ -12,13 +12,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiomysql  # type: ignore[import-untyped] # no stubs published
 import aiosqlite
 import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEventBatch
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher, SqlSourceError, SqlTableWatcher
 
@@ -51,6 +53,17 @@ class Table:
                 for params in rows:
                     await lite.execute(sql, tuple(params))
                 await lite.commit()
+        elif self.dialect == "mysql":
+            for index in range(9, 0, -1):
+                sql = sql.replace(f"${index}", "%s")
+            my = await mysql_connect(self.dsn)
+            try:
+                async with my.cursor() as cursor:
+                    for params in rows:
+                        await cursor.execute(sql, tuple(params))
+                await my.commit()
+            finally:
+                await my.ensure_closed()
         else:
             pg = await asyncpg.connect(self.dsn)
             try:
@@ -78,14 +91,35 @@ class Table:
         return SqlTableWatcher(**arguments)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+async def mysql_connect(dsn: str) -> Any:
+    """An aiomysql connection to the database of a ``mysql://`` DSN (no autocommit)."""
+    parts = urlsplit(dsn)
+    return await aiomysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username,
+        password=parts.password or "",
+        db=parts.path.lstrip("/"),
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 async def table(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Table]:
-    """An empty ``events(id, seq, body)`` table in a SQLite file or a fresh PostgreSQL schema."""
+    """An empty ``events(id, seq, body)`` table in a SQLite file, a fresh PostgreSQL schema or
+    the MariaDB test database."""
     ddl = "CREATE TABLE {} (id INTEGER PRIMARY KEY, seq INTEGER, body TEXT)"
     if request.param == "sqlite":
         sqlite = Table("sqlite", f"sqlite:///{tmp_path / 'source.db'}", "events")
         await sqlite.execute(ddl.format(sqlite.name))
         yield sqlite
+    elif request.param == "mysql":
+        dsn = request.getfixturevalue("mysql_dsn")  # a sync fixture: skips when MariaDB is down
+        mysql = Table("mysql", dsn, f"events_{uuid.uuid4().hex[:12]}")
+        await mysql.execute(ddl.format(mysql.name))
+        try:
+            yield mysql
+        finally:
+            await mysql.execute(f"DROP TABLE {mysql.name}")
     else:
         dsn = request.getfixturevalue("pg_dsn")  # a sync fixture: skips when PostgreSQL is down
         schema = f"wk_watchers_{uuid.uuid4().hex[:12]}"
@@ -138,18 +172,19 @@ async def ids(
 
 
 class SignallingWatcher(SqlTableWatcher):
-    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each)."""
+    """Sets ``committed`` once ``signal_after`` events were committed (run resumes after each
+    batch, once all of it committed)."""
 
     signal_after = 1
     committed: anyio.Event
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         count = 0
-        async with contextlib.aclosing(super().run()) as events:  # type: ignore[type-var]
-            async for event in events:
-                yield event
-                count += 1
-                if count == self.signal_after:
+        async with contextlib.aclosing(super().run()) as batches:  # type: ignore[type-var]
+            async for batch in batches:
+                yield batch
+                count += len(batch)
+                if count >= self.signal_after:
                     self.committed.set()
 
 
@@ -183,14 +218,25 @@ class TestSqlTableWatcherRows:
         await table.insert((8, 3, "tie"), (9, 4, "sentinel"))
         assert await ids(rebuilt(watcher), backend, 2) == [8, 9]
 
+    async def test_each_poll_commits_its_rows_as_one_batch(
+        self, table: Table, backend: MemoryStateBackend
+    ) -> None:
+        """batch_size rows commit with one state write: 7 rows in batches of 3 are 3 writes."""
+        await table.insert(*[(key, key, "x") for key in range(1, 8)])
+        assert await ids(table.watcher(batch_size=3), backend, 7) == list(range(1, 8))
+        entry = await backend.aget_entry(ASSET.scope, WATERMARK)
+        assert entry is not None
+        assert (entry.value["cursor"], entry.version) == (7, 3)
+
     async def test_a_restarted_watcher_resumes_after_the_stored_watermark(
         self, table: Table, backend: MemoryStateBackend
     ) -> None:
-        """A new instance built from serialize() emits only the rows the first one did not."""
+        """A new instance built from serialize() emits only the rows the first one did not;
+        each poll's rows commit as one batch, so a stop never falls inside one."""
         await table.insert(*[(key, key, "x") for key in range(1, 6)])
         watcher = table.watcher(batch_size=2)
-        assert await ids(watcher, backend, 3) == [1, 2, 3]
-        assert await ids(rebuilt(watcher), backend, 2) == [4, 5]
+        assert await ids(watcher, backend, 3) == [1, 2, 3, 4]  # two batches of two
+        assert await ids(rebuilt(watcher), backend, 1) == [5]
         await table.insert((6, 6, "x"))
         assert await ids(rebuilt(watcher), backend, 1) == [6]
 
@@ -290,7 +336,9 @@ class TestSqlTableWatcherRows:
     ) -> None:
         """A query failure surfaces as SqlSourceError naming the table, the driver's error chained."""
         watcher = SqlTableWatcher(table.dsn, table.name + "_missing", "seq", "id", **FAST)
-        with pytest.raises(SqlSourceError, match="events_missing") as caught:
+        with pytest.raises(
+            SqlSourceError, match=f"{table.name.rpartition('.')[2]}_missing"
+        ) as caught:
             await payloads(watcher, backend, 1)
         assert caught.value.__cause__ is not None
 
@@ -469,6 +517,82 @@ class TestSqlTableWatcherPostgres:
             await conn.close()
 
 
+class TestSqlTableWatcherMysql:
+    async def test_an_auto_increment_id_committed_after_a_later_one_is_not_lost(
+        self, mysql_dsn: str, backend: MemoryStateBackend
+    ) -> None:
+        """An AUTO_INCREMENT id taken by a transaction that commits after a higher id (two
+        connections, the later id committed first) is emitted once, on the next run."""
+        name = f"jobs_{uuid.uuid4().hex[:12]}"
+        admin, slow = await mysql_connect(mysql_dsn), await mysql_connect(mysql_dsn)
+        try:
+            await admin.autocommit(True)
+            async with admin.cursor() as cursor:
+                await cursor.execute(
+                    f"CREATE TABLE {name} (id BIGINT AUTO_INCREMENT PRIMARY KEY, body TEXT)"
+                )
+                await cursor.execute(f"INSERT INTO {name} (body) VALUES ('a'), ('b')")
+            async with slow.cursor() as cursor:
+                await cursor.execute("BEGIN")
+                await cursor.execute(f"INSERT INTO {name} (body) VALUES ('slow')")
+                held = cursor.lastrowid
+            async with admin.cursor() as cursor:
+                await cursor.execute(f"INSERT INTO {name} (body) VALUES ('fast')")
+            watcher = SqlTableWatcher(mysql_dsn, name, "id", "id", lag_window=10, **FAST)
+            assert await ids(watcher, backend, 3) == [1, 2, 4]
+            await slow.commit()
+            assert held == 3
+            assert await ids(rebuilt(watcher), backend, 1) == [3]
+            async with admin.cursor() as cursor:
+                await cursor.execute(f"INSERT INTO {name} (body) VALUES ('sentinel')")
+            assert await ids(rebuilt(watcher), backend, 1) == [5]
+        finally:
+            async with admin.cursor() as cursor:
+                await cursor.execute(f"DROP TABLE IF EXISTS {name}")
+            await slow.ensure_closed()
+            await admin.ensure_closed()
+
+    async def test_datetime_cursor_text_key_and_values_as_json(
+        self, mysql_dsn: str, backend: MemoryStateBackend
+    ) -> None:
+        """DATETIME cursors, text keys and DECIMAL values become JSON; a late row comes once."""
+        name = f"readings_{uuid.uuid4().hex[:12]}"
+        t0 = dt.datetime(2024, 5, 1, 12, 0)
+        table = Table("mysql", mysql_dsn, name)
+        await table.execute(
+            f"CREATE TABLE {name} (k VARCHAR(20) PRIMARY KEY, at DATETIME(6), v DECIMAL(8, 2))"
+        )
+        try:
+            insert = f"INSERT INTO {name} VALUES ($1, $2, $3)"
+            await table.execute(insert, "a", t0, "1.25")
+            await table.execute(insert, "b", t0 + dt.timedelta(seconds=30), "2")
+            watcher = SqlTableWatcher(mysql_dsn, name, "at", "k", lag_window=60, **FAST)
+            first = await payloads(watcher, backend, 2)
+            assert first[0] == {"k": "a", "at": t0.isoformat(), "v": "1.25"}
+            assert await backend.aget(ASSET.scope, WATERMARK) == {
+                "kind": "datetime",
+                "cursor": (t0 + dt.timedelta(seconds=30)).isoformat(),
+                "key": "b",
+            }
+            await table.execute(insert, "c", t0 + dt.timedelta(seconds=10), "3")
+            await table.execute(insert, "d", t0 + dt.timedelta(seconds=40), "4")
+            later = await payloads(rebuilt(watcher), backend, 2)
+            assert [p["k"] for p in later] == ["c", "d"]
+        finally:
+            await table.execute(f"DROP TABLE {name}")
+
+    async def test_a_refused_login_is_a_clear_error_without_the_password(
+        self, mysql_dsn: str, backend: MemoryStateBackend
+    ) -> None:
+        """A wrong password fails the run with SqlSourceError; the message hides the password."""
+        parts = urlsplit(mysql_dsn)
+        dsn = f"mysql://nobody_wk:s3cret@{parts.hostname}:{parts.port}/test"
+        with pytest.raises(SqlSourceError, match="connecting to") as caught:
+            await payloads(SqlTableWatcher(dsn, "t", "c", "k", **FAST), backend, 1)
+        assert "s3cret" not in str(caught.value)
+        assert "nobody_wk:***@" in str(caught.value)
+
+
 class TestSqlTableWatcherArguments:
     def test_serialize_rebuilds_an_equal_trigger(self, tmp_path: Path) -> None:
         """serialize() gives an importable classpath and JSON kwargs that rebuild an equal one."""
@@ -492,9 +616,10 @@ class TestSqlTableWatcherArguments:
         assert hash(copy) == hash(watcher)
         assert copy.serialize() == (classpath, kwargs)
 
-    def test_repr_hides_the_password(self) -> None:
+    @pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+    def test_repr_hides_the_password(self, scheme: str) -> None:
         """repr() shows the DSN without its password, so logs never carry it."""
-        watcher = SqlTableWatcher("postgresql://app:s3cret@db:5432/main", "t", "c", "k")
+        watcher = SqlTableWatcher(f"{scheme}://app:s3cret@db:5432/main", "t", "c", "k")
         assert "s3cret" not in repr(watcher)
         assert "app:***@db:5432" in repr(watcher)
 
@@ -502,7 +627,8 @@ class TestSqlTableWatcherArguments:
         ("kwargs", "error", "match"),
         [
             ({"dsn": 5}, TypeError, "dsn must be a str"),
-            ({"dsn": "mysql://x/y"}, ValueError, "dsn must start with"),
+            ({"dsn": "mssql://x/y"}, ValueError, "dsn must start with"),
+            ({"dsn": "mysql:///db"}, ValueError, "names no server"),
             ({"dsn": "oracle://u:pw@h"}, ValueError, "'oracle://u:\\*\\*\\*@h'"),
             ({"dsn": "sqlite:///"}, ValueError, "names no database file"),
             ({"dsn": "sqlite:///:memory:"}, ValueError, "in-memory"),
@@ -541,10 +667,17 @@ class TestSqlTableWatcherArguments:
             SqlTableWatcher(**arguments)
 
     @pytest.mark.parametrize(
-        "dsn", ["sqlite:///relative.db", "sqlite:////abs/path.db", "postgres://h/db"]
+        "dsn",
+        [
+            "sqlite:///relative.db",
+            "sqlite:////abs/path.db",
+            "postgres://h/db",
+            "mysql://u@h:3307/db",
+            "mariadb://h/db",
+        ],
     )
     def test_supported_dsns_are_accepted(self, dsn: str) -> None:
-        """Both SQLite path forms and both PostgreSQL schemes are accepted as given."""
+        """Both SQLite path forms, both PostgreSQL schemes and both MySQL ones are accepted."""
         assert SqlTableWatcher(dsn, "t", "c", "k").serialize()[1]["dsn"] == dsn
 
 

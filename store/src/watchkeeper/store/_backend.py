@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import functools
-import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.abc
-import greenback
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._features import MetastoreFeatures
+from ._lifecycle import Lifecycle
+from ._offload import OffloadHooks
 from ._types import (
     AssetScope,
+    Put,
     RawEntry,
     StateEntry,
     StateScope,
@@ -38,10 +34,12 @@ from ._values import (
     expiry_of,
 )
 from .errors import (
+    ArgumentTypeError,
+    HookNotImplementedError,
     InvalidArgumentError,
+    InvalidSettingError,
     RetentionTypeError,
     StoreClosedError,
-    SyncCallInLoopError,
 )
 
 __all__ = ["BaseStateBackend"]
@@ -78,7 +76,7 @@ def _entry(raw: RawEntry) -> StateEntry:
     )
 
 
-class BaseStateBackend(MetastoreFeatures):
+class BaseStateBackend(Lifecycle, OffloadHooks):
     """Where task and asset state lives.
 
     The async methods (``aget``, ``aset``, ...) are the primary interface; every one has a sync
@@ -93,12 +91,11 @@ class BaseStateBackend(MetastoreFeatures):
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
     Asset registration, events, garbage collection, trigger status and trigger leases are
-    metastore features: the built-in backends implement them (``supports_events = True``); a
-    custom backend may leave them out (a daemon on a backend without leases runs every trigger
-    unfenced, as a single daemon).
+    capabilities (``runtime_checkable`` Protocols in :mod:`watchkeeper.store.backend`): the
+    built-in backends have them all (they subclass ``MetastoreBackend``); a custom backend
+    implements those it has, and the runtime checks for each with ``isinstance`` (a daemon on
+    a backend without leases runs every trigger unfenced, as a single daemon).
     """
-
-    supports_events: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -107,103 +104,18 @@ class BaseStateBackend(MetastoreFeatures):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if max_value_bytes <= 0:
-            raise ValueError(f"max_value_bytes must be positive, got {max_value_bytes}")
+            raise InvalidSettingError("max_value_bytes", f"must be positive, got {max_value_bytes}")
         if max_payload_bytes <= 0:
-            raise ValueError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
+            raise InvalidSettingError(
+                "max_payload_bytes", f"must be positive, got {max_payload_bytes}"
+            )
         self.max_value_bytes = max_value_bytes
         self.max_payload_bytes = max_payload_bytes
         """The largest event payload (JSON, bytes): the runtime checks it before committing."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._portal: BlockingPortal | None = None
-        self._portal_cm: Any = None
-        self._sync_cm: Any = None
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._open = False
+        super().__init__()
         self.clock: Callable[[], datetime] = _utcnow
         self.applied_migrations: list[int] = []
         """The schema migrations the last opening applied (empty when it was up to date)."""
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    @property
-    def is_open(self) -> bool:
-        return self._open
-
-    async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Open connections, apply migrations; start background tasks in ``task_group``."""
-
-    async def _aclose(self) -> None:
-        """Flush pending writes and close connections; the task group is cancelled after."""
-
-    async def __aenter__(self) -> Self:
-        if self._open:
-            raise RuntimeError(f"{type(self).__name__} is already open")
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        try:
-            await self._aopen(tg)
-        except BaseException:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-            self._loop = None
-            raise
-        self._task_group = tg
-        self._open = True
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        tg = self._task_group
-        self._open = False
-        try:
-            with anyio.move_on_after(10, shield=True):
-                await self._aclose()
-        finally:
-            self._task_group = None
-            self._loop = None
-            if tg is not None:
-                tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
-        return None
-
-    def __enter__(self) -> Self:
-        """Open the backend on a private event-loop thread, for purely synchronous use."""
-        portal_cm = start_blocking_portal(backend="asyncio")
-        portal = portal_cm.__enter__()
-        try:
-            cm = portal.wrap_async_context_manager(self)
-            cm.__enter__()
-        except BaseException:
-            portal_cm.__exit__(None, None, None)
-            raise
-        self._portal, self._portal_cm, self._sync_cm = portal, portal_cm, cm
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        cm, portal_cm = self._sync_cm, self._portal_cm
-        self._portal = self._portal_cm = self._sync_cm = None
-        try:
-            if cm is not None:
-                cm.__exit__(exc_type, exc, tb)
-        finally:
-            if portal_cm is not None:
-                portal_cm.__exit__(None, None, None)
-
-    def _check_open(self) -> None:
-        if not self._open:
-            raise StoreClosedError(self)
 
     # -- health ------------------------------------------------------------------------------
 
@@ -225,6 +137,10 @@ class BaseStateBackend(MetastoreFeatures):
         """
         self._check_open()
 
+    async def amigrate(self) -> builtins.list[int]:
+        """Apply pending schema migrations; return the versions applied (opening does this too)."""
+        return []
+
     def _describe(self) -> str:
         return ""
 
@@ -234,52 +150,17 @@ class BaseStateBackend(MetastoreFeatures):
 
     # -- the bridge --------------------------------------------------------------------------
 
-    def _run_sync(
-        self, method: str, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any
-    ) -> T:
-        """Run the coroutine function ``fn`` to completion from synchronous code."""
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None:
-            # On an event loop thread: blocking here would stall every other coroutine.
-            if greenback.has_portal():
-                return greenback.await_(fn(*args, **kwargs))
-            raise SyncCallInLoopError(method)
-        if self._portal is not None:
-
-            async def call() -> T:
-                return await fn(*args, **kwargs)
-
-            return self._portal.call(call)
-        loop = self._loop
-        if not self._open:
-            raise StoreClosedError(self)
-        if loop is None:
-            # Open without an event loop of its own (MemoryStateBackend is usable without
-            # 'async with'): nothing is bound to a loop, so a short-lived one in this thread does.
-            return anyio.run(functools.partial(fn, *args, **kwargs))
-        future = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
-        return future.result()
-
     _HOOKS: ClassVar[tuple[str, ...]] = ("get", "put", "delete", "clear", "list")
     _async_native: ClassVar[frozenset[str]] = frozenset()
-    _sync_native: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Decide once per class which side of each hook it implements: the per-call
-        # dispatch is then a set look-up (it sits on the path of every store call).
+        # -- hook dispatch: which side of each hook a class implements -------------------------
         cls._async_native = frozenset(
             name
             for name in cls._HOOKS
             if getattr(cls, f"_a{name}") is not getattr(BaseStateBackend, f"_a{name}")
-        )
-        cls._sync_native = frozenset(
-            name
-            for name in cls._HOOKS
-            if getattr(cls, f"_{name}") is not getattr(BaseStateBackend, f"_{name}")
         )
 
     def _overrides(self, name: str) -> bool:
@@ -292,7 +173,9 @@ class BaseStateBackend(MetastoreFeatures):
         if self._overrides(f"_{name}"):
             sync = getattr(self, f"_{name}")
             return await anyio.to_thread.run_sync(lambda: sync(*args, **kwargs))
-        raise NotImplementedError(f"{type(self).__name__} implements neither _a{name} nor _{name}")
+        raise HookNotImplementedError(
+            self, f"_a{name}", f"it implements neither _a{name} nor _{name}"
+        )
 
     def _call_hook_sync(self, method: str, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._overrides(f"_{name}"):
@@ -304,18 +187,8 @@ class BaseStateBackend(MetastoreFeatures):
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
         raise NotImplementedError
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        """Upsert and return the new version; with ``expected_version`` compare first
+    async def _aput(self, put: Put) -> int:
+        """Upsert and return the new version; with ``put.expected_version`` compare first
         (0 means "must not exist") and raise :class:`VersionConflictError` on mismatch.
 
         A ``writer`` that carries a fence makes the write conditional: inside the transaction
@@ -340,17 +213,7 @@ class BaseStateBackend(MetastoreFeatures):
     def _get(self, scope: StateScope, key: str) -> RawEntry | None:
         raise NotImplementedError
 
-    def _put(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
+    def _put(self, put: Put) -> int:
         raise NotImplementedError
 
     def _delete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
@@ -365,25 +228,31 @@ class BaseStateBackend(MetastoreFeatures):
     # -- validation shared by both sides -------------------------------------------------------
 
     def _prepare_put(
-        self, scope: StateScope, key: object, value: object, retention: object
-    ) -> tuple[str, str, datetime | None, bool]:
-        if not isinstance(scope, TaskScope | AssetScope):
-            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+        self,
+        scope: StateScope,
+        key: object,
+        value: object,
+        retention: object,
+        expected_version: int | None,
+        writer: Writer | None,
+    ) -> Put:
+        self._check_scope(scope)
         key = check_key(key)
         retention = check_retention(retention)
         if isinstance(scope, AssetScope) and retention is not None:
             raise RetentionTypeError(retention, "asset state has no retention")
         text = encode_value(key, value, max_value_bytes=self.max_value_bytes)
-        never_expire = retention is NEVER_EXPIRE
         expires_at = (
             expiry_of(retention, self.clock()) if isinstance(retention, timedelta) else None
         )
-        return key, text, expires_at, never_expire
+        return Put(
+            scope, key, text, expires_at, retention is NEVER_EXPIRE, expected_version, writer
+        )
 
     @staticmethod
     def _check_scope(scope: object) -> None:
         if not isinstance(scope, TaskScope | AssetScope):
-            raise TypeError(f"scope must be a TaskScope or AssetScope, got {type(scope).__name__}")
+            raise ArgumentTypeError("scope", scope, "a TaskScope or AssetScope")
 
     # -- public async API ----------------------------------------------------------------------
 
@@ -421,15 +290,8 @@ class BaseStateBackend(MetastoreFeatures):
 
         ``expected_version`` makes it a compare-and-set (0: the key must not exist yet).
         """
-        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
-        return await self.aput_json(
-            scope,
-            key,
-            text,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
+        return await self.aput(
+            self._prepare_put(scope, key, value, retention, expected_version, writer)
         )
 
     async def aput_json(
@@ -444,29 +306,18 @@ class BaseStateBackend(MetastoreFeatures):
         writer: Writer | None = None,
     ) -> int:
         """Store already-validated JSON text (accessors that offload values use this)."""
-        _check_expected_version(expected_version)
+        return await self.aput(
+            Put(scope, key, value_json, expires_at, never_expire, expected_version, writer)
+        )
+
+    async def aput(self, put: Put) -> int:
+        """Store one prepared :class:`Put` and return the key's new version."""
+        _check_expected_version(put.expected_version)
         if not self._open:
             raise StoreClosedError(self)
         if "put" in self._async_native:
-            return await self._aput(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-        version: int = await self._call_hook(
-            "put",
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+            return await self._aput(put)
+        version: int = await self._call_hook("put", put)
         return version
 
     async def adelete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
@@ -524,16 +375,7 @@ class BaseStateBackend(MetastoreFeatures):
         expected_version: int | None = None,
         writer: Writer | None = None,
     ) -> int:
-        key, text, expires_at, never_expire = self._prepare_put(scope, key, value, retention)
-        return self.put_json(
-            scope,
-            key,
-            text,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+        return self.put(self._prepare_put(scope, key, value, retention, expected_version, writer))
 
     def put_json(
         self,
@@ -546,29 +388,16 @@ class BaseStateBackend(MetastoreFeatures):
         expected_version: int | None = None,
         writer: Writer | None = None,
     ) -> int:
-        _check_expected_version(expected_version)
-        if self._overrides("_put"):
-            version: int = self._put(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-            return version
-        return self._run_sync(
-            "set",
-            self.aput_json,
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
+        return self.put(
+            Put(scope, key, value_json, expires_at, never_expire, expected_version, writer)
         )
+
+    def put(self, put: Put) -> int:
+        """The sync twin of :meth:`aput`."""
+        _check_expected_version(put.expected_version)
+        if self._overrides("_put"):
+            return self._put(put)
+        return self._run_sync("set", self.aput, put)
 
     def delete(self, scope: StateScope, key: str, *, writer: Writer | None = None) -> None:
         self._check_scope(scope)
@@ -586,11 +415,3 @@ class BaseStateBackend(MetastoreFeatures):
         self._check_scope(scope)
         raws: builtins.list[RawEntry] = self._call_hook_sync("list", "list", scope)
         return [_entry(raw) for raw in raws]
-
-    def run_sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """Run one of this backend's coroutine methods from sync code (CLI, task threads)."""
-
-        async def call() -> T:
-            return await fn(*args, **kwargs)
-
-        return self._run_sync(getattr(fn, "__name__", "call"), call)

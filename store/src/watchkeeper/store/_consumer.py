@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ._backend import BaseStateBackend
-from ._tasks import EventConsumers, check_name, encode_state_writes
+from ._tasks import EventConsumers, check_name, encode_state_writes, require_event_consumers
 from ._types import AssetEvent, StateScope, Writer
 from ._values import JSONValue
 
@@ -28,9 +28,8 @@ class EventConsumer:
         *,
         assets: Sequence[str] | None = None,
     ) -> None:
-        if not isinstance(backend, EventConsumers):
-            raise TypeError(f"{type(backend).__name__} does not support event consumers")
         self.backend = backend
+        self._consumers: EventConsumers = require_event_consumers(backend)
         self.name = check_name("consumer name", name)
         self.assets = None if assets is None else tuple(assets)
         self.writer = Writer("api", f"consumer:{name}")
@@ -40,13 +39,11 @@ class EventConsumer:
 
     async def position(self) -> int:
         """The id of the last acknowledged event (0: none yet)."""
-        consumers: EventConsumers = self.backend
-        return await consumers.aconsumer_position(self.name)
+        return await self._consumers.aconsumer_position(self.name)
 
     async def fetch(self, limit: int = 100) -> list[AssetEvent]:
         """Up to ``limit`` events after the cursor, in commit order."""
-        consumers: EventConsumers = self.backend
-        return await consumers.aconsumer_fetch(self.name, assets=self.assets, limit=limit)
+        return await self._consumers.aconsumer_fetch(self.name, assets=self.assets, limit=limit)
 
     async def ack(
         self,
@@ -58,7 +55,6 @@ class EventConsumer:
         """Move the cursor to ``event`` (an event or its id) and write ``state`` with it."""
         event_id = event.id if isinstance(event, AssetEvent) else event
         writes = encode_state_writes(self.backend, state)
-        consumers: EventConsumers = self.backend
-        return await consumers.aconsumer_ack(
+        return await self._consumers.aconsumer_ack(
             self.name, event_id, state=writes, expected=expected, writer=self.writer
         )

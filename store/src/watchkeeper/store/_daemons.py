@@ -15,6 +15,7 @@ from datetime import datetime
 
 from ._leases import check_owner
 from ._types import DaemonStatus, RefusedDefinition
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["check_daemon_status", "check_owners", "decode_refused", "encode_refused"]
 
@@ -22,31 +23,29 @@ __all__ = ["check_daemon_status", "check_owners", "decode_refused", "encode_refu
 def check_daemon_status(status: object) -> DaemonStatus:
     """Return ``status`` if it is a well-formed :class:`DaemonStatus`; raise otherwise."""
     if not isinstance(status, DaemonStatus):
-        raise TypeError(f"status must be a DaemonStatus, got {type(status).__name__}")
+        raise ArgumentTypeError("status", status, "a DaemonStatus")
     check_owner(status.owner)
     for name in ("started_at", "heartbeat_at"):
         value = getattr(status, name)
         if not isinstance(value, datetime) or value.tzinfo is None:
-            raise TypeError(f"DaemonStatus.{name} must be an aware datetime, got {value!r}")
+            raise ArgumentTypeError(f"DaemonStatus.{name}", value, "an aware datetime")
     ttl = status.lease_ttl
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
-        raise TypeError(f"DaemonStatus.lease_ttl must be a number of seconds, got {ttl!r}")
+        raise ArgumentTypeError("DaemonStatus.lease_ttl", ttl, "a finite number of seconds")
     if ttl <= 0:
-        raise ValueError(f"DaemonStatus.lease_ttl must be positive, got {ttl!r}")
+        raise InvalidArgumentError("DaemonStatus.lease_ttl", ttl, "must be positive")
     if not isinstance(status.watchers_path, str):
-        raise TypeError("DaemonStatus.watchers_path must be a str")
+        raise ArgumentTypeError("DaemonStatus.watchers_path", status.watchers_path, "a str")
     for refused in status.refused:
         if not isinstance(refused, RefusedDefinition):
-            raise TypeError(
-                f"DaemonStatus.refused must hold RefusedDefinition, got {type(refused).__name__}"
-            )
+            raise ArgumentTypeError("DaemonStatus.refused", refused, "RefusedDefinition objects")
     return status
 
 
 def check_owners(owners: object) -> list[str]:
     """The distinct owner names, sorted; each a non-empty str."""
     if isinstance(owners, str | bytes) or not isinstance(owners, list | tuple | set | frozenset):
-        raise TypeError(f"owners must be a list of str, got {type(owners).__name__}")
+        raise ArgumentTypeError("owners", owners, "a list of str")
     return sorted({check_owner(owner) for owner in owners})
 
 

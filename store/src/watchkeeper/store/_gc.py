@@ -18,13 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-__all__ = ["EventCutoffs", "check_days", "days_before", "event_cutoffs"]
+from .errors import InvalidArgumentError
+
+__all__ = ["EventCutoffs", "GcPlan", "check_days", "days_before", "event_cutoffs", "gc_plan"]
 
 
 def check_days(name: str, value: object) -> int:
-    """Return ``value`` if it is an ``int >= 0``; raise ``ValueError`` naming ``name`` otherwise."""
+    """Return ``value`` if it is an ``int >= 0``; raise :class:`InvalidArgumentError` naming
+    ``name`` otherwise (a ``ValueError``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise InvalidArgumentError(name, value, "must be an int >= 0")
     return value
 
 
@@ -60,3 +63,40 @@ def event_cutoffs(
     events = days_before(now, check_days("event_retention_days", retention_days))
     dedup = days_before(now, check_days("dedup_retention_days", dedup_retention_days))
     return None if events is None else EventCutoffs(events, dedup)
+
+
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    """One garbage-collection pass, its arguments checked and its cutoffs computed once.
+
+    ``stale_before``: task state without an expiry and last written before it is stale (None:
+    the retention sweep is off); ``events``: the event cutoffs (None: no event is due);
+    ``batch_size`` 0 means one statement per kind, else batches of that many rows.
+    """
+
+    now: datetime
+    dry_run: bool
+    batch_size: int
+    stale_before: datetime | None
+    events: EventCutoffs | None
+
+
+def gc_plan(
+    now: datetime,
+    *,
+    default_retention_days: object,
+    batch_size: object,
+    dry_run: bool,
+    event_retention_days: int,
+    dedup_retention_days: int,
+) -> GcPlan:
+    """Check the arguments of ``acollect_garbage`` and compute its cutoffs at ``now``."""
+    retention = check_days("default_retention_days", default_retention_days)
+    batch = check_days("batch_size", batch_size)
+    return GcPlan(
+        now=now,
+        dry_run=bool(dry_run),
+        batch_size=batch,
+        stale_before=days_before(now, retention),
+        events=event_cutoffs(now, event_retention_days, dedup_retention_days),
+    )

@@ -6,7 +6,7 @@ all until ``now + ttl``; a lease that changes hands gets ``token = previous toke
 first claim gets 1), a renewal keeps its token. ``arelease_leases`` frees the leases ``owner``
 holds (the row stays, with no owner, so the next holder's token is still higher).
 
-Fencing: a write that carries a :class:`~watchkeeper.store.Fence` checks, in the transaction
+Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the transaction
 that would write, that the lease row names the fence's owner and token and has not expired at
 the write's own timestamp. If not, the write stores nothing and raises
 :class:`~watchkeeper.store.errors.LeaseLostError`. Times come from the backend's ``clock``, so
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from ._types import Fence
-from .errors import LeaseLostError
+from .errors import ArgumentTypeError, InvalidArgumentError, LeaseLostError
 
 __all__ = ["HeldLease", "check_fence", "check_owner", "check_trigger_ids", "check_ttl"]
 
@@ -30,20 +30,18 @@ HeldLease = tuple[str | None, int, datetime]
 
 def check_owner(owner: object) -> str:
     if not isinstance(owner, str) or not owner:
-        raise ValueError(f"owner must be a non-empty str, got {owner!r}")
+        raise InvalidArgumentError("owner", owner, "must be a non-empty str")
     return owner
 
 
 def check_trigger_ids(trigger_ids: object) -> list[str]:
     """The distinct ids, sorted (the order rows are locked in); each a non-empty str."""
     if isinstance(trigger_ids, str | bytes) or not isinstance(trigger_ids, Iterable):
-        raise TypeError(
-            f"trigger_ids must be a list of str trigger ids, got {type(trigger_ids).__name__}"
-        )
+        raise ArgumentTypeError("trigger_ids", trigger_ids, "a list of str trigger ids")
     ids = list(trigger_ids)
     for trigger_id in ids:
         if not isinstance(trigger_id, str) or not trigger_id:
-            raise ValueError(f"trigger_ids must hold non-empty str ids, got {trigger_id!r}")
+            raise InvalidArgumentError("trigger id", trigger_id, "must be a non-empty str")
     return sorted(set(ids))
 
 
@@ -54,9 +52,9 @@ def check_ttl(ttl: object) -> timedelta:
     elif isinstance(ttl, int | float) and not isinstance(ttl, bool):
         span = timedelta(seconds=ttl)
     else:
-        raise TypeError(f"ttl must be a timedelta or seconds, got {type(ttl).__name__}")
+        raise ArgumentTypeError("ttl", ttl, "a timedelta or a number of seconds")
     if span <= timedelta(0):
-        raise ValueError(f"ttl must be positive, got {ttl!r}")
+        raise InvalidArgumentError("ttl", ttl, "must be positive")
     return span
 
 

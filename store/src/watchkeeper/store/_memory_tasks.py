@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import bisect
 import builtins
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._leases import check_owner, check_ttl
 from ._tasks import (
     OutletEvent,
     RunError,
@@ -25,14 +23,12 @@ from ._tasks import (
     TaskRun,
     TaskSpec,
     after_failure,
-    check_limit,
-    check_name,
-    check_state,
     lapsed_error,
     lost_reason,
     plan_run,
 )
-from ._types import AssetEvent, AssetScope, StateScope, Writer
+from ._taskstore import TaskStoreBackend
+from ._types import AssetEvent, AssetScope, Put, Writer
 from ._values import decode_value
 from .errors import (
     ConsumerCursorError,
@@ -56,7 +52,7 @@ class _Task:
     writers: dict[str, Writer | None] = field(default_factory=dict)
 
 
-class MemoryTasks:
+class MemoryTasks(TaskStoreBackend):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the memory backend."""
 
     # Provided by MemoryStateBackend.
@@ -67,19 +63,8 @@ class MemoryTasks:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
         def _resolve(self, scope: AssetScope) -> Any: ...
-        def _put(
-            self,
-            scope: StateScope,
-            key: str,
-            value_json: str,
-            *,
-            expires_at: datetime | None,
-            never_expire: bool,
-            expected_version: int | None,
-            writer: Writer | None,
-        ) -> int: ...
+        def _put(self, put: Put) -> int: ...
 
     def _init_tasks(self) -> None:
         """Called by the backend's ``__init__``: empty consumers, tasks and runs."""
@@ -96,17 +81,13 @@ class MemoryTasks:
 
     # -- consumers ---------------------------------------------------------------------------
 
-    async def aconsumer_position(self, name: str) -> int:
-        self._check_open()
+    async def _aconsumer_position(self, name: str) -> int:
         consumers, _, _ = self._tasks_state()
-        return consumers.get(check_name("consumer name", name), 0)
+        return consumers.get(name, 0)
 
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
-    ) -> list[AssetEvent]:
-        self._check_open()
-        check_name("consumer name", name)
-        check_limit(limit)
+    async def _aconsumer_fetch(
+        self, name: str, assets: builtins.list[str] | None, limit: int
+    ) -> builtins.list[AssetEvent]:
         wanted = None if assets is None else set(assets)
         with self._lock:
             consumers, _, _ = self._tasks_state()
@@ -114,19 +95,14 @@ class MemoryTasks:
             found = [e for e in after if wanted is None or e.asset in wanted]
         return found[:limit]
 
-    async def aconsumer_ack(
+    async def _aconsumer_ack(
         self,
         name: str,
         event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
+        state: builtins.list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
     ) -> int:
-        self._check_open()
-        check_name("consumer name", name)
-        if type(event_id) is not int or event_id < 0:
-            raise ValueError(f"event_id must be an int >= 0, got {event_id!r}")
         consumers, _, _ = self._tasks_state()
         with self._lock:
             current = consumers.get(name, 0)
@@ -139,15 +115,7 @@ class MemoryTasks:
                     self._resolve(write.scope)
             consumers[name] = event_id
         for write in state:
-            self._put(
-                write.scope,
-                write.key,
-                write.value_json,
-                expires_at=None,
-                never_expire=False,
-                expected_version=None,
-                writer=writer,
-            )
+            self._put(Put(write.scope, write.key, write.value_json, writer=writer))
         return event_id
 
     # -- tasks -------------------------------------------------------------------------------
@@ -165,11 +133,7 @@ class MemoryTasks:
                 return event.id
         return 0
 
-    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
-        self._check_open()
-        for spec in specs:
-            if not isinstance(spec, TaskSpec):
-                raise TypeError(f"specs must hold TaskSpec objects, got {type(spec).__name__}")
+    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         with self._lock:
             _, tasks, _ = self._tasks_state()
             for spec in specs:
@@ -180,8 +144,7 @@ class MemoryTasks:
                         task.cursors[asset] = self._last_event_id(asset)
                         task.writers[asset] = None
 
-    async def alist_tasks(self) -> builtins.list[TaskInfo]:
-        self._check_open()
+    async def _alist_tasks(self) -> builtins.list[TaskInfo]:
         with self._lock:
             _, tasks, _ = self._tasks_state()
             out = []
@@ -195,17 +158,13 @@ class MemoryTasks:
                 out.append(TaskInfo(task.spec, task.paused, cursors, pending, dict(task.writers)))
         return out
 
-    async def aset_task_paused(self, name: str, paused: bool) -> None:
-        self._check_open()
+    async def _aset_task_paused(self, name: str, paused: bool) -> None:
         with self._lock:
-            self._named_task(name).paused = bool(paused)
+            self._named_task(name).paused = paused
 
-    async def arewind_task(
-        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
     ) -> None:
-        self._check_open()
-        if type(to_event_id) is not int or to_event_id < 1:
-            raise ValueError(f"to_event_id must be an int >= 1, got {to_event_id!r}")
         with self._lock:
             task = self._named_task(name)
             if asset not in task.spec.assets:
@@ -213,13 +172,7 @@ class MemoryTasks:
             task.cursors[asset] = to_event_id - 1
             task.writers[asset] = writer
 
-    async def acreate_run(self, name: str) -> TaskRun | None:
-        created = await self.acreate_runs(name, 1)
-        return created[0] if created else None
-
-    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_limit(max_runs, "max_runs")
+    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
         created: list[TaskRun] = []
         with self._lock:
             while len(created) < max_runs:
@@ -265,17 +218,9 @@ class MemoryTasks:
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def aclaim_runs(
-        self,
-        owner: str,
-        *,
-        limit: int,
-        ttl: timedelta | float,
-        tasks: Sequence[str] | None = None,
+    async def _aclaim_runs(
+        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
-        check_limit(limit)
         with self._lock:
             _, known, runs = self._tasks_state()
             now = self.clock()
@@ -314,11 +259,7 @@ class MemoryTasks:
                 claimed.append(run)
             return claimed
 
-    async def aheartbeat_runs(
-        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
-    ) -> set[int]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
         held: set[int] = set()
         with self._lock:
             _, _, rows = self._tasks_state()
@@ -331,8 +272,7 @@ class MemoryTasks:
                 held.add(run_id)
         return held
 
-    async def abreak_run_leases(self, owners: Sequence[str]) -> int:
-        self._check_open()
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
         gone = set(owners)
         count = 0
         with self._lock:
@@ -344,19 +284,17 @@ class MemoryTasks:
                     count += 1
         return count
 
-    async def afinish_run(
+    async def _afinish_run(
         self,
         run_id: int,
         owner: str,
         token: int,
-        *,
         success: bool,
-        outlets: Sequence[OutletEvent] = (),
-        error: str | None = None,
-        traceback: str | None = None,
-        retry_delay: timedelta = timedelta(0),
+        outlets: builtins.list[OutletEvent],
+        error: str | None,
+        traceback: str | None,
+        retry_delay: timedelta,
     ) -> TaskRun:
-        self._check_open()
         with self._lock:
             _, _, runs = self._tasks_state()
             now = self.clock()
@@ -396,8 +334,7 @@ class MemoryTasks:
             runs[run_id] = run
             return run
 
-    async def aget_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aget_run(self, run_id: int) -> TaskRun:
         with self._lock:
             _, _, runs = self._tasks_state()
             run = runs.get(run_id)
@@ -405,11 +342,9 @@ class MemoryTasks:
             raise RunNotFoundError(run_id)
         return run
 
-    async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_state(state)
         with self._lock:
             _, _, runs = self._tasks_state()
             found = [
@@ -419,8 +354,7 @@ class MemoryTasks:
             ]
         return found if limit is None else found[:limit]
 
-    async def aretry_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aretry_run(self, run_id: int) -> TaskRun:
         with self._lock:
             _, _, runs = self._tasks_state()
             run = runs.get(run_id)
@@ -435,8 +369,7 @@ class MemoryTasks:
             )  # fmt: skip
             return run
 
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
+    async def _await_events(self, after_id: int, wait: float) -> int:
         with anyio.move_on_after(wait):
             while True:
                 last = self._events[-1].id if self._events else 0

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ._backend import BaseStateBackend
 from ._redact import redact_dsn
+from .errors import ArgumentTypeError, InvalidSettingError
 from .memory import MemoryStateBackend
 
 if TYPE_CHECKING:
@@ -47,9 +48,10 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep:
-        raise ValueError(
-            "[database] url is not a URL (it has no 'scheme://'); expected e.g. "
-            "'sqlite:///watchkeeper.db' or 'postgresql://user@host/database'"
+        raise InvalidSettingError(
+            "[database] url",
+            "is not a URL (it has no 'scheme://'); expected e.g. "
+            "'sqlite:///watchkeeper.db' or 'postgresql://user@host/database'",
         )
     if scheme in _SQLITE_SCHEMES:
         path = sqlite_path_from_url(url)
@@ -77,9 +79,10 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
         return PostgresStateBackend(
             dsn, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
         )
-    raise ValueError(
-        f"[database] url has the unknown scheme {scheme!r}; "
-        "use sqlite:///path.db, sqlite:///:memory: or postgresql://..."
+    raise InvalidSettingError(
+        "[database] url",
+        f"has the unknown scheme {scheme!r}; "
+        "use sqlite:///path.db, sqlite:///:memory: or postgresql://...",
     )
 
 
@@ -93,15 +96,18 @@ def sqlite_path_from_url(url: str) -> Path | None:
     shown = redact_dsn(url)  # what an error may quote: never a password
     _, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(f"{shown!r} is not a sqlite:// URL")
+        raise InvalidSettingError(repr(shown), "is not a sqlite:// URL")
     host, slash, path = rest.partition("/")
     if host:
-        raise ValueError(
-            f"sqlite URL {shown!r} names a host {host.rpartition('@')[2]!r}; use "
-            "sqlite:///relative.db or sqlite:////absolute/path.db"
+        raise InvalidSettingError(
+            f"sqlite URL {shown!r}",
+            f"names a host {host.rpartition('@')[2]!r}; use "
+            "sqlite:///relative.db or sqlite:////absolute/path.db",
         )
     if "?" in path:
-        raise ValueError(f"sqlite URL {shown!r} has a query string, which is not supported")
+        raise InvalidSettingError(
+            f"sqlite URL {shown!r}", "has a query string, which is not supported"
+        )
     if not slash or path in _MEMORY_PATHS:
         return None
     return Path(path)
@@ -130,7 +136,7 @@ def backend_class_from_path(dotted: str) -> type[BaseStateBackend]:
             name=module_name,
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseStateBackend)):
-        raise TypeError(
-            f"[state_store] backend {dotted!r} is not a BaseStateBackend subclass (got {cls!r})"
+        raise ArgumentTypeError(
+            f"[state_store] backend {dotted!r}", cls, "a BaseStateBackend subclass"
         )
     return cls

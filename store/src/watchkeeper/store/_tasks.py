@@ -17,7 +17,7 @@ Times come from the backend's ``clock``, as for trigger leases (:mod:`._leases`)
 
 Event ids are commit order on every backend: SQLite and memory assign them under their one
 writer; PostgreSQL serialises the readers of a cursor against in-flight event inserts with an
-advisory lock (see :mod:`._postgres_tasks`).
+advisory lock (see :mod:`.postgres.consumers`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from ._types import AssetEvent, StateScope, Writer
 from ._values import JSONValue
+from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
 
 __all__ = [
     "RUN_STATES",
@@ -42,13 +43,17 @@ __all__ = [
     "TaskRun",
     "TaskSpec",
     "after_failure",
+    "check_event_id",
     "check_limit",
     "check_name",
+    "check_state",
     "errors_from_json",
     "errors_to_json",
     "lapsed_error",
     "lost_reason",
     "plan_run",
+    "require_event_consumers",
+    "require_task_queue",
 ]
 
 RunState = Literal["queued", "running", "success", "failed"]
@@ -57,20 +62,35 @@ RUN_STATES: tuple[RunState, ...] = ("queued", "running", "success", "failed")
 
 def check_name(what: str, name: object) -> str:
     """A task or consumer name: a non-empty str."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a non-empty str, got {name!r}")
+    if not isinstance(name, str):
+        raise ArgumentTypeError(what, name, "a non-empty str")
+    if not name:
+        raise InvalidArgumentError(what, name, "must be a non-empty str")
     return name
 
 
 def check_limit(limit: object, what: str = "limit") -> int:
-    if type(limit) is not int or limit < 1:
-        raise ValueError(f"{what} must be an int >= 1, got {limit!r}")
+    """A count of runs or events: an int >= 1."""
+    if type(limit) is not int:
+        raise ArgumentTypeError(what, limit, "an int >= 1")
+    if limit < 1:
+        raise InvalidArgumentError(what, limit, "must be an int >= 1")
     return limit
 
 
+def check_event_id(what: str, event_id: object, least: int) -> int:
+    """An event id (or a cursor position): an int >= ``least``."""
+    if type(event_id) is not int:
+        raise ArgumentTypeError(what, event_id, f"an int >= {least}")
+    if event_id < least:
+        raise InvalidArgumentError(what, event_id, f"must be an int >= {least}")
+    return event_id
+
+
 def check_state(state: object) -> None:
+    """A run state filter: ``None`` or one of :data:`RUN_STATES`."""
     if state is not None and state not in RUN_STATES:
-        raise ValueError(f"state must be one of {', '.join(RUN_STATES)}, got {state!r}")
+        raise InvalidArgumentError("state", state, f"must be one of {', '.join(RUN_STATES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +111,12 @@ class TaskSpec:
         check_name("TaskSpec.name", self.name)
         assets = tuple(self.assets)
         if not assets or not all(isinstance(a, str) and a for a in assets):
-            raise ValueError(f"TaskSpec.assets must be non-empty asset names, got {assets!r}")
+            raise InvalidArgumentError("TaskSpec.assets", assets, "must be non-empty asset names")
         if len(set(assets)) != len(assets):
-            raise ValueError(f"TaskSpec.assets names an asset twice: {assets!r}")
+            raise InvalidArgumentError("TaskSpec.assets", assets, "names an asset twice")
         object.__setattr__(self, "assets", assets)
         if self.mode not in ("all", "any"):
-            raise ValueError(f"TaskSpec.mode must be 'all' or 'any', got {self.mode!r}")
+            raise InvalidArgumentError("TaskSpec.mode", self.mode, "must be 'all' or 'any'")
         check_limit(self.max_events, "TaskSpec.max_events")
         check_limit(self.max_tries, "TaskSpec.max_tries")
 
@@ -253,6 +273,20 @@ class TaskQueue(Protocol):
         ...
 
 
+def require_event_consumers(backend: object) -> EventConsumers:
+    """``backend`` as an :class:`EventConsumers`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, EventConsumers):
+        return backend
+    raise MissingCapabilityError(backend, "EventConsumers")
+
+
+def require_task_queue(backend: object) -> TaskQueue:
+    """``backend`` as a :class:`TaskQueue`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, TaskQueue):
+        return backend
+    raise MissingCapabilityError(backend, "TaskQueue")
+
+
 # -- the shared rules -----------------------------------------------------------------------------
 
 
@@ -350,6 +384,6 @@ def encode_state_writes(
     """Validate ``(scope, key, value)`` triples as ``aset`` does; return them as JSON text."""
     out: list[StateWrite] = []
     for scope, key, value in writes:
-        key, text, _, _ = backend._prepare_put(scope, key, value, None)
-        out.append(StateWrite(scope, key, text))
+        put = backend._prepare_put(scope, key, value, None, None, None)
+        out.append(StateWrite(put.scope, put.key, put.value_json))
     return out

@@ -15,7 +15,7 @@ from ._values import (
     check_key,
     check_name,
 )
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
     "Asset",
@@ -23,10 +23,12 @@ __all__ = [
     "AssetInfo",
     "AssetScope",
     "DaemonStatus",
+    "EventBatchCommit",
     "EventCommit",
     "Fence",
     "GcReport",
     "Lease",
+    "Put",
     "RawEntry",
     "RefusedDefinition",
     "StateEntry",
@@ -164,11 +166,11 @@ class Fence:
         for name in ("trigger_id", "owner"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"Fence.{name} must be a non-empty str, got {value!r}")
+                raise InvalidArgumentError(f"Fence.{name}", value, "must be a non-empty str")
         if type(self.token) is not int:
-            raise TypeError(f"Fence.token must be an int, got {type(self.token).__name__}")
+            raise ArgumentTypeError("Fence.token", self.token, "an int")
         if self.token < 1:
-            raise ValueError(f"Fence.token must be >= 1, got {self.token}")
+            raise InvalidArgumentError("Fence.token", self.token, "must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,22 @@ class Writer:
         return f"{self.kind}:{self.name}"
 
 
-API_WRITER = Writer("api", "api")
+@dataclass(frozen=True, slots=True)
+class Put:
+    """One write of a key, checked and encoded: what a backend's put hook receives.
+
+    ``value_json`` is the value as JSON text; ``expires_at``/``never_expire`` the task-state
+    retention (asset state has none); ``expected_version`` makes it a compare-and-set (0: the
+    key must not exist yet); a ``writer`` carrying a fence makes it conditional on the lease.
+    """
+
+    scope: StateScope
+    key: str
+    value_json: str
+    expires_at: datetime | None = None
+    never_expire: bool = False
+    expected_version: int | None = None
+    writer: Writer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +306,62 @@ class EventCommit:
             check_name(self.dedup_key, what="dedup key")
         for key in self.state:
             check_key(key)
+        if self.fence is None and self.writer is not None and self.writer.fence is not None:
+            object.__setattr__(self, "fence", self.writer.fence)
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatchCommit:
+    """Several trigger events and one state, to commit atomically (all or nothing).
+
+    ``events`` holds one ``(payload_json, dedup_key)`` pair per event, in order; ``state`` is
+    the state after the last of them. For each asset, an event whose ``dedup_key`` is already
+    recorded there (or taken by an earlier event of the batch) is suppressed on its own; the
+    others are inserted in order, and ``state`` is upserted into the asset's state once, if at
+    least one event of the batch was inserted there. So a batch redelivered in full writes
+    nothing, as a suppressed :class:`EventCommit` does, and a state never commits without an
+    event of its batch.
+
+    ``fence`` (by default the writer's) guards the whole batch: see :class:`Fence`. A refused
+    batch, or one naming an unknown asset, writes nothing.
+
+    ``decoded`` (optional) holds each event's payload already decoded from its
+    ``payload_json`` (the triggerer has it from validating it): the events returned carry these
+    instead of a second decoding. Each must equal ``json.loads`` of its text.
+    """
+
+    watcher: str
+    assets: tuple[str, ...]
+    events: tuple[tuple[str, str | None], ...]
+    state: Mapping[str, str] = field(default_factory=dict)
+    writer: Writer | None = None
+    fence: Fence | None = None
+    decoded: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        events = self.events
+        if type(events) is not tuple:
+            events = tuple(events)
+            object.__setattr__(self, "events", events)
+        if not events:
+            raise ValueError("EventBatchCommit needs at least one event")
+        for index, event in enumerate(events):
+            # Checked here, once: a malformed pair would otherwise fail half-way in a driver.
+            if (
+                type(event) is not tuple
+                or len(event) != 2
+                or type(event[0]) is not str
+                or (event[1] is not None and type(event[1]) is not str)
+            ):
+                raise TypeError(
+                    f"EventBatchCommit.events[{index}] must be a (payload_json: str, "
+                    f"dedup_key: str | None) tuple, got {type(event).__name__}"
+                )
+        if self.decoded is not None and len(self.decoded) != len(events):
+            raise ValueError(
+                f"EventBatchCommit has {len(self.decoded)} decoded payloads for "
+                f"{len(events)} events"
+            )
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
 

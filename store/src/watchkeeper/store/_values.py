@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import json.encoder
+import json.scanner
 import math
 import re
 import sys
@@ -41,6 +43,7 @@ __all__ = [
     "decode_value",
     "encode_json",
     "encode_payload",
+    "encode_payload_decoded",
     "encode_value",
     "expiry_of",
 ]
@@ -81,6 +84,20 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 1_048_576
 
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 _DECODE: Final = json.JSONDecoder().decode
+# The C encoder and scanner behind _ENCODER.encode and _DECODE, built once: the same text and
+# values, without building an encoder per call and matching whitespace around every decode
+# (a batch pays those once per event). No circular-reference table: a cycle ends in a
+# RecursionError, which the slow path then reports. None when the C accelerator is missing.
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_make_scanner: Any = getattr(json.scanner, "c_make_scanner", None)
+_C_ENCODE: Final[Any] = (
+    None
+    if _make_encoder is None
+    else _make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+)
+_C_SCAN: Final[Any] = None if _make_scanner is None else _make_scanner(json.JSONDecoder())
 
 
 class _NeverExpire:
@@ -381,10 +398,49 @@ def encode_payload(
     # As in encode_value: a UTF-8 character is at most 4 bytes, so a payload under a quarter
     # of the limit (nearly all of them) costs one len(); only a long one is encoded to measure.
     if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
-        size = len(text.encode("utf-8", "surrogatepass"))  # a measure; never raises
-        if size > max_payload_bytes:
-            raise PayloadTooLargeError(size, max_payload_bytes)
+        _check_payload_size(text, max_payload_bytes)
     return text
+
+
+def _check_payload_size(text: str, max_payload_bytes: int) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))  # a measure; never raises
+    if size > max_payload_bytes:
+        raise PayloadTooLargeError(size, max_payload_bytes)
+
+
+def encode_payload_decoded(
+    value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
+) -> tuple[str, JSONValue]:
+    """:func:`encode_payload`, and the payload decoded back from that text.
+
+    The check decodes the text anyway (to compare it with ``value``); returning that copy
+    spares a caller that hands the payload on (a batch's events) a second decoding. The copy
+    shares no container with ``value``; immutable scalars are returned as they are.
+    """
+    kind = type(value)
+    if value is None or kind is int or kind is str or kind is bool:
+        return encode_payload(value, max_payload_bytes=max_payload_bytes), value
+    try:
+        if _C_ENCODE is not None and _C_SCAN is not None:
+            text = "".join(_C_ENCODE(value, 0))
+            decoded, end = _C_SCAN(text, 0)
+            same = end == len(text) and decoded == value
+        else:
+            text = _ENCODER.encode(value)
+            decoded = _DECODE(text)
+            same = decoded == value
+    except (TypeError, ValueError, RecursionError, StopIteration):
+        same = False
+    if (
+        not same  # not plain JSON: encode_payload raises the error that names the culprit
+        or (len(text) > MAX_VALUE_DEPTH and text.count("[") + text.count("{") > MAX_VALUE_DEPTH)
+        or not text.isascii()  # maybe deeper than allowed, or a lone surrogate: check it all
+    ):
+        text = encode_payload(value, max_payload_bytes=max_payload_bytes)
+        return text, _DECODE(text)
+    if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
+        _check_payload_size(text, max_payload_bytes)
+    return text, decoded
 
 
 def encode_value(

@@ -21,7 +21,13 @@ import anyio.to_thread
 from ._backend import BaseStateBackend
 from ._types import Asset, AssetScope, StateEntry, StateScope, TaskScope, Writer
 from ._values import JSONValue, check_key, check_retention, encode_value, expiry_of
-from .errors import RetentionTypeError
+from .errors import (
+    AmbiguousAssetError,
+    ArgumentTypeError,
+    AssetNotDeclaredError,
+    ReferenceTypeError,
+    RetentionTypeError,
+)
 
 __all__ = [
     "AssetStateStoreAccessor",
@@ -63,10 +69,7 @@ class _Accessor:
         ref: object = self._to_ref(key, value)
         if not isinstance(ref, str):
             assert self._worker is not None
-            raise TypeError(
-                f"{type(self._worker).__name__} returned a {type(ref).__name__} reference for "
-                f"key {key!r}; a worker-side backend must return a str"
-            )
+            raise ReferenceTypeError(self._worker, key, ref)
         return ref
 
     def _validate_offloaded(self, key: str, value: JSONValue, retention: object) -> None:
@@ -299,7 +302,7 @@ class AssetStateStoreAccessors(Mapping[Asset | str, AssetStateStoreAccessor]):
         unique: list[Asset] = []
         for asset in assets:
             if not isinstance(asset, Asset):
-                raise TypeError(f"expected an Asset, got {type(asset).__name__}")
+                raise ArgumentTypeError("assets", asset, "Asset objects")
             if not any(asset.matches(seen) for seen in unique):
                 unique.append(asset)
         self._accessors = tuple(
@@ -327,12 +330,8 @@ class AssetStateStoreAccessors(Mapping[Asset | str, AssetStateStoreAccessor]):
                     return accessor
             name = item
         else:
-            raise TypeError(
-                f"asset state is subscripted with an Asset or an asset name, "
-                f"got {type(item).__name__}"
-            )
-        declared = ", ".join(repr(a.name) for a in self.assets) or "none"
-        raise KeyError(f"asset {name!r} is not declared here (declared: {declared})")
+            raise ArgumentTypeError("an asset state subscript", item, "an Asset or an asset name")
+        raise AssetNotDeclaredError(name, tuple(a.name for a in self.assets))
 
     def __iter__(self) -> Iterator[Asset]:
         return iter(self.assets)
@@ -350,11 +349,7 @@ class AssetStateStoreAccessors(Mapping[Asset | str, AssetStateStoreAccessor]):
     def _only(self, method: str) -> AssetStateStoreAccessor:
         if len(self._accessors) == 1:
             return self._accessors[0]
-        names = ", ".join(repr(a.name) for a in self.assets)
-        raise ValueError(
-            f"{method}() on the asset state store needs exactly one asset, but {len(self)} are "
-            f"declared ({names}); subscript it first: store[asset].{method}(...)"
-        )
+        raise AmbiguousAssetError(method, tuple(a.name for a in self.assets))
 
     def get(self, key: str, default: JSONValue = None) -> JSONValue:  # type: ignore[override]
         return self._only("get").get(key, default)

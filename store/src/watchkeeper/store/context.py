@@ -29,6 +29,8 @@ from ._backend import BaseStateBackend
 from ._log import get_logger
 from ._types import Asset, TaskScope, Writer
 from .accessors import AssetStateStoreAccessors, TaskStateStoreAccessor
+from .backend import require_asset_registry
+from .errors import ArgumentTypeError, ContextKeyError, InvalidArgumentError
 
 __all__ = ["build_task_context", "declared_assets", "run_task"]
 
@@ -48,20 +50,19 @@ class _TaskContext(dict[str, Any]):
 
     def __missing__(self, key: str) -> Any:
         if key in _ASSET_KEYS:
-            raise KeyError(
-                f"context[{key!r}] is not available in task {self._task}: it declares no "
-                "concrete Asset; declare the asset in the task's inlets or outlets"
+            raise ContextKeyError(
+                key,
+                f"is not available in task {self._task}: it declares no concrete Asset; "
+                "declare the asset in the task's inlets or outlets",
             )
-        raise KeyError(key)
+        raise ContextKeyError(key)
 
 
 def _as_tuple(what: str, items: Iterable[Any] | Asset) -> tuple[Any, ...]:
     if isinstance(items, Asset):
         return (items,)
     if isinstance(items, str | bytes):
-        raise TypeError(
-            f"{what} must be a list of assets, got the {type(items).__name__} {items!r}"
-        )
+        raise ArgumentTypeError(what, items, "a list of assets")
     return tuple(items)
 
 
@@ -80,9 +81,9 @@ def declared_assets(inlets: Iterable[Any] = (), outlets: Iterable[Any] = ()) -> 
 
 def _check_try_number(try_number: object) -> int:
     if type(try_number) is not int:
-        raise TypeError(f"try_number must be an int, got {type(try_number).__name__}")
+        raise ArgumentTypeError("try_number", try_number, "an int")
     if try_number < 1:
-        raise ValueError(f"try_number must be >= 1, got {try_number}")
+        raise InvalidArgumentError("try_number", try_number, "must be >= 1")
     return try_number
 
 
@@ -105,11 +106,9 @@ def build_task_context(
     ``serialize_*_to_ref``/``deserialize_*_from_ref`` hooks.
     """
     if not isinstance(backend, BaseStateBackend):
-        raise TypeError(f"backend must be a BaseStateBackend, got {type(backend).__name__}")
+        raise ArgumentTypeError("backend", backend, "a BaseStateBackend")
     if worker_backend is not None and not isinstance(worker_backend, BaseStateBackend):
-        raise TypeError(
-            f"worker_backend must be a BaseStateBackend, got {type(worker_backend).__name__}"
-        )
+        raise ArgumentTypeError("worker_backend", worker_backend, "a BaseStateBackend")
     scope = TaskScope(dag_id, run_id, task_id, map_index)
     writer = Writer("task", str(scope), _check_try_number(try_number))
     inlets, outlets = _as_tuple("inlets", inlets), _as_tuple("outlets", outlets)
@@ -176,12 +175,12 @@ async def run_task(
     instance's state (this map index only); asset state is never touched.
     """
     if type(retries) is not int or retries < 0:
-        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        raise InvalidArgumentError("retries", retries, "must be an int >= 0")
     scope = TaskScope(dag_id, run_id, task_id, map_index)
     inlets, outlets = _as_tuple("inlets", inlets), _as_tuple("outlets", outlets)
     assets = declared_assets(inlets, outlets)
     if register_assets and assets:
-        await backend.aregister_assets(assets)
+        await require_asset_registry(backend).aregister_assets(assets)
     try_number = 1
     while True:
         context = build_task_context(

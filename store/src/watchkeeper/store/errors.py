@@ -8,23 +8,31 @@ facts (key, size, limit, version) so a log line says what was wrong without a de
 from __future__ import annotations
 
 __all__ = [
+    "AmbiguousAssetError",
     "ArgumentTypeError",
+    "AssetNotDeclaredError",
     "AssetNotFoundError",
     "BackendUnavailableError",
     "ConsumerCursorError",
+    "ContextKeyError",
     "DatabaseFileRemovedError",
+    "HookNotImplementedError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidNameError",
+    "InvalidSettingError",
     "InvalidValueError",
     "KeyTypeError",
     "LeaseLostError",
+    "MissingCapabilityError",
     "PayloadTooLargeError",
+    "ReferenceTypeError",
     "RetentionTypeError",
     "RunLeaseLostError",
     "RunNotFoundError",
     "RunStateError",
     "StateStoreError",
+    "StoreAlreadyOpenError",
     "StoreClosedError",
     "StoreUnavailableError",
     "SyncCallInLoopError",
@@ -306,6 +314,17 @@ class StoreClosedError(StateStoreError):
         super().__init__(f"{type(backend).__name__} is closed; open it with 'async with' first")
 
 
+class MissingCapabilityError(StateStoreError, TypeError):
+    """Raised when a backend lacks a capability the caller needs: a runner on a backend with
+    no event log, ``watchkeeper gc`` on one without garbage collection (the capabilities are
+    the Protocols of :mod:`watchkeeper.store.backend`)."""
+
+    def __init__(self, backend: object, capability: str) -> None:
+        self.backend_type = type(backend).__name__
+        self.capability = capability
+        super().__init__(f"{self.backend_type} has no {capability} (it is not a {capability})")
+
+
 class SyncCallInLoopError(StateStoreError, RuntimeError):
     """Raised when a sync method is called on the event loop thread outside a greenback portal.
 
@@ -318,3 +337,76 @@ class SyncCallInLoopError(StateStoreError, RuntimeError):
             f"{method}() was called on the event loop thread; "
             f"use 'await a{method}(...)' in async code"
         )
+
+
+class InvalidSettingError(StateStoreError, ValueError):
+    """Raised when a backend is configured with a value it cannot use: a database URL with no
+    known scheme, a pool size below 1, a negative busy timeout, a schema name that is not a
+    plain identifier. ``subject`` names the setting (and its value where that helps)."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        self.subject = subject
+        self.reason = reason
+        super().__init__(f"{subject} {reason}")
+
+
+class StoreAlreadyOpenError(StateStoreError, RuntimeError):
+    """Raised when a backend that is open is entered again (``async with`` twice)."""
+
+    def __init__(self, backend: object) -> None:
+        super().__init__(f"{type(backend).__name__} is already open")
+
+
+class AssetNotDeclaredError(StateStoreError, KeyError):
+    """Raised when the asset state store is subscripted with an asset its task or trigger did
+    not declare."""
+
+    def __init__(self, asset: str, declared: tuple[str, ...]) -> None:
+        self.asset = asset
+        self.declared = declared
+        names = ", ".join(repr(name) for name in declared) or "none"
+        super().__init__(f"asset {asset!r} is not declared here (declared: {names})")
+
+
+class AmbiguousAssetError(StateStoreError, ValueError):
+    """Raised when a method of the asset state store that needs one asset is called while
+    several are declared: subscript it first (``store[asset]``)."""
+
+    def __init__(self, method: str, declared: tuple[str, ...]) -> None:
+        self.method = method
+        self.declared = declared
+        names = ", ".join(repr(name) for name in declared)
+        super().__init__(
+            f"{method}() on the asset state store needs exactly one asset, but "
+            f"{len(declared)} are declared ({names}); subscript it first: "
+            f"store[asset].{method}(...)"
+        )
+
+
+class ContextKeyError(StateStoreError, KeyError):
+    """Raised when a task context has no such key; for an asset key, because the task
+    declares no concrete asset."""
+
+    def __init__(self, key: str, reason: str | None = None) -> None:
+        self.key = key
+        super().__init__(key if reason is None else f"context[{key!r}] {reason}")
+
+
+class ReferenceTypeError(StateStoreError, TypeError):
+    """Raised when a worker-side backend's offload hook returns a reference that is not a str."""
+
+    def __init__(self, backend: object, key: str, ref: object) -> None:
+        super().__init__(
+            f"{type(backend).__name__} returned a {type(ref).__name__} reference for key "
+            f"{key!r}; a worker-side backend must return a str"
+        )
+
+
+class HookNotImplementedError(StateStoreError, NotImplementedError):
+    """Raised when a backend is asked for a hook it does not implement: a key/value hook on
+    neither its sync nor its async side, or an offload hook of a backend configured as
+    ``[workers] state_backend``."""
+
+    def __init__(self, backend: object, hook: str, remedy: str) -> None:
+        self.hook = hook
+        super().__init__(f"{type(backend).__name__} does not implement {hook}; {remedy}")

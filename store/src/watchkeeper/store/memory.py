@@ -4,33 +4,33 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Self
 
-from ._backend import BaseStateBackend
-from ._daemons import check_daemon_status, check_owners
-from ._gc import check_days, event_cutoffs
-from ._leases import HeldLease, check_fence, check_owner, check_trigger_ids, check_ttl
+from ._gc import GcPlan
+from ._leases import HeldLease, check_fence
 from ._memory_tasks import MemoryTasks
+from ._metastore import MetastoreBackend
 from ._types import (
     Asset,
     AssetEvent,
     AssetInfo,
     AssetScope,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     Fence,
     GcReport,
     Lease,
+    Put,
     RawEntry,
     StateScope,
     TaskScope,
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_events_query, check_name, decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from .errors import AssetNotFoundError, VersionConflictError
 
 __all__ = ["MemoryStateBackend"]
@@ -47,7 +47,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(MemoryTasks, BaseStateBackend):
+class MemoryStateBackend(MemoryTasks, MetastoreBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -55,10 +55,11 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     garbage collection, with the same semantics as the SQLite and PostgreSQL backends.
     """
 
-    supports_events = True
-
     def __init__(
-        self, *, max_value_bytes: int = 65536, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+        self,
+        *,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         self._lock = threading.Lock()
@@ -125,19 +126,10 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 return self._task.get(self._task_key(scope, key))
             return self._asset_state.get((self._resolve(scope).asset_id, key))
 
-    def _put(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
+    def _put(self, put: Put) -> int:
+        scope, key, expected_version = put.scope, put.key, put.expected_version
         with self._lock:
-            self._check_writer(writer)
+            self._check_writer(put.writer)
             table: dict[object, RawEntry]
             if isinstance(scope, TaskScope):
                 table, row_key = self._task, self._task_key(scope, key)  # type: ignore[assignment]
@@ -150,12 +142,12 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 raise VersionConflictError(key, expected_version, current)
             table[row_key] = RawEntry(
                 key=key,
-                value_json=value_json,
+                value_json=put.value_json,
                 version=current + 1,
                 updated_at=self.clock(),
-                writer=writer,
-                expires_at=expires_at,
-                never_expire=never_expire,
+                writer=put.writer,
+                expires_at=put.expires_at,
+                never_expire=put.never_expire,
             )
             return current + 1
 
@@ -198,26 +190,8 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
     async def _aget(self, scope: StateScope, key: str) -> RawEntry | None:
         return self._get(scope, key)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        return self._put(
-            scope,
-            key,
-            value_json,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected_version=expected_version,
-            writer=writer,
-        )
+    async def _aput(self, put: Put) -> int:
+        return self._put(put)
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         return self._delete(scope, key, writer=writer)
@@ -232,10 +206,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
 
     # -- metastore -------------------------------------------------------------------------------
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        for asset in assets:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
         now = self.clock()
         with self._lock:
             for asset in assets:
@@ -247,8 +218,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 else:
                     row.uri, row.active, row.updated_at = asset.uri, True, now
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         with self._lock:
             row = self._assets.get(name)
             if row is None or not row.active:
@@ -256,7 +226,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
             row.active, row.updated_at = False, self.clock()
             return True
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         with self._lock:
             return [
                 AssetInfo(r.asset_id, r.name, r.uri, r.active, r.updated_at)
@@ -264,8 +234,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 if r.active or not active_only
             ]
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         with self._lock:
             now = self.clock()
             self._check_fence(commit.fence, now)
@@ -303,31 +272,55 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                     )
             return written
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        with self._lock:
+            now = self.clock()
+            self._check_fence(batch.fence, now)
+            rows: dict[int, _AssetRow] = {}
+            for name in batch.assets:  # resolve all first: an unknown asset writes nothing
+                row = self._resolve(AssetScope(name=name))
+                rows.setdefault(row.asset_id, row)
+            payloads = batch.decoded or [decode_value(text) for text, _ in batch.events]
+            written: list[AssetEvent] = []
+            stated: set[int] = set()
+            for payload, (_, dedup_key) in zip(payloads, batch.events, strict=True):
+                for row in rows.values():
+                    if dedup_key is not None:
+                        if (row.asset_id, dedup_key) in self._dedup:
+                            continue  # recorded before, or by an earlier event of the batch
+                        self._dedup.add((row.asset_id, dedup_key))
+                    event = AssetEvent(
+                        self._next_event_id, row.name, batch.watcher, payload, dedup_key, now
+                    )
+                    self._next_event_id += 1
+                    self._events.append(event)
+                    written.append(event)
+                    stated.add(row.asset_id)
+            for row in rows.values():
+                if row.asset_id not in stated:
+                    continue  # every event of the batch was a duplicate here
+                for key, value_json in batch.state.items():
+                    old = self._asset_state.get((row.asset_id, key))
+                    self._asset_state[(row.asset_id, key)] = RawEntry(
+                        key=key,
+                        value_json=value_json,
+                        version=(old.version if old else 0) + 1,
+                        updated_at=now,
+                        writer=batch.writer,
+                    )
+            return written
+
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        check_events_query(asset, since_id, limit)
         with self._lock:
             start = bisect.bisect_right(self._events, since_id, key=lambda e: e.id)
             events = [e for e in self._events[start:] if asset is None or e.asset == asset]
         return events if limit is None else events[:limit]
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        check_days("default_retention_days", default_retention_days)
-        check_days("batch_size", batch_size)
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        now, dry_run, cutoff, events_due = plan.now, plan.dry_run, plan.stale_before, plan.events
         report = GcReport(dry_run=dry_run)
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
         with self._lock:
             for k, row in list(self._task.items()):
                 scope = TaskScope._from_row(*k[:4])
@@ -359,39 +352,34 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                             self._dedup.discard((asset_id, event.dedup_key))
         return report
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
         with self._lock:
             for status in statuses:
                 self._statuses[status.trigger_id] = status
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
         with self._lock:
             for trigger_id in trigger_ids:
                 self._statuses.pop(trigger_id, None)
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         with self._lock:
             return [self._statuses[k] for k in sorted(self._statuses)]
 
-    async def asave_daemon_status(self, status: DaemonStatus) -> None:
-        status = check_daemon_status(status)
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None:
         with self._lock:
             self._daemons[status.owner] = status
 
-    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
-        names = check_owners(owners)
+    async def _adelete_daemon_status(self, owners: list[str]) -> None:
         with self._lock:
-            for owner in names:
+            for owner in owners:
                 self._daemons.pop(owner, None)
 
-    async def alist_daemon_status(self) -> list[DaemonStatus]:
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
         with self._lock:
             return [self._daemons[k] for k in sorted(self._daemons)]
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         held: dict[str, int] = {}
         with self._lock:
             now = self.clock()
@@ -409,8 +397,7 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 held[trigger_id] = token
         return held
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
         with self._lock:
             now = self.clock()
             for trigger_id in ids:
@@ -418,6 +405,6 @@ class MemoryStateBackend(MemoryTasks, BaseStateBackend):
                 if row is not None and row[0] == owner:
                     self._leases[trigger_id] = (None, row[1], now)
 
-    async def alist_leases(self) -> list[Lease]:
+    async def _alist_leases(self) -> list[Lease]:
         with self._lock:
             return [Lease(k, *self._leases[k]) for k in sorted(self._leases)]

@@ -25,7 +25,7 @@ from .settings import (
     WorkerSettings,
     load_settings,
 )
-from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent
+from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent, TriggerEventBatch
 
 __all__ = [
     "AnyOf",
@@ -45,6 +45,7 @@ __all__ = [
     "RunnerConfig",
     "Settings",
     "TriggerEvent",
+    "TriggerEventBatch",
     "TriggerImportError",
     "TriggerRunner",
     "TriggererError",

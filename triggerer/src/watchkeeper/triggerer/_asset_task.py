@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from watchkeeper.store import Asset, TaskSpec
+from watchkeeper.store import Asset
+from watchkeeper.store.backend import TaskSpec
 
 __all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"]
 

@@ -11,11 +11,12 @@ entry point built once, and returns the exit status. A handler reports bad input
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
@@ -24,7 +25,8 @@ import anyio
 from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
-from watchkeeper.store import BaseStateBackend, Writer, open_state_backend, redact_secrets
+from watchkeeper.store import BaseStateBackend, MissingCapabilityError, open_state_backend
+from watchkeeper.store.backend import Writer, redact_secrets
 
 from .settings import Settings
 
@@ -111,7 +113,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON data) with :func:`~watchkeeper.store.redact_secrets` applied to every
+    """``value`` (JSON data) with :func:`~watchkeeper.store.backend.redact_secrets` applied to every
     string in it, keys included: what ``status`` and ``events`` print."""
     if isinstance(value, str):
         return redact_secrets(value)
@@ -252,12 +254,32 @@ def run_store_command(
             return await command(backend, args, settings)
 
     try:
-        return anyio.run(main, backend="asyncio")
-    except NotImplementedError as exc:  # a custom backend without the metastore features
+        with unwrap_lone_exception():  # a failure inside a task group (events --follow)
+            return anyio.run(main, backend="asyncio")
+    except MissingCapabilityError as exc:  # a custom backend without this part of the metastore
         raise CommandError(str(exc)) from exc
-    except BaseExceptionGroup as group:  # a failure inside a task group (events --follow)
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-            raise group.exceptions[0] from None
+
+
+def lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """The only exception inside (possibly nested) groups, or None when there are several."""
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup):
+        if len(inner.exceptions) != 1:
+            return None
+        inner = inner.exceptions[0]
+    return inner if isinstance(inner, Exception) else None
+
+
+@contextlib.contextmanager
+def unwrap_lone_exception() -> Iterator[None]:
+    """Re-raise a lone error out of the (possibly nested) exception groups around it, so the
+    CLI reports it as itself; a group of several errors passes unchanged."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        lone = lone_exception(group)
+        if lone is not None:
+            raise lone from None
         raise
 
 

@@ -3,8 +3,8 @@
 Each ``section.key`` of :class:`~watchkeeper.triggerer.settings.Settings` is listed with its
 value and its source: ``argument`` (a global option such as ``--database-url``), ``env`` (a
 ``WATCHKEEPER__SECTION__KEY`` variable), ``file`` (the TOML file) or ``default``. Passwords
-are masked: the database URL is shown by :func:`~watchkeeper.store.redact_dsn`, every other
-text by :func:`~watchkeeper.store.redact_secrets`. Nothing is opened; the command only reads
+are masked: the database URL is shown by :func:`~watchkeeper.store.backend.redact_dsn`, every other
+text by :func:`~watchkeeper.store.backend.redact_secrets`. Nothing is opened; the command only reads
 the configuration, so it is the first thing to run when a daemon uses the wrong database.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from pydantic import BaseModel, SecretStr
 from rich.table import Table
 from rich.text import Text
-from watchkeeper.store import redact_dsn, redact_secrets
+from watchkeeper.store.backend import redact_dsn, redact_secrets
 from watchkeeper.store.settings import DEFAULT_CONFIG_FILE, SettingOrigin
 
 from ._cli_common import compact_json, console, emit_json, json_flag, settings_overrides

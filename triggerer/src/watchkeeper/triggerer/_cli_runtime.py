@@ -25,9 +25,10 @@ from watchkeeper.store import (
     AssetNotFoundError,
     AssetScope,
     BaseStateBackend,
+    MissingCapabilityError,
     SqliteStateBackend,
-    TriggerStatus,
 )
+from watchkeeper.store.backend import DaemonTable, TriggerStatus, require_status_table
 
 from ._cli_common import (
     CommandError,
@@ -36,6 +37,7 @@ from ._cli_common import (
     emit_json,
     open_backend,
     redacted,
+    unwrap_lone_exception,
 )
 from .daemon import run_daemon
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
@@ -53,23 +55,8 @@ def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     options: dict[str, Any] = {}
     if importlib.util.find_spec("uvloop") is not None:
         options["use_uvloop"] = True
-    try:
+    with unwrap_lone_exception():
         return anyio.run(fn, *args, backend="asyncio", backend_options=options)
-    except BaseExceptionGroup as group:
-        lone = _lone_exception(group)
-        if lone is not None:
-            raise lone from None
-        raise
-
-
-def _lone_exception(group: BaseExceptionGroup[BaseException]) -> Exception | None:
-    """The only exception inside (possibly nested) groups, or None when there are several."""
-    inner: BaseException = group
-    while isinstance(inner, BaseExceptionGroup):
-        if len(inner.exceptions) != 1:
-            return None
-        inner = inner.exceptions[0]
-    return inner if isinstance(inner, Exception) else None
 
 
 def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
@@ -145,11 +132,9 @@ def _printable(text: str) -> str:
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
     now = backend.clock()
-    try:
-        daemons = await backend.alist_daemon_status()
-        tracked = True
-    except NotImplementedError:  # a custom backend: take the saved states as they are
-        daemons, tracked = [], False
+    # Without daemon rows (a custom backend) the saved states are taken as they are.
+    tracked = isinstance(backend, DaemonTable)
+    daemons = await backend.alist_daemon_status() if isinstance(backend, DaemonTable) else []
     live: set[str] = set()
     daemon_rows = []
     for daemon in daemons:
@@ -174,7 +159,7 @@ async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
         )
     known = {daemon.owner for daemon in daemons}
     watchers: list[dict[str, Any]] = []
-    for status in await backend.alist_trigger_status():
+    for status in await require_status_table(backend).alist_trigger_status():
         state = status.state
         if tracked and status.owner not in live and (status.owner in known or state != "stopped"):
             state = "unknown"
@@ -327,7 +312,7 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         report = redacted(run_async(read))  # errors and state may quote a URL with a password
-    except NotImplementedError as exc:  # a custom backend without trigger status
+    except MissingCapabilityError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
         emit_json(report)

@@ -27,6 +27,7 @@ from watchkeeper.store import (
     StateScope,
     TaskScope,
 )
+from watchkeeper.store.backend import require_garbage_collector
 
 from ._cli_common import (
     CommandError,
@@ -252,7 +253,7 @@ def _event_rule(retention_days: int, dedup_retention_days: int) -> str:
 
 async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: Settings) -> int:
     events = s.events
-    report = await backend.acollect_garbage(
+    report = await require_garbage_collector(backend).acollect_garbage(
         default_retention_days=s.state_store.default_retention_days,
         batch_size=s.state_store.state_cleanup_batch_size,
         dry_run=args.dry_run,

@@ -15,8 +15,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend, redact_secrets
-from watchkeeper.store._values import check_name
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import (
+    check_name,
+    redact_secrets,
+    require_asset_registry,
+    require_event_log,
+)
 
 from ._cli_common import (
     CommandError,
@@ -61,7 +66,7 @@ async def _db_migrate(backend: BaseStateBackend, args: argparse.Namespace, _: Se
 
 
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    assets = await backend.alist_assets(active_only=not args.all)
+    assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
     if args.json:
         for info in assets:
             emit_json(
@@ -103,7 +108,7 @@ def _check_asset(args: argparse.Namespace) -> None:
 
 
 async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    await backend.aregister_assets([Asset(args.name, uri=args.uri)])
+    await require_asset_registry(backend).aregister_assets([Asset(args.name, uri=args.uri)])
     emit(f"registered asset {args.name!r}" + (f" ({args.uri})" if args.uri else ""))
     return 0
 
@@ -111,10 +116,10 @@ async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, 
 async def _assets_deactivate(
     backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 ) -> int:
-    if await backend.adeactivate_asset(args.name):
+    if await require_asset_registry(backend).adeactivate_asset(args.name):
         emit(f"deactivated asset {args.name!r}; its state is removed by the next clean")
         return 0
-    known = {info.name for info in await backend.alist_assets()}
+    known = {info.name for info in await require_asset_registry(backend).alist_assets()}
     if args.name not in known:
         raise CommandError(f"asset {args.name!r} is not registered")
     emit(f"asset {args.name!r} is already inactive")
@@ -161,7 +166,9 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
     printed = 0
     while args.limit is None or printed < args.limit:
         remaining = None if args.limit is None else args.limit - printed
-        batch = await backend.alist_events(asset=args.asset, since_id=since, limit=remaining)
+        batch = await require_event_log(backend).alist_events(
+            asset=args.asset, since_id=since, limit=remaining
+        )
         for event in batch:
             if args.json:
                 emit_json(_event_record(event))
@@ -175,7 +182,7 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
 
 async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     if args.asset is not None:
-        known = {info.name for info in await backend.alist_assets()}
+        known = {info.name for info in await require_asset_registry(backend).alist_assets()}
         if args.asset not in known:
             raise CommandError(f"asset {args.asset!r} is not registered")
     if args.follow:
@@ -184,7 +191,9 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
             await _follow(backend, args, args.since)
             tg.cancel_scope.cancel()
         return 0
-    events = await backend.alist_events(asset=args.asset, since_id=args.since, limit=args.limit)
+    events = await require_event_log(backend).alist_events(
+        asset=args.asset, since_id=args.since, limit=args.limit
+    )
     if args.json:
         for event in events:
             emit_json(_event_record(event))

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 from rich.table import Table
-from watchkeeper.store import (
-    BaseStateBackend,
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import (
     TaskInfo,
     TaskQueue,
     TaskRun,

@@ -4,6 +4,10 @@ This sits on the per-event path, so it does the least work that still rejects ev
 store would reject: one type check, one JSON encoding of the payload (whose size check is one
 ``len()`` unless the payload is long), one encoding per state item, and one frozen dataclass. Nothing is written when validation fails, because the commit is
 only built, never sent, until every part of the event passed.
+
+A :class:`~watchkeeper.triggerer.TriggerEventBatch` becomes one
+:class:`~watchkeeper.store.EventBatchCommit`: every event of it is checked the same way, and
+its one state encoded once, before anything is sent, so a bad event fails the whole batch.
 """
 
 from __future__ import annotations
@@ -12,11 +16,18 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from watchkeeper.store import EventCommit, Writer, encode_payload, encode_value
-from watchkeeper.store._values import check_key
+from watchkeeper.store.backend import (
+    EventBatchCommit,
+    EventCommit,
+    Writer,
+    check_key,
+    encode_payload,
+    encode_payload_decoded,
+    encode_value,
+)
 
 from .errors import InvalidEventError
-from .trigger import TriggerEvent
+from .trigger import TriggerEvent, TriggerEventBatch
 
 __all__ = ["EventEncoder"]
 
@@ -50,39 +61,30 @@ class EventEncoder:
     def __repr__(self) -> str:
         return f"<EventEncoder watcher={self.watcher!r} assets={list(self.assets)!r}>"
 
-    def build(self, item: object) -> EventCommit:
+    def build(self, item: object) -> EventCommit | EventBatchCommit:
         """Validate one yielded item and return its commit.
 
-        Raises :class:`InvalidEventError` when ``item`` is not a :class:`TriggerEvent` (or its
-        ``state``/``dedup_key`` has the wrong shape), and the store's own errors
-        (``ValueTypeError``, ``InvalidValueError``, ``PayloadTooLargeError``,
-        ``ValueTooLargeError``, ``KeyTypeError``, ``InvalidKeyError``) when the payload or a
-        state item is not storable.
+        Raises :class:`InvalidEventError` when ``item`` is neither a :class:`TriggerEvent` nor
+        a :class:`TriggerEventBatch` (or its ``state``/``dedup_key`` has the wrong shape), and
+        the store's own errors (``ValueTypeError``, ``InvalidValueError``,
+        ``PayloadTooLargeError``, ``ValueTooLargeError``, ``KeyTypeError``, ``InvalidKeyError``)
+        when the payload or a state item is not storable.
         """
         if not isinstance(item, TriggerEvent):
+            if isinstance(item, TriggerEventBatch):
+                return self.build_batch(item)
+            hint = (
+                "; wrap a list of events in TriggerEventBatch(events, state=...)"
+                if isinstance(item, list | tuple)
+                else ""
+            )
             raise InvalidEventError(
                 f"trigger {self.watcher!r} yielded a {type(item).__name__}; run() must yield "
-                "TriggerEvent(payload, state=..., dedup_key=...) objects"
+                f"TriggerEvent(payload, state=..., dedup_key=...) objects{hint}"
             )
         payload_json = encode_payload(item.payload, max_payload_bytes=self.max_payload_bytes)
         state = item.state
-        encoded: Mapping[str, str]
-        if state is None:
-            encoded = _NO_STATE
-        elif isinstance(state, Mapping):
-            if state:
-                limit = self.max_value_bytes
-                encoded = {
-                    check_key(key): encode_value(key, value, max_value_bytes=limit)
-                    for key, value in state.items()
-                }
-            else:
-                encoded = _NO_STATE
-        else:
-            raise InvalidEventError(
-                f"trigger {self.watcher!r} yielded an event whose state is a "
-                f"{type(state).__name__}; state must be a mapping of str keys to JSON values"
-            )
+        encoded = _NO_STATE if state is None else self._state(state)
         dedup_key = item.dedup_key
         if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
             raise InvalidEventError(
@@ -90,3 +92,69 @@ class EventEncoder:
                 f"{dedup_key!r}; it must be a non-empty str or None"
             )
         return EventCommit(self.watcher, self.assets, payload_json, dedup_key, encoded, self.writer)
+
+    def build_batch(self, batch: TriggerEventBatch) -> EventBatchCommit:
+        """Validate every event of ``batch`` and its state; return the batch's commit.
+
+        Raises what :meth:`build` raises, with a note naming the event's index, and
+        :class:`InvalidEventError` for an empty batch or an event carrying its own ``state``.
+        """
+        events = batch.events
+        if not events:
+            raise InvalidEventError(
+                f"trigger {self.watcher!r} yielded an empty TriggerEventBatch; a batch needs "
+                "at least one event (its state commits only with one)"
+            )
+        limit = self.max_payload_bytes
+        pairs: list[tuple[str, str | None]] = []
+        decoded: list[object] = []  # validating decodes each payload: the events reuse it
+        for index, event in enumerate(events):
+            try:
+                payload_json, payload, dedup_key = self._batched(event, limit)
+            except Exception as exc:
+                exc.add_note(f"raised for event {index} of a TriggerEventBatch of {len(events)}")
+                raise
+            pairs.append((payload_json, dedup_key))
+            decoded.append(payload)
+        state = batch.state
+        encoded = _NO_STATE if state is None else self._state(state)
+        return EventBatchCommit(
+            self.watcher, self.assets, tuple(pairs), encoded, self.writer, decoded=tuple(decoded)
+        )
+
+    def _batched(self, event: object, limit: int | None) -> tuple[str, object, str | None]:
+        """``(payload_json, decoded payload, dedup_key)`` of one event of a batch."""
+        if not isinstance(event, TriggerEvent):
+            raise InvalidEventError(
+                f"trigger {self.watcher!r} yielded a TriggerEventBatch holding a "
+                f"{type(event).__name__}; a batch holds TriggerEvent objects"
+            )
+        if event.state:
+            raise InvalidEventError(
+                f"trigger {self.watcher!r} yielded a TriggerEventBatch whose event has a state "
+                "of its own; a batch has one state, the one after its last event: "
+                "TriggerEventBatch(events, state=...)"
+            )
+        dedup_key = event.dedup_key
+        if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
+            raise InvalidEventError(
+                f"trigger {self.watcher!r} yielded an event whose dedup_key is "
+                f"{dedup_key!r}; it must be a non-empty str or None"
+            )
+        payload_json, payload = encode_payload_decoded(event.payload, max_payload_bytes=limit)
+        return payload_json, payload, dedup_key
+
+    def _state(self, state: object) -> Mapping[str, str]:
+        """The encoded items of an event's (or a batch's) ``state``."""
+        if not isinstance(state, Mapping):
+            raise InvalidEventError(
+                f"trigger {self.watcher!r} yielded an event whose state is a "
+                f"{type(state).__name__}; state must be a mapping of str keys to JSON values"
+            )
+        if not state:
+            return _NO_STATE
+        limit = self.max_value_bytes
+        return {
+            check_key(key): encode_value(key, value, max_value_bytes=limit)
+            for key, value in state.items()
+        }

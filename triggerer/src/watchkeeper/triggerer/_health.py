@@ -27,12 +27,8 @@ from typing import TypeVar
 
 import anyio
 import anyio.abc
-from watchkeeper.store import (
-    BaseStateBackend,
-    DatabaseFileRemovedError,
-    StoreUnavailableError,
-    get_logger,
-)
+from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, StoreUnavailableError
+from watchkeeper.store.backend import get_logger
 
 from ._config import RunnerConfig
 from ._supervisor import describe_error

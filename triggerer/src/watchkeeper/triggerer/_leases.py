@@ -1,7 +1,7 @@
 """The daemon's side of trigger leases: its identity, and claiming and releasing its leases.
 
 Several daemons may share one database. Each trigger runs only on the daemon that holds its
-lease (a row in the store, see :mod:`watchkeeper.store._leases`). Every heartbeat a daemon
+lease (a row in the store, see :class:`watchkeeper.store.backend.LeaseTable`). Every heartbeat a daemon
 claims the leases of all the triggers it loaded: it renews those it holds and takes those that
 are free (never claimed, released, or expired because their holder died). It runs a trigger
 only under the lease's token, and its writes are fenced on it, so a daemon that was paused
@@ -19,7 +19,10 @@ import socket
 from collections.abc import Iterable
 
 import anyio
-from watchkeeper.store import BaseStateBackend, get_logger
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import LeaseTable, get_logger
+
+from ._supervisor import describe_error
 
 __all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 
@@ -70,7 +73,11 @@ class LeaseKeeper:
         self.backend = backend
         self.owner = owner
         self.ttl = ttl
-        self.supported = True
+        self._table = backend if isinstance(backend, LeaseTable) else None
+        self.supported = self._table is not None
+        """False for a backend without leases: every trigger then runs here, unfenced."""
+        if self._table is None:
+            log.info("leases_unsupported", backend=type(backend).__name__)
         self._held: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -84,15 +91,10 @@ class LeaseKeeper:
     async def claim(self, trigger_ids: Iterable[str]) -> dict[str, int] | None:
         """Renew or take the leases of ``trigger_ids``; the tokens now held, or ``None`` when
         the backend has no leases (then every trigger runs here, unfenced)."""
-        if not self.supported:
+        if self._table is None:
             return None
         ids = sorted(set(trigger_ids))
-        try:
-            tokens = await self.backend.aclaim_leases(self.owner, ids, self.ttl)
-        except NotImplementedError:
-            self.supported = False
-            log.info("leases_unsupported", backend=type(self.backend).__name__)
-            return None
+        tokens = await self._table.aclaim_leases(self.owner, ids, self.ttl)
         for trigger_id in ids:
             if trigger_id in tokens:
                 if self._held.get(trigger_id) != tokens[trigger_id]:
@@ -106,12 +108,9 @@ class LeaseKeeper:
         """``trigger_ids`` without those whose lease another daemon holds (and has not let
         expire), in the given order: the ones a claim could take or renew."""
         ids = list(trigger_ids)
-        if not self.supported:
+        if self._table is None:
             return ids
-        try:
-            leases = await self.backend.alist_leases()
-        except NotImplementedError:
-            return ids  # the claim that follows finds out and says so
+        leases = await self._table.alist_leases()
         now = self.backend.clock()
         busy: set[str] = set()
         dead: dict[str, list[str]] = {}
@@ -125,16 +124,16 @@ class LeaseKeeper:
         for owner, held in dead.items():
             # A daemon of this host killed with -9: free its leases now rather than after
             # their time to live, so a restarted daemon resumes at once.
-            await self.backend.arelease_leases(owner, held)
+            await self._table.arelease_leases(owner, held)
             log.info("dead_owner_leases_released", owner=owner, trigger_ids=held)
         return [t for t in ids if t not in busy]
 
     async def release(self, trigger_ids: Iterable[str]) -> None:
         """Free these leases (those held) so another daemon can take them at once."""
         ids = sorted(set(trigger_ids) & set(self._held))
-        if not ids or not self.supported:
+        if not ids or self._table is None:
             return
-        await self.backend.arelease_leases(self.owner, ids)
+        await self._table.arelease_leases(self.owner, ids)
         for trigger_id in ids:
             del self._held[trigger_id]
         log.info("leases_released", trigger_ids=ids)
@@ -145,6 +144,6 @@ class LeaseKeeper:
             try:
                 await self.release(list(self._held))
             except Exception as exc:  # noqa: BLE001 - they expire on their own after the ttl
-                log.warning("lease_release_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("lease_release_failed", error=describe_error(exc))
         if scope.cancelled_caught:
             log.warning("lease_release_failed", error="timed out", timeout=_RELEASE_TIMEOUT)

@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchkeeper.store import Asset, InvalidValueError, ValueTypeError, encode_json, get_logger
-from watchkeeper.store._values import check_name
+from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
+from watchkeeper.store.backend import check_name, encode_json, get_logger
 from watchkeeper.store.errors import InvalidNameError, KeyTypeError
 
+from ._supervisor import describe_error
 from .errors import TriggerImportError
 from .trigger import AssetWatcher, BaseEventTrigger
 
@@ -286,16 +287,14 @@ def rebuild_trigger(
         raise TriggerImportError(f"cannot import trigger class {classpath!r}: {exc}") from exc
     except (Exception, SystemExit) as exc:  # the module's own code failed as it was imported
         raise TriggerImportError(
-            f"cannot import trigger class {classpath!r}: {type(exc).__name__}: {exc}"
+            f"cannot import trigger class {classpath!r}: {describe_error(exc)}"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseEventTrigger)):
         raise TriggerImportError(f"{classpath!r} is not a BaseEventTrigger subclass")
     try:
         return cls(**kwargs)
     except Exception as exc:
-        raise TriggerImportError(
-            f"{classpath}(**kwargs) failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise TriggerImportError(f"{classpath}(**kwargs) failed: {describe_error(exc)}") from exc
 
 
 # -- importing the files -------------------------------------------------------------------------
@@ -394,7 +393,7 @@ def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, Watch
     except SyntaxError as exc:
         return None, WatcherError(rel, None, f"SyntaxError: {exc.msg} (line {exc.lineno})")
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a watcher file must not kill the daemon
-        return None, WatcherError(rel, None, f"import failed: {type(exc).__name__}: {exc}")
+        return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}")
 
 
 def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherError:
@@ -404,7 +403,7 @@ def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherEr
     except (InvalidValueError, ValueTypeError) as exc:
         return WatcherError(rel, watcher.name, f"serialize() kwargs are not JSON: {exc}")
     except Exception as exc:  # noqa: BLE001 - user code; reported, never fatal
-        return WatcherError(rel, watcher.name, f"serialize() failed: {type(exc).__name__}: {exc}")
+        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}")
     try:
         canonical.encode()  # the trigger id hashes it
     except UnicodeEncodeError:

@@ -4,7 +4,9 @@
 ``asset_state_store``, iterates the generator inside :func:`contextlib.aclosing`, validates each
 yielded event, commits it (with its ``state``) through ``backend.acommit_event`` and only then
 resumes the generator, so the code after ``yield`` runs with the event durable and the generator
-never runs ahead of its commits (one event in flight per trigger). ``cleanup()`` is awaited
+never runs ahead of its commits (one event in flight per trigger). A yielded
+:class:`~watchkeeper.triggerer.TriggerEventBatch` is one commit (``backend.acommit_events``):
+the generator resumes once all of it is durable. ``cleanup()`` is awaited
 after every run, however it ended, shielded and bounded.
 
 :func:`supervise` wraps it in the restart loop: a run that raises or returns is restarted after
@@ -12,8 +14,8 @@ an exponential, jittered backoff; after ``max_failures`` consecutive failures th
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
 
-A slot with a :class:`~watchkeeper.store.Fence` (the daemon's lease on the trigger) writes
-through a fenced :class:`~watchkeeper.store.Writer`: its events and its accessors' ``set`` calls
+A slot with a :class:`~watchkeeper.store.backend.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.backend.Writer`: its events and its accessors' ``set`` calls
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
@@ -43,12 +45,16 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BaseStateBackend,
     DatabaseFileRemovedError,
-    Fence,
     LeaseLostError,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    Fence,
     TriggerStatus,
     Writer,
     get_logger,
     redact_secrets,
+    require_event_log,
 )
 
 from ._commit import EventEncoder
@@ -225,7 +231,8 @@ async def drive_trigger(
     """Run ``slot.trigger.run()`` once, committing each event before resuming the generator.
 
     Returns when ``run()`` returns, or once ``slot.events`` reaches ``max_events`` (the
-    generator is then closed at its ``yield``, as when breaking out of ``async for``). Raises
+    generator is then closed at its ``yield``, as when breaking out of ``async for``; a batch
+    is never split, so the count may pass ``max_events`` by the rest of a batch). Raises
     what ``run()`` raised, :class:`InvalidEventError` or the store's validation errors for an
     event that cannot be stored, and what the commit raised. ``cleanup()`` is always awaited.
     """
@@ -237,7 +244,9 @@ async def drive_trigger(
         max_value_bytes=backend.max_value_bytes,
         max_payload_bytes=backend.max_payload_bytes,
     )
-    commit_event = backend.acommit_event
+    event_log = require_event_log(backend)  # checked once per run
+    commit_event = event_log.acommit_event
+    commit_events = event_log.acommit_events
     # Checked once per run: no logger is kept per trigger when debug logging is off.
     debug = _debug_enabled(log)
     trigger.bind_asset_state_store(
@@ -269,7 +278,10 @@ async def drive_trigger(
                         f"(trigger {slot.trigger_id!r}); nothing was committed"
                     )
                     raise
-                written = await commit_event(commit)
+                if isinstance(commit, EventCommit):
+                    written = await commit_event(commit)
+                else:  # a TriggerEventBatch: one commit for all its events
+                    written = await commit_events(commit)
                 if written:
                     slot.failures = 0
                     slot.events += len(written)
@@ -281,7 +293,10 @@ async def drive_trigger(
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
-                    log.debug("event_deduplicated", dedup_key=commit.dedup_key)
+                    if isinstance(commit, EventCommit):
+                        log.debug("event_deduplicated", dedup_key=commit.dedup_key)
+                    else:
+                        log.debug("batch_deduplicated", count=len(commit.events))
                 since_checkpoint += 1
                 if since_checkpoint == _CHECKPOINT_EVERY:
                     # A backend that commits without suspending (memory) and a generator that

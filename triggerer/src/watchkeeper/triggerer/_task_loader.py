@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from watchkeeper.store import get_logger
+from watchkeeper.store.backend import get_logger
 
 from ._asset_task import AssetTask
 from ._loader import _LOAD_LOCK, WatcherError, _import_file, reset_package, watcher_files

@@ -3,7 +3,7 @@
 ``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
 
 1. create runs for every task that has pending events (each creation moves the task's cursors
-   in the same transaction: see :mod:`watchkeeper.store._tasks`);
+   in the same transaction: see :class:`watchkeeper.store.backend.TaskQueue`);
 2. claim as many runs as it has free slots, under a lease (``[worker] lease_ttl``);
 3. execute each claimed run: a sync task in a thread (at most ``concurrency``), an async one
    on the loop with a greenback portal, under ``execution_timeout``; then finish the run,
@@ -36,15 +36,20 @@ import anyio.to_thread
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
-    OutletEvent,
     RunLeaseLostError,
     StateStoreError,
-    TaskQueue,
-    TaskRun,
     TaskScope,
     build_task_context,
+)
+from watchkeeper.store.backend import (
+    AssetRegistry,
+    OutletEvent,
+    TaskQueue,
+    TaskRun,
     encode_payload,
     get_logger,
+    require_asset_registry,
+    require_task_queue,
 )
 
 from ._asset_task import AssetTask, OutletEvents
@@ -105,10 +110,9 @@ class Worker:
         *,
         owner: str | None = None,
     ) -> None:
-        if not isinstance(backend, TaskQueue):
-            raise TypeError(f"{type(backend).__name__} does not support tasks (no TaskQueue)")
         self.backend = backend
-        self.queue: TaskQueue = backend
+        self.queue: TaskQueue = require_task_queue(backend)
+        self.registry: AssetRegistry = require_asset_registry(backend)
         self.tasks = {task.name: task for task in tasks}
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
@@ -129,7 +133,7 @@ class Worker:
         """Register the tasks' assets and specs (idempotent; a new task starts at the log's end)."""
         assets = {a.name: a for task in self.tasks.values() for a in task.assets}
         if assets:
-            await self.backend.aregister_assets(list(assets.values()))
+            await self.registry.aregister_assets(list(assets.values()))
         await self.queue.async_tasks([task.spec for task in self.tasks.values()])
 
     async def run(

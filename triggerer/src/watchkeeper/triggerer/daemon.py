@@ -64,14 +64,16 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import (
-    BaseStateBackend,
+from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, open_state_backend
+from watchkeeper.store.backend import (
     DaemonStatus,
-    DatabaseFileRemovedError,
+    DaemonTable,
     GcReport,
     RefusedDefinition,
+    StatusTable,
     get_logger,
-    open_state_backend,
+    require_asset_registry,
+    require_garbage_collector,
 )
 
 from ._config import SupervisionSettings
@@ -167,7 +169,6 @@ class Daemon:
         self._last_claim: _Claim | None = None
         self._applied_claim = 0
         self._started_at = datetime.now(UTC)
-        self._daemon_status = True
         self._stack: contextlib.AsyncExitStack | None = None
 
     def __repr__(self) -> str:
@@ -337,7 +338,7 @@ class Daemon:
         report = ReloadReport(errors=len(result.errors))
         backend, runner = self.backend, self.runner
         if result.assets:
-            await backend.aregister_assets(list(result.assets))
+            await require_asset_registry(backend).aregister_assets(list(result.assets))
         self._wanted = {g.trigger_id: g for g in result.groups}
         # A trigger that gave up ("failed") gets a fresh start from any reload, so an
         # operator retries it by touching its file once the source is fixed.
@@ -348,11 +349,11 @@ class Daemon:
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
         for name in sorted(before - {a.name for a in result.assets}):
-            if await backend.adeactivate_asset(name):
+            if await require_asset_registry(backend).adeactivate_asset(name):
                 report.deactivated.append(name)
                 log.info("asset_deactivated", asset=name)
         gone = [t for t in report.stopped if t not in self._wanted]
-        if gone:
+        if gone and isinstance(backend, StatusTable):
             await backend.adelete_trigger_status(gone)
         self._loaded = result
         return report
@@ -534,7 +535,8 @@ class Daemon:
     async def save_daemon_status(self) -> None:
         """Save this daemon's heartbeat row (owner, heartbeat time, lease time to live, the
         definitions its last load refused). Advisory: bounded, and never raises."""
-        if not self._daemon_status or self._backend is None:
+        table = self._backend
+        if table is None or not isinstance(table, DaemonTable):
             return
         loaded = self._loaded
         refused = tuple(
@@ -544,17 +546,14 @@ class Daemon:
         status = DaemonStatus(
             owner=self.owner,
             started_at=self._started_at,
-            heartbeat_at=self._backend.clock(),
+            heartbeat_at=table.clock(),
             lease_ttl=self.settings.triggerer.lease_seconds,
             watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
             refused=refused,
         )
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT) as scope:
             try:
-                await self._backend.asave_daemon_status(status)
-            except NotImplementedError:
-                self._daemon_status = False
-                log.info("daemon_status_unsupported", backend=type(self._backend).__name__)
+                await table.asave_daemon_status(status)
             except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
                 log.warning("daemon_status_save_failed", error=describe_error(exc))
         if scope.cancelled_caught:
@@ -562,11 +561,12 @@ class Daemon:
 
     async def _forget_daemon_status(self) -> None:
         """At a clean exit: remove this daemon's row (its triggers' rows say ``stopped``)."""
-        if not self._daemon_status or self._backend is None:
+        table = self._backend
+        if table is None or not isinstance(table, DaemonTable):
             return
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=True):
             try:
-                await self._backend.adelete_daemon_status([self.owner])
+                await table.adelete_daemon_status([self.owner])
             except Exception as exc:  # noqa: BLE001 - advisory; pruned by others later
                 log.warning("daemon_status_save_failed", error=describe_error(exc))
 
@@ -579,13 +579,11 @@ class Daemon:
         """
         heartbeat = self.settings.triggerer.heartbeat_interval
         cutoff = datetime.now(UTC) - timedelta(seconds=3 * heartbeat + 30)
-        if self._daemon_status:
-            try:
-                daemons = await self.backend.alist_daemon_status()
-            except NotImplementedError:
-                daemons = []
+        backend = self.backend
+        if isinstance(backend, DaemonTable):
+            daemons = await backend.alist_daemon_status()
             # Stamped with the backend's clock, so compared with it.
-            silent = self.backend.clock() - timedelta(seconds=3 * heartbeat + 30)
+            silent = backend.clock() - timedelta(seconds=3 * heartbeat + 30)
             dead = [
                 d.owner
                 for d in daemons
@@ -593,9 +591,11 @@ class Daemon:
                 and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < silent
             ]
             if dead:
-                await self.backend.adelete_daemon_status(dead)
+                await backend.adelete_daemon_status(dead)
                 log.info("daemon_status_pruned", owners=dead)
-        rows = await self.backend.alist_trigger_status()
+        if not isinstance(backend, StatusTable):
+            return
+        rows = await backend.alist_trigger_status()
         stale = [
             r.trigger_id
             for r in rows
@@ -603,7 +603,7 @@ class Daemon:
             and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
         ]
         if stale:
-            await self.backend.adelete_trigger_status(stale)
+            await backend.adelete_trigger_status(stale)
             log.info("trigger_status_pruned", trigger_ids=stale)
 
     async def _reload_loop(self) -> None:
@@ -626,7 +626,7 @@ class Daemon:
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
         store, events = self.settings.state_store, self.settings.events
-        report = await self.backend.acollect_garbage(
+        report = await require_garbage_collector(self.backend).acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
             event_retention_days=events.retention_days,
@@ -652,7 +652,7 @@ class Daemon:
                 await self._drop_stale_statuses()
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("gc_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("gc_failed", error=describe_error(exc))
 
 
 def _spec(group: WatcherGroup, fence_token: int | None) -> WatchSpec:

@@ -49,7 +49,8 @@ from typing import Self
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, Fence, TriggerStatus, get_logger
+from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
 from ._health import StoreHealth
@@ -139,7 +140,10 @@ class TriggerRunner:
         self._tg: anyio.abc.TaskGroup | None = None
         self._entered = False
         self._closing = False
-        self._save_status = self.config.status_interval > 0
+        self._status_table = backend if isinstance(backend, StatusTable) else None
+        self._save_status = self.config.status_interval > 0 and self._status_table is not None
+        if self.config.status_interval > 0 and self._status_table is None:
+            log.info("trigger_status_unsupported", backend=type(backend).__name__)
         self.lag_monitor: LoopLagMonitor | None = None
         self.store_health = StoreHealth(backend, self.config)
         """Whether the store answers, shared by the supervisors (and the daemon's loops)."""
@@ -383,7 +387,8 @@ class TriggerRunner:
 
         Returns whether the backend took them (never raises: a status is advisory).
         """
-        if not self._save_status:
+        table = self._status_table
+        if not self._save_status or table is None:
             return False
         rows = self.statuses() if statuses is None else statuses
         if not rows:
@@ -391,11 +396,8 @@ class TriggerRunner:
         saved = False
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=shield) as scope:
             try:
-                await self.backend.asave_trigger_status(rows)
+                await table.asave_trigger_status(rows)
                 saved = True
-            except NotImplementedError:
-                self._save_status = False
-                log.info("trigger_status_unsupported", backend=type(self.backend).__name__)
             except Exception as exc:  # noqa: BLE001 - a status is advisory; never fatal
                 if self.store_health.report(exc) is None:  # an outage is logged once, there
                     log.warning("trigger_status_save_failed", error=describe_error(exc))

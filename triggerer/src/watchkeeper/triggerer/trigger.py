@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from watchkeeper.store import AssetStateStoreAccessors, redact_secrets
+from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.store.backend import redact_secrets
 
 from .errors import AssetStoreUnavailableError, WatcherNameUnavailableError
 
@@ -16,6 +17,7 @@ __all__ = [
     "BaseEventTrigger",
     "BaseTrigger",
     "TriggerEvent",
+    "TriggerEventBatch",
 ]
 
 
@@ -61,8 +63,44 @@ class TriggerEvent:
     __hash__ = None  # type: ignore[assignment]
 
 
+class TriggerEventBatch:
+    """What a trigger yields to commit several events and one ``state`` in one transaction.
+
+    ``events`` are :class:`TriggerEvent` objects without a ``state`` of their own; ``state`` is
+    the state after the last of them. The batch is atomic: all of its events and its state
+    commit, or nothing does (an event that cannot be stored fails the whole batch). Each event
+    still becomes its own asset event on each watched asset, and keeps its own ``dedup_key``: a
+    redelivered event is suppressed alone, and ``state`` is written to each asset where at least
+    one event of the batch was, so a batch redelivered in full writes nothing (as a suppressed
+    single event does). The generator is resumed once the whole batch has committed.
+    """
+
+    __slots__ = ("events", "state")
+
+    def __init__(
+        self, events: Iterable[TriggerEvent], *, state: Mapping[str, Any] | None = None
+    ) -> None:
+        self.events = list(events)
+        self.state = state
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        extra = f", state={self.state!r}" if self.state else ""
+        return f"TriggerEventBatch(<{len(self.events)} events>{extra})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TriggerEventBatch):
+            return NotImplemented
+        return (self.events, self.state) == (other.events, other.state)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class BaseTrigger(abc.ABC):
-    """A unit of asynchronous waiting that yields :class:`TriggerEvent` objects.
+    """A unit of asynchronous waiting that yields :class:`TriggerEvent` objects (or batches of
+    them, :class:`TriggerEventBatch`).
 
     Subclasses implement :meth:`run` as an async generator and :meth:`serialize`, which returns
     ``(classpath, kwargs)`` with JSON kwargs so that a daemon can rebuild the trigger as
@@ -81,8 +119,8 @@ class BaseTrigger(abc.ABC):
         """Return ``(classpath, kwargs)``; kwargs must be JSON."""
 
     @abc.abstractmethod
-    def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield events; an ``async def`` with ``yield``. Must never block the loop."""
+    def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
+        """Yield events (or batches); an ``async def`` with ``yield``. Must never block the loop."""
 
     async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by design
         """Release what ``run()`` held; called after every run, with a timeout."""

@@ -1,22 +1,48 @@
-"""watchkeeper.watchers: ready-made watermark watchers, each a ``BaseEventTrigger``.
+"""watchkeeper.watchers: ready-made watchers, each a ``BaseEventTrigger``.
 
 - :class:`DirectoryWatcher`: one event per new file in a directory.
-- :class:`SqlTableWatcher`: one event per new row of a SQLite or PostgreSQL table.
+- :class:`SqlTableWatcher`: one event per new row of a SQLite, PostgreSQL or MySQL/MariaDB
+  table.
+- :class:`HttpPollWatcher`: one event per new item of a JSON endpoint (cursor pagination,
+  conditional requests, backoff); the ``http`` extra.
+- :class:`RedisStreamWatcher`: one event per entry of a Redis stream (extra ``redis``).
+- :class:`NatsJetStreamWatcher`: one event per message of a JetStream stream (extra ``nats``).
+- :class:`RabbitMQWatcher`: one event per message of a RabbitMQ queue (extra ``rabbitmq``).
+- :class:`MqttWatcher`: one event per MQTT message of some topics (extra ``mqtt``).
 
-Both commit their watermark with each event (``TriggerEvent(payload, state=...)``), so a
-restarted watcher neither loses nor repeats an item, and both catch items that arrive late
-(behind the watermark) inside a bounded lag window. Their state keys are prefixed with the
-watcher's name (``<name>.watermark``, ``<name>.recent``), so several watchers share an asset.
+The watchers of replayable sources (files, tables, HTTP cursors, Redis streams) commit their
+position with their events (the directory and table watchers a batch at a time, with
+``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
+of acknowledged sources (JetStream, RabbitMQ, MQTT) acknowledge a message only after its event
+committed and give the event a ``dedup_key``, so a redelivered message writes nothing. Either
+way a restarted watcher neither loses nor repeats an item. Their state keys and dedup keys
+start with the watcher's name (``<name>.watermark``, ``<name>.cursor``, ...), so several
+watchers share an asset; each class's docstring lists its keys and how to rewind it. The
+client libraries are imported only when such a watcher runs: this package imports without any
+extra installed.
 """
 
 from __future__ import annotations
 
+from ._broker import BrokerSourceError
 from ._sql import SqlSourceError
 from .directory import DirectoryWatcher
+from .http_poll import HttpPollWatcher, HttpSourceError
+from .mqtt import MqttWatcher
+from .nats_jetstream import NatsJetStreamWatcher
+from .rabbitmq import RabbitMQWatcher
+from .redis_stream import RedisStreamWatcher
 from .sql_table import SqlTableWatcher
 
 __all__ = [
+    "BrokerSourceError",
     "DirectoryWatcher",
+    "HttpPollWatcher",
+    "HttpSourceError",
+    "MqttWatcher",
+    "NatsJetStreamWatcher",
+    "RabbitMQWatcher",
+    "RedisStreamWatcher",
     "SqlSourceError",
     "SqlTableWatcher",
 ]

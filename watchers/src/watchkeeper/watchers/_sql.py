@@ -5,9 +5,10 @@ parameter's placeholder and a "key not among these" condition, and how to open a
 :class:`Source`, whose query failures all surface as :class:`SqlSourceError`. The watcher writes
 its queries once, through a :class:`Query`, for every driver.
 
-Two drivers: SQLite through aiosqlite (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
-opened read-only so a mistyped path never creates a database) and PostgreSQL through asyncpg
-(``postgresql://`` or ``postgres://``). Another database is one more :class:`Driver` subclass
+Three drivers: SQLite through aiosqlite (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
+opened read-only so a mistyped path never creates a database), PostgreSQL through asyncpg
+(``postgresql://`` or ``postgres://``) and MySQL/MariaDB through aiomysql (``mysql://`` or
+``mariadb://``, the ``mysql`` extra). Another database is one more :class:`Driver` subclass
 (and its :class:`Source`) listed in :data:`DRIVERS`. Values always travel as parameters;
 identifiers are checked against a strict pattern and quoted, never formatted raw.
 """
@@ -26,16 +27,17 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store import redact_dsn
+from watchkeeper.store.backend import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 __all__ = [
     "DRIVERS",
     "Driver",
+    "MysqlDriver",
     "PostgresDriver",
     "Query",
     "Source",
@@ -303,9 +305,88 @@ class PostgresDriver(Driver):
             yield source
 
 
+# -- MySQL / MariaDB ------------------------------------------------------------------------------
+
+
+class _MysqlSource(Source):
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        async with self._connection.cursor() as cursor:
+            await cursor.execute(sql, tuple(params))
+            rows = await cursor.fetchall()
+            names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    async def aclose(self) -> None:
+        """Say goodbye to the server (COM_QUIT); a connection that cannot is just dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._connection.ensure_closed()
+        except self._errors:  # the driver's errors and OSError
+            self._connection.close()
+
+
+class MysqlDriver(Driver):
+    """MySQL and MariaDB through aiomysql, in autocommit mode.
+
+    Autocommit matters: InnoDB's default isolation (REPEATABLE READ) would otherwise keep the
+    first poll's snapshot for the life of the connection, and no later row would ever show.
+    """
+
+    name = "mysql"
+    prefixes = ("mysql://", "mariadb://")
+
+    def target(self, owner: str, dsn: str) -> str | None:
+        scheme = dsn.partition(":")[0].lower()
+        if scheme not in {"mysql", "mariadb"} or not dsn[len(scheme) :].startswith("://"):
+            return None
+        try:
+            parts = urlsplit(dsn)
+            parts.port  # noqa: B018 - parsing it is the check
+        except ValueError as exc:
+            raise ValueError(
+                f"{owner}: dsn {redact_dsn(dsn)!r} is not a valid URL: {exc}"
+            ) from None
+        if not parts.hostname:
+            raise ValueError(f"{owner}: dsn {redact_dsn(dsn)!r} names no server")
+        return dsn
+
+    def quote(self, identifier: str) -> str:
+        return f"`{identifier}`"
+
+    def placeholder(self, index: int) -> str:
+        return "%s"
+
+    def not_among(self, query: Query, column: str, keys: Sequence[Any]) -> str:
+        return f"{column} NOT IN ({', '.join(query.param(key) for key in keys)})"
+
+    @contextlib.asynccontextmanager
+    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        import aiomysql  # type: ignore[import-untyped] # no stubs published
+        import pymysql  # type: ignore[import-untyped] # no stubs installed
+
+        parts = urlsplit(target)
+        errors = (pymysql.err.MySQLError, OSError)
+        try:
+            connection = await aiomysql.connect(
+                host=parts.hostname or "localhost",
+                port=parts.port or 3306,
+                user=unquote(parts.username) if parts.username else None,
+                password=unquote(parts.password) if parts.password else "",
+                db=unquote(parts.path.lstrip("/")) or None,
+                charset="utf8mb4",
+                autocommit=True,
+            )
+        except errors as exc:
+            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
+        async with _closing(_MysqlSource(connection, table, errors)) as source:
+            yield source
+
+
 # -- choosing one ---------------------------------------------------------------------------------
 
-DRIVERS: tuple[Driver, ...] = (SqliteDriver(), PostgresDriver())
+DRIVERS: tuple[Driver, ...] = (SqliteDriver(), PostgresDriver(), MysqlDriver())
 """Every driver, asked in this order whether a DSN is its own."""
 
 

@@ -77,7 +77,7 @@ class LagWindow(Generic[C, K]):
         self.floor = floor
         self.overflowed = False
         self._recent: OrderedDict[K, C] = OrderedDict()
-        self._encoded: OrderedDict[K, Any] = OrderedDict()
+        self._encoded: OrderedDict[K, tuple[Any, int]] = OrderedDict()  # JSON form, size
         self._bytes = 0
         for cursor, key in sorted(recent, key=_order):
             self._remember(cursor, key)
@@ -127,13 +127,38 @@ class LagWindow(Generic[C, K]):
         self._remember(cursor, key)
         self._prune()
 
+    def record_many(self, items: Iterable[tuple[C, K]], *, new: bool) -> None:
+        """Note that ``items`` were emitted together, in order, pruning once at the end.
+
+        ``new`` says whether they lie above the watermark (each above the one before). The
+        window ends accepting exactly what :meth:`record` called for each item would leave it
+        accepting: the same watermark and floor, the same keys remembered inside the window
+        above the floor. It may drop sooner a key below the window's start or at the floor
+        (never accepted again either way), and an overflow that only the middle of the batch
+        would have met goes unnoticed: a batch commits one state, its end's.
+        """
+        batch = list(items)
+        if new and batch:
+            self.watermark = batch[-1]
+        low = self.low  # where the window starts once the batch is recorded
+        recent, remember = self._recent, self._remember
+        for cursor, key in batch:
+            if low is not None and _lt(cursor, low):
+                # Behind the window at the batch's end: never accepted again, so not kept
+                # (a backfill remembers only its last lag window, not every row).
+                if key in recent:
+                    self._forget(key)
+                continue
+            remember(cursor, key)
+        self._prune()
+
     def keys(self) -> list[K]:
         """The remembered keys (every key emitted inside the window above the floor)."""
         return list(self._recent)
 
     def encoded_cursors(self) -> list[Any]:
         """The JSON forms of the remembered keys' cursors, in the order of :meth:`keys`."""
-        return list(self._encoded.values())
+        return [encoded for encoded, _ in self._encoded.values()]
 
     def items(self) -> list[tuple[C, K]]:
         """The remembered ``(cursor, key)`` items, in the order they were emitted."""
@@ -143,13 +168,13 @@ class LagWindow(Generic[C, K]):
         if key in self._recent:
             self._forget(key)
         self._recent[key] = cursor
-        self._encoded[key] = self._encode(cursor)
-        self._bytes += self._size_of(cursor, key)
+        size = self._size_of(cursor, key)
+        self._encoded[key] = (self._encode(cursor), size)
+        self._bytes += size
 
     def _forget(self, key: K) -> C:
         cursor = self._recent.pop(key)
-        del self._encoded[key]
-        self._bytes -= self._size_of(cursor, key)
+        self._bytes -= self._encoded.pop(key)[1]
         return cursor
 
     def _over(self) -> bool:

@@ -43,7 +43,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from watchkeeper.store import AssetStateStoreAccessors, get_logger
+from watchkeeper.store import AssetStateStoreAccessors
+from watchkeeper.store.backend import get_logger
 
 from ._window import LagWindow
 

@@ -17,6 +17,10 @@ timestamp are ordered by name and none is missed or repeated. Late files (see
 
 ``min_age`` defers files modified less than that many seconds ago, so a file still being
 written is emitted once it has settled (with its final size).
+
+The new files of a scan are committed ``batch_size`` at a time, each group as one
+:class:`~watchkeeper.triggerer.TriggerEventBatch` (its events and the state after the last of
+them, in one transaction).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.store.backend import get_logger
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import (
     SerializedEquality,
     check_non_negative,
     check_positive,
+    check_positive_int,
     check_str,
     sleep_jittered,
     sleep_spread,
@@ -93,9 +98,10 @@ class DirectoryWatcher(SerializedEquality):
     """Yields one event per new file in ``path`` whose name matches the glob ``pattern``.
 
     The payload is ``{"path", "name", "size", "mtime", "mtime_ns"}`` (``mtime`` in seconds since
-    the epoch). Each event commits the watcher's state with it, so a restarted watcher neither
-    misses nor repeats a file. On the first run (no watermark yet) every file already present is
-    emitted.
+    the epoch). The events of a scan commit with the watcher's state, at most ``batch_size``
+    per transaction (a :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a restarted
+    watcher neither misses nor repeats a file. On the first run (no watermark yet) every file
+    already present is emitted.
 
     ``pattern`` matches names inside ``path`` (case-sensitively, no subdirectories).
     ``poll_interval`` seconds separate scans, with jitter. ``lag_window`` seconds behind the
@@ -128,6 +134,7 @@ class DirectoryWatcher(SerializedEquality):
         poll_interval: float = 1.0,
         lag_window: float = 60.0,
         min_age: float = 0.0,
+        batch_size: int = 500,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -145,6 +152,7 @@ class DirectoryWatcher(SerializedEquality):
         self.poll_interval = poll_interval
         self.lag_window = lag_window
         self.min_age = min_age
+        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return self.classpath(), {
@@ -153,9 +161,10 @@ class DirectoryWatcher(SerializedEquality):
             "poll_interval": self.poll_interval,
             "lag_window": self.lag_window,
             "min_age": self.min_age,
+            "batch_size": self.batch_size,
         }
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         lag_ns = round(self.lag_window * _NS)
         state: WindowState[int, str] = WindowState(
             f"{type(self).__name__}({self.path!r})",
@@ -181,13 +190,19 @@ class DirectoryWatcher(SerializedEquality):
                 files = []
             else:
                 reported_missing = False
+            events: list[TriggerEvent] = []
             for file in files:
                 if not window.accepts(file.mtime_ns, file.name):
                     continue
                 if not window.is_new(file.mtime_ns, file.name):
                     log.info("late_file", path=self.path, name=file.name, mtime_ns=file.mtime_ns)
                 window.record(file.mtime_ns, file.name)
-                yield TriggerEvent(self._payload(file), state=state.state(window))
+                events.append(TriggerEvent(self._payload(file)))
+                if len(events) == self.batch_size:
+                    yield TriggerEventBatch(events, state=state.state(window))
+                    events = []
+            if events:
+                yield TriggerEventBatch(events, state=state.state(window))
             await sleep_jittered(self.poll_interval)
 
     def _payload(self, file: _File) -> dict[str, Any]:

@@ -1,8 +1,11 @@
-"""``SqlTableWatcher``: one event per new row of a SQLite or PostgreSQL table, exactly once.
+"""``SqlTableWatcher``: one event per new row of a SQLite, PostgreSQL or MySQL/MariaDB table,
+exactly once.
 
 Rows are read in ``(cursor_column, key_column)`` order past a watermark, ``batch_size`` at a
 time (keyset pagination, so rows that share a cursor value are neither skipped nor repeated
-across batches). A watermark on a serial id or a timestamp alone would skip rows that commit out
+across batches), and each batch is committed as one
+:class:`~watchkeeper.triggerer.TriggerEventBatch`: one event per row and the state after the
+last, in one transaction. A watermark on a serial id or a timestamp alone would skip rows that commit out
 of order (a transaction that took its id earlier commits later), so each poll also re-reads a
 *lag window* behind the watermark and emits the rows there whose primary key it has not emitted
 yet (see :mod:`._window`):
@@ -18,7 +21,9 @@ yet (see :mod:`._window`):
 
 Rows with a NULL cursor are never emitted. Keys must be integers, text or UUIDs; cursors
 integers, reals, timestamps or text. The database is reached through a driver of
-:mod:`._sql` (SQLite, PostgreSQL), which spells the queries written here in its own SQL.
+:mod:`._sql` (SQLite, PostgreSQL, MySQL/MariaDB), which spells the queries written here in
+its own SQL. On MySQL an AUTO_INCREMENT id, like a PostgreSQL serial, becomes visible at
+commit, possibly after a higher one: the lag window is what catches it.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-from watchkeeper.store import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.store.backend import get_logger
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import (
     SerializedEquality,
@@ -66,11 +71,16 @@ _CLOSE_TIMEOUT = 5.0
 class SqlTableWatcher(SerializedEquality):
     """Yields one event per row of ``table`` past the watermark; the payload is the row as JSON.
 
-    ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``postgresql://…``
-    (prefer a password from ``PGPASSWORD`` or ``.pgpass``: the DSN is part of ``serialize()``).
+    ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``postgresql://…`` or
+    ``mysql://user:password@host:3306/database`` (``mariadb://`` too; the ``mysql`` extra).
+    The DSN is part of ``serialize()``: prefer a password from ``PGPASSWORD`` or ``.pgpass``
+    on PostgreSQL; ``repr()`` and errors never show it.
     ``table`` (optionally ``schema.table``) and the column names must be plain identifiers; they
     are quoted, so they match exactly. ``columns`` limits the payload (the cursor and key
-    columns are always included). Each event commits the watcher's state with it.
+    columns are always included). Each poll reads at most ``batch_size`` rows and commits their
+    events with the watcher's state in one transaction (a
+    :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a backfill costs one commit per
+    ``batch_size`` rows, not one per row.
 
     State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
     is the one of every lag-window watcher, see :mod:`._window_state`):
@@ -167,7 +177,7 @@ class SqlTableWatcher(SerializedEquality):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEventBatch]:
         state: WindowState[Cursor, Key] = WindowState(
             f"{type(self).__name__}({self.table!r})",
             type(self).__name__,
@@ -185,14 +195,20 @@ class SqlTableWatcher(SerializedEquality):
             try:
                 while True:
                     late, new = await self._poll(source, window)
+                    events: list[TriggerEvent] = []
                     for rows, is_new in ((late, False), (new, True)):
-                        for row in rows:
-                            cursor, key = self._identity(row)
-                            if not is_new:
+                        identities = [self._identity(row) for row in rows]
+                        if not is_new:
+                            for _, key in identities:
                                 log.info("late_row", table=self.table, key=key)
-                            window.record(cursor, key, new=is_new)
-                            payload = {name: to_json_value(v) for name, v in row.items()}
-                            yield TriggerEvent(payload, state=state.state(window))
+                        window.record_many(identities, new=is_new)
+                        events += [
+                            TriggerEvent({name: to_json_value(v) for name, v in row.items()})
+                            for row in rows
+                        ]
+                    if events:
+                        # The state after the last row: what its single event would carry.
+                        yield TriggerEventBatch(events, state=state.state(window))
                     if len(late) + len(new) < self.batch_size:
                         await sleep_jittered(self.poll_interval)
             finally:

@@ -1,6 +1,7 @@
 """A backend wrapper that lets the harness watch a run and kill it at a named point.
 
-:class:`ObservedBackend` forwards every call to the real backend and notes each commit. Armed
+:class:`ObservedBackend` forwards every call to the real backend and notes each commit; it has the
+capabilities of the backend it wraps (their methods are forwarded generically). Armed
 with a :class:`CrashPlan`, it "kills the process" at one point of the trigger's life: from then
 on every call raises :class:`SimulatedCrash` before reaching the real backend, so nothing the
 dying run does afterwards (its ``finally`` blocks, its ``cleanup()``) becomes durable — just as
@@ -9,30 +10,30 @@ nothing happens after a ``kill -9``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, Literal, Self, get_args
 
 import anyio
-from watchkeeper.store import (
-    Asset,
-    AssetEvent,
-    AssetInfo,
-    BaseStateBackend,
+from watchkeeper.store import AssetEvent, BaseStateBackend, StateScope
+from watchkeeper.store.backend import (
+    CAPABILITIES,
+    EventBatchCommit,
     EventCommit,
-    GcReport,
+    Put,
     RawEntry,
-    StateScope,
-    TriggerStatus,
     Writer,
+    capability_methods,
     encode_json,
+    require_event_log,
 )
 
 __all__ = ["CRASH_POINTS", "CrashPlan", "CrashPoint", "ObservedBackend", "SimulatedCrash"]
 
 CrashPoint = Literal["before_commit", "after_commit", "between_items"]
-"""Where a harness crash hits, relative to the trigger's ``event``-th yielded event:
+"""Where a harness crash hits, relative to the trigger's ``event``-th yielded event (a
+:class:`~watchkeeper.triggerer.TriggerEventBatch` is one yielded event: it commits whole):
 
 - ``before_commit``: the event was yielded, the process dies before it commits;
 - ``after_commit``: the event and its ``state`` committed, the process dies before the
@@ -73,7 +74,16 @@ class CrashPlan:
 class ObservedBackend(BaseStateBackend):
     """Forwards to ``inner``; records commits; dies at the crash point of ``plan``."""
 
-    supports_events: ClassVar[bool] = True
+    def __new__(
+        cls,
+        inner: BaseStateBackend,
+        plan: CrashPlan | None = None,
+        on_crash: Callable[[], Awaitable[None]] | None = None,
+    ) -> Self:
+        if cls is ObservedBackend:  # the subclass forwarding what ``inner`` can do
+            owned = frozenset(c for c in CAPABILITIES if isinstance(inner, c))
+            return super().__new__(_observed_class(owned))  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -88,7 +98,8 @@ class ObservedBackend(BaseStateBackend):
         self.plan = plan
         self._on_crash = on_crash
         self.yielded = 0
-        """Trigger events that reached the commit (suppressed duplicates included)."""
+        """Trigger events (or batches) that reached the commit (suppressed duplicates
+        included)."""
         self.committed: list[AssetEvent] = []
         self.crashed: SimulatedCrash | None = None
         self.last_commit_at = 0.0
@@ -121,6 +132,13 @@ class ObservedBackend(BaseStateBackend):
     # -- events ----------------------------------------------------------------------------------
 
     async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        return await self._commit(lambda: require_event_log(self.inner).acommit_event(commit))
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        return await self._commit(lambda: require_event_log(self.inner).acommit_events(batch))
+
+    async def _commit(self, commit: Callable[[], Awaitable[list[AssetEvent]]]) -> list[AssetEvent]:
+        """One yielded event's (or batch's) commit, with the crash points around it."""
         self._check_alive()
         plan = self.plan
         number = self.yielded + 1
@@ -129,7 +147,7 @@ class ObservedBackend(BaseStateBackend):
                 raise await self._die("before_commit", number)
             if plan.point == "between_items" and number == plan.event + 1:
                 raise await self._die("between_items", plan.event)
-        written = await self.inner.acommit_event(commit)
+        written = await commit()
         self.yielded = number
         self.committed.extend(written)
         self.last_commit_at = anyio.current_time()
@@ -144,28 +162,8 @@ class ObservedBackend(BaseStateBackend):
         self._check_alive()
         return await self.inner.aget_raw(scope, key)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        version: int = await self._direct_write(
-            lambda: self.inner.aput_json(
-                scope,
-                key,
-                value_json,
-                expires_at=expires_at,
-                never_expire=never_expire,
-                expected_version=expected_version,
-                writer=writer,
-            )
-        )
+    async def _aput(self, put: Put) -> int:
+        version: int = await self._direct_write(lambda: self.inner.aput(put))
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
@@ -195,58 +193,32 @@ class ObservedBackend(BaseStateBackend):
             for e in await self.inner.alist(scope)
         ]
 
-    # -- the rest of the metastore, forwarded --------------------------------------------------
-
     async def amigrate(self) -> list[int]:
         self._check_alive()
         return await self.inner.amigrate()
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        self._check_alive()
-        await self.inner.aregister_assets(assets)
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        self._check_alive()
-        return await self.inner.adeactivate_asset(name)
+def _forward(name: str) -> Callable[..., Awaitable[Any]]:
+    """A method that checks the run is alive and then awaits ``inner.<name>``."""
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
+    async def forward(self: ObservedBackend, *args: Any, **kwargs: Any) -> Any:
         self._check_alive()
-        return await self.inner.alist_assets(active_only=active_only)
+        return await getattr(self.inner, name)(*args, **kwargs)
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
-    ) -> list[AssetEvent]:
-        self._check_alive()
-        return await self.inner.alist_events(asset=asset, since_id=since_id, limit=limit)
+    forward.__name__ = forward.__qualname__ = name
+    return forward
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        self._check_alive()
-        return await self.inner.acollect_garbage(
-            default_retention_days=default_retention_days,
-            batch_size=batch_size,
-            dry_run=dry_run,
-            now=now,
-            event_retention_days=event_retention_days,
-            dedup_retention_days=dedup_retention_days,
-        )
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        self._check_alive()
-        await self.inner.asave_trigger_status(statuses)
-
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
-        self._check_alive()
-        await self.inner.adelete_trigger_status(trigger_ids)
-
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
-        self._check_alive()
-        return await self.inner.alist_trigger_status()
+@functools.cache
+def _observed_class(capabilities: frozenset[type]) -> type[ObservedBackend]:
+    """ObservedBackend plus a forwarder for each method of these capabilities that it does
+    not define itself: the wrapper has exactly the capabilities of the backend it wraps, and
+    a method added to a capability Protocol is forwarded without a change here."""
+    own = vars(ObservedBackend)
+    methods = {
+        name: _forward(name)
+        for capability in capabilities
+        for name in capability_methods(capability)
+        if name not in own
+    }
+    return type("ObservedBackend", (ObservedBackend,), methods)

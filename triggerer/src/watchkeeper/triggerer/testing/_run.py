@@ -14,6 +14,7 @@ import anyio
 import greenback
 import structlog
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import require_asset_registry
 
 from .._supervisor import TriggerSlot, drive_trigger
 from ..trigger import BaseEventTrigger
@@ -47,7 +48,9 @@ async def run_trigger(
     """Run ``trigger`` once and return the asset events this call committed, in commit order.
 
     The assets are registered first. The run stops after ``max_events`` committed asset events
-    (one trigger event commits one per watched asset; a suppressed duplicate commits none), when
+    (one trigger event commits one per watched asset; a suppressed duplicate commits none; a
+    :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops after the
+    batch that reached ``max_events`` and returns all of it), when
     ``run()`` returns, or after ``timeout`` seconds, returning what was committed by then. Upon
     ``max_events`` the generator is closed at its ``yield``, as when breaking out of
     ``async for``. ``cleanup()`` is always awaited. An exception from ``run()`` (or from
@@ -73,7 +76,7 @@ async def run_trigger(
         raise ValueError(f"timeout must be positive or None, got {timeout!r}")
     name = watcher_name_for(trigger, watcher_name)
     slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched, (name,))
-    await backend.aregister_assets(watched)
+    await require_asset_registry(backend).aregister_assets(watched)
 
     committed: list[AssetEvent] = []
     failure: list[Exception] = []

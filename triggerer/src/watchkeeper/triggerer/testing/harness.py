@@ -27,6 +27,7 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 from watchkeeper.store import Asset, AssetEvent, AssetScope, BaseStateBackend
+from watchkeeper.store.backend import require_event_log
 
 from .._loader import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
 from ..trigger import BaseEventTrigger
@@ -143,7 +144,9 @@ class WatcherHarness:
         """Run ``trigger`` until ``max_events`` asset events committed, ``run()`` returns,
         ``timeout`` passes, or (once it committed something) ``idle`` seconds pass without a
         commit; then stop it (cancel, await cleanup). An exception from the trigger is raised
-        here. The idle clock starts at the first commit, so a slow start never looks idle."""
+        here. The idle clock starts at the first commit, so a slow start never looks idle.
+        A :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run stops after
+        the batch that reached ``max_events``, and its events are all in the result."""
         return await self._run(
             trigger, _assets(assets), max_events, idle, timeout, None, (), watcher_name
         )
@@ -175,7 +178,8 @@ class WatcherHarness:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
         watcher_name: str | None = None,
     ) -> HarnessRun:
-        """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event.
+        """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event (a
+        :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits whole).
 
         Nothing the dying run does after that point reaches the backend, and each of
         ``sources`` is disconnected at that moment (a broker forgets a dead consumer's
@@ -284,7 +288,9 @@ class WatcherHarness:
         crash: SimulatedCrash | None,
     ) -> HarnessRun:
         names = {asset.name for asset in watched}
-        all_events = [e for e in await self.backend.alist_events() if e.asset in names]
+        all_events = [
+            e for e in await require_event_log(self.backend).alist_events() if e.asset in names
+        ]
         state: dict[str, dict[str, Any]] = {}
         for asset in watched:
             entries = await self.backend.alist(AssetScope(name=asset.name))

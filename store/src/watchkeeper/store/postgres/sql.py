@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ._types import RawEntry, Writer
-from .errors import InvalidValueError, StateStoreError, StoreUnavailableError
+from .._types import RawEntry, Writer
+from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -196,6 +196,11 @@ class Statements:
             )
             SELECT id, asset_id, created_at FROM ev ORDER BY id
         """
+        # One batch of one trigger: each event on each asset, in (event, asset) order so the
+        # ids follow it; its state once per asset where at least one event was inserted. A
+        # batch without dedup keys needs neither the lookup nor the speculative insert.
+        self.commit_batch = _commit_batch(p, dedup=True)
+        self.commit_batch_plain = _commit_batch(p, dedup=False)
         self.list_events = (
             "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
             f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "
@@ -253,7 +258,7 @@ class Statements:
             "SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused "
             f"FROM {p}daemon_status ORDER BY owner"
         )
-        self.gc = _GcStatements(p)
+        self.gc = GcStatements(p)
         # Leases. Every statement that locks lease rows locks them in trigger_id order (the
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.
         # The fence check takes FOR SHARE: a claim by another daemon (FOR UPDATE) waits until
@@ -288,7 +293,7 @@ class Statements:
         )
 
 
-class _GcStatements:
+class GcStatements:
     """Select, delete, and delete-a-batch statements for each kind of garbage.
 
     The task kinds take their time bound as ``$1`` (and the batch size as ``$2``); the orphan
@@ -337,6 +342,46 @@ class _GcStatements:
             f"DELETE FROM {p}asset_events WHERE id IN (SELECT id FROM {p}asset_events "
             f"WHERE {events} LIMIT $3 FOR UPDATE SKIP LOCKED)"
         )
+
+
+def _commit_batch(p: str, *, dedup: bool) -> str:
+    """The statement of one event batch (see ``Statements.commit_batch``)."""
+    skip = (
+        f"""WHERE e.dedup_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM {p}asset_events x
+                    WHERE x.asset_id = a.asset_id AND x.dedup_key = e.dedup_key)"""
+        if dedup
+        else ""
+    )
+    conflict = (
+        "ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING" if dedup else ""
+    )
+    return f"""
+        WITH ev AS (
+            INSERT INTO {p}asset_events
+                (asset_id, asset_name, watcher, payload, dedup_key, created_at)
+            SELECT a.asset_id, a.asset_name, $5, e.payload, e.dedup_key, $6
+            FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS e(payload, dedup_key, ord)
+            CROSS JOIN unnest($3::int8[], $4::text[]) WITH ORDINALITY
+                 AS a(asset_id, asset_name, ord)
+            {skip}
+            ORDER BY e.ord, a.ord
+            {conflict}
+            RETURNING id, asset_id, dedup_key
+        ), st AS (
+            INSERT INTO {p}asset_state AS t
+                (asset_id, key, value, version, updated_at,
+                 writer_kind, writer_name, writer_try)
+            SELECT w.asset_id, j.key, j.value, 1, $6, $9, $10, $11
+            FROM (SELECT DISTINCT asset_id FROM ev) w
+            CROSS JOIN unnest($7::text[], $8::text[]) AS j(key, value)
+            ON CONFLICT (asset_id, key) DO UPDATE SET
+                value = EXCLUDED.value, version = t.version + 1,
+                updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
+                writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
+        )
+        SELECT id, asset_id, dedup_key FROM ev ORDER BY id
+    """
 
 
 def writer_fields(writer: Writer | None) -> tuple[str | None, str | None, int | None]:

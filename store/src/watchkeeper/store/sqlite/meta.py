@@ -1,7 +1,7 @@
 """The metastore SQL of :class:`~watchkeeper.store.SqliteStateBackend`: assets, events,
 garbage collection, trigger and daemon status, trigger leases and maintenance.
 
-Like :mod:`._sqlite_ops`: write operations run in the writer's thread inside a batch
+Like :mod:`watchkeeper.store.sqlite.ops`: write operations run in the writer's thread inside a batch
 transaction; ``*_query``/``*_result`` pairs are the reads. Reports keep ``rowid`` order, which
 is the memory backend's insertion order (an upsert keeps its row's ``rowid``).
 """
@@ -13,12 +13,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from ._daemons import decode_refused, encode_refused
-from ._gc import EventCutoffs
-from ._sqlite_ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
-from ._sqlite_schema import apply_migrations, from_db, to_db
-from ._sqlite_writer import Tx
-from ._types import (
+from .._daemons import decode_refused, encode_refused
+from .._gc import EventCutoffs
+from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
@@ -29,7 +26,10 @@ from ._types import (
     TaskScope,
     TriggerStatus,
 )
-from ._values import check_events_query, decode_value
+from .._values import decode_value
+from .ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
+from .schema import apply_migrations, from_db, to_db
+from .writer import Tx
 
 GcKind = Literal["expired", "retention", "orphaned"]
 
@@ -148,7 +148,6 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
 
 
 def events_query(asset: str | None, since_id: int, limit: int | None) -> Query:
-    check_events_query(asset, since_id, limit)
     sql = (
         "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
         "FROM asset_events WHERE id > ?"

@@ -2,7 +2,7 @@
 
 For several daemons on several machines sharing one database. Semantics are the memory
 backend's, hook for hook. Reads go through an asyncpg pool; writes go through one group-commit
-writer (:mod:`._postgres_writer`) that turns every batch of concurrent writes into one
+writer (:mod:`watchkeeper.store.postgres.writer`) that turns every batch of concurrent writes into one
 transaction of a few set-based statements on a dedicated connection.
 
 asyncpg is imported when the backend opens, so ``import watchkeeper.store`` works without the
@@ -19,21 +19,50 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 
-from ._backend import BaseStateBackend
-from ._daemons import check_daemon_status, check_owners, decode_refused, encode_refused
-from ._gc import event_cutoffs
-from ._leases import check_owner, check_trigger_ids, check_ttl
-from ._postgres_consumers import PostgresConsumers, events_hook
-from ._postgres_ops import CATALOG, LATE, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
-from ._postgres_schema import apply_migrations, check_schema_name, table_prefix
-from ._postgres_sql import (
+from .._commit_queue import CommitStats
+from .._daemons import decode_refused, encode_refused
+from .._gc import GcPlan
+from .._metastore import MetastoreBackend
+from .._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    DaemonStatus,
+    EventBatchCommit,
+    EventCommit,
+    GcReport,
+    Lease,
+    Put,
+    RawEntry,
+    StateScope,
+    TaskScope,
+    TriggerStatus,
+    Writer,
+)
+from .._values import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    decode_value,
+)
+from ..errors import (
+    AssetNotFoundError,
+    InvalidSettingError,
+    StateStoreError,
+    StoreClosedError,
+    StoreUnavailableError,
+)
+from .consumers import PostgresConsumers, events_hook
+from .gc import collect_garbage
+from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from .schema import apply_migrations, check_schema_name, table_prefix
+from .sql import (
     Statements,
     is_connection_error,
     is_unavailable,
@@ -41,30 +70,8 @@ from ._postgres_sql import (
     raw_entry,
     rowcount,
 )
-from ._postgres_tasks import PostgresTasks
-from ._postgres_writer import GroupWriter
-from ._types import (
-    Asset,
-    AssetEvent,
-    AssetInfo,
-    DaemonStatus,
-    EventCommit,
-    GcReport,
-    Lease,
-    RawEntry,
-    StateScope,
-    TaskScope,
-    TriggerStatus,
-    Writer,
-)
-from ._values import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_VALUE_BYTES,
-    check_events_query,
-    check_name,
-    decode_value,
-)
-from .errors import AssetNotFoundError, StateStoreError, StoreClosedError, StoreUnavailableError
+from .tasks import PostgresTasks
+from .writer import GroupWriter
 
 if TYPE_CHECKING:
     import asyncpg
@@ -86,15 +93,13 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
+class PostgresStateBackend(PostgresTasks, PostgresConsumers, MetastoreBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
     go where the server's search path puts them. The pool holds ``min_size`` to ``max_size``
     connections for reads; the writer has one more of its own.
     """
-
-    supports_events = True
 
     def __init__(
         self,
@@ -108,12 +113,16 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         if not isinstance(dsn, str) or not dsn:
-            raise ValueError(f"dsn must be a non-empty postgresql:// URL, got {type(dsn).__name__}")
+            raise InvalidSettingError(
+                "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
+            )
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                raise InvalidSettingError(name, f"must be an int >= {low}, got {value!r}")
         if min_size > max_size:
-            raise ValueError(f"min_size ({min_size}) must not exceed max_size ({max_size})")
+            raise InvalidSettingError(
+                f"min_size ({min_size})", f"must not exceed max_size ({max_size})"
+            )
         self.schema = check_schema_name(schema)
         self.min_size, self.max_size = min_size, max_size
         self._dsn = dsn
@@ -204,9 +213,11 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
                         pool.terminate()
 
     @property
-    def write_batches(self) -> int:
-        """How many transactions the group-commit writer has committed since the backend opened."""
-        return self._last_writer.batches if self._last_writer is not None else 0
+    def commit_stats(self) -> CommitStats:
+        """How many batches the group-commit writer ran for how many writes since the backend
+        opened (readable after closing)."""
+        writer = self._last_writer
+        return CommitStats(0, 0) if writer is None else writer.queue.stats
 
     def _pool_or_closed(self) -> asyncpg.Pool:
         if self._pool is None or not self._open:
@@ -308,28 +319,8 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
             raise AssetNotFoundError(str(scope))
         return [raw_entry(row, 1, task=False) for row in rows if row[1] is not None]
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        op = PutOp(
-            scope,
-            key,
-            value_json,
-            updated_at=self.clock(),
-            writer=writer,
-            expires_at=expires_at,
-            never_expire=never_expire,
-            expected=expected_version,
-        )
-        version: int = await self._submit(op)
+    async def _aput(self, put: Put) -> int:
+        version: int = await self._submit(PutOp(put, updated_at=self.clock()))
         return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
@@ -355,25 +346,15 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
         except Exception as exc:
             raise map_error(exc, "migrating") from exc
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        self._check_open()
-        latest: dict[str, str | None] = {}
-        for asset in assets:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must hold Asset objects, got {type(asset).__name__}")
-            latest[asset.name] = asset.uri  # a name given twice: the last URI wins, as in memory
-        if not latest:
-            return
-        now, names, uris = self.clock(), list(latest), list(latest.values())
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
+        now, names, uris = self.clock(), [a.name for a in assets], [a.uri for a in assets]
 
         async def register(conn: asyncpg.Connection) -> None:
             await conn.execute(self._sql.register_assets, names, uris, now)
 
         await self._submit(CallOp(register, phase=CATALOG))
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        self._check_open()
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         now = self.clock()
 
         async def deactivate(conn: asyncpg.Connection) -> bool:
@@ -382,135 +363,47 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
         changed: bool = await self._submit(CallOp(deactivate, phase=CATALOG))
         return changed
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
-        self._check_open()
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         rows = await self._fetch("listing assets", self._sql.list_assets, active_only)
         return [AssetInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
-        if not isinstance(commit, EventCommit):
-            raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         events: list[AssetEvent] = await self._submit(CommitOp(commit, self.clock()))
         return events
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        events: list[AssetEvent] = await self._submit(BatchCommitOp(batch, self.clock()))
+        return events
+
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        self._check_open()
-        check_events_query(asset, since_id, limit)
         rows = await self._fetch("listing events", self._sql.list_events, since_id, asset, limit)
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        self._check_open()
-        if not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(
-                f"batch_size must be an int >= 0 (0: one statement), got {batch_size!r}"
-            )
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
-        event_args = () if events_due is None else (events_due.events, events_due.dedup)
-        events = 0
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
-        bounds: dict[str, tuple[Any, ...]] = {"expired": (now,), "orphaned": ()}
-        if cutoff is not None:
-            bounds["retention"] = (cutoff,)
-        gc = self._sql.gc
-        found: dict[str, list[tuple[Any, ...]]] = {kind: [] for kind in bounds}
-        if dry_run:
-            for kind, args in bounds.items():
-                found[kind] = [tuple(r) for r in await self._fetch("GC", gc.select[kind], *args)]
-            if event_args:
-                (row,) = await self._fetch("GC", gc.events_count, *event_args)
-                events = row[0]
-        elif batch_size == 0:
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        return await collect_garbage(plan, self._sql.gc, self._fetch, self._submit)
 
-            async def collect(conn: asyncpg.Connection) -> int:
-                for kind, args in bounds.items():
-                    found[kind] = [tuple(r) for r in await conn.fetch(gc.delete[kind], *args)]
-                if not event_args:
-                    return 0
-                return rowcount(await conn.execute(gc.events_delete, *event_args))
-
-            events = await self._submit(CallOp(collect, phase=LATE))
-        else:
-            for kind, args in bounds.items():
-                while True:
-                    sql, params = gc.delete_batch[kind], (*args, batch_size)
-
-                    async def collect_batch(
-                        conn: asyncpg.Connection, sql: str = sql, params: tuple[Any, ...] = params
-                    ) -> list[tuple[Any, ...]]:
-                        return [tuple(r) for r in await conn.fetch(sql, *params)]
-
-                    rows: list[tuple[Any, ...]] = await self._submit(
-                        CallOp(collect_batch, phase=LATE)
-                    )
-                    found[kind].extend(rows)
-                    if len(rows) < batch_size:
-                        break
-            while event_args:
-
-                async def delete_events(conn: asyncpg.Connection) -> int:
-                    return rowcount(
-                        await conn.execute(gc.events_delete_batch, *event_args, batch_size)
-                    )
-
-                deleted: int = await self._submit(CallOp(delete_events, phase=LATE))
-                events += deleted
-                if deleted < batch_size:
-                    break
-        report = GcReport(dry_run=dry_run, events=events)
-        report.expired = [(TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found["expired"])]
-        report.retention = [
-            (TaskScope._from_row(*r[:4]), r[4]) for r in sorted(found.get("retention", []))
-        ]
-        report.orphaned = [(r[0], r[1]) for r in sorted(found["orphaned"])]
-        return report
-
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        self._check_open()
-        rows: list[tuple[Any, ...]] = []
-        for s in statuses:
-            if not isinstance(s, TriggerStatus):
-                raise TypeError(f"statuses must hold TriggerStatus objects, got {type(s).__name__}")
-            rows.append(
-                (s.trigger_id, s.classpath, list(s.assets), list(s.watchers), s.state, s.failures,
-                 s.last_error, s.last_event_at, s.events, s.updated_at, s.owner)
-            )  # fmt: skip
-        if not rows:
-            return
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        rows = [
+            (s.trigger_id, s.classpath, list(s.assets), list(s.watchers), s.state, s.failures,
+             s.last_error, s.last_event_at, s.events, s.updated_at, s.owner)
+            for s in statuses
+        ]  # fmt: skip
 
         async def save(conn: asyncpg.Connection) -> None:
             await conn.executemany(self._sql.save_status, rows)
 
         await self._submit(CallOp(save, phase=LATE))
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        ids = list(trigger_ids)
-        if not all(isinstance(i, str) for i in ids):
-            raise TypeError("trigger_ids must hold str trigger ids")
-        if not ids:
-            return
+    async def _adelete_trigger_status(self, ids: list[str]) -> None:
 
         async def delete(conn: asyncpg.Connection) -> int:
             return rowcount(await conn.execute(self._sql.delete_status, ids))
 
         await self._submit(CallOp(delete, phase=LATE))
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
-        self._check_open()
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         rows = await self._fetch("listing trigger status", self._sql.list_status)
         return [
             TriggerStatus(
@@ -521,9 +414,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
             for r in rows
         ]  # fmt: skip
 
-    async def asave_daemon_status(self, status: DaemonStatus) -> None:
-        self._check_open()
-        s = check_daemon_status(status)
+    async def _asave_daemon_status(self, s: DaemonStatus) -> None:
         row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
                encode_refused(s.refused))  # fmt: skip
 
@@ -532,19 +423,14 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
 
         await self._submit(CallOp(save, phase=LATE))
 
-    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
-        self._check_open()
-        names = check_owners(owners)
-        if not names:
-            return
+    async def _adelete_daemon_status(self, names: list[str]) -> None:
 
         async def delete(conn: asyncpg.Connection) -> int:
             return rowcount(await conn.execute(self._sql.delete_daemons, names))
 
         await self._submit(CallOp(delete, phase=LATE))
 
-    async def alist_daemon_status(self) -> list[DaemonStatus]:
-        self._check_open()
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
         rows = await self._fetch("listing daemon status", self._sql.list_daemons)
         return [
             DaemonStatus(
@@ -560,13 +446,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
     # the writer's batches: a batch holds the lease rows it fences on (FOR SHARE) until it
     # commits, and a claim that shared its transaction could deadlock with another daemon's.
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        self._check_open()
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
-        if not ids:
-            return {}
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         now = self.clock()
 
         async def claim(conn: Any) -> dict[str, int]:
@@ -576,11 +456,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
 
         return await self._transact("claiming leases", claim)
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
-        if not ids:
-            return
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
         now = self.clock()
 
         async def release(conn: Any) -> None:
@@ -589,7 +465,6 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, BaseStateBackend):
 
         await self._transact("releasing leases", release)
 
-    async def alist_leases(self) -> list[Lease]:
-        self._check_open()
+    async def _alist_leases(self) -> list[Lease]:
         rows = await self._fetch("listing leases", self._sql.list_leases)
         return [Lease(r[0], r[1], r[2], r[3]) for r in rows]

@@ -1,8 +1,8 @@
 """The key/value SQL of :class:`~watchkeeper.store.SqliteStateBackend` (metastore SQL is in
-:mod:`._sqlite_meta`).
+:mod:`watchkeeper.store.sqlite.meta`).
 
 Write operations are plain functions ``op(tx, ...)`` that the group-commit writer runs in its
-thread, inside the batch transaction (see :mod:`._sqlite_writer`); they raise the store's own
+thread, inside the batch transaction (see :mod:`watchkeeper.store.sqlite.writer`); they raise the store's own
 errors (:class:`VersionConflictError`, :class:`AssetNotFoundError`) and leave sqlite3 errors to
 the writer, which translates them. Reads are split in two: ``*_query`` builds the SQL and its
 parameters for the aiosqlite reader, ``*_result`` turns the rows into the store's types.
@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any, Final
 
-from ._leases import check_fence
-from ._sqlite_schema import asset_match, from_db, to_db
-from ._sqlite_writer import Tx, Upsert
-from ._types import (
+from .._leases import check_fence
+from .._types import (
     Fence,
+    Put,
     RawEntry,
     StateScope,
     TaskScope,
     Writer,
 )
-from .errors import AssetNotFoundError, VersionConflictError
+from ..errors import AssetNotFoundError, VersionConflictError
+from .schema import asset_match, from_db, to_db
+from .writer import Tx, Upsert
 
 Row = tuple[Any, ...]
 Query = tuple[str, Sequence[object]]
@@ -223,44 +223,29 @@ def check_fence_in(tx: Tx, fence: Fence | None) -> None:
     check_fence(fence, held, tx.now()[0])
 
 
-def upsert(
-    tx: Tx,
-    scope: StateScope,
-    key: str,
-    value_json: str,
-    expires_at: datetime | None,
-    never_expire: bool,
-    writer: Writer | None,
-) -> Upsert:
+def upsert(tx: Tx, put: Put) -> Upsert:
     """The row of a plain upsert, for the writer to coalesce (resolves an asset scope).
 
     A writer with a fence is checked here, so a refused write never reaches a statement.
     """
-    _check_writer_in(tx, writer)
+    _check_writer_in(tx, put.writer)
     stamp = tx.now()[1]
-    who = writer_cols(writer)
+    who = writer_cols(put.writer)
+    scope, key = put.scope, put.key
     if isinstance(scope, TaskScope):
         pk: Row = (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
-        expires = None if expires_at is None else to_db(expires_at)
-        row = (*pk, value_json, stamp, *who, expires, int(never_expire))
+        expires = None if put.expires_at is None else to_db(put.expires_at)
+        row = (*pk, put.value_json, stamp, *who, expires, int(put.never_expire))
         return Upsert(TASK_UPSERTS, pk, row)
     pk = (tx.resolve(scope)[0], key)
-    return Upsert(ASSET_UPSERTS, pk, (*pk, value_json, stamp, *who))
+    return Upsert(ASSET_UPSERTS, pk, (*pk, put.value_json, stamp, *who))
 
 
-def put(
-    tx: Tx,
-    scope: StateScope,
-    key: str,
-    value_json: str,
-    expires_at: datetime | None,
-    never_expire: bool,
-    expected_version: int | None,
-    writer: Writer | None,
-) -> int:
+def put(tx: Tx, put: Put) -> int:
     """Upsert one key; with ``expected_version`` a compare-and-set. Exactly one write statement."""
     conn = tx.conn
-    up = upsert(tx, scope, key, value_json, expires_at, never_expire, writer)
+    up = upsert(tx, put)
+    expected_version = put.expected_version
     if expected_version is None:
         return up.group.execute(conn, [up.row])[up.pk]
     task = up.group is TASK_UPSERTS
@@ -278,7 +263,7 @@ def put(
         ("task_state", _TASK_KEY) if task else ("asset_state", "asset_id = ? AND key = ?")
     )
     current = conn.execute(f"SELECT version FROM {table} WHERE {where}", up.pk).fetchone()
-    raise VersionConflictError(key, expected_version, 0 if current is None else current[0])
+    raise VersionConflictError(put.key, expected_version, 0 if current is None else current[0])
 
 
 def _check_writer_in(tx: Tx, writer: Writer | None) -> None:

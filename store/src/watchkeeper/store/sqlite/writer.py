@@ -1,10 +1,10 @@
 """Group commit for SQLite: one writer drains a queue of operations into shared transactions.
 
 Every write of :class:`~watchkeeper.store.SqliteStateBackend` is an *operation*: a plain
-function ``fn(tx) -> result`` that runs SQL on the writer's connection. Callers put operations
-on a bounded anyio memory object stream (back-pressure when it is full) and wait for theirs.
-One writer task takes everything queued (up to ``max_batch``) and runs the whole batch as one
-call in a worker thread (``anyio.to_thread.run_sync`` with a ``CapacityLimiter(1)``, so one
+function ``fn(tx) -> result`` that runs SQL on the writer's connection. Callers submit
+operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` (back-pressure
+when it is full) and wait for theirs. Its writer task takes everything queued (up to
+``max_batch``) and this module runs the whole batch as one call in a worker thread (``anyio.to_thread.run_sync`` with a ``CapacityLimiter(1)``, so one
 thread at a time owns the ``sqlite3`` connection):
 
     BEGIN IMMEDIATE
@@ -44,20 +44,18 @@ commit. The writer is never disturbed by its callers' cancellation.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._sqlite_schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
-from ._types import AssetScope
-from .errors import (
+from .._commit_queue import CommitQueue, QueuedWrite
+from .._types import AssetScope
+from ..errors import (
     AssetNotFoundError,
     BackendUnavailableError,
     DatabaseFileRemovedError,
@@ -65,6 +63,7 @@ from .errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from .schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 
 __all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 
@@ -164,33 +163,25 @@ class OpGroup(Protocol):
         ...
 
 
-class _Op(Generic[T]):
-    __slots__ = ("coalesce", "done", "error", "fn", "group", "item", "ran", "result", "savepoint")
+class _Op(QueuedWrite):
+    """One queued operation: ``fn`` and how the writer may combine it with its neighbours."""
+
+    __slots__ = ("coalesce", "fn", "group", "item", "savepoint")
 
     def __init__(
         self,
-        fn: Callable[[Tx], T],
+        fn: Callable[[Tx], Any],
         savepoint: bool,
         coalesce: Callable[[Tx], Upsert] | None,
         group: OpGroup | None,
         item: object,
-        done: asyncio.Future[None],
     ) -> None:
+        super().__init__()
         self.fn = fn
         self.coalesce = coalesce
         self.group = group
         self.item = item
         self.savepoint = savepoint
-        self.result: T | None = None
-        self.error: BaseException | None = None
-        self.ran = False
-        # A bare future rather than anyio.Event: half the cost per operation, which is what
-        # a 1000-writer batch pays 1000 times (aiosqlite ties this backend to asyncio anyway).
-        self.done = done
-
-    def reset(self) -> None:
-        """Forget the outcome of an earlier attempt (a busy batch is run again)."""
-        self.ran, self.result, self.error = True, None, None
 
 
 def _translate(exc: sqlite3.Error) -> StateStoreError:
@@ -220,7 +211,7 @@ class _Pending:
     __slots__ = ("keys", "ops", "ups")
 
     def __init__(self) -> None:
-        self.ops: list[_Op[Any]] = []
+        self.ops: list[_Op] = []
         self.ups: list[Upsert] = []
         self.keys: set[Row] = set()
 
@@ -249,12 +240,13 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self.limiter = anyio.CapacityLimiter(1)
         """Held by whoever uses the connection: the batch thread, or its closer."""
-        send, receive = anyio.create_memory_object_stream[_Op[Any]](max_buffer_size=max_batch)
-        self._send: MemoryObjectSendStream[_Op[Any]] = send
-        self._receive: MemoryObjectReceiveStream[_Op[Any]] = receive
-        self._stopped = anyio.Event()
-        self.batches = 0
-        self.ops = 0
+        self.queue: CommitQueue[_Op] = CommitQueue(
+            owner,
+            self._run_batch_in_thread,
+            in_flight_error=lambda: StoreClosedError(owner),
+            buffer_size=max_batch,
+            max_batch=max_batch,
+        )
 
     # -- callers ---------------------------------------------------------------------------
 
@@ -277,87 +269,33 @@ class GroupCommitWriter:
         lets the writer run neighbouring operations of that group in one call
         (:class:`OpGroup`), falling back to ``fn`` for each if that call fails.
         """
-        loop = asyncio.get_running_loop()
-        op: _Op[T] = _Op(fn, savepoint, coalesce, group, item, loop.create_future())
-        try:
-            try:
-                self._send.send_nowait(op)  # the common case: no checkpoint, no wait
-            except anyio.WouldBlock:
-                await self._send.send(op)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StoreClosedError(self._owner) from None
-        # Cancelling this await cancels only the waiting: the operation stays queued.
-        await op.done
-        if op.error is not None:
-            raise op.error
-        return op.result  # type: ignore[return-value]
+        result: T = await self.queue.submit(_Op(fn, savepoint, coalesce, group, item))
+        return result
 
-    def close(self) -> None:
-        """Accept no more operations; :meth:`run` returns once the queue is drained."""
-        self._send.close()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    # -- the writer task -------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Accept no more operations and wait until every queued one has committed or failed."""
+        self.queue.close()
+        await self.queue.wait_stopped()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Drain the queue batch by batch until :meth:`close`; start in the backend's task group."""
-        task_status.started()
-        batch: list[_Op[Any]] = []
-        try:
-            while True:
-                # Let the callers of the last batch run first: most queue their next write at
-                # once, so the next batch is about twice as large (measured: +6-12 % events/s
-                # at 100 watchers) for the cost of one pass of the event loop.
-                await anyio.lowlevel.checkpoint()
-                try:
-                    first = self._receive.receive_nowait()
-                except anyio.WouldBlock:
-                    try:
-                        first = await self._receive.receive()
-                    except anyio.EndOfStream:
-                        break
-                except anyio.EndOfStream:
-                    break
-                batch = [first]
-                while len(batch) < self._max_batch:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                try:
-                    await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
-                finally:
-                    self._finish(batch)
-                batch = []
-        finally:
-            # Cancelled (the backend is being torn down): nobody may wait forever.
-            self._finish(batch)
-            leftovers: list[_Op[Any]] = []
-            while True:
-                try:
-                    leftovers.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            self._finish(leftovers)
-            self._receive.close()
-            self._stopped.set()
+        """Drain the queue batch by batch until :meth:`aclose`; start in the backend's task group."""
+        await self.queue.run(task_status=task_status)
 
-    def _finish(self, batch: list[_Op[Any]]) -> None:
-        for op in batch:
-            if not op.ran and op.error is None:
-                op.error = StoreClosedError(self._owner)
-            if not op.done.done():  # done: its caller was cancelled and left
-                op.done.set_result(None)
+    async def _run_batch_in_thread(self, batch: list[_Op]) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
+        finally:
+            # The thread ran to its end even if we were cancelled meanwhile: what it reached
+            # has its final outcome (the rest fails as in flight: StoreClosedError).
+            for op in batch:
+                if op.ran:
+                    op.settle()
 
     # -- inside the worker thread ----------------------------------------------------------
 
-    def _run_batch(self, batch: list[_Op[Any]]) -> None:
-        self.batches += 1
-        self.ops += len(batch)
+    def _run_batch(self, batch: list[_Op]) -> None:
         try:
             retry_busy(
                 lambda: self._attempt(batch),
@@ -373,14 +311,14 @@ class GroupCommitWriter:
             for op in batch:
                 op.ran, op.result, op.error = True, None, _copy(failure)
 
-    def _attempt(self, batch: list[_Op[Any]]) -> None:
+    def _attempt(self, batch: list[_Op]) -> None:
         tx = self._tx
         conn = tx.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             tx.begin()
             pending: dict[UpsertGroup, _Pending] = {}
-            grouped: list[_Op[Any]] = []  # neighbouring operations of one OpGroup
+            grouped: list[_Op] = []  # neighbouring operations of one OpGroup
             for op in batch:
                 if op.group is not None:
                     for group, queued in pending.items():  # keep the order of effects
@@ -455,7 +393,7 @@ class GroupCommitWriter:
                     op.result = version
             start += size
 
-    def _run_group(self, tx: Tx, ops: list[_Op[Any]]) -> None:
+    def _run_group(self, tx: Tx, ops: list[_Op]) -> None:
         """Run neighbouring operations of one :class:`OpGroup` in one call, inside a savepoint;
         if the call fails, undo it and run each operation alone (only the culprit fails)."""
         group = ops[0].group
@@ -491,7 +429,7 @@ class GroupCommitWriter:
             else:
                 op.result = outcome
 
-    def _run_op(self, tx: Tx, op: _Op[Any]) -> None:
+    def _run_op(self, tx: Tx, op: _Op) -> None:
         op.reset()
         if op.savepoint:
             tx.conn.execute("SAVEPOINT wk_op")
@@ -503,7 +441,7 @@ class GroupCommitWriter:
         else:
             op.result = self._guard(tx, op, op.fn)
 
-    def _guard(self, tx: Tx, op: _Op[Any], fn: Callable[[Tx], R]) -> R | None:
+    def _guard(self, tx: Tx, op: _Op, fn: Callable[[Tx], R]) -> R | None:
         """``fn(tx)``, or None with ``op.error`` set; errors that doom the batch propagate."""
         try:
             return fn(tx)

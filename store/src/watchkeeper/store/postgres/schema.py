@@ -5,7 +5,7 @@ in one transaction that first takes a transaction-scoped advisory lock derived f
 name, so several daemons opening the same new database at the same moment serialise: the first
 creates the tables, the others wait, then find every version recorded and apply nothing. The
 lock is released by the commit; nothing is left on the session (the pool does not reset
-connections, see :mod:`.postgres`).
+connections, see :mod:`watchkeeper.store.postgres.backend`).
 
 Text columns that the store orders by (keys, asset names, trigger ids) use the ``"C"``
 collation, so ``ORDER BY`` gives code-point order, the order Python's ``sorted`` gives and the
@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Final
 
-from ._postgres_tasks_schema import TASK_TABLES
-from .errors import BackendUnavailableError
+from ..errors import ArgumentTypeError, BackendUnavailableError, InvalidSettingError
+from .tasks_schema import TASK_TABLES
 
 if TYPE_CHECKING:
     import asyncpg
@@ -200,11 +200,12 @@ def check_schema_name(schema: object) -> str | None:
     if schema is None:
         return None
     if not isinstance(schema, str):
-        raise TypeError(f"schema must be a str or None, got {type(schema).__name__}")
+        raise ArgumentTypeError("schema", schema, "a str or None")
     if not _SCHEMA_NAME.fullmatch(schema):
-        raise ValueError(
-            f"schema {schema!r} is not a plain identifier "
-            "(letters, digits and '_', not starting with a digit, at most 63 characters)"
+        raise InvalidSettingError(
+            f"schema {schema!r}",
+            "is not a plain identifier "
+            "(letters, digits and '_', not starting with a digit, at most 63 characters)",
         )
     return schema
 

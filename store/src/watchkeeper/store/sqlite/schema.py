@@ -19,9 +19,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
-from ._sqlite_tasks_schema import TASK_TABLES
-from ._types import AssetScope
-from .errors import BackendUnavailableError, StoreUnavailableError
+from .._types import AssetScope
+from ..errors import BackendUnavailableError, StoreUnavailableError
+from .tasks_schema import TASK_TABLES
 
 __all__ = [
     "MIGRATIONS",

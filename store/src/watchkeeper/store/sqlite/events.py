@@ -1,10 +1,15 @@
 """Event commits of :class:`~watchkeeper.store.SqliteStateBackend` run as a group.
 
-The writer (:mod:`._sqlite_writer`) hands neighbouring ``acommit_event`` operations of a batch
+The writer (:mod:`watchkeeper.store.sqlite.writer`) hands neighbouring ``acommit_event`` operations of a batch
 to :data:`EVENT_COMMITS` in one call: a handful of statements for the whole group instead of a
 savepoint and two statements per event. The effects are those of
-:func:`._sqlite_meta.commit_event` run once per commit, in call order, which stays the path
+:func:`.meta.commit_event` run once per commit, in call order, which stays the path
 for a lone commit and the fallback when the group's call fails.
+
+An ``acommit_events`` batch (:class:`~watchkeeper.store.EventBatchCommit`) is one operation of
+the same group, its events rows like any others; alone (or in the fallback) it runs through
+:meth:`EventCommits.commit_batch`, the same code on a group of one, inside its savepoint, so a
+batch of a thousand events is still a few multi-row statements and still all or nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._leases import HeldLease, check_fence
-from ._sqlite_ops import Row, writer_cols
-from ._sqlite_schema import from_db
-from ._sqlite_writer import Tx
-from ._types import AssetEvent, AssetScope, EventCommit
-from ._values import decode_value
-from .errors import StateStoreError
+from .._leases import HeldLease, check_fence
+from .._types import AssetEvent, AssetScope, EventBatchCommit, EventCommit
+from .._values import decode_value
+from ..errors import StateStoreError
+from .ops import Row, writer_cols
+from .schema import from_db
+from .writer import Tx
 
 __all__ = ["EVENT_COMMITS", "EventCommits"]
 
@@ -78,7 +83,9 @@ class EventCommits:
             start += size
         return out
 
-    def _leases(self, tx: Tx, commits: Sequence[EventCommit]) -> dict[str, HeldLease]:
+    def _leases(
+        self, tx: Tx, commits: Sequence[EventCommit | EventBatchCommit]
+    ) -> dict[str, HeldLease]:
         ids = sorted({c.fence.trigger_id for c in commits if c.fence is not None})
         held: dict[str, HeldLease] = {}
         for start in range(0, len(ids), self._LOOKUP):
@@ -112,7 +119,7 @@ class EventCommits:
         return found
 
     def run(self, tx: Tx, items: Sequence[Any]) -> list[Any]:
-        commits: Sequence[EventCommit] = items
+        commits: Sequence[EventCommit | EventBatchCommit] = items
         now, stamp = tx.now()
         outcomes: list[Any] = [None] * len(commits)
         held = self._leases(tx, commits)
@@ -130,25 +137,28 @@ class EventCommits:
                 outcomes[index] = exc
                 continue
             accepted.append((index, targets))
-        # 2. Dedup: recorded before the group, or by an earlier commit of the group.
+        # 2. Dedup: recorded before the group, or by an earlier commit (or batch event) of it.
         pairs: set[tuple[int, str]] = set()
         for index, targets in accepted:
-            dedup_key = commits[index].dedup_key
-            if dedup_key is not None:
-                pairs.update((asset_id, dedup_key) for asset_id in targets)
+            for _, dedup_key in _entries(commits[index]):
+                if dedup_key is not None:
+                    pairs.update((asset_id, dedup_key) for asset_id in targets)
         seen = self._recorded(tx, pairs) if pairs else set()
         rows: list[Row] = []
-        owners: list[int] = []  # the commit of each row
+        owners: list[tuple[int, int]] = []  # the commit of each row, and its event in it
         for index, targets in accepted:
             commit = commits[index]
-            key = commit.dedup_key
-            for asset_id, name in targets.items():
-                if key is not None:
-                    if (asset_id, key) in seen:
-                        continue
-                    seen.add((asset_id, key))
-                rows.append((asset_id, name, commit.watcher, commit.payload_json, key, stamp))
-                owners.append(index)
+            watcher = commit.watcher
+            # A batch's events in order, each on every asset: the ids a caller yielding them
+            # one by one would get.
+            for entry, (payload_json, key) in enumerate(_entries(commit)):
+                for asset_id, name in targets.items():
+                    if key is not None:
+                        if (asset_id, key) in seen:
+                            continue
+                        seen.add((asset_id, key))
+                    rows.append((asset_id, name, watcher, payload_json, key, stamp))
+                    owners.append((index, entry))
             outcomes[index] = []
         # 3. The events, ids in call order (AUTOINCREMENT, one row after the other).
         conn = tx.conn
@@ -160,27 +170,56 @@ class EventCommits:
             if [r[1] for r in returned] != [row[0] for row in chunk]:
                 raise StateStoreError("event ids do not follow the rows")  # the writer falls back
             ids.extend(r[0] for r in returned)
-        # 4. The state of the inserted events, folded per key in first-write order.
-        folded: dict[tuple[int, str], list[Any]] = {}
-        payloads: dict[int, object] = {}
-        for row, owner, event_id in zip(rows, owners, ids, strict=True):
+        # 4. The events returned, and the state: written once per (commit, asset) that inserted
+        # a row (a single event has one row per asset; a batch writes its state once), folded
+        # per key in first-write order.
+        payloads: dict[tuple[int, int], object] = {}  # decoded once per event, for its assets
+        stated: dict[tuple[int, int], None] = {}  # (commit, asset_id), in first-row order
+        for row, (owner, entry), event_id in zip(rows, owners, ids, strict=True):
             commit = commits[owner]
-            if owner not in payloads:
-                payloads[owner] = decode_value(commit.payload_json)
+            if type(commit) is EventBatchCommit and commit.decoded is not None:
+                payload = commit.decoded[entry]  # the caller decoded it already
+            else:
+                payload = payloads.get((owner, entry), _MISSING)
+                if payload is _MISSING:
+                    payload = payloads[(owner, entry)] = decode_value(row[3])
             outcomes[owner].append(
-                AssetEvent(event_id, row[1], commit.watcher, payloads[owner], row[4], now)
+                AssetEvent(event_id, row[1], commit.watcher, payload, row[4], now)
             )
-            if commit.state:
-                who = writer_cols(commit.writer)
-                for key, value_json in commit.state.items():
-                    slot = folded.get((row[0], key))
-                    if slot is None:
-                        folded[(row[0], key)] = [row[0], key, value_json, 1, stamp, *who]
-                    else:
-                        slot[2], slot[3], slot[5:] = value_json, slot[3] + 1, who
+            stated[(owner, row[0])] = None
+        folded: dict[tuple[int, str], list[Any]] = {}
+        for owner, asset_id in stated:
+            commit = commits[owner]
+            if not commit.state:
+                continue
+            who = writer_cols(commit.writer)
+            for key, value_json in commit.state.items():
+                slot = folded.get((asset_id, key))
+                if slot is None:
+                    folded[(asset_id, key)] = [asset_id, key, value_json, 1, stamp, *who]
+                else:
+                    slot[2], slot[3], slot[5:] = value_json, slot[3] + 1, who
         for chunk in self._chunks([tuple(v) for v in folded.values()]):
             conn.execute(self._upsert_state(len(chunk)), _flat(chunk))
         return outcomes
+
+    def commit_batch(self, tx: Tx, batch: EventBatchCommit) -> list[AssetEvent]:
+        """One batch alone (inside its savepoint): its events, or its error raised."""
+        (outcome,) = self.run(tx, [batch])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        events: list[AssetEvent] = outcome
+        return events
+
+
+def _entries(commit: EventCommit | EventBatchCommit) -> Sequence[tuple[str, str | None]]:
+    """The ``(payload_json, dedup_key)`` of each event a commit carries."""
+    if type(commit) is EventBatchCommit:
+        return commit.events
+    return ((commit.payload_json, commit.dedup_key),)  # type: ignore[union-attr]
+
+
+_MISSING: Final = object()
 
 
 def _flat(rows: list[Row]) -> list[object]:

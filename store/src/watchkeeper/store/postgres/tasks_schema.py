@@ -1,6 +1,6 @@
-"""The PostgreSQL tables of tasks on asset events (migration 8); see :mod:`._sqlite_tasks_schema`.
+"""The PostgreSQL tables of tasks on asset events (migration 8); see :mod:`..sqlite.tasks_schema`.
 
-``{p}`` is the quoted schema prefix, as in :mod:`._postgres_schema`.
+``{p}`` is the quoted schema prefix, as in :mod:`.schema`.
 """
 
 from __future__ import annotations

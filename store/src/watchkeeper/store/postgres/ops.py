@@ -20,19 +20,28 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import anyio
-
-from ._leases import check_fence
-from ._postgres_sql import (
+from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
+from .._leases import check_fence
+from .._types import (
+    AssetEvent,
+    AssetScope,
+    EventBatchCommit,
+    EventCommit,
+    Fence,
+    Put,
+    StateScope,
+    TaskScope,
+    Writer,
+)
+from .._values import decode_value
+from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError, VersionConflictError
+from .sql import (
     Statements,
     StateStatements,
     columns,
     rowcount,
     writer_fields,
 )
-from ._types import AssetEvent, AssetScope, EventCommit, Fence, StateScope, TaskScope, Writer
-from ._values import decode_value
-from .errors import AssetNotFoundError, LeaseLostError, VersionConflictError
 
 if TYPE_CHECKING:
     import asyncpg
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CATALOG",
     "LATE",
+    "BatchCommitOp",
     "CallOp",
     "ClearOp",
     "CommitOp",
@@ -59,22 +69,15 @@ DELETE: Final = 4
 CLEAR: Final = 5
 LATE: Final = 6  # trigger status, garbage collection
 
-_OP_OVERHEAD: Final = 256  # bytes a write costs beyond its values, for the batch size limit
 
+class Op(QueuedWrite):
+    """One write waiting for the writer, with the phase of the batch it runs in."""
 
-class Op:
-    """One write waiting for the writer; ``done`` is set once its outcome is final."""
-
-    __slots__ = ("done", "error", "phase", "result")
+    __slots__ = ("phase",)
 
     def __init__(self, phase: int) -> None:
+        super().__init__()
         self.phase = phase
-        self.done = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def weight(self) -> int:
-        return _OP_OVERHEAD
 
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         """Take the asset ids of the scopes :meth:`scopes` named (or record a missing one)."""
@@ -85,18 +88,6 @@ class Op:
     def fence_at(self) -> tuple[Fence, datetime] | None:
         """The lease this write depends on, and the write's timestamp to check it at."""
         return None
-
-    def reset(self) -> None:
-        self.result = self.error = None
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class _ScopedOp(Op):
@@ -140,25 +131,15 @@ class PutOp(_ScopedOp):
 
     __slots__ = ("expected", "expires_at", "key", "never_expire", "value_json")
 
-    def __init__(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        updated_at: datetime,
-        writer: Writer | None,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected: int | None,
-    ) -> None:
-        super().__init__(scope, PUT if expected is None else CAS, writer, updated_at)
-        self.key, self.value_json = key, value_json
-        self.expires_at, self.never_expire = expires_at, never_expire
+    def __init__(self, put: Put, *, updated_at: datetime) -> None:
+        expected = put.expected_version
+        super().__init__(put.scope, PUT if expected is None else CAS, put.writer, updated_at)
+        self.key, self.value_json = put.key, put.value_json
+        self.expires_at, self.never_expire = put.expires_at, put.never_expire
         self.expected = expected
 
     def weight(self) -> int:
-        return _OP_OVERHEAD + len(self.value_json)
+        return WRITE_OVERHEAD + len(self.value_json)
 
     def pk(self) -> tuple[Any, ...]:
         return self.row_key(self.key)
@@ -207,7 +188,7 @@ class CommitOp(Op):
 
     def weight(self) -> int:
         c = self.commit
-        one = _OP_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
+        one = WRITE_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
         return one * max(1, len(c.assets))
 
     def scopes(self) -> Sequence[AssetScope]:
@@ -220,6 +201,43 @@ class CommitOp(Op):
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         self.targets = []
         for name in self.commit.assets:
+            asset_id = ids[AssetScope(name=name)]
+            if asset_id is None:
+                self.error = AssetNotFoundError(name)
+                return
+            if all(asset_id != seen for seen, _ in self.targets):
+                self.targets.append((asset_id, name))
+
+
+class BatchCommitOp(Op):
+    """A batch of one trigger's events with one state; the result is the events written.
+
+    Applied by one statement of its own (:func:`_commit_batches`), so it is all or nothing
+    like every op: a failure rolls the writer's transaction back and replays it alone.
+    """
+
+    __slots__ = ("batch", "created_at", "targets")
+
+    def __init__(self, batch: EventBatchCommit, created_at: datetime) -> None:
+        super().__init__(EVENTS)
+        self.batch, self.created_at = batch, created_at
+        self.targets: list[tuple[int, str]] = []
+
+    def weight(self) -> int:
+        b = self.batch
+        events = sum(WRITE_OVERHEAD + len(payload) for payload, _ in b.events)
+        return (events + sum(len(v) for v in b.state.values())) * max(1, len(b.assets))
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return [AssetScope(name=name) for name in self.batch.assets]
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        fence = self.batch.fence
+        return None if fence is None else (fence, self.created_at)
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        self.targets = []
+        for name in self.batch.assets:
             asset_id = ids[AssetScope(name=name)]
             if asset_id is None:
                 self.error = AssetNotFoundError(name)
@@ -283,6 +301,7 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
     await _check_fences(conn, sql, [op for op in ordered if op.error is None])
     live = [op for op in ordered if op.error is None]
     await _commit_events(conn, sql, [op for op in live if isinstance(op, CommitOp)])
+    await _commit_batches(conn, sql, [op for op in live if isinstance(op, BatchCommitOp)])
     await _compare_and_set(
         conn, sql, [op for op in live if isinstance(op, PutOp) and op.phase == CAS]
     )
@@ -345,6 +364,68 @@ async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[Co
             op.result.append(
                 AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
             )
+
+
+async def _commit_batches(
+    conn: asyncpg.Connection, sql: Statements, ops: list[BatchCommitOp]
+) -> None:
+    for op in ops:
+        b = op.batch
+        who = writer_fields(b.writer)
+        keys = list(b.state)
+        dedup_keys = [dedup_key for _, dedup_key in b.events]
+        keyed = any(key is not None for key in dedup_keys)
+        rows = await conn.fetch(
+            sql.commit_batch if keyed else sql.commit_batch_plain,
+            [payload for payload, _ in b.events],
+            dedup_keys if keyed else [],  # unnest pads the shorter array with NULLs
+            [asset_id for asset_id, _ in op.targets],
+            [name for _, name in op.targets],
+            b.watcher,
+            op.created_at,
+            list(keys),
+            [b.state[k] for k in keys],
+            *who,
+        )
+        op.result = _batch_events(op, rows)
+
+
+def _batch_events(op: BatchCommitOp, rows: Sequence[Any]) -> list[AssetEvent]:
+    """Pair the returned ``(id, asset_id, dedup_key)`` rows, in id order, with the events.
+
+    An event without a dedup key is always inserted; one with a key is inserted on an asset
+    when that pair came back (its first event in the batch). The ids follow the insert's
+    ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
+    """
+    b = op.batch
+    targets = op.targets
+    returned = {(asset_id, dedup_key) for _, asset_id, dedup_key in rows if dedup_key is not None}
+    expected: list[tuple[int, int, str]]  # (event index, asset_id, asset name)
+    if not returned and len(rows) == len(b.events) * len(targets):
+        # Nothing suppressed (the usual batch, without dedup keys): every event on every asset.
+        expected = [(i, asset_id, name) for i in range(len(b.events)) for asset_id, name in targets]
+    else:
+        expected = []
+        for index, (_, dedup_key) in enumerate(b.events):
+            for asset_id, name in targets:
+                if dedup_key is not None:
+                    if (asset_id, dedup_key) not in returned:
+                        continue
+                    returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
+                expected.append((index, asset_id, name))
+    if len(expected) != len(rows):
+        raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
+    decoded = b.decoded
+    if decoded is None:  # decoded once per event, for all its assets
+        decoded = tuple(decode_value(payload_json) for payload_json, _ in b.events)
+    watcher, events, created_at = b.watcher, b.events, op.created_at
+    out: list[AssetEvent] = []
+    for (index, asset_id, name), (event_id, got_asset, got_key) in zip(expected, rows, strict=True):
+        dedup_key = events[index][1]
+        if got_asset != asset_id or got_key != dedup_key:
+            raise StateStoreError("the ids of a batch's events do not follow its order")
+        out.append(AssetEvent(event_id, name, watcher, decoded[index], dedup_key, created_at))
+    return out
 
 
 async def _compare_and_set(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:

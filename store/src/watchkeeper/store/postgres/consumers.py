@@ -1,28 +1,29 @@
 """Event consumers and wake-ups for :class:`~watchkeeper.store.PostgresStateBackend`.
 
 The commit-order lock and the one NOTIFY per batch of event commits (:func:`events_hook`, run
-by the group writer and by a finish with outlets) are here too: see :mod:`._postgres_tasks`
+by the group writer and by a finish with outlets) are here too: see :mod:`.tasks`
 for why a cursor reader takes that lock exclusively.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._postgres_schema import table_prefix
-from ._postgres_sql import writer_fields
-from ._tasks import StateWrite, check_limit, check_name
-from ._types import AssetEvent, AssetScope, TaskScope, Writer
-from ._values import decode_value
-from .errors import AssetNotFoundError, ConsumerCursorError
+from .._tasks import StateWrite
+from .._taskstore import TaskStoreBackend
+from .._types import AssetEvent, AssetScope, TaskScope, Writer
+from .._values import decode_value
+from ..errors import AssetNotFoundError, ConsumerCursorError
+from .schema import table_prefix
+from .sql import writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from ._postgres_sql import Statements
+    from .sql import Statements
 
 __all__ = ["EVENT_COLS", "PostgresConsumers", "event_row", "events_channel", "events_hook"]
 
@@ -53,7 +54,7 @@ def event_row(r: Any) -> AssetEvent:
     return AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5])
 
 
-class PostgresConsumers:
+class PostgresConsumers(TaskStoreBackend):
     """The :class:`~._tasks.EventConsumers` of PostgreSQL, the events lock and the wake-ups."""
 
     schema: str | None
@@ -63,7 +64,6 @@ class PostgresConsumers:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
 
@@ -76,23 +76,18 @@ class PostgresConsumers:
 
     # -- consumers ---------------------------------------------------------------------------
 
-    async def aconsumer_position(self, name: str) -> int:
-        self._check_open()
+    async def _aconsumer_position(self, name: str) -> int:
         rows = await self._fetch(
             "reading a consumer",
             f"SELECT cursor FROM {self._p}event_consumers WHERE name = $1",
-            check_name("consumer name", name),
+            name,
         )
         return int(rows[0][0]) if rows else 0
 
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
+    async def _aconsumer_fetch(
+        self, name: str, assets: list[str] | None, limit: int
     ) -> list[AssetEvent]:
-        self._check_open()
-        check_name("consumer name", name)
-        check_limit(limit)
-        wanted = None if assets is None else list(assets)
-        p = self._p
+        wanted, p = assets, self._p
 
         async def fetch(conn: Any) -> list[AssetEvent]:
             await self._lock_events(conn)
@@ -109,21 +104,15 @@ class PostgresConsumers:
 
         return await self._transact("fetching consumer events", fetch)
 
-    async def aconsumer_ack(
+    async def _aconsumer_ack(
         self,
         name: str,
         event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
+        state: list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
     ) -> int:
-        self._check_open()
-        check_name("consumer name", name)
-        if type(event_id) is not int or event_id < 0:
-            raise ValueError(f"event_id must be an int >= 0, got {event_id!r}")
-        writes = list(state)
-        p, now = self._p, self.clock()
+        writes, p, now = state, self._p, self.clock()
         kind, who, try_number = writer_fields(writer)
 
         async def ack(conn: Any) -> int:
@@ -179,10 +168,8 @@ class PostgresConsumers:
         )
         return int(rows[0][0])
 
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """The newest event id once it is past ``after_id``, or after ``wait`` seconds.
-
-        Woken by the commits' NOTIFY on a listening connection of its own (opened on first
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        """Woken by the commits' NOTIFY on a listening connection of its own (opened on first
         use, closed with the backend); without one (lost, or refused) it polls every 50 ms.
         """
         last = await self._last_event_id()

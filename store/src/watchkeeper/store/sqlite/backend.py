@@ -1,31 +1,24 @@
 """``SqliteStateBackend``: the embedded default backend, one SQLite file in WAL mode.
 
-How it is built, and why (figures from the 2-core development machine, busy with other work;
-the formal benchmark suite owns the real numbers):
+How it is built, and why (the measurements behind these choices are in BENCHMARKS.md,
+"SQLite backend design measurements"):
 
-- **Writes** go through group commit (:mod:`._sqlite_writer`): a bounded anyio stream drained
-  by one writer task, each batch run as a single function call in a worker thread on a plain
-  ``sqlite3`` connection (``BEGIN IMMEDIATE`` ... ``COMMIT``, savepoints only around
-  multi-statement operations, plain upserts coalesced into multi-row statements). Why not
-  aiosqlite for writes: every statement there is its own hop to its thread and back (a
-  1000-write batch would be thousands of awaits), and coroutines sharing one aiosqlite
-  connection share its open transaction and measured 3-5x slower than one writer draining a
-  queue. Measured here, steady state with 1000 coroutines each looping ``aset``: 30-38k
-  writes/s against 80-100k rows/s for raw ``sqlite3`` committing 1000-row transactions of the
-  same upsert in the same process (ratio 0.35-0.45). The batch itself beats raw (coalesced:
-  ~7 us a row against ~11); the rest is the event loop's share, ~15 us a call (validation and
-  the bridge in ``BaseStateBackend``, the queue, waking the caller), which the GIL keeps from
-  overlapping the batch thread. Smaller batches, to overlap them, were far worse (2-10k/s: the
-  writer thread waits out the 5 ms GIL switch interval while the loop runs).
+- **Writes** go through group commit (:mod:`watchkeeper.store.sqlite.writer` over the shared
+  :mod:`watchkeeper.store._commit_queue`): one writer task drains a bounded anyio stream, each
+  batch run as a single function call in a worker thread on a plain ``sqlite3`` connection
+  (``BEGIN IMMEDIATE`` ... ``COMMIT``, savepoints only around multi-statement operations,
+  plain upserts coalesced into multi-row statements). Not aiosqlite for writes: every
+  statement there is its own hop to its thread and back, and coroutines sharing one
+  aiosqlite connection share its open transaction. Batches are as large as the queue allows:
+  smaller ones, to overlap the loop with the batch thread, lose to the GIL switch interval.
 - **Reads** go through aiosqlite on a second, ``query_only`` connection: one hop per read
-  (``execute_fetchall``; p50 ~0.07 ms), beside the writer thanks to WAL. A read issued after
-  an awaited write returns sees that write (the write has committed).
+  (``execute_fetchall``), beside the writer thanks to WAL. A read issued after an awaited
+  write returns sees that write (the write has committed).
 - Durability: ``synchronous=FULL`` by default, so every awaited write has been fsynced when it
-  returns: an uncontended ``aset`` took 0.4-0.6 ms at p50 where a raw single-row commit took
-  0.2-0.3 ms (fsync). ``NORMAL`` (0.2 ms) may lose the last commits on a power cut.
+  returns; ``NORMAL`` is faster and may lose the last commits on a power cut.
 - Asset scopes are resolved among active assets on every read (a join: no extra hop) and
   through the writer's cache on writes, emptied whenever ``assets`` may have changed
-  (:class:`._sqlite_writer.Tx`).
+  (:class:`.writer.Tx`).
 - Several processes (the daemon, task processes) may open the same file: ``busy_timeout``,
   ``BEGIN IMMEDIATE`` and a retry with backoff keep "database is locked" from surfacing; when
   the lock cannot be had in time the caller gets :class:`StoreUnavailableError`.
@@ -46,40 +39,46 @@ import sqlite3
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
-from typing import Any, Final, NamedTuple, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import aiosqlite
 import anyio
 import anyio.abc
 
-from . import _sqlite_meta as meta
-from . import _sqlite_ops as ops
-from ._backend import BaseStateBackend
-from ._daemons import check_daemon_status, check_owners
-from ._gc import check_days, event_cutoffs
-from ._leases import check_owner, check_trigger_ids, check_ttl
-from ._sqlite_consumers import SqliteConsumers
-from ._sqlite_events import EVENT_COMMITS
-from ._sqlite_schema import Synchronous, connect, is_busy, migrate, unavailable
-from ._sqlite_tasks import SqliteTasks
-from ._sqlite_writer import GroupCommitWriter, OpGroup, Tx, Upsert
-from ._types import (
+from .._commit_queue import CommitStats
+from .._gc import GcPlan
+from .._metastore import MetastoreBackend
+from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
     DaemonStatus,
+    EventBatchCommit,
     EventCommit,
     GcReport,
     Lease,
+    Put,
     RawEntry,
     StateScope,
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, check_name
-from .errors import BackendUnavailableError, DatabaseFileRemovedError, StoreClosedError
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
+from ..errors import (
+    ArgumentTypeError,
+    BackendUnavailableError,
+    DatabaseFileRemovedError,
+    InvalidSettingError,
+    StoreClosedError,
+)
+from . import meta, ops
+from .consumers import SqliteConsumers
+from .events import EVENT_COMMITS
+from .schema import Synchronous, connect, is_busy, migrate, unavailable
+from .tasks import SqliteTasks
+from .writer import GroupCommitWriter, OpGroup, Tx, Upsert
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
 
@@ -97,14 +96,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class CommitStats(NamedTuple):
-    """Group-commit counters of one opening: ``writes / batches`` is the mean batch size."""
-
-    batches: int
-    writes: int
-
-
-class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
+class SqliteStateBackend(SqliteTasks, SqliteConsumers, MetastoreBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
@@ -112,32 +104,33 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
     pending schema migrations (:attr:`applied_migrations` lists them).
     """
 
-    supports_events = True
-
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 30.0,
-        max_value_bytes: int = 65536,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         text = os.fspath(path)
         if not isinstance(text, str):
-            raise TypeError(f"path must be a str or os.PathLike[str], got {type(path).__name__}")
+            raise ArgumentTypeError("path", path, "a str or os.PathLike[str]")
         if text in ("", ":memory:"):
-            raise ValueError(
-                f"path must name a file on disk, got {text!r} (the reader and the writer "
-                "use separate connections, so an in-memory database cannot work)"
+            raise InvalidSettingError(
+                "path",
+                f"must name a file on disk, got {text!r} (the reader and the writer "
+                "use separate connections, so an in-memory database cannot work)",
             )
         if synchronous not in _SYNCHRONOUS:
-            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+            raise InvalidSettingError(
+                "synchronous", f"must be one of {_SYNCHRONOUS}, got {synchronous!r}"
+            )
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float):
-            raise TypeError(f"busy_timeout must be a number of seconds, got {busy_timeout!r}")
+            raise ArgumentTypeError("busy_timeout", busy_timeout, "a number of seconds")
         if not busy_timeout >= 0:
-            raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
+            raise InvalidSettingError("busy_timeout", f"must be >= 0 seconds, got {busy_timeout!r}")
         self.path = text
         self.synchronous: Synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
@@ -156,7 +149,7 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
         writer = self._writer
         if writer is None:
             return CommitStats(0, 0)
-        return CommitStats(writer.batches, writer.ops)
+        return writer.queue.stats
 
     def __del__(self) -> None:
         if getattr(self, "_wconn", None) is not None:
@@ -233,8 +226,7 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
         writer = self._writer  # kept: commit_stats stays readable after closing
         try:
             if writer is not None:
-                writer.close()
-                await writer.wait_stopped()  # every queued write has committed or failed
+                await writer.aclose()  # every queued write has committed or failed
         finally:
             await self._close_connections()
 
@@ -321,30 +313,18 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
         rows = await self._read(sql, params)
         return ops.list_result(scope, rows)
 
-    async def _aput(
-        self,
-        scope: StateScope,
-        key: str,
-        value_json: str,
-        *,
-        expires_at: datetime | None,
-        never_expire: bool,
-        expected_version: int | None,
-        writer: Writer | None,
-    ) -> int:
-        def put(tx: Tx) -> int:
-            return ops.put(
-                tx, scope, key, value_json, expires_at, never_expire, expected_version, writer
-            )
+    async def _aput(self, put: Put) -> int:
+        def write(tx: Tx) -> int:
+            return ops.put(tx, put)
 
-        if expected_version is not None:
+        if put.expected_version is not None:
             # The checks before its one write statement write nothing: no savepoint needed.
-            return await self._write(put, savepoint=False)
+            return await self._write(write, savepoint=False)
 
         def upsert(tx: Tx) -> Upsert:
-            return ops.upsert(tx, scope, key, value_json, expires_at, never_expire, writer)
+            return ops.upsert(tx, put)
 
-        return await self._write(put, savepoint=False, coalesce=upsert)
+        return await self._write(write, savepoint=False, coalesce=upsert)
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         # The fence check before its one write statement writes nothing: no savepoint needed.
@@ -369,58 +349,38 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
         self._check_open()
         return await self._write(meta.pragmas, savepoint=False)
 
-    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
-        self._check_open()
-        batch = list(assets)
-        for asset in batch:
-            if not isinstance(asset, Asset):
-                raise TypeError(f"assets must be Asset objects, got {type(asset).__name__}")
-        if batch:
-            await self._write(lambda tx: meta.register_assets(tx, batch))
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
+        await self._write(lambda tx: meta.register_assets(tx, assets))
 
-    async def adeactivate_asset(self, name: str) -> bool:
-        self._check_open()
-        check_name(name, what="asset name")
+    async def _adeactivate_asset(self, name: str) -> bool:
         return await self._write(lambda tx: meta.deactivate_asset(tx, name), savepoint=False)
 
-    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]:
-        self._check_open()
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]:
         sql, params = meta.assets_query(active_only)
         return meta.assets_result(await self._read(sql, params))
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        self._check_open()
-        if not isinstance(commit, EventCommit):
-            raise TypeError(f"commit must be an EventCommit, got {type(commit).__name__}")
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         # Neighbouring commits of a batch run together (EVENT_COMMITS), this one alone
         # if that fails.
         return await self._write(
             lambda tx: meta.commit_event(tx, commit), group=EVENT_COMMITS, item=commit
         )
 
-    async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        # One operation of the event group; alone, the group's code on it, in a savepoint.
+        return await self._write(
+            lambda tx: EVENT_COMMITS.commit_batch(tx, batch), group=EVENT_COMMITS, item=batch
+        )
+
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
     ) -> list[AssetEvent]:
-        self._check_open()
         sql, params = meta.events_query(asset, since_id, limit)
         return meta.events_result(await self._read(sql, params))
 
-    async def acollect_garbage(
-        self,
-        *,
-        default_retention_days: int = 30,
-        batch_size: int = 0,
-        dry_run: bool = False,
-        now: datetime | None = None,
-        event_retention_days: int = 30,
-        dedup_retention_days: int = 7,
-    ) -> GcReport:
-        self._check_open()
-        check_days("default_retention_days", default_retention_days)
-        check_days("batch_size", batch_size)
-        now = now or self.clock()
-        events_due = event_cutoffs(now, event_retention_days, dedup_retention_days)
-        cutoff = now - timedelta(days=default_retention_days) if default_retention_days else None
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
+        now, dry_run, batch_size = plan.now, plan.dry_run, plan.batch_size
+        cutoff, events_due = plan.stale_before, plan.events
         report = GcReport(dry_run=dry_run)
         for kind in meta.GC_KINDS:
             bound = now
@@ -459,55 +419,29 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, BaseStateBackend):
                         break
         return report
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        self._check_open()
-        batch = list(statuses)
-        for status in batch:
-            if not isinstance(status, TriggerStatus):
-                raise TypeError(f"statuses must be TriggerStatus, got {type(status).__name__}")
-        if batch:
-            await self._write(lambda tx: meta.save_statuses(tx, batch))
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        await self._write(lambda tx: meta.save_statuses(tx, statuses))
 
-    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        ids = list(trigger_ids)
-        if ids:
-            await self._write(lambda tx: meta.delete_statuses(tx, ids))
+    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
+        await self._write(lambda tx: meta.delete_statuses(tx, trigger_ids))
 
-    async def alist_trigger_status(self) -> list[TriggerStatus]:
-        self._check_open()
+    async def _alist_trigger_status(self) -> list[TriggerStatus]:
         return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
 
-    async def asave_daemon_status(self, status: DaemonStatus) -> None:
-        self._check_open()
-        status = check_daemon_status(status)
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None:
         await self._write(lambda tx: meta.save_daemon(tx, status))
 
-    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
-        self._check_open()
-        names = check_owners(owners)
-        if names:
-            await self._write(lambda tx: meta.delete_daemons(tx, names))
+    async def _adelete_daemon_status(self, owners: list[str]) -> None:
+        await self._write(lambda tx: meta.delete_daemons(tx, owners))
 
-    async def alist_daemon_status(self) -> list[DaemonStatus]:
-        self._check_open()
+    async def _alist_daemon_status(self) -> list[DaemonStatus]:
         return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
-    async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
-    ) -> dict[str, int]:
-        self._check_open()
-        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
-        if not ids:
-            return {}
+    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
         return await self._write(lambda tx: meta.claim_leases(tx, owner, ids, span))
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        self._check_open()
-        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
-        if ids:
-            await self._write(lambda tx: meta.release_leases(tx, owner, ids))
+    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
+        await self._write(lambda tx: meta.release_leases(tx, owner, ids))
 
-    async def alist_leases(self) -> list[Lease]:
-        self._check_open()
+    async def _alist_leases(self) -> list[Lease]:
         return meta.leases_result(await self._read(meta.LEASE_LIST_SQL))

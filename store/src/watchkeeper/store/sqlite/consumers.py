@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from . import _sqlite_meta as meta
-from . import _sqlite_ops as ops
-from ._tasks import StateWrite, check_limit, check_name
-from ._types import AssetEvent, Writer
-from .errors import ConsumerCursorError
+from .._tasks import StateWrite
+from .._taskstore import TaskStoreBackend
+from .._types import AssetEvent, Put, Writer
+from ..errors import ConsumerCursorError
+from . import meta, ops
 
 if TYPE_CHECKING:
-    from ._sqlite_writer import Tx
+    from .writer import Tx
 
 __all__ = ["EVENT_COLS", "SqliteConsumers"]
 
@@ -50,38 +50,29 @@ def _consumer_ack(
         (name, event_id, stamp, who[0], who[1]),
     )
     for write in state:
-        ops.put(tx, write.scope, write.key, write.value_json, None, False, None, writer)
+        ops.put(tx, Put(write.scope, write.key, write.value_json, writer=writer))
     return event_id
 
 
-class SqliteConsumers:
+class SqliteConsumers(TaskStoreBackend):
     """The :class:`~._tasks.EventConsumers` of the SQLite backend, and its wake-ups."""
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
         async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
         async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
 
-    async def aconsumer_position(self, name: str) -> int:
-        self._check_open()
-        rows = await self._read(
-            "SELECT cursor FROM event_consumers WHERE name = ?",
-            (check_name("consumer name", name),),
-        )
+    async def _aconsumer_position(self, name: str) -> int:
+        rows = await self._read("SELECT cursor FROM event_consumers WHERE name = ?", (name,))
         return int(rows[0][0]) if rows else 0
 
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
+    async def _aconsumer_fetch(
+        self, name: str, assets: list[str] | None, limit: int
     ) -> list[AssetEvent]:
-        self._check_open()
-        check_name("consumer name", name)
-        check_limit(limit)
         where, params = "", [name]
         if assets is not None:
-            names = list(assets)
-            where = f" AND ev.asset_name IN ({', '.join('?' * len(names))})"
-            params.extend(names)
+            where = f" AND ev.asset_name IN ({', '.join('?' * len(assets))})"
+            params.extend(assets)
         rows = await self._read(
             f"SELECT {EVENT_COLS} FROM asset_events ev WHERE ev.id > coalesce("
             f"(SELECT cursor FROM event_consumers WHERE name = ?), 0){where} ORDER BY ev.id "
@@ -90,25 +81,19 @@ class SqliteConsumers:
         )
         return meta.events_result(rows)
 
-    async def aconsumer_ack(
+    async def _aconsumer_ack(
         self,
         name: str,
         event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
+        state: list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
     ) -> int:
-        self._check_open()
-        check_name("consumer name", name)
-        if type(event_id) is not int or event_id < 0:
-            raise ValueError(f"event_id must be an int >= 0, got {event_id!r}")
-        writes = list(state)
         return await self._write(
-            lambda tx: _consumer_ack(tx, name, event_id, writes, expected, writer)
+            lambda tx: _consumer_ack(tx, name, event_id, state, expected, writer)
         )
 
-    async def await_events(self, after_id: int, wait: float) -> int:
+    async def _await_events(self, after_id: int, wait: float) -> int:
         """Poll the newest event id (a cheap read: the primary key's last row) until it is past
         ``after_id`` or ``wait`` seconds have passed: other processes commit into the file."""
         last = 0

@@ -1,5 +1,5 @@
 """Task cursors and runs for :class:`~watchkeeper.store.PostgresStateBackend` (the event
-consumers and wake-ups are :mod:`._postgres_consumers`).
+consumers and wake-ups are :mod:`.consumers`).
 
 Each operation is one short transaction on a pooled connection (``_transact``), not a batch
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
@@ -23,22 +23,17 @@ polling when that connection is lost.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._leases import check_owner, check_ttl
-from ._postgres_consumers import EVENT_COLS, event_row, events_hook
-from ._postgres_sql import rowcount, writer_fields
-from ._tasks import (
+from .._tasks import (
     OutletEvent,
     RunError,
     TaskInfo,
     TaskRun,
     TaskSpec,
     after_failure,
-    check_limit,
-    check_state,
     errors_from_json,
     errors_to_json,
     ids_from_json,
@@ -47,19 +42,22 @@ from ._tasks import (
     lost_reason,
     plan_run,
 )
-from ._types import AssetEvent, Writer
-from .errors import (
+from .._taskstore import TaskStoreBackend
+from .._types import AssetEvent, Writer
+from ..errors import (
     AssetNotFoundError,
     RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
     TaskNotFoundError,
 )
+from .consumers import EVENT_COLS, event_row, events_hook
+from .sql import rowcount, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from ._postgres_sql import Statements
+    from .sql import Statements
 
 __all__ = ["PostgresTasks"]
 
@@ -82,7 +80,7 @@ def _run(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
     )  # fmt: skip
 
 
-class PostgresTasks:
+class PostgresTasks(TaskStoreBackend):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
 
     schema: str | None
@@ -92,7 +90,6 @@ class PostgresTasks:
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
 
@@ -122,17 +119,9 @@ class PostgresTasks:
 
     # -- tasks -------------------------------------------------------------------------------
 
-    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
-        self._check_open()
-        batch = list(specs)
-        for spec in batch:
-            if not isinstance(spec, TaskSpec):
-                raise TypeError(f"specs must hold TaskSpec objects, got {type(spec).__name__}")
-        if not batch:
-            return
+    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         p, now = self._p, self.clock()
-
-        batch.sort(key=lambda spec: spec.name)  # rows locked in one order by every caller
+        batch = sorted(specs, key=lambda spec: spec.name)  # rows locked in one order by all
 
         async def sync(conn: Any) -> None:
             # Locks in acreate_run's order, task rows then the events lock (else a deadlock).
@@ -159,8 +148,7 @@ class PostgresTasks:
 
         await self._transact("declaring tasks", sync)
 
-    async def alist_tasks(self) -> builtins.list[TaskInfo]:
-        self._check_open()
+    async def _alist_tasks(self) -> builtins.list[TaskInfo]:
         p = self._p
         tasks = await self._fetch(
             "listing tasks",
@@ -201,8 +189,7 @@ class PostgresTasks:
             raise TaskNotFoundError(f"task {name!r}")
         return TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4]), row[5]
 
-    async def aset_task_paused(self, name: str, paused: bool) -> None:
-        self._check_open()
+    async def _aset_task_paused(self, name: str, paused: bool) -> None:
 
         async def pause(conn: Any) -> None:
             await self._spec(conn, name)
@@ -212,12 +199,9 @@ class PostgresTasks:
 
         await self._transact("pausing a task", pause)
 
-    async def arewind_task(
-        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
     ) -> None:
-        self._check_open()
-        if type(to_event_id) is not int or to_event_id < 1:
-            raise ValueError(f"to_event_id must be an int >= 1, got {to_event_id!r}")
         now = self.clock()
         kind, who, _ = writer_fields(writer)
 
@@ -233,13 +217,7 @@ class PostgresTasks:
 
         await self._transact("rewinding a task", rewind)
 
-    async def acreate_run(self, name: str) -> TaskRun | None:
-        created = await self.acreate_runs(name, 1)
-        return created[0] if created else None
-
-    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_limit(max_runs, "max_runs")
+    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
 
         async def create(conn: Any) -> list[TaskRun]:
             # The task row serialises the workers creating its runs; the events lock makes
@@ -300,18 +278,10 @@ class PostgresTasks:
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def aclaim_runs(
-        self,
-        owner: str,
-        *,
-        limit: int,
-        ttl: timedelta | float,
-        tasks: Sequence[str] | None = None,
+    async def _aclaim_runs(
+        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
-        check_limit(limit)
-        only = None if tasks is None else list(tasks)
+        only = tasks
         p = self._p
         ready = (
             f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
@@ -349,15 +319,8 @@ class PostgresTasks:
 
         return await self._transact("claiming runs", claim)
 
-    async def aheartbeat_runs(
-        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
-    ) -> set[int]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
-        held = dict(runs)
-        if not held:
-            return set()
-        p = self._p
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
+        held, p = runs, self._p
 
         async def renew(conn: Any) -> set[int]:
             now = self.clock()
@@ -372,11 +335,8 @@ class PostgresTasks:
 
         return await self._transact("renewing run leases", renew)
 
-    async def abreak_run_leases(self, owners: Sequence[str]) -> int:
-        self._check_open()
-        names = list(owners)
-        if not names:
-            return 0
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
+        names = owners
 
         async def brk(conn: Any) -> int:
             return rowcount(
@@ -390,21 +350,18 @@ class PostgresTasks:
 
         return await self._transact("breaking run leases", brk)
 
-    async def afinish_run(
+    async def _afinish_run(
         self,
         run_id: int,
         owner: str,
         token: int,
-        *,
         success: bool,
-        outlets: Sequence[OutletEvent] = (),
-        error: str | None = None,
-        traceback: str | None = None,
-        retry_delay: timedelta = timedelta(0),
+        outlets: builtins.list[OutletEvent],
+        error: str | None,
+        traceback: str | None,
+        retry_delay: timedelta,
     ) -> TaskRun:
-        self._check_open()
-        emitted = list(outlets)
-        p = self._p
+        emitted, p = outlets, self._p
         hook = events_hook(self.schema)
 
         async def finish(conn: Any) -> TaskRun:
@@ -466,8 +423,7 @@ class PostgresTasks:
 
         return await self._transact("finishing a run", finish)
 
-    async def aget_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aget_run(self, run_id: int) -> TaskRun:
 
         async def get(conn: Any) -> list[TaskRun]:
             return await self._runs_with_events(conn, [run_id])
@@ -477,11 +433,9 @@ class PostgresTasks:
             raise RunNotFoundError(run_id)
         return found[0]
 
-    async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_state(state)
         rows = await self._fetch(
             "listing runs",
             f"SELECT {_RUN_COLS} FROM {self._p}task_runs WHERE ($1::text IS NULL OR task = $1) "
@@ -492,8 +446,7 @@ class PostgresTasks:
         )
         return [_run(row) for row in rows]
 
-    async def aretry_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aretry_run(self, run_id: int) -> TaskRun:
         p = self._p
 
         async def retry(conn: Any) -> TaskRun:

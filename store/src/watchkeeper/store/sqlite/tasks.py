@@ -1,8 +1,8 @@
 """Task cursors and runs for :class:`~watchkeeper.store.SqliteStateBackend`.
 
-The event consumers and the wake-ups are :mod:`._sqlite_consumers`.
+The event consumers and the wake-ups are :mod:`.consumers`.
 
-Every write is one operation of the group-commit writer (:mod:`._sqlite_writer`), so it is one
+Every write is one operation of the group-commit writer (:mod:`.writer`), so it is one
 transaction and serialised with every other write of the file: creating a run and moving its
 cursors, claiming runs, finishing one with its outlet events. Several threads of one process
 share the writer; several processes serialise on SQLite's write lock. Event ids are commit
@@ -18,20 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _sqlite_meta as meta
-from . import _sqlite_ops as ops
-from ._leases import check_owner, check_ttl
-from ._sqlite_consumers import EVENT_COLS
-from ._sqlite_schema import from_db, to_db
-from ._tasks import (
+from .._tasks import (
     OutletEvent,
     RunError,
     TaskInfo,
     TaskRun,
     TaskSpec,
     after_failure,
-    check_limit,
-    check_state,
     errors_from_json,
     errors_to_json,
     ids_from_json,
@@ -40,16 +33,20 @@ from ._tasks import (
     lost_reason,
     plan_run,
 )
-from ._types import AssetEvent, AssetScope, Writer
-from .errors import (
+from .._taskstore import TaskStoreBackend
+from .._types import AssetEvent, AssetScope, Writer
+from ..errors import (
     RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
     TaskNotFoundError,
 )
+from . import meta, ops
+from .consumers import EVENT_COLS
+from .schema import from_db, to_db
 
 if TYPE_CHECKING:
-    from ._sqlite_writer import Tx
+    from .writer import Tx
 
 __all__ = ["SqliteTasks"]
 
@@ -336,28 +333,20 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
     return _runs_with_events(tx.conn, [run_id])[0]
 
 
-class SqliteTasks:
+class SqliteTasks(TaskStoreBackend):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the SQLite backend."""
 
     if TYPE_CHECKING:
 
-        def _check_open(self) -> None: ...
         async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
         async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
 
     # -- tasks -------------------------------------------------------------------------------
 
-    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
-        self._check_open()
-        batch = list(specs)
-        for spec in batch:
-            if not isinstance(spec, TaskSpec):
-                raise TypeError(f"specs must hold TaskSpec objects, got {type(spec).__name__}")
-        if batch:
-            await self._write(lambda tx: _sync_tasks(tx, batch))
+    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
+        await self._write(lambda tx: _sync_tasks(tx, specs))
 
-    async def alist_tasks(self) -> builtins.list[TaskInfo]:
-        self._check_open()
+    async def _alist_tasks(self) -> builtins.list[TaskInfo]:
         tasks = await self._read(
             "SELECT name, assets, mode, max_events, max_tries, paused FROM tasks ORDER BY name"
         )
@@ -384,82 +373,48 @@ class SqliteTasks:
             )
         return out
 
-    async def aset_task_paused(self, name: str, paused: bool) -> None:
-        self._check_open()
+    async def _aset_task_paused(self, name: str, paused: bool) -> None:
         await self._write(lambda tx: _set_paused(tx, name, paused))
 
-    async def arewind_task(
-        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
     ) -> None:
-        self._check_open()
-        if type(to_event_id) is not int or to_event_id < 1:
-            raise ValueError(f"to_event_id must be an int >= 1, got {to_event_id!r}")
         await self._write(lambda tx: _rewind(tx, name, asset, to_event_id, writer))
 
-    async def acreate_run(self, name: str) -> TaskRun | None:
-        self._check_open()
-        return await self._write(lambda tx: _create_run(tx, name))
-
-    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_limit(max_runs, "max_runs")
+    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
         return await self._write(lambda tx: _create_runs(tx, name, max_runs))
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def aclaim_runs(
-        self,
-        owner: str,
-        *,
-        limit: int,
-        ttl: timedelta | float,
-        tasks: Sequence[str] | None = None,
+    async def _aclaim_runs(
+        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
-        check_limit(limit)
-        only = None if tasks is None else list(tasks)
-        return await self._write(lambda tx: _claim(tx, owner, limit, span, only))
+        return await self._write(lambda tx: _claim(tx, owner, limit, span, tasks))
 
-    async def aheartbeat_runs(
-        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
-    ) -> set[int]:
-        self._check_open()
-        owner, span = check_owner(owner), check_ttl(ttl)
-        held = dict(runs)
-        if not held:
-            return set()
-        return await self._write(lambda tx: _heartbeat(tx, owner, held, span))
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
+        return await self._write(lambda tx: _heartbeat(tx, owner, runs, span))
 
-    async def abreak_run_leases(self, owners: Sequence[str]) -> int:
-        self._check_open()
-        names = list(owners)
-        if not names:
-            return 0
-        return await self._write(lambda tx: _break(tx, names))
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
+        return await self._write(lambda tx: _break(tx, owners))
 
-    async def afinish_run(
+    async def _afinish_run(
         self,
         run_id: int,
         owner: str,
         token: int,
-        *,
         success: bool,
-        outlets: Sequence[OutletEvent] = (),
-        error: str | None = None,
-        traceback: str | None = None,
-        retry_delay: timedelta = timedelta(0),
+        outlets: builtins.list[OutletEvent],
+        error: str | None,
+        traceback: str | None,
+        retry_delay: timedelta,
     ) -> TaskRun:
-        self._check_open()
-        emitted = list(outlets)
         return await self._write(
             lambda tx: _finish(
-                tx, run_id, owner, token, success, emitted, error, traceback, retry_delay
+                tx, run_id, owner, token, success, outlets, error, traceback, retry_delay
             )
         )
 
-    async def aget_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aget_run(self, run_id: int) -> TaskRun:
         rows = await self._read(f"SELECT {_RUN_COLS} FROM task_runs WHERE id = ?", (run_id,))
         if not rows:
             raise RunNotFoundError(run_id)
@@ -470,11 +425,9 @@ class SqliteTasks:
         )
         return _run(rows[0], meta.events_result(events))
 
-    async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
-        self._check_open()
-        check_state(state)
         rows = await self._read(
             f"SELECT {_RUN_COLS} FROM task_runs WHERE (? IS NULL OR task = ?) "
             "AND (? IS NULL OR state = ?) ORDER BY id DESC LIMIT ?",
@@ -482,6 +435,5 @@ class SqliteTasks:
         )
         return [_run(row) for row in rows]
 
-    async def aretry_run(self, run_id: int) -> TaskRun:
-        self._check_open()
+    async def _aretry_run(self, run_id: int) -> TaskRun:
         return await self._write(lambda tx: _retry(tx, run_id))

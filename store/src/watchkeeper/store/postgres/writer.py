@@ -1,11 +1,12 @@
 """Group commit for :class:`~watchkeeper.store.PostgresStateBackend`: one writer, one transaction
 per batch of concurrent writes.
 
-Callers put an :class:`~._postgres_ops.Op` on a bounded memory object stream and wait for its
-``done`` event; one writer task (in the backend's task group) takes everything queued, applies
-it with :func:`~._postgres_ops.apply_batch` in one transaction on its own connection, commits,
-and only then wakes the callers. So an awaited write is durable when it returns, and a thousand
-concurrent writers share one commit.
+Callers submit an :class:`~watchkeeper.store.postgres.ops.Op` to the shared
+:class:`~watchkeeper.store._commit_queue.CommitQueue` and wait; its writer task takes everything
+queued and hands the batch to :meth:`GroupWriter._run_batch`, which applies it with
+:func:`~watchkeeper.store.postgres.ops.apply_batch` in one transaction on the writer's own
+connection and commits; only then are the callers woken. So an awaited write is durable when
+it returns, and a thousand concurrent writers share one commit.
 
 Each op stays atomic on its own. If a statement fails (data PostgreSQL refuses, a race with
 another daemon), the transaction is rolled back and its ops are replayed one per transaction,
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
-from ._postgres_ops import CommitOp, Op, apply_batch
-from ._postgres_sql import Statements, is_unavailable, map_error
-from .errors import BackendUnavailableError, StoreClosedError
+from .._commit_queue import CommitQueue
+from ..errors import BackendUnavailableError
+from .ops import BatchCommitOp, CommitOp, Op, apply_batch
+from .sql import Statements, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
@@ -37,7 +39,7 @@ __all__ = ["GroupWriter"]
 
 
 class GroupWriter:
-    """The single writer task of one backend and the stream that feeds it."""
+    """How one PostgreSQL backend runs a batch, over the shared commit queue."""
 
     def __init__(
         self,
@@ -53,38 +55,34 @@ class GroupWriter:
     ) -> None:
         self._owner, self._sql, self._connect = owner, sql, connect
         self._conn: asyncpg.Connection | None = conn
-        self._send, self._receive = anyio.create_memory_object_stream[Op](buffer_size)
-        self._max_batch, self._max_bytes = max_batch, max_batch_bytes
-        self._stopped = anyio.Event()
-        # Run first in every batch that commits events (the commit-order lock and the one
-        # NOTIFY of the batch: see _postgres_tasks).
+        # Run first in every batch that commits events, single or batched (the commit-order
+        # lock and the one NOTIFY of the batch: see .consumers).
         self._on_events = on_events
-        self.batches = 0
-        self.ops = 0
+        self.queue: CommitQueue[Op] = CommitQueue(
+            owner,
+            self._run_batch,
+            in_flight_error=lambda: BackendUnavailableError(
+                "the PostgreSQL writer stopped while this write was in flight; "
+                "it may or may not have committed"
+            ),
+            buffer_size=buffer_size,
+            max_batch=max_batch,
+            max_batch_bytes=max_batch_bytes,
+        )
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op``, wait until its batch has committed, and return its result."""
-        try:
-            try:
-                # No checkpoint when the buffer has room: waiting on ``done`` yields anyway.
-                self._send.send_nowait(op)
-            except anyio.WouldBlock:
-                await self._send.send(op)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StoreClosedError(self._owner) from None
-        await op.done.wait()
-        return op.outcome()
+        return await self.queue.submit(op)
 
     def discard(self) -> None:
-        """Close both ends of the stream of a writer that never ran."""
-        self._send.close()
-        self._receive.close()
+        """Close both ends of the queue of a writer that never ran."""
+        self.queue.discard()
 
     async def aclose(self) -> None:
         """Stop taking ops, let the writer commit what is queued, then close the connection."""
         try:
-            await self._send.aclose()
-            await self._stopped.wait()
+            self.queue.close()
+            await self.queue.wait_stopped()
         finally:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -98,48 +96,8 @@ class GroupWriter:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Take batches off the stream until it is closed and empty."""
-        batch: list[Op] = []
-        carry: Op | None = None
-        try:
-            task_status.started()
-            while True:
-                if carry is None:
-                    try:
-                        carry = await self._receive.receive()
-                    except anyio.EndOfStream:
-                        break
-                batch, size, carry = [carry], carry.weight(), None
-                while len(batch) < self._max_batch:
-                    try:
-                        op = self._receive.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                    if size + op.weight() > self._max_bytes:
-                        carry = op
-                        break
-                    batch.append(op)
-                    size += op.weight()
-                await self._run_batch(batch)
-                batch = []
-        finally:
-            for op in batch:
-                if not op.done.is_set():
-                    op.fail(
-                        BackendUnavailableError(
-                            "the PostgreSQL writer stopped while this write was in flight; "
-                            "it may or may not have committed"
-                        )
-                    )
-            if carry is not None:
-                carry.fail(StoreClosedError(self._owner))
-            while True:
-                try:
-                    self._receive.receive_nowait().fail(StoreClosedError(self._owner))
-                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
-            self._receive.close()
-            self._stopped.set()
+        """Take batches off the queue until it is closed and empty."""
+        await self.queue.run(task_status=task_status)
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
@@ -153,7 +111,9 @@ class GroupWriter:
         try:
             conn = await self._connection()
             async with conn.transaction():
-                if self._on_events is not None and any(isinstance(op, CommitOp) for op in batch):
+                if self._on_events is not None and any(
+                    isinstance(op, CommitOp | BatchCommitOp) for op in batch
+                ):
                     await self._on_events(conn)
                 await apply_batch(conn, self._sql, batch)
                 applied = True
@@ -166,10 +126,8 @@ class GroupWriter:
                 return
             await self._recover(batch, exc)
             return
-        self.batches += 1
-        self.ops += len(batch)
         for op in batch:
-            op.done.set()
+            op.settle()
 
     def _broken(self, conn: asyncpg.Connection | None, exc: Exception) -> bool:
         """Drop the connection if ``exc`` means it is lost; True when so."""
@@ -185,6 +143,7 @@ class GroupWriter:
         if self._broken(self._conn, exc) or len(batch) == 1:
             for op in batch:
                 op.fail(map_error(exc, "writing"))
+                op.settle()
             return
         # One op made the batch fail: replay them one per transaction, so only it fails.
         for op in batch:

@@ -1,0 +1,212 @@
+"""The group-commit core both SQL backends share: a queue of writes, batches, and the fan-out
+of each write's outcome to its caller.
+
+Callers :meth:`CommitQueue.submit` a :class:`QueuedWrite` and wait for it; one writer task
+(:meth:`CommitQueue.run`, started in the backend's task group) takes everything queued, up to
+``max_batch`` writes and ``max_batch_bytes`` of their :meth:`~QueuedWrite.weight`, and hands
+the batch to the backend's ``run_batch``. That gives each write its outcome (a result or an
+error of its own: each backend's writer replays a failed batch so only the culprit fails, the
+SQLite one by savepoints inside the transaction, the PostgreSQL one one write per
+transaction); when it returns, the queue wakes every caller of the batch. So an awaited write has committed when it
+returns, and many concurrent writers share one commit.
+
+Cancellation: a caller cancelled while its write is being handed over gives it up; one
+cancelled once it is queued only stops waiting, and the write may still commit. When the
+writer task stops (the backend closes, or it is cancelled), the writes of a batch whose
+``run_batch`` did not return and that it did not :meth:`~QueuedWrite.settle` get
+``in_flight_error()``, and the queued ones :class:`StoreClosedError`: nobody waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Generic, NamedTuple, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from .errors import StoreClosedError
+
+__all__ = ["WRITE_OVERHEAD", "CommitQueue", "CommitStats", "QueuedWrite"]
+
+W = TypeVar("W", bound="QueuedWrite")
+
+WRITE_OVERHEAD: Final = 256
+"""What a write costs towards ``max_batch_bytes`` beyond its values (a guess at the overhead)."""
+
+
+class CommitStats(NamedTuple):
+    """Group-commit counters of one opening: ``writes / batches`` is the mean batch size."""
+
+    batches: int
+    writes: int
+
+
+class QueuedWrite:
+    """One write waiting for the writer: its outcome, and the future its caller awaits.
+
+    A bare asyncio future rather than an ``anyio.Event``: half the cost per write, which a
+    1000-writer batch pays 1000 times (both drivers tie their backend to asyncio anyway).
+    """
+
+    __slots__ = ("done", "error", "ran", "result", "settled")
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ran = False
+        """Whether an attempt reached this write."""
+        self.settled = False
+        """Whether its outcome is final and its caller woken."""
+
+    def weight(self) -> int:
+        """Bytes this write counts towards the batch size limit."""
+        return WRITE_OVERHEAD
+
+    def reset(self) -> None:
+        """Forget the outcome of an earlier attempt (the batch or the write runs again)."""
+        self.ran, self.result, self.error = True, None, None
+
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` as the outcome (the caller raises it); safe from any thread."""
+        self.ran, self.result, self.error = True, None, error
+
+    def settle(self) -> None:
+        """The outcome is final: wake the caller (on the loop's thread; a caller that was
+        cancelled has left, and its future is already done)."""
+        self.settled = True
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class CommitQueue(Generic[W]):
+    """The queue of one backend's writes and the loop that batches them; see the module."""
+
+    def __init__(
+        self,
+        owner: object,
+        run_batch: Callable[[list[W]], Awaitable[None]],
+        *,
+        in_flight_error: Callable[[], BaseException],
+        buffer_size: int,
+        max_batch: int,
+        max_batch_bytes: int | None = None,
+    ) -> None:
+        self._owner = owner
+        self._run_batch = run_batch
+        self._in_flight_error = in_flight_error
+        self._max_batch = max_batch
+        self._max_bytes = max_batch_bytes
+        self._send, self._receive = anyio.create_memory_object_stream[W](buffer_size)
+        self._stopped = anyio.Event()
+        self.batches = 0
+        """Batches run so far (a replayed batch counts once)."""
+        self.writes = 0
+        """Writes those batches carried."""
+
+    @property
+    def stats(self) -> CommitStats:
+        return CommitStats(self.batches, self.writes)
+
+    async def submit(self, write: W) -> Any:
+        """Queue ``write``, wait until its batch has run, and return its result (or raise)."""
+        try:
+            try:
+                self._send.send_nowait(write)  # the common case: no checkpoint, no wait
+            except anyio.WouldBlock:
+                await self._send.send(write)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise StoreClosedError(self._owner) from None
+        # Cancelling this await cancels only the waiting: the write stays queued.
+        await write.done
+        return write.outcome()
+
+    def close(self) -> None:
+        """Accept no more writes; :meth:`run` returns once the queue is drained."""
+        self._send.close()
+
+    def discard(self) -> None:
+        """Close both ends of the queue of a writer that never ran."""
+        self._send.close()
+        self._receive.close()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run batch after batch until :meth:`close` and an empty queue."""
+        task_status.started()
+        batch: list[W] = []
+        carry: W | None = None
+        try:
+            while True:
+                # Let the callers of the last batch run first: most queue their next write at
+                # once, so the next batch is about twice as large (measured on SQLite: +6-12 %
+                # events/s at 100 watchers) for the cost of one pass of the event loop.
+                await anyio.lowlevel.checkpoint()
+                if carry is None:
+                    try:
+                        carry = self._receive.receive_nowait()
+                    except anyio.WouldBlock:
+                        try:
+                            carry = await self._receive.receive()
+                        except anyio.EndOfStream:
+                            break
+                    except anyio.EndOfStream:
+                        break
+                batch, carry = self._take(carry)
+                try:
+                    await self._run_batch(batch)
+                except BaseException:
+                    self._fail_unsettled(batch, self._in_flight_error)
+                    raise
+                self.batches += 1
+                self.writes += len(batch)
+                for write in batch:
+                    write.settle()
+                batch = []
+        finally:
+            self._fail_unsettled(batch, self._in_flight_error)
+            leftovers = [] if carry is None else [carry]
+            while True:
+                try:
+                    leftovers.append(self._receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+            self._fail_unsettled(leftovers, lambda: StoreClosedError(self._owner))
+            self._receive.close()
+            self._stopped.set()
+
+    def _take(self, first: W) -> tuple[list[W], W | None]:
+        """``first`` and what else is queued, up to the limits; the write that would overflow
+        ``max_batch_bytes`` is carried to the next batch."""
+        batch, size = [first], first.weight()
+        while len(batch) < self._max_batch:
+            try:
+                write = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+            if self._max_bytes is not None:
+                size += write.weight()
+                if size > self._max_bytes:
+                    return batch, write
+            batch.append(write)
+        return batch, None
+
+    @staticmethod
+    def _fail_unsettled(writes: list[W], error: Callable[[], BaseException]) -> None:
+        """Fail and wake each write of ``writes`` whose outcome is not final yet."""
+        for write in writes:
+            if not write.settled:
+                write.fail(error())
+                write.settle()

@@ -1,0 +1,260 @@
+"""``MetastoreBackend``: the metastore's rules written once, over the hooks a backend implements.
+
+The built-in backends (memory, SQLite, PostgreSQL) subclass it. Each public method checks the
+store is open, checks its arguments the same way for every backend, skips the round trip when
+there is nothing to do, and calls one ``_a<name>`` hook with arguments that are already valid.
+A backend with only part of the metastore subclasses :class:`BaseStateBackend` and implements
+the capabilities it has (see :mod:`watchkeeper.store.backend`).
+"""
+
+from __future__ import annotations
+
+import builtins
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from ._backend import BaseStateBackend
+from ._daemons import check_daemon_status, check_owners
+from ._gc import GcPlan, gc_plan
+from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    DaemonStatus,
+    EventBatchCommit,
+    EventCommit,
+    GcReport,
+    Lease,
+    TriggerStatus,
+)
+from ._values import check_events_query, check_name
+from .errors import ArgumentTypeError
+
+__all__ = ["MetastoreBackend", "check_items"]
+
+
+def check_items(name: str, items: object, kind: type, expected: str) -> list[object]:
+    """``items`` as a list, each an instance of ``kind``; :class:`ArgumentTypeError` if not."""
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise ArgumentTypeError(name, items, f"a sequence of {expected}")
+    batch = list(items)
+    for item in batch:
+        if not isinstance(item, kind):
+            raise ArgumentTypeError(name, item, f"a sequence of {expected}")
+    return batch
+
+
+class MetastoreBackend(BaseStateBackend, ABC):
+    """A backend with the whole metastore: asset registry, event log, garbage collection,
+    trigger and daemon status, trigger leases (it satisfies every capability Protocol)."""
+
+    # -- asset registry ----------------------------------------------------------------------
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+        """Register ``assets`` (insert or update their URI) and mark them active; a name given
+        twice takes its last URI."""
+        self._check_open()
+        batch = check_items("assets", assets, Asset, "Asset objects")
+        latest = {asset.name: asset for asset in batch if isinstance(asset, Asset)}
+        if latest:
+            await self._aregister_assets(list(latest.values()))
+
+    async def adeactivate_asset(self, name: str) -> bool:
+        """Mark an asset inactive; its state is swept by the next GC. False when unknown."""
+        self._check_open()
+        return await self._adeactivate_asset(check_name(name, what="asset name"))
+
+    async def alist_assets(self, *, active_only: bool = False) -> builtins.list[AssetInfo]:
+        """Every registered asset (only the active ones with ``active_only``), by name."""
+        self._check_open()
+        return await self._alist_assets(bool(active_only))
+
+    # -- event log ---------------------------------------------------------------------------
+
+    async def acommit_event(self, commit: EventCommit) -> builtins.list[AssetEvent]:
+        """Commit one trigger event and its state atomically; return the events written.
+
+        An empty list means every asset had already recorded ``commit.dedup_key``. Concurrent
+        calls share transactions (group commit); each call is still atomic on its own.
+        """
+        self._check_open()
+        if not isinstance(commit, EventCommit):
+            raise ArgumentTypeError("commit", commit, "an EventCommit")
+        return await self._acommit_event(commit)
+
+    async def acommit_events(self, batch: EventBatchCommit) -> builtins.list[AssetEvent]:
+        """Commit a batch of trigger events and its state atomically; return the events written.
+
+        All of the batch or nothing of it; dedup applies to each event, and the state is
+        written to each asset where at least one event was (see :class:`EventBatchCommit`).
+        Batches share transactions with concurrent commits like single events do.
+        """
+        self._check_open()
+        if not isinstance(batch, EventBatchCommit):
+            raise ArgumentTypeError("batch", batch, "an EventBatchCommit")
+        return await self._acommit_events(batch)
+
+    async def alist_events(
+        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> builtins.list[AssetEvent]:
+        """Committed events with ``id > since_id`` in commit order."""
+        self._check_open()
+        check_events_query(asset, since_id, limit)
+        return await self._alist_events(asset, since_id, limit)
+
+    # -- garbage collection ------------------------------------------------------------------
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
+    ) -> GcReport:
+        """Delete expired task state, stale task state, the state of inactive assets and the
+        asset events past their retention (the rules are in :mod:`._gc`)."""
+        self._check_open()
+        plan = gc_plan(
+            now or self.clock(),
+            default_retention_days=default_retention_days,
+            batch_size=batch_size,
+            dry_run=dry_run,
+            event_retention_days=event_retention_days,
+            dedup_retention_days=dedup_retention_days,
+        )
+        return await self._acollect_garbage(plan)
+
+    # -- trigger status ----------------------------------------------------------------------
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
+        """Upsert the status rows of these triggers (the daemon calls this periodically)."""
+        self._check_open()
+        batch = check_items("statuses", statuses, TriggerStatus, "TriggerStatus objects")
+        if batch:
+            await self._asave_trigger_status([s for s in batch if isinstance(s, TriggerStatus)])
+
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
+        """Delete the status rows of ``trigger_ids`` (unknown ids are ignored)."""
+        self._check_open()
+        ids = check_items("trigger_ids", trigger_ids, str, "str trigger ids")
+        if ids:
+            await self._adelete_trigger_status([i for i in ids if isinstance(i, str)])
+
+    async def alist_trigger_status(self) -> builtins.list[TriggerStatus]:
+        """Every saved trigger status, ordered by trigger_id."""
+        self._check_open()
+        return await self._alist_trigger_status()
+
+    # -- daemon status -----------------------------------------------------------------------
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None:
+        """Upsert one daemon's heartbeat row (the daemon calls this every heartbeat)."""
+        self._check_open()
+        await self._asave_daemon_status(check_daemon_status(status))
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None:
+        """Delete the heartbeat rows of ``owners`` (unknown ones are ignored)."""
+        self._check_open()
+        names = check_owners(owners)
+        if names:
+            await self._adelete_daemon_status(names)
+
+    async def alist_daemon_status(self) -> builtins.list[DaemonStatus]:
+        """Every saved daemon status, ordered by owner."""
+        self._check_open()
+        return await self._alist_daemon_status()
+
+    # -- trigger leases ----------------------------------------------------------------------
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]:
+        """Claim the leases of ``trigger_ids`` for ``owner`` until now + ``ttl`` (seconds or a
+        timedelta); return ``{trigger_id: token}`` of those ``owner`` now holds.
+
+        Takes each lease that is free (never claimed, released or expired) and renews those
+        ``owner`` already holds. A lease that changes hands gets the previous token + 1 (the
+        first claim gets 1); a renewal keeps its token. Leases held by another owner and not
+        expired are left alone. See :mod:`._leases` for fencing.
+        """
+        self._check_open()
+        owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
+        if not ids:
+            return {}
+        return await self._aclaim_leases(owner, ids, span)
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
+        """Free the leases of ``trigger_ids`` that ``owner`` holds, so another can take them now."""
+        self._check_open()
+        owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
+        if ids:
+            await self._arelease_leases(owner, ids)
+
+    async def alist_leases(self) -> builtins.list[Lease]:
+        """Every lease row (released ones with ``owner=None``), ordered by trigger_id."""
+        self._check_open()
+        return await self._alist_leases()
+
+    # -- hooks: called with checked arguments, on an open store --------------------------------
+
+    @abstractmethod
+    async def _aregister_assets(self, assets: builtins.list[Asset]) -> None:
+        """Upsert these assets (distinct names, at least one) as active."""
+
+    @abstractmethod
+    async def _adeactivate_asset(self, name: str) -> bool: ...
+
+    @abstractmethod
+    async def _alist_assets(self, active_only: bool) -> builtins.list[AssetInfo]: ...
+
+    @abstractmethod
+    async def _acommit_event(self, commit: EventCommit) -> builtins.list[AssetEvent]: ...
+
+    @abstractmethod
+    async def _acommit_events(self, batch: EventBatchCommit) -> builtins.list[AssetEvent]: ...
+
+    @abstractmethod
+    async def _alist_events(
+        self, asset: str | None, since_id: int, limit: int | None
+    ) -> builtins.list[AssetEvent]: ...
+
+    @abstractmethod
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport: ...
+
+    @abstractmethod
+    async def _asave_trigger_status(self, statuses: builtins.list[TriggerStatus]) -> None:
+        """Upsert these statuses (at least one)."""
+
+    @abstractmethod
+    async def _adelete_trigger_status(self, trigger_ids: builtins.list[str]) -> None:
+        """Delete these statuses (at least one id)."""
+
+    @abstractmethod
+    async def _alist_trigger_status(self) -> builtins.list[TriggerStatus]: ...
+
+    @abstractmethod
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None: ...
+
+    @abstractmethod
+    async def _adelete_daemon_status(self, owners: builtins.list[str]) -> None:
+        """Delete these rows (distinct sorted owners, at least one)."""
+
+    @abstractmethod
+    async def _alist_daemon_status(self) -> builtins.list[DaemonStatus]: ...
+
+    @abstractmethod
+    async def _aclaim_leases(
+        self, owner: str, trigger_ids: builtins.list[str], ttl: timedelta
+    ) -> dict[str, int]:
+        """Claim these leases (distinct sorted ids, at least one) for ``ttl``."""
+
+    @abstractmethod
+    async def _arelease_leases(self, owner: str, trigger_ids: builtins.list[str]) -> None: ...
+
+    @abstractmethod
+    async def _alist_leases(self) -> builtins.list[Lease]: ...

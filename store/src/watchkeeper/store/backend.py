@@ -1,0 +1,235 @@
+"""What a backend author implements and the runtime calls: the base classes, the capabilities,
+the records and the value rules.
+
+A backend subclasses :class:`BaseStateBackend` (key/value state, the sync/async bridge, input
+checks) and implements the hooks it documents. The metastore comes in capabilities, each a
+``runtime_checkable`` Protocol: :class:`AssetRegistry`, :class:`EventLog`,
+:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable`,
+:class:`EventConsumers` and :class:`TaskQueue` (tasks on asset events). A backend has a
+capability when it has the methods; the runtime checks once, with ``isinstance``, and does
+without what is missing (no leases: a single unfenced daemon; no status table: no status rows).
+:class:`MetastoreBackend` has them all, its rules written once over ``_a<name>`` hooks: the
+built-in backends subclass it, and so can a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from ._backend import BaseStateBackend
+from ._gc import EventCutoffs, GcPlan
+from ._log import get_logger
+from ._metastore import MetastoreBackend
+from ._redact import redact_dsn, redact_secrets
+from ._tasks import (
+    EventConsumers,
+    OutletEvent,
+    RunError,
+    StateWrite,
+    TaskInfo,
+    TaskQueue,
+    TaskRun,
+    TaskSpec,
+    require_event_consumers,
+    require_task_queue,
+)
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    DaemonStatus,
+    EventBatchCommit,
+    EventCommit,
+    Fence,
+    GcReport,
+    Lease,
+    Put,
+    RawEntry,
+    RefusedDefinition,
+    TriggerStatus,
+    Writer,
+)
+from ._values import (
+    check_key,
+    check_name,
+    decode_value,
+    encode_json,
+    encode_payload,
+    encode_payload_decoded,
+    encode_value,
+)
+from .errors import MissingCapabilityError
+
+__all__ = [
+    "CAPABILITIES",
+    "AssetRegistry",
+    "BaseStateBackend",
+    "DaemonStatus",
+    "DaemonTable",
+    "EventBatchCommit",
+    "EventCommit",
+    "EventConsumers",
+    "EventCutoffs",
+    "EventLog",
+    "Fence",
+    "GarbageCollector",
+    "GcPlan",
+    "GcReport",
+    "Lease",
+    "LeaseTable",
+    "MetastoreBackend",
+    "OutletEvent",
+    "Put",
+    "RawEntry",
+    "RefusedDefinition",
+    "RunError",
+    "StateWrite",
+    "StatusTable",
+    "TaskInfo",
+    "TaskQueue",
+    "TaskRun",
+    "TaskSpec",
+    "TriggerStatus",
+    "Writer",
+    "capability_methods",
+    "check_key",
+    "check_name",
+    "decode_value",
+    "encode_json",
+    "encode_payload",
+    "encode_payload_decoded",
+    "encode_value",
+    "get_logger",
+    "redact_dsn",
+    "redact_secrets",
+    "require_asset_registry",
+    "require_event_consumers",
+    "require_event_log",
+    "require_garbage_collector",
+    "require_status_table",
+    "require_task_queue",
+]
+
+
+@runtime_checkable
+class AssetRegistry(Protocol):
+    """Registers assets, marks them inactive, lists them (the daemon registers its assets)."""
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None: ...
+
+    async def adeactivate_asset(self, name: str) -> bool: ...
+
+    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]: ...
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """Commits a trigger's event with its state atomically, and lists committed events."""
+
+    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]: ...
+
+    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]: ...
+
+    async def alist_events(
+        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+    ) -> list[AssetEvent]: ...
+
+
+@runtime_checkable
+class GarbageCollector(Protocol):
+    """Deletes expired and stale state and the events past their retention."""
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
+    ) -> GcReport: ...
+
+
+@runtime_checkable
+class StatusTable(Protocol):
+    """Keeps one status row per trigger (the daemon saves them; ``watchkeeper status`` reads)."""
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None: ...
+
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None: ...
+
+    async def alist_trigger_status(self) -> list[TriggerStatus]: ...
+
+
+@runtime_checkable
+class DaemonTable(Protocol):
+    """Keeps one heartbeat row per daemon (``watchkeeper status`` tells live daemons from dead)."""
+
+    async def asave_daemon_status(self, status: DaemonStatus) -> None: ...
+
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None: ...
+
+    async def alist_daemon_status(self) -> list[DaemonStatus]: ...
+
+
+@runtime_checkable
+class LeaseTable(Protocol):
+    """Trigger leases with fencing tokens: which daemon runs which trigger."""
+
+    async def aclaim_leases(
+        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+    ) -> dict[str, int]: ...
+
+    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None: ...
+
+    async def alist_leases(self) -> list[Lease]: ...
+
+
+CAPABILITIES: tuple[type, ...] = (
+    AssetRegistry,
+    EventLog,
+    GarbageCollector,
+    StatusTable,
+    LeaseTable,
+    EventConsumers,
+    TaskQueue,
+)
+"""Every capability Protocol, for code that forwards or reports them all."""
+
+
+def capability_methods(capability: type) -> tuple[str, ...]:
+    """The names of the methods a capability Protocol asks for, in definition order."""
+    return tuple(
+        name for name, value in vars(capability).items() if name.startswith("a") and callable(value)
+    )
+
+
+def require_asset_registry(backend: object) -> AssetRegistry:
+    """``backend`` as an :class:`AssetRegistry`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, AssetRegistry):
+        return backend
+    raise MissingCapabilityError(backend, "AssetRegistry")
+
+
+def require_event_log(backend: object) -> EventLog:
+    """``backend`` as an :class:`EventLog`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, EventLog):
+        return backend
+    raise MissingCapabilityError(backend, "EventLog")
+
+
+def require_garbage_collector(backend: object) -> GarbageCollector:
+    """``backend`` as a :class:`GarbageCollector`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, GarbageCollector):
+        return backend
+    raise MissingCapabilityError(backend, "GarbageCollector")
+
+
+def require_status_table(backend: object) -> StatusTable:
+    """``backend`` as a :class:`StatusTable`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, StatusTable):
+        return backend
+    raise MissingCapabilityError(backend, "StatusTable")

@@ -1,0 +1,222 @@
+"""What the broker watcher tests share: the servers of this machine, unique names, a TCP proxy.
+
+Every test talks to the real server (Redis, NATS with JetStream, RabbitMQ, Mosquitto on
+127.0.0.1): :func:`require_server` skips the test with a reason when the server is down, and
+fails it under ``CI=true`` (as ``pg_dsn`` does for PostgreSQL). Each test uses names of its own
+(:func:`unique`), so tests running in parallel on one broker never see each other's messages.
+
+:class:`TcpProxy` sits between a watcher and its broker so a test can cut the watcher's
+connection from the outside (as a network failure or a server-side close would) without
+touching the broker, which other tests share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
+
+REDIS_PORT = 6379
+NATS_PORT = 4222
+RABBITMQ_PORT = 5672
+MQTT_PORT = 1883
+
+
+def require_server(name: str, port: int) -> None:
+    """Skip (or, under ``CI=true``, fail) unless something listens on 127.0.0.1:``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+    except OSError as exc:
+        reason = f"{name} is not reachable on 127.0.0.1:{port} ({exc})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}")
+    pytest.skip(reason)
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses: ``prefix`` and 12 random hex digits."""
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class TcpProxy:
+    """Forwards 127.0.0.1:``port`` to 127.0.0.1:``target``; :meth:`drop` cuts every link."""
+
+    target: int
+    port: int = 0
+    links: list[tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]] = field(default_factory=list)
+    accepted: int = 0
+    """Connections accepted so far (a reconnect shows as one more)."""
+    _accepted_event: anyio.Event = field(default_factory=anyio.Event)
+
+    async def wait_accepted(self, count: int) -> None:
+        """Return once ``count`` connections were accepted in all."""
+        while self.accepted < count:
+            await self._accepted_event.wait()
+
+    async def drop(self) -> None:
+        """Close both ends of every current link, as a lost connection does."""
+        links, self.links = self.links, []
+        for client, server in links:
+            await client.aclose()
+            await server.aclose()
+
+    async def _serve(self, client: anyio.abc.SocketStream) -> None:
+        try:
+            server = await anyio.connect_tcp("127.0.0.1", self.target)
+        except OSError:
+            await client.aclose()
+            return
+        self.links.append((client, server))
+        self.accepted += 1
+        self._accepted_event.set()
+        self._accepted_event = anyio.Event()
+        async with client, server, anyio.create_task_group() as tg:
+            tg.start_soon(_pump, client, server, tg.cancel_scope)
+            tg.start_soon(_pump, server, client, tg.cancel_scope)
+
+
+async def _pump(
+    source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, scope: anyio.CancelScope
+) -> None:
+    try:
+        async for chunk in source:
+            await sink.send(chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass
+    scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def open_proxy(target: int) -> AsyncIterator[TcpProxy]:
+    """A running :class:`TcpProxy` to ``target``, stopped (links cut) on exit."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    proxy = TcpProxy(target, port=listener.extra(anyio.abc.SocketAttribute.local_port))
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, proxy._serve)
+        try:
+            yield proxy
+        finally:
+            tg.cancel_scope.cancel()
+            with anyio.move_on_after(5, shield=True):
+                await proxy.drop()
+
+
+class Observed(BaseEventTrigger):
+    """Runs ``inner`` and sets ``marks[n]`` once its ``n``-th event committed.
+
+    The code after a ``yield`` runs only after the event committed, so the mark says the
+    event is durable; the inner watcher acknowledges it when it is asked for the next one,
+    which waits for ``holds[n]`` when given. ``serialize()`` is the inner watcher's, so the
+    run is the same watcher as far as the runtime can tell.
+    """
+
+    def __init__(
+        self,
+        inner: BaseEventTrigger,
+        marks: dict[int, anyio.Event],
+        holds: dict[int, anyio.Event] | None = None,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.marks = marks
+        self.holds = holds or {}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.inner.serialize()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self.inner.bind_asset_state_store(self.asset_state_store)
+        self.inner.bind_watcher_name(self.watcher_name)
+        count = 0
+        try:
+            events = self.inner.run()
+            assert isinstance(events, AsyncGenerator)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+                    count += 1
+                    mark = self.marks.get(count)
+                    if mark is not None:
+                        mark.set()
+                    hold = self.holds.get(count)
+                    if hold is not None:
+                        await hold.wait()
+        finally:
+            self.inner.bind_asset_state_store(None)
+            self.inner.bind_watcher_name(None)
+
+    async def cleanup(self) -> None:
+        await self.inner.cleanup()
+
+
+async def publish_without_message_id(queue: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` to ``queue`` on RabbitMQ with no ``message_id`` property at all.
+
+    aio-pika (through aiormq) gives every message it publishes a random ``message_id``, so a
+    publisher that sets none is played here by a few raw AMQP 0-9-1 frames (pamqp encodes
+    them), on a connection of its own, with publisher confirms.
+    """
+    from pamqp import commands, exceptions, frame, header
+    from pamqp.body import ContentBody
+
+    async with await anyio.connect_tcp("127.0.0.1", RABBITMQ_PORT) as stream:
+        buffer = b""
+
+        async def receive(kind: type[Any]) -> Any:
+            nonlocal buffer
+            while True:
+                try:
+                    consumed, _channel, value = frame.unmarshal(buffer)
+                except exceptions.UnmarshalingException:
+                    buffer += await stream.receive()
+                    continue
+                buffer = buffer[consumed:]
+                if isinstance(value, kind):
+                    return value
+
+        await stream.send(header.ProtocolHeader().marshal())
+        await receive(commands.Connection.Start)
+        await stream.send(
+            frame.marshal(
+                commands.Connection.StartOk(
+                    client_properties={}, mechanism="PLAIN", response="\0guest\0guest"
+                ),
+                0,
+            )
+        )
+        tune = await receive(commands.Connection.Tune)
+        await stream.send(
+            frame.marshal(
+                commands.Connection.TuneOk(
+                    channel_max=tune.channel_max, frame_max=tune.frame_max, heartbeat=0
+                ),
+                0,
+            )
+        )
+        await stream.send(frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
+        await receive(commands.Connection.OpenOk)
+        await stream.send(frame.marshal(commands.Channel.Open(), 1))
+        await receive(commands.Channel.OpenOk)
+        await stream.send(frame.marshal(commands.Confirm.Select(), 1))
+        await receive(commands.Confirm.SelectOk)
+        for body in bodies:
+            properties = commands.Basic.Properties(content_type="application/json", delivery_mode=2)
+            await stream.send(
+                frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), 1)
+                + frame.marshal(header.ContentHeader(0, len(body), properties), 1)
+                + frame.marshal(ContentBody(body), 1)
+            )
+            await receive(commands.Basic.Ack)
+        await stream.send(frame.marshal(commands.Connection.Close(200, "bye", 0, 0), 0))
+        await receive(commands.Connection.CloseOk)

@@ -1,0 +1,157 @@
+"""What the broker watchers share: their client check, message bodies, dedup keys, secrets.
+
+Each broker watcher imports its client library (redis, nats-py, aio-pika, paho-mqtt) only inside
+``run()``, so ``import watchkeeper.watchers`` works without any extra installed; constructing a
+watcher whose extra is missing fails at once with :func:`require_client`'s error, which names
+the extra to install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from watchkeeper.triggerer import TriggererError
+
+from ._sql import redact_dsn
+
+__all__ = [
+    "BrokerSourceError",
+    "content_hash",
+    "decode_body",
+    "make_dedup_key",
+    "reconnect_delay",
+    "redact_url",
+    "require_client",
+    "scrub",
+    "url_secrets",
+]
+
+_MAX_PART = 200
+"""Message identities longer than this (in UTF-8 bytes) are hashed in the dedup key."""
+_UNSAFE = re.compile("[\x00-\x1f\x7f]")
+
+
+class BrokerSourceError(TriggererError, ConnectionError):
+    """Raised when a broker watcher cannot reach its broker, or the broker refuses it.
+
+    The message names the watcher, what it was doing and the client's error, with any password
+    of its URL replaced by ``***``; the client's own exception is chained as ``__cause__``.
+    """
+
+    def __init__(self, owner: str, action: str, cause: BaseException, secrets: Iterable[str]):
+        super().__init__(
+            f"{owner}: {action} failed: {type(cause).__name__}: {scrub(str(cause), secrets)}"
+        )
+        self.owner = owner
+        self.action = action
+
+
+def require_client(owner: str, module: str, extra: str) -> None:
+    """Raise an ``ImportError`` naming the extra to install when ``module`` is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(
+            f"{owner} needs the {module!r} package: install the {extra!r} extra "
+            f"(pip install 'watchkeeper-watchers[{extra}]')"
+        )
+
+
+def redact_url(url: str) -> str:
+    """``url`` without secrets: a password becomes ``***``, and so does a bare token
+    (``nats://TOKEN@host``, where the user part alone is the credential)."""
+    redacted = redact_dsn(url)
+    if redacted != url:
+        return redacted
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+def url_secrets(*urls: str) -> list[str]:
+    """The secrets in ``urls`` (passwords, bare tokens), to :func:`scrub` from error texts."""
+    found: list[str] = []
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            continue
+        if parts.password:
+            found.append(parts.password)
+        elif parts.username and parts.scheme.startswith("nats"):
+            found.append(parts.username)
+    return found
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_body(data: bytes) -> Any:
+    """A message body as JSON: the value it encodes when it is UTF-8 JSON, else its UTF-8 text,
+    else ``{"base64": "<the bytes in base64>"}``. NaN and Infinity count as text."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        import base64
+
+        return {"base64": base64.b64encode(data).decode("ascii")}
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError:
+        return text
+
+
+def make_dedup_key(watcher_name: str, *parts: str) -> str:
+    """``<watcher name>:<part>:<part>…``: the key of one source item, for this watcher only.
+
+    The watcher's name comes first, so two watchers of one asset never suppress each other's
+    events. A part that is long or holds control characters (a publisher's message id can be
+    anything) is replaced by ``sha256:<hex>`` of it.
+    """
+    safe = []
+    for part in parts:
+        if len(part.encode("utf-8", "surrogatepass")) > _MAX_PART or _UNSAFE.search(part):
+            digest = hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()
+            part = f"sha256:{digest}"
+        safe.append(part)
+    name = watcher_name
+    if len(name.encode("utf-8", "surrogatepass")) > _MAX_PART:
+        name = "sha256:" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return ":".join([name, *safe])
+
+
+def content_hash(*chunks: bytes) -> str:
+    """``sha256:<hex>`` over ``chunks``, each length-prefixed so their boundaries count."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(len(chunk).to_bytes(8, "big"))
+        digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def reconnect_delay(attempt: int, initial: float = 0.5, cap: float = 10.0) -> float:
+    """The delay before reconnect ``attempt`` (1-based): doubling from ``initial`` up to
+    ``cap``, give or take a quarter, so watchers of one broker do not reconnect in step."""
+    base = min(cap, initial * 2.0 ** min(max(attempt - 1, 0), 32))
+    return base * random.uniform(0.75, 1.25)

@@ -1,0 +1,451 @@
+"""``MqttWatcher``: one event per MQTT message of some topics, acknowledged after its commit.
+
+**Why paho-mqtt, in a thread.** QoS 1 is at-least-once only if the client sends its PUBACK after
+the message is safe. aiomqtt (like paho's default mode) acknowledges as soon as the message is
+handed to the application, before our commit, so a crash there loses it. paho-mqtt 2 has
+``manual_ack=True`` and ``client.ack(mid, qos)``: this module runs paho's network loop in its
+thread (``loop_start``), hands each message to the event loop through a bounded memory stream
+(the network thread waits while the stream is full, so a slow store slows the broker down
+instead of piling up messages), and acknowledges a message only after its event committed.
+
+**What survives a crash** (a ``kill -9`` of the daemon at any point): everything the broker
+still holds for the watcher's session. The watcher connects with MQTT 5, a fixed client id
+and ``Clean Start = 0``, with a session expiry of ``session_expiry`` seconds, so after the
+connection drops the broker keeps the subscriptions, every QoS 1 message sent but not yet
+acknowledged, and the messages published meanwhile. On the next connect it resends the
+unacknowledged ones: those whose events committed are suppressed by their ``dedup_key``
+(nothing written) and acknowledged, the others become events. What does **not** survive:
+
+- messages published with QoS 0 (delivered at most once whatever we do);
+- messages published while the broker holds no session for the watcher: before its first
+  connect, or after the session expired (down longer than ``session_expiry``);
+- messages beyond the broker's per-client queue while the watcher is away or behind
+  (Mosquitto's ``max_queued_messages``, 1000 by default, drops the excess: raise it for long
+  outages or large bursts);
+- a broker that loses its sessions (restarted without persistence, or killed before saving).
+
+A packet id (``mid``) is a 16-bit number reused by the broker once acknowledged, not an
+identity: the ``dedup_key`` comes from the message itself, see :class:`MqttWatcher`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import ssl
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectSendStream
+from watchkeeper.store.backend import get_logger
+from watchkeeper.triggerer import TriggerEvent
+
+from ._broker import (
+    BrokerSourceError,
+    content_hash,
+    decode_body,
+    make_dedup_key,
+    redact_url,
+    require_client,
+)
+from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+
+if TYPE_CHECKING:
+    import paho.mqtt.client as paho
+
+__all__ = ["MqttWatcher"]
+
+log = get_logger(__name__)
+
+MissingId = Literal["hash", "emit"]
+
+_STOP_TIMEOUT = 5.0
+_CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_FATAL_CONNACK = frozenset({0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})
+"""CONNACK reason codes retrying cannot fix: protocol, client id, credentials, ban, auth."""
+
+
+def client_id_for(watcher_name: str) -> str:
+    """A stable MQTT client id from a watcher name (the session is found by it)."""
+    if _CLIENT_ID.fullmatch(watcher_name):
+        return f"watchkeeper-{watcher_name}"
+    return "watchkeeper-" + hashlib.sha256(watcher_name.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """A message from the network thread, stamped with the connection it came on."""
+
+    connection: int
+    message: paho.MQTTMessage
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """The broker refused the connection for a reason retrying cannot fix."""
+
+    reason: str
+
+
+class MqttWatcher(SerializedEquality):
+    """Yields one event per QoS 1 message on ``topics`` (MQTT filters, ``+``/``#`` allowed).
+
+    ``url`` is ``mqtt://[user[:password]@]host[:port]`` (``mqtts://`` for TLS, port 8883 by
+    default). The payload is ``{"topic", "qos", "retain", "content_type", "user_properties",
+    "data"}``: ``data`` is the message as JSON when it is UTF-8 JSON, else its text, else
+    ``{"base64": ...}``; ``user_properties`` the MQTT 5 user properties as an object.
+
+    The identity of a message, for its ``dedup_key`` (``<watcher name>:mqtt:<topic>:<id>``):
+    the MQTT 5 user property ``dedup_property`` when set and present, else the JSON field
+    ``dedup_field`` of the message (a dotted path, e.g. ``"meta.id"``) when set and present.
+    A message with neither follows ``missing_id``: ``"hash"`` (default) keys it by a SHA-256
+    of its topic and bytes, so it is exactly once, but identical messages on one topic are one
+    event while the first is remembered (``[events] dedup_retention_days``): sensors that
+    repeat a reading need an id; ``"emit"`` gives no key, at least once (a crash between the
+    commit and the ack repeats the message).
+
+    The session: MQTT 5, client id ``client_id`` (default ``watchkeeper-<watcher name>``;
+    two watchers must not share one), kept by the broker ``session_expiry`` seconds after a
+    disconnect; at most ``max_in_flight`` unacknowledged messages at a time (the Receive
+    Maximum the broker honours). Subscriptions are renewed on every connect without resending
+    retained messages (retain handling 1).
+
+    Connection: paho reconnects by itself after a lost connection (1 s, doubling up to
+    ``reconnect_max`` seconds, logged as ``mqtt_disconnected``/``mqtt_connected``), for as
+    long as it takes; messages of the lost connection that were not acknowledged yet are
+    emitted but not acknowledged (the broker resends them on the new connection, and the
+    resent copy is suppressed and acknowledged). ``run()`` raises
+    :class:`BrokerSourceError` when the first connect does not succeed within
+    ``connect_timeout`` seconds, or when the broker refuses the watcher (bad credentials, not
+    authorized, client id rejected); the daemon then restarts it with its backoff.
+
+    State keys: none; the broker's session is the position.
+
+    How to rewind it: MQTT cannot replay; publish again (under a new watcher name to emit
+    messages whose ids are still remembered).
+    """
+
+    def __init__(
+        self,
+        topics: str | Sequence[str],
+        url: str = "mqtt://127.0.0.1:1883",
+        client_id: str | None = None,
+        dedup_field: str | None = None,
+        dedup_property: str | None = None,
+        missing_id: MissingId = "hash",
+        max_in_flight: int = 100,
+        session_expiry: int = 7 * 24 * 3600,
+        keepalive: int = 60,
+        connect_timeout: float = 30.0,
+        reconnect_max: int = 30,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        require_client(owner, "paho", "mqtt")
+        if isinstance(topics, str):
+            topics = [topics]
+        if not isinstance(topics, Sequence) or not topics:
+            raise TypeError(f"{owner}: topics must be a topic filter or a non-empty list of them")
+        self.topics = [check_str(owner, "a topic filter", topic) for topic in topics]
+        self.url = check_str(owner, "url", url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ValueError(
+                f"{owner}: url must be mqtt://host[:port] or mqtts://host[:port], "
+                f"got {redact_url(url)!r}"
+            )
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{owner}: url {redact_url(url)!r} has a bad port") from exc
+        self.client_id = None if client_id is None else check_str(owner, "client_id", client_id)
+        self.dedup_field = (
+            None if dedup_field is None else check_str(owner, "dedup_field", dedup_field)
+        )
+        self.dedup_property = (
+            None if dedup_property is None else check_str(owner, "dedup_property", dedup_property)
+        )
+        if missing_id not in ("hash", "emit"):
+            raise ValueError(f"{owner}: missing_id must be 'hash' or 'emit', got {missing_id!r}")
+        self.missing_id: MissingId = missing_id
+        self.max_in_flight = check_positive_int(owner, "max_in_flight", max_in_flight)
+        if self.max_in_flight > 65535:
+            raise ValueError(f"{owner}: max_in_flight must be at most 65535")
+        self.session_expiry = check_positive_int(owner, "session_expiry", session_expiry)
+        self.keepalive = check_positive_int(owner, "keepalive", keepalive)
+        check_positive(owner, "connect_timeout", connect_timeout)
+        self.connect_timeout = connect_timeout
+        self.reconnect_max = check_positive_int(owner, "reconnect_max", reconnect_max)
+        self._bridge: _Bridge | None = None
+        self._name = f"{owner}({', '.join(self.topics)!r})"
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {
+            "topics": list(self.topics),
+            "url": self.url,
+            "client_id": self.client_id,
+            "dedup_field": self.dedup_field,
+            "dedup_property": self.dedup_property,
+            "missing_id": self.missing_id,
+            "max_in_flight": self.max_in_flight,
+            "session_expiry": self.session_expiry,
+            "keepalive": self.keepalive,
+            "connect_timeout": self.connect_timeout,
+            "reconnect_max": self.reconnect_max,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} url={redact_url(self.url)!r} topics={self.topics!r} "
+            f"connected={self._bridge is not None}>"
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        client_id = self.client_id or client_id_for(self.watcher_name)
+        send, receive = anyio.create_memory_object_stream[_Delivery | _Refused](self.max_in_flight)
+        bridge = _Bridge(self, client_id, send, anyio.lowlevel.current_token())
+        self._bridge = bridge
+        try:
+            with receive:
+                await anyio.to_thread.run_sync(bridge.start)
+                with anyio.move_on_after(self.connect_timeout):
+                    await bridge.settled.wait()
+                if not bridge.settled.is_set() or bridge.refused:
+                    reason = bridge.refused or f"no connection within {self.connect_timeout} s"
+                    raise BrokerSourceError(
+                        self._name,
+                        f"connecting to {redact_url(self.url)}",
+                        ConnectionRefusedError(reason),
+                        bridge.secrets,
+                    )
+                async for item in receive:
+                    if isinstance(item, _Refused):
+                        raise BrokerSourceError(
+                            self._name,
+                            f"connecting to {redact_url(self.url)}",
+                            ConnectionRefusedError(item.reason),
+                            bridge.secrets,
+                        )
+                    message = item.message
+                    yield TriggerEvent(self._payload(message), dedup_key=self._dedup_key(message))
+                    # Committed (or suppressed as a resent copy): the broker may forget it.
+                    bridge.ack(item)
+        finally:
+            # The receive side is closed by now (a network thread waiting for room in the
+            # stream gets BrokenResourceError); closing the send side too makes every later
+            # hand-over fail at once. Both on the event loop: the streams are not thread-safe.
+            send.close()
+            self._bridge = None
+            with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+                await anyio.to_thread.run_sync(bridge.stop, abandon_on_cancel=True)
+
+    async def cleanup(self) -> None:
+        """Stop the network thread if ``run()`` was abandoned without being finalized."""
+        bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+                await anyio.to_thread.run_sync(bridge.stop, abandon_on_cancel=True)
+
+    def _dedup_key(self, message: paho.MQTTMessage) -> str | None:
+        identity = self._identity(message)
+        if identity is None:
+            if self.missing_id == "emit":
+                return None
+            identity = content_hash(message.topic.encode(), bytes(message.payload))
+        return make_dedup_key(self.watcher_name, "mqtt", message.topic, identity)
+
+    def _identity(self, message: paho.MQTTMessage) -> str | None:
+        if self.dedup_property is not None:
+            for name, value in _user_properties(message):
+                if name == self.dedup_property and value:
+                    return value
+        if self.dedup_field is not None:
+            found: Any = decode_body(bytes(message.payload))
+            for part in self.dedup_field.split("."):
+                if not isinstance(found, dict) or part not in found:
+                    return None
+                found = found[part]
+            if isinstance(found, str) and found:
+                return found
+            if isinstance(found, int) and not isinstance(found, bool):
+                return str(found)
+        return None
+
+    def _payload(self, message: paho.MQTTMessage) -> dict[str, Any]:
+        properties = message.properties
+        content_type = getattr(properties, "ContentType", None) if properties else None
+        user = _user_properties(message)
+        return {
+            "topic": message.topic,
+            "qos": message.qos,
+            "retain": bool(message.retain),
+            "content_type": content_type,
+            "user_properties": dict(user) if user else None,
+            "data": decode_body(bytes(message.payload)),
+        }
+
+
+def _user_properties(message: paho.MQTTMessage) -> list[tuple[str, str]]:
+    properties = message.properties
+    found = getattr(properties, "UserProperty", None) if properties else None
+    return [(str(name), str(value)) for name, value in found or []]
+
+
+class _Bridge:
+    """paho's client and network thread, and what they hand to the event loop.
+
+    Runs in three places: ``start``/``stop`` in a worker thread (they block), the ``_on_*``
+    callbacks in paho's network thread, ``ack`` on the event loop. ``connection`` counts the
+    connects and disconnects; a message may be acknowledged only on the connection it came
+    on, because after a reconnect the broker resends it under the same packet id, which the
+    acknowledgement of the resent copy frees for reuse: acknowledging the old copy too could
+    acknowledge another message that took the id.
+    """
+
+    def __init__(
+        self,
+        watcher: MqttWatcher,
+        client_id: str,
+        send: MemoryObjectSendStream[_Delivery | _Refused],
+        token: anyio.lowlevel.EventLoopToken,
+    ) -> None:
+        self.watcher = watcher
+        self.watcher_name = watcher.watcher_name
+        self.client_id = client_id
+        self.send = send
+        self.token = token
+        self.settled = anyio.Event()
+        """Set once the first connect succeeded, or the broker refused the watcher for good."""
+        self.refused: str | None = None
+        self.lock = threading.Lock()
+        self.connection = 0
+        parts = urlsplit(watcher.url)
+        self.secrets = [unquote(parts.password)] if parts.password else []
+        self.client: paho.Client | None = None
+        self.stopping = False
+
+    # -- worker thread -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        watcher = self.watcher
+        parts = urlsplit(watcher.url)
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=paho.MQTTv5,
+            manual_ack=True,
+        )
+        if parts.username is not None:
+            client.username_pw_set(
+                unquote(parts.username), None if parts.password is None else unquote(parts.password)
+            )
+        if parts.scheme == "mqtts":
+            client.tls_set_context(ssl.create_default_context())
+        client.reconnect_delay_set(1, watcher.reconnect_max)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = watcher.session_expiry
+        properties.ReceiveMaximum = watcher.max_in_flight
+        port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
+        client.connect_async(
+            parts.hostname or "",
+            port,
+            keepalive=watcher.keepalive,
+            clean_start=False,
+            properties=properties,
+        )
+        self.client = client
+        client.loop_start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        client = self.client
+        if client is None:
+            return
+        client.disconnect()  # the session stays: its expiry was set at connect
+        client.loop_stop()
+
+    # -- event loop ----------------------------------------------------------------------------
+
+    def ack(self, delivery: _Delivery) -> None:
+        """Acknowledge ``delivery`` if its connection is still the current one."""
+        client = self.client
+        if client is None:
+            return
+        with self.lock:
+            if delivery.connection == self.connection:
+                client.ack(delivery.message.mid, delivery.message.qos)
+
+    # -- paho's network thread -----------------------------------------------------------------
+
+    def _hand_over(self, item: _Delivery | _Refused) -> bool:
+        """Send ``item`` to the event loop, waiting for room; False once the run is over."""
+        try:
+            anyio.from_thread.run(self.send.send, item, token=self.token)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
+            return False  # the run ended; the broker resends what was not acknowledged
+        return True
+
+    def _on_connect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        if reason.is_failure:
+            text = f"the broker refused the connection: {reason}"
+            log.warning("mqtt_refused", watcher=self.watcher_name, reason=str(reason))
+            if reason.value in _FATAL_CONNACK:
+                self.refused = text
+                self.stopping = True
+                client.disconnect()
+                self._settle()
+                self._hand_over(_Refused(text))
+            return
+        with self.lock:
+            self.connection += 1
+        log.info(
+            "mqtt_connected",
+            watcher=self.watcher_name,
+            client_id=self.client_id,
+            session_present=bool(getattr(flags, "session_present", False)),
+        )
+        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+        client.subscribe([(topic, options) for topic in self.watcher.topics])
+        self._settle()
+
+    def _settle(self) -> None:
+        if not self.settled.is_set():
+            try:
+                anyio.from_thread.run_sync(self.settled.set, token=self.token)
+            except RuntimeError:
+                pass  # the event loop is gone
+
+    def _on_disconnect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
+    ) -> None:
+        with self.lock:
+            self.connection += 1
+        if not self.stopping:
+            log.warning("mqtt_disconnected", watcher=self.watcher_name, reason=str(reason))
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        with self.lock:
+            connection = self.connection
+        self._hand_over(_Delivery(connection, message))

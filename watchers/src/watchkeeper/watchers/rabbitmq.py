@@ -1,0 +1,313 @@
+"""``RabbitMQWatcher``: one event per message of a RabbitMQ queue, exactly once.
+
+A classic (or quorum) queue forgets a message once it is acknowledged, so the watcher
+acknowledges each message manually, only after its event committed (the generator resumes
+after the commit), and gives the event a ``dedup_key`` from the message's identity. A crash
+between the commit and the ack makes the broker redeliver the message to the next consumer;
+its event is then suppressed, writing nothing, and the redelivery is acknowledged.
+
+**The identity of a message.** The AMQP ``message_id`` property, when the publisher set one:
+the key is ``<watcher name>:amqp:<queue>:<message_id>``, so the publisher decides what "the
+same message" means (a retried publish with the same id is one event). Note that aio-pika
+(through aiormq) gives a message published without an id a random one, so a publish retried
+through it is a new message. Many other publishers set none; ``missing_id`` says what happens
+then:
+
+- ``"hash"`` (the default): the key is a SHA-256 of the body and the headers. Exactly once
+  across crashes, but two messages with the same body and headers are one event while the
+  first is remembered (``[events] dedup_retention_days``): give such messages an id;
+- ``"emit"``: no key; at least once: a crash between the commit and the ack repeats it;
+- ``"reject"``: the message is rejected without requeueing (the queue's dead-letter exchange
+  gets it, when it has one) and logged as ``rabbitmq_message_rejected``; no event.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import decimal
+import json
+import math
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from watchkeeper.store.backend import get_logger
+from watchkeeper.triggerer import TriggerEvent
+
+from ._broker import (
+    BrokerSourceError,
+    content_hash,
+    decode_body,
+    make_dedup_key,
+    reconnect_delay,
+    redact_url,
+    require_client,
+    scrub,
+    url_secrets,
+)
+from ._common import SerializedEquality, check_positive_int, check_str
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+
+__all__ = ["RabbitMQWatcher"]
+
+log = get_logger(__name__)
+
+MissingId = Literal["hash", "emit", "reject"]
+
+_CLOSE_TIMEOUT = 5.0
+
+
+class RabbitMQWatcher(SerializedEquality):
+    """Yields one event per message of the queue ``queue`` at ``url``.
+
+    The payload is ``{"queue", "message_id", "exchange", "routing_key", "content_type",
+    "headers", "timestamp", "data"}``: ``data`` is the body as JSON when it is UTF-8 JSON,
+    else its text, else ``{"base64": ...}``; header values that JSON cannot hold become text
+    (bytes: UTF-8 or base64; times: ISO 8601; decimals: their digits).
+
+    The queue must exist, unless ``declare`` is true (then a durable queue of that name is
+    declared). At most ``prefetch`` messages are delivered and not yet acknowledged at a
+    time (``basic.qos``). ``missing_id`` is the rule for messages without a ``message_id``
+    (see the module's documentation).
+
+    Connection: when the connection or channel is lost (a broker restart, a connection closed
+    by an operator), ``run()`` reconnects by itself, with exponential backoff, up to
+    ``reconnect_attempts`` consecutive failures, then raises :class:`BrokerSourceError` and the
+    daemon restarts the watcher with its own backoff. The broker redelivers what the lost
+    channel had not acknowledged; an ack that could not be sent is logged
+    (``rabbitmq_ack_lost``) and its redelivery is suppressed by the ``dedup_key``. A missing
+    queue or refused credentials raise at once. The connection is named
+    ``watchkeeper:<watcher name>`` in the management UI and ``rabbitmqctl list_connections``.
+
+    State keys: none. The queue is the position: an acknowledged message is gone from it.
+
+    How to rewind it: a queue cannot be rewound; publish the messages again (to emit ones
+    whose ``message_id`` is still remembered, run the watcher under a new name: the keys
+    start with it). For a replayable log, use a RabbitMQ stream.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        url: str = "amqp://guest:guest@127.0.0.1:5672/",
+        prefetch: int = 100,
+        declare: bool = False,
+        missing_id: MissingId = "hash",
+        reconnect_attempts: int = 10,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        require_client(owner, "aio_pika", "rabbitmq")
+        self.queue = check_str(owner, "queue", queue)
+        self.url = check_str(owner, "url", url)
+        if not url.startswith(("amqp://", "amqps://")):
+            raise ValueError(
+                f"{owner}: url must start with amqp:// or amqps://, got {redact_url(url)!r}"
+            )
+        self.prefetch = check_positive_int(owner, "prefetch", prefetch)
+        if not isinstance(declare, bool):
+            raise TypeError(f"{owner}: declare must be a bool, got {type(declare).__name__}")
+        self.declare = declare
+        if missing_id not in ("hash", "emit", "reject"):
+            raise ValueError(
+                f"{owner}: missing_id must be 'hash', 'emit' or 'reject', got {missing_id!r}"
+            )
+        self.missing_id: MissingId = missing_id
+        self.reconnect_attempts = check_positive_int(
+            owner, "reconnect_attempts", reconnect_attempts
+        )
+        self._connection: AbstractConnection | None = None
+        self._consuming = False
+        self._name = f"{owner}({queue!r})"
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {
+            "queue": self.queue,
+            "url": self.url,
+            "prefetch": self.prefetch,
+            "declare": self.declare,
+            "missing_id": self.missing_id,
+            "reconnect_attempts": self.reconnect_attempts,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} url={redact_url(self.url)!r} queue={self.queue!r} "
+            f"connected={self._connection is not None}>"
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from aio_pika.exceptions import (
+            AMQPConnectionError,
+            AMQPError,
+            AuthenticationError,
+            ChannelInvalidStateError,
+            ProbableAuthenticationError,
+        )
+        from aiormq.exceptions import ChannelClosed, ConnectionClosed
+
+        secrets = url_secrets(self.url)
+        fatal = (AuthenticationError, ProbableAuthenticationError)
+        # A connection or channel closed under us (ChannelClosed covers a queue deleted while
+        # consumed); a missing queue is caught where the queue is declared.
+        transient = (
+            AMQPConnectionError,
+            ConnectionClosed,
+            ChannelClosed,
+            ChannelInvalidStateError,
+            ConnectionError,
+            OSError,
+        )
+        failures = 0
+        while True:
+            error: BaseException | None = None
+            self._consuming = False
+            try:
+                async with contextlib.aclosing(self._consume(secrets)) as events:
+                    async for event in events:
+                        yield event
+            except BrokerSourceError:
+                raise
+            except fatal as exc:
+                raise BrokerSourceError(self._name, "logging in", exc, secrets) from exc
+            except transient as exc:
+                error = exc
+            except AMQPError as exc:
+                raise BrokerSourceError(self._name, "consuming", exc, secrets) from exc
+            # A connection that got as far as consuming starts the count again.
+            failures = 1 if self._consuming else failures + 1
+            reason = "the channel closed" if error is None else f"{type(error).__name__}"
+            if failures > self.reconnect_attempts:
+                cause = error or ConnectionError("the channel closed")
+                raise BrokerSourceError(
+                    self._name,
+                    f"reconnecting ({failures - 1} attempts)",
+                    cause,
+                    secrets,
+                ) from error
+            delay = reconnect_delay(failures)
+            log.warning(
+                "rabbitmq_reconnecting",
+                queue=self.queue,
+                watcher=self.watcher_name,
+                reason=scrub(f"{reason}: {error}" if error else reason, secrets),
+                attempt=failures,
+                delay=round(delay, 3),
+            )
+            await anyio.sleep(delay)
+
+    async def cleanup(self) -> None:
+        """Close the connection if ``run()`` was abandoned without being finalized."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await connection.close()
+
+    async def _consume(self, secrets: list[str]) -> AsyncGenerator[TriggerEvent, None]:
+        """One connection's life: the events of its deliveries, acked after each commit.
+
+        Returns when the channel closed (the caller reconnects); raises the client's errors.
+        """
+        import aio_pika
+        from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+        from aiormq.exceptions import ChannelNotFoundEntity
+
+        connection = await aio_pika.connect(
+            self.url,
+            timeout=10,
+            client_properties={"connection_name": f"watchkeeper:{self.watcher_name}"},
+        )
+        self._connection = connection
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=self.prefetch)
+            try:
+                queue = await channel.declare_queue(
+                    self.queue, passive=not self.declare, durable=True
+                )
+            except ChannelNotFoundEntity as exc:
+                raise BrokerSourceError(
+                    self._name, f"finding queue {self.queue!r}", exc, secrets
+                ) from exc
+            log.info("rabbitmq_consuming", queue=self.queue, watcher=self.watcher_name)
+            self._consuming = True
+            async with queue.iterator() as messages:
+                async for message in messages:
+                    key = self._dedup_key(message)
+                    if key is None and self.missing_id == "reject":
+                        log.warning(
+                            "rabbitmq_message_rejected",
+                            queue=self.queue,
+                            delivery_tag=message.delivery_tag,
+                            reason="no message_id (missing_id='reject')",
+                        )
+                        await message.reject(requeue=False)
+                        continue
+                    yield TriggerEvent(self._payload(message), dedup_key=key)
+                    try:
+                        await message.ack()
+                    except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+                        # The channel died after the commit: the broker redelivers the
+                        # message, and its dedup_key suppresses the repeat.
+                        log.warning(
+                            "rabbitmq_ack_lost",
+                            queue=self.queue,
+                            message_id=message.message_id,
+                            error=scrub(f"{type(exc).__name__}: {exc}", secrets),
+                        )
+        finally:
+            self._connection = None
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await connection.close()
+
+    def _dedup_key(self, message: AbstractIncomingMessage) -> str | None:
+        if message.message_id:
+            return make_dedup_key(self.watcher_name, "amqp", self.queue, message.message_id)
+        if self.missing_id != "hash":
+            return None
+        headers = json.dumps(_json_value(message.headers or {}), sort_keys=True).encode()
+        return make_dedup_key(
+            self.watcher_name, "amqp", self.queue, content_hash(message.body, headers)
+        )
+
+    def _payload(self, message: AbstractIncomingMessage) -> dict[str, Any]:
+        timestamp = message.timestamp
+        return {
+            "queue": self.queue,
+            "message_id": message.message_id,
+            "exchange": message.exchange,
+            "routing_key": message.routing_key,
+            "content_type": message.content_type,
+            "headers": _json_value(message.headers) if message.headers else None,
+            "timestamp": None if timestamp is None else timestamp.isoformat(),
+            "data": decode_body(message.body),
+        }
+
+
+def _json_value(value: Any) -> Any:
+    """An AMQP field value (headers may hold bytes, times, decimals) as JSON."""
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(raw).decode("ascii")}
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

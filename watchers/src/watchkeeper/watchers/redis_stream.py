@@ -1,0 +1,411 @@
+"""``RedisStreamWatcher``: one event per entry of a Redis stream, exactly once.
+
+A stream is replayable: every entry keeps its id (``<ms>-<seq>``, strictly increasing), so the
+id of the last entry emitted is the watermark, committed with each event, and a restarted
+watcher reads on after it. No acknowledgement is needed for correctness; with ``group`` set the
+watcher reads through a consumer group instead and acknowledges (``XACK``) each entry after its
+event committed, so the group's pending list shows what is in flight.
+
+Trimming (``MAXLEN``/``MINID``) can delete entries before they are read. Each read is one
+``MULTI`` of ``XREAD`` and ``XINFO STREAM``, so the watcher knows how many entries the stream
+ever had (``entries-added``) and where it starts now (``first-entry``): it counts the entries it
+has read in the same way (``entries_read`` in its state) and, when the stream's first entry lies
+past the entries it has read, logs ``redis_stream_gap`` with the number of entries it lost
+(deleted with ``XDEL`` or trimmed before being read) and reads on. Redis 7 or newer reports
+``entries-added``; on older servers the gap check is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from watchkeeper.store.backend import get_logger
+from watchkeeper.triggerer import TriggerEvent
+
+from ._broker import (
+    BrokerSourceError,
+    decode_body,
+    redact_url,
+    require_client,
+    url_secrets,
+)
+from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["RedisStreamWatcher"]
+
+log = get_logger(__name__)
+
+StreamId = tuple[int, int]
+
+_ID = re.compile(r"(\d+)-(\d+)")
+_CLOSE_TIMEOUT = 5.0
+
+
+def parse_id(value: str | bytes) -> StreamId:
+    """``"1700000000000-3"`` as ``(1700000000000, 3)``: ids compare as integers, never as text."""
+    text = value.decode() if isinstance(value, bytes) else value
+    match = _ID.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a Redis stream id (<ms>-<seq>)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def format_id(value: StreamId) -> str:
+    return f"{value[0]}-{value[1]}"
+
+
+def _text(value: bytes) -> Any:
+    """A field name or value: its UTF-8 text, else ``{"base64": ...}``."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return decode_body(value)
+
+
+class RedisStreamWatcher(SerializedEquality):
+    """Yields one event per entry of the stream ``stream`` at ``url``, in id order.
+
+    The payload is ``{"stream", "id", "fields"}``: the entry's id as ``"<ms>-<seq>"`` and its
+    fields as a JSON object of text (a name or value that is not UTF-8 becomes
+    ``{"base64": "..."}``). ``start`` is where a watcher without state begins: ``"0-0"``
+    (default) reads the whole stream, ``"$"`` only the entries added after its first start
+    (entries added before its first event commits, while it is down, are not read), any other
+    id the entries after it. ``batch_size`` entries are read at a time; ``block`` seconds is the
+    longest a read waits for new entries.
+
+    ``group`` reads through that consumer group (created at ``start`` if missing, with the
+    stream) as consumer ``consumer`` (default: the watcher's name), and ``XACK``s each entry
+    once its event committed. On start it first re-reads its own pending entries: those up to
+    the watermark were committed before a crash and are only acknowledged, the others are
+    emitted. Entries pending for another consumer name are not claimed.
+
+    Connection: the client retries a command that failed on a lost connection (a server
+    restart, ``CLIENT KILL``) with exponential backoff, ``reconnect_attempts`` times, before
+    ``run()`` raises :class:`BrokerSourceError` and the daemon restarts the watcher with its
+    own backoff. Reads and ``XACK`` are idempotent, so a retried command changes nothing.
+    The connection is named ``watchkeeper:<watcher name>`` (``CLIENT LIST`` shows it).
+
+    State key (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name):
+
+    - ``<name>.watermark``: ``{"id": "<ms>-<seq>", "entries_read": n}``, the last entry
+      emitted and how many entries the stream had ever received up to it (``null`` when
+      unknown: the gap check then waits until the watcher has caught up with the stream).
+
+    How to rewind it: stop the watcher, set ``<name>.watermark`` to ``{"id": "<ms>-<seq>"}``
+    and start it again: it emits the entries after that id. ``{"id": "0-0"}`` (or deleting the
+    key, with the default ``start``) reads the whole stream again. With ``group``, the group's
+    own position must be moved too (``XGROUP SETID``), since the group delivers only entries
+    after its last delivered id.
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        url: str = "redis://127.0.0.1:6379/0",
+        start: str = "0-0",
+        batch_size: int = 100,
+        block: float = 5.0,
+        group: str | None = None,
+        consumer: str | None = None,
+        reconnect_attempts: int = 10,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        require_client(owner, "redis", "redis")
+        self.stream = check_str(owner, "stream", stream)
+        self.url = check_str(owner, "url", url)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"{owner}: url must start with redis://, rediss:// or unix://, "
+                f"got {redact_url(url)!r}"
+            )
+        self.start = check_str(owner, "start", start)
+        if start != "$":
+            try:
+                parse_id(start if "-" in start else f"{start}-0")
+            except ValueError as exc:
+                raise ValueError(f"{owner}: start must be '$' or a stream id: {exc}") from None
+        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
+        check_positive(owner, "block", block)
+        self.block = block
+        self.group = None if group is None else check_str(owner, "group", group)
+        self.consumer = None if consumer is None else check_str(owner, "consumer", consumer)
+        if consumer is not None and group is None:
+            raise ValueError(f"{owner}: consumer needs a group")
+        self.reconnect_attempts = check_positive_int(
+            owner, "reconnect_attempts", reconnect_attempts
+        )
+        self._client: Redis | None = None
+        self._name = f"{owner}({stream!r})"
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return self.classpath(), {
+            "stream": self.stream,
+            "url": self.url,
+            "start": self.start,
+            "batch_size": self.batch_size,
+            "block": self.block,
+            "group": self.group,
+            "consumer": self.consumer,
+            "reconnect_attempts": self.reconnect_attempts,
+        }
+
+    def __repr__(self) -> str:
+        group = "" if self.group is None else f" group={self.group!r}"
+        return (
+            f"<{type(self).__name__} url={redact_url(self.url)!r} stream={self.stream!r}"
+            f"{group} connected={self._client is not None}>"
+        )
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from redis.exceptions import RedisError
+
+        key = f"{self.watcher_name}.watermark"
+        stored = await _stored(self.asset_state_store, key, self._name)
+        client = self._connect()
+        self._client = client
+        try:
+            position = await self._call("reading the stream", _Position.start(client, self, stored))
+            if self.group is not None:
+                position.entries_read = None  # the group's position is the server's; no count
+            reader = self._read_group if self.group is not None else self._read
+            async with contextlib.aclosing(reader(client, position)) as entries:
+                async for entry_id, fields in entries:
+                    yield TriggerEvent(
+                        {"stream": self.stream, "id": entry_id, "fields": fields},
+                        state={key: position.state()},
+                    )
+                    if self.group is not None:
+                        # Committed: the group may forget it.
+                        await self._call(
+                            "acknowledging", client.xack(self.stream, self.group, entry_id)
+                        )
+        except RedisError as exc:
+            raise BrokerSourceError(
+                self._name, f"reading {redact_url(self.url)}", exc, url_secrets(self.url)
+            ) from exc
+        finally:
+            self._client = None
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await client.aclose()
+
+    async def cleanup(self) -> None:
+        """Close the connection if ``run()`` was abandoned without being finalized."""
+        client, self._client = self._client, None
+        if client is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                await client.aclose()
+
+    def _connect(self) -> Redis:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialWithJitterBackoff
+
+        name = re.sub(r"[^A-Za-z0-9_.:-]", "_", f"watchkeeper:{self.watcher_name}")[:120]
+        client: Redis = Redis.from_url(
+            self.url,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.2, cap=10.0), self.reconnect_attempts),
+            socket_connect_timeout=5.0,
+            # A blocking XREAD answers after ``block`` seconds; longer silence is a dead link.
+            socket_timeout=self.block + 10.0,
+            client_name=name,
+        )
+        return client
+
+    async def _call(self, action: str, awaitable: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await awaitable
+        except RedisError as exc:
+            raise BrokerSourceError(
+                self._name,
+                f"{action} ({redact_url(self.url)})",
+                exc,
+                url_secrets(self.url),
+            ) from exc
+
+    async def _read(
+        self, client: Redis, position: _Position
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """Entries after the position, in order: a MULTI read, or a blocking wait when idle."""
+        while True:
+            # One snapshot: the entries after the cursor and the stream's counters at that
+            # moment. XINFO fails on a missing stream; that error stays in its own slot.
+            pipe = client.pipeline(transaction=True)
+            pipe.xread({self.stream: format_id(position.last)}, count=self.batch_size)
+            pipe.xinfo_stream(self.stream)
+            read, info = await self._call("reading the stream", pipe.execute(raise_on_error=False))
+            if isinstance(read, Exception):
+                raise read
+            entries = read[0][1] if read else []
+            position.observe(self, entries, None if isinstance(info, Exception) else info)
+            for raw_id, raw_fields in entries:
+                entry_id = position.advance(raw_id)
+                yield entry_id, {_text(k): _text(v) for k, v in raw_fields.items()}
+            if len(entries) < self.batch_size:
+                # At the tail: wait for the next entry (it is read again by the MULTI above).
+                await self._call(
+                    "waiting for entries",
+                    client.xread(
+                        {self.stream: format_id(position.last)},
+                        count=1,
+                        block=max(1, round(self.block * 1000)),
+                    ),
+                )
+
+    async def _read_group(
+        self, client: Redis, position: _Position
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        from redis.exceptions import ResponseError
+
+        assert self.group is not None
+        consumer = self.consumer or self.watcher_name
+        try:
+            start = "$" if self.start == "$" else self.start
+            await client.xgroup_create(self.stream, self.group, id=start, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        # Our own pending entries first (delivered before a crash), then new ones.
+        pending = "0-0"
+        while True:
+            read: Any = await client.xreadgroup(
+                self.group, consumer, {self.stream: pending}, count=self.batch_size
+            )
+            entries = read[0][1] if read else []
+            if not entries:
+                break
+            for raw_id, raw_fields in entries:
+                entry_id = parse_id(raw_id)
+                pending = format_id(entry_id)
+                if entry_id <= position.last or not raw_fields:
+                    if not raw_fields:
+                        log.warning(
+                            "redis_stream_gap",
+                            stream=self.stream,
+                            watcher=self.watcher_name,
+                            entry=pending,
+                            reason="a pending entry was deleted before it was read again",
+                        )
+                    await client.xack(self.stream, self.group, pending)
+                    continue
+                position.advance(raw_id)
+                yield pending, {_text(k): _text(v) for k, v in raw_fields.items()}
+        block = max(1, round(self.block * 1000))
+        while True:
+            read = await client.xreadgroup(
+                self.group, consumer, {self.stream: ">"}, count=self.batch_size, block=block
+            )
+            if not read:
+                continue
+            for raw_id, raw_fields in read[0][1]:
+                yield position.advance(raw_id), {_text(k): _text(v) for k, v in raw_fields.items()}
+
+
+class _Position:
+    """The watermark while running: the last entry's id, and the stream's count up to it."""
+
+    __slots__ = ("entries_read", "last", "reported_gap")
+
+    def __init__(self, last: StreamId, entries_read: int | None) -> None:
+        self.last = last
+        self.entries_read = entries_read
+        self.reported_gap = False
+
+    @classmethod
+    async def start(
+        cls, client: Redis, watcher: RedisStreamWatcher, stored: dict[str, Any] | None
+    ) -> _Position:
+        if stored is not None:
+            return cls(parse_id(stored["id"]), stored.get("entries_read"))
+        if watcher.start != "$":
+            start = watcher.start if "-" in watcher.start else f"{watcher.start}-0"
+            begin = parse_id(start)
+            return cls(begin, 0 if begin == (0, 0) else None)
+        if not await client.exists(watcher.stream):
+            return cls((0, 0), 0)
+        info = await client.xinfo_stream(watcher.stream)
+        return cls(parse_id(info["last-generated-id"]), info.get("entries-added"))
+
+    def state(self) -> dict[str, Any]:
+        return {"id": format_id(self.last), "entries_read": self.entries_read}
+
+    def advance(self, raw_id: bytes | str) -> str:
+        """Move past the entry ``raw_id`` (the next one read); return its id as text."""
+        self.last = parse_id(raw_id)
+        if self.entries_read is not None:
+            self.entries_read += 1
+        return format_id(self.last)
+
+    def observe(
+        self,
+        watcher: RedisStreamWatcher,
+        entries: list[tuple[bytes, Any]],
+        info: dict[str, Any] | None,
+    ) -> None:
+        """Compare one read with the stream's counters taken in the same transaction: report
+        the entries removed before they were read, and learn the count once at the tail."""
+        if info is None:
+            return
+        added = info.get("entries-added")
+        length = info.get("length")
+        first = info.get("first-entry")
+        last = info.get("last-entry")
+        if not isinstance(added, int) or not isinstance(length, int):
+            return  # Redis before 7 has no entries-added
+        if not entries:
+            if self.entries_read is None and last and parse_id(last[0]) == self.last:
+                self.entries_read = added
+            return
+        first_read = parse_id(entries[0][0])
+        if self.entries_read is not None and first and parse_id(first[0]) == first_read:
+            # The stream now starts at the first entry this read returned: every entry added
+            # before it (added - length of them) is gone. Those past our count were never read.
+            lost = added - length - self.entries_read
+            if lost > 0:
+                log.warning(
+                    "redis_stream_gap",
+                    stream=watcher.stream,
+                    watcher=watcher.watcher_name,
+                    after=format_id(self.last),
+                    before=format_id(first_read),
+                    lost=lost,
+                )
+                self.entries_read += lost
+        elif self.entries_read is None and last and parse_id(last[0]) == parse_id(entries[-1][0]):
+            # The read reached the tail: the count up to its last entry is entries-added.
+            self.entries_read = added - len(entries)
+
+
+async def _stored(store: Any, key: str, owner: str) -> dict[str, Any] | None:
+    """The most advanced watermark stored on the watched assets (None when there is none)."""
+    best: dict[str, Any] | None = None
+    for asset in store:
+        value = await store[asset].aget(key)
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, dict):
+                raise TypeError("not an object")
+            parse_id(value["id"])
+            read = value.get("entries_read")
+            if read is not None and (isinstance(read, bool) or not isinstance(read, int)):
+                raise TypeError(f"entries_read is {read!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{owner}: the asset state {key!r} is not a Redis stream watermark "
+                f"({value!r}): {exc}"
+            ) from exc
+        if best is None or parse_id(value["id"]) > parse_id(best["id"]):
+            best = value
+    return best
