@@ -11,13 +11,15 @@ Two capabilities, each a ``runtime_checkable`` Protocol the built-in backends sa
   (owner, token, expiry); finishing a run is fenced by that lease and commits the run's outlet
   events (one per outlet) in the same transaction.
 
-The rules every backend shares live here, once: argument checks, which pending events make a
+The rules every backend shares live here, once: the argument checks (applied by
+:class:`~._taskstore.TaskStoreBackend` before any backend hook), which pending events make a
 run (:func:`plan_run`), what a failure or a lapsed lease does to a run (:func:`after_failure`).
 Times come from the backend's ``clock``, as for trigger leases (:mod:`._leases`).
 
 Event ids are commit order on every backend: SQLite and memory assign them under their one
 writer; PostgreSQL serialises the readers of a cursor against in-flight event inserts with an
-advisory lock (see :mod:`.postgres.consumers`).
+advisory lock that every event-inserting transaction takes, single commits and batches
+alike (see :mod:`.postgres.consumers`).
 """
 
 from __future__ import annotations
