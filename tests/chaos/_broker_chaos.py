@@ -255,8 +255,26 @@ class BrokerChaos:
         numbers = await anyio.to_thread.run_sync(committed_numbers, self.database)
         log = await anyio.Path(self.log_path).read_text(errors="replace")
         redelivered = sum(
-            1
-            for line in log.splitlines()
-            if line.startswith("{") and json.loads(line).get("event") == "event_deduplicated"
+            1 for record in log_records(log) if record.get("event") == "event_deduplicated"
         )
         return BrokerResult(self.broker, self.plan.items, self.kills, numbers, redelivered)
+
+
+def log_records(log: str) -> list[dict[str, object]]:
+    """The JSON records of the daemons' shared log. A SIGKILL can cut the last line a daemon
+    was writing; the next daemon's first record then follows it on the same line. The cut
+    record is dropped, every whole one is kept."""
+    decoder = json.JSONDecoder()
+    records: list[dict[str, object]] = []
+    for line in log.splitlines():
+        at = line.find("{")
+        while at != -1:
+            try:
+                record, end = decoder.raw_decode(line, at)
+            except json.JSONDecodeError:
+                at = line.find("{", at + 1)  # a cut record: look for the next one
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            at = line.find("{", end)
+    return records

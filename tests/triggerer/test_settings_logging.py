@@ -170,6 +170,34 @@ def _fail_with_a_password_in_a_local() -> None:
     raise ConnectionError(f"cannot connect to {dsn}")
 
 
+class _Writes(io.StringIO):
+    """A stream that keeps each write() call's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+class TestWholeLines:
+    def test_each_line_is_written_by_one_call(self) -> None:
+        """Every event, structlog's or a stdlib record, reaches the stream as one write() of
+        one whole line: a daemon killed mid-log leaves no half line for the next process's
+        first line to be glued to (the chaos tests parse the log of a killed daemon)."""
+        out = _Writes()
+        configure_logging("debug", "json", stream=out)
+        structlog.get_logger().info("from_structlog", filler="x" * 500)
+        logging.getLogger("somelib").warning("from_stdlib %s", "y" * 500)
+        written = [call for call in out.calls if call]
+        assert len(written) == 2
+        for call in written:
+            assert call.endswith("\n") and call.count("\n") == 1
+            json.loads(call)
+
+
 class TestNoSecretsInLogs:
     @pytest.mark.parametrize("fmt", ["json", "console"])
     def test_tracebacks_show_no_local_variables(self, fmt: Literal["json", "console"]) -> None:

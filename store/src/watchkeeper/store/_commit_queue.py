@@ -27,6 +27,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from ._batch_sizes import BatchSizes
 from .errors import StoreClosedError
 
 __all__ = ["WRITE_OVERHEAD", "CommitQueue", "CommitStats", "QueuedWrite"]
@@ -111,6 +112,8 @@ class CommitQueue(Generic[W]):
         """Batches run so far (a replayed batch counts once)."""
         self.writes = 0
         """Writes those batches carried."""
+        self.batch_sizes = BatchSizes()
+        """How many writes each of those batches carried (a histogram)."""
 
     @property
     def stats(self) -> CommitStats:
@@ -172,6 +175,7 @@ class CommitQueue(Generic[W]):
                     raise
                 self.batches += 1
                 self.writes += len(batch)
+                self.batch_sizes.observe(len(batch))
                 for write in batch:
                     write.settle()
                 batch = []

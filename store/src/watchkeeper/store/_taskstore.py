@@ -1,9 +1,9 @@
 """``TaskStoreBackend``: the rules of event consumers and task runs, written once over hooks.
 
-The built-in backends mix it in next to :class:`~._metastore.MetastoreBackend`. Each public
-method checks the store is open, checks its arguments the same way for every backend, skips
-the round trip when there is nothing to do, and calls one ``_a<name>`` hook with arguments that
-are already valid. So a backend with these hooks is an :class:`~._tasks.EventConsumers` and a
+The built-in backends subclass it next to :class:`~._metastore.MetastoreBackend`, as they do
+:class:`~._controls.ControlsBackend`. Each public method checks the store is open, checks its
+arguments the same way for every backend, skips the round trip when there is nothing to do,
+and calls one ``_a<name>`` hook with arguments that are already valid. So a backend with these hooks is an :class:`~._tasks.EventConsumers` and a
 :class:`~._tasks.TaskQueue`; the rules of runs themselves are :mod:`._tasks`'.
 """
 
@@ -13,8 +13,8 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
+from ._backend import BaseStateBackend
 from ._leases import check_owner, check_ttl
 from ._metastore import check_items
 from ._tasks import (
@@ -42,12 +42,8 @@ def _check_names(what: str, names: object) -> builtins.list[str]:
     return [check_name(what, n) for n in check_items(what, names, str, "str names")]
 
 
-class TaskStoreBackend(ABC):
+class TaskStoreBackend(BaseStateBackend, ABC):
     """Event consumers and the task queue, over ``_a<name>`` hooks (see the module docstring)."""
-
-    if TYPE_CHECKING:
-
-        def _check_open(self) -> None: ...
 
     # -- event consumers ---------------------------------------------------------------------
 

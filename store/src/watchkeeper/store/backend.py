@@ -5,11 +5,14 @@ A backend subclasses :class:`BaseStateBackend` (key/value state, the sync/async 
 checks) and implements the hooks it documents. The metastore comes in capabilities, each a
 ``runtime_checkable`` Protocol: :class:`AssetRegistry`, :class:`EventLog`,
 :class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable`,
+:class:`OperatorControls` (watcher controls and API tokens, for the HTTP API),
 :class:`EventConsumers` and :class:`TaskQueue` (tasks on asset events). A backend has a
 capability when it has the methods; the runtime checks once, with ``isinstance``, and does
 without what is missing (no leases: a single unfenced daemon; no status table: no status rows).
 :class:`MetastoreBackend` has them all, its rules written once over ``_a<name>`` hooks: the
-built-in backends subclass it, and so can a new one.
+built-in backends subclass it, and so can a new one; :class:`ControlsBackend` does the same
+for :class:`OperatorControls`, and :class:`TaskStoreBackend` for :class:`EventConsumers` and
+:class:`TaskQueue`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from ._backend import BaseStateBackend
+from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._log import get_logger
 from ._metastore import MetastoreBackend
@@ -35,6 +39,7 @@ from ._tasks import (
     require_event_consumers,
     require_task_queue,
 )
+from ._taskstore import TaskStoreBackend
 from ._types import (
     Asset,
     AssetEvent,
@@ -64,8 +69,10 @@ from .errors import MissingCapabilityError
 
 __all__ = [
     "CAPABILITIES",
+    "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",
+    "ControlsBackend",
     "DaemonStatus",
     "DaemonTable",
     "EventBatchCommit",
@@ -80,6 +87,7 @@ __all__ = [
     "Lease",
     "LeaseTable",
     "MetastoreBackend",
+    "OperatorControls",
     "OutletEvent",
     "Put",
     "RawEntry",
@@ -91,7 +99,9 @@ __all__ = [
     "TaskQueue",
     "TaskRun",
     "TaskSpec",
+    "TaskStoreBackend",
     "TriggerStatus",
+    "WatcherControl",
     "Writer",
     "capability_methods",
     "check_key",
@@ -108,6 +118,7 @@ __all__ = [
     "require_event_consumers",
     "require_event_log",
     "require_garbage_collector",
+    "require_operator_controls",
     "require_status_table",
     "require_task_queue",
 ]
@@ -194,6 +205,7 @@ CAPABILITIES: tuple[type, ...] = (
     GarbageCollector,
     StatusTable,
     LeaseTable,
+    OperatorControls,
     EventConsumers,
     TaskQueue,
 )
@@ -233,3 +245,10 @@ def require_status_table(backend: object) -> StatusTable:
     if isinstance(backend, StatusTable):
         return backend
     raise MissingCapabilityError(backend, "StatusTable")
+
+
+def require_operator_controls(backend: object) -> OperatorControls:
+    """``backend`` as an :class:`OperatorControls`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, OperatorControls):
+        return backend
+    raise MissingCapabilityError(backend, "OperatorControls")

@@ -37,6 +37,7 @@ __all__ = [
     "StoreUnavailableError",
     "SyncCallInLoopError",
     "TaskNotFoundError",
+    "TokenExistsError",
     "ValueTooLargeError",
     "ValueTypeError",
     "VersionConflictError",
@@ -410,3 +411,11 @@ class HookNotImplementedError(StateStoreError, NotImplementedError):
     def __init__(self, backend: object, hook: str, remedy: str) -> None:
         self.hook = hook
         super().__init__(f"{type(backend).__name__} does not implement {hook}; {remedy}")
+
+
+class TokenExistsError(StateStoreError, ValueError):
+    """Raised when an API token is created under the name of a token that is not revoked."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"a token named {name!r} already exists; revoke it first")

@@ -28,7 +28,7 @@ from watchkeeper.store import (
     MissingCapabilityError,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import DaemonTable, TriggerStatus, require_status_table
+from watchkeeper.store.backend import TriggerStatus, require_status_table
 
 from ._cli_common import (
     CommandError,
@@ -39,10 +39,11 @@ from ._cli_common import (
     redacted,
     unwrap_lone_exception,
 )
+from ._daemon_report import daemon_report
 from .daemon import run_daemon
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
 
-__all__ = ["register", "run_async", "status_report", "status_rows"]
+__all__ = ["daemon_report", "register", "run_async", "status_report", "status_rows"]
 
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -131,40 +132,12 @@ def _printable(text: str) -> str:
 
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
-    now = backend.clock()
-    # Without daemon rows (a custom backend) the saved states are taken as they are.
-    tracked = isinstance(backend, DaemonTable)
-    daemons = await backend.alist_daemon_status() if isinstance(backend, DaemonTable) else []
-    live: set[str] = set()
-    daemon_rows = []
-    for daemon in daemons:
-        age = max((now - daemon.heartbeat_at).total_seconds(), 0.0)
-        stale = age > daemon.lease_ttl
-        if not stale:
-            live.add(daemon.owner)
-        daemon_rows.append(
-            {
-                "owner": daemon.owner,
-                "state": "stale" if stale else "running",
-                "heartbeat_age_seconds": round(age, 3),
-                "heartbeat_at": _iso(daemon.heartbeat_at),
-                "lease_ttl_seconds": daemon.lease_ttl,
-                "started_at": _iso(daemon.started_at),
-                "watchers_path": daemon.watchers_path,
-                "refused": [
-                    {"file": r.file, "watcher": r.watcher, "reason": r.reason}
-                    for r in daemon.refused
-                ],
-            }
-        )
-    known = {daemon.owner for daemon in daemons}
+    daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []
     for status in await require_status_table(backend).alist_trigger_status():
-        state = status.state
-        if tracked and status.owner not in live and (status.owner in known or state != "stopped"):
-            state = "unknown"
+        state = daemons.watcher_state(status.state, status.owner)
         watchers.append(_status_json(status, state, await _asset_states(backend, status)))
-    return {"daemons": daemon_rows, "watchers": watchers}
+    return {"daemons": daemons.rows, "watchers": watchers}
 
 
 async def status_rows(backend: BaseStateBackend) -> list[dict[str, Any]]:

@@ -43,6 +43,7 @@ from ._cli_common import (
     printable,
     store_handler,
 )
+from ._watcher_controls import watcher_rows
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -177,6 +178,22 @@ async def _state_get(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     return 0
 
 
+async def _warn_running_watchers(backend: BaseStateBackend, asset: str) -> None:
+    """Warn when an unpaused watcher of ``asset`` runs: its next event may overwrite the key."""
+    running = [
+        row.watcher
+        for row in await watcher_rows(backend)
+        if asset in row.assets and not row.paused and row.state in ("running", "backing_off")
+    ]
+    if running:
+        names = ", ".join(repr(name) for name in running)
+        sys.stderr.write(
+            f"watchkeeper: warning: watcher {names} of asset {asset!r} is running and may "
+            f"overwrite this key; to rewind it: watchkeeper watchers pause {running[0]}, "
+            "set with --expected-version, then resume\n"
+        )
+
+
 async def _state_set(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     scope = _scope(args)
     retention: object = None
@@ -184,6 +201,8 @@ async def _state_set(backend: BaseStateBackend, args: argparse.Namespace, _: Set
         retention = NEVER_EXPIRE
     elif args.retention_days is not None:
         retention = timedelta(days=args.retention_days)
+    if isinstance(scope, AssetScope) and scope.name is not None:
+        await _warn_running_watchers(backend, scope.name)
     version = await backend.aset(
         scope,
         args.key,

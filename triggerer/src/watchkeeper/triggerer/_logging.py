@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from typing import Literal, TextIO
 
 import structlog
@@ -27,6 +28,27 @@ HANDLER_NAME = "watchkeeper"
 """The name of the root logger's handler that :func:`configure_logging` installs."""
 
 LogFormat = Literal["auto", "json", "console"]
+
+_WRITE_LOCK = threading.RLock()
+"""Held while a whole line is written: structlog's events and stdlib records (which other
+threads emit, e.g. aiosqlite's) share the stream, and a line must never be cut by another."""
+
+
+class _LineWriter:
+    """structlog's output: each rendered event written as one whole line under
+    :data:`_WRITE_LOCK`, the lock the root logger's handler takes too."""
+
+    __slots__ = ("_out",)
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def msg(self, message: str) -> None:
+        with _WRITE_LOCK:
+            self._out.write(message + "\n")
+            self._out.flush()
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = msg
 
 
 def wants_json(fmt: LogFormat, stream: TextIO) -> bool:
@@ -101,7 +123,7 @@ def configure_logging(
         ],
         wrapper_class=structlog.make_filtering_bound_logger(number),
         context_class=dict,
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=lambda *_: _LineWriter(out),
         cache_logger_on_first_use=cache_logger_on_first_use,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
@@ -118,6 +140,7 @@ def configure_logging(
         ],
     )
     handler = logging.StreamHandler(out)
+    handler.lock = _WRITE_LOCK  # one lock for both writers: lines never interleave
     handler.set_name(HANDLER_NAME)
     handler.setFormatter(formatter)
     root = logging.getLogger()
@@ -125,6 +148,8 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(number)
+    # aiosqlite logs every statement at DEBUG: that is the driver's, not ours, to debug.
+    logging.getLogger("aiosqlite").setLevel(max(number, logging.INFO))
 
 
 class _Redacting:

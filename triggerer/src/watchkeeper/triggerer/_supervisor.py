@@ -31,6 +31,7 @@ import contextlib
 import inspect
 import logging
 import random
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -64,6 +65,7 @@ from .trigger import BaseEventTrigger
 
 if TYPE_CHECKING:
     from ._health import StoreHealth
+    from ._runtime_metrics import RuntimeMetrics
 
 __all__ = [
     "Publish",
@@ -227,6 +229,7 @@ async def drive_trigger(
     cleanup_timeout: float,
     publish: Publish | None = None,
     max_events: int | None = None,
+    metrics: RuntimeMetrics | None = None,
 ) -> None:
     """Run ``slot.trigger.run()`` once, committing each event before resuming the generator.
 
@@ -278,10 +281,13 @@ async def drive_trigger(
                         f"(trigger {slot.trigger_id!r}); nothing was committed"
                     )
                     raise
+                started = time.perf_counter()
                 if isinstance(commit, EventCommit):
                     written = await commit_event(commit)
                 else:  # a TriggerEventBatch: one commit for all its events
                     written = await commit_events(commit)
+                if metrics is not None:
+                    metrics.observe_commit(time.perf_counter() - started)
                 if written:
                     slot.failures = 0
                     slot.events += len(written)
@@ -355,6 +361,7 @@ async def supervise(
     publish: Publish | None = None,
     *,
     health: StoreHealth,
+    metrics: RuntimeMetrics | None = None,
 ) -> None:
     """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
 
@@ -392,13 +399,19 @@ async def supervise(
             error: Exception | None = None
             try:
                 await drive_trigger(
-                    slot, backend, cleanup_timeout=config.cleanup_timeout, publish=publish
+                    slot,
+                    backend,
+                    cleanup_timeout=config.cleanup_timeout,
+                    publish=publish,
+                    metrics=metrics,
                 )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
             lost = lease_lost(error)
             if lost is not None:
                 # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
+                if metrics is not None:
+                    metrics.fenced_writes += 1
                 slot.last_error = describe_error(lost)
                 log.warning(
                     "lease_lost",
@@ -426,6 +439,8 @@ async def supervise(
                 continue
             waits = 0
             slot.failures += 1
+            if metrics is not None:
+                metrics.count_failure(slot.trigger_id)
             if error is None:
                 slot.last_error = "run() returned"
                 log.warning("trigger_returned", failures=slot.failures, events=slot.events)

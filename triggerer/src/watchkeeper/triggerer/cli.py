@@ -26,7 +26,7 @@ from watchkeeper.store.settings import (
     UnknownSettingError,
 )
 
-from . import _cli_config, _cli_runtime, _cli_store, _cli_tasks
+from . import _cli_api, _cli_config, _cli_runtime, _cli_store, _cli_tasks, _cli_watchers
 from ._cli_common import (
     PROG,
     CommandError,
@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_runtime.register(subparsers)
     _cli_tasks.register(subparsers)
     _cli_config.register(subparsers)
+    _cli_watchers.register(subparsers)
+    _cli_api.register(subparsers)
     return parser
 
 

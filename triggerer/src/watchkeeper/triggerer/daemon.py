@@ -50,9 +50,13 @@ their asset state, which the store keeps across restarts and ``kill -9``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import importlib
 import os
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -82,6 +86,7 @@ from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup, scan_watchers_path
 from ._supervisor import describe_error
+from ._watcher_controls import ControlsTracker
 from .errors import TriggererError
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
@@ -159,6 +164,9 @@ class Daemon:
         self._running: dict[str, WatcherGroup] = {}
         self._tokens: dict[str, int | None] = {}
         self._leases: LeaseKeeper | None = None
+        self._controls: ControlsTracker | None = None
+        self._renewed_at: float | None = None
+        self._retried: set[str] = set()
         self._snapshot: dict[str, tuple[int, int]] = {}
         # _load_lock: one load at a time (it may take import_timeout per hung file);
         # _reload_lock: bringing the runner in line with a load or a claim (short).
@@ -194,6 +202,17 @@ class Daemon:
         """The triggers running here by id, as loaded from the watcher files."""
         return dict(self._running)
 
+    def lease_renewal_age(self) -> float | None:
+        """Seconds since the leases were last claimed or renewed (None before the first)."""
+        return None if self._renewed_at is None else time.monotonic() - self._renewed_at
+
+    def unleased(self) -> list[str]:
+        """Triggers running here on a lease this daemon no longer holds (``/readyz`` reports
+        them until the next heartbeat stops them). Unfenced triggers (a backend without
+        leases) never count."""
+        held = self.leases.held
+        return sorted(t for t, token in self._tokens.items() if token is not None and t not in held)
+
     @property
     def leases(self) -> LeaseKeeper:
         if self._leases is None:
@@ -224,6 +243,9 @@ class Daemon:
                 TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
             )
             self._runner.store_health.add_recovery_hook(self._renew_after_outage)
+            # Read before the first load, so a watcher paused before a restart stays paused.
+            self._controls = ControlsTracker(self._backend)
+            await self._controls.refresh()
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             if self.tune_gc:
                 raise_gen0_threshold()
@@ -281,6 +303,7 @@ class Daemon:
     def _forget(self) -> None:
         self._runner = None
         self._leases = None
+        self._controls = None
         self._wanted = {}
         self._running = {}
         self._tokens = {}
@@ -345,6 +368,7 @@ class Daemon:
         failed = {s.trigger_id for s in runner.statuses() if s.state == "failed"}
         seq, claimed, tokens = await self._claim()
         self._applied_claim = seq
+        self._retried.clear()  # every failed trigger restarts anyway
         await self._reconcile(report, claimed, tokens, failed)
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
@@ -365,10 +389,14 @@ class Daemon:
         keep = sorted(
             t
             for t, group in self._running.items()
-            if t in self._wanted and self._wanted[t].key == group.key
+            if t in self._wanted and self._wanted[t].key == group.key and not self._paused(group)
         )
         room = max(self.settings.triggerer.capacity - len(keep), 0)
-        others = [t for t in sorted(self._wanted) if t not in self._running]
+        others = [
+            t
+            for t in sorted(self._wanted)
+            if t not in self._running and not self._paused(self._wanted[t])
+        ]
         if others:
             # Skips leases another live daemon holds; frees those of a dead local daemon.
             others = await self.leases.free_among(others)
@@ -412,16 +440,20 @@ class Daemon:
                 and token == self._tokens.get(trigger_id)
                 and trigger_id not in restart
                 and trigger_id not in dead
+                and not self._paused(group)
             ):
                 continue
-            # A trigger another daemon holds now is theirs, status row included.
-            await runner.stop_trigger(trigger_id, save_status=held)
+            if held and self._paused(group):
+                await self._pause_trigger(trigger_id)
+            else:
+                # A trigger another daemon holds now is theirs, status row included.
+                await runner.stop_trigger(trigger_id, save_status=held)
             del self._running[trigger_id]
             self._tokens.pop(trigger_id, None)
             report.stopped.append(trigger_id)
         for trigger_id, group in self._wanted.items():
             held, token = token_of(trigger_id)
-            if trigger_id in self._running or not held:
+            if trigger_id in self._running or not held or self._paused(group):
                 continue
             try:
                 await runner.start_trigger(_spec(group, token))
@@ -447,9 +479,15 @@ class Daemon:
         return await self._apply_last_claim()
 
     async def _claim(self) -> _Claim:
-        """Renew and take the leases of the triggers to run here (never takes a lock)."""
+        """Renew and take the leases of the triggers to run here (never takes a lock).
+
+        The watcher controls are read first: paused watchers are not claimed, and retries
+        asked since the last read are kept for the next apply.
+        """
+        self._retried |= await self._refresh_controls()
         claimed = await self._to_claim()
         tokens = await self.leases.claim(claimed)
+        self._renewed_at = time.monotonic()
         self._claims += 1
         self._last_claim = (self._claims, claimed, tokens)
         return self._last_claim
@@ -464,7 +502,7 @@ class Daemon:
                 return report
             seq, claimed, tokens = claim
             self._applied_claim = seq
-            await self._reconcile(report, claimed, tokens)
+            await self._reconcile(report, claimed, tokens, self._take_retries())
         if report.started or report.stopped or report.not_started:
             log.info(
                 "leases_changed",
@@ -474,6 +512,42 @@ class Daemon:
                 not_started=report.not_started,
             )
         return report
+
+    # -- watcher controls (pause, resume, retry: rows in the store) ---------------------------------
+
+    def _paused(self, group: WatcherGroup) -> bool:
+        controls = self._controls
+        return controls is not None and controls.is_paused(group.watchers or (group.trigger_id,))
+
+    def _take_retries(self) -> set[str]:
+        """The failed triggers whose watcher an operator retried since the last apply."""
+        retried, self._retried = self._retried, set()
+        if not retried:
+            return set()
+        return {
+            s.trigger_id
+            for s in self.runner.statuses()
+            if s.state == "failed" and any(w in retried for w in s.watchers or (s.trigger_id,))
+        }
+
+    async def _refresh_controls(self) -> set[str]:
+        """Read the control rows; return the watcher names retried since the last read."""
+        if self._controls is None:
+            return set()
+        return await self._controls.refresh()
+
+    async def _pause_trigger(self, trigger_id: str) -> None:
+        """Stop a trigger whose watcher an operator paused; its status row says ``paused``."""
+        runner = self.runner
+        before = next((s for s in runner.statuses() if s.trigger_id == trigger_id), None)
+        await runner.stop_trigger(trigger_id, save_status=False)
+        log.info("watcher_paused", trigger_id=trigger_id)
+        if before is not None and isinstance(self.backend, StatusTable):
+            paused = dataclasses.replace(before, state="paused", updated_at=datetime.now(UTC))
+            try:
+                await self.backend.asave_trigger_status([paused])
+            except Exception as exc:  # noqa: BLE001 - a status is advisory
+                log.warning("trigger_status_save_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _lease_loop(self, interval: float, claimed: MemoryObjectSendStream[None]) -> None:
         """Every heartbeat: check the store is the one opened, claim leases and hand the claim
@@ -600,6 +674,7 @@ class Daemon:
             r.trigger_id
             for r in rows
             if r.trigger_id not in self._running
+            and not (r.state == "paused" and r.trigger_id in self._wanted)
             and (r.state == "stopped" or r.updated_at is None or r.updated_at < cutoff)
         ]
         if stale:
@@ -697,6 +772,10 @@ async def run_daemon(
             stop.set()
             return
 
+    if settings.api.enabled:
+        # The web stack is imported now, before any trigger runs: imported once the daemon
+        # runs, it would hold the loop long enough to let short leases lapse.
+        importlib.import_module("watchkeeper.triggerer.api")
     error: Exception | None = None
     try:
         with anyio.open_signal_receiver(*signals) as received:
@@ -704,9 +783,15 @@ async def run_daemon(
                 tg.start_soon(on_signal, received)
                 try:
                     with starting:
-                        async with Daemon(settings, reload_interval=reload_interval, tune_gc=True):
+                        async with (
+                            Daemon(settings, reload_interval=reload_interval, tune_gc=True) as d,
+                            anyio.create_task_group() as api_tg,
+                        ):
+                            if settings.api.enabled:
+                                await _start_api(api_tg, d)
                             started.set()
                             await stop.wait()
+                            api_tg.cancel_scope.cancel()  # the API stops first, then the daemon
                 except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group
                     error = exc
                 finally:
@@ -716,6 +801,19 @@ async def run_daemon(
             timer.cancel()
     if error is not None:
         raise error
+
+
+async def _start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
+    """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
+    run without it (they matter more than the API)."""
+    from .api import ApiListenError, serve_api  # the web stack loads only when it serves
+
+    try:
+        await tg.start(
+            functools.partial(serve_api, daemon.backend, daemon.settings.api, daemon=daemon)
+        )
+    except ApiListenError as exc:
+        log.error("api_not_started", error=str(exc))
 
 
 SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE

@@ -55,6 +55,7 @@ from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_log
 from ._config import RunnerConfig
 from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
+from ._runtime_metrics import RuntimeMetrics
 from ._supervisor import TriggerSlot, describe_error, supervise
 from .errors import CapacityError
 from .trigger import BaseEventTrigger, BaseTrigger
@@ -145,6 +146,8 @@ class TriggerRunner:
         if self.config.status_interval > 0 and self._status_table is None:
             log.info("trigger_status_unsupported", backend=type(backend).__name__)
         self.lag_monitor: LoopLagMonitor | None = None
+        self.metrics = RuntimeMetrics()
+        """Commit latencies, fenced writes and events per asset, for ``/metrics``."""
         self.store_health = StoreHealth(backend, self.config)
         """Whether the store answers, shared by the supervisors (and the daemon's loops)."""
 
@@ -271,6 +274,10 @@ class TriggerRunner:
         """The ids of the triggers in the runner (running, backing off or failed)."""
         return frozenset(self._slots)
 
+    def slots(self) -> list[TriggerSlot]:
+        """The supervised triggers' live slots (read-only use: the metrics collector)."""
+        return list(self._slots.values())
+
     def statuses(self) -> list[TriggerStatus]:
         """A status per trigger in the runner, ordered by trigger_id."""
         now = datetime.now(UTC)
@@ -302,7 +309,12 @@ class TriggerRunner:
             with slot.scope:
                 task_status.started()
                 await supervise(
-                    slot, self.backend, self.config, self._publish, health=self.store_health
+                    slot,
+                    self.backend,
+                    self.config,
+                    self._publish,
+                    health=self.store_health,
+                    metrics=self.metrics,
                 )
         finally:
             self._by_task.pop(task, None)
@@ -330,6 +342,7 @@ class TriggerRunner:
                 )
 
     def _publish(self, events: list[AssetEvent]) -> None:
+        self.metrics.count_events(events)
         subscribers = self._subscribers
         if not subscribers:
             return

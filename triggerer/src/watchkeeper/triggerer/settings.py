@@ -19,6 +19,7 @@ from ._config import SupervisionSettings
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
     "LOG_LEVELS",
+    "ApiSettings",
     "LogLevel",
     "LoggingSettings",
     "Settings",
@@ -122,6 +123,20 @@ class WorkerSettings(_Section):
         return self
 
 
+class ApiSettings(_Section):
+    """``[api]``: the HTTP API, metrics, health checks and web page the daemon serves."""
+
+    enabled: bool = True
+    """Serve the API inside ``watchkeeper triggerer`` (``watchkeeper api`` always serves it)."""
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address to listen on (``0.0.0.0``: every interface)."""
+    port: int = Field(default=8787, ge=0, le=65535)
+    """TCP port to listen on (0: any free port, logged at start)."""
+    max_watcher_series: int = Field(default=2000, ge=0)
+    """Most watchers with their own series in ``/metrics``; the rest are counted in the
+    unlabelled totals (``watchkeeper_watchers``) and in ``watchkeeper_watcher_series_dropped``."""
+
+
 class LoggingSettings(_Section):
     """``[logging]``: structlog's level and renderer."""
 
@@ -138,6 +153,7 @@ class Settings(StoreSettings):
     triggerer: TriggererSettings = TriggererSettings()
     worker: WorkerSettings = WorkerSettings()
     logging: LoggingSettings = LoggingSettings()
+    api: ApiSettings = ApiSettings()
 
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:

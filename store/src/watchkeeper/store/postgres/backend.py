@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, encode_refused
 from .._gc import GcPlan
@@ -59,6 +60,7 @@ from ..errors import (
     StoreUnavailableError,
 )
 from .consumers import PostgresConsumers, events_hook
+from .controls import PostgresControls
 from .gc import collect_garbage
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
@@ -93,7 +95,7 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresTasks, PostgresConsumers, MetastoreBackend):
+class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -218,6 +220,12 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, MetastoreBackend):
         opened (readable after closing)."""
         writer = self._last_writer
         return CommitStats(0, 0) if writer is None else writer.queue.stats
+
+    @property
+    def commit_batch_sizes(self) -> BatchSizes | None:
+        """The histogram of operations per committed batch (None before the first opening)."""
+        writer = self._last_writer
+        return None if writer is None else writer.queue.batch_sizes
 
     def _pool_or_closed(self) -> asyncpg.Pool:
         if self._pool is None or not self._open:

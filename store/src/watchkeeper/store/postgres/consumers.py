@@ -68,7 +68,7 @@ class PostgresConsumers(TaskStoreBackend):
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
 
     @property
-    def _p(self) -> str:
+    def _prefix(self) -> str:
         return table_prefix(self.schema)
 
     async def _lock_events(self, conn: Any) -> None:
@@ -79,7 +79,7 @@ class PostgresConsumers(TaskStoreBackend):
     async def _aconsumer_position(self, name: str) -> int:
         rows = await self._fetch(
             "reading a consumer",
-            f"SELECT cursor FROM {self._p}event_consumers WHERE name = $1",
+            f"SELECT cursor FROM {self._prefix}event_consumers WHERE name = $1",
             name,
         )
         return int(rows[0][0]) if rows else 0
@@ -87,7 +87,7 @@ class PostgresConsumers(TaskStoreBackend):
     async def _aconsumer_fetch(
         self, name: str, assets: list[str] | None, limit: int
     ) -> list[AssetEvent]:
-        wanted, p = assets, self._p
+        wanted, p = assets, self._prefix
 
         async def fetch(conn: Any) -> list[AssetEvent]:
             await self._lock_events(conn)
@@ -112,7 +112,7 @@ class PostgresConsumers(TaskStoreBackend):
         expected: int | None,
         writer: Writer | None,
     ) -> int:
-        writes, p, now = state, self._p, self.clock()
+        writes, p, now = state, self._prefix, self.clock()
         kind, who, try_number = writer_fields(writer)
 
         async def ack(conn: Any) -> int:
@@ -164,7 +164,8 @@ class PostgresConsumers(TaskStoreBackend):
 
     async def _last_event_id(self) -> int:
         rows = await self._fetch(
-            "reading the last event id", f"SELECT coalesce(max(id), 0) FROM {self._p}asset_events"
+            "reading the last event id",
+            f"SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events",
         )
         return int(rows[0][0])
 

@@ -176,7 +176,35 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
-    # 7 is taken by another branch; the lead reconciles the numbering at merge.
+    (
+        7,
+        "watcher controls and api tokens",
+        (
+            # One row per watcher an operator paused, resumed or retried (see _controls.py).
+            """
+            CREATE TABLE {p}watcher_controls (
+                watcher    text COLLATE "C" PRIMARY KEY,
+                paused     boolean NOT NULL DEFAULT false,
+                retry_seq  bigint NOT NULL DEFAULT 0,
+                updated_at timestamptz NOT NULL,
+                updated_by text
+            )
+            """,
+            # Only a salted SHA-256 digest of each token's secret is kept.
+            """
+            CREATE TABLE {p}api_tokens (
+                name       text COLLATE "C" PRIMARY KEY,
+                token_id   text NOT NULL UNIQUE,
+                scopes     text[] NOT NULL,
+                salt       text NOT NULL,
+                digest     text NOT NULL,
+                created_at timestamptz NOT NULL,
+                expires_at timestamptz,
+                revoked_at timestamptz
+            )
+            """,
+        ),
+    ),
     (8, "tasks on asset events", TASK_TABLES),
 )
 

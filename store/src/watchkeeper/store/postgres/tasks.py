@@ -96,13 +96,13 @@ class PostgresTasks(TaskStoreBackend):
     if TYPE_CHECKING:
 
         @property
-        def _p(self) -> str: ...
+        def _prefix(self) -> str: ...
         async def _lock_events(self, conn: Any) -> None: ...
 
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:
             return []
-        p = self._p
+        p = self._prefix
         ids = list(run_ids)
         rows = await conn.fetch(
             f"SELECT {_RUN_COLS} FROM {p}task_runs WHERE id = ANY($1::int8[]) ORDER BY id", ids
@@ -120,7 +120,7 @@ class PostgresTasks(TaskStoreBackend):
     # -- tasks -------------------------------------------------------------------------------
 
     async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
-        p, now = self._p, self.clock()
+        p, now = self._prefix, self.clock()
         batch = sorted(specs, key=lambda spec: spec.name)  # rows locked in one order by all
 
         async def sync(conn: Any) -> None:
@@ -149,7 +149,7 @@ class PostgresTasks(TaskStoreBackend):
         await self._transact("declaring tasks", sync)
 
     async def _alist_tasks(self) -> builtins.list[TaskInfo]:
-        p = self._p
+        p = self._prefix
         tasks = await self._fetch(
             "listing tasks",
             f"SELECT name, assets, mode, max_events, max_tries, paused FROM {p}tasks ORDER BY name",
@@ -181,7 +181,7 @@ class PostgresTasks(TaskStoreBackend):
 
     async def _spec(self, conn: Any, name: str, *, lock: bool = False) -> tuple[TaskSpec, bool]:
         row = await conn.fetchrow(
-            f"SELECT name, assets, mode, max_events, max_tries, paused FROM {self._p}tasks "
+            f"SELECT name, assets, mode, max_events, max_tries, paused FROM {self._prefix}tasks "
             f"WHERE name = $1{' FOR UPDATE' if lock else ''}",
             name,
         )
@@ -194,7 +194,7 @@ class PostgresTasks(TaskStoreBackend):
         async def pause(conn: Any) -> None:
             await self._spec(conn, name)
             await conn.execute(
-                f"UPDATE {self._p}tasks SET paused = $2 WHERE name = $1", name, bool(paused)
+                f"UPDATE {self._prefix}tasks SET paused = $2 WHERE name = $1", name, bool(paused)
             )
 
         await self._transact("pausing a task", pause)
@@ -210,7 +210,7 @@ class PostgresTasks(TaskStoreBackend):
             if asset not in spec.assets:
                 raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
             await conn.execute(
-                f"UPDATE {self._p}task_cursors SET cursor = $3, updated_at = $4, "
+                f"UPDATE {self._prefix}task_cursors SET cursor = $3, updated_at = $4, "
                 "writer_kind = $5, writer_name = $6 WHERE task = $1 AND asset = $2",
                 name, asset, to_event_id - 1, now, kind, who,
             )  # fmt: skip
@@ -238,7 +238,7 @@ class PostgresTasks(TaskStoreBackend):
 
     async def _create_one(self, conn: Any, spec: TaskSpec) -> TaskRun | None:
         """One run from the pending events (the caller holds the task row and the lock)."""
-        p, name = self._p, spec.name
+        p, name = self._prefix, spec.name
         now = self.clock()
         cursors = dict(
             await conn.fetch(f"SELECT asset, cursor FROM {p}task_cursors WHERE task = $1", name)
@@ -282,7 +282,7 @@ class PostgresTasks(TaskStoreBackend):
         self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
     ) -> builtins.list[TaskRun]:
         only = tasks
-        p = self._p
+        p = self._prefix
         ready = (
             f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
             "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
@@ -320,7 +320,7 @@ class PostgresTasks(TaskStoreBackend):
         return await self._transact("claiming runs", claim)
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
-        held, p = runs, self._p
+        held, p = runs, self._prefix
 
         async def renew(conn: Any) -> set[int]:
             now = self.clock()
@@ -341,7 +341,7 @@ class PostgresTasks(TaskStoreBackend):
         async def brk(conn: Any) -> int:
             return rowcount(
                 await conn.execute(
-                    f"UPDATE {self._p}task_runs SET lease_expires_at = $2 "
+                    f"UPDATE {self._prefix}task_runs SET lease_expires_at = $2 "
                     "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
                     names,
                     self.clock(),
@@ -361,7 +361,7 @@ class PostgresTasks(TaskStoreBackend):
         traceback: str | None,
         retry_delay: timedelta,
     ) -> TaskRun:
-        emitted, p = outlets, self._p
+        emitted, p = outlets, self._prefix
         hook = events_hook(self.schema)
 
         async def finish(conn: Any) -> TaskRun:
@@ -438,7 +438,7 @@ class PostgresTasks(TaskStoreBackend):
     ) -> builtins.list[TaskRun]:
         rows = await self._fetch(
             "listing runs",
-            f"SELECT {_RUN_COLS} FROM {self._p}task_runs WHERE ($1::text IS NULL OR task = $1) "
+            f"SELECT {_RUN_COLS} FROM {self._prefix}task_runs WHERE ($1::text IS NULL OR task = $1) "
             "AND ($2::text IS NULL OR state = $2) ORDER BY id DESC LIMIT $3",
             task,
             state,
@@ -447,7 +447,7 @@ class PostgresTasks(TaskStoreBackend):
         return [_run(row) for row in rows]
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
-        p = self._p
+        p = self._prefix
 
         async def retry(conn: Any) -> TaskRun:
             state = await conn.fetchval(

@@ -47,6 +47,7 @@ import aiosqlite
 import anyio
 import anyio.abc
 
+from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._gc import GcPlan
 from .._metastore import MetastoreBackend
@@ -75,6 +76,7 @@ from ..errors import (
 )
 from . import meta, ops
 from .consumers import SqliteConsumers
+from .controls import SqliteControls
 from .events import EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
 from .tasks import SqliteTasks
@@ -96,7 +98,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class SqliteStateBackend(SqliteTasks, SqliteConsumers, MetastoreBackend):
+class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, MetastoreBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
@@ -150,6 +152,12 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, MetastoreBackend):
         if writer is None:
             return CommitStats(0, 0)
         return writer.queue.stats
+
+    @property
+    def commit_batch_sizes(self) -> BatchSizes | None:
+        """The histogram of operations per committed batch (None while closed)."""
+        writer = self._writer
+        return None if writer is None else writer.queue.batch_sizes
 
     def __del__(self) -> None:
         if getattr(self, "_wconn", None) is not None:

@@ -190,7 +190,35 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
-    # 7 is taken by another branch; the lead reconciles the numbering at merge.
+    (
+        7,
+        "watcher controls and api tokens",
+        (
+            # One row per watcher an operator paused, resumed or retried (see _controls.py).
+            """
+            CREATE TABLE watcher_controls (
+                watcher    TEXT PRIMARY KEY,
+                paused     INTEGER NOT NULL DEFAULT 0,
+                retry_seq  INTEGER NOT NULL DEFAULT 0,
+                updated_at TEXT NOT NULL,
+                updated_by TEXT
+            )
+            """,
+            # Only a salted SHA-256 digest of each token's secret is kept.
+            """
+            CREATE TABLE api_tokens (
+                name       TEXT PRIMARY KEY,
+                token_id   TEXT NOT NULL UNIQUE,
+                scopes     TEXT NOT NULL,
+                salt       TEXT NOT NULL,
+                digest     TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                expires_at TEXT,
+                revoked_at TEXT
+            )
+            """,
+        ),
+    ),
     (8, "tasks on asset events", TASK_TABLES),
 )
 

@@ -1,0 +1,126 @@
+"""Watcher controls and API tokens of :class:`~watchkeeper.store.MemoryStateBackend`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ._controls import ApiToken, ControlsBackend, WatcherControl
+from ._types import AssetEvent, AssetScope
+from .errors import TokenExistsError, VersionConflictError
+
+if TYPE_CHECKING:
+    from .memory import MemoryStateBackend
+
+__all__ = ["MemoryControls"]
+
+
+class MemoryControls(ControlsBackend):
+    """The hooks of :class:`~._controls.ControlsBackend` for the memory backend: the rows in
+    two dicts."""
+
+    clock: Callable[[], datetime]
+
+    def _memory(self) -> MemoryStateBackend:
+        return self  # type: ignore[return-value]  # only ever mixed into MemoryStateBackend
+
+    def _init_controls(self) -> None:
+        self._controls_lock = threading.Lock()
+        self._controls: dict[str, WatcherControl] = {}
+        self._tokens: dict[str, ApiToken] = {}
+
+    def _controls_now(self) -> datetime:
+        return self.clock()
+
+    def _control_row(self, watcher: str, now: datetime) -> WatcherControl:
+        row = self._controls.get(watcher)
+        return row if row is not None else WatcherControl(watcher, False, 0, now)
+
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
+        with self._controls_lock:
+            now = self._controls_now()
+            row = replace(
+                self._control_row(watcher, now), paused=paused, updated_at=now, updated_by=by
+            )
+            self._controls[watcher] = row
+            return row
+
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
+        with self._controls_lock:
+            now = self._controls_now()
+            old = self._control_row(watcher, now)
+            row = replace(old, retry_seq=old.retry_seq + 1, updated_at=now, updated_by=by)
+            self._controls[watcher] = row
+            return row
+
+    async def _alist_watcher_controls(self) -> list[WatcherControl]:
+        with self._controls_lock:
+            return [self._controls[k] for k in sorted(self._controls)]
+
+    async def _alast_event_id(self, asset: str | None) -> int:
+        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        for event in reversed(events):
+            if asset is None or event.asset == asset:
+                return event.id
+        return 0
+
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        out: list[tuple[int, str]] = []
+        for event in events:
+            if event.id <= since_id or (asset is not None and event.asset != asset):
+                continue
+            record = {
+                "id": event.id,
+                "asset": event.asset,
+                "watcher": event.watcher,
+                "payload": event.payload,
+                "dedup_key": event.dedup_key,
+                "created_at": event.created_at.isoformat(),
+            }
+            out.append((event.id, json.dumps(record, ensure_ascii=False, separators=(",", ":"))))
+            if len(out) >= limit:
+                break
+        return out
+
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        backend = self._memory()
+        with backend._lock:
+            row = backend._resolve(AssetScope(name=asset))
+            entry = backend._asset_state.get((row.asset_id, key))
+            actual = 0 if entry is None else entry.version
+            if actual != expected_version or entry is None:
+                raise VersionConflictError(key, expected_version, actual)
+            del backend._asset_state[(row.asset_id, key)]
+
+    async def _acreate_token(self, token: ApiToken) -> None:
+        with self._controls_lock:
+            old = self._tokens.get(token.name)
+            if old is not None and old.revoked_at is None:
+                raise TokenExistsError(token.name)
+            self._tokens[token.name] = token
+
+    async def _alist_tokens(self) -> list[ApiToken]:
+        with self._controls_lock:
+            return [self._tokens[k] for k in sorted(self._tokens)]
+
+    async def _aget_token(self, token_id: str) -> ApiToken | None:
+        with self._controls_lock:
+            for token in self._tokens.values():
+                if token.token_id == token_id:
+                    return token
+            return None
+
+    async def _arevoke_token(self, name: str) -> bool:
+        with self._controls_lock:
+            old = self._tokens.get(name)
+            if old is None or old.revoked_at is not None:
+                return False
+            self._tokens[name] = replace(old, revoked_at=self._controls_now())
+            return True

@@ -1,0 +1,171 @@
+"""Watcher controls and API tokens of :class:`~watchkeeper.store.PostgresStateBackend`.
+
+Each operation is one short transaction on a pooled connection (controls are rare, operator
+actions; they do not go through the event writer). The tables are created by migration 7.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from .._controls import ApiToken, ControlsBackend, WatcherControl
+from ..errors import AssetNotFoundError, TokenExistsError, VersionConflictError
+from .schema import table_prefix
+
+if TYPE_CHECKING:
+    from .backend import PostgresStateBackend
+
+__all__ = ["PostgresControls"]
+
+_CONTROL_COLS: Final = "watcher, paused, retry_seq, updated_at, updated_by"
+_TOKEN_COLS: Final = "name, token_id, scopes, salt, digest, created_at, expires_at, revoked_at"
+
+
+def _control(row: Any) -> WatcherControl:
+    return WatcherControl(row[0], row[1], row[2], row[3], row[4])
+
+
+def _token(row: Any) -> ApiToken:
+    return ApiToken(row[0], row[1], tuple(row[2]), row[3], row[4], row[5], row[6], row[7])
+
+
+class PostgresControls(ControlsBackend):
+    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the PostgreSQL
+    backend."""
+
+    def _backend(self) -> PostgresStateBackend:
+        return self  # type: ignore[return-value]  # only ever mixed into PostgresStateBackend
+
+    def _p(self) -> str:
+        return table_prefix(self._backend().schema)
+
+    async def _one(self, what: str, sql: str, *args: Any) -> Any:
+        async def run(conn: Any) -> Any:
+            return await conn.fetchrow(sql, *args)
+
+        return await self._backend()._transact(what, run)
+
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
+        p = self._p()
+        sql = f"""
+            INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, $2, 0, $3, $4)
+            ON CONFLICT (watcher) DO UPDATE SET paused = excluded.paused,
+                updated_at = excluded.updated_at, updated_by = excluded.updated_by
+            RETURNING {_CONTROL_COLS}
+        """
+        now = self._backend().clock()
+        return _control(await self._one("pausing a watcher", sql, watcher, paused, now, by))
+
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
+        p = self._p()
+        sql = f"""
+            INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, false, 1, $2, $3)
+            ON CONFLICT (watcher) DO UPDATE SET retry_seq = {p}watcher_controls.retry_seq + 1,
+                updated_at = excluded.updated_at, updated_by = excluded.updated_by
+            RETURNING {_CONTROL_COLS}
+        """
+        now = self._backend().clock()
+        return _control(await self._one("retrying a watcher", sql, watcher, now, by))
+
+    async def _alist_watcher_controls(self) -> list[WatcherControl]:
+        backend = self._backend()
+        sql = f"SELECT {_CONTROL_COLS} FROM {self._p()}watcher_controls ORDER BY watcher"
+        return [_control(r) for r in await backend._fetch("listing watcher controls", sql)]
+
+    async def _alast_event_id(self, asset: str | None) -> int:
+        backend = self._backend()
+        sql = f"SELECT max(id) FROM {self._p()}asset_events"
+        if asset is None:
+            rows = await backend._fetch("reading the last event id", sql)
+        else:
+            sql += " WHERE asset_name = $1"
+            rows = await backend._fetch("reading the last event id", sql, asset)
+        return int(rows[0][0] or 0)
+
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        backend = self._backend()
+        sql = (
+            "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
+            "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', created_at)::text "
+            f"FROM {self._p()}asset_events WHERE id > $1"
+        )
+        args: list[object] = [int(since_id)]
+        if asset is not None:
+            sql += " AND asset_name = $2"
+            args.append(asset)
+        sql += f" ORDER BY id LIMIT ${len(args) + 1}"
+        args.append(int(limit))
+        rows = await backend._fetch("reading events", sql, *args)
+        return [(row[0], row[1]) for row in rows]
+
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
+        p = self._p()
+
+        async def delete(conn: Any) -> None:
+            asset_id = await conn.fetchval(
+                f"SELECT id FROM {p}assets WHERE name = $1 AND active FOR SHARE", asset
+            )
+            if asset_id is None:
+                raise AssetNotFoundError(asset)
+            deleted = await conn.fetchval(
+                f"DELETE FROM {p}asset_state WHERE asset_id = $1 AND key = $2 AND version = $3 "
+                "RETURNING version",
+                asset_id,
+                key,
+                expected_version,
+            )
+            if deleted is None:
+                actual = await conn.fetchval(
+                    f"SELECT version FROM {p}asset_state WHERE asset_id = $1 AND key = $2",
+                    asset_id,
+                    key,
+                )
+                raise VersionConflictError(key, expected_version, actual or 0)
+
+        await self._backend()._transact("deleting a key", delete)
+
+    async def _acreate_token(self, token: ApiToken) -> None:
+        p = self._p()
+        sql = f"""
+            INSERT INTO {p}api_tokens ({_TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)
+            ON CONFLICT (name) DO UPDATE SET token_id = excluded.token_id,
+                scopes = excluded.scopes, salt = excluded.salt, digest = excluded.digest,
+                created_at = excluded.created_at, expires_at = excluded.expires_at,
+                revoked_at = NULL
+            WHERE {p}api_tokens.revoked_at IS NOT NULL
+            RETURNING name
+        """
+        row = await self._one(
+            "creating a token",
+            sql,
+            token.name,
+            token.token_id,
+            list(token.scopes),
+            token.salt,
+            token.digest,
+            token.created_at,
+            token.expires_at,
+        )
+        if row is None:
+            raise TokenExistsError(token.name)
+
+    async def _alist_tokens(self) -> list[ApiToken]:
+        backend = self._backend()
+        sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens ORDER BY name"
+        return [_token(r) for r in await backend._fetch("listing tokens", sql)]
+
+    async def _aget_token(self, token_id: str) -> ApiToken | None:
+        backend = self._backend()
+        sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens WHERE token_id = $1"
+        rows = await backend._fetch("reading a token", sql, token_id)
+        return _token(rows[0]) if rows else None
+
+    async def _arevoke_token(self, name: str) -> bool:
+        sql = (
+            f"UPDATE {self._p()}api_tokens SET revoked_at = $2 "
+            "WHERE name = $1 AND revoked_at IS NULL RETURNING name"
+        )
+        row = await self._one("revoking a token", sql, name, self._backend().clock())
+        return row is not None

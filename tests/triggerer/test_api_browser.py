@@ -1,0 +1,190 @@
+"""The web page in a real browser: Playwright's async API driving Debian's chromium.
+
+A daemon runs in this process on a SQLite file with one watcher that emits each line of a
+text file; the API is served from it on a free port. The tests sign in, watch events arrive
+live, pause and resume the watcher, and edit its watermark with a stale version to see the
+conflict. With ``WATCHKEEPER_SCREENSHOTS=DIR`` they also save the main views there (the
+README's pictures come from ``docs/screenshots``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import test_daemon as td
+from pydantic import SecretStr
+from test_daemon import append_lines, asset_file, wait_until
+from watchkeeper.store import SqliteStateBackend
+from watchkeeper.store.settings import DatabaseSettings
+from watchkeeper.triggerer import Settings, TriggererSettings
+from watchkeeper.triggerer._loader import unload_watchers
+from watchkeeper.triggerer.api import api_context, make_token, serve_app
+from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.settings import ApiSettings
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+TIMEOUT_MS = 15_000
+
+watchers = td.watchers
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@dataclass
+class Site:
+    base: str
+    token: str
+    source: Path
+    backend: SqliteStateBackend
+
+
+@pytest.fixture
+async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
+    """A daemon with the watcher ``orders_feed`` and its API on a free port."""
+    source = tmp_path / "lines.txt"
+    append_lines(source, 1, 2)
+    (watchers / "orders.py").write_text(asset_file("orders", source))
+    settings = Settings(
+        database=DatabaseSettings(url=SecretStr(f"sqlite:///{tmp_path / 'state.db'}")),
+        triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=2),
+    )
+    try:
+        async with Daemon(settings) as daemon, anyio.create_task_group() as tg:
+            backend = daemon.backend
+            assert isinstance(backend, SqliteStateBackend)
+            text, row = make_token(
+                "ops", ["read", "operate", "write:asset:orders"], now=datetime.now(UTC)
+            )
+            await backend.acreate_token(row)
+            ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
+            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+            yield Site(f"http://127.0.0.1:{port}", text, source, backend)
+            tg.cancel_scope.cancel()
+    finally:
+        unload_watchers()
+
+
+@pytest.fixture
+async def page(chromium: Path, site: Site) -> AsyncIterator[Any]:
+    """A signed-in page of a fresh browser."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            context = await browser.new_context(viewport={"width": 1200, "height": 700})
+            tab = await context.new_page()
+            tab.set_default_timeout(TIMEOUT_MS)
+            await tab.goto(site.base + "/")
+            await tab.fill("#token", site.token)
+            await tab.click("#login-button")
+            await tab.wait_for_selector("#watchers-view:not([hidden])")
+            yield tab
+        finally:
+            await browser.close()
+
+
+async def screenshot(page: Any, name: str) -> None:
+    directory = os.environ.get("WATCHKEEPER_SCREENSHOTS")
+    if directory:
+        await page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
+
+
+def state_cell(name: str) -> str:
+    return f'#watchers tr[data-watcher="{name}"] td.state'
+
+
+class TestWebPage:
+    async def test_a_wrong_token_is_refused_and_asked_again(
+        self, chromium: Path, site: Site
+    ) -> None:
+        """A wrong token leaves the sign-in form up with an error; nothing is stored."""
+        from playwright.async_api import async_playwright
+
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                tab = await browser.new_page()
+                tab.set_default_timeout(TIMEOUT_MS)
+                await tab.goto(site.base + "/")
+                await tab.fill("#token", "wk_0123456789abcdef_" + "x" * 43)
+                await tab.click("#login-button")
+                await tab.wait_for_selector("#login-error:has-text('unknown')")
+                stored = await tab.evaluate("sessionStorage.getItem('watchkeeper.token')")
+                assert stored is None
+            finally:
+                await browser.close()
+
+    async def test_events_arrive_live(self, page: Any, site: Site) -> None:
+        """The live tail shows an event committed after the page opened the stream."""
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+        await screenshot(page, "watchers")
+        await page.click("a[href='#/events']")
+        await page.wait_for_selector("#tail-status:has-text('connected')")
+        append_lines(site.source, 3, 3)
+        item = await page.wait_for_selector("#tail li:has-text('line 3')")
+        assert '"n":3' in (await item.text_content() or "")
+        await screenshot(page, "events")
+
+    async def test_pause_and_resume(self, page: Any, site: Site) -> None:
+        """Pause stops the watcher (events wait), resume starts it and they arrive."""
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+        await page.click('#watchers tr[data-watcher="orders_feed"] button.pause')
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('paused')")
+        append_lines(site.source, 3, 3)
+        await page.click('#watchers tr[data-watcher="orders_feed"] button.resume')
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+
+        async def three() -> bool:
+            return len(await site.backend.alist_events(asset="orders")) == 3
+
+        await wait_until(three, "the resumed watcher to emit line 3")
+
+    async def test_stale_edit_shows_the_conflict(self, page: Any, site: Site) -> None:
+        """Saving the watermark with an old version shows the conflict and the current one;
+        the right version then saves, recorded as written by the token."""
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+        await page.click('#watchers tr[data-watcher="orders_feed"] button.pause')
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('paused')")
+        await page.goto(site.base + "/#/assets/orders")
+        row = await page.wait_for_selector('#state tr[data-key="watermark"]')
+        current = int(await page.text_content('#state tr[data-key="watermark"] td.version') or 0)
+        await row.click()
+        await page.fill("#edit-value", "1")
+        await page.fill("#edit-version", str(current - 1))
+        await page.click("#edit-save")
+        conflict = await page.wait_for_selector("#edit-result.conflict")
+        text = await conflict.text_content() or ""
+        assert f"current version is {current}" in text
+        await screenshot(page, "asset-conflict")
+        await page.fill("#edit-version", str(current))
+        await page.click("#edit-save")
+        await page.wait_for_selector(f"#edit-result:has-text('version {current + 1}')")
+        await page.wait_for_selector(
+            f'#state tr[data-key="watermark"] td.version:text-is("{current + 1}")'
+        )
+        writer = await page.text_content('#state tr[data-key="watermark"] td.writer')
+        assert writer == "api:ops"

@@ -1,0 +1,263 @@
+"""``/metrics``: the collector over a real runner, parsed by prometheus-client's own parser;
+and the API served by a real ``watchkeeper triggerer`` process."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+import anyio
+import httpx
+import pytest
+import test_daemon as td
+from _runtime_support import FAST, Scripted, spec
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+from test_daemon import append_lines, asset_file, wait_until, watchkeeper_command
+from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.triggerer import TriggerEvent, TriggerRunner
+from watchkeeper.triggerer.api import Metrics, make_token
+
+watchers = td.watchers
+env = td.env
+db_path = td.db_path
+log_file = td.log_file
+
+ORDERS, BILLS = Asset("orders"), Asset("bills")
+
+
+def samples(text: str) -> dict[str, list[Sample]]:
+    """Every sample of the exposition, by sample name."""
+    out: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def value(found: dict[str, list[Sample]], name: str, **labels: str) -> float:
+    (match,) = [s for s in found[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+    return match.value
+
+
+def events(n: int) -> list[TriggerEvent]:
+    return [TriggerEvent({"i": i}, state={"wm": i}) for i in range(1, n + 1)]
+
+
+class TestCollector:
+    async def test_runner_metrics_parse_and_count(self, tmp_path: Path) -> None:
+        """Events per asset and watcher, up/state, commit latency and batch size histograms
+        come out of a running runner in valid Prometheus text."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.aregister_assets([ORDERS, BILLS])
+            async with TriggerRunner(backend, FAST) as runner:
+                a, b = Scripted(events(3)), Scripted(events(2))
+                await runner.start_trigger(spec("a", a, ORDERS))
+                await runner.start_trigger(spec("b", b, ORDERS, BILLS))
+                with anyio.fail_after(10):
+                    await a.drained.wait()
+                    await b.drained.wait()
+                metrics = Metrics(backend, runner=runner)
+                await metrics.prepare()
+                found = samples(metrics.render().decode())
+        assert value(found, "watchkeeper_events_total", asset="orders", watcher="a") == 3
+        assert value(found, "watchkeeper_events_total", asset="bills", watcher="b") == 2
+        assert value(found, "watchkeeper_events_total", asset="orders", watcher="b") == 2
+        assert value(found, "watchkeeper_watcher_up", watcher="a") == 1
+        assert value(found, "watchkeeper_watcher_state", watcher="a", state="running") == 1
+        assert value(found, "watchkeeper_watcher_state", watcher="a", state="failed") == 0
+        assert value(found, "watchkeeper_watchers", state="running") == 2
+        assert value(found, "watchkeeper_commit_seconds_count", backend="sqlite") == 5
+        inf = value(found, "watchkeeper_commit_seconds_bucket", backend="sqlite", le="+Inf")
+        assert inf == 5
+        assert value(found, "watchkeeper_commit_batch_size_count", backend="sqlite") >= 1
+        assert value(found, "watchkeeper_fenced_writes_total") == 0
+        stamp = value(found, "watchkeeper_watcher_last_event_timestamp_seconds", watcher="a")
+        assert abs(stamp - datetime.now(UTC).timestamp()) < 3600
+
+    async def test_failures_are_counted_in_total(self, tmp_path: Path) -> None:
+        """A watcher that keeps failing shows its failed runs and the failed state."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.aregister_assets([ORDERS])
+            async with TriggerRunner(backend, FAST) as runner:
+                await runner.start_trigger(spec("bad", Scripted([], then="raise"), ORDERS))
+
+                def failed() -> bool:
+                    return [s.state for s in runner.statuses()] == ["failed"]
+
+                await wait_until(failed, "the trigger to fail")
+                metrics = Metrics(backend, runner=runner)
+                found = samples(metrics.render().decode())
+        assert value(found, "watchkeeper_watcher_failures_total", watcher="bad") == 3
+        assert value(found, "watchkeeper_watcher_up", watcher="bad") == 0
+        assert value(found, "watchkeeper_watcher_state", watcher="bad", state="failed") == 1
+
+    async def test_per_watcher_series_are_capped(self, tmp_path: Path) -> None:
+        """Past max_watcher_series, the busiest watchers keep their series, the totals still
+        count everyone, and the number left out is reported."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.aregister_assets([ORDERS])
+            async with TriggerRunner(backend, FAST) as runner:
+                triggers = {name: Scripted(events(n)) for name, n in (("x", 1), ("y", 4), ("z", 2))}
+                for name, trigger in triggers.items():
+                    await runner.start_trigger(spec(name, trigger, ORDERS))
+                with anyio.fail_after(10):
+                    for trigger in triggers.values():
+                        await trigger.drained.wait()
+                found = samples(
+                    Metrics(backend, runner=runner, max_watcher_series=2).render().decode()
+                )
+        assert {s.labels["watcher"] for s in found["watchkeeper_watcher_up"]} == {"y", "z"}
+        assert value(found, "watchkeeper_watcher_series_dropped") == 1
+        assert value(found, "watchkeeper_watchers", state="running") == 3
+
+    async def test_label_values_are_escaped_and_collect_gives_families(
+        self, tmp_path: Path
+    ) -> None:
+        """A watcher name with a quote, a backslash and a newline survives the text format, and
+        ``collect()`` yields the same families for a prometheus-client registry."""
+        name = 'we"ird\\na\nme'
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            status = TriggerStatus("t1", "m.C", ("orders",), (name,), "running", events=1)
+            await backend.asave_trigger_status([status])
+            metrics = Metrics(backend)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+            families = {f.name for f in metrics.collect()}
+        assert value(found, "watchkeeper_watcher_up", watcher=name) == 1
+        assert {"watchkeeper_events", "watchkeeper_watcher_state"} <= families
+
+    async def test_without_a_runner_the_status_rows_are_used(self, tmp_path: Path) -> None:
+        """``watchkeeper api`` (no runner) reports the watchers the daemons saved."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            status = TriggerStatus(
+                "t1", "m.C", ("orders",), ("feed",), "backing_off", failures=2, events=9
+            )
+            await backend.asave_trigger_status([status])
+            metrics = Metrics(backend)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+        assert value(found, "watchkeeper_events_total", asset="orders", watcher="feed") == 9
+        assert value(found, "watchkeeper_watcher_state", watcher="feed", state="backing_off") == 1
+        assert "watchkeeper_commit_seconds_count" not in found
+
+
+class TestInDaemon:
+    async def test_ready_and_leases_held_inside_a_daemon(
+        self, tmp_path: Path, watchers: Path
+    ) -> None:
+        """Served from a daemon, /readyz is 200 while it holds its leases and /metrics
+        counts them."""
+        from watchkeeper.store import MemoryStateBackend
+        from watchkeeper.triggerer import Settings, TriggererSettings
+        from watchkeeper.triggerer._loader import unload_watchers
+        from watchkeeper.triggerer.api import api_context, serve_app
+        from watchkeeper.triggerer.daemon import Daemon
+        from watchkeeper.triggerer.settings import ApiSettings
+
+        source = tmp_path / "lines.txt"
+        append_lines(source, 1, 1)
+        (watchers / "orders.py").write_text(asset_file("orders", source))
+        settings = Settings(triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0))
+        try:
+            async with (
+                MemoryStateBackend() as backend,
+                Daemon(settings, backend=backend) as daemon,
+                anyio.create_task_group() as tg,
+            ):
+                ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
+                port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                    ready = await client.get("/readyz")
+                    found = samples((await client.get("/metrics")).text)
+                tg.cancel_scope.cancel()
+        finally:
+            unload_watchers()
+        assert ready.status_code == 200, ready.text
+        assert value(found, "watchkeeper_leases_held") == 1
+        assert value(found, "watchkeeper_loop_lag_seconds") >= 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+class TestDaemonServesTheApi:
+    @pytest.fixture
+    def port(self, env: dict[str, str]) -> Iterator[int]:
+        port = _free_port()
+        env["WATCHKEEPER__API__PORT"] = str(port)
+        yield port
+
+    async def test_daemon_serves_metrics_and_pauses_through_the_api(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+        db_path: Path,
+        port: int,
+    ) -> None:
+        """``watchkeeper triggerer`` serves /healthz, /metrics and the API on its port, a
+        pause through the API stops the watcher, and SIGTERM still stops it with status 0."""
+        source = tmp_path / "lines.txt"
+        append_lines(source, 1, 3)
+        (watchers / "orders.py").write_text(asset_file("orders", source))
+        async with SqliteStateBackend(db_path) as backend:
+            text, row = make_token("ops", ["operate", "read"], now=datetime.now(UTC))
+            await backend.acreate_token(row)
+        process = await anyio.open_process(
+            watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd=tmp_path,
+            env=env,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+
+                async def answers() -> bool:
+                    try:
+                        return (await client.get("/healthz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await wait_until(answers, "the API to answer", process)
+
+                async def counted() -> bool:
+                    found = samples((await client.get("/metrics")).text)
+                    got = found.get("watchkeeper_events_total", [])
+                    return [s.value for s in got] == [3.0]
+
+                await wait_until(counted, "three events in /metrics", process)
+                assert (await client.get("/readyz")).status_code == 200
+                auth = {"Authorization": f"Bearer {text}"}
+                paused = await client.post("/api/v1/watchers/orders_feed/pause", headers=auth)
+                assert paused.status_code == 202
+
+                async def stopped() -> bool:
+                    rows = (await client.get("/api/v1/watchers", headers=auth)).json()
+                    return [w["state"] for w in rows["watchers"]] == ["paused"]
+
+                await wait_until(stopped, "the watcher to be paused", process)
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(20):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with anyio.move_on_after(10, shield=True):
+                await process.wait()
+            await process.aclose()

@@ -1,0 +1,145 @@
+"""``watchkeeper watchers``: list the watchers, pause, resume and retry them.
+
+The controls are rows in the store (see :mod:`._watcher_controls`): the command writes the
+row and returns; the daemon that runs the watcher acts on it within one heartbeat, and a
+paused watcher stays paused across daemon restarts until it is resumed. The HTTP API writes
+the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+from watchkeeper.store import BaseStateBackend
+
+from ._cli_common import (
+    CommandError,
+    cli_writer,
+    console,
+    emit,
+    emit_json,
+    json_flag,
+    store_handler,
+)
+from ._watcher_controls import controls_of, watcher_rows
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from watchkeeper.store.backend import OperatorControls
+
+    from ._cli_common import Subparsers
+
+__all__ = ["register"]
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    rows = await watcher_rows(backend)
+    now = datetime.now(UTC)
+    if args.json:
+        for row in rows:
+            emit_json(row.to_json(now))
+        return 0
+    if not rows:
+        emit("no watchers: no daemon has reported one, and none is paused")
+        return 0
+    table = Table(
+        "asset", "watcher", "state", "daemon", "last event", "events", "failures", "paused"
+    )
+    for row in rows:
+        table.add_row(
+            ", ".join(row.assets) or "-",
+            row.watcher,
+            row.state,
+            row.daemon or "-",
+            _age(row.last_event_age(now)),
+            str(row.events),
+            str(row.failures),
+            "yes" if row.paused else "no",
+        )
+    console().print(table)
+    return 0
+
+
+def _store(backend: BaseStateBackend) -> OperatorControls:
+    store = controls_of(backend)
+    if store is None:
+        raise CommandError(f"{type(backend).__name__} does not keep watcher controls")
+    return store
+
+
+async def _known(backend: BaseStateBackend, name: str) -> bool:
+    return any(row.watcher == name for row in await watcher_rows(backend))
+
+
+def _warn_unknown(name: str) -> None:
+    sys.stderr.write(
+        f"watchkeeper: warning: no daemon has reported a watcher named {name!r}; "
+        "the control is recorded and applies once one runs it\n"
+    )
+
+
+async def _pause(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    store = _store(backend)
+    if not await _known(backend, args.name):
+        _warn_unknown(args.name)
+    await store.aset_watcher_paused(args.name, True, by=str(cli_writer()))
+    emit(f"watcher {args.name!r} paused (its daemon stops it within one heartbeat)")
+    return 0
+
+
+async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    store = _store(backend)
+    if not await _known(backend, args.name):
+        _warn_unknown(args.name)
+    await store.aset_watcher_paused(args.name, False, by=str(cli_writer()))
+    emit(f"watcher {args.name!r} resumed (a daemon starts it within one heartbeat)")
+    return 0
+
+
+async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    store = _store(backend)
+    rows = {row.watcher: row for row in await watcher_rows(backend)}
+    row = rows.get(args.name)
+    if row is None:
+        raise CommandError(f"no daemon has reported a watcher named {args.name!r}")
+    await store.arequest_watcher_retry(args.name, by=str(cli_writer()))
+    if row.state != "failed":
+        emit(f"watcher {args.name!r} is {row.state}, not failed: the retry applies if it fails")
+    else:
+        emit(f"watcher {args.name!r} retried (its daemon restarts it within one heartbeat)")
+    return 0
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``watchers`` and its actions to the ``watchkeeper`` parser."""
+    group = subparsers.add_parser(
+        "watchers", help="list watchers; pause, resume or retry one (works without the API)"
+    )
+    actions = group.add_subparsers(dest="watchers_command", metavar="ACTION", required=True)
+    list_ = actions.add_parser(
+        "list", help="asset, watcher, state, daemon, last event age, events, failures"
+    )
+    json_flag(list_, "one watcher per line")
+    list_.set_defaults(handler=store_handler(_list))
+    for name, fn, text in (
+        ("pause", _pause, "stop a watcher and keep it stopped (across restarts) until resumed"),
+        ("resume", _resume, "let a paused watcher run again"),
+        ("retry", _retry, "restart a watcher that gave up ('failed')"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("name", metavar="NAME", help="the watcher's name (AssetWatcher name)")
+        action.set_defaults(handler=store_handler(fn))

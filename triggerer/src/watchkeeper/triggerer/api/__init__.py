@@ -1,0 +1,28 @@
+"""The operator's HTTP surface: health, metrics, the REST API, tokens and the web page.
+
+``serve_api`` runs it inside any task group (the daemon's, ``watchkeeper api``'s, or
+``watchkeeper up``'s); ``create_app`` builds the Starlette application alone (for tests).
+"""
+
+from __future__ import annotations
+
+from ._app import ApiContext, ApiError, create_app
+from ._metrics import LoopLagProbe, Metrics
+from ._server import ApiListenError, api_context, serve_api, serve_app
+from ._tokens import Principal, check_scope, make_token, verify_token
+
+__all__ = [
+    "ApiContext",
+    "ApiError",
+    "ApiListenError",
+    "LoopLagProbe",
+    "Metrics",
+    "Principal",
+    "api_context",
+    "check_scope",
+    "create_app",
+    "make_token",
+    "serve_api",
+    "serve_app",
+    "verify_token",
+]

@@ -1,0 +1,148 @@
+"""``GET /api/v1/openapi.json``: the OpenAPI 3.1 description of the REST API, written by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+_AUTH = {"401": _error("no valid bearer token"), "403": _error("outside the token's scopes")}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}
+_ASSET_Q = {"name": "asset", "in": "query", "schema": {"type": "string"}}
+_AFTER_Q = {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}}
+
+
+def _ok(description: str, schema: str | None = None) -> dict[str, Any]:
+    if schema is None:
+        return {"description": description}
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+
+def _op(summary: str, responses: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    given = extra.pop("responses", None) or responses or {}
+    return {"summary": summary, "responses": {**given, **_AUTH}, **extra}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document (a fresh dict each call)."""
+    control: dict[str, Any] = {
+        "parameters": [_NAME],
+        "responses": {"202": _ok("recorded; the daemon acts within one heartbeat", "Control")},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "watchkeeper", "version": "1"},
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/v1/assets": {
+                "get": _op("registered assets the token may read", {"200": _ok("assets")})
+            },
+            "/api/v1/assets/{name}": {
+                "get": _op(
+                    "an asset with its state entries and watchers",
+                    {"200": _ok("the asset"), "404": _error("no such asset")},
+                    parameters=[_NAME],
+                )
+            },
+            "/api/v1/assets/{name}/state": {
+                "get": _op("the asset's state entries", {"200": _ok("entries")}, parameters=[_NAME])
+            },
+            "/api/v1/assets/{name}/state/{key}": {
+                "parameters": [_NAME, _KEY],
+                "get": _op(
+                    "one entry; its version is the ETag",
+                    {"200": _ok("the entry", "Entry"), "404": _error("key not set")},
+                ),
+                "put": _op(
+                    "write the JSON body as the value; If-Match makes it a compare-and-set",
+                    {
+                        "200": _ok("written"),
+                        "201": _ok("created"),
+                        "400": _error("not JSON, or a value the store refuses"),
+                        "412": _error("If-Match does not match; current_version says what does"),
+                        "413": _error("over max_value_bytes"),
+                    },
+                    requestBody={"required": True, "content": {"application/json": {}}},
+                ),
+                "delete": _op(
+                    "delete the key; If-Match makes it conditional",
+                    {"204": _ok("deleted"), "412": _error("If-Match does not match")},
+                ),
+            },
+            "/api/v1/events": {
+                "get": _op(
+                    "committed events after an id, in id order",
+                    {"200": _ok("a page of events", "EventPage")},
+                    parameters=[
+                        _ASSET_Q,
+                        _AFTER_Q,
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                )
+            },
+            "/api/v1/events/stream": {
+                "get": _op(
+                    "Server-Sent Events of new events; resumes after Last-Event-ID",
+                    {"200": {"description": "text/event-stream"}},
+                    parameters=[
+                        _ASSET_Q,
+                        _AFTER_Q,
+                        {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
+                    ],
+                )
+            },
+            "/api/v1/watchers": {"get": _op("every watcher", {"200": _ok("watchers")})},
+            "/api/v1/watchers/{name}/pause": {"post": _op("pause", **control)},
+            "/api/v1/watchers/{name}/resume": {"post": _op("resume", **control)},
+            "/api/v1/watchers/{name}/retry": {"post": _op("retry a failed watcher", **control)},
+            "/api/v1/daemons": {
+                "get": _op("daemons with their leases and heartbeat age", {"200": _ok("daemons")})
+            },
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error", "detail"],
+                    "properties": {"error": {"type": "string"}, "detail": {"type": "string"}},
+                },
+                "Entry": {
+                    "type": "object",
+                    "properties": {
+                        "key": {"type": "string"},
+                        "value": {},
+                        "version": {"type": "integer"},
+                        "writer": {"type": ["string", "null"]},
+                        "updated_at": {"type": "string"},
+                    },
+                },
+                "EventPage": {
+                    "type": "object",
+                    "properties": {
+                        "events": {"type": "array"},
+                        "next_after": {"type": "integer"},
+                        "more": {"type": "boolean"},
+                    },
+                },
+                "Control": {
+                    "type": "object",
+                    "properties": {
+                        "watcher": {"type": "string"},
+                        "paused": {"type": "boolean"},
+                        "retry_seq": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    }

@@ -1,0 +1,155 @@
+"""Serving the app with uvicorn inside the caller's task group: no second loop, no signals.
+
+``uvicorn.Server.serve`` installs its own SIGINT/SIGTERM handlers (``capture_signals``); the
+daemon owns the signals, so :class:`_EmbeddedServer` replaces that with a no-op, and stopping
+is ``should_exit = True`` followed by uvicorn's graceful shutdown (bounded). The listening
+socket is bound here first, so a busy port is an :class:`ApiListenError` naming it instead of
+uvicorn's ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+import uvicorn
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import get_logger
+
+from ..errors import TriggererError
+from ._app import ApiContext, create_app
+from ._metrics import LoopLagProbe, Metrics
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..settings import ApiSettings
+
+__all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
+
+log = get_logger(__name__)
+
+_SHUTDOWN_TIMEOUT = 5.0
+
+
+class ApiListenError(TriggererError, OSError):
+    """Raised when the API cannot listen on its address (a busy port, a wrong host)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host, self.port = host, port
+        super().__init__(f"the API cannot listen on {host}:{port}: {reason}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without signal handlers, telling when it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = anyio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the embedding process owns SIGINT and SIGTERM
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ApiListenError(host, port, exc.strerror or str(exc)) from exc
+
+
+def api_context(
+    backend: BaseStateBackend, api: ApiSettings, *, daemon: Daemon | None = None
+) -> ApiContext:
+    """The context the routes work on: the backend and, in a daemon, the daemon's runner."""
+    runner = daemon.runner if daemon is not None else None
+    metrics = Metrics(
+        backend,
+        runner=runner,
+        daemon=daemon,
+        max_watcher_series=api.max_watcher_series,
+        lag=LoopLagProbe(),
+    )
+    return ApiContext(backend=backend, metrics=metrics, daemon=daemon, runner=runner)
+
+
+async def serve_app(
+    ctx: ApiContext,
+    *,
+    host: str,
+    port: int,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port."""
+    sock = _bind(host, port)
+    config = uvicorn.Config(
+        create_app(ctx),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        server_header=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = _EmbeddedServer(config)
+    stopped = anyio.Event()
+
+    async def run() -> None:
+        # Shielded: on cancellation the server shuts down gracefully (should_exit) instead of
+        # being torn down mid-request with its socket left open.
+        try:
+            with anyio.CancelScope(shield=True):
+                await server.serve([sock])
+        finally:
+            stopped.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            ctx.task_group = tg
+            if ctx.metrics.lag is not None:
+                tg.start_soon(ctx.metrics.lag.run)
+            tg.start_soon(run)
+            await server.ready.wait()
+            bound = sock.getsockname()[1]
+            log.info("api_listening", host=host, port=bound)
+            task_status.started(bound)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ctx.closing.set()
+                server.should_exit = True
+                with anyio.move_on_after(_SHUTDOWN_TIMEOUT, shield=True):
+                    await stopped.wait()
+                server.force_exit = True
+                tg.cancel_scope.cancel()
+    finally:
+        ctx.task_group = None
+        sock.close()
+
+
+async def serve_api(
+    backend: BaseStateBackend,
+    api: ApiSettings,
+    *,
+    daemon: Daemon | None = None,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP API on ``api.host:api.port`` inside the caller's task group.
+
+    ``await tg.start(serve_api, backend, settings.api, daemon=daemon)`` returns the port once
+    it listens; cancelling the group stops it gracefully. Without ``daemon`` (``watchkeeper
+    api``) the watcher metrics come from the status rows the daemons save.
+    """
+    ctx = api_context(backend, api, daemon=daemon)
+    await serve_app(ctx, host=api.host, port=api.port, task_status=task_status)

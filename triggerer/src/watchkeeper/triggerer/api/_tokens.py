@@ -1,0 +1,132 @@
+"""API tokens: made once, kept as a salted hash, checked in constant time; their scopes.
+
+A token is ``wk_<id>_<secret>``: ``id`` (16 hex digits) is the public half, the key of its row;
+``secret`` (43 URL-safe characters, 256 random bits) is never stored, only
+``sha256(salt + secret)`` with a random 16-byte salt. A check reads the row by id and compares
+the digests with :func:`hmac.compare_digest`. Neither the token nor the digest appears in any
+log line, error or repr.
+
+Scopes:
+
+- ``read``: every read-only route;
+- ``write:asset:<glob>``: read and write the state (and read the events) of the assets whose
+  names match the glob (``orders_*``);
+- ``operate``: list watchers and daemons, pause, resume and retry watchers;
+- ``admin``: everything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from watchkeeper.store.backend import ApiToken, OperatorControls
+
+__all__ = [
+    "Principal",
+    "check_scope",
+    "make_token",
+    "verify_token",
+]
+
+_TOKEN: Final = re.compile(r"wk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+_SCOPE: Final = re.compile(r"read|operate|admin|write:asset:[^\s]+")
+
+
+def check_scope(scope: str) -> str:
+    """``scope`` if it is a valid scope, else ``ValueError`` naming it and the valid forms."""
+    if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
+        raise ValueError(
+            f"invalid scope {scope!r}: use read, operate, admin or write:asset:<name or glob>"
+        )
+    return scope
+
+
+def _digest(salt: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
+
+
+def make_token(
+    name: str, scopes: list[str], *, now: datetime, expires_in: timedelta | None = None
+) -> tuple[str, ApiToken]:
+    """A new token: the text to show once, and the row to store (without the secret)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise ValueError(f"invalid token name {name!r}: a non-empty name of at most 200 chars")
+    if not scopes:
+        raise ValueError("a token needs at least one --scope")
+    checked = tuple(dict.fromkeys(check_scope(scope) for scope in scopes))
+    token_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    salt = secrets.token_hex(16)
+    row = ApiToken(
+        name=name,
+        token_id=token_id,
+        scopes=checked,
+        salt=salt,
+        digest=_digest(salt, secret),
+        created_at=now,
+        expires_at=None if expires_in is None else now + expires_in,
+    )
+    return f"wk_{token_id}_{secret}", row
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request acts as: the token's name and scopes."""
+
+    name: str
+    scopes: tuple[str, ...]
+
+    @property
+    def writer_name(self) -> str:
+        """The writer recorded for this principal's writes: ``api:<token name>``."""
+        return f"api:{self.name}"
+
+    def _has(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
+
+    def can_read(self) -> bool:
+        return self._has("read")
+
+    def can_operate(self) -> bool:
+        return self._has("operate")
+
+    def can_see_watchers(self) -> bool:
+        return self.can_read() or self.can_operate()
+
+    def can_write_asset(self, asset: str) -> bool:
+        if "admin" in self.scopes:
+            return True
+        return any(
+            scope.startswith("write:asset:") and fnmatch.fnmatchcase(asset, scope[12:])
+            for scope in self.scopes
+        )
+
+    def can_read_asset(self, asset: str) -> bool:
+        return self.can_read() or self.can_write_asset(asset)
+
+
+async def verify_token(store: OperatorControls, text: str, now: datetime) -> Principal | None:
+    """The principal of a presented token, or None (unknown, wrong, revoked or expired).
+
+    Every path that reads a row compares digests, so timing tells nothing about the secret.
+    """
+    match = _TOKEN.fullmatch(text)
+    if match is None:
+        return None
+    token_id, secret = match.groups()
+    row = await store.aget_token(token_id)
+    if row is None:
+        return None
+    valid = hmac.compare_digest(row.digest, _digest(row.salt, secret))
+    if not valid or row.revoked_at is not None:
+        return None
+    if row.expires_at is not None and row.expires_at <= now:
+        return None
+    return Principal(row.name, row.scopes)

@@ -1,0 +1,272 @@
+// The operator's page: plain JavaScript, no build step, no CDN. The token lives in
+// sessionStorage (this tab only) and travels in the Authorization header; no cookies.
+"use strict";
+
+const TOKEN_KEY = "watchkeeper.token";
+const $ = (selector) => document.querySelector(selector);
+let refreshTimer = null;
+let tail = null; // the live stream's AbortController
+const lastCounts = new Map(); // watcher -> [time ms, events], for events per minute
+
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {}, { Authorization: "Bearer " + token() });
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  if (response.status === 401) { signOut("Your token was refused: sign in again."); throw new Error("401"); }
+  return response;
+}
+
+function cell(row, text, className) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "-" : String(text);
+  if (className) td.className = className;
+  row.appendChild(td);
+  return td;
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  if (seconds < 120) return Math.round(seconds) + "s ago";
+  if (seconds < 7200) return Math.round(seconds / 60) + "m ago";
+  return Math.round(seconds / 3600) + "h ago";
+}
+
+function show(id) {
+  for (const section of document.querySelectorAll("main > section")) section.hidden = section.id !== id;
+}
+
+// -- sign in ----------------------------------------------------------------------------------
+
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  stopLoops();
+  $("#nav").hidden = true;
+  $("#login-error").textContent = message || "";
+  show("login");
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const text = $("#token").value.trim();
+  const check = await fetch("/api/v1/assets", { headers: { Authorization: "Bearer " + text } });
+  if (check.status === 401) { $("#login-error").textContent = "That token is unknown, revoked or expired."; return; }
+  sessionStorage.setItem(TOKEN_KEY, text);
+  $("#token").value = "";
+  $("#login-error").textContent = "";
+  if (!location.hash || location.hash === "#/login") location.hash = "#/watchers"; else route();
+}
+
+// -- watchers ---------------------------------------------------------------------------------
+
+async function loadWatchers() {
+  const response = await api("/api/v1/watchers");
+  const body = await response.json();
+  const tbody = $("#watchers tbody");
+  if (!response.ok) { $("#watchers-message").textContent = body.detail; tbody.replaceChildren(); return; }
+  $("#watchers-message").textContent = body.watchers.length ? "" : "No watcher has been reported yet.";
+  const now = Date.now();
+  const rows = body.watchers.map((w) => {
+    const tr = document.createElement("tr");
+    tr.dataset.watcher = w.watcher;
+    const assets = cell(tr, "");
+    for (const name of w.assets) {
+      const link = document.createElement("a");
+      link.href = "#/assets/" + encodeURIComponent(name);
+      link.textContent = name;
+      assets.appendChild(link);
+      assets.appendChild(document.createTextNode(" "));
+    }
+    cell(tr, w.watcher);
+    cell(tr, w.state, "state state-" + w.state);
+    cell(tr, w.daemon);
+    cell(tr, age(w.last_event_age_seconds), "age");
+    const before = lastCounts.get(w.watcher);
+    let rate = "-";
+    if (before && now > before[0]) rate = (((w.events - before[1]) * 60000) / (now - before[0])).toFixed(1);
+    if (!before || now - before[0] > 10000) lastCounts.set(w.watcher, [now, w.events]);
+    cell(tr, rate, "rate");
+    cell(tr, w.failures, "failures");
+    const actions = cell(tr, "");
+    if (body.may_operate) {
+      const action = w.paused ? "resume" : "pause";
+      actions.appendChild(controlButton(w.watcher, action));
+      if (w.state === "failed") actions.appendChild(controlButton(w.watcher, "retry"));
+    }
+    return tr;
+  });
+  tbody.replaceChildren(...rows);
+}
+
+function controlButton(watcher, action) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = action;
+  button.textContent = action;
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    const response = await api("/api/v1/watchers/" + encodeURIComponent(watcher) + "/" + action, { method: "POST" });
+    const body = await response.json();
+    $("#watchers-message").textContent = response.ok ? `${action} of ${watcher} recorded` : body.detail;
+    await loadWatchers();
+  });
+  return button;
+}
+
+// -- assets -----------------------------------------------------------------------------------
+
+async function loadAssets() {
+  const body = await (await api("/api/v1/assets")).json();
+  const items = (body.assets || []).map((a) => {
+    const li = document.createElement("li");
+    const link = document.createElement("a");
+    link.href = "#/assets/" + encodeURIComponent(a.name);
+    link.textContent = a.name + (a.active ? "" : " (inactive)");
+    li.appendChild(link);
+    return li;
+  });
+  $("#assets").replaceChildren(...items);
+}
+
+function eventLine(e) {
+  const li = document.createElement("li");
+  li.dataset.id = e.id;
+  li.textContent = `#${e.id} ${e.created_at} ${e.asset} ${e.watcher} ${JSON.stringify(e.payload)}`;
+  return li;
+}
+
+async function loadAsset(name) {
+  $("#asset-name").textContent = name;
+  const response = await api("/api/v1/assets/" + encodeURIComponent(name));
+  const body = await response.json();
+  if (!response.ok) { $("#edit-result").textContent = body.detail; return; }
+  const rows = body.state.map((entry) => {
+    const tr = document.createElement("tr");
+    tr.dataset.key = entry.key;
+    cell(tr, entry.key);
+    cell(tr, JSON.stringify(entry.value), "value");
+    cell(tr, entry.version, "version");
+    cell(tr, entry.writer, "writer");
+    cell(tr, entry.updated_at);
+    tr.addEventListener("click", () => {
+      $("#edit-key").value = entry.key;
+      $("#edit-version").value = entry.version;
+      $("#edit-value").value = JSON.stringify(entry.value);
+    });
+    return tr;
+  });
+  $("#state tbody").replaceChildren(...rows);
+  $("#edit-form").hidden = !body.writable;
+  const events = await (await api("/api/v1/events?limit=1000&asset=" + encodeURIComponent(name))).json();
+  const recent = (events.events || []).slice(-20).reverse();
+  $("#asset-events").replaceChildren(...recent.map(eventLine));
+}
+
+async function saveEntry(event) {
+  event.preventDefault();
+  const name = $("#asset-name").textContent;
+  const key = $("#edit-key").value;
+  const version = $("#edit-version").value;
+  const headers = { "Content-Type": "application/json" };
+  if (version !== "") headers["If-Match"] = '"' + version + '"';
+  const response = await api(
+    "/api/v1/assets/" + encodeURIComponent(name) + "/state/" + encodeURIComponent(key),
+    { method: "PUT", headers, body: $("#edit-value").value },
+  );
+  const body = await response.json();
+  const result = $("#edit-result");
+  if (response.status === 412) {
+    result.className = "error conflict";
+    result.textContent = `Conflict: ${body.detail}. The current version is ${body.current_version}; reload and edit again.`;
+  } else if (!response.ok) {
+    result.className = "error";
+    result.textContent = body.detail;
+  } else {
+    result.className = "ok";
+    result.textContent = `Saved ${key} at version ${body.version}.`;
+    $("#edit-version").value = body.version;
+  }
+  await loadAsset(name);
+}
+
+// -- the live tail (SSE read with fetch, so the token goes in a header) ----------------------
+
+async function startTail() {
+  if (tail) return;
+  tail = new AbortController();
+  const signal = tail.signal;
+  let lastId = null;
+  while (!signal.aborted) {
+    try {
+      const headers = { Authorization: "Bearer " + token() };
+      if (lastId !== null) headers["Last-Event-ID"] = String(lastId);
+      const response = await fetch("/api/v1/events/stream", { headers, signal });
+      if (!response.ok) { $("#tail-status").textContent = (await response.json()).detail; return; }
+      $("#tail-status").textContent = "connected";
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const frame = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          let data = null;
+          for (const line of frame.split("\n")) {
+            if (line.startsWith("id: ")) lastId = Number(line.slice(4));
+            else if (line.startsWith("data: ")) data = line.slice(6);
+          }
+          if (data !== null) {
+            const list = $("#tail");
+            list.prepend(eventLine(JSON.parse(data)));
+            while (list.children.length > 200) list.lastChild.remove();
+          }
+        }
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+    }
+    $("#tail-status").textContent = "reconnecting";
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+function stopLoops() {
+  if (refreshTimer) { clearInterval(refreshTimer); refreshTimer = null; }
+  if (tail) { tail.abort(); tail = null; }
+}
+
+// -- routing ----------------------------------------------------------------------------------
+
+function route() {
+  if (!token()) { signOut(); return; }
+  $("#nav").hidden = false;
+  stopLoops();
+  const hash = location.hash || "#/watchers";
+  const guard = (promise) => promise.catch(() => {});
+  if (hash.startsWith("#/assets/")) {
+    const name = decodeURIComponent(hash.slice("#/assets/".length));
+    show("asset-view");
+    $("#edit-result").textContent = "";
+    guard(loadAsset(name));
+  } else if (hash === "#/assets") {
+    show("assets-view");
+    guard(loadAssets());
+  } else if (hash === "#/events") {
+    show("events-view");
+    guard(startTail());
+  } else {
+    show("watchers-view");
+    guard(loadWatchers());
+    refreshTimer = setInterval(() => guard(loadWatchers()), 2000);
+  }
+}
+
+$("#login-form").addEventListener("submit", (event) => { signIn(event).catch(() => {}); });
+$("#logout").addEventListener("click", () => signOut());
+$("#edit-form").addEventListener("submit", (event) => { saveEntry(event).catch(() => {}); });
+window.addEventListener("hashchange", route);
+route();
