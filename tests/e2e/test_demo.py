@@ -21,7 +21,8 @@ def watchkeeper_command(*args: str) -> list[str]:
 @pytest.mark.slow
 class TestDemo:
     async def test_demo_passes_the_exactly_once_check(self, tmp_path: Path) -> None:
-        """The demo kills its daemon with SIGKILL mid-stream, exits 0 and reports exactly-once."""
+        """The demo kills its daemon and its worker with SIGKILL mid-stream, exits 0 and reports
+        exactly-once for the events and for the task runs."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
         env["COLUMNS"] = "200"  # keep the verdict on one line
         env["TMPDIR"] = str(tmp_path)  # where the demo makes its temporary directory
@@ -35,5 +36,9 @@ class TestDemo:
         assert "exactly once: all 400 items arrived exactly once" in out
         assert "orders: 200 events for items 1..200, in order, final watermark 200" in out
         assert "payments: 200 events for items 1..200, in order, final watermark 200" in out
+        assert "SIGKILL worker #1" in out
+        assert "tally_orders: 200 orders events in" in out
+        assert "missing [], in two runs []" in out
+        assert "every orders event was in exactly one successful task run" in out
         # The demo works in a temporary directory of its own and removes it.
         assert [p async for p in anyio.Path(tmp_path).iterdir()] == []

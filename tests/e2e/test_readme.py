@@ -236,6 +236,47 @@ class TestPythonBlocks:
             orders = AssetScope(name="orders")
             assert await backend.aget(orders, "watermark") == "2024-06-01T00:00:00Z"
 
+    async def test_the_asset_task_example_runs_in_a_worker(
+        self, load_block: LoadBlock, tmp_path: Path
+    ) -> None:
+        """The asset_task example runs on its events and its outlet event carries the payload."""
+        from watchkeeper.store.backend import EventCommit
+        from watchkeeper.triggerer import Worker, WorkerSettings
+
+        module = load_block(_block_defining("def build_report("))
+        settings = WorkerSettings(poll_interval=0.01)
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            worker = Worker(backend, [module.build_report], settings)
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                for name in ("a.csv", "b.csv"):
+                    await backend.acommit_event(EventCommit("feed", ("orders",), json.dumps(name)))
+                with anyio.fail_after(20):
+                    while True:
+                        if await backend.alist_events(asset="order_report"):
+                            break
+                        await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+            payloads = [e.payload for e in await backend.alist_events(asset="order_report")]
+        assert payloads in ([{"files": 2}], [{"files": 1}])
+
+    async def test_the_consumer_example_acknowledges_with_its_state(
+        self, load_block: LoadBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The consumer example reads the orders events once and keeps its count with the cursor."""
+        from watchkeeper.store.backend import EventCommit
+
+        module = load_block(_block_defining("async def consume_once("))
+        monkeypatch.chdir(tmp_path)
+        async with SqliteStateBackend(tmp_path / "watchkeeper.db") as backend:
+            await backend.aregister_assets([Asset("orders"), Asset("other")])
+            for asset in ("orders", "other", "orders"):
+                await backend.acommit_event(EventCommit("feed", (asset,), "{}"))
+        assert await module.consume_once() == 2
+        assert await module.consume_once() == 0
+        async with SqliteStateBackend(tmp_path / "watchkeeper.db") as backend:
+            assert await backend.aget(module.totals, "seen") == 2
+
 
 # -- console blocks -------------------------------------------------------------------------
 

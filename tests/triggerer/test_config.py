@@ -85,7 +85,7 @@ class TestMisspeltNames:
                 f"config file {str(config)!r}: unknown key 'capacty' in [triggerer]; "
                 "did you mean 'capacity'?"
             ),
-            f"config file {str(config)!r}: unknown section [workerz]; did you mean [workers]?",
+            f"config file {str(config)!r}: unknown section [workerz]; did you mean [worker]?",
         ]
 
     def test_the_daemon_settings_refuse_an_unknown_variable(

@@ -7,6 +7,7 @@ and the runtime calls (capabilities, records, value rules) is in :mod:`watchkeep
 from __future__ import annotations
 
 from ._backend import BaseStateBackend
+from ._consumer import EventConsumer
 from ._open import open_state_backend
 from ._types import (
     Asset,
@@ -36,6 +37,7 @@ from .errors import (
     AssetNotDeclaredError,
     AssetNotFoundError,
     BackendUnavailableError,
+    ConsumerCursorError,
     ContextKeyError,
     DatabaseFileRemovedError,
     HookNotImplementedError,
@@ -50,11 +52,15 @@ from .errors import (
     PayloadTooLargeError,
     ReferenceTypeError,
     RetentionTypeError,
+    RunLeaseLostError,
+    RunNotFoundError,
+    RunStateError,
     StateStoreError,
     StoreAlreadyOpenError,
     StoreClosedError,
     StoreUnavailableError,
     SyncCallInLoopError,
+    TaskNotFoundError,
     TokenExistsError,
     ValueTooLargeError,
     ValueTypeError,
@@ -97,9 +103,11 @@ __all__ = [
     "BackendUnavailableError",
     "BaseStateBackend",
     "ConfigFileNotFoundError",
+    "ConsumerCursorError",
     "ContextKeyError",
     "DatabaseFileRemovedError",
     "DatabaseSettings",
+    "EventConsumer",
     "EventsSettings",
     "HookNotImplementedError",
     "InvalidArgumentError",
@@ -116,6 +124,9 @@ __all__ = [
     "PostgresStateBackend",
     "ReferenceTypeError",
     "RetentionTypeError",
+    "RunLeaseLostError",
+    "RunNotFoundError",
+    "RunStateError",
     "SqliteStateBackend",
     "StateEntry",
     "StateScope",
@@ -126,6 +137,7 @@ __all__ = [
     "StoreSettings",
     "StoreUnavailableError",
     "SyncCallInLoopError",
+    "TaskNotFoundError",
     "TaskScope",
     "TaskStateStoreAccessor",
     "TokenExistsError",

@@ -32,10 +32,10 @@ from ._types import (
 from ._values import check_events_query, check_name
 from .errors import ArgumentTypeError
 
-__all__ = ["MetastoreBackend"]
+__all__ = ["MetastoreBackend", "check_items"]
 
 
-def _check_items(name: str, items: object, kind: type, expected: str) -> list[object]:
+def check_items(name: str, items: object, kind: type, expected: str) -> list[object]:
     """``items`` as a list, each an instance of ``kind``; :class:`ArgumentTypeError` if not."""
     if isinstance(items, str | bytes) or not isinstance(items, Sequence):
         raise ArgumentTypeError(name, items, f"a sequence of {expected}")
@@ -56,7 +56,7 @@ class MetastoreBackend(BaseStateBackend, ABC):
         """Register ``assets`` (insert or update their URI) and mark them active; a name given
         twice takes its last URI."""
         self._check_open()
-        batch = _check_items("assets", assets, Asset, "Asset objects")
+        batch = check_items("assets", assets, Asset, "Asset objects")
         latest = {asset.name: asset for asset in batch if isinstance(asset, Asset)}
         if latest:
             await self._aregister_assets(list(latest.values()))
@@ -134,14 +134,14 @@ class MetastoreBackend(BaseStateBackend, ABC):
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
         """Upsert the status rows of these triggers (the daemon calls this periodically)."""
         self._check_open()
-        batch = _check_items("statuses", statuses, TriggerStatus, "TriggerStatus objects")
+        batch = check_items("statuses", statuses, TriggerStatus, "TriggerStatus objects")
         if batch:
             await self._asave_trigger_status([s for s in batch if isinstance(s, TriggerStatus)])
 
     async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None:
         """Delete the status rows of ``trigger_ids`` (unknown ids are ignored)."""
         self._check_open()
-        ids = _check_items("trigger_ids", trigger_ids, str, "str trigger ids")
+        ids = check_items("trigger_ids", trigger_ids, str, "str trigger ids")
         if ids:
             await self._adelete_trigger_status([i for i in ids if isinstance(i, str)])
 

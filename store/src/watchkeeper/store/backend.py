@@ -4,13 +4,15 @@ the records and the value rules.
 A backend subclasses :class:`BaseStateBackend` (key/value state, the sync/async bridge, input
 checks) and implements the hooks it documents. The metastore comes in capabilities, each a
 ``runtime_checkable`` Protocol: :class:`AssetRegistry`, :class:`EventLog`,
-:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable` and
-:class:`OperatorControls` (watcher controls and API tokens, for the HTTP API). A backend has a
+:class:`GarbageCollector`, :class:`StatusTable`, :class:`DaemonTable`, :class:`LeaseTable`,
+:class:`OperatorControls` (watcher controls and API tokens, for the HTTP API),
+:class:`EventConsumers` and :class:`TaskQueue` (tasks on asset events). A backend has a
 capability when it has the methods; the runtime checks once, with ``isinstance``, and does
 without what is missing (no leases: a single unfenced daemon; no status table: no status rows).
 :class:`MetastoreBackend` has them all, its rules written once over ``_a<name>`` hooks: the
 built-in backends subclass it, and so can a new one; :class:`ControlsBackend` does the same
-for :class:`OperatorControls`.
+for :class:`OperatorControls`, and :class:`TaskStoreBackend` for :class:`EventConsumers` and
+:class:`TaskQueue`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ from ._gc import EventCutoffs, GcPlan
 from ._log import get_logger
 from ._metastore import MetastoreBackend
 from ._redact import redact_dsn, redact_secrets
+from ._tasks import (
+    EventConsumers,
+    OutletEvent,
+    RunError,
+    StateWrite,
+    TaskInfo,
+    TaskQueue,
+    TaskRun,
+    TaskSpec,
+    require_event_consumers,
+    require_task_queue,
+)
+from ._taskstore import TaskStoreBackend
 from ._types import (
     Asset,
     AssetEvent,
@@ -62,6 +77,7 @@ __all__ = [
     "DaemonTable",
     "EventBatchCommit",
     "EventCommit",
+    "EventConsumers",
     "EventCutoffs",
     "EventLog",
     "Fence",
@@ -72,10 +88,18 @@ __all__ = [
     "LeaseTable",
     "MetastoreBackend",
     "OperatorControls",
+    "OutletEvent",
     "Put",
     "RawEntry",
     "RefusedDefinition",
+    "RunError",
+    "StateWrite",
     "StatusTable",
+    "TaskInfo",
+    "TaskQueue",
+    "TaskRun",
+    "TaskSpec",
+    "TaskStoreBackend",
     "TriggerStatus",
     "WatcherControl",
     "Writer",
@@ -91,10 +115,12 @@ __all__ = [
     "redact_dsn",
     "redact_secrets",
     "require_asset_registry",
+    "require_event_consumers",
     "require_event_log",
     "require_garbage_collector",
     "require_operator_controls",
     "require_status_table",
+    "require_task_queue",
 ]
 
 
@@ -180,6 +206,8 @@ CAPABILITIES: tuple[type, ...] = (
     StatusTable,
     LeaseTable,
     OperatorControls,
+    EventConsumers,
+    TaskQueue,
 )
 """Every capability Protocol, for code that forwards or reports them all."""
 

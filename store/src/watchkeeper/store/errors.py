@@ -13,6 +13,7 @@ __all__ = [
     "AssetNotDeclaredError",
     "AssetNotFoundError",
     "BackendUnavailableError",
+    "ConsumerCursorError",
     "ContextKeyError",
     "DatabaseFileRemovedError",
     "HookNotImplementedError",
@@ -27,11 +28,15 @@ __all__ = [
     "PayloadTooLargeError",
     "ReferenceTypeError",
     "RetentionTypeError",
+    "RunLeaseLostError",
+    "RunNotFoundError",
+    "RunStateError",
     "StateStoreError",
     "StoreAlreadyOpenError",
     "StoreClosedError",
     "StoreUnavailableError",
     "SyncCallInLoopError",
+    "TaskNotFoundError",
     "TokenExistsError",
     "ValueTooLargeError",
     "ValueTypeError",
@@ -207,6 +212,67 @@ class LeaseLostError(StateStoreError):
         super().__init__(
             f"lease of trigger {trigger_id!r} is no longer held by {owner!r} with token "
             f"{token} ({reason}); nothing was written"
+        )
+
+
+class RunLeaseLostError(StateStoreError):
+    """Raised when a worker finishes a run whose lease it no longer holds.
+
+    The lease lapsed, or another worker claimed the run (with a higher token). Nothing was
+    written: a frozen worker that wakes up can neither mark the run succeeded nor emit its
+    outlet events.
+    """
+
+    def __init__(self, run_id: int, owner: str, token: int, reason: str) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.token = token
+        self.reason = reason
+        super().__init__(
+            f"lease of run {run_id} is no longer held by {owner!r} with token {token} "
+            f"({reason}); nothing was written"
+        )
+
+
+class TaskNotFoundError(StateStoreError, KeyError):
+    """Raised when a task name (or a task's asset) is not registered in the store."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(what)
+
+    def __str__(self) -> str:
+        return f"{self.what} is not registered (start a worker with its definitions first)"
+
+
+class RunNotFoundError(StateStoreError, KeyError):
+    """Raised when a run id names no run."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
+        super().__init__(run_id)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} does not exist"
+
+
+class RunStateError(StateStoreError, ValueError):
+    """Raised when a run is not in a state that allows the operation (retrying a running run)."""
+
+    def __init__(self, run_id: int, state: str, wanted: str) -> None:
+        self.run_id, self.state = run_id, state
+        super().__init__(f"run {run_id} is {state}, {wanted}")
+
+
+class ConsumerCursorError(StateStoreError, ValueError):
+    """Raised when an acknowledgement would move a consumer's cursor backwards, or finds the
+    cursor elsewhere than ``expected`` (another process acknowledged meanwhile)."""
+
+    def __init__(self, name: str, event_id: int, current: int, reason: str) -> None:
+        self.name, self.event_id, self.current = name, event_id, current
+        super().__init__(
+            f"consumer {name!r} cannot acknowledge event {event_id}: its cursor is at "
+            f"{current} ({reason}); nothing was written"
         )
 
 

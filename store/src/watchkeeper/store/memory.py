@@ -11,6 +11,7 @@ from typing import Self
 from ._gc import GcPlan
 from ._leases import HeldLease, check_fence
 from ._memory_controls import MemoryControls
+from ._memory_tasks import MemoryTasks
 from ._metastore import MetastoreBackend
 from ._types import (
     Asset,
@@ -47,7 +48,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(MemoryControls, MetastoreBackend):
+class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -72,6 +73,7 @@ class MemoryStateBackend(MemoryControls, MetastoreBackend):
         self._statuses: dict[str, TriggerStatus] = {}
         self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, HeldLease] = {}
+        self._init_tasks()
         self._init_controls()
         self._open = True  # usable without 'async with'; entering it is harmless
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from watchkeeper.store import Asset
 
+from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
 from ._logging import configure_logging
 from ._process import run_daemon
+from ._worker import Worker, run_worker
 from .daemon import Daemon, ReloadReport
 from .errors import (
     AssetStoreUnavailableError,
@@ -22,12 +24,20 @@ from .errors import (
     WatcherNameUnavailableError,
 )
 from .runner import RunnerConfig, TriggerRunner, WatchSpec
-from .settings import LoggingSettings, Settings, TriggererSettings, load_settings
+from .settings import (
+    LoggingSettings,
+    Settings,
+    TriggererSettings,
+    WorkerSettings,
+    load_settings,
+)
 from .trigger import AssetWatcher, BaseEventTrigger, BaseTrigger, TriggerEvent, TriggerEventBatch
 
 __all__ = [
+    "AnyOf",
     "Asset",
     "AssetStoreUnavailableError",
+    "AssetTask",
     "AssetWatcher",
     "BaseEventTrigger",
     "BaseTrigger",
@@ -35,6 +45,7 @@ __all__ = [
     "Daemon",
     "InvalidEventError",
     "LoggingSettings",
+    "OutletEventAccessor",
     "ReloadReport",
     "RunnerConfig",
     "Settings",
@@ -46,7 +57,11 @@ __all__ = [
     "TriggererSettings",
     "WatchSpec",
     "WatcherNameUnavailableError",
+    "Worker",
+    "WorkerSettings",
+    "asset_task",
     "configure_logging",
     "load_settings",
     "run_daemon",
+    "run_worker",
 ]

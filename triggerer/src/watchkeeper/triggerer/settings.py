@@ -24,6 +24,7 @@ __all__ = [
     "LoggingSettings",
     "Settings",
     "TriggererSettings",
+    "WorkerSettings",
     "load_settings",
 ]
 
@@ -92,6 +93,36 @@ class TriggererSettings(SupervisionSettings):
         return self
 
 
+class WorkerSettings(_Section):
+    """``[worker]``: ``watchkeeper worker``, which runs the tasks declared with ``asset_task``."""
+
+    concurrency: int = Field(default=8, ge=1)
+    """Runs one worker executes at once (sync tasks in a thread pool of this size)."""
+    poll_interval: PositiveSeconds = 0.05
+    """Seconds between two looks for new events (SQLite: other processes commit into the
+    file; PostgreSQL: only when its LISTEN connection is lost) and for due retries."""
+    heartbeat_interval: PositiveSeconds = 5.0
+    """Seconds between two renewals of the leases of the runs a worker executes."""
+    lease_ttl: PositiveSeconds | None = None
+    """Seconds a run's lease lasts without renewal; a killed worker's run is retried that long
+    after (at once when a worker on the same host finds its process gone). None: three
+    heartbeats. Must exceed the heartbeat."""
+
+    @property
+    def lease_seconds(self) -> float:
+        """The lease time to live in force: ``lease_ttl``, or three heartbeats."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> Self:
+        if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}): a lease would lapse between two renewals"
+            )
+        return self
+
+
 class ApiSettings(_Section):
     """``[api]``: the HTTP API, metrics, health checks and web page the daemon serves."""
 
@@ -120,6 +151,7 @@ class Settings(StoreSettings):
     other_sections: ClassVar[frozenset[str]] = frozenset()  # every section is a field here
 
     triggerer: TriggererSettings = TriggererSettings()
+    worker: WorkerSettings = WorkerSettings()
     logging: LoggingSettings = LoggingSettings()
     api: ApiSettings = ApiSettings()
 

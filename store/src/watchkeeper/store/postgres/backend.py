@@ -59,6 +59,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from .consumers import PostgresConsumers, events_hook
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
@@ -71,6 +72,7 @@ from .sql import (
     raw_entry,
     rowcount,
 )
+from .tasks import PostgresTasks
 from .writer import GroupWriter
 
 if TYPE_CHECKING:
@@ -93,7 +95,7 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresControls, MetastoreBackend):
+class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -184,7 +186,7 @@ class PostgresStateBackend(PostgresControls, MetastoreBackend):
 
             return await asyncpg.connect(dsn)
 
-        writer = GroupWriter(self, self._sql, reconnect, conn)
+        writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
         try:
             await task_group.start(writer.run)
         except BaseException:
@@ -197,6 +199,7 @@ class PostgresStateBackend(PostgresControls, MetastoreBackend):
         writer, pool = self._writer, self._pool
         self._writer = None
         try:
+            await self._close_listener()
             if writer is not None:
                 await writer.aclose()
         finally:

@@ -20,6 +20,7 @@ import re
 from typing import TYPE_CHECKING, Final
 
 from ..errors import ArgumentTypeError, BackendUnavailableError, InvalidSettingError
+from .tasks_schema import TASK_TABLES
 
 if TYPE_CHECKING:
     import asyncpg
@@ -204,6 +205,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (8, "tasks on asset events", TASK_TABLES),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

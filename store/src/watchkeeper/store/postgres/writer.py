@@ -29,7 +29,7 @@ import anyio.abc
 
 from .._commit_queue import CommitQueue
 from ..errors import BackendUnavailableError
-from .ops import Op, apply_batch
+from .ops import BatchCommitOp, CommitOp, Op, apply_batch
 from .sql import Statements, is_unavailable, map_error
 
 if TYPE_CHECKING:
@@ -51,9 +51,13 @@ class GroupWriter:
         buffer_size: int = 4096,
         max_batch: int = 2048,
         max_batch_bytes: int = 8 << 20,
+        on_events: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     ) -> None:
         self._owner, self._sql, self._connect = owner, sql, connect
         self._conn: asyncpg.Connection | None = conn
+        # Run first in every batch that commits events, single or batched (the commit-order
+        # lock and the one NOTIFY of the batch: see .consumers).
+        self._on_events = on_events
         self.queue: CommitQueue[Op] = CommitQueue(
             owner,
             self._run_batch,
@@ -107,6 +111,10 @@ class GroupWriter:
         try:
             conn = await self._connection()
             async with conn.transaction():
+                if self._on_events is not None and any(
+                    isinstance(op, CommitOp | BatchCommitOp) for op in batch
+                ):
+                    await self._on_events(conn)
                 await apply_batch(conn, self._sql, batch)
                 applied = True
         except Exception as exc:  # noqa: BLE001 - any failure goes to the ops, never kills the writer

@@ -75,9 +75,11 @@ from ..errors import (
     StoreClosedError,
 )
 from . import meta, ops
+from .consumers import SqliteConsumers
 from .controls import SqliteControls
 from .events import EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
+from .tasks import SqliteTasks
 from .writer import GroupCommitWriter, OpGroup, Tx, Upsert
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
@@ -96,7 +98,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class SqliteStateBackend(SqliteControls, MetastoreBackend):
+class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, MetastoreBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely

@@ -21,6 +21,7 @@ from typing import Final, Literal, TypeVar
 
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
+from .tasks_schema import TASK_TABLES
 
 __all__ = [
     "MIGRATIONS",
@@ -218,6 +219,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             """,
         ),
     ),
+    (8, "tasks on asset events", TASK_TABLES),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

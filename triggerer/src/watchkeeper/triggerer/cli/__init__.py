@@ -4,7 +4,8 @@
 once (``--config`` and ``--database-url`` beat the environment and the file), configures
 structlog, and calls the subcommand's handler (see :mod:`._common` for the contract).
 Subcommands live in ``_store`` (db, assets, events; ``state-store`` in ``_state``),
-``_runtime`` (triggerer, status, demo; the demo itself in ``_demo``) and ``_config`` (config). Every failure the user can fix is one ``watchkeeper: error: ...``
+``_runtime`` (triggerer, status, demo; the demo itself in ``_demo``), ``_tasks`` (worker, up,
+tasks, runs), ``_watchers`` (watchers), ``_api`` (api, tokens) and ``_config`` (config). Every failure the user can fix is one ``watchkeeper: error: ...``
 line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
 """
 
@@ -28,7 +29,7 @@ from watchkeeper.store.settings import (
 
 from .._logging import configure_logging
 from ..settings import LOG_LEVELS, Settings, load_settings
-from . import _api, _config, _runtime, _store, _watchers
+from . import _api, _config, _runtime, _store, _tasks, _watchers
 from ._common import (
     PROG,
     CommandError,
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _store.register(subparsers)
     _runtime.register(subparsers)
+    _tasks.register(subparsers)
     _config.register(subparsers)
     _watchers.register(subparsers)
     _api.register(subparsers)

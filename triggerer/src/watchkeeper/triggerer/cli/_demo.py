@@ -10,8 +10,12 @@ In a temporary directory, with an embedded SQLite database (no server), the demo
    the committed events and watermarks live;
 3. kills the daemon with SIGKILL once a third of the items are committed, restarts it, and
    waits until every item is committed; then stops it with SIGTERM;
-4. reads every committed event back and checks, per table, that items 1..N each arrived
-   exactly once (no gap, no duplicate) and that the watermark is N.
+4. meanwhile runs ``watchkeeper worker`` on the same files: the task ``tally_orders``
+   (in ``_demo_watchers/orders.py``) runs on the orders events; the worker is killed with
+   SIGKILL while a run executes, and restarted (see :mod:`._demo_tasks`);
+5. reads every committed event back and checks, per table, that items 1..N each arrived
+   exactly once (no gap, no duplicate) and that the watermark is N, and that every orders
+   event was in exactly one successful run of the task.
 
 It exits 0 when the check passes and 1 otherwise, and takes about ten seconds.
 """
@@ -43,6 +47,7 @@ from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
 from . import _demo_source as source
+from . import _demo_tasks as tasks
 from ._common import CommandError, run_async
 
 __all__ = ["run_demo"]
@@ -84,13 +89,16 @@ def copy_demo_watchers(target: Path) -> list[Path]:
     return written
 
 
-def _daemon_command(watchers: Path) -> list[str]:
+def _command() -> list[str]:
     script = Path(sys.executable).with_name("watchkeeper")
     if script.is_file():
-        base = [str(script)]
-    else:  # not installed as a script next to this interpreter: same code, same interpreter
-        base = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
-    return [*base, "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.5"]
+        return [str(script)]
+    # not installed as a script next to this interpreter: same code, same interpreter
+    return [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
+
+
+def _daemon_command(watchers: Path) -> list[str]:
+    return [*_command(), "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.5"]
 
 
 class _Demo:
@@ -110,7 +118,10 @@ class _Demo:
         self.process: anyio.abc.Process | None = None
         self.seen_id = 0
         self.t0 = time.monotonic()
+        worker = [*_command(), "worker", "--watchers-path", str(self.watchers)]
+        self.worker = tasks.DemoWorker(worker, workdir, self._env(), log)
         self._polled: anyio.Event  # created in main(), inside the event loop
+        self._declared: anyio.Event  # set once the worker has declared its task
 
     def _say(self, message: str) -> None:
         elapsed = time.monotonic() - self.t0
@@ -125,6 +136,8 @@ class _Demo:
             WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL="0.5",
             WATCHKEEPER__TRIGGERER__STOP_GRACE=str(STOP_GRACE),
             WATCHKEEPER__TRIGGERER__GC_INTERVAL="0",
+            WATCHKEEPER__WORKER__POLL_INTERVAL="0.05",
+            WATCHKEEPER__WORKER__HEARTBEAT_INTERVAL="0.5",
             WATCHKEEPER__LOGGING__FORMAT="json",
             WATCHKEEPER_DEMO_SOURCE=str(self.source_path),
         )
@@ -202,13 +215,41 @@ class _Demo:
     # -- the scenario ----------------------------------------------------------------------------
 
     async def _produce(self) -> None:
+        await self._declared.wait()  # the task's cursor starts before the first orders event
         for n in range(1, self.items + 1):
             await anyio.to_thread.run_sync(source.append, self.source_path, n, self.tables)
             self.produced = n
             await anyio.sleep(1 / RATE)
 
-    async def _scenario(self) -> int | None:
+    def _worker_alive(self) -> None:
+        process = self.worker.process
+        if process is not None and process.returncode is not None:
+            raise CommandError(f"the worker exited with status {process.returncode}")
+
+    async def _start_worker(self) -> anyio.abc.Process:
+        process = await self.worker.start()
+        self._say(f"started worker #{self.worker.number}: pid {process.pid}")
+        return process
+
+    async def _kill_worker_mid_run(self, backend: SqliteStateBackend) -> None:
+        with anyio.fail_after(DEADLINE):
+            run_id = await tasks.wait_running(backend, self._worker_alive)
+        process = self.worker.process
+        assert process is not None
+        process.kill()  # SIGKILL inside the task function
+        await process.wait()
+        self._say(
+            f"[bold red]SIGKILL[/] worker #{self.worker.number} (pid {process.pid}) "
+            f"while run {run_id} of {tasks.TASK} was executing"
+        )
+        await self._start_worker()
+
+    async def _scenario(self, backend: SqliteStateBackend) -> int | None:
         kill_at = max(1, int(self.items * KILL_AT))
+        await self._start_worker()
+        with anyio.fail_after(DEADLINE):
+            await tasks.wait_declared(backend, self._worker_alive)
+        self._declared.set()
         first = await self._start_daemon(1)
         await self._wait_for(
             f"{kill_at} committed items", lambda: self.progress[self.tables[0]].committed >= kill_at
@@ -222,6 +263,7 @@ class _Demo:
             + f" committed and the producer at {self.produced}"
         )
         second = await self._start_daemon(2)
+        await self._kill_worker_mid_run(backend)
         await self._wait_for(
             "every item to be committed",
             lambda: all(p.last >= self.items for p in self.progress.values()),
@@ -232,8 +274,21 @@ class _Demo:
             await second.wait()
         code = second.returncode
         self._say(f"SIGTERM daemon #2 (pid {second.pid}): exit status {code}")
+        self.phase = "waiting for the worker to consume every orders event"
+        with anyio.fail_after(DEADLINE):
+            while not await tasks.all_consumed(backend):
+                self._worker_alive()
+                await anyio.sleep(0.1)
+        worker = self.worker.process
+        assert worker is not None
+        worker.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(STOP_GRACE + 10):
+            await worker.wait()
+        self._say(
+            f"SIGTERM worker #{self.worker.number} (pid {worker.pid}): exit status {worker.returncode}"
+        )
         self.phase = "done"
-        return code
+        return code if worker.returncode == 0 else worker.returncode
 
     async def _check(self, backend: SqliteStateBackend) -> bool:
         """Every item 1..N exactly once per asset, in order, and the watermark at N."""
@@ -261,6 +316,7 @@ class _Demo:
 
     async def main(self) -> int:
         self._polled = anyio.Event()
+        self._declared = anyio.Event()
         await anyio.to_thread.run_sync(copy_demo_watchers, self.watchers)
         await anyio.to_thread.run_sync(source.create, self.source_path, self.tables)
         self.console.print(
@@ -275,23 +331,25 @@ class _Demo:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._produce)
                         tg.start_soon(self._monitor, backend, live)
-                        code = await self._scenario()
+                        code = await self._scenario(backend)
                         tg.cancel_scope.cancel()
                     await self._poll(backend)
                     live.update(self._render(), refresh=True)
                 self.console.print()
                 ok = await self._check(backend)
+                ok = await tasks.check_exactly_once(backend, self.console) and ok
         finally:
-            process = self.process
-            if process is not None and process.returncode is None:
-                process.kill()
-                with anyio.move_on_after(5, shield=True):
-                    await process.wait()
+            for process in (self.process, self.worker.process):
+                if process is not None and process.returncode is None:
+                    process.kill()
+                    with anyio.move_on_after(5, shield=True):
+                        await process.wait()
         total = self.items * len(self.tables)
         if ok and code == 0:
             self.console.print(
                 f"[bold green]{EXACTLY_ONCE}[/]: all {total} items arrived exactly once "
-                "across a kill -9 of the daemon (no gap, no duplicate)"
+                "across a kill -9 of the daemon (no gap, no duplicate), and every orders event "
+                "was in exactly one successful task run across a kill -9 of the worker"
             )
             return 0
         if ok:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import anyio.to_thread
-from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger, TriggerEvent
+from watchkeeper.triggerer import Asset, AssetWatcher, BaseEventTrigger, TriggerEvent, asset_task
 
 SOURCE = os.environ.get("WATCHKEEPER_DEMO_SOURCE", "demo-source.db")
 _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -96,3 +97,18 @@ payments = Asset(
     uri="sqlite://demo/payments",
     watchers=[AssetWatcher("payments_feed", SequenceWatcher(SOURCE, "payments"))],
 )
+
+order_totals = Asset("order_totals")
+
+
+@asset_task(schedule=[orders], outlets=[order_totals], retries=10, retry_delay=0.1)
+def tally_orders(
+    *, triggering_asset_events: dict[Asset, list[Any]], outlet_events: Any, **_: Any
+) -> None:
+    """A task on the orders events (``watchkeeper worker`` runs it): each run gets the events
+    committed since the previous run and emits one ``order_totals`` event. The demo kills the
+    worker with SIGKILL while a run is inside this function; the run is tried again, and the
+    check at the end proves every orders event was in exactly one successful run."""
+    events = triggering_asset_events[orders]
+    time.sleep(0.3)  # slow enough for the demo's SIGKILL to land inside a run
+    outlet_events[order_totals].extra = {"orders": len(events), "last": events[-1].payload["n"]}

@@ -1,0 +1,386 @@
+"""Event consumers, task cursors and runs for :class:`~watchkeeper.store.MemoryStateBackend`.
+
+A mixin over the memory backend's lock, event list and state dicts; the rules are
+:mod:`._tasks`'. Every method does its whole work without an await, under the backend's lock,
+so it is one transaction as the SQL backends' are.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._tasks import (
+    OutletEvent,
+    RunError,
+    StateWrite,
+    TaskInfo,
+    TaskRun,
+    TaskSpec,
+    after_failure,
+    lapsed_error,
+    lost_reason,
+    plan_run,
+)
+from ._taskstore import TaskStoreBackend
+from ._types import AssetEvent, AssetScope, Put, Writer
+from ._values import decode_value
+from .errors import (
+    ConsumerCursorError,
+    RunLeaseLostError,
+    RunNotFoundError,
+    RunStateError,
+    TaskNotFoundError,
+)
+
+if TYPE_CHECKING:
+    import threading
+
+__all__ = ["MemoryTasks"]
+
+
+@dataclass(slots=True)
+class _Task:
+    spec: TaskSpec
+    paused: bool = False
+    cursors: dict[str, int] = field(default_factory=dict)
+    writers: dict[str, Writer | None] = field(default_factory=dict)
+
+
+class MemoryTasks(TaskStoreBackend):
+    """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the memory backend."""
+
+    # Provided by MemoryStateBackend.
+    _lock: threading.Lock
+    _events: list[AssetEvent]
+    _next_event_id: int
+    clock: Any
+
+    if TYPE_CHECKING:
+
+        def _resolve(self, scope: AssetScope) -> Any: ...
+        def _put(self, put: Put) -> int: ...
+
+    def _init_tasks(self) -> None:
+        """Called by the backend's ``__init__``: empty consumers, tasks and runs."""
+        self._m_consumers: dict[str, int] = {}
+        self._m_tasks: dict[str, _Task] = {}
+        self._m_runs: dict[int, TaskRun] = {}
+
+    def _tasks_state(self) -> tuple[dict[str, int], dict[str, _Task], dict[int, TaskRun]]:
+        return self._m_consumers, self._m_tasks, self._m_runs
+
+    def _after(self, event_id: int) -> list[AssetEvent]:
+        start = bisect.bisect_right(self._events, event_id, key=lambda e: e.id)
+        return self._events[start:]
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    async def _aconsumer_position(self, name: str) -> int:
+        consumers, _, _ = self._tasks_state()
+        return consumers.get(name, 0)
+
+    async def _aconsumer_fetch(
+        self, name: str, assets: builtins.list[str] | None, limit: int
+    ) -> builtins.list[AssetEvent]:
+        wanted = None if assets is None else set(assets)
+        with self._lock:
+            consumers, _, _ = self._tasks_state()
+            after = self._after(consumers.get(name, 0))
+            found = [e for e in after if wanted is None or e.asset in wanted]
+        return found[:limit]
+
+    async def _aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        state: builtins.list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
+    ) -> int:
+        consumers, _, _ = self._tasks_state()
+        with self._lock:
+            current = consumers.get(name, 0)
+            if expected is not None and expected != current:
+                raise ConsumerCursorError(name, event_id, current, f"expected {expected}")
+            if event_id < current:
+                raise ConsumerCursorError(name, event_id, current, "a cursor only moves forward")
+            for write in state:  # resolve first: an unknown asset changes nothing
+                if isinstance(write.scope, AssetScope):
+                    self._resolve(write.scope)
+            consumers[name] = event_id
+        for write in state:
+            self._put(Put(write.scope, write.key, write.value_json, writer=writer))
+        return event_id
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    def _named_task(self, name: str) -> _Task:
+        _, tasks, _ = self._tasks_state()
+        task = tasks.get(name)
+        if task is None:
+            raise TaskNotFoundError(f"task {name!r}")
+        return task
+
+    def _last_event_id(self, asset: str) -> int:
+        for event in reversed(self._events):
+            if event.asset == asset:
+                return event.id
+        return 0
+
+    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
+        with self._lock:
+            _, tasks, _ = self._tasks_state()
+            for spec in specs:
+                task = tasks.setdefault(spec.name, _Task(spec))
+                task.spec = spec
+                for asset in spec.assets:
+                    if asset not in task.cursors:
+                        task.cursors[asset] = self._last_event_id(asset)
+                        task.writers[asset] = None
+
+    async def _alist_tasks(self) -> builtins.list[TaskInfo]:
+        with self._lock:
+            _, tasks, _ = self._tasks_state()
+            out = []
+            for name in sorted(tasks):
+                task = tasks[name]
+                pending = {
+                    asset: sum(1 for e in self._after(task.cursors[asset]) if e.asset == asset)
+                    for asset in task.spec.assets
+                }
+                cursors = {a: task.cursors[a] for a in task.spec.assets}
+                out.append(TaskInfo(task.spec, task.paused, cursors, pending, dict(task.writers)))
+        return out
+
+    async def _aset_task_paused(self, name: str, paused: bool) -> None:
+        with self._lock:
+            self._named_task(name).paused = paused
+
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
+    ) -> None:
+        with self._lock:
+            task = self._named_task(name)
+            if asset not in task.spec.assets:
+                raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
+            task.cursors[asset] = to_event_id - 1
+            task.writers[asset] = writer
+
+    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
+        created: list[TaskRun] = []
+        with self._lock:
+            while len(created) < max_runs:
+                run = self._create_one(name)
+                if run is None:
+                    break
+                created.append(run)
+        return created
+
+    def _create_one(self, name: str) -> TaskRun | None:
+        _, _, runs = self._tasks_state()
+        task = self._named_task(name)
+        if task.paused:
+            return None
+        spec = task.spec
+        pending: dict[str, list[tuple[int, str]]] = {}
+        for asset in spec.assets:
+            found = [e for e in self._after(task.cursors[asset]) if e.asset == asset]
+            pending[asset] = [(e.id, asset) for e in found[: spec.max_events]]
+        plan = plan_run(spec, pending)
+        if plan is None:
+            return None
+        taken, cursors = plan
+        task.cursors.update(cursors)
+        for asset in cursors:
+            task.writers[asset] = None
+        now = self.clock()
+        run_id = len(runs) + 1
+        by_id = {e.id: e for e in self._events}
+        run = TaskRun(
+            id=run_id,
+            task=name,
+            state="queued",
+            try_number=0,
+            max_tries=spec.max_tries,
+            event_count=len(taken),
+            created_at=now,
+            updated_at=now,
+            events=tuple(by_id[event_id] for event_id, _ in taken),
+        )
+        runs[run_id] = run
+        return run
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def _aclaim_runs(
+        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
+    ) -> builtins.list[TaskRun]:
+        with self._lock:
+            _, known, runs = self._tasks_state()
+            now = self.clock()
+            wanted = None if tasks is None else set(tasks)
+            claimed: list[TaskRun] = []
+            for run_id in sorted(runs):
+                run = runs[run_id]
+                task = known.get(run.task)
+                if task is None or task.paused or (wanted is not None and run.task not in wanted):
+                    continue
+                lapsed = (
+                    run.state == "running"
+                    and run.lease_expires_at is not None
+                    and run.lease_expires_at <= now
+                )
+                ready = run.state == "queued" and (run.not_before is None or run.not_before <= now)
+                if not (lapsed or ready):
+                    continue
+                if lapsed:
+                    errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
+                    failed = run.try_number >= run.max_tries
+                    run = runs[run_id] = replace(
+                        run, state="failed" if failed else "queued", errors=errors,
+                        finished_at=now if failed else None, updated_at=now, lease_owner=None,
+                        lease_expires_at=None, not_before=None,
+                    )  # fmt: skip
+                    if failed:
+                        continue
+                if len(claimed) >= limit:
+                    continue
+                run = runs[run_id] = replace(
+                    run, state="running", try_number=run.try_number + 1,
+                    lease_owner=owner, lease_token=run.lease_token + 1,
+                    lease_expires_at=now + span, started_at=now, updated_at=now, not_before=None,
+                )  # fmt: skip
+                claimed.append(run)
+            return claimed
+
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
+        held: set[int] = set()
+        with self._lock:
+            _, _, rows = self._tasks_state()
+            now = self.clock()
+            for run_id, token in runs.items():
+                run = rows.get(run_id)
+                if run is None or _lost(run, owner, token, now) is not None:
+                    continue
+                rows[run_id] = replace(run, lease_expires_at=now + span)
+                held.add(run_id)
+        return held
+
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
+        gone = set(owners)
+        count = 0
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            now = self.clock()
+            for run_id, run in runs.items():
+                if run.state == "running" and run.lease_owner in gone:
+                    runs[run_id] = replace(run, lease_expires_at=now)
+                    count += 1
+        return count
+
+    async def _afinish_run(
+        self,
+        run_id: int,
+        owner: str,
+        token: int,
+        success: bool,
+        outlets: builtins.list[OutletEvent],
+        error: str | None,
+        traceback: str | None,
+        retry_delay: timedelta,
+    ) -> TaskRun:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            now = self.clock()
+            run = runs.get(run_id)
+            if run is None:
+                raise RunNotFoundError(run_id)
+            reason = _lost(run, owner, token, now)
+            if reason is not None:
+                raise RunLeaseLostError(run_id, owner, token, reason)
+            if success:
+                targets = [self._resolve(AssetScope(name=o.asset)) for o in outlets]
+                outlet_ids: list[int] = []
+                for outlet, target in zip(outlets, targets, strict=True):
+                    event = AssetEvent(
+                        id=self._next_event_id,
+                        asset=target.name,
+                        watcher=f"task:{run.task}",
+                        payload=decode_value(outlet.payload_json),
+                        dedup_key=None,
+                        created_at=now,
+                    )
+                    self._next_event_id += 1
+                    self._events.append(event)
+                    outlet_ids.append(event.id)
+                run = replace(
+                    run, state="success", finished_at=now, updated_at=now, lease_owner=None,
+                    lease_expires_at=None, outlet_event_ids=tuple(outlet_ids),
+                )  # fmt: skip
+            else:
+                state, not_before = after_failure(run.try_number, run.max_tries, now, retry_delay)
+                entry = RunError(run.try_number, error or "failed", traceback, now)
+                run = replace(
+                    run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
+                    lease_expires_at=None, errors=(*run.errors, entry),
+                    finished_at=now if state == "failed" else None,
+                )  # fmt: skip
+            runs[run_id] = run
+            return run
+
+    async def _aget_run(self, run_id: int) -> TaskRun:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            run = runs.get(run_id)
+        if run is None:
+            raise RunNotFoundError(run_id)
+        return run
+
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None
+    ) -> builtins.list[TaskRun]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            found = [
+                replace(r, events=())
+                for _, r in sorted(runs.items(), reverse=True)
+                if (task is None or r.task == task) and (state is None or r.state == state)
+            ]
+        return found if limit is None else found[:limit]
+
+    async def _aretry_run(self, run_id: int) -> TaskRun:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            run = runs.get(run_id)
+            if run is None:
+                raise RunNotFoundError(run_id)
+            if run.state != "failed":
+                raise RunStateError(run_id, run.state, "only a failed run can be retried")
+            now = self.clock()
+            run = runs[run_id] = replace(
+                run, state="queued", max_tries=run.try_number + 1, not_before=None,
+                finished_at=None, updated_at=now,
+            )  # fmt: skip
+            return run
+
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        with anyio.move_on_after(wait):
+            while True:
+                last = self._events[-1].id if self._events else 0
+                if last > after_id:
+                    return last
+                await anyio.sleep(0.01)
+        return self._events[-1].id if self._events else 0
+
+
+def _lost(run: TaskRun, owner: str, token: int, now: datetime) -> str | None:
+    """Why ``owner`` with ``token`` does not hold ``run``'s lease at ``now``; None if it does."""
+    return lost_reason(
+        run.state, run.lease_owner, run.lease_token, run.lease_expires_at, owner, token, now
+    )

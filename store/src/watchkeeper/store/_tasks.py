@@ -1,0 +1,391 @@
+"""Tasks on asset events, the store's half: event consumers, task cursors, runs and their leases.
+
+Two capabilities, each a ``runtime_checkable`` Protocol the built-in backends satisfy:
+
+- :class:`EventConsumers`: a named consumer with a durable cursor on the event log. ``fetch``
+  returns the events after the cursor; ``ack`` moves the cursor and, in the same transaction,
+  applies optional state writes. What a user needs to consume events in their own process.
+- :class:`TaskQueue`: what the worker runtime needs. Each task keeps one cursor per scheduled
+  asset; creating a run and moving the cursors past its events is one transaction, so every
+  event reaches exactly one run of each task that schedules it. Runs are claimed under a lease
+  (owner, token, expiry); finishing a run is fenced by that lease and commits the run's outlet
+  events (one per outlet) in the same transaction.
+
+The rules every backend shares live here, once: the argument checks (applied by
+:class:`~._taskstore.TaskStoreBackend` before any backend hook), which pending events make a
+run (:func:`plan_run`), what a failure or a lapsed lease does to a run (:func:`after_failure`).
+Times come from the backend's ``clock``, as for trigger leases (:mod:`._leases`).
+
+Event ids are commit order on every backend: SQLite and memory assign them under their one
+writer; PostgreSQL serialises the readers of a cursor against in-flight event inserts with an
+advisory lock that every event-inserting transaction takes, single commits and batches
+alike (see :mod:`.postgres.consumers`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ._types import AssetEvent, StateScope, Writer
+from ._values import JSONValue
+from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
+
+__all__ = [
+    "RUN_STATES",
+    "EventConsumers",
+    "OutletEvent",
+    "RunError",
+    "StateWrite",
+    "TaskInfo",
+    "TaskQueue",
+    "TaskRun",
+    "TaskSpec",
+    "after_failure",
+    "check_event_id",
+    "check_limit",
+    "check_name",
+    "check_state",
+    "errors_from_json",
+    "errors_to_json",
+    "lapsed_error",
+    "lost_reason",
+    "plan_run",
+    "require_event_consumers",
+    "require_task_queue",
+]
+
+RunState = Literal["queued", "running", "success", "failed"]
+RUN_STATES: tuple[RunState, ...] = ("queued", "running", "success", "failed")
+
+
+def check_name(what: str, name: object) -> str:
+    """A task or consumer name: a non-empty str."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError(what, name, "a non-empty str")
+    if not name:
+        raise InvalidArgumentError(what, name, "must be a non-empty str")
+    return name
+
+
+def check_limit(limit: object, what: str = "limit") -> int:
+    """A count of runs or events: an int >= 1."""
+    if type(limit) is not int:
+        raise ArgumentTypeError(what, limit, "an int >= 1")
+    if limit < 1:
+        raise InvalidArgumentError(what, limit, "must be an int >= 1")
+    return limit
+
+
+def check_event_id(what: str, event_id: object, least: int) -> int:
+    """An event id (or a cursor position): an int >= ``least``."""
+    if type(event_id) is not int:
+        raise ArgumentTypeError(what, event_id, f"an int >= {least}")
+    if event_id < least:
+        raise InvalidArgumentError(what, event_id, f"must be an int >= {least}")
+    return event_id
+
+
+def check_state(state: object) -> None:
+    """A run state filter: ``None`` or one of :data:`RUN_STATES`."""
+    if state is not None and state not in RUN_STATES:
+        raise InvalidArgumentError("state", state, f"must be one of {', '.join(RUN_STATES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """What the store keeps of a declared task: its scheduled assets and its limits.
+
+    ``mode`` ``"all"`` runs the task once every scheduled asset has a new event, ``"any"``
+    once any has. ``max_tries`` is ``retries + 1``.
+    """
+
+    name: str
+    assets: tuple[str, ...]
+    mode: Literal["all", "any"] = "all"
+    max_events: int = 100
+    max_tries: int = 1
+
+    def __post_init__(self) -> None:
+        check_name("TaskSpec.name", self.name)
+        assets = tuple(self.assets)
+        if not assets or not all(isinstance(a, str) and a for a in assets):
+            raise InvalidArgumentError("TaskSpec.assets", assets, "must be non-empty asset names")
+        if len(set(assets)) != len(assets):
+            raise InvalidArgumentError("TaskSpec.assets", assets, "names an asset twice")
+        object.__setattr__(self, "assets", assets)
+        if self.mode not in ("all", "any"):
+            raise InvalidArgumentError("TaskSpec.mode", self.mode, "must be 'all' or 'any'")
+        check_limit(self.max_events, "TaskSpec.max_events")
+        check_limit(self.max_tries, "TaskSpec.max_tries")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A registered task: its spec, whether it is paused, its cursor and pending events per asset."""
+
+    spec: TaskSpec
+    paused: bool
+    cursors: Mapping[str, int]
+    pending: Mapping[str, int]
+    cursor_writers: Mapping[str, Writer | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """Why one try of a run failed: the error, its traceback (if any), and when."""
+
+    try_number: int
+    error: str
+    traceback: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    """One run of a task: the events it owns, its state, its current try and its lease.
+
+    ``events`` is filled by the calls that hand a run to a worker or show one run (claim,
+    get); listings leave it empty and give ``event_count``.
+    """
+
+    id: int
+    task: str
+    state: RunState
+    try_number: int
+    max_tries: int
+    event_count: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    not_before: datetime | None = None
+    lease_owner: str | None = None
+    lease_token: int = 0
+    lease_expires_at: datetime | None = None
+    errors: tuple[RunError, ...] = ()
+    outlet_event_ids: tuple[int, ...] = ()
+    events: tuple[AssetEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutletEvent:
+    """The event a successful run emits on one outlet asset (``payload_json``: JSON text)."""
+
+    asset: str
+    payload_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """One state write committed with a consumer's acknowledgement (JSON text, validated)."""
+
+    scope: StateScope
+    key: str
+    value_json: str
+
+
+@runtime_checkable
+class EventConsumers(Protocol):
+    """Named consumers with durable cursors on the event log."""
+
+    async def aconsumer_position(self, name: str) -> int:
+        """The id of the last event ``name`` acknowledged (0: none yet)."""
+        ...
+
+    async def aconsumer_fetch(
+        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
+    ) -> list[AssetEvent]:
+        """Up to ``limit`` events after ``name``'s cursor, in commit order (of ``assets``)."""
+        ...
+
+    async def aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        *,
+        state: Sequence[StateWrite] = (),
+        expected: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        """Move ``name``'s cursor to ``event_id`` and apply ``state``, in one transaction."""
+        ...
+
+
+@runtime_checkable
+class TaskQueue(Protocol):
+    """Task cursors, runs and run leases: what ``watchkeeper worker`` needs of a store."""
+
+    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None: ...
+
+    async def alist_tasks(self) -> list[TaskInfo]: ...
+
+    async def aset_task_paused(self, name: str, paused: bool) -> None: ...
+
+    async def arewind_task(
+        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    ) -> None: ...
+
+    async def acreate_run(self, name: str) -> TaskRun | None: ...
+
+    async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]:
+        """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
+        ...
+
+    async def aclaim_runs(
+        self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
+    ) -> list[TaskRun]: ...
+
+    async def aheartbeat_runs(
+        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
+    ) -> set[int]: ...
+
+    async def abreak_run_leases(self, owners: Sequence[str]) -> int: ...
+
+    async def afinish_run(
+        self,
+        run_id: int,
+        owner: str,
+        token: int,
+        *,
+        success: bool,
+        outlets: Sequence[OutletEvent] = (),
+        error: str | None = None,
+        traceback: str | None = None,
+        retry_delay: timedelta = timedelta(0),
+    ) -> TaskRun: ...
+
+    async def aget_run(self, run_id: int) -> TaskRun: ...
+
+    async def alist_runs(
+        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+    ) -> list[TaskRun]: ...
+
+    async def aretry_run(self, run_id: int) -> TaskRun: ...
+
+    async def await_events(self, after_id: int, wait: float) -> int:
+        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
+        ...
+
+
+def require_event_consumers(backend: object) -> EventConsumers:
+    """``backend`` as an :class:`EventConsumers`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, EventConsumers):
+        return backend
+    raise MissingCapabilityError(backend, "EventConsumers")
+
+
+def require_task_queue(backend: object) -> TaskQueue:
+    """``backend`` as a :class:`TaskQueue`, else :class:`MissingCapabilityError`."""
+    if isinstance(backend, TaskQueue):
+        return backend
+    raise MissingCapabilityError(backend, "TaskQueue")
+
+
+# -- the shared rules -----------------------------------------------------------------------------
+
+
+def plan_run(
+    spec: TaskSpec, pending: Mapping[str, Sequence[tuple[int, str]]]
+) -> tuple[list[tuple[int, str]], dict[str, int]] | None:
+    """Which events make the next run of ``spec``, and the cursors after it; ``None``: no run.
+
+    ``pending`` maps each scheduled asset to its events after the task's cursor, ``(id,
+    asset)`` in id order (at most ``max_events`` each are needed). ``"all"`` needs an event on
+    every asset, ``"any"`` on one. The run takes the oldest ``max_events`` events across the
+    assets, and each asset's cursor moves to the last of its events the run took.
+    """
+    have = [asset for asset in spec.assets if pending.get(asset)]
+    if not have or (spec.mode == "all" and len(have) != len(spec.assets)):
+        return None
+    merged = sorted(event for asset in have for event in pending[asset])[: spec.max_events]
+    cursors: dict[str, int] = {}
+    for event_id, asset in merged:
+        cursors[asset] = max(cursors.get(asset, 0), event_id)
+    return merged, cursors
+
+
+def after_failure(
+    try_number: int, max_tries: int, now: datetime, retry_delay: timedelta
+) -> tuple[RunState, datetime | None]:
+    """A failed try's run: queued again at ``now + retry_delay`` while tries remain, else failed."""
+    if try_number < max_tries:
+        return "queued", now + retry_delay
+    return "failed", None
+
+
+def lost_reason(
+    state: str,
+    lease_owner: str | None,
+    lease_token: int,
+    expires: datetime | None,
+    owner: str,
+    token: int,
+    now: datetime,
+) -> str | None:
+    """Why ``owner`` with ``token`` does not hold a run's lease at ``now`` (the fence of
+    ``afinish_run`` and ``aheartbeat_runs``); ``None`` when it does."""
+    if state != "running":
+        return f"the run is {state}"
+    if lease_owner != owner or lease_token != token:
+        return f"{lease_owner!r} holds it with token {lease_token}"
+    if expires is None or expires <= now:
+        return f"it expired at {expires.isoformat() if expires else '?'}"
+    return None
+
+
+def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
+    """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
+    return RunError(
+        try_number, f"the lease of worker {owner!r} lapsed: the try did not finish", None, now
+    )
+
+
+def errors_to_json(errors: Iterable[RunError]) -> str:
+    return json.dumps(
+        [
+            {
+                "try": e.try_number,
+                "error": e.error,
+                "traceback": e.traceback,
+                "at": e.at.isoformat(),
+            }
+            for e in errors
+        ]
+    )
+
+
+def errors_from_json(text: str | None) -> tuple[RunError, ...]:
+    if not text:
+        return ()
+    items: list[dict[str, Any]] = json.loads(text)
+    return tuple(
+        RunError(i["try"], i["error"], i["traceback"], datetime.fromisoformat(i["at"]))
+        for i in items
+    )
+
+
+def ids_to_json(ids: Iterable[int]) -> str:
+    return json.dumps(list(ids))
+
+
+def ids_from_json(text: str | None) -> tuple[int, ...]:
+    return tuple(json.loads(text)) if text else ()
+
+
+def encode_state_writes(
+    backend: Any, writes: Iterable[tuple[StateScope, str, JSONValue]]
+) -> list[StateWrite]:
+    """Validate ``(scope, key, value)`` triples as ``aset`` does; return them as JSON text."""
+    out: list[StateWrite] = []
+    for scope, key, value in writes:
+        put = backend._prepare_put(scope, key, value, None, None, None)
+        out.append(StateWrite(put.scope, put.key, put.value_json))
+    return out

@@ -1,0 +1,297 @@
+"""``TaskStoreBackend``: the rules of event consumers and task runs, written once over hooks.
+
+The built-in backends subclass it next to :class:`~._metastore.MetastoreBackend`, as they do
+:class:`~._controls.ControlsBackend`. Each public method checks the store is open, checks its
+arguments the same way for every backend, skips the round trip when there is nothing to do,
+and calls one ``_a<name>`` hook with arguments that are already valid. So a backend with these hooks is an :class:`~._tasks.EventConsumers` and a
+:class:`~._tasks.TaskQueue`; the rules of runs themselves are :mod:`._tasks`'.
+"""
+
+from __future__ import annotations
+
+import builtins
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from ._backend import BaseStateBackend
+from ._leases import check_owner, check_ttl
+from ._metastore import check_items
+from ._tasks import (
+    OutletEvent,
+    StateWrite,
+    TaskInfo,
+    TaskRun,
+    TaskSpec,
+    check_event_id,
+    check_limit,
+    check_name,
+    check_state,
+)
+from ._types import AssetEvent, Writer
+from .errors import ArgumentTypeError, InvalidArgumentError
+
+__all__ = ["TaskStoreBackend"]
+
+
+def _check_run_id(run_id: object) -> int:
+    return check_event_id("run_id", run_id, 1)
+
+
+def _check_names(what: str, names: object) -> builtins.list[str]:
+    return [check_name(what, n) for n in check_items(what, names, str, "str names")]
+
+
+class TaskStoreBackend(BaseStateBackend, ABC):
+    """Event consumers and the task queue, over ``_a<name>`` hooks (see the module docstring)."""
+
+    # -- event consumers ---------------------------------------------------------------------
+
+    async def aconsumer_position(self, name: str) -> int:
+        """The id of the last event ``name`` acknowledged (0: none yet)."""
+        self._check_open()
+        return await self._aconsumer_position(check_name("consumer name", name))
+
+    async def aconsumer_fetch(
+        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
+    ) -> builtins.list[AssetEvent]:
+        """Up to ``limit`` events after ``name``'s cursor, in commit order (of ``assets``)."""
+        self._check_open()
+        name, limit = check_name("consumer name", name), check_limit(limit)
+        only = None if assets is None else _check_names("assets", assets)
+        if only == []:
+            return []
+        return await self._aconsumer_fetch(name, only, limit)
+
+    async def aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        *,
+        state: Sequence[StateWrite] = (),
+        expected: int | None = None,
+        writer: Writer | None = None,
+    ) -> int:
+        """Move ``name``'s cursor to ``event_id`` and apply ``state``, in one transaction."""
+        self._check_open()
+        name = check_name("consumer name", name)
+        event_id = check_event_id("event_id", event_id, 0)
+        if expected is not None:
+            check_event_id("expected", expected, 0)
+        writes = check_items("state", state, StateWrite, "StateWrite objects")
+        checked = [w for w in writes if isinstance(w, StateWrite)]
+        return await self._aconsumer_ack(name, event_id, checked, expected, writer)
+
+    async def await_events(self, after_id: int, wait: float) -> int:
+        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
+        self._check_open()
+        check_event_id("after_id", after_id, 0)
+        if isinstance(wait, bool) or not isinstance(wait, int | float):
+            raise ArgumentTypeError("wait", wait, "a number of seconds")
+        if not wait >= 0:
+            raise InvalidArgumentError("wait", wait, "must be >= 0 seconds")
+        return await self._await_events(after_id, float(wait))
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
+        """Insert or update these tasks; a new task's cursors start at the end of the log."""
+        self._check_open()
+        batch = check_items("specs", specs, TaskSpec, "TaskSpec objects")
+        if batch:
+            await self._async_tasks([s for s in batch if isinstance(s, TaskSpec)])
+
+    async def alist_tasks(self) -> builtins.list[TaskInfo]:
+        """Every registered task with its cursors and pending events, by name."""
+        self._check_open()
+        return await self._alist_tasks()
+
+    async def aset_task_paused(self, name: str, paused: bool) -> None:
+        """Pause (no new runs, none claimed) or resume a task."""
+        self._check_open()
+        await self._aset_task_paused(check_name("task name", name), bool(paused))
+
+    async def arewind_task(
+        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    ) -> None:
+        """Move a task's cursor on ``asset`` back, so ``to_event_id`` and after run again."""
+        self._check_open()
+        name, asset = check_name("task name", name), check_name("asset", asset)
+        await self._arewind_task(name, asset, check_event_id("to_event_id", to_event_id, 1), writer)
+
+    async def acreate_run(self, name: str) -> TaskRun | None:
+        """The next run of ``name`` from its pending events; ``None``: nothing to run."""
+        created = await self.acreate_runs(name, 1)
+        return created[0] if created else None
+
+    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
+        """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
+        self._check_open()
+        name, max_runs = check_name("task name", name), check_limit(max_runs, "max_runs")
+        return await self._acreate_runs(name, max_runs)
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def aclaim_runs(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        ttl: timedelta | float,
+        tasks: Sequence[str] | None = None,
+    ) -> builtins.list[TaskRun]:
+        """Claim up to ``limit`` ready runs for ``owner`` under a lease of ``ttl``."""
+        self._check_open()
+        owner, span, limit = check_owner(owner), check_ttl(ttl), check_limit(limit)
+        only = None if tasks is None else _check_names("tasks", tasks)
+        if only == []:
+            return []
+        return await self._aclaim_runs(owner, limit, span, only)
+
+    async def aheartbeat_runs(
+        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
+    ) -> set[int]:
+        """Renew the leases ``owner`` holds on ``runs`` (``{run_id: token}``); return those held."""
+        self._check_open()
+        owner, span = check_owner(owner), check_ttl(ttl)
+        if not isinstance(runs, Mapping):
+            raise ArgumentTypeError("runs", runs, "a mapping of run ids to lease tokens")
+        held = {_check_run_id(r): check_event_id("token", t, 0) for r, t in runs.items()}
+        if not held:
+            return set()
+        return await self._aheartbeat_runs(owner, held, span)
+
+    async def abreak_run_leases(self, owners: Sequence[str]) -> int:
+        """Expire the run leases of ``owners`` now (dead workers); return how many."""
+        self._check_open()
+        names = sorted({check_owner(o) for o in check_items("owners", owners, str, "str owners")})
+        if not names:
+            return 0
+        return await self._abreak_run_leases(names)
+
+    async def afinish_run(
+        self,
+        run_id: int,
+        owner: str,
+        token: int,
+        *,
+        success: bool,
+        outlets: Sequence[OutletEvent] = (),
+        error: str | None = None,
+        traceback: str | None = None,
+        retry_delay: timedelta = timedelta(0),
+    ) -> TaskRun:
+        """Finish the try ``owner`` holds with ``token``: commit ``outlets`` on success, else
+        record ``error`` and queue a retry while tries remain (fenced by the lease)."""
+        self._check_open()
+        run_id, owner = _check_run_id(run_id), check_owner(owner)
+        token = check_event_id("token", token, 0)
+        emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
+        if not isinstance(retry_delay, timedelta):
+            raise ArgumentTypeError("retry_delay", retry_delay, "a timedelta")
+        if retry_delay < timedelta(0):
+            raise InvalidArgumentError("retry_delay", retry_delay, "must not be negative")
+        return await self._afinish_run(
+            run_id, owner, token, bool(success),
+            [o for o in emitted if isinstance(o, OutletEvent)], error, traceback, retry_delay,
+        )  # fmt: skip
+
+    async def aget_run(self, run_id: int) -> TaskRun:
+        """One run, with its events."""
+        self._check_open()
+        return await self._aget_run(_check_run_id(run_id))
+
+    async def alist_runs(
+        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+    ) -> builtins.list[TaskRun]:
+        """Runs, newest first (of ``task``, in ``state``, at most ``limit``), without events."""
+        self._check_open()
+        check_state(state)
+        name = None if task is None else check_name("task name", task)
+        count = None if limit is None else check_limit(limit)
+        return await self._alist_runs(name, state, count)
+
+    async def aretry_run(self, run_id: int) -> TaskRun:
+        """Queue a failed run again with one more try."""
+        self._check_open()
+        return await self._aretry_run(_check_run_id(run_id))
+
+    # -- hooks: called with checked arguments, on an open store --------------------------------
+
+    @abstractmethod
+    async def _aconsumer_position(self, name: str) -> int: ...
+
+    @abstractmethod
+    async def _aconsumer_fetch(
+        self, name: str, assets: builtins.list[str] | None, limit: int
+    ) -> builtins.list[AssetEvent]:
+        """``assets``: ``None`` (every asset) or at least one name."""
+
+    @abstractmethod
+    async def _aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        state: builtins.list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
+    ) -> int: ...
+
+    @abstractmethod
+    async def _await_events(self, after_id: int, wait: float) -> int: ...
+
+    @abstractmethod
+    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
+        """Upsert these specs (at least one)."""
+
+    @abstractmethod
+    async def _alist_tasks(self) -> builtins.list[TaskInfo]: ...
+
+    @abstractmethod
+    async def _aset_task_paused(self, name: str, paused: bool) -> None: ...
+
+    @abstractmethod
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
+    ) -> None: ...
+
+    @abstractmethod
+    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]: ...
+
+    @abstractmethod
+    async def _aclaim_runs(
+        self, owner: str, limit: int, ttl: timedelta, tasks: builtins.list[str] | None
+    ) -> builtins.list[TaskRun]:
+        """``tasks``: ``None`` (every task) or at least one name."""
+
+    @abstractmethod
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], ttl: timedelta) -> set[int]:
+        """Renew these leases (at least one)."""
+
+    @abstractmethod
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
+        """Expire the leases of these owners (distinct, sorted, at least one)."""
+
+    @abstractmethod
+    async def _afinish_run(
+        self,
+        run_id: int,
+        owner: str,
+        token: int,
+        success: bool,
+        outlets: builtins.list[OutletEvent],
+        error: str | None,
+        traceback: str | None,
+        retry_delay: timedelta,
+    ) -> TaskRun: ...
+
+    @abstractmethod
+    async def _aget_run(self, run_id: int) -> TaskRun: ...
+
+    @abstractmethod
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None
+    ) -> builtins.list[TaskRun]: ...
+
+    @abstractmethod
+    async def _aretry_run(self, run_id: int) -> TaskRun: ...

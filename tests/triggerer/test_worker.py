@@ -1,0 +1,193 @@
+"""The worker runtime in-process: schedules, context, outlets, retries, timeouts, fencing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import pytest
+from watchkeeper.store import (
+    AssetEvent,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    MetastoreBackend,
+    TaskRun,
+    encode_json,
+)
+from watchkeeper.triggerer import AnyOf, Asset, Worker, WorkerSettings, asset_task
+from watchkeeper.triggerer._worker import retry_delay_for
+
+A = Asset("a")
+B = Asset("b")
+OUT = Asset("out")
+FAST = WorkerSettings(concurrency=4, poll_interval=0.01, heartbeat_interval=0.5)
+
+
+async def emit(store: Any, asset: Asset, n: int = 1, start: int = 0) -> list[int]:
+    ids: list[int] = []
+    for i in range(start, start + n):
+        commit = EventCommit("w", (asset.name,), encode_json({"i": i}, what="payload"))
+        ids.extend(e.id for e in await store.acommit_event(commit))
+    return ids
+
+
+async def wait_runs(store: Any, task: str, state: str, count: int) -> list[TaskRun]:
+    with anyio.fail_after(20):
+        while True:
+            runs = await store.alist_runs(task=task, state=state)
+            if len(runs) >= count:
+                return list(runs)
+            await anyio.sleep(0.02)
+
+
+@pytest.fixture
+async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
+    """A built-in backend with the test assets registered."""
+    await backend.aregister_assets([A, B, OUT])
+    yield backend
+
+
+async def start(store: Any, tg: anyio.abc.TaskGroup, *tasks: Any) -> Worker:
+    worker = Worker(store, tasks, FAST)
+    await tg.start(worker.run)
+    return worker
+
+
+class TestExecution:
+    async def test_task_gets_its_events_and_context(self, store: Any) -> None:
+        """A run's context holds its events per asset, the run id and the try number."""
+        seen: list[dict[str, Any]] = []
+
+        @asset_task(schedule=[A])
+        def consume(
+            *, triggering_asset_events: dict[Asset, list[AssetEvent]], **context: Any
+        ) -> None:
+            seen.append(
+                {
+                    "payloads": [e.payload for e in triggering_asset_events[A]],
+                    "run_id": context["run_id"],
+                    "try": context["try_number"],
+                    "has_store": "asset_state_store" in context,
+                }
+            )
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, consume)
+            await store.aset_task_paused("consume", True)  # the three events make one run
+            await emit(store, A, 3)
+            await store.aset_task_paused("consume", False)
+            (run,) = await wait_runs(store, "consume", "success", 1)
+            tg.cancel_scope.cancel()
+        assert seen == [
+            {"payloads": [{"i": 0}, {"i": 1}, {"i": 2}], "run_id": str(run.id), "try": 1,
+             "has_store": True}
+        ]  # fmt: skip
+
+    async def test_async_task_and_outlet_chain(self, store: Any) -> None:
+        """An async task's outlet event, with the payload it set, triggers the chained task."""
+        got: list[object] = []
+
+        @asset_task(schedule=[A], outlets=[OUT])
+        async def first(*, triggering_asset_events: Any, outlet_events: Any, **_: Any) -> None:
+            outlet_events[OUT].extra = {"n": len(triggering_asset_events[A])}
+
+        @asset_task(schedule=[OUT])
+        def second(*, triggering_asset_events: Any, **_: Any) -> None:
+            got.extend(e.payload for e in triggering_asset_events[OUT])
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, first, second)
+            await store.aset_task_paused("first", True)
+            await emit(store, A, 2)
+            await store.aset_task_paused("first", False)
+            await wait_runs(store, "second", "success", 1)
+            tg.cancel_scope.cancel()
+        assert got == [{"n": 2}]
+
+    async def test_any_of_runs_on_either_asset(self, store: Any) -> None:
+        """An AnyOf task runs on an event of either asset; a list task waits for both."""
+
+        @asset_task(schedule=AnyOf(A, B))
+        def either(**_: Any) -> None:
+            pass
+
+        @asset_task(schedule=[A, B])
+        def both(**_: Any) -> None:
+            pass
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, either, both)
+            await emit(store, B)
+            await wait_runs(store, "either", "success", 1)
+            assert await store.alist_runs(task="both") == []
+            await emit(store, A)
+            await wait_runs(store, "both", "success", 1)
+            tg.cancel_scope.cancel()
+
+
+class TestFailures:
+    async def test_retry_sees_previous_try_state(self, store: Any) -> None:
+        """A retry runs with the next try number and reads what the failed try wrote."""
+        reads: list[object] = []
+
+        @asset_task(schedule=[A], retries=2, retry_delay=0.01)
+        def flaky(*, task_state_store: Any, try_number: int, **_: Any) -> None:
+            reads.append(task_state_store.get("progress"))
+            task_state_store.set("progress", try_number)
+            if try_number < 2:
+                raise RuntimeError("first try fails")
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, flaky)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "flaky", "success", 1)
+            tg.cancel_scope.cancel()
+        assert reads == [None, 1]
+        shown = await store.aget_run(run.id)
+        assert shown.try_number == 2
+        assert "RuntimeError: first try fails" in shown.errors[0].error
+        assert "Traceback" in (shown.errors[0].traceback or "")
+
+    async def test_execution_timeout_fails_the_try(self, store: Any) -> None:
+        """A try past execution_timeout fails; without retries the run is failed."""
+
+        @asset_task(schedule=[A], execution_timeout=0.05)
+        async def slow(**_: Any) -> None:
+            await anyio.sleep(30)
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, slow)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "slow", "failed", 1)
+            tg.cancel_scope.cancel()
+        assert "TimeoutError" in run.errors[0].error
+
+    def test_retry_delay_doubles_with_jitter(self) -> None:
+        """The retry delay doubles per try within ±20 %, capped at max_retry_delay."""
+
+        @asset_task(schedule=[A], retry_delay=timedelta(seconds=10))
+        def task(**_: Any) -> None:
+            pass
+
+        import random
+
+        rng = random.Random(1)
+        delays = [retry_delay_for(task, n, rng).total_seconds() for n in (1, 2, 3, 10)]
+        assert 8 <= delays[0] <= 12 and 16 <= delays[1] <= 24 and 32 <= delays[2] <= 48
+        assert 240 <= delays[3] <= 360
+
+
+class TestAuthoring:
+    def test_bad_declarations_are_refused(self) -> None:
+        """asset_task refuses an empty schedule, non-assets, and negative retries."""
+        with pytest.raises(ValueError, match="at least one"):
+            asset_task(schedule=[])
+        with pytest.raises(TypeError, match="Asset objects"):
+            asset_task(schedule=["a"])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="retries"):
+            asset_task(schedule=[A], retries=-1)
+        with pytest.raises(TypeError, match="Asset objects"):
+            AnyOf("a")  # type: ignore[arg-type]

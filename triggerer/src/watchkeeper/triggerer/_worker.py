@@ -1,0 +1,305 @@
+"""The worker: runs the ``asset_task`` tasks of the definition files on their assets' events.
+
+``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
+
+1. create runs for every task that has pending events (each creation moves the task's cursors
+   in the same transaction: see :class:`watchkeeper.store.backend.TaskQueue`);
+2. claim as many runs as it has free slots, under a lease (``[worker] lease_ttl``);
+3. execute each claimed run: a sync task in a thread (at most ``concurrency``), an async one
+   on the loop with a greenback portal, under ``execution_timeout``; then finish the run,
+   fenced by its lease token: success with the outlet events, or a failure retried after an
+   exponential, jittered delay;
+4. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite),
+   at most ``poll_interval``.
+
+A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
+cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
+the leases of dead worker processes of this host (as the triggerer does for its leases), so a
+restarted worker retries a killed worker's runs without waiting for the lease to lapse.
+Several workers may share one PostgreSQL database; on SQLite they serialise on the file.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import greenback
+from watchkeeper.store import (
+    BaseStateBackend,
+    RunLeaseLostError,
+    StateStoreError,
+    TaskScope,
+    build_task_context,
+)
+from watchkeeper.store.backend import (
+    AssetRegistry,
+    OutletEvent,
+    TaskQueue,
+    TaskRun,
+    encode_payload,
+    get_logger,
+    require_asset_registry,
+    require_task_queue,
+)
+
+from ._asset_task import AssetTask, OutletEvents
+from ._leases import daemon_identity, is_dead_local_owner
+from ._supervisor import describe_error
+from .settings import WorkerSettings
+
+__all__ = ["Worker", "retry_delay_for", "run_context"]
+
+log = get_logger(__name__)
+
+_JITTER = 0.2
+
+
+def retry_delay_for(
+    task: AssetTask, try_number: int, rng: random.Random | None = None
+) -> timedelta:
+    """The delay before the try after ``try_number``: ``retry_delay`` doubled per failed try,
+    capped at ``max_retry_delay``, varied by up to ±20 % so failed runs do not retry in step."""
+    base = task.retry_delay.total_seconds() * 2 ** max(0, try_number - 1)
+    base = min(base, task.max_retry_delay.total_seconds())
+    factor = 1 + _JITTER * (2 * (rng or random).random() - 1)
+    return timedelta(seconds=max(0.0, base * factor))
+
+
+def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dict[str, Any]:
+    """The context of one try of ``run``: ``build_task_context``'s plus the run's events."""
+    context = build_task_context(
+        backend,
+        dag_id=task.name,
+        run_id=str(run.id),
+        task_id=task.name,
+        try_number=run.try_number,
+        inlets=(*task.schedule, *task.inlets),
+        outlets=task.outlets,
+    )
+    context["triggering_asset_events"] = {
+        asset: [e for e in run.events if e.asset == asset.name] for asset in task.schedule
+    }
+    context["outlet_events"] = OutletEvents(task.outlets)
+    return context
+
+
+@dataclass(slots=True)
+class _InFlight:
+    token: int
+    scope: anyio.CancelScope
+
+
+class Worker:
+    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``."""
+
+    def __init__(
+        self,
+        backend: BaseStateBackend,
+        tasks: Sequence[AssetTask],
+        settings: WorkerSettings | None = None,
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.queue: TaskQueue = require_task_queue(backend)
+        self.registry: AssetRegistry = require_asset_registry(backend)
+        self.tasks = {task.name: task for task in tasks}
+        self.settings = settings or WorkerSettings()
+        self.owner = owner or daemon_identity()
+        self._limiter = anyio.CapacityLimiter(self.settings.concurrency)
+        self._running: dict[int, _InFlight] = {}
+        self._slot_freed = anyio.Event()
+        self._accepting = True
+        self.finished = 0
+
+    def __repr__(self) -> str:
+        return f"<Worker owner={self.owner!r} tasks={len(self.tasks)} running={len(self._running)}>"
+
+    @property
+    def ttl(self) -> float:
+        return self.settings.lease_seconds
+
+    async def declare(self) -> None:
+        """Register the tasks' assets and specs (idempotent; a new task starts at the log's end)."""
+        assets = {a.name: a for task in self.tasks.values() for a in task.assets}
+        if assets:
+            await self.registry.aregister_assets(list(assets.values()))
+        await self.queue.async_tasks([task.spec for task in self.tasks.values()])
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Declare the tasks, then create, claim and execute runs until cancelled."""
+        await self.declare()
+        log.info("worker_started", owner=self.owner, tasks=sorted(self.tasks))
+        async with anyio.create_task_group() as tg:
+            await self._free_dead_owners()
+            tg.start_soon(self._heartbeat)
+            task_status.started()
+            await self._loop(tg)
+
+    def stop_claiming(self) -> None:
+        """Take no new runs (a graceful stop lets the running ones finish)."""
+        self._accepting = False
+
+    async def drained(self) -> None:
+        """Return once no run is in flight."""
+        while self._running:
+            self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
+
+    async def _loop(self, tg: anyio.abc.TaskGroup) -> None:
+        last_seen = 0
+        names = sorted(self.tasks)
+        poll = self.settings.poll_interval
+        while True:
+            try:
+                if self._accepting:
+                    for name in names:
+                        # Bounded: a steady trickle of events must not starve the claims.
+                        await self.queue.acreate_runs(name, 2 * self.settings.concurrency)
+                    free = self.settings.concurrency - len(self._running)
+                    if free > 0:
+                        claimed = await self.queue.aclaim_runs(
+                            self.owner, limit=free, ttl=self.ttl, tasks=names
+                        )
+                        for run in claimed:
+                            scope = anyio.CancelScope()
+                            self._running[run.id] = _InFlight(run.lease_token, scope)
+                            tg.start_soon(self._execute, run, scope)
+                        if len(claimed) == free:
+                            continue  # more may be waiting: claim again once a slot frees
+                if len(self._running) >= self.settings.concurrency or not self._accepting:
+                    self._slot_freed = anyio.Event()
+                    with anyio.move_on_after(poll):
+                        await self._slot_freed.wait()
+                    continue
+                last_seen = await self.queue.await_events(last_seen, poll)
+            except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
+                log.warning("worker_store_error", error=describe_error(exc))
+                await anyio.sleep(max(poll, 1.0))
+
+    async def _execute(self, run: TaskRun, scope: anyio.CancelScope) -> None:
+        task = self.tasks[run.task]
+        token = run.lease_token
+        try:
+            with scope:
+                await self._try(task, run, token)
+        finally:
+            self._running.pop(run.id, None)
+            self._slot_freed.set()
+
+    async def _try(self, task: AssetTask, run: TaskRun, token: int) -> None:
+        log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
+        context = run_context(self.backend, task, run)
+        try:
+            timeout = task.execution_timeout
+            with anyio.fail_after(None if timeout is None else timeout.total_seconds()):
+                await self._call(task, context)
+            outlets = [
+                OutletEvent(
+                    a.name,
+                    encode_payload(
+                        context["outlet_events"][a].extra,
+                        max_payload_bytes=self.backend.max_payload_bytes,
+                    ),
+                )
+                for a in task.outlets
+            ]
+        except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
+            delay = retry_delay_for(task, run.try_number)
+            log.warning(
+                "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
+                error=describe_error(exc),
+            )  # fmt: skip
+            await self._finish(
+                run, token, success=False, error=describe_error(exc),
+                traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
+            )  # fmt: skip
+            return
+        await self._finish(run, token, success=True, outlets=outlets)
+        if task.clear_on_success:
+            await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
+
+    async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
+        if task.is_async:
+            return await greenback.with_portal_run(task.fn, **context)
+        return await anyio.to_thread.run_sync(
+            partial(task.fn, **context), limiter=self._limiter, abandon_on_cancel=True
+        )
+
+    async def _finish(self, run: TaskRun, token: int, **outcome: Any) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                done = await self.queue.afinish_run(run.id, self.owner, token, **outcome)
+            except RunLeaseLostError as exc:
+                log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
+                return
+            except StateStoreError as exc:
+                # Not recorded: the lease lapses and the run is tried again.
+                log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
+                return
+        self.finished += 1
+        log.info(
+            "run_finished", run_id=run.id, task=run.task, state=done.state,
+            try_number=run.try_number, events=run.event_count,
+        )  # fmt: skip
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while True:
+            await anyio.sleep(interval)
+            try:
+                held = {run_id: f.token for run_id, f in self._running.items()}
+                if held:
+                    kept = await self.queue.aheartbeat_runs(self.owner, held, self.ttl)
+                    for run_id in held.keys() - kept:
+                        flight = self._running.get(run_id)
+                        if flight is not None:
+                            log.warning("run_lease_lost", run_id=run_id, owner=self.owner)
+                            flight.scope.cancel()
+                await self._free_dead_owners()
+            except StateStoreError as exc:
+                log.warning("worker_store_error", error=describe_error(exc))
+
+    async def _free_dead_owners(self) -> None:
+        running = await self.queue.alist_runs(state="running")
+        dead = sorted(
+            {r.lease_owner for r in running if r.lease_owner and is_dead_local_owner(r.lease_owner)}
+        )
+        if dead:
+            count = await self.queue.abreak_run_leases(dead)
+            log.info("run_leases_freed", owners=dead, runs=count)
+
+
+async def run_worker(
+    backend: BaseStateBackend,
+    tasks: Sequence[AssetTask],
+    settings: WorkerSettings,
+    *,
+    stop_grace: float = 10.0,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+) -> None:
+    """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
+    stop claiming, give the runs in flight ``stop_grace`` seconds, and return."""
+    worker = Worker(backend, tasks, settings)
+    with anyio.open_signal_receiver(*signals) as received:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            async for signum in received:
+                log.info("worker_stopping", signal=signal.Signals(signum).name)
+                worker.stop_claiming()
+                with anyio.move_on_after(stop_grace):
+                    await worker.drained()
+                tg.cancel_scope.cancel()
+                break

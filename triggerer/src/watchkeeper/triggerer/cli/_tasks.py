@@ -1,0 +1,327 @@
+"""Subcommands of tasks on asset events: ``worker``, ``up``, ``tasks ...`` and ``runs ...``.
+
+``watchkeeper worker`` runs the ``asset_task`` tasks of the definition files (the watchers
+path) until SIGTERM or SIGINT; ``watchkeeper up`` runs a triggerer and a worker in one process
+on one store. ``tasks`` and ``runs`` read and steer what the workers do, through the store, so
+they work while workers run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import anyio
+from rich.table import Table
+from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import (
+    TaskInfo,
+    TaskQueue,
+    TaskRun,
+    get_logger,
+)
+
+from .._asset_task import AssetTask
+from .._task_loader import load_tasks
+from .._watcher_files import unload_watchers
+from .._worker import Worker, run_worker
+from ..daemon import Daemon
+from ..settings import Settings
+from ._common import (
+    CommandError,
+    UsageError,
+    cli_writer,
+    compact_json,
+    console,
+    emit,
+    emit_json,
+    int_at_least,
+    json_flag,
+    open_backend,
+    run_async,
+    store_handler,
+)
+from ._runtime import with_triggerer_options
+
+__all__ = ["register", "run_record"]
+
+if TYPE_CHECKING:
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+log = get_logger(__name__)
+
+
+def _queue(backend: BaseStateBackend) -> TaskQueue:
+    if not isinstance(backend, TaskQueue):
+        raise CommandError(f"{type(backend).__name__} does not support tasks")
+    return backend
+
+
+def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
+    path = Path(settings.triggerer.watchers_path)
+    if not path.is_dir():
+        raise UsageError(
+            f"watchers path {str(path)!r} is not a directory "
+            "(use --watchers-path or [triggerer] watchers_path)"
+        )
+    tasks, _ = load_tasks(path)  # refusals are logged
+    return tasks
+
+
+# -- watchkeeper worker / up ---------------------------------------------------------------------
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    settings = with_triggerer_options(settings, args)
+    tasks = _load_tasks(settings)
+    if not tasks:
+        raise UsageError(
+            f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
+        )
+    backend = open_backend(settings)
+
+    async def main() -> None:
+        async with backend:
+            await run_worker(
+                backend, tasks, settings.worker, stop_grace=settings.triggerer.stop_grace
+            )
+
+    try:
+        run_async(main)
+    finally:
+        unload_watchers()
+    return 0
+
+
+async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
+    """A triggerer and a worker on one store until SIGTERM or SIGINT; both stop cleanly.
+
+    The tasks are declared before the triggerer starts, so no event its watchers commit
+    comes before a task's cursor.
+    """
+    backend = open_backend(settings)
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        async with backend:
+            worker = Worker(backend, tasks, settings.worker)
+            await worker.declare()
+            async with (
+                Daemon(settings, backend=backend, tune_gc=True),
+                anyio.create_task_group() as tg,
+            ):
+                await tg.start(worker.run)
+                async for signum in received:
+                    log.info("up_stopping", signal=signal.Signals(signum).name)
+                    worker.stop_claiming()
+                    with anyio.move_on_after(settings.triggerer.stop_grace):
+                        await worker.drained()
+                    tg.cancel_scope.cancel()
+                    break
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
+    settings = with_triggerer_options(settings, args)
+    tasks = _load_tasks(settings)
+    try:
+        run_async(functools.partial(run_up, settings, tasks))
+    finally:
+        unload_watchers()
+    return 0
+
+
+# -- watchkeeper tasks ---------------------------------------------------------------------------
+
+
+def _task_record(info: TaskInfo) -> dict[str, Any]:
+    spec = info.spec
+    return {
+        "task": spec.name,
+        "schedule": list(spec.assets),
+        "mode": spec.mode,
+        "paused": info.paused,
+        "pending": dict(info.pending),
+        "cursors": dict(info.cursors),
+        "max_events_per_run": spec.max_events,
+        "retries": spec.max_tries - 1,
+    }
+
+
+async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    infos = await _queue(backend).alist_tasks()
+    if args.json:
+        for info in infos:
+            emit_json(_task_record(info))
+        return 0
+    if not infos:
+        emit("no tasks registered (a worker registers its tasks when it starts)")
+        return 0
+    table = Table("task", "schedule", "pending", "paused", title="tasks")
+    for info in infos:
+        names = ", ".join(info.spec.assets)
+        schedule = f"AnyOf({names})" if info.spec.mode == "any" else f"[{names}]"
+        pending = " ".join(f"{a}={n}" for a, n in info.pending.items())
+        table.add_row(info.name, schedule, pending, "yes" if info.paused else "no")
+    console().print(table)
+    return 0
+
+
+async def _tasks_pause(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    paused = args.tasks_command == "pause"
+    await _queue(backend).aset_task_paused(args.name, paused)
+    emit(f"task {args.name!r} {'paused' if paused else 'resumed'}")
+    return 0
+
+
+async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    await _queue(backend).arewind_task(args.name, args.asset, args.to_event, writer=cli_writer())
+    emit(
+        f"task {args.name!r}: events of {args.asset!r} from id {args.to_event} will be redelivered"
+    )
+    return 0
+
+
+# -- watchkeeper runs ----------------------------------------------------------------------------
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
+    """A run as JSON data (``runs list --json``, ``runs show --json``)."""
+    duration = None
+    if run.started_at is not None and run.finished_at is not None:
+        duration = (run.finished_at - run.started_at).total_seconds()
+    record: dict[str, Any] = {
+        "run_id": run.id,
+        "task": run.task,
+        "state": run.state,
+        "try_number": run.try_number,
+        "max_tries": run.max_tries,
+        "events": run.event_count,
+        "created_at": _iso(run.created_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "duration_seconds": duration,
+        "lease_owner": run.lease_owner,
+        "outlet_event_ids": list(run.outlet_event_ids),
+        "errors": [
+            {"try": e.try_number, "error": e.error, "traceback": e.traceback, "at": _iso(e.at)}
+            for e in run.errors
+        ],
+    }
+    if events:
+        record["event_list"] = [
+            {"id": e.id, "asset": e.asset, "watcher": e.watcher, "payload": e.payload}
+            for e in run.events
+        ]
+    return record
+
+
+async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    runs = await _queue(backend).alist_runs(task=args.task, state=args.state, limit=args.limit)
+    if args.json:
+        for run in runs:
+            emit_json(run_record(run))
+        return 0
+    if not runs:
+        emit("no runs")
+        return 0
+    table = Table(
+        "run", "task", "state", "try", "events", "created_at", "finished_at", title="runs"
+    )
+    for run in runs:
+        table.add_row(
+            str(run.id), run.task, run.state, str(run.try_number), str(run.event_count),
+            run.created_at.isoformat(), _iso(run.finished_at) or "",
+        )  # fmt: skip
+    console().print(table)
+    return 0
+
+
+async def _runs_show(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    run = await _queue(backend).aget_run(args.run_id)
+    record = run_record(run, events=True)
+    if args.json:
+        emit_json(record)
+        return 0
+    for key in ("run_id", "task", "state", "try_number", "max_tries", "events", "created_at",
+                "started_at", "finished_at", "duration_seconds", "lease_owner"):  # fmt: skip
+        emit(f"{key}: {record[key] if record[key] is not None else ''}")
+    emit("event ids: " + compact_json([e["id"] for e in record["event_list"]]))
+    for error in record["errors"]:
+        emit(f"try {error['try']} failed at {error['at']}: {error['error']}")
+        if error["traceback"]:
+            emit(error["traceback"].rstrip())
+    return 0
+
+
+async def _runs_retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    run = await _queue(backend).aretry_run(args.run_id)
+    emit(f"run {run.id} queued for try {run.try_number + 1}")
+    return 0
+
+
+# -- the parsers ---------------------------------------------------------------------------------
+
+
+def _runtime_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--watchers-path", type=Path, metavar="DIR", help="overrides [triggerer] watchers_path"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="TOML settings file (as the global --config)",
+    )
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``worker``, ``up``, ``tasks`` and ``runs`` to the ``watchkeeper`` parser."""
+    worker = subparsers.add_parser("worker", help="run the asset_task tasks of the definitions")
+    _runtime_options(worker)
+    worker.set_defaults(handler=_worker)
+
+    up = subparsers.add_parser("up", help="run a triggerer and a worker in one process")
+    _runtime_options(up)
+    up.set_defaults(handler=_up)
+
+    tasks = subparsers.add_parser("tasks", help="tasks on asset events")
+    actions = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
+    list_ = actions.add_parser("list", help="tasks, their schedule and pending events")
+    json_flag(list_, "one task per line")
+    list_.set_defaults(handler=store_handler(_tasks_list))
+    for name, text in (("pause", "create no new run of a task"), ("resume", "undo pause")):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("name", metavar="NAME")
+        action.set_defaults(handler=store_handler(_tasks_pause))
+    rewind = actions.add_parser("rewind", help="redeliver past events of one asset to a task")
+    rewind.add_argument("name", metavar="NAME")
+    rewind.add_argument("--asset", required=True, metavar="A", help="a scheduled asset")
+    rewind.add_argument(
+        "--to-event", required=True, type=int_at_least(1), metavar="ID",
+        help="redeliver the events from this id on",
+    )  # fmt: skip
+    rewind.set_defaults(handler=store_handler(_tasks_rewind))
+
+    runs = subparsers.add_parser("runs", help="runs of tasks")
+    actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    rlist = actions.add_parser("list", help="runs, newest first")
+    rlist.add_argument("--task", metavar="NAME", help="only this task's runs")
+    rlist.add_argument(
+        "--state", choices=("queued", "running", "success", "failed"), help="only runs in it"
+    )
+    rlist.add_argument("--limit", type=int_at_least(1), default=100, metavar="N")
+    json_flag(rlist, "one run per line")
+    rlist.set_defaults(handler=store_handler(_runs_list))
+    show = actions.add_parser("show", help="one run: its events, tries, errors, durations")
+    show.add_argument("run_id", type=int_at_least(1), metavar="RUN_ID")
+    json_flag(show, "the run")
+    show.set_defaults(handler=store_handler(_runs_show))
+    retry = actions.add_parser("retry", help="queue a failed run for one more try")
+    retry.add_argument("run_id", type=int_at_least(1), metavar="RUN_ID")
+    retry.set_defaults(handler=store_handler(_runs_retry))
