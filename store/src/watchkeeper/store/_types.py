@@ -344,7 +344,9 @@ class EventBatchCommit:
             events = tuple(events)
             object.__setattr__(self, "events", events)
         if not events:
-            raise ValueError("EventBatchCommit needs at least one event")
+            raise InvalidArgumentError(
+                "EventBatchCommit.events", events, "a batch needs at least one event", show=False
+            )
         for index, event in enumerate(events):
             # Checked here, once: a malformed pair would otherwise fail half-way in a driver.
             if (
@@ -353,14 +355,17 @@ class EventBatchCommit:
                 or type(event[0]) is not str
                 or (event[1] is not None and type(event[1]) is not str)
             ):
-                raise TypeError(
-                    f"EventBatchCommit.events[{index}] must be a (payload_json: str, "
-                    f"dedup_key: str | None) tuple, got {type(event).__name__}"
+                raise ArgumentTypeError(
+                    f"EventBatchCommit.events[{index}]",
+                    event,
+                    "a (payload_json: str, dedup_key: str | None) tuple",
                 )
         if self.decoded is not None and len(self.decoded) != len(events):
-            raise ValueError(
-                f"EventBatchCommit has {len(self.decoded)} decoded payloads for "
-                f"{len(events)} events"
+            raise InvalidArgumentError(
+                "EventBatchCommit.decoded",
+                self.decoded,
+                f"{len(self.decoded)} decoded payloads for {len(events)} events",
+                show=False,
             )
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
