@@ -21,7 +21,13 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, EventCommit, TriggerStatus, encode_json
+from watchkeeper.store.backend import (
+    DaemonStatus,
+    EventCommit,
+    TaskSpec,
+    TriggerStatus,
+    encode_json,
+)
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -120,6 +126,10 @@ class TestAuthentication:
         ("POST", "/api/v1/watchers/feed/resume"),
         ("POST", "/api/v1/watchers/feed/retry"),
         ("GET", "/api/v1/daemons"),
+        ("GET", "/api/v1/tasks"),
+        ("GET", "/api/v1/runs"),
+        ("GET", "/api/v1/runs/1"),
+        ("POST", "/api/v1/runs/1/retry"),
     ]
 
     @pytest.mark.parametrize(("method", "path"), ROUTES)
@@ -171,7 +181,14 @@ class TestAuthentication:
         async with api.client("reader") as client:
             doc = (await client.get("/api/v1/openapi.json")).json()
         assert doc["openapi"].startswith("3.")
-        for path in ("/api/v1/assets/{name}/state/{key}", "/api/v1/events/stream"):
+        for path in (
+            "/api/v1/assets/{name}/state/{key}",
+            "/api/v1/events/stream",
+            "/api/v1/tasks",
+            "/api/v1/runs",
+            "/api/v1/runs/{run_id}",
+            "/api/v1/runs/{run_id}/retry",
+        ):
             assert path in doc["paths"]
 
 
@@ -191,6 +208,10 @@ class TestAssetScopes:
         ("GET", "/api/v1/watchers"),
         ("POST", "/api/v1/watchers/feed/pause"),
         ("GET", "/api/v1/daemons"),
+        ("GET", "/api/v1/tasks"),
+        ("GET", "/api/v1/runs"),
+        ("GET", "/api/v1/runs/1"),
+        ("POST", "/api/v1/runs/1/retry"),
         ("GET", "/api/v1/assets/orders_eu/state/wm"),
         ("PUT", "/api/v1/assets/orders_eu/state/wm"),
     ]
@@ -418,3 +439,82 @@ class TestWatchersAndDaemons:
             (daemon,) = (await client.get("/api/v1/daemons")).json()["daemons"]
         assert (daemon["owner"], daemon["state"], daemon["leases"]) == ("d1", "running", 2)
         assert 0 <= daemon["heartbeat_age_seconds"] < 60
+
+
+class TestTasksAndRuns:
+    @pytest.fixture
+    async def runs(self, api: Api) -> tuple[int, int]:
+        """Task ``load`` on orders with one failed run and one queued run, and ``idle`` paused
+        with two pending events on bills: (failed id, queued id)."""
+        backend = api.backend
+        await backend.async_tasks(
+            [TaskSpec("load", ("orders",), max_events=1), TaskSpec("idle", ("bills",))]
+        )
+        await backend.aset_task_paused("idle", True)
+        for n in range(2):
+            await api.commit("orders", n)
+            await api.commit("bills", n)
+        first = await backend.acreate_run("load")
+        assert first is not None
+        (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.afinish_run(
+            claimed.id, "w1", claimed.lease_token, success=False, error="boom"
+        )
+        second = await backend.acreate_run("load")
+        assert second is not None
+        return first.id, second.id
+
+    async def test_read_token_lists_tasks_with_pending_events(
+        self, api: Api, runs: tuple[int, int]
+    ) -> None:
+        """GET /tasks gives each task's assets, its pending events per asset and paused."""
+        async with api.client("reader") as client:
+            response = await client.get("/api/v1/tasks")
+        assert response.status_code == 200
+        tasks = {t["name"]: t for t in response.json()["tasks"]}
+        assert tasks["idle"]["paused"] is True and tasks["idle"]["pending"] == {"bills": 2}
+        assert tasks["load"]["paused"] is False and tasks["load"]["pending"] == {"orders": 0}
+
+    async def test_runs_filter_by_task_and_state(self, api: Api, runs: tuple[int, int]) -> None:
+        """GET /runs filters by ?task= and ?state=, and refuses an unknown state with 400."""
+        failed, queued = runs
+        async with api.client("reader") as client:
+            every = (await client.get("/api/v1/runs")).json()["runs"]
+            only_failed = (await client.get("/api/v1/runs?task=load&state=failed")).json()
+            other = (await client.get("/api/v1/runs?task=idle")).json()
+            bad = await client.get("/api/v1/runs?state=lost")
+        assert sorted(r["id"] for r in every) == sorted([failed, queued])
+        assert [r["id"] for r in only_failed["runs"]] == [failed]
+        assert only_failed["runs"][0]["errors"][0]["error"] == "boom"
+        assert other["runs"] == []
+        assert bad.status_code == 400 and set(bad.json()) == {"error", "detail"}
+
+    async def test_run_detail_has_its_events(self, api: Api, runs: tuple[int, int]) -> None:
+        """GET /runs/{id} shows the run with its events; an unknown id is a JSON 404."""
+        failed, _ = runs
+        async with api.client("reader") as client:
+            detail = await client.get(f"/api/v1/runs/{failed}")
+            missing = await client.get("/api/v1/runs/999")
+            malformed = await client.get("/api/v1/runs/abc")
+        assert detail.status_code == 200
+        body = detail.json()
+        assert body["state"] == "failed" and body["task"] == "load"
+        assert [e["asset"] for e in body["events"]] == ["orders"]
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+        assert malformed.status_code == 400
+
+    async def test_retry_needs_operate(self, api: Api, runs: tuple[int, int]) -> None:
+        """A read token may not retry (403); an operate token queues a failed run again (202)
+        and gets 409 for a run that has not failed."""
+        failed, queued = runs
+        async with api.client("reader") as client:
+            refused = await client.post(f"/api/v1/runs/{failed}/retry")
+        async with api.client("ops") as client:
+            retried = await client.post(f"/api/v1/runs/{failed}/retry")
+            again = await client.post(f"/api/v1/runs/{queued}/retry")
+            missing = await client.post("/api/v1/runs/999/retry")
+        assert refused.status_code == 403
+        assert retried.status_code == 202 and retried.json()["state"] == "queued"
+        assert (await api.backend.aget_run(failed)).state == "queued"
+        assert again.status_code == 409 and again.json()["error"] == "conflict"
+        assert missing.status_code == 404

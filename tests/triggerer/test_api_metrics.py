@@ -10,15 +10,15 @@ import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus, encode_json
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 
@@ -142,6 +142,51 @@ class TestCollector:
         assert value(found, "watchkeeper_events_total", asset="orders", watcher="feed") == 9
         assert value(found, "watchkeeper_watcher_state", watcher="feed", state="backing_off") == 1
         assert "watchkeeper_commit_seconds_count" not in found
+
+
+class TestTaskMetrics:
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    async def test_task_runs_and_pending_events(self, tmp_path: Path, kind: str) -> None:
+        """With tasks in the store, /metrics counts runs per task and state and the events
+        each task has not yet taken, per scheduled asset."""
+        opened: BaseStateBackend = (
+            MemoryStateBackend() if kind == "memory" else SqliteStateBackend(tmp_path / "s.db")
+        )
+        async with opened as backend:
+            store: Any = backend
+            await store.aregister_assets([ORDERS, BILLS])
+            await store.async_tasks(
+                [TaskSpec("load", ("orders", "bills"), mode="any", max_events=2)]
+            )
+            for i in range(3):
+                commit = EventCommit("w", ("orders",), encode_json({"i": i}, what="payload"))
+                await store.acommit_event(commit)
+            await store.acreate_run("load")
+            (run,) = await store.aclaim_runs("me", limit=1, ttl=30)
+            await store.afinish_run(run.id, "me", run.lease_token, success=True)
+            await store.acreate_run("load")
+            metrics = Metrics(backend)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+        assert value(found, "watchkeeper_task_runs_total", task="load", state="success") == 1
+        assert value(found, "watchkeeper_task_runs_total", task="load", state="queued") == 1
+        assert value(found, "watchkeeper_task_runs_total", task="load", state="failed") == 0
+        assert value(found, "watchkeeper_task_pending_events", task="load", asset="orders") == 0
+        assert value(found, "watchkeeper_task_pending_events", task="load", asset="bills") == 0
+
+    async def test_pending_events_before_any_run(self, tmp_path: Path) -> None:
+        """Events committed after a task is registered show as pending until a run takes them."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.aregister_assets([ORDERS])
+            await backend.async_tasks([TaskSpec("load", ("orders",))])
+            for i in range(4):
+                commit = EventCommit("w", ("orders",), encode_json({"i": i}, what="payload"))
+                await backend.acommit_event(commit)
+            metrics = Metrics(backend)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+        assert value(found, "watchkeeper_task_pending_events", task="load", asset="orders") == 4
+        assert value(found, "watchkeeper_task_runs_total", task="load", state="queued") == 0
 
 
 class TestInDaemon:

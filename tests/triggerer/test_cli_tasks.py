@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from anyio.abc import Process
 from watchkeeper.store import (
@@ -44,6 +46,12 @@ DEFINITIONS = textwrap.dedent(
 )
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.db = tmp_path / "state.db"
@@ -51,6 +59,7 @@ class Env:
         self.defs.mkdir()
         (self.defs / "tasks.py").write_text(DEFINITIONS)
         self.cwd = tmp_path
+        self.api_port = _free_port()
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
@@ -59,6 +68,7 @@ class Env:
                 "WATCHKEEPER__DATABASE__URL": f"sqlite:///{self.db}",
                 "WATCHKEEPER__WORKER__POLL_INTERVAL": "0.02",
                 "WATCHKEEPER__LOGGING__FORMAT": "json",
+                "WATCHKEEPER__API__PORT": str(self.api_port),
                 "COLUMNS": "200",
             }
         )
@@ -147,6 +157,31 @@ class TestWorkerCommand:
             status = await stop(process)
         assert status == 0
         assert statuses.returncode == 0
+
+    async def test_up_serves_the_api(self, env: Env) -> None:
+        """With ``[api] enabled``, ``up`` serves /healthz and /metrics (with the task series)
+        on its port, and still exits 0 on SIGTERM."""
+        process = await env.start("up")
+        try:
+            await wait_registered(env)
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{env.api_port}", timeout=5
+            ) as client:
+                with anyio.fail_after(30):
+                    while True:
+                        try:
+                            health = await client.get("/healthz")
+                            break
+                        except httpx.TransportError:
+                            await anyio.sleep(0.1)
+                metrics = await client.get("/metrics")
+        finally:
+            status = await stop(process)
+        assert health.status_code == 200
+        assert 'watchkeeper_task_pending_events{task="build_report",asset="orders"}' in (
+            metrics.text
+        )
+        assert status == 0
 
     async def test_worker_without_tasks_is_a_usage_error(self, env: Env, tmp_path: Path) -> None:
         """A definitions folder without any asset_task is refused with one line."""

@@ -28,6 +28,7 @@ from ._log import get_logger
 from ._metastore import MetastoreBackend
 from ._redact import redact_dsn, redact_secrets
 from ._tasks import (
+    RUN_STATES,
     EventConsumers,
     OutletEvent,
     RunError,
@@ -69,6 +70,7 @@ from .errors import MissingCapabilityError
 
 __all__ = [
     "CAPABILITIES",
+    "RUN_STATES",
     "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",

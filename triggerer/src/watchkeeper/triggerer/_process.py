@@ -21,7 +21,7 @@ from watchkeeper.store.backend import get_logger
 from .daemon import Daemon
 from .settings import Settings
 
-__all__ = ["SHUTDOWN_STUCK_EXIT", "run_daemon"]
+__all__ = ["SHUTDOWN_STUCK_EXIT", "run_daemon", "start_api"]
 
 log = get_logger(__name__)
 
@@ -74,7 +74,7 @@ async def run_daemon(
                             anyio.create_task_group() as api_tg,
                         ):
                             if settings.api.enabled:
-                                await _start_api(api_tg, d)
+                                await start_api(api_tg, d)
                             started.set()
                             await stop.wait()
                             api_tg.cancel_scope.cancel()  # the API stops first, then the daemon
@@ -89,7 +89,7 @@ async def run_daemon(
         raise error
 
 
-async def _start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
+async def start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
     """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
     run without it (they matter more than the API)."""
     from .api import ApiListenError, serve_api  # the web stack loads only when it serves

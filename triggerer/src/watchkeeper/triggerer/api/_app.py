@@ -31,6 +31,8 @@ from watchkeeper.store import (
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
+    RunNotFoundError,
+    RunStateError,
     StateEntry,
     StateStoreError,
     StoreUnavailableError,
@@ -39,8 +41,12 @@ from watchkeeper.store import (
     VersionConflictError,
 )
 from watchkeeper.store.backend import (
+    RUN_STATES,
     LeaseTable,
     OperatorControls,
+    TaskInfo,
+    TaskQueue,
+    TaskRun,
     Writer,
     get_logger,
     require_asset_registry,
@@ -102,6 +108,13 @@ class ApiContext:
     """Set when the server stops: live streams end."""
     task_group: anyio.abc.TaskGroup | None = None
     """The server's task group (set by :func:`~._server.serve_api`): for heartbeat kicks."""
+
+    @property
+    def tasks(self) -> TaskQueue:
+        backend = self.backend
+        if not isinstance(backend, TaskQueue):
+            raise ApiError(501, "not_supported", f"{type(backend).__name__} keeps no tasks")
+        return backend
 
     @property
     def controls(self) -> OperatorControls:
@@ -553,6 +566,105 @@ async def list_daemons(request: Request) -> Response:
     )
 
 
+# -- tasks and runs -------------------------------------------------------------------------------
+
+
+def _task(info: TaskInfo) -> dict[str, Any]:
+    spec = info.spec
+    return {
+        "name": spec.name,
+        "assets": list(spec.assets),
+        "mode": spec.mode,
+        "max_events": spec.max_events,
+        "max_tries": spec.max_tries,
+        "paused": info.paused,
+        "pending": {asset: info.pending.get(asset, 0) for asset in spec.assets},
+        "cursors": {asset: info.cursors.get(asset, 0) for asset in spec.assets},
+    }
+
+
+def _run(run: TaskRun) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "task": run.task,
+        "state": run.state,
+        "try_number": run.try_number,
+        "max_tries": run.max_tries,
+        "event_count": run.event_count,
+        "created_at": _iso(run.created_at),
+        "updated_at": _iso(run.updated_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "not_before": _iso(run.not_before),
+        "lease_owner": run.lease_owner,
+        "lease_expires_at": _iso(run.lease_expires_at),
+        "errors": [
+            {"try": e.try_number, "error": e.error, "traceback": e.traceback, "at": _iso(e.at)}
+            for e in run.errors
+        ],
+        "outlet_event_ids": list(run.outlet_event_ids),
+    }
+
+
+def _run_id(request: Request) -> int:
+    raw = request.path_params["run_id"]
+    if not raw.isdigit() or int(raw) < 1:
+        raise ApiError(400, "bad_request", f"a run id is an integer >= 1, got {raw!r}")
+    return int(raw)
+
+
+async def _tasks_principal(request: Request, what: str) -> Principal:
+    principal = await authenticate(request)
+    _require(principal.can_see_watchers(), principal, f"{what} (needs read or operate)")
+    return principal
+
+
+async def list_tasks(request: Request) -> Response:
+    await _tasks_principal(request, "list tasks")
+    infos = await _ctx(request).tasks.alist_tasks()
+    return JSONResponse({"tasks": [_task(info) for info in infos]})
+
+
+async def list_runs(request: Request) -> Response:
+    await _tasks_principal(request, "list runs")
+    task = request.query_params.get("task") or None
+    state = request.query_params.get("state") or None
+    if state is not None and state not in RUN_STATES:
+        raise ApiError(
+            400, "bad_request", f"state must be one of {', '.join(RUN_STATES)}, got {state!r}"
+        )
+    limit = _int_param(request, "limit", 100, 1, MAX_PAGE)
+    runs = await _ctx(request).tasks.alist_runs(task=task, state=state, limit=limit)
+    return JSONResponse({"runs": [_run(run) for run in runs]})
+
+
+async def run_detail(request: Request) -> Response:
+    principal = await _tasks_principal(request, "read runs")
+    run_id = _run_id(request)
+    try:
+        run = await _ctx(request).tasks.aget_run(run_id)
+    except RunNotFoundError:
+        raise ApiError(404, "not_found", f"no run with id {run_id}") from None
+    body = _run(run)
+    if principal.can_read():  # the events' payloads are asset data: read scope only
+        body["events"] = [_event(e) for e in run.events]
+    return JSONResponse(body)
+
+
+async def retry_run(request: Request) -> Response:
+    principal = await authenticate(request)
+    _require(principal.can_operate(), principal, "retry runs (needs operate)")
+    run_id = _run_id(request)
+    try:
+        run = await _ctx(request).tasks.aretry_run(run_id)
+    except RunNotFoundError:
+        raise ApiError(404, "not_found", f"no run with id {run_id}") from None
+    except RunStateError as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    log.info("run_control", run=run_id, action="retry", by=principal.writer_name)
+    return JSONResponse(_run(run), status_code=202)
+
+
 # -- errors and the app ---------------------------------------------------------------------------
 
 
@@ -613,6 +725,10 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/watchers/{{name}}/resume", _control("resume"), methods=["POST"]),
         Route(f"{v1}/watchers/{{name}}/retry", _control("retry"), methods=["POST"]),
         Route(f"{v1}/daemons", list_daemons),
+        Route(f"{v1}/tasks", list_tasks),
+        Route(f"{v1}/runs", list_runs),
+        Route(f"{v1}/runs/{{run_id}}", run_detail),
+        Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),
         Mount(
             "/static",
             app=StaticFiles(packages=[("watchkeeper.triggerer.api", "static")]),

@@ -23,7 +23,7 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import StatusTable, TriggerStatus
+from watchkeeper.store.backend import RUN_STATES, StatusTable, TaskQueue, TriggerStatus
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -87,12 +87,29 @@ class Metrics:
         self.max_watcher_series = max_watcher_series
         self.lag = lag
         self._statuses: list[TriggerStatus] = []
+        self._run_counts: dict[tuple[str, str], int] | None = None
+        self._pending: list[tuple[str, str, int]] = []
         self._labels: dict[str, str] = {}  # watcher name -> its escaped label text
 
     async def prepare(self) -> None:
         """Read the status rows when no runner is in this process (``watchkeeper api``)."""
         if self.runner is None and isinstance(self.backend, StatusTable):
             self._statuses = await self.backend.alist_trigger_status()
+        backend = self.backend
+        if isinstance(backend, TaskQueue):
+            tasks = await backend.alist_tasks()
+            counts: dict[tuple[str, str], int] = {}
+            for info in tasks:
+                for state in RUN_STATES:
+                    counts[(info.name, state)] = 0
+            for run in await backend.alist_runs():
+                counts[(run.task, run.state)] = counts.get((run.task, run.state), 0) + 1
+            self._run_counts = counts
+            self._pending = [
+                (info.name, asset, info.pending.get(asset, 0))
+                for info in tasks
+                for asset in info.spec.assets
+            ]
 
     # -- the collector ------------------------------------------------------------------------
 
@@ -251,6 +268,26 @@ class Metrics:
                 "gauge",
                 "Watcher leases this daemon holds.",
                 [f"watchkeeper_leases_held {held}\n"],
+            )
+        if self._run_counts is not None:
+            family(
+                "watchkeeper_task_runs_total",
+                "counter",
+                "Runs of the task in the store, by state.",
+                [
+                    f'watchkeeper_task_runs_total{{task="{_esc(task)}",state="{state}"}} {n}\n'
+                    for (task, state), n in sorted(self._run_counts.items())
+                ],
+            )
+            family(
+                "watchkeeper_task_pending_events",
+                "gauge",
+                "Events past the task's cursor on a scheduled asset (not yet in a run).",
+                [
+                    f'watchkeeper_task_pending_events{{task="{_esc(task)}",asset="{_esc(asset)}"}}'
+                    f" {n}\n"
+                    for task, asset, n in self._pending
+                ],
             )
         return "".join(out).encode()
 

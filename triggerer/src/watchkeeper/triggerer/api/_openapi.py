@@ -18,6 +18,7 @@ _AUTH = {"401": _error("no valid bearer token"), "403": _error("outside the toke
 _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
 _KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}}
 _ASSET_Q = {"name": "asset", "in": "query", "schema": {"type": "string"}}
+_RUN = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "integer"}}
 _AFTER_Q = {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0}}
 
 
@@ -108,6 +109,41 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/daemons": {
                 "get": _op("daemons with their leases and heartbeat age", {"200": _ok("daemons")})
             },
+            "/api/v1/tasks": {
+                "get": _op(
+                    "tasks with their pending events per asset and whether paused",
+                    {"200": _ok("tasks")},
+                )
+            },
+            "/api/v1/runs": {
+                "get": _op(
+                    "runs, newest first",
+                    {"200": _ok("runs"), "400": _error("an unknown state")},
+                    parameters=[
+                        {"name": "task", "in": "query", "schema": {"type": "string"}},
+                        {"name": "state", "in": "query", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    ],
+                )
+            },
+            "/api/v1/runs/{run_id}": {
+                "get": _op(
+                    "one run with its errors and (for read tokens) its events",
+                    {"200": _ok("the run", "Run"), "404": _error("no such run")},
+                    parameters=[_RUN],
+                )
+            },
+            "/api/v1/runs/{run_id}/retry": {
+                "post": _op(
+                    "queue a failed run again with one more try (needs operate)",
+                    {
+                        "202": _ok("queued", "Run"),
+                        "404": _error("no such run"),
+                        "409": _error("the run has not failed"),
+                    },
+                    parameters=[_RUN],
+                )
+            },
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -133,6 +169,21 @@ def openapi_document() -> dict[str, Any]:
                         "events": {"type": "array"},
                         "next_after": {"type": "integer"},
                         "more": {"type": "boolean"},
+                    },
+                },
+                "Run": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "task": {"type": "string"},
+                        "state": {
+                            "type": "string",
+                            "enum": ["queued", "running", "success", "failed"],
+                        },
+                        "try_number": {"type": "integer"},
+                        "max_tries": {"type": "integer"},
+                        "event_count": {"type": "integer"},
+                        "errors": {"type": "array"},
                     },
                 },
                 "Control": {

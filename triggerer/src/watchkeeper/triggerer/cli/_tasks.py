@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -25,6 +26,7 @@ from watchkeeper.store.backend import (
 )
 
 from .._asset_task import AssetTask
+from .._process import start_api
 from .._task_loader import load_tasks
 from .._watcher_files import unload_watchers
 from .._worker import Worker, run_worker
@@ -100,17 +102,22 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     """A triggerer and a worker on one store until SIGTERM or SIGINT; both stop cleanly.
 
     The tasks are declared before the triggerer starts, so no event its watchers commit
-    comes before a task's cursor.
+    comes before a task's cursor. With ``[api] enabled`` the HTTP API is served in the same
+    task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
+    if settings.api.enabled:
+        importlib.import_module("watchkeeper.triggerer.api")  # before any trigger runs
     backend = open_backend(settings)
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
             worker = Worker(backend, tasks, settings.worker)
             await worker.declare()
             async with (
-                Daemon(settings, backend=backend, tune_gc=True),
+                Daemon(settings, backend=backend, tune_gc=True) as daemon,
                 anyio.create_task_group() as tg,
             ):
+                if settings.api.enabled:
+                    await start_api(tg, daemon)
                 await tg.start(worker.run)
                 async for signum in received:
                     log.info("up_stopping", signal=signal.Signals(signum).name)
