@@ -176,74 +176,66 @@ class ClearOp(_ScopedOp):
         self.all_map_indices = all_map_indices
 
 
-class CommitOp(Op):
+class _EventsOp(Op):
+    """What an event commit and a batch share: the watched assets resolved to ids (each once,
+    in order), the fence checked at ``created_at``. Subclasses say how much they weigh."""
+
+    __slots__ = ("_assets", "_fence", "created_at", "targets")
+
+    def __init__(self, assets: tuple[str, ...], fence: Fence | None, created_at: datetime) -> None:
+        super().__init__(EVENTS)
+        self._assets, self._fence, self.created_at = assets, fence, created_at
+        self.targets: list[tuple[int, str]] = []
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return [AssetScope(name=name) for name in self._assets]
+
+    def fence_at(self) -> tuple[Fence, datetime] | None:
+        return None if self._fence is None else (self._fence, self.created_at)
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        self.targets = []
+        for name in self._assets:
+            asset_id = ids[AssetScope(name=name)]
+            if asset_id is None:
+                self.error = AssetNotFoundError(name)
+                return
+            if all(asset_id != seen for seen, _ in self.targets):
+                self.targets.append((asset_id, name))
+
+
+class CommitOp(_EventsOp):
     """One trigger event with its state; the result is the events written, in id order."""
 
-    __slots__ = ("commit", "created_at", "targets")
+    __slots__ = ("commit",)
 
     def __init__(self, commit: EventCommit, created_at: datetime) -> None:
-        super().__init__(EVENTS)
-        self.commit, self.created_at = commit, created_at
-        self.targets: list[tuple[int, str]] = []
+        super().__init__(tuple(commit.assets), commit.fence, created_at)
+        self.commit = commit
 
     def weight(self) -> int:
         c = self.commit
         one = WRITE_OVERHEAD + len(c.payload_json) + sum(len(v) for v in c.state.values())
         return one * max(1, len(c.assets))
 
-    def scopes(self) -> Sequence[AssetScope]:
-        return [AssetScope(name=name) for name in self.commit.assets]
 
-    def fence_at(self) -> tuple[Fence, datetime] | None:
-        fence = self.commit.fence
-        return None if fence is None else (fence, self.created_at)
-
-    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
-        self.targets = []
-        for name in self.commit.assets:
-            asset_id = ids[AssetScope(name=name)]
-            if asset_id is None:
-                self.error = AssetNotFoundError(name)
-                return
-            if all(asset_id != seen for seen, _ in self.targets):
-                self.targets.append((asset_id, name))
-
-
-class BatchCommitOp(Op):
+class BatchCommitOp(_EventsOp):
     """A batch of one trigger's events with one state; the result is the events written.
 
     Applied by one statement of its own (:func:`_commit_batches`), so it is all or nothing
     like every op: a failure rolls the writer's transaction back and replays it alone.
     """
 
-    __slots__ = ("batch", "created_at", "targets")
+    __slots__ = ("batch",)
 
     def __init__(self, batch: EventBatchCommit, created_at: datetime) -> None:
-        super().__init__(EVENTS)
-        self.batch, self.created_at = batch, created_at
-        self.targets: list[tuple[int, str]] = []
+        super().__init__(tuple(batch.assets), batch.fence, created_at)
+        self.batch = batch
 
     def weight(self) -> int:
         b = self.batch
         events = sum(WRITE_OVERHEAD + len(payload) for payload, _ in b.events)
         return (events + sum(len(v) for v in b.state.values())) * max(1, len(b.assets))
-
-    def scopes(self) -> Sequence[AssetScope]:
-        return [AssetScope(name=name) for name in self.batch.assets]
-
-    def fence_at(self) -> tuple[Fence, datetime] | None:
-        fence = self.batch.fence
-        return None if fence is None else (fence, self.created_at)
-
-    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
-        self.targets = []
-        for name in self.batch.assets:
-            asset_id = ids[AssetScope(name=name)]
-            if asset_id is None:
-                self.error = AssetNotFoundError(name)
-                return
-            if all(asset_id != seen for seen, _ in self.targets):
-                self.targets.append((asset_id, name))
 
 
 class CallOp(Op):
