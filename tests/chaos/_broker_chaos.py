@@ -16,11 +16,9 @@ as an ``event_deduplicated`` line: their count is the ``redelivered`` figure.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import sqlite3
-import subprocess
 import textwrap
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import Process
 
-from tests.chaos._chaos import daemon_command
+from tests.chaos._chaos import daemon_env, log_tail, start_daemon
 from tests.support.daemons import reap
 
 POLL = 0.05
@@ -128,41 +126,13 @@ class BrokerChaos:
         self.kills = 0
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
-        env.update(
-            {
-                "WATCHKEEPER__DATABASE__URL": f"sqlite:///{self.database}",
-                "WATCHKEEPER__TRIGGERER__GC_INTERVAL": "0",
-                "WATCHKEEPER__TRIGGERER__BACKOFF_INITIAL": "0.05",
-                "WATCHKEEPER__TRIGGERER__BACKOFF_MAX": "0.5",
-                "WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL": "0.5",
-                "WATCHKEEPER__TRIGGERER__STOP_GRACE": "5",
-                "WATCHKEEPER__LOGGING__FORMAT": "json",
-                "WATCHKEEPER__LOGGING__LEVEL": "debug",
-            }
-        )
-        return env
+        return daemon_env(f"sqlite:///{self.database}", debug=True)
 
-    def _log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return "(no daemon log)"
-        return "\n".join(text.splitlines()[-lines:])
+    def _log_tail(self) -> str:
+        return log_tail(self.log_path)
 
     async def _start(self, watchers: Path) -> Process:
-        log = await anyio.to_thread.run_sync(lambda: self.log_path.open("ab"))
-        try:
-            return await anyio.open_process(
-                [*daemon_command(), "--watchers-path", str(watchers)],
-                cwd=self.work,
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-        finally:
-            log.close()
+        return await start_daemon(self.work, watchers, self._env(), self.log_path)
 
     async def _count(self) -> int:
         return await anyio.to_thread.run_sync(committed_count, self.database)

@@ -199,6 +199,53 @@ def daemon_command() -> list[str]:
     return [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()", "triggerer"]
 
 
+def daemon_env(url: str, *, debug: bool = False) -> dict[str, str]:
+    """The environment of a chaos daemon on ``url``: fast restarts and heartbeats, JSON logs
+    (``debug`` logs the deduplicated redeliveries too), no inherited WATCHKEEPER__ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+    env.update(
+        {
+            "WATCHKEEPER__DATABASE__URL": url,
+            "WATCHKEEPER__TRIGGERER__GC_INTERVAL": "0",
+            "WATCHKEEPER__TRIGGERER__BACKOFF_INITIAL": "0.05",
+            "WATCHKEEPER__TRIGGERER__BACKOFF_MAX": "0.5",
+            "WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL": "0.5",
+            "WATCHKEEPER__TRIGGERER__STOP_GRACE": "5",
+            "WATCHKEEPER__LOGGING__FORMAT": "json",
+        }
+    )
+    if debug:
+        env["WATCHKEEPER__LOGGING__LEVEL"] = "debug"
+    return env
+
+
+def log_tail(log_path: Path, lines: int = 30) -> str:
+    """The last ``lines`` of a chaos daemon's log, for a failure message."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no daemon log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+async def start_daemon(
+    work: Path, watchers: Path, env: dict[str, str], log_path: Path
+) -> anyio.abc.Process:
+    """A ``watchkeeper triggerer`` on ``watchers``, its output appended to ``log_path``."""
+    log = await anyio.to_thread.run_sync(lambda: log_path.open("ab"))
+    try:
+        return await anyio.open_process(
+            [*daemon_command(), "--watchers-path", str(watchers)],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    finally:
+        log.close()
+
+
 def _definitions(sources: dict[str, FakeEventSource], pause_dir: Path, pause_at: list[int]) -> str:
     return textwrap.dedent(
         f"""
@@ -280,40 +327,13 @@ class ChaosRun:
         """Queue items unacknowledged at a kill although their event had committed."""
 
     def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
-        env.update(
-            {
-                "WATCHKEEPER__DATABASE__URL": self.url,
-                "WATCHKEEPER__TRIGGERER__GC_INTERVAL": "0",
-                "WATCHKEEPER__TRIGGERER__BACKOFF_INITIAL": "0.05",
-                "WATCHKEEPER__TRIGGERER__BACKOFF_MAX": "0.5",
-                "WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL": "0.5",
-                "WATCHKEEPER__TRIGGERER__STOP_GRACE": "5",
-                "WATCHKEEPER__LOGGING__FORMAT": "json",
-            }
-        )
-        return env
+        return daemon_env(self.url)
 
-    def _log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return "(no daemon log)"
-        return "\n".join(text.splitlines()[-lines:])
+    def _log_tail(self) -> str:
+        return log_tail(self.log_path)
 
-    async def _start(self, watchers: Path) -> Process:
-        log = await anyio.to_thread.run_sync(lambda: self.log_path.open("ab"))
-        try:
-            return await anyio.open_process(
-                [*daemon_command(), "--watchers-path", str(watchers)],
-                cwd=self.work,
-                env=self._env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-            )
-        finally:
-            log.close()
+    async def _start(self, watchers: Path) -> anyio.abc.Process:
+        return await start_daemon(self.work, watchers, self._env(), self.log_path)
 
     async def _paused(self) -> list[anyio.Path]:
         return [path async for path in anyio.Path(self.pause_dir).glob("*.paused")]
