@@ -375,6 +375,28 @@ class TestEvents:
         resumed = await self._read_sse(api, 2, {"Last-Event-ID": str(everything[2][0])}, {})
         assert [n for _, n in resumed] == [4, 5]
 
+    async def test_a_url_password_in_a_payload_is_masked(self, api: Api) -> None:
+        """Events through the REST list and the stream show a payload's URL password as
+        ``***``, as ``watchkeeper events`` does; the rest of the payload is unchanged."""
+        payload = {"n": 7, "source": "redis://:hunter2@cache:6379/0"}
+        await api.backend.acommit_event(
+            EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(payload))
+        )
+        async with api.client("reader") as client:
+            listed = await client.get("/api/v1/events")
+            async with client.stream(
+                "GET", "/api/v1/events/stream", params={"after": "0"}
+            ) as stream:
+                with anyio.fail_after(10):
+                    async for line in stream.aiter_lines():
+                        if line.startswith("data: "):
+                            streamed = json.loads(line[6:])
+                            break
+        masked = {"n": 7, "source": "redis://:***@cache:6379/0"}
+        assert listed.json()["events"][0]["payload"] == masked
+        assert streamed["payload"] == masked
+        assert "hunter2" not in listed.text
+
     async def test_live_tail_sends_new_events_only(self, api: Api) -> None:
         """A stream without a position starts at the latest event and sends what follows."""
         await api.commit("orders", 1)

@@ -18,7 +18,7 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["MASK", "UNPARSABLE_DSN", "redact_dsn", "redact_secrets"]
+__all__ = ["MASK", "UNPARSABLE_DSN", "redact_data", "redact_dsn", "redact_secrets"]
 
 MASK: Final = "***"
 """What a password is replaced with."""
@@ -111,3 +111,15 @@ def _redact_conninfo(dsn: str) -> str:
         pairs.append(f"{key}={MASK if _IS_PASSWORD_KEY.fullmatch(key) else value}")
         pos = match.end()
     return " ".join(pairs) if pairs else UNPARSABLE_DSN
+
+
+def redact_data(value: object) -> object:
+    """``value`` (JSON data) with :func:`redact_secrets` applied to every string in it, keys
+    included: what the CLI and the HTTP API show of events, statuses and errors."""
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if isinstance(value, dict):
+        return {redact_data(k): redact_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_data(item) for item in value]
+    return value

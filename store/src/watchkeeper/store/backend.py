@@ -26,7 +26,7 @@ from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherContr
 from ._gc import EventCutoffs, GcPlan
 from ._log import get_logger
 from ._metastore import MetastoreBackend
-from ._redact import redact_dsn, redact_secrets
+from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
     RUN_STATES,
     EventConsumers,
@@ -114,6 +114,7 @@ __all__ = [
     "encode_payload_decoded",
     "encode_value",
     "get_logger",
+    "redact_data",
     "redact_dsn",
     "redact_secrets",
     "require_asset_registry",

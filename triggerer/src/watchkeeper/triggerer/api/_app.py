@@ -49,6 +49,8 @@ from watchkeeper.store.backend import (
     TaskRun,
     Writer,
     get_logger,
+    redact_data,
+    redact_secrets,
     require_asset_registry,
     require_event_log,
 )
@@ -198,7 +200,7 @@ def _event(event: AssetEvent) -> dict[str, Any]:
         "id": event.id,
         "asset": event.asset,
         "watcher": event.watcher,
-        "payload": event.payload,
+        "payload": redact_data(event.payload),  # as `watchkeeper events` shows it
         "dedup_key": event.dedup_key,
         "created_at": _iso(event.created_at),
     }
@@ -493,7 +495,7 @@ async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[
             frames = [f"id: {i}\nevent: asset_event\ndata: {data}\n\n" for i, data in events]
             after = events[-1][0]
             quiet = 0.0
-            yield "".join(frames).encode()
+            yield redact_secrets("".join(frames)).encode()  # masks URL passwords in payloads
             if len(events) == SSE_BATCH:
                 continue
         elif quiet >= SSE_KEEPALIVE:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 from watchkeeper.store import BaseStateBackend, MissingCapabilityError, open_state_backend
-from watchkeeper.store.backend import Writer, redact_secrets
+from watchkeeper.store.backend import Writer, redact_data, redact_secrets
 
 from ..settings import Settings
 
@@ -117,15 +117,9 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def redacted(value: Any) -> Any:
-    """``value`` (JSON data) with :func:`~watchkeeper.store.backend.redact_secrets` applied to every
-    string in it, keys included: what ``status`` and ``events`` print."""
-    if isinstance(value, str):
-        return redact_secrets(value)
-    if isinstance(value, dict):
-        return {redacted(k): redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redacted(item) for item in value]
-    return value
+    """``value`` (JSON data) with every URL password masked: what ``status`` and ``events``
+    print (see :func:`~watchkeeper.store.backend.redact_data`)."""
+    return redact_data(value)
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
