@@ -15,14 +15,15 @@ import functools
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 import anyio.abc
-import greenback
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .errors import StoreAlreadyOpenError, StoreClosedError, SyncCallInLoopError
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
 
 __all__ = ["Lifecycle"]
 
@@ -92,6 +93,8 @@ class Lifecycle:
 
     def __enter__(self) -> Self:
         """Open the backend on a private event-loop thread, for purely synchronous use."""
+        from anyio.from_thread import start_blocking_portal  # only sync users need it
+
         portal_cm = start_blocking_portal(backend="asyncio")
         portal = portal_cm.__enter__()
         try:
@@ -134,6 +137,8 @@ class Lifecycle:
             running = None
         if running is not None:
             # On an event loop thread: blocking here would stall every other coroutine.
+            import greenback  # loaded by the first sync call on a loop, not by every import
+
             if greenback.has_portal():
                 return greenback.await_(fn(*args, **kwargs))
             raise SyncCallInLoopError(method)

@@ -13,13 +13,6 @@ import signal
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-import anyio
-from rich.table import Table
-from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
-
-from .._watcher_controls import controls_of
-from ..settings import Settings
 from ._common import (
     CommandError,
     UsageError,
@@ -34,20 +27,25 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from watchkeeper.store import BaseStateBackend
     from watchkeeper.store.backend import OperatorControls
 
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register"]
-
-log = get_logger(__name__)
 
 
 # -- watchkeeper api ------------------------------------------------------------------------------
 
 
 async def _serve(settings: Settings) -> None:
+    import anyio
+    from watchkeeper.store.backend import get_logger
+
     from ..api import serve_api
+
+    log = get_logger(__name__)
 
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with open_backend(settings) as backend, anyio.create_task_group() as tg:
@@ -66,7 +64,7 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
     try:
-        run_async(_serve, settings)
+        run_async(_serve, settings, event_loop=settings.triggerer.event_loop)
     except ApiListenError as exc:
         raise CommandError(str(exc)) from None
     return 0
@@ -76,6 +74,8 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _store(backend: BaseStateBackend) -> OperatorControls:
+    from .._watcher_controls import controls_of
+
     store = controls_of(backend)
     if store is None:
         raise CommandError(f"{type(backend).__name__} does not keep API tokens")
@@ -127,6 +127,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
     if not rows:
         emit("no tokens")
         return 0
+    from rich.table import Table
+
     table = Table("name", "scopes", "state", "created", "expires")
     for row in rows:
         table.add_row(

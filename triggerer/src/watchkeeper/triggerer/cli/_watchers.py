@@ -13,11 +13,6 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-from watchkeeper.store import BaseStateBackend
-
-from .._watcher_controls import controls_of, watcher_rows
-from ..settings import Settings
 from ._common import (
     CommandError,
     cli_writer,
@@ -29,8 +24,10 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from watchkeeper.store import BaseStateBackend
     from watchkeeper.store.backend import OperatorControls
 
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -47,6 +44,10 @@ def _age(seconds: float | None) -> str:
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+
+    from .._watcher_controls import watcher_rows
+
     rows = await watcher_rows(backend)
     now = datetime.now(UTC)
     if args.json:
@@ -75,6 +76,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 def _store(backend: BaseStateBackend) -> OperatorControls:
+    from .._watcher_controls import controls_of
+
     store = controls_of(backend)
     if store is None:
         raise CommandError(f"{type(backend).__name__} does not keep watcher controls")
@@ -82,6 +85,8 @@ def _store(backend: BaseStateBackend) -> OperatorControls:
 
 
 async def _known(backend: BaseStateBackend, name: str) -> bool:
+    from .._watcher_controls import watcher_rows
+
     return any(row.watcher == name for row in await watcher_rows(backend))
 
 
@@ -112,6 +117,8 @@ async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     store = _store(backend)
+    from .._watcher_controls import watcher_rows
+
     rows = {row.watcher: row for row in await watcher_rows(backend)}
     row = rows.get(args.name)
     if row is None:
