@@ -2,7 +2,7 @@
 
 Not a test (CI does not run it). Run by hand from the repository root:
 
-    uv run python benchmarks/triggerer_bench.py [--quick] [--no-postgres] [--stretch]
+    uv run python benchmarks/triggerer_bench.py [--quick] [--no-postgres] [--stretch] [--loop uvloop]
 
 It measures the real runtime (``TriggerRunner`` supervising ``BaseEventTrigger`` watchers over
 ``SqliteStateBackend`` / ``PostgresStateBackend``) with fake in-process sources, and beside it,
@@ -233,7 +233,7 @@ def run_idle_child(
     cmd = [
         sys.executable, __file__, "--child", "idle", "--mode", mode, "--backend", backend,
         "--count", str(count), "--interval", str(interval), "--settle", str(args.settle),
-        "--window", str(args.idle_window), "--dsn", args.dsn, *extra,
+        "--window", str(args.idle_window), "--dsn", args.dsn, "--loop", args.loop, *extra,
     ]  # fmt: skip
     label = f"idle {mode} {backend if mode == 'ours' else ''} x{count} {' '.join(extra)}"
     print(f"  running {label} (child process) ...", flush=True)
@@ -442,6 +442,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts and windows")
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--stretch", action="store_true", help="also start 100,000 watchers")
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop every measurement runs on (uvloop: the daemon's default)",
+    )
     parser.add_argument("--only", choices=("idle", "events"), help="run one half only")
     parser.add_argument(
         "--diagnose",
@@ -461,14 +467,16 @@ def main() -> None:
     parser.add_argument("--no-gc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tune-gc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    options = {"use_uvloop": True} if args.loop == "uvloop" else {}
     if args.child == "idle":
-        print(json.dumps(anyio.run(idle_child, args, backend="asyncio")))
+        print(json.dumps(anyio.run(idle_child, args, backend="asyncio", backend_options=options)))
         return
 
     configure(args)
     started = time.perf_counter()
     results: dict[str, Any] = {
         "quick": args.quick,
+        "loop": args.loop,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "load_start": loadavg(),
@@ -493,7 +501,7 @@ def main() -> None:
             idle["stretch_sqlite"] = run_idle_child("ours", "sqlite", 100_000, 10.0, args)
     if args.only in (None, "events"):
         print(f"events (load {loadavg()})", flush=True)
-        results["events"] = anyio.run(run_events, args, backend="asyncio")
+        results["events"] = anyio.run(run_events, args, backend="asyncio", backend_options=options)
     results["load_end"] = loadavg()
     results["elapsed_s"] = time.perf_counter() - started
 

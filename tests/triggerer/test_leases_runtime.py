@@ -41,6 +41,7 @@ from watchkeeper.triggerer._watcher_files import unload_watchers
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.runtime import fast, watch_logs
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
 TTL = 7200.0  # above the daemons' heartbeat of 3600 s, which never fires in these tests
 WAIT = 10.0

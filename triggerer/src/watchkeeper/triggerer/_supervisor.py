@@ -31,7 +31,9 @@ import contextlib
 import inspect
 import logging
 import random
+import sys
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -47,6 +49,7 @@ from watchkeeper.store import (
     BaseStateBackend,
     DatabaseFileRemovedError,
     LeaseLostError,
+    SyncCallInLoopError,
 )
 from watchkeeper.store.backend import (
     EventCommit,
@@ -79,6 +82,22 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+
+_PORTAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
+"""Trigger classes seen calling a sync store method: their triggers get their greenback
+portal before ``run()`` starts (see :func:`supervise`)."""
+
+
+def _needs_portal(error: BaseException | None) -> bool:
+    """Whether ``error`` is (or was raised from) a sync store call made without a portal."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, SyncCallInLoopError):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
 
 _CHECKPOINT_EVERY = 32
 """Commits between two forced checkpoints of a trigger's task."""
@@ -146,7 +165,7 @@ class TriggerSlot:
         # Also the name each committed event carries (the AssetWatcher's name).
         self.watcher_name = watchers[0] if watchers else trigger_id
         self.asset_names = tuple(asset.name for asset in assets)
-        self.classpath = type(trigger).classpath()
+        self.classpath = sys.intern(type(trigger).classpath())  # one string per class
         self.fence = fence
         self.writer = Writer("watcher", trigger_id, fence=fence)
         self.state: TriggerState = "running"
@@ -382,9 +401,11 @@ async def supervise(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
     )
     try:
-        # Each trigger task gets a greenback portal, so the sync asset-store methods
-        # (self.asset_state_store.get/set) await the backend without blocking the loop.
-        await greenback.ensure_portal()
+        # Sync store calls (self.asset_state_store.get) go through a greenback portal, ~3 KiB
+        # per idle trigger: a trigger gets one once its class is seen to need it (its first
+        # sync call raised SyncCallInLoopError: run() starts again at once, not a failure).
+        if type(slot.trigger) in _PORTAL_CLASSES:
+            await greenback.ensure_portal()
         waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
             slot.state = "running"
@@ -407,6 +428,11 @@ async def supervise(
                 )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
+            if _needs_portal(error) and not greenback.has_portal():
+                _PORTAL_CLASSES.add(type(slot.trigger))
+                await greenback.ensure_portal()
+                log.debug("trigger_portal_opened", classpath=slot.classpath)
+                continue
             lost = lease_lost(error)
             if lost is not None:
                 # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
