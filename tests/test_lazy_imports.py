@@ -71,7 +71,7 @@ class TestCommandImports:
 
     async def test_status_on_sqlite_loads_no_server_nor_postgres(self, tmp_path: Path) -> None:
         """``watchkeeper status --json`` on SQLite reads the statuses without loading asyncpg,
-        starlette, uvicorn or prometheus-client."""
+        starlette, uvicorn, prometheus-client, greenback, or structlog (no logs asked for)."""
         db = tmp_path / "state.db"
         async with SqliteStateBackend(db) as backend:
             await backend.aregister_assets([Asset("orders")])
@@ -89,7 +89,7 @@ class TestCommandImports:
                 ]
             )
         env = {"PATH": "/usr/bin:/bin", "WATCHKEEPER__DATABASE__URL": f"sqlite:///{db}"}
-        report = _probe("status", "--json", env=env, watched=(*SERVERS, "greenback"))
+        report = _probe("status", "--json", env=env, watched=(*SERVERS, "greenback", "structlog"))
         assert (report["code"], report["loaded"]) == (0, [])
         [watcher] = json.loads(report["stdout"])["watchers"]
         assert (watcher["watchers"], watcher["assets"][0]["state"]) == (["w1"], {"wm": 3})

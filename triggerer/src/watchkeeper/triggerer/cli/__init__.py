@@ -10,8 +10,9 @@ line on stderr: exit 2 for usage and configuration mistakes, 1 when the command 
 
 Building the parser loads nothing heavy: the subcommand modules import what a command needs
 (pydantic, rich, anyio, the store's drivers, the daemon, the HTTP API) inside its handler, and
-the settings and logging are loaded once the command line parsed, so ``--help`` and a usage
-error answer at once and ``status`` loads no HTTP server or PostgreSQL driver.
+the settings are loaded once the command line parsed, so ``--help`` and a usage error answer
+at once and ``status`` loads no HTTP server or PostgreSQL driver. structlog is configured for
+the commands that run something, or when logs are asked for (see :func:`_wants_logging`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,19 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, **settings_overrides(args))
 
 
+def _wants_logging(args: argparse.Namespace, settings: Settings) -> bool:
+    """Whether to configure structlog: for the commands that run watchers, tasks or the API
+    (``set_defaults(long_running=True)``), and for any command when logs are asked for
+    (``--log-level``, or level ``debug``). A one-shot command logs nothing at the other
+    levels, and importing structlog is the largest part of its start-up; the library's
+    loggers then stay on the standard library's ``logging``, which still prints warnings."""
+    return (
+        bool(getattr(args, "long_running", False))
+        or args.log_level is not None
+        or settings.logging.level == "debug"
+    )
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit status (``main`` exits with it)."""
     parser = build_parser()
@@ -113,8 +127,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         UnknownSettingError,
     )
 
-    from .._logging import configure_logging
-
     try:
         settings = _settings_from(args)
     except (ConfigFileNotFoundError, InvalidConfigFileError, UnknownSettingError) as exc:
@@ -123,7 +135,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         sys.stderr.write(error_line(describe_validation_error(exc)))
         return 2
-    configure_logging(settings.logging.level, settings.logging.format)
+    if _wants_logging(args, settings):
+        from .._logging import configure_logging
+
+        configure_logging(settings.logging.level, settings.logging.format)
     handler = getattr(args, "handler", None)
     if handler is None:  # a subcommand module forgot set_defaults(handler=...)
         parser.error(f"{args.command!r} has no handler")

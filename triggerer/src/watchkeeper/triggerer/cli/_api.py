@@ -158,7 +158,7 @@ def register(subparsers: Subparsers) -> None:
     )
     api.add_argument("--host", metavar="HOST", help="overrides [api] host")
     api.add_argument("--port", metavar="PORT", type=int_at_least(0), help="overrides [api] port")
-    api.set_defaults(handler=_api)
+    api.set_defaults(handler=_api, long_running=True)
 
     tokens = subparsers.add_parser("tokens", help="create, list and revoke API tokens")
     actions = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)

@@ -276,7 +276,6 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from rich.console import Console
     from watchkeeper.store import SqliteStateBackend
 
     backend = open_backend(settings)
@@ -300,6 +299,8 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         emit_json(report)
         return 0
+    from rich.console import Console  # the tables only
+
     console = Console()
     daemons, rows = report["daemons"], report["watchers"]
     if not rows and not daemons:
@@ -352,7 +353,7 @@ def register(subparsers: Subparsers) -> None:
             f"reload_interval, default {DEFAULT_RELOAD_INTERVAL:g})"
         ),
     )
-    triggerer.set_defaults(handler=_triggerer)
+    triggerer.set_defaults(handler=_triggerer, long_running=True)
 
     status = subparsers.add_parser(
         "status",
@@ -387,4 +388,4 @@ def register(subparsers: Subparsers) -> None:
         action="store_true",
         help="keep the temporary directory (database, source, logs) and print its path",
     )
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_demo, long_running=True)

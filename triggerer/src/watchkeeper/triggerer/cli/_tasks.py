@@ -302,11 +302,11 @@ def register(subparsers: Subparsers) -> None:
     """Add ``worker``, ``up``, ``tasks`` and ``runs`` to the ``watchkeeper`` parser."""
     worker = subparsers.add_parser("worker", help="run the asset_task tasks of the definitions")
     _runtime_options(worker)
-    worker.set_defaults(handler=_worker)
+    worker.set_defaults(handler=_worker, long_running=True)
 
     up = subparsers.add_parser("up", help="run a triggerer and a worker in one process")
     _runtime_options(up)
-    up.set_defaults(handler=_up)
+    up.set_defaults(handler=_up, long_running=True)
 
     tasks = subparsers.add_parser("tasks", help="tasks on asset events")
     actions = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
