@@ -175,6 +175,7 @@ async def idle_child(args: argparse.Namespace) -> dict[str, Any]:
         await anyio.sleep(args.settle)
         gc.collect()
         out["rss_per_watcher_bytes"] = (rss_bytes() - rss0) / n
+        out["rss_total_bytes"] = rss_bytes()  # the whole process: the stretch's 1 GiB goal
         polls0 = source.polls
         with CpuWindow() as cpu:
             await anyio.sleep(args.window)
@@ -443,6 +444,12 @@ def main() -> None:
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--stretch", action="store_true", help="also start 100,000 watchers")
     parser.add_argument(
+        "--stretch-interval",
+        type=float,
+        default=10.0,
+        help="seconds between two polls of one stretch watcher (10: the same 10,000 polls/s)",
+    )
+    parser.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
         default="asyncio",
@@ -497,8 +504,12 @@ def main() -> None:
             idle["diag_no_gc"] = run_idle_child("ours", "sqlite", n, 1.0, args, "--no-gc")
             idle["diag_raw_no_gc"] = run_idle_child("raw", "sqlite", n, 1.0, args, "--no-gc")
         if args.stretch:
-            idle["stretch_raw"] = run_idle_child("raw", "sqlite", 100_000, 10.0, args)
-            idle["stretch_sqlite"] = run_idle_child("ours", "sqlite", 100_000, 10.0, args)
+            every = args.stretch_interval
+            idle["stretch_raw"] = run_idle_child("raw", "sqlite", 100_000, every, args)
+            # As the daemon runs them (Daemon(tune_gc=True)).
+            idle["stretch_sqlite"] = run_idle_child(
+                "ours", "sqlite", 100_000, every, args, "--tune-gc"
+            )
     if args.only in (None, "events"):
         print(f"events (load {loadavg()})", flush=True)
         results["events"] = anyio.run(run_events, args, backend="asyncio", backend_options=options)
