@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from watchkeeper.store import (
+    BackendImportError,
     BaseStateBackend,
     ConfigFileNotFoundError,
     InvalidConfigFileError,
     MemoryStateBackend,
     PostgresStateBackend,
     SqliteStateBackend,
+    StateStoreError,
     StoreSettings,
     UnknownSettingError,
     WorkersSettings,
@@ -111,6 +113,7 @@ class TestStoreSettingsSources:
         with pytest.raises(ConfigFileNotFoundError, match=r"nope\.toml") as caught:
             StoreSettings.load(_isolated / "nope.toml")
         assert isinstance(caught.value, FileNotFoundError)
+        assert isinstance(caught.value, StateStoreError)
 
     def test_file_that_is_not_toml_is_an_error_naming_it(self, _isolated: Path) -> None:
         """Broken TOML, named or found in the working directory, is an error naming the file."""
@@ -372,13 +375,16 @@ class TestOpenStateBackendDottedPath:
             open_state_backend(self._settings(path))
 
     def test_unimportable_module_is_an_import_error_naming_the_path(self) -> None:
-        """A module that does not exist is an ImportError naming the configured path."""
-        with pytest.raises(ImportError, match=r"no_such_module\.Backend"):
+        """A module that does not exist is a BackendImportError (an ImportError of the store's
+        tree) naming the configured path and the module."""
+        with pytest.raises(BackendImportError, match=r"no_such_module\.Backend") as caught:
             open_state_backend(self._settings("no_such_module.Backend"))
+        assert isinstance(caught.value, ImportError) and isinstance(caught.value, StateStoreError)
+        assert caught.value.name == "no_such_module"
 
     def test_missing_attribute_is_an_import_error(self) -> None:
         """A module without the named class is an ImportError naming both."""
-        with pytest.raises(ImportError, match="has no attribute 'Missing'"):
+        with pytest.raises(BackendImportError, match="has no attribute 'Missing'"):
             open_state_backend(self._settings(f"{__name__}.Missing"))
 
     def test_path_without_a_module_is_rejected_by_validation(self) -> None:

@@ -54,6 +54,7 @@ from .._values import (
 )
 from ..errors import (
     AssetNotFoundError,
+    BackendImportError,
     InvalidSettingError,
     StateStoreError,
     StoreClosedError,
@@ -160,8 +161,8 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         try:
             import asyncpg
         except ImportError as exc:  # pragma: no cover - the extra is part of the dev group
-            raise ImportError(
-                "PostgresStateBackend needs asyncpg: install 'watchkeeper-store[postgres]'"
+            raise BackendImportError(
+                "PostgresStateBackend", "needs asyncpg: install 'watchkeeper-store[postgres]'"
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
