@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 import anyio
 from rich.table import Table
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.backend import get_logger, require_operator_controls
 
-from .._watcher_controls import controls_of
 from ..settings import Settings
 from ._common import (
     CommandError,
@@ -34,8 +33,6 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from watchkeeper.store.backend import OperatorControls
-
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -75,17 +72,10 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 # -- watchkeeper tokens ---------------------------------------------------------------------------
 
 
-def _store(backend: BaseStateBackend) -> OperatorControls:
-    store = controls_of(backend)
-    if store is None:
-        raise CommandError(f"{type(backend).__name__} does not keep API tokens")
-    return store
-
-
 async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from ..api import make_token
 
-    store = _store(backend)
+    store = require_operator_controls(backend)
     expires = None if args.expires_in is None else timedelta(days=args.expires_in)
     try:
         text, row = make_token(args.name, args.scope, now=datetime.now(UTC), expires_in=expires)
@@ -101,7 +91,7 @@ async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    rows = await _store(backend).alist_tokens()
+    rows = await require_operator_controls(backend).alist_tokens()
     now = datetime.now(UTC)
 
     def state(expires: datetime | None, revoked: datetime | None) -> str:
@@ -141,7 +131,7 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 async def _revoke(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    if not await _store(backend).arevoke_token(args.name):
+    if not await require_operator_controls(backend).arevoke_token(args.name):
         raise CommandError(f"no active token named {args.name!r}")
     emit(f"token {args.name!r} revoked")
     return 0
