@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import anyio
 import nats
 import pytest
 import structlog
 from nats.js.client import JetStreamContext
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset, BaseStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
 
-from tests.watchers.brokers._brokers import NATS_PORT, Observed, open_proxy, require_server, unique
+from tests.support.brokers import (
+    NATS_PORT,
+    open_proxy,
+    require_server,
+    run_through_a_break,
+    unique,
+)
 
 URL = f"nats://127.0.0.1:{NATS_PORT}"
 ASSET = Asset("events")
@@ -45,12 +49,6 @@ async def stream(js: JetStreamContext) -> AsyncIterator[str]:
         yield name
     finally:
         await js.delete_stream(name)
-
-
-@pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
 
 
 @pytest.fixture
@@ -134,25 +132,16 @@ class TestNatsJetStreamWatcherTrouble:
         """The link to the server is cut after two events: nats-py reconnects and the watcher
         goes on in the same run, emitting each message once."""
         await publish(js, stream, 1, 2)
-        two = anyio.Event()
         async with open_proxy(NATS_PORT) as proxy:
 
             async def cut_then_publish() -> None:
-                await two.wait()
                 await proxy.drop()
                 await publish(js, stream, 3, 4)
 
             watcher = NatsJetStreamWatcher(stream, f"nats://127.0.0.1:{proxy.port}", **FAST)
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(cut_then_publish)
-                    run = await harness.run(
-                        Observed(watcher, {2: two}),
-                        assets=ASSET,
-                        max_events=4,
-                        timeout=30,
-                        watcher_name=NAME,
-                    )
+            run = await run_through_a_break(
+                harness, watcher, cut_then_publish, asset=ASSET, watcher_name=NAME
+            )
             assert proxy.accepted >= 2  # it did reconnect
         assert numbers(run.all_payloads) == [1, 2, 3, 4]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -12,15 +11,16 @@ import anyio
 import pytest
 import structlog
 from aio_pika.abc import AbstractChannel
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 
-from tests.watchers.brokers._brokers import (
+from tests.support.brokers import (
     RABBITMQ_PORT,
     Observed,
     publish_without_message_id,
     require_server,
+    run_through_a_break,
     unique,
 )
 
@@ -47,17 +47,6 @@ async def queue(channel: AbstractChannel) -> AsyncIterator[str]:
         yield name
     finally:
         await channel.queue_delete(name)
-
-
-@pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
-
-
-@pytest.fixture
-def harness(state: BaseStateBackend) -> WatcherHarness:
-    return WatcherHarness(state)
 
 
 async def publish(
@@ -238,25 +227,21 @@ class TestRabbitMQWatcherTrouble:
         run, and every message is one event."""
         name = unique("queue_feed_")
         await publish(channel, queue, 1, 2)
-        two = anyio.Event()
         closed: list[int] = []
 
         async def close_then_publish() -> None:
-            await two.wait()
             closed.append(await close_connections(f"watchkeeper:{name}"))
             await publish(channel, queue, 3, 4)
 
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(close_then_publish)
-                with structlog.testing.capture_logs() as logs:
-                    run = await harness.run(
-                        Observed(RabbitMQWatcher(queue, URL), {2: two}),
-                        assets=ASSET,
-                        max_events=4,
-                        timeout=60,
-                        watcher_name=name,
-                    )
+        with structlog.testing.capture_logs() as logs:
+            run = await run_through_a_break(
+                harness,
+                RabbitMQWatcher(queue, URL),
+                close_then_publish,
+                asset=ASSET,
+                watcher_name=name,
+                timeout=60,
+            )
         assert closed == [1]
         assert "rabbitmq_reconnecting" in [e["event"] for e in logs]
         assert numbers(run.all_payloads) == [1, 2, 3, 4]

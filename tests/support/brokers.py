@@ -1,4 +1,5 @@
-"""What the broker watcher tests share: the servers of this machine, unique names, a TCP proxy.
+"""What the broker tests (the watchers' and the chaos runs') share: the servers of this
+machine, unique names, a TCP proxy.
 
 Every test talks to the real server (Redis, NATS with JetStream, RabbitMQ, Mosquitto on
 127.0.0.1): :func:`require_server` skips the test with a reason when the server is down, and
@@ -16,14 +17,16 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
+from watchkeeper.store import Asset
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
+from watchkeeper.triggerer.testing import HarnessRun, WatcherHarness
 
 REDIS_PORT = 6379
 NATS_PORT = 4222
@@ -220,3 +223,35 @@ async def publish_without_message_id(queue: str, bodies: list[bytes]) -> None:
             await receive(commands.Basic.Ack)
         await stream.send(frame.marshal(commands.Connection.Close(200, "bye", 0, 0), 0))
         await receive(commands.Connection.CloseOk)
+
+
+async def run_through_a_break(
+    harness: WatcherHarness,
+    watcher: BaseEventTrigger,
+    break_then_publish: Callable[[], Awaitable[None]],
+    *,
+    asset: Asset,
+    watcher_name: str,
+    after: int = 2,
+    events: int = 4,
+    timeout: float = 30,  # noqa: ASYNC109 - the bound of the whole run, passed to the harness
+) -> HarnessRun:
+    """Run ``watcher`` until ``events`` events; once its ``after``-th event committed, call
+    ``break_then_publish`` (cut its link to the broker, publish the rest) beside it."""
+    reached = anyio.Event()
+
+    async def interrupt() -> None:
+        await reached.wait()
+        await break_then_publish()
+
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(interrupt)
+            run = await harness.run(
+                Observed(watcher, {after: reached}),
+                assets=asset,
+                max_events=events,
+                timeout=timeout,
+                watcher_name=watcher_name,
+            )
+    return run
