@@ -17,6 +17,7 @@ from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
 from tests.support.postgres import PgDatabase, fresh_pg_database
+from tests.support.runtime import open_backend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -111,8 +112,28 @@ async def pg_database(pg_dsn: str) -> AsyncIterator[PgDatabase]:
 
 
 @pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test runs in ``tmp_path``, an empty directory, with no ``WATCHKEEPER*`` variable
+    of the outer environment (for tests of settings and of the command line)."""
+    for name in list(os.environ):
+        if name.upper().startswith("WATCHKEEPER"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
     return tmp_path / "state.db"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def local_backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[MetastoreBackend]:
+    """Each backend that needs no server, opened and empty: memory, and SQLite under tmp_path."""
+    async with open_backend(request.param, tmp_path) as backend:
+        yield backend
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

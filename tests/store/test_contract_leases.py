@@ -7,7 +7,7 @@ backend's own ``clock``, set by each test, so expiry never depends on the wall c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import anyio
 import pytest
@@ -31,23 +31,11 @@ from watchkeeper.store.backend import (
     encode_value,
 )
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+from tests.support.clock import T0, Clock
+
 TTL = timedelta(seconds=30)
 ORDERS = AssetScope(name="orders")
 TASK = TaskScope("dag", "run", "task")
-
-
-class Clock:
-    """A settable clock for ``backend.clock``."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import importlib
 import io
 import json
 import threading
@@ -29,6 +28,8 @@ from watchkeeper.triggerer import RunnerConfig, TriggerRunner, WatchSpec, config
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness, run_trigger
 from watchkeeper.watchers import HttpPollWatcher, HttpSourceError
 from watchkeeper.watchers.http_poll import retry_after
+
+from tests.support.runtime import rebuilt
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("feed")
@@ -158,14 +159,6 @@ class LogStream(io.StringIO):
         if f'"event": "{self.name}"' in text:
             self.seen.set()
         return super().write(text)
-
-
-def rebuilt(trigger: HttpPollWatcher) -> HttpPollWatcher:
-    classpath, kwargs = trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    instance = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
-    assert isinstance(instance, HttpPollWatcher)
-    return instance
 
 
 async def payloads(
