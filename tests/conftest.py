@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import urllib.parse
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import structlog
 from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
-from tests.support.postgres import PgDatabase, fresh_pg_database
+from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
 from tests.support.runtime import open_backend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -82,24 +80,10 @@ def pg_dsn() -> str:
     return PG_DSN
 
 
-@contextlib.asynccontextmanager
-async def _fresh_schema(pg_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    schema = f"wk_test_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        yield schema
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
-
-
 @pytest.fixture
 async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
     """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
-    async with _fresh_schema(pg_dsn) as schema:
+    async with fresh_pg_schema(pg_dsn) as schema:
         yield schema
 
 
@@ -155,7 +139,7 @@ async def backend(
         from watchkeeper.store import PostgresStateBackend
 
         async with (
-            _fresh_schema(dsn) as schema,
+            fresh_pg_schema(dsn) as schema,
             PostgresStateBackend(dsn, schema=schema) as postgres,
         ):
             yield postgres

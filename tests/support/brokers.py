@@ -46,6 +46,11 @@ def require_server(name: str, port: int) -> None:
     pytest.skip(reason)
 
 
+def numbers(payloads: list[Any]) -> list[int]:
+    """The ``n`` of each message body (``{"data": {"n": ...}}``), in order."""
+    return [int(p["data"]["n"]) for p in payloads]
+
+
 def unique(prefix: str) -> str:
     """A name no other test uses: ``prefix`` and 12 random hex digits."""
     return f"{prefix}{uuid.uuid4().hex[:12]}"

@@ -21,6 +21,7 @@ from typing import IO, Any, Protocol
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 from watchkeeper.store import SqliteStateBackend
 
@@ -39,6 +40,7 @@ __all__ = [
     "reap",
     "spawn_daemon",
     "terminate",
+    "wait_for_api",
     "wait_until",
     "watchkeeper_command",
 ]
@@ -213,6 +215,19 @@ async def wait_until(
                 if note is not None:
                     pytest.fail(f"{note} while waiting for {what}")
             await anyio.sleep(0.05)
+
+
+async def wait_for_api(client: httpx.AsyncClient, *alive: anyio.abc.Process | Watched) -> None:
+    """Wait until the API at ``client``'s base URL answers ``/healthz`` with 200 (as
+    :func:`wait_until`: bounded, and failing early if one of ``alive`` died)."""
+
+    async def answers() -> bool:
+        try:
+            return (await client.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_until(answers, "the API to answer", *alive)
 
 
 async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:

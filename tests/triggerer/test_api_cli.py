@@ -15,7 +15,7 @@ from watchkeeper.store import SqliteStateBackend
 from watchkeeper.triggerer import cli
 from watchkeeper.triggerer.api import verify_token
 
-from tests.support.daemons import free_port, wait_until, watchkeeper_command
+from tests.support.daemons import free_port, wait_for_api, watchkeeper_command
 
 
 class TestTokensCommand:
@@ -68,14 +68,7 @@ class TestApiCommand:
         async with await anyio.open_process(command, stdin=subprocess.DEVNULL) as process:
             try:
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-
-                    async def answers() -> bool:
-                        try:
-                            return (await client.get("/healthz")).status_code == 200
-                        except httpx.TransportError:
-                            return False
-
-                    await wait_until(answers, "the API to answer", process)
+                    await wait_for_api(client, process)
                 process.send_signal(signal.SIGTERM)
                 with anyio.fail_after(20):
                     assert await process.wait() == 0

@@ -25,6 +25,7 @@ from tests.support.daemons import (
     daemon,
     free_port,
     terminate,
+    wait_for_api,
     wait_until,
 )
 from tests.support.runtime import FAST, Scripted, spec
@@ -257,14 +258,7 @@ class TestDaemonServesTheApi:
         async with daemon(tmp_path, watchers, env, log_file, reload_interval=None) as process:
             base = f"http://127.0.0.1:{port}"
             async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-
-                async def answers() -> bool:
-                    try:
-                        return (await client.get("/healthz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await wait_until(answers, "the API to answer", process)
+                await wait_for_api(client, process)
 
                 async def counted() -> bool:
                     found = samples((await client.get("/metrics")).text)

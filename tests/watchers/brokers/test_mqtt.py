@@ -21,6 +21,7 @@ from watchkeeper.watchers import BrokerSourceError, MqttWatcher
 
 from tests.support.brokers import (
     MQTT_PORT,
+    numbers,
     open_proxy,
     require_server,
     run_through_a_break,
@@ -78,10 +79,6 @@ async def publish(topic: str, *numbers: int, with_id: bool = True) -> None:
     ]
     messages: list[tuple[bytes, dict[str, str] | None]] = [(body, None) for body in bodies]
     await anyio.to_thread.run_sync(_publish, topic, messages)
-
-
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
 
 from tests.support.brokers import (
     NATS_PORT,
+    numbers,
     open_proxy,
     require_server,
     run_through_a_break,
@@ -59,10 +60,6 @@ def harness(state: BaseStateBackend) -> WatcherHarness:
 async def publish(js: JetStreamContext, stream: str, *numbers: int) -> None:
     for n in numbers:
         await js.publish(f"{stream}.items", json.dumps({"n": n}).encode())
-
-
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
 
 
 class TestNatsJetStreamWatcherFlow:

@@ -18,6 +18,7 @@ from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 from tests.support.brokers import (
     RABBITMQ_PORT,
     Observed,
+    numbers,
     publish_without_message_id,
     require_server,
     run_through_a_break,
@@ -87,10 +88,6 @@ async def close_connections(name: str) -> int:
             await anyio.run_process(["rabbitmqctl", "close_connection", pid, "test: dropped"])
             closed += 1
     return closed
-
-
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
 
 
 class TestRabbitMQWatcherFlow:
