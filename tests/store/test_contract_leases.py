@@ -328,7 +328,7 @@ class TestFencedWrites:
         assert await everything(store) != before
 
     async def test_a_stale_accessor_cannot_delete_or_clear(self, store: MetastoreBackend) -> None:
-        """Issue 7.1: lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
+        """A lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
         accessors are refused on delete and clear, async and sync, asset and task state."""
         await store.aclaim_leases("daemon-1", ["trig"], TTL)
         old = Writer("watcher", "w", fence=Fence("trig", "daemon-1", 1))

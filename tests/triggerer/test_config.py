@@ -1,4 +1,4 @@
-"""Configuration that cannot silently go wrong (issue 7, items 9 and 10).
+"""Configuration that cannot silently go wrong.
 
 Misspelt names are errors from every source and every entry point; ``config show`` tells where
 each value came from; the runner and the daemon share one definition of each supervision
