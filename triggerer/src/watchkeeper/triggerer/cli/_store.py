@@ -130,16 +130,7 @@ async def _assets_deactivate(
 
 
 def _event_record(event: AssetEvent) -> dict[str, Any]:
-    record: dict[str, Any] = redacted(
-        {
-            "id": event.id,
-            "asset": event.asset,
-            "watcher": event.watcher,
-            "payload": event.payload,
-            "dedup_key": event.dedup_key,
-            "created_at": event.created_at.isoformat(),
-        }
-    )
+    record: dict[str, Any] = redacted(event.to_record())
     return record
 
 
