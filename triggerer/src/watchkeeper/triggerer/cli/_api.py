@@ -11,12 +11,12 @@ import argparse
 import functools
 import signal
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from rich.table import Table
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger, require_operator_controls
+from watchkeeper.store.backend import ApiToken, get_logger, require_operator_controls
 
 from ..settings import Settings
 from ._common import (
@@ -25,6 +25,7 @@ from ._common import (
     console,
     emit,
     emit_json,
+    emit_listing,
     int_at_least,
     json_flag,
     open_backend,
@@ -101,21 +102,17 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
             return "expired"
         return "active"
 
-    if args.json:
-        for row in rows:
-            emit_json(
-                {
-                    "name": row.name,
-                    "scopes": list(row.scopes),
-                    "created_at": row.created_at,
-                    "expires_at": row.expires_at,
-                    "revoked_at": row.revoked_at,
-                    "state": state(row.expires_at, row.revoked_at),
-                }
-            )
-        return 0
-    if not rows:
-        emit("no tokens")
+    def record(row: ApiToken) -> dict[str, Any]:
+        return {
+            "name": row.name,
+            "scopes": list(row.scopes),
+            "created_at": row.created_at,
+            "expires_at": row.expires_at,
+            "revoked_at": row.revoked_at,
+            "state": state(row.expires_at, row.revoked_at),
+        }
+
+    if emit_listing(rows, args.json, record, "no tokens"):
         return 0
     table = Table("name", "scopes", "state", "created", "expires")
     for row in rows:

@@ -24,7 +24,7 @@ from ._common import (
     cli_writer,
     console,
     emit,
-    emit_json,
+    emit_listing,
     json_flag,
     store_handler,
 )
@@ -48,12 +48,8 @@ def _age(seconds: float | None) -> str:
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     rows = await watcher_rows(backend)
     now = datetime.now(UTC)
-    if args.json:
-        for row in rows:
-            emit_json(row.to_json(now))
-        return 0
-    if not rows:
-        emit("no watchers: no daemon has reported one, and none is paused")
+    empty = "no watchers: no daemon has reported one, and none is paused"
+    if emit_listing(rows, args.json, lambda row: row.to_json(now), empty):
         return 0
     table = Table(
         "asset", "watcher", "state", "daemon", "last event", "events", "failures", "paused"
