@@ -24,9 +24,11 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+import structlog
+from structlog.typing import EventDict
 from watchkeeper.store import Asset
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
-from watchkeeper.triggerer.testing import HarnessRun, WatcherHarness
+from watchkeeper.triggerer.testing import CrashPoint, HarnessRun, WatcherHarness
 
 REDIS_PORT = 6379
 NATS_PORT = 4222
@@ -260,3 +262,26 @@ async def run_through_a_break(
                 watcher_name=watcher_name,
             )
     return run
+
+
+async def crash_then_restart(
+    harness: WatcherHarness,
+    watcher: BaseEventTrigger,
+    point: CrashPoint,
+    *,
+    asset: Asset,
+    watcher_name: str,
+    messages: int = 5,
+    at: int = 3,
+) -> tuple[HarnessRun, list[EventDict]]:
+    """Crash ``watcher`` at ``point`` of its ``at``-th message, restart it until the
+    ``messages`` published are all events; the restarted run and the logs of the restart."""
+    crashed = await harness.crash(
+        watcher, assets=asset, at=point, event=at, watcher_name=watcher_name
+    )
+    rest = messages - len(crashed.all_events)
+    with structlog.testing.capture_logs() as logs:
+        after = await harness.restart(
+            watcher, assets=asset, max_events=rest, watcher_name=watcher_name
+        )
+    return after, logs

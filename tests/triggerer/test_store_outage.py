@@ -111,46 +111,39 @@ for i in range(6):
 
 async def block_connections(admin_dsn: str, name: str) -> None:
     """Refuse new sessions to ``name`` and end every open one (an outage, as a failover makes one)."""
-    await alter_and_terminate(admin_dsn, name, "ALLOW_CONNECTIONS false")
+    await alter_database(admin_dsn, name, "ALLOW_CONNECTIONS false", end_sessions=True)
+
+
+async def allow_connections(admin_dsn: str, name: str) -> None:
+    await alter_database(admin_dsn, name, "ALLOW_CONNECTIONS true")
 
 
 async def make_read_only(admin_dsn: str, name: str) -> None:
     """New sessions to ``name`` are read-only, as on a standby; every open one is ended."""
-    await alter_and_terminate(admin_dsn, name, "SET default_transaction_read_only = on")
+    change = "SET default_transaction_read_only = on"
+    await alter_database(admin_dsn, name, change, end_sessions=True)
 
 
 async def make_writable(admin_dsn: str, name: str) -> None:
     """New sessions to ``name`` may write again (open ones stay read-only until replaced)."""
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-    finally:
-        await conn.close()
+    await alter_database(admin_dsn, name, "RESET default_transaction_read_only")
 
 
-async def alter_and_terminate(admin_dsn: str, name: str, change: str) -> None:
+async def alter_database(
+    admin_dsn: str, name: str, change: str, *, end_sessions: bool = False
+) -> None:
+    """``ALTER DATABASE name change``; with ``end_sessions``, every open session to it ends."""
     import asyncpg
 
     conn = await asyncpg.connect(admin_dsn)
     try:
         await conn.execute(f'ALTER DATABASE "{name}" {change}')
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = $1 AND pid <> pg_backend_pid()",
-            name,
-        )
-    finally:
-        await conn.close()
-
-
-async def allow_connections(admin_dsn: str, name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        if end_sessions:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid()",
+                name,
+            )
     finally:
         await conn.close()
 

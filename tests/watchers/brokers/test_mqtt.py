@@ -11,7 +11,6 @@ import anyio
 import anyio.to_thread
 import paho.mqtt.client as paho
 import pytest
-import structlog
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -21,6 +20,7 @@ from watchkeeper.watchers import BrokerSourceError, MqttWatcher
 
 from tests.support.brokers import (
     MQTT_PORT,
+    crash_then_restart,
     numbers,
     open_proxy,
     require_server,
@@ -140,11 +140,9 @@ class TestMqttWatcherFlow:
         """Killed at any point of its third message, the watcher had not acknowledged it: the
         broker resends it, and each message is committed exactly once."""
         await publish(topic, 1, 2, 3, 4, 5)
-        watcher = watcher_of(topic)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=name)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=name)
+        after, logs = await crash_then_restart(
+            harness, watcher_of(topic), point, asset=ASSET, watcher_name=name
+        )
         assert numbers(after.all_payloads) == [1, 2, 3, 4, 5]
         if point == "after_commit":
             suppressed = [e["dedup_key"] for e in logs if e["event"] == "event_deduplicated"]

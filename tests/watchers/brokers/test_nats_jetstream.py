@@ -8,7 +8,6 @@ from typing import Any
 
 import nats
 import pytest
-import structlog
 from nats.js.client import JetStreamContext
 from watchkeeper.store import Asset, BaseStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
@@ -16,6 +15,7 @@ from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
 
 from tests.support.brokers import (
     NATS_PORT,
+    crash_then_restart,
     numbers,
     open_proxy,
     require_server,
@@ -97,11 +97,13 @@ class TestNatsJetStreamWatcherFlow:
         """Killed at any point of its third message, the restarted watcher gets the unacked
         message again from the server and commits each message exactly once."""
         await publish(js, stream, 1, 2, 3, 4, 5)
-        watcher = NatsJetStreamWatcher(stream, URL, **FAST)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, logs = await crash_then_restart(
+            harness,
+            NatsJetStreamWatcher(stream, URL, **FAST),
+            point,
+            asset=ASSET,
+            watcher_name=NAME,
+        )
         # Each once; a message redelivered after a crash may come after later ones.
         assert sorted(numbers(after.all_payloads)) == [1, 2, 3, 4, 5]
         assert len(after.all_payloads) == 5

@@ -18,6 +18,7 @@ from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 from tests.support.brokers import (
     RABBITMQ_PORT,
     Observed,
+    crash_then_restart,
     numbers,
     publish_without_message_id,
     require_server,
@@ -126,11 +127,9 @@ class TestRabbitMQWatcherFlow:
         """Killed at any point of its third message, the restarted watcher gets the unacked
         messages again from the broker and commits each exactly once."""
         await publish(channel, queue, 1, 2, 3, 4, 5)
-        watcher = RabbitMQWatcher(queue, URL)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, logs = await crash_then_restart(
+            harness, RabbitMQWatcher(queue, URL), point, asset=ASSET, watcher_name=NAME
+        )
         assert sorted(numbers(after.all_payloads)) == [1, 2, 3, 4, 5]
         assert len(after.all_payloads) == 5
         if point == "after_commit":

@@ -14,7 +14,13 @@ from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RedisStreamWatcher
 from watchkeeper.watchers.redis_stream import parse_id
 
-from tests.support.brokers import REDIS_PORT, require_server, run_through_a_break, unique
+from tests.support.brokers import (
+    REDIS_PORT,
+    crash_then_restart,
+    require_server,
+    run_through_a_break,
+    unique,
+)
 
 URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 ASSET = Asset("events")
@@ -108,9 +114,7 @@ class TestRedisStreamWatcherFlow:
         """Killed at any point of its third entry, the restarted watcher emits each entry once."""
         await add(redis, stream, 1, 2, 3, 4, 5)
         watcher = RedisStreamWatcher(stream, URL, **FAST)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, _ = await crash_then_restart(harness, watcher, point, asset=ASSET, watcher_name=NAME)
         assert numbers(after.all_payloads) == [1, 2, 3, 4, 5]
 
     async def test_ids_compare_as_numbers_not_as_text(
