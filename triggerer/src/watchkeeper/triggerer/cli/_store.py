@@ -12,7 +12,7 @@ import argparse
 import signal
 from typing import TYPE_CHECKING, Any
 
-from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo
 
 from ._common import (
     CommandError,
@@ -22,6 +22,7 @@ from ._common import (
     console,
     emit,
     emit_json,
+    emit_listing,
     int_between,
     json_flag,
     printable,
@@ -60,25 +61,23 @@ async def _db_migrate(backend: BaseStateBackend, args: argparse.Namespace, _: Se
 # -- assets -------------------------------------------------------------------------------------
 
 
+def _asset_record(info: AssetInfo) -> dict[str, Any]:
+    return {
+        "asset_id": info.asset_id,
+        "name": info.name,
+        "uri": info.uri,
+        "active": info.active,
+        "updated_at": info.updated_at.isoformat(),
+    }
+
+
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from rich.table import Table
     from watchkeeper.store.backend import require_asset_registry
 
     assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
-    if args.json:
-        for info in assets:
-            emit_json(
-                {
-                    "asset_id": info.asset_id,
-                    "name": info.name,
-                    "uri": info.uri,
-                    "active": info.active,
-                    "updated_at": info.updated_at.isoformat(),
-                }
-            )
-        return 0
-    if not assets:
-        emit("no assets registered" if args.all else "no active assets")
+    empty = "no assets registered" if args.all else "no active assets"
+    if emit_listing(assets, args.json, _asset_record, empty):
         return 0
     table = Table("name", "uri", "active", "updated_at", title="assets")
     for info in assets:
@@ -134,16 +133,7 @@ async def _assets_deactivate(
 
 
 def _event_record(event: AssetEvent) -> dict[str, Any]:
-    record: dict[str, Any] = redacted(
-        {
-            "id": event.id,
-            "asset": event.asset,
-            "watcher": event.watcher,
-            "payload": event.payload,
-            "dedup_key": event.dedup_key,
-            "created_at": event.created_at.isoformat(),
-        }
-    )
+    record: dict[str, Any] = redacted(event.to_record())
     return record
 
 
@@ -209,12 +199,7 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
     events = await require_event_log(backend).alist_events(
         asset=args.asset, since_id=args.since, limit=args.limit
     )
-    if args.json:
-        for event in events:
-            emit_json(_event_record(event))
-        return 0
-    if not events:
-        emit("no events")
+    if emit_listing(events, args.json, _event_record, "no events"):
         return 0
     table = Table("id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events")
     for event in events:
