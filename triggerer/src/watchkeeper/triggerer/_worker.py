@@ -36,6 +36,7 @@ import anyio.to_thread
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
+    PostgresStateBackend,
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
@@ -58,7 +59,7 @@ from ._leases import daemon_identity, is_dead_local_owner
 from ._supervisor import describe_error
 from .settings import WorkerSettings
 
-__all__ = ["Worker", "retry_delay_for", "run_context"]
+__all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
 
 log = get_logger(__name__)
 
@@ -124,7 +125,7 @@ class Worker:
         self._finishing = 0
         self._names = sorted(self.tasks)
         # Runs created at once when too few are ready: a batch per slot round, not one each.
-        self._batch = 2 * self.settings.concurrency
+        self._batch = 4 * self.settings.concurrency
         self.finished = 0
 
     def __repr__(self) -> str:
@@ -308,6 +309,17 @@ class Worker:
         if dead:
             count = await self.queue.abreak_run_leases(dead)
             log.info("run_leases_freed", owners=dead, runs=count)
+
+
+def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
+    """Name a PostgreSQL backend's sessions ``name`` (``pg_stat_activity``) and let the server
+    end a session left idle inside a transaction for a lease's time (a frozen worker's row
+    locks are released about when its leases lapse). Call before the backend opens."""
+    if isinstance(backend, PostgresStateBackend):
+        backend.server_settings.setdefault("application_name", name)
+        backend.server_settings.setdefault(
+            "idle_in_transaction_session_timeout", f"{int(settings.lease_seconds * 1000)}ms"
+        )
 
 
 async def run_worker(

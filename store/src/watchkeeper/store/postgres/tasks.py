@@ -6,8 +6,8 @@ of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so se
 claim different runs without waiting on each other; see :mod:`.runs`), and a finish holds its
 run row while it checks the lease and commits the outlet events. A worker's step finishes a
 try and claims the next in one transaction; when too few runs are ready it creates a batch
-and claims from it in a second one, skipping the tasks another worker is creating runs for
-(their rows are locked), so workers create runs of different tasks in parallel. The rules
+and claims from it in a second one (the task rows, locked in name order, serialise the
+creations of one task; a worker that waited claims what the other left queued). The rules
 are :mod:`._tasks`'.
 
 **Commit order.** An identity column hands out ids at insert, not at commit, so two writers'
@@ -271,15 +271,16 @@ class PostgresTasks(PostgresRuns):
         done = await self._transact("finishing and claiming runs", step)
         if not create or len(done.claimed) >= claim:
             return done
-        # Too few ready: create runs (each task's by one worker at a time; a task another
-        # worker is creating runs for is skipped) and claim from them, in one transaction.
+        # Too few ready: create runs (each task's by one worker at a time, in name order) and
+        # claim from them, in one transaction. A worker that waited for another's creation
+        # claims the runs it left queued.
         horizon = await self._horizon()
 
         async def create_and_claim(conn: Any) -> list[TaskRun]:
             locked = await conn.fetch(
                 "SELECT name, assets, mode, max_events, max_tries FROM "
                 f"{self._prefix}tasks WHERE NOT paused AND ($1::text[] IS NULL OR "
-                "name = ANY($1::text[])) ORDER BY name FOR UPDATE SKIP LOCKED",
+                "name = ANY($1::text[])) ORDER BY name FOR UPDATE",
                 tasks,
             )
             for row in locked:
