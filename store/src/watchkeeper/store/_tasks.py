@@ -35,6 +35,7 @@ from ._values import JSONValue
 from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
 
 __all__ = [
+    "LAPSED",
     "RUN_STATES",
     "EventConsumers",
     "OutletEvent",
@@ -401,11 +402,12 @@ def lost_reason(
     return None
 
 
+LAPSED = "the lease of worker '{owner}' lapsed: the try did not finish"
+
+
 def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
     """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
-    return RunError(
-        try_number, f"the lease of worker {owner!r} lapsed: the try did not finish", None, now
-    )
+    return RunError(try_number, LAPSED.format(owner=owner), None, now)
 
 
 def errors_to_json(errors: Iterable[RunError]) -> str:

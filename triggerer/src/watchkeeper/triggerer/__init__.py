@@ -13,7 +13,7 @@ from watchkeeper.store import Asset
 from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
 from ._logging import configure_logging
 from ._process import run_daemon
-from ._worker import Worker, run_worker
+from ._worker import Worker, configure_connections, run_worker
 from .daemon import Daemon, ReloadReport
 from .errors import (
     AssetStoreUnavailableError,
@@ -63,5 +63,6 @@ __all__ = [
     "configure_logging",
     "load_settings",
     "run_daemon",
+    "configure_connections",
     "run_worker",
 ]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._backend import _utcnow as utcnow
 from .._tasks import (
+    LAPSED,
     OutletEvent,
     RunError,
     RunOutcome,
@@ -25,7 +26,6 @@ from .._tasks import (
     errors_to_json,
     ids_from_json,
     ids_to_json,
-    lapsed_error,
     lost_reason,
 )
 from .._taskstore import TaskStoreBackend
@@ -37,7 +37,7 @@ from .sql import rowcount
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["RUN_COLS", "PostgresRuns", "run_from_row"]
+__all__ = ["RUN_COLS", "PostgresRuns", "run_from_row", "step_sql"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,62 @@ RUN_COLS = (
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
     "outlet_event_ids"
 )
+
+
+_WIDTH = len(RUN_COLS.split(","))
+# The lapsed try's error, as :data:`~._tasks.LAPSED` words it ($8: that text, in format()).
+LAPSED_SQL = LAPSED.replace("'{owner}'", "'%s'")
+
+
+def step_sql(p: str) -> str:
+    """A worker's step in one statement (autocommit: one round trip, one transaction).
+
+    $1 the clock (NULL: ``now()``), $2 the task names (NULL: all), $3 how many to claim, $4
+    the owner, $5 the lease ttl, $6/$7 the run and token a plain success finishes (NULL:
+    none), $8 the lapsed error's format. A lapsed try (its worker stopped renewing) is claimed
+    again at once with its error recorded, or queued (past ``limit``), or failed (no tries
+    left). Rows: ``'d'`` and the finished run; ``'c'``, a claimed run and one of its events
+    (or NULLs). A refused finish changes nothing (every other part waits for ``done``).
+    """
+    cols = ", ".join(f"u.{c.strip()}" for c in RUN_COLS.split(","))
+    ready = (
+        f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
+        "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
+    )
+    go = "($6::int8 IS NULL OR EXISTS (SELECT 1 FROM done))"
+    # A lapsed try's error appended to the run's errors (their JSON as errors_to_json has it).
+    entry = (
+        "(u.errors::jsonb || jsonb_build_array(jsonb_build_object('try', u.try_number, "
+        "'error', format($8::text, u.lease_owner), 'traceback', NULL, 'at', n.at)))::text"
+    )
+    return (
+        "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
+        f"done AS (UPDATE {p}task_runs u SET state = 'success', finished_at = n.at, "
+        "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL FROM n "
+        "WHERE u.id = $6::int8 AND u.state = 'running' AND u.lease_owner = $4 "
+        f"AND u.lease_token = $7::int8 AND u.lease_expires_at > n.at RETURNING {cols}), "
+        f"gone AS (SELECT r.id {ready} AND r.state = 'running' "
+        "AND r.lease_expires_at <= (SELECT at FROM n) FOR UPDATE OF r SKIP LOCKED), "
+        f"c AS (SELECT r.id {ready} AND ((r.state = 'queued' AND (r.not_before IS NULL "
+        "OR r.not_before <= (SELECT at FROM n))) OR (r.state = 'running' "
+        "AND r.lease_expires_at <= (SELECT at FROM n) AND r.try_number < r.max_tries)) "
+        "ORDER BY r.id LIMIT $3 FOR UPDATE OF r SKIP LOCKED), "
+        f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN u.try_number < u.max_tries "
+        f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
+        "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
+        "WHEN u.try_number < u.max_tries THEN NULL ELSE n.at END FROM gone, n "
+        f"WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND {go} RETURNING u.id), "
+        f"claimed AS (UPDATE {p}task_runs u SET state = 'running', "
+        "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
+        "lease_expires_at = n.at + $5::interval, started_at = n.at, updated_at = n.at, "
+        f"not_before = NULL, errors = CASE WHEN u.state = 'running' THEN {entry} "
+        f"ELSE u.errors END FROM c, n WHERE u.id = c.id AND {go} RETURNING {cols}) "
+        "SELECT 'd' AS kind, done.*, NULL::int8, NULL::text, NULL::text, NULL::text, "
+        "NULL::text, NULL::timestamptz FROM done UNION ALL "
+        f"SELECT 'c', u.*, {EVENT_COLS} FROM claimed u LEFT JOIN {p}task_run_events e "
+        f"ON e.run_id = u.id LEFT JOIN {p}asset_events ev ON ev.id = e.event_id "
+        f"ORDER BY 1, 2, {_WIDTH + 2}"
+    )
 
 
 def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
@@ -94,54 +150,40 @@ class PostgresRuns(TaskStoreBackend):
         return [run_from_row(row, events.get(row[0], ())) for row in rows]
 
     async def _claim(
-        self, conn: Any, owner: str, limit: int, span: timedelta, tasks: list[str] | None
-    ) -> list[TaskRun]:
-        p = self._prefix
-        ready = (
-            f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
-            "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
+        self,
+        fetch: Callable[..., Awaitable[builtins.list[Any]]],
+        owner: str,
+        limit: int,
+        span: timedelta,
+        tasks: builtins.list[str] | None,
+        finish: RunOutcome | None = None,
+    ) -> tuple[TaskRun | None, builtins.list[TaskRun]]:
+        """One statement: the plain success ``finish`` (no outlets; fenced), the lapsed tries
+        of dead workers queued again (or failed), and up to ``limit`` ready runs claimed with
+        their events. When ``finish`` is refused nothing changes and ``(None, [])`` returns."""
+        done = finish.run_id if finish is not None else None
+        token = finish.token if finish is not None else None
+        rows = await fetch(
+            self._step_sql, self._lease_now(), tasks, limit, owner, span, done, token, LAPSED_SQL
         )
-        lapsed = await conn.fetch(
-            "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at) "
-            f"SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors, (SELECT at FROM n) {ready} "
-            "AND r.state = 'running' AND r.lease_expires_at <= (SELECT at FROM n) "
-            "FOR UPDATE OF r SKIP LOCKED",
-            self._lease_now(), tasks,
-        )  # fmt: skip
-        for run_id, try_number, max_tries, lease_owner, errors, now in lapsed:
-            entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
-            state = "queued" if try_number < max_tries else "failed"
-            await conn.execute(
-                f"UPDATE {p}task_runs SET state = $2::text, errors = $3, "
-                "updated_at = $4::timestamptz, not_before = NULL, lease_owner = NULL, "
-                "lease_expires_at = NULL, finished_at = CASE WHEN $2::text = 'failed' "
-                "THEN $4::timestamptz END WHERE id = $1",
-                run_id, state, errors_to_json(entries), now,
-            )  # fmt: skip
-        cols = ", ".join(f"u.{c.strip()}" for c in RUN_COLS.split(","))
-        rows = await conn.fetch(
-            "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
-            f"c AS (SELECT r.id {ready} AND r.state = 'queued' AND (r.not_before IS NULL "
-            "OR r.not_before <= (SELECT at FROM n)) ORDER BY r.id LIMIT $3 "
-            "FOR UPDATE OF r SKIP LOCKED), "
-            f"u AS (UPDATE {p}task_runs u SET state = 'running', "
-            "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
-            "lease_expires_at = (SELECT at FROM n) + $5::interval, "
-            "started_at = (SELECT at FROM n), updated_at = (SELECT at FROM n), "
-            f"not_before = NULL FROM c WHERE u.id = c.id RETURNING {cols}) "
-            f"SELECT u.*, {EVENT_COLS} FROM u LEFT JOIN {p}task_run_events e "
-            f"ON e.run_id = u.id LEFT JOIN {p}asset_events ev ON ev.id = e.event_id "
-            "ORDER BY u.id, e.event_id",
-            self._lease_now(), tasks, limit, owner, span,
-        )  # fmt: skip
-        width = len(RUN_COLS.split(","))
+        finished: TaskRun | None = None
         runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
         for r in rows:
             values = tuple(r)
-            entry = runs.setdefault(values[0], (values[:width], []))
-            if values[width] is not None:
-                entry[1].append(event_row(values[width:]))
-        return [run_from_row(row, events) for row, events in runs.values()]
+            if values[0] == "d":
+                finished = run_from_row(values[1 : _WIDTH + 1])
+                continue
+            entry = runs.setdefault(values[1], (values[1 : _WIDTH + 1], []))
+            if values[_WIDTH + 1] is not None:
+                entry[1].append(event_row(values[_WIDTH + 1 :]))
+        return finished, [run_from_row(row, events) for row, events in runs.values()]
+
+    @property
+    def _step_sql(self) -> str:
+        cached: str | None = self.__dict__.get("_step_sql_text")
+        if cached is None:
+            cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
+        return cached
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
         held, p = runs, self._prefix

@@ -29,6 +29,7 @@ polling when that connection is lost.
 from __future__ import annotations
 
 import builtins
+import functools
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -263,18 +264,30 @@ class PostgresTasks(PostgresRuns):
         tasks: builtins.list[str] | None,
         create: int,
     ) -> RunStep:
-        async def step(conn: Any) -> RunStep:
-            finished = None if finish is None else await self._finish(conn, owner, finish)
-            claimed = await self._claim(conn, owner, claim, span, tasks) if claim else []
-            return RunStep(finished, tuple(claimed))
+        finished: TaskRun | None = None
+        if finish is not None and (not finish.success or finish.outlets):
+            # A failure (its retry) or outlet events: the finish, then the claim.
+            async def step(conn: Any) -> tuple[TaskRun, list[TaskRun]]:
+                done = await self._finish(conn, owner, finish)
+                return done, (await self._claim(conn.fetch, owner, claim, span, tasks))[1]
 
-        done = await self._transact("finishing and claiming runs", step)
-        if not create or len(done.claimed) >= claim:
-            return done
+            finished, claimed = await self._transact("finishing and claiming runs", step)
+        else:  # a plain success and the claim: one statement
+            finished, claimed = await self._claim(
+                functools.partial(self._fetch, "finishing and claiming runs"),
+                owner, claim, span, tasks, finish,
+            )  # fmt: skip
+            if finish is not None and finished is None:
+                await self._transact(
+                    "finishing a run", lambda conn: self._refuse(conn, owner, finish)
+                )
+        if not create or len(claimed) >= claim:
+            return RunStep(finished, tuple(claimed))
         # Too few ready: create runs (each task's by one worker at a time, in name order) and
         # claim from them, in one transaction. A worker that waited for another's creation
         # claims the runs it left queued.
         horizon = await self._horizon()
+        wanted = claim - len(claimed)
 
         async def create_and_claim(conn: Any) -> list[TaskRun]:
             locked = await conn.fetch(
@@ -286,10 +299,10 @@ class PostgresTasks(PostgresRuns):
             for row in locked:
                 spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
                 await self._create(conn, spec, create, horizon)
-            return await self._claim(conn, owner, claim - len(done.claimed), span, tasks)
+            return (await self._claim(conn.fetch, owner, wanted, span, tasks))[1]
 
         more = await self._transact("creating and claiming runs", create_and_claim)
-        return RunStep(done.finished, done.claimed + tuple(more))
+        return RunStep(finished, (*claimed, *more))
 
     async def _aget_run(self, run_id: int) -> TaskRun:
 
