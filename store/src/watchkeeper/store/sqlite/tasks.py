@@ -413,7 +413,23 @@ class SqliteTasks(TaskStoreBackend):
         tasks: builtins.list[str] | None,
         create: int,
     ) -> RunStep:
+        if finish is None and not await self._anything_to_claim(create > 0):
+            return RunStep(None, ())  # no write: another process's commits need not wait
         return await self._write(lambda tx: _step(tx, owner, finish, claim, span, tasks, create))
+
+    async def _anything_to_claim(self, create: bool) -> bool:
+        """Whether a claim could find something (a read, without the write lock): a ready
+        run, a lapsed lease, or (``create``) a task with events after its cursor."""
+        stamp = to_db(self.clock())
+        rows = await self._read(
+            "SELECT EXISTS (SELECT 1 FROM task_runs WHERE state = 'queued' "
+            "AND (not_before IS NULL OR not_before <= ?)) OR EXISTS (SELECT 1 FROM task_runs "
+            "WHERE state = 'running' AND lease_expires_at <= ?) OR (? AND EXISTS (SELECT 1 "
+            "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
+            "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))",
+            (stamp, stamp, int(create)),
+        )
+        return bool(rows[0][0])
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
         return await self._write(lambda tx: _heartbeat(tx, owner, runs, span))
