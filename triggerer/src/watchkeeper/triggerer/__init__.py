@@ -60,9 +60,9 @@ __all__ = [
     "Worker",
     "WorkerSettings",
     "asset_task",
+    "configure_connections",
     "configure_logging",
     "load_settings",
     "run_daemon",
-    "configure_connections",
     "run_worker",
 ]

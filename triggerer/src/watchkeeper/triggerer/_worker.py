@@ -123,6 +123,7 @@ class Worker:
         self._slot_freed = anyio.Event()
         self._accepting = True
         self._finishing = 0
+        self._creating = False
         self._names = sorted(self.tasks)
         # Runs created at once when too few are ready: a batch per slot round, not one each.
         self._batch = 4 * self.settings.concurrency
@@ -171,10 +172,16 @@ class Worker:
             try:
                 free = self.settings.concurrency - len(self._running)
                 if self._accepting and free > 0:
-                    step = await self.queue.astep_runs(
-                        self.owner, claim=free, ttl=self.ttl, tasks=self._names,
-                        create=self._batch,
-                    )  # fmt: skip
+                    create = 0 if self._creating else self._batch
+                    self._creating |= create > 0
+                    try:
+                        step = await self.queue.astep_runs(
+                            self.owner, claim=free, ttl=self.ttl, tasks=self._names,
+                            create=create,
+                        )  # fmt: skip
+                    finally:
+                        if create:
+                            self._creating = False
                     for run in step.claimed:
                         self._start(tg, run)
                     if len(step.claimed) == free:
@@ -259,10 +266,17 @@ class Worker:
         task = self.tasks[run.task]
         with anyio.CancelScope(shield=True):
             try:
-                step = await self.queue.astep_runs(
-                    self.owner, finish=outcome, claim=1 if self._accepting else 0,
-                    ttl=self.ttl, tasks=self._names, create=self._batch,
-                )  # fmt: skip
+                # One step of this worker at a time creates runs: the others only claim.
+                create = 0 if self._creating else self._batch
+                self._creating |= create > 0
+                try:
+                    step = await self.queue.astep_runs(
+                        self.owner, finish=outcome, claim=1 if self._accepting else 0,
+                        ttl=self.ttl, tasks=self._names, create=create,
+                    )  # fmt: skip
+                finally:
+                    if create:
+                        self._creating = False
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
                 return None

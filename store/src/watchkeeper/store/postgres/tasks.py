@@ -193,6 +193,21 @@ class PostgresTasks(PostgresRuns):
 
         return await self._transact("creating runs", create)
 
+    async def _anything_pending(self, tasks: builtins.list[str] | None) -> bool:
+        """Whether a task (of ``tasks``) that is not paused has a committed event after one of
+        its cursors: a read, so a step with nothing to create takes no lock. (An event still
+        committing is not seen; its commit's notification wakes the workers.)"""
+        p = self._prefix
+        rows = await self._fetch(
+            "reading pending events",
+            f"SELECT EXISTS (SELECT 1 FROM {p}task_cursors c JOIN {p}tasks t "
+            "ON t.name = c.task WHERE NOT t.paused AND ($1::text[] IS NULL OR "
+            f"t.name = ANY($1::text[])) AND EXISTS (SELECT 1 FROM {p}asset_events e "
+            "WHERE e.asset_name = c.asset AND e.id > c.cursor))",
+            tasks,
+        )
+        return bool(rows[0][0])
+
     async def _horizon(self) -> int:
         """An event id at or below which every event has committed (or rolled back): the
         newest id read under the events lock, released at once so event commits barely wait."""
@@ -286,6 +301,8 @@ class PostgresTasks(PostgresRuns):
         # Too few ready: create runs (each task's by one worker at a time, in name order) and
         # claim from them, in one transaction. A worker that waited for another's creation
         # claims the runs it left queued.
+        if not await self._anything_pending(tasks):
+            return RunStep(finished, tuple(claimed))
         horizon = await self._horizon()
         wanted = claim - len(claimed)
 
