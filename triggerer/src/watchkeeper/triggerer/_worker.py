@@ -2,16 +2,19 @@
 
 ``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
 
-1. create runs for every task that has pending events (each creation moves the task's cursors
-   in the same transaction: see :class:`watchkeeper.store.backend.TaskQueue`);
-2. claim as many runs as it has free slots, under a lease (``[worker] lease_ttl``);
-3. execute each claimed run: a sync task in a thread (at most ``concurrency``), an async one
-   on the loop with a greenback portal, under ``execution_timeout``; then finish the run,
-   fenced by its lease token: success with the outlet events, or a failure retried after an
-   exponential, jittered delay;
-4. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite),
-   at most ``poll_interval``.
+1. with free slots, take a *step* (:meth:`~watchkeeper.store.backend.TaskQueue.astep_runs`):
+   claim ready runs under a lease (``[worker] lease_ttl``) and, when too few are ready,
+   create a batch of runs from the pending events and claim from it, in one transaction
+   (each creation moves the task's cursors with it);
+2. execute each claimed run in a slot: a sync task in a thread (at most ``concurrency``), an
+   async one on the loop with a greenback portal, under ``execution_timeout``; then its slot
+   finishes it with one step that records the outcome (success with the outlet events, or a
+   failure retried after an exponential, jittered delay; fenced by the lease token) and
+   claims the slot's next run; a slot with nothing to claim frees itself;
+3. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, an adaptive poll on
+   SQLite), at most ``poll_interval``, or for a slot to free.
 
+One step of a worker at a time creates runs; the others only claim.
 A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
 cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
 the leases of dead worker processes of this host (as the triggerer does for its leases), so a
