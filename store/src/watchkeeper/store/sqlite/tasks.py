@@ -240,22 +240,31 @@ def _claim(
             "lease_expires_at = NULL WHERE id = ?",
             (state, errors_to_json(entries), stamp, state, stamp, run_id),
         )
-    ids = [
-        r[0]
-        for r in conn.execute(
-            "SELECT r.id FROM task_runs r JOIN tasks t ON t.name = r.task WHERE t.paused = 0 "
-            "AND r.state = 'queued' AND (r.not_before IS NULL OR r.not_before <= ?)"
-            f"{only} ORDER BY r.id LIMIT ?",
-            (stamp, *params, limit),
-        )
-    ]
-    conn.executemany(
+    rows = conn.execute(
         "UPDATE task_runs SET state = 'running', try_number = try_number + 1, lease_owner = ?, "
         "lease_token = lease_token + 1, lease_expires_at = ?, started_at = ?, updated_at = ?, "
-        "not_before = NULL WHERE id = ?",
-        [(owner, to_db(now + span), stamp, stamp, run_id) for run_id in ids],
-    )
-    return _runs_with_events(conn, ids)
+        "not_before = NULL WHERE id IN (SELECT r.id FROM task_runs r JOIN tasks t "
+        "ON t.name = r.task WHERE t.paused = 0 AND r.state = 'queued' AND (r.not_before IS NULL "
+        f"OR r.not_before <= ?){only} ORDER BY r.id LIMIT ?) RETURNING {_RUN_COLS}",
+        (owner, to_db(now + span), stamp, stamp, stamp, *params, limit),
+    ).fetchall()
+    return _with_events(conn, sorted(rows))
+
+
+def _with_events(conn: Any, rows: Sequence[Row]) -> list[TaskRun]:
+    """Runs from their rows, with their events (one query)."""
+    if not rows:
+        return []
+    ids = [row[0] for row in rows]
+    events: dict[int, list[AssetEvent]] = {}
+    for r in conn.execute(
+        f"SELECT e.run_id, {EVENT_COLS} FROM task_run_events e "
+        f"JOIN asset_events ev ON ev.id = e.event_id WHERE e.run_id IN "
+        f"({', '.join('?' * len(ids))}) ORDER BY e.event_id",
+        ids,
+    ):
+        events.setdefault(r[0], []).extend(meta.events_result([r[1:]]))
+    return [_run(row, events.get(row[0], ())) for row in rows]
 
 
 def _lease_row(tx: Tx, run_id: int) -> Row:
@@ -301,6 +310,15 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
     conn = tx.conn
     now, stamp = tx.now()
     run_id, token = outcome.run_id, outcome.token
+    if outcome.success and not outcome.outlets:  # the common case: one fenced statement
+        row = conn.execute(
+            "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
+            "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND state = 'running' "
+            f"AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? RETURNING {_RUN_COLS}",
+            (stamp, stamp, run_id, owner, token, stamp),
+        ).fetchone()
+        if row is not None:
+            return _run(row)
     state, lease_owner, lease_token, expires, try_number, max_tries, errors, task = _lease_row(
         tx, run_id
     )
