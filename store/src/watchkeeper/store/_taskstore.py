@@ -242,12 +242,10 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         self._check_open()
         owner = check_owner(owner)
         emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
+        kept = tuple(o for o in emitted if isinstance(o, OutletEvent))
         outcome = _check_outcome(
-            RunOutcome(
-                run_id, token, bool(success), tuple(o for o in emitted if isinstance(o, OutletEvent)),
-                error, traceback, retry_delay,
-            )
-        )  # fmt: skip
+            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay)
+        )
         step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0)
         assert step.finished is not None
         return step.finished

@@ -58,10 +58,11 @@ def step_sql(p: str) -> str:
 
     $1 the clock (NULL: ``now()``), $2 the task names (NULL: all), $3 how many to claim, $4
     the owner, $5 the lease ttl, $6/$7 the run and token a plain success finishes (NULL:
-    none), $8 the lapsed error's format. A lapsed try (its worker stopped renewing) is claimed
-    again at once with its error recorded, or queued (past ``limit``), or failed (no tries
-    left). Rows: ``'d'`` and the finished run; ``'c'``, a claimed run and one of its events
-    (or NULLs). A refused finish changes nothing (every other part waits for ``done``).
+    none), $8 the lapsed error's format. When claiming, a lapsed try (its worker stopped
+    renewing) is claimed again at once with its error recorded, or queued (past ``limit``),
+    or failed (no tries left). Rows: ``'d'`` and the finished run; ``'c'``, a claimed run
+    and one of its events (or NULLs). A refused finish changes nothing (every other part
+    waits for ``done``).
     """
     cols = ", ".join(f"u.{c.strip()}" for c in RUN_COLS.split(","))
     ready = (
@@ -90,7 +91,8 @@ def step_sql(p: str) -> str:
         f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
         "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
         "WHEN u.try_number < u.max_tries THEN NULL ELSE n.at END FROM gone, n "
-        f"WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND {go} RETURNING u.id), "
+        "WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND $3 > 0 "
+        f"AND {go} RETURNING u.id), "
         f"claimed AS (UPDATE {p}task_runs u SET state = 'running', "
         "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
         "lease_expires_at = n.at + $5::interval, started_at = n.at, updated_at = n.at, "

@@ -314,7 +314,8 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
         row = conn.execute(
             "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
             "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND state = 'running' "
-            f"AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? RETURNING {_RUN_COLS}",
+            "AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? "
+            f"RETURNING {_RUN_COLS}",
             (stamp, stamp, run_id, owner, token, stamp),
         ).fetchone()
         if row is not None:
