@@ -276,7 +276,7 @@ class TaskChaos:
                         busy = [i for i, proc in enumerate(procs) if proc.pid in pids]
                         if busy:
                             return self.rng.choice(busy)
-                    await anyio.sleep(0.05)
+                    await anyio.sleep(0.2)  # each look is a new connection: not too many
         return self.rng.randrange(len(procs))
 
     async def _wait_declared(self, raw: Raw) -> None:
