@@ -30,7 +30,9 @@ from watchkeeper.store.backend import (
 )
 from watchkeeper.triggerer import WorkerSettings, configure_connections
 
-from .test_contract_tasks import TTL, Clock, emit, snapshot
+from tests.support.clock import Clock
+
+from .test_contract_tasks import TTL, emit, snapshot
 
 
 @pytest.fixture
