@@ -46,10 +46,12 @@ from .._types import Writer
 from ..errors import (
     RunNotFoundError,
     RunStateError,
+    StoreClosedError,
     TaskNotFoundError,
 )
+from .consumers import LOCK_KEY
 from .runs import RUN_COLS, PostgresRuns, run_from_row
-from .sql import writer_fields
+from .sql import is_connection_error, map_error, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -73,6 +75,7 @@ class PostgresTasks(PostgresRuns):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        def _pool_or_closed(self) -> asyncpg.Pool: ...
 
     if TYPE_CHECKING:
 
@@ -210,15 +213,33 @@ class PostgresTasks(PostgresRuns):
 
     async def _horizon(self) -> int:
         """An event id at or below which every event has committed (or rolled back): the
-        newest id read under the events lock, released at once so event commits barely wait."""
-
-        async def read(conn: Any) -> int:
-            await self._lock_events(conn)
-            return int(
-                await conn.fetchval(f"SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events")
-            )
-
-        return await self._transact("reading the events horizon", read)
+        newest id read under the events lock. The lock, the read and the commit go as one
+        script (one round trip), so the lock is held on the server only: event commits wait
+        for one read, never for this process. The id comes back on the same connection, in a
+        custom setting rewritten before each read (the one session value this backend leaves
+        on a pooled connection; nothing else reads it)."""
+        key = LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
+        script = (
+            f"BEGIN; SELECT pg_advisory_xact_lock({key}); SELECT set_config("
+            f"'watchkeeper.events_horizon', (SELECT coalesce(max(id), 0) FROM "
+            f"{self._prefix}asset_events)::text, false); COMMIT"
+        )
+        for attempt in (1, 2):
+            pool = self._pool_or_closed()
+            try:
+                async with pool.acquire() as conn:
+                    await conn.execute(script)
+                    value = await conn.fetchval(
+                        "SELECT current_setting('watchkeeper.events_horizon')::int8"
+                    )
+                    return int(value)
+            except Exception as exc:
+                if not self._open:
+                    raise StoreClosedError(self) from exc
+                if attempt == 1 and is_connection_error(exc):
+                    continue
+                raise map_error(exc, "reading the events horizon") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _create(
         self, conn: Any, spec: TaskSpec, max_runs: int, horizon: int | None = None
