@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
     from ._logging import configure_logging
     from ._process import run_daemon
-    from ._worker import Worker, run_worker
+    from ._worker import Worker, configure_connections, run_worker
     from .daemon import Daemon, ReloadReport
     from .errors import (
         AssetStoreUnavailableError,
@@ -71,6 +71,7 @@ __all__ = [
     "Worker",
     "WorkerSettings",
     "asset_task",
+    "configure_connections",
     "configure_logging",
     "load_settings",
     "run_daemon",
@@ -82,7 +83,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._asset_task": ("AnyOf", "AssetTask", "OutletEventAccessor", "asset_task"),
     "._logging": ("configure_logging",),
     "._process": ("run_daemon",),
-    "._worker": ("Worker", "run_worker"),
+    "._worker": ("Worker", "configure_connections", "run_worker"),
     ".daemon": ("Daemon", "ReloadReport"),
     ".errors": (
         "AssetStoreUnavailableError",

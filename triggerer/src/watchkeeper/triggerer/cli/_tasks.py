@@ -70,7 +70,7 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from .._watcher_files import unload_watchers
-    from .._worker import run_worker
+    from .._worker import configure_connections, run_worker
 
     settings = with_triggerer_options(settings, args)
     tasks = _load_tasks(settings)
@@ -79,6 +79,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
             f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
         )
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper worker")
 
     async def main() -> None:
         async with backend:
@@ -104,7 +105,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     from watchkeeper.store.backend import get_logger
 
     from .._process import start_api
-    from .._worker import Worker
+    from .._worker import Worker, configure_connections
     from ..daemon import Daemon
 
     log = get_logger(__name__)
@@ -112,6 +113,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     if settings.api.enabled:
         importlib.import_module("watchkeeper.triggerer.api")  # before any trigger runs
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
             worker = Worker(backend, tasks, settings.worker)
