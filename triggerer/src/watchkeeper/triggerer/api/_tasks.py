@@ -1,18 +1,19 @@
-"""Tasks and runs: list, detail, retry."""
+"""Tasks (list, pause, resume) and runs (list, detail, retry)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from watchkeeper.store import RunNotFoundError, RunStateError
+from watchkeeper.store import RunNotFoundError, RunStateError, TaskNotFoundError
 from watchkeeper.store.backend import RUN_STATES, TaskInfo, TaskRun, get_logger
 
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, event_json, int_param, iso, require
 from ._tokens import Principal
 
-__all__ = ["list_runs", "list_tasks", "retry_run", "run_detail"]
+__all__ = ["list_runs", "list_tasks", "retry_run", "run_detail", "task_control"]
 
 log = get_logger(__name__)
 
@@ -68,9 +69,32 @@ async def _tasks_principal(request: Request, what: str) -> Principal:
 
 
 async def list_tasks(request: Request) -> Response:
-    await _tasks_principal(request, "list tasks")
+    principal = await _tasks_principal(request, "list tasks")
     infos = await ctx_of(request).tasks.alist_tasks()
-    return JSONResponse({"tasks": [_task(info) for info in infos]})
+    return JSONResponse(
+        {"tasks": [_task(info) for info in infos], "may_operate": principal.can_operate()}
+    )
+
+
+def task_control(action: str) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /tasks/{name}/pause|resume``: a paused task gets no new runs and none is claimed."""
+    paused = action == "pause"
+
+    async def control(request: Request) -> Response:
+        principal = await authenticate(request)
+        require(principal.can_operate(), principal, f"{action} tasks (needs operate)")
+        name = request.path_params["name"]
+        tasks = ctx_of(request).tasks
+        try:
+            await tasks.aset_task_paused(name, paused)
+        except TaskNotFoundError:
+            raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
+        log.info("task_control", task=name, action=action, by=principal.writer_name)
+        found = [info for info in await tasks.alist_tasks() if info.name == name]
+        body = _task(found[0]) if found else {"name": name, "paused": paused}
+        return JSONResponse(body)
+
+    return control
 
 
 async def list_runs(request: Request) -> Response:
