@@ -124,7 +124,7 @@ with httpx.Client(base_url=base, timeout=10) as client:
         client.get("/metrics").raise_for_status()
         scrapes.append(time.perf_counter() - t)
         time.sleep(1.0)
-print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0])
+print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0], time.process_time())
 """
 
 
@@ -196,6 +196,9 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
                 await client.aclose()
                 result.update(scrapes=int(out[0]), max_scrape_ms=float(out[1]) * 1000)
                 result["sse_events_seen"] = int(out[2])
+                # The client's own CPU (its process, all of its run): on the same machine it
+                # competes with the daemon for the cores.
+                result["client_cpu_s"] = float(out[3])
             tg.cancel_scope.cancel()
     return result
 
