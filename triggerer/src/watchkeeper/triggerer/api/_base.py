@@ -14,6 +14,7 @@ from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger, r
 
 from .._supervisor import describe_error
 from .._watcher_controls import controls_of
+from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
 from ._tokens import Principal, verify_token
 
@@ -41,6 +42,7 @@ __all__ = [
 log = get_logger(__name__)
 
 MAX_PAGE = 1000
+FEED_KEEP = 10 * SSE_BATCH
 
 
 class ApiError(Exception):
@@ -77,6 +79,10 @@ class ApiContext:
     """Set when the server stops: live streams end."""
     task_group: anyio.abc.TaskGroup | None = None
     """The server's task group (set by :func:`~._server.serve_api`): for heartbeat kicks."""
+    feeds: dict[str | None, EventFeed] = field(default_factory=dict)
+    """The live streams' shared reads, by filter (an asset, or None for every event)."""
+    feed_keep: int = FEED_KEEP
+    """Events a live stream's shared feed keeps ready; a client further behind reads alone."""
 
     @property
     def tasks(self) -> TaskQueue:
@@ -93,6 +99,13 @@ class ApiContext:
                 501, "not_supported", f"{type(self.backend).__name__} keeps no tokens or controls"
             )
         return store
+
+    def feed(self, asset: str | None) -> EventFeed:
+        """The shared feed of a live stream's filter (made when its first client comes)."""
+        feed = self.feeds.get(asset)
+        if feed is None:
+            feed = self.feeds[asset] = EventFeed(self.controls, asset, keep=self.feed_keep)
+        return feed
 
     def kick(self) -> None:
         """Let the in-process daemon act on a control now instead of at its next heartbeat."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
-import anyio
-import anyio.abc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import redact_secrets, require_event_log
+from watchkeeper.store.backend import require_event_log
 
 from ._base import (
     MAX_PAGE,
@@ -22,10 +21,10 @@ from ._base import (
     int_param,
     require,
 )
+from ._feed import SSE_BATCH, encode_frames, join_frames
 
 __all__ = ["list_events", "stream_events"]
 
-SSE_BATCH = 500
 SSE_KEEPALIVE = 15.0
 
 
@@ -80,24 +79,40 @@ async def stream_events(request: Request) -> Response:
 
 async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: watching from event {after}\n\n".encode()
-    quiet = 0.0
     controls = ctx.controls
-    while not ctx.closing.is_set():
-        try:
-            # The database builds each event's JSON: no decoding and re-encoding on the loop.
-            events = await controls.alist_event_json(asset=asset, since_id=after, limit=SSE_BATCH)
-        except StoreUnavailableError:
-            events = []  # the client keeps its place; the next poll tries again
-        if events:
-            frames = [f"id: {i}\nevent: asset_event\ndata: {data}\n\n" for i, data in events]
-            after = events[-1][0]
-            quiet = 0.0
-            yield redact_secrets("".join(frames)).encode()  # masks URL passwords in payloads
-            if len(events) == SSE_BATCH:
-                continue
-        elif quiet >= SSE_KEEPALIVE:
-            quiet = 0.0
-            yield b": keep-alive\n\n"
-        with anyio.move_on_after(ctx.sse_poll):
-            await ctx.closing.wait()
-        quiet += ctx.sse_poll
+    feed = ctx.feed(asset)
+    feed.clients += 1
+    try:
+        feed.start_at(after)
+        quiet_since = time.monotonic()
+        while not ctx.closing.is_set():
+            if after < feed.base:  # older than what the feed holds: read the log alone
+                try:
+                    events = await controls.alist_event_json(
+                        asset=asset, since_id=after, limit=SSE_BATCH
+                    )
+                except StoreUnavailableError:
+                    events = None  # the client keeps its place; the next poll tries again
+                if events:
+                    after = events[-1][0]
+                    quiet_since = time.monotonic()
+                    yield join_frames(encode_frames(events))
+                    continue
+                if events is not None:
+                    after = feed.base  # the events up to the feed's are gone (collected)
+                    continue
+            else:
+                held = feed.frames_after(after)
+                if held is not None:
+                    data, after = held
+                    quiet_since = time.monotonic()
+                    yield data
+                    continue
+            if time.monotonic() - quiet_since >= SSE_KEEPALIVE:
+                quiet_since = time.monotonic()
+                yield b": keep-alive\n\n"
+            await feed.advance(ctx.sse_poll)
+    finally:
+        feed.clients -= 1
+        if feed.clients == 0 and ctx.feeds.get(asset) is feed:
+            del ctx.feeds[asset]
