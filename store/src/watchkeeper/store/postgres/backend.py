@@ -19,7 +19,7 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,6 +54,7 @@ from .._values import (
 )
 from ..errors import (
     AssetNotFoundError,
+    BackendImportError,
     InvalidSettingError,
     StateStoreError,
     StoreClosedError,
@@ -70,7 +71,6 @@ from .sql import (
     is_unavailable,
     map_error,
     raw_entry,
-    rowcount,
 )
 from .tasks import PostgresTasks
 from .writer import GroupWriter
@@ -160,8 +160,8 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         try:
             import asyncpg
         except ImportError as exc:  # pragma: no cover - the extra is part of the dev group
-            raise ImportError(
-                "PostgresStateBackend needs asyncpg: install 'watchkeeper-store[postgres]'"
+            raise BackendImportError(
+                "PostgresStateBackend", "needs asyncpg: install 'watchkeeper-store[postgres]'"
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
@@ -399,17 +399,10 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             for s in statuses
         ]  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.executemany(self._sql.save_status, rows)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_status, rows, many=True)
 
     async def _adelete_trigger_status(self, ids: list[str]) -> None:
-
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_status, ids))
-
-        await self._submit(CallOp(delete, phase=LATE))
+        await self._write_late(self._sql.delete_status, [ids])
 
     async def _alist_trigger_status(self) -> list[TriggerStatus]:
         rows = await self._fetch("listing trigger status", self._sql.list_status)
@@ -426,17 +419,22 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
                encode_refused(s.refused))  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.execute(self._sql.save_daemon, *row)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_daemon, row)
 
     async def _adelete_daemon_status(self, names: list[str]) -> None:
+        await self._write_late(self._sql.delete_daemons, [names])
 
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+    async def _write_late(self, statement: str, args: Sequence[Any], *, many: bool = False) -> None:
+        """Run one status statement in the writer's late phase, after the batch's events:
+        ``args`` are its parameters, or with ``many`` one tuple of them per row."""
 
-        await self._submit(CallOp(delete, phase=LATE))
+        async def write(conn: asyncpg.Connection) -> None:
+            if many:
+                await conn.executemany(statement, args)
+            else:
+                await conn.execute(statement, *args)
+
+        await self._submit(CallOp(write, phase=LATE))
 
     async def _alist_daemon_status(self) -> list[DaemonStatus]:
         rows = await self._fetch("listing daemon status", self._sql.list_daemons)
