@@ -10,6 +10,13 @@ SQLite one by savepoints inside the transaction, the PostgreSQL one one write pe
 transaction); when it returns, the queue wakes every caller of the batch. So an awaited write has committed when it
 returns, and many concurrent writers share one commit.
 
+With ``concurrency`` above 1 (PostgreSQL: one connection per batch in flight), the next batch
+is handed over while earlier ones are still running, as long as it shares no key with any of
+them (``keys_of``: the rows a batch writes, or None for a batch that must run alone); a batch
+that does waits for them to finish, and nothing behind it starts first. So two writes to the
+same key still commit in the order they were queued, and concurrent batches never contend for
+the same rows.
+
 Cancellation: a caller cancelled while its write is being handed over gives it up; one
 cancelled once it is queued only stops waiting, and the write may still commit. When the
 writer task stops (the backend closes, or it is cancelled), the writes of a batch whose
@@ -33,6 +40,9 @@ from .errors import StoreClosedError
 __all__ = ["WRITE_OVERHEAD", "CommitQueue", "CommitStats", "QueuedWrite"]
 
 W = TypeVar("W", bound="QueuedWrite")
+
+_MIN_SHARE: Final = 32
+"""The smallest batch an overlapping queue splits what is queued into."""
 
 WRITE_OVERHEAD: Final = 256
 """What a write costs towards ``max_batch_bytes`` beyond its values (a guess at the overhead)."""
@@ -100,8 +110,16 @@ class CommitQueue(Generic[W]):
         buffer_size: int,
         max_batch: int,
         max_batch_bytes: int | None = None,
+        concurrency: int = 1,
+        keys_of: Callable[[list[W]], frozenset[object] | None] | None = None,
     ) -> None:
         self._owner = owner
+        self._concurrency = concurrency
+        self._keys_of = keys_of
+        self._flying: list[frozenset[object] | None] = []
+        """The keys of each batch in flight (None: a batch that runs alone)."""
+        self._landed = anyio.Event()
+        """Set (and replaced) each time a batch in flight finishes."""
         self._run_batch = run_batch
         self._in_flight_error = in_flight_error
         self._max_batch = max_batch
@@ -148,6 +166,9 @@ class CommitQueue(Generic[W]):
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Run batch after batch until :meth:`close` and an empty queue."""
+        if self._concurrency > 1:
+            await self._run_overlapped(task_status=task_status)
+            return
         task_status.started()
         batch: list[W] = []
         carry: W | None = None
@@ -191,11 +212,84 @@ class CommitQueue(Generic[W]):
             self._receive.close()
             self._stopped.set()
 
-    def _take(self, first: W) -> tuple[list[W], W | None]:
+    async def _run_overlapped(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """:meth:`run` with up to ``concurrency`` batches in flight, none sharing a key."""
+        task_status.started()
+        batch: list[W] = []
+        carry: W | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                while True:
+                    await anyio.lowlevel.checkpoint()
+                    if carry is None:
+                        try:
+                            carry = self._receive.receive_nowait()
+                        except anyio.WouldBlock:
+                            try:
+                                carry = await self._receive.receive()
+                            except anyio.EndOfStream:
+                                break
+                        except anyio.EndOfStream:
+                            break
+                    # Spread what is queued over the free connections: several smaller
+                    # batches in flight return their callers sooner than one large one.
+                    free = max(1, self._concurrency - len(self._flying))
+                    queued = self._receive.statistics().current_buffer_used + 1
+                    share = max(_MIN_SHARE, -(-queued // free))
+                    batch, carry = self._take(carry, min(share, self._max_batch))
+                    keys = None if self._keys_of is None else self._keys_of(batch)
+                    if keys is None and carry is None and len(batch) < self._max_batch:
+                        # It runs alone anyway: let it take what else is queued, as one.
+                        carry = self._fill(batch, self._max_batch)
+                        keys = None if self._keys_of is None else self._keys_of(batch)
+                    while self._flying and (
+                        len(self._flying) >= self._concurrency
+                        or keys is None
+                        or any(k is None or not k.isdisjoint(keys) for k in self._flying)
+                    ):
+                        await self._landed.wait()
+                    self._flying.append(keys)
+                    tg.start_soon(self._run_one, batch, keys)
+                    batch = []
+        finally:
+            self._fail_unsettled(batch, self._in_flight_error)
+            leftovers = [] if carry is None else [carry]
+            while True:
+                try:
+                    leftovers.append(self._receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+            self._fail_unsettled(leftovers, lambda: StoreClosedError(self._owner))
+            self._receive.close()
+            self._stopped.set()
+
+    async def _run_one(self, batch: list[W], keys: frozenset[object] | None) -> None:
+        try:
+            await self._run_batch(batch)
+        except BaseException:
+            self._fail_unsettled(batch, self._in_flight_error)
+            raise
+        finally:
+            self._flying.remove(keys)
+            landed, self._landed = self._landed, anyio.Event()
+            landed.set()
+        self.batches += 1
+        self.writes += len(batch)
+        self.batch_sizes.observe(len(batch))
+        for write in batch:
+            write.settle()
+
+    def _take(self, first: W, limit: int | None = None) -> tuple[list[W], W | None]:
         """``first`` and what else is queued, up to the limits; the write that would overflow
         ``max_batch_bytes`` is carried to the next batch."""
-        batch, size = [first], first.weight()
-        while len(batch) < self._max_batch:
+        batch = [first]
+        return batch, self._fill(batch, self._max_batch if limit is None else limit)
+
+    def _fill(self, batch: list[W], limit: int) -> W | None:
+        """Add what is queued to ``batch``, up to ``limit`` writes and ``max_batch_bytes``;
+        return the write that would overflow the bytes (carried to the next batch)."""
+        size = sum(write.weight() for write in batch) if self._max_bytes is not None else 0
+        while len(batch) < limit:
             try:
                 write = self._receive.receive_nowait()
             except (anyio.WouldBlock, anyio.EndOfStream):
@@ -203,9 +297,9 @@ class CommitQueue(Generic[W]):
             if self._max_bytes is not None:
                 size += write.weight()
                 if size > self._max_bytes:
-                    return batch, write
+                    return write
             batch.append(write)
-        return batch, None
+        return None
 
     @staticmethod
     def _fail_unsettled(writes: list[W], error: Callable[[], BaseException]) -> None:

@@ -57,6 +57,7 @@ __all__ = [
     "Op",
     "PutOp",
     "apply_batch",
+    "batch_keys",
 ]
 
 T = TypeVar("T")
@@ -187,6 +188,10 @@ class _EventsOp(Op):
         self._assets, self._fence, self.created_at = assets, fence, created_at
         self.targets: list[tuple[int, str]] = []
 
+    @property
+    def asset_names(self) -> tuple[str, ...]:
+        return self._assets
+
     def scopes(self) -> Sequence[AssetScope]:
         return [AssetScope(name=name) for name in self._assets]
 
@@ -246,6 +251,22 @@ class CallOp(Op):
     def __init__(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]], *, phase: int) -> None:
         super().__init__(phase)
         self.fn = fn
+
+
+def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
+    """What a batch of event commits writes, for the writer to overlap only batches that share
+    nothing: the watched assets (their events, their state rows) and the watchers. None (the
+    batch runs alone) when it holds any other write."""
+    keys: set[object] = set()
+    for op in batch:
+        if type(op) is CommitOp:
+            keys.add(("watcher", op.commit.watcher))
+        elif type(op) is BatchCommitOp:
+            keys.add(("watcher", op.batch.watcher))
+        else:
+            return None
+        keys.update(op.asset_names)
+    return frozenset(keys)
 
 
 def _rounds(ops: Sequence[T], keys_of: Callable[[T], Sequence[Hashable]]) -> list[list[T]]:
@@ -350,9 +371,11 @@ async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[Co
         payloads: dict[int, Any] = {}
         for event_id, asset_id, created_at in rows:
             op, name = owner[asset_id]
-            if id(op) not in payloads:
-                payloads[id(op)] = decode_value(op.commit.payload_json)
             c = op.commit
+            if id(op) not in payloads:
+                payloads[id(op)] = (
+                    decode_value(c.payload_json) if c.decoded is None else c.decoded[0]
+                )
             op.result.append(
                 AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
             )

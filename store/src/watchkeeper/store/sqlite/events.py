@@ -177,8 +177,9 @@ class EventCommits:
         stated: dict[tuple[int, int], None] = {}  # (commit, asset_id), in first-row order
         for row, (owner, entry), event_id in zip(rows, owners, ids, strict=True):
             commit = commits[owner]
-            if type(commit) is EventBatchCommit and commit.decoded is not None:
-                payload = commit.decoded[entry]  # the caller decoded it already
+            decoded = commit.decoded
+            if decoded is not None:
+                payload = decoded[entry]  # the caller decoded it already
             else:
                 payload = payloads.get((owner, entry), _MISSING)
                 if payload is _MISSING:
