@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
-from .._types import AssetEvent, AssetScope, EventBatchCommit, EventCommit
+from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
 from .ops import Row, writer_cols
@@ -131,7 +131,7 @@ class EventCommits:
                     check_fence(commit.fence, held.get(commit.fence.trigger_id), now)
                 targets: dict[int, str] = {}
                 for name in commit.assets:
-                    asset_id, resolved = tx.resolve(AssetScope(name=name))
+                    asset_id, resolved = tx.resolve_name(name)
                     targets.setdefault(asset_id, resolved)
             except StateStoreError as exc:
                 outcomes[index] = exc

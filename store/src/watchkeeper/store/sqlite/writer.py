@@ -89,12 +89,13 @@ class Tx:
     batch rolls back. A deactivated asset is therefore never resolved from a stale entry.
     """
 
-    __slots__ = ("_assets", "_clock", "_data_version", "_now", "conn")
+    __slots__ = ("_assets", "_by_name", "_clock", "_data_version", "_now", "conn")
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], datetime]) -> None:
         self.conn = conn
         self._clock = clock
         self._assets: dict[AssetScope, tuple[int, str]] = {}
+        self._by_name: dict[str, tuple[int, str]] = {}  # the same entries, by asset name
         self._data_version = -1
         self._now: tuple[datetime, str] | None = None
 
@@ -104,6 +105,7 @@ class Tx:
         version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             self._assets.clear()
+            self._by_name.clear()
             self._data_version = version
 
     def now(self) -> tuple[datetime, str]:
@@ -127,9 +129,18 @@ class Tx:
         self._assets[scope] = (row[0], row[1])
         return row[0], row[1]
 
+    def resolve_name(self, name: str) -> tuple[int, str]:
+        """:meth:`resolve` of ``AssetScope(name=name)`` (an event's asset), without building
+        the scope once it is cached."""
+        hit = self._by_name.get(name)
+        if hit is None:
+            hit = self._by_name[name] = self.resolve(AssetScope(name=name))
+        return hit
+
     def forget_assets(self) -> None:
         """Drop every cached resolution (call after changing ``assets``)."""
         self._assets.clear()
+        self._by_name.clear()
 
 
 class UpsertGroup(Protocol):
