@@ -17,12 +17,14 @@ from watchkeeper.store import Asset, AssetScope, PostgresStateBackend, TaskScope
 from watchkeeper.store.backend import AssetEvent, EventCommit
 
 TASK = TaskScope("dag", "run", "task")
+OTHERS = 40
+"""Watchers committing beside the held batch: more than the writer sends beside one alone."""
 
 
 @pytest.fixture
 async def store(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStateBackend]:
     async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-        await backend.aregister_assets([Asset("a"), Asset("b")])
+        await backend.aregister_assets([Asset("a"), *(Asset(f"b{i}") for i in range(OTHERS))])
         yield backend
 
 
@@ -51,8 +53,8 @@ async def _wait_blocked(conn: asyncpg.Connection) -> None:
 async def test_events_on_other_assets_commit_while_a_batch_is_held(
     store: PostgresStateBackend, pg_dsn: str, pg_schema: str
 ) -> None:
-    """A batch waiting on the server does not hold up event commits on other assets; a second
-    event on the held asset waits for the first and gets the next id."""
+    """A batch waiting on the server does not hold up a batch of event commits on other
+    assets; a second event on the held asset waits for the first and gets the next id."""
     await store.acommit_event(_event("wa", "a", 0))
     done: dict[str, list[AssetEvent]] = {}
 
@@ -68,7 +70,9 @@ async def test_events_on_other_assets_commit_while_a_batch_is_held(
             tg.start_soon(commit, "a1", _event("wa", "a", 1))
             await _wait_blocked(conn)
             with anyio.fail_after(10):  # a writer running one batch at a time never gets here
-                done["b"] = await store.acommit_event(_event("wb", "b", 1))
+                async with anyio.create_task_group() as others:
+                    for i in range(OTHERS):
+                        others.start_soon(commit, f"b{i}", _event(f"wb{i}", f"b{i}", 1))
             tg.start_soon(commit, "a2", _event("wa", "a", 2))
             await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
             assert "a1" not in done and "a2" not in done

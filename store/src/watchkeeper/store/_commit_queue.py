@@ -41,6 +41,9 @@ __all__ = ["WRITE_OVERHEAD", "CommitQueue", "CommitStats", "QueuedWrite"]
 
 W = TypeVar("W", bound="QueuedWrite")
 
+_MIN_OVERLAP: Final = 32
+"""The fewest writes an overlapping queue sends beside batches already in flight."""
+
 WRITE_OVERHEAD: Final = 256
 """What a write costs towards ``max_batch_bytes`` beyond its values (a guess at the overhead)."""
 
@@ -231,8 +234,13 @@ class CommitQueue(Generic[W]):
                     # Everything queued, as one batch: splitting it over the free connections
                     # was measured to cost ~40 % more CPU per event (each batch has a fixed
                     # cost of a few round trips), and the machine is more often short of CPU
-                    # than of round trips. Batches overlap when more arrives meanwhile.
+                    # than of round trips.
                     batch, carry = self._take(carry)
+                    if self._flying and carry is None and len(batch) < _MIN_OVERLAP:
+                        # A few writes are not worth a transaction beside the ones in flight:
+                        # wait for one to land, and take what arrived meanwhile with them.
+                        await self._landed.wait()
+                        carry = self._fill(batch)
                     keys = None if self._keys_of is None else self._keys_of(batch)
                     while self._flying and (
                         len(self._flying) >= self._concurrency
@@ -274,7 +282,13 @@ class CommitQueue(Generic[W]):
     def _take(self, first: W) -> tuple[list[W], W | None]:
         """``first`` and what else is queued, up to the limits; the write that would overflow
         ``max_batch_bytes`` is carried to the next batch."""
-        batch, size = [first], first.weight()
+        batch = [first]
+        return batch, self._fill(batch)
+
+    def _fill(self, batch: list[W]) -> W | None:
+        """Add what is queued to ``batch``, up to the limits; return the write that would
+        overflow ``max_batch_bytes`` (carried to the next batch)."""
+        size = sum(write.weight() for write in batch)
         while len(batch) < self._max_batch:
             try:
                 write = self._receive.receive_nowait()
@@ -283,9 +297,9 @@ class CommitQueue(Generic[W]):
             if self._max_bytes is not None:
                 size += write.weight()
                 if size > self._max_bytes:
-                    return batch, write
+                    return write
             batch.append(write)
-        return batch, None
+        return None
 
     @staticmethod
     def _fail_unsettled(writes: list[W], error: Callable[[], BaseException]) -> None:
