@@ -27,6 +27,7 @@ writer task stops (the backend closes, or it is cancelled), the writes of a batc
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, NamedTuple, TypeVar
 
@@ -107,7 +108,6 @@ class CommitQueue(Generic[W]):
         run_batch: Callable[[list[W]], Awaitable[None]],
         *,
         in_flight_error: Callable[[], BaseException],
-        buffer_size: int,
         max_batch: int,
         max_batch_bytes: int | None = None,
         concurrency: int = 1,
@@ -124,7 +124,13 @@ class CommitQueue(Generic[W]):
         self._in_flight_error = in_flight_error
         self._max_batch = max_batch
         self._max_bytes = max_batch_bytes
-        self._send, self._receive = anyio.create_memory_object_stream[W](buffer_size)
+        # A plain deque, not bounded: every caller waits for its own write, so it holds at
+        # most one write per waiting caller. (A bounded stream parked the callers beyond its
+        # size, and waking them one by one cost a fifth of the loop with 10,000 writers.)
+        self._queue: deque[W] = deque()
+        self._closed = False
+        self._wakeup: anyio.Event | None = None
+        """Set when the writer waits for the first write of its next batch."""
         self._stopped = anyio.Event()
         self.batches = 0
         """Batches run so far (a replayed batch counts once)."""
@@ -139,25 +145,26 @@ class CommitQueue(Generic[W]):
 
     async def submit(self, write: W) -> Any:
         """Queue ``write``, wait until its batch has run, and return its result (or raise)."""
-        try:
-            try:
-                self._send.send_nowait(write)  # the common case: no checkpoint, no wait
-            except anyio.WouldBlock:
-                await self._send.send(write)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StoreClosedError(self._owner) from None
+        if self._closed:
+            raise StoreClosedError(self._owner)
+        self._queue.append(write)  # no checkpoint: nothing can interrupt the hand-over
+        if self._wakeup is not None:
+            self._wakeup.set()
         # Cancelling this await cancels only the waiting: the write stays queued.
         await write.done
         return write.outcome()
 
     def close(self) -> None:
         """Accept no more writes; :meth:`run` returns once the queue is drained."""
-        self._send.close()
+        self._closed = True
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def discard(self) -> None:
-        """Close both ends of the queue of a writer that never ran."""
-        self._send.close()
-        self._receive.close()
+        """Close the queue of a writer that never ran (failing anything queued)."""
+        self._closed = True
+        self._fail_unsettled(list(self._queue), lambda: StoreClosedError(self._owner))
+        self._queue.clear()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -179,14 +186,8 @@ class CommitQueue(Generic[W]):
                 # events/s at 100 watchers) for the cost of one pass of the event loop.
                 await anyio.lowlevel.checkpoint()
                 if carry is None:
-                    try:
-                        carry = self._receive.receive_nowait()
-                    except anyio.WouldBlock:
-                        try:
-                            carry = await self._receive.receive()
-                        except anyio.EndOfStream:
-                            break
-                    except anyio.EndOfStream:
+                    carry = await self._next()
+                    if carry is None:
                         break
                 batch, carry = self._take(carry)
                 try:
@@ -202,14 +203,11 @@ class CommitQueue(Generic[W]):
                 batch = []
         finally:
             self._fail_unsettled(batch, self._in_flight_error)
-            leftovers = [] if carry is None else [carry]
-            while True:
-                try:
-                    leftovers.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
+            self._closed = True
+            leftovers: list[W] = [] if carry is None else [carry]
+            leftovers.extend(self._queue)
+            self._queue.clear()
             self._fail_unsettled(leftovers, lambda: StoreClosedError(self._owner))
-            self._receive.close()
             self._stopped.set()
 
     async def _run_overlapped(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -222,14 +220,8 @@ class CommitQueue(Generic[W]):
                 while True:
                     await anyio.lowlevel.checkpoint()
                     if carry is None:
-                        try:
-                            carry = self._receive.receive_nowait()
-                        except anyio.WouldBlock:
-                            try:
-                                carry = await self._receive.receive()
-                            except anyio.EndOfStream:
-                                break
-                        except anyio.EndOfStream:
+                        carry = await self._next()
+                        if carry is None:
                             break
                     # Everything queued, as one batch: splitting it over the free connections
                     # was measured to cost ~40 % more CPU per event (each batch has a fixed
@@ -253,14 +245,11 @@ class CommitQueue(Generic[W]):
                     batch = []
         finally:
             self._fail_unsettled(batch, self._in_flight_error)
-            leftovers = [] if carry is None else [carry]
-            while True:
-                try:
-                    leftovers.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                    break
+            self._closed = True
+            leftovers: list[W] = [] if carry is None else [carry]
+            leftovers.extend(self._queue)
+            self._queue.clear()
             self._fail_unsettled(leftovers, lambda: StoreClosedError(self._owner))
-            self._receive.close()
             self._stopped.set()
 
     async def _run_one(self, batch: list[W], keys: frozenset[object] | None) -> None:
@@ -279,6 +268,18 @@ class CommitQueue(Generic[W]):
         for write in batch:
             write.settle()
 
+    async def _next(self) -> W | None:
+        """The first write of the next batch, once there is one; None once closed and empty."""
+        while not self._queue:
+            if self._closed:
+                return None
+            self._wakeup = wakeup = anyio.Event()
+            try:
+                await wakeup.wait()
+            finally:
+                self._wakeup = None
+        return self._queue.popleft()
+
     def _take(self, first: W) -> tuple[list[W], W | None]:
         """``first`` and what else is queued, up to the limits; the write that would overflow
         ``max_batch_bytes`` is carried to the next batch."""
@@ -289,11 +290,9 @@ class CommitQueue(Generic[W]):
         """Add what is queued to ``batch``, up to the limits; return the write that would
         overflow ``max_batch_bytes`` (carried to the next batch)."""
         size = sum(write.weight() for write in batch)
-        while len(batch) < self._max_batch:
-            try:
-                write = self._receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                break
+        queue = self._queue
+        while queue and len(batch) < self._max_batch:
+            write = queue.popleft()
             if self._max_bytes is not None:
                 size += write.weight()
                 if size > self._max_bytes:

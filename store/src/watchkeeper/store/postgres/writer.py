@@ -54,7 +54,6 @@ class GroupWriter:
         connect: Callable[[], Awaitable[asyncpg.Connection]],
         conn: asyncpg.Connection,
         *,
-        buffer_size: int = 4096,
         max_batch: int = 2048,
         max_batch_bytes: int = 8 << 20,
         connections: int = 4,
@@ -74,7 +73,6 @@ class GroupWriter:
                 "the PostgreSQL writer stopped while this write was in flight; "
                 "it may or may not have committed"
             ),
-            buffer_size=buffer_size,
             max_batch=max_batch,
             max_batch_bytes=max_batch_bytes,
             concurrency=connections,

@@ -2,8 +2,8 @@
 
 Every write of :class:`~watchkeeper.store.SqliteStateBackend` is an *operation*: a plain
 function ``fn(tx) -> result`` that runs SQL on the writer's connection. Callers submit
-operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` (back-pressure
-when it is full) and wait for theirs. Its writer task takes everything queued (up to
+operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` and wait for
+theirs. Its writer task takes everything queued (up to
 ``max_batch``) and this module runs the whole batch as one call in a worker thread (``anyio.to_thread.run_sync`` with a ``CapacityLimiter(1)``, so one
 thread at a time owns the ``sqlite3`` connection):
 
@@ -255,7 +255,6 @@ class GroupCommitWriter:
             owner,
             self._run_batch_in_thread,
             in_flight_error=lambda: StoreClosedError(owner),
-            buffer_size=max_batch,
             max_batch=max_batch,
         )
 
