@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from watchkeeper.store import Asset, AssetScope, PostgresStateBackend, TaskScope
-from watchkeeper.store.backend import AssetEvent, EventCommit
+from watchkeeper.store import Asset, AssetEvent, AssetScope, PostgresStateBackend, TaskScope
+from watchkeeper.store.backend import EventCommit
 
 TASK = TaskScope("dag", "run", "task")
 OTHERS = 40
