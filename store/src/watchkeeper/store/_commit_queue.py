@@ -15,10 +15,11 @@ is handed over while earlier ones are still running, as long as it shares no key
 them (``keys_of``: the rows a batch writes, or None for a batch that must run alone); a batch
 that does waits for them to finish, and nothing behind it starts first. So two writes to the
 same key still commit in the order they were queued, and concurrent batches never contend for
-the same rows.
+the same rows. A batch of fewer than ``_MIN_OVERLAP`` writes is not sent beside others: it
+waits for one in flight to land and takes what arrived meanwhile.
 
-Cancellation: a caller cancelled while its write is being handed over gives it up; one
-cancelled once it is queued only stops waiting, and the write may still commit. When the
+Cancellation: handing a write over has no checkpoint, so a caller cancelled in ``submit``
+only stops waiting, and its write may still commit. When the
 writer task stops (the backend closes, or it is cancelled), the writes of a batch whose
 ``run_batch`` did not return and that it did not :meth:`~QueuedWrite.settle` get
 ``in_flight_error()``, and the queued ones :class:`StoreClosedError`: nobody waits forever.
