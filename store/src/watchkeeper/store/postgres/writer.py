@@ -130,9 +130,9 @@ class GroupWriter:
         try:
             conn = await self._connection(slot)
             events = any(isinstance(op, CommitOp | BatchCommitOp) for op in batch)
-            # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
-            await conn.execute(self._begin_events if events else "BEGIN")
             try:
+                # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
+                await conn.execute(self._begin_events if events else "BEGIN")
                 await apply_batch(conn, self._sql, batch)
                 applied = True
                 await conn.execute("COMMIT")
