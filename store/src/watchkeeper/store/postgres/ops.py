@@ -57,7 +57,6 @@ __all__ = [
     "Op",
     "PutOp",
     "apply_batch",
-    "batch_keys",
 ]
 
 T = TypeVar("T")
@@ -265,22 +264,6 @@ class CallOp(Op):
     def __init__(self, fn: Callable[[asyncpg.Connection], Awaitable[Any]], *, phase: int) -> None:
         super().__init__(phase)
         self.fn = fn
-
-
-def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
-    """What a batch of event commits writes, for the writer to overlap only batches that share
-    nothing: the watched assets (their events, their state rows) and the watchers. None (the
-    batch runs alone) when it holds any other write."""
-    keys: set[object] = set()
-    for op in batch:
-        if type(op) is CommitOp:
-            keys.add(("watcher", op.commit.watcher))
-        elif type(op) is BatchCommitOp:
-            keys.add(("watcher", op.batch.watcher))
-        else:
-            return None
-        keys.update(op.asset_names)
-    return frozenset(keys)
 
 
 def _rounds(ops: Sequence[T], keys_of: Callable[[T], Sequence[Hashable]]) -> list[list[T]]:

@@ -9,10 +9,11 @@ own connections and commits; only then are the callers woken. So an awaited writ
 when it returns, and a thousand concurrent writers share one commit.
 
 Batches overlap: while one waits for the server, the next (on another connection, up to
-``connections`` of them, opened as they are first needed) is sent. Only batches of event
-commits on disjoint sets of assets overlap (:func:`~watchkeeper.store.postgres.ops.batch_keys`);
-a batch with any other write runs alone. So the writes of one watcher (its assets) commit in
-the order they were queued, and two transactions in flight never wait for each other's rows.
+``connections`` of them, opened as they are first needed) is sent, if it holds at least a few
+dozen writes. Only batches of event commits on disjoint sets of assets and watchers overlap
+(:func:`batch_keys`); a batch with any other write runs alone. So the writes of one watcher
+commit in the order they were queued, and two transactions in flight never wait for each
+other's rows.
 
 Each op stays atomic on its own. If a statement fails (data PostgreSQL refuses, a race with
 another daemon), the transaction is rolled back and its ops are replayed one per transaction,
@@ -27,7 +28,7 @@ not withdrawn and may still commit. Nothing else is disturbed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,13 +36,13 @@ import anyio.abc
 
 from .._commit_queue import CommitQueue
 from ..errors import BackendUnavailableError
-from .ops import BatchCommitOp, CommitOp, Op, apply_batch, batch_keys
+from .ops import BatchCommitOp, CommitOp, Op, apply_batch
 from .sql import Statements, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["GroupWriter"]
+__all__ = ["GroupWriter", "batch_keys"]
 
 
 class GroupWriter:
@@ -171,6 +172,22 @@ class GroupWriter:
         for op in batch:
             op.reset()
             await self._run_on(slot, [op], retry=False)
+
+
+def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
+    """What a batch of event commits writes, for the writer to overlap only batches that share
+    nothing: the watched assets (their events, their state rows) and the watchers. None (the
+    batch runs alone) when it holds any other write."""
+    keys: set[object] = set()
+    for op in batch:
+        if type(op) is CommitOp:
+            keys.add(("watcher", op.commit.watcher))
+        elif type(op) is BatchCommitOp:
+            keys.add(("watcher", op.batch.watcher))
+        else:
+            return None
+        keys.update(op.asset_names)
+    return frozenset(keys)
 
 
 async def _roll_back(conn: asyncpg.Connection) -> None:
