@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ from tests.support.daemons import (
     LINES_WATCHER,
     append_lines,
     asset_file,
+    spawn_daemon,
     wait_until,
-    watchkeeper_command,
 )
 from tests.support.postgres import PgDatabase
 
@@ -96,14 +95,7 @@ class TestTwoDaemons:
         async def start(name: str) -> Node:
             log_path = tmp_path / f"{name}.log"
             with log_path.open("ab") as log:
-                process = await anyio.open_process(
-                    watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    cwd=tmp_path,
-                    env=env,
-                )
+                process = await spawn_daemon(tmp_path, watchers, env, log)
             node = Node(name, process, log_path)
             nodes.append(node)
             await wait_until(lambda: node.events("daemon_started"), f"{name} to start", node)

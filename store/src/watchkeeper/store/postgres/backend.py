@@ -19,7 +19,7 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -54,6 +54,7 @@ from .._values import (
 )
 from ..errors import (
     AssetNotFoundError,
+    BackendImportError,
     InvalidSettingError,
     StateStoreError,
     StoreClosedError,
@@ -70,7 +71,6 @@ from .sql import (
     is_unavailable,
     map_error,
     raw_entry,
-    rowcount,
 )
 from .tasks import PostgresTasks
 from .writer import GroupWriter
@@ -112,8 +112,12 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        server_settings: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        #: Session settings of every connection it opens (``application_name``,
+        #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
+        self.server_settings: dict[str, str] = dict(server_settings or {})
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
                 "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
@@ -150,6 +154,9 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             return f"dsn=(unparsed) schema={schema}"
         return f"host={host}:{port} db={db} schema={schema}"
 
+    def _session(self) -> dict[str, str] | None:
+        return dict(self.server_settings) or None
+
     def _describe(self) -> str:
         pool = self._pool
         size = pool.get_size() if pool is not None else 0
@@ -160,15 +167,19 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         try:
             import asyncpg
         except ImportError as exc:  # pragma: no cover - the extra is part of the dev group
-            raise ImportError(
-                "PostgresStateBackend needs asyncpg: install 'watchkeeper-store[postgres]'"
+            raise BackendImportError(
+                "PostgresStateBackend", "needs asyncpg: install 'watchkeeper-store[postgres]'"
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn)
+            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
             self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
-                self._dsn, min_size=self.min_size, max_size=self.max_size, reset=_keep_session
+                self._dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                reset=_keep_session,
+                server_settings=self._session(),
             )
         except BaseException as exc:
             _discard(conn, None)
@@ -179,12 +190,12 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         conn, pool = await self._connect()
-        dsn = self._dsn
+        dsn, session = self._dsn, self._session()
 
         async def reconnect() -> asyncpg.Connection:
             import asyncpg
 
-            return await asyncpg.connect(dsn)
+            return await asyncpg.connect(dsn, server_settings=session)
 
         writer = GroupWriter(
             self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
@@ -401,17 +412,10 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             for s in statuses
         ]  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.executemany(self._sql.save_status, rows)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_status, rows, many=True)
 
     async def _adelete_trigger_status(self, ids: list[str]) -> None:
-
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_status, ids))
-
-        await self._submit(CallOp(delete, phase=LATE))
+        await self._write_late(self._sql.delete_status, [ids])
 
     async def _alist_trigger_status(self) -> list[TriggerStatus]:
         rows = await self._fetch("listing trigger status", self._sql.list_status)
@@ -428,17 +432,22 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
                encode_refused(s.refused))  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.execute(self._sql.save_daemon, *row)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_daemon, row)
 
     async def _adelete_daemon_status(self, names: list[str]) -> None:
+        await self._write_late(self._sql.delete_daemons, [names])
 
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+    async def _write_late(self, statement: str, args: Sequence[Any], *, many: bool = False) -> None:
+        """Run one status statement in the writer's late phase, after the batch's events:
+        ``args`` are its parameters, or with ``many`` one tuple of them per row."""
 
-        await self._submit(CallOp(delete, phase=LATE))
+        async def write(conn: asyncpg.Connection) -> None:
+            if many:
+                await conn.executemany(statement, args)
+            else:
+                await conn.execute(statement, *args)
+
+        await self._submit(CallOp(write, phase=LATE))
 
     async def _alist_daemon_status(self) -> list[DaemonStatus]:
         rows = await self._fetch("listing daemon status", self._sql.list_daemons)

@@ -1,8 +1,9 @@
 """Event consumers and wake-ups for :class:`~watchkeeper.store.PostgresStateBackend`.
 
-The commit-order lock and the one NOTIFY per batch of event commits (:func:`events_hook`, run
-by the group writer and by a finish with outlets) are here too: see :mod:`.tasks`
-for why a cursor reader takes that lock exclusively.
+The commit-order lock and the one NOTIFY per batch of event commits are here too
+(:func:`events_prelude`, sent with the group writer's ``BEGIN``; :func:`events_hook`, the same
+run by a finish with outlets): see :mod:`.tasks` for why a cursor reader takes that lock
+exclusively.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class PostgresConsumers(TaskStoreBackend):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        def _session(self) -> dict[str, str] | None: ...
 
     @property
     def _prefix(self) -> str:
@@ -214,7 +216,7 @@ class PostgresConsumers(TaskStoreBackend):
             try:
                 import asyncpg
 
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                 state.update(conn=conn, event=anyio.Event(), failed_at=None)
 
                 def notified(*_: object) -> None:
