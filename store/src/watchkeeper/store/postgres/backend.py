@@ -19,7 +19,7 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,7 +60,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from .consumers import PostgresConsumers, events_hook
+from .consumers import PostgresConsumers, events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
@@ -112,8 +112,12 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        server_settings: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        #: Session settings of every connection it opens (``application_name``,
+        #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
+        self.server_settings: dict[str, str] = dict(server_settings or {})
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
                 "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
@@ -150,6 +154,9 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             return f"dsn=(unparsed) schema={schema}"
         return f"host={host}:{port} db={db} schema={schema}"
 
+    def _session(self) -> dict[str, str] | None:
+        return dict(self.server_settings) or None
+
     def _describe(self) -> str:
         pool = self._pool
         size = pool.get_size() if pool is not None else 0
@@ -165,10 +172,14 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn)
+            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
             self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
-                self._dsn, min_size=self.min_size, max_size=self.max_size, reset=_keep_session
+                self._dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                reset=_keep_session,
+                server_settings=self._session(),
             )
         except BaseException as exc:
             _discard(conn, None)
@@ -179,14 +190,16 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         conn, pool = await self._connect()
-        dsn = self._dsn
+        dsn, session = self._dsn, self._session()
 
         async def reconnect() -> asyncpg.Connection:
             import asyncpg
 
-            return await asyncpg.connect(dsn)
+            return await asyncpg.connect(dsn, server_settings=session)
 
-        writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
+        writer = GroupWriter(
+            self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
+        )
         try:
             await task_group.start(writer.run)
         except BaseException:

@@ -1,8 +1,9 @@
 """Event consumers and wake-ups for :class:`~watchkeeper.store.PostgresStateBackend`.
 
-The commit-order lock and the one NOTIFY per batch of event commits (:func:`events_hook`, run
-by the group writer and by a finish with outlets) are here too: see :mod:`.tasks`
-for why a cursor reader takes that lock exclusively.
+The commit-order lock and the one NOTIFY per batch of event commits are here too
+(:func:`events_prelude`, sent with the group writer's ``BEGIN``; :func:`events_hook`, the same
+run by a finish with outlets): see :mod:`.tasks` for why a cursor reader takes that lock
+exclusively.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ if TYPE_CHECKING:
 
     from .sql import Statements
 
-__all__ = ["EVENT_COLS", "PostgresConsumers", "event_row", "events_channel", "events_hook"]
+__all__ = [
+    "EVENT_COLS",
+    "PostgresConsumers",
+    "event_row",
+    "events_channel",
+    "events_hook",
+    "events_prelude",
+]
 
 T = TypeVar("T")
 
@@ -50,6 +58,15 @@ def events_hook(schema: str | None) -> Callable[[Any], Awaitable[None]]:
     return hook
 
 
+def events_prelude(schema: str | None) -> str:
+    """:func:`events_hook`'s statement with its values written in (no parameters), so the
+    group writer can send it in one message with its ``BEGIN``. The schema and the channel are
+    plain identifiers (:func:`~.schema.check_schema_name`): nothing in them needs escaping."""
+    where = "current_schema()" if schema is None else f"'{schema}'"
+    key = f"hashtextextended('watchkeeper.events:' || {where}, 0)"
+    return f"SELECT pg_advisory_xact_lock_shared({key}), pg_notify('{events_channel(schema)}', '')"
+
+
 def event_row(r: Any) -> AssetEvent:
     return AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5])
 
@@ -66,6 +83,7 @@ class PostgresConsumers(TaskStoreBackend):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        def _session(self) -> dict[str, str] | None: ...
 
     @property
     def _prefix(self) -> str:
@@ -198,7 +216,7 @@ class PostgresConsumers(TaskStoreBackend):
             try:
                 import asyncpg
 
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                 state.update(conn=conn, event=anyio.Event(), failed_at=None)
 
                 def notified(*_: object) -> None:

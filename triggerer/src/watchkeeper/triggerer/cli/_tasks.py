@@ -29,7 +29,7 @@ from .._asset_task import AssetTask
 from .._process import start_api
 from .._task_loader import load_tasks
 from .._watcher_files import unload_watchers
-from .._worker import Worker, run_worker
+from .._worker import Worker, configure_connections, run_worker
 from ..daemon import Daemon
 from ..settings import Settings
 from ._common import (
@@ -85,6 +85,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
             f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
         )
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper worker")
 
     async def main() -> None:
         async with backend:
@@ -109,6 +110,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     if settings.api.enabled:
         importlib.import_module("watchkeeper.triggerer.api")  # before any trigger runs
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
             worker = Worker(backend, tasks, settings.worker)
