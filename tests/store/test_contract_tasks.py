@@ -215,6 +215,25 @@ class TestClaimAndFinish:
         assert event.payload == {"n": 2} and done.outlet_event_ids == (event.id,)
         assert event.watcher == "task:t"
 
+    async def test_count_runs_by_task_and_state(self, store: Any) -> None:
+        """acount_runs counts each task's runs per state, as listing them all would."""
+        assert await store.acount_runs() == {}
+        await store.async_tasks(
+            [TaskSpec("t", ("a",), max_events=1), TaskSpec("u", ("a",), max_events=1)]
+        )
+        await emit(store, "a", 3)
+        await store.acreate_runs("t", 3)
+        await store.acreate_runs("u", 1)
+        (run, _) = await store.aclaim_runs("w1", limit=2, ttl=TTL, tasks=["t"])
+        await store.afinish_run(run.id, "w1", run.lease_token, success=False, error="boom")
+        counts = await store.acount_runs()
+        assert counts == {("t", "failed"): 1, ("t", "running"): 1, ("t", "queued"): 1,
+                          ("u", "queued"): 1}  # fmt: skip
+        listed: dict[tuple[str, str], int] = {}
+        for r in await store.alist_runs():
+            listed[(r.task, r.state)] = listed.get((r.task, r.state), 0) + 1
+        assert counts == listed
+
     async def test_lapsed_lease_retried_with_next_try(self, store: Any) -> None:
         """A run whose worker stopped renewing is claimed again with the next try number."""
         await self.ready(store)

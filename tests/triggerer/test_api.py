@@ -127,6 +127,8 @@ class TestAuthentication:
         ("POST", "/api/v1/watchers/feed/retry"),
         ("GET", "/api/v1/daemons"),
         ("GET", "/api/v1/tasks"),
+        ("POST", "/api/v1/tasks/load/pause"),
+        ("POST", "/api/v1/tasks/load/resume"),
         ("GET", "/api/v1/runs"),
         ("GET", "/api/v1/runs/1"),
         ("POST", "/api/v1/runs/1/retry"),
@@ -185,6 +187,8 @@ class TestAuthentication:
             "/api/v1/assets/{name}/state/{key}",
             "/api/v1/events/stream",
             "/api/v1/tasks",
+            "/api/v1/tasks/{name}/pause",
+            "/api/v1/tasks/{name}/resume",
             "/api/v1/runs",
             "/api/v1/runs/{run_id}",
             "/api/v1/runs/{run_id}/retry",
@@ -209,6 +213,7 @@ class TestAssetScopes:
         ("POST", "/api/v1/watchers/feed/pause"),
         ("GET", "/api/v1/daemons"),
         ("GET", "/api/v1/tasks"),
+        ("POST", "/api/v1/tasks/load/pause"),
         ("GET", "/api/v1/runs"),
         ("GET", "/api/v1/runs/1"),
         ("POST", "/api/v1/runs/1/retry"),
@@ -540,3 +545,26 @@ class TestTasksAndRuns:
         assert (await api.backend.aget_run(failed)).state == "queued"
         assert again.status_code == 409 and again.json()["error"] == "conflict"
         assert missing.status_code == 404
+
+    async def test_pause_and_resume_a_task_need_operate(
+        self, api: Api, runs: tuple[int, int]
+    ) -> None:
+        """A read token may not pause a task (403, nothing changes); an operate token pauses
+        and resumes it (the store says so) and gets 404 for an unknown task."""
+        async with api.client("reader") as client:
+            refused = await client.post("/api/v1/tasks/load/pause")
+            may = (await client.get("/api/v1/tasks")).json()["may_operate"]
+        assert refused.status_code == 403 and may is False
+        assert not {i.name: i.paused for i in await api.backend.alist_tasks()}["load"]
+        async with api.client("ops") as client:
+            paused = await client.post("/api/v1/tasks/load/pause")
+            after_pause = {i.name: i.paused for i in await api.backend.alist_tasks()}
+            resumed = await client.post("/api/v1/tasks/idle/resume")
+            missing = await client.post("/api/v1/tasks/nope/pause")
+            listed = (await client.get("/api/v1/tasks")).json()
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        assert after_pause == {"load": True, "idle": True}
+        assert resumed.status_code == 200 and resumed.json()["paused"] is False
+        assert {t["name"]: t["paused"] for t in listed["tasks"]} == {"load": True, "idle": False}
+        assert listed["may_operate"] is True
+        assert missing.status_code == 404 and missing.json()["error"] == "not_found"

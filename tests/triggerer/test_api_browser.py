@@ -2,8 +2,8 @@
 
 A daemon runs in this process on a SQLite file with one watcher that emits each line of a
 text file; the API is served from it on a free port. The tests sign in, watch events arrive
-live, pause and resume the watcher, and edit its watermark with a stale version to see the
-conflict. With ``WATCHKEEPER_SCREENSHOTS=DIR`` they also save the main views there (the
+live, pause and resume the watcher, edit its watermark with a stale version to see the
+conflict, and see a task's runs, retry a failed one and pause the task. With ``WATCHKEEPER_SCREENSHOTS=DIR`` they also save the main views there (the
 README's pictures come from ``docs/screenshots``).
 """
 
@@ -21,6 +21,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import SqliteStateBackend
+from watchkeeper.store.backend import TaskSpec
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
 from watchkeeper.triggerer._watcher_files import unload_watchers
@@ -53,6 +54,8 @@ class Site:
     token: str
     source: Path
     backend: SqliteStateBackend
+    reader: str
+    """A token with the read scope only."""
 
 
 @pytest.fixture
@@ -73,9 +76,11 @@ async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
                 "ops", ["read", "operate", "write:asset:orders"], now=datetime.now(UTC)
             )
             await backend.acreate_token(row)
+            reader, row = make_token("viewer", ["read"], now=datetime.now(UTC))
+            await backend.acreate_token(row)
             ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
             port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Site(f"http://127.0.0.1:{port}", text, source, backend)
+            yield Site(f"http://127.0.0.1:{port}", text, source, backend, reader)
             tg.cancel_scope.cancel()
     finally:
         unload_watchers()
@@ -186,3 +191,78 @@ class TestWebPage:
         )
         writer = await page.text_content('#state tr[data-key="watermark"] td.writer')
         assert writer == "api:ops"
+
+
+@pytest.fixture
+async def runs(site: Site) -> tuple[int, int]:
+    """Task ``load`` on orders (one event a run): run one failed with ``boom``, run two is
+    queued (no worker runs here). Returns (failed id, queued id)."""
+    backend = site.backend
+
+    async def two() -> bool:
+        return len(await backend.alist_events(asset="orders")) == 2
+
+    await wait_until(two, "the watcher to emit lines 1 and 2")
+    oldest = (await backend.alist_events(asset="orders"))[0].id
+    await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+    await backend.arewind_task("load", "orders", oldest)  # a new task starts after the log
+    first = await backend.acreate_run("load")
+    assert first is not None
+    (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
+    await backend.afinish_run(claimed.id, "w1", claimed.lease_token, success=False, error="boom")
+    second = await backend.acreate_run("load")
+    assert second is not None
+    return first.id, second.id
+
+
+def run_row(run_id: int) -> str:
+    return f'#runs tr[data-run="{run_id}"]'
+
+
+class TestTasksView:
+    async def test_runs_retry_and_pause(self, page: Any, site: Site, runs: tuple[int, int]) -> None:
+        """The tasks list shows the schedule and pending events; a task's runs show state and
+        try; a failed run shows its error and triggering event and is queued again by retry;
+        pause and resume change the task in the store."""
+        failed, queued = runs
+        await page.click("a[href='#/tasks']")
+        row = '#tasks tr[data-task="load"]'
+        await page.wait_for_selector(f"{row} td.schedule:text-is('all of orders')")
+        assert await page.text_content(f"{row} td.pending") == "orders: 0"
+        assert await page.text_content(f"{row} td.paused") == "no"
+        await screenshot(page, "tasks")
+        await page.click(f"{row} a")
+        await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('failed')")
+        assert await page.text_content(f"{run_row(queued)} td.state") == "queued"
+        assert await page.text_content(f"{run_row(failed)} td.try") == "1 of 1"
+        await page.click(f"{run_row(failed)} td.id")
+        await page.wait_for_selector("#run-errors li:has-text('boom')")
+        event = await page.wait_for_selector("#run-events li")
+        assert "line 1" in (await event.text_content() or "")
+        await screenshot(page, "task-runs")
+        await page.click(f"{run_row(failed)} button.retry")
+        await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('queued')")
+        retried = await site.backend.aget_run(failed)
+        assert (retried.state, retried.max_tries) == ("queued", 2)
+
+        summary = '#task-summary tr[data-task="load"]'
+        await page.click(f"{summary} button.pause")
+        await page.wait_for_selector(f"{summary} td.paused:text-is('yes')")
+        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": True}
+        await page.click(f"{summary} button.resume")
+        await page.wait_for_selector(f"{summary} td.paused:text-is('no')")
+        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}
+
+    async def test_read_token_sees_disabled_controls(
+        self, page: Any, site: Site, runs: tuple[int, int]
+    ) -> None:
+        """Signed in with a read-only token, the pause and retry buttons are disabled and the
+        task and run are unchanged."""
+        failed, _ = runs
+        await page.evaluate("t => sessionStorage.setItem('watchkeeper.token', t)", site.reader)
+        await page.goto(site.base + "/#/tasks/load")
+        await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('failed')")
+        assert await page.is_disabled(f"{run_row(failed)} button.retry")
+        assert await page.is_disabled('#task-summary tr[data-task="load"] button.pause')
+        assert (await site.backend.aget_run(failed)).state == "failed"
+        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}

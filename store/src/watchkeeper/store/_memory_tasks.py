@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import builtins
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -352,6 +353,11 @@ class MemoryTasks(TaskStoreBackend):
                 if (task is None or r.task == task) and (state is None or r.state == state)
             ]
         return found if limit is None else found[:limit]
+
+    async def _acount_runs(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            return dict(Counter((r.task, r.state) for r in runs.values()))
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         with self._lock:

@@ -311,6 +311,11 @@ class TaskQueue(Protocol):
 
     async def aretry_run(self, run_id: int) -> TaskRun: ...
 
+    async def acount_runs(self) -> dict[tuple[str, str], int]:
+        """How many runs each task has in each state: ``{(task, state): count}``, counted by the
+        store (a scrape of the metrics does not read the runs)."""
+        ...
+
     async def await_events(self, after_id: int, wait: float) -> int:
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
         ...

@@ -270,6 +270,11 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         self._check_open()
         return await self._aretry_run(_check_run_id(run_id))
 
+    async def acount_runs(self) -> dict[tuple[str, str], int]:
+        """How many runs each task has in each state (pairs with no run are left out)."""
+        self._check_open()
+        return await self._acount_runs()
+
     # -- hooks: called with checked arguments, on an open store --------------------------------
 
     @abstractmethod
@@ -343,3 +348,6 @@ class TaskStoreBackend(BaseStateBackend, ABC):
 
     @abstractmethod
     async def _aretry_run(self, run_id: int) -> TaskRun: ...
+
+    @abstractmethod
+    async def _acount_runs(self) -> dict[tuple[str, str], int]: ...

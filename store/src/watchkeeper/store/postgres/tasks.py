@@ -365,6 +365,13 @@ class PostgresTasks(PostgresRuns):
         )
         return [run_from_row(row) for row in rows]
 
+    async def _acount_runs(self) -> dict[tuple[str, str], int]:
+        rows = await self._fetch(
+            "counting runs",
+            f"SELECT task, state, count(*) FROM {self._prefix}task_runs GROUP BY task, state",
+        )
+        return {(row[0], row[1]): row[2] for row in rows}
+
     async def _aretry_run(self, run_id: int) -> TaskRun:
         p = self._prefix
 

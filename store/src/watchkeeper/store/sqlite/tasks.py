@@ -477,5 +477,9 @@ class SqliteTasks(TaskStoreBackend):
         )
         return [_run(row) for row in rows]
 
+    async def _acount_runs(self) -> dict[tuple[str, str], int]:
+        rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")
+        return {(task, state): count for task, state, count in rows}
+
     async def _aretry_run(self, run_id: int) -> TaskRun:
         return await self._write(lambda tx: _retry(tx, run_id))

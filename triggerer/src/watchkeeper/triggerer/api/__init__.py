@@ -2,6 +2,13 @@
 
 ``serve_api`` runs it inside any task group (the daemon's, ``watchkeeper api``'s, or
 ``watchkeeper up``'s); ``create_app`` builds the Starlette application alone (for tests).
+
+The modules: ``_app`` (the routes table, errors as JSON), ``_base`` (the context,
+authentication, JSON shapes), ``_health`` (health, readiness, metrics, OpenAPI), ``_assets``
+(assets and state), ``_events`` (events and the live stream) with ``_feed`` (the read of the
+event log a stream's clients share), ``_watchers`` (watchers and daemons), ``_tasks`` (tasks
+and runs), ``_tokens``, ``_metrics``, ``_openapi``, ``_page`` and ``static/`` (the web page),
+``_server`` (uvicorn in the caller's task group).
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ class Metrics:
             for info in tasks:
                 for state in RUN_STATES:
                     counts[(info.name, state)] = 0
-            for run in await backend.alist_runs():
-                counts[(run.task, run.state)] = counts.get((run.task, run.state), 0) + 1
+            counts.update(await backend.acount_runs())  # counted by the store, not read here
             self._run_counts = counts
             self._pending = [
                 (info.name, asset, info.pending.get(asset, 0))

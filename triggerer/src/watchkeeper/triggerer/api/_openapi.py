@@ -40,6 +40,10 @@ def openapi_document() -> dict[str, Any]:
         "parameters": [_NAME],
         "responses": {"202": _ok("recorded; the daemon acts within one heartbeat", "Control")},
     }
+    task: dict[str, Any] = {
+        "parameters": [_NAME],
+        "responses": {"200": _ok("the task, paused or not", "Task"), "404": _error("no such task")},
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "watchkeeper", "version": "1"},
@@ -115,6 +119,8 @@ def openapi_document() -> dict[str, Any]:
                     {"200": _ok("tasks")},
                 )
             },
+            "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
+            "/api/v1/tasks/{name}/resume": {"post": _op("resume a task (needs operate)", **task)},
             "/api/v1/runs": {
                 "get": _op(
                     "runs, newest first",
@@ -169,6 +175,16 @@ def openapi_document() -> dict[str, Any]:
                         "events": {"type": "array"},
                         "next_after": {"type": "integer"},
                         "more": {"type": "boolean"},
+                    },
+                },
+                "Task": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "assets": {"type": "array", "items": {"type": "string"}},
+                        "mode": {"type": "string", "enum": ["all", "any"]},
+                        "paused": {"type": "boolean"},
+                        "pending": {"type": "object"},
                     },
                 },
                 "Run": {

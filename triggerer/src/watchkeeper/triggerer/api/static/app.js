@@ -234,6 +234,139 @@ async function startTail() {
   }
 }
 
+// -- tasks and runs ---------------------------------------------------------------------------
+
+function schedule(task) {
+  return (task.mode === "any" ? "any of " : "all of ") + task.assets.join(", ");
+}
+
+function pendingText(task) {
+  return task.assets.map((asset) => `${asset}: ${task.pending[asset] || 0}`).join(", ");
+}
+
+// A button for an operator's action: disabled, with the reason, for a token without `operate`.
+function operateButton(className, label, allowed, onClick) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = className;
+  button.textContent = label;
+  if (!allowed) {
+    button.disabled = true;
+    button.title = "needs a token with the operate scope";
+    return button;
+  }
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try { await onClick(); } finally { button.disabled = false; }
+  });
+  return button;
+}
+
+async function pauseTask(name, paused, message, reload) {
+  const action = paused ? "resume" : "pause";
+  const response = await api("/api/v1/tasks/" + encodeURIComponent(name) + "/" + action, { method: "POST" });
+  const body = await response.json();
+  message.textContent = response.ok ? `${action} of ${name} recorded` : body.detail;
+  await reload();
+}
+
+function taskCells(tr, task, mayOperate, message, reload) {
+  cell(tr, schedule(task), "schedule");
+  cell(tr, pendingText(task), "pending");
+  cell(tr, task.paused ? "yes" : "no", "paused");
+  const action = task.paused ? "resume" : "pause";
+  cell(tr, "").appendChild(
+    operateButton(action, action, mayOperate, () => pauseTask(task.name, task.paused, message, reload)),
+  );
+}
+
+async function loadTasks() {
+  const response = await api("/api/v1/tasks");
+  const body = await response.json();
+  const tbody = $("#tasks tbody");
+  if (!response.ok) { $("#tasks-message").textContent = body.detail; tbody.replaceChildren(); return; }
+  if (!body.tasks.length) $("#tasks-message").textContent = "No task is registered (a worker registers its tasks when it starts).";
+  const rows = body.tasks.map((task) => {
+    const tr = document.createElement("tr");
+    tr.dataset.task = task.name;
+    const link = document.createElement("a");
+    link.href = "#/tasks/" + encodeURIComponent(task.name);
+    link.textContent = task.name;
+    cell(tr, "").appendChild(link);
+    taskCells(tr, task, body.may_operate, $("#tasks-message"), loadTasks);
+    return tr;
+  });
+  tbody.replaceChildren(...rows);
+}
+
+async function loadTask(name, runId) {
+  $("#task-name").textContent = name;
+  const reload = () => loadTask(name, runId);
+  const response = await api("/api/v1/tasks");
+  const body = await response.json();
+  if (!response.ok) { $("#runs-message").textContent = body.detail; return; }
+  const task = body.tasks.find((t) => t.name === name);
+  if (!task) { $("#runs-message").textContent = `No task named ${name} is registered.`; return; }
+  const summary = document.createElement("tr");
+  summary.dataset.task = name;
+  taskCells(summary, task, body.may_operate, $("#runs-message"), reload);
+  $("#task-summary tbody").replaceChildren(summary);
+  const runs = await (await api("/api/v1/runs?limit=100&task=" + encodeURIComponent(name))).json();
+  const rows = (runs.runs || []).map((run) => {
+    const tr = document.createElement("tr");
+    tr.dataset.run = run.id;
+    if (run.id === runId) tr.className = "selected";
+    cell(tr, "#" + run.id, "id");
+    cell(tr, run.state, "state state-" + run.state);
+    cell(tr, `${run.try_number} of ${run.max_tries}`, "try");
+    cell(tr, run.event_count, "events");
+    cell(tr, run.created_at);
+    cell(tr, run.started_at);
+    cell(tr, run.finished_at);
+    const actions = cell(tr, "");
+    if (run.state === "failed") {
+      actions.appendChild(operateButton("retry", "retry", body.may_operate, async () => {
+        const answer = await api("/api/v1/runs/" + run.id + "/retry", { method: "POST" });
+        const result = await answer.json();
+        $("#runs-message").textContent = answer.ok ? `run #${run.id} queued again (try ${result.try_number})` : result.detail;
+        await reload();
+      }));
+    }
+    tr.addEventListener("click", (event) => {
+      if (event.target.tagName !== "BUTTON") location.hash = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
+    });
+    return tr;
+  });
+  $("#runs tbody").replaceChildren(...rows);
+  if (!rows.length) $("#runs-message").textContent = "No run yet.";
+  else if ($("#runs-message").textContent === "No run yet.") $("#runs-message").textContent = "";
+  if (runId !== null) await loadRun(runId);
+}
+
+async function loadRun(runId) {
+  const response = await api("/api/v1/runs/" + runId);
+  const run = await response.json();
+  $("#run-detail").hidden = false;
+  $("#run-id").textContent = "#" + runId;
+  if (!response.ok) { $("#run-summary").textContent = run.detail; return; }
+  $("#run-summary").textContent =
+    `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${run.created_at}` +
+    (run.started_at ? `, started ${run.started_at}` : "") + (run.finished_at ? `, finished ${run.finished_at}` : "");
+  $("#run-errors").replaceChildren(...run.errors.map((e) => {
+    const li = document.createElement("li");
+    li.textContent = `try ${e.try} at ${e.at}: ${e.error}`;
+    return li;
+  }));
+  const events = run.events === undefined ? null : run.events.map(eventLine);
+  if (events === null) {
+    const li = document.createElement("li");
+    li.textContent = `${run.event_count} event(s); their payloads need the read scope`;
+    $("#run-events").replaceChildren(li);
+  } else {
+    $("#run-events").replaceChildren(...events);
+  }
+}
+
 function stopLoops() {
   if (refreshTimer) { clearInterval(refreshTimer); refreshTimer = null; }
   if (tail) { tail.abort(); tail = null; }
@@ -255,6 +388,20 @@ function route() {
   } else if (hash === "#/assets") {
     show("assets-view");
     guard(loadAssets());
+  } else if (hash.startsWith("#/tasks/")) {
+    const [name, word, id] = hash.slice("#/tasks/".length).split("/");
+    const runId = word === "runs" && /^[0-9]+$/.test(id || "") ? Number(id) : null;
+    show("task-view");
+    $("#runs-message").textContent = "";
+    $("#run-detail").hidden = runId === null;
+    const task = decodeURIComponent(name);
+    guard(loadTask(task, runId));
+    refreshTimer = setInterval(() => guard(loadTask(task, runId)), 2000);
+  } else if (hash === "#/tasks") {
+    show("tasks-view");
+    $("#tasks-message").textContent = "";
+    guard(loadTasks());
+    refreshTimer = setInterval(() => guard(loadTasks()), 2000);
   } else if (hash === "#/events") {
     show("events-view");
     guard(startTail());

@@ -1,0 +1,216 @@
+"""What every route shares: the context, the error type, authentication, JSON shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from starlette.requests import Request
+from watchkeeper.store import AssetEvent, BaseStateBackend, StateEntry
+from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger, redact_data
+
+from .._supervisor import describe_error
+from .._watcher_controls import controls_of
+from ._feed import SSE_BATCH, EventFeed
+from ._metrics import Metrics
+from ._tokens import Principal, verify_token
+
+if TYPE_CHECKING:
+    from ..daemon import Daemon
+    from ..runner import TriggerRunner
+
+__all__ = [
+    "MAX_PAGE",
+    "ApiContext",
+    "ApiError",
+    "authenticate",
+    "ctx_of",
+    "entry_json",
+    "etag",
+    "event_json",
+    "forbid",
+    "int_param",
+    "iso",
+    "parse_etag",
+    "require",
+    "utc_now",
+]
+
+log = get_logger(__name__)
+
+MAX_PAGE = 1000
+FEED_KEEP = 10 * SSE_BATCH
+
+
+class ApiError(Exception):
+    """Raised by a route: answered as ``{"error": code, "detail": detail}`` with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = headers
+        self.extra = extra or {}
+
+
+@dataclass
+class ApiContext:
+    """What the routes work on. ``daemon``/``runner`` are None in ``watchkeeper api``."""
+
+    backend: BaseStateBackend
+    metrics: Metrics
+    daemon: Daemon | None = None
+    runner: TriggerRunner | None = None
+    sse_poll: float = 0.25
+    """Seconds between two reads of new events for each live stream."""
+    closing: anyio.Event = field(default_factory=anyio.Event)
+    """Set when the server stops: live streams end."""
+    task_group: anyio.abc.TaskGroup | None = None
+    """The server's task group (set by :func:`~._server.serve_api`): for heartbeat kicks."""
+    feeds: dict[str | None, EventFeed] = field(default_factory=dict)
+    """The live streams' shared reads, by filter (an asset, or None for every event)."""
+    feed_keep: int = FEED_KEEP
+    """Events a live stream's shared feed keeps ready; a client further behind reads alone."""
+
+    @property
+    def tasks(self) -> TaskQueue:
+        backend = self.backend
+        if not isinstance(backend, TaskQueue):
+            raise ApiError(501, "not_supported", f"{type(backend).__name__} keeps no tasks")
+        return backend
+
+    @property
+    def controls(self) -> OperatorControls:
+        store = controls_of(self.backend)
+        if store is None:
+            raise ApiError(
+                501, "not_supported", f"{type(self.backend).__name__} keeps no tokens or controls"
+            )
+        return store
+
+    def feed(self, asset: str | None) -> EventFeed:
+        """The shared feed of a live stream's filter (made when its first client comes)."""
+        feed = self.feeds.get(asset)
+        if feed is None:
+            feed = self.feeds[asset] = EventFeed(self.controls, asset, keep=self.feed_keep)
+        return feed
+
+    def kick(self) -> None:
+        """Let the in-process daemon act on a control now instead of at its next heartbeat."""
+        daemon, tg = self.daemon, self.task_group
+        if daemon is None or tg is None:
+            return
+
+        async def heartbeat() -> None:
+            try:
+                await daemon.renew_leases()
+            except Exception as exc:  # noqa: BLE001 - the regular heartbeat tries again
+                log.warning("api_heartbeat_failed", error=describe_error(exc))
+
+        tg.start_soon(heartbeat)
+
+
+def ctx_of(request: Request) -> ApiContext:
+    ctx: ApiContext = request.app.state.ctx
+    return ctx
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- authorization -------------------------------------------------------------------------------
+
+
+async def authenticate(request: Request) -> Principal:
+    """The request's principal; 401 without a valid bearer token (never says which part failed)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    challenge = {"WWW-Authenticate": 'Bearer realm="watchkeeper"'}
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
+    principal = await verify_token(ctx_of(request).controls, token.strip(), utc_now())
+    if principal is None:
+        raise ApiError(
+            401, "unauthorized", "the token is unknown, revoked or expired", headers=challenge
+        )
+    return principal
+
+
+def forbid(principal: Principal, what: str) -> ApiError:
+    return ApiError(403, "forbidden", f"token {principal.name!r} may not {what}")
+
+
+def require(allowed: bool, principal: Principal, what: str) -> None:
+    if not allowed:
+        raise forbid(principal, what)
+
+
+# -- JSON shapes ----------------------------------------------------------------------------------
+
+
+def iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def entry_json(entry: StateEntry) -> dict[str, Any]:
+    return {
+        "key": entry.key,
+        "value": entry.value,
+        "version": entry.version,
+        "writer": None if entry.writer is None else str(entry.writer),
+        "updated_at": iso(entry.updated_at),
+    }
+
+
+def event_json(event: AssetEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "asset": event.asset,
+        "watcher": event.watcher,
+        "payload": redact_data(event.payload),  # as `watchkeeper events` shows it
+        "dedup_key": event.dedup_key,
+        "created_at": iso(event.created_at),
+    }
+
+
+def etag(version: int) -> str:
+    return f'"{version}"'
+
+
+def parse_etag(value: str, header: str) -> int:
+    text = value.strip()
+    text = text.removeprefix("W/")
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    if not text.isdigit():
+        raise ApiError(
+            400, "bad_request", f"{header} must be an ETag such as '\"3\"', got {value!r}"
+        )
+    return int(text)
+
+
+def int_param(request: Request, name: str, default: int, low: int, high: int | None) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_request", f"{name} must be an integer, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ApiError(400, "bad_request", f"{name} must be {bound}, got {value}")
+    return value
