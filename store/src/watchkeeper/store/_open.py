@@ -29,8 +29,12 @@ _POSTGRES_SCHEMES = frozenset({"postgresql", "postgres", "postgresql+asyncpg"})
 _MEMORY_PATHS = frozenset({"", ":memory:"})
 
 
-def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
+def open_state_backend(
+    settings: StoreSettings, *, application_name: str | None = None
+) -> BaseStateBackend:
     """Return the configured backend, not yet opened: use it as ``async with backend:``.
+
+    ``application_name`` replaces ``[database] application_name`` (PostgreSQL).
 
     Raises ``ValueError`` naming an unknown URL scheme, ``ImportError`` naming a
     ``[state_store] backend`` path that cannot be imported, and ``TypeError`` naming one that
@@ -76,8 +80,13 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
             ) from exc
         # asyncpg understands postgresql:// and postgres://, not SQLAlchemy's driver suffix.
         dsn = url if scheme != "postgresql+asyncpg" else f"postgresql://{rest}"
+        database = settings.database
         return PostgresStateBackend(
-            dsn, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
+            dsn,
+            max_value_bytes=max_value_bytes,
+            max_payload_bytes=max_payload_bytes,
+            application_name=application_name or database.application_name,
+            idle_in_transaction_timeout=database.idle_in_transaction_timeout,
         )
     raise InvalidSettingError(
         "[database] url",

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 
+from .._backend import utcnow
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, encode_refused
@@ -39,7 +40,6 @@ from .._types import (
     EventBatchCommit,
     EventCommit,
     GcReport,
-    Lease,
     Put,
     RawEntry,
     StateScope,
@@ -62,6 +62,7 @@ from ..errors import (
 from .consumers import PostgresConsumers, events_hook
 from .controls import PostgresControls
 from .gc import collect_garbage
+from .leases import PostgresLeases, session_settings
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
@@ -95,7 +96,9 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend):
+class PostgresStateBackend(
+    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
+):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -112,8 +115,13 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        application_name: str = "watchkeeper",
+        idle_in_transaction_timeout: float = 5.0,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        self.server_settings = session_settings(application_name, idle_in_transaction_timeout)
+        """What every connection of this backend sets on its session (see
+        :func:`~.leases.session_settings`)."""
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
                 "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
@@ -129,6 +137,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         self.min_size, self.max_size = min_size, max_size
         self._dsn = dsn
         self._sql = Statements(table_prefix(self.schema))
+        self._sql.clock_param = self._clock_param
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
@@ -165,10 +174,14 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn)
+            conn = await asyncpg.connect(self._dsn, server_settings=self.server_settings)
             self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
-                self._dsn, min_size=self.min_size, max_size=self.max_size, reset=_keep_session
+                self._dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                reset=_keep_session,
+                server_settings=self.server_settings,
             )
         except BaseException as exc:
             _discard(conn, None)
@@ -179,12 +192,12 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         conn, pool = await self._connect()
-        dsn = self._dsn
+        dsn, server_settings = self._dsn, self.server_settings
 
         async def reconnect() -> asyncpg.Connection:
             import asyncpg
 
-            return await asyncpg.connect(dsn)
+            return await asyncpg.connect(dsn, server_settings=server_settings)
 
         writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
         try:
@@ -200,6 +213,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         self._writer = None
         try:
             await self._close_listener()
+            await self._close_lease_listener()
             if writer is not None:
                 await writer.aclose()
         finally:
@@ -448,31 +462,9 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             for r in rows
         ]  # fmt: skip
 
-    # -- trigger leases ------------------------------------------------------------------------
-    #
-    # Claims and releases run in their own short transactions on a pooled connection, not in
-    # the writer's batches: a batch holds the lease rows it fences on (FOR SHARE) until it
-    # commits, and a claim that shared its transaction could deadlock with another daemon's.
+    # -- clock ---------------------------------------------------------------------------------
 
-    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
-        now = self.clock()
-
-        async def claim(conn: Any) -> dict[str, int]:
-            await conn.execute(self._sql.lock_leases, ids)
-            rows = await conn.fetch(self._sql.claim_leases, ids, owner, now + span, now)
-            return {r[0]: r[1] for r in rows}
-
-        return await self._transact("claiming leases", claim)
-
-    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
-        now = self.clock()
-
-        async def release(conn: Any) -> None:
-            await conn.execute(self._sql.lock_leases, ids)
-            await conn.execute(self._sql.release_leases, ids, owner, now)
-
-        await self._transact("releasing leases", release)
-
-    async def _alist_leases(self) -> list[Lease]:
-        rows = await self._fetch("listing leases", self._sql.list_leases)
-        return [Lease(r[0], r[1], r[2], r[3]) for r in rows]
+    def _clock_param(self) -> datetime | None:
+        """The time to pass to lease statements: None (the database's ``now()``) unless the
+        backend was given a clock of its own."""
+        return None if self.clock is utcnow else self.clock()
