@@ -134,6 +134,8 @@ class TestHangingImports:
             **env,
             "WATCHKEEPER__TRIGGERER__IMPORT_TIMEOUT": "600",
             "WATCHKEEPER__TRIGGERER__LEASE_TTL": "1.0",
+            "WATCHKEEPER__TRIGGERER__LEASE_RENEW_INTERVAL": "0.25",
+            "WATCHKEEPER__TRIGGERER__LEASE_MARGIN": "0.25",
         }
         marker = tmp_path / "busy.pid"
         async with (

@@ -42,7 +42,7 @@ from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.runtime import fast, watch_logs
 
 ORDERS = Asset("orders")
-TTL = 7200.0  # above the daemons' heartbeat of 3600 s, which never fires in these tests
+TTL = 7200.0  # above the daemons' renewal interval of 3600 s, which never fires here
 WAIT = 10.0
 
 
@@ -211,7 +211,8 @@ class TestSharedDaemons:
                 watchers_path=watchers,
                 gc_interval=0,
                 stop_grace=1,
-                heartbeat_interval=3600,  # no heartbeat unless the test calls renew_leases()
+                heartbeat_interval=3600,
+                lease_renew_interval=3600,  # no renewal unless the test calls renew_leases()
                 lease_ttl=TTL,
             )
         )
@@ -353,16 +354,22 @@ class TestSharedDaemons:
 
 
 class TestLeaseSettings:
-    def test_the_ttl_defaults_to_three_heartbeats(self) -> None:
-        """Without lease_ttl a lease lasts three heartbeats; an explicit one wins."""
-        assert TriggererSettings(heartbeat_interval=2).lease_seconds == 6
-        assert TriggererSettings(heartbeat_interval=2, lease_ttl=5).lease_seconds == 5
+    def test_the_ttl_defaults_to_three_renewals(self) -> None:
+        """Without lease_ttl a node lease lasts three renewals; an explicit one wins."""
+        assert TriggererSettings().lease_seconds == 3
+        assert TriggererSettings(lease_renew_interval=2).lease_seconds == 6
+        assert TriggererSettings(lease_renew_interval=2, lease_ttl=5).lease_seconds == 5
 
     @pytest.mark.parametrize("ttl", [1.0, 2.0])
-    def test_a_ttl_within_one_heartbeat_is_refused(self, ttl: float) -> None:
-        """A lease_ttl not above the heartbeat would lapse between renewals: refused."""
-        with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed heartbeat_interval"):
-            TriggererSettings(heartbeat_interval=2, lease_ttl=ttl)
+    def test_a_ttl_within_one_renewal_is_refused(self, ttl: float) -> None:
+        """A lease_ttl not above the renewal interval would lapse between renewals: refused."""
+        with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed lease_renew_interval"):
+            TriggererSettings(lease_renew_interval=2, lease_ttl=ttl)
+
+    def test_a_margin_of_the_whole_ttl_is_refused(self) -> None:
+        """A lease_margin as long as the lease would stop the watchers at once: refused."""
+        with pytest.raises(ValueError, match=r"lease_margin \(3.0\) must be below"):
+            TriggererSettings(lease_margin=3)
 
 
 class TestDeadLocalOwner:
@@ -383,12 +390,13 @@ class TestDeadLocalOwner:
         assert not is_dead_local_owner("not-an-identity")
 
     async def test_leases_of_a_killed_local_daemon_are_taken_at_once(self, tmp_path: Path) -> None:
-        """A lease still live but held by a dead daemon of this host is freed and taken over
-        without waiting for its time to live."""
+        """A node lease still live but held by a dead daemon of this host is reaped at the
+        next renewal, and its leases taken over without waiting for its time to live."""
         proc = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
         dead_owner = f"{socket.gethostname()}:{int(proc.stdout)}:dead00"
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
             assert await backend.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
             keeper = LeaseKeeper(backend, "me:1:abc", ttl=30)
-            assert await keeper.free_among(["t1"]) == ["t1"]
+            await keeper.renew()
+            assert keeper.free_hint(1)
             assert await keeper.claim(["t1"]) == {"t1": 2}

@@ -4,9 +4,8 @@
 the last load of the watcher files defined) and the *running* ones (started on the runner
 with a fence token), and brings the second in line with the first and with the leases:
 
-- :meth:`~TriggerPlacement.claim` renews and takes leases (see :mod:`._leases`): those of
-  the triggers running here unchanged, then as many others as ``capacity`` leaves room for,
-  skipping those another live daemon holds;
+- :meth:`~TriggerPlacement.claim` renews the node lease, and takes free leases up to this
+  daemon's share of the wanted triggers, or marks those over it to shed (see :mod:`._leases`);
 - :meth:`~TriggerPlacement.reconcile` carries out the pure step of :mod:`._reconcile` on
   the runner and releases the leases of triggers that do not run here;
 - :meth:`~TriggerPlacement.apply_last_claim` reconciles with the latest claim, unless a
@@ -74,6 +73,7 @@ class TriggerPlacement:
         self.backend = backend
         self.controls = controls
         self._retried: set[str] = set()
+        self._shed: set[str] = set()
         self._renewed_at: float | None = None
         self.wanted: dict[str, WatcherGroup] = {}
         self.running: dict[str, RunningTrigger] = {}
@@ -96,42 +96,50 @@ class TriggerPlacement:
         self._applied_claim = seq
         await self.reconcile(report, claim, failed)
 
-    async def _to_claim(self) -> list[str]:
-        """The wanted triggers to claim: those running here unchanged, then as many others
-        as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
-        from a daemon that has room), skipping those another live daemon holds."""
-        keep = sorted(
-            t
-            for t, running in self.running.items()
-            if t in self.wanted
-            and self.wanted[t].key == running.group.key
-            and not self._paused(running.group)
-        )
-        room = max(self.capacity - len(keep), 0)
-        others = [
-            t
-            for t in sorted(self.wanted)
-            if t not in self.running and not self._paused(self.wanted[t])
-        ]
-        if others:
-            # Skips leases another live daemon holds; frees those of a dead local daemon.
-            others = await self.leases.free_among(others)
-        return keep + others[:room]
-
     async def claim(self) -> tuple[int, Claim]:
-        """Renew and take the leases of the triggers to run here (never takes the lock).
+        """Renew the node lease, then claim or shed leases toward this daemon's share (see
+        :mod:`._leases`); never takes the lock.
 
         The watcher controls are read first: paused watchers are not claimed, and retries
-        asked since the last read are kept for the next apply.
+        asked since the last read are kept for the next apply. Leases over the share are
+        not released here but once their triggers have stopped (by :meth:`reconcile`), so
+        that the daemon taking one over never meets its writes.
         """
         if self.controls is not None:
             self._retried |= await self.controls.refresh()
-        claimed = await self._to_claim()
-        tokens = await self.leases.claim(claimed)
+        leases = self.leases
+        tokens: dict[str, int] | None = None
+        if leases.supported:
+            await leases.renew()
+            want = [t for t in sorted(self.wanted) if not self._paused(self.wanted[t])]
+            held = leases.held
+            mine = [t for t in want if t in held]
+            share = leases.share(len(want), self.capacity)
+            self._shed = set()
+            if len(mine) < share and leases.free_hint(len(want)):
+                others = [t for t in want if t not in held]
+                await leases.claim(others, limit=share - len(mine))
+            elif len(mine) > share:
+                # The ones not running go first, then the last by id: a stable choice.
+                order = sorted(mine, key=lambda t: (t not in self.running, t))
+                self._shed = set(order[share:])
+            lapsed = leases.lapsed()
+            tokens = {} if lapsed else {t: n for t, n in leases.held.items() if t not in self._shed}
         self._renewed_at = time.monotonic()
         self._claims += 1
-        self._last_claim = (self._claims, Claim(frozenset(claimed), tokens))
+        asked = frozenset(self.wanted) | frozenset(self.running)
+        self._last_claim = (self._claims, Claim(asked, tokens))
         return self._last_claim
+
+    async def stop_lapsed(self) -> list[str]:
+        """Stop every fenced trigger at once, when the node lease's deadline passed without a
+        renewal (the leases are kept: a later renewal may find them still ours)."""
+        async with self.lock:
+            if not self.leases.lapsed():
+                return []
+            report = ReloadReport()
+            await self.reconcile(report, Claim(frozenset(self.running), {}))
+        return report.stopped
 
     async def apply_last_claim(self) -> ReloadReport:
         """Start and stop triggers to match the latest claim, unless a reload applied a newer
@@ -187,8 +195,11 @@ class TriggerPlacement:
             self.running[trigger_id] = RunningTrigger(group, token)
             report.started.append(trigger_id)
         idle = [t for t in self.leases.held if t not in self.running]
-        if idle:  # removed from the files, or not startable here: let another daemon have it
+        if idle and not self.leases.lapsed():
+            # Removed from the files, not startable here, or over this daemon's share: let
+            # another daemon have it (not while lapsed: a renewal may find them ours still).
             await self.leases.release(idle)
+            self._shed.clear()
 
     def lease_renewal_age(self) -> float | None:
         """Seconds since the leases were last claimed or renewed (None before the first)."""

@@ -71,24 +71,37 @@ class TriggererSettings(SupervisionSettings):
     """Seconds one watcher file may take to import (its triggers' ``__init__`` and
     ``serialize()`` included); past it the file is refused and the others load."""
     heartbeat_interval: PositiveSeconds = 5.0
-    """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
+    """Seconds between the daemon's heartbeats (status saves)."""
+    lease_renew_interval: PositiveSeconds = 1.0
+    """Seconds between two renewals of the daemon's node lease (one row, whatever the number
+    of watchers); each renewal also reaps the node leases of dead daemons."""
     lease_ttl: PositiveSeconds | None = None
-    """Seconds a trigger lease lasts without renewal; another daemon takes the trigger over
-    that long after its holder died. None: three heartbeats. Must exceed the heartbeat."""
+    """Seconds the node lease lasts without renewal, on the database's clock; another daemon
+    takes the watchers over that long after their daemon died. None: three renewals. Must
+    exceed lease_renew_interval."""
+    lease_margin: PositiveSeconds = 0.5
+    """Seconds before its node lease could expire that a daemon that could not renew it stops
+    its own watchers (measured on its monotonic clock from the last renewal it sent). Must be
+    below lease_ttl."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
 
     @property
     def lease_seconds(self) -> float:
-        """The lease time to live in force: ``lease_ttl``, or three heartbeats."""
-        return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
+        """The node lease's time to live in force: ``lease_ttl``, or three renewals."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.lease_renew_interval
 
     @model_validator(mode="after")
     def _check_lease(self) -> Self:
-        if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
+        if self.lease_ttl is not None and self.lease_ttl <= self.lease_renew_interval:
             raise ValueError(
-                f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
-                f"({self.heartbeat_interval}): a lease would lapse between two renewals"
+                f"lease_ttl ({self.lease_ttl}) must exceed lease_renew_interval "
+                f"({self.lease_renew_interval}): a lease would lapse between two renewals"
+            )
+        if self.lease_margin >= self.lease_seconds:
+            raise ValueError(
+                f"lease_margin ({self.lease_margin}) must be below the lease's time to live "
+                f"({self.lease_seconds}): the daemon would stop its watchers at once"
             )
         return self
 
