@@ -34,7 +34,8 @@ def open_state_backend(
 ) -> BaseStateBackend:
     """Return the configured backend, not yet opened: use it as ``async with backend:``.
 
-    ``application_name`` replaces ``[database] application_name`` (PostgreSQL).
+    ``application_name`` is the PostgreSQL one to use when ``[database] application_name``
+    is unset.
 
     Raises ``ValueError`` naming an unknown URL scheme, ``ImportError`` naming a
     ``[state_store] backend`` path that cannot be imported, and ``TypeError`` naming one that
@@ -85,7 +86,7 @@ def open_state_backend(
             dsn,
             max_value_bytes=max_value_bytes,
             max_payload_bytes=max_payload_bytes,
-            application_name=application_name or database.application_name,
+            application_name=database.application_name or application_name,
             idle_in_transaction_timeout=database.idle_in_transaction_timeout,
         )
     raise InvalidSettingError(

@@ -107,9 +107,10 @@ class DatabaseSettings(_Section):
     url: SecretStr = SecretStr(DEFAULT_DATABASE_URL)
     """SQLAlchemy-style URL: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
     ``sqlite:///:memory:`` or ``postgresql://user:password@host:port/database``."""
-    application_name: str = Field(default="watchkeeper", min_length=1, max_length=63)
+    application_name: str | None = Field(default=None, min_length=1, max_length=63)
     """PostgreSQL: the ``application_name`` of every connection (``pg_stat_activity`` shows
-    it); a daemon appends its identity to it."""
+    it). Unset: the URL's, else ``watchkeeper`` (a daemon: ``watchkeeper triggerer <its
+    identity>``)."""
     idle_in_transaction_timeout: float = Field(default=5.0, ge=0)
     """PostgreSQL: seconds a connection may sit inside a transaction without sending anything
     before the server ends it (``idle_in_transaction_session_timeout``), so a paused process

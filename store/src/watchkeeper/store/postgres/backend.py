@@ -115,10 +115,13 @@ class PostgresStateBackend(
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        application_name: str = "watchkeeper",
+        application_name: str | None = None,
         idle_in_transaction_timeout: float = 5.0,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        if application_name is None and isinstance(dsn, str):
+            named = "application_name" in urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query)
+            application_name = None if named else "watchkeeper"  # the URL's wins over ours
         self.server_settings = session_settings(application_name, idle_in_transaction_timeout)
         """What every connection of this backend sets on its session (see
         :func:`~.leases.session_settings`)."""

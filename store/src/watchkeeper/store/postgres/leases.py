@@ -43,12 +43,15 @@ def lease_channel(schema: str | None) -> str:
     return f"{schema or 'public'}_watchkeeper_leases"
 
 
-def session_settings(application_name: str, idle_in_transaction_timeout: float) -> dict[str, str]:
+def session_settings(
+    application_name: str | None, idle_in_transaction_timeout: float
+) -> dict[str, str]:
     """The session settings of every connection: ``application_name`` (what
-    ``pg_stat_activity`` shows) and ``idle_in_transaction_session_timeout``, so that a
-    process stopped inside a transaction (SIGSTOP, a frozen VM) cannot hold its row locks,
-    and with them the leases it fenced on, for longer than that (0 disables it)."""
-    if not isinstance(application_name, str) or not 0 < len(application_name.encode()) < 64:
+    ``pg_stat_activity`` shows; None: the URL's) and ``idle_in_transaction_session_timeout``,
+    so that a process stopped inside a transaction (SIGSTOP, a frozen VM) cannot hold its row
+    locks, and with them the leases it fenced on, for longer than that (0 disables it)."""
+    name = application_name
+    if name is not None and (not isinstance(name, str) or not 0 < len(name.encode()) < 64):
         raise InvalidSettingError(
             "application_name", f"must be a str of 1 to 63 bytes, got {application_name!r}"
         )
@@ -57,10 +60,10 @@ def session_settings(application_name: str, idle_in_transaction_timeout: float) 
         raise InvalidSettingError(
             "idle_in_transaction_timeout", f"must be a number of seconds >= 0, got {timeout!r}"
         )
-    return {
-        "application_name": application_name,
-        "idle_in_transaction_session_timeout": str(round(timeout * 1000)),
-    }
+    settings = {"idle_in_transaction_session_timeout": str(round(timeout * 1000))}
+    if name is not None:
+        settings["application_name"] = name
+    return settings
 
 
 class _Sql:
