@@ -171,6 +171,8 @@ class TriggerPlacement:
         refused write start afresh.
         """
         runner = self.runner
+        if claim.tokens is not None and self.leases.lapsed():
+            claim = Claim(claim.asked, {})  # a claim from before the lapse: start nothing
         dead = {s.trigger_id for s in runner.statuses() if s.state == "stopped"}
         paused = {t for t, g in self.wanted.items() if self._paused(g)}
         paused |= {t for t, r in self.running.items() if self._paused(r.group)}
