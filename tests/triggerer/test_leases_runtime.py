@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -351,6 +352,70 @@ class TestSharedDaemons:
             assert await d1.renew_leases() == await d2.renew_leases() == ReloadReport()
             leases = await db.alist_leases()
             assert sorted((x.owner, x.token) for x in leases) == [("d1", 1), ("d2", 1)]
+
+
+async def committed(db: MetastoreBackend, count: int) -> None:
+    """Return once ``count`` events were committed (at most WAIT seconds)."""
+    with anyio.fail_after(WAIT):
+        while True:
+            if len(await db.alist_events()) >= count:
+                return
+            await anyio.sleep(0.02)
+
+
+class TestNodeLeaseDeadline:
+    async def test_a_daemon_past_its_deadline_stops_its_watchers_and_resumes_them(
+        self, tmp_path: Path
+    ) -> None:
+        """While the store cannot renew the node lease (another connection holds SQLite's
+        write lock), the daemon stops its watchers once its monotonic deadline passed
+        (``node_lease_lapsed``) but keeps their leases; once renewing works again and finds
+        the lease still its own, it runs them again under the same token, without a gap."""
+        source = tmp_path / "alpha.txt"
+        watchers = tmp_path / "watchers"
+        watchers.mkdir()
+        (watchers / "lines.py").write_text(LINES_WATCHER)
+        (watchers / "alpha.py").write_text(asset_file("alpha", source))
+        append_lines(source, 1, 2)
+        settings = Settings(
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                gc_interval=0,
+                stop_grace=1,
+                heartbeat_interval=0.2,
+                lease_renew_interval=0.2,
+                lease_ttl=1.0,
+                lease_margin=0.5,
+            )
+        )
+        db_path = tmp_path / "state.db"
+
+        def lock() -> sqlite3.Connection:
+            conn = sqlite3.connect(db_path, isolation_level=None, timeout=30)
+            conn.execute("BEGIN IMMEDIATE")
+            return conn
+
+        def unlock(conn: sqlite3.Connection) -> None:
+            conn.execute("ROLLBACK")
+            conn.close()
+
+        async with SqliteStateBackend(db_path) as db, Daemon(settings, backend=db) as d:
+            (trigger_id,) = d.groups
+            await committed(db, 2)
+            with watch_logs() as logs:
+                held = await anyio.to_thread.run_sync(lock)
+                try:
+                    (lapsed,) = await logs.wait_for("node_lease_lapsed")
+                    assert lapsed["stopped"] == 1
+                    assert d.groups == {}
+                    assert d.leases.held == {trigger_id: 1}  # kept: not known to be lost
+                finally:
+                    await anyio.to_thread.run_sync(unlock, held)
+                append_lines(source, 3, 3)
+                await committed(db, 3)
+            assert list(d.groups) == [trigger_id]
+            assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
+            assert [e.payload["n"] for e in await db.alist_events()] == [1, 2, 3]
 
 
 class TestLeaseSettings:

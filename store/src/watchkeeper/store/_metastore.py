@@ -177,9 +177,13 @@ class MetastoreBackend(BaseStateBackend, ABC):
     async def arenew_node(self, owner: str, ttl: timedelta | float) -> NodeHeartbeat:
         """Renew ``owner``'s node lease until now + ``ttl`` (creating it when missing or reaped),
         reap the other node leases that expired, and list them all. O(1) in the number of
-        trigger leases: a daemon calls this every second or so."""
+        trigger leases: a daemon calls this every second or so. A node lease created afresh
+        wakes the daemons waiting in :meth:`await_lease_release`, so they make room for it."""
         self._check_open()
-        return await self._arenew_node(check_owner(owner), check_ttl(ttl))
+        beat = await self._arenew_node(check_owner(owner), check_ttl(ttl))
+        if not beat.renewed:  # a node joined: the others may rebalance now
+            self._lease_signal().set()
+        return beat
 
     async def aclaim_leases(
         self,
@@ -227,7 +231,7 @@ class MetastoreBackend(BaseStateBackend, ABC):
         return await self._alist_leases()
 
     async def await_lease_release(self) -> None:
-        """Return once a daemon released leases (bound the wait with a cancel scope).
+        """Return once a daemon released leases or joined (bound the wait with a cancel scope).
 
         In-process only here (daemons sharing this backend object); PostgreSQL overrides it
         with LISTEN/NOTIFY so that daemons on other machines are woken too.

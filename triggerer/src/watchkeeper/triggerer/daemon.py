@@ -15,14 +15,19 @@
 - the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
   state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
   status rows of triggers that no daemon runs any more;
-- the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
-  every trigger loaded (see :mod:`._leases`). It never waits for a reload: the **reconcile
-  loop** then starts the triggers whose lease was got, with the lease's token as their fence,
-  and stops those whose lease another daemon holds now (or that stopped themselves because
-  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl``
-  seconds (three heartbeats by default), so the triggers of a daemon that died move to
-  another one that long after. Several daemons on one PostgreSQL database thus share the
-  watchers, each run by one daemon at a time; a single daemon (SQLite) holds every lease;
+- the **lease loop** renews, every ``[triggerer] lease_renew_interval`` seconds, the daemon's
+  node lease (one row) and claims free leases up to its share of the triggers loaded, or
+  sheds those over it (see :mod:`._leases`); sooner when another daemon released leases or
+  joined (a NOTIFY on PostgreSQL), or when another node lease is due to expire (it is then
+  reaped and its triggers taken over). It never waits for a reload: the **reconcile loop**
+  then starts the triggers whose lease was got, with the lease's token as their fence, and
+  stops those whose lease this daemon no longer holds (or that stopped themselves because
+  the store refused a write of theirs as stale). A node lease lasts ``[triggerer] lease_ttl``
+  seconds (three renewals by default), so the triggers of a daemon that died move to the
+  others that long after; the **deadline loop** stops every trigger of this daemon when it
+  could not renew for ``lease_ttl - lease_margin`` seconds. Several daemons on one
+  PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
+  daemon (SQLite) holds every lease;
 - the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
   status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 

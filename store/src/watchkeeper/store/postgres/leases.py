@@ -14,7 +14,8 @@ of their clocks; a backend given a ``clock`` of its own (the tests) passes it in
   after that commit, so the new holder reads what the old one wrote.
 - **Fencing** (in the writer's commit transaction, see :mod:`.ops`) reads the trigger leases
   ``FOR SHARE``, which conflicts with a claim's update; ``FOR KEY SHARE`` would not.
-- A **release** notifies ``<schema>_watchkeeper_leases`` in its transaction: daemons waiting
+- A **release** (and a node joining) notifies ``<schema>_watchkeeper_leases`` in its
+  transaction, once per call (never per lease): daemons waiting
   in :meth:`~PostgresLeases.await_lease_release` (on a LISTEN connection of their own) claim
   at once instead of at their next heartbeat.
 
@@ -175,6 +176,7 @@ class PostgresLeases:
         if not renewed:  # new, or reaped: whatever it held before is free
             await conn.execute(sql.free_own, owner, at)
             await conn.execute(sql.join, owner, at, secs)
+            await conn.execute("SELECT pg_notify($1, $2)", lease_channel(self.schema), owner)
         reaped = [r[0] for r in await conn.fetch(sql.reap, owner, at)]
         await conn.execute(sql.forget_dead)
         rows = await conn.fetch(sql.nodes, at)
