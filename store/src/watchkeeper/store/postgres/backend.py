@@ -217,6 +217,7 @@ class PostgresStateBackend(
         try:
             await self._close_listener()
             await self._close_lease_listener()
+            await self._close_lease_conn()
             if writer is not None:
                 await writer.aclose()
         finally:

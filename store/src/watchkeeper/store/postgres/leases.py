@@ -19,24 +19,31 @@ of their clocks; a backend given a ``clock`` of its own (the tests) passes it in
   in :meth:`~PostgresLeases.await_lease_release` (on a LISTEN connection of their own) claim
   at once instead of at their next heartbeat.
 
-Each runs in its own short transaction on a pooled connection, never in the writer's batches.
+Each runs in its own short transaction on a connection of its own (opened on first use,
+closed with the backend), never in the writer's batches nor behind the read pool: with
+thousands of watchers reading at once, a renewal queued for a pooled connection could wait
+past the node lease's time to live.
 """
 
 from __future__ import annotations
 
 import builtins
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from .._types import Lease, NodeHeartbeat, NodeLease
-from ..errors import InvalidSettingError
+from ..errors import InvalidSettingError, StateStoreError, StoreClosedError
+from .sql import is_connection_error, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
 
 __all__ = ["PostgresLeases", "lease_channel", "session_settings"]
+
+T = TypeVar("T")
 
 
 def lease_channel(schema: str | None) -> str:
@@ -152,12 +159,12 @@ class PostgresLeases:
     _dsn: str
     schema: str | None
 
+    _open: bool
+
     if TYPE_CHECKING:
 
         @property
         def _prefix(self) -> str: ...
-
-        async def _transact(self, what: str, fn: Any) -> Any: ...
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
 
@@ -169,6 +176,51 @@ class PostgresLeases:
         if sql is None:
             sql = self.__dict__["_lease_sql_cache"] = _Sql(self._prefix)
         return sql
+
+    async def _lease_transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``fn(conn)`` in a transaction on the lease connection, one at a time; a lost or
+        read-only connection is replaced and ``fn`` tried once more (it must be idempotent,
+        as renewals, claims and releases are)."""
+        state: dict[str, Any] = self.__dict__.setdefault("_lease_conn", {})
+        lock: anyio.Lock | None = state.get("lock")
+        if lock is None:
+            lock = state["lock"] = anyio.Lock()
+        async with lock:
+            for attempt in (1, 2):
+                if not self._open:
+                    raise StoreClosedError(self)
+                conn = state.get("conn")
+                try:
+                    if conn is None or conn.is_closed():
+                        import asyncpg
+
+                        settings = self.__dict__.get("server_settings")
+                        conn = await asyncpg.connect(self._dsn, server_settings=settings)
+                        state["conn"] = conn
+                    async with conn.transaction():
+                        return await fn(conn)
+                except StateStoreError:
+                    raise
+                except Exception as exc:
+                    if not self._open:
+                        raise StoreClosedError(self) from exc
+                    if is_unavailable(exc) or is_connection_error(exc):
+                        if conn is not None and not conn.is_closed():
+                            conn.terminate()
+                        state.pop("conn", None)
+                        if attempt == 1:
+                            continue
+                    raise map_error(exc, what) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _close_lease_conn(self) -> None:
+        state: dict[str, Any] = self.__dict__.get("_lease_conn", {})
+        conn = state.pop("conn", None)
+        if conn is not None and not conn.is_closed():
+            with anyio.move_on_after(2, shield=True):
+                await conn.close()
+            if not conn.is_closed():
+                conn.terminate()
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
@@ -188,7 +240,7 @@ class PostgresLeases:
         async def renew(conn: Any) -> NodeHeartbeat:
             return await self._renew_in(conn, owner, ttl)
 
-        result: NodeHeartbeat = await self._transact("renewing a node lease", renew)
+        result: NodeHeartbeat = await self._lease_transact("renewing a node lease", renew)
         return result
 
     async def _aclaim_leases(
@@ -205,7 +257,7 @@ class PostgresLeases:
                     await conn.execute(sql.insert, owner, ids, rest)
             return {r[0]: r[1] for r in await conn.fetch(sql.held, owner, ids)}
 
-        result: dict[str, int] = await self._transact("claiming leases", claim)
+        result: dict[str, int] = await self._lease_transact("claiming leases", claim)
         return result
 
     async def _arelease_leases(self, owner: str, ids: builtins.list[str], leave: bool) -> None:
@@ -222,13 +274,13 @@ class PostgresLeases:
                 await conn.execute(sql.release, ids, owner)
             await conn.execute("SELECT pg_notify($1, $2)", lease_channel(self.schema), owner)
 
-        await self._transact("releasing leases", release)
+        await self._lease_transact("releasing leases", release)
 
     async def _abreak_node(self, owner: str) -> bool:
         async def brk(conn: Any) -> bool:
             return bool(await conn.fetch(self._lease_sql.break_node, owner))
 
-        result: bool = await self._transact("reaping a node lease", brk)
+        result: bool = await self._lease_transact("reaping a node lease", brk)
         return result
 
     async def _alist_leases(self) -> builtins.list[Lease]:
