@@ -231,6 +231,23 @@ class Bench:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{len(watchers)} watchers did not all resume within {limit} s")
 
+    def steps_since(self, at: datetime, nodes: list[Node]) -> dict[str, float | None]:
+        """When the survivors (from their logs) first and last claimed a lease and last
+        started a trigger after ``at``, in seconds after it."""
+        found: dict[str, list[float]] = {"lease_acquired": [], "trigger_started": []}
+        for node in nodes:
+            for name, times in found.items():
+                for entry in node.events(name):
+                    t = datetime.fromisoformat(entry["timestamp"])
+                    if t > at:
+                        times.append((t - at).total_seconds())
+        claims, starts = found["lease_acquired"], found["trigger_started"]
+        return {
+            "first_claim": round(min(claims), 3) if claims else None,
+            "last_claim": round(max(claims), 3) if claims else None,
+            "last_start": round(max(starts), 3) if starts else None,
+        }
+
     async def kill_cycle(self, host: str) -> dict[str, Any]:
         node = self.nodes[host]
         await asyncio.sleep(self.args.period + 1)  # every watcher committed where it runs now
@@ -240,6 +257,7 @@ class Bench:
         node.process.send_signal(signal.SIGKILL)
         node.process.wait()
         took = await self.resumed(watchers, at)
+        steps = self.steps_since(at, [n for h, n in self.nodes.items() if h != host])
         after_kill = await self.balance()
         fresh = self.start(host)
         t_join = time.monotonic()
@@ -250,6 +268,7 @@ class Bench:
             "leases": len(held),
             "watchers": len(watchers),
             "failover_s": round(took, 3),
+            "steps_s": steps,
             "balance_after_kill": after_kill,
             "join_start_s": round(time.monotonic() - t_join - rebalance, 3),
             "join_rebalance_s": round(rebalance, 3),

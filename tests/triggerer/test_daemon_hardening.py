@@ -152,8 +152,11 @@ class TestHangingImports:
             await wait_until(marker.exists, "the reload to import the hanging file", process)
             (hung,) = await backend.alist_leases()
 
+            assert hung.expires_at is not None
+
             async def renewed_long_after() -> bool:
                 (lease,) = await backend.alist_leases()
+                assert lease.expires_at is not None and hung.expires_at is not None
                 return lease.expires_at > hung.expires_at + timedelta(seconds=3)
 
             await wait_until(renewed_long_after, "three lease lifetimes of renewals", process)

@@ -391,7 +391,9 @@ class TestNodeLeaseDeadline:
         db_path = tmp_path / "state.db"
 
         def lock() -> sqlite3.Connection:
-            conn = sqlite3.connect(db_path, isolation_level=None, timeout=30)
+            conn = sqlite3.connect(
+                db_path, isolation_level=None, timeout=30, check_same_thread=False
+            )
             conn.execute("BEGIN IMMEDIATE")
             return conn
 
@@ -431,10 +433,13 @@ class TestLeaseSettings:
         with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed lease_renew_interval"):
             TriggererSettings(lease_renew_interval=2, lease_ttl=ttl)
 
-    def test_a_margin_of_the_whole_ttl_is_refused(self) -> None:
-        """A lease_margin as long as the lease would stop the watchers at once: refused."""
-        with pytest.raises(ValueError, match=r"lease_margin \(3.0\) must be below"):
-            TriggererSettings(lease_margin=3)
+    def test_a_margin_past_the_next_renewal_is_refused(self) -> None:
+        """A lease_margin that would stop the watchers before the next renewal is due is
+        refused; unset, it is half a renewal interval."""
+        with pytest.raises(ValueError, match=r"lease_margin \(2.0\) must be below"):
+            TriggererSettings(lease_margin=2)
+        assert TriggererSettings().lease_margin_seconds == 0.5
+        assert TriggererSettings(lease_margin=1.5).lease_margin_seconds == 1.5
 
 
 class TestDeadLocalOwner:
@@ -463,5 +468,5 @@ class TestDeadLocalOwner:
             assert await backend.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
             keeper = LeaseKeeper(backend, "me:1:abc", ttl=30)
             await keeper.renew()
-            assert keeper.free_hint(1)
+            assert keeper.free_hint(1, 0)
             assert await keeper.claim(["t1"]) == {"t1": 2}

@@ -110,7 +110,7 @@ class DaemonLeases:
         while True:
             deadline = keeper.deadline
             if deadline is not None and not keeper.lapsed():
-                await anyio.sleep(deadline - time.monotonic())
+                await anyio.sleep(max(0.0, deadline - time.monotonic()))
             if not keeper.lapsed():
                 if deadline is None:
                     await anyio.sleep(interval)

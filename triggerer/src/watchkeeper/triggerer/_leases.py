@@ -159,13 +159,15 @@ class LeaseKeeper:
         rank = next(i for i, n in enumerate(live) if n.owner == self.owner)
         return min(base + (1 if rank < extra else 0), capacity)
 
-    def free_hint(self, wanted: int) -> bool:
-        """Whether some of ``wanted`` triggers may have no live holder (as of the last
-        renewal): the held counts of the live node leases do not cover them."""
+    def free_hint(self, wanted: int, mine: int) -> bool:
+        """Whether some of ``wanted`` triggers (``mine`` of them held here) may have no live
+        holder, as of the last renewal: the other live node leases' counts and ours do not
+        cover them."""
         beat = self.last_beat
         if beat is None:
             return True
-        return sum(n.held for n in beat.live()) < wanted
+        others = sum(n.held for n in beat.live() if n.owner != self.owner)
+        return others + mine < wanted
 
     async def claim(self, trigger_ids: Iterable[str], limit: int | None = None) -> dict[str, int]:
         """Take up to ``limit`` free leases among ``trigger_ids`` (renewing the node lease);

@@ -26,6 +26,7 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import anyio
 from watchkeeper.store import BaseStateBackend
@@ -42,6 +43,9 @@ from .runner import TriggerRunner, WatchSpec
 __all__ = ["ReloadReport", "TriggerPlacement"]
 
 log = get_logger(__name__)
+
+_STARTS_AT_ONCE = 64
+"""Triggers started concurrently by one reconcile."""
 
 
 @dataclass(slots=True)
@@ -116,7 +120,7 @@ class TriggerPlacement:
             mine = [t for t in want if t in held]
             share = leases.share(len(want), self.capacity)
             self._shed = set()
-            if len(mine) < share and leases.free_hint(len(want)):
+            if len(mine) < share and leases.free_hint(len(want), len(mine)):
                 others = [t for t in want if t not in held]
                 await leases.claim(others, limit=share - len(mine))
             elif len(mine) > share:
@@ -177,25 +181,44 @@ class TriggerPlacement:
         paused = {t for t, g in self.wanted.items() if self._paused(g)}
         paused |= {t for t, r in self.running.items() if self._paused(r.group)}
         plan = plan_reconcile(self.running, self.wanted, claim, {*restart, *dead}, paused)
-        for trigger_id, save_status in plan.stop:
-            # A trigger another daemon holds now is theirs, status row included.
-            await runner.stop_trigger(trigger_id, save_status=save_status)
+        # Stops and starts run concurrently: each waits for its task (a turn of the event
+        # loop at least), which, one after the other, adds up to seconds with thousands of
+        # triggers on a busy loop, and so would a failover. Starts go a few dozen at a time,
+        # so that no turn of the loop runs thousands of first steps (the renewals wait).
+        async with anyio.create_task_group() as tg:
+            for trigger_id, save_status in plan.stop:
+                # A trigger another daemon holds now is theirs, status row included.
+                tg.start_soon(partial(runner.stop_trigger, save_status=save_status), trigger_id)
+        for trigger_id, _ in plan.stop:
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
         for trigger_id in plan.pause:
             await self._pause_trigger(trigger_id)
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
-        for trigger_id, token in plan.start:
+        refused: dict[str, str] = {}
+
+        limiter = anyio.CapacityLimiter(_STARTS_AT_ONCE)
+
+        async def start(trigger_id: str, token: int | None) -> None:
             group = self.wanted[trigger_id]
             try:
-                await runner.start_trigger(_spec(group, token))
+                async with limiter:
+                    await runner.start_trigger(_spec(group, token))
             except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
-                report.not_started.append(trigger_id)
-                log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
-                continue
+                refused[trigger_id] = str(exc)
+                return
             self.running[trigger_id] = RunningTrigger(group, token)
-            report.started.append(trigger_id)
+
+        async with anyio.create_task_group() as tg:
+            for trigger_id, token in plan.start:
+                tg.start_soon(start, trigger_id, token)
+        for trigger_id, _ in plan.start:
+            if trigger_id in refused:
+                report.not_started.append(trigger_id)
+                log.error("trigger_not_started", trigger_id=trigger_id, reason=refused[trigger_id])
+            else:
+                report.started.append(trigger_id)
         idle = [t for t in self.leases.held if t not in self.running]
         if idle and not self.leases.lapsed():
             # Removed from the files, not startable here, or over this daemon's share: let

@@ -216,7 +216,7 @@ class Daemon(DaemonLeases):
                 self._backend,
                 self.owner,
                 triggerer.lease_seconds,
-                margin=triggerer.lease_margin,
+                margin=triggerer.lease_margin_seconds,
             )
             # Released once the runner below has stopped every trigger, before the store closes.
             stack.push_async_callback(self._leases.release_all)

@@ -79,10 +79,10 @@ class TriggererSettings(SupervisionSettings):
     """Seconds the node lease lasts without renewal, on the database's clock; another daemon
     takes the watchers over that long after their daemon died. None: three renewals. Must
     exceed lease_renew_interval."""
-    lease_margin: PositiveSeconds = 0.5
+    lease_margin: PositiveSeconds | None = None
     """Seconds before its node lease could expire that a daemon that could not renew it stops
-    its own watchers (measured on its monotonic clock from the last renewal it sent). Must be
-    below lease_ttl."""
+    its own watchers (measured on its monotonic clock from the last renewal it sent). None:
+    half a renewal interval. Must be below lease_ttl minus lease_renew_interval."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
 
@@ -98,12 +98,20 @@ class TriggererSettings(SupervisionSettings):
                 f"lease_ttl ({self.lease_ttl}) must exceed lease_renew_interval "
                 f"({self.lease_renew_interval}): a lease would lapse between two renewals"
             )
-        if self.lease_margin >= self.lease_seconds:
+        room = self.lease_seconds - self.lease_renew_interval
+        if self.lease_margin is not None and self.lease_margin >= room:
             raise ValueError(
-                f"lease_margin ({self.lease_margin}) must be below the lease's time to live "
-                f"({self.lease_seconds}): the daemon would stop its watchers at once"
+                f"lease_margin ({self.lease_margin}) must be below lease_ttl minus "
+                f"lease_renew_interval ({room:g}): the daemon would stop its watchers "
+                "before its next renewal is due"
             )
         return self
+
+    @property
+    def lease_margin_seconds(self) -> float:
+        """The margin in force: ``lease_margin``, or half a renewal interval."""
+        margin = self.lease_margin
+        return margin if margin is not None else self.lease_renew_interval / 2
 
 
 class WorkerSettings(_Section):
