@@ -234,14 +234,19 @@ class Bench:
     def steps_since(self, at: datetime, nodes: list[Node]) -> dict[str, float | None]:
         """When the survivors (from their logs) first and last claimed a lease and last
         started a trigger after ``at``, in seconds after it."""
-        found: dict[str, list[float]] = {"lease_acquired": [], "trigger_started": []}
+        found: dict[str, list[float]] = {
+            "lease_acquired": [],
+            "leases_acquired": [],
+            "trigger_started": [],
+        }
         for node in nodes:
             for name, times in found.items():
                 for entry in node.events(name):
                     t = datetime.fromisoformat(entry["timestamp"])
                     if t > at:
                         times.append((t - at).total_seconds())
-        claims, starts = found["lease_acquired"], found["trigger_started"]
+        claims = found["lease_acquired"] + found["leases_acquired"]
+        starts = found["trigger_started"]
         return {
             "first_claim": round(min(claims), 3) if claims else None,
             "last_claim": round(max(claims), 3) if claims else None,
@@ -290,7 +295,7 @@ class Bench:
         lapsed = node.events("node_lease_lapsed")
         rejoined = [
             datetime.fromisoformat(e["timestamp"])
-            for e in node.events("lease_acquired")
+            for e in node.events("lease_acquired") + node.events("leases_acquired")
             if datetime.fromisoformat(e["timestamp"]) > resumed_at
         ]
         rejoin_at = min(rejoined) if rejoined else datetime.now(UTC)

@@ -40,6 +40,8 @@ __all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 log = get_logger(__name__)
 
 _RELEASE_TIMEOUT = 5.0
+_LOGGED = 20
+"""Leases logged one by one per claim (or loss); past that, one line with the count."""
 
 
 def daemon_identity() -> str:
@@ -122,8 +124,9 @@ class LeaseKeeper:
     def _renewed(self, sent: float, renewed: bool) -> None:
         if not renewed and self._joined and self._held:
             # Reaped while we could not renew: every lease we held may run elsewhere now.
-            for trigger_id, token in sorted(self._held.items()):
+            for trigger_id, token in sorted(self._held.items())[:_LOGGED]:
                 log.warning("lease_moved", trigger_id=trigger_id, token=token)
+            log.warning("node_lease_reaped", owner=self.owner, leases=len(self._held))
             self._held = {}
         self._joined = True
         self.deadline = sent + self.ttl - self.margin
@@ -178,9 +181,11 @@ class LeaseKeeper:
         sent = time.monotonic()
         tokens = await self._table.aclaim_leases(self.owner, ids, self.ttl, limit=limit)
         self._renewed(sent, True)
-        for trigger_id, token in sorted(tokens.items()):
-            if self._held.get(trigger_id) != token:
-                log.info("lease_acquired", trigger_id=trigger_id, token=token)
+        new = sorted((t, n) for t, n in tokens.items() if self._held.get(t) != n)
+        for trigger_id, token in new[:_LOGGED]:
+            log.info("lease_acquired", trigger_id=trigger_id, token=token)
+        if len(new) > _LOGGED:
+            log.info("leases_acquired", count=len(new))
         self._held.update(tokens)
         return tokens
 

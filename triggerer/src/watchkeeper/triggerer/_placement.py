@@ -26,7 +26,6 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 
 import anyio
 from watchkeeper.store import BaseStateBackend
@@ -44,8 +43,9 @@ __all__ = ["ReloadReport", "TriggerPlacement"]
 
 log = get_logger(__name__)
 
-_STARTS_AT_ONCE = 64
-"""Triggers started concurrently by one reconcile."""
+_AT_ONCE = 64
+"""Triggers started (or stopped) concurrently by one reconcile: more would make one turn of
+the event loop run thousands of first steps (or cancellations) while the renewals wait."""
 
 
 @dataclass(slots=True)
@@ -183,12 +183,17 @@ class TriggerPlacement:
         plan = plan_reconcile(self.running, self.wanted, claim, {*restart, *dead}, paused)
         # Stops and starts run concurrently: each waits for its task (a turn of the event
         # loop at least), which, one after the other, adds up to seconds with thousands of
-        # triggers on a busy loop, and so would a failover. Starts go a few dozen at a time,
-        # so that no turn of the loop runs thousands of first steps (the renewals wait).
+        # triggers on a busy loop, and so would a failover. They go a few dozen at a time.
+        limiter = anyio.CapacityLimiter(_AT_ONCE)
+
+        async def stop(trigger_id: str, save_status: bool) -> None:
+            async with limiter:
+                # A trigger another daemon holds now is theirs, status row included.
+                await runner.stop_trigger(trigger_id, save_status=save_status)
+
         async with anyio.create_task_group() as tg:
             for trigger_id, save_status in plan.stop:
-                # A trigger another daemon holds now is theirs, status row included.
-                tg.start_soon(partial(runner.stop_trigger, save_status=save_status), trigger_id)
+                tg.start_soon(stop, trigger_id, save_status)
         for trigger_id, _ in plan.stop:
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
@@ -197,8 +202,6 @@ class TriggerPlacement:
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
         refused: dict[str, str] = {}
-
-        limiter = anyio.CapacityLimiter(_STARTS_AT_ONCE)
 
         async def start(trigger_id: str, token: int | None) -> None:
             group = self.wanted[trigger_id]
