@@ -442,6 +442,8 @@ class TestNodeLeases:
         """A daemon leaving releases every lease it holds and ends its node lease; a daemon
         waiting for released leases is woken."""
         await store.aclaim_leases("a", ["t", "u"], TTL)
+        with anyio.move_on_after(1):  # PostgreSQL: returns once listening (nothing missed)
+            await store.await_lease_release()
         woken = anyio.Event()
 
         async def wait() -> None:
@@ -450,7 +452,8 @@ class TestNodeLeases:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
-            await anyio.sleep(0.2)  # the PostgreSQL listener connects first
+            await anyio.wait_all_tasks_blocked()
+            assert not woken.is_set()
             await store.arelease_leases("a", [], leave=True)
             with anyio.fail_after(10):
                 await woken.wait()

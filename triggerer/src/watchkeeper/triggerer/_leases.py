@@ -42,6 +42,8 @@ log = get_logger(__name__)
 _RELEASE_TIMEOUT = 5.0
 _LOGGED = 20
 """Leases logged one by one per claim (or loss); past that, one line with the count."""
+_CLAIM_CHUNK = 500
+"""Free leases taken per claim transaction."""
 
 
 def daemon_identity() -> str:
@@ -178,9 +180,17 @@ class LeaseKeeper:
         if self._table is None:
             return {}
         ids = sorted(set(trigger_ids))
-        sent = time.monotonic()
-        tokens = await self._table.aclaim_leases(self.owner, ids, self.ttl, limit=limit)
-        self._renewed(sent, True)
+        tokens: dict[str, int] = {}
+        while True:  # in chunks: each renews the node lease, and none holds rows for long
+            step = _CLAIM_CHUNK if limit is None else min(_CLAIM_CHUNK, limit - len(tokens))
+            sent = time.monotonic()
+            got = await self._table.aclaim_leases(self.owner, ids, self.ttl, limit=step)
+            self._renewed(sent, True)
+            fresh = {t: n for t, n in got.items() if t not in tokens and t not in self._held}
+            tokens.update(got)
+            if len(fresh) < step or (limit is not None and len(tokens) >= limit):
+                break
+            ids = [t for t in ids if t not in got]
         new = sorted((t, n) for t, n in tokens.items() if self._held.get(t) != n)
         for trigger_id, token in new[:_LOGGED]:
             log.info("lease_acquired", trigger_id=trigger_id, token=token)

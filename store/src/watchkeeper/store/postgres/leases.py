@@ -177,11 +177,15 @@ class PostgresLeases:
             sql = self.__dict__["_lease_sql_cache"] = _Sql(self._prefix)
         return sql
 
-    async def _lease_transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``fn(conn)`` in a transaction on the lease connection, one at a time; a lost or
-        read-only connection is replaced and ``fn`` tried once more (it must be idempotent,
-        as renewals, claims and releases are)."""
-        state: dict[str, Any] = self.__dict__.setdefault("_lease_conn", {})
+    async def _lease_transact(
+        self, what: str, fn: Callable[[Any], Awaitable[T]], *, lane: str = "claims"
+    ) -> T:
+        """Run ``fn(conn)`` in a transaction on the lease connection of ``lane``, one at a
+        time; a lost or read-only connection is replaced and ``fn`` tried once more (it must
+        be idempotent, as renewals, claims and releases are). Renewals have a lane of their
+        own, so that they never wait for a claim of thousands of leases."""
+        lanes: dict[str, dict[str, Any]] = self.__dict__.setdefault("_lease_conn", {})
+        state = lanes.setdefault(lane, {})
         lock: anyio.Lock | None = state.get("lock")
         if lock is None:
             lock = state["lock"] = anyio.Lock()
@@ -214,13 +218,13 @@ class PostgresLeases:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _close_lease_conn(self) -> None:
-        state: dict[str, Any] = self.__dict__.get("_lease_conn", {})
-        conn = state.pop("conn", None)
-        if conn is not None and not conn.is_closed():
-            with anyio.move_on_after(2, shield=True):
-                await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
+        for state in self.__dict__.get("_lease_conn", {}).values():
+            conn = state.pop("conn", None)
+            if conn is not None and not conn.is_closed():
+                with anyio.move_on_after(2, shield=True):
+                    await conn.close()
+                if not conn.is_closed():
+                    conn.terminate()
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
@@ -240,7 +244,9 @@ class PostgresLeases:
         async def renew(conn: Any) -> NodeHeartbeat:
             return await self._renew_in(conn, owner, ttl)
 
-        result: NodeHeartbeat = await self._lease_transact("renewing a node lease", renew)
+        result: NodeHeartbeat = await self._lease_transact(
+            "renewing a node lease", renew, lane="renewals"
+        )
         return result
 
     async def _aclaim_leases(
@@ -248,8 +254,11 @@ class PostgresLeases:
     ) -> dict[str, int]:
         sql = self._lease_sql
 
+        # The node lease is renewed in a transaction of its own first: a claim of thousands
+        # of rows must not hold the node row (a reaper would wait for it, and find it expired).
+        await self._arenew_node(owner, ttl)
+
         async def claim(conn: Any) -> dict[str, int]:
-            await self._renew_in(conn, owner, ttl)
             if ids and limit != 0:
                 taken = len(await conn.fetch(sql.take, owner, ids, limit))
                 if limit is None or taken < limit:
@@ -290,9 +299,10 @@ class PostgresLeases:
     # -- wake-ups ------------------------------------------------------------------------------
 
     async def await_lease_release(self) -> None:
-        """Return once a daemon released leases: a NOTIFY on a LISTEN connection of our own
-        (opened on first use, closed with the backend). Without one (lost, or refused) this
-        waits forever: the daemon's heartbeat claims anyway."""
+        """Return once a daemon released leases or joined: a NOTIFY on a LISTEN connection of
+        our own (opened on first use, closed with the backend). Also returns once as soon as
+        a new connection listens, for what was released before. Without one (refused) it
+        returns every 5 s: the daemon's renewals claim anyway."""
         state: dict[str, Any] = self.__dict__.setdefault("_lease_listen", {})
         conn = state.get("conn")
         if conn is None or conn.is_closed():
@@ -316,6 +326,7 @@ class PostgresLeases:
                 state.pop("conn", None)
                 await anyio.sleep(5)
                 return
+            return  # listening from now on: what was released before is looked at now
         await state["event"].wait()
         state["event"] = anyio.Event()
 
