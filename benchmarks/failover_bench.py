@@ -132,6 +132,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, dsn: str, work: Path, namespaces: bool) -> None:
         self.args, self.dsn, self.work, self.namespaces = args, dsn, work, namespaces
         self.nodes: dict[str, Node] = {}
+        self.started = 0
         self.conn: asyncpg.Connection | None = None
         self.result: dict[str, Any] = {}
 
@@ -155,7 +156,8 @@ class Bench:
         if self.namespaces:
             quoted = " ".join(f"'{c}'" for c in command)
             command = ["unshare", "-u", "sh", "-c", f"hostname {host}; exec {quoted}"]
-        log = self.work / f"{host}-{len(self.nodes)}.log"
+        self.started += 1
+        log = self.work / f"{host}-{self.started}.log"
         with log.open("ab") as out:
             process = subprocess.Popen(
                 command, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, cwd=self.work
