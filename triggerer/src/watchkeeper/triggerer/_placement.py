@@ -109,12 +109,15 @@ class TriggerPlacement:
         not released here but once their triggers have stopped (by :meth:`reconcile`), so
         that the daemon taking one over never meets its writes.
         """
+        leases = self.leases
+        if leases.supported:
+            # First: reading the controls takes a pooled connection, which thousands of
+            # watchers reading their state at start-up can keep busy for seconds.
+            await leases.renew()
         if self.controls is not None:
             self._retried |= await self.controls.refresh()
-        leases = self.leases
         tokens: dict[str, int] | None = None
         if leases.supported:
-            await leases.renew()
             want = [t for t in sorted(self.wanted) if not self._paused(self.wanted[t])]
             held = leases.held
             mine = [t for t in want if t in held]
