@@ -78,6 +78,16 @@ class DaemonLeases:
                     with contextlib.suppress(anyio.WouldBlock):
                         claimed.send_nowait(None)  # one pending is enough: it takes the latest
 
+    async def _renew_while_starting(self, interval: float) -> None:
+        """Renew the node lease (only) every ``interval`` while the daemon starts, before its
+        lease loop runs: starting thousands of triggers takes longer than a lease lives."""
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self.leases.renew()
+            except Exception as exc:  # noqa: BLE001 - the next renewal tries again
+                log.warning("lease_renewal_failed", error=describe_error(exc))
+
     def _next_renewal(self, interval: float) -> float:
         """Seconds to the next renewal: ``interval``, or just past the moment another live
         node lease expires, if that comes first (the store's clock, seen at our last beat)."""

@@ -245,12 +245,16 @@ class Daemon(DaemonLeases):
                 controls=controls,
             )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-            if self.tune_gc:
-                raise_gen0_threshold()
-                with startup_gc():
+            # The node lease is renewed while the first load starts thousands of triggers.
+            async with anyio.create_task_group() as boot:
+                boot.start_soon(self._renew_while_starting, triggerer.lease_renew_interval)
+                if self.tune_gc:
+                    raise_gen0_threshold()
+                    with startup_gc():
+                        report = await self.reload()
+                else:
                     report = await self.reload()
-            else:
-                report = await self.reload()
+                boot.cancel_scope.cancel()
             await self._status.prune(self._running, self.placement.wanted)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
