@@ -6,9 +6,11 @@ Not a test. Run by hand from the repository root:
 
 1. **Runs per second**: N events are committed while the task is paused (``max_events_per_run
    = 1``, so each event is one run), then the task is resumed and the time until every run has
-   succeeded is measured: creation (cursor move), claim (lease), the no-op call in the thread
-   pool and the fenced finish, each its own transaction. Workers run in this process, each on
-   its own backend (its own connections), 1 and 4 of them on PostgreSQL, 1 on SQLite.
+   succeeded is measured: the worker's steps (a fenced finish and the next claim in one
+   transaction; a batch of creations with their cursor moves, claimed in the same transaction,
+   when too few runs are ready) and the no-op call in the thread pool. Workers run in this
+   process, each on its own backend (its own connections), 1 and 4 of them on PostgreSQL, 1
+   on SQLite.
    Baselines, same run: a bare ``FOR UPDATE SKIP LOCKED`` queue on asyncpg (claim up to 8
    jobs, mark each done), 1 and 4 consumers; a bare polling loop on aiosqlite (claim up to 8
    in one ``BEGIN IMMEDIATE``, mark each done).

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import urllib.parse
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import structlog
 from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
-from tests.support.postgres import PgDatabase, fresh_pg_database
+from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
+from tests.support.runtime import open_backend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -81,24 +80,10 @@ def pg_dsn() -> str:
     return PG_DSN
 
 
-@contextlib.asynccontextmanager
-async def _fresh_schema(pg_dsn: str) -> AsyncIterator[str]:
-    import asyncpg
-
-    schema = f"wk_test_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-        yield schema
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
-
-
 @pytest.fixture
 async def pg_schema(pg_dsn: str) -> AsyncIterator[str]:
     """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
-    async with _fresh_schema(pg_dsn) as schema:
+    async with fresh_pg_schema(pg_dsn) as schema:
         yield schema
 
 
@@ -111,8 +96,28 @@ async def pg_database(pg_dsn: str) -> AsyncIterator[PgDatabase]:
 
 
 @pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test runs in ``tmp_path``, an empty directory, with no ``WATCHKEEPER*`` variable
+    of the outer environment (for tests of settings and of the command line)."""
+    for name in list(os.environ):
+        if name.upper().startswith("WATCHKEEPER"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
     return tmp_path / "state.db"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def local_backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[MetastoreBackend]:
+    """Each backend that needs no server, opened and empty: memory, and SQLite under tmp_path."""
+    async with open_backend(request.param, tmp_path) as backend:
+        yield backend
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -134,7 +139,7 @@ async def backend(
         from watchkeeper.store import PostgresStateBackend
 
         async with (
-            _fresh_schema(dsn) as schema,
+            fresh_pg_schema(dsn) as schema,
             PostgresStateBackend(dsn, schema=schema) as postgres,
         ):
             yield postgres

@@ -234,7 +234,7 @@ class TaskChaos:
                     tg.start_soon(self.produce, backend)
                     while self.kills < self.kills_wanted:
                         await anyio.sleep(self.rng.uniform(0.3, 1.2))
-                        index = self.rng.randrange(len(procs))
+                        index = await self._target(procs, raw)
                         procs[index].send_signal(signal.SIGKILL)
                         await procs[index].wait()
                         self.kills += 1
@@ -260,6 +260,24 @@ class TaskChaos:
             for proc in procs:
                 if proc.returncode is None:
                     proc.kill()
+
+    async def _target(self, procs: list[Process], raw: Raw) -> int:
+        """The worker to kill: any, for odd kills; for even ones, one that holds the lease of
+        a running run, waited for up to 5 s (a restarted worker spends a second starting, so
+        random kills alone may all miss the runs)."""
+        if self.kills % 2 == 0:
+            with anyio.move_on_after(5):
+                while True:
+                    with contextlib.suppress(Exception):  # a read that fails: look again
+                        owners = await raw.rows(
+                            "SELECT DISTINCT lease_owner FROM task_runs WHERE state = 'running'"
+                        )
+                        pids = {int(o.split(":")[1]) for (o,) in owners if o and o.count(":") == 2}
+                        busy = [i for i, proc in enumerate(procs) if proc.pid in pids]
+                        if busy:
+                            return self.rng.choice(busy)
+                    await anyio.sleep(0.2)  # each look is a new connection: not too many
+        return self.rng.randrange(len(procs))
 
     async def _wait_declared(self, raw: Raw) -> None:
         while True:

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,23 +24,12 @@ import anyio.to_thread
 import pytest
 
 from tests.chaos._broker_chaos import BrokerChaos, BrokerPlan, BrokerResult, Publish
+from tests.support.brokers import require_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SEED = int(os.environ.get("WATCHKEEPER_CHAOS_SEED", random.randrange(2**32)))
 PLAN = BrokerPlan(items=5_000, kills=10, seed=SEED)
-
-
-def require_server(name: str, port: int) -> None:
-    """Skip (or, under ``CI=true``, fail) unless something listens on 127.0.0.1:``port``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-    except OSError as exc:
-        reason = f"{name} is not reachable on 127.0.0.1:{port} ({exc})"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {reason}")
-    pytest.skip(reason)
 
 
 def body(n: int) -> bytes:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -28,12 +28,11 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BaseStateBackend,
     MemoryStateBackend,
-    SqliteStateBackend,
     TaskScope,
     TaskStateStoreAccessor,
     ValueTooLargeError,
 )
-from watchkeeper.store.backend import Writer
+from watchkeeper.store.backend import MetastoreBackend, Writer
 
 T = TypeVar("T")
 
@@ -44,17 +43,11 @@ TASK_WRITER = Writer("task", str(TASK), 1)
 BIG = {"rows": ["x" * 1000] * 100}  # about 100 KB encoded: over the 64 KiB limit
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    """An open backend with ``orders`` and ``invoices`` registered."""
-    backend: BaseStateBackend
-    if request.param == "memory":
-        backend = MemoryStateBackend()
-    else:
-        backend = SqliteStateBackend(tmp_path / "state.db")
-    async with backend:
-        await backend.aregister_assets([ORDERS, INVOICES])
-        yield backend
+@pytest.fixture
+async def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+    """An open backend (memory, SQLite) with ``orders`` and ``invoices`` registered."""
+    await local_backend.aregister_assets([ORDERS, INVOICES])
+    return local_backend
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

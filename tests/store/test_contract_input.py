@@ -1,4 +1,4 @@
-"""Bad input at every edge of the store, refused the same way by every backend (issue 7.11).
+"""Bad input at every edge of the store, refused the same way by every backend.
 
 Names (asset names and URIs, dedup keys, watcher names, the ids of a task scope), numbers
 (map index, asset id, expected version, retention, event ids) and values (lone surrogates,

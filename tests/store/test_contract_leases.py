@@ -7,7 +7,7 @@ backend's own ``clock``, set by each test, so expiry never depends on the wall c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import anyio
 import pytest
@@ -31,23 +31,11 @@ from watchkeeper.store.backend import (
     encode_value,
 )
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+from tests.support.clock import T0, Clock
+
 TTL = timedelta(seconds=30)
 ORDERS = AssetScope(name="orders")
 TASK = TaskScope("dag", "run", "task")
-
-
-class Clock:
-    """A settable clock for ``backend.clock``."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture
@@ -340,7 +328,7 @@ class TestFencedWrites:
         assert await everything(store) != before
 
     async def test_a_stale_accessor_cannot_delete_or_clear(self, store: MetastoreBackend) -> None:
-        """Issue 7.1: lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
+        """A lease claimed by daemon-1, released, claimed by daemon-2; daemon-1's
         accessors are refused on delete and clear, async and sync, asset and task state."""
         await store.aclaim_leases("daemon-1", ["trig"], TTL)
         old = Writer("watcher", "w", fence=Fence("trig", "daemon-1", 1))
@@ -509,10 +497,9 @@ class TestPostgresLeaseLocking:
     async def test_sessions_carry_a_name_and_an_idle_timeout(
         self, pg_dsn: str, pg_schema: str
     ) -> None:
-        """Every connection sets application_name and idle_in_transaction_session_timeout."""
-        backend = PostgresStateBackend(
-            pg_dsn, schema=pg_schema, application_name="wk-test", idle_in_transaction_timeout=2.5
-        )
+        """Every connection, the lease ones included, sets the session settings it is given."""
+        settings = {"application_name": "wk-test", "idle_in_transaction_session_timeout": "2500"}
+        backend = PostgresStateBackend(pg_dsn, schema=pg_schema, server_settings=settings)
         async with backend as store:
             rows = await store._fetch(
                 "reading settings",

@@ -7,7 +7,7 @@ wall clock.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -38,21 +38,9 @@ from watchkeeper.store.backend import (
     encode_json,
 )
 
-T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+from tests.support.clock import Clock
+
 TTL = timedelta(seconds=30)
-
-
-class Clock:
-    """A settable clock for ``backend.clock``."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

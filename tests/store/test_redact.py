@@ -1,4 +1,4 @@
-"""redact_dsn and redact_secrets: passwords out of DSNs and free text (issue 7, item 8)."""
+"""redact_dsn and redact_secrets: passwords out of DSNs and free text."""
 
 from __future__ import annotations
 

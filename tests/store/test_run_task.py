@@ -8,7 +8,6 @@ try_number, and applies ``clear_on_success`` to task state only.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,10 @@ IDS: dict[str, Any] = {"dag_id": "dag", "run_id": "run_1", "task_id": "load"}
 SCOPE = TaskScope("dag", "run_1", "load")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
-    """An open, empty backend."""
-    backend: MetastoreBackend
-    if request.param == "memory":
-        backend = MemoryStateBackend()
-    else:
-        backend = SqliteStateBackend(tmp_path / "state.db")
-    async with backend:
-        yield backend
+@pytest.fixture
+def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+    """An open, empty backend (memory, SQLite)."""
+    return local_backend
 
 
 class TestCalling:

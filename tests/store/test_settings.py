@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from watchkeeper.store import (
+    BackendImportError,
     BaseStateBackend,
     ConfigFileNotFoundError,
     InvalidConfigFileError,
     MemoryStateBackend,
     PostgresStateBackend,
     SqliteStateBackend,
+    StateStoreError,
     StoreSettings,
     UnknownSettingError,
     WorkersSettings,
@@ -30,14 +30,7 @@ class NotABackend:
     """Something importable that is not a state backend."""
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Run in an empty directory with no WATCHKEEPER__ variables from the outer environment."""
-    for name in list(os.environ):
-        if name.upper().startswith("WATCHKEEPER__"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def _write_toml(path: Path, text: str) -> Path:
@@ -60,20 +53,20 @@ class TestStoreSettingsSources:
         assert settings.events.retention_days == 30
         assert settings.events.dedup_retention_days == 7
 
-    def test_reads_watchkeeper_toml_in_the_working_directory(self, _isolated: Path) -> None:
+    def test_reads_watchkeeper_toml_in_the_working_directory(self, isolated: Path) -> None:
         """``./watchkeeper.toml`` is read when no file is named."""
         _write_toml(
-            _isolated / "watchkeeper.toml",
+            isolated / "watchkeeper.toml",
             '[database]\nurl = "sqlite:///from-file.db"\n[state_store]\nclear_on_success = true\n',
         )
         settings = StoreSettings.load()
         assert settings.database_url() == "sqlite:///from-file.db"
         assert settings.state_store.clear_on_success is True
 
-    def test_environment_beats_toml(self, _isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_environment_beats_toml(self, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """WATCHKEEPER__SECTION__KEY overrides the same key in the file, others stay."""
         _write_toml(
-            _isolated / "watchkeeper.toml",
+            isolated / "watchkeeper.toml",
             "[state_store]\nmax_value_bytes = 100\ndefault_retention_days = 7\n",
         )
         monkeypatch.setenv("WATCHKEEPER__STATE_STORE__MAX_VALUE_BYTES", "200")
@@ -82,11 +75,11 @@ class TestStoreSettingsSources:
         assert settings.state_store.default_retention_days == 7
 
     def test_explicit_arguments_beat_environment_and_toml(
-        self, _isolated: Path, monkeypatch: pytest.MonkeyPatch
+        self, isolated: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """An explicit argument wins over env and file; the sources merge key by key."""
         config = _write_toml(
-            _isolated / "other.toml",
+            isolated / "other.toml",
             '[database]\nurl = "sqlite:///file.db"\n'
             "[state_store]\nmax_value_bytes = 100\nstate_cleanup_batch_size = 9\n",
         )
@@ -98,23 +91,24 @@ class TestStoreSettingsSources:
         assert settings.state_store.state_cleanup_batch_size == 9
         assert type(settings) is StoreSettings
 
-    def test_named_file_replaces_the_default_file(self, _isolated: Path) -> None:
+    def test_named_file_replaces_the_default_file(self, isolated: Path) -> None:
         """With a file named, ./watchkeeper.toml is not read at all."""
-        _write_toml(_isolated / "watchkeeper.toml", "[state_store]\nmax_value_bytes = 1\n")
-        named = _write_toml(_isolated / "named.toml", "[state_store]\nclear_on_success = true\n")
+        _write_toml(isolated / "watchkeeper.toml", "[state_store]\nmax_value_bytes = 1\n")
+        named = _write_toml(isolated / "named.toml", "[state_store]\nclear_on_success = true\n")
         settings = StoreSettings.load(named)
         assert settings.state_store.clear_on_success is True
         assert settings.state_store.max_value_bytes == 65536
 
-    def test_missing_named_file_is_an_error(self, _isolated: Path) -> None:
+    def test_missing_named_file_is_an_error(self, isolated: Path) -> None:
         """A config file that was named but does not exist is a FileNotFoundError naming it."""
         with pytest.raises(ConfigFileNotFoundError, match=r"nope\.toml") as caught:
-            StoreSettings.load(_isolated / "nope.toml")
+            StoreSettings.load(isolated / "nope.toml")
         assert isinstance(caught.value, FileNotFoundError)
+        assert isinstance(caught.value, StateStoreError)
 
-    def test_file_that_is_not_toml_is_an_error_naming_it(self, _isolated: Path) -> None:
+    def test_file_that_is_not_toml_is_an_error_naming_it(self, isolated: Path) -> None:
         """Broken TOML, named or found in the working directory, is an error naming the file."""
-        broken = _write_toml(_isolated / "watchkeeper.toml", "[database\nurl = 1\n")
+        broken = _write_toml(isolated / "watchkeeper.toml", "[database\nurl = 1\n")
         with pytest.raises(InvalidConfigFileError, match=r"'watchkeeper\.toml' is not valid TOML"):
             StoreSettings.load()
         with pytest.raises(InvalidConfigFileError, match="line 1"):
@@ -128,22 +122,22 @@ class TestStoreSettingsSources:
         locations = [error["loc"] for error in caught.value.errors()]
         assert locations == [("state_store", "default_retention_days")]
 
-    def test_unknown_key_in_a_section_is_rejected(self, _isolated: Path) -> None:
+    def test_unknown_key_in_a_section_is_rejected(self, isolated: Path) -> None:
         """A misspelt key inside a known section is an error naming it, not silently ignored."""
-        config = _write_toml(_isolated / "typo.toml", '[database]\npasword = "hunter2"\n')
+        config = _write_toml(isolated / "typo.toml", '[database]\npasword = "hunter2"\n')
         with pytest.raises(UnknownSettingError) as caught:
             StoreSettings.load(config)
         assert str(caught.value) == (
             f"config file {str(config)!r}: unknown key 'pasword' in [database]"
         )
-        config = _write_toml(_isolated / "typo.toml", "[state_store]\nmax_value_byte = 10\n")
+        config = _write_toml(isolated / "typo.toml", "[state_store]\nmax_value_byte = 10\n")
         with pytest.raises(UnknownSettingError, match="did you mean 'max_value_bytes'"):
             StoreSettings.load(config)
 
-    def test_misspelt_section_in_the_file_is_an_error(self, _isolated: Path) -> None:
+    def test_misspelt_section_in_the_file_is_an_error(self, isolated: Path) -> None:
         """``[databse]`` is refused with the closest known section, not run on the default."""
         _write_toml(
-            _isolated / "watchkeeper.toml", '[databse]\nurl = "postgresql://u:hunter2@db/wk"\n'
+            isolated / "watchkeeper.toml", '[databse]\nurl = "postgresql://u:hunter2@db/wk"\n'
         )
         with pytest.raises(UnknownSettingError) as caught:
             StoreSettings.load()
@@ -198,30 +192,30 @@ class TestStoreSettingsSources:
         assert "database.pasword" in str(caught.value)
         assert "hunter2" not in str(caught.value) and "s3" not in str(caught.value)
 
-    def test_a_section_added_to_the_model_is_known_at_once(self, _isolated: Path) -> None:
+    def test_a_section_added_to_the_model_is_known_at_once(self, isolated: Path) -> None:
         """The check reads the models: a subclass's new section and keys are accepted."""
 
         class Extended(StoreSettings):
             extra: WorkersSettings = WorkersSettings()
 
-        config = _write_toml(_isolated / "x.toml", "[extra]\nstate_backend = 'a.b.C'\n")
+        config = _write_toml(isolated / "x.toml", "[extra]\nstate_backend = 'a.b.C'\n")
         assert Extended.load(config).extra.state_backend == "a.b.C"
         with pytest.raises(UnknownSettingError, match="config file"):
             StoreSettings.load(config)
 
-    def test_sections_of_other_parts_are_ignored(self, _isolated: Path) -> None:
+    def test_sections_of_other_parts_are_ignored(self, isolated: Path) -> None:
         """The daemon's sections in a shared file do not stop the task side from reading it."""
         config = _write_toml(
-            _isolated / "shared.toml", "[triggerer]\ncapacity = 3\n[logging]\nlevel = 'debug'\n"
+            isolated / "shared.toml", "[triggerer]\ncapacity = 3\n[logging]\nlevel = 'debug'\n"
         )
         assert StoreSettings.load(config) == StoreSettings()
 
     def test_events_section_from_toml_and_environment(
-        self, _isolated: Path, monkeypatch: pytest.MonkeyPatch
+        self, isolated: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """``[events]`` is read from the file, and the environment overrides it key by key."""
         _write_toml(
-            _isolated / "watchkeeper.toml",
+            isolated / "watchkeeper.toml",
             "[events]\nmax_payload_bytes = 4096\nretention_days = 3\ndedup_retention_days = 9\n",
         )
         monkeypatch.setenv("WATCHKEEPER__EVENTS__RETENTION_DAYS", "0")
@@ -262,16 +256,14 @@ class TestOpenStateBackendUrls:
             StoreSettings.load(database={"url": url}, state_store=state_store)
         )
 
-    async def test_three_slashes_is_relative_to_the_working_directory(
-        self, _isolated: Path
-    ) -> None:
+    async def test_three_slashes_is_relative_to_the_working_directory(self, isolated: Path) -> None:
         """``sqlite:///rel/state.db`` opens ``rel/state.db`` under the working directory."""
-        (_isolated / "rel").mkdir()
+        (isolated / "rel").mkdir()
         backend = self._open("sqlite:///rel/state.db")
         assert isinstance(backend, SqliteStateBackend)
         async with backend:
             pass
-        assert (_isolated / "rel" / "state.db").is_file()
+        assert (isolated / "rel" / "state.db").is_file()
 
     async def test_four_slashes_is_an_absolute_path(self, tmp_path: Path) -> None:
         """``sqlite:////abs/path.db`` opens that absolute path."""
@@ -372,13 +364,16 @@ class TestOpenStateBackendDottedPath:
             open_state_backend(self._settings(path))
 
     def test_unimportable_module_is_an_import_error_naming_the_path(self) -> None:
-        """A module that does not exist is an ImportError naming the configured path."""
-        with pytest.raises(ImportError, match=r"no_such_module\.Backend"):
+        """A module that does not exist is a BackendImportError (an ImportError of the store's
+        tree) naming the configured path and the module."""
+        with pytest.raises(BackendImportError, match=r"no_such_module\.Backend") as caught:
             open_state_backend(self._settings("no_such_module.Backend"))
+        assert isinstance(caught.value, ImportError) and isinstance(caught.value, StateStoreError)
+        assert caught.value.name == "no_such_module"
 
     def test_missing_attribute_is_an_import_error(self) -> None:
         """A module without the named class is an ImportError naming both."""
-        with pytest.raises(ImportError, match="has no attribute 'Missing'"):
+        with pytest.raises(BackendImportError, match="has no attribute 'Missing'"):
             open_state_backend(self._settings(f"{__name__}.Missing"))
 
     def test_path_without_a_module_is_rejected_by_validation(self) -> None:

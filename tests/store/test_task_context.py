@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from watchkeeper.store import (
     TaskStateStoreAccessor,
     build_task_context,
 )
-from watchkeeper.store.backend import Writer
+from watchkeeper.store.backend import MetastoreBackend, Writer
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")
@@ -32,17 +31,11 @@ class AssetAlias:
     name = "orders"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    """An open backend with ``orders`` and ``invoices`` registered."""
-    backend: BaseStateBackend
-    if request.param == "memory":
-        backend = MemoryStateBackend()
-    else:
-        backend = SqliteStateBackend(tmp_path / "state.db")
-    async with backend:
-        await backend.aregister_assets([ORDERS, INVOICES])
-        yield backend
+@pytest.fixture
+async def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+    """An open backend (memory, SQLite) with ``orders`` and ``invoices`` registered."""
+    await local_backend.aregister_assets([ORDERS, INVOICES])
+    return local_backend
 
 
 def context(backend: BaseStateBackend | None = None, **kwargs: Any) -> dict[str, Any]:

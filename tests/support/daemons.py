@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from typing import IO, Any, Protocol
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 from watchkeeper.store import SqliteStateBackend
 
@@ -32,10 +34,13 @@ __all__ = [
     "append_lines",
     "asset_file",
     "daemon",
+    "free_port",
     "log_events",
     "payloads",
     "reap",
+    "spawn_daemon",
     "terminate",
+    "wait_for_api",
     "wait_until",
     "watchkeeper_command",
 ]
@@ -105,6 +110,13 @@ def append_lines(path: Path, start: int, stop: int) -> None:
         f.writelines(f"line {i}\n" for i in range(start, stop + 1))
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a daemon's API)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def watchkeeper_command(*args: str) -> list[str]:
     """``watchkeeper ARGS``: the installed script, or the same code through this interpreter."""
     script = Path(sys.executable).with_name("watchkeeper")
@@ -123,21 +135,34 @@ def log_events(tmp_path: Path) -> list[dict[str, Any]]:
     return [e for e in events if isinstance(e, dict)]
 
 
-@asynccontextmanager
-async def daemon(
-    tmp_path: Path, watchers: Path, env: dict[str, str], log_file: IO[bytes]
-) -> AsyncIterator[anyio.abc.Process]:
-    """A running ``watchkeeper triggerer`` child; killed at exit if the test left it running."""
-    process = await anyio.open_process(
-        watchkeeper_command(
-            "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.2"
-        ),
+async def spawn_daemon(
+    cwd: Path, watchers: Path, env: dict[str, str], log: IO[bytes], *options: str
+) -> anyio.abc.Process:
+    """Start ``watchkeeper triggerer --watchers-path WATCHERS OPTIONS`` in ``cwd``, its output
+    to ``log``; the caller reaps it (see :func:`daemon`, which does)."""
+    return await anyio.open_process(
+        watchkeeper_command("triggerer", "--watchers-path", str(watchers), *options),
         stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=log_file,
-        cwd=tmp_path,
+        stdout=log,
+        stderr=log,
+        cwd=cwd,
         env=env,
     )
+
+
+@asynccontextmanager
+async def daemon(
+    tmp_path: Path,
+    watchers: Path,
+    env: dict[str, str],
+    log_file: IO[bytes],
+    *,
+    reload_interval: float | None = 0.2,
+) -> AsyncIterator[anyio.abc.Process]:
+    """A running ``watchkeeper triggerer`` child; killed at exit if the test left it running.
+    It rescans the watchers every ``reload_interval`` seconds (None: the default interval)."""
+    options = () if reload_interval is None else ("--reload-interval", str(reload_interval))
+    process = await spawn_daemon(tmp_path, watchers, env, log_file, *options)
     try:
         yield process
     finally:
@@ -190,6 +215,19 @@ async def wait_until(
                 if note is not None:
                     pytest.fail(f"{note} while waiting for {what}")
             await anyio.sleep(0.05)
+
+
+async def wait_for_api(client: httpx.AsyncClient, *alive: anyio.abc.Process | Watched) -> None:
+    """Wait until the API at ``client``'s base URL answers ``/healthz`` with 200 (as
+    :func:`wait_until`: bounded, and failing early if one of ``alive`` died)."""
+
+    async def answers() -> bool:
+        try:
+            return (await client.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_until(answers, "the API to answer", *alive)
 
 
 async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:

@@ -1,5 +1,6 @@
-"""A fresh PostgreSQL database on the test server, for tests that need a whole database
-(several daemons, a process of their own, an outage) rather than a schema (``pg_schema``)."""
+"""A fresh PostgreSQL schema or database on the test server: a schema for one backend
+(``pg_schema``, the ``backend`` fixture), a whole database for tests that need one (several
+daemons, a process of their own, an outage)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-__all__ = ["PgDatabase", "database_dsn", "fresh_pg_database"]
+__all__ = ["PgDatabase", "database_dsn", "fresh_pg_database", "fresh_pg_schema"]
 
 
 class PgDatabase(NamedTuple):
@@ -46,5 +47,24 @@ async def fresh_pg_database(dsn: str, *, prefix: str = "wk_test") -> AsyncIterat
             try:
                 await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
                 await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_pg_schema(dsn: str, *, prefix: str = "wk_test") -> AsyncIterator[str]:
+    """A new, empty schema in the database of ``dsn`` (its name), dropped with what it holds
+    afterwards."""
+    import asyncpg
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        yield schema
+    finally:
+        with anyio.move_on_after(30, shield=True):
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             finally:
                 await conn.close()

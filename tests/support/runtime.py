@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -199,6 +201,19 @@ def watch_logs() -> Iterator[LogWatch]:
     with structlog.testing.capture_logs(processors=processors) as entries:
         watch.entries = entries
         yield watch
+
+
+TriggerT = TypeVar("TriggerT", bound=BaseEventTrigger)
+
+
+def rebuilt(trigger: TriggerT) -> TriggerT:
+    """A new instance from ``serialize()``, its kwargs through JSON, as a restarted daemon
+    builds it from what it stored."""
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    instance = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert isinstance(instance, type(trigger))
+    return instance
 
 
 class Signalling(BaseEventTrigger):

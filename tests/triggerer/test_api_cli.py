@@ -15,7 +15,7 @@ from watchkeeper.store import SqliteStateBackend
 from watchkeeper.triggerer import cli
 from watchkeeper.triggerer.api import verify_token
 
-from tests.support.daemons import wait_until, watchkeeper_command
+from tests.support.daemons import free_port, wait_for_api, watchkeeper_command
 
 
 class TestTokensCommand:
@@ -57,31 +57,18 @@ class TestTokensCommand:
         assert "no active token named 'x'" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 class TestApiCommand:
     async def test_serves_until_sigterm(self, tmp_path: Path) -> None:
         """``watchkeeper api`` answers /healthz and exits 0 on SIGTERM."""
-        port = _free_port()
+        port = free_port()
         command = watchkeeper_command(
             "--database-url", f"sqlite:///{tmp_path / 's.db'}", "api", "--port", str(port)
         )
         async with await anyio.open_process(command, stdin=subprocess.DEVNULL) as process:
             try:
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-
-                    async def answers() -> bool:
-                        try:
-                            return (await client.get("/healthz")).status_code == 200
-                        except httpx.TransportError:
-                            return False
-
-                    await wait_until(answers, "the API to answer", process)
+                    await wait_for_api(client, process)
                 process.send_signal(signal.SIGTERM)
                 with anyio.fail_after(20):
                     assert await process.wait() == 0

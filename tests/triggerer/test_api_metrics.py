@@ -4,9 +4,6 @@ and the API served by a real ``watchkeeper triggerer`` process."""
 from __future__ import annotations
 
 import functools
-import signal
-import socket
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +19,15 @@ from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus, enco
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 
-from tests.support.daemons import append_lines, asset_file, wait_until, watchkeeper_command
+from tests.support.daemons import (
+    append_lines,
+    asset_file,
+    daemon,
+    free_port,
+    terminate,
+    wait_for_api,
+    wait_until,
+)
 from tests.support.runtime import FAST, Scripted, spec
 
 ORDERS, BILLS = Asset("orders"), Asset("bills")
@@ -225,17 +230,11 @@ class TestInDaemon:
         assert value(found, "watchkeeper_loop_lag_seconds") >= 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 class TestDaemonServesTheApi:
     @pytest.fixture
     def port(self, env: dict[str, str]) -> Iterator[int]:
-        port = _free_port()
+        port = free_port()
         env["WATCHKEEPER__API__PORT"] = str(port)
         yield port
 
@@ -256,25 +255,10 @@ class TestDaemonServesTheApi:
         async with SqliteStateBackend(db_path) as backend:
             text, row = make_token("ops", ["operate", "read"], now=datetime.now(UTC))
             await backend.acreate_token(row)
-        process = await anyio.open_process(
-            watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            cwd=tmp_path,
-            env=env,
-        )
-        try:
+        async with daemon(tmp_path, watchers, env, log_file, reload_interval=None) as process:
             base = f"http://127.0.0.1:{port}"
             async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-
-                async def answers() -> bool:
-                    try:
-                        return (await client.get("/healthz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await wait_until(answers, "the API to answer", process)
+                await wait_for_api(client, process)
 
                 async def counted() -> bool:
                     found = samples((await client.get("/metrics")).text)
@@ -292,12 +276,4 @@ class TestDaemonServesTheApi:
                     return [w["state"] for w in rows["watchers"]] == ["paused"]
 
                 await wait_until(stopped, "the watcher to be paused", process)
-            process.send_signal(signal.SIGTERM)
-            with anyio.fail_after(20):
-                assert await process.wait() == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
-            with anyio.move_on_after(10, shield=True):
-                await process.wait()
-            await process.aclose()
+            assert await terminate(process) == 0

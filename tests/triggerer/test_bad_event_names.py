@@ -1,6 +1,6 @@
 """A watcher's event with a bad dedup key or state key fails the same way on every backend.
 
-Issue 7.11: a NUL in a ``dedup_key`` was stored by SQLite and failed the watcher on PostgreSQL
+A NUL in a ``dedup_key`` was stored by SQLite and failed the watcher on PostgreSQL
 (as a driver error, five times). The event is now refused when its commit is built, before any
 I/O, with the store's :class:`InvalidNameError`, whatever the backend.
 """

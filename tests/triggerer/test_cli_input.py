@@ -1,4 +1,4 @@
-"""Bad input at the command line's edges (issue 7.11) and ``db migrate`` (issue 7.12).
+"""Bad input at the command line's edges and ``db migrate``.
 
 Each run is a real ``watchkeeper`` subprocess on a real database. Every bad input is one
 ``watchkeeper: error: ...`` line on stderr, nothing on stdout, and the database unchanged;

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,8 @@ from watchkeeper.store.backend import (
     EventCommit,
     encode_json,
 )
+
+from tests.support.daemons import free_port
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -46,12 +47,6 @@ DEFINITIONS = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.db = tmp_path / "state.db"
@@ -59,7 +54,7 @@ class Env:
         self.defs.mkdir()
         (self.defs / "tasks.py").write_text(DEFINITIONS)
         self.cwd = tmp_path
-        self.api_port = _free_port()
+        self.api_port = free_port()
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}

@@ -1,4 +1,4 @@
-"""Configuration that cannot silently go wrong (issue 7, items 9 and 10).
+"""Configuration that cannot silently go wrong.
 
 Misspelt names are errors from every source and every entry point; ``config show`` tells where
 each value came from; the runner and the daemon share one definition of each supervision
@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,7 @@ COMMAND: list[str] = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Run in an empty directory with no WATCHKEEPER variables from the outer environment."""
-    for name in list(os.environ):
-        if name.upper().startswith("WATCHKEEPER"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def watchkeeper(
@@ -74,9 +66,9 @@ def sections(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
 
 
 class TestMisspeltNames:
-    def test_the_daemon_settings_refuse_an_unknown_section(self, _isolated: Path) -> None:
+    def test_the_daemon_settings_refuse_an_unknown_section(self, isolated: Path) -> None:
         """The daemon knows every section: one that is not a field is an error, with a hint."""
-        config = _isolated / "wk.toml"
+        config = isolated / "wk.toml"
         config.write_text("[triggerer]\ncapacty = 3\n[workerz]\nconcurrency = 2\n")
         with pytest.raises(UnknownSettingError) as caught:
             load_settings(config)
@@ -105,34 +97,34 @@ class TestMisspeltNames:
         ],
     )
     def test_the_daemon_stops_before_opening_a_database(
-        self, _isolated: Path, setup: str, named: str
+        self, isolated: Path, setup: str, named: str
     ) -> None:
         """A misspelt database setting exits 2 with one line; no watchkeeper.db appears."""
-        (_isolated / "watchers").mkdir()
+        (isolated / "watchers").mkdir()
         url = "postgresql://app:hunter2@db/wk"
         env: dict[str, str] = {}
         if setup == "file":
-            (_isolated / "watchkeeper.toml").write_text(f'[databse]\nurl = "{url}"\n')
+            (isolated / "watchkeeper.toml").write_text(f'[databse]\nurl = "{url}"\n')
         elif setup == "env":
             env["WATCHKEEPER__DATABSE__URL"] = url
         else:
             env["WATCHKEEPER_DATABASE_URL"] = url
-        done = watchkeeper(_isolated, "triggerer", env=env)
+        done = watchkeeper(isolated, "triggerer", env=env)
         assert done.returncode == 2, done.stderr
         [line] = done.stderr.splitlines()
         assert line.startswith("watchkeeper: error: ") and named in line
         assert "hunter2" not in line
-        assert not (_isolated / "watchkeeper.db").exists()
+        assert not (isolated / "watchkeeper.db").exists()
 
 
 class TestConfigShow:
-    def test_json_names_each_value_and_its_source(self, _isolated: Path) -> None:
+    def test_json_names_each_value_and_its_source(self, isolated: Path) -> None:
         """Every key is listed once with its source (argument, env, file, default), masked."""
-        (_isolated / "watchkeeper.toml").write_text(
+        (isolated / "watchkeeper.toml").write_text(
             '[database]\nurl = "postgresql://app:hunter2@db/wk"\n[triggerer]\ncapacity = 7\n'
         )
         done = watchkeeper(
-            _isolated,
+            isolated,
             "--log-level",
             "debug",
             "config",
@@ -155,10 +147,10 @@ class TestConfigShow:
         assert set(rows) == expected
         assert "hunter2" not in done.stdout
 
-    def test_table_for_people(self, _isolated: Path) -> None:
+    def test_table_for_people(self, isolated: Path) -> None:
         """Without --json, a table shows the same, password masked."""
         done = watchkeeper(
-            _isolated,
+            isolated,
             "--database-url",
             "postgresql://app:hunter2@db/wk",
             "config",
@@ -221,12 +213,12 @@ class TestOneDefinition:
         assert {name: getattr(config, name) for name in chosen} == chosen
         assert (config.status_interval, config.owner) == (4.0, "me")
 
-    async def test_the_daemon_can_turn_the_lag_monitor_off(self, _isolated: Path) -> None:
+    async def test_the_daemon_can_turn_the_lag_monitor_off(self, isolated: Path) -> None:
         """[triggerer] lag_threshold = 0 runs the daemon without a lag monitor."""
-        (_isolated / "watchers").mkdir()
+        (isolated / "watchers").mkdir()
         settings = load_settings(
             triggerer={
-                "watchers_path": str(_isolated / "watchers"),
+                "watchers_path": str(isolated / "watchers"),
                 "lag_threshold": 0,
                 "gc_interval": 0,
                 "reload_interval": 60,
@@ -271,9 +263,9 @@ class TestReadmeListing:
         }
         assert listed == expected
 
-    def test_the_listing_is_the_defaults(self, _isolated: Path) -> None:
+    def test_the_listing_is_the_defaults(self, isolated: Path) -> None:
         """The block loads as written and its values are the models' defaults."""
-        config = _isolated / "readme.toml"
+        config = isolated / "readme.toml"
         config.write_text(_readme_configuration(), encoding="utf-8")
         assert load_settings(config) == Settings.model_construct()
 

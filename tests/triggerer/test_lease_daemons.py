@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from tests.support.daemons import (
     LINES_WATCHER,
     append_lines,
     asset_file,
+    spawn_daemon,
     wait_until,
-    watchkeeper_command,
 )
 from tests.support.postgres import PgDatabase
 
@@ -93,14 +92,7 @@ async def start_node(
     """Start one daemon; return once it logged ``daemon_started`` (its owner is then known)."""
     log_path = tmp_path / f"{name}.log"
     with log_path.open("ab") as log:
-        process = await anyio.open_process(
-            watchkeeper_command("triggerer", "--watchers-path", str(watchers)),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            cwd=tmp_path,
-            env=env,
-        )
+        process = await spawn_daemon(tmp_path, watchers, env, log)
     node = Node(name, process, log_path)
     nodes.append(node)
     await wait_until(lambda: node.events("daemon_started"), f"{name} to start", node)

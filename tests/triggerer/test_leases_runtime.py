@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +38,13 @@ from watchkeeper.triggerer import (
 from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
 from watchkeeper.triggerer._watcher_files import unload_watchers
 
+from tests.support.clock import Clock
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.runtime import fast, watch_logs
 
 ORDERS = Asset("orders")
 TTL = 7200.0  # above the daemons' renewal interval of 3600 s, which never fires here
 WAIT = 10.0
-
-
-class Clock:
-    """A settable clock for ``backend.clock``."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 class Fed(BaseEventTrigger):

@@ -1,4 +1,4 @@
-"""watchkeeper used as a library: silent unless the program configures logging (issue 7, item 16).
+"""watchkeeper used as a library: silent unless the program configures logging.
 
 Each test runs a real Python program in a subprocess, as a user's own program would run
 ``run_task`` and ``run_trigger``: no structlog configuration, stdout and stderr captured.

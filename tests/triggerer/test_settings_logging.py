@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,15 +27,7 @@ from watchkeeper.triggerer import (
 
 from tests.support.runtime import fast
 
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Run in an empty directory with no WATCHKEEPER__ variables from the outer environment."""
-    for name in list(os.environ):
-        if name.upper().startswith("WATCHKEEPER__"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    yield tmp_path
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 class TestSettings:
@@ -50,10 +41,10 @@ class TestSettings:
         assert (settings.logging.level, settings.logging.format) == ("info", "auto")
 
     def test_environment_and_file_fill_the_daemon_sections(
-        self, _isolated: Path, monkeypatch: pytest.MonkeyPatch
+        self, isolated: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Lists come from TOML or as JSON from the environment; env beats the file."""
-        config = _isolated / "wk.toml"
+        config = isolated / "wk.toml"
         config.write_text(
             "[triggerer]\ncapacity = 10\nallowed_trigger_modules = ['mine']\n"
             "[logging]\nformat = 'json'\n"
@@ -95,10 +86,10 @@ class TestSettings:
         with pytest.raises(ValidationError, match="backoff_max"):
             load_settings(triggerer={"backoff_initial": 10, "backoff_max": 1})
 
-    def test_missing_config_file(self, _isolated: Path) -> None:
+    def test_missing_config_file(self, isolated: Path) -> None:
         """A named config file that does not exist is an error naming it."""
         with pytest.raises(ConfigFileNotFoundError, match=r"absent\.toml"):
-            load_settings(_isolated / "absent.toml")
+            load_settings(isolated / "absent.toml")
 
     def test_settings_open_the_store(self) -> None:
         """Settings is a StoreSettings, so open_state_backend accepts it."""

@@ -29,7 +29,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StoreUnavailableError,
 )
-from watchkeeper.store.backend import require_status_table
+from watchkeeper.store.backend import require_asset_registry, require_status_table
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import (
     BaseEventTrigger,
@@ -56,6 +56,28 @@ NOISY = (
     "gc_failed",
 )
 """Per-try error lines of the daemon's loops that the one store_unavailable line replaces."""
+
+OUTAGE = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
+"""Quick retries of the store, and a watcher that failed twice for itself would stop."""
+
+
+async def start_tickers(runner: TriggerRunner, prefix: str, count: int) -> list[Ticker]:
+    """Register ``count`` assets ``<prefix><i>`` and run one :class:`Ticker` on each."""
+    assets = [Asset(f"{prefix}{i}") for i in range(count)]
+    await require_asset_registry(runner.backend).aregister_assets(assets)
+    tickers = [Ticker() for _ in assets]
+    for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
+        await runner.start_trigger(spec(f"{prefix}{i}", ticker, asset))
+    return tickers
+
+
+async def advance(tickers: list[Ticker], by: int) -> None:
+    """Wait (bounded) until each ticker committed ``by`` events more than it has now."""
+    counts = [t.count for t in tickers]
+    with anyio.fail_after(WAIT):
+        for ticker, count in zip(tickers, counts, strict=True):
+            await ticker.reached(count + by).wait()
+
 
 PACED_WATCHERS = '''
 """Six watchers, each yielding n = 1, 2, ... with the watermark n, a few ms apart."""
@@ -88,47 +110,40 @@ for i in range(6):
 
 
 async def block_connections(admin_dsn: str, name: str) -> None:
-    """Refuse new sessions to ``name`` and end every open one (the reproduction of issue 7)."""
-    await alter_and_terminate(admin_dsn, name, "ALLOW_CONNECTIONS false")
+    """Refuse new sessions to ``name`` and end every open one (an outage, as a failover makes one)."""
+    await alter_database(admin_dsn, name, "ALLOW_CONNECTIONS false", end_sessions=True)
+
+
+async def allow_connections(admin_dsn: str, name: str) -> None:
+    await alter_database(admin_dsn, name, "ALLOW_CONNECTIONS true")
 
 
 async def make_read_only(admin_dsn: str, name: str) -> None:
     """New sessions to ``name`` are read-only, as on a standby; every open one is ended."""
-    await alter_and_terminate(admin_dsn, name, "SET default_transaction_read_only = on")
+    change = "SET default_transaction_read_only = on"
+    await alter_database(admin_dsn, name, change, end_sessions=True)
 
 
 async def make_writable(admin_dsn: str, name: str) -> None:
     """New sessions to ``name`` may write again (open ones stay read-only until replaced)."""
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-    finally:
-        await conn.close()
+    await alter_database(admin_dsn, name, "RESET default_transaction_read_only")
 
 
-async def alter_and_terminate(admin_dsn: str, name: str, change: str) -> None:
+async def alter_database(
+    admin_dsn: str, name: str, change: str, *, end_sessions: bool = False
+) -> None:
+    """``ALTER DATABASE name change``; with ``end_sessions``, every open session to it ends."""
     import asyncpg
 
     conn = await asyncpg.connect(admin_dsn)
     try:
         await conn.execute(f'ALTER DATABASE "{name}" {change}')
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = $1 AND pid <> pg_backend_pid()",
-            name,
-        )
-    finally:
-        await conn.close()
-
-
-async def allow_connections(admin_dsn: str, name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_dsn)
-    try:
-        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        if end_sessions:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid()",
+                name,
+            )
     finally:
         await conn.close()
 
@@ -192,7 +207,7 @@ class TestPostgresOutage:
     async def test_daemon_watchers_wait_out_a_blocked_database_and_resume(
         self, tmp_path: Path, pg_dsn: str, pg_database: PgDatabase
     ) -> None:
-        """Issue 7 item 2: six watchers of a daemon on a database whose connections are refused
+        """Six watchers of a daemon on a database whose connections are refused
         and terminated past the lease time wait without failing, resume by themselves once
         it is back (leases renewed first, statuses saved again), with one logged outage and
         every event committed once."""
@@ -273,20 +288,13 @@ class TestPostgresOutage:
         """A database that turned read-only (as a demoted primary does) is an outage too: the
         watchers wait, and resume once writes are accepted again."""
         name, dsn = pg_database
-        assets = [Asset(f"ro{i}") for i in range(3)]
-        tickers = [Ticker() for _ in assets]
-        config = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
         with watch_logs() as logs:
             async with (
                 PostgresStateBackend(dsn, max_size=3) as backend,
-                TriggerRunner(backend, config) as runner,
+                TriggerRunner(backend, OUTAGE) as runner,
             ):
-                await backend.aregister_assets(assets)
-                for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
-                    await runner.start_trigger(spec(f"ro{i}", ticker, asset))
-                with anyio.fail_after(WAIT):
-                    for ticker in tickers:
-                        await ticker.reached(2).wait()
+                tickers = await start_tickers(runner, "ro", 3)
+                await advance(tickers, 2)
                 await make_read_only(pg_dsn, name)
                 with anyio.fail_after(WAIT):
                     await logs.wait_for("store_ping_failed", count=2)
@@ -294,10 +302,7 @@ class TestPostgresOutage:
                 await make_writable(pg_dsn, name)
                 with anyio.fail_after(WAIT):
                     await logs.wait_for("store_available")
-                counts = [t.count for t in tickers]
-                with anyio.fail_after(WAIT):
-                    for ticker, count in zip(tickers, counts, strict=True):
-                        await ticker.reached(count + 2).wait()
+                await advance(tickers, 2)
                 assert [s.failures for s in runner.statuses()] == [0, 0, 0]
         streams, marks, _ = await pg_streams(dsn, "tick")
         assert "read-only" in unavailable[0]["error"]
@@ -414,20 +419,13 @@ class TestSqliteOutage:
         count it, and resume once it is released, with one logged outage and no lost or
         duplicated event (counted with raw SQL)."""
         path = tmp_path / "state.db"
-        assets = [Asset(f"s{i}") for i in range(4)]
-        tickers = [Ticker() for _ in assets]
-        config = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
         with watch_logs() as logs:
             async with (
                 SqliteStateBackend(path, busy_timeout=0.05) as backend,
-                TriggerRunner(backend, config) as runner,
+                TriggerRunner(backend, OUTAGE) as runner,
             ):
-                await backend.aregister_assets(assets)
-                for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
-                    await runner.start_trigger(spec(f"s{i}", ticker, asset))
-                with anyio.fail_after(WAIT):
-                    for ticker in tickers:
-                        await ticker.reached(3).wait()
+                tickers = await start_tickers(runner, "s", 4)
+                await advance(tickers, 3)
                 lock = await anyio.to_thread.run_sync(HeldWriteLock, path)
                 try:
                     await anyio.to_thread.run_sync(lock.__enter__)
@@ -442,10 +440,7 @@ class TestSqliteOutage:
                     await anyio.to_thread.run_sync(lock.__exit__, None, None, None)
                 with anyio.fail_after(WAIT):
                     await logs.wait_for("store_available")
-                counts = [t.count for t in tickers]
-                with anyio.fail_after(WAIT):
-                    for ticker, count in zip(tickers, counts, strict=True):
-                        await ticker.reached(count + 3).wait()
+                await advance(tickers, 3)
                 statuses = runner.statuses()
                 assert [(s.state, s.failures) for s in statuses] == [("running", 0)] * 4
                 assert all((s.last_error or "").startswith("StoreUnavailable") for s in statuses)
@@ -561,7 +556,7 @@ class TestDaemonFileRemoved:
     async def test_daemon_exits_non_zero_when_its_database_directory_is_removed(
         self, tmp_path: Path
     ) -> None:
-        """Issue 7 item 3: ``rm -rf`` of the database's directory under a running
+        """``rm -rf`` of the database's directory under a running
         ``watchkeeper triggerer`` makes it log database_file_removed naming the path and exit
         1 with a one-line error, instead of committing into the removed file and exiting 0."""
         watchers = tmp_path / "watchers"

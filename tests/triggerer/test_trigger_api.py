@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,17 +20,16 @@ from watchkeeper.triggerer import (
 )
 from watchkeeper.triggerer.testing import run_trigger
 
-from tests.support.runtime import FAST, GatedBackend, open_backend, spec
+from tests.support.runtime import FAST, GatedBackend, spec
 
 ORDERS = Asset("orders", uri="s3://bucket/orders")
 USERS = Asset("users")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
+@pytest.fixture
+def store(local_backend: MetastoreBackend) -> MetastoreBackend:
     """An opened memory or SQLite backend."""
-    async with open_backend(request.param, tmp_path) as backend:
-        yield backend
+    return local_backend
 
 
 class Probe(BaseEventTrigger):

@@ -6,15 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.backend import MetastoreBackend
+
+from tests.support.postgres import fresh_pg_schema
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[MetastoreBackend]]
 
@@ -52,18 +51,12 @@ async def reopenable_backend(
         yield open_sqlite
         return
     dsn: str = request.getfixturevalue("pg_dsn")  # a sync fixture: skips when PostgreSQL is down
-    schema = f"wk_watchers_{uuid.uuid4().hex[:12]}"
-    admin: Any = await asyncpg.connect(dsn)
-    try:
-        await admin.execute(f'CREATE SCHEMA "{schema}"')
+    async with fresh_pg_schema(dsn, prefix="wk_watchers") as schema:
 
         def open_postgres() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
             return _opened(PostgresStateBackend(dsn, schema=schema))
 
         yield open_postgres
-    finally:
-        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await admin.close()
 
 
 @contextlib.asynccontextmanager

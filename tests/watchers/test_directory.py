@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
 import time
@@ -18,7 +17,7 @@ from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher
 
-from tests.support.runtime import Signalling
+from tests.support.runtime import Signalling, rebuilt
 
 T0 = 1_700_000_000 * 1_000_000_000  # a fixed modification time, in ns
 MS = 1_000_000
@@ -36,16 +35,6 @@ def make_file(directory: Path, name: str, mtime_ns: int, content: str = "x") -> 
     path.write_text(content)
     os.utime(path, ns=(mtime_ns, mtime_ns))
     return path
-
-
-def rebuilt(trigger: DirectoryWatcher) -> DirectoryWatcher:
-    """A new instance from serialize(), as a restarted daemon builds it."""
-    classpath, kwargs = trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    instance = cls(**kwargs)
-    assert isinstance(instance, DirectoryWatcher)
-    return instance
 
 
 async def names(

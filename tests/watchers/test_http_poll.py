@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import importlib
 import io
 import json
 import threading
@@ -29,6 +28,8 @@ from watchkeeper.triggerer import RunnerConfig, TriggerRunner, WatchSpec, config
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness, run_trigger
 from watchkeeper.watchers import HttpPollWatcher, HttpSourceError
 from watchkeeper.watchers.http_poll import retry_after
+
+from tests.support.runtime import rebuilt
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("feed")
@@ -158,14 +159,6 @@ class LogStream(io.StringIO):
         if f'"event": "{self.name}"' in text:
             self.seen.set()
         return super().write(text)
-
-
-def rebuilt(trigger: HttpPollWatcher) -> HttpPollWatcher:
-    classpath, kwargs = trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    instance = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
-    assert isinstance(instance, HttpPollWatcher)
-    return instance
 
 
 async def payloads(
@@ -421,26 +414,34 @@ class TestHttpPollWatcherExactlyOnce:
         assert keys == [f"{NAME}:a", f"{NAME}:b", f"{NAME}:c"]
 
 
+SECRETS = ("pa55word", "k3y-value", "t0ken-from-env")
+
+
+def failing_with_secrets(api: Api, monkeypatch: pytest.MonkeyPatch, status: int) -> HttpPollWatcher:
+    """A watcher of an endpoint that answers ``status``, given each kind of secret: a URL
+    password, a header value, and a header value read from the environment."""
+    monkeypatch.setenv("WK_TEST_FEED_TOKEN", "t0ken-from-env")
+    api.respond = lambda _request: Reply(status)
+    return HttpPollWatcher(
+        f"http://reader:pa55word@{api.url.removeprefix('http://')}/feed",
+        items="items",
+        headers={"X-Api-Key": "k3y-value"},
+        env_headers={"X-Token": "WK_TEST_FEED_TOKEN"},
+        retries=1,
+        **FAST,
+    )
+
+
 class TestHttpPollWatcherSecrets:
     async def test_passwords_and_header_values_stay_out_of_repr_errors_and_logs(
         self, api: Api, backend: MemoryStateBackend, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The URL's password and the header values reach the server and nowhere else."""
-        monkeypatch.setenv("WK_TEST_FEED_TOKEN", "t0ken-from-env")
-        api.respond = lambda _request: Reply(503)
-        url = f"http://reader:pa55word@{api.url.removeprefix('http://')}/feed"
-        watcher = HttpPollWatcher(
-            url,
-            items="items",
-            headers={"X-Api-Key": "k3y-value"},
-            env_headers={"X-Token": "WK_TEST_FEED_TOKEN"},
-            retries=1,
-            **FAST,
-        )
+        watcher = failing_with_secrets(api, monkeypatch, 503)
         with structlog.testing.capture_logs() as logs, pytest.raises(HttpSourceError) as caught:
             await payloads(watcher, backend, 1)
         shown = " ".join([repr(watcher), str(caught.value), json.dumps(logs, default=str)])
-        for secret in ("pa55word", "k3y-value", "t0ken-from-env"):
+        for secret in SECRETS:
             assert secret not in shown
         assert "reader:***@" in repr(watcher)
         assert f"{api.url}/feed: HTTP 503" in str(caught.value)
@@ -455,17 +456,7 @@ class TestHttpPollWatcherSecrets:
     ) -> None:
         """Run by a TriggerRunner with the daemon's JSON logging, a failing run's error log
         (its traceback rendered with each frame's locals) shows no password or header value."""
-        monkeypatch.setenv("WK_TEST_FEED_TOKEN", "t0ken-from-env")
-        api.respond = lambda _request: Reply(500)
-        url = f"http://reader:pa55word@{api.url.removeprefix('http://')}/feed"
-        watcher = HttpPollWatcher(
-            url,
-            items="items",
-            headers={"X-Api-Key": "k3y-value"},
-            env_headers={"X-Token": "WK_TEST_FEED_TOKEN"},
-            retries=1,
-            **FAST,
-        )
+        watcher = failing_with_secrets(api, monkeypatch, 500)
         out = LogStream("trigger_failed")
         configure_logging("info", "json", stream=out)
         await backend.aregister_assets([ASSET])
@@ -476,7 +467,7 @@ class TestHttpPollWatcherSecrets:
                 await out.seen.wait()
         logged = out.getvalue()
         assert '"trigger_error"' in logged  # the failure's traceback is logged (without locals)
-        for secret in ("pa55word", "k3y-value", "t0ken-from-env"):
+        for secret in SECRETS:
             assert secret not in logged
 
     async def test_a_missing_environment_variable_is_named(

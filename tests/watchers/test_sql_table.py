@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
-import importlib
 import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,7 +22,7 @@ from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend
 from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import DirectoryWatcher, SqlSourceError, SqlTableWatcher
 
-from tests.support.runtime import Signalling
+from tests.support.runtime import Signalling, rebuilt
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 ASSET = Asset("orders")
@@ -136,15 +135,6 @@ async def table(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 @pytest.fixture
 def backend() -> MemoryStateBackend:
     return MemoryStateBackend()
-
-
-def rebuilt(trigger: SqlTableWatcher) -> SqlTableWatcher:
-    """A new instance from serialize(), as a restarted daemon builds it."""
-    classpath, kwargs = trigger.serialize()
-    module, _, name = classpath.rpartition(".")
-    instance = getattr(importlib.import_module(module), name)(**kwargs)
-    assert isinstance(instance, SqlTableWatcher)
-    return instance
 
 
 async def payloads(

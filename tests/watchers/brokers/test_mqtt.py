@@ -5,22 +5,28 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import paho.mqtt.client as paho
 import pytest
-import structlog
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, MqttWatcher
 
-from tests.watchers.brokers._brokers import MQTT_PORT, Observed, open_proxy, require_server, unique
+from tests.support.brokers import (
+    MQTT_PORT,
+    crash_then_restart,
+    numbers,
+    open_proxy,
+    require_server,
+    run_through_a_break,
+    unique,
+)
 
 URL = f"mqtt://127.0.0.1:{MQTT_PORT}"
 ASSET = Asset("events")
@@ -75,10 +81,6 @@ async def publish(topic: str, *numbers: int, with_id: bool = True) -> None:
     await anyio.to_thread.run_sync(_publish, topic, messages)
 
 
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
-
-
 @pytest.fixture
 def name() -> str:
     """The watcher's name: its own, so its MQTT session is its own."""
@@ -97,17 +99,6 @@ async def topic(name: str) -> AsyncIterator[str]:
     finally:
         with anyio.move_on_after(10, shield=True):
             await anyio.to_thread.run_sync(_session, f"watchkeeper-{name}", None, 0)
-
-
-@pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
-
-
-@pytest.fixture
-def harness(state: BaseStateBackend) -> WatcherHarness:
-    return WatcherHarness(state)
 
 
 def watcher_of(topic: str, url: str = URL, **options: Any) -> MqttWatcher:
@@ -149,11 +140,9 @@ class TestMqttWatcherFlow:
         """Killed at any point of its third message, the watcher had not acknowledged it: the
         broker resends it, and each message is committed exactly once."""
         await publish(topic, 1, 2, 3, 4, 5)
-        watcher = watcher_of(topic)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=name)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=name)
+        after, logs = await crash_then_restart(
+            harness, watcher_of(topic), point, asset=ASSET, watcher_name=name
+        )
         assert numbers(after.all_payloads) == [1, 2, 3, 4, 5]
         if point == "after_commit":
             suppressed = [e["dedup_key"] for e in logs if e["event"] == "event_deduplicated"]
@@ -211,25 +200,16 @@ class TestMqttWatcherTrouble:
         """The link to the broker is cut after two events: paho reconnects to the session,
         and every message is one event."""
         await publish(topic, 1, 2)
-        two = anyio.Event()
         async with open_proxy(MQTT_PORT) as proxy:
 
             async def cut_then_publish() -> None:
-                await two.wait()
                 await proxy.drop()
                 await publish(topic, 3, 4)
 
             watcher = watcher_of(topic, f"mqtt://127.0.0.1:{proxy.port}")
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(cut_then_publish)
-                    run = await harness.run(
-                        Observed(watcher, {2: two}),
-                        assets=ASSET,
-                        max_events=4,
-                        timeout=30,
-                        watcher_name=name,
-                    )
+            run = await run_through_a_break(
+                harness, watcher, cut_then_publish, asset=ASSET, watcher_name=name
+            )
             assert proxy.accepted >= 2  # it did reconnect
         assert numbers(run.all_payloads) == [1, 2, 3, 4]
 

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import anyio
 import nats
 import pytest
-import structlog
 from nats.js.client import JetStreamContext
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset, BaseStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
 
-from tests.watchers.brokers._brokers import NATS_PORT, Observed, open_proxy, require_server, unique
+from tests.support.brokers import (
+    NATS_PORT,
+    crash_then_restart,
+    numbers,
+    open_proxy,
+    require_server,
+    run_through_a_break,
+    unique,
+)
 
 URL = f"nats://127.0.0.1:{NATS_PORT}"
 ASSET = Asset("events")
@@ -48,12 +53,6 @@ async def stream(js: JetStreamContext) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
-
-
-@pytest.fixture
 def harness(state: BaseStateBackend) -> WatcherHarness:
     return WatcherHarness(state, watermark_key=SEQUENCE)
 
@@ -61,10 +60,6 @@ def harness(state: BaseStateBackend) -> WatcherHarness:
 async def publish(js: JetStreamContext, stream: str, *numbers: int) -> None:
     for n in numbers:
         await js.publish(f"{stream}.items", json.dumps({"n": n}).encode())
-
-
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
 
 
 class TestNatsJetStreamWatcherFlow:
@@ -102,11 +97,13 @@ class TestNatsJetStreamWatcherFlow:
         """Killed at any point of its third message, the restarted watcher gets the unacked
         message again from the server and commits each message exactly once."""
         await publish(js, stream, 1, 2, 3, 4, 5)
-        watcher = NatsJetStreamWatcher(stream, URL, **FAST)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, logs = await crash_then_restart(
+            harness,
+            NatsJetStreamWatcher(stream, URL, **FAST),
+            point,
+            asset=ASSET,
+            watcher_name=NAME,
+        )
         # Each once; a message redelivered after a crash may come after later ones.
         assert sorted(numbers(after.all_payloads)) == [1, 2, 3, 4, 5]
         assert len(after.all_payloads) == 5
@@ -134,25 +131,16 @@ class TestNatsJetStreamWatcherTrouble:
         """The link to the server is cut after two events: nats-py reconnects and the watcher
         goes on in the same run, emitting each message once."""
         await publish(js, stream, 1, 2)
-        two = anyio.Event()
         async with open_proxy(NATS_PORT) as proxy:
 
             async def cut_then_publish() -> None:
-                await two.wait()
                 await proxy.drop()
                 await publish(js, stream, 3, 4)
 
             watcher = NatsJetStreamWatcher(stream, f"nats://127.0.0.1:{proxy.port}", **FAST)
-            with anyio.fail_after(30):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(cut_then_publish)
-                    run = await harness.run(
-                        Observed(watcher, {2: two}),
-                        assets=ASSET,
-                        max_events=4,
-                        timeout=30,
-                        watcher_name=NAME,
-                    )
+            run = await run_through_a_break(
+                harness, watcher, cut_then_publish, asset=ASSET, watcher_name=NAME
+            )
             assert proxy.accepted >= 2  # it did reconnect
         assert numbers(run.all_payloads) == [1, 2, 3, 4]
 

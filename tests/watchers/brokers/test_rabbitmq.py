@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -12,15 +11,18 @@ import anyio
 import pytest
 import structlog
 from aio_pika.abc import AbstractChannel
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 
-from tests.watchers.brokers._brokers import (
+from tests.support.brokers import (
     RABBITMQ_PORT,
     Observed,
+    crash_then_restart,
+    numbers,
     publish_without_message_id,
     require_server,
+    run_through_a_break,
     unique,
 )
 
@@ -47,17 +49,6 @@ async def queue(channel: AbstractChannel) -> AsyncIterator[str]:
         yield name
     finally:
         await channel.queue_delete(name)
-
-
-@pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
-
-
-@pytest.fixture
-def harness(state: BaseStateBackend) -> WatcherHarness:
-    return WatcherHarness(state)
 
 
 async def publish(
@@ -100,10 +91,6 @@ async def close_connections(name: str) -> int:
     return closed
 
 
-def numbers(payloads: list[Any]) -> list[int]:
-    return [int(p["data"]["n"]) for p in payloads]
-
-
 class TestRabbitMQWatcherFlow:
     async def test_messages_become_events_keyed_by_their_message_id(
         self, channel: AbstractChannel, queue: str, harness: WatcherHarness
@@ -140,11 +127,9 @@ class TestRabbitMQWatcherFlow:
         """Killed at any point of its third message, the restarted watcher gets the unacked
         messages again from the broker and commits each exactly once."""
         await publish(channel, queue, 1, 2, 3, 4, 5)
-        watcher = RabbitMQWatcher(queue, URL)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        with structlog.testing.capture_logs() as logs:
-            after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, logs = await crash_then_restart(
+            harness, RabbitMQWatcher(queue, URL), point, asset=ASSET, watcher_name=NAME
+        )
         assert sorted(numbers(after.all_payloads)) == [1, 2, 3, 4, 5]
         assert len(after.all_payloads) == 5
         if point == "after_commit":
@@ -238,25 +223,21 @@ class TestRabbitMQWatcherTrouble:
         run, and every message is one event."""
         name = unique("queue_feed_")
         await publish(channel, queue, 1, 2)
-        two = anyio.Event()
         closed: list[int] = []
 
         async def close_then_publish() -> None:
-            await two.wait()
             closed.append(await close_connections(f"watchkeeper:{name}"))
             await publish(channel, queue, 3, 4)
 
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(close_then_publish)
-                with structlog.testing.capture_logs() as logs:
-                    run = await harness.run(
-                        Observed(RabbitMQWatcher(queue, URL), {2: two}),
-                        assets=ASSET,
-                        max_events=4,
-                        timeout=60,
-                        watcher_name=name,
-                    )
+        with structlog.testing.capture_logs() as logs:
+            run = await run_through_a_break(
+                harness,
+                RabbitMQWatcher(queue, URL),
+                close_then_publish,
+                asset=ASSET,
+                watcher_name=name,
+                timeout=60,
+            )
         assert closed == [1]
         assert "rabbitmq_reconnecting" in [e["event"] for e in logs]
         assert numbers(run.all_payloads) == [1, 2, 3, 4]

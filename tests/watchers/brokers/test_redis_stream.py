@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as aioredis
 import structlog
-from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
+from watchkeeper.store import Asset, BaseStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RedisStreamWatcher
 from watchkeeper.watchers.redis_stream import parse_id
 
-from tests.watchers.brokers._brokers import REDIS_PORT, Observed, require_server, unique
+from tests.support.brokers import (
+    REDIS_PORT,
+    crash_then_restart,
+    require_server,
+    run_through_a_break,
+    unique,
+)
 
 URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 ASSET = Asset("events")
@@ -43,12 +48,6 @@ async def stream(redis: aioredis.Redis) -> AsyncIterator[str]:
         yield name
     finally:
         await redis.delete(name)
-
-
-@pytest.fixture
-async def state(tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
-    async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        yield backend
 
 
 @pytest.fixture
@@ -115,9 +114,7 @@ class TestRedisStreamWatcherFlow:
         """Killed at any point of its third entry, the restarted watcher emits each entry once."""
         await add(redis, stream, 1, 2, 3, 4, 5)
         watcher = RedisStreamWatcher(stream, URL, **FAST)
-        crashed = await harness.crash(watcher, assets=ASSET, at=point, event=3, watcher_name=NAME)
-        rest = 5 - len(crashed.all_events)
-        after = await harness.restart(watcher, assets=ASSET, max_events=rest, watcher_name=NAME)
+        after, _ = await crash_then_restart(harness, watcher, point, asset=ASSET, watcher_name=NAME)
         assert numbers(after.all_payloads) == [1, 2, 3, 4, 5]
 
     async def test_ids_compare_as_numbers_not_as_text(
@@ -189,26 +186,23 @@ class TestRedisStreamWatcherTrouble:
     ) -> None:
         """CLIENT KILL of the watcher's connection mid-stream: it reconnects and goes on."""
         await add(redis, stream, 1, 2)
-        two = anyio.Event()
         killed: list[int] = []
 
         async def kill_then_publish() -> None:
-            await two.wait()
             await wait_blocked(redis)
             ours = [c for c in await redis.client_list() if c.get("name") == f"watchkeeper:{NAME}"]
             for client in ours:
                 killed.append(await redis.client_kill_filter(_id=client["id"]))  # noqa: PERF401
             await add(redis, stream, 3, 4)
 
-        with anyio.fail_after(20):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(kill_then_publish)
-                run = await harness.run(
-                    Observed(RedisStreamWatcher(stream, URL, **FAST), {2: two}),
-                    assets=ASSET,
-                    max_events=4,
-                    watcher_name=NAME,
-                )
+        run = await run_through_a_break(
+            harness,
+            RedisStreamWatcher(stream, URL, **FAST),
+            kill_then_publish,
+            asset=ASSET,
+            watcher_name=NAME,
+            timeout=20,
+        )
         assert killed and sum(killed) >= 1
         assert numbers(run.all_payloads) == [1, 2, 3, 4]
 

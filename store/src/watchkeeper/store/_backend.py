@@ -51,7 +51,7 @@ _PING_SCOPE = TaskScope("watchkeeper", "ping", "ping")
 """A task scope nothing writes: what the default :meth:`BaseStateBackend.aping` reads."""
 
 
-def utcnow() -> datetime:
+def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
@@ -113,7 +113,7 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         self.max_payload_bytes = max_payload_bytes
         """The largest event payload (JSON, bytes): the runtime checks it before committing."""
         super().__init__()
-        self.clock: Callable[[], datetime] = utcnow
+        self.clock: Callable[[], datetime] = _utcnow
         self.applied_migrations: list[int] = []
         """The schema migrations the last opening applied (empty when it was up to date)."""
 

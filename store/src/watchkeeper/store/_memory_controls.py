@@ -76,15 +76,8 @@ class MemoryControls(ControlsBackend):
         for event in events:
             if event.id <= since_id or (asset is not None and event.asset != asset):
                 continue
-            record = {
-                "id": event.id,
-                "asset": event.asset,
-                "watcher": event.watcher,
-                "payload": event.payload,
-                "dedup_key": event.dedup_key,
-                "created_at": event.created_at.isoformat(),
-            }
-            out.append((event.id, json.dumps(record, ensure_ascii=False, separators=(",", ":"))))
+            record = json.dumps(event.to_record(), ensure_ascii=False, separators=(",", ":"))
+            out.append((event.id, record))
             if len(out) >= limit:
                 break
         return out

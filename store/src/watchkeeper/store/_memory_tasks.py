@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._tasks import (
-    OutletEvent,
     RunError,
+    RunOutcome,
+    RunStep,
     StateWrite,
     TaskInfo,
     TaskRun,
@@ -25,7 +26,7 @@ from ._tasks import (
     after_failure,
     lapsed_error,
     lost_reason,
-    plan_run,
+    plan_runs,
 )
 from ._taskstore import TaskStoreBackend
 from ._types import AssetEvent, AssetScope, Put, Writer
@@ -173,91 +174,97 @@ class MemoryTasks(TaskStoreBackend):
             task.writers[asset] = writer
 
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        created: list[TaskRun] = []
         with self._lock:
-            while len(created) < max_runs:
-                run = self._create_one(name)
-                if run is None:
-                    break
-                created.append(run)
-        return created
+            return self._create(name, max_runs)
 
-    def _create_one(self, name: str) -> TaskRun | None:
+    def _create(self, name: str, max_runs: int) -> list[TaskRun]:
         _, _, runs = self._tasks_state()
         task = self._named_task(name)
         if task.paused:
-            return None
+            return []
         spec = task.spec
         pending: dict[str, list[tuple[int, str]]] = {}
         for asset in spec.assets:
             found = [e for e in self._after(task.cursors[asset]) if e.asset == asset]
-            pending[asset] = [(e.id, asset) for e in found[: spec.max_events]]
-        plan = plan_run(spec, pending)
-        if plan is None:
-            return None
-        taken, cursors = plan
-        task.cursors.update(cursors)
-        for asset in cursors:
-            task.writers[asset] = None
-        now = self.clock()
-        run_id = len(runs) + 1
+            pending[asset] = [(e.id, asset) for e in found[: max_runs * spec.max_events]]
         by_id = {e.id: e for e in self._events}
-        run = TaskRun(
-            id=run_id,
-            task=name,
-            state="queued",
-            try_number=0,
-            max_tries=spec.max_tries,
-            event_count=len(taken),
-            created_at=now,
-            updated_at=now,
-            events=tuple(by_id[event_id] for event_id, _ in taken),
-        )
-        runs[run_id] = run
-        return run
+        now = self.clock()
+        created: list[TaskRun] = []
+        for taken, cursors in plan_runs(spec, pending, max_runs):
+            task.cursors.update(cursors)
+            for asset in cursors:
+                task.writers[asset] = None
+            run_id = len(runs) + 1
+            runs[run_id] = TaskRun(
+                id=run_id, task=name, state="queued", try_number=0, max_tries=spec.max_tries,
+                event_count=len(taken), created_at=now, updated_at=now,
+                events=tuple(by_id[event_id] for event_id, _ in taken),
+            )  # fmt: skip
+            created.append(runs[run_id])
+        return created
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def _aclaim_runs(
-        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
-    ) -> builtins.list[TaskRun]:
+    async def _astep_runs(
+        self,
+        owner: str,
+        finish: RunOutcome | None,
+        claim: int,
+        ttl: timedelta,
+        tasks: builtins.list[str] | None,
+        create: int,
+    ) -> RunStep:
         with self._lock:
-            _, known, runs = self._tasks_state()
-            now = self.clock()
-            wanted = None if tasks is None else set(tasks)
-            claimed: list[TaskRun] = []
-            for run_id in sorted(runs):
-                run = runs[run_id]
-                task = known.get(run.task)
-                if task is None or task.paused or (wanted is not None and run.task not in wanted):
-                    continue
-                lapsed = (
-                    run.state == "running"
-                    and run.lease_expires_at is not None
-                    and run.lease_expires_at <= now
-                )
-                ready = run.state == "queued" and (run.not_before is None or run.not_before <= now)
-                if not (lapsed or ready):
-                    continue
-                if lapsed:
-                    errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
-                    failed = run.try_number >= run.max_tries
-                    run = runs[run_id] = replace(
-                        run, state="failed" if failed else "queued", errors=errors,
-                        finished_at=now if failed else None, updated_at=now, lease_owner=None,
-                        lease_expires_at=None, not_before=None,
-                    )  # fmt: skip
-                    if failed:
-                        continue
-                if len(claimed) >= limit:
-                    continue
+            # Only the finish can fail, and it checks everything before it changes anything.
+            _, known, _ = self._tasks_state()
+            finished = None if finish is None else self._finish(owner, finish)
+            claimed = self._claim(owner, claim, ttl, tasks) if claim else []
+            if create and len(claimed) < claim:
+                for name in sorted(known) if tasks is None else tasks:
+                    if name in known:
+                        self._create(name, create)
+                claimed += self._claim(owner, claim - len(claimed), ttl, tasks)
+            return RunStep(finished, tuple(claimed))
+
+    def _claim(
+        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
+    ) -> list[TaskRun]:
+        _, known, runs = self._tasks_state()
+        now = self.clock()
+        wanted = None if tasks is None else set(tasks)
+        claimed: list[TaskRun] = []
+        for run_id in sorted(runs):
+            run = runs[run_id]
+            task = known.get(run.task)
+            if task is None or task.paused or (wanted is not None and run.task not in wanted):
+                continue
+            lapsed = (
+                run.state == "running"
+                and run.lease_expires_at is not None
+                and run.lease_expires_at <= now
+            )
+            ready = run.state == "queued" and (run.not_before is None or run.not_before <= now)
+            if not (lapsed or ready):
+                continue
+            if lapsed:
+                errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
+                failed = run.try_number >= run.max_tries
                 run = runs[run_id] = replace(
-                    run, state="running", try_number=run.try_number + 1,
-                    lease_owner=owner, lease_token=run.lease_token + 1,
-                    lease_expires_at=now + span, started_at=now, updated_at=now, not_before=None,
+                    run, state="failed" if failed else "queued", errors=errors,
+                    finished_at=now if failed else None, updated_at=now, lease_owner=None,
+                    lease_expires_at=None, not_before=None,
                 )  # fmt: skip
-                claimed.append(run)
-            return claimed
+                if failed:
+                    continue
+            if len(claimed) >= limit:
+                continue
+            run = runs[run_id] = replace(
+                run, state="running", try_number=run.try_number + 1,
+                lease_owner=owner, lease_token=run.lease_token + 1,
+                lease_expires_at=now + span, started_at=now, updated_at=now, not_before=None,
+            )  # fmt: skip
+            claimed.append(run)
+        return claimed
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
         held: set[int] = set()
@@ -284,55 +291,47 @@ class MemoryTasks(TaskStoreBackend):
                     count += 1
         return count
 
-    async def _afinish_run(
-        self,
-        run_id: int,
-        owner: str,
-        token: int,
-        success: bool,
-        outlets: builtins.list[OutletEvent],
-        error: str | None,
-        traceback: str | None,
-        retry_delay: timedelta,
-    ) -> TaskRun:
-        with self._lock:
-            _, _, runs = self._tasks_state()
-            now = self.clock()
-            run = runs.get(run_id)
-            if run is None:
-                raise RunNotFoundError(run_id)
-            reason = _lost(run, owner, token, now)
-            if reason is not None:
-                raise RunLeaseLostError(run_id, owner, token, reason)
-            if success:
-                targets = [self._resolve(AssetScope(name=o.asset)) for o in outlets]
-                outlet_ids: list[int] = []
-                for outlet, target in zip(outlets, targets, strict=True):
-                    event = AssetEvent(
-                        id=self._next_event_id,
-                        asset=target.name,
-                        watcher=f"task:{run.task}",
-                        payload=decode_value(outlet.payload_json),
-                        dedup_key=None,
-                        created_at=now,
-                    )
-                    self._next_event_id += 1
-                    self._events.append(event)
-                    outlet_ids.append(event.id)
-                run = replace(
-                    run, state="success", finished_at=now, updated_at=now, lease_owner=None,
-                    lease_expires_at=None, outlet_event_ids=tuple(outlet_ids),
-                )  # fmt: skip
-            else:
-                state, not_before = after_failure(run.try_number, run.max_tries, now, retry_delay)
-                entry = RunError(run.try_number, error or "failed", traceback, now)
-                run = replace(
-                    run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
-                    lease_expires_at=None, errors=(*run.errors, entry),
-                    finished_at=now if state == "failed" else None,
-                )  # fmt: skip
-            runs[run_id] = run
-            return run
+    def _finish(self, owner: str, outcome: RunOutcome) -> TaskRun:
+        _, _, runs = self._tasks_state()
+        now = self.clock()
+        run_id, token = outcome.run_id, outcome.token
+        run = runs.get(run_id)
+        if run is None:
+            raise RunNotFoundError(run_id)
+        reason = _lost(run, owner, token, now)
+        if reason is not None:
+            raise RunLeaseLostError(run_id, owner, token, reason)
+        if outcome.success:
+            targets = [self._resolve(AssetScope(name=o.asset)) for o in outcome.outlets]
+            outlet_ids: list[int] = []
+            for outlet, target in zip(outcome.outlets, targets, strict=True):
+                event = AssetEvent(
+                    id=self._next_event_id,
+                    asset=target.name,
+                    watcher=f"task:{run.task}",
+                    payload=decode_value(outlet.payload_json),
+                    dedup_key=None,
+                    created_at=now,
+                )
+                self._next_event_id += 1
+                self._events.append(event)
+                outlet_ids.append(event.id)
+            run = replace(
+                run, state="success", finished_at=now, updated_at=now, lease_owner=None,
+                lease_expires_at=None, outlet_event_ids=tuple(outlet_ids),
+            )  # fmt: skip
+        else:
+            state, not_before = after_failure(
+                run.try_number, run.max_tries, now, outcome.retry_delay
+            )
+            entry = RunError(run.try_number, outcome.error or "failed", outcome.traceback, now)
+            run = replace(
+                run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
+                lease_expires_at=None, errors=(*run.errors, entry),
+                finished_at=now if state == "failed" else None,
+            )  # fmt: skip
+        runs[run_id] = run
+        return replace(run, events=())
 
     async def _aget_run(self, run_id: int) -> TaskRun:
         with self._lock:

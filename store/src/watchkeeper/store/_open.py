@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ._backend import BaseStateBackend
 from ._redact import redact_dsn
-from .errors import ArgumentTypeError, InvalidSettingError
+from .errors import ArgumentTypeError, BackendImportError, InvalidSettingError
 from .memory import MemoryStateBackend
 
 if TYPE_CHECKING:
@@ -29,13 +29,8 @@ _POSTGRES_SCHEMES = frozenset({"postgresql", "postgres", "postgresql+asyncpg"})
 _MEMORY_PATHS = frozenset({"", ":memory:"})
 
 
-def open_state_backend(
-    settings: StoreSettings, *, application_name: str | None = None
-) -> BaseStateBackend:
+def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
     """Return the configured backend, not yet opened: use it as ``async with backend:``.
-
-    ``application_name`` is the PostgreSQL one to use when ``[database] application_name``
-    is unset.
 
     Raises ``ValueError`` naming an unknown URL scheme, ``ImportError`` naming a
     ``[state_store] backend`` path that cannot be imported, and ``TypeError`` naming one that
@@ -67,7 +62,7 @@ def open_state_backend(
         try:
             from .sqlite import SqliteStateBackend
         except ImportError as exc:
-            raise ImportError(f"the SQLite backend cannot be imported: {exc}") from exc
+            raise BackendImportError("the SQLite backend", f"cannot be imported: {exc}") from exc
         return SqliteStateBackend(
             path, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
         )
@@ -75,19 +70,15 @@ def open_state_backend(
         try:
             from .postgres import PostgresStateBackend
         except ImportError as exc:
-            raise ImportError(
-                f"the PostgreSQL backend cannot be imported ({exc}); "
-                "install it with 'pip install watchkeeper-store[postgres]'"
+            raise BackendImportError(
+                "the PostgreSQL backend",
+                f"cannot be imported ({exc}); "
+                "install it with 'pip install watchkeeper-store[postgres]'",
             ) from exc
         # asyncpg understands postgresql:// and postgres://, not SQLAlchemy's driver suffix.
         dsn = url if scheme != "postgresql+asyncpg" else f"postgresql://{rest}"
-        database = settings.database
         return PostgresStateBackend(
-            dsn,
-            max_value_bytes=max_value_bytes,
-            max_payload_bytes=max_payload_bytes,
-            application_name=database.application_name or application_name,
-            idle_in_transaction_timeout=database.idle_in_transaction_timeout,
+            dsn, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
         )
     raise InvalidSettingError(
         "[database] url",
@@ -129,21 +120,22 @@ def backend_class_from_path(dotted: str) -> type[BaseStateBackend]:
     if not sep:
         module_name, _, attr = dotted.rpartition(".")
     if not module_name or not attr:
-        raise ImportError(
-            f"[state_store] backend {dotted!r} is not a dotted path like 'package.module.Class'"
+        raise BackendImportError(
+            f"[state_store] backend {dotted!r}", "is not a dotted path like 'package.module.Class'"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImportError(
-            f"[state_store] backend {dotted!r} cannot be imported: {exc}", name=module_name
+        raise BackendImportError(
+            f"[state_store] backend {dotted!r}", f"cannot be imported: {exc}", module=module_name
         ) from exc
     try:
         cls = getattr(module, attr)
     except AttributeError as exc:
-        raise ImportError(
-            f"[state_store] backend {dotted!r}: module {module_name!r} has no attribute {attr!r}",
-            name=module_name,
+        raise BackendImportError(
+            f"[state_store] backend {dotted!r}:",
+            f"module {module_name!r} has no attribute {attr!r}",
+            module=module_name,
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, BaseStateBackend)):
         raise ArgumentTypeError(

@@ -35,10 +35,13 @@ from ._values import JSONValue
 from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
 
 __all__ = [
+    "LAPSED",
     "RUN_STATES",
     "EventConsumers",
     "OutletEvent",
     "RunError",
+    "RunOutcome",
+    "RunStep",
     "StateWrite",
     "TaskInfo",
     "TaskQueue",
@@ -54,6 +57,7 @@ __all__ = [
     "lapsed_error",
     "lost_reason",
     "plan_run",
+    "plan_runs",
     "require_event_consumers",
     "require_task_queue",
 ]
@@ -184,6 +188,29 @@ class OutletEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """How one try ended, as the worker reports it: success with the outlet events, or a
+    failure (``error``, ``traceback``) retried after ``retry_delay`` while tries remain."""
+
+    run_id: int
+    token: int
+    success: bool
+    outlets: tuple[OutletEvent, ...] = ()
+    error: str | None = None
+    traceback: str | None = None
+    retry_delay: timedelta = timedelta(0)
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    """What :meth:`TaskQueue.astep_runs` did in its transaction: the finished run (without
+    its events), and the runs it claimed for the worker (with their events)."""
+
+    finished: TaskRun | None
+    claimed: tuple[TaskRun, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StateWrite:
     """One state write committed with a consumer's acknowledgement (JSON text, validated)."""
 
@@ -242,6 +269,20 @@ class TaskQueue(Protocol):
     async def aclaim_runs(
         self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
     ) -> list[TaskRun]: ...
+
+    async def astep_runs(
+        self,
+        owner: str,
+        *,
+        finish: RunOutcome | None = None,
+        claim: int = 0,
+        ttl: timedelta | float,
+        tasks: Sequence[str] | None = None,
+        create: int = 0,
+    ) -> RunStep:
+        """Finish one try and claim up to ``claim`` runs, in one transaction; when fewer are
+        ready, create up to ``create`` runs from pending events and claim from them."""
+        ...
 
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
@@ -312,6 +353,26 @@ def plan_run(
     return merged, cursors
 
 
+def plan_runs(
+    spec: TaskSpec, pending: Mapping[str, Sequence[tuple[int, str]]], max_runs: int
+) -> list[tuple[list[tuple[int, str]], dict[str, int]]]:
+    """Up to ``max_runs`` successive runs of ``spec`` (:func:`plan_run` each, in order).
+
+    ``pending`` needs at most ``max_runs * max_events`` events per asset: each run takes at
+    most ``max_events``, so every plan sees the first ``max_events`` left on each asset.
+    """
+    left = {asset: list(pending.get(asset, ())) for asset in spec.assets}
+    plans: list[tuple[list[tuple[int, str]], dict[str, int]]] = []
+    while len(plans) < max_runs:
+        plan = plan_run(spec, {a: events[: spec.max_events] for a, events in left.items()})
+        if plan is None:
+            break
+        for asset, cursor in plan[1].items():
+            left[asset] = [e for e in left[asset] if e[0] > cursor]
+        plans.append(plan)
+    return plans
+
+
 def after_failure(
     try_number: int, max_tries: int, now: datetime, retry_delay: timedelta
 ) -> tuple[RunState, datetime | None]:
@@ -341,11 +402,12 @@ def lost_reason(
     return None
 
 
+LAPSED = "the lease of worker '{owner}' lapsed: the try did not finish"
+
+
 def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
     """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
-    return RunError(
-        try_number, f"the lease of worker {owner!r} lapsed: the try did not finish", None, now
-    )
+    return RunError(try_number, LAPSED.format(owner=owner), None, now)
 
 
 def errors_to_json(errors: Iterable[RunError]) -> str:

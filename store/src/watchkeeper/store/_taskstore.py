@@ -19,6 +19,8 @@ from ._leases import check_owner, check_ttl
 from ._metastore import check_items
 from ._tasks import (
     OutletEvent,
+    RunOutcome,
+    RunStep,
     StateWrite,
     TaskInfo,
     TaskRun,
@@ -40,6 +42,34 @@ def _check_run_id(run_id: object) -> int:
 
 def _check_names(what: str, names: object) -> builtins.list[str]:
     return [check_name(what, n) for n in check_items(what, names, str, "str names")]
+
+
+def _check_count(what: str, count: object) -> int:
+    if type(count) is not int:
+        raise ArgumentTypeError(what, count, "an int >= 0")
+    if count < 0:
+        raise InvalidArgumentError(what, count, "must be an int >= 0")
+    return count
+
+
+def _check_outcome(outcome: object) -> RunOutcome:
+    """A try's outcome with checked fields (the one place they are checked)."""
+    if not isinstance(outcome, RunOutcome):
+        raise ArgumentTypeError("finish", outcome, "a RunOutcome")
+    _check_run_id(outcome.run_id)
+    check_event_id("token", outcome.token, 0)
+    check_items("outlets", outcome.outlets, OutletEvent, "OutletEvent objects")
+    for what, text in (("error", outcome.error), ("traceback", outcome.traceback)):
+        if text is not None and not isinstance(text, str):
+            raise ArgumentTypeError(what, text, "a str or None")
+    if not isinstance(outcome.retry_delay, timedelta):
+        raise ArgumentTypeError("retry_delay", outcome.retry_delay, "a timedelta")
+    if outcome.retry_delay < timedelta(0):
+        raise InvalidArgumentError("retry_delay", outcome.retry_delay, "must not be negative")
+    return RunOutcome(
+        outcome.run_id, outcome.token, bool(outcome.success), tuple(outcome.outlets),
+        outcome.error, outcome.traceback, outcome.retry_delay,
+    )  # fmt: skip
 
 
 class TaskStoreBackend(BaseStateBackend, ABC):
@@ -146,7 +176,33 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         only = None if tasks is None else _check_names("tasks", tasks)
         if only == []:
             return []
-        return await self._aclaim_runs(owner, limit, span, only)
+        return list((await self._astep_runs(owner, None, limit, span, only, 0)).claimed)
+
+    async def astep_runs(
+        self,
+        owner: str,
+        *,
+        finish: RunOutcome | None = None,
+        claim: int = 0,
+        ttl: timedelta | float,
+        tasks: Sequence[str] | None = None,
+        create: int = 0,
+    ) -> RunStep:
+        """Finish the try ``finish`` reports (fenced by its lease, as :meth:`afinish_run`) and
+        claim up to ``claim`` ready runs for ``owner`` under a lease of ``ttl``, in one
+        transaction; when fewer are ready, create up to ``create`` runs of ``tasks`` from
+        their pending events and claim from those. A refused finish claims nothing."""
+        self._check_open()
+        owner, span = check_owner(owner), check_ttl(ttl)
+        claim, create = _check_count("claim", claim), _check_count("create", create)
+        only = None if tasks is None else _check_names("tasks", tasks)
+        if finish is not None:
+            finish = _check_outcome(finish)
+        if only == []:
+            claim = create = 0
+        if finish is None and claim == 0:
+            return RunStep(None, ())
+        return await self._astep_runs(owner, finish, claim, span, only, create)
 
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
@@ -184,17 +240,15 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         """Finish the try ``owner`` holds with ``token``: commit ``outlets`` on success, else
         record ``error`` and queue a retry while tries remain (fenced by the lease)."""
         self._check_open()
-        run_id, owner = _check_run_id(run_id), check_owner(owner)
-        token = check_event_id("token", token, 0)
+        owner = check_owner(owner)
         emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
-        if not isinstance(retry_delay, timedelta):
-            raise ArgumentTypeError("retry_delay", retry_delay, "a timedelta")
-        if retry_delay < timedelta(0):
-            raise InvalidArgumentError("retry_delay", retry_delay, "must not be negative")
-        return await self._afinish_run(
-            run_id, owner, token, bool(success),
-            [o for o in emitted if isinstance(o, OutletEvent)], error, traceback, retry_delay,
-        )  # fmt: skip
+        kept = tuple(o for o in emitted if isinstance(o, OutletEvent))
+        outcome = _check_outcome(
+            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay)
+        )
+        step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0)
+        assert step.finished is not None
+        return step.finished
 
     async def aget_run(self, run_id: int) -> TaskRun:
         """One run, with its events."""
@@ -259,10 +313,17 @@ class TaskStoreBackend(BaseStateBackend, ABC):
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]: ...
 
     @abstractmethod
-    async def _aclaim_runs(
-        self, owner: str, limit: int, ttl: timedelta, tasks: builtins.list[str] | None
-    ) -> builtins.list[TaskRun]:
-        """``tasks``: ``None`` (every task) or at least one name."""
+    async def _astep_runs(
+        self,
+        owner: str,
+        finish: RunOutcome | None,
+        claim: int,
+        ttl: timedelta,
+        tasks: builtins.list[str] | None,
+        create: int,
+    ) -> RunStep:
+        """``finish`` and/or ``claim`` (>= 1); ``tasks``: ``None`` (every task) or at least one
+        name. Raises what :meth:`afinish_run` raises (the whole step is then undone)."""
 
     @abstractmethod
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], ttl: timedelta) -> set[int]:
@@ -271,19 +332,6 @@ class TaskStoreBackend(BaseStateBackend, ABC):
     @abstractmethod
     async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
         """Expire the leases of these owners (distinct, sorted, at least one)."""
-
-    @abstractmethod
-    async def _afinish_run(
-        self,
-        run_id: int,
-        owner: str,
-        token: int,
-        success: bool,
-        outlets: builtins.list[OutletEvent],
-        error: str | None,
-        traceback: str | None,
-        retry_delay: timedelta,
-    ) -> TaskRun: ...
 
     @abstractmethod
     async def _aget_run(self, run_id: int) -> TaskRun: ...

@@ -306,6 +306,18 @@ class AssetEvent:
     dedup_key: str | None
     created_at: datetime
 
+    def to_record(self) -> dict[str, Any]:
+        """The event as one JSON object, as ``watchkeeper events --json`` prints it and the
+        API serves it (the SQL backends build the same object in SQL)."""
+        return {
+            "id": self.id,
+            "asset": self.asset,
+            "watcher": self.watcher,
+            "payload": self.payload,
+            "dedup_key": self.dedup_key,
+            "created_at": self.created_at.isoformat(),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class EventCommit:

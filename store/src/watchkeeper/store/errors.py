@@ -12,6 +12,7 @@ __all__ = [
     "ArgumentTypeError",
     "AssetNotDeclaredError",
     "AssetNotFoundError",
+    "BackendImportError",
     "BackendUnavailableError",
     "ConsumerCursorError",
     "ContextKeyError",
@@ -338,6 +339,18 @@ class SyncCallInLoopError(StateStoreError, RuntimeError):
             f"{method}() was called on the event loop thread; "
             f"use 'await a{method}(...)' in async code"
         )
+
+
+class BackendImportError(StateStoreError, ImportError):
+    """Raised when the configured backend cannot be imported: a ``[state_store] backend`` path
+    that is not dotted, names no module or no attribute, or a backend whose driver (asyncpg,
+    say) is not installed. ``what`` names the backend as configured; ``module`` is the module
+    that failed to import, where one did."""
+
+    def __init__(self, what: str, reason: str, *, module: str | None = None) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what} {reason}", name=module)
 
 
 class InvalidSettingError(StateStoreError, ValueError):

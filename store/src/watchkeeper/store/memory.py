@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Self
@@ -274,15 +275,7 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
                 written.append(event)
                 if commit.dedup_key is not None:
                     self._dedup.add((row.asset_id, commit.dedup_key))
-                for key, value_json in commit.state.items():
-                    old = self._asset_state.get((row.asset_id, key))
-                    self._asset_state[(row.asset_id, key)] = RawEntry(
-                        key=key,
-                        value_json=value_json,
-                        version=(old.version if old else 0) + 1,
-                        updated_at=now,
-                        writer=commit.writer,
-                    )
+                self._write_asset_state(row.asset_id, commit.state, commit.writer, now)
             return written
 
     async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
@@ -312,16 +305,22 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
             for row in rows.values():
                 if row.asset_id not in stated:
                     continue  # every event of the batch was a duplicate here
-                for key, value_json in batch.state.items():
-                    old = self._asset_state.get((row.asset_id, key))
-                    self._asset_state[(row.asset_id, key)] = RawEntry(
-                        key=key,
-                        value_json=value_json,
-                        version=(old.version if old else 0) + 1,
-                        updated_at=now,
-                        writer=batch.writer,
-                    )
+                self._write_asset_state(row.asset_id, batch.state, batch.writer, now)
             return written
+
+    def _write_asset_state(
+        self, asset_id: int, state: Mapping[str, str], writer: Writer | None, now: datetime
+    ) -> None:
+        """Upsert an event's ``state`` (JSON texts) on one asset, each key one version up."""
+        for key, value_json in state.items():
+            old = self._asset_state.get((asset_id, key))
+            self._asset_state[(asset_id, key)] = RawEntry(
+                key=key,
+                value_json=value_json,
+                version=(old.version if old else 0) + 1,
+                updated_at=now,
+                writer=writer,
+            )
 
     async def _alist_events(
         self, asset: str | None, since_id: int, limit: int | None

@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
+from .errors import StateStoreError
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
@@ -58,7 +59,7 @@ DEFAULT_DATABASE_URL: Final = "sqlite:///watchkeeper.db"
 DottedPath = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z_][\w.]*([.:][A-Za-z_]\w*)$")]
 
 
-class ConfigFileNotFoundError(FileNotFoundError):
+class ConfigFileNotFoundError(StateStoreError, FileNotFoundError):
     """Raised when a configuration file named explicitly (``--config``) does not exist."""
 
     def __init__(self, path: Path) -> None:
@@ -69,7 +70,7 @@ class ConfigFileNotFoundError(FileNotFoundError):
         return str(self.args[0])
 
 
-class InvalidConfigFileError(ValueError):
+class InvalidConfigFileError(StateStoreError, ValueError):
     """Raised when a configuration file is not valid TOML; names the file and the position."""
 
     def __init__(self, path: Path, reason: str) -> None:
@@ -78,7 +79,7 @@ class InvalidConfigFileError(ValueError):
         super().__init__(f"config file {str(path)!r} is not valid TOML: {reason}")
 
 
-class UnknownSettingError(ValueError):
+class UnknownSettingError(StateStoreError, ValueError):
     """Raised when a configuration source names a section or key that no settings model has.
 
     ``problems`` holds one sentence per unknown name, each naming where it came from and the
@@ -107,14 +108,6 @@ class DatabaseSettings(_Section):
     url: SecretStr = SecretStr(DEFAULT_DATABASE_URL)
     """SQLAlchemy-style URL: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
     ``sqlite:///:memory:`` or ``postgresql://user:password@host:port/database``."""
-    application_name: str | None = Field(default=None, min_length=1, max_length=63)
-    """PostgreSQL: the ``application_name`` of every connection (``pg_stat_activity`` shows
-    it). Unset: the URL's, else ``watchkeeper`` (a daemon: ``watchkeeper triggerer <its
-    identity>``)."""
-    idle_in_transaction_timeout: float = Field(default=5.0, ge=0)
-    """PostgreSQL: seconds a connection may sit inside a transaction without sending anything
-    before the server ends it (``idle_in_transaction_session_timeout``), so a paused process
-    cannot hold the leases it fenced on (0 disables)."""
 
 
 class StateStoreSettings(_Section):

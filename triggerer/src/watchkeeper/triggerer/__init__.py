@@ -13,7 +13,7 @@ from watchkeeper.store import Asset
 from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
 from ._logging import configure_logging
 from ._process import run_daemon
-from ._worker import Worker, run_worker
+from ._worker import Worker, configure_connections, run_worker
 from .daemon import Daemon, ReloadReport
 from .errors import (
     AssetStoreUnavailableError,
@@ -60,6 +60,7 @@ __all__ = [
     "Worker",
     "WorkerSettings",
     "asset_task",
+    "configure_connections",
     "configure_logging",
     "load_settings",
     "run_daemon",

@@ -2,16 +2,19 @@
 
 ``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
 
-1. create runs for every task that has pending events (each creation moves the task's cursors
-   in the same transaction: see :class:`watchkeeper.store.backend.TaskQueue`);
-2. claim as many runs as it has free slots, under a lease (``[worker] lease_ttl``);
-3. execute each claimed run: a sync task in a thread (at most ``concurrency``), an async one
-   on the loop with a greenback portal, under ``execution_timeout``; then finish the run,
-   fenced by its lease token: success with the outlet events, or a failure retried after an
-   exponential, jittered delay;
-4. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, a short poll on SQLite),
-   at most ``poll_interval``.
+1. with free slots, take a *step* (:meth:`~watchkeeper.store.backend.TaskQueue.astep_runs`):
+   claim ready runs under a lease (``[worker] lease_ttl``) and, when too few are ready,
+   create a batch of runs from the pending events and claim from it, in one transaction
+   (each creation moves the task's cursors with it);
+2. execute each claimed run in a slot: a sync task in a thread (at most ``concurrency``), an
+   async one on the loop with a greenback portal, under ``execution_timeout``; then its slot
+   finishes it with one step that records the outcome (success with the outlet events, or a
+   failure retried after an exponential, jittered delay; fenced by the lease token) and
+   claims the slot's next run; a slot with nothing to claim frees itself;
+3. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, an adaptive poll on
+   SQLite), at most ``poll_interval``, or for a slot to free.
 
+One step of a worker at a time creates runs; the others only claim.
 A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
 cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
 the leases of dead worker processes of this host (as the triggerer does for its leases), so a
@@ -36,6 +39,7 @@ import anyio.to_thread
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
+    PostgresStateBackend,
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
@@ -44,6 +48,7 @@ from watchkeeper.store import (
 from watchkeeper.store.backend import (
     AssetRegistry,
     OutletEvent,
+    RunOutcome,
     TaskQueue,
     TaskRun,
     encode_payload,
@@ -57,7 +62,7 @@ from ._leases import daemon_identity, is_dead_local_owner
 from ._supervisor import describe_error
 from .settings import WorkerSettings
 
-__all__ = ["Worker", "retry_delay_for", "run_context"]
+__all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
 
 log = get_logger(__name__)
 
@@ -120,6 +125,11 @@ class Worker:
         self._running: dict[int, _InFlight] = {}
         self._slot_freed = anyio.Event()
         self._accepting = True
+        self._finishing = 0
+        self._creating = False
+        self._names = sorted(self.tasks)
+        # Runs created at once when too few are ready: a batch per slot round, not one each.
+        self._batch = 4 * self.settings.concurrency
         self.finished = 0
 
     def __repr__(self) -> str:
@@ -154,31 +164,31 @@ class Worker:
 
     async def drained(self) -> None:
         """Return once no run is in flight."""
-        while self._running:
+        while self._running or self._finishing:
             self._slot_freed = anyio.Event()
             await self._slot_freed.wait()
 
     async def _loop(self, tg: anyio.abc.TaskGroup) -> None:
         last_seen = 0
-        names = sorted(self.tasks)
         poll = self.settings.poll_interval
         while True:
             try:
-                if self._accepting:
-                    for name in names:
-                        # Bounded: a steady trickle of events must not starve the claims.
-                        await self.queue.acreate_runs(name, 2 * self.settings.concurrency)
-                    free = self.settings.concurrency - len(self._running)
-                    if free > 0:
-                        claimed = await self.queue.aclaim_runs(
-                            self.owner, limit=free, ttl=self.ttl, tasks=names
-                        )
-                        for run in claimed:
-                            scope = anyio.CancelScope()
-                            self._running[run.id] = _InFlight(run.lease_token, scope)
-                            tg.start_soon(self._execute, run, scope)
-                        if len(claimed) == free:
-                            continue  # more may be waiting: claim again once a slot frees
+                free = self.settings.concurrency - len(self._running)
+                if self._accepting and free > 0:
+                    create = 0 if self._creating else self._batch
+                    self._creating |= create > 0
+                    try:
+                        step = await self.queue.astep_runs(
+                            self.owner, claim=free, ttl=self.ttl, tasks=self._names,
+                            create=create,
+                        )  # fmt: skip
+                    finally:
+                        if create:
+                            self._creating = False
+                    for run in step.claimed:
+                        self._start(tg, run)
+                    if len(step.claimed) == free:
+                        continue  # each slot claims its next run as it finishes
                 if len(self._running) >= self.settings.concurrency or not self._accepting:
                     self._slot_freed = anyio.Event()
                     with anyio.move_on_after(poll):
@@ -189,24 +199,43 @@ class Worker:
                 log.warning("worker_store_error", error=describe_error(exc))
                 await anyio.sleep(max(poll, 1.0))
 
+    def _start(self, tg: anyio.abc.TaskGroup, run: TaskRun) -> None:
+        scope = anyio.CancelScope()
+        self._running[run.id] = _InFlight(run.lease_token, scope)
+        tg.start_soon(self._execute, run, scope)
+
     async def _execute(self, run: TaskRun, scope: anyio.CancelScope) -> None:
-        task = self.tasks[run.task]
-        token = run.lease_token
+        """Run ``run``, then the run claimed with its finish, and so on: one slot."""
+        next_run: TaskRun | None = run
         try:
-            with scope:
-                await self._try(task, run, token)
+            while next_run is not None:
+                run = next_run
+                outcome: RunOutcome | None = None
+                with scope:
+                    outcome = await self._try(self.tasks[run.task], run)
+                self._running.pop(run.id, None)
+                if outcome is None:  # cancelled: its lease was lost
+                    return
+                self._finishing += 1
+                try:
+                    next_run = await self._finish(run, outcome)
+                finally:
+                    self._finishing -= 1
+                if next_run is not None:
+                    scope = anyio.CancelScope()
+                    self._running[next_run.id] = _InFlight(next_run.lease_token, scope)
         finally:
             self._running.pop(run.id, None)
             self._slot_freed.set()
 
-    async def _try(self, task: AssetTask, run: TaskRun, token: int) -> None:
+    async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
         context = run_context(self.backend, task, run)
         try:
             timeout = task.execution_timeout
             with anyio.fail_after(None if timeout is None else timeout.total_seconds()):
                 await self._call(task, context)
-            outlets = [
+            outlets = tuple(
                 OutletEvent(
                     a.name,
                     encode_payload(
@@ -215,21 +244,18 @@ class Worker:
                     ),
                 )
                 for a in task.outlets
-            ]
+            )
         except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
             delay = retry_delay_for(task, run.try_number)
             log.warning(
                 "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
                 error=describe_error(exc),
             )  # fmt: skip
-            await self._finish(
-                run, token, success=False, error=describe_error(exc),
+            return RunOutcome(
+                run.id, run.lease_token, False, error=describe_error(exc),
                 traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
             )  # fmt: skip
-            return
-        await self._finish(run, token, success=True, outlets=outlets)
-        if task.clear_on_success:
-            await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
+        return RunOutcome(run.id, run.lease_token, True, outlets)
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
         if task.is_async:
@@ -238,22 +264,42 @@ class Worker:
             partial(task.fn, **context), limiter=self._limiter, abandon_on_cancel=True
         )
 
-    async def _finish(self, run: TaskRun, token: int, **outcome: Any) -> None:
+    async def _finish(self, run: TaskRun, outcome: RunOutcome) -> TaskRun | None:
+        """Record ``outcome`` and, in the same transaction, claim this slot's next run."""
+        task = self.tasks[run.task]
         with anyio.CancelScope(shield=True):
             try:
-                done = await self.queue.afinish_run(run.id, self.owner, token, **outcome)
+                # One step of this worker at a time creates runs: the others only claim.
+                create = 0 if self._creating else self._batch
+                self._creating |= create > 0
+                try:
+                    step = await self.queue.astep_runs(
+                        self.owner, finish=outcome, claim=1 if self._accepting else 0,
+                        ttl=self.ttl, tasks=self._names, create=create,
+                    )  # fmt: skip
+                finally:
+                    if create:
+                        self._creating = False
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
-                return
+                return None
             except StateStoreError as exc:
                 # Not recorded: the lease lapses and the run is tried again.
                 log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
-                return
+                return None
+        done = step.finished
         self.finished += 1
         log.info(
-            "run_finished", run_id=run.id, task=run.task, state=done.state,
-            try_number=run.try_number, events=run.event_count,
+            "run_finished", run_id=run.id, task=run.task,
+            state=done.state if done is not None else "?", try_number=run.try_number,
+            events=run.event_count,
         )  # fmt: skip
+        if outcome.success and task.clear_on_success:
+            try:
+                await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
+            except StateStoreError as exc:
+                log.warning("run_clear_failed", run_id=run.id, error=describe_error(exc))
+        return step.claimed[0] if step.claimed else None
 
     async def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval
@@ -280,6 +326,19 @@ class Worker:
         if dead:
             count = await self.queue.abreak_run_leases(dead)
             log.info("run_leases_freed", owners=dead, runs=count)
+
+
+def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
+    """Name a PostgreSQL backend's sessions ``name`` (``pg_stat_activity``) and let the server
+    end a session left idle inside a transaction for a lease's time, at least 10 seconds (a
+    frozen worker's row locks are released about when its leases lapse; a busy machine does
+    not stall a live worker that long between two statements). Call before it opens."""
+    if isinstance(backend, PostgresStateBackend):
+        idle = max(settings.lease_seconds, 10.0)
+        backend.server_settings.setdefault("application_name", name)
+        backend.server_settings.setdefault(
+            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
+        )
 
 
 async def run_worker(

@@ -9,7 +9,7 @@ defaults.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Final, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from watchkeeper.store.settings import StoreSettings
@@ -51,7 +51,30 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
-class TriggererSettings(SupervisionSettings):
+class _LeasedSection(_Section):
+    """A section whose process renews leases every ``heartbeat_interval``: the lease time to
+    live in force, and the rule that it outlasts a heartbeat, are written here once."""
+
+    if TYPE_CHECKING:  # fields of each subclass, documented there
+        heartbeat_interval: float
+        lease_ttl: float | None
+
+    @property
+    def lease_seconds(self) -> float:
+        """The lease time to live in force: ``lease_ttl``, or three heartbeats."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> Self:
+        if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}): a lease would lapse between two renewals"
+            )
+        return self
+
+
+class TriggererSettings(SupervisionSettings, _Section):
     """``[triggerer]``: what the daemon runs and how it supervises it.
 
     The supervision keys (``capacity``, ``backoff_*``, ``max_failures``, ``cleanup_timeout``,
@@ -114,7 +137,7 @@ class TriggererSettings(SupervisionSettings):
         return margin if margin is not None else self.lease_renew_interval / 2
 
 
-class WorkerSettings(_Section):
+class WorkerSettings(_LeasedSection):
     """``[worker]``: ``watchkeeper worker``, which runs the tasks declared with ``asset_task``."""
 
     concurrency: int = Field(default=8, ge=1)
@@ -128,20 +151,6 @@ class WorkerSettings(_Section):
     """Seconds a run's lease lasts without renewal; a killed worker's run is retried that long
     after (at once when a worker on the same host finds its process gone). None: three
     heartbeats. Must exceed the heartbeat."""
-
-    @property
-    def lease_seconds(self) -> float:
-        """The lease time to live in force: ``lease_ttl``, or three heartbeats."""
-        return self.lease_ttl if self.lease_ttl is not None else 3 * self.heartbeat_interval
-
-    @model_validator(mode="after")
-    def _check_lease(self) -> Self:
-        if self.lease_ttl is not None and self.lease_ttl <= self.heartbeat_interval:
-            raise ValueError(
-                f"lease_ttl ({self.lease_ttl}) must exceed heartbeat_interval "
-                f"({self.heartbeat_interval}): a lease would lapse between two renewals"
-            )
-        return self
 
 
 class ApiSettings(_Section):

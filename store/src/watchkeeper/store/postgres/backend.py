@@ -19,14 +19,14 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 
-from .._backend import utcnow
+from .._backend import _utcnow
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, encode_refused
@@ -54,6 +54,7 @@ from .._values import (
 )
 from ..errors import (
     AssetNotFoundError,
+    BackendImportError,
     InvalidSettingError,
     StateStoreError,
     StoreClosedError,
@@ -62,7 +63,7 @@ from ..errors import (
 from .consumers import PostgresConsumers, events_hook
 from .controls import PostgresControls
 from .gc import collect_garbage
-from .leases import PostgresLeases, session_settings
+from .leases import PostgresLeases
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
@@ -71,7 +72,6 @@ from .sql import (
     is_unavailable,
     map_error,
     raw_entry,
-    rowcount,
 )
 from .tasks import PostgresTasks
 from .writer import GroupWriter
@@ -115,16 +115,12 @@ class PostgresStateBackend(
         max_size: int = 10,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        application_name: str | None = None,
-        idle_in_transaction_timeout: float = 5.0,
+        server_settings: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
-        if application_name is None and isinstance(dsn, str):
-            named = "application_name" in urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query)
-            application_name = None if named else "watchkeeper"  # the URL's wins over ours
-        self.server_settings = session_settings(application_name, idle_in_transaction_timeout)
-        """What every connection of this backend sets on its session (see
-        :func:`~.leases.session_settings`)."""
+        #: Session settings of every connection it opens (``application_name``,
+        #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
+        self.server_settings: dict[str, str] = dict(server_settings or {})
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
                 "dsn", f"must be a non-empty postgresql:// URL, got {type(dsn).__name__}"
@@ -162,6 +158,9 @@ class PostgresStateBackend(
             return f"dsn=(unparsed) schema={schema}"
         return f"host={host}:{port} db={db} schema={schema}"
 
+    def _session(self) -> dict[str, str] | None:
+        return dict(self.server_settings) or None
+
     def _describe(self) -> str:
         pool = self._pool
         size = pool.get_size() if pool is not None else 0
@@ -172,19 +171,19 @@ class PostgresStateBackend(
         try:
             import asyncpg
         except ImportError as exc:  # pragma: no cover - the extra is part of the dev group
-            raise ImportError(
-                "PostgresStateBackend needs asyncpg: install 'watchkeeper-store[postgres]'"
+            raise BackendImportError(
+                "PostgresStateBackend", "needs asyncpg: install 'watchkeeper-store[postgres]'"
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn, server_settings=self.server_settings)
+            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
             self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
                 reset=_keep_session,
-                server_settings=self.server_settings,
+                server_settings=self._session(),
             )
         except BaseException as exc:
             _discard(conn, None)
@@ -195,12 +194,12 @@ class PostgresStateBackend(
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         conn, pool = await self._connect()
-        dsn, server_settings = self._dsn, self.server_settings
+        dsn, session = self._dsn, self._session()
 
         async def reconnect() -> asyncpg.Connection:
             import asyncpg
 
-            return await asyncpg.connect(dsn, server_settings=server_settings)
+            return await asyncpg.connect(dsn, server_settings=session)
 
         writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
         try:
@@ -417,17 +416,10 @@ class PostgresStateBackend(
             for s in statuses
         ]  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.executemany(self._sql.save_status, rows)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_status, rows, many=True)
 
     async def _adelete_trigger_status(self, ids: list[str]) -> None:
-
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_status, ids))
-
-        await self._submit(CallOp(delete, phase=LATE))
+        await self._write_late(self._sql.delete_status, [ids])
 
     async def _alist_trigger_status(self) -> list[TriggerStatus]:
         rows = await self._fetch("listing trigger status", self._sql.list_status)
@@ -444,17 +436,22 @@ class PostgresStateBackend(
         row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
                encode_refused(s.refused))  # fmt: skip
 
-        async def save(conn: asyncpg.Connection) -> None:
-            await conn.execute(self._sql.save_daemon, *row)
-
-        await self._submit(CallOp(save, phase=LATE))
+        await self._write_late(self._sql.save_daemon, row)
 
     async def _adelete_daemon_status(self, names: list[str]) -> None:
+        await self._write_late(self._sql.delete_daemons, [names])
 
-        async def delete(conn: asyncpg.Connection) -> int:
-            return rowcount(await conn.execute(self._sql.delete_daemons, names))
+    async def _write_late(self, statement: str, args: Sequence[Any], *, many: bool = False) -> None:
+        """Run one status statement in the writer's late phase, after the batch's events:
+        ``args`` are its parameters, or with ``many`` one tuple of them per row."""
 
-        await self._submit(CallOp(delete, phase=LATE))
+        async def write(conn: asyncpg.Connection) -> None:
+            if many:
+                await conn.executemany(statement, args)
+            else:
+                await conn.execute(statement, *args)
+
+        await self._submit(CallOp(write, phase=LATE))
 
     async def _alist_daemon_status(self) -> list[DaemonStatus]:
         rows = await self._fetch("listing daemon status", self._sql.list_daemons)
@@ -471,4 +468,4 @@ class PostgresStateBackend(
     def _clock_param(self) -> datetime | None:
         """The time to pass to lease statements: None (the database's ``now()``) unless the
         backend was given a clock of its own."""
-        return None if self.clock is utcnow else self.clock()
+        return None if self.clock is _utcnow else self.clock()

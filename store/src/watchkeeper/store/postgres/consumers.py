@@ -66,6 +66,7 @@ class PostgresConsumers(TaskStoreBackend):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        def _session(self) -> dict[str, str] | None: ...
 
     @property
     def _prefix(self) -> str:
@@ -198,7 +199,7 @@ class PostgresConsumers(TaskStoreBackend):
             try:
                 import asyncpg
 
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                 state.update(conn=conn, event=anyio.Event(), failed_at=None)
 
                 def notified(*_: object) -> None:

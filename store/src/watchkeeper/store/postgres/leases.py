@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from .._types import Lease, NodeHeartbeat, NodeLease
-from ..errors import InvalidSettingError, StateStoreError, StoreClosedError
+from ..errors import StateStoreError, StoreClosedError
 from .sql import is_connection_error, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PostgresLeases", "lease_channel", "session_settings"]
+__all__ = ["PostgresLeases", "lease_channel"]
 
 T = TypeVar("T")
 
@@ -49,29 +49,6 @@ T = TypeVar("T")
 def lease_channel(schema: str | None) -> str:
     """The NOTIFY channel of a schema's lease releases."""
     return f"{schema or 'public'}_watchkeeper_leases"
-
-
-def session_settings(
-    application_name: str | None, idle_in_transaction_timeout: float
-) -> dict[str, str]:
-    """The session settings of every connection: ``application_name`` (what
-    ``pg_stat_activity`` shows; None: the URL's) and ``idle_in_transaction_session_timeout``,
-    so that a process stopped inside a transaction (SIGSTOP, a frozen VM) cannot hold its row
-    locks, and with them the leases it fenced on, for longer than that (0 disables it)."""
-    name = application_name
-    if name is not None and (not isinstance(name, str) or not 0 < len(name.encode()) < 64):
-        raise InvalidSettingError(
-            "application_name", f"must be a str of 1 to 63 bytes, got {application_name!r}"
-        )
-    timeout = idle_in_transaction_timeout
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout >= 0:
-        raise InvalidSettingError(
-            "idle_in_transaction_timeout", f"must be a number of seconds >= 0, got {timeout!r}"
-        )
-    settings = {"idle_in_transaction_session_timeout": str(round(timeout * 1000))}
-    if name is not None:
-        settings["application_name"] = name
-    return settings
 
 
 class _Sql:
@@ -170,6 +147,8 @@ class PostgresLeases:
 
         def _clock_param(self) -> datetime | None: ...
 
+        def _session(self) -> dict[str, str] | None: ...
+
     @property
     def _lease_sql(self) -> _Sql:
         sql: _Sql | None = self.__dict__.get("_lease_sql_cache")
@@ -198,8 +177,7 @@ class PostgresLeases:
                     if conn is None or conn.is_closed():
                         import asyncpg
 
-                        settings = self.__dict__.get("server_settings")
-                        conn = await asyncpg.connect(self._dsn, server_settings=settings)
+                        conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                         state["conn"] = conn
                     async with conn.transaction():
                         return await fn(conn)
@@ -309,8 +287,7 @@ class PostgresLeases:
             try:
                 import asyncpg
 
-                settings = self.__dict__.get("server_settings")
-                conn = await asyncpg.connect(self._dsn, server_settings=settings)
+                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                 event = anyio.Event()
                 state.update(conn=conn, event=event)
 

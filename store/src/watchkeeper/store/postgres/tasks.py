@@ -3,8 +3,12 @@ consumers and wake-ups are :mod:`.consumers`).
 
 Each operation is one short transaction on a pooled connection (``_transact``), not a batch
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
-claim different runs without waiting on each other), and a finish holds its run row while it
-checks the lease and commits the outlet events. The rules are :mod:`._tasks`'.
+claim different runs without waiting on each other; see :mod:`.runs`), and a finish holds its
+run row while it checks the lease and commits the outlet events. A worker's step finishes a
+try and claims the next in one transaction; when too few runs are ready it creates a batch
+and claims from it in a second one (the task rows, locked in name order, serialise the
+creations of one task; a worker that waited claims what the other left queued). The rules
+are :mod:`._tasks`'.
 
 **Commit order.** An identity column hands out ids at insert, not at commit, so two writers'
 events can commit out of id order, and a cursor read between the two commits would step over
@@ -12,8 +16,10 @@ the later-committed lower id for good. Every transaction that inserts events the
 a shared transaction-scoped advisory lock (the group writer takes it per batch, see
 :func:`events_hook`; a finish with outlets takes it too), and every reader that moves a cursor
 takes it exclusively first: once it has it, every event with a lower id has committed or
-rolled back. The exclusive holds are short (one batch of run creations). Lock order, always:
-task rows, then the events lock (declaring tasks and creating runs both keep it).
+rolled back. A worker's step holds it only while it reads the newest id (its *horizon*, in a
+transaction of its own), then creates runs from the events up to that id, so event commits
+wait for one read, not for the creation. Lock order, always: task rows, then the events lock
+(declaring tasks and ``acreate_runs`` keep it to their commit).
 
 **Wake-ups.** The same hook sends one ``NOTIFY`` per committed batch (never one per event);
 :meth:`PostgresConsumers.await_events` listens on a connection of its own and falls back to
@@ -23,36 +29,29 @@ polling when that connection is lost.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._tasks import (
-    OutletEvent,
-    RunError,
+    RunOutcome,
+    RunStep,
     TaskInfo,
     TaskRun,
     TaskSpec,
-    after_failure,
-    errors_from_json,
-    errors_to_json,
-    ids_from_json,
-    ids_to_json,
-    lapsed_error,
-    lost_reason,
-    plan_run,
+    plan_runs,
 )
-from .._taskstore import TaskStoreBackend
-from .._types import AssetEvent, Writer
+from .._types import Writer
 from ..errors import (
-    AssetNotFoundError,
-    RunLeaseLostError,
     RunNotFoundError,
     RunStateError,
+    StoreClosedError,
     TaskNotFoundError,
 )
-from .consumers import EVENT_COLS, event_row, events_hook
-from .sql import rowcount, writer_fields
+from .consumers import LOCK_KEY
+from .runs import RUN_COLS, PostgresRuns, run_from_row
+from .sql import is_connection_error, map_error, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -63,24 +62,8 @@ __all__ = ["PostgresTasks"]
 
 T = TypeVar("T")
 
-_RUN_COLS = (
-    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
-    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids"
-)
 
-
-def _run(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
-    return TaskRun(
-        id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
-        event_count=row[5], created_at=row[6], updated_at=row[7], started_at=row[8],
-        finished_at=row[9], not_before=row[10], lease_owner=row[11], lease_token=row[12],
-        lease_expires_at=row[13], errors=errors_from_json(row[14]),
-        outlet_event_ids=ids_from_json(row[15]), events=tuple(events),
-    )  # fmt: skip
-
-
-class PostgresTasks(TaskStoreBackend):
+class PostgresTasks(PostgresRuns):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
 
     schema: str | None
@@ -92,32 +75,13 @@ class PostgresTasks(TaskStoreBackend):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        def _pool_or_closed(self) -> asyncpg.Pool: ...
 
     if TYPE_CHECKING:
 
         @property
         def _prefix(self) -> str: ...
         async def _lock_events(self, conn: Any) -> None: ...
-
-    async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
-        if not run_ids:
-            return []
-        p = self._prefix
-        ids = list(run_ids)
-        rows = await conn.fetch(
-            f"SELECT {_RUN_COLS} FROM {p}task_runs WHERE id = ANY($1::int8[]) ORDER BY id", ids
-        )
-        events: dict[int, list[AssetEvent]] = {}
-        for r in await conn.fetch(
-            f"SELECT e.run_id, {EVENT_COLS} FROM {p}task_run_events e "
-            f"JOIN {p}asset_events ev ON ev.id = e.event_id WHERE e.run_id = ANY($1::int8[]) "
-            "ORDER BY e.event_id",
-            ids,
-        ):
-            events.setdefault(r[0], []).append(event_row(tuple(r)[1:]))
-        return [_run(row, events.get(row[0], ())) for row in rows]
-
-    # -- tasks -------------------------------------------------------------------------------
 
     async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         p, now = self._prefix, self.clock()
@@ -217,6 +181,8 @@ class PostgresTasks(TaskStoreBackend):
 
         await self._transact("rewinding a task", rewind)
 
+    # -- runs --------------------------------------------------------------------------------
+
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
 
         async def create(conn: Any) -> list[TaskRun]:
@@ -226,202 +192,155 @@ class PostgresTasks(TaskStoreBackend):
             if paused:
                 return []
             await self._lock_events(conn)
-            created: list[TaskRun] = []
-            while len(created) < max_runs:
-                run = await self._create_one(conn, spec)
-                if run is None:
-                    break
-                created.append(run)
-            return created
+            return await self._runs_with_events(conn, await self._create(conn, spec, max_runs))
 
         return await self._transact("creating runs", create)
 
-    async def _create_one(self, conn: Any, spec: TaskSpec) -> TaskRun | None:
-        """One run from the pending events (the caller holds the task row and the lock)."""
-        p, name = self._prefix, spec.name
-        now = self.clock()
-        cursors = dict(
-            await conn.fetch(f"SELECT asset, cursor FROM {p}task_cursors WHERE task = $1", name)
+    async def _anything_pending(self, tasks: builtins.list[str] | None) -> bool:
+        """Whether a task (of ``tasks``) that is not paused has a committed event after one of
+        its cursors: a read, so a step with nothing to create takes no lock. (An event still
+        committing is not seen; its commit's notification wakes the workers.)"""
+        p = self._prefix
+        rows = await self._fetch(
+            "reading pending events",
+            f"SELECT EXISTS (SELECT 1 FROM {p}task_cursors c JOIN {p}tasks t "
+            "ON t.name = c.task WHERE NOT t.paused AND ($1::text[] IS NULL OR "
+            f"t.name = ANY($1::text[])) AND EXISTS (SELECT 1 FROM {p}asset_events e "
+            "WHERE e.asset_name = c.asset AND e.id > c.cursor))",
+            tasks,
         )
+        return bool(rows[0][0])
+
+    async def _horizon(self) -> int:
+        """An event id at or below which every event has committed (or rolled back): the
+        newest id read under the events lock. The lock, the read and the commit go as one
+        script (one round trip), so the lock is held on the server only: event commits wait
+        for one read, never for this process. The id comes back on the same connection, in a
+        custom setting rewritten before each read (the one session value this backend leaves
+        on a pooled connection; nothing else reads it)."""
+        key = LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
+        script = (
+            f"BEGIN; SELECT pg_advisory_xact_lock({key}); SELECT set_config("
+            f"'watchkeeper.events_horizon', (SELECT coalesce(max(id), 0) FROM "
+            f"{self._prefix}asset_events)::text, false); COMMIT"
+        )
+        for attempt in (1, 2):
+            pool = self._pool_or_closed()
+            try:
+                async with pool.acquire() as conn:
+                    await conn.execute(script)
+                    value = await conn.fetchval(
+                        "SELECT current_setting('watchkeeper.events_horizon')::int8"
+                    )
+                    return int(value)
+            except Exception as exc:
+                if not self._open:
+                    raise StoreClosedError(self) from exc
+                if attempt == 1 and is_connection_error(exc):
+                    continue
+                raise map_error(exc, "reading the events horizon") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _create(
+        self, conn: Any, spec: TaskSpec, max_runs: int, horizon: int | None = None
+    ) -> list[int]:
+        """Up to ``max_runs`` runs from the pending events (at most ``horizon``), in one
+        statement each for runs, their events and the cursors; the caller holds the task row."""
+        p, name = self._prefix, spec.name
+        rows = await conn.fetch(
+            f"SELECT c.asset, ev.id FROM {p}task_cursors c CROSS JOIN LATERAL (SELECT e.id "
+            f"FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor "
+            "AND ($3::int8 IS NULL OR e.id <= $3) ORDER BY e.id LIMIT $2) ev "
+            "WHERE c.task = $1 ORDER BY ev.id",
+            name, max_runs * spec.max_events, horizon,
+        )  # fmt: skip
         pending: dict[str, list[tuple[int, str]]] = {}
-        for asset in spec.assets:
-            rows = await conn.fetch(
-                f"SELECT id FROM {p}asset_events WHERE asset_name = $1 AND id > $2 "
-                "ORDER BY id LIMIT $3",
-                asset,
-                cursors.get(asset, 0),
-                spec.max_events,
+        for asset, event_id in rows:
+            pending.setdefault(asset, []).append((event_id, asset))
+        plans = plan_runs(spec, pending, max_runs)
+        if not plans:
+            return []
+        run_ids = [
+            r[0]
+            for r in await conn.fetch(
+                f"INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
+                "created_at, updated_at) SELECT $1, 'queued', 0, $2, n, $3, $3 "
+                "FROM unnest($4::int4[]) WITH ORDINALITY AS i(n, ord) ORDER BY ord RETURNING id",
+                name,
+                spec.max_tries,
+                self.clock(),
+                [len(taken) for taken, _ in plans],
             )
-            pending[asset] = [(r[0], asset) for r in rows]
-        plan = plan_run(spec, pending)
-        if plan is None:
-            return None
-        taken, moved = plan
-        run_id = await conn.fetchval(
-            f"INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
-            "created_at, updated_at) VALUES ($1, 'queued', 0, $2, $3, $4, $4) RETURNING id",
-            name, spec.max_tries, len(taken), now,
-        )  # fmt: skip
+        ]
+        run_ids.sort()  # identity values in insert order
+        owned = [(r, e, a) for r, (taken, _) in zip(run_ids, plans, strict=True) for e, a in taken]
+        moved: dict[str, int] = {}
+        for _, cursors in plans:
+            moved.update(cursors)
         await conn.execute(
-            f"INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
-            "SELECT $1, i.event_id, $2, i.asset FROM unnest($3::int8[], $4::text[]) "
-            "AS i(event_id, asset)",
-            run_id, name, [e for e, _ in taken], [a for _, a in taken],
+            f"WITH ins AS (INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
+            "SELECT i.run_id, i.event_id, $1, i.asset FROM unnest($2::int8[], $3::int8[], "
+            f"$4::text[]) AS i(run_id, event_id, asset)) UPDATE {p}task_cursors c "
+            "SET cursor = m.cursor, updated_at = $5, writer_kind = NULL, writer_name = NULL "
+            "FROM unnest($6::text[], $7::int8[]) AS m(asset, cursor) "
+            "WHERE c.task = $1 AND c.asset = m.asset",
+            name, [o[0] for o in owned], [o[1] for o in owned], [o[2] for o in owned],
+            self.clock(), list(moved), list(moved.values()),
         )  # fmt: skip
-        await conn.execute(
-            f"UPDATE {p}task_cursors c SET cursor = i.cursor, updated_at = $2, "
-            "writer_kind = NULL, writer_name = NULL FROM unnest($3::text[], $4::int8[]) "
-            "AS i(asset, cursor) WHERE c.task = $1 AND c.asset = i.asset",
-            name, now, list(moved), list(moved.values()),
-        )  # fmt: skip
-        return (await self._runs_with_events(conn, [run_id]))[0]
+        return run_ids
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def _aclaim_runs(
-        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
-    ) -> builtins.list[TaskRun]:
-        only = tasks
-        p = self._prefix
-        ready = (
-            f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
-            "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
-        )
-
-        async def claim(conn: Any) -> list[TaskRun]:
-            now = self.clock()
-            lapsed = await conn.fetch(
-                f"SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors {ready} "
-                "AND r.state = 'running' AND r.lease_expires_at <= $1 "
-                "FOR UPDATE OF r SKIP LOCKED",
-                now,
-                only,
-            )
-            for run_id, try_number, max_tries, lease_owner, errors in lapsed:
-                entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
-                state = "queued" if try_number < max_tries else "failed"
-                await conn.execute(
-                    f"UPDATE {p}task_runs SET state = $2::text, errors = $3, updated_at = $4::timestamptz, "
-                    "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, "
-                    "finished_at = CASE WHEN $2::text = 'failed' THEN $4::timestamptz END WHERE id = $1",
-                    run_id, state, errors_to_json(entries), now,
-                )  # fmt: skip
-            rows = await conn.fetch(
-                f"WITH c AS (SELECT r.id {ready} AND r.state = 'queued' "
-                "AND (r.not_before IS NULL OR r.not_before <= $1) ORDER BY r.id LIMIT $3 "
-                f"FOR UPDATE OF r SKIP LOCKED) UPDATE {p}task_runs u SET state = 'running', "
-                "try_number = u.try_number + 1, lease_owner = $4, "
-                "lease_token = u.lease_token + 1, lease_expires_at = $5, started_at = $1, "
-                "updated_at = $1, not_before = NULL FROM c WHERE u.id = c.id RETURNING u.id",
-                now, only, limit, owner, now + span,
-            )  # fmt: skip
-            return await self._runs_with_events(conn, sorted(r[0] for r in rows))
-
-        return await self._transact("claiming runs", claim)
-
-    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
-        held, p = runs, self._prefix
-
-        async def renew(conn: Any) -> set[int]:
-            now = self.clock()
-            rows = await conn.fetch(
-                f"UPDATE {p}task_runs r SET lease_expires_at = $4 FROM unnest($2::int8[], "
-                "$3::int8[]) AS i(id, token) WHERE r.id = i.id AND r.lease_token = i.token "
-                "AND r.lease_owner = $1 AND r.state = 'running' AND r.lease_expires_at > $5 "
-                "RETURNING r.id",
-                owner, list(held), list(held.values()), now + span, now,
-            )  # fmt: skip
-            return {r[0] for r in rows}
-
-        return await self._transact("renewing run leases", renew)
-
-    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
-        names = owners
-
-        async def brk(conn: Any) -> int:
-            return rowcount(
-                await conn.execute(
-                    f"UPDATE {self._prefix}task_runs SET lease_expires_at = $2 "
-                    "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
-                    names,
-                    self.clock(),
-                )
-            )
-
-        return await self._transact("breaking run leases", brk)
-
-    async def _afinish_run(
+    async def _astep_runs(
         self,
-        run_id: int,
         owner: str,
-        token: int,
-        success: bool,
-        outlets: builtins.list[OutletEvent],
-        error: str | None,
-        traceback: str | None,
-        retry_delay: timedelta,
-    ) -> TaskRun:
-        emitted, p = outlets, self._prefix
-        hook = events_hook(self.schema)
+        finish: RunOutcome | None,
+        claim: int,
+        span: timedelta,
+        tasks: builtins.list[str] | None,
+        create: int,
+    ) -> RunStep:
+        finished: TaskRun | None = None
+        if finish is not None and (not finish.success or finish.outlets):
+            # A failure (its retry) or outlet events: the finish, then the claim.
+            async def step(conn: Any) -> tuple[TaskRun, list[TaskRun]]:
+                done = await self._finish(conn, owner, finish)
+                return done, (await self._claim(conn.fetch, owner, claim, span, tasks))[1]
 
-        async def finish(conn: Any) -> TaskRun:
-            row = await conn.fetchrow(
-                "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, "
-                f"max_tries, errors, task FROM {p}task_runs WHERE id = $1 FOR UPDATE",
-                run_id,
-            )
-            if row is None:
-                raise RunNotFoundError(run_id)
-            now = self.clock()
-            state, lease_owner, lease_token, expires, try_number, max_tries, errors, task = row
-            reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
-            if reason is not None:
-                raise RunLeaseLostError(run_id, owner, token, reason)
-            if success:
-                outlet_ids: list[int] = []
-                if emitted:
-                    await hook(conn)
-                    found = dict(
-                        await conn.fetch(
-                            f"SELECT name, id FROM {p}assets WHERE active "
-                            "AND name = ANY($1::text[])",
-                            [o.asset for o in emitted],
-                        )
-                    )
-                    for outlet in emitted:
-                        if outlet.asset not in found:
-                            raise AssetNotFoundError(outlet.asset)
-                    rows = await conn.fetch(
-                        f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, "
-                        "created_at) SELECT i.asset_id, i.asset_name, $1, i.payload, $2 "
-                        "FROM unnest($3::int8[], $4::text[], $5::text[]) WITH ORDINALITY "
-                        "AS i(asset_id, asset_name, payload, ord) ORDER BY i.ord RETURNING id",
-                        f"task:{task}", now, [found[o.asset] for o in emitted],
-                        [o.asset for o in emitted], [o.payload_json for o in emitted],
-                    )  # fmt: skip
-                    outlet_ids = sorted(r[0] for r in rows)
-                await conn.execute(
-                    f"UPDATE {p}task_runs SET state = 'success', finished_at = $2, "
-                    "updated_at = $2, lease_owner = NULL, lease_expires_at = NULL, "
-                    "outlet_event_ids = $3 WHERE id = $1",
-                    run_id,
-                    now,
-                    ids_to_json(outlet_ids),
+            finished, claimed = await self._transact("finishing and claiming runs", step)
+        else:  # a plain success and the claim: one statement
+            finished, claimed = await self._claim(
+                functools.partial(self._fetch, "finishing and claiming runs"),
+                owner, claim, span, tasks, finish,
+            )  # fmt: skip
+            if finish is not None and finished is None:
+                await self._transact(
+                    "finishing a run", lambda conn: self._refuse(conn, owner, finish)
                 )
-            else:
-                new_state, not_before = after_failure(try_number, max_tries, now, retry_delay)
-                entry = RunError(try_number, error or "failed", traceback, now)
-                await conn.execute(
-                    f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
-                    "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "
-                    "finished_at = $6 WHERE id = $1",
-                    run_id, new_state, not_before, now,
-                    errors_to_json((*errors_from_json(errors), entry)),
-                    now if new_state == "failed" else None,
-                )  # fmt: skip
-            return (await self._runs_with_events(conn, [run_id]))[0]
+        if not create or len(claimed) >= claim:
+            return RunStep(finished, tuple(claimed))
+        # Too few ready: create runs (each task's by one worker at a time, in name order) and
+        # claim from them, in one transaction. A worker that waited for another's creation
+        # claims the runs it left queued.
+        if not await self._anything_pending(tasks):
+            return RunStep(finished, tuple(claimed))
+        horizon = await self._horizon()
+        wanted = claim - len(claimed)
 
-        return await self._transact("finishing a run", finish)
+        async def create_and_claim(conn: Any) -> list[TaskRun]:
+            locked = await conn.fetch(
+                "SELECT name, assets, mode, max_events, max_tries FROM "
+                f"{self._prefix}tasks WHERE NOT paused AND ($1::text[] IS NULL OR "
+                "name = ANY($1::text[])) ORDER BY name FOR UPDATE",
+                tasks,
+            )
+            for row in locked:
+                spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
+                await self._create(conn, spec, create, horizon)
+            return (await self._claim(conn.fetch, owner, wanted, span, tasks))[1]
+
+        more = await self._transact("creating and claiming runs", create_and_claim)
+        return RunStep(finished, (*claimed, *more))
 
     async def _aget_run(self, run_id: int) -> TaskRun:
 
@@ -438,13 +357,13 @@ class PostgresTasks(TaskStoreBackend):
     ) -> builtins.list[TaskRun]:
         rows = await self._fetch(
             "listing runs",
-            f"SELECT {_RUN_COLS} FROM {self._prefix}task_runs WHERE ($1::text IS NULL OR task = $1) "
+            f"SELECT {RUN_COLS} FROM {self._prefix}task_runs WHERE ($1::text IS NULL OR task = $1) "
             "AND ($2::text IS NULL OR state = $2) ORDER BY id DESC LIMIT $3",
             task,
             state,
             limit,
         )
-        return [_run(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         p = self._prefix

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from .._leases import check_fence
@@ -134,26 +135,25 @@ def _writer(kind: Any, name: Any, try_number: Any) -> Writer | None:
     return None if kind is None else Writer(kind, name, try_number)
 
 
+def _entry(row: Row, expires_at: datetime | None = None, never_expire: bool = False) -> RawEntry:
+    """A row of ``key, value, version, updated_at, writer_kind, writer_name, writer_try``."""
+    return RawEntry(
+        key=row[0],
+        value_json=row[1],
+        version=row[2],
+        updated_at=from_db(row[3]),
+        writer=_writer(row[4], row[5], row[6]),
+        expires_at=expires_at,
+        never_expire=never_expire,
+    )
+
+
 def _task_entry(row: Row) -> RawEntry:
-    return RawEntry(
-        key=row[0],
-        value_json=row[1],
-        version=row[2],
-        updated_at=from_db(row[3]),
-        writer=_writer(row[4], row[5], row[6]),
-        expires_at=None if row[7] is None else from_db(row[7]),
-        never_expire=bool(row[8]),
-    )
+    """A task row: the asset row's columns, then ``expires_at, never_expire``."""
+    return _entry(row, None if row[7] is None else from_db(row[7]), bool(row[8]))
 
 
-def _asset_entry(row: Row) -> RawEntry:
-    return RawEntry(
-        key=row[0],
-        value_json=row[1],
-        version=row[2],
-        updated_at=from_db(row[3]),
-        writer=_writer(row[4], row[5], row[6]),
-    )
+_asset_entry = _entry
 
 
 def _task_params(scope: TaskScope) -> tuple[str, str, str, int]:

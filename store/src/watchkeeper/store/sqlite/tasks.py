@@ -19,8 +19,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._tasks import (
-    OutletEvent,
     RunError,
+    RunOutcome,
+    RunStep,
     TaskInfo,
     TaskRun,
     TaskSpec,
@@ -31,7 +32,7 @@ from .._tasks import (
     ids_to_json,
     lapsed_error,
     lost_reason,
-    plan_run,
+    plan_runs,
 )
 from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, AssetScope, Writer
@@ -150,49 +151,67 @@ def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | No
     )
 
 
-def _create_run(tx: Tx, name: str) -> TaskRun | None:
+def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
     conn = tx.conn
     spec, paused = _task_spec(tx, name)
     if paused:
-        return None
+        return []
     cursors = dict(conn.execute("SELECT asset, cursor FROM task_cursors WHERE task = ?", (name,)))
     pending: dict[str, list[tuple[int, str]]] = {}
     for asset in spec.assets:
         rows = conn.execute(
             "SELECT id FROM asset_events WHERE asset_name = ? AND id > ? ORDER BY id LIMIT ?",
-            (asset, cursors.get(asset, 0), spec.max_events),
+            (asset, cursors.get(asset, 0), max_runs * spec.max_events),
         ).fetchall()
         pending[asset] = [(r[0], asset) for r in rows]
-    plan = plan_run(spec, pending)
-    if plan is None:
-        return None
-    taken, moved = plan
+    plans = plan_runs(spec, pending, max_runs)
+    if not plans:
+        return []
     _, stamp = tx.now()
-    (run_id,) = conn.execute(
-        "INSERT INTO task_runs (task, state, try_number, max_tries, event_count, created_at, "
-        "updated_at) VALUES (?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
-        (name, spec.max_tries, len(taken), stamp, stamp),
-    ).fetchone()
+    run_ids: list[int] = []
+    for taken, _ in plans:
+        (run_id,) = conn.execute(
+            "INSERT INTO task_runs (task, state, try_number, max_tries, event_count, "
+            "created_at, updated_at) VALUES (?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
+            (name, spec.max_tries, len(taken), stamp, stamp),
+        ).fetchone()
+        run_ids.append(run_id)
     conn.executemany(
         "INSERT INTO task_run_events (run_id, event_id, task, asset) VALUES (?, ?, ?, ?)",
-        [(run_id, event_id, name, asset) for event_id, asset in taken],
+        [
+            (run_id, event_id, name, asset)
+            for run_id, (taken, _) in zip(run_ids, plans, strict=True)
+            for event_id, asset in taken
+        ],
     )
+    moved: dict[str, int] = {}
+    for _, cursors_after in plans:
+        moved.update(cursors_after)
     conn.executemany(
         "UPDATE task_cursors SET cursor = ?, updated_at = ?, writer_kind = NULL, "
         "writer_name = NULL WHERE task = ? AND asset = ?",
         [(cursor, stamp, name, asset) for asset, cursor in moved.items()],
     )
-    return _runs_with_events(conn, [run_id])[0]
+    return _runs_with_events(conn, run_ids)
 
 
-def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
-    created: list[TaskRun] = []
-    while len(created) < max_runs:
-        run = _create_run(tx, name)
-        if run is None:
-            break
-        created.append(run)
-    return created
+def _step(
+    tx: Tx, owner: str, finish: RunOutcome | None, claim: int, span: timedelta,
+    tasks: Sequence[str] | None, create: int,
+) -> RunStep:  # fmt: skip
+    finished = None if finish is None else _finish(tx, owner, finish)
+    claimed = _claim(tx, owner, claim, span, tasks) if claim else []
+    if create and len(claimed) < claim:
+        names = tasks
+        if names is None:
+            names = [r[0] for r in tx.conn.execute("SELECT name FROM tasks WHERE paused = 0")]
+        for name in names:
+            try:
+                _create_runs(tx, name, create)
+            except TaskNotFoundError:
+                continue
+        claimed += _claim(tx, owner, claim - len(claimed), span, tasks)
+    return RunStep(finished, tuple(claimed))
 
 
 def _claim(
@@ -221,22 +240,31 @@ def _claim(
             "lease_expires_at = NULL WHERE id = ?",
             (state, errors_to_json(entries), stamp, state, stamp, run_id),
         )
-    ids = [
-        r[0]
-        for r in conn.execute(
-            "SELECT r.id FROM task_runs r JOIN tasks t ON t.name = r.task WHERE t.paused = 0 "
-            "AND r.state = 'queued' AND (r.not_before IS NULL OR r.not_before <= ?)"
-            f"{only} ORDER BY r.id LIMIT ?",
-            (stamp, *params, limit),
-        )
-    ]
-    conn.executemany(
+    rows = conn.execute(
         "UPDATE task_runs SET state = 'running', try_number = try_number + 1, lease_owner = ?, "
         "lease_token = lease_token + 1, lease_expires_at = ?, started_at = ?, updated_at = ?, "
-        "not_before = NULL WHERE id = ?",
-        [(owner, to_db(now + span), stamp, stamp, run_id) for run_id in ids],
-    )
-    return _runs_with_events(conn, ids)
+        "not_before = NULL WHERE id IN (SELECT r.id FROM task_runs r JOIN tasks t "
+        "ON t.name = r.task WHERE t.paused = 0 AND r.state = 'queued' AND (r.not_before IS NULL "
+        f"OR r.not_before <= ?){only} ORDER BY r.id LIMIT ?) RETURNING {_RUN_COLS}",
+        (owner, to_db(now + span), stamp, stamp, stamp, *params, limit),
+    ).fetchall()
+    return _with_events(conn, sorted(rows))
+
+
+def _with_events(conn: Any, rows: Sequence[Row]) -> list[TaskRun]:
+    """Runs from their rows, with their events (one query)."""
+    if not rows:
+        return []
+    ids = [row[0] for row in rows]
+    events: dict[int, list[AssetEvent]] = {}
+    for r in conn.execute(
+        f"SELECT e.run_id, {EVENT_COLS} FROM task_run_events e "
+        f"JOIN asset_events ev ON ev.id = e.event_id WHERE e.run_id IN "
+        f"({', '.join('?' * len(ids))}) ORDER BY e.event_id",
+        ids,
+    ):
+        events.setdefault(r[0], []).extend(meta.events_result([r[1:]]))
+    return [_run(row, events.get(row[0], ())) for row in rows]
 
 
 def _lease_row(tx: Tx, run_id: int) -> Row:
@@ -278,21 +306,29 @@ def _break(tx: Tx, owners: Sequence[str]) -> int:
     return cur.rowcount
 
 
-def _finish(
-    tx: Tx, run_id: int, owner: str, token: int, success: bool, outlets: Sequence[OutletEvent],
-    error: str | None, traceback: str | None, retry_delay: timedelta,
-) -> TaskRun:  # fmt: skip
+def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
     conn = tx.conn
     now, stamp = tx.now()
+    run_id, token = outcome.run_id, outcome.token
+    if outcome.success and not outcome.outlets:  # the common case: one fenced statement
+        row = conn.execute(
+            "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
+            "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND state = 'running' "
+            "AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? "
+            f"RETURNING {_RUN_COLS}",
+            (stamp, stamp, run_id, owner, token, stamp),
+        ).fetchone()
+        if row is not None:
+            return _run(row)
     state, lease_owner, lease_token, expires, try_number, max_tries, errors, task = _lease_row(
         tx, run_id
     )
     reason = lost_reason(state, lease_owner, lease_token, _opt(expires), owner, token, now)
     if reason is not None:
         raise RunLeaseLostError(run_id, owner, token, reason)
-    if success:
+    if outcome.success:
         outlet_ids: list[int] = []
-        for outlet in outlets:
+        for outlet in outcome.outlets:
             asset_id, asset_name = tx.resolve(AssetScope(name=outlet.asset))
             (event_id,) = conn.execute(
                 "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, "
@@ -306,10 +342,10 @@ def _finish(
             (stamp, stamp, ids_to_json(outlet_ids), run_id),
         )
     else:
-        new_state, not_before = after_failure(try_number, max_tries, now, retry_delay)
+        new_state, not_before = after_failure(try_number, max_tries, now, outcome.retry_delay)
         entries = (
             *errors_from_json(errors),
-            RunError(try_number, error or "failed", traceback, now),
+            RunError(try_number, outcome.error or "failed", outcome.traceback, now),
         )
         conn.execute(
             "UPDATE task_runs SET state = ?, not_before = ?, updated_at = ?, errors = ?, "
@@ -317,7 +353,8 @@ def _finish(
             (new_state, None if not_before is None else to_db(not_before), stamp,
              errors_to_json(entries), stamp if new_state == "failed" else None, run_id),
         )  # fmt: skip
-    return _runs_with_events(conn, [run_id])[0]
+    row = conn.execute(f"SELECT {_RUN_COLS} FROM task_runs WHERE id = ?", (run_id,)).fetchone()
+    return _run(row)
 
 
 def _retry(tx: Tx, run_id: int) -> TaskRun:
@@ -386,33 +423,38 @@ class SqliteTasks(TaskStoreBackend):
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def _aclaim_runs(
-        self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None
-    ) -> builtins.list[TaskRun]:
-        return await self._write(lambda tx: _claim(tx, owner, limit, span, tasks))
+    async def _astep_runs(
+        self,
+        owner: str,
+        finish: RunOutcome | None,
+        claim: int,
+        span: timedelta,
+        tasks: builtins.list[str] | None,
+        create: int,
+    ) -> RunStep:
+        if finish is None and not await self._anything_to_claim(create > 0):
+            return RunStep(None, ())  # no write: another process's commits need not wait
+        return await self._write(lambda tx: _step(tx, owner, finish, claim, span, tasks, create))
+
+    async def _anything_to_claim(self, create: bool) -> bool:
+        """Whether a claim could find something (a read, without the write lock): a ready
+        run, a lapsed lease, or (``create``) a task with events after its cursor."""
+        stamp = to_db(self.clock())
+        rows = await self._read(
+            "SELECT EXISTS (SELECT 1 FROM task_runs WHERE state = 'queued' "
+            "AND (not_before IS NULL OR not_before <= ?)) OR EXISTS (SELECT 1 FROM task_runs "
+            "WHERE state = 'running' AND lease_expires_at <= ?) OR (? AND EXISTS (SELECT 1 "
+            "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
+            "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))",
+            (stamp, stamp, int(create)),
+        )
+        return bool(rows[0][0])
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
         return await self._write(lambda tx: _heartbeat(tx, owner, runs, span))
 
     async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
         return await self._write(lambda tx: _break(tx, owners))
-
-    async def _afinish_run(
-        self,
-        run_id: int,
-        owner: str,
-        token: int,
-        success: bool,
-        outlets: builtins.list[OutletEvent],
-        error: str | None,
-        traceback: str | None,
-        retry_delay: timedelta,
-    ) -> TaskRun:
-        return await self._write(
-            lambda tx: _finish(
-                tx, run_id, owner, token, success, outlets, error, traceback, retry_delay
-            )
-        )
 
     async def _aget_run(self, run_id: int) -> TaskRun:
         rows = await self._read(f"SELECT {_RUN_COLS} FROM task_runs WHERE id = ?", (run_id,))

@@ -11,14 +11,13 @@ import argparse
 import functools
 import signal
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from rich.table import Table
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.backend import ApiToken, get_logger, require_operator_controls
 
-from .._watcher_controls import controls_of
 from ..settings import Settings
 from ._common import (
     CommandError,
@@ -26,6 +25,7 @@ from ._common import (
     console,
     emit,
     emit_json,
+    emit_listing,
     int_at_least,
     json_flag,
     open_backend,
@@ -34,8 +34,6 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from watchkeeper.store.backend import OperatorControls
-
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -75,17 +73,10 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 # -- watchkeeper tokens ---------------------------------------------------------------------------
 
 
-def _store(backend: BaseStateBackend) -> OperatorControls:
-    store = controls_of(backend)
-    if store is None:
-        raise CommandError(f"{type(backend).__name__} does not keep API tokens")
-    return store
-
-
 async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from ..api import make_token
 
-    store = _store(backend)
+    store = require_operator_controls(backend)
     expires = None if args.expires_in is None else timedelta(days=args.expires_in)
     try:
         text, row = make_token(args.name, args.scope, now=datetime.now(UTC), expires_in=expires)
@@ -101,7 +92,7 @@ async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    rows = await _store(backend).alist_tokens()
+    rows = await require_operator_controls(backend).alist_tokens()
     now = datetime.now(UTC)
 
     def state(expires: datetime | None, revoked: datetime | None) -> str:
@@ -111,21 +102,17 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
             return "expired"
         return "active"
 
-    if args.json:
-        for row in rows:
-            emit_json(
-                {
-                    "name": row.name,
-                    "scopes": list(row.scopes),
-                    "created_at": row.created_at,
-                    "expires_at": row.expires_at,
-                    "revoked_at": row.revoked_at,
-                    "state": state(row.expires_at, row.revoked_at),
-                }
-            )
-        return 0
-    if not rows:
-        emit("no tokens")
+    def record(row: ApiToken) -> dict[str, Any]:
+        return {
+            "name": row.name,
+            "scopes": list(row.scopes),
+            "created_at": row.created_at,
+            "expires_at": row.expires_at,
+            "revoked_at": row.revoked_at,
+            "state": state(row.expires_at, row.revoked_at),
+        }
+
+    if emit_listing(rows, args.json, record, "no tokens"):
         return 0
     table = Table("name", "scopes", "state", "created", "expires")
     for row in rows:
@@ -141,7 +128,7 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 async def _revoke(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    if not await _store(backend).arevoke_token(args.name):
+    if not await require_operator_controls(backend).arevoke_token(args.name):
         raise CommandError(f"no active token named {args.name!r}")
     emit(f"token {args.name!r} revoked")
     return 0

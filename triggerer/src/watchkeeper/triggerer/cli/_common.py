@@ -17,7 +17,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar
@@ -45,6 +45,7 @@ __all__ = [
     "describe_validation_error",
     "emit",
     "emit_json",
+    "emit_listing",
     "error_line",
     "int_at_least",
     "int_between",
@@ -174,6 +175,22 @@ def emit(line: str = "") -> None:
 def emit_json(value: object, *, default: Callable[[object], Any] = json_default) -> None:
     """Write ``value`` as one compact JSON line."""
     emit(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=default))
+
+
+def emit_listing(
+    items: Sequence[T], as_json: bool, record: Callable[[T], object], empty: str
+) -> bool:
+    """How every listing command starts: with ``--json``, one :func:`record` a line; without,
+    the line ``empty`` when there is nothing to list. True when that said it all (the command
+    returns 0), False when the caller prints its table."""
+    if as_json:
+        for item in items:
+            emit_json(record(item))
+        return True
+    if not items:
+        emit(empty)
+        return True
+    return False
 
 
 def compact_json(value: object) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from rich.table import Table
-from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, BaseStateBackend
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo, BaseStateBackend
 from watchkeeper.store.backend import (
     check_name,
     redact_secrets,
@@ -32,6 +32,7 @@ from ._common import (
     console,
     emit,
     emit_json,
+    emit_listing,
     int_between,
     json_flag,
     printable,
@@ -65,22 +66,20 @@ async def _db_migrate(backend: BaseStateBackend, args: argparse.Namespace, _: Se
 # -- assets -------------------------------------------------------------------------------------
 
 
+def _asset_record(info: AssetInfo) -> dict[str, Any]:
+    return {
+        "asset_id": info.asset_id,
+        "name": info.name,
+        "uri": info.uri,
+        "active": info.active,
+        "updated_at": info.updated_at.isoformat(),
+    }
+
+
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
-    if args.json:
-        for info in assets:
-            emit_json(
-                {
-                    "asset_id": info.asset_id,
-                    "name": info.name,
-                    "uri": info.uri,
-                    "active": info.active,
-                    "updated_at": info.updated_at.isoformat(),
-                }
-            )
-        return 0
-    if not assets:
-        emit("no assets registered" if args.all else "no active assets")
+    empty = "no assets registered" if args.all else "no active assets"
+    if emit_listing(assets, args.json, _asset_record, empty):
         return 0
     table = Table("name", "uri", "active", "updated_at", title="assets")
     for info in assets:
@@ -130,16 +129,7 @@ async def _assets_deactivate(
 
 
 def _event_record(event: AssetEvent) -> dict[str, Any]:
-    record: dict[str, Any] = redacted(
-        {
-            "id": event.id,
-            "asset": event.asset,
-            "watcher": event.watcher,
-            "payload": event.payload,
-            "dedup_key": event.dedup_key,
-            "created_at": event.created_at.isoformat(),
-        }
-    )
+    record: dict[str, Any] = redacted(event.to_record())
     return record
 
 
@@ -194,12 +184,7 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
     events = await require_event_log(backend).alist_events(
         asset=args.asset, since_id=args.since, limit=args.limit
     )
-    if args.json:
-        for event in events:
-            emit_json(_event_record(event))
-        return 0
-    if not events:
-        emit("no events")
+    if emit_listing(events, args.json, _event_record, "no events"):
         return 0
     table = Table("id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events")
     for event in events:

@@ -29,7 +29,7 @@ from .._asset_task import AssetTask
 from .._process import start_api
 from .._task_loader import load_tasks
 from .._watcher_files import unload_watchers
-from .._worker import Worker, run_worker
+from .._worker import Worker, configure_connections, run_worker
 from ..daemon import Daemon
 from ..settings import Settings
 from ._common import (
@@ -40,6 +40,7 @@ from ._common import (
     console,
     emit,
     emit_json,
+    emit_listing,
     int_at_least,
     json_flag,
     open_backend,
@@ -84,6 +85,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
             f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
         )
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper worker")
 
     async def main() -> None:
         async with backend:
@@ -108,6 +110,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     if settings.api.enabled:
         importlib.import_module("watchkeeper.triggerer.api")  # before any trigger runs
     backend = open_backend(settings)
+    configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
             worker = Worker(backend, tasks, settings.worker)
@@ -157,12 +160,8 @@ def _task_record(info: TaskInfo) -> dict[str, Any]:
 
 async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     infos = await _queue(backend).alist_tasks()
-    if args.json:
-        for info in infos:
-            emit_json(_task_record(info))
-        return 0
-    if not infos:
-        emit("no tasks registered (a worker registers its tasks when it starts)")
+    empty = "no tasks registered (a worker registers its tasks when it starts)"
+    if emit_listing(infos, args.json, _task_record, empty):
         return 0
     table = Table("task", "schedule", "pending", "paused", title="tasks")
     for info in infos:
@@ -229,12 +228,7 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
 
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     runs = await _queue(backend).alist_runs(task=args.task, state=args.state, limit=args.limit)
-    if args.json:
-        for run in runs:
-            emit_json(run_record(run))
-        return 0
-    if not runs:
-        emit("no runs")
+    if emit_listing(runs, args.json, run_record, "no runs"):
         return 0
     table = Table(
         "run", "task", "state", "try", "events", "created_at", "finished_at", title="runs"

@@ -15,22 +15,21 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 from watchkeeper.store import BaseStateBackend
+from watchkeeper.store.backend import require_operator_controls
 
-from .._watcher_controls import controls_of, watcher_rows
+from .._watcher_controls import watcher_rows
 from ..settings import Settings
 from ._common import (
     CommandError,
     cli_writer,
     console,
     emit,
-    emit_json,
+    emit_listing,
     json_flag,
     store_handler,
 )
 
 if TYPE_CHECKING:
-    from watchkeeper.store.backend import OperatorControls
-
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -49,12 +48,8 @@ def _age(seconds: float | None) -> str:
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     rows = await watcher_rows(backend)
     now = datetime.now(UTC)
-    if args.json:
-        for row in rows:
-            emit_json(row.to_json(now))
-        return 0
-    if not rows:
-        emit("no watchers: no daemon has reported one, and none is paused")
+    empty = "no watchers: no daemon has reported one, and none is paused"
+    if emit_listing(rows, args.json, lambda row: row.to_json(now), empty):
         return 0
     table = Table(
         "asset", "watcher", "state", "daemon", "last event", "events", "failures", "paused"
@@ -74,13 +69,6 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
     return 0
 
 
-def _store(backend: BaseStateBackend) -> OperatorControls:
-    store = controls_of(backend)
-    if store is None:
-        raise CommandError(f"{type(backend).__name__} does not keep watcher controls")
-    return store
-
-
 async def _known(backend: BaseStateBackend, name: str) -> bool:
     return any(row.watcher == name for row in await watcher_rows(backend))
 
@@ -92,26 +80,29 @@ def _warn_unknown(name: str) -> None:
     )
 
 
-async def _pause(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    store = _store(backend)
-    if not await _known(backend, args.name):
-        _warn_unknown(args.name)
-    await store.aset_watcher_paused(args.name, True, by=str(cli_writer()))
-    emit(f"watcher {args.name!r} paused (its daemon stops it within one heartbeat)")
+async def _set_paused(backend: BaseStateBackend, name: str, paused: bool, done: str) -> int:
+    store = require_operator_controls(backend)
+    if not await _known(backend, name):
+        _warn_unknown(name)
+    await store.aset_watcher_paused(name, paused, by=str(cli_writer()))
+    emit(f"watcher {name!r} {done}")
     return 0
+
+
+async def _pause(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    return await _set_paused(
+        backend, args.name, True, "paused (its daemon stops it within one heartbeat)"
+    )
 
 
 async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    store = _store(backend)
-    if not await _known(backend, args.name):
-        _warn_unknown(args.name)
-    await store.aset_watcher_paused(args.name, False, by=str(cli_writer()))
-    emit(f"watcher {args.name!r} resumed (a daemon starts it within one heartbeat)")
-    return 0
+    return await _set_paused(
+        backend, args.name, False, "resumed (a daemon starts it within one heartbeat)"
+    )
 
 
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    store = _store(backend)
+    store = require_operator_controls(backend)
     rows = {row.watcher: row for row in await watcher_rows(backend)}
     row = rows.get(args.name)
     if row is None:

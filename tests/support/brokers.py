@@ -1,4 +1,5 @@
-"""What the broker watcher tests share: the servers of this machine, unique names, a TCP proxy.
+"""What the broker tests (the watchers' and the chaos runs') share: the servers of this
+machine, unique names, a TCP proxy.
 
 Every test talks to the real server (Redis, NATS with JetStream, RabbitMQ, Mosquitto on
 127.0.0.1): :func:`require_server` skips the test with a reason when the server is down, and
@@ -16,14 +17,18 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
+import structlog
+from structlog.typing import EventDict
+from watchkeeper.store import Asset
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
+from watchkeeper.triggerer.testing import CrashPoint, HarnessRun, WatcherHarness
 
 REDIS_PORT = 6379
 NATS_PORT = 4222
@@ -41,6 +46,11 @@ def require_server(name: str, port: int) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true and {reason}")
     pytest.skip(reason)
+
+
+def numbers(payloads: list[Any]) -> list[int]:
+    """The ``n`` of each message body (``{"data": {"n": ...}}``), in order."""
+    return [int(p["data"]["n"]) for p in payloads]
 
 
 def unique(prefix: str) -> str:
@@ -220,3 +230,58 @@ async def publish_without_message_id(queue: str, bodies: list[bytes]) -> None:
             await receive(commands.Basic.Ack)
         await stream.send(frame.marshal(commands.Connection.Close(200, "bye", 0, 0), 0))
         await receive(commands.Connection.CloseOk)
+
+
+async def run_through_a_break(
+    harness: WatcherHarness,
+    watcher: BaseEventTrigger,
+    break_then_publish: Callable[[], Awaitable[None]],
+    *,
+    asset: Asset,
+    watcher_name: str,
+    after: int = 2,
+    events: int = 4,
+    timeout: float = 30,  # noqa: ASYNC109 - the bound of the whole run, passed to the harness
+) -> HarnessRun:
+    """Run ``watcher`` until ``events`` events; once its ``after``-th event committed, call
+    ``break_then_publish`` (cut its link to the broker, publish the rest) beside it."""
+    reached = anyio.Event()
+
+    async def interrupt() -> None:
+        await reached.wait()
+        await break_then_publish()
+
+    with anyio.fail_after(timeout):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(interrupt)
+            run = await harness.run(
+                Observed(watcher, {after: reached}),
+                assets=asset,
+                max_events=events,
+                timeout=timeout,
+                watcher_name=watcher_name,
+            )
+    return run
+
+
+async def crash_then_restart(
+    harness: WatcherHarness,
+    watcher: BaseEventTrigger,
+    point: CrashPoint,
+    *,
+    asset: Asset,
+    watcher_name: str,
+    messages: int = 5,
+    at: int = 3,
+) -> tuple[HarnessRun, list[EventDict]]:
+    """Crash ``watcher`` at ``point`` of its ``at``-th message, restart it until the
+    ``messages`` published are all events; the restarted run and the logs of the restart."""
+    crashed = await harness.crash(
+        watcher, assets=asset, at=point, event=at, watcher_name=watcher_name
+    )
+    rest = messages - len(crashed.all_events)
+    with structlog.testing.capture_logs() as logs:
+        after = await harness.restart(
+            watcher, assets=asset, max_events=rest, watcher_name=watcher_name
+        )
+    return after, logs

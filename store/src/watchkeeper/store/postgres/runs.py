@@ -1,0 +1,306 @@
+"""Run claims, finishes and leases for :class:`~watchkeeper.store.PostgresStateBackend`.
+
+A mixin of :class:`.tasks.PostgresTasks`. Every run lease follows the database clock
+(``now()``), the one clock all workers share, unless a clock is set on the backend (tests). A
+claim is one statement (the ready runs with ``FOR UPDATE ... SKIP LOCKED``, their lease, and
+their events); a successful finish is one fenced ``UPDATE`` (plus the outlet events, under the
+events lock, with their one ``NOTIFY``).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from .._backend import _utcnow as utcnow
+from .._tasks import (
+    LAPSED,
+    OutletEvent,
+    RunError,
+    RunOutcome,
+    TaskRun,
+    after_failure,
+    errors_from_json,
+    errors_to_json,
+    ids_from_json,
+    ids_to_json,
+    lost_reason,
+)
+from .._taskstore import TaskStoreBackend
+from .._types import AssetEvent
+from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
+from .consumers import EVENT_COLS, event_row, events_hook
+from .sql import rowcount
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["RUN_COLS", "PostgresRuns", "run_from_row", "step_sql"]
+
+T = TypeVar("T")
+
+RUN_COLS = (
+    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
+    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
+    "outlet_event_ids"
+)
+
+
+_WIDTH = len(RUN_COLS.split(","))
+# The lapsed try's error, as :data:`~._tasks.LAPSED` words it ($8: that text, in format()).
+LAPSED_SQL = LAPSED.replace("'{owner}'", "'%s'")
+
+
+def step_sql(p: str) -> str:
+    """A worker's step in one statement (autocommit: one round trip, one transaction).
+
+    $1 the clock (NULL: ``now()``), $2 the task names (NULL: all), $3 how many to claim, $4
+    the owner, $5 the lease ttl, $6/$7 the run and token a plain success finishes (NULL:
+    none), $8 the lapsed error's format. When claiming, a lapsed try (its worker stopped
+    renewing) is claimed again at once with its error recorded, or queued (past ``limit``),
+    or failed (no tries left). Rows: ``'d'`` and the finished run; ``'c'``, a claimed run
+    and one of its events (or NULLs). A refused finish changes nothing (every other part
+    waits for ``done``).
+    """
+    cols = ", ".join(f"u.{c.strip()}" for c in RUN_COLS.split(","))
+    ready = (
+        f"FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
+        "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
+    )
+    go = "($6::int8 IS NULL OR EXISTS (SELECT 1 FROM done))"
+    # A lapsed try's error appended to the run's errors (their JSON as errors_to_json has it).
+    entry = (
+        "(u.errors::jsonb || jsonb_build_array(jsonb_build_object('try', u.try_number, "
+        "'error', format($8::text, u.lease_owner), 'traceback', NULL, 'at', n.at)))::text"
+    )
+    return (
+        "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
+        f"done AS (UPDATE {p}task_runs u SET state = 'success', finished_at = n.at, "
+        "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL FROM n "
+        "WHERE u.id = $6::int8 AND u.state = 'running' AND u.lease_owner = $4 "
+        f"AND u.lease_token = $7::int8 AND u.lease_expires_at > n.at RETURNING {cols}), "
+        f"gone AS (SELECT r.id {ready} AND r.state = 'running' "
+        "AND r.lease_expires_at <= (SELECT at FROM n) FOR UPDATE OF r SKIP LOCKED), "
+        f"c AS (SELECT r.id {ready} AND ((r.state = 'queued' AND (r.not_before IS NULL "
+        "OR r.not_before <= (SELECT at FROM n))) OR (r.state = 'running' "
+        "AND r.lease_expires_at <= (SELECT at FROM n) AND r.try_number < r.max_tries)) "
+        "ORDER BY r.id LIMIT $3 FOR UPDATE OF r SKIP LOCKED), "
+        f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN u.try_number < u.max_tries "
+        f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
+        "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
+        "WHEN u.try_number < u.max_tries THEN NULL ELSE n.at END FROM gone, n "
+        "WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND $3 > 0 "
+        f"AND {go} RETURNING u.id), "
+        f"claimed AS (UPDATE {p}task_runs u SET state = 'running', "
+        "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
+        "lease_expires_at = n.at + $5::interval, started_at = n.at, updated_at = n.at, "
+        f"not_before = NULL, errors = CASE WHEN u.state = 'running' THEN {entry} "
+        f"ELSE u.errors END FROM c, n WHERE u.id = c.id AND {go} RETURNING {cols}) "
+        "SELECT 'd' AS kind, done.*, NULL::int8, NULL::text, NULL::text, NULL::text, "
+        "NULL::text, NULL::timestamptz FROM done UNION ALL "
+        f"SELECT 'c', u.*, {EVENT_COLS} FROM claimed u LEFT JOIN {p}task_run_events e "
+        f"ON e.run_id = u.id LEFT JOIN {p}asset_events ev ON ev.id = e.event_id "
+        f"ORDER BY 1, 2, {_WIDTH + 2}"
+    )
+
+
+def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
+    return TaskRun(
+        id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
+        event_count=row[5], created_at=row[6], updated_at=row[7], started_at=row[8],
+        finished_at=row[9], not_before=row[10], lease_owner=row[11], lease_token=row[12],
+        lease_expires_at=row[13], errors=errors_from_json(row[14]),
+        outlet_event_ids=ids_from_json(row[15]), events=tuple(events),
+    )  # fmt: skip
+
+
+class PostgresRuns(TaskStoreBackend):
+    """Claims, finishes and leases of runs (see the module docstring)."""
+
+    schema: str | None
+    clock: Any
+
+    if TYPE_CHECKING:
+
+        @property
+        def _prefix(self) -> str: ...
+        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+
+    def _lease_now(self) -> datetime | None:
+        """``None``: leases follow the database clock (``now()``), the one every worker shares;
+        a clock set on the backend (tests) is used instead."""
+        return None if self.clock is utcnow else self.clock()
+
+    async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
+        if not run_ids:
+            return []
+        p = self._prefix
+        ids = list(run_ids)
+        rows = await conn.fetch(
+            f"SELECT {RUN_COLS} FROM {p}task_runs WHERE id = ANY($1::int8[]) ORDER BY id", ids
+        )
+        events: dict[int, list[AssetEvent]] = {}
+        for r in await conn.fetch(
+            f"SELECT e.run_id, {EVENT_COLS} FROM {p}task_run_events e "
+            f"JOIN {p}asset_events ev ON ev.id = e.event_id WHERE e.run_id = ANY($1::int8[]) "
+            "ORDER BY e.event_id",
+            ids,
+        ):
+            events.setdefault(r[0], []).append(event_row(tuple(r)[1:]))
+        return [run_from_row(row, events.get(row[0], ())) for row in rows]
+
+    async def _claim(
+        self,
+        fetch: Callable[..., Awaitable[builtins.list[Any]]],
+        owner: str,
+        limit: int,
+        span: timedelta,
+        tasks: builtins.list[str] | None,
+        finish: RunOutcome | None = None,
+    ) -> tuple[TaskRun | None, builtins.list[TaskRun]]:
+        """One statement: the plain success ``finish`` (no outlets; fenced), the lapsed tries
+        of dead workers queued again (or failed), and up to ``limit`` ready runs claimed with
+        their events. When ``finish`` is refused nothing changes and ``(None, [])`` returns."""
+        done = finish.run_id if finish is not None else None
+        token = finish.token if finish is not None else None
+        rows = await fetch(
+            self._step_sql, self._lease_now(), tasks, limit, owner, span, done, token, LAPSED_SQL
+        )
+        finished: TaskRun | None = None
+        runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
+        for r in rows:
+            values = tuple(r)
+            if values[0] == "d":
+                finished = run_from_row(values[1 : _WIDTH + 1])
+                continue
+            entry = runs.setdefault(values[1], (values[1 : _WIDTH + 1], []))
+            if values[_WIDTH + 1] is not None:
+                entry[1].append(event_row(values[_WIDTH + 1 :]))
+        return finished, [run_from_row(row, events) for row, events in runs.values()]
+
+    @property
+    def _step_sql(self) -> str:
+        cached: str | None = self.__dict__.get("_step_sql_text")
+        if cached is None:
+            cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
+        return cached
+
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
+        held, p = runs, self._prefix
+
+        async def renew(conn: Any) -> builtins.set[int]:
+            rows = await conn.fetch(
+                f"UPDATE {p}task_runs r SET lease_expires_at = n.at + $4::interval "
+                "FROM unnest($2::int8[], $3::int8[]) AS i(id, token), "
+                "(SELECT coalesce($5::timestamptz, now()) AS at) n "
+                "WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = $1 "
+                "AND r.state = 'running' AND r.lease_expires_at > n.at RETURNING r.id",
+                owner, list(held), list(held.values()), span, self._lease_now(),
+            )  # fmt: skip
+            return {r[0] for r in rows}
+
+        return await self._transact("renewing run leases", renew)
+
+    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
+        names = owners
+
+        async def brk(conn: Any) -> int:
+            return rowcount(
+                await conn.execute(
+                    f"UPDATE {self._prefix}task_runs "
+                    "SET lease_expires_at = coalesce($2::timestamptz, now()) "
+                    "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
+                    names,
+                    self._lease_now(),
+                )
+            )
+
+        return await self._transact("breaking run leases", brk)
+
+    async def _finish(self, conn: Any, owner: str, outcome: RunOutcome) -> TaskRun:
+        """Finish one try, fenced by its lease (on the database clock)."""
+        p, run_id, token = self._prefix, outcome.run_id, outcome.token
+        if outcome.success:
+            row = await conn.fetchrow(
+                f"UPDATE {p}task_runs r SET state = 'success', finished_at = n.at, "
+                "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL "
+                "FROM (SELECT coalesce($4::timestamptz, now()) AS at) n WHERE r.id = $1 "
+                "AND r.state = 'running' AND r.lease_owner = $2 AND r.lease_token = $3 "
+                f"AND r.lease_expires_at > n.at RETURNING {RUN_COLS.replace('id,', 'r.id,', 1)}",
+                run_id, owner, token, self._lease_now(),
+            )  # fmt: skip
+            if row is None:
+                await self._refuse(conn, owner, outcome)
+            if not outcome.outlets:
+                return run_from_row(row)
+            ids = await self._emit(conn, row[1], row[7], outcome.outlets)
+            row = await conn.fetchrow(
+                f"UPDATE {p}task_runs SET outlet_event_ids = $2 WHERE id = $1 "
+                f"RETURNING {RUN_COLS}",
+                run_id, ids_to_json(ids),
+            )  # fmt: skip
+            return run_from_row(row)
+        row = await conn.fetchrow(
+            "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
+            f"errors, coalesce($2::timestamptz, now()) FROM {p}task_runs WHERE id = $1 "
+            "FOR UPDATE",
+            run_id, self._lease_now(),
+        )  # fmt: skip
+        if row is None:
+            raise RunNotFoundError(run_id)
+        state, lease_owner, lease_token, expires, try_number, max_tries, errors, now = row
+        reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
+        if reason is not None:
+            raise RunLeaseLostError(run_id, owner, token, reason)
+        new_state, not_before = after_failure(try_number, max_tries, now, outcome.retry_delay)
+        entry = RunError(try_number, outcome.error or "failed", outcome.traceback, now)
+        row = await conn.fetchrow(
+            f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
+            "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "
+            f"finished_at = $6 WHERE id = $1 RETURNING {RUN_COLS}",
+            run_id, new_state, not_before, now,
+            errors_to_json((*errors_from_json(errors), entry)),
+            now if new_state == "failed" else None,
+        )  # fmt: skip
+        return run_from_row(row)
+
+    async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> NoReturn:
+        """Raise why ``owner`` could not finish ``outcome``'s run."""
+        row = await conn.fetchrow(
+            "SELECT state, lease_owner, lease_token, lease_expires_at, "
+            f"coalesce($2::timestamptz, now()) FROM {self._prefix}task_runs WHERE id = $1",
+            outcome.run_id, self._lease_now(),
+        )  # fmt: skip
+        if row is None:
+            raise RunNotFoundError(outcome.run_id)
+        reason = lost_reason(row[0], row[1], row[2], row[3], owner, outcome.token, row[4])
+        raise RunLeaseLostError(
+            outcome.run_id, owner, outcome.token, reason or "its lease changed meanwhile"
+        )
+
+    async def _emit(
+        self, conn: Any, task: str, now: datetime, outlets: Sequence[OutletEvent]
+    ) -> list[int]:
+        """Insert a successful run's outlet events (under the events lock, with its NOTIFY)."""
+        p = self._prefix
+        await events_hook(self.schema)(conn)
+        found = dict(
+            await conn.fetch(
+                f"SELECT name, id FROM {p}assets WHERE active AND name = ANY($1::text[])",
+                [o.asset for o in outlets],
+            )
+        )
+        for outlet in outlets:
+            if outlet.asset not in found:
+                raise AssetNotFoundError(outlet.asset)
+        rows = await conn.fetch(
+            f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, "
+            "created_at) SELECT i.asset_id, i.asset_name, $1, i.payload, $2 "
+            "FROM unnest($3::int8[], $4::text[], $5::text[]) WITH ORDINALITY "
+            "AS i(asset_id, asset_name, payload, ord) ORDER BY i.ord RETURNING id",
+            f"task:{task}", now, [found[o.asset] for o in outlets],
+            [o.asset for o in outlets], [o.payload_json for o in outlets],
+        )  # fmt: skip
+        return sorted(r[0] for r in rows)

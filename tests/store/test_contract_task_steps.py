@@ -1,0 +1,168 @@
+"""The contract of a worker's step (``astep_runs``) on memory, SQLite and PostgreSQL: finish
+a try and claim the next run in one transaction, creating runs when too few are ready.
+
+As in :mod:`.test_contract_tasks`, time is the backend's own settable ``clock``; the last
+class runs on PostgreSQL's own clock (``now()``), which run leases follow by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from watchkeeper.store import (
+    ArgumentTypeError,
+    Asset,
+    InvalidArgumentError,
+    PostgresStateBackend,
+    RunLeaseLostError,
+    StateStoreError,
+)
+from watchkeeper.store.backend import (
+    EventCommit,
+    MetastoreBackend,
+    OutletEvent,
+    RunOutcome,
+    TaskSpec,
+)
+from watchkeeper.triggerer import WorkerSettings, configure_connections
+
+from tests.support.clock import Clock
+
+from .test_contract_tasks import TTL, emit, snapshot
+
+
+@pytest.fixture
+async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
+    backend.clock = Clock()
+    await backend.aregister_assets([Asset("a"), Asset("b"), Asset("out")])
+    yield backend
+
+
+def ok(run: Any, *outlets: OutletEvent) -> RunOutcome:
+    return RunOutcome(run.id, run.lease_token, True, tuple(outlets))
+
+
+class TestStep:
+    async def test_finish_and_claim_the_next_in_one_step(self, store: Any) -> None:
+        """The finished run succeeds, with its outlet, and the next ready run is claimed."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        await emit(store, "a", 2)
+        await store.acreate_runs("t", 2)
+        (first,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        step = await store.astep_runs("w1", finish=ok(first, OutletEvent("out")), claim=1, ttl=TTL)
+        assert step.finished.state == "success" and step.finished.id == first.id
+        (second,) = step.claimed
+        assert second.id != first.id and second.lease_owner == "w1"
+        assert (second.state, second.try_number, len(second.events)) == ("running", 1, 1)
+        (event,) = await store.alist_events(asset="out")
+        assert step.finished.outlet_event_ids == (event.id,)
+
+    async def test_creates_and_claims_when_too_few_are_ready(self, store: Any) -> None:
+        """With ``create``, a step makes runs from the pending events and claims from them;
+        the runs it does not claim stay queued, and every event is in exactly one run."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=2)])
+        ids = await emit(store, "a", 7)
+        step = await store.astep_runs("w1", claim=2, ttl=TTL, create=3)
+        assert [[e.id for e in r.events] for r in step.claimed] == [ids[0:2], ids[2:4]]
+        (queued,) = await store.alist_runs(state="queued")
+        assert queued.event_count == 2
+        (info,) = await store.alist_tasks()
+        assert info.pending == {"a": 1}  # the seventh waits for the next creation
+        step = await store.astep_runs("w2", claim=5, ttl=TTL, create=3)
+        assert sorted(e.id for r in step.claimed for e in r.events) == ids[4:]
+
+    async def test_without_create_only_ready_runs_are_claimed(self, store: Any) -> None:
+        await store.async_tasks([TaskSpec("t", ("a",))])
+        await emit(store, "a", 2)
+        assert (await store.astep_runs("w1", claim=4, ttl=TTL)).claimed == ()
+        assert await store.alist_runs() == []
+
+    async def test_paused_task_gets_nothing_created(self, store: Any) -> None:
+        await store.async_tasks([TaskSpec("t", ("a",))])
+        await emit(store, "a", 2)
+        await store.aset_task_paused("t", True)
+        assert (await store.astep_runs("w1", claim=4, ttl=TTL, create=4)).claimed == ()
+        assert await store.alist_runs() == []
+
+    async def test_refused_finish_claims_nothing_and_changes_nothing(self, store: Any) -> None:
+        """A finish whose lease moved fails the whole step: no success, no outlet, no claim."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        await emit(store, "a", 2)
+        await store.acreate_runs("t", 2)
+        (run,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        store.clock.advance(31)
+        before = await snapshot(store)
+        with pytest.raises(RunLeaseLostError, match="expired"):
+            await store.astep_runs(
+                "w1", finish=ok(run, OutletEvent("out")), claim=1, ttl=TTL, create=2
+            )
+        assert await snapshot(store) == before
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "named"),
+        [
+            ({"finish": "run 1"}, ArgumentTypeError, "RunOutcome"),
+            ({"finish": RunOutcome(0, 1, True)}, InvalidArgumentError, "run_id"),
+            ({"finish": RunOutcome(1, 1, True, ("out",))}, ArgumentTypeError, "OutletEvent"),  # type: ignore[arg-type]
+            ({"claim": -1}, InvalidArgumentError, "claim"),
+            ({"claim": 1, "create": 1.5}, ArgumentTypeError, "create"),
+            ({"claim": 1, "ttl": 0}, InvalidArgumentError, "ttl"),
+        ],
+    )
+    async def test_bad_arguments_change_nothing(
+        self, store: Any, kwargs: dict[str, Any], error: type[Exception], named: str
+    ) -> None:
+        await store.async_tasks([TaskSpec("t", ("a",))])
+        await emit(store, "a", 2)
+        before = await snapshot(store)
+        with pytest.raises(error, match=named) as caught:
+            await store.astep_runs("w1", **{"ttl": TTL, **kwargs})
+        assert isinstance(caught.value, StateStoreError)
+        assert await snapshot(store) == before
+
+
+class TestDatabaseClock:
+    """On PostgreSQL, with the backend's default clock, run leases follow ``now()``."""
+
+    async def test_leases_on_the_database_clock(self, pg_dsn: str, pg_schema: str) -> None:
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
+            await store.aregister_assets([Asset("a")])
+            await store.async_tasks([TaskSpec("t", ("a",), max_events=1, max_tries=2)])
+            await store.acommit_event(EventCommit("w", ("a",), "{}"))
+            await store.acommit_event(EventCommit("w", ("a",), "{}"))
+            (run,) = (await store.astep_runs("w1", claim=1, ttl=30, create=2)).claimed
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                db_now: datetime = await conn.fetchval("SELECT now()")
+            finally:
+                await conn.close()
+            assert run.lease_expires_at is not None and run.started_at is not None
+            assert run.lease_expires_at - run.started_at == timedelta(seconds=30)
+            assert abs(run.started_at - db_now) < timedelta(seconds=5)
+            assert await store.aheartbeat_runs("w1", {run.id: run.lease_token}, 30) == {run.id}
+            assert await store.abreak_run_leases(["w1"]) == 1
+            with pytest.raises(RunLeaseLostError, match="expired"):
+                await store.afinish_run(run.id, "w1", run.lease_token, success=True)
+            step = await store.astep_runs("w2", claim=2, ttl=30)
+            assert sorted((r.lease_owner, r.try_number) for r in step.claimed) == [
+                ("w2", 1),
+                ("w2", 2),
+            ]
+            assert "lapsed" in (await store.aget_run(run.id)).errors[0].error
+            assert datetime.now(UTC) - run.started_at < timedelta(minutes=1)
+
+    async def test_worker_sessions_are_named_and_bounded(self, pg_dsn: str, pg_schema: str) -> None:
+        """A worker's connections carry its name and an idle-in-transaction timeout."""
+        backend = PostgresStateBackend(pg_dsn, schema=pg_schema)
+        configure_connections(backend, WorkerSettings(lease_ttl=20), "watchkeeper worker")
+        async with backend:
+            await backend.aregister_assets([Asset("a")])
+            pool = backend._pool
+            assert pool is not None
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SHOW application_name") == "watchkeeper worker"
+                assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "20s"
