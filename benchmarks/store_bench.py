@@ -6,7 +6,8 @@ Not a test. Run by hand from the repository root:
 
 Every figure is measured in the same run as its baseline (raw sqlite3, raw aiosqlite, raw
 asyncpg doing the same upsert: one per transaction, and in 1000-row transactions as the
-ceiling of group commit), because this machine is shared and noisy; the ratios are the
+ceiling of group commit; for N concurrent writers on SQLite, a raw aiosqlite group-commit
+pipeline doing the same upserts from N coroutines), because this machine is shared and noisy; the ratios are the
 result. Writes a JSON file to benchmarks/results/store.json (the load average is recorded).
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 
 import aiosqlite
 import anyio
+import anyio.abc
 import asyncpg
 from watchkeeper.store import (
     Asset,
@@ -135,6 +137,80 @@ async def raw_aiosqlite_per_op(path: Path, n: int) -> tuple[float, list[float], 
             json.loads(next(iter(rows))[0])
             get_lat.append(time.perf_counter() - t0)
         return ops, lat, get_lat
+
+
+_GROUP_SCHEMA = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    """CREATE TABLE asset_state (
+        asset_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+        version INTEGER NOT NULL, updated_at TEXT NOT NULL, writer_kind TEXT,
+        writer_name TEXT, writer_try INTEGER, PRIMARY KEY (asset_id, key))""",
+)
+_GROUP_UPSERT = (
+    "INSERT INTO asset_state (asset_id, key, value, version, updated_at) "
+    "VALUES (1, ?, ?, 1, ?) ON CONFLICT (asset_id, key) DO UPDATE SET "
+    "value = excluded.value, version = asset_state.version + 1, "
+    "updated_at = excluded.updated_at"
+)
+_GROUP_MAX_BATCH = 1024  # the SQLite backend's own writer batch limit
+
+
+async def raw_aiosqlite_group_commit(path: Path, n: int, writers: int) -> tuple[float, list[float]]:
+    """``writers`` coroutines each upserting distinct keys (the value JSON-encoded by the
+    writer, as ``aset`` validates it) through a raw group-commit pipeline on aiosqlite: a
+    bounded anyio stream, one writer task taking everything queued (up to 1024) into one
+    ``BEGIN IMMEDIATE`` / ``executemany`` / ``COMMIT``, then waking the batch's futures.
+    The same table shape and ``synchronous=FULL`` as the SQLite backend's ``asset_state``.
+    """
+    Item = tuple[str, str, asyncio.Future[None]]
+    send, receive = anyio.create_memory_object_stream[Item](max_buffer_size=_GROUP_MAX_BATCH)
+    lat: list[float] = []
+
+    async def writer_task(
+        conn: aiosqlite.Connection, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        async for first in receive:
+            batch = [first]
+            while len(batch) < _GROUP_MAX_BATCH:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            await conn.execute("BEGIN IMMEDIATE")
+            await conn.executemany(_GROUP_UPSERT, [(k, v, stamp) for k, v, _ in batch])
+            await conn.execute("COMMIT")
+            for *_, done in batch:
+                done.set_result(None)
+
+    async def producer(w: int) -> None:
+        value = json.loads(VALUE)
+        loop = asyncio.get_running_loop()
+        for i in range(n // writers):
+            t0 = time.perf_counter()
+            done: asyncio.Future[None] = loop.create_future()
+            item = (f"k{w}-{i}", json.dumps(value, separators=(",", ":")), done)
+            try:
+                send.send_nowait(item)
+            except anyio.WouldBlock:
+                await send.send(item)
+            await done
+            lat.append(time.perf_counter() - t0)
+
+    async with aiosqlite.connect(path, isolation_level=None) as conn:
+        for statement in _GROUP_SCHEMA:
+            await conn.execute(statement)
+        async with anyio.create_task_group() as outer:
+            await outer.start(writer_task, conn)
+            start = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for w in range(writers):
+                    tg.start_soon(producer, w)
+            elapsed = time.perf_counter() - start
+            send.close()
+    return len(lat) / elapsed, lat
 
 
 @asynccontextmanager
@@ -275,6 +351,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for writers in (1, 100, 1000):
             n = n_lat if writers == 1 else n_tp
+            if writers > 1:
+                # The same upserts through a raw group-commit pipeline, just before ours.
+                ops, lat = await raw_aiosqlite_group_commit(fresh(f"grp{writers}"), n, writers)
+                s[f"raw_group_{writers}_writers"] = {"ops": ops, **summary(lat)}
             path = fresh(f"tp{writers}")
             ops, lat = await with_backend(
                 partial(SqliteStateBackend, path), partial(ours_throughput, n=n, writers=writers)
@@ -338,6 +418,13 @@ def report(r: dict[str, Any]) -> None:
             f"  {w:>4} writers  ours {o['ops']:>9.0f} ops/s  p50 {o['p50_ms']:.2f} ms "
             f"p99 {o['p99_ms']:.2f} ms   {vs}"
         )
+        group = s.get(f"raw_group_{w}_writers")
+        if group is not None:
+            print(
+                f"                raw aiosqlite group commit {group['ops']:>9.0f} ops/s  "
+                f"p50 {group['p50_ms']:.2f} ms p99 {group['p99_ms']:.2f} ms   "
+                f"ours / group commit {o['ops'] / group['ops']:.2f}x (goal at 1000: >= 0.8x)"
+            )
     p = r.get("postgres") or {}
     if p:
         print(f"\nPostgreSQL   load {p['load']}")

@@ -334,6 +334,10 @@ class EventCommit:
     The watcher and asset names, the dedup key and the state keys are checked against the
     naming rule when the commit is built (:class:`InvalidNameError`, :class:`InvalidKeyError`),
     so every backend refuses the same commits, before any I/O.
+
+    ``decoded`` (optional) is ``(payload,)``: the payload already decoded from
+    ``payload_json`` (the triggerer has it from validating it), which the events returned carry
+    instead of a second decoding. It must equal ``json.loads`` of the text.
     """
 
     watcher: str
@@ -343,6 +347,7 @@ class EventCommit:
     state: Mapping[str, str] = field(default_factory=dict)
     writer: Writer | None = None
     fence: Fence | None = None
+    decoded: tuple[Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_name(self.watcher, what="watcher name")

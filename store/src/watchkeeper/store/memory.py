@@ -259,7 +259,8 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
                 for r in rows
                 if commit.dedup_key is None or (r.asset_id, commit.dedup_key) not in self._dedup
             ]
-            payload = decode_value(commit.payload_json)
+            decoded = commit.decoded
+            payload = decode_value(commit.payload_json) if decoded is None else decoded[0]
             written: list[AssetEvent] = []
             for row in fresh:
                 event = AssetEvent(

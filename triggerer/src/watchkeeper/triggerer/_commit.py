@@ -21,7 +21,6 @@ from watchkeeper.store.backend import (
     EventCommit,
     Writer,
     check_key,
-    encode_payload,
     encode_payload_decoded,
     encode_value,
 )
@@ -82,7 +81,10 @@ class EventEncoder:
                 f"trigger {self.watcher!r} yielded a {type(item).__name__}; run() must yield "
                 f"TriggerEvent(payload, state=..., dedup_key=...) objects{hint}"
             )
-        payload_json = encode_payload(item.payload, max_payload_bytes=self.max_payload_bytes)
+        # Validating decodes the payload anyway: the events returned reuse that copy.
+        payload_json, payload = encode_payload_decoded(
+            item.payload, max_payload_bytes=self.max_payload_bytes
+        )
         state = item.state
         encoded = _NO_STATE if state is None else self._state(state)
         dedup_key = item.dedup_key
@@ -91,7 +93,15 @@ class EventEncoder:
                 f"trigger {self.watcher!r} yielded an event whose dedup_key is "
                 f"{dedup_key!r}; it must be a non-empty str or None"
             )
-        return EventCommit(self.watcher, self.assets, payload_json, dedup_key, encoded, self.writer)
+        return EventCommit(
+            self.watcher,
+            self.assets,
+            payload_json,
+            dedup_key,
+            encoded,
+            self.writer,
+            decoded=(payload,),
+        )
 
     def build_batch(self, batch: TriggerEventBatch) -> EventBatchCommit:
         """Validate every event of ``batch`` and its state; return the batch's commit.

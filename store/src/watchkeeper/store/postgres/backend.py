@@ -60,7 +60,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from .consumers import PostgresConsumers, events_hook
+from .consumers import PostgresConsumers, events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
@@ -201,7 +201,9 @@ class PostgresStateBackend(
 
             return await asyncpg.connect(dsn, server_settings=session)
 
-        writer = GroupWriter(self, self._sql, reconnect, conn, on_events=events_hook(self.schema))
+        writer = GroupWriter(
+            self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
+        )
         try:
             await task_group.start(writer.run)
         except BaseException:

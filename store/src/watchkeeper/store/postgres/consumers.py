@@ -1,8 +1,9 @@
 """Event consumers and wake-ups for :class:`~watchkeeper.store.PostgresStateBackend`.
 
-The commit-order lock and the one NOTIFY per batch of event commits (:func:`events_hook`, run
-by the group writer and by a finish with outlets) are here too: see :mod:`.tasks`
-for why a cursor reader takes that lock exclusively.
+The commit-order lock and the one NOTIFY per batch of event commits are here too
+(:func:`events_prelude`, sent with the group writer's ``BEGIN``; :func:`events_hook`, the same
+run by a finish with outlets): see :mod:`.tasks` for why a cursor reader takes that lock
+exclusively.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ if TYPE_CHECKING:
 
     from .sql import Statements
 
-__all__ = ["EVENT_COLS", "PostgresConsumers", "event_row", "events_channel", "events_hook"]
+__all__ = [
+    "EVENT_COLS",
+    "PostgresConsumers",
+    "event_row",
+    "events_channel",
+    "events_hook",
+    "events_prelude",
+]
 
 T = TypeVar("T")
 
@@ -48,6 +56,15 @@ def events_hook(schema: str | None) -> Callable[[Any], Awaitable[None]]:
         await conn.execute(sql, schema, channel)
 
     return hook
+
+
+def events_prelude(schema: str | None) -> str:
+    """:func:`events_hook`'s statement with its values written in (no parameters), so the
+    group writer can send it in one message with its ``BEGIN``. The schema and the channel are
+    plain identifiers (:func:`~.schema.check_schema_name`): nothing in them needs escaping."""
+    where = "current_schema()" if schema is None else f"'{schema}'"
+    key = f"hashtextextended('watchkeeper.events:' || {where}, 0)"
+    return f"SELECT pg_advisory_xact_lock_shared({key}), pg_notify('{events_channel(schema)}', '')"
 
 
 def event_row(r: Any) -> AssetEvent:

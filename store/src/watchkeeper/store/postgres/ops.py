@@ -176,6 +176,20 @@ class ClearOp(_ScopedOp):
         self.all_map_indices = all_map_indices
 
 
+_SCOPES: dict[str, AssetScope] = {}
+"""The scope of each asset name events were committed to (bounded: see :func:`_name_scope`)."""
+
+
+def _name_scope(name: str) -> AssetScope:
+    """``AssetScope(name=name)``, built (and its name checked) once per name, not per event."""
+    scope = _SCOPES.get(name)
+    if scope is None:
+        if len(_SCOPES) >= 65536:
+            _SCOPES.clear()
+        scope = _SCOPES[name] = AssetScope(name=name)
+    return scope
+
+
 class _EventsOp(Op):
     """What an event commit and a batch share: the watched assets resolved to ids (each once,
     in order), the fence checked at ``created_at``. Subclasses say how much they weigh."""
@@ -187,8 +201,12 @@ class _EventsOp(Op):
         self._assets, self._fence, self.created_at = assets, fence, created_at
         self.targets: list[tuple[int, str]] = []
 
+    @property
+    def asset_names(self) -> tuple[str, ...]:
+        return self._assets
+
     def scopes(self) -> Sequence[AssetScope]:
-        return [AssetScope(name=name) for name in self._assets]
+        return [_name_scope(name) for name in self._assets]
 
     def fence_at(self) -> tuple[Fence, datetime] | None:
         return None if self._fence is None else (self._fence, self.created_at)
@@ -196,7 +214,7 @@ class _EventsOp(Op):
     def resolve(self, ids: dict[AssetScope, int | None]) -> None:
         self.targets = []
         for name in self._assets:
-            asset_id = ids[AssetScope(name=name)]
+            asset_id = ids[_name_scope(name)]
             if asset_id is None:
                 self.error = AssetNotFoundError(name)
                 return
@@ -351,9 +369,11 @@ async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[Co
         payloads: dict[int, Any] = {}
         for event_id, asset_id, created_at in rows:
             op, name = owner[asset_id]
-            if id(op) not in payloads:
-                payloads[id(op)] = decode_value(op.commit.payload_json)
             c = op.commit
+            if id(op) not in payloads:
+                payloads[id(op)] = (
+                    decode_value(c.payload_json) if c.decoded is None else c.decoded[0]
+                )
             op.result.append(
                 AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
             )

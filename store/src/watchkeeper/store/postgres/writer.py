@@ -1,12 +1,19 @@
 """Group commit for :class:`~watchkeeper.store.PostgresStateBackend`: one writer, one transaction
-per batch of concurrent writes.
+per batch of concurrent writes, several batches in flight.
 
 Callers submit an :class:`~watchkeeper.store.postgres.ops.Op` to the shared
 :class:`~watchkeeper.store._commit_queue.CommitQueue` and wait; its writer task takes everything
 queued and hands the batch to :meth:`GroupWriter._run_batch`, which applies it with
-:func:`~watchkeeper.store.postgres.ops.apply_batch` in one transaction on the writer's own
-connection and commits; only then are the callers woken. So an awaited write is durable when
-it returns, and a thousand concurrent writers share one commit.
+:func:`~watchkeeper.store.postgres.ops.apply_batch` in one transaction on one of the writer's
+own connections and commits; only then are the callers woken. So an awaited write is durable
+when it returns, and a thousand concurrent writers share one commit.
+
+Batches overlap: while one waits for the server, the next (on another connection, up to
+``connections`` of them, opened as they are first needed) is sent, if it holds at least a few
+dozen writes. Only batches of event commits on disjoint sets of assets and watchers overlap
+(:func:`batch_keys`); a batch with any other write runs alone. So the writes of one watcher
+commit in the order they were queued, and two transactions in flight never wait for each
+other's rows.
 
 Each op stays atomic on its own. If a statement fails (data PostgreSQL refuses, a race with
 another daemon), the transaction is rolled back and its ops are replayed one per transaction,
@@ -21,7 +28,7 @@ not withdrawn and may still commit. Nothing else is disturbed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,7 +42,7 @@ from .sql import Statements, is_unavailable, map_error
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["GroupWriter"]
+__all__ = ["GroupWriter", "batch_keys"]
 
 
 class GroupWriter:
@@ -48,16 +55,18 @@ class GroupWriter:
         connect: Callable[[], Awaitable[asyncpg.Connection]],
         conn: asyncpg.Connection,
         *,
-        buffer_size: int = 4096,
         max_batch: int = 2048,
         max_batch_bytes: int = 8 << 20,
-        on_events: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+        connections: int = 4,
+        events_sql: str | None = None,
     ) -> None:
         self._owner, self._sql, self._connect = owner, sql, connect
-        self._conn: asyncpg.Connection | None = conn
-        # Run first in every batch that commits events, single or batched (the commit-order
-        # lock and the one NOTIFY of the batch: see .consumers).
-        self._on_events = on_events
+        # Sent with the BEGIN of every batch that commits events, single or batched, in one
+        # message (the commit-order lock and the one NOTIFY of the batch: see .consumers).
+        self._begin_events = "BEGIN" if events_sql is None else f"BEGIN; {events_sql}"
+        # One slot per batch in flight; a slot's connection is opened when first needed.
+        self._conns: list[asyncpg.Connection | None] = [conn] + [None] * (connections - 1)
+        self._free = list(range(connections - 1, -1, -1))  # slot 0 (the open one) first
         self.queue: CommitQueue[Op] = CommitQueue(
             owner,
             self._run_batch,
@@ -65,9 +74,10 @@ class GroupWriter:
                 "the PostgreSQL writer stopped while this write was in flight; "
                 "it may or may not have committed"
             ),
-            buffer_size=buffer_size,
             max_batch=max_batch,
             max_batch_bytes=max_batch_bytes,
+            concurrency=connections,
+            keys_of=batch_keys,
         )
 
     async def submit(self, op: Op) -> Any:
@@ -84,14 +94,15 @@ class GroupWriter:
             self.queue.close()
             await self.queue.wait_stopped()
         finally:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                try:
-                    with anyio.move_on_after(2):
-                        await conn.close()
-                finally:
-                    if not conn.is_closed():
-                        conn.terminate()
+            conns, self._conns = self._conns, [None] * len(self._conns)
+            for conn in conns:
+                if conn is not None:
+                    try:
+                        with anyio.move_on_after(2):
+                            await conn.close()
+                    finally:
+                        if not conn.is_closed():
+                            conn.terminate()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -99,48 +110,60 @@ class GroupWriter:
         """Take batches off the queue until it is closed and empty."""
         await self.queue.run(task_status=task_status)
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            self._conn = None
-            self._conn = await self._connect()
-        return self._conn
+    async def _connection(self, slot: int) -> asyncpg.Connection:
+        conn = self._conns[slot]
+        if conn is None or conn.is_closed():
+            self._conns[slot] = None
+            conn = self._conns[slot] = await self._connect()
+        return conn
 
-    async def _run_batch(self, batch: list[Op], *, retry: bool = True) -> None:
+    async def _run_batch(self, batch: list[Op]) -> None:
+        # The queue never has more batches in flight than slots, so one is free.
+        slot = self._free.pop()
+        try:
+            await self._run_on(slot, batch)
+        finally:
+            self._free.append(slot)
+
+    async def _run_on(self, slot: int, batch: list[Op], *, retry: bool = True) -> None:
         conn: asyncpg.Connection | None = None
         applied = False
         try:
-            conn = await self._connection()
-            async with conn.transaction():
-                if self._on_events is not None and any(
-                    isinstance(op, CommitOp | BatchCommitOp) for op in batch
-                ):
-                    await self._on_events(conn)
+            conn = await self._connection(slot)
+            events = any(isinstance(op, CommitOp | BatchCommitOp) for op in batch)
+            try:
+                # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
+                await conn.execute(self._begin_events if events else "BEGIN")
                 await apply_batch(conn, self._sql, batch)
                 applied = True
+                await conn.execute("COMMIT")
+            except BaseException:
+                await _roll_back(conn)
+                raise
         except Exception as exc:  # noqa: BLE001 - any failure goes to the ops, never kills the writer
-            if retry and not applied and self._broken(conn, exc):
+            if retry and not applied and self._broken(slot, conn, exc):
                 # Lost before COMMIT was sent, so nothing was applied: once more, reconnected.
                 for op in batch:
                     op.reset()
-                await self._run_batch(batch, retry=False)
+                await self._run_on(slot, batch, retry=False)
                 return
-            await self._recover(batch, exc)
+            await self._recover(slot, batch, exc)
             return
         for op in batch:
             op.settle()
 
-    def _broken(self, conn: asyncpg.Connection | None, exc: Exception) -> bool:
-        """Drop the connection if ``exc`` means it is lost; True when so."""
+    def _broken(self, slot: int, conn: asyncpg.Connection | None, exc: Exception) -> bool:
+        """Drop the slot's connection if ``exc`` means it is lost; True when so."""
         # A read-only transaction counts: the connection may point at a demoted primary.
         if conn is not None and not conn.is_closed() and not is_unavailable(exc):
             return False
         if conn is not None:
             conn.terminate()
-        self._conn = None
+        self._conns[slot] = None
         return True
 
-    async def _recover(self, batch: list[Op], exc: Exception) -> None:
-        if self._broken(self._conn, exc) or len(batch) == 1:
+    async def _recover(self, slot: int, batch: list[Op], exc: Exception) -> None:
+        if self._broken(slot, self._conns[slot], exc) or len(batch) == 1:
             for op in batch:
                 op.fail(map_error(exc, "writing"))
                 op.settle()
@@ -148,4 +171,37 @@ class GroupWriter:
         # One op made the batch fail: replay them one per transaction, so only it fails.
         for op in batch:
             op.reset()
-            await self._run_batch([op], retry=False)
+            await self._run_on(slot, [op], retry=False)
+
+
+def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
+    """What a batch of event commits writes, for the writer to overlap only batches that share
+    nothing: the watched assets (their events, their state rows) and the watchers. None (the
+    batch runs alone) when it holds any other write."""
+    keys: set[object] = set()
+    for op in batch:
+        if type(op) is CommitOp:
+            keys.add(("watcher", op.commit.watcher))
+        elif type(op) is BatchCommitOp:
+            keys.add(("watcher", op.batch.watcher))
+        else:
+            return None
+        keys.update(op.asset_names)
+    return frozenset(keys)
+
+
+async def _roll_back(conn: asyncpg.Connection) -> None:
+    """End the failed batch's transaction; a connection that cannot is terminated (the next
+    batch opens a new one), so no transaction is ever left open on it."""
+    if conn.is_closed():
+        return
+    rolled_back = False
+    with anyio.move_on_after(5, shield=True):
+        try:
+            if conn.is_in_transaction():
+                await conn.execute("ROLLBACK")
+            rolled_back = True
+        except Exception:  # noqa: BLE001 - the batch's own error is the one to report
+            rolled_back = False
+    if not conn.is_closed() and (not rolled_back or conn.is_in_transaction()):
+        conn.terminate()

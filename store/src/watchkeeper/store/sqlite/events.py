@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
-from .._types import AssetEvent, AssetScope, EventBatchCommit, EventCommit
+from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
 from .leases import HELD_SQL, held_of
@@ -127,7 +127,7 @@ class EventCommits:
                     check_fence(commit.fence, held.get(commit.fence.trigger_id), now)
                 targets: dict[int, str] = {}
                 for name in commit.assets:
-                    asset_id, resolved = tx.resolve(AssetScope(name=name))
+                    asset_id, resolved = tx.resolve_name(name)
                     targets.setdefault(asset_id, resolved)
             except StateStoreError as exc:
                 outcomes[index] = exc
@@ -173,8 +173,9 @@ class EventCommits:
         stated: dict[tuple[int, int], None] = {}  # (commit, asset_id), in first-row order
         for row, (owner, entry), event_id in zip(rows, owners, ids, strict=True):
             commit = commits[owner]
-            if type(commit) is EventBatchCommit and commit.decoded is not None:
-                payload = commit.decoded[entry]  # the caller decoded it already
+            decoded = commit.decoded
+            if decoded is not None:
+                payload = decoded[entry]  # the caller decoded it already
             else:
                 payload = payloads.get((owner, entry), _MISSING)
                 if payload is _MISSING:

@@ -110,7 +110,7 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
         targets.setdefault(asset_id, resolved)  # an asset named twice gets one event
     created, stamp = tx.now()
     who = writer_cols(commit.writer)
-    payload = decode_value(commit.payload_json)
+    payload = decode_value(commit.payload_json) if commit.decoded is None else commit.decoded[0]
     conn = tx.conn
     written: list[AssetEvent] = []
     for asset_id, name in targets.items():

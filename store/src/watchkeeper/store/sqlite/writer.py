@@ -2,8 +2,8 @@
 
 Every write of :class:`~watchkeeper.store.SqliteStateBackend` is an *operation*: a plain
 function ``fn(tx) -> result`` that runs SQL on the writer's connection. Callers submit
-operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` (back-pressure
-when it is full) and wait for theirs. Its writer task takes everything queued (up to
+operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` and wait for
+theirs. Its writer task takes everything queued (up to
 ``max_batch``) and this module runs the whole batch as one call in a worker thread (``anyio.to_thread.run_sync`` with a ``CapacityLimiter(1)``, so one
 thread at a time owns the ``sqlite3`` connection):
 
@@ -89,12 +89,13 @@ class Tx:
     batch rolls back. A deactivated asset is therefore never resolved from a stale entry.
     """
 
-    __slots__ = ("_assets", "_clock", "_data_version", "_now", "conn")
+    __slots__ = ("_assets", "_by_name", "_clock", "_data_version", "_now", "conn")
 
     def __init__(self, conn: sqlite3.Connection, clock: Callable[[], datetime]) -> None:
         self.conn = conn
         self._clock = clock
         self._assets: dict[AssetScope, tuple[int, str]] = {}
+        self._by_name: dict[str, tuple[int, str]] = {}  # the same entries, by asset name
         self._data_version = -1
         self._now: tuple[datetime, str] | None = None
 
@@ -104,6 +105,7 @@ class Tx:
         version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             self._assets.clear()
+            self._by_name.clear()
             self._data_version = version
 
     def now(self) -> tuple[datetime, str]:
@@ -127,9 +129,18 @@ class Tx:
         self._assets[scope] = (row[0], row[1])
         return row[0], row[1]
 
+    def resolve_name(self, name: str) -> tuple[int, str]:
+        """:meth:`resolve` of ``AssetScope(name=name)`` (an event's asset), without building
+        the scope once it is cached."""
+        hit = self._by_name.get(name)
+        if hit is None:
+            hit = self._by_name[name] = self.resolve(AssetScope(name=name))
+        return hit
+
     def forget_assets(self) -> None:
         """Drop every cached resolution (call after changing ``assets``)."""
         self._assets.clear()
+        self._by_name.clear()
 
 
 class UpsertGroup(Protocol):
@@ -244,7 +255,6 @@ class GroupCommitWriter:
             owner,
             self._run_batch_in_thread,
             in_flight_error=lambda: StoreClosedError(owner),
-            buffer_size=max_batch,
             max_batch=max_batch,
         )
 

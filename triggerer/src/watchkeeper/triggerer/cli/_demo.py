@@ -157,6 +157,19 @@ class _Demo:
         self._say(f"started daemon #{number}: pid {process.pid}")
         return process
 
+    async def _wait_until_started(
+        self, backend: SqliteStateBackend, process: anyio.abc.Process
+    ) -> None:
+        """Wait until ``process`` has written its first heartbeat row (its owner names its pid)."""
+        marker = f":{process.pid}:"
+        with anyio.fail_after(DEADLINE):
+            while not any(marker in d.owner for d in await backend.alist_daemon_status()):
+                if process.returncode is not None:
+                    raise CommandError(
+                        f"the daemon exited with status {process.returncode} while starting"
+                    )
+                await anyio.sleep(0.05)
+
     async def _wait_for(self, what: str, done: Callable[[], bool]) -> None:
         """Wait until ``done()`` (re-checked after each poll of the database) or fail."""
         with anyio.move_on_after(DEADLINE) as scope:
@@ -268,6 +281,9 @@ class _Demo:
             "every item to be committed",
             lambda: all(p.last >= self.items for p in self.progress.values()),
         )
+        # Daemon #2 may find every item committed already (when #1 was killed late); a
+        # SIGTERM before it has started would find no handler yet and end it with -15.
+        await self._wait_until_started(backend, second)
         self.phase = "stopping daemon #2 with SIGTERM"
         second.send_signal(signal.SIGTERM)
         with anyio.move_on_after(STOP_GRACE + 10):
