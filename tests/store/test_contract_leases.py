@@ -356,12 +356,108 @@ class TestFencedWrites:
         assert await everything(store) == before
 
 
+class TestNodeLeases:
+    """The node lease a daemon renews every second, and the trigger leases that live by it."""
+
+    async def test_renewal_is_one_row_and_keeps_every_token(self, store: MetastoreBackend) -> None:
+        """Renewing a node lease extends it and leaves its trigger leases (and tokens) alone."""
+        first = await store.arenew_node("a", TTL)
+        assert not first.renewed  # created
+        assert await store.aclaim_leases("a", ["t", "u"], TTL) == {"t": 1, "u": 1}
+        clock_of(store).advance(20)
+        beat = await store.arenew_node("a", TTL)
+        assert beat.renewed and beat.reaped == ()
+        assert [(n.owner, n.alive, n.expires_at, n.held) for n in beat.nodes] == [
+            ("a", True, T0 + timedelta(seconds=50), 2)
+        ]
+        assert [n.owner for n in beat.live()] == ["a"]
+        assert {(x.owner, x.token, x.expires_at) for x in await store.alist_leases()} == {
+            ("a", 1, T0 + timedelta(seconds=50))
+        }
+
+    async def test_an_expired_node_is_reaped_and_learns_it(self, store: MetastoreBackend) -> None:
+        """Another node's renewal reaps an expired node; its next renewal says it was not
+        renewed, and the trigger leases it held are free (taken with token + 1)."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        await store.arenew_node("b", TTL)
+        clock_of(store).advance(30)
+        beat = await store.arenew_node("b", TTL)
+        assert beat.reaped == ("a",)
+        assert [(n.owner, n.alive) for n in beat.nodes] == [("a", False), ("b", True)]
+        assert await store.alist_leases() == [Lease("t", "a", 1, None)]
+        again = await store.arenew_node("a", TTL)
+        assert not again.renewed
+        assert [(x.owner, x.token) for x in await store.alist_leases()] == [(None, 1)]
+        assert await store.aclaim_leases("b", ["t"], TTL) == {"t": 2}
+
+    async def test_a_reaped_nodes_fence_is_refused(self, store: MetastoreBackend) -> None:
+        """Once its node lease is reaped, a holder's writes are refused before anyone else
+        took the trigger, and nothing is written."""
+        await store.aclaim_leases("a", ["w"], TTL)
+        clock_of(store).advance(31)
+        await store.arenew_node("b", TTL)  # reaps a
+        before = await snapshot(store)
+        with pytest.raises(LeaseLostError, match="node lease of its daemon lapsed"):
+            await store.acommit_event(commit(Fence("w", "a", 1), {"n": 1}, 1))
+        assert await snapshot(store) == before
+
+    async def test_break_node_reaps_at_once(self, store: MetastoreBackend) -> None:
+        """A node known dead is reaped before its expiry: its leases are free at once."""
+        await store.aclaim_leases("a", ["t"], TTL)
+        assert await store.abreak_node("a")
+        assert not await store.abreak_node("a")
+        assert await store.aclaim_leases("b", ["t"], TTL) == {"t": 2}
+
+    async def test_a_limit_takes_that_many_and_daemons_spread(
+        self, store: MetastoreBackend
+    ) -> None:
+        """A claim with a limit takes that many free leases, keeps those it holds, and two
+        daemons claiming the same ids start from different ones."""
+        ids = [f"t{i:02}" for i in range(40)]
+        a = await store.aclaim_leases("a", ids, TTL, limit=10)
+        assert len(a) == 10 and set(a.values()) == {1}
+        b = await store.aclaim_leases("b", ids, TTL, limit=10)
+        assert len(b) == 10 and set(a).isdisjoint(b)
+        assert await store.aclaim_leases("a", ids, TTL, limit=0) == a
+        more = await store.aclaim_leases("a", ids, TTL, limit=5)
+        assert len(more) == 15 and set(a) < set(more)
+        with pytest.raises(ValueError, match="limit"):
+            await store.aclaim_leases("a", ids, TTL, limit=-1)
+
+    async def test_leaving_frees_everything_and_wakes_waiters(
+        self, store: MetastoreBackend
+    ) -> None:
+        """A daemon leaving releases every lease it holds and ends its node lease; a daemon
+        waiting for released leases is woken."""
+        await store.aclaim_leases("a", ["t", "u"], TTL)
+        with anyio.move_on_after(1):  # PostgreSQL: returns once listening (nothing missed)
+            await store.await_lease_release()
+        woken = anyio.Event()
+
+        async def wait() -> None:
+            await store.await_lease_release()
+            woken.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert not woken.is_set()
+            await store.arelease_leases("a", [], leave=True)
+            with anyio.fail_after(10):
+                await woken.wait()
+        assert [(x.owner, x.token) for x in await store.alist_leases()] == [(None, 1), (None, 1)]
+        beat = await store.arenew_node("b", TTL)
+        assert [n.owner for n in beat.nodes] == ["b"]
+        assert await store.aclaim_leases("b", ["t", "u"], TTL) == {"t": 2, "u": 2}
+
+
 class TestPostgresLeaseLocking:
-    async def test_a_claim_waits_for_a_transaction_fenced_on_the_lease(
+    async def test_a_claim_skips_a_lease_a_fenced_transaction_holds(
         self, pg_dsn: str, pg_schema: str
     ) -> None:
-        """A claim by another daemon waits until a transaction holding the lease row (as the
-        writer's fence check does, FOR SHARE) commits, so the new holder sees its writes."""
+        """A claim never takes a lease while a transaction holds its row as the writer's
+        fence check does (FOR SHARE): it skips it (SKIP LOCKED) and takes it once that
+        transaction committed, so the new holder sees what the old one wrote."""
         import asyncpg
 
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
@@ -377,29 +473,37 @@ class TestPostgresLeaseLocking:
                     f'SELECT 1 FROM "{pg_schema}".trigger_leases WHERE trigger_id = $1 FOR SHARE',
                     "w",
                 )
-                claimed: dict[str, int] = {}
-                done = anyio.Event()
-
-                async def claim() -> None:
-                    claimed.update(await store.aclaim_leases("b", ["w"], TTL))
-                    done.set()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(claim)
-                    with anyio.fail_after(10):
-                        while True:  # until the claim waits for our lock
-                            waiting = await conn.fetchval(
-                                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
-                                "'Lock' AND position($1 in query) > 0",
-                                f'"{pg_schema}".trigger_leases',
-                            )
-                            if waiting:
-                                break
-                            await anyio.sleep(0.01)
-                    assert not done.is_set()
-                    await tx.commit()
-                    with anyio.fail_after(10):
-                        await done.wait()
+                with anyio.fail_after(10):
+                    assert await store.aclaim_leases("b", ["w"], TTL) == {}
+                (lease,) = await store.alist_leases()
+                assert (lease.owner, lease.token) == ("a", 1)
+                await tx.commit()
             finally:
                 await conn.close()
-            assert claimed == {"w": 2}
+            assert await store.aclaim_leases("b", ["w"], TTL) == {"w": 2}
+
+    async def test_the_database_clock_decides_expiry(self, pg_dsn: str, pg_schema: str) -> None:
+        """Without a clock of its own the backend uses now() of the server: a node lease
+        renewed for 30 s is live at the server's time, whatever the process's clock says."""
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
+            beat = await store.arenew_node("a", 30)
+            (node,) = beat.nodes
+            assert timedelta(seconds=29) < node.expires_at - beat.now <= timedelta(seconds=30)
+            token = (await store.aclaim_leases("a", ["w"], 30))["w"]
+            await store.aregister_assets([Asset("orders")])
+            events = await store.acommit_event(commit(Fence("w", "a", token), {"n": 1}, 1))
+            assert len(events) == 1
+
+    async def test_sessions_carry_a_name_and_an_idle_timeout(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """Every connection, the lease ones included, sets the session settings it is given."""
+        settings = {"application_name": "wk-test", "idle_in_transaction_session_timeout": "2500"}
+        backend = PostgresStateBackend(pg_dsn, schema=pg_schema, server_settings=settings)
+        async with backend as store:
+            rows = await store._fetch(
+                "reading settings",
+                "SELECT current_setting('application_name'), "
+                "current_setting('idle_in_transaction_session_timeout')",
+            )
+            assert tuple(rows[0]) == ("wk-test", "2500ms")

@@ -27,11 +27,12 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def env(db_path: Path) -> dict[str, str]:
-    """The daemon's environment: this test's database, fast heartbeats and GC, JSON logs."""
+    """The daemon's environment: this test's database, fast heartbeats, renewals and GC, JSON logs."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
     clean.update(
         WATCHKEEPER__DATABASE__URL=f"sqlite:///{db_path}",
         WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL="0.2",
+        WATCHKEEPER__TRIGGERER__LEASE_RENEW_INTERVAL="0.2",
         WATCHKEEPER__TRIGGERER__STOP_GRACE=str(STOP_GRACE),
         WATCHKEEPER__TRIGGERER__GC_INTERVAL="0.5",
         WATCHKEEPER__LOGGING__FORMAT="json",

@@ -610,5 +610,7 @@ class TestStatusReport:
                 (row,) = await backend.alist_daemon_status()
                 assert (row.owner, row.watchers_path) == ("me:1:abc", str(d.watchers_path))
                 assert [(r.file, r.watcher) for r in row.refused] == [("broken.py", None)]
-                assert row.lease_ttl == settings.triggerer.lease_seconds
+                # Stale once three heartbeats were missed, or the lease's ttl if longer.
+                t = settings.triggerer
+                assert row.lease_ttl == max(t.lease_seconds, 3 * t.heartbeat_interval)
             assert await backend.alist_daemon_status() == []

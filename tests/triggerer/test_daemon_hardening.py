@@ -134,6 +134,8 @@ class TestHangingImports:
             **env,
             "WATCHKEEPER__TRIGGERER__IMPORT_TIMEOUT": "600",
             "WATCHKEEPER__TRIGGERER__LEASE_TTL": "1.0",
+            "WATCHKEEPER__TRIGGERER__LEASE_RENEW_INTERVAL": "0.25",
+            "WATCHKEEPER__TRIGGERER__LEASE_MARGIN": "0.25",
         }
         marker = tmp_path / "busy.pid"
         async with (
@@ -150,8 +152,11 @@ class TestHangingImports:
             await wait_until(marker.exists, "the reload to import the hanging file", process)
             (hung,) = await backend.alist_leases()
 
+            assert hung.expires_at is not None
+
             async def renewed_long_after() -> bool:
                 (lease,) = await backend.alist_leases()
+                assert lease.expires_at is not None and hung.expires_at is not None
                 return lease.expires_at > hung.expires_at + timedelta(seconds=3)
 
             await wait_until(renewed_long_after, "three lease lifetimes of renewals", process)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -43,7 +44,7 @@ from tests.support.runtime import fast, watch_logs
 
 ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
-TTL = 7200.0  # above the daemons' heartbeat of 3600 s, which never fires in these tests
+TTL = 7200.0  # above the daemons' renewal interval of 3600 s, which never fires here
 WAIT = 10.0
 
 
@@ -199,7 +200,8 @@ class TestSharedDaemons:
                 watchers_path=watchers,
                 gc_interval=0,
                 stop_grace=1,
-                heartbeat_interval=3600,  # no heartbeat unless the test calls renew_leases()
+                heartbeat_interval=3600,
+                lease_renew_interval=3600,  # no renewal unless the test calls renew_leases()
                 lease_ttl=TTL,
             )
         )
@@ -340,17 +342,92 @@ class TestSharedDaemons:
             assert sorted((x.owner, x.token) for x in leases) == [("d1", 1), ("d2", 1)]
 
 
+async def committed(db: MetastoreBackend, count: int) -> None:
+    """Return once ``count`` events were committed (at most WAIT seconds)."""
+    with anyio.fail_after(WAIT):
+        while True:
+            if len(await db.alist_events()) >= count:
+                return
+            await anyio.sleep(0.02)
+
+
+class TestNodeLeaseDeadline:
+    async def test_a_daemon_past_its_deadline_stops_its_watchers_and_resumes_them(
+        self, tmp_path: Path
+    ) -> None:
+        """While the store cannot renew the node lease (another connection holds SQLite's
+        write lock), the daemon stops its watchers once its monotonic deadline passed
+        (``node_lease_lapsed``) but keeps their leases; once renewing works again and finds
+        the lease still its own, it runs them again under the same token, without a gap."""
+        source = tmp_path / "alpha.txt"
+        watchers = tmp_path / "watchers"
+        watchers.mkdir()
+        (watchers / "lines.py").write_text(LINES_WATCHER)
+        (watchers / "alpha.py").write_text(asset_file("alpha", source))
+        append_lines(source, 1, 2)
+        settings = Settings(
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                gc_interval=0,
+                stop_grace=1,
+                heartbeat_interval=0.2,
+                lease_renew_interval=0.2,
+                lease_ttl=1.0,
+                lease_margin=0.5,
+            )
+        )
+        db_path = tmp_path / "state.db"
+
+        def lock() -> sqlite3.Connection:
+            conn = sqlite3.connect(
+                db_path, isolation_level=None, timeout=30, check_same_thread=False
+            )
+            conn.execute("BEGIN IMMEDIATE")
+            return conn
+
+        def unlock(conn: sqlite3.Connection) -> None:
+            conn.execute("ROLLBACK")
+            conn.close()
+
+        async with SqliteStateBackend(db_path) as db, Daemon(settings, backend=db) as d:
+            (trigger_id,) = d.groups
+            await committed(db, 2)
+            with watch_logs() as logs:
+                held = await anyio.to_thread.run_sync(lock)
+                try:
+                    (lapsed,) = await logs.wait_for("node_lease_lapsed")
+                    assert lapsed["stopped"] == 1
+                    assert d.groups == {}
+                    assert d.leases.held == {trigger_id: 1}  # kept: not known to be lost
+                finally:
+                    await anyio.to_thread.run_sync(unlock, held)
+                append_lines(source, 3, 3)
+                await committed(db, 3)
+            assert list(d.groups) == [trigger_id]
+            assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
+            assert [e.payload["n"] for e in await db.alist_events()] == [1, 2, 3]
+
+
 class TestLeaseSettings:
-    def test_the_ttl_defaults_to_three_heartbeats(self) -> None:
-        """Without lease_ttl a lease lasts three heartbeats; an explicit one wins."""
-        assert TriggererSettings(heartbeat_interval=2).lease_seconds == 6
-        assert TriggererSettings(heartbeat_interval=2, lease_ttl=5).lease_seconds == 5
+    def test_the_ttl_defaults_to_three_renewals(self) -> None:
+        """Without lease_ttl a node lease lasts three renewals; an explicit one wins."""
+        assert TriggererSettings().lease_seconds == 3
+        assert TriggererSettings(lease_renew_interval=2).lease_seconds == 6
+        assert TriggererSettings(lease_renew_interval=2, lease_ttl=5).lease_seconds == 5
 
     @pytest.mark.parametrize("ttl", [1.0, 2.0])
-    def test_a_ttl_within_one_heartbeat_is_refused(self, ttl: float) -> None:
-        """A lease_ttl not above the heartbeat would lapse between renewals: refused."""
-        with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed heartbeat_interval"):
-            TriggererSettings(heartbeat_interval=2, lease_ttl=ttl)
+    def test_a_ttl_within_one_renewal_is_refused(self, ttl: float) -> None:
+        """A lease_ttl not above the renewal interval would lapse between renewals: refused."""
+        with pytest.raises(ValueError, match=r"lease_ttl \(.*\) must exceed lease_renew_interval"):
+            TriggererSettings(lease_renew_interval=2, lease_ttl=ttl)
+
+    def test_a_margin_past_the_next_renewal_is_refused(self) -> None:
+        """A lease_margin that would stop the watchers before the next renewal is due is
+        refused; unset, it is half a renewal interval."""
+        with pytest.raises(ValueError, match=r"lease_margin \(2.0\) must be below"):
+            TriggererSettings(lease_margin=2)
+        assert TriggererSettings().lease_margin_seconds == 0.5
+        assert TriggererSettings(lease_margin=1.5).lease_margin_seconds == 1.5
 
 
 class TestDeadLocalOwner:
@@ -371,12 +448,13 @@ class TestDeadLocalOwner:
         assert not is_dead_local_owner("not-an-identity")
 
     async def test_leases_of_a_killed_local_daemon_are_taken_at_once(self, tmp_path: Path) -> None:
-        """A lease still live but held by a dead daemon of this host is freed and taken over
-        without waiting for its time to live."""
+        """A node lease still live but held by a dead daemon of this host is reaped at the
+        next renewal, and its leases taken over without waiting for its time to live."""
         proc = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
         dead_owner = f"{socket.gethostname()}:{int(proc.stdout)}:dead00"
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
             assert await backend.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
             keeper = LeaseKeeper(backend, "me:1:abc", ttl=30)
-            assert await keeper.free_among(["t1"]) == ["t1"]
+            await keeper.renew()
+            assert keeper.free_hint(1, 0)
             assert await keeper.claim(["t1"]) == {"t1": 2}

@@ -219,7 +219,9 @@ class TestPostgresOutage:
             database=DatabaseSettings(url=SecretStr(dsn)),
             triggerer=TriggererSettings(
                 watchers_path=watchers,
-                heartbeat_interval=0.2,  # leases last 0.6 s: the outage outlives them
+                heartbeat_interval=0.2,
+                lease_renew_interval=0.2,  # leases last 0.6 s: the outage outlives them
+                lease_margin=0.1,
                 gc_interval=0.5,
                 stop_grace=2,
                 backoff_initial=0.05,

@@ -1,31 +1,50 @@
 """Trigger leases: the rules every backend shares (argument checks, the fence check).
 
-A lease says which daemon runs a trigger. ``aclaim_leases(owner, ids, ttl)`` takes each lease
-that is free (never claimed, released, or expired) and renews the ones ``owner`` already holds,
-all until ``now + ttl``; a lease that changes hands gets ``token = previous token + 1`` (the
-first claim gets 1), a renewal keeps its token. ``arelease_leases`` frees the leases ``owner``
-holds (the row stays, with no owner, so the next holder's token is still higher).
+A lease says which daemon runs a trigger. It is two things:
 
-Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the transaction
-that would write, that the lease row names the fence's owner and token and has not expired at
-the write's own timestamp. If not, the write stores nothing and raises
-:class:`~watchkeeper.store.errors.LeaseLostError`. Times come from the backend's ``clock``, so
-the daemons sharing a database need clocks that agree to well within a lease's ``ttl``; the
-token, not the clock, is what keeps a stale daemon's writes out.
+- a **node lease** per daemon (``owner``): one row, renewed every second or so by
+  ``arenew_node(owner, ttl)`` until ``now + ttl`` on the store's clock (the database's, on
+  PostgreSQL). One that expired is *reaped* by the next daemon that renews or claims: marked
+  dead by an update that serialises with its owner's renewal, so either the renewal wins and
+  the node lives on, or the reaping wins and the renewal learns it (``renewed=False``: the
+  node starts afresh and every trigger lease it held is gone);
+- a **trigger lease** per trigger: its holder and its *token* (the trigger's epoch). It has no
+  expiry of its own and is never renewed: it lives as long as its holder's node lease. It is
+  free when released (owner NULL), never claimed, or held by a node lease that is dead or gone.
+  ``aclaim_leases`` takes free ones (each gets ``token + 1``, the first claim 1) and never
+  touches another live node's; ``arelease_leases`` frees the holder's own (the row stays, so
+  the next holder's token is still higher).
+
+Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the
+transaction that would write, that the trigger lease names the fence's owner and token and
+that the owner's node lease is alive and not expired at the write's time. If not, the write
+stores nothing and raises :class:`~watchkeeper.store.errors.LeaseLostError`. The token, not
+the clock, is what keeps a stale daemon's writes out: another daemon can only take the lease
+(token + 1) once the old node lease was reaped.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from ._types import Fence
 from .errors import ArgumentTypeError, InvalidArgumentError, LeaseLostError
 
-__all__ = ["HeldLease", "check_fence", "check_owner", "check_trigger_ids", "check_ttl"]
+__all__ = [
+    "HeldLease",
+    "check_fence",
+    "check_limit",
+    "check_owner",
+    "check_trigger_ids",
+    "check_ttl",
+    "spread_key",
+]
 
-HeldLease = tuple[str | None, int, datetime]
-"""A lease row as the fence check needs it: ``(owner, token, expires_at)``."""
+HeldLease = tuple[str | None, int, datetime | None]
+"""A lease row as the fence check needs it: ``(owner, token, expires_at)``, the expiry being
+the holder's node lease's (``None`` when that node lease is dead or gone)."""
 
 
 def check_owner(owner: object) -> str:
@@ -65,11 +84,31 @@ def check_fence(fence: Fence, held: HeldLease | None, now: datetime) -> None:
     else:
         owner, token, expires_at = held
         if owner == fence.owner and token == fence.token:
-            if expires_at > now:
+            if expires_at is None:
+                reason = "the node lease of its daemon lapsed and was reaped"
+            elif expires_at > now:
                 return
-            reason = f"it expired at {expires_at.isoformat()}"
+            else:
+                reason = f"it expired at {expires_at.isoformat()}"
         elif owner is None:
             reason = f"it was released (token {token})"
         else:
             reason = f"{owner!r} holds it with token {token}"
     raise LeaseLostError(fence.trigger_id, fence.owner, fence.token, reason)
+
+
+def check_limit(limit: object) -> int | None:
+    """How many free leases a claim may take: None (all) or an int >= 0."""
+    if limit is None:
+        return None
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise ArgumentTypeError("limit", limit, "an int or None")
+    if limit < 0:
+        raise InvalidArgumentError("limit", limit, "must be >= 0")
+    return limit
+
+
+def spread_key(owner: str, trigger_id: str) -> str:
+    """The order ``owner`` claims free leases in: a different one for each daemon, so daemons
+    claiming at once mostly take different leases (PostgreSQL: ``md5(trigger_id || owner)``)."""
+    return hashlib.md5((trigger_id + owner).encode(), usedforsecurity=False).hexdigest()

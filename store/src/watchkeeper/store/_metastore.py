@@ -14,10 +14,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+import anyio
+
 from ._backend import BaseStateBackend
 from ._daemons import check_daemon_status, check_owners
 from ._gc import GcPlan, gc_plan
-from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._leases import check_limit, check_owner, check_trigger_ids, check_ttl
 from ._types import (
     Asset,
     AssetEvent,
@@ -27,6 +29,7 @@ from ._types import (
     EventCommit,
     GcReport,
     Lease,
+    NodeHeartbeat,
     TriggerStatus,
 )
 from ._values import check_events_query, check_name
@@ -169,36 +172,79 @@ class MetastoreBackend(BaseStateBackend, ABC):
         self._check_open()
         return await self._alist_daemon_status()
 
-    # -- trigger leases ----------------------------------------------------------------------
+    # -- node and trigger leases (the rules are in ._leases) ------------------------------------
+
+    async def arenew_node(self, owner: str, ttl: timedelta | float) -> NodeHeartbeat:
+        """Renew ``owner``'s node lease until now + ``ttl`` (creating it when missing or reaped),
+        reap the other node leases that expired, and list them all. O(1) in the number of
+        trigger leases: a daemon calls this every second or so. A node lease created afresh
+        wakes the daemons waiting in :meth:`await_lease_release`, so they make room for it."""
+        self._check_open()
+        beat = await self._arenew_node(check_owner(owner), check_ttl(ttl))
+        if not beat.renewed:  # a node joined: the others may rebalance now
+            self._lease_signal().set()
+        return beat
 
     async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+        self,
+        owner: str,
+        trigger_ids: Sequence[str],
+        ttl: timedelta | float,
+        *,
+        limit: int | None = None,
     ) -> dict[str, int]:
-        """Claim the leases of ``trigger_ids`` for ``owner`` until now + ``ttl`` (seconds or a
-        timedelta); return ``{trigger_id: token}`` of those ``owner`` now holds.
+        """Renew ``owner``'s node lease for ``ttl`` (as :meth:`arenew_node`), take up to
+        ``limit`` free leases among ``trigger_ids``, and return ``{trigger_id: token}`` of
+        those of ``trigger_ids`` that ``owner`` now holds.
 
-        Takes each lease that is free (never claimed, released or expired) and renews those
-        ``owner`` already holds. A lease that changes hands gets the previous token + 1 (the
-        first claim gets 1); a renewal keeps its token. Leases held by another owner and not
-        expired are left alone. See :mod:`._leases` for fencing.
+        A free lease (never claimed, released, or held by a node lease that was reaped) is
+        taken with the previous token + 1 (the first claim gets 1); a lease ``owner`` holds
+        keeps its token. Leases held by another live node are left alone, and so are those a
+        fenced write is committing under at this moment (the next claim takes them).
+        Daemons claiming at once take free leases in different orders.
         """
         self._check_open()
         owner, ids, span = check_owner(owner), check_trigger_ids(trigger_ids), check_ttl(ttl)
-        if not ids:
-            return {}
-        return await self._aclaim_leases(owner, ids, span)
+        return await self._aclaim_leases(owner, ids, span, check_limit(limit))
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None:
-        """Free the leases of ``trigger_ids`` that ``owner`` holds, so another can take them now."""
+    async def arelease_leases(
+        self, owner: str, trigger_ids: Sequence[str], *, leave: bool = False
+    ) -> None:
+        """Free the leases of ``trigger_ids`` that ``owner`` holds, so another can take them now;
+        ``leave=True`` (a daemon shutting down) frees every lease it holds and ends its node
+        lease. Daemons waiting in :meth:`await_lease_release` are woken."""
         self._check_open()
         owner, ids = check_owner(owner), check_trigger_ids(trigger_ids)
-        if ids:
-            await self._arelease_leases(owner, ids)
+        if ids or leave:
+            await self._arelease_leases(owner, ids, bool(leave))
+            self._lease_signal().set()
+
+    async def abreak_node(self, owner: str) -> bool:
+        """Reap ``owner``'s node lease now, expired or not (its process is known to be gone);
+        False when there was no live one."""
+        self._check_open()
+        return await self._abreak_node(check_owner(owner))
 
     async def alist_leases(self) -> builtins.list[Lease]:
         """Every lease row (released ones with ``owner=None``), ordered by trigger_id."""
         self._check_open()
         return await self._alist_leases()
+
+    async def await_lease_release(self) -> None:
+        """Return once a daemon released leases or joined (bound the wait with a cancel scope).
+
+        In-process only here (daemons sharing this backend object); PostgreSQL overrides it
+        with LISTEN/NOTIFY so that daemons on other machines are woken too.
+        """
+        self._check_open()
+        await self._lease_signal().wait()
+        self.__dict__["_lease_event"] = anyio.Event()
+
+    def _lease_signal(self) -> anyio.Event:
+        event: anyio.Event | None = self.__dict__.get("_lease_event")
+        if event is None:
+            event = self.__dict__["_lease_event"] = anyio.Event()
+        return event
 
     # -- hooks: called with checked arguments, on an open store --------------------------------
 
@@ -248,13 +294,21 @@ class MetastoreBackend(BaseStateBackend, ABC):
     async def _alist_daemon_status(self) -> builtins.list[DaemonStatus]: ...
 
     @abstractmethod
-    async def _aclaim_leases(
-        self, owner: str, trigger_ids: builtins.list[str], ttl: timedelta
-    ) -> dict[str, int]:
-        """Claim these leases (distinct sorted ids, at least one) for ``ttl``."""
+    async def _arenew_node(self, owner: str, ttl: timedelta) -> NodeHeartbeat: ...
 
     @abstractmethod
-    async def _arelease_leases(self, owner: str, trigger_ids: builtins.list[str]) -> None: ...
+    async def _aclaim_leases(
+        self, owner: str, trigger_ids: builtins.list[str], ttl: timedelta, limit: int | None
+    ) -> dict[str, int]:
+        """Renew the node, then claim (distinct sorted ids, maybe none)."""
+
+    @abstractmethod
+    async def _arelease_leases(
+        self, owner: str, trigger_ids: builtins.list[str], leave: bool
+    ) -> None: ...
+
+    @abstractmethod
+    async def _abreak_node(self, owner: str) -> bool: ...
 
     @abstractmethod
     async def _alist_leases(self) -> builtins.list[Lease]: ...

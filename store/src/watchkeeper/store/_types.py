@@ -28,6 +28,8 @@ __all__ = [
     "Fence",
     "GcReport",
     "Lease",
+    "NodeHeartbeat",
+    "NodeLease",
     "Put",
     "RawEntry",
     "RefusedDefinition",
@@ -177,14 +179,46 @@ class Fence:
 class Lease:
     """A trigger's lease row: who holds it (``None`` once released), its token and expiry.
 
-    ``token`` grows by one each time the lease passes to another holder, so a write fenced
-    with an older token is recognisably stale.
+    ``token`` (the trigger's epoch) grows by one each time the lease passes to another
+    holder, so a write fenced with an older token is recognisably stale. A trigger lease has
+    no time to live of its own: it lasts as long as its holder's node lease (see
+    :class:`NodeLease`), and ``expires_at`` is that node lease's expiry (``None`` when the
+    lease is released or its holder's node lease was reaped).
     """
 
     trigger_id: str
     owner: str | None
     token: int
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLease:
+    """One daemon's node lease: renewed every second or so, it keeps every trigger lease the
+    daemon holds alive. ``alive`` turns False when another daemon reaps it after
+    ``expires_at`` (on the database's clock); ``held`` counts the trigger leases it holds."""
+
+    owner: str
+    alive: bool
     expires_at: datetime
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHeartbeat:
+    """What renewing a node lease found: ``renewed`` is False when the node lease had to be
+    created afresh (the first time, or after another daemon reaped it: every trigger lease
+    the node held before is then gone); ``nodes`` lists every node lease after the renewal
+    and the reaping of expired ones (``reaped`` names those), ``now`` is the store's clock."""
+
+    renewed: bool
+    nodes: tuple[NodeLease, ...]
+    reaped: tuple[str, ...]
+    now: datetime
+
+    def live(self) -> list[NodeLease]:
+        """The node leases alive and not expired at ``now``, by owner."""
+        return [n for n in self.nodes if n.alive and n.expires_at > self.now]
 
 
 @dataclass(frozen=True, slots=True)

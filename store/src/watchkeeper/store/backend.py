@@ -53,6 +53,8 @@ from ._types import (
     Fence,
     GcReport,
     Lease,
+    NodeHeartbeat,
+    NodeLease,
     Put,
     RawEntry,
     RefusedDefinition,
@@ -94,6 +96,8 @@ __all__ = [
     "Lease",
     "LeaseTable",
     "MetastoreBackend",
+    "NodeHeartbeat",
+    "NodeLease",
     "OperatorControls",
     "OutletEvent",
     "Put",
@@ -201,15 +205,33 @@ class DaemonTable(Protocol):
 
 @runtime_checkable
 class LeaseTable(Protocol):
-    """Trigger leases with fencing tokens: which daemon runs which trigger."""
+    """Node leases and trigger leases with fencing tokens: which daemon runs which trigger.
+
+    A daemon renews its one node lease every second or so (O(1) whatever it runs); its
+    trigger leases live as long as it and carry the tokens its writes are fenced with. See
+    :mod:`watchkeeper.store._leases` for the rules every built-in backend follows.
+    """
+
+    async def arenew_node(self, owner: str, ttl: timedelta | float) -> NodeHeartbeat: ...
 
     async def aclaim_leases(
-        self, owner: str, trigger_ids: Sequence[str], ttl: timedelta | float
+        self,
+        owner: str,
+        trigger_ids: Sequence[str],
+        ttl: timedelta | float,
+        *,
+        limit: int | None = None,
     ) -> dict[str, int]: ...
 
-    async def arelease_leases(self, owner: str, trigger_ids: Sequence[str]) -> None: ...
+    async def arelease_leases(
+        self, owner: str, trigger_ids: Sequence[str], *, leave: bool = False
+    ) -> None: ...
+
+    async def abreak_node(self, owner: str) -> bool: ...
 
     async def alist_leases(self) -> list[Lease]: ...
+
+    async def await_lease_release(self) -> None: ...
 
 
 CAPABILITIES: tuple[type, ...] = (

@@ -5,12 +5,12 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Self
 
 from ._gc import GcPlan
-from ._leases import HeldLease, check_fence
+from ._leases import HeldLease, check_fence, spread_key
 from ._memory_controls import MemoryControls
 from ._memory_tasks import MemoryTasks
 from ._metastore import MetastoreBackend
@@ -25,6 +25,8 @@ from ._types import (
     Fence,
     GcReport,
     Lease,
+    NodeHeartbeat,
+    NodeLease,
     Put,
     RawEntry,
     StateScope,
@@ -73,7 +75,8 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
         self._dedup: set[tuple[int, str]] = set()
         self._statuses: dict[str, TriggerStatus] = {}
         self._daemons: dict[str, DaemonStatus] = {}
-        self._leases: dict[str, HeldLease] = {}
+        self._leases: dict[str, tuple[str | None, int]] = {}  # trigger id: (owner, token)
+        self._nodes: dict[str, NodeLease] = {}
         self._init_tasks()
         self._init_controls()
         self._open = True  # usable without 'async with'; entering it is harmless
@@ -108,15 +111,23 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
                 return row
         raise AssetNotFoundError(str(scope))
 
+    def _held(self, trigger_id: str) -> HeldLease | None:
+        """With the lock held: the lease row with its holder's node lease expiry."""
+        row = self._leases.get(trigger_id)
+        if row is None:
+            return None
+        node = self._nodes.get(row[0]) if row[0] is not None else None
+        return row[0], row[1], node.expires_at if node is not None and node.alive else None
+
     def _check_fence(self, fence: Fence | None, now: datetime) -> None:
         """With the lock held: refuse a write whose fence is not the live lease."""
         if fence is not None:
-            check_fence(fence, self._leases.get(fence.trigger_id), now)
+            check_fence(fence, self._held(fence.trigger_id), now)
 
     def _check_writer(self, writer: Writer | None) -> None:
         """With the lock held: refuse a write by a writer whose fence is not the live lease."""
         if writer is not None and writer.fence is not None:
-            check_fence(writer.fence, self._leases.get(writer.fence.trigger_id), self.clock())
+            check_fence(writer.fence, self._held(writer.fence.trigger_id), self.clock())
 
     def _task_key(self, scope: TaskScope, key: str) -> _TaskRow:
         return (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
@@ -381,32 +392,66 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
         with self._lock:
             return [self._daemons[k] for k in sorted(self._daemons)]
 
-    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
-        held: dict[str, int] = {}
-        with self._lock:
-            now = self.clock()
-            for trigger_id in ids:
-                row = self._leases.get(trigger_id)
-                if row is None:
-                    token = 1
-                else:
-                    holder, token, expires_at = row
-                    if holder != owner:
-                        if holder is not None and expires_at > now:
-                            continue  # another owner's live lease
-                        token += 1
-                self._leases[trigger_id] = (owner, token, now + span)
-                held[trigger_id] = token
-        return held
+    def _renew_node(self, owner: str, span: timedelta, now: datetime) -> NodeHeartbeat:
+        """With the lock held: renew or (re)create ``owner``'s node lease, reap the others."""
+        node = self._nodes.get(owner)
+        renewed = node is not None and node.alive
+        if not renewed:  # new, or reaped: whatever it held before is free
+            for trigger_id, (holder, token) in self._leases.items():
+                if holder == owner:
+                    self._leases[trigger_id] = (None, token)
+        self._nodes[owner] = NodeLease(owner, True, now + span, 0)
+        reaped = []
+        for name, other in self._nodes.items():
+            if other.alive and name != owner and other.expires_at <= now:
+                self._nodes[name] = replace(other, alive=False)
+                reaped.append(name)
+        counts: dict[str | None, int] = {}
+        for holder, _ in self._leases.values():
+            counts[holder] = counts.get(holder, 0) + 1
+        for name in [n for n, x in self._nodes.items() if not x.alive and not counts.get(n)]:
+            del self._nodes[name]  # reaped and taken over: nothing left to free
+        nodes = tuple(replace(self._nodes[n], held=counts.get(n, 0)) for n in sorted(self._nodes))
+        return NodeHeartbeat(renewed, nodes, tuple(sorted(reaped)), now)
 
-    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
+    async def _arenew_node(self, owner: str, span: timedelta) -> NodeHeartbeat:
         with self._lock:
-            now = self.clock()
-            for trigger_id in ids:
-                row = self._leases.get(trigger_id)
-                if row is not None and row[0] == owner:
-                    self._leases[trigger_id] = (None, row[1], now)
+            return self._renew_node(owner, span, self.clock())
+
+    async def _aclaim_leases(
+        self, owner: str, ids: list[str], span: timedelta, limit: int | None
+    ) -> dict[str, int]:
+        with self._lock:
+            self._renew_node(owner, span, self.clock())
+            live = {n for n, node in self._nodes.items() if node.alive}
+            free = [
+                t
+                for t in ids
+                if (row := self._leases.get(t)) is None or row[0] is None or row[0] not in live
+            ]
+            free.sort(key=lambda t: spread_key(owner, t))
+            for trigger_id in free[:limit]:
+                _, token = self._leases.get(trigger_id, (None, 0))
+                self._leases[trigger_id] = (owner, token + 1)
+            return {t: row[1] for t in ids if (row := self._leases.get(t)) and row[0] == owner}
+
+    async def _arelease_leases(self, owner: str, ids: list[str], leave: bool) -> None:
+        with self._lock:
+            targets = set(ids)
+            for trigger_id, (holder, token) in self._leases.items():
+                if holder == owner and (leave or trigger_id in targets):
+                    self._leases[trigger_id] = (None, token)
+            if leave:
+                self._nodes.pop(owner, None)
+
+    async def _abreak_node(self, owner: str) -> bool:
+        with self._lock:
+            node = self._nodes.get(owner)
+            if node is None or not node.alive:
+                return False
+            self._nodes[owner] = replace(node, alive=False)
+            return True
 
     async def _alist_leases(self) -> list[Lease]:
         with self._lock:
-            return [Lease(k, *self._leases[k]) for k in sorted(self._leases)]
+            return [Lease(k, *self._held(k)) for k in sorted(self._leases)]  # type: ignore[misc]

@@ -1,11 +1,21 @@
-"""The daemon's side of trigger leases: its identity, and claiming and releasing its leases.
+"""The daemon's side of leases: its identity, its node lease, and its watchers' leases.
 
 Several daemons may share one database. Each trigger runs only on the daemon that holds its
-lease (a row in the store, see :class:`watchkeeper.store.backend.LeaseTable`). Every heartbeat a daemon
-claims the leases of all the triggers it loaded: it renews those it holds and takes those that
-are free (never claimed, released, or expired because their holder died). It runs a trigger
-only under the lease's token, and its writes are fenced on it, so a daemon that was paused
-past the lease's time to live and wakes up finds its writes refused by the store.
+lease (see :class:`watchkeeper.store.backend.LeaseTable`). A daemon renews one *node lease*
+every ``lease_renew_interval`` (one row, however many triggers it runs); its trigger leases live
+as long as that, each with a token (the trigger's epoch) that changes only when the trigger
+changes daemon. Its writes are fenced on that token, so a daemon that was paused past its node
+lease's time to live and wakes up finds its writes refused by the store.
+
+:class:`LeaseKeeper` keeps a *deadline* on the monotonic clock: the time the last successful
+renewal was sent, plus the time to live, minus a margin. Past it without a renewal, the
+daemon must stop its own triggers (it cannot know whether its node lease still lives), which
+:meth:`LeaseKeeper.lapsed` tells.
+
+Balance: with N live daemons and W triggers wanted, each daemon's share is ``W // N``, one
+more for the ``W % N`` daemons that hold the most now (so that shares move as little as
+possible), at most ``capacity``. A daemon under its share claims free leases; one over it
+releases the excess, which the others (woken by the release) claim.
 
 A backend without lease support (a custom one) makes the daemon run every trigger unfenced,
 as a single daemon would; :class:`LeaseKeeper` then answers ``None`` and logs that once.
@@ -16,11 +26,12 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterable
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import LeaseTable, get_logger
+from watchkeeper.store.backend import LeaseTable, NodeHeartbeat, get_logger
 
 from ._supervisor import describe_error
 
@@ -29,6 +40,10 @@ __all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 log = get_logger(__name__)
 
 _RELEASE_TIMEOUT = 5.0
+_LOGGED = 20
+"""Leases logged one by one per claim (or loss); past that, one line with the count."""
+_CLAIM_CHUNK = 500
+"""Free leases taken per claim transaction."""
 
 
 def daemon_identity() -> str:
@@ -65,68 +80,124 @@ def is_dead_local_owner(owner: str) -> bool:
 
 
 class LeaseKeeper:
-    """Claims and releases one daemon's leases and remembers which ones it holds."""
+    """Renews one daemon's node lease, claims and releases its trigger leases, and remembers
+    which ones it holds."""
 
-    def __init__(self, backend: BaseStateBackend, owner: str, ttl: float) -> None:
+    def __init__(
+        self, backend: BaseStateBackend, owner: str, ttl: float, *, margin: float = 0.0
+    ) -> None:
         if ttl <= 0:
             raise ValueError(f"ttl must be positive, got {ttl}")
+        if not 0 <= margin < ttl:
+            raise ValueError(f"margin must be in [0, ttl), got {margin}")
         self.backend = backend
         self.owner = owner
         self.ttl = ttl
+        self.margin = margin
         self._table = backend if isinstance(backend, LeaseTable) else None
         self.supported = self._table is not None
         """False for a backend without leases: every trigger then runs here, unfenced."""
         if self._table is None:
             log.info("leases_unsupported", backend=type(backend).__name__)
         self._held: dict[str, int] = {}
+        self._joined = False
+        self.deadline: float | None = None
+        """Monotonic time past which this daemon's node lease may have expired (None before
+        the first renewal)."""
+        self.last_beat: NodeHeartbeat | None = None
+        self._renewal = anyio.Event()
 
     def __repr__(self) -> str:
         return f"<LeaseKeeper owner={self.owner!r} held={len(self._held)} ttl={self.ttl}>"
 
     @property
     def held(self) -> dict[str, int]:
-        """Token by trigger id of the leases the last claim returned (minus those released)."""
+        """Token by trigger id of the leases held (as of the last renewal, claim or release)."""
         return dict(self._held)
 
-    async def claim(self, trigger_ids: Iterable[str]) -> dict[str, int] | None:
-        """Renew or take the leases of ``trigger_ids``; the tokens now held, or ``None`` when
-        the backend has no leases (then every trigger runs here, unfenced)."""
+    async def wait_renewal(self) -> None:
+        """Return at the next successful renewal (or claim) of the node lease."""
+        await self._renewal.wait()
+
+    def lapsed(self) -> bool:
+        """True when the deadline passed without a renewal: this daemon's triggers must stop."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _renewed(self, sent: float, renewed: bool) -> None:
+        if not renewed and self._joined and self._held:
+            # Reaped while we could not renew: every lease we held may run elsewhere now.
+            for trigger_id, token in sorted(self._held.items())[:_LOGGED]:
+                log.warning("lease_moved", trigger_id=trigger_id, token=token)
+            log.warning("node_lease_reaped", owner=self.owner, leases=len(self._held))
+            self._held = {}
+        self._joined = True
+        self.deadline = sent + self.ttl - self.margin
+        self._renewal.set()
+        self._renewal = anyio.Event()
+
+    async def renew(self) -> NodeHeartbeat | None:
+        """Renew the node lease (O(1)); reap, now, the node lease of a daemon of this host
+        whose process is gone. None without lease support."""
         if self._table is None:
             return None
-        ids = sorted(set(trigger_ids))
-        tokens = await self._table.aclaim_leases(self.owner, ids, self.ttl)
-        for trigger_id in ids:
-            if trigger_id in tokens:
-                if self._held.get(trigger_id) != tokens[trigger_id]:
-                    log.info("lease_acquired", trigger_id=trigger_id, token=tokens[trigger_id])
-            elif trigger_id in self._held:
-                log.warning("lease_moved", trigger_id=trigger_id, token=self._held[trigger_id])
-        self._held = {k: v for k, v in self._held.items() if k not in ids} | tokens
-        return tokens
+        sent = time.monotonic()
+        beat = await self._table.arenew_node(self.owner, self.ttl)
+        self._renewed(sent, beat.renewed)
+        for node in beat.live():
+            if is_dead_local_owner(node.owner) and await self._table.abreak_node(node.owner):
+                # A daemon of this host killed with -9: its watchers move now rather than
+                # after their time to live, so a restarted daemon resumes at once.
+                log.info("dead_owner_leases_released", owner=node.owner)
+                beat = await self._table.arenew_node(self.owner, self.ttl)
+                self._renewed(sent, beat.renewed)
+        self.last_beat = beat
+        return beat
 
-    async def free_among(self, trigger_ids: Iterable[str]) -> list[str]:
-        """``trigger_ids`` without those whose lease another daemon holds (and has not let
-        expire), in the given order: the ones a claim could take or renew."""
-        ids = list(trigger_ids)
+    def share(self, wanted: int, capacity: int) -> int:
+        """How many of ``wanted`` triggers this daemon should run (see the module docstring)."""
+        beat = self.last_beat
+        live = [] if beat is None else beat.live()
+        if self.owner not in {n.owner for n in live}:
+            return min(wanted, capacity)
+        live.sort(key=lambda n: (-n.held, n.owner))
+        base, extra = divmod(wanted, len(live))
+        rank = next(i for i, n in enumerate(live) if n.owner == self.owner)
+        return min(base + (1 if rank < extra else 0), capacity)
+
+    def free_hint(self, wanted: int, mine: int) -> bool:
+        """Whether some of ``wanted`` triggers (``mine`` of them held here) may have no live
+        holder, as of the last renewal: the other live node leases' counts and ours do not
+        cover them."""
+        beat = self.last_beat
+        if beat is None:
+            return True
+        others = sum(n.held for n in beat.live() if n.owner != self.owner)
+        return others + mine < wanted
+
+    async def claim(self, trigger_ids: Iterable[str], limit: int | None = None) -> dict[str, int]:
+        """Take up to ``limit`` free leases among ``trigger_ids`` (renewing the node lease);
+        return the tokens of those held among them."""
         if self._table is None:
-            return ids
-        leases = await self._table.alist_leases()
-        now = self.backend.clock()
-        busy: set[str] = set()
-        dead: dict[str, list[str]] = {}
-        for lease in leases:
-            if lease.owner in (None, self.owner) or lease.expires_at <= now:
-                continue
-            if is_dead_local_owner(lease.owner):
-                dead.setdefault(lease.owner, []).append(lease.trigger_id)
-            else:
-                busy.add(lease.trigger_id)
-        for owner, held in dead.items():
-            # A daemon of this host killed with -9: free its leases now rather than after
-            # their time to live, so a restarted daemon resumes at once.
-            await self._table.arelease_leases(owner, held)
-            log.info("dead_owner_leases_released", owner=owner, trigger_ids=held)
-        return [t for t in ids if t not in busy]
+            return {}
+        ids = sorted(set(trigger_ids))
+        tokens: dict[str, int] = {}
+        while True:  # in chunks: each renews the node lease, and none holds rows for long
+            step = _CLAIM_CHUNK if limit is None else min(_CLAIM_CHUNK, limit - len(tokens))
+            sent = time.monotonic()
+            got = await self._table.aclaim_leases(self.owner, ids, self.ttl, limit=step)
+            self._renewed(sent, True)
+            fresh = {t: n for t, n in got.items() if t not in tokens and t not in self._held}
+            tokens.update(got)
+            if len(fresh) < step or (limit is not None and len(tokens) >= limit):
+                break
+            ids = [t for t in ids if t not in got]
+        new = sorted((t, n) for t, n in tokens.items() if self._held.get(t) != n)
+        for trigger_id, token in new[:_LOGGED]:
+            log.info("lease_acquired", trigger_id=trigger_id, token=token)
+        if len(new) > _LOGGED:
+            log.info("leases_acquired", count=len(new))
+        self._held.update(tokens)
+        return tokens
 
     async def release(self, trigger_ids: Iterable[str]) -> None:
         """Free these leases (those held) so another daemon can take them at once."""
@@ -136,14 +207,27 @@ class LeaseKeeper:
         await self._table.arelease_leases(self.owner, ids)
         for trigger_id in ids:
             del self._held[trigger_id]
-        log.info("leases_released", trigger_ids=ids)
+        log.info("leases_released", count=len(ids), trigger_ids=ids[:20])
 
     async def release_all(self) -> None:
-        """Release every held lease, at shutdown: bounded, shielded, and never raising."""
+        """Release every held lease and end the node lease, at shutdown: bounded, shielded,
+        and never raising. The other daemons are woken to take the triggers over at once."""
+        if self._table is None or not self._joined:
+            return
         with anyio.move_on_after(_RELEASE_TIMEOUT, shield=True) as scope:
             try:
-                await self.release(list(self._held))
+                await self._table.arelease_leases(self.owner, [], leave=True)
+                if self._held:
+                    log.info("leases_released", count=len(self._held), leave=True)
+                self._held = {}
             except Exception as exc:  # noqa: BLE001 - they expire on their own after the ttl
                 log.warning("lease_release_failed", error=describe_error(exc))
         if scope.cancelled_caught:
             log.warning("lease_release_failed", error="timed out", timeout=_RELEASE_TIMEOUT)
+
+    async def await_release(self) -> None:
+        """Return once a daemon released leases (never, without lease support)."""
+        if self._table is None:
+            await anyio.sleep_forever()
+        else:
+            await self._table.await_lease_release()

@@ -4,9 +4,8 @@
 the last load of the watcher files defined) and the *running* ones (started on the runner
 with a fence token), and brings the second in line with the first and with the leases:
 
-- :meth:`~TriggerPlacement.claim` renews and takes leases (see :mod:`._leases`): those of
-  the triggers running here unchanged, then as many others as ``capacity`` leaves room for,
-  skipping those another live daemon holds;
+- :meth:`~TriggerPlacement.claim` renews the node lease, and takes free leases up to this
+  daemon's share of the wanted triggers, or marks those over it to shed (see :mod:`._leases`);
 - :meth:`~TriggerPlacement.reconcile` carries out the pure step of :mod:`._reconcile` on
   the runner and releases the leases of triggers that do not run here;
 - :meth:`~TriggerPlacement.apply_last_claim` reconciles with the latest claim, unless a
@@ -44,6 +43,10 @@ __all__ = ["ReloadReport", "TriggerPlacement"]
 
 log = get_logger(__name__)
 
+_AT_ONCE = 64
+"""Triggers started (or stopped) concurrently by one reconcile: more would make one turn of
+the event loop run thousands of first steps (or cancellations) while the renewals wait."""
+
 
 @dataclass(slots=True)
 class ReloadReport:
@@ -74,6 +77,7 @@ class TriggerPlacement:
         self.backend = backend
         self.controls = controls
         self._retried: set[str] = set()
+        self._shed: set[str] = set()
         self._renewed_at: float | None = None
         self.wanted: dict[str, WatcherGroup] = {}
         self.running: dict[str, RunningTrigger] = {}
@@ -96,42 +100,53 @@ class TriggerPlacement:
         self._applied_claim = seq
         await self.reconcile(report, claim, failed)
 
-    async def _to_claim(self) -> list[str]:
-        """The wanted triggers to claim: those running here unchanged, then as many others
-        as ``capacity`` leaves room for (a lease taken beyond it would only keep the trigger
-        from a daemon that has room), skipping those another live daemon holds."""
-        keep = sorted(
-            t
-            for t, running in self.running.items()
-            if t in self.wanted
-            and self.wanted[t].key == running.group.key
-            and not self._paused(running.group)
-        )
-        room = max(self.capacity - len(keep), 0)
-        others = [
-            t
-            for t in sorted(self.wanted)
-            if t not in self.running and not self._paused(self.wanted[t])
-        ]
-        if others:
-            # Skips leases another live daemon holds; frees those of a dead local daemon.
-            others = await self.leases.free_among(others)
-        return keep + others[:room]
-
     async def claim(self) -> tuple[int, Claim]:
-        """Renew and take the leases of the triggers to run here (never takes the lock).
+        """Renew the node lease, then claim or shed leases toward this daemon's share (see
+        :mod:`._leases`); never takes the lock.
 
         The watcher controls are read first: paused watchers are not claimed, and retries
-        asked since the last read are kept for the next apply.
+        asked since the last read are kept for the next apply. Leases over the share are
+        not released here but once their triggers have stopped (by :meth:`reconcile`), so
+        that the daemon taking one over never meets its writes.
         """
+        leases = self.leases
+        if leases.supported:
+            # First: reading the controls takes a pooled connection, which thousands of
+            # watchers reading their state at start-up can keep busy for seconds.
+            await leases.renew()
         if self.controls is not None:
             self._retried |= await self.controls.refresh()
-        claimed = await self._to_claim()
-        tokens = await self.leases.claim(claimed)
+        tokens: dict[str, int] | None = None
+        if leases.supported:
+            want = [t for t in sorted(self.wanted) if not self._paused(self.wanted[t])]
+            held = leases.held
+            mine = [t for t in want if t in held]
+            share = leases.share(len(want), self.capacity)
+            self._shed = set()
+            if len(mine) < share and leases.free_hint(len(want), len(mine)):
+                others = [t for t in want if t not in held]
+                await leases.claim(others, limit=share - len(mine))
+            elif len(mine) > share:
+                # The ones not running go first, then the last by id: a stable choice.
+                order = sorted(mine, key=lambda t: (t not in self.running, t))
+                self._shed = set(order[share:])
+            lapsed = leases.lapsed()
+            tokens = {} if lapsed else {t: n for t, n in leases.held.items() if t not in self._shed}
         self._renewed_at = time.monotonic()
         self._claims += 1
-        self._last_claim = (self._claims, Claim(frozenset(claimed), tokens))
+        asked = frozenset(self.wanted) | frozenset(self.running)
+        self._last_claim = (self._claims, Claim(asked, tokens))
         return self._last_claim
+
+    async def stop_lapsed(self) -> list[str]:
+        """Stop every fenced trigger at once, when the node lease's deadline passed without a
+        renewal (the leases are kept: a later renewal may find them still ours)."""
+        async with self.lock:
+            if not self.leases.lapsed():
+                return []
+            report = ReloadReport()
+            await self.reconcile(report, Claim(frozenset(self.running), {}))
+        return report.stopped
 
     async def apply_last_claim(self) -> ReloadReport:
         """Start and stop triggers to match the latest claim, unless a reload applied a newer
@@ -163,32 +178,59 @@ class TriggerPlacement:
         refused write start afresh.
         """
         runner = self.runner
+        if claim.tokens is not None and self.leases.lapsed():
+            claim = Claim(claim.asked, {})  # a claim from before the lapse: start nothing
         dead = {s.trigger_id for s in runner.statuses() if s.state == "stopped"}
         paused = {t for t, g in self.wanted.items() if self._paused(g)}
         paused |= {t for t, r in self.running.items() if self._paused(r.group)}
         plan = plan_reconcile(self.running, self.wanted, claim, {*restart, *dead}, paused)
-        for trigger_id, save_status in plan.stop:
-            # A trigger another daemon holds now is theirs, status row included.
-            await runner.stop_trigger(trigger_id, save_status=save_status)
+        # Stops and starts run concurrently: each waits for its task (a turn of the event
+        # loop at least), which, one after the other, adds up to seconds with thousands of
+        # triggers on a busy loop, and so would a failover. They go a few dozen at a time.
+        limiter = anyio.CapacityLimiter(_AT_ONCE)
+
+        async def stop(trigger_id: str, save_status: bool) -> None:
+            async with limiter:
+                # A trigger another daemon holds now is theirs, status row included.
+                await runner.stop_trigger(trigger_id, save_status=save_status)
+
+        async with anyio.create_task_group() as tg:
+            for trigger_id, save_status in plan.stop:
+                tg.start_soon(stop, trigger_id, save_status)
+        for trigger_id, _ in plan.stop:
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
         for trigger_id in plan.pause:
             await self._pause_trigger(trigger_id)
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
-        for trigger_id, token in plan.start:
+        refused: dict[str, str] = {}
+
+        async def start(trigger_id: str, token: int | None) -> None:
             group = self.wanted[trigger_id]
             try:
-                await runner.start_trigger(_spec(group, token))
+                async with limiter:
+                    await runner.start_trigger(_spec(group, token))
             except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
-                report.not_started.append(trigger_id)
-                log.error("trigger_not_started", trigger_id=trigger_id, reason=str(exc))
-                continue
+                refused[trigger_id] = str(exc)
+                return
             self.running[trigger_id] = RunningTrigger(group, token)
-            report.started.append(trigger_id)
+
+        async with anyio.create_task_group() as tg:
+            for trigger_id, token in plan.start:
+                tg.start_soon(start, trigger_id, token)
+        for trigger_id, _ in plan.start:
+            if trigger_id in refused:
+                report.not_started.append(trigger_id)
+                log.error("trigger_not_started", trigger_id=trigger_id, reason=refused[trigger_id])
+            else:
+                report.started.append(trigger_id)
         idle = [t for t in self.leases.held if t not in self.running]
-        if idle:  # removed from the files, or not startable here: let another daemon have it
+        if idle and not self.leases.lapsed():
+            # Removed from the files, not startable here, or over this daemon's share: let
+            # another daemon have it (not while lapsed: a renewal may find them ours still).
             await self.leases.release(idle)
+            self._shed.clear()
 
     def lease_renewal_age(self) -> float | None:
         """Seconds since the leases were last claimed or renewed (None before the first)."""

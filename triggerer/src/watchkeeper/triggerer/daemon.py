@@ -15,14 +15,19 @@
 - the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
   state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
   status rows of triggers that no daemon runs any more;
-- the **lease loop** claims, every ``[triggerer] heartbeat_interval`` seconds, the leases of
-  every trigger loaded (see :mod:`._leases`). It never waits for a reload: the **reconcile
-  loop** then starts the triggers whose lease was got, with the lease's token as their fence,
-  and stops those whose lease another daemon holds now (or that stopped themselves because
-  the store refused a write of theirs as stale). Leases last ``[triggerer] lease_ttl``
-  seconds (three heartbeats by default), so the triggers of a daemon that died move to
-  another one that long after. Several daemons on one PostgreSQL database thus share the
-  watchers, each run by one daemon at a time; a single daemon (SQLite) holds every lease;
+- the **lease loop** renews, every ``[triggerer] lease_renew_interval`` seconds, the daemon's
+  node lease (one row) and claims free leases up to its share of the triggers loaded, or
+  sheds those over it (see :mod:`._leases`); sooner when another daemon released leases or
+  joined (a NOTIFY on PostgreSQL), or when another node lease is due to expire (it is then
+  reaped and its triggers taken over). It never waits for a reload: the **reconcile loop**
+  then starts the triggers whose lease was got, with the lease's token as their fence, and
+  stops those whose lease this daemon no longer holds (or that stopped themselves because
+  the store refused a write of theirs as stale). A node lease lasts ``[triggerer] lease_ttl``
+  seconds (three renewals by default), so the triggers of a daemon that died move to the
+  others that long after; the **deadline loop** stops every trigger of this daemon when it
+  could not renew for ``lease_ttl - lease_margin`` seconds. Several daemons on one
+  PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
+  daemon (SQLite) holds every lease;
 - the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
   status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 
@@ -58,8 +63,7 @@ from typing import Self, TypeVar
 import anyio
 import anyio.abc
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, open_state_backend
+from watchkeeper.store import BaseStateBackend, PostgresStateBackend, open_state_backend
 from watchkeeper.store.backend import (
     GcReport,
     StatusTable,
@@ -69,6 +73,7 @@ from watchkeeper.store.backend import (
 )
 
 from ._config import SupervisionSettings
+from ._daemon_leases import DaemonLeases
 from ._daemon_status import DaemonStatusKeeper
 from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
@@ -100,7 +105,7 @@ def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConf
     )
 
 
-class Daemon:
+class Daemon(DaemonLeases):
     """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited.
 
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
@@ -146,6 +151,7 @@ class Daemon:
         self._load_lock = anyio.Lock()
         self._unapplied: tuple[dict[str, tuple[int, int]], LoadResult] | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._wake = anyio.Event()
 
     def __repr__(self) -> str:
         placement = self._placement
@@ -201,11 +207,16 @@ class Daemon:
         try:
             if self._backend is None:
                 self._backend = open_state_backend(self.settings)
+                name_sessions(self._backend, self.owner, self.settings.triggerer.lease_seconds)
             if self._owns_backend:
                 await stack.enter_async_context(self._backend)
             stack.callback(self._forget)
+            triggerer = self.settings.triggerer
             self._leases = LeaseKeeper(
-                self._backend, self.owner, self.settings.triggerer.lease_seconds
+                self._backend,
+                self.owner,
+                triggerer.lease_seconds,
+                margin=triggerer.lease_margin_seconds,
             )
             # Released once the runner below has stopped every trigger, before the store closes.
             stack.push_async_callback(self._leases.release_all)
@@ -213,8 +224,10 @@ class Daemon:
                 self._backend,
                 self.owner,
                 watchers_path=self.watchers_path,
-                heartbeat=self.settings.triggerer.heartbeat_interval,
-                lease_ttl=self.settings.triggerer.lease_seconds,
+                heartbeat=triggerer.heartbeat_interval,
+                # A status row is saved every heartbeat: stale once three of them were missed
+                # (or the lease's time to live, when longer).
+                lease_ttl=max(triggerer.lease_seconds, 3 * triggerer.heartbeat_interval),
             )
             stack.push_async_callback(self._status.forget)
             self._runner = await stack.enter_async_context(
@@ -232,20 +245,27 @@ class Daemon:
                 controls=controls,
             )
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-            if self.tune_gc:
-                raise_gen0_threshold()
-                with startup_gc():
+            # The node lease is renewed while the first load starts thousands of triggers.
+            async with anyio.create_task_group() as boot:
+                boot.start_soon(self._renew_while_starting, triggerer.lease_renew_interval)
+                if self.tune_gc:
+                    raise_gen0_threshold()
+                    with startup_gc():
+                        report = await self.reload()
+                else:
                     report = await self.reload()
-            else:
-                report = await self.reload()
+                boot.cancel_scope.cancel()
             await self._status.prune(self._running, self.placement.wanted)
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
             tg.start_soon(self._reload_loop)
             heartbeat = self.settings.triggerer.heartbeat_interval
             claimed, to_apply = anyio.create_memory_object_stream[None](1)
-            tg.start_soon(self._lease_loop, heartbeat, claimed)
+            tg.start_soon(self._lease_loop, triggerer.lease_renew_interval, claimed)
             tg.start_soon(self._reconcile_loop, to_apply)
+            if self._leases.supported:
+                tg.start_soon(self._release_listener)
+                tg.start_soon(self._deadline_loop, triggerer.lease_renew_interval)
             tg.start_soon(self._status_loop, heartbeat)
             if self.settings.triggerer.gc_interval > 0:
                 tg.start_soon(self._gc_loop, self.settings.triggerer.gc_interval)
@@ -357,65 +377,6 @@ class Daemon:
         self._loaded = result
         return report
 
-    async def renew_leases(self) -> ReloadReport:
-        """One heartbeat's work: renew and take leases, then start and stop triggers to match.
-
-        It is public so that an embedding (or a test) can run a heartbeat at a moment of its
-        choosing. The lease loop does the same in two tasks, so that renewing never waits for
-        a reload or for triggers being stopped.
-        """
-        await self.placement.claim()
-        return await self.placement.apply_last_claim()
-
-    async def _lease_loop(self, interval: float, claimed: MemoryObjectSendStream[None]) -> None:
-        """Every heartbeat: check the store is the one opened, claim leases and hand the claim
-        to the reconcile loop. Waits on nothing else, so leases are renewed on time however
-        long a reload, a trigger's stop or a status save takes."""
-        health = self.runner.store_health
-        with claimed:
-            while True:
-                await anyio.sleep(interval)
-                await self.verify_store()
-                if not health.available:
-                    continue  # renewed by the recovery hook, once the store answers again
-                try:
-                    await self.placement.claim()
-                except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
-                    if health.report(exc) is None:  # an outage is logged once, by the health
-                        log.error("lease_renewal_failed", error=describe_error(exc))
-                else:
-                    with contextlib.suppress(anyio.WouldBlock):
-                        claimed.send_nowait(None)  # one pending is enough: it takes the latest
-
-    async def verify_store(self) -> None:
-        """Check, as every heartbeat does, that the store is still the one opened.
-
-        Raises :class:`~watchkeeper.store.DatabaseFileRemovedError` (logged once as
-        ``database_file_removed``) when the SQLite file was removed or replaced: the daemon
-        then stops with that error instead of committing into a file nobody can read back.
-        """
-        try:
-            await self.backend.averify()
-        except Exception as exc:
-            if isinstance(self.runner.store_health.report(exc), DatabaseFileRemovedError):
-                raise
-            log.error("store_verify_failed", error=describe_error(exc))
-
-    async def _renew_after_outage(self) -> None:
-        """The store answers again: renew the leases (they may have lapsed meanwhile) before
-        the triggers write again, so none of them meets a lapsed fence."""
-        await self.renew_leases()
-
-    async def _reconcile_loop(self, to_apply: MemoryObjectReceiveStream[None]) -> None:
-        health = self.runner.store_health
-        with to_apply:
-            async for _ in to_apply:
-                try:
-                    await self.placement.apply_last_claim()
-                except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
-                    if health.report(exc) is None:
-                        log.error("lease_reconcile_failed", error=describe_error(exc))
-
     # -- daemon status -----------------------------------------------------------------------------
 
     async def _status_loop(self, interval: float) -> None:
@@ -478,6 +439,21 @@ class Daemon:
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=describe_error(exc))
+
+
+def name_sessions(backend: BaseStateBackend, owner: str, lease_seconds: float) -> None:
+    """Name a PostgreSQL backend's sessions after the daemon (``pg_stat_activity``), and let
+    the server end one left idle inside a transaction for the lease's time to live (at least
+    5 s): a paused daemon then cannot hold the rows it locked, and with them its fenced
+    leases, much past its node lease. Call before it opens."""
+    if isinstance(backend, PostgresStateBackend):
+        idle = max(lease_seconds, 5.0)
+        backend.server_settings.setdefault(
+            "application_name", f"watchkeeper triggerer {owner}"[:63]
+        )
+        backend.server_settings.setdefault(
+            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
+        )
 
 
 def _while_open(part: _T | None) -> _T:

@@ -70,7 +70,7 @@ class _LeasedSection(_Section):
         return self
 
 
-class TriggererSettings(SupervisionSettings, _LeasedSection):
+class TriggererSettings(SupervisionSettings, _Section):
     """``[triggerer]``: what the daemon runs and how it supervises it.
 
     The supervision keys (``capacity``, ``backoff_*``, ``max_failures``, ``cleanup_timeout``,
@@ -90,15 +90,50 @@ class TriggererSettings(SupervisionSettings, _LeasedSection):
     """Seconds one watcher file may take to import (its triggers' ``__init__`` and
     ``serialize()`` included); past it the file is refused and the others load."""
     heartbeat_interval: PositiveSeconds = 5.0
-    """Seconds between the daemon's heartbeats (lease renewals and status saves)."""
+    """Seconds between the daemon's heartbeats (status saves)."""
+    lease_renew_interval: PositiveSeconds = 1.0
+    """Seconds between two renewals of the daemon's node lease (one row, whatever the number
+    of watchers); each renewal also reaps the node leases of dead daemons."""
     lease_ttl: PositiveSeconds | None = None
-    """Seconds a trigger lease lasts without renewal; another daemon takes the trigger over
-    that long after its holder died. None: three heartbeats. Must exceed the heartbeat."""
+    """Seconds the node lease lasts without renewal, on the database's clock; another daemon
+    takes the watchers over that long after their daemon died. None: three renewals. Must
+    exceed lease_renew_interval."""
+    lease_margin: PositiveSeconds | None = None
+    """Seconds before its node lease could expire that a daemon that could not renew it stops
+    its own watchers (measured on its monotonic clock from the last renewal it sent). None:
+    half a renewal interval. Must be below lease_ttl minus lease_renew_interval."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     """The event loop the command line runs the daemon on: ``auto`` is uvloop when it is
     installed (the ``uvloop`` extra), else asyncio's; ``uvloop`` is an error without it."""
+
+    @property
+    def lease_seconds(self) -> float:
+        """The node lease's time to live in force: ``lease_ttl``, or three renewals."""
+        return self.lease_ttl if self.lease_ttl is not None else 3 * self.lease_renew_interval
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> Self:
+        if self.lease_ttl is not None and self.lease_ttl <= self.lease_renew_interval:
+            raise ValueError(
+                f"lease_ttl ({self.lease_ttl}) must exceed lease_renew_interval "
+                f"({self.lease_renew_interval}): a lease would lapse between two renewals"
+            )
+        room = self.lease_seconds - self.lease_renew_interval
+        if self.lease_margin is not None and self.lease_margin >= room:
+            raise ValueError(
+                f"lease_margin ({self.lease_margin}) must be below lease_ttl minus "
+                f"lease_renew_interval ({room:g}): the daemon would stop its watchers "
+                "before its next renewal is due"
+            )
+        return self
+
+    @property
+    def lease_margin_seconds(self) -> float:
+        """The margin in force: ``lease_margin``, or half a renewal interval."""
+        margin = self.lease_margin
+        return margin if margin is not None else self.lease_renew_interval / 2
 
 
 class WorkerSettings(_LeasedSection):

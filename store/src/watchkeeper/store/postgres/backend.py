@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
 
+from .._backend import _utcnow
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, encode_refused
@@ -39,7 +40,6 @@ from .._types import (
     EventBatchCommit,
     EventCommit,
     GcReport,
-    Lease,
     Put,
     RawEntry,
     StateScope,
@@ -63,6 +63,7 @@ from ..errors import (
 from .consumers import PostgresConsumers, events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
+from .leases import PostgresLeases
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
@@ -95,7 +96,9 @@ def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None
         conn.terminate()
 
 
-class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend):
+class PostgresStateBackend(
+    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
+):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -133,6 +136,7 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         self.min_size, self.max_size = min_size, max_size
         self._dsn = dsn
         self._sql = Statements(table_prefix(self.schema))
+        self._sql.clock_param = self._clock_param
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
@@ -213,6 +217,8 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
         self._writer = None
         try:
             await self._close_listener()
+            await self._close_lease_listener()
+            await self._close_lease_conn()
             if writer is not None:
                 await writer.aclose()
         finally:
@@ -459,31 +465,9 @@ class PostgresStateBackend(PostgresTasks, PostgresConsumers, PostgresControls, M
             for r in rows
         ]  # fmt: skip
 
-    # -- trigger leases ------------------------------------------------------------------------
-    #
-    # Claims and releases run in their own short transactions on a pooled connection, not in
-    # the writer's batches: a batch holds the lease rows it fences on (FOR SHARE) until it
-    # commits, and a claim that shared its transaction could deadlock with another daemon's.
+    # -- clock ---------------------------------------------------------------------------------
 
-    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
-        now = self.clock()
-
-        async def claim(conn: Any) -> dict[str, int]:
-            await conn.execute(self._sql.lock_leases, ids)
-            rows = await conn.fetch(self._sql.claim_leases, ids, owner, now + span, now)
-            return {r[0]: r[1] for r in rows}
-
-        return await self._transact("claiming leases", claim)
-
-    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
-        now = self.clock()
-
-        async def release(conn: Any) -> None:
-            await conn.execute(self._sql.lock_leases, ids)
-            await conn.execute(self._sql.release_leases, ids, owner, now)
-
-        await self._transact("releasing leases", release)
-
-    async def _alist_leases(self) -> list[Lease]:
-        rows = await self._fetch("listing leases", self._sql.list_leases)
-        return [Lease(r[0], r[1], r[2], r[3]) for r in rows]
+    def _clock_param(self) -> datetime | None:
+        """The time to pass to lease statements: None (the database's ``now()``) unless the
+        backend was given a clock of its own."""
+        return None if self.clock is _utcnow else self.clock()

@@ -340,9 +340,10 @@ async def _check_fences(conn: asyncpg.Connection, sql: Statements, ops: list[Op]
     ids = sorted({fence.trigger_id for _, (fence, _) in fenced})
     rows = await conn.fetch(sql.lock_leases_shared, ids)
     held = {r[0]: (r[1], r[2], r[3]) for r in rows}
-    for op, (fence, now) in fenced:
-        try:
-            check_fence(fence, held.get(fence.trigger_id), now)
+    db_now = rows[0][4] if rows and sql.clock_param() is None else None
+    for op, (fence, write_at) in fenced:
+        try:  # the database's clock, unless the backend was given one of its own
+            check_fence(fence, held.get(fence.trigger_id), db_now or write_at)
         except LeaseLostError as exc:
             op.error = exc
 

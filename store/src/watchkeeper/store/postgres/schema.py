@@ -206,6 +206,23 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         ),
     ),
     (8, "tasks on asset events", TASK_TABLES),
+    (
+        9,
+        "node leases",
+        (
+            # One row per daemon, renewed every second or so; its trigger leases live as long
+            # as it is alive (see _leases.py). trigger_leases.expires_at is no longer read.
+            """
+            CREATE TABLE {p}trigger_nodes (
+                owner      text COLLATE "C" PRIMARY KEY,
+                alive      boolean NOT NULL,
+                expires_at timestamptz NOT NULL,
+                joined_at  timestamptz NOT NULL
+            )
+            """,
+            "CREATE INDEX trigger_leases_owner ON {p}trigger_leases (owner)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -8,6 +8,7 @@ because on asyncpg the round trips, not the rows, are what a batch costs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -263,34 +264,15 @@ class Statements:
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.
         # The fence check takes FOR SHARE: a claim by another daemon (FOR UPDATE) waits until
         # the fenced batch has committed, so the new holder reads what the old one wrote.
+        # The expiry is the holder's node lease's (NULL once reaped), compared with now().
         self.lock_leases_shared = (
-            f"SELECT trigger_id, owner, token, expires_at FROM {p}trigger_leases "
-            "WHERE trigger_id = ANY($1::text[]) ORDER BY trigger_id FOR SHARE"
+            "SELECT l.trigger_id, l.owner, l.token, n.expires_at, now() "
+            f"FROM {p}trigger_leases l LEFT JOIN {p}trigger_nodes n "
+            "ON n.owner = l.owner AND n.alive "
+            "WHERE l.trigger_id = ANY($1::text[]) ORDER BY l.trigger_id FOR SHARE OF l"
         )
-        self.lock_leases = (
-            f"SELECT trigger_id FROM {p}trigger_leases "
-            "WHERE trigger_id = ANY($1::text[]) ORDER BY trigger_id FOR UPDATE"
-        )
-        # Free (never claimed, released or expired at $4): taken, token + 1 (1 when new);
-        # held by $2: renewed, same token; another owner's live lease: untouched, not returned.
-        self.claim_leases = f"""
-            INSERT INTO {p}trigger_leases AS l (trigger_id, owner, token, expires_at)
-            SELECT t, $2, 1, $3 FROM unnest($1::text[]) AS t ORDER BY t
-            ON CONFLICT (trigger_id) DO UPDATE SET
-                token = CASE WHEN l.owner IS NOT DISTINCT FROM EXCLUDED.owner
-                             THEN l.token ELSE l.token + 1 END,
-                owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
-            WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at <= $4
-            RETURNING l.trigger_id, l.token
-        """
-        self.release_leases = (
-            f"UPDATE {p}trigger_leases SET owner = NULL, expires_at = $3 "
-            "WHERE trigger_id = ANY($1::text[]) AND owner = $2"
-        )
-        self.list_leases = (
-            f"SELECT trigger_id, owner, token, expires_at FROM {p}trigger_leases "
-            "ORDER BY trigger_id"
-        )
+        self.clock_param: Callable[[], datetime | None] = lambda: None
+        """The lease clock: None for the database's ``now()`` (set by the backend)."""
 
 
 class GcStatements:

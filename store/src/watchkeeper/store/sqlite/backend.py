@@ -60,6 +60,7 @@ from .._types import (
     EventCommit,
     GcReport,
     Lease,
+    NodeHeartbeat,
     Put,
     RawEntry,
     StateScope,
@@ -74,7 +75,7 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
-from . import meta, ops
+from . import leases, meta, ops
 from .consumers import SqliteConsumers
 from .controls import SqliteControls
 from .events import EVENT_COMMITS
@@ -445,11 +446,19 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
     async def _alist_daemon_status(self) -> list[DaemonStatus]:
         return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
-    async def _aclaim_leases(self, owner: str, ids: list[str], span: timedelta) -> dict[str, int]:
-        return await self._write(lambda tx: meta.claim_leases(tx, owner, ids, span))
+    async def _arenew_node(self, owner: str, span: timedelta) -> NodeHeartbeat:
+        return await self._write(lambda tx: leases.renew_node(tx, owner, span))
 
-    async def _arelease_leases(self, owner: str, ids: list[str]) -> None:
-        await self._write(lambda tx: meta.release_leases(tx, owner, ids))
+    async def _aclaim_leases(
+        self, owner: str, ids: list[str], span: timedelta, limit: int | None
+    ) -> dict[str, int]:
+        return await self._write(lambda tx: leases.claim_leases(tx, owner, ids, span, limit))
+
+    async def _arelease_leases(self, owner: str, ids: list[str], leave: bool) -> None:
+        await self._write(lambda tx: leases.release_leases(tx, owner, ids, leave))
+
+    async def _abreak_node(self, owner: str) -> bool:
+        return await self._write(lambda tx: leases.break_node(tx, owner))
 
     async def _alist_leases(self) -> list[Lease]:
-        return meta.leases_result(await self._read(meta.LEASE_LIST_SQL))
+        return leases.leases_result(await self._read(leases.LEASE_LIST_SQL))

@@ -21,8 +21,8 @@ from .._leases import HeldLease, check_fence
 from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
+from .leases import HELD_SQL, held_of
 from .ops import Row, writer_cols
-from .schema import from_db
 from .writer import Tx
 
 __all__ = ["EVENT_COMMITS", "EventCommits"]
@@ -91,12 +91,8 @@ class EventCommits:
         for start in range(0, len(ids), self._LOOKUP):
             part = ids[start : start + self._LOOKUP]
             marks = ", ".join("?" * len(part))
-            for row in tx.conn.execute(
-                "SELECT trigger_id, owner, token, expires_at FROM trigger_leases "
-                f"WHERE trigger_id IN ({marks})",
-                part,
-            ):
-                held[row[0]] = (row[1], row[2], from_db(row[3]))
+            for row in tx.conn.execute(f"{HELD_SQL} WHERE l.trigger_id IN ({marks})", part):
+                held[row[0]] = held_of(row)
         return held
 
     def _recorded(self, tx: Tx, pairs: set[tuple[int, str]]) -> set[tuple[int, str]]:

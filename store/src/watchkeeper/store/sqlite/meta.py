@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from .._daemons import decode_refused, encode_refused
@@ -22,7 +22,6 @@ from .._types import (
     AssetScope,
     DaemonStatus,
     EventCommit,
-    Lease,
     TaskScope,
     TriggerStatus,
 )
@@ -61,26 +60,6 @@ _STATUS_SAVE: Final = """
         failures, last_error, last_event_at, events, updated_at, owner)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
-
-# A lease changes hands (token + 1) when free: never claimed, released (owner NULL) or
-# expired; its owner renews it (same token). A live lease of another owner is left alone:
-# the WHERE of DO UPDATE is false, so nothing is written and nothing returned.
-_LEASE_CLAIM: Final = """
-    INSERT INTO trigger_leases (trigger_id, owner, token, expires_at) VALUES (?, ?, 1, ?)
-    ON CONFLICT (trigger_id) DO UPDATE SET
-        token = CASE WHEN trigger_leases.owner IS excluded.owner
-                     THEN trigger_leases.token ELSE trigger_leases.token + 1 END,
-        owner = excluded.owner, expires_at = excluded.expires_at
-    WHERE trigger_leases.owner IS NULL OR trigger_leases.owner = excluded.owner
-       OR trigger_leases.expires_at <= ?
-    RETURNING trigger_id, token
-"""
-_LEASE_RELEASE: Final = (
-    "UPDATE trigger_leases SET owner = NULL, expires_at = ? WHERE trigger_id = ? AND owner = ?"
-)
-LEASE_LIST_SQL: Final = (
-    "SELECT trigger_id, owner, token, expires_at FROM trigger_leases ORDER BY trigger_id"
-)
 
 _SYNCHRONOUS_NAMES: Final = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
@@ -342,29 +321,6 @@ def daemons_result(rows: list[Row]) -> list[DaemonStatus]:
         )
         for row in rows
     ]
-
-
-# -- trigger leases ------------------------------------------------------------------------------
-
-
-def claim_leases(tx: Tx, owner: str, trigger_ids: Sequence[str], ttl: timedelta) -> dict[str, int]:
-    now, stamp = tx.now()
-    expires = to_db(now + ttl)
-    held: dict[str, int] = {}
-    for trigger_id in trigger_ids:
-        row = tx.conn.execute(_LEASE_CLAIM, (trigger_id, owner, expires, stamp)).fetchone()
-        if row is not None:
-            held[row[0]] = row[1]
-    return held
-
-
-def release_leases(tx: Tx, owner: str, trigger_ids: Sequence[str]) -> None:
-    stamp = tx.now()[1]
-    tx.conn.executemany(_LEASE_RELEASE, [(stamp, tid, owner) for tid in trigger_ids])
-
-
-def leases_result(rows: list[Row]) -> list[Lease]:
-    return [Lease(row[0], row[1], row[2], from_db(row[3])) for row in rows]
 
 
 # -- maintenance ---------------------------------------------------------------------------------

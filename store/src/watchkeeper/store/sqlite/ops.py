@@ -216,10 +216,11 @@ def check_fence_in(tx: Tx, fence: Fence | None) -> None:
     if fence is None:
         return
     row = tx.conn.execute(
-        "SELECT owner, token, expires_at FROM trigger_leases WHERE trigger_id = ?",
+        "SELECT l.owner, l.token, n.expires_at FROM trigger_leases AS l LEFT JOIN trigger_nodes "
+        "AS n ON n.owner = l.owner AND n.alive = 1 WHERE l.trigger_id = ?",
         (fence.trigger_id,),
     ).fetchone()
-    held = None if row is None else (row[0], row[1], from_db(row[2]))
+    held = None if row is None else (row[0], row[1], None if row[2] is None else from_db(row[2]))
     check_fence(fence, held, tx.now()[0])
 
 

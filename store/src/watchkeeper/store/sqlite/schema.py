@@ -220,6 +220,23 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         ),
     ),
     (8, "tasks on asset events", TASK_TABLES),
+    (
+        9,
+        "node leases",
+        (
+            # One row per daemon, renewed every second or so; its trigger leases live as long
+            # as it is alive (see _leases.py). trigger_leases.expires_at is no longer read.
+            """
+            CREATE TABLE trigger_nodes (
+                owner      TEXT PRIMARY KEY,
+                alive      INTEGER NOT NULL,
+                expires_at TEXT NOT NULL,
+                joined_at  TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX trigger_leases_owner ON trigger_leases (owner)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -69,7 +69,7 @@ async def list_daemons(request: Request) -> Response:
     now = backend.clock()
     leases: dict[str, int] = {}
     for lease in await backend.alist_leases() if isinstance(backend, LeaseTable) else []:
-        if lease.owner is not None and lease.expires_at > now:
+        if lease.owner is not None and lease.expires_at is not None and lease.expires_at > now:
             leases[lease.owner] = leases.get(lease.owner, 0) + 1
     return JSONResponse(
         {"daemons": [row | {"leases": leases.get(row["owner"], 0)} for row in report.rows]}
