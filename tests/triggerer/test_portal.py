@@ -86,3 +86,42 @@ class TestLazyPortal:
         assert logs.named("trigger_portal_opened", trigger_id="first")
         assert not logs.named("trigger_portal_opened", trigger_id="second")
         assert not logs.named("trigger_error")
+
+
+def _careless_class() -> type[BaseEventTrigger]:
+    """A fresh class per test (which classes needed a portal is remembered per process)."""
+
+    class CatchesTheError(BaseEventTrigger):
+        """Catches the sync call's error and carries on: it must still be restarted."""
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return self.classpath(), {}
+
+        async def run(self) -> AsyncIterator[TriggerEvent]:
+            try:
+                value = self.asset_state_store.get("wm", "unset")
+            except Exception:  # noqa: BLE001 - what a careless trigger does
+                value = "swallowed"
+            yield TriggerEvent({"read": value, "portal": greenback.has_portal()})
+            await anyio.sleep_forever()
+
+    return CatchesTheError
+
+
+class TestCaughtSyncCallError:
+    async def test_a_trigger_that_catches_the_error_is_restarted_with_a_portal(self) -> None:
+        """run() swallowing SyncCallInLoopError is stopped at its next await and restarted
+        with a portal: its only committed event read the real value, nothing 'swallowed'."""
+        backend = GatedBackend()
+        await backend.aregister_assets([ORDERS])
+        await backend.aset(ORDERS.scope, "wm", 3)
+        async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
+            await runner.start_trigger(spec("careless", _careless_class()(), ORDERS))
+            with anyio.fail_after(5):
+                event = await events.receive()
+            [slot] = runner.slots()
+            runs = (slot.runs, slot.failures)
+        assert event.payload == {"read": 3, "portal": True}
+        assert runs == (2, 0)
+        committed = await backend.alist_events(asset="orders")
+        assert [e.payload for e in committed] == [{"read": 3, "portal": True}]

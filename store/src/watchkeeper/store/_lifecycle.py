@@ -11,6 +11,7 @@ private loop, or on the opening loop from another thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
 __all__ = ["Lifecycle"]
 
 T = TypeVar("T")
+
+SYNC_CALL_WITHOUT_PORTAL: contextvars.ContextVar[Callable[[], None] | None] = (
+    contextvars.ContextVar("watchkeeper_sync_call_without_portal", default=None)
+)
+"""Called (when set in the calling task's context) just before a sync store call made on the
+event loop without a greenback portal raises :class:`SyncCallInLoopError`. The triggerer sets
+it for each trigger, so that even a trigger that catches the error gets restarted with a
+portal instead of carrying on without its store."""
 
 
 class Lifecycle:
@@ -141,6 +150,9 @@ class Lifecycle:
 
             if greenback.has_portal():
                 return greenback.await_(fn(*args, **kwargs))
+            on_missing_portal = SYNC_CALL_WITHOUT_PORTAL.get()
+            if on_missing_portal is not None:
+                on_missing_portal()
             raise SyncCallInLoopError(method)
         if self._portal is not None:
 

@@ -25,6 +25,7 @@ from ._backend import BaseStateBackend
 from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
+from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
 from ._metastore import MetastoreBackend
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPABILITIES",
     "RUN_STATES",
+    "SYNC_CALL_WITHOUT_PORTAL",
     "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",

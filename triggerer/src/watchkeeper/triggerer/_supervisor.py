@@ -33,7 +33,6 @@ import logging
 import random
 import sys
 import time
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,7 +48,6 @@ from watchkeeper.store import (
     BaseStateBackend,
     DatabaseFileRemovedError,
     LeaseLostError,
-    SyncCallInLoopError,
 )
 from watchkeeper.store.backend import (
     EventCommit,
@@ -63,6 +61,7 @@ from watchkeeper.store.backend import (
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig
+from ._portal import PortalRequest, open_portal_for, wants_portal_up_front
 from .errors import InvalidEventError
 from .trigger import BaseEventTrigger
 
@@ -82,22 +81,6 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
-
-_PORTAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
-"""Trigger classes seen calling a sync store method: their triggers get their greenback
-portal before ``run()`` starts (see :func:`supervise`)."""
-
-
-def _needs_portal(error: BaseException | None) -> bool:
-    """Whether ``error`` is (or was raised from) a sync store call made without a portal."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, SyncCallInLoopError):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
-
 
 _CHECKPOINT_EVERY = 32
 """Commits between two forced checkpoints of a trigger's task."""
@@ -139,6 +122,7 @@ class TriggerSlot:
         "in_cleanup",
         "last_error",
         "last_event_at",
+        "portal_missing",
         "runs",
         "saved",
         "scope",
@@ -176,6 +160,7 @@ class TriggerSlot:
         self.last_event_at: datetime | None = None
         self.cleanup_error: BaseException | None = None
         self.in_cleanup = False
+        self.portal_missing = False  # run() made a sync store call without a portal
         self.scope = anyio.CancelScope()
         self.finished = False
         """True once the trigger's task has ended (see :meth:`wait_done`)."""
@@ -292,6 +277,8 @@ async def drive_trigger(
         since_checkpoint = 0
         async with closing:
             async for item in events:
+                if slot.portal_missing:
+                    return  # what run() yields after that call is not committed
                 try:
                     commit = encoder.build(item)
                 except Exception as exc:
@@ -404,7 +391,7 @@ async def supervise(
         # Sync store calls (self.asset_state_store.get) go through a greenback portal, ~3 KiB
         # per idle trigger: a trigger gets one once its class is seen to need it (its first
         # sync call raised SyncCallInLoopError: run() starts again at once, not a failure).
-        if type(slot.trigger) in _PORTAL_CLASSES:
+        if wants_portal_up_front(slot.trigger):
             await greenback.ensure_portal()
         waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
@@ -418,19 +405,20 @@ async def supervise(
             )
             events_before = slot.events
             error: Exception | None = None
+            portal = PortalRequest(slot)
             try:
-                await drive_trigger(
-                    slot,
-                    backend,
-                    cleanup_timeout=config.cleanup_timeout,
-                    publish=publish,
-                    metrics=metrics,
-                )
+                with portal.watch():
+                    await drive_trigger(
+                        slot,
+                        backend,
+                        cleanup_timeout=config.cleanup_timeout,
+                        publish=publish,
+                        metrics=metrics,
+                    )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
-            if _needs_portal(error) and not greenback.has_portal():
-                _PORTAL_CLASSES.add(type(slot.trigger))
-                await greenback.ensure_portal()
+            if portal.needed(error):
+                await open_portal_for(slot.trigger)
                 log.debug("trigger_portal_opened", classpath=slot.classpath)
                 continue
             lost = lease_lost(error)
