@@ -2,7 +2,7 @@
 
 Not a test (CI does not run it). Run by hand from the repository root:
 
-    uv run python benchmarks/triggerer_bench.py [--quick] [--no-postgres] [--stretch]
+    uv run python benchmarks/triggerer_bench.py [--quick] [--no-postgres] [--stretch] [--loop uvloop]
 
 It measures the real runtime (``TriggerRunner`` supervising ``BaseEventTrigger`` watchers over
 ``SqliteStateBackend`` / ``PostgresStateBackend``) with fake in-process sources, and beside it,
@@ -24,18 +24,17 @@ import contextlib
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import anyio
+from _bench_measure import LOGS, CpuWindow, loadavg, pct, rss_bytes
 from _raw_pipeline import open_raw_pipeline
 from _triggerer_fixtures import (
     PLANS,
@@ -65,80 +64,6 @@ from watchkeeper.triggerer._gctune import raise_gen0_threshold, startup_gc
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RAW_MAX_BATCH = {"sqlite": 1024, "postgres": 2048}  # the backends' own writer batch limits
-
-# -- measuring --------------------------------------------------------------------------------
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-class LogTally:
-    """A structlog stream (JSON lines) that keeps a count per event name, and for each
-    ``loop_blocked`` event the task that held the loop (the monitor names it)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def write(self, text: str) -> int:
-        for line in text.splitlines():
-            if not line.strip():
-                continue  # print() writes the newline separately
-            try:
-                record = json.loads(line)
-            except ValueError:
-                self.counts["(unparsed)"] += 1
-                continue
-            event = str(record.get("event"))
-            self.counts[event] += 1
-            if event == "loop_blocked":
-                self.counts[f"loop_blocked in {record.get('task')}"] += 1
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def take(self) -> dict[str, int]:
-        out = dict(self.counts)
-        self.counts.clear()
-        return out
-
-
-LOGS = LogTally()
-
-
-class CpuWindow:
-    """Process CPU time (all threads: loop, SQLite writer, lag monitor) over a wall window."""
-
-    def __enter__(self) -> Self:
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
-        self.ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self.wall0
-        self.cpu = time.process_time() - self.cpu0
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        self.user = ru.ru_utime - self.ru0.ru_utime
-        self.system = ru.ru_stime - self.ru0.ru_stime
-
-    @property
-    def cores(self) -> float:
-        return self.cpu / self.wall
-
 
 # -- idle watchers (run in a child process) ---------------------------------------------------
 
@@ -175,6 +100,7 @@ async def idle_child(args: argparse.Namespace) -> dict[str, Any]:
         await anyio.sleep(args.settle)
         gc.collect()
         out["rss_per_watcher_bytes"] = (rss_bytes() - rss0) / n
+        out["rss_total_bytes"] = rss_bytes()  # the whole process: the stretch's 1 GiB goal
         polls0 = source.polls
         with CpuWindow() as cpu:
             await anyio.sleep(args.window)
@@ -233,7 +159,7 @@ def run_idle_child(
     cmd = [
         sys.executable, __file__, "--child", "idle", "--mode", mode, "--backend", backend,
         "--count", str(count), "--interval", str(interval), "--settle", str(args.settle),
-        "--window", str(args.idle_window), "--dsn", args.dsn, *extra,
+        "--window", str(args.idle_window), "--dsn", args.dsn, "--loop", args.loop, *extra,
     ]  # fmt: skip
     label = f"idle {mode} {backend if mode == 'ours' else ''} x{count} {' '.join(extra)}"
     print(f"  running {label} (child process) ...", flush=True)
@@ -442,6 +368,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts and windows")
     parser.add_argument("--no-postgres", action="store_true", help="skip PostgreSQL")
     parser.add_argument("--stretch", action="store_true", help="also start 100,000 watchers")
+    parser.add_argument(
+        "--stretch-interval",
+        type=float,
+        default=10.0,
+        help="seconds between two polls of one stretch watcher (10: the same 10,000 polls/s)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop every measurement runs on (uvloop: the daemon's default)",
+    )
     parser.add_argument("--only", choices=("idle", "events"), help="run one half only")
     parser.add_argument(
         "--diagnose",
@@ -461,14 +399,16 @@ def main() -> None:
     parser.add_argument("--no-gc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tune-gc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    options = {"use_uvloop": True} if args.loop == "uvloop" else {}
     if args.child == "idle":
-        print(json.dumps(anyio.run(idle_child, args, backend="asyncio")))
+        print(json.dumps(anyio.run(idle_child, args, backend="asyncio", backend_options=options)))
         return
 
     configure(args)
     started = time.perf_counter()
     results: dict[str, Any] = {
         "quick": args.quick,
+        "loop": args.loop,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "load_start": loadavg(),
@@ -489,11 +429,15 @@ def main() -> None:
             idle["diag_no_gc"] = run_idle_child("ours", "sqlite", n, 1.0, args, "--no-gc")
             idle["diag_raw_no_gc"] = run_idle_child("raw", "sqlite", n, 1.0, args, "--no-gc")
         if args.stretch:
-            idle["stretch_raw"] = run_idle_child("raw", "sqlite", 100_000, 10.0, args)
-            idle["stretch_sqlite"] = run_idle_child("ours", "sqlite", 100_000, 10.0, args)
+            every = args.stretch_interval
+            idle["stretch_raw"] = run_idle_child("raw", "sqlite", 100_000, every, args)
+            # As the daemon runs them (Daemon(tune_gc=True)).
+            idle["stretch_sqlite"] = run_idle_child(
+                "ours", "sqlite", 100_000, every, args, "--tune-gc"
+            )
     if args.only in (None, "events"):
         print(f"events (load {loadavg()})", flush=True)
-        results["events"] = anyio.run(run_events, args, backend="asyncio")
+        results["events"] = anyio.run(run_events, args, backend="asyncio", backend_options=options)
     results["load_end"] = loadavg()
     results["elapsed_s"] = time.perf_counter() - started
 

@@ -26,6 +26,22 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+EVENT_LOOPS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+]
+"""asyncio's own loop, and uvloop under it (what the daemon runs on when uvloop is installed)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module that sets ``ALSO_ON_UVLOOP = True`` runs each of its async tests twice: on
+    asyncio's loop and on uvloop (the runtime modules do, so both loops run the runner)."""
+    if "anyio_backend" in metafunc.fixturenames and getattr(
+        metafunc.module, "ALSO_ON_UVLOOP", False
+    ):
+        metafunc.parametrize("anyio_backend", EVENT_LOOPS)
+
+
 @pytest.fixture(autouse=True)
 def _reset_structlog() -> Iterator[None]:
     """Each test starts from structlog's defaults, so capture_logs() sees everything; the

@@ -26,6 +26,7 @@ from watchkeeper.triggerer.testing import (
     run_trigger,
 )
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
 USERS = Asset("users")
 

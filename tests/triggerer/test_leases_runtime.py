@@ -42,6 +42,7 @@ from tests.support.clock import Clock
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.runtime import fast, watch_logs
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
 TTL = 7200.0  # above the daemons' renewal interval of 3600 s, which never fires here
 WAIT = 10.0

@@ -25,6 +25,7 @@ from watchkeeper.triggerer._supervisor import backoff_delay
 
 from tests.support.runtime import FAST, Scripted, Ticker, fast, spec, watch_logs
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
 USERS = Asset("users")
 

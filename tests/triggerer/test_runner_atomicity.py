@@ -37,6 +37,7 @@ from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 from tests.support.runtime import FAST, Scripted
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders")
 USERS = Asset("users")
 WATERMARK = "wm"

@@ -22,6 +22,7 @@ from watchkeeper.triggerer.testing import run_trigger
 
 from tests.support.runtime import FAST, GatedBackend, spec
 
+ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
 ORDERS = Asset("orders", uri="s3://bucket/orders")
 USERS = Asset("users")
 

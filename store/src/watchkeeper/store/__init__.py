@@ -6,80 +6,85 @@ and the runtime calls (capabilities, records, value rules) is in :mod:`watchkeep
 
 from __future__ import annotations
 
-from ._backend import BaseStateBackend
-from ._consumer import EventConsumer
-from ._open import open_state_backend
-from ._types import (
-    Asset,
-    AssetEvent,
-    AssetInfo,
-    AssetScope,
-    StateEntry,
-    StateScope,
-    TaskScope,
-)
-from ._values import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_VALUE_BYTES,
-    MAX_BIGINT,
-    MAX_KEY_LENGTH,
-    MAX_MAP_INDEX,
-    MAX_NAME_BYTES,
-    MAX_SCOPE_ID_BYTES,
-    MAX_VALUE_DEPTH,
-    NEVER_EXPIRE,
-)
-from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
-from .context import build_task_context, run_task
-from .errors import (
-    AmbiguousAssetError,
-    ArgumentTypeError,
-    AssetNotDeclaredError,
-    AssetNotFoundError,
-    BackendImportError,
-    BackendUnavailableError,
-    ConsumerCursorError,
-    ContextKeyError,
-    DatabaseFileRemovedError,
-    HookNotImplementedError,
-    InvalidArgumentError,
-    InvalidKeyError,
-    InvalidNameError,
-    InvalidSettingError,
-    InvalidValueError,
-    KeyTypeError,
-    LeaseLostError,
-    MissingCapabilityError,
-    PayloadTooLargeError,
-    ReferenceTypeError,
-    RetentionTypeError,
-    RunLeaseLostError,
-    RunNotFoundError,
-    RunStateError,
-    StateStoreError,
-    StoreAlreadyOpenError,
-    StoreClosedError,
-    StoreUnavailableError,
-    SyncCallInLoopError,
-    TaskNotFoundError,
-    TokenExistsError,
-    ValueTooLargeError,
-    ValueTypeError,
-    VersionConflictError,
-)
-from .memory import MemoryStateBackend
-from .postgres import PostgresStateBackend
-from .settings import (
-    ConfigFileNotFoundError,
-    DatabaseSettings,
-    EventsSettings,
-    InvalidConfigFileError,
-    StateStoreSettings,
-    StoreSettings,
-    UnknownSettingError,
-    WorkersSettings,
-)
-from .sqlite import SqliteStateBackend
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._backend import BaseStateBackend
+    from ._consumer import EventConsumer
+    from ._open import open_state_backend
+    from ._types import (
+        Asset,
+        AssetEvent,
+        AssetInfo,
+        AssetScope,
+        StateEntry,
+        StateScope,
+        TaskScope,
+    )
+    from ._values import (
+        DEFAULT_MAX_PAYLOAD_BYTES,
+        DEFAULT_MAX_VALUE_BYTES,
+        MAX_BIGINT,
+        MAX_KEY_LENGTH,
+        MAX_MAP_INDEX,
+        MAX_NAME_BYTES,
+        MAX_SCOPE_ID_BYTES,
+        MAX_VALUE_DEPTH,
+        NEVER_EXPIRE,
+    )
+    from .accessors import AssetStateStoreAccessor, AssetStateStoreAccessors, TaskStateStoreAccessor
+    from .context import build_task_context, run_task
+    from .errors import (
+        AmbiguousAssetError,
+        ArgumentTypeError,
+        AssetNotDeclaredError,
+        AssetNotFoundError,
+        BackendImportError,
+        BackendUnavailableError,
+        ConsumerCursorError,
+        ContextKeyError,
+        DatabaseFileRemovedError,
+        HookNotImplementedError,
+        InvalidArgumentError,
+        InvalidKeyError,
+        InvalidNameError,
+        InvalidSettingError,
+        InvalidValueError,
+        KeyTypeError,
+        LeaseLostError,
+        MissingCapabilityError,
+        PayloadTooLargeError,
+        ReferenceTypeError,
+        RetentionTypeError,
+        RunLeaseLostError,
+        RunNotFoundError,
+        RunStateError,
+        StateStoreError,
+        StoreAlreadyOpenError,
+        StoreClosedError,
+        StoreUnavailableError,
+        SyncCallInLoopError,
+        TaskNotFoundError,
+        TokenExistsError,
+        ValueTooLargeError,
+        ValueTypeError,
+        VersionConflictError,
+    )
+    from .memory import MemoryStateBackend
+    from .postgres import PostgresStateBackend
+    from .settings import (
+        ConfigFileNotFoundError,
+        DatabaseSettings,
+        EventsSettings,
+        InvalidConfigFileError,
+        StateStoreSettings,
+        StoreSettings,
+        UnknownSettingError,
+        WorkersSettings,
+    )
+    from .sqlite import SqliteStateBackend
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -152,3 +157,88 @@ __all__ = [
     "open_state_backend",
     "run_task",
 ]
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "._backend": ("BaseStateBackend",),
+    "._consumer": ("EventConsumer",),
+    "._open": ("open_state_backend",),
+    "._types": (
+        "Asset",
+        "AssetEvent",
+        "AssetInfo",
+        "AssetScope",
+        "StateEntry",
+        "StateScope",
+        "TaskScope",
+    ),
+    "._values": (
+        "DEFAULT_MAX_PAYLOAD_BYTES",
+        "DEFAULT_MAX_VALUE_BYTES",
+        "MAX_BIGINT",
+        "MAX_KEY_LENGTH",
+        "MAX_MAP_INDEX",
+        "MAX_NAME_BYTES",
+        "MAX_SCOPE_ID_BYTES",
+        "MAX_VALUE_DEPTH",
+        "NEVER_EXPIRE",
+    ),
+    ".accessors": (
+        "AssetStateStoreAccessor",
+        "AssetStateStoreAccessors",
+        "TaskStateStoreAccessor",
+    ),
+    ".context": ("build_task_context", "run_task"),
+    ".errors": (
+        "AmbiguousAssetError",
+        "ArgumentTypeError",
+        "AssetNotDeclaredError",
+        "AssetNotFoundError",
+        "BackendImportError",
+        "BackendUnavailableError",
+        "ConsumerCursorError",
+        "ContextKeyError",
+        "DatabaseFileRemovedError",
+        "HookNotImplementedError",
+        "InvalidArgumentError",
+        "InvalidKeyError",
+        "InvalidNameError",
+        "InvalidSettingError",
+        "InvalidValueError",
+        "KeyTypeError",
+        "LeaseLostError",
+        "MissingCapabilityError",
+        "PayloadTooLargeError",
+        "ReferenceTypeError",
+        "RetentionTypeError",
+        "RunLeaseLostError",
+        "RunNotFoundError",
+        "RunStateError",
+        "StateStoreError",
+        "StoreAlreadyOpenError",
+        "StoreClosedError",
+        "StoreUnavailableError",
+        "SyncCallInLoopError",
+        "TaskNotFoundError",
+        "TokenExistsError",
+        "ValueTooLargeError",
+        "ValueTypeError",
+        "VersionConflictError",
+    ),
+    ".memory": ("MemoryStateBackend",),
+    ".postgres": ("PostgresStateBackend",),
+    ".settings": (
+        "ConfigFileNotFoundError",
+        "DatabaseSettings",
+        "EventsSettings",
+        "InvalidConfigFileError",
+        "StateStoreSettings",
+        "StoreSettings",
+        "UnknownSettingError",
+        "WorkersSettings",
+    ),
+    ".sqlite": ("SqliteStateBackend",),
+}
+"""Which module each public name comes from; read on first use (see :mod:`._lazy`)."""
+
+if not TYPE_CHECKING:  # type checkers read the imports above; unknown names stay errors
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

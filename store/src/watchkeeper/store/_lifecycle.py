@@ -11,22 +11,32 @@ private loop, or on the opening loop from another thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import anyio
 import anyio.abc
-import greenback
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .errors import StoreAlreadyOpenError, StoreClosedError, SyncCallInLoopError
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
 
 __all__ = ["Lifecycle"]
 
 T = TypeVar("T")
+
+SYNC_CALL_WITHOUT_PORTAL: contextvars.ContextVar[Callable[[], None] | None] = (
+    contextvars.ContextVar("watchkeeper_sync_call_without_portal", default=None)
+)
+"""Called (when set in the calling task's context) just before a sync store call made on the
+event loop without a greenback portal raises :class:`SyncCallInLoopError`. The triggerer sets
+it for each trigger, so that even a trigger that catches the error gets restarted with a
+portal instead of carrying on without its store."""
 
 
 class Lifecycle:
@@ -92,6 +102,8 @@ class Lifecycle:
 
     def __enter__(self) -> Self:
         """Open the backend on a private event-loop thread, for purely synchronous use."""
+        from anyio.from_thread import start_blocking_portal  # only sync users need it
+
         portal_cm = start_blocking_portal(backend="asyncio")
         portal = portal_cm.__enter__()
         try:
@@ -134,8 +146,13 @@ class Lifecycle:
             running = None
         if running is not None:
             # On an event loop thread: blocking here would stall every other coroutine.
+            import greenback  # loaded by the first sync call on a loop, not by every import
+
             if greenback.has_portal():
                 return greenback.await_(fn(*args, **kwargs))
+            on_missing_portal = SYNC_CALL_WITHOUT_PORTAL.get()
+            if on_missing_portal is not None:
+                on_missing_portal()
             raise SyncCallInLoopError(method)
         if self._portal is not None:
 

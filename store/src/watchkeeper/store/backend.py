@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ._backend import BaseStateBackend
 from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherControl
 from ._gc import EventCutoffs, GcPlan
-from ._log import get_logger
+from ._lazy import lazy_exports
+from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
 from ._metastore import MetastoreBackend
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
@@ -72,9 +73,13 @@ from ._values import (
 )
 from .errors import MissingCapabilityError
 
+if TYPE_CHECKING:
+    from ._log import get_logger
+
 __all__ = [
     "CAPABILITIES",
     "RUN_STATES",
+    "SYNC_CALL_WITHOUT_PORTAL",
     "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",
@@ -133,6 +138,9 @@ __all__ = [
     "require_status_table",
     "require_task_queue",
 ]
+
+if not TYPE_CHECKING:  # structlog loads with the first logger, not with the records
+    __getattr__, __dir__ = lazy_exports(__name__, {"._log": ("get_logger",)})
 
 
 @runtime_checkable

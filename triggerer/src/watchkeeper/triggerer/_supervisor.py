@@ -31,6 +31,7 @@ import contextlib
 import inspect
 import logging
 import random
+import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
@@ -60,6 +61,7 @@ from watchkeeper.store.backend import (
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig
+from ._portal import PortalRequest, open_portal_for, wants_portal_up_front
 from .errors import InvalidEventError
 from .trigger import BaseEventTrigger
 
@@ -120,6 +122,7 @@ class TriggerSlot:
         "in_cleanup",
         "last_error",
         "last_event_at",
+        "portal_missing",
         "runs",
         "saved",
         "scope",
@@ -146,7 +149,7 @@ class TriggerSlot:
         # Also the name each committed event carries (the AssetWatcher's name).
         self.watcher_name = watchers[0] if watchers else trigger_id
         self.asset_names = tuple(asset.name for asset in assets)
-        self.classpath = type(trigger).classpath()
+        self.classpath = sys.intern(type(trigger).classpath())  # one string per class
         self.fence = fence
         self.writer = Writer("watcher", trigger_id, fence=fence)
         self.state: TriggerState = "running"
@@ -157,6 +160,7 @@ class TriggerSlot:
         self.last_event_at: datetime | None = None
         self.cleanup_error: BaseException | None = None
         self.in_cleanup = False
+        self.portal_missing = False  # run() made a sync store call without a portal
         self.scope = anyio.CancelScope()
         self.finished = False
         """True once the trigger's task has ended (see :meth:`wait_done`)."""
@@ -273,6 +277,8 @@ async def drive_trigger(
         since_checkpoint = 0
         async with closing:
             async for item in events:
+                if slot.portal_missing:
+                    return  # what run() yields after that call is not committed
                 try:
                     commit = encoder.build(item)
                 except Exception as exc:
@@ -382,9 +388,11 @@ async def supervise(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
     )
     try:
-        # Each trigger task gets a greenback portal, so the sync asset-store methods
-        # (self.asset_state_store.get/set) await the backend without blocking the loop.
-        await greenback.ensure_portal()
+        # Sync store calls (self.asset_state_store.get) go through a greenback portal, ~3 KiB
+        # per idle trigger: a trigger gets one once its class is seen to need it (its first
+        # sync call raised SyncCallInLoopError: run() starts again at once, not a failure).
+        if wants_portal_up_front(slot.trigger):
+            await greenback.ensure_portal()
         waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
             slot.state = "running"
@@ -397,16 +405,22 @@ async def supervise(
             )
             events_before = slot.events
             error: Exception | None = None
+            portal = PortalRequest(slot)
             try:
-                await drive_trigger(
-                    slot,
-                    backend,
-                    cleanup_timeout=config.cleanup_timeout,
-                    publish=publish,
-                    metrics=metrics,
-                )
+                with portal.watch():
+                    await drive_trigger(
+                        slot,
+                        backend,
+                        cleanup_timeout=config.cleanup_timeout,
+                        publish=publish,
+                        metrics=metrics,
+                    )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
+            if portal.needed(error):
+                await open_portal_for(slot.trigger)
+                log.debug("trigger_portal_opened", classpath=slot.classpath)
+                continue
             lost = lease_lost(error)
             if lost is not None:
                 # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.

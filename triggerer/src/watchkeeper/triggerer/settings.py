@@ -9,12 +9,13 @@ defaults.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Final, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from watchkeeper.store.settings import StoreSettings
 
 from ._config import SupervisionSettings
+from ._defaults import DEFAULT_RELOAD_INTERVAL, LOG_LEVELS
 
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
@@ -28,8 +29,6 @@ __all__ = [
     "load_settings",
 ]
 
-LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
-
 
 def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
@@ -40,9 +39,6 @@ LogLevel = Annotated[
 ]
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
-
-DEFAULT_RELOAD_INTERVAL: Final = 2.0
-"""Seconds between two scans of the watchers path (``[triggerer] reload_interval``)."""
 
 
 class _Section(BaseModel):
@@ -108,6 +104,9 @@ class TriggererSettings(SupervisionSettings, _Section):
     half a renewal interval. Must be below lease_ttl minus lease_renew_interval."""
     gc_interval: float = Field(default=3600.0, ge=0)
     """Seconds between garbage-collection passes inside the daemon (0 disables)."""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """The event loop the command line runs the daemon on: ``auto`` is uvloop when it is
+    installed (the ``uvloop`` extra), else asyncio's; ``uvloop`` is an error without it."""
 
     @property
     def lease_seconds(self) -> float:

@@ -147,6 +147,13 @@ class BaseEventTrigger(BaseTrigger):
     _wk_accessors: AssetStateStoreAccessors | None = None
     _wk_watcher_name: str | None = None
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Set here, not first at bind time, so that every instance of a class has the same
+        # attribute layout (CPython then shares one key table among them).
+        self._wk_accessors = None
+        self._wk_watcher_name = None
+
     @property
     def asset_state_store(self) -> AssetStateStoreAccessors:
         accessors = self._wk_accessors

@@ -7,6 +7,12 @@ Subcommands live in ``_store`` (db, assets, events; ``state-store`` in ``_state`
 ``_runtime`` (triggerer, status, demo; the demo itself in ``_demo``), ``_tasks`` (worker, up,
 tasks, runs), ``_watchers`` (watchers), ``_api`` (api, tokens) and ``_config`` (config). Every failure the user can fix is one ``watchkeeper: error: ...``
 line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
+
+Building the parser loads nothing heavy: the subcommand modules import what a command needs
+(pydantic, rich, anyio, the store's drivers, the daemon, the HTTP API) inside its handler, and
+the settings are loaded once the command line parsed, so ``--help`` and a usage error answer
+at once and ``status`` loads no HTTP server or PostgreSQL driver. structlog is configured for
+the commands that run something, or when logs are asked for (see :func:`_wants_logging`).
 """
 
 from __future__ import annotations
@@ -15,20 +21,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import ValidationError
-from watchkeeper.store import StateStoreError
-from watchkeeper.store.settings import (
-    ConfigFileNotFoundError,
-    InvalidConfigFileError,
-    UnknownSettingError,
-)
+from watchkeeper.store.errors import StateStoreError
 
-from .._logging import configure_logging
-from ..settings import LOG_LEVELS, Settings, load_settings
+from .._defaults import LOG_LEVELS
 from . import _api, _config, _runtime, _store, _tasks, _watchers
 from ._common import (
     PROG,
@@ -39,14 +37,27 @@ from ._common import (
     settings_overrides,
 )
 
+if TYPE_CHECKING:
+    from ..settings import Settings
+
 __all__ = ["build_parser", "main"]
 
 
-def _version() -> str:
-    try:
-        return version("watchkeeper-triggerer")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown"
+class _VersionAction(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("watchkeeper-triggerer")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            number = "unknown"
+        sys.stdout.write(f"{PROG} {number}\n")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Run event watchers and inspect the state store they write.",
     )
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -87,13 +98,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
+    from ..settings import load_settings  # pydantic-settings: only once a command runs
+
     return load_settings(args.config, **settings_overrides(args))
+
+
+def _wants_logging(args: argparse.Namespace, settings: Settings) -> bool:
+    """Whether to configure structlog: for the commands that run watchers, tasks or the API
+    (``set_defaults(long_running=True)``), and for any command when logs are asked for
+    (``--log-level``, or level ``debug``). A one-shot command logs nothing at the other
+    levels, and importing structlog is the largest part of its start-up; the library's
+    loggers then stay on the standard library's ``logging``, which still prints warnings."""
+    return (
+        bool(getattr(args, "long_running", False))
+        or args.log_level is not None
+        or settings.logging.level == "debug"
+    )
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit status (``main`` exits with it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from pydantic import ValidationError
+    from watchkeeper.store.settings import (
+        ConfigFileNotFoundError,
+        InvalidConfigFileError,
+        UnknownSettingError,
+    )
+
     try:
         settings = _settings_from(args)
     except (ConfigFileNotFoundError, InvalidConfigFileError, UnknownSettingError) as exc:
@@ -102,7 +135,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         sys.stderr.write(error_line(describe_validation_error(exc)))
         return 2
-    configure_logging(settings.logging.level, settings.logging.format)
+    if _wants_logging(args, settings):
+        from .._logging import configure_logging
+
+        configure_logging(settings.logging.level, settings.logging.format)
     handler = getattr(args, "handler", None)
     if handler is None:  # a subcommand module forgot set_defaults(handler=...)
         parser.error(f"{args.command!r} has no handler")

@@ -13,12 +13,6 @@ import signal
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import anyio
-from rich.table import Table
-from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import ApiToken, get_logger, require_operator_controls
-
-from ..settings import Settings
 from ._common import (
     CommandError,
     UsageError,
@@ -34,18 +28,25 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from watchkeeper.store import BaseStateBackend
+    from watchkeeper.store.backend import ApiToken
+
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register"]
-
-log = get_logger(__name__)
 
 
 # -- watchkeeper api ------------------------------------------------------------------------------
 
 
 async def _serve(settings: Settings) -> None:
+    import anyio
+    from watchkeeper.store.backend import get_logger
+
     from ..api import serve_api
+
+    log = get_logger(__name__)
 
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with open_backend(settings) as backend, anyio.create_task_group() as tg:
@@ -64,7 +65,7 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
     try:
-        run_async(_serve, settings)
+        run_async(_serve, settings, event_loop=settings.triggerer.event_loop)
     except ApiListenError as exc:
         raise CommandError(str(exc)) from None
     return 0
@@ -74,6 +75,8 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store.backend import require_operator_controls
+
     from ..api import make_token
 
     store = require_operator_controls(backend)
@@ -92,6 +95,8 @@ async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store.backend import require_operator_controls
+
     rows = await require_operator_controls(backend).alist_tokens()
     now = datetime.now(UTC)
 
@@ -114,6 +119,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
     if emit_listing(rows, args.json, record, "no tokens"):
         return 0
+    from rich.table import Table
+
     table = Table("name", "scopes", "state", "created", "expires")
     for row in rows:
         table.add_row(
@@ -128,6 +135,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 async def _revoke(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store.backend import require_operator_controls
+
     if not await require_operator_controls(backend).arevoke_token(args.name):
         raise CommandError(f"no active token named {args.name!r}")
     emit(f"token {args.name!r} revoked")
@@ -143,7 +152,7 @@ def register(subparsers: Subparsers) -> None:
     )
     api.add_argument("--host", metavar="HOST", help="overrides [api] host")
     api.add_argument("--port", metavar="PORT", type=int_at_least(0), help="overrides [api] port")
-    api.set_defaults(handler=_api)
+    api.set_defaults(handler=_api, long_running=True)
 
     tokens = subparsers.add_parser("tokens", help="create, list and revoke API tokens")
     actions = tokens.add_subparsers(dest="tokens_command", metavar="ACTION", required=True)

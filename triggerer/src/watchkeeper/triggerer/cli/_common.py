@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
-import importlib.util
 import json
 import os
 import sys
@@ -22,14 +21,16 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias, TypeVar
 
-import anyio
-from pydantic import ValidationError
-from rich.console import Console
-from rich.text import Text
-from watchkeeper.store import BaseStateBackend, MissingCapabilityError, open_state_backend
-from watchkeeper.store.backend import Writer, redact_data, redact_secrets
+from watchkeeper.store.errors import MissingCapabilityError
 
-from ..settings import Settings
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.text import Text
+    from watchkeeper.store import BaseStateBackend
+    from watchkeeper.store.backend import Writer
+
+    from ..settings import Settings
 
 __all__ = [
     "PROG",
@@ -67,7 +68,9 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-StoreCommand = Callable[[BaseStateBackend, argparse.Namespace, Settings], Awaitable[int]]
+StoreCommand: TypeAlias = (
+    "Callable[[BaseStateBackend, argparse.Namespace, Settings], Awaitable[int]]"
+)
 """A store subcommand: runs on the opened backend and returns the exit status."""
 
 
@@ -91,6 +94,8 @@ class UsageError(CommandError):
 
 def error_line(message: str) -> str:
     """``watchkeeper: error: <message>`` squeezed onto one line, URL passwords masked."""
+    from watchkeeper.store.backend import redact_secrets
+
     flat = " ".join(str(message).split())
     return f"{PROG}: error: {redact_secrets(flat)}\n"
 
@@ -120,6 +125,8 @@ def describe_validation_error(exc: ValidationError) -> str:
 def redacted(value: Any) -> Any:
     """``value`` (JSON data) with every URL password masked: what ``status`` and ``events``
     print (see :func:`~watchkeeper.store.backend.redact_data`)."""
+    from watchkeeper.store.backend import redact_data
+
     return redact_data(value)
 
 
@@ -144,6 +151,8 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cli_writer() -> Writer:
     """``Writer("cli", <user>)``: who made a change from the command line."""
+    from watchkeeper.store.backend import Writer
+
     try:
         user = getpass.getuser()
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
@@ -153,6 +162,8 @@ def cli_writer() -> Writer:
 
 def open_backend(settings: Settings) -> BaseStateBackend:
     """The configured backend, unopened; a configuration mistake becomes a :class:`UsageError`."""
+    from watchkeeper.store import open_state_backend
+
     try:
         return open_state_backend(settings)
     except (ImportError, TypeError, ValueError) as exc:
@@ -209,11 +220,15 @@ def printable(text: str) -> str:
 
 def cell(text: str) -> Text:
     """A table cell showing ``text`` as it is: escaped (:func:`printable`), no rich markup."""
+    from rich.text import Text
+
     return Text(printable(text))
 
 
 def console() -> Console:
     """A rich console on stdout for tables people read."""
+    from rich.console import Console
+
     return Console(soft_wrap=False, highlight=False)
 
 
@@ -260,6 +275,8 @@ def run_store_command(
 ) -> int:
     """Run ``check(args)``, then open the backend, run ``command`` on it and close it, all
     inside one event loop. ``check`` raises :class:`UsageError` before anything is opened."""
+    import anyio
+
     if check is not None:
         check(args)
     backend = open_backend(settings)
@@ -306,10 +323,16 @@ def store_handler(
     return partial(run_store_command, command, check=check)
 
 
-def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``anyio.run`` on asyncio, with uvloop when it is installed; unwraps a lone error."""
-    options: dict[str, Any] = {}
-    if importlib.util.find_spec("uvloop") is not None:
-        options["use_uvloop"] = True
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any, event_loop: str = "auto") -> T:
+    """``anyio.run`` on asyncio, on the loop ``event_loop`` names (``[triggerer] event_loop``:
+    ``auto`` is uvloop when it is installed); unwraps a lone error."""
+    import anyio
+
+    from .._event_loop import EventLoopUnavailableError, anyio_backend_options
+
+    try:
+        options = anyio_backend_options(event_loop)
+    except EventLoopUnavailableError as exc:
+        raise UsageError(str(exc)) from None
     with unwrap_lone_exception():
         return anyio.run(fn, *args, backend="asyncio", backend_options=options)

@@ -14,23 +14,23 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pydantic import BaseModel, SecretStr
-from rich.table import Table
-from rich.text import Text
-from watchkeeper.store.backend import redact_dsn, redact_secrets
-from watchkeeper.store.settings import DEFAULT_CONFIG_FILE, SettingOrigin
-
-from ..settings import Settings
 from ._common import compact_json, console, emit_json, json_flag, settings_overrides
 
 __all__ = ["register", "settings_in_force"]
 
 if TYPE_CHECKING:
+    from watchkeeper.store.settings import SettingOrigin
+
+    from ..settings import Settings
+
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _shown(value: object) -> Any:
     """A setting's value as JSON data, with any password masked."""
+    from pydantic import SecretStr
+    from watchkeeper.store.backend import redact_dsn, redact_secrets
+
     if isinstance(value, SecretStr):
         return redact_dsn(value.get_secret_value())
     if isinstance(value, Path):
@@ -46,6 +46,8 @@ def settings_in_force(
     settings: Settings, origins: dict[str, SettingOrigin]
 ) -> dict[str, dict[str, Any]]:
     """``{"section.key": {"value": ..., "source": ...}}`` for every key, in model order."""
+    from pydantic import BaseModel
+
     rows: dict[str, dict[str, Any]] = {}
     for name in type(settings).model_fields:
         section = getattr(settings, name)
@@ -61,6 +63,8 @@ def settings_in_force(
 
 
 def _config_file(args: argparse.Namespace) -> str | None:
+    from watchkeeper.store.settings import DEFAULT_CONFIG_FILE
+
     if args.config is not None:
         return str(args.config)
     return DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).is_file() else None
@@ -73,6 +77,9 @@ def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         emit_json({"config_file": config_file, "settings": rows})
         return 0
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(
         title=f"watchkeeper settings (config file: {config_file or 'none'})",
         title_justify="left",

@@ -1,7 +1,8 @@
 """Subcommands of the runtime: ``triggerer`` (the daemon), ``status`` and ``demo``.
 
 ``watchkeeper triggerer`` runs :func:`~watchkeeper.triggerer.run_daemon` in the
-foreground until SIGTERM or SIGINT, on uvloop when it is installed. ``watchkeeper status``
+foreground until SIGTERM or SIGINT, on the loop ``[triggerer] event_loop`` names (uvloop when
+it is installed, by default). ``watchkeeper status``
 reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
 database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
 """
@@ -15,22 +16,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-from watchkeeper.store import (
-    AssetNotFoundError,
-    AssetScope,
-    BaseStateBackend,
-    MissingCapabilityError,
-    SqliteStateBackend,
-)
-from watchkeeper.store.backend import TriggerStatus, require_status_table
+from watchkeeper.store.errors import MissingCapabilityError
 
-from .._daemon_report import daemon_report
-from .._process import run_daemon
-from ..settings import DEFAULT_RELOAD_INTERVAL, Settings, TriggererSettings
+from .._defaults import DEFAULT_RELOAD_INTERVAL
 from ._common import (
     CommandError,
     UsageError,
@@ -41,9 +29,15 @@ from ._common import (
     run_async,
 )
 
-__all__ = ["daemon_report", "register", "status_report", "status_rows"]
+__all__ = ["register", "status_report", "status_rows"]
 
 if TYPE_CHECKING:
+    from rich.table import Table
+    from watchkeeper.store import BaseStateBackend
+    from watchkeeper.store.backend import TriggerStatus
+
+    from ..settings import Settings
+
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 T = TypeVar("T")
@@ -72,6 +66,10 @@ _TRIGGERER_OPTIONS = ("watchers_path", "capacity", "reload_interval")
 def with_triggerer_options(settings: Settings, args: argparse.Namespace) -> Settings:
     """``settings`` with the ``[triggerer]`` keys given as options of ``triggerer`` replaced
     (validated like the file's: ``--reload-interval`` must exceed 0, and so on)."""
+    from pydantic import ValidationError
+
+    from ..settings import TriggererSettings
+
     updates = {
         name: getattr(args, name)
         for name in _TRIGGERER_OPTIONS
@@ -95,7 +93,9 @@ def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
             "(use --watchers-path or [triggerer] watchers_path)"
         )
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
-    run_async(functools.partial(run_daemon, settings))
+    from .._process import run_daemon
+
+    run_async(functools.partial(run_daemon, settings), event_loop=settings.triggerer.event_loop)
     return 0
 
 
@@ -121,6 +121,10 @@ def _printable(text: str) -> str:
 
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
+    from watchkeeper.store.backend import require_status_table
+
+    from .._daemon_report import daemon_report
+
     daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []
     for status in await require_status_table(backend).alist_trigger_status():
@@ -136,6 +140,8 @@ async def status_rows(backend: BaseStateBackend) -> list[dict[str, Any]]:
 
 
 async def _asset_states(backend: BaseStateBackend, status: TriggerStatus) -> list[dict[str, Any]]:
+    from watchkeeper.store import AssetNotFoundError, AssetScope
+
     assets = []
     for name in status.assets:
         try:
@@ -182,6 +188,9 @@ def _short(value: object, limit: int = 40) -> str:
 
 
 def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="watchkeeper daemons", title_justify="left", pad_edge=False)
     table.add_column("daemon", overflow="fold")
     table.add_column("state", no_wrap=True)
@@ -202,6 +211,9 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
 
 
 def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
+    from rich.table import Table
+    from rich.text import Text
+
     seen: dict[tuple[str, str | None, str], None] = {}
     for row in daemons:
         for refused in row["refused"]:
@@ -222,6 +234,9 @@ def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
 
 
 def _status_table(rows: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="watchkeeper watchers", title_justify="left", pad_edge=False)
     table.add_column("watcher", overflow="fold", min_width=16)
     table.add_column("state", no_wrap=True)
@@ -261,6 +276,8 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from watchkeeper.store import SqliteStateBackend
+
     backend = open_backend(settings)
     if isinstance(backend, SqliteStateBackend) and not Path(backend.path).is_file():
         # Opening it would create an empty database: say instead that nothing ran there.
@@ -273,12 +290,17 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
             return await status_report(backend)
 
     try:
-        report = redacted(run_async(read))  # errors and state may quote a URL with a password
+        # A one-shot read: the standard loop, not the daemon's choice (uvloop loads slower).
+        report = redacted(
+            run_async(read, event_loop="asyncio")
+        )  # errors and state may quote a URL with a password
     except MissingCapabilityError as exc:  # a custom backend without trigger status
         raise CommandError(str(exc)) from exc
     if args.json:
         emit_json(report)
         return 0
+    from rich.console import Console  # the tables only
+
     console = Console()
     daemons, rows = report["daemons"], report["watchers"]
     if not rows and not daemons:
@@ -331,7 +353,7 @@ def register(subparsers: Subparsers) -> None:
             f"reload_interval, default {DEFAULT_RELOAD_INTERVAL:g})"
         ),
     )
-    triggerer.set_defaults(handler=_triggerer)
+    triggerer.set_defaults(handler=_triggerer, long_running=True)
 
     status = subparsers.add_parser(
         "status",
@@ -366,4 +388,4 @@ def register(subparsers: Subparsers) -> None:
         action="store_true",
         help="keep the temporary directory (database, source, logs) and print its path",
     )
-    demo.set_defaults(handler=_demo)
+    demo.set_defaults(handler=_demo, long_running=True)

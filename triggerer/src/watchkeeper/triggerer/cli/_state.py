@@ -14,7 +14,6 @@ import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from rich.table import Table
 from watchkeeper.store import (
     MAX_BIGINT,
     MAX_KEY_LENGTH,
@@ -22,15 +21,11 @@ from watchkeeper.store import (
     MAX_VALUE_DEPTH,
     NEVER_EXPIRE,
     AssetScope,
-    BaseStateBackend,
     StateEntry,
     StateScope,
     TaskScope,
 )
-from watchkeeper.store.backend import require_garbage_collector
 
-from .._watcher_controls import watcher_rows
-from ..settings import Settings
 from ._common import (
     CommandError,
     UsageError,
@@ -47,6 +42,9 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from watchkeeper.store import BaseStateBackend
+
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register_state_store"]
@@ -180,6 +178,8 @@ async def _state_get(backend: BaseStateBackend, args: argparse.Namespace, _: Set
 
 async def _warn_running_watchers(backend: BaseStateBackend, asset: str) -> None:
     """Warn when an unpaused watcher of ``asset`` runs: its next event may overwrite the key."""
+    from .._watcher_controls import watcher_rows
+
     running = [
         row.watcher
         for row in await watcher_rows(backend)
@@ -238,6 +238,8 @@ async def _state_clear(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+
     scope = _scope(args)
     entries = await backend.alist(scope)
     if args.json:
@@ -271,6 +273,8 @@ def _event_rule(retention_days: int, dedup_retention_days: int) -> str:
 
 
 async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: Settings) -> int:
+    from watchkeeper.store.backend import require_garbage_collector
+
     events = s.events
     report = await require_garbage_collector(backend).acollect_garbage(
         default_retention_days=s.state_store.default_retention_days,

@@ -12,18 +12,8 @@ import argparse
 import signal
 from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.abc
-from rich.table import Table
-from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo, BaseStateBackend
-from watchkeeper.store.backend import (
-    check_name,
-    redact_secrets,
-    require_asset_registry,
-    require_event_log,
-)
+from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo
 
-from ..settings import Settings
 from ._common import (
     CommandError,
     UsageError,
@@ -42,6 +32,11 @@ from ._common import (
 from ._state import register_state_store
 
 if TYPE_CHECKING:
+    import anyio
+    import anyio.abc
+    from watchkeeper.store import BaseStateBackend
+
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -77,6 +72,9 @@ def _asset_record(info: AssetInfo) -> dict[str, Any]:
 
 
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+    from watchkeeper.store.backend import require_asset_registry
+
     assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
     empty = "no assets registered" if args.all else "no active assets"
     if emit_listing(assets, args.json, _asset_record, empty):
@@ -94,6 +92,8 @@ async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 def _check_asset(args: argparse.Namespace) -> None:
+    from watchkeeper.store.backend import check_name
+
     if not args.name:
         raise UsageError("an asset name must not be empty")
     if getattr(args, "uri", None) == "":
@@ -107,6 +107,8 @@ def _check_asset(args: argparse.Namespace) -> None:
 
 
 async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store.backend import require_asset_registry
+
     await require_asset_registry(backend).aregister_assets([Asset(args.name, uri=args.uri)])
     emit(f"registered asset {args.name!r}" + (f" ({args.uri})" if args.uri else ""))
     return 0
@@ -115,6 +117,8 @@ async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, 
 async def _assets_deactivate(
     backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 ) -> int:
+    from watchkeeper.store.backend import require_asset_registry
+
     if await require_asset_registry(backend).adeactivate_asset(args.name):
         emit(f"deactivated asset {args.name!r}; its state is removed by the next clean")
         return 0
@@ -134,6 +138,8 @@ def _event_record(event: AssetEvent) -> dict[str, Any]:
 
 
 def _event_line(event: AssetEvent) -> str:
+    from watchkeeper.store.backend import redact_secrets
+
     dedup = f" dedup_key={event.dedup_key!r}" if event.dedup_key is not None else ""
     return redact_secrets(
         f"{event.id} {event.created_at.isoformat()} asset={event.asset!r} "
@@ -145,6 +151,8 @@ async def _cancel_on_signal(
     scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None]
 ) -> None:
     """Cancel ``scope`` at the first SIGINT or SIGTERM (Ctrl-C ends ``--follow`` cleanly)."""
+    import anyio
+
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for _ in signals:
@@ -153,6 +161,9 @@ async def _cancel_on_signal(
 
 
 async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: int) -> None:
+    import anyio
+    from watchkeeper.store.backend import require_event_log
+
     printed = 0
     while args.limit is None or printed < args.limit:
         remaining = None if args.limit is None else args.limit - printed
@@ -171,6 +182,10 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
 
 
 async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    import anyio
+    from rich.table import Table
+    from watchkeeper.store.backend import require_asset_registry, require_event_log
+
     if args.asset is not None:
         known = {info.name for info in await require_asset_registry(backend).alist_assets()}
         if args.asset not in known:

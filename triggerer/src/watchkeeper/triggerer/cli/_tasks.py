@@ -15,23 +15,6 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-import anyio
-from rich.table import Table
-from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import (
-    TaskInfo,
-    TaskQueue,
-    TaskRun,
-    get_logger,
-)
-
-from .._asset_task import AssetTask
-from .._process import start_api
-from .._task_loader import load_tasks
-from .._watcher_files import unload_watchers
-from .._worker import Worker, configure_connections, run_worker
-from ..daemon import Daemon
-from ..settings import Settings
 from ._common import (
     CommandError,
     UsageError,
@@ -52,18 +35,26 @@ from ._runtime import with_triggerer_options
 __all__ = ["register", "run_record"]
 
 if TYPE_CHECKING:
-    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+    from watchkeeper.store import BaseStateBackend
+    from watchkeeper.store.backend import TaskInfo, TaskQueue, TaskRun
 
-log = get_logger(__name__)
+    from .._asset_task import AssetTask
+    from ..settings import Settings
+
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _queue(backend: BaseStateBackend) -> TaskQueue:
+    from watchkeeper.store.backend import TaskQueue
+
     if not isinstance(backend, TaskQueue):
         raise CommandError(f"{type(backend).__name__} does not support tasks")
     return backend
 
 
 def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
+    from .._task_loader import load_tasks
+
     path = Path(settings.triggerer.watchers_path)
     if not path.is_dir():
         raise UsageError(
@@ -78,6 +69,9 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from .._watcher_files import unload_watchers
+    from .._worker import configure_connections, run_worker
+
     settings = with_triggerer_options(settings, args)
     tasks = _load_tasks(settings)
     if not tasks:
@@ -94,7 +88,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
             )
 
     try:
-        run_async(main)
+        run_async(main, event_loop=settings.triggerer.event_loop)
     finally:
         unload_watchers()
     return 0
@@ -107,6 +101,15 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     comes before a task's cursor. With ``[api] enabled`` the HTTP API is served in the same
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
+    import anyio
+    from watchkeeper.store.backend import get_logger
+
+    from .._process import start_api
+    from .._worker import Worker, configure_connections
+    from ..daemon import Daemon
+
+    log = get_logger(__name__)
+
     if settings.api.enabled:
         importlib.import_module("watchkeeper.triggerer.api")  # before any trigger runs
     backend = open_backend(settings)
@@ -132,10 +135,14 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from .._watcher_files import unload_watchers
+
     settings = with_triggerer_options(settings, args)
     tasks = _load_tasks(settings)
     try:
-        run_async(functools.partial(run_up, settings, tasks))
+        run_async(
+            functools.partial(run_up, settings, tasks), event_loop=settings.triggerer.event_loop
+        )
     finally:
         unload_watchers()
     return 0
@@ -159,6 +166,8 @@ def _task_record(info: TaskInfo) -> dict[str, Any]:
 
 
 async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+
     infos = await _queue(backend).alist_tasks()
     empty = "no tasks registered (a worker registers its tasks when it starts)"
     if emit_listing(infos, args.json, _task_record, empty):
@@ -227,6 +236,8 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
 
 
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+
     runs = await _queue(backend).alist_runs(task=args.task, state=args.state, limit=args.limit)
     if emit_listing(runs, args.json, run_record, "no runs"):
         return 0
@@ -285,11 +296,11 @@ def register(subparsers: Subparsers) -> None:
     """Add ``worker``, ``up``, ``tasks`` and ``runs`` to the ``watchkeeper`` parser."""
     worker = subparsers.add_parser("worker", help="run the asset_task tasks of the definitions")
     _runtime_options(worker)
-    worker.set_defaults(handler=_worker)
+    worker.set_defaults(handler=_worker, long_running=True)
 
     up = subparsers.add_parser("up", help="run a triggerer and a worker in one process")
     _runtime_options(up)
-    up.set_defaults(handler=_up)
+    up.set_defaults(handler=_up, long_running=True)
 
     tasks = subparsers.add_parser("tasks", help="tasks on asset events")
     actions = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)

@@ -13,12 +13,6 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import require_operator_controls
-
-from .._watcher_controls import watcher_rows
-from ..settings import Settings
 from ._common import (
     CommandError,
     cli_writer,
@@ -30,6 +24,9 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
+    from watchkeeper.store import BaseStateBackend
+
+    from ..settings import Settings
     from ._common import Subparsers
 
 __all__ = ["register"]
@@ -46,6 +43,10 @@ def _age(seconds: float | None) -> str:
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from rich.table import Table
+
+    from .._watcher_controls import watcher_rows
+
     rows = await watcher_rows(backend)
     now = datetime.now(UTC)
     empty = "no watchers: no daemon has reported one, and none is paused"
@@ -70,6 +71,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 async def _known(backend: BaseStateBackend, name: str) -> bool:
+    from .._watcher_controls import watcher_rows
+
     return any(row.watcher == name for row in await watcher_rows(backend))
 
 
@@ -81,6 +84,8 @@ def _warn_unknown(name: str) -> None:
 
 
 async def _set_paused(backend: BaseStateBackend, name: str, paused: bool, done: str) -> int:
+    from watchkeeper.store.backend import require_operator_controls
+
     store = require_operator_controls(backend)
     if not await _known(backend, name):
         _warn_unknown(name)
@@ -102,6 +107,10 @@ async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store.backend import require_operator_controls
+
+    from .._watcher_controls import watcher_rows
+
     store = require_operator_controls(backend)
     rows = {row.watcher: row for row in await watcher_rows(backend)}
     row = rows.get(args.name)
