@@ -175,7 +175,7 @@ class TestAuthentication:
                 await client.put("/api/v1/assets/orders/state/wm", json=1)
                 await client.get("/api/v1/assets", headers={"Authorization": f"Bearer {wrong}"})
         text = caplog.text + json.dumps(logs, default=str)
-        secret = api.tokens["admin"].split("_")[-1]
+        secret = api.tokens["admin"].split("_", 2)[2]  # the secret itself may hold "_"
         assert secret not in text and "B" * 43 not in text
 
     async def test_openapi_document_lists_the_routes(self, api: Api) -> None:

@@ -36,11 +36,11 @@ class TestTokensCommand:
             ["read", "write:asset:orders_*"],
             "active",
         )
-        assert token not in listed and token.split("_")[-1] not in listed
+        assert token not in listed and token.split("_", 2)[2] not in listed
         with SqliteStateBackend(tmp_path / "s.db") as backend:
             (stored,) = backend.run_sync(backend.alist_tokens)
             principal = backend.run_sync(verify_token, backend, token, stored.created_at)
-        assert token.split("_")[-1] not in stored.digest
+        assert token.split("_", 2)[2] not in stored.digest
         assert principal is not None and principal.scopes == ("read", "write:asset:orders_*")
 
     def test_revoke_and_errors(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
