@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
-from .._backend import _utcnow
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, encode_refused
@@ -68,6 +67,7 @@ from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, Delete
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
+    database_clock,
     is_connection_error,
     is_unavailable,
     map_error,
@@ -470,4 +470,4 @@ class PostgresStateBackend(
     def _clock_param(self) -> datetime | None:
         """The time to pass to lease statements: None (the database's ``now()``) unless the
         backend was given a clock of its own."""
-        return None if self.clock is _utcnow else self.clock()
+        return database_clock(self.clock)

@@ -19,7 +19,7 @@ from .._types import AssetEvent, AssetScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, ConsumerCursorError
 from .schema import table_prefix
-from .sql import writer_fields
+from .sql import close_quietly, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -234,9 +234,4 @@ class PostgresConsumers(TaskStoreBackend):
 
     async def _close_listener(self) -> None:
         state: dict[str, Any] = self.__dict__.get("_listen_state", {})
-        conn = state.pop("conn", None)
-        if conn is not None and not conn.is_closed():
-            with anyio.move_on_after(2, shield=True):
-                await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
+        await close_quietly(state.pop("conn", None))

@@ -36,7 +36,7 @@ import anyio
 
 from .._types import Lease, NodeHeartbeat, NodeLease
 from ..errors import StateStoreError, StoreClosedError
-from .sql import is_connection_error, is_unavailable, map_error
+from .sql import close_quietly, is_connection_error, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
@@ -197,12 +197,7 @@ class PostgresLeases:
 
     async def _close_lease_conn(self) -> None:
         for state in self.__dict__.get("_lease_conn", {}).values():
-            conn = state.pop("conn", None)
-            if conn is not None and not conn.is_closed():
-                with anyio.move_on_after(2, shield=True):
-                    await conn.close()
-                if not conn.is_closed():
-                    conn.terminate()
+            await close_quietly(state.pop("conn", None))
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
@@ -309,9 +304,4 @@ class PostgresLeases:
 
     async def _close_lease_listener(self) -> None:
         state: dict[str, Any] = self.__dict__.get("_lease_listen", {})
-        conn = state.pop("conn", None)
-        if conn is not None and not conn.is_closed():
-            with anyio.move_on_after(2, shield=True):
-                await conn.close()
-            if not conn.is_closed():
-                conn.terminate()
+        await close_quietly(state.pop("conn", None))

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from .._backend import _utcnow as utcnow
 from .._tasks import (
     LAPSED,
     OutletEvent,
@@ -32,7 +31,7 @@ from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
 from .consumers import EVENT_COLS, event_row, events_hook
-from .sql import rowcount
+from .sql import database_clock, rowcount
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -128,11 +127,6 @@ class PostgresRuns(TaskStoreBackend):
         def _prefix(self) -> str: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
 
-    def _lease_now(self) -> datetime | None:
-        """``None``: leases follow the database clock (``now()``), the one every worker shares;
-        a clock set on the backend (tests) is used instead."""
-        return None if self.clock is utcnow else self.clock()
-
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:
             return []
@@ -166,7 +160,15 @@ class PostgresRuns(TaskStoreBackend):
         done = finish.run_id if finish is not None else None
         token = finish.token if finish is not None else None
         rows = await fetch(
-            self._step_sql, self._lease_now(), tasks, limit, owner, span, done, token, LAPSED_SQL
+            self._step_sql,
+            database_clock(self.clock),
+            tasks,
+            limit,
+            owner,
+            span,
+            done,
+            token,
+            LAPSED_SQL,
         )
         finished: TaskRun | None = None
         runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
@@ -197,7 +199,7 @@ class PostgresRuns(TaskStoreBackend):
                 "(SELECT coalesce($5::timestamptz, now()) AS at) n "
                 "WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = $1 "
                 "AND r.state = 'running' AND r.lease_expires_at > n.at RETURNING r.id",
-                owner, list(held), list(held.values()), span, self._lease_now(),
+                owner, list(held), list(held.values()), span, database_clock(self.clock),
             )  # fmt: skip
             return {r[0] for r in rows}
 
@@ -213,7 +215,7 @@ class PostgresRuns(TaskStoreBackend):
                     "SET lease_expires_at = coalesce($2::timestamptz, now()) "
                     "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
                     names,
-                    self._lease_now(),
+                    database_clock(self.clock),
                 )
             )
 
@@ -229,7 +231,7 @@ class PostgresRuns(TaskStoreBackend):
                 "FROM (SELECT coalesce($4::timestamptz, now()) AS at) n WHERE r.id = $1 "
                 "AND r.state = 'running' AND r.lease_owner = $2 AND r.lease_token = $3 "
                 f"AND r.lease_expires_at > n.at RETURNING {RUN_COLS.replace('id,', 'r.id,', 1)}",
-                run_id, owner, token, self._lease_now(),
+                run_id, owner, token, database_clock(self.clock),
             )  # fmt: skip
             if row is None:
                 await self._refuse(conn, owner, outcome)
@@ -246,7 +248,7 @@ class PostgresRuns(TaskStoreBackend):
             "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
             f"errors, coalesce($2::timestamptz, now()) FROM {p}task_runs WHERE id = $1 "
             "FOR UPDATE",
-            run_id, self._lease_now(),
+            run_id, database_clock(self.clock),
         )  # fmt: skip
         if row is None:
             raise RunNotFoundError(run_id)
@@ -271,7 +273,7 @@ class PostgresRuns(TaskStoreBackend):
         row = await conn.fetchrow(
             "SELECT state, lease_owner, lease_token, lease_expires_at, "
             f"coalesce($2::timestamptz, now()) FROM {self._prefix}task_runs WHERE id = $1",
-            outcome.run_id, self._lease_now(),
+            outcome.run_id, database_clock(self.clock),
         )  # fmt: skip
         if row is None:
             raise RunNotFoundError(outcome.run_id)

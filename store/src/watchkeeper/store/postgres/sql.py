@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+import anyio
+
+from .._backend import _utcnow
 from .._types import RawEntry, Writer
 from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
 
@@ -24,7 +27,9 @@ __all__ = [
     "TASK_TABLE",
     "Statements",
     "TableSpec",
+    "close_quietly",
     "columns",
+    "database_clock",
     "is_connection_error",
     "is_unavailable",
     "map_error",
@@ -34,6 +39,23 @@ __all__ = [
 ]
 
 _Columns = tuple[tuple[str, str], ...]
+
+
+def database_clock(clock: Callable[[], datetime]) -> datetime | None:
+    """The time to pass to lease statements: ``None`` (they use the database's ``now()``, the
+    one clock every process shares) unless the backend was given a clock of its own (tests)."""
+    return None if clock is _utcnow else clock()
+
+
+async def close_quietly(conn: asyncpg.Connection | None) -> None:
+    """Close a connection of the backend's own (a listener, the lease lane) within 2 s, shielded,
+    and terminate it if the close did not finish."""
+    if conn is None or conn.is_closed():
+        return
+    with anyio.move_on_after(2, shield=True):
+        await conn.close()
+    if not conn.is_closed():
+        conn.terminate()
 
 
 @dataclass(frozen=True, slots=True)
