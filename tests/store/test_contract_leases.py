@@ -482,6 +482,43 @@ class TestPostgresLeaseLocking:
                 await conn.close()
             assert await store.aclaim_leases("b", ["w"], TTL) == {"w": 2}
 
+    async def test_daemons_claiming_the_same_new_leases_at_once_never_fail(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """Three daemons starting together claim the same 3,000 never-claimed leases at once
+        (each picks them in its own spread order): no claim fails with a deadlock, and every
+        lease ends with exactly one of them."""
+        import asyncpg
+
+        ids = [f"t{i}" for i in range(3000)]
+        owners = ("a", "b", "c")
+        async with (
+            PostgresStateBackend(pg_dsn, schema=pg_schema) as a,
+            PostgresStateBackend(pg_dsn, schema=pg_schema) as b,
+            PostgresStateBackend(pg_dsn, schema=pg_schema) as c,
+        ):
+            got: dict[str, dict[str, int]] = {}
+
+            async def claim(store: PostgresStateBackend, owner: str) -> None:
+                got[owner] = await store.aclaim_leases(owner, ids, TTL)
+
+            for _ in range(3):  # a few rounds: a deadlock needs the inserts to interleave
+                async with anyio.create_task_group() as tg:
+                    for store, owner in zip((a, b, c), owners, strict=True):
+                        tg.start_soon(claim, store, owner)
+                leases = await a.alist_leases()
+                assert sorted(x.trigger_id for x in leases) == sorted(ids)
+                held = sorted(t for owner in owners for t in got[owner])
+                assert held == sorted(ids)  # each lease with one daemon, none twice
+                await a.arelease_leases("a", [], leave=True)
+                await b.arelease_leases("b", [], leave=True)
+                await c.arelease_leases("c", [], leave=True)
+                conn = await asyncpg.connect(pg_dsn)
+                try:
+                    await conn.execute(f'DELETE FROM "{pg_schema}".trigger_leases')
+                finally:
+                    await conn.close()
+
     async def test_the_database_clock_decides_expiry(self, pg_dsn: str, pg_schema: str) -> None:
         """Without a clock of its own the backend uses now() of the server: a node lease
         renewed for 30 s is live at the server's time, whatever the process's clock says."""

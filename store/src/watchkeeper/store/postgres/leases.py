@@ -51,6 +51,11 @@ def lease_channel(schema: str | None) -> str:
     return f"{schema or 'public'}_watchkeeper_leases"
 
 
+_RETRYABLE = ("40P01", "40001")
+"""SQLSTATEs of a transaction the server rolled back to break a conflict (deadlock detected,
+serialization failure): tried again at once."""
+
+
 class _Sql:
     """The statements, for one table prefix. ``$2`` is the clock: NULL for ``now()``."""
 
@@ -98,11 +103,14 @@ class _Sql:
         """
         self.insert = f"""
             INSERT INTO {p}trigger_leases (trigger_id, owner, token, expires_at)
-            SELECT t, $1, 1, now() FROM unnest($2::text[]) AS t
-            WHERE NOT EXISTS (SELECT 1 FROM {p}trigger_leases l WHERE l.trigger_id = t)
-            ORDER BY md5(t || $1) LIMIT $3
+            SELECT t, $1, 1, now() FROM (
+                SELECT t FROM unnest($2::text[]) AS t
+                WHERE NOT EXISTS (SELECT 1 FROM {p}trigger_leases l WHERE l.trigger_id = t)
+                ORDER BY md5(t || $1) LIMIT $3
+            ) AS mine ORDER BY t
             ON CONFLICT (trigger_id) DO NOTHING
-        """
+        """  # chosen in this daemon's spread order, inserted in one order for all: two
+        # daemons inserting the same new rows wait for each other, never in a cycle
         self.held = (
             f"SELECT trigger_id, token FROM {p}trigger_leases "
             "WHERE trigger_id = ANY($2::text[]) AND owner = $1"
@@ -169,7 +177,7 @@ class PostgresLeases:
         if lock is None:
             lock = state["lock"] = anyio.Lock()
         async with lock:
-            for attempt in (1, 2):
+            for attempt in (1, 2, 3):
                 if not self._open:
                     raise StoreClosedError(self)
                 conn = state.get("conn")
@@ -186,11 +194,13 @@ class PostgresLeases:
                 except Exception as exc:
                     if not self._open:
                         raise StoreClosedError(self) from exc
+                    if getattr(exc, "sqlstate", None) in _RETRYABLE and attempt < 3:
+                        continue  # rolled back: a deadlock or a serialization failure
                     if is_unavailable(exc) or is_connection_error(exc):
                         if conn is not None and not conn.is_closed():
                             conn.terminate()
                         state.pop("conn", None)
-                        if attempt == 1:
+                        if attempt < 3:
                             continue
                     raise map_error(exc, what) from exc
         raise AssertionError("unreachable")  # pragma: no cover
