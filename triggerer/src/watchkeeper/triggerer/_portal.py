@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 import greenback
-from watchkeeper.store import SyncCallInLoopError
 from watchkeeper.store.backend import SYNC_CALL_WITHOUT_PORTAL
 
 if TYPE_CHECKING:
@@ -38,17 +37,6 @@ async def open_portal_for(trigger: object) -> None:
     """Give the current task a portal, and every later trigger of ``trigger``'s class too."""
     _PORTAL_CLASSES.add(type(trigger))
     await greenback.ensure_portal()
-
-
-def _raised_for_portal(error: BaseException | None) -> bool:
-    """Whether ``error`` is (or was raised from) a sync store call made without a portal."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, SyncCallInLoopError):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
 
 
 class PortalRequest:
@@ -77,7 +65,7 @@ class PortalRequest:
         finally:
             SYNC_CALL_WITHOUT_PORTAL.reset(token)
 
-    def needed(self, error: BaseException | None) -> bool:
-        """Whether the run ended for want of a portal that the task does not have yet."""
-        wanted = self._slot.portal_missing or _raised_for_portal(error)
-        return wanted and not greenback.has_portal()
+    def needed(self) -> bool:
+        """Whether the run ended for want of a portal that the task does not have yet (the
+        store called this request, as the task's hook, before raising the error)."""
+        return self._slot.portal_missing and not greenback.has_portal()

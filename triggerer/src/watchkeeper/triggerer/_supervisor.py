@@ -417,7 +417,7 @@ async def supervise(
                     )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
-            if portal.needed(error):
+            if portal.needed():
                 await open_portal_for(slot.trigger)
                 log.debug("trigger_portal_opened", classpath=slot.classpath)
                 continue
