@@ -63,7 +63,10 @@ class GroupWriter:
         self._owner, self._sql, self._connect = owner, sql, connect
         # Sent with the BEGIN of every batch that commits events, single or batched, in one
         # message (the commit-order lock and the one NOTIFY of the batch: see .consumers).
-        self._begin_events = "BEGIN" if events_sql is None else f"BEGIN; {events_sql}"
+        # Without JIT: the planner cannot know how many rows the JSON of an event round holds,
+        # guesses thousands, and compiling the plan would cost a hundred times running it.
+        prelude = "" if events_sql is None else f"; {events_sql}"
+        self._begin_events = f"BEGIN; SET LOCAL jit = off{prelude}"
         # One slot per batch in flight; a slot's connection is opened when first needed.
         self._conns: list[asyncpg.Connection | None] = [conn] + [None] * (connections - 1)
         self._free = list(range(connections - 1, -1, -1))  # slot 0 (the open one) first
