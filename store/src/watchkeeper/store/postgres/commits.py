@@ -35,8 +35,12 @@ __all__ = ["commit_batch_sql", "commit_batches", "commit_events", "event_commits
 _encode = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
-def event_commits_sql(p: str) -> str:
+def event_commits_sql(p: str, prelude: str | None = None) -> str:
     """One round of event commits (each asset at most once in it; see the module).
+
+    With ``prelude`` (the events lock and NOTIFY, a ``SELECT`` of two calls) the statement is
+    a whole transaction on its own: every row it reads or writes comes through ``o``, which
+    joins the prelude's one row, so the lock is taken before any event id is drawn.
 
     ``$1`` is a JSON array with one object per commit: ``w`` watcher, ``p`` payload, ``a``
     asset names, ``s`` state (an object of JSON texts), and when set ``d`` dedup key, ``ft`` /
@@ -49,11 +53,12 @@ def event_commits_sql(p: str) -> str:
     the lease it found (``owner``, ``token``, ``expires_at``; NULL when there is no lease row)
     and the database's time.
     """
+    lock = "" if prelude is None else f"({prelude}) AS lock(held, sent) CROSS JOIN "
     return f"""
         WITH o AS MATERIALIZED (
             SELECT o.ord, o.w, o.p, o.d, o.a, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
-            FROM ROWS FROM (json_to_recordset($1::json) AS (
+            FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
                      w text, p text, d text, a json, s json, ft text, fo text, fk int8,
                      wk text, wn text, wt int4)) WITH ORDINALITY
                  AS o(w, p, d, a, s, ft, fo, fk, wk, wn, wt, ord)

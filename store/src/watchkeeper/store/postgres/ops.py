@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
 from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
 from .._leases import check_fence
@@ -56,6 +56,7 @@ __all__ = [
     "Op",
     "PutOp",
     "apply_batch",
+    "one_round",
 ]
 
 T = TypeVar("T")
@@ -355,6 +356,20 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
             op.result = rowcount(status)
         elif isinstance(op, CallOp) and op.phase != CATALOG:
             op.result = await op.fn(conn)
+
+
+def one_round(batch: Sequence[Op]) -> TypeGuard[Sequence[CommitOp]]:
+    """Whether ``batch`` is only event commits on distinct assets: one statement does it all
+    (:func:`~.commits.commit_events`), so it needs no transaction of its own around it."""
+    seen: set[str] = set()
+    for op in batch:
+        if type(op) is not CommitOp:
+            return False
+        for name in op.names:
+            if name in seen:
+                return False
+            seen.add(name)
+    return True
 
 
 async def _check_fences(

@@ -157,6 +157,7 @@ class Statements:
     """Every statement of the backend, for one schema prefix (``'"wk".'`` or ``''``)."""
 
     def __init__(self, p: str) -> None:
+        self.prefix = p
         self.task = StateStatements(TASK_TABLE, p)
         self.asset = StateStatements(ASSET_TABLE, p)
         task_keys = "dag_id = $1 AND run_id = $2 AND task_id = $3 AND map_index = $4"
