@@ -34,8 +34,7 @@ class TestEventsLock:
                 ids = await reader.fetchval(
                     "SELECT pg_get_serial_sequence($1, 'id')", f'"{pg_schema}".asset_events'
                 )
-                drawn = f"SELECT last_value, is_called FROM {ids}"
-                before = tuple(await reader.fetchrow(drawn))
+                before = await reader.fetchval(f"SELECT (last_value, is_called)::text FROM {ids}")
                 held = reader.transaction()
                 await held.start()
                 await reader.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})", pg_schema)
@@ -56,7 +55,10 @@ class TestEventsLock:
                             await anyio.sleep(0.01)
                     assert not done.is_set()
                     assert await backend.alist_events() == []
-                    assert tuple(await reader.fetchrow(drawn)) == before
+                    drawn = await reader.fetchval(
+                        f"SELECT (last_value, is_called)::text FROM {ids}"
+                    )
+                    assert drawn == before
                     await held.commit()
                     with anyio.fail_after(10):
                         await done.wait()

@@ -42,11 +42,13 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
     a whole transaction on its own: every row it reads or writes comes through ``o``, which
     joins the prelude's one row, so the lock is taken before any event id is drawn.
 
-    ``$1`` is a JSON array with one object per commit: ``w`` watcher, ``p`` payload, ``a``
-    asset names, ``s`` state (an object of JSON texts), and when set ``d`` dedup key, ``ft`` /
-    ``fo`` / ``fk`` the fence's trigger, owner and token, ``wk`` / ``wn`` / ``wt`` the writer.
-    ``$2`` holds each commit's time, ``$3`` is true to check leases against ``now()`` (false:
-    against each commit's time, a backend with a clock of its own).
+    ``$1`` is a JSON array with one object per commit: ``w`` watcher, ``p`` payload, and when
+    set ``d`` dedup key, ``ft`` / ``fo`` / ``fk`` the fence's trigger,
+    owner and token, ``wk`` / ``wn`` / ``wt`` the writer. ``$2`` holds each commit's time,
+    ``$3`` is true to check leases against ``now()`` (false: against each commit's time, a
+    backend with a clock of its own). ``$4`` is a JSON array of the commits' state items:
+    ``o`` the commit's 1-based index, ``k`` the key, ``v`` the value (JSON text). ``$5`` is a
+    JSON array of the commits' assets, in order: ``o`` the commit's index, ``n`` the name.
 
     Rows: each event inserted (``id``, ``asset_name``, ``created_at``), in id order; then each
     commit refused (``op``: its 1-based index) with the first unknown asset it names, or else
@@ -56,17 +58,17 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
     lock = "" if prelude is None else f"({prelude}) AS lock(held, sent) CROSS JOIN "
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.w, o.p, o.d, o.a, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
+            SELECT o.ord, o.w, o.p, o.d, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
             FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
-                     w text, p text, d text, a json, s json, ft text, fo text, fk int8,
+                     w text, p text, d text, ft text, fo text, fk int8,
                      wk text, wn text, wt int4)) WITH ORDINALITY
-                 AS o(w, p, d, a, s, ft, fo, fk, wk, wn, wt, ord)
+                 AS o(w, p, d, ft, fo, fk, wk, wn, wt, ord)
         ), r AS MATERIALIZED (
-            SELECT o.ord AS op, x.pos, x.name,
-                   (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
-            FROM o CROSS JOIN LATERAL json_array_elements_text(o.a) WITH ORDINALITY
-                 AS x(name, pos)
+            SELECT x.o AS op, x.pos, x.n AS name,
+                   (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.n) AS asset_id
+            FROM ROWS FROM (json_to_recordset($5::json) AS (o int8, n text)) WITH ORDINALITY
+                 AS x(o, n, pos)
         ), l AS MATERIALIZED (
             SELECT l.trigger_id, l.owner, l.token, n.expires_at
             FROM {p}trigger_leases l LEFT JOIN {p}trigger_nodes n
@@ -99,8 +101,9 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
             INSERT INTO {p}asset_state AS t
                 (asset_id, key, value, version, updated_at,
                  writer_kind, writer_name, writer_try)
-            SELECT r.asset_id, j.key, j.value, 1, o.at, o.wk, o.wn, o.wt
-            FROM r JOIN o ON o.ord = r.op CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
+            SELECT r.asset_id, j.k, j.v, 1, o.at, o.wk, o.wn, o.wt
+            FROM json_to_recordset($4::json) AS j(o int8, k text, v text)
+            JOIN o ON o.ord = j.o JOIN r ON r.op = j.o
             WHERE r.asset_id IN (SELECT asset_id FROM ev)
             ON CONFLICT (asset_id, key) DO UPDATE SET
                 value = EXCLUDED.value, version = t.version + 1,
@@ -122,17 +125,17 @@ async def commit_events(
     """Apply one round of event commits (no two share an asset) with one statement, setting
     each op's result (its events, in id order) or error (nothing of it written)."""
     docs: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    assets: list[dict[str, Any]] = []
     stamps = []
     by_name: dict[str, CommitOp] = {}
-    for op in ops:
+    for index, op in enumerate(ops, 1):
         c = op.commit
-        state = c.state
-        doc: dict[str, Any] = {
-            "w": c.watcher,
-            "p": c.payload_json,
-            "a": op.names,
-            "s": state if type(state) is dict else dict(state),
-        }
+        doc: dict[str, Any] = {"w": c.watcher, "p": c.payload_json}
+        for name in op.names:
+            assets.append({"o": index, "n": name})
+            by_name[name] = op
+        items.extend({"o": index, "k": key, "v": value} for key, value in c.state.items())
         if c.dedup_key is not None:
             doc["d"] = c.dedup_key
         fence = c.fence
@@ -144,9 +147,9 @@ async def commit_events(
         docs.append(doc)
         stamps.append(op.created_at)
         op.result = []
-        for name in op.names:
-            by_name[name] = op
-    rows = await conn.fetch(statement, _encode(docs), stamps, db_clock)
+    rows = await conn.fetch(
+        statement, _encode(docs), stamps, db_clock, _encode(items), _encode(assets)
+    )
     payloads: dict[int, Any] = {}
     for event_id, name, created_at, index, owner, token, expires_at, missing in rows:
         if event_id is None:
