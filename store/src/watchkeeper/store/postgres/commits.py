@@ -35,7 +35,13 @@ __all__ = ["commit_batch_sql", "commit_batches", "commit_events", "event_commits
 _encode = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
 
 
-def event_commits_sql(p: str, prelude: str | None = None) -> str:
+def event_commits_sql(p: str, prelude: str | None = None) -> tuple[str, str]:
+    """The statements of one round of event commits: with dedup keys, and without (which needs
+    neither the lookup nor the speculative insert); see :func:`_event_commits_sql`."""
+    return _event_commits_sql(p, prelude, dedup=True), _event_commits_sql(p, prelude, dedup=False)
+
+
+def _event_commits_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
     """One round of event commits (each asset at most once in it; see the module).
 
     With ``prelude`` (the events lock and NOTIFY, a ``SELECT`` of two calls) the statement is
@@ -56,6 +62,14 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
     and the database's time.
     """
     lock = "" if prelude is None else f"({prelude}) AS lock(held, sent) CROSS JOIN "
+    skip = conflict = ""
+    if dedup:
+        skip = f"""
+              AND (o.d IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM {p}asset_events e
+                    WHERE e.asset_id = r.asset_id AND e.dedup_key = o.d))"""
+        conflict = """
+            ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
             SELECT o.ord, o.w, o.p, o.d, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
@@ -90,12 +104,8 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
                 (asset_id, asset_name, watcher, payload, dedup_key, created_at)
             SELECT r.asset_id, r.name, o.w, o.p, o.d, o.at
             FROM r JOIN o ON o.ord = r.op
-            WHERE r.op NOT IN (SELECT ord FROM refused)
-              AND (o.d IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM {p}asset_events e
-                    WHERE e.asset_id = r.asset_id AND e.dedup_key = o.d))
-            ORDER BY r.op, r.pos
-            ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+            WHERE r.op NOT IN (SELECT ord FROM refused){skip}
+            ORDER BY r.op, r.pos{conflict}
             RETURNING id, asset_id, asset_name, created_at
         ), st AS (
             INSERT INTO {p}asset_state AS t
@@ -120,10 +130,15 @@ def event_commits_sql(p: str, prelude: str | None = None) -> str:
 
 
 async def commit_events(
-    conn: asyncpg.Connection, statement: str, ops: Sequence[CommitOp], db_clock: bool
+    conn: asyncpg.Connection,
+    statements: tuple[str, str],
+    ops: Sequence[CommitOp],
+    db_clock: bool,
 ) -> None:
-    """Apply one round of event commits (no two share an asset) with one statement, setting
-    each op's result (its events, in id order) or error (nothing of it written)."""
+    """Apply one round of event commits (no two share an asset) with one statement (of
+    ``statements``: the one with dedup keys, the one without), setting each op's result (its
+    events, in id order) or error (nothing of it written)."""
+    keyed = False
     docs: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
     assets: list[dict[str, Any]] = []
@@ -138,6 +153,7 @@ async def commit_events(
         items.extend({"o": index, "k": key, "v": value} for key, value in c.state.items())
         if c.dedup_key is not None:
             doc["d"] = c.dedup_key
+            keyed = True
         fence = c.fence
         if fence is not None:
             doc["ft"], doc["fo"], doc["fk"] = fence.trigger_id, fence.owner, fence.token
@@ -148,7 +164,12 @@ async def commit_events(
         stamps.append(op.created_at)
         op.result = []
     rows = await conn.fetch(
-        statement, _encode(docs), stamps, db_clock, _encode(items), _encode(assets)
+        statements[0] if keyed else statements[1],
+        _encode(docs),
+        stamps,
+        db_clock,
+        _encode(items),
+        _encode(assets),
     )
     payloads: dict[int, Any] = {}
     for event_id, name, created_at, index, owner, token, expires_at, missing in rows:

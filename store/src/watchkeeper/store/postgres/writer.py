@@ -169,10 +169,10 @@ class GroupWriter:
             op.settle()
 
     async def _commit_round(
-        self, conn: asyncpg.Connection, statement: str, batch: Sequence[CommitOp]
+        self, conn: asyncpg.Connection, statements: tuple[str, str], batch: Sequence[CommitOp]
     ) -> None:
         try:
-            await commit_events(conn, statement, batch, self._sql.clock_param() is None)
+            await commit_events(conn, statements, batch, self._sql.clock_param() is None)
         except BaseException:
             await _roll_back(conn)  # nothing to end unless it was cancelled half-way
             raise
