@@ -8,6 +8,7 @@ commits check in the statement that writes them (assets, leases), each commit on
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -221,3 +222,32 @@ async def test_commits_of_several_rounds_beside_a_fenced_set_keep_their_order(
     assert await store.aget(AssetScope(name="a"), "wm") == 2
     assert await store.alist_events(asset="b0") == []
     assert await store.aget(TASK, "j") is None
+
+
+async def test_an_event_round_carries_every_text_byte_for_byte(
+    store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+) -> None:
+    """The texts of a round of commits travel inside one JSON document: escapes, quotes,
+    backslashes, spacing and characters outside the BMP come out exactly as they went in, in
+    the payloads and in the state; an asset named twice gets one event."""
+    text = '{"z":1, "a":[1,{"é\U0001f642":"\\u0000\\"\\\\"}],  "m":1.5e300,"s":"\\ud83d\\ude42"}'
+    calls = {
+        "twice": lambda: store.acommit_event(
+            EventCommit("wa", ("a", "b0", "a"), text, state={"k": text, "é\U0001f642": "1"})
+        ),
+        "other": lambda: store.acommit_event(EventCommit("wb1", ("b1",), text, dedup_key="d")),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes["twice"] == [json.loads(text)] * 2
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT asset_name, payload FROM "{pg_schema}".asset_events ORDER BY id'
+        )
+    finally:
+        await conn.close()
+    assert [(r[0], r[1]) for r in rows] == [("a", text), ("b0", text), ("b1", text)]
+    for asset in ("a", "b0"):
+        raw = await store.aget_raw(AssetScope(name=asset), "k")
+        assert raw is not None and raw.value_json == text
+        assert await store.aget(AssetScope(name=asset), "é\U0001f642") == 1
