@@ -20,7 +20,9 @@ another daemon), the transaction is rolled back and its ops are replayed one per
 so the error reaches only the op that caused it. A connection lost before ``COMMIT`` was sent
 is replaced and the batch retried once (nothing of it was applied); one lost during the commit
 gives every op of the batch :class:`StoreUnavailableError` (it may have committed), and the
-next batch reconnects.
+next batch reconnects. A batch that is only one round of event commits (the usual one) is a
+single statement in a transaction of its own (:mod:`.commits`): one round trip, and once it is
+sent a lost connection counts as lost during the commit.
 
 A caller cancelled while its op is queued or in flight gets the cancellation; the op itself is
 not withdrawn and may still commit. Nothing else is disturbed.
