@@ -42,7 +42,7 @@ __all__ = [
 log = get_logger(__name__)
 
 MAX_PAGE = 1000
-FEED_KEEP = 10 * SSE_BATCH
+FEED_KEEP = 5 * SSE_BATCH
 
 
 class ApiError(Exception):
