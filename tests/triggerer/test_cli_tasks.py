@@ -25,7 +25,7 @@ from watchkeeper.store.backend import (
     encode_json,
 )
 
-from tests.support.daemons import free_port
+from tests.support.daemons import free_port, wait_for_api
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -162,17 +162,10 @@ class TestWorkerCommand:
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{env.api_port}", timeout=5
             ) as client:
-                with anyio.fail_after(30):
-                    while True:
-                        try:
-                            health = await client.get("/healthz")
-                            break
-                        except httpx.TransportError:
-                            await anyio.sleep(0.1)
+                await wait_for_api(client, process)  # /healthz answers 200
                 metrics = await client.get("/metrics")
         finally:
             status = await stop(process)
-        assert health.status_code == 200
         assert 'watchkeeper_task_pending_events{task="build_report",asset="orders"}' in (
             metrics.text
         )
