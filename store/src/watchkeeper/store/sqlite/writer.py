@@ -63,7 +63,15 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from .schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
+from .schema import (
+    asset_match,
+    begin_immediate,
+    from_db,
+    is_busy,
+    retry_busy,
+    to_db,
+    unavailable,
+)
 
 __all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 
@@ -324,7 +332,7 @@ class GroupCommitWriter:
     def _attempt(self, batch: list[_Op]) -> None:
         tx = self._tx
         conn = tx.conn
-        conn.execute("BEGIN IMMEDIATE")
+        begin_immediate(conn, self._busy_timeout)
         try:
             tx.begin()
             pending: dict[UpsertGroup, _Pending] = {}
