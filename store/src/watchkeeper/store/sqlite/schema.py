@@ -29,7 +29,6 @@ __all__ = [
     "Synchronous",
     "apply_migrations",
     "asset_match",
-    "begin_immediate",
     "connect",
     "from_db",
     "is_busy",
@@ -332,32 +331,6 @@ def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
                 raise unavailable(exc, f"SQLite could not {what}: {exc}") from exc
         time.sleep(delay)  # a worker thread, never the event loop
         delay = min(delay * 2, 0.25)
-
-
-def begin_immediate(conn: sqlite3.Connection, timeout: float) -> None:
-    """``BEGIN IMMEDIATE`` (blocking; worker threads only), waiting for another process's
-    write lock by trying again every 0.2-2 ms for up to ``timeout`` seconds.
-
-    SQLite's own busy handler sleeps 1, 2, 5, ... then 100 ms between tries: a process whose
-    peer takes the lock again and again (two group writers on one file, a worker beside a
-    daemon) keeps losing it and waits in 50-100 ms steps. Short tries take the lock within a
-    few milliseconds of its release. The handler is off only for the ``BEGIN``: the
-    connection's ``busy_timeout`` is as configured before and after."""
-    conn.execute("PRAGMA busy_timeout = 0")
-    try:
-        deadline = time.monotonic() + timeout
-        delay = 0.0002
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.002)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
 
 def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqlite3.Connection:

@@ -63,15 +63,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from .schema import (
-    asset_match,
-    begin_immediate,
-    from_db,
-    is_busy,
-    retry_busy,
-    to_db,
-    unavailable,
-)
+from .schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 
 __all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 
@@ -332,7 +324,7 @@ class GroupCommitWriter:
     def _attempt(self, batch: list[_Op]) -> None:
         tx = self._tx
         conn = tx.conn
-        begin_immediate(conn, self._busy_timeout)
+        conn.execute("BEGIN IMMEDIATE")
         try:
             tx.begin()
             pending: dict[UpsertGroup, _Pending] = {}
