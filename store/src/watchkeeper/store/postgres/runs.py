@@ -166,7 +166,9 @@ def create_claim_sql(p: str, key: str) -> str:
 
     With $2 NULL the horizon is the newest event id, and nothing is created unless no
     transaction holds the shared events lock (:func:`horizon_sql`); otherwise the caller
-    waits for the holders returned and runs it again with that id. Rows: each claimed run
+    waits for the holders returned and runs it again with that id. With no committed event
+    after the cursor no holder is returned: there is nothing to wait for (an event still
+    committing wakes the workers with its notification). Rows: each claimed run
     (``RUN_COLS``) with one of its events (``EVENT_COLS``), in run and event order, then on
     every row ``what`` (``'one'``: a one-asset task that is not paused; ``'other'``: a task
     on several assets; ``NULL``: paused or unknown), the horizon, the holders; with no run
@@ -181,7 +183,10 @@ def create_claim_sql(p: str, key: str) -> str:
         f"CASE WHEN cardinality(assets) = 1 THEN 'one' ELSE 'other' END AS what FROM {p}tasks "
         "WHERE name = $1 AND NOT paused), "
         f"blk AS (SELECT (SELECT what FROM t) AS what, coalesce($2::int8, (SELECT "
-        f"coalesce(max(id), 0) FROM {p}asset_events)) AS h, CASE WHEN $2::int8 IS NULL THEN "
+        f"coalesce(max(id), 0) FROM {p}asset_events)) AS h, CASE WHEN $2::int8 IS NULL "
+        f"AND EXISTS (SELECT 1 FROM {p}task_cursors c JOIN t ON t.name = c.task "
+        f"AND t.asset = c.asset JOIN {p}asset_events e ON e.asset_name = c.asset "
+        "AND e.id > c.cursor WHERE t.what = 'one') THEN "
         f"ARRAY(SELECT l.virtualtransaction FROM pg_locks l WHERE {_lock_match(key)}) "
         "ELSE '{}'::text[] END AS holders), "
         f"cur AS (SELECT c.cursor, t.asset, t.max_events, t.max_tries FROM {p}task_cursors c "
