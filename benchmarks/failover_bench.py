@@ -215,7 +215,7 @@ class Bench:
         balance = await self.balance()
         self.unbalanced.append(balance)
         print("not balanced", json.dumps(balance), flush=True)
-        return limit
+        return float(limit)
 
     async def held_by(self, owner: str) -> list[str]:
         rows = await self.db.fetch("SELECT trigger_id FROM trigger_leases WHERE owner = $1", owner)
