@@ -171,3 +171,19 @@ class TestSqliteKeepAliveWhileLocked:
             finally:
                 blocker.close()
                 await anyio.to_thread.run_sync(channel.close)
+
+    async def test_a_removed_database_file_is_not_created_again(self, tmp_path: Path) -> None:
+        """The keep-alive opens the file read-write, never creating it: a database removed
+        under the daemon fails the renewal and stays removed."""
+        path = tmp_path / "state.db"
+        async with SqliteStateBackend(path) as db:
+            await db.arenew_node("a", TTL)
+            channel = db.open_node_keepalive("a", TTL)
+            for name in ("state.db", "state.db-wal", "state.db-shm"):
+                (tmp_path / name).unlink(missing_ok=True)
+            try:
+                with pytest.raises(BackendUnavailableError):
+                    await renew(channel, limit=0.2)
+            finally:
+                await anyio.to_thread.run_sync(channel.close)
+            assert not path.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Final
 
 from .._leases import HeldLease, spread_key
@@ -152,8 +153,11 @@ class SqliteKeepAlive:
         try:
             conn = self._conn
             if conn is None:
+                # Read-write, never create: a removed database file stays removed (the
+                # daemon's own check reports it) instead of coming back empty.
+                uri = f"{Path(self._path).absolute().as_uri()}?mode=rw"
                 conn = sqlite3.connect(
-                    self._path, timeout=timeout, isolation_level=None, check_same_thread=False
+                    uri, timeout=timeout, isolation_level=None, check_same_thread=False, uri=True
                 )
                 self._conn = conn
             conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
