@@ -17,9 +17,10 @@ seconds (starting or cancelling thousands of triggers on a loaded machine) would
 late, and the daemon would stop its own triggers at its deadline and then take them back:
 churn. So, when the backend offers it (:class:`~watchkeeper.store.backend.NodeKeepAlive`),
 :meth:`LeaseKeeper.kept_alive` also extends the node lease from a thread of its own, with a
-connection of its own, every renewal interval. It only extends a node lease that is still
-alive (never rejoins one that was reaped: the loop does that, and drops the leases it held
-first), and moves the deadline only after a renewal it saw succeed. A process that cannot
+connection of its own, whenever the last renewal is more than 1.25 intervals old (so it
+writes nothing while the loop is on time). It only extends a node lease that is still alive
+(never rejoins one that was reaped: the loop does that, and drops the leases it held first),
+and moves the deadline only after a renewal it saw succeed. A process that cannot
 renew at all (stopped, cut off from the database) still reaches its deadline and stops its
 triggers, and its writes are fenced by the store whatever the deadline says.
 
@@ -169,8 +170,9 @@ class LeaseKeeper:
 
     @contextlib.asynccontextmanager
     async def kept_alive(self, interval: float) -> AsyncIterator[None]:
-        """Extend the node lease every ``interval`` seconds from a thread of its own while
-        inside (see the module docstring); nothing when the backend offers no keep-alive.
+        """Extend the node lease from a thread of its own while inside, whenever the loop's
+        renewals (every ``interval`` seconds) are late (see the module docstring and
+        :meth:`_keep_alive`); nothing when the backend offers no keep-alive.
         On exit the thread stops (within the ttl, shielded) and closes its connection."""
         backend = self.backend
         if self._table is None or not isinstance(backend, NodeKeepAlive):
@@ -195,18 +197,24 @@ class LeaseKeeper:
     def _keep_alive(
         self, channel: NodeKeepAliveChannel, interval: float, stop: threading.Event
     ) -> None:
-        """The keep-alive thread: renew every ``interval`` once the loop joined; a renewal
-        slower than ``ttl - margin`` could not move the deadline, so that is its time limit."""
+        """The keep-alive thread: once the loop joined, renew whenever the last successful
+        renewal is more than 1.25 intervals old (the loop is late: busy, or stalled), looking
+        every half interval; while the loop renews on time it writes nothing. A renewal slower
+        than ``ttl - margin`` could not move the deadline, so that is its time limit."""
         limit = self.ttl - self.margin
+        late = 1.25 * interval
         failing = False
         try:
-            while not stop.wait(interval):
-                if self.deadline is None:
+            while not stop.wait(interval / 2):
+                deadline = self.deadline
+                if deadline is None:
                     continue  # not joined yet: the loop's first renewal joins
                 sent = time.monotonic()
+                if sent - (deadline - limit) < late:
+                    continue  # the loop renewed lately
                 try:
                     alive = channel.renew(limit)
-                except Exception as exc:  # noqa: BLE001 - the next renewal tries again
+                except Exception as exc:  # noqa: BLE001 - the next look tries again
                     if not failing:  # once per outage; the loop's renewals report theirs
                         log.warning(
                             "node_keepalive_failed", owner=self.owner, error=describe_error(exc)
