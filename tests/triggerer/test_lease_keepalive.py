@@ -16,6 +16,7 @@ import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
+from watchkeeper.triggerer._leases import LeaseKeeper
 from watchkeeper.triggerer._watcher_files import unload_watchers
 
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
@@ -97,3 +98,24 @@ class TestKeepAliveThroughABlockedLoop:
             assert d.leases.held == {trigger_id: 1}
             assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
             assert [e.payload["n"] for e in await db.alist_events()] == [1, 2]
+
+
+class TestKeepAliveGivesUpOnAHungLoop:
+    async def test_a_loop_silent_past_the_limit_lets_the_node_lease_lapse(
+        self, db: MetastoreBackend
+    ) -> None:
+        """The thread keeps a busy loop's lease, not a hung one's: with a keep-alive limit of
+        1.2 s and the loop blocked for 3 s, the thread extends the lease at first, then stops,
+        says so once, and the deadline passes, so the store reaps the node lease as it would
+        without the thread and other daemons may take its watchers."""
+        keeper = LeaseKeeper(db, "hung-host:1:0", 0.5, margin=0.1, keepalive_limit=1.2)
+        with watch_logs() as logs:
+            async with keeper.kept_alive(0.1):
+                await keeper.renew()
+                time.sleep(3.0)  # noqa: ASYNC251 - the point: a loop that does not come back
+                assert keeper.keepalives > 0  # it kept the lease while under the limit
+                assert keeper.lapsed()
+                # The node lease expired in the store too: another daemon's renewal reaps it.
+                beat = await db.arenew_node("other-host:1:0", 0.5)
+                assert "hung-host:1:0" in beat.reaped
+        assert len(logs.named("node_keepalive_stopped")) == 1

@@ -22,7 +22,10 @@ writes nothing while the loop is on time). It only extends a node lease that is 
 (never rejoins one that was reaped: the loop does that, and drops the leases it held first),
 and moves the deadline only after a renewal it saw succeed. A process that cannot
 renew at all (stopped, cut off from the database) still reaches its deadline and stops its
-triggers, and its writes are fenced by the store whatever the deadline says.
+triggers, and its writes are fenced by the store whatever the deadline says. A loop that has
+not renewed for ``KEEPALIVE_LIMIT`` lease lifetimes (30 s at the defaults) is taken as hung
+(a trigger blocking it, a deadlock), not busy: the thread stops extending, so the node lease
+lapses and the other daemons take its watchers, as they would without the thread.
 
 Balance: with N live daemons and W triggers wanted, each daemon's share is ``W // N``, one
 more for the ``W % N`` daemons that hold the most now (so that shares move as little as
@@ -61,6 +64,8 @@ log = get_logger(__name__)
 
 _RELEASE_TIMEOUT = 5.0
 _LOGGED = 20
+KEEPALIVE_LIMIT = 10
+"""Lease lifetimes without a renewal from the loop after which the keep-alive thread stops."""
 """Leases logged one by one per claim (or loss); past that, one line with the count."""
 _CLAIM_CHUNK = 500
 """Free leases taken per claim transaction."""
@@ -104,7 +109,13 @@ class LeaseKeeper:
     which ones it holds."""
 
     def __init__(
-        self, backend: BaseStateBackend, owner: str, ttl: float, *, margin: float = 0.0
+        self,
+        backend: BaseStateBackend,
+        owner: str,
+        ttl: float,
+        *,
+        margin: float = 0.0,
+        keepalive_limit: float | None = None,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"ttl must be positive, got {ttl}")
@@ -114,6 +125,9 @@ class LeaseKeeper:
         self.owner = owner
         self.ttl = ttl
         self.margin = margin
+        self.keepalive_limit = KEEPALIVE_LIMIT * ttl if keepalive_limit is None else keepalive_limit
+        """Seconds since the loop's last renewal after which the keep-alive thread stops."""
+        self._loop_sent = time.monotonic()
         self._table = backend if isinstance(backend, LeaseTable) else None
         self.supported = self._table is not None
         """False for a backend without leases: every trigger then runs here, unfenced."""
@@ -155,6 +169,7 @@ class LeaseKeeper:
             log.warning("node_lease_reaped", owner=self.owner, leases=len(self._held))
             self._held = {}
         self._joined = True
+        self._loop_sent = sent
         self._extend(sent)
         self._renewal.set()
         self._renewal = anyio.Event()
@@ -203,7 +218,7 @@ class LeaseKeeper:
         than ``ttl - margin`` could not move the deadline, so that is its time limit."""
         limit = self.ttl - self.margin
         late = 1.25 * interval
-        failing = False
+        failing = given_up = False
         try:
             while not stop.wait(interval / 2):
                 deadline = self.deadline
@@ -212,6 +227,17 @@ class LeaseKeeper:
                 sent = time.monotonic()
                 if sent - (deadline - limit) < late:
                     continue  # the loop renewed lately
+                silent = sent - self._loop_sent
+                if silent > self.keepalive_limit:  # hung, not busy: let the lease lapse
+                    if not given_up:
+                        log.warning(
+                            "node_keepalive_stopped",
+                            owner=self.owner,
+                            loop_silent_seconds=round(silent, 1),
+                        )
+                    given_up = True
+                    continue
+                given_up = False
                 try:
                     alive = channel.renew(limit)
                 except Exception as exc:  # noqa: BLE001 - the next look tries again
