@@ -13,6 +13,11 @@ the median and best wall time, the median CPU time (user + system of the child, 
 wall time on a busy machine) and the ratio of the median wall time to the baseline's.
 ``--importtime`` adds the modules that cost most (``python -X importtime``) per command.
 Writes ``benchmarks/results/cli.json``.
+
+The children run with Python's bytecode cache on (``PYTHONDONTWRITEBYTECODE`` is dropped from
+their environment, and the warm-up run writes the ``.pyc`` files), as an installed package
+runs. ``--no-pyc`` keeps the cache off (every module compiled from source at every start), to
+compare with figures taken in a shell that sets ``PYTHONDONTWRITEBYTECODE=1``.
 """
 
 from __future__ import annotations
@@ -98,9 +103,21 @@ def _run_once(command: list[str], cwd: Path) -> tuple[float, float]:
     return wall, cpu
 
 
+NO_PYC: str | None = None
+"""Set by ``--no-pyc`` to an empty cache directory: the children compile every module from
+source (they neither write nor find a ``.pyc``)."""
+
+
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("WATCHKEEPER_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["COLUMNS"] = "120"
+    if NO_PYC is not None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPYCACHEPREFIX"] = NO_PYC
     return env
 
 
@@ -128,8 +145,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--watchers", type=int, default=50)
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument("--no-pyc", action="store_true", help="no bytecode cache")
     opts = parser.parse_args()
+    global NO_PYC
+    with tempfile.TemporaryDirectory() as empty:
+        NO_PYC = empty if opts.no_pyc else None
+        _measure(opts)
 
+
+def _measure(opts: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         db = cwd / "status.db"
@@ -154,12 +178,15 @@ def main() -> None:
         "runs": opts.runs,
         "watchers": opts.watchers,
         "python": sys.version.split()[0],
+        "bytecode_cache": not opts.no_pyc,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "cpus": os.cpu_count(),
         "commands": {},
     }
+    cache = "off (--no-pyc)" if opts.no_pyc else "on"
     print(f"{opts.runs} runs each, {opts.watchers} watchers in the status database")
+    print(f"bytecode cache {cache}")
     print(f"load average {load_before} -> {load_after} ({os.cpu_count()} CPUs)")
     print(f"{'command':<36} {'median s':>9} {'best s':>7} {'cpu s':>6} {'x baseline':>10}")
     for name, samples in times.items():

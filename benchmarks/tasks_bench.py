@@ -59,6 +59,10 @@ from watchkeeper.triggerer import Worker, WorkerSettings, asset_task
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 SRC = Asset("bench_src")
 POLL = 0.02
+# CPU time of this process (every thread) per run or job, by scenario: a figure a busy
+# machine disturbs less than the wall-clock rate.
+CPU_MS_PER_JOB: dict[str, float] = {}
+RUN_COUNTS: dict[str, int] = {}  # runs the latency scenario's worker made, by scenario
 
 
 def loadavg() -> str:
@@ -147,13 +151,14 @@ async def runs_per_second(kind: str, where: str, workers: int, events: int) -> f
             async with anyio.create_task_group() as tg:
                 for backend in backends:
                     await tg.start(Worker(backend, [noop], settings).run)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 await main.aset_task_paused("noop", False)  # type: ignore[attr-defined]
                 while True:
                     if await all_succeeded(main):
                         break
                     await anyio.sleep(0.02)
                 elapsed = time.perf_counter() - t0
+                CPU_MS_PER_JOB[f"{kind}_{workers}"] = (time.process_time() - c0) * 1000 / events
                 tg.cancel_scope.cancel()
         return events / elapsed
 
@@ -200,7 +205,7 @@ async def raw_sqlite_queue(path: str, jobs: int) -> float:
         await db.execute("PRAGMA synchronous = FULL")
         await db.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT NOT NULL)")
         await db.executemany("INSERT INTO jobs VALUES (?, 'queued')", [(i,) for i in range(jobs)])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while True:
             await db.execute("BEGIN IMMEDIATE")
             rows = await db.execute_fetchall(
@@ -212,6 +217,7 @@ async def raw_sqlite_queue(path: str, jobs: int) -> float:
                 break
             for (job,) in rows:
                 await db.execute("UPDATE jobs SET state = 'done' WHERE id = ?", (job,))
+        CPU_MS_PER_JOB["raw_sqlite"] = (time.process_time() - c0) * 1000 / jobs
         return jobs / (time.perf_counter() - t0)
 
 
@@ -234,12 +240,23 @@ LATENCY_TASK = textwrap.dedent(
         now = time.time()
         with open(OUT, "a") as out:
             for event in triggering_asset_events[src]:
-                out.write(f"{now - event.created_at.timestamp()}\\n")
+                out.write(f"{now - event.created_at.timestamp()} {now} {event.payload}\\n")
     """
 )
 
 
-async def task_latency(kind: str, url: str, rate: float, seconds: float) -> list[float]:
+async def task_latency(
+    kind: str,
+    url: str,
+    rate: float,
+    seconds: float,
+    *,
+    commits: list[float] | None = None,
+    after_commit: list[float] | None = None,
+    profile: Path | None = None,
+) -> list[float]:
+    """Dispatch latency samples (ms); ``commits`` gets each event's submit-to-commit time
+    (ms) in this process; ``profile``: run the worker under pyinstrument, its report there."""
     work = Path(tempfile.mkdtemp(prefix="wk-bench-"))
     (work / "defs").mkdir()
     (work / "defs" / "latency.py").write_text(LATENCY_TASK)
@@ -251,7 +268,20 @@ async def task_latency(kind: str, url: str, rate: float, seconds: float) -> list
         WATCHKEEPER__LOGGING__LEVEL="warning",
         BENCH_LATENCY_OUT=str(out),
     )
-    command = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
+    program = "from watchkeeper.triggerer.cli import main; main()"
+    command = [sys.executable, "-c", program]
+    if profile is not None:
+        command = [
+            sys.executable,
+            "-m",
+            "pyinstrument",
+            "-o",
+            str(profile),
+            "-r",
+            "text",
+            "-c",
+            program,
+        ]
     backend_: BaseStateBackend = (
         PostgresStateBackend(url) if kind == "postgres" else SqliteStateBackend(url[10:])
     )
@@ -268,23 +298,42 @@ async def task_latency(kind: str, url: str, rate: float, seconds: float) -> list
                     break
                 await anyio.sleep(0.05)
             count = int(rate * seconds)
+            acked: dict[str, float] = {}
+
+            async def commit(i: int) -> None:
+                start = time.perf_counter()
+                await backend.acommit_event(EventCommit("bench", (SRC.name,), str(i)))
+                acked[str(i)] = time.time()
+                if commits is not None:
+                    commits.append((time.perf_counter() - start) * 1000)
+
             t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for i in range(count):
                     delay = t0 + i / rate - time.perf_counter()
                     if delay > 0:
                         await anyio.sleep(delay)
-                    tg.start_soon(backend.acommit_event, EventCommit("bench", (SRC.name,), str(i)))
+                    tg.start_soon(commit, i)
             with anyio.move_on_after(10):
                 while True:
                     if out.exists() and len(out.read_text().splitlines()) >= count:
                         break
                     await anyio.sleep(0.05)
+            RUN_COUNTS[f"{kind}_{int(rate)}"] = sum(
+                (await backend.acount_runs()).values()  # type: ignore[attr-defined]
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             with anyio.move_on_after(15):
                 await proc.wait()
-    return [float(x) * 1000 for x in out.read_text().split()]
+    lines = [line.split() for line in out.read_text().splitlines()]
+    if after_commit is not None:  # the task's start after the commit was acknowledged here
+        after_commit.extend(
+            (float(started) - acked[payload]) * 1000
+            for _, started, payload in lines
+            if payload in acked
+        )
+    return [float(line[0]) * 1000 for line in lines]
 
 
 async def raw_pg_latency(rate: float, seconds: float) -> list[float]:
@@ -378,39 +427,99 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     seconds = 2.0 if args.quick else 4.0
     results: dict[str, Any] = {"loadavg_before": loadavg(), "events": events}
     tmp = Path(tempfile.mkdtemp(prefix="wk-tasks-bench-"))
+    wanted = ("sqlite",) if args.no_postgres else ("sqlite", "postgres")
+    backends = [b for b in wanted if args.backend in (None, b)]
 
-    db = str(tmp / "runs.db")
-    results["sqlite_runs_per_s_1_worker"] = round(await runs_per_second("sqlite", db, 1, events))
-    results["raw_sqlite_poll_queue_jobs_per_s"] = round(
-        await raw_sqlite_queue(str(tmp / "raw.db"), events)
-    )
-    print("runs/s sqlite 1 worker:", results["sqlite_runs_per_s_1_worker"],
-          "raw aiosqlite queue:", results["raw_sqlite_poll_queue_jobs_per_s"])  # fmt: skip
-    if not args.no_postgres:
-        for workers in (1, 4):
-            async with pg_schema() as schema:
-                rate = await runs_per_second("postgres", schema, workers, events)
-            raw = await raw_pg_queue(workers, events)
-            results[f"pg_runs_per_s_{workers}_workers"] = round(rate)
-            results[f"raw_pg_skip_locked_jobs_per_s_{workers}_consumers"] = round(raw)
+    if args.only in (None, "runs"):
+        if "sqlite" in backends:
+            db = str(tmp / "runs.db")
+            ours = await runs_per_second("sqlite", db, 1, events)
+            raw_jobs = await raw_sqlite_queue(str(tmp / "raw.db"), events)
+            results["sqlite_runs_per_s_1_worker"] = round(ours)
+            results["raw_sqlite_poll_queue_jobs_per_s"] = round(raw_jobs)
+            cpu = {k: round(CPU_MS_PER_JOB[k], 3) for k in ("sqlite_1", "raw_sqlite")}
+            results["sqlite_cpu_ms_per_run"] = cpu
             print(
-                f"runs/s postgres {workers} workers:", round(rate), "raw SKIP LOCKED:", round(raw)
+                f"runs/s sqlite 1 worker: {round(ours)} raw aiosqlite queue: {round(raw_jobs)} "
+                f"({ours / raw_jobs:.2f}x); CPU ms per run/job {cpu}"
             )
+        if "postgres" in backends:
+            for workers in (1, 4):
+                async with pg_schema() as schema:
+                    rate = await runs_per_second("postgres", schema, workers, events)
+                raw = await raw_pg_queue(workers, events)
+                results[f"pg_runs_per_s_{workers}_workers"] = round(rate)
+                results[f"raw_pg_skip_locked_jobs_per_s_{workers}_consumers"] = round(raw)
+                print(
+                    f"runs/s postgres {workers} workers: {round(rate)} "
+                    f"raw SKIP LOCKED: {round(raw)} ({rate / raw:.2f}x)"
+                )
 
-    for rate in (100.0, 1000.0):
-        url = f"sqlite:///{tmp / f'lat{int(rate)}.db'}"
-        ours = summary(await task_latency("sqlite", url, rate, seconds))
-        raw_poll = summary(
-            await raw_sqlite_latency(str(tmp / f"rawlat{int(rate)}.db"), rate, seconds)
-        )
-        results[f"sqlite_latency_{int(rate)}"] = {"worker": ours, "raw_poll": raw_poll}
-        print(f"latency sqlite {int(rate)}/s: worker {ours} raw poll {raw_poll}")
-        if not args.no_postgres:
-            async with pg_database() as dsn:
-                ours = summary(await task_latency("postgres", dsn, rate, seconds))
-            raw_listen = summary(await raw_pg_latency(rate, seconds))
-            results[f"pg_latency_{int(rate)}"] = {"worker": ours, "raw_listen_notify": raw_listen}
-            print(f"latency postgres {int(rate)}/s: worker {ours} raw LISTEN/NOTIFY {raw_listen}")
+    if args.only in (None, "latency"):
+        for rate in args.rates:
+            profile = None
+            tag = str(int(rate))
+            if "sqlite" in backends:
+                url = f"sqlite:///{tmp / f'lat{tag}.db'}"
+                commits: list[float] = []
+                after: list[float] = []
+                if args.profile_dir is not None:
+                    profile = args.profile_dir / f"worker-sqlite-{tag}.txt"
+                found = summary(
+                    await task_latency(
+                        "sqlite",
+                        url,
+                        rate,
+                        seconds,
+                        commits=commits,
+                        after_commit=after,
+                        profile=profile,
+                    )
+                )
+                raw_poll = summary(
+                    await raw_sqlite_latency(str(tmp / f"rawlat{tag}.db"), rate, seconds)
+                )
+                results[f"sqlite_latency_{tag}"] = {
+                    "worker": found,
+                    "commit": summary(commits),
+                    "after_commit": summary(after),
+                    "runs": RUN_COUNTS.get(f"sqlite_{tag}"),
+                    "raw_poll": raw_poll,
+                }
+                print(
+                    f"latency sqlite {tag}/s: worker {found} raw poll {raw_poll}; "
+                    f"commit {summary(commits)}; after commit {summary(after)}; "
+                    f"runs {RUN_COUNTS.get(f'sqlite_{tag}')}"
+                )
+            if "postgres" in backends:
+                commits, after = [], []
+                if args.profile_dir is not None:
+                    profile = args.profile_dir / f"worker-postgres-{tag}.txt"
+                async with pg_database() as dsn:
+                    found = summary(
+                        await task_latency(
+                            "postgres",
+                            dsn,
+                            rate,
+                            seconds,
+                            commits=commits,
+                            after_commit=after,
+                            profile=profile,
+                        )
+                    )
+                raw_listen = summary(await raw_pg_latency(rate, seconds))
+                results[f"pg_latency_{tag}"] = {
+                    "worker": found,
+                    "commit": summary(commits),
+                    "after_commit": summary(after),
+                    "runs": RUN_COUNTS.get(f"postgres_{tag}"),
+                    "raw_listen_notify": raw_listen,
+                }
+                print(
+                    f"latency postgres {tag}/s: worker {found} raw LISTEN/NOTIFY {raw_listen}; "
+                    f"commit {summary(commits)}; after commit {summary(after)}; "
+                    f"runs {RUN_COUNTS.get(f'postgres_{tag}')}"
+                )
     results["loadavg_after"] = loadavg()
     return results
 
@@ -419,8 +528,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default=None)
+    parser.add_argument("--only", choices=("runs", "latency"), default=None)
+    parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 1000.0])
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        help="run the latency scenario's worker under pyinstrument, its reports here",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tasks.json"))
     options = parser.parse_args()
+    if options.profile_dir is not None:
+        options.profile_dir.mkdir(parents=True, exist_ok=True)
     outcome = anyio.run(main, options, backend="asyncio")
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(outcome, indent=2))

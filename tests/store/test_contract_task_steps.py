@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import (
@@ -74,6 +75,53 @@ class TestStep:
         assert info.pending == {"a": 1}  # the seventh waits for the next creation
         step = await store.astep_runs("w2", claim=5, ttl=TTL, create=3)
         assert sorted(e.id for r in step.claimed for e in r.events) == ids[4:]
+
+    @pytest.mark.parametrize("named", [None, ["t"], ["t", "u"]])
+    async def test_creation_for_one_or_several_tasks_named(
+        self, store: Any, named: list[str] | None
+    ) -> None:
+        """Whether the step names no task, the one task or several, a one-asset task's runs
+        take its events in order, ``max_events`` each, and claim the first ones; a task on
+        two assets named with it gets its runs too."""
+        await store.async_tasks(
+            [TaskSpec("t", ("a",), max_events=2), TaskSpec("u", ("a", "b"), max_events=10)]
+        )
+        ids = await emit(store, "a", 5)
+        b_ids = await emit(store, "b", 1)
+        step = await store.astep_runs("w1", claim=2, ttl=TTL, tasks=named, create=4)
+        mine = [[e.id for e in r.events] for r in step.claimed if r.task == "t"]
+        assert mine[0] == ids[0:2]
+        runs = await store.alist_runs(task="t")
+        assert sorted(r.event_count for r in runs) == [1, 2, 2]
+        (info_t, info_u) = await store.alist_tasks()
+        assert info_t.pending == {"a": 0}
+        if named == ["t"]:
+            assert await store.alist_runs(task="u") == []
+            assert info_u.pending == {"a": 5, "b": 1}
+        else:
+            (run_u,) = await store.alist_runs(task="u")
+            assert run_u.event_count == len(ids) + len(b_ids)
+            assert info_u.pending == {"a": 0, "b": 0}
+
+    async def test_two_workers_creating_at_once_share_every_event_once(self, store: Any) -> None:
+        """Steps of several workers creating runs of one task side by side: every event is
+        in exactly one run, and each run in one worker's claim at most."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=3)])
+        ids = await emit(store, "a", 40)
+        claimed: list[Any] = []
+
+        async def worker(owner: str) -> None:
+            for _ in range(6):
+                step = await store.astep_runs(owner, claim=2, ttl=TTL, tasks=["t"], create=2)
+                claimed.extend(step.claimed)
+
+        async with anyio.create_task_group() as tg:
+            for owner in ("w1", "w2", "w3"):
+                tg.start_soon(worker, owner)
+        runs = await store.alist_runs(task="t")
+        owned = [e.id for r in runs for e in (await store.aget_run(r.id)).events]
+        assert sorted(owned) == ids  # each event once, none skipped
+        assert len({r.id for r in claimed}) == len(claimed)
 
     async def test_without_create_only_ready_runs_are_claimed(self, store: Any) -> None:
         await store.async_tasks([TaskSpec("t", ("a",))])

@@ -3,12 +3,14 @@ cursor reader holding it exclusively sees every event below the ids it reads com
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, PostgresStateBackend
-from watchkeeper.store.backend import EventBatchCommit, EventCommit
-from watchkeeper.store.postgres.consumers import LOCK_KEY
+from watchkeeper.store.backend import EventBatchCommit, EventCommit, TaskSpec
+from watchkeeper.store.postgres.consumers import LOCK_KEY, events_prelude
 
 # A waiting request for this schema's events lock (a 64-bit advisory key: classid holds its
 # high half, objid its low half).
@@ -65,3 +67,47 @@ class TestEventsLock:
                 assert len(await backend.alist_events()) == (1 if kind == "single" else 2)
             finally:
                 await reader.close()
+
+
+class TestRunCreationHorizon:
+    @pytest.mark.parametrize("named", [None, ["t"]])
+    async def test_runs_never_pass_an_event_still_committing(
+        self, pg_dsn: str, pg_schema: str, named: list[str] | None
+    ) -> None:
+        """test_run_creation_skipping_an_event_committed_late: a writer holds the shared
+        events lock and has inserted event N, not committed; event N+1 commits. A worker's
+        step that creates runs meanwhile takes no lock that would hold up event commits, and
+        creates nothing past N until N's writer has ended; then N and N+1 both reach a run
+        (with an exclusive lock no longer taken, the horizon must wait for the holders)."""
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+            await backend.aregister_assets([Asset("a")])
+            await backend.async_tasks([TaskSpec("t", ("a",), max_events=10)])
+            writer = await asyncpg.connect(pg_dsn)
+            try:
+                held = writer.transaction()
+                await held.start()
+                await writer.execute(events_prelude(pg_schema))
+                asset_id = await writer.fetchval(
+                    f'SELECT id FROM "{pg_schema}".assets WHERE name = $1', "a"
+                )
+                late = await writer.fetchval(
+                    f'INSERT INTO "{pg_schema}".asset_events (asset_id, asset_name, watcher, '
+                    "payload, created_at) VALUES ($1, 'a', 'w', '1', now()) RETURNING id",
+                    asset_id,
+                )
+                await backend.acommit_event(EventCommit("w", ("a",), "2"))  # not held up
+                claimed: list[Any] = []
+
+                async def step() -> None:
+                    got = await backend.astep_runs("w1", claim=5, ttl=30, tasks=named, create=5)
+                    claimed.extend(got.claimed)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(step)
+                    await anyio.sleep(0.3)
+                    assert claimed == [] and await backend.alist_runs() == []
+                    await held.commit()
+                (run,) = claimed
+                assert [e.id for e in run.events] == [late, late + 1]
+            finally:
+                await writer.close()

@@ -17,9 +17,9 @@ run (:func:`plan_run`), what a failure or a lapsed lease does to a run (:func:`a
 Times come from the backend's ``clock``, as for trigger leases (:mod:`._leases`).
 
 Event ids are commit order on every backend: SQLite and memory assign them under their one
-writer; PostgreSQL serialises the readers of a cursor against in-flight event inserts with an
-advisory lock that every event-inserting transaction takes, single commits and batches
-alike (see :mod:`.postgres.consumers`).
+writer; on PostgreSQL every event-inserting transaction holds an advisory lock (shared), and
+a reader that moves a cursor goes no further than an id below which the holders have all
+ended (see :mod:`.postgres.tasks`).
 """
 
 from __future__ import annotations

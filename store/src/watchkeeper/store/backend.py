@@ -99,6 +99,8 @@ __all__ = [
     "LeaseTable",
     "MetastoreBackend",
     "NodeHeartbeat",
+    "NodeKeepAlive",
+    "NodeKeepAliveChannel",
     "NodeLease",
     "OperatorControls",
     "OutletEvent",
@@ -234,6 +236,36 @@ class LeaseTable(Protocol):
     async def alist_leases(self) -> list[Lease]: ...
 
     async def await_lease_release(self) -> None: ...
+
+
+class NodeKeepAliveChannel(Protocol):
+    """A connection of its own that extends one daemon's node lease; blocking, and used by
+    one thread only (never an event loop's): see :class:`NodeKeepAlive`."""
+
+    def renew(self, timeout: float) -> bool:
+        """Extend the node lease to now + ttl if it is still alive; False when it is not
+        (reaped, left, or never joined: only :meth:`LeaseTable.arenew_node` joins). Raises a
+        :class:`~watchkeeper.store.errors.StateStoreError` when the store did not answer
+        within ``timeout`` seconds or failed."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (from the thread that used it); never raises."""
+        ...
+
+
+@runtime_checkable
+class NodeKeepAlive(Protocol):
+    """Extends a node lease from a thread of the daemon's own, with a connection of its own,
+    so that an event loop busy for seconds (starting or cancelling thousands of triggers)
+    cannot make the renewal late. Only ever extends a live node lease: joining, reaping and
+    claiming stay with :class:`LeaseTable`, on the loop. Optional: without it the daemon
+    renews from its loop only."""
+
+    def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> NodeKeepAliveChannel:
+        """A channel extending ``owner``'s node lease by ``ttl`` per renewal (connects on its
+        first renewal, in the thread that uses it)."""
+        ...
 
 
 CAPABILITIES: tuple[type, ...] = (

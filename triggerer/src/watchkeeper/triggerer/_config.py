@@ -27,9 +27,9 @@ class SupervisionSettings(BaseModel):
     resume once it answers.
     """
 
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", hide_input_in_errors=True, use_attribute_docstrings=True
-    )
+    # No ``use_attribute_docstrings``: nothing reads the fields' descriptions, and it made
+    # pydantic read and parse this module's source (and each subclass's) at every start.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     capacity: int = Field(default=1000, gt=0)
     """Most triggers run at once."""

@@ -8,9 +8,24 @@ changes daemon. Its writes are fenced on that token, so a daemon that was paused
 lease's time to live and wakes up finds its writes refused by the store.
 
 :class:`LeaseKeeper` keeps a *deadline* on the monotonic clock: the time the last successful
-renewal was sent, plus the time to live, minus a margin. Past it without a renewal, the
-daemon must stop its own triggers (it cannot know whether its node lease still lives), which
-:meth:`LeaseKeeper.lapsed` tells.
+renewal was sent, plus the time to live, minus a margin (the latest of them: renewals may
+answer out of order). Past it without a renewal, the daemon must stop its own triggers (it
+cannot know whether its node lease still lives), which :meth:`LeaseKeeper.lapsed` tells.
+
+The renewals that join, reap and claim run on the daemon's event loop. A loop busy for
+seconds (starting or cancelling thousands of triggers on a loaded machine) would make them
+late, and the daemon would stop its own triggers at its deadline and then take them back:
+churn. So, when the backend offers it (:class:`~watchkeeper.store.backend.NodeKeepAlive`),
+:meth:`LeaseKeeper.kept_alive` also extends the node lease from a thread of its own, with a
+connection of its own, whenever the last renewal is more than 1.25 intervals old (so it
+writes nothing while the loop is on time). It only extends a node lease that is still alive
+(never rejoins one that was reaped: the loop does that, and drops the leases it held first),
+and moves the deadline only after a renewal it saw succeed. A process that cannot
+renew at all (stopped, cut off from the database) still reaches its deadline and stops its
+triggers, and its writes are fenced by the store whatever the deadline says. A loop that has
+not renewed for ``KEEPALIVE_LIMIT`` lease lifetimes (30 s at the defaults) is taken as hung
+(a trigger blocking it, a deadlock), not busy: the thread stops extending, so the node lease
+lapses and the other daemons take its watchers, as they would without the thread.
 
 Balance: with N live daemons and W triggers wanted, each daemon's share is ``W // N``, one
 more for the ``W % N`` daemons that hold the most now (so that shares move as little as
@@ -23,15 +38,23 @@ as a single daemon would; :class:`LeaseKeeper` then answers ``None`` and logs th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import LeaseTable, NodeHeartbeat, get_logger
+from watchkeeper.store.backend import (
+    LeaseTable,
+    NodeHeartbeat,
+    NodeKeepAlive,
+    NodeKeepAliveChannel,
+    get_logger,
+)
 
 from ._supervisor import describe_error
 
@@ -41,6 +64,8 @@ log = get_logger(__name__)
 
 _RELEASE_TIMEOUT = 5.0
 _LOGGED = 20
+KEEPALIVE_LIMIT = 10
+"""Lease lifetimes without a renewal from the loop after which the keep-alive thread stops."""
 """Leases logged one by one per claim (or loss); past that, one line with the count."""
 _CLAIM_CHUNK = 500
 """Free leases taken per claim transaction."""
@@ -84,7 +109,13 @@ class LeaseKeeper:
     which ones it holds."""
 
     def __init__(
-        self, backend: BaseStateBackend, owner: str, ttl: float, *, margin: float = 0.0
+        self,
+        backend: BaseStateBackend,
+        owner: str,
+        ttl: float,
+        *,
+        margin: float = 0.0,
+        keepalive_limit: float | None = None,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"ttl must be positive, got {ttl}")
@@ -94,6 +125,9 @@ class LeaseKeeper:
         self.owner = owner
         self.ttl = ttl
         self.margin = margin
+        self.keepalive_limit = KEEPALIVE_LIMIT * ttl if keepalive_limit is None else keepalive_limit
+        """Seconds since the loop's last renewal after which the keep-alive thread stops."""
+        self._loop_sent = time.monotonic()
         self._table = backend if isinstance(backend, LeaseTable) else None
         self.supported = self._table is not None
         """False for a backend without leases: every trigger then runs here, unfenced."""
@@ -103,8 +137,12 @@ class LeaseKeeper:
         self._joined = False
         self.deadline: float | None = None
         """Monotonic time past which this daemon's node lease may have expired (None before
-        the first renewal)."""
+        the first renewal). Moved by the loop's renewals and the keep-alive thread's, under
+        ``_deadline_lock``, only ever later."""
+        self._deadline_lock = threading.Lock()
         self.last_beat: NodeHeartbeat | None = None
+        self.keepalives = 0
+        """Renewals by the keep-alive thread that extended the node lease."""
         self._renewal = anyio.Event()
 
     def __repr__(self) -> str:
@@ -131,9 +169,90 @@ class LeaseKeeper:
             log.warning("node_lease_reaped", owner=self.owner, leases=len(self._held))
             self._held = {}
         self._joined = True
-        self.deadline = sent + self.ttl - self.margin
+        self._loop_sent = sent
+        self._extend(sent)
         self._renewal.set()
         self._renewal = anyio.Event()
+
+    def _extend(self, sent: float) -> None:
+        """A renewal sent at ``sent`` succeeded: the node lease lives until at least
+        ``sent + ttl`` on the store's clock. Never moves the deadline earlier: a renewal sent
+        before another may be answered after it (the loop's, delayed by a busy loop)."""
+        deadline = sent + self.ttl - self.margin
+        with self._deadline_lock:
+            if self.deadline is None or deadline > self.deadline:
+                self.deadline = deadline
+
+    @contextlib.asynccontextmanager
+    async def kept_alive(self, interval: float) -> AsyncIterator[None]:
+        """Extend the node lease from a thread of its own while inside, whenever the loop's
+        renewals (every ``interval`` seconds) are late (see the module docstring and
+        :meth:`_keep_alive`); nothing when the backend offers no keep-alive.
+        On exit the thread stops (within the ttl, shielded) and closes its connection."""
+        backend = self.backend
+        if self._table is None or not isinstance(backend, NodeKeepAlive):
+            yield
+            return
+        channel = backend.open_node_keepalive(self.owner, self.ttl)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._keep_alive,
+            args=(channel, interval, stop),
+            name=f"watchkeeper-keepalive-{self.owner}",
+            daemon=True,  # never holds the process up: the join below is bounded
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(thread.join, self.ttl)
+
+    def _keep_alive(
+        self, channel: NodeKeepAliveChannel, interval: float, stop: threading.Event
+    ) -> None:
+        """The keep-alive thread: once the loop joined, renew whenever the last successful
+        renewal is more than 1.25 intervals old (the loop is late: busy, or stalled), looking
+        every half interval; while the loop renews on time it writes nothing. A renewal slower
+        than ``ttl - margin`` could not move the deadline, so that is its time limit."""
+        limit = self.ttl - self.margin
+        late = 1.25 * interval
+        failing = given_up = False
+        try:
+            while not stop.wait(interval / 2):
+                deadline = self.deadline
+                if deadline is None:
+                    continue  # not joined yet: the loop's first renewal joins
+                sent = time.monotonic()
+                if sent - (deadline - limit) < late:
+                    continue  # the loop renewed lately
+                silent = sent - self._loop_sent
+                if silent > self.keepalive_limit:  # hung, not busy: let the lease lapse
+                    if not given_up:
+                        log.warning(
+                            "node_keepalive_stopped",
+                            owner=self.owner,
+                            loop_silent_seconds=round(silent, 1),
+                        )
+                    given_up = True
+                    continue
+                given_up = False
+                try:
+                    alive = channel.renew(limit)
+                except Exception as exc:  # noqa: BLE001 - the next look tries again
+                    if not failing:  # once per outage; the loop's renewals report theirs
+                        log.warning(
+                            "node_keepalive_failed", owner=self.owner, error=describe_error(exc)
+                        )
+                    failing = True
+                    continue
+                failing = False
+                if alive:
+                    self._extend(sent)
+                    self.keepalives += 1
+        finally:
+            channel.close()
 
     async def renew(self) -> NodeHeartbeat | None:
         """Renew the node lease (O(1)); reap, now, the node lease of a daemon of this host

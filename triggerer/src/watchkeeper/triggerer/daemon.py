@@ -25,7 +25,8 @@
   the store refused a write of theirs as stale). A node lease lasts ``[triggerer] lease_ttl``
   seconds (three renewals by default), so the triggers of a daemon that died move to the
   others that long after; the **deadline loop** stops every trigger of this daemon when it
-  could not renew for ``lease_ttl - lease_margin`` seconds. Several daemons on one
+  could not renew for ``lease_ttl - lease_margin`` seconds (a thread of its own also
+  extends the node lease, so that a busy loop cannot make it late). Several daemons on one
   PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
   daemon (SQLite) holds every lease;
 - the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
@@ -220,6 +221,9 @@ class Daemon(DaemonLeases):
             )
             # Released once the runner below has stopped every trigger, before the store closes.
             stack.push_async_callback(self._leases.release_all)
+            # Renewed from a thread too, until the runner has stopped every trigger: a loop
+            # busy starting or cancelling thousands of them cannot make the renewal late.
+            await stack.enter_async_context(self._leases.kept_alive(triggerer.lease_renew_interval))
             self._status = DaemonStatusKeeper(
                 self._backend,
                 self.owner,

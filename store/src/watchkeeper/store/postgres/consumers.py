@@ -190,47 +190,63 @@ class PostgresConsumers(TaskStoreBackend):
     async def _await_events(self, after_id: int, wait: float) -> int:
         """Woken by the commits' NOTIFY on a listening connection of its own (opened on first
         use, closed with the backend); without one (lost, or refused) it polls every 50 ms.
-        """
-        last = await self._last_event_id()
-        if last > after_id:
-            return last
-        signal = await self._listener()
+
+        The newest id is read only when there may be something new: on a notification, when
+        the listener is new, or when polling. A notification that came while the caller was
+        busy is still pending, so the caller's next wait returns at once."""
+        listener = await self._listener()
+        last = after_id
+        if listener is None or listener[1] or self._take_signal(listener[0]):
+            last = await self._last_event_id()
+            if last > after_id:
+                return last
         with anyio.move_on_after(wait):
-            while last <= after_id:
-                if signal is None:
+            while True:
+                if listener is None:
                     await anyio.sleep(0.05)
                 else:
                     with anyio.move_on_after(1.0):  # a notification lost with its connection
-                        await signal.wait()
-                    signal = await self._listener()
+                        await listener[0].wait()
+                    self._take_signal(listener[0])
                 last = await self._last_event_id()
+                if last > after_id:
+                    return last
+                listener = await self._listener()
         return last
 
-    async def _listener(self) -> anyio.Event | None:
-        """The event the listening connection sets on every notification (reset each call)."""
+    def _take_signal(self, event: anyio.Event) -> bool:
+        """Whether ``event`` was set; if so, the next notification sets a fresh one (before
+        the caller reads, so nothing committed after the read goes unnoticed)."""
+        state: dict[str, Any] = self.__dict__.get("_listen_state", {})
+        if not event.is_set():
+            return False
+        if state.get("event") is event:
+            state["event"] = anyio.Event()
+        return True
+
+    async def _listener(self) -> tuple[anyio.Event, bool] | None:
+        """The event the listening connection sets on a notification, and whether the
+        connection was opened just now (events committed before it were not notified)."""
         state: dict[str, Any] = self.__dict__.setdefault("_listen_state", {})
         conn = state.get("conn")
-        if conn is None or conn.is_closed():
-            if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
-                return None
-            try:
-                import asyncpg
+        if conn is not None and not conn.is_closed():
+            return state["event"], False
+        if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
+            return None
+        try:
+            import asyncpg
 
-                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
-                state.update(conn=conn, event=anyio.Event(), failed_at=None)
+            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
+            state.update(conn=conn, event=anyio.Event(), failed_at=None)
 
-                def notified(*_: object) -> None:
-                    state["event"].set()
+            def notified(*_: object) -> None:
+                state["event"].set()
 
-                await conn.add_listener(events_channel(self.schema), notified)
-            except Exception:  # noqa: BLE001 - no listener: poll instead, and try again later
-                state.update(conn=None, failed_at=anyio.current_time())
-                return None
-        event: anyio.Event = state["event"]
-        if event.is_set():
-            state["event"] = anyio.Event()
-            return event  # already set: the caller re-reads at once
-        return event
+            await conn.add_listener(events_channel(self.schema), notified)
+        except Exception:  # noqa: BLE001 - no listener: poll instead, and try again later
+            state.update(conn=None, failed_at=anyio.current_time())
+            return None
+        return state["event"], True
 
     async def _close_listener(self) -> None:
         state: dict[str, Any] = self.__dict__.get("_listen_state", {})

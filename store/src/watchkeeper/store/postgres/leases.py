@@ -3,8 +3,9 @@
 Times are the database's clock (``now()``), so daemons on several machines need no agreement
 of their clocks; a backend given a ``clock`` of its own (the tests) passes it instead.
 
-- **Renewal** updates one row, ``WHERE owner = $1 AND alive``. **Reaping** another node is
-  ``UPDATE ... SET alive = false WHERE expires_at <= now()``: both take the node row's lock,
+- **Renewal** updates one row, ``WHERE owner = $1 AND alive``, in a statement that commits
+  alone (the row's lock is never held while the daemon's loop is busy). **Reaping** another
+  node is ``UPDATE ... SET alive = false WHERE expires_at <= now()``: both take the row's lock,
   so they serialise and each re-reads the row the other committed (READ COMMITTED): either
   the renewal wins and the reaper finds the row unexpired, or the reaping wins and the
   renewal finds it dead and starts the node afresh, freeing what it held.
@@ -14,6 +15,10 @@ of their clocks; a backend given a ``clock`` of its own (the tests) passes it in
   after that commit, so the new holder reads what the old one wrote.
 - **Fencing** (in the writer's commit transaction, see :mod:`.ops`) reads the trigger leases
   ``FOR SHARE``, which conflicts with a claim's update; ``FOR KEY SHARE`` would not.
+- The **keep-alive** (:meth:`~PostgresLeases.open_node_keepalive`) runs the renewal's
+  ``UPDATE`` alone, in autocommit, on a connection of its own that a thread of the daemon
+  drives on a private event loop: it extends a live node lease and does nothing else (a
+  reaped node is rejoined by the daemon's loop, which frees what it held first).
 - A **release** (and a node joining) notifies ``<schema>_watchkeeper_leases`` in its
   transaction, once per call (never per lease): daemons waiting
   in :meth:`~PostgresLeases.await_lease_release` (on a LISTEN connection of their own) claim
@@ -27,6 +32,7 @@ past the node lease's time to live.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from .._leases import check_owner, check_ttl
 from .._types import Lease, NodeHeartbeat, NodeLease
 from ..errors import StateStoreError, StoreClosedError
 from .sql import close_quietly, is_connection_error, is_unavailable, map_error
@@ -41,7 +48,7 @@ from .sql import close_quietly, is_connection_error, is_unavailable, map_error
 if TYPE_CHECKING:
     import asyncpg
 
-__all__ = ["PostgresLeases", "lease_channel"]
+__all__ = ["PostgresKeepAlive", "PostgresLeases", "lease_channel"]
 
 T = TypeVar("T")
 
@@ -138,6 +145,64 @@ class _Sql:
         )
 
 
+class PostgresKeepAlive:
+    """A :class:`~watchkeeper.store.backend.NodeKeepAliveChannel` on PostgreSQL: one
+    connection, on an event loop private to the one thread that calls :meth:`renew` (asyncpg
+    needs an asyncio loop; the daemon's own is the one that may be too busy)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Any]],
+        statement: str,
+        owner: str,
+        seconds: float,
+        clock: Callable[[], datetime | None],
+    ) -> None:
+        self._connect, self._statement, self._clock = connect, statement, clock
+        self._args = (owner, seconds)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Any = None
+
+    def __repr__(self) -> str:
+        return f"<PostgresKeepAlive owner={self._args[0]!r}>"
+
+    def renew(self, timeout: float) -> bool:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        try:
+            return self._loop.run_until_complete(self._renew(limit=timeout))
+        except Exception as exc:
+            # Whatever state the connection is in now (a statement cut by the timeout), it
+            # is not reused: the next renewal connects afresh.
+            self._drop()
+            raise map_error(exc, "keeping a node lease alive") from exc
+
+    async def _renew(self, *, limit: float) -> bool:
+        with anyio.fail_after(limit):
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await self._connect()
+            owner, seconds = self._args
+            status = await self._conn.execute(self._statement, owner, self._clock(), seconds)
+        return bool(status != "UPDATE 0")
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+
+    def close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        try:
+            loop.run_until_complete(close_quietly(self._conn))
+        except Exception:  # noqa: BLE001 - closing: the server ends the session anyway
+            self._drop()
+        finally:
+            self._conn = None
+            loop.close()
+
+
 class PostgresLeases:
     """The lease hooks of :class:`~watchkeeper.store.PostgresStateBackend` (a mixin)."""
 
@@ -165,12 +230,18 @@ class PostgresLeases:
         return sql
 
     async def _lease_transact(
-        self, what: str, fn: Callable[[Any], Awaitable[T]], *, lane: str = "claims"
+        self,
+        what: str,
+        fn: Callable[[Any], Awaitable[T]],
+        *,
+        lane: str = "claims",
+        transaction: bool = True,
     ) -> T:
-        """Run ``fn(conn)`` in a transaction on the lease connection of ``lane``, one at a
-        time; a lost or read-only connection is replaced and ``fn`` tried once more (it must
-        be idempotent, as renewals, claims and releases are). Renewals have a lane of their
-        own, so that they never wait for a claim of thousands of leases."""
+        """Run ``fn(conn)`` in a transaction (unless ``transaction`` is False: then ``fn``
+        opens its own) on the lease connection of ``lane``, one at a time; a lost or read-only
+        connection is replaced and ``fn`` tried once more (it must be idempotent, as renewals,
+        claims and releases are). Renewals have a lane of their own, so that they never wait
+        for a claim of thousands of leases."""
         lanes: dict[str, dict[str, Any]] = self.__dict__.setdefault("_lease_conn", {})
         state = lanes.setdefault(lane, {})
         lock: anyio.Lock | None = state.get("lock")
@@ -187,6 +258,8 @@ class PostgresLeases:
 
                         conn = await asyncpg.connect(self._dsn, server_settings=self._session())
                         state["conn"] = conn
+                    if not transaction:
+                        return await fn(conn)
                     async with conn.transaction():
                         return await fn(conn)
                 except StateStoreError:
@@ -211,14 +284,18 @@ class PostgresLeases:
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
+        # The renewal commits on its own: the node row's lock is not held while this daemon's
+        # loop (busy, perhaps, for seconds) sends the rest, so neither its keep-alive thread
+        # nor another daemon's reaping ever waits for it.
         renewed = (await conn.execute(sql.renew, owner, at, secs)) != "UPDATE 0"
-        if not renewed:  # new, or reaped: whatever it held before is free
-            await conn.execute(sql.free_own, owner, at)
-            await conn.execute(sql.join, owner, at, secs)
-            await conn.execute("SELECT pg_notify($1, $2)", lease_channel(self.schema), owner)
-        reaped = [r[0] for r in await conn.fetch(sql.reap, owner, at)]
-        await conn.execute(sql.forget_dead)
-        rows = await conn.fetch(sql.nodes, at)
+        async with conn.transaction():
+            if not renewed:  # new, or reaped: whatever it held before is free
+                await conn.execute(sql.free_own, owner, at)
+                await conn.execute(sql.join, owner, at, secs)
+                await conn.execute("SELECT pg_notify($1, $2)", lease_channel(self.schema), owner)
+            reaped = [r[0] for r in await conn.fetch(sql.reap, owner, at)]
+            await conn.execute(sql.forget_dead)
+            rows = await conn.fetch(sql.nodes, at)
         now = rows[0][4] if rows else (at or datetime.now().astimezone())
         nodes = tuple(NodeLease(r[0], r[1], r[2], r[3]) for r in rows)
         return NodeHeartbeat(renewed, nodes, tuple(sorted(reaped)), now)
@@ -228,7 +305,7 @@ class PostgresLeases:
             return await self._renew_in(conn, owner, ttl)
 
         result: NodeHeartbeat = await self._lease_transact(
-            "renewing a node lease", renew, lane="renewals"
+            "renewing a node lease", renew, lane="renewals", transaction=False
         )
         return result
 
@@ -274,6 +351,19 @@ class PostgresLeases:
 
         result: bool = await self._lease_transact("reaping a node lease", brk)
         return result
+
+    def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> PostgresKeepAlive:
+        """See :class:`~watchkeeper.store.backend.NodeKeepAlive`: the renewal's ``UPDATE``
+        alone (no join, no reaping), with this backend's session settings and clock."""
+        owner, seconds = check_owner(owner), check_ttl(ttl).total_seconds()
+        dsn, session = self._dsn, self._session()
+
+        async def connect() -> Any:
+            import asyncpg
+
+            return await asyncpg.connect(dsn, server_settings=session)
+
+        return PostgresKeepAlive(connect, self._lease_sql.renew, owner, seconds, self._clock_param)
 
     async def _alist_leases(self) -> builtins.list[Lease]:
         rows = await self._fetch("listing leases", self._lease_sql.list)

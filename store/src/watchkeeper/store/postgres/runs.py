@@ -36,7 +36,16 @@ from .sql import database_clock, rowcount
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["RUN_COLS", "PostgresRuns", "run_from_row", "step_sql"]
+__all__ = [
+    "RUN_COLS",
+    "RUN_WIDTH",
+    "PostgresRuns",
+    "create_claim_sql",
+    "horizon_sql",
+    "run_from_row",
+    "step_sql",
+    "writers_in_flight_sql",
+]
 
 T = TypeVar("T")
 
@@ -47,7 +56,7 @@ RUN_COLS = (
 )
 
 
-_WIDTH = len(RUN_COLS.split(","))
+RUN_WIDTH = len(RUN_COLS.split(","))
 # The lapsed try's error, as :data:`~._tasks.LAPSED` words it ($8: that text, in format()).
 LAPSED_SQL = LAPSED.replace("'{owner}'", "'%s'")
 
@@ -101,7 +110,113 @@ def step_sql(p: str) -> str:
         "NULL::text, NULL::timestamptz FROM done UNION ALL "
         f"SELECT 'c', u.*, {EVENT_COLS} FROM claimed u LEFT JOIN {p}task_run_events e "
         f"ON e.run_id = u.id LEFT JOIN {p}asset_events ev ON ev.id = e.event_id "
-        f"ORDER BY 1, 2, {_WIDTH + 2}"
+        f"ORDER BY 1, 2, {RUN_WIDTH + 2}"
+    )
+
+
+def _lock_match(key: str) -> str:
+    """``pg_locks`` rows of the granted shared events lock (a 64-bit advisory key: its high
+    half in ``classid``, its low half in ``objid``, ``objsubid`` 1)."""
+    return (
+        "l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock' AND l.objsubid = 1 "
+        f"AND l.classid = (({key} >> 32) & 4294967295)::oid "
+        f"AND l.objid = ({key} & 4294967295)::oid "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+
+
+def horizon_sql(p: str, key: str) -> str:
+    """The tasks (of $1; NULL: all) that are not paused and have a committed event after a
+    cursor (their specs, as a JSON list, by name), the newest event id, and the transactions then holding the
+    shared events lock (``virtualtransaction``), in one statement that takes no lock.
+
+    Every event with a lower id than the newest one was inserted by a transaction that took
+    the shared lock before its insert: once the listed holders have ended, every event up
+    to that id has committed or rolled back (see :mod:`.tasks`)."""
+    return (
+        "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(t.name, t.assets, t.mode, "
+        "t.max_events, t.max_tries) ORDER BY t.name), '[]')::text "
+        f"FROM {p}tasks t WHERE NOT t.paused AND ($1::text[] IS NULL OR t.name = ANY($1)) "
+        f"AND EXISTS (SELECT 1 FROM {p}task_cursors c WHERE c.task = t.name AND EXISTS "
+        f"(SELECT 1 FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor))"
+        f"), (SELECT coalesce(max(id), 0) FROM {p}asset_events), "
+        f"ARRAY(SELECT l.virtualtransaction FROM pg_locks l WHERE {_lock_match(key)})"
+    )
+
+
+def writers_in_flight_sql(key: str) -> str:
+    """Whether any of the transactions $1 (``virtualtransaction``) still holds the shared
+    events lock."""
+    return (
+        f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_lock_match(key)} "
+        "AND l.virtualtransaction = ANY($1::text[]))"
+    )
+
+
+def create_claim_sql(p: str, key: str) -> str:
+    """Create the runs of a one-asset task from its events after its cursor (up to the
+    horizon) and claim the first of them, in one statement (autocommit).
+
+    $1 the task, $2 the horizon (NULL: read here, see below), $3 how many runs at most, $4 the
+    clock (NULL: ``now()``), $5 the owner, $6 how many of the new runs to claim, $7 the lease
+    ttl. Each run takes the next ``max_events`` events (what :func:`~._tasks.plan_runs` gives
+    a one-asset task). The cursor moves only if it is still where it was read
+    (``c.cursor = cur.cursor``, checked again on the row after a concurrent move): a worker
+    that lost the race creates nothing.
+
+    With $2 NULL the horizon is the newest event id, and nothing is created unless no
+    transaction holds the shared events lock (:func:`horizon_sql`); otherwise the caller
+    waits for the holders returned and runs it again with that id. With no committed event
+    after the cursor no holder is returned: there is nothing to wait for (an event still
+    committing wakes the workers with its notification). Rows: each claimed run
+    (``RUN_COLS``) with one of its events (``EVENT_COLS``), in run and event order, then on
+    every row ``what`` (``'one'``: a one-asset task that is not paused; ``'other'``: a task
+    on several assets; ``NULL``: paused or unknown), the horizon, the holders; with no run
+    claimed, one row of NULLs with those three.
+    """
+    cols = ", ".join(f"r.{c.strip()}" for c in RUN_COLS.split(","))
+    events = ", ".join(f"{c.strip()} AS ev_{c.strip()[3:]}" for c in EVENT_COLS.split(","))
+    claim = "plan.k < $6"
+    return (
+        "WITH n AS (SELECT coalesce($4::timestamptz, now()) AS at), "
+        "t AS (SELECT name, assets[1] AS asset, max_events, max_tries, "
+        f"CASE WHEN cardinality(assets) = 1 THEN 'one' ELSE 'other' END AS what FROM {p}tasks "
+        "WHERE name = $1 AND NOT paused), "
+        f"blk AS (SELECT (SELECT what FROM t) AS what, coalesce($2::int8, (SELECT "
+        f"coalesce(max(id), 0) FROM {p}asset_events)) AS h, CASE WHEN $2::int8 IS NULL "
+        f"AND EXISTS (SELECT 1 FROM {p}task_cursors c JOIN t ON t.name = c.task "
+        f"AND t.asset = c.asset JOIN {p}asset_events e ON e.asset_name = c.asset "
+        "AND e.id > c.cursor WHERE t.what = 'one') THEN "
+        f"ARRAY(SELECT l.virtualtransaction FROM pg_locks l WHERE {_lock_match(key)}) "
+        "ELSE '{}'::text[] END AS holders), "
+        f"cur AS (SELECT c.cursor, t.asset, t.max_events, t.max_tries FROM {p}task_cursors c "
+        "JOIN t ON t.name = c.task AND t.asset = c.asset, blk WHERE t.what = 'one' "
+        "AND cardinality(blk.holders) = 0), "
+        "pend AS (SELECT e.id, (row_number() OVER (ORDER BY e.id) - 1) / cur.max_events AS k "
+        f"FROM {p}asset_events e, cur, blk WHERE e.asset_name = cur.asset "
+        "AND e.id > cur.cursor AND e.id <= blk.h ORDER BY e.id "
+        "LIMIT $3 * (SELECT max_events FROM cur)), "
+        f"moved AS (UPDATE {p}task_cursors c SET cursor = (SELECT max(id) FROM pend), "
+        "updated_at = n.at, writer_kind = NULL, writer_name = NULL FROM cur, n "
+        "WHERE c.task = $1 AND c.asset = cur.asset AND c.cursor = cur.cursor "
+        "AND EXISTS (SELECT 1 FROM pend) RETURNING c.cursor), "
+        f"plan AS (SELECT g.k, g.cnt, nextval(pg_get_serial_sequence('{p}task_runs', 'id')) "
+        "AS run_id FROM (SELECT k, count(*) AS cnt FROM pend WHERE EXISTS "
+        "(SELECT 1 FROM moved) GROUP BY k ORDER BY k) g), "
+        f"runs AS (INSERT INTO {p}task_runs (id, task, state, try_number, max_tries, "
+        "event_count, created_at, updated_at, started_at, lease_owner, lease_token, "
+        "lease_expires_at) OVERRIDING SYSTEM VALUE SELECT plan.run_id, $1, "
+        f"CASE WHEN {claim} THEN 'running' ELSE 'queued' END, "
+        f"CASE WHEN {claim} THEN 1 ELSE 0 END, cur.max_tries, plan.cnt, n.at, n.at, "
+        f"CASE WHEN {claim} THEN n.at END, CASE WHEN {claim} THEN $5 END, "
+        f"CASE WHEN {claim} THEN 1 ELSE 0 END, CASE WHEN {claim} THEN n.at + $7::interval "
+        f"END FROM plan, n, cur ORDER BY plan.k RETURNING {RUN_COLS}), "
+        f"links AS (INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
+        "SELECT plan.run_id, pend.id, $1, cur.asset FROM pend JOIN plan ON plan.k = pend.k, cur) "
+        f"SELECT x.*, blk.what, blk.h, blk.holders FROM blk LEFT JOIN (SELECT {cols}, {events} "
+        "FROM runs r JOIN plan ON plan.run_id = r.id JOIN pend ON pend.k = plan.k "
+        f"JOIN {p}asset_events ev ON ev.id = pend.id WHERE r.state = 'running') x ON true "
+        "ORDER BY x.id, x.ev_id"
     )
 
 
@@ -175,11 +290,11 @@ class PostgresRuns(TaskStoreBackend):
         for r in rows:
             values = tuple(r)
             if values[0] == "d":
-                finished = run_from_row(values[1 : _WIDTH + 1])
+                finished = run_from_row(values[1 : RUN_WIDTH + 1])
                 continue
-            entry = runs.setdefault(values[1], (values[1 : _WIDTH + 1], []))
-            if values[_WIDTH + 1] is not None:
-                entry[1].append(event_row(values[_WIDTH + 1 :]))
+            entry = runs.setdefault(values[1], (values[1 : RUN_WIDTH + 1], []))
+            if values[RUN_WIDTH + 1] is not None:
+                entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
         return finished, [run_from_row(row, events) for row, events in runs.values()]
 
     @property

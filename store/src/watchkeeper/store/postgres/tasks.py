@@ -5,21 +5,24 @@ Each operation is one short transaction on a pooled connection (``_transact``), 
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
 claim different runs without waiting on each other; see :mod:`.runs`), and a finish holds its
 run row while it checks the lease and commits the outlet events. A worker's step finishes a
-try and claims the next in one transaction; when too few runs are ready it creates a batch
-and claims from it in a second one (the task rows, locked in name order, serialise the
-creations of one task; a worker that waited claims what the other left queued). The rules
-are :mod:`._tasks`'.
+try and claims the next in one statement; when too few runs are ready it creates a batch and
+claims from it: for a task on one asset in one more statement, the horizon read in it (the
+cursor moves only from where it was read, so of two workers racing one creates and the other
+nothing); for a task on several assets in a transaction (the task rows, locked in name order,
+serialise the creations of one task). The rules are :mod:`._tasks`'.
 
 **Commit order.** An identity column hands out ids at insert, not at commit, so two writers'
 events can commit out of id order, and a cursor read between the two commits would step over
 the later-committed lower id for good. Every transaction that inserts events therefore holds
-a shared transaction-scoped advisory lock (the group writer takes it per batch, see
-:func:`events_hook`; a finish with outlets takes it too), and every reader that moves a cursor
-takes it exclusively first: once it has it, every event with a lower id has committed or
-rolled back. A worker's step holds it only while it reads the newest id (its *horizon*, in a
-transaction of its own), then creates runs from the events up to that id, so event commits
-wait for one read, not for the creation. Lock order, always: task rows, then the events lock
-(declaring tasks and ``acreate_runs`` keep it to their commit).
+a shared transaction-scoped advisory lock, taken before its first insert (the group writer
+takes it per batch, see :func:`events_hook`; a finish with outlets takes it too). A worker
+creating runs reads, in one statement that takes no lock, the newest event id and the
+transactions then holding that lock (``pg_locks``): every event with a lower id was inserted
+by one of them or has committed. Once they have ended (polled; none, the usual case at a low
+rate, costs nothing more) the id is a *horizon*: every event up to it has committed or rolled
+back, and runs are created from those. Event commits never wait for this: an exclusive
+request, as declaring tasks, ``acreate_runs`` and consumer fetches still make, would queue
+every new shared one behind it. Lock order for those, always: task rows, then the events lock.
 
 **Wake-ups.** The same hook sends one ``NOTIFY`` per committed batch (never one per event);
 :meth:`PostgresConsumers.await_events` listens on a connection of its own and falls back to
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 import builtins
 import functools
+import json
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
 
 from .._tasks import (
     RunOutcome,
@@ -42,16 +48,23 @@ from .._tasks import (
     TaskSpec,
     plan_runs,
 )
-from .._types import Writer
+from .._types import AssetEvent, Writer
 from ..errors import (
     RunNotFoundError,
     RunStateError,
-    StoreClosedError,
     TaskNotFoundError,
 )
-from .consumers import LOCK_KEY
-from .runs import RUN_COLS, PostgresRuns, run_from_row
-from .sql import is_connection_error, map_error, writer_fields
+from .consumers import LOCK_KEY, event_row
+from .runs import (
+    RUN_COLS,
+    RUN_WIDTH,
+    PostgresRuns,
+    create_claim_sql,
+    horizon_sql,
+    run_from_row,
+    writers_in_flight_sql,
+)
+from .sql import database_clock, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -196,50 +209,75 @@ class PostgresTasks(PostgresRuns):
 
         return await self._transact("creating runs", create)
 
-    async def _anything_pending(self, tasks: builtins.list[str] | None) -> bool:
-        """Whether a task (of ``tasks``) that is not paused has a committed event after one of
-        its cursors: a read, so a step with nothing to create takes no lock. (An event still
-        committing is not seen; its commit's notification wakes the workers.)"""
-        p = self._prefix
-        rows = await self._fetch(
-            "reading pending events",
-            f"SELECT EXISTS (SELECT 1 FROM {p}task_cursors c JOIN {p}tasks t "
-            "ON t.name = c.task WHERE NOT t.paused AND ($1::text[] IS NULL OR "
-            f"t.name = ANY($1::text[])) AND EXISTS (SELECT 1 FROM {p}asset_events e "
-            "WHERE e.asset_name = c.asset AND e.id > c.cursor))",
-            tasks,
-        )
-        return bool(rows[0][0])
+    async def _horizon(
+        self, tasks: builtins.list[str] | None
+    ) -> tuple[builtins.list[TaskSpec], int]:
+        """The tasks (of ``tasks``) with committed events after a cursor, and an event id at
+        or below which every event has committed or rolled back: the newest id, once the
+        transactions that held the shared events lock when it was read have ended.
 
-    async def _horizon(self) -> int:
-        """An event id at or below which every event has committed (or rolled back): the
-        newest id read under the events lock. The lock, the read and the commit go as one
-        script (one round trip), so the lock is held on the server only: event commits wait
-        for one read, never for this process. The id comes back on the same connection, in a
-        custom setting rewritten before each read (the one session value this backend leaves
-        on a pooled connection; nothing else reads it)."""
-        key = LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
-        script = (
-            f"BEGIN; SELECT pg_advisory_xact_lock({key}); SELECT set_config("
-            f"'watchkeeper.events_horizon', (SELECT coalesce(max(id), 0) FROM "
-            f"{self._prefix}asset_events)::text, false); COMMIT"
-        )
-        for attempt in (1, 2):
-            pool = self._pool_or_closed()
-            try:
-                async with pool.acquire() as conn:
-                    await conn.execute(script)
-                    value = await conn.fetchval(
-                        "SELECT current_setting('watchkeeper.events_horizon')::int8"
-                    )
-                    return int(value)
-            except Exception as exc:
-                if not self._open:
-                    raise StoreClosedError(self) from exc
-                if attempt == 1 and is_connection_error(exc):
-                    continue
-                raise map_error(exc, "reading the events horizon") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+        No lock is taken, so event commits never queue behind this (an exclusive request
+        would hold up every new shared one): the holders are read from ``pg_locks`` with
+        the id, and polled until they are gone (one round trip when none holds it, the usual
+        case at a low rate; at a high one, about the rest of the batches then in flight)."""
+        key = self._events_key
+        rows = await self._fetch("reading pending events", horizon_sql(self._prefix, key), tasks)
+        specs_json, horizon, holders = rows[0]
+        specs = [TaskSpec(n, tuple(a), m, e, t) for n, a, m, e, t in json.loads(specs_json)]
+        if not specs or not holders:
+            return specs, int(horizon)
+        await self._wait_writers(holders)
+        return specs, int(horizon)
+
+    async def _wait_writers(self, holders: builtins.list[str]) -> None:
+        """Return once none of the transactions ``holders`` holds the shared events lock."""
+        pause = 0.0005
+        sql = writers_in_flight_sql(self._events_key)
+        while (await self._fetch("reading the events horizon", sql, holders))[0][0]:
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 0.004)
+
+    @property
+    def _events_key(self) -> str:
+        return LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
+
+    async def _create_claim_one(
+        self,
+        name: str,
+        owner: str,
+        wanted: int,
+        span: timedelta,
+        create: int,
+        horizon: int | None,
+    ) -> tuple[str | None, builtins.list[TaskRun]]:
+        """Create up to ``create`` runs of the one-asset task ``name`` and claim up to
+        ``wanted`` of them: one statement (:func:`.runs.create_claim_sql`), and with
+        ``horizon`` None, the horizon read in it too (again with the id read, once the
+        writers then in flight have ended). Returns what the task is (``'one'``, ``'other'``:
+        on several assets, nothing created; None: paused or unknown) and the claimed runs."""
+        sql: str | None = self.__dict__.get("_create_claim_text")
+        if sql is None:
+            sql = self.__dict__["_create_claim_text"] = create_claim_sql(
+                self._prefix, self._events_key
+            )
+        while True:
+            rows = await self._fetch(
+                "creating and claiming runs", sql,
+                name, horizon, create, database_clock(self.clock), owner, wanted, span,
+            )  # fmt: skip
+            what, read, holders = rows[0][-3:]
+            if not holders:
+                break
+            await self._wait_writers(holders)
+            horizon = int(read)
+        runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
+        for r in rows:
+            values = tuple(r)
+            if values[0] is None:
+                continue
+            entry = runs.setdefault(values[0], (values[:RUN_WIDTH], []))
+            entry[1].append(event_row(values[RUN_WIDTH : RUN_WIDTH + 6]))
+        return what, [run_from_row(row, events) for row, events in runs.values()]
 
     async def _create(
         self, conn: Any, spec: TaskSpec, max_runs: int, horizon: int | None = None
@@ -319,27 +357,46 @@ class PostgresTasks(PostgresRuns):
                 )
         if not create or len(claimed) >= claim:
             return RunStep(finished, tuple(claimed))
-        # Too few ready: create runs (each task's by one worker at a time, in name order) and
-        # claim from them, in one transaction. A worker that waited for another's creation
-        # claims the runs it left queued.
-        if not await self._anything_pending(tasks):
-            return RunStep(finished, tuple(claimed))
-        horizon = await self._horizon()
+        # Too few ready: create runs from the events up to the horizon and claim from them.
+        # A one-asset task's in one statement each (a worker that lost the race for the
+        # cursor creates nothing); the others' in one transaction, task rows locked in name
+        # order, as before.
         wanted = claim - len(claimed)
+        more: list[TaskRun] = []
+        if tasks is not None and len(tasks) == 1:  # one task (a worker's usual): one statement
+            what, more = await self._create_claim_one(tasks[0], owner, wanted, span, create, None)
+            if what != "other":
+                return RunStep(finished, (*claimed, *more))
+        specs, horizon = await self._horizon(tasks)
+        if not specs:
+            return RunStep(finished, tuple(claimed))
+        for spec in specs:
+            if len(spec.assets) == 1:
+                more += (
+                    await self._create_claim_one(
+                        spec.name, owner, max(0, wanted - len(more)), span, create, horizon
+                    )
+                )[1]
+        several = [spec for spec in specs if len(spec.assets) > 1]
+        if several:
+            # Tasks on several assets: their plans (all / any) are :func:`plan_runs`'.
+            names = [spec.name for spec in several]
 
-        async def create_and_claim(conn: Any) -> list[TaskRun]:
-            locked = await conn.fetch(
-                "SELECT name, assets, mode, max_events, max_tries FROM "
-                f"{self._prefix}tasks WHERE NOT paused AND ($1::text[] IS NULL OR "
-                "name = ANY($1::text[])) ORDER BY name FOR UPDATE",
-                tasks,
-            )
-            for row in locked:
-                spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
-                await self._create(conn, spec, create, horizon)
-            return (await self._claim(conn.fetch, owner, wanted, span, tasks))[1]
+            async def create_and_claim(conn: Any) -> list[TaskRun]:
+                locked = await conn.fetch(
+                    "SELECT name, assets, mode, max_events, max_tries FROM "
+                    f"{self._prefix}tasks WHERE NOT paused AND name = ANY($1::text[]) "
+                    "ORDER BY name FOR UPDATE",
+                    names,
+                )
+                for row in locked:
+                    spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
+                    await self._create(conn, spec, create, horizon)
+                if len(more) >= wanted:
+                    return []
+                return (await self._claim(conn.fetch, owner, wanted - len(more), span, tasks))[1]
 
-        more = await self._transact("creating and claiming runs", create_and_claim)
+            more += await self._transact("creating and claiming runs", create_and_claim)
         return RunStep(finished, (*claimed, *more))
 
     async def _aget_run(self, run_id: int) -> TaskRun:

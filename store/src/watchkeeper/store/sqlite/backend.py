@@ -50,6 +50,7 @@ import anyio.abc
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
 from .._gc import GcPlan
+from .._leases import check_owner, check_ttl
 from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
@@ -459,6 +460,12 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
 
     async def _abreak_node(self, owner: str) -> bool:
         return await self._write(lambda tx: leases.break_node(tx, owner))
+
+    def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> leases.SqliteKeepAlive:
+        """See :class:`~watchkeeper.store.backend.NodeKeepAlive` (a connection of its own)."""
+        return leases.SqliteKeepAlive(
+            self.path, lambda: self.clock(), check_owner(owner), check_ttl(ttl)
+        )
 
     async def _alist_leases(self) -> list[Lease]:
         return leases.leases_result(await self._read(leases.LEASE_LIST_SQL))

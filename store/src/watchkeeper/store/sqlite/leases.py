@@ -9,12 +9,15 @@ daemons sharing a SQLite file share one machine, hence one clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import timedelta
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Final
 
 from .._leases import HeldLease, spread_key
 from .._types import Lease, NodeHeartbeat, NodeLease
+from ..errors import BackendUnavailableError
 from .ops import Row
 from .schema import from_db, to_db
 from .writer import Tx
@@ -22,6 +25,7 @@ from .writer import Tx
 __all__ = [
     "HELD_SQL",
     "LEASE_LIST_SQL",
+    "SqliteKeepAlive",
     "break_node",
     "claim_leases",
     "held_of",
@@ -48,18 +52,15 @@ def held_of(row: Row) -> HeldLease:
     return row[1], row[2], None if row[3] is None else from_db(row[3])
 
 
+_RENEW_SQL: Final = "UPDATE trigger_nodes SET expires_at = ? WHERE owner = ? AND alive = 1"
+
+
 def renew_node(tx: Tx, owner: str, ttl: timedelta) -> NodeHeartbeat:
     """Renew (or create afresh) ``owner``'s node lease; reap the expired others."""
     now, stamp = tx.now()
     conn = tx.conn
     expires = to_db(now + ttl)
-    renewed = (
-        conn.execute(
-            "UPDATE trigger_nodes SET expires_at = ? WHERE owner = ? AND alive = 1",
-            (expires, owner),
-        ).rowcount
-        > 0
-    )
+    renewed = conn.execute(_RENEW_SQL, (expires, owner)).rowcount > 0
     if not renewed:  # new, or reaped: whatever it held before is free
         conn.execute("UPDATE trigger_leases SET owner = NULL WHERE owner = ?", (owner,))
         conn.execute(
@@ -133,3 +134,42 @@ def break_node(tx: Tx, owner: str) -> bool:
 
 def leases_result(rows: list[Row]) -> list[Lease]:
     return [Lease(row[0], *held_of(row)) for row in rows]
+
+
+class SqliteKeepAlive:
+    """A :class:`~watchkeeper.store.backend.NodeKeepAliveChannel` on a SQLite file: its own
+    connection, used by one thread; the time is the backend's clock, as for every lease."""
+
+    def __init__(
+        self, path: str, clock: Callable[[], datetime], owner: str, ttl: timedelta
+    ) -> None:
+        self._path, self._clock, self._owner, self._ttl = path, clock, owner, ttl
+        self._conn: sqlite3.Connection | None = None
+
+    def __repr__(self) -> str:
+        return f"<SqliteKeepAlive owner={self._owner!r} path={self._path!r}>"
+
+    def renew(self, timeout: float) -> bool:
+        try:
+            conn = self._conn
+            if conn is None:
+                # Read-write, never create: a removed database file stays removed (the
+                # daemon's own check reports it) instead of coming back empty.
+                uri = f"{Path(self._path).absolute().as_uri()}?mode=rw"
+                conn = sqlite3.connect(
+                    uri, timeout=timeout, isolation_level=None, check_same_thread=False, uri=True
+                )
+                self._conn = conn
+            conn.execute(f"PRAGMA busy_timeout = {max(1, int(timeout * 1000))}")
+            expires = to_db(self._clock() + self._ttl)
+            return conn.execute(_RENEW_SQL, (expires, self._owner)).rowcount > 0
+        except sqlite3.Error as exc:
+            self.close()
+            raise BackendUnavailableError(
+                f"cannot keep the node lease of {self._owner!r} alive in {self._path!r}: {exc}"
+            ) from exc
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

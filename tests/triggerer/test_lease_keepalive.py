@@ -1,0 +1,121 @@
+"""The daemon's node lease survives an event loop blocked for longer than the lease lives:
+a thread of its own keeps it alive (``LeaseKeeper.kept_alive``), so the daemon neither stops
+its own watchers at its deadline nor gets reaped. A real daemon on SQLite and on PostgreSQL,
+with a node lease of 1 s (margin 0.5 s) and a loop blocked for 2.5 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
+from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
+from watchkeeper.triggerer._leases import LeaseKeeper
+from watchkeeper.triggerer._watcher_files import unload_watchers
+
+from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
+from tests.support.postgres import fresh_pg_schema
+from tests.support.runtime import watch_logs
+
+WAIT = 20.0
+BLOCK = 2.5
+"""Seconds the test blocks the loop: over the 1 s node lease, and its 0.5 s deadline."""
+
+
+@pytest.fixture(autouse=True)
+def _unload() -> Iterator[None]:
+    yield
+    unload_watchers()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
+    async with contextlib.AsyncExitStack() as stack:
+        backend: MetastoreBackend
+        if request.param == "sqlite":
+            backend = SqliteStateBackend(tmp_path / "state.db")
+        else:
+            dsn = request.getfixturevalue("pg_dsn")
+            schema = await stack.enter_async_context(fresh_pg_schema(dsn))
+            backend = PostgresStateBackend(dsn, schema=schema)
+        yield await stack.enter_async_context(backend)
+
+
+async def committed(db: MetastoreBackend, count: int) -> None:
+    with anyio.fail_after(WAIT):
+        while True:
+            if len(await db.alist_events()) >= count:
+                return
+            await anyio.sleep(0.02)
+
+
+class TestKeepAliveThroughABlockedLoop:
+    async def test_a_blocked_loop_neither_lapses_nor_loses_the_node_lease(
+        self, db: MetastoreBackend, tmp_path: Path
+    ) -> None:
+        """The loop sleeps 2.5 s with a node lease of 1 s: the keep-alive thread renews it
+        meanwhile, so no ``node_lease_lapsed`` follows, the watcher keeps running under the
+        same token and commits the next line; without the thread the deadline (0.5 s after
+        the last renewal) would have passed and the daemon stopped its watcher."""
+        source = tmp_path / "alpha.txt"
+        watchers = tmp_path / "watchers"
+        watchers.mkdir()
+        (watchers / "lines.py").write_text(LINES_WATCHER)
+        (watchers / "alpha.py").write_text(asset_file("alpha", source))
+        append_lines(source, 1, 1)
+        settings = Settings(
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                gc_interval=0,
+                stop_grace=1,
+                heartbeat_interval=0.2,
+                lease_renew_interval=0.2,
+                lease_ttl=1.0,
+                lease_margin=0.5,
+            )
+        )
+        async with Daemon(settings, backend=db) as d:
+            (trigger_id,) = d.groups
+            await committed(db, 1)
+            with watch_logs() as logs:
+                before = d.leases.keepalives
+                time.sleep(BLOCK)  # noqa: ASYNC251 - the point: a loop blocked past the lease
+                assert not d.leases.lapsed()
+                assert d.leases.keepalives > before
+                append_lines(source, 2, 2)
+                await committed(db, 2)
+                await anyio.sleep(0.5)  # a turn of the deadline and lease loops
+            names = [e["event"] for e in logs.entries]
+            assert "node_lease_lapsed" not in names
+            assert "node_lease_reaped" not in names
+            assert list(d.groups) == [trigger_id]
+            assert d.leases.held == {trigger_id: 1}
+            assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
+            assert [e.payload["n"] for e in await db.alist_events()] == [1, 2]
+
+
+class TestKeepAliveGivesUpOnAHungLoop:
+    async def test_a_loop_silent_past_the_limit_lets_the_node_lease_lapse(
+        self, db: MetastoreBackend
+    ) -> None:
+        """The thread keeps a busy loop's lease, not a hung one's: with a keep-alive limit of
+        1.2 s and the loop blocked for 3 s, the thread extends the lease at first, then stops,
+        says so once, and the deadline passes, so the store reaps the node lease as it would
+        without the thread and other daemons may take its watchers."""
+        keeper = LeaseKeeper(db, "hung-host:1:0", 0.5, margin=0.1, keepalive_limit=1.2)
+        with watch_logs() as logs:
+            async with keeper.kept_alive(0.1):
+                await keeper.renew()
+                time.sleep(3.0)  # noqa: ASYNC251 - the point: a loop that does not come back
+                assert keeper.keepalives > 0  # it kept the lease while under the limit
+                assert keeper.lapsed()
+                # The node lease expired in the store too: another daemon's renewal reaps it.
+                beat = await db.arenew_node("other-host:1:0", 0.5)
+                assert "hung-host:1:0" in beat.reaped
+        assert len(logs.named("node_keepalive_stopped")) == 1
