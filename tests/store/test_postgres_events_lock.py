@@ -26,12 +26,17 @@ class TestEventsLock:
     async def test_event_commits_wait_for_a_cursor_reader(
         self, pg_dsn: str, pg_schema: str, kind: str
     ) -> None:
-        """A single or batched event commit waits while a reader holds the events lock, and
-        commits once it is released."""
+        """A single or batched event commit waits while a reader holds the events lock, without
+        having drawn an event id yet (so no id below the reader's horizon can commit after it),
+        and commits once it is released."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
             await backend.aregister_assets([Asset("a")])
             reader = await asyncpg.connect(pg_dsn)
             try:
+                ids = await reader.fetchval(
+                    "SELECT pg_get_serial_sequence($1, 'id')", f'"{pg_schema}".asset_events'
+                )
+                before = await reader.fetchval(f"SELECT (last_value, is_called)::text FROM {ids}")
                 held = reader.transaction()
                 await held.start()
                 await reader.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})", pg_schema)
@@ -52,6 +57,10 @@ class TestEventsLock:
                             await anyio.sleep(0.01)
                     assert not done.is_set()
                     assert await backend.alist_events() == []
+                    drawn = await reader.fetchval(
+                        f"SELECT (last_value, is_called)::text FROM {ids}"
+                    )
+                    assert drawn == before
                     await held.commit()
                     with anyio.fail_after(10):
                         await done.wait()

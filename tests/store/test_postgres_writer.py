@@ -2,23 +2,34 @@
 
 A batch is held in flight by locking, from another connection, a row it must write; meanwhile
 the tests see which other writes go ahead (event commits on other assets) and which wait for
-it (another event on the same asset, any other kind of write).
+it (another event on the same asset, any other kind of write). Then, what one batch's event
+commits check in the statement that writes them (assets, leases), each commit on its own.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import anyio
 import asyncpg
 import pytest
-from watchkeeper.store import Asset, AssetEvent, AssetScope, PostgresStateBackend, TaskScope
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store import (
+    Asset,
+    AssetEvent,
+    AssetScope,
+    LeaseLostError,
+    PostgresStateBackend,
+    TaskScope,
+)
+from watchkeeper.store.backend import EventCommit, Fence, Writer
 
 TASK = TaskScope("dag", "run", "task")
 OTHERS = 40
 """Watchers committing beside the held batch: more than the writer sends beside one alone."""
+TTL = timedelta(seconds=30)
 
 
 @pytest.fixture
@@ -119,3 +130,124 @@ async def test_other_writes_wait_for_the_batch_in_flight(
         await conn.close()
     assert order == ["event", "set"]
     assert await store.aget(TASK, "k") == 1
+
+
+async def _one_batch(store: PostgresStateBackend, calls: dict[str, Any]) -> dict[str, object]:
+    """Run ``calls`` (name: coroutine function) at once, so they share one batch; return each
+    outcome (the events' payloads, a value, or the error's type name) and check they did."""
+    outcomes: dict[str, object] = {}
+
+    async def run(name: str, fn: Any) -> None:
+        try:
+            got = await fn()
+        except Exception as exc:  # noqa: BLE001 - the test compares the outcomes
+            outcomes[name] = type(exc).__name__
+        else:
+            outcomes[name] = [e.payload for e in got] if isinstance(got, list) else got
+
+    before = store.commit_stats.batches
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for name, fn in calls.items():
+                tg.start_soon(run, name, fn)
+    assert store.commit_stats.batches == before + 1  # one transaction for all of them
+    return outcomes
+
+
+def _fenced(watcher: str, asset: str, n: int, fence: Fence | None) -> EventCommit:
+    return EventCommit(watcher, (asset,), str(n), state={"wm": str(n)}, fence=fence)
+
+
+async def test_a_round_of_commits_refuses_only_the_commits_that_fail_their_checks(
+    store: PostgresStateBackend,
+) -> None:
+    """In one statement's round: a commit naming an unknown asset and one whose lease another
+    daemon holds write nothing (no event, no state, on any of their assets); the others of the
+    batch commit, and each error is the one it would get alone."""
+    held = await store.aclaim_leases("me", ["wa", "wb1"], TTL)
+    await store.aclaim_leases("other", ["wb2"], TTL)
+    calls = {
+        "live": lambda: store.acommit_event(_fenced("wa", "a", 1, Fence("wa", "me", held["wa"]))),
+        "unfenced": lambda: store.acommit_event(_fenced("wb0", "b0", 1, None)),
+        "unknown": lambda: store.acommit_event(
+            EventCommit("wb1", ("b1", "nowhere"), "1", state={"wm": "1"})
+        ),
+        "stolen": lambda: store.acommit_event(_fenced("wb2", "b2", 1, Fence("wb2", "me", 1))),
+        "unclaimed": lambda: store.acommit_event(_fenced("wb3", "b3", 1, Fence("wb3", "me", 1))),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes == {
+        "live": [1],
+        "unfenced": [1],
+        "unknown": "AssetNotFoundError",
+        "stolen": "LeaseLostError",
+        "unclaimed": "LeaseLostError",
+    }
+    for asset in ("b1", "b2", "b3"):
+        assert await store.alist_events(asset=asset) == []
+        assert await store.alist(AssetScope(name=asset)) == []
+    assert await store.aget(AssetScope(name="a"), "wm") == 1
+    with pytest.raises(LeaseLostError, match="'other' holds it with token 1"):
+        await store.acommit_event(_fenced("wb2", "b2", 2, Fence("wb2", "me", 1)))
+
+
+async def test_commits_of_several_rounds_beside_a_fenced_set_keep_their_order(
+    store: PostgresStateBackend,
+) -> None:
+    """Two commits on one asset in one batch take two statements (the second sees the first),
+    with the leases of the whole batch locked first; a stale fence still refuses its own
+    commit or set, and nothing else."""
+    held = await store.aclaim_leases("me", ["wa", "wb0", "task"], TTL)
+    fence = Fence("wa", "me", held["wa"])
+    writer = Writer("task", "dag.task", 1, fence=Fence("task", "me", held["task"]))
+    stale = Writer("task", "dag.task", 1, fence=Fence("task", "me", held["task"] + 1))
+    calls = {
+        "first": lambda: store.acommit_event(_fenced("wa", "a", 1, fence)),
+        "second": lambda: store.acommit_event(_fenced("wa", "a", 2, fence)),
+        "stale": lambda: store.acommit_event(
+            _fenced("wb0", "b0", 1, Fence("wb0", "me", held["wb0"] + 1))
+        ),
+        "set": lambda: store.aset(TASK, "k", 1, writer=writer),
+        "stale set": lambda: store.aset(TASK, "j", 1, writer=stale),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes == {
+        "first": [1],
+        "second": [2],
+        "stale": "LeaseLostError",
+        "set": 1,
+        "stale set": "LeaseLostError",
+    }
+    assert [e.payload for e in await store.alist_events(asset="a")] == [1, 2]
+    assert await store.aget(AssetScope(name="a"), "wm") == 2
+    assert await store.alist_events(asset="b0") == []
+    assert await store.aget(TASK, "j") is None
+
+
+async def test_an_event_round_carries_every_text_byte_for_byte(
+    store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+) -> None:
+    """The texts of a round of commits travel inside one JSON document: escapes, quotes,
+    backslashes, spacing and characters outside the BMP come out exactly as they went in, in
+    the payloads and in the state; an asset named twice gets one event."""
+    text = '{"z":1, "a":[1,{"é\U0001f642":"\\u0000\\"\\\\"}],  "m":1.5e300,"s":"\\ud83d\\ude42"}'
+    calls = {
+        "twice": lambda: store.acommit_event(
+            EventCommit("wa", ("a", "b0", "a"), text, state={"k": text, "é\U0001f642": "1"})
+        ),
+        "other": lambda: store.acommit_event(EventCommit("wb1", ("b1",), text, dedup_key="d")),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes["twice"] == [json.loads(text)] * 2
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT asset_name, payload FROM "{pg_schema}".asset_events ORDER BY id'
+        )
+    finally:
+        await conn.close()
+    assert [(r[0], r[1]) for r in rows] == [("a", text), ("b0", text), ("b1", text)]
+    for asset in ("a", "b0"):
+        raw = await store.aget_raw(AssetScope(name=asset), "k")
+        assert raw is not None and raw.value_json == text
+        assert await store.aget(AssetScope(name=asset), "é\U0001f642") == 1

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeGuard, TypeVar
 
 from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
 from .._leases import check_fence
 from .._types import (
-    AssetEvent,
     AssetScope,
     EventBatchCommit,
     EventCommit,
@@ -33,8 +32,8 @@ from .._types import (
     TaskScope,
     Writer,
 )
-from .._values import decode_value
-from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError, VersionConflictError
+from ..errors import AssetNotFoundError, LeaseLostError, VersionConflictError
+from .commits import commit_batches, commit_events
 from .sql import (
     Statements,
     StateStatements,
@@ -57,6 +56,7 @@ __all__ = [
     "Op",
     "PutOp",
     "apply_batch",
+    "one_round",
 ]
 
 T = TypeVar("T")
@@ -223,13 +223,26 @@ class _EventsOp(Op):
 
 
 class CommitOp(_EventsOp):
-    """One trigger event with its state; the result is the events written, in id order."""
+    """One trigger event with its state; the result is the events written, in id order.
 
-    __slots__ = ("commit",)
+    Its assets are resolved, and its fence checked, by the statement that writes it
+    (:func:`~.commits.commit_events`), not by the batch's shared steps.
+    """
+
+    __slots__ = ("commit", "names")
 
     def __init__(self, commit: EventCommit, created_at: datetime) -> None:
-        super().__init__(tuple(commit.assets), commit.fence, created_at)
+        assets = commit.assets
+        super().__init__(assets, commit.fence, created_at)
         self.commit = commit
+        # Each asset once, in order (an asset named twice gets one event).
+        self.names = list(assets) if len(assets) < 2 else list(dict.fromkeys(assets))
+
+    def scopes(self) -> Sequence[AssetScope]:
+        return ()
+
+    def resolve(self, ids: dict[AssetScope, int | None]) -> None:
+        pass
 
     def weight(self) -> int:
         c = self.commit
@@ -308,10 +321,24 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
         scopes = {scope: row[0] for scope, row in zip(wanted, rows, strict=True)}
         for op in ordered:
             op.resolve(scopes)
-    await _check_fences(conn, sql, [op for op in ordered if op.error is None])
+    commits = [op for op in ordered if type(op) is CommitOp and op.error is None]
+    rounds = _rounds(commits, lambda op: op.names)
+    # Event commits check their own fences in the statement that writes them. When anything
+    # else here is fenced too, or the commits take several statements, every lease is locked
+    # first, in one statement and in trigger_id order: two daemons never lock them in
+    # opposite orders (see Statements.lock_leases_shared).
+    others = [op for op in ordered if type(op) is not CommitOp and op.error is None]
+    lock_all = len(rounds) > 1 or any(op.fence_at() is not None for op in others)
+    await _check_fences(conn, sql, others, also=commits if lock_all else ())
+    db_clock = sql.clock_param() is None
+    for round_ in rounds:
+        await commit_events(conn, sql.commit_events, round_, db_clock)
     live = [op for op in ordered if op.error is None]
-    await _commit_events(conn, sql, [op for op in live if isinstance(op, CommitOp)])
-    await _commit_batches(conn, sql, [op for op in live if isinstance(op, BatchCommitOp)])
+    await commit_batches(
+        conn,
+        (sql.commit_batch, sql.commit_batch_plain),
+        [op for op in live if isinstance(op, BatchCommitOp)],
+    )
     await _compare_and_set(
         conn, sql, [op for op in live if isinstance(op, PutOp) and op.phase == CAS]
     )
@@ -331,13 +358,31 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
             op.result = await op.fn(conn)
 
 
-async def _check_fences(conn: asyncpg.Connection, sql: Statements, ops: list[Op]) -> None:
-    """Lock the lease rows the fenced ops depend on (shared, until the commit) and refuse the
-    ops whose lease is not live: they get :class:`LeaseLostError` and write nothing."""
+def one_round(batch: Sequence[Op]) -> TypeGuard[Sequence[CommitOp]]:
+    """Whether ``batch`` is only event commits on distinct assets: one statement does it all
+    (:func:`~.commits.commit_events`), so it needs no transaction of its own around it."""
+    seen: set[str] = set()
+    for op in batch:
+        if type(op) is not CommitOp:
+            return False
+        for name in op.names:
+            if name in seen:
+                return False
+            seen.add(name)
+    return True
+
+
+async def _check_fences(
+    conn: asyncpg.Connection, sql: Statements, ops: list[Op], also: Sequence[Op] = ()
+) -> None:
+    """Lock the lease rows the fenced ops (and those of ``also``) depend on (shared, until the
+    commit) and refuse the ops whose lease is not live: they get :class:`LeaseLostError` and
+    write nothing. ``also``'s ops are only locked for: they check their leases themselves."""
     fenced = [(op, at) for op in ops if (at := op.fence_at()) is not None]
-    if not fenced:
+    extra = {at[0].trigger_id for op in also if (at := op.fence_at()) is not None}
+    if not fenced and not extra:
         return
-    ids = sorted({fence.trigger_id for _, (fence, _) in fenced})
+    ids = sorted(extra.union(fence.trigger_id for _, (fence, _) in fenced))
     rows = await conn.fetch(sql.lock_leases_shared, ids)
     held = {r[0]: (r[1], r[2], r[3]) for r in rows}
     db_now = rows[0][4] if rows and sql.clock_param() is None else None
@@ -346,99 +391,6 @@ async def _check_fences(conn: asyncpg.Connection, sql: Statements, ops: list[Op]
             check_fence(fence, held.get(fence.trigger_id), db_now or write_at)
         except LeaseLostError as exc:
             op.error = exc
-
-
-async def _commit_events(conn: asyncpg.Connection, sql: Statements, ops: list[CommitOp]) -> None:
-    for batch in _rounds(ops, lambda op: [asset_id for asset_id, _ in op.targets]):
-        events: list[tuple[Any, ...]] = []
-        state: list[tuple[Any, ...]] = []
-        owner: dict[int, tuple[CommitOp, str]] = {}
-        for op in batch:
-            op.result = []
-            c = op.commit
-            who = writer_fields(c.writer)
-            for asset_id, name in op.targets:
-                owner[asset_id] = (op, name)
-                events.append(
-                    (asset_id, name, c.watcher, c.payload_json, c.dedup_key, op.created_at)
-                )
-                state.extend((asset_id, k, v, op.created_at, *who) for k, v in c.state.items())
-        if not events:
-            continue
-        rows = await conn.fetch(sql.commit_events, *columns(events, 6), *columns(state, 7))
-        payloads: dict[int, Any] = {}
-        for event_id, asset_id, created_at in rows:
-            op, name = owner[asset_id]
-            c = op.commit
-            if id(op) not in payloads:
-                payloads[id(op)] = (
-                    decode_value(c.payload_json) if c.decoded is None else c.decoded[0]
-                )
-            op.result.append(
-                AssetEvent(event_id, name, c.watcher, payloads[id(op)], c.dedup_key, created_at)
-            )
-
-
-async def _commit_batches(
-    conn: asyncpg.Connection, sql: Statements, ops: list[BatchCommitOp]
-) -> None:
-    for op in ops:
-        b = op.batch
-        who = writer_fields(b.writer)
-        keys = list(b.state)
-        dedup_keys = [dedup_key for _, dedup_key in b.events]
-        keyed = any(key is not None for key in dedup_keys)
-        rows = await conn.fetch(
-            sql.commit_batch if keyed else sql.commit_batch_plain,
-            [payload for payload, _ in b.events],
-            dedup_keys if keyed else [],  # unnest pads the shorter array with NULLs
-            [asset_id for asset_id, _ in op.targets],
-            [name for _, name in op.targets],
-            b.watcher,
-            op.created_at,
-            list(keys),
-            [b.state[k] for k in keys],
-            *who,
-        )
-        op.result = _batch_events(op, rows)
-
-
-def _batch_events(op: BatchCommitOp, rows: Sequence[Any]) -> list[AssetEvent]:
-    """Pair the returned ``(id, asset_id, dedup_key)`` rows, in id order, with the events.
-
-    An event without a dedup key is always inserted; one with a key is inserted on an asset
-    when that pair came back (its first event in the batch). The ids follow the insert's
-    ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
-    """
-    b = op.batch
-    targets = op.targets
-    returned = {(asset_id, dedup_key) for _, asset_id, dedup_key in rows if dedup_key is not None}
-    expected: list[tuple[int, int, str]]  # (event index, asset_id, asset name)
-    if not returned and len(rows) == len(b.events) * len(targets):
-        # Nothing suppressed (the usual batch, without dedup keys): every event on every asset.
-        expected = [(i, asset_id, name) for i in range(len(b.events)) for asset_id, name in targets]
-    else:
-        expected = []
-        for index, (_, dedup_key) in enumerate(b.events):
-            for asset_id, name in targets:
-                if dedup_key is not None:
-                    if (asset_id, dedup_key) not in returned:
-                        continue
-                    returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
-                expected.append((index, asset_id, name))
-    if len(expected) != len(rows):
-        raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
-    decoded = b.decoded
-    if decoded is None:  # decoded once per event, for all its assets
-        decoded = tuple(decode_value(payload_json) for payload_json, _ in b.events)
-    watcher, events, created_at = b.watcher, b.events, op.created_at
-    out: list[AssetEvent] = []
-    for (index, asset_id, name), (event_id, got_asset, got_key) in zip(expected, rows, strict=True):
-        dedup_key = events[index][1]
-        if got_asset != asset_id or got_key != dedup_key:
-            raise StateStoreError("the ids of a batch's events do not follow its order")
-        out.append(AssetEvent(event_id, name, watcher, decoded[index], dedup_key, created_at))
-    return out
 
 
 async def _compare_and_set(conn: asyncpg.Connection, sql: Statements, ops: list[PutOp]) -> None:

@@ -18,6 +18,7 @@ import anyio
 from .._backend import _utcnow
 from .._types import RawEntry, Writer
 from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
+from .commits import commit_batch_sql, event_commits_sql
 
 if TYPE_CHECKING:
     import asyncpg
@@ -156,6 +157,7 @@ class Statements:
     """Every statement of the backend, for one schema prefix (``'"wk".'`` or ``''``)."""
 
     def __init__(self, p: str) -> None:
+        self.prefix = p
         self.task = StateStatements(TASK_TABLE, p)
         self.asset = StateStatements(ASSET_TABLE, p)
         task_keys = "dag_id = $1 AND run_id = $2 AND task_id = $3 AND map_index = $4"
@@ -187,43 +189,10 @@ class Statements:
             "FROM unnest($1::int8[], $2::text[], $3::text[]) WITH ORDINALITY "
             "AS i(asset_id, name, uri, ord) ORDER BY i.ord"
         )
-        # One round of events: each asset at most once, so RETURNING asset_id names the commit.
-        self.commit_events = f"""
-            WITH ev AS (
-                INSERT INTO {p}asset_events
-                    (asset_id, asset_name, watcher, payload, dedup_key, created_at)
-                SELECT i.asset_id, i.asset_name, i.watcher, i.payload, i.dedup_key, i.created_at
-                FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[],
-                            $6::timestamptz[]) WITH ORDINALITY
-                     AS i(asset_id, asset_name, watcher, payload, dedup_key, created_at, ord)
-                WHERE i.dedup_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM {p}asset_events e
-                    WHERE e.asset_id = i.asset_id AND e.dedup_key = i.dedup_key)
-                ORDER BY i.ord
-                ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-                RETURNING id, asset_id, created_at
-            ), st AS (
-                INSERT INTO {p}asset_state AS t
-                    (asset_id, key, value, version, updated_at,
-                     writer_kind, writer_name, writer_try)
-                SELECT j.asset_id, j.key, j.value, 1, j.updated_at,
-                       j.writer_kind, j.writer_name, j.writer_try
-                FROM unnest($7::int8[], $8::text[], $9::text[], $10::timestamptz[],
-                            $11::text[], $12::text[], $13::int4[])
-                     AS j(asset_id, key, value, updated_at, writer_kind, writer_name, writer_try)
-                WHERE j.asset_id IN (SELECT asset_id FROM ev)
-                ON CONFLICT (asset_id, key) DO UPDATE SET
-                    value = EXCLUDED.value, version = t.version + 1,
-                    updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
-                    writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
-            )
-            SELECT id, asset_id, created_at FROM ev ORDER BY id
-        """
-        # One batch of one trigger: each event on each asset, in (event, asset) order so the
-        # ids follow it; its state once per asset where at least one event was inserted. A
-        # batch without dedup keys needs neither the lookup nor the speculative insert.
-        self.commit_batch = _commit_batch(p, dedup=True)
-        self.commit_batch_plain = _commit_batch(p, dedup=False)
+        # Event commits (see .commits): a round of single commits, and one trigger's batch.
+        self.commit_events = event_commits_sql(p)
+        self.commit_batch = commit_batch_sql(p, dedup=True)
+        self.commit_batch_plain = commit_batch_sql(p, dedup=False)
         self.list_events = (
             "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
             f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "
@@ -346,46 +315,6 @@ class GcStatements:
             f"DELETE FROM {p}asset_events WHERE id IN (SELECT id FROM {p}asset_events "
             f"WHERE {events} LIMIT $3 FOR UPDATE SKIP LOCKED)"
         )
-
-
-def _commit_batch(p: str, *, dedup: bool) -> str:
-    """The statement of one event batch (see ``Statements.commit_batch``)."""
-    skip = (
-        f"""WHERE e.dedup_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM {p}asset_events x
-                    WHERE x.asset_id = a.asset_id AND x.dedup_key = e.dedup_key)"""
-        if dedup
-        else ""
-    )
-    conflict = (
-        "ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING" if dedup else ""
-    )
-    return f"""
-        WITH ev AS (
-            INSERT INTO {p}asset_events
-                (asset_id, asset_name, watcher, payload, dedup_key, created_at)
-            SELECT a.asset_id, a.asset_name, $5, e.payload, e.dedup_key, $6
-            FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS e(payload, dedup_key, ord)
-            CROSS JOIN unnest($3::int8[], $4::text[]) WITH ORDINALITY
-                 AS a(asset_id, asset_name, ord)
-            {skip}
-            ORDER BY e.ord, a.ord
-            {conflict}
-            RETURNING id, asset_id, dedup_key
-        ), st AS (
-            INSERT INTO {p}asset_state AS t
-                (asset_id, key, value, version, updated_at,
-                 writer_kind, writer_name, writer_try)
-            SELECT w.asset_id, j.key, j.value, 1, $6, $9, $10, $11
-            FROM (SELECT DISTINCT asset_id FROM ev) w
-            CROSS JOIN unnest($7::text[], $8::text[]) AS j(key, value)
-            ON CONFLICT (asset_id, key) DO UPDATE SET
-                value = EXCLUDED.value, version = t.version + 1,
-                updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
-                writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
-        )
-        SELECT id, asset_id, dedup_key FROM ev ORDER BY id
-    """
 
 
 def writer_fields(writer: Writer | None) -> tuple[str | None, str | None, int | None]:

@@ -20,7 +20,9 @@ another daemon), the transaction is rolled back and its ops are replayed one per
 so the error reaches only the op that caused it. A connection lost before ``COMMIT`` was sent
 is replaced and the batch retried once (nothing of it was applied); one lost during the commit
 gives every op of the batch :class:`StoreUnavailableError` (it may have committed), and the
-next batch reconnects.
+next batch reconnects. A batch that is only one round of event commits (the usual one) is a
+single statement in a transaction of its own (:mod:`.commits`): one round trip, and once it is
+sent a lost connection counts as lost during the commit.
 
 A caller cancelled while its op is queued or in flight gets the cancellation; the op itself is
 not withdrawn and may still commit. Nothing else is disturbed.
@@ -36,7 +38,8 @@ import anyio.abc
 
 from .._commit_queue import CommitQueue
 from ..errors import BackendUnavailableError
-from .ops import BatchCommitOp, CommitOp, Op, apply_batch
+from .commits import commit_events, event_commits_sql
+from .ops import BatchCommitOp, CommitOp, Op, apply_batch, one_round
 from .sql import Statements, is_unavailable, map_error
 
 if TYPE_CHECKING:
@@ -64,8 +67,11 @@ class GroupWriter:
         # Sent with the BEGIN of every batch that commits events, single or batched, in one
         # message (the commit-order lock and the one NOTIFY of the batch: see .consumers).
         self._begin_events = "BEGIN" if events_sql is None else f"BEGIN; {events_sql}"
+        # A batch of one round of event commits: the same lock and NOTIFY, in one statement.
+        self._one_round = None if events_sql is None else event_commits_sql(sql.prefix, events_sql)
         # One slot per batch in flight; a slot's connection is opened when first needed.
         self._conns: list[asyncpg.Connection | None] = [conn] + [None] * (connections - 1)
+        self._tuned: list[asyncpg.Connection | None] = [None] * connections
         self._free = list(range(connections - 1, -1, -1))  # slot 0 (the open one) first
         self.queue: CommitQueue[Op] = CommitQueue(
             owner,
@@ -115,6 +121,12 @@ class GroupWriter:
         if conn is None or conn.is_closed():
             self._conns[slot] = None
             conn = self._conns[slot] = await self._connect()
+        if self._tuned[slot] is not conn:
+            # Without JIT: the planner cannot know how many rows the JSON of an event round
+            # holds, guesses thousands, and compiling that plan cost a hundred times running it.
+            # The writer's connections are its own (never pooled), so the setting stays here.
+            await conn.execute("SET jit = off")
+            self._tuned[slot] = conn
         return conn
 
     async def _run_batch(self, batch: list[Op]) -> None:
@@ -130,16 +142,22 @@ class GroupWriter:
         applied = False
         try:
             conn = await self._connection(slot)
-            events = any(isinstance(op, CommitOp | BatchCommitOp) for op in batch)
-            try:
-                # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
-                await conn.execute(self._begin_events if events else "BEGIN")
-                await apply_batch(conn, self._sql, batch)
+            if self._one_round is not None and one_round(batch):
+                # One statement, a transaction of its own: once it is sent, a lost connection
+                # may have committed it, so the batch is not tried again (its ops get the error).
                 applied = True
-                await conn.execute("COMMIT")
-            except BaseException:
-                await _roll_back(conn)
-                raise
+                await self._commit_round(conn, self._one_round, batch)
+            else:
+                events = any(isinstance(op, CommitOp | BatchCommitOp) for op in batch)
+                try:
+                    # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
+                    await conn.execute(self._begin_events if events else "BEGIN")
+                    await apply_batch(conn, self._sql, batch)
+                    applied = True
+                    await conn.execute("COMMIT")
+                except BaseException:
+                    await _roll_back(conn)
+                    raise
         except Exception as exc:  # noqa: BLE001 - any failure goes to the ops, never kills the writer
             if retry and not applied and self._broken(slot, conn, exc):
                 # Lost before COMMIT was sent, so nothing was applied: once more, reconnected.
@@ -151,6 +169,15 @@ class GroupWriter:
             return
         for op in batch:
             op.settle()
+
+    async def _commit_round(
+        self, conn: asyncpg.Connection, statements: tuple[str, str], batch: Sequence[CommitOp]
+    ) -> None:
+        try:
+            await commit_events(conn, statements, batch, self._sql.clock_param() is None)
+        except BaseException:
+            await _roll_back(conn)  # nothing to end unless it was cancelled half-way
+            raise
 
     def _broken(self, slot: int, conn: asyncpg.Connection | None, exc: Exception) -> bool:
         """Drop the slot's connection if ``exc`` means it is lost; True when so."""
