@@ -48,6 +48,7 @@ from typing import Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
 from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
