@@ -292,8 +292,8 @@ _EVENT_LOG_METHODS = ("acommit_event", "acommit_events", "alist_events")
 
 def _shadows(backend: object, names: tuple[str, ...]) -> bool:
     """Whether ``backend``'s own ``__dict__`` holds one of ``names`` (over its class's)."""
-    own = getattr(backend, "__dict__", None)
-    return bool(own) and any(name in own for name in names)
+    own: dict[str, object] | None = getattr(backend, "__dict__", None)
+    return own is not None and any(name in own for name in names)
 
 
 def require_garbage_collector(backend: object) -> GarbageCollector:
