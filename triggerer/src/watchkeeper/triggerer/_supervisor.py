@@ -1,10 +1,10 @@
 """Running one trigger, and supervising it: the heart of the runtime.
 
 :func:`drive_trigger` runs ``trigger.run()`` once: it binds the trigger's
-``asset_state_store``, iterates the generator (and closes it at the end, as :func:`contextlib.aclosing`), validates each
-yielded event, commits it (with its ``state``) through ``backend.acommit_event`` and only then
-resumes the generator, so the code after ``yield`` runs with the event durable and the generator
-never runs ahead of its commits (one event in flight per trigger). A yielded
+``asset_state_store``, iterates the generator (closing it at the end, as
+:func:`contextlib.aclosing` would), validates each yielded event, commits it (with its
+``state``) through ``backend.acommit_event`` and only then resumes the generator, so the code
+after ``yield`` runs with the event durable and the generator never runs ahead of its commits (one event in flight per trigger). A yielded
 :class:`~watchkeeper.triggerer.TriggerEventBatch` is one commit (``backend.acommit_events``):
 the generator resumes once all of it is durable. ``cleanup()`` is awaited
 after every run, however it ended, shielded and bounded.
