@@ -125,3 +125,48 @@ class TestCaughtSyncCallError:
         assert runs == (2, 0)
         committed = await backend.alist_events(asset="orders")
         assert [e.payload for e in committed] == [{"read": 3, "portal": True}]
+
+
+class TestStartAndStop:
+    async def test_a_trigger_stopped_before_its_task_ran_ends_stopped_and_cleaned_up(
+        self,
+    ) -> None:
+        """start_trigger only creates the task: a stop right after it (no turn of the loop
+        between) still ends the trigger (state stopped, cleanup awaited), without waiting
+        for stop_grace and without run() committing anything."""
+        backend = GatedBackend()
+        await backend.aregister_assets([ORDERS])
+        trigger = AsyncOnly()
+        cleaned: list[bool] = []
+
+        async def cleanup() -> None:
+            cleaned.append(True)
+
+        trigger.cleanup = cleanup  # type: ignore[method-assign]
+        with watch_logs() as logs:
+            async with TriggerRunner(backend, FAST) as runner:
+                await runner.start_trigger(spec("quick", trigger, ORDERS))
+                [slot] = runner.slots()
+                with anyio.fail_after(5):
+                    await runner.stop_trigger("quick")
+                assert runner.trigger_ids() == frozenset()
+        assert (slot.state, slot.finished) == ("stopped", True)
+        assert cleaned in ([], [True])  # cleanup() runs when run() had started
+        assert not logs.named("trigger_ignored_cancellation")
+
+    async def test_a_trigger_stopped_while_it_restarts_for_its_portal_is_not_restarted(
+        self,
+    ) -> None:
+        """Leaving the runner while a trigger's task was cancelled for want of a portal ends
+        it: no new task is started for it, and its state is stopped."""
+        backend = GatedBackend()
+        await backend.aregister_assets([ORDERS])
+        cls = _sync_reader_class()
+        async with TriggerRunner(backend, FAST) as runner:
+            await runner.start_trigger(spec("leaving", cls(), ORDERS))
+            [slot] = runner.slots()
+        assert (slot.state, slot.finished, slot.runs) in (
+            ("stopped", True, 0),
+            ("stopped", True, 1),
+        )
+        assert await backend.alist_events() == []

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from weakref import WeakSet
 
 from ._backend import BaseStateBackend
 from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherControl
@@ -295,11 +296,36 @@ def require_asset_registry(backend: object) -> AssetRegistry:
     raise MissingCapabilityError(backend, "AssetRegistry")
 
 
+_EVENT_LOG_CLASSES: WeakSet[type] = WeakSet()
+"""Classes whose instances are :class:`EventLog` s through their class alone (see below)."""
+
+
 def require_event_log(backend: object) -> EventLog:
-    """``backend`` as an :class:`EventLog`, else :class:`MissingCapabilityError`."""
+    """``backend`` as an :class:`EventLog`, else :class:`MissingCapabilityError`.
+
+    The runtime asks once per run of every trigger, and a runtime ``Protocol``'s ``isinstance``
+    costs tens of microseconds: a class whose own attributes make it an ``EventLog`` is
+    remembered, and its instances pass at once unless one shadows a method in its ``__dict__``.
+    """
+    cls = type(backend)
+    if cls in _EVENT_LOG_CLASSES and not _shadows(backend, _EVENT_LOG_METHODS):
+        return backend  # type: ignore[return-value]
     if isinstance(backend, EventLog):
+        if not _shadows(backend, _EVENT_LOG_METHODS) and all(
+            getattr(cls, name, None) is not None for name in _EVENT_LOG_METHODS
+        ):
+            _EVENT_LOG_CLASSES.add(cls)
         return backend
     raise MissingCapabilityError(backend, "EventLog")
+
+
+_EVENT_LOG_METHODS = ("acommit_event", "acommit_events", "alist_events")
+
+
+def _shadows(backend: object, names: tuple[str, ...]) -> bool:
+    """Whether ``backend``'s own ``__dict__`` holds one of ``names`` (over its class's)."""
+    own: dict[str, object] | None = getattr(backend, "__dict__", None)
+    return own is not None and any(name in own for name in names)
 
 
 def require_garbage_collector(backend: object) -> GarbageCollector:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import anyio
+import anyio.lowlevel
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import StatusTable, get_logger
 
@@ -184,9 +185,9 @@ class TriggerPlacement:
         paused = {t for t, g in self.wanted.items() if self._paused(g)}
         paused |= {t for t, r in self.running.items() if self._paused(r.group)}
         plan = plan_reconcile(self.running, self.wanted, claim, {*restart, *dead}, paused)
-        # Stops and starts run concurrently: each waits for its task (a turn of the event
-        # loop at least), which, one after the other, adds up to seconds with thousands of
-        # triggers on a busy loop, and so would a failover. They go a few dozen at a time.
+        # Stops run concurrently: each waits for its task (a turn of the event loop at least),
+        # which, one after the other, adds up to seconds with thousands of triggers on a busy
+        # loop, and so would a failover. They go a few dozen at a time.
         limiter = anyio.CapacityLimiter(_AT_ONCE)
 
         async def stop(trigger_id: str, save_status: bool) -> None:
@@ -205,20 +206,18 @@ class TriggerPlacement:
             del self.running[trigger_id]
             report.stopped.append(trigger_id)
         refused: dict[str, str] = {}
-
-        async def start(trigger_id: str, token: int | None) -> None:
+        # A start only creates the trigger's task (it runs from the loop's next turn): one
+        # after the other, with a turn of the loop every _AT_ONCE starts for those first steps.
+        for count, (trigger_id, token) in enumerate(plan.start, 1):
             group = self.wanted[trigger_id]
             try:
-                async with limiter:
-                    await runner.start_trigger(_spec(group, token))
+                await runner.start_trigger(_spec(group, token))
             except (TriggererError, ValueError) as exc:  # over capacity: retried next claim
                 refused[trigger_id] = str(exc)
-                return
-            self.running[trigger_id] = RunningTrigger(group, token)
-
-        async with anyio.create_task_group() as tg:
-            for trigger_id, token in plan.start:
-                tg.start_soon(start, trigger_id, token)
+            else:
+                self.running[trigger_id] = RunningTrigger(group, token)
+            if count % _AT_ONCE == 0:
+                await anyio.lowlevel.checkpoint()
         for trigger_id, _ in plan.start:
             if trigger_id in refused:
                 report.not_started.append(trigger_id)

@@ -2,27 +2,21 @@
 
 A sync store call (``self.asset_state_store.get(...)``) inside ``run()`` needs a greenback
 portal in the trigger's task, which costs about 3 KiB per trigger. A trigger gets one once its
-class is seen to need it: its first sync call without one stops ``run()`` (at its next await,
-even when ``run()`` catches the :class:`~watchkeeper.store.SyncCallInLoopError`) and the
-supervisor starts it again at once with a portal; it is not counted as a failure. Later
-triggers of that class get their portal before ``run()`` starts.
+class is seen to need it: its first sync call without one calls the store's missing-portal
+hook (the trigger's :class:`~._supervisor.TriggerSlot`), which cancels the trigger's task, so
+``run()`` stops at its next await even when it catches the
+:class:`~watchkeeper.store.SyncCallInLoopError`; the runner starts the trigger again at once in
+a new task, with a portal, and it is not counted as a failure. Later triggers of that class
+get their portal before ``run()`` starts.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-import anyio
 import greenback
-from watchkeeper.store.backend import SYNC_CALL_WITHOUT_PORTAL
 
-if TYPE_CHECKING:
-    from ._supervisor import TriggerSlot
-
-__all__ = ["PortalRequest", "open_portal_for", "wants_portal_up_front"]
+__all__ = ["note_portal_class", "open_portal_for", "wants_portal_up_front"]
 
 _PORTAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
 """Trigger classes seen calling a sync store method."""
@@ -33,39 +27,12 @@ def wants_portal_up_front(trigger: object) -> bool:
     return type(trigger) in _PORTAL_CLASSES
 
 
+def note_portal_class(trigger: object) -> None:
+    """Remember that ``trigger``'s class makes sync store calls."""
+    _PORTAL_CLASSES.add(type(trigger))
+
+
 async def open_portal_for(trigger: object) -> None:
     """Give the current task a portal, and every later trigger of ``trigger``'s class too."""
-    _PORTAL_CLASSES.add(type(trigger))
+    note_portal_class(trigger)
     await greenback.ensure_portal()
-
-
-class PortalRequest:
-    """One run of a trigger, stopped if it makes a sync store call without a portal: at its
-    next await (the cancel scope) or its next yield (``slot.portal_missing``), whichever
-    comes first; nothing it yields after that call is committed."""
-
-    __slots__ = ("_scope", "_slot")
-
-    def __init__(self, slot: TriggerSlot) -> None:
-        self._scope = anyio.CancelScope()
-        self._slot = slot
-        slot.portal_missing = False
-
-    def __call__(self) -> None:
-        self._slot.portal_missing = True
-        self._scope.cancel()
-
-    @contextmanager
-    def watch(self) -> Iterator[None]:
-        """Run the body with this request as the task's missing-portal hook."""
-        token = SYNC_CALL_WITHOUT_PORTAL.set(self)
-        try:
-            with self._scope:
-                yield
-        finally:
-            SYNC_CALL_WITHOUT_PORTAL.reset(token)
-
-    def needed(self) -> bool:
-        """Whether the run ended for want of a portal that the task does not have yet (the
-        store called this request, as the task's hook, before raising the error)."""
-        return self._slot.portal_missing and not greenback.has_portal()

@@ -1,10 +1,10 @@
 """Running one trigger, and supervising it: the heart of the runtime.
 
 :func:`drive_trigger` runs ``trigger.run()`` once: it binds the trigger's
-``asset_state_store``, iterates the generator inside :func:`contextlib.aclosing`, validates each
-yielded event, commits it (with its ``state``) through ``backend.acommit_event`` and only then
-resumes the generator, so the code after ``yield`` runs with the event durable and the generator
-never runs ahead of its commits (one event in flight per trigger). A yielded
+``asset_state_store``, iterates the generator (closing it at the end, as
+:func:`contextlib.aclosing` would), validates each yielded event, commits it (with its
+``state``) through ``backend.acommit_event`` and only then resumes the generator, so the code
+after ``yield`` runs with the event durable and the generator never runs ahead of its commits (one event in flight per trigger). A yielded
 :class:`~watchkeeper.triggerer.TriggerEventBatch` is one commit (``backend.acommit_events``):
 the generator resumes once all of it is durable. ``cleanup()`` is awaited
 after every run, however it ended, shielded and bounded.
@@ -27,7 +27,6 @@ trigger's failure either: the supervisor waits on the runner's shared
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import random
@@ -50,6 +49,7 @@ from watchkeeper.store import (
     LeaseLostError,
 )
 from watchkeeper.store.backend import (
+    SYNC_CALL_WITHOUT_PORTAL,
     EventCommit,
     Fence,
     TriggerStatus,
@@ -61,11 +61,13 @@ from watchkeeper.store.backend import (
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig
-from ._portal import PortalRequest, open_portal_for, wants_portal_up_front
+from ._portal import note_portal_class, open_portal_for, wants_portal_up_front
 from .errors import InvalidEventError
 from .trigger import BaseEventTrigger
 
 if TYPE_CHECKING:
+    from anyio import TaskHandle
+
     from ._health import StoreHealth
     from ._runtime_metrics import RuntimeMetrics
 
@@ -119,14 +121,15 @@ class TriggerSlot:
         "failures",
         "fence",
         "finished",
+        "handle",
         "in_cleanup",
         "last_error",
         "last_event_at",
         "portal_missing",
         "runs",
         "saved",
-        "scope",
         "state",
+        "stopping",
         "trigger",
         "trigger_id",
         "watcher_name",
@@ -161,7 +164,10 @@ class TriggerSlot:
         self.cleanup_error: BaseException | None = None
         self.in_cleanup = False
         self.portal_missing = False  # run() made a sync store call without a portal
-        self.scope = anyio.CancelScope()
+        self.handle: TaskHandle[None] | None = None
+        """The handle of the task running the trigger (set by whoever starts that task)."""
+        self.stopping = False
+        """Set once the trigger is asked to stop: its task must not be started again."""
         self.finished = False
         """True once the trigger's task has ended (see :meth:`wait_done`)."""
         self.saved: tuple[object, ...] | None = None
@@ -175,6 +181,21 @@ class TriggerSlot:
             f"<TriggerSlot {self.trigger_id!r} {self.classpath} state={self.state} "
             f"events={self.events} failures={self.failures}>"
         )
+
+    def __call__(self) -> None:
+        """The store's missing-portal hook in the trigger's task: a sync store call without a
+        greenback portal stops ``run()``, at its next await (the task is cancelled) or its
+        next yield (``portal_missing``), whichever comes first; nothing it yields after that
+        call is committed, and the task is started again with a portal."""
+        self.portal_missing = True
+        if self.handle is not None:
+            self.handle.cancel()
+
+    def cancel(self) -> None:
+        """Ask the trigger's task to stop (it is not started again)."""
+        self.stopping = True
+        if self.handle is not None:
+            self.handle.cancel()
 
     def mark_done(self) -> None:
         """Record that the trigger's task ended, waking whoever waits in :meth:`wait_done`."""
@@ -269,13 +290,8 @@ async def drive_trigger(
                 f"{slot.classpath}.run() returned a {type(events).__name__}; it must be an "
                 "async generator ('async def run(self)' containing 'yield')"
             )
-        closing: contextlib.AbstractAsyncContextManager[object] = (
-            contextlib.aclosing(events)
-            if isinstance(events, AsyncGenerator)
-            else contextlib.nullcontext()
-        )
         since_checkpoint = 0
-        async with closing:
+        try:  # contextlib.aclosing's work, without an object kept per idle trigger
             async for item in events:
                 if slot.portal_missing:
                     return  # what run() yields after that call is not committed
@@ -315,6 +331,9 @@ async def drive_trigger(
                     # yields without awaiting would otherwise never let another task run.
                     since_checkpoint = 0
                     await anyio.lowlevel.checkpoint()
+        finally:
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
     finally:
         trigger.bind_asset_state_store(None)
         trigger.bind_watcher_name(None)
@@ -372,8 +391,11 @@ async def supervise(
     """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
 
     Returns normally only when the trigger reached ``max_failures`` (state ``failed``), its
-    lease was lost or its database file was removed (state ``stopped``); otherwise it runs
-    until cancelled. Never raises a trigger's exception.
+    lease was lost or its database file was removed (state ``stopped``), or when ``run()``
+    made a sync store call without a greenback portal (``slot.portal_missing``, state still
+    ``running``; the store's hook also cancelled ``slot.handle``'s task): the caller then
+    runs this again in a new task, which opens a portal first. Otherwise it runs until
+    cancelled. Never raises a trigger's exception. The caller calls ``slot.mark_done()``.
 
     A run that ended because the store did not answer (``health`` classifies the error) is
     not a failure: the trigger waits (state ``backing_off``) until ``health`` has seen the
@@ -387,16 +409,21 @@ async def supervise(
     tokens = structlog.contextvars.bind_contextvars(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
     )
+    hook = SYNC_CALL_WITHOUT_PORTAL.set(slot)
     try:
         # Sync store calls (self.asset_state_store.get) go through a greenback portal, ~3 KiB
         # per idle trigger: a trigger gets one once its class is seen to need it (its first
-        # sync call raised SyncCallInLoopError: run() starts again at once, not a failure).
-        if wants_portal_up_front(slot.trigger):
+        # sync call cancelled the trigger's task; the caller runs this again in a new task).
+        if slot.portal_missing:
+            await open_portal_for(slot.trigger)
+            log.debug("trigger_portal_opened", classpath=slot.classpath)
+        elif wants_portal_up_front(slot.trigger):
             await greenback.ensure_portal()
         waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
             slot.state = "running"
             slot.runs += 1
+            slot.portal_missing = False
             (log.debug if waits else log.info)(
                 "trigger_started",
                 classpath=slot.classpath,
@@ -405,22 +432,18 @@ async def supervise(
             )
             events_before = slot.events
             error: Exception | None = None
-            portal = PortalRequest(slot)
             try:
-                with portal.watch():
-                    await drive_trigger(
-                        slot,
-                        backend,
-                        cleanup_timeout=config.cleanup_timeout,
-                        publish=publish,
-                        metrics=metrics,
-                    )
+                await drive_trigger(
+                    slot,
+                    backend,
+                    cleanup_timeout=config.cleanup_timeout,
+                    publish=publish,
+                    metrics=metrics,
+                )
             except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
                 error = exc
-            if portal.needed():
-                await open_portal_for(slot.trigger)
-                log.debug("trigger_portal_opened", classpath=slot.classpath)
-                continue
+            if slot.portal_missing:
+                return  # run() ended (or raised) after a sync call without a portal
             lost = lease_lost(error)
             if lost is not None:
                 # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
@@ -481,7 +504,9 @@ async def supervise(
             log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
             await anyio.sleep(delay)
     finally:
-        if slot.state != "failed":
+        if slot.portal_missing and not greenback.has_portal():
+            note_portal_class(slot.trigger)  # started again (state "running") by the caller
+        elif slot.state != "failed":
             slot.state = "stopped"
-        slot.mark_done()
+        SYNC_CALL_WITHOUT_PORTAL.reset(hook)
         structlog.contextvars.reset_contextvars(**tokens)

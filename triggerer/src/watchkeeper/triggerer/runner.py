@@ -48,6 +48,7 @@ from typing import Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
 from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
@@ -69,6 +70,14 @@ _STATUS_REFRESH = 20.0
 """Seconds within which every status row is saved again even if nothing in it changed
 (or every ``status_interval``, when that is longer); the daemon prunes rows of other daemons
 after ``3 * heartbeat + 30`` seconds without a refresh."""
+
+_TASK_NAME = "watchkeeper.triggerer.runner.TriggerRunner._run_slot"
+"""The name of every trigger's task: one string for all (without a name, anyio builds one per
+task, and materializes the coroutine's frame object to find its module)."""
+
+_IDLE_KEY: tuple[object, ...] = ("running", 0, None, 0, None)
+"""The :meth:`TriggerSlot.change_key` of a trigger that runs and has committed nothing yet:
+kept once, not once per trigger, as the ``saved`` key of every such trigger."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +206,7 @@ class TriggerRunner:
         try:
             slots = list(self._slots.values())
             for slot in slots:
-                slot.scope.cancel()
+                slot.cancel()
             await self._wait_stopped(slots)
             if self._save_status:
                 await self._save_statuses()
@@ -215,7 +224,8 @@ class TriggerRunner:
     # -- triggers ------------------------------------------------------------------------------
 
     async def start_trigger(self, spec: WatchSpec) -> None:
-        """Start supervising ``spec.trigger``; returns once its task is running.
+        """Start supervising ``spec.trigger``; returns once its task is created (it runs from
+        the event loop's next turn: starting many triggers costs no turn of the loop each).
 
         Raises :class:`CapacityError` when the runner already holds ``capacity`` triggers and
         ``ValueError`` when ``spec.trigger_id`` (or the same trigger instance) is already here,
@@ -244,11 +254,12 @@ class TriggerRunner:
             fence = Fence(spec.trigger_id, self.config.owner, spec.fence_token)
         if len(self._slots) >= self.config.capacity:
             raise CapacityError(spec.trigger_id, self.config.capacity)
+        await anyio.lowlevel.checkpoint_if_cancelled()
         slot = TriggerSlot(spec.trigger_id, spec.trigger, spec.assets, spec.watchers, fence)
         self._slots[spec.trigger_id] = slot
         self._by_trigger[id(spec.trigger)] = slot
         try:
-            await tg.start(self._run_slot, slot)
+            slot.handle = tg.create_task(self._run_slot(slot), name=_TASK_NAME)
         except BaseException:
             self._forget(slot)
             raise
@@ -263,7 +274,7 @@ class TriggerRunner:
         slot = self._slots.get(trigger_id)
         if slot is None:
             raise KeyError(f"no trigger {trigger_id!r} in this runner")
-        slot.scope.cancel()
+        slot.cancel()
         await self._wait_stopped([slot])
         self._forget(slot)
         log.info("trigger_stopped", trigger_id=trigger_id, classpath=slot.classpath)
@@ -300,25 +311,29 @@ class TriggerRunner:
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _run_slot(
-        self, slot: TriggerSlot, *, task_status: anyio.abc.TaskStatus[None]
-    ) -> None:
+    async def _run_slot(self, slot: TriggerSlot) -> None:
         task = asyncio.current_task()
         self._by_task[task] = slot
         try:
-            with slot.scope:
-                task_status.started()
-                await supervise(
-                    slot,
-                    self.backend,
-                    self.config,
-                    self._publish,
-                    health=self.store_health,
-                    metrics=self.metrics,
-                )
+            await supervise(
+                slot,
+                self.backend,
+                self.config,
+                self._publish,
+                health=self.store_health,
+                metrics=self.metrics,
+            )
         finally:
             self._by_task.pop(task, None)
-            slot.mark_done()
+            tg = self._tg
+            if slot.portal_missing and not slot.stopping and tg is not None and not self._closing:
+                # run() made a sync store call without a portal: its task was cancelled (or
+                # it ended); a new task runs it again at once, with a portal.
+                slot.handle = tg.create_task(self._run_slot(slot), name=_TASK_NAME)
+            else:
+                if slot.state == "running":
+                    slot.state = "stopped"  # closing while it waited for its portal
+                slot.mark_done()
 
     def _forget(self, slot: TriggerSlot) -> None:
         if self._slots.get(slot.trigger_id) is slot:
@@ -391,7 +406,7 @@ class TriggerRunner:
         rows = [slot.status(now=now, owner=owner) for slot, _ in due]
         if await self._save_statuses(rows, shield=False):
             for slot, key in due:
-                slot.saved = key
+                slot.saved = _IDLE_KEY if key == _IDLE_KEY else key
 
     async def _save_statuses(
         self, statuses: list[TriggerStatus] | None = None, *, shield: bool = True
