@@ -290,9 +290,15 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
 
         ``expected_version`` makes it a compare-and-set (0: the key must not exist yet).
         """
-        return await self.aput(
-            self._prepare_put(scope, key, value, retention, expected_version, writer)
-        )
+        put = self._prepare_put(scope, key, value, retention, expected_version, writer)
+        # What aput does, inline: one coroutine fewer on the most frequent write.
+        _check_expected_version(put.expected_version)
+        if not self._open:
+            raise StoreClosedError(self)
+        if "put" in self._async_native:
+            return await self._aput(put)
+        version: int = await self._call_hook("put", put)
+        return version
 
     async def aput_json(
         self,

@@ -25,7 +25,7 @@ from .leases import HELD_SQL, held_of
 from .ops import Row, writer_cols
 from .writer import Tx
 
-__all__ = ["EVENT_COMMITS", "EventCommits"]
+__all__ = ["COMMIT_BATCH", "EVENT_COMMITS", "EventCommits"]
 
 
 class EventCommits:
@@ -224,3 +224,6 @@ def _flat(rows: list[Row]) -> list[object]:
 
 
 EVENT_COMMITS: Final = EventCommits()
+
+COMMIT_BATCH: Final = EVENT_COMMITS.commit_batch
+"""One ``acommit_events`` batch alone: the fallback operation of its :class:`~.writer.Op`."""
