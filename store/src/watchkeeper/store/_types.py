@@ -68,12 +68,7 @@ class TaskScope:
         """A scope read back from a database row: not validated again (rows written before a
         rule was tightened must still be reported, by garbage collection for one)."""
         scope = object.__new__(cls)
-        for name, value in (
-            ("dag_id", dag_id),
-            ("run_id", run_id),
-            ("task_id", task_id),
-            ("map_index", map_index),
-        ):
+        for name, value in zip(cls.__slots__, (dag_id, run_id, task_id, map_index), strict=True):
             object.__setattr__(scope, name, value)
         return scope
 
@@ -328,16 +323,13 @@ class EventCommit:
     upserted into the asset's state, in the same transaction. ``payload_json`` and the ``state``
     values are JSON text already validated by :mod:`._values`.
 
-    ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease:
-    see :class:`Fence`. A refused commit writes nothing.
-
-    The watcher and asset names, the dedup key and the state keys are checked against the
-    naming rule when the commit is built (:class:`InvalidNameError`, :class:`InvalidKeyError`),
-    so every backend refuses the same commits, before any I/O.
-
-    ``decoded`` (optional) is ``(payload,)``: the payload already decoded from
-    ``payload_json`` (the triggerer has it from validating it), which the events returned carry
-    instead of a second decoding. It must equal ``json.loads`` of the text.
+    ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease
+    (:class:`Fence`); a refused commit writes nothing. The names, the dedup key and the state
+    keys are checked against the naming rule when the commit is built (:class:`InvalidNameError`,
+    :class:`InvalidKeyError`), so every backend refuses the same commits, before any I/O.
+    ``decoded`` (optional) is ``(payload,)``, the payload already decoded from ``payload_json``
+    (the triggerer has it from validating it), which the events returned carry instead of a
+    second decoding. It must equal ``json.loads`` of the text.
     """
 
     watcher: str
@@ -359,6 +351,26 @@ class EventCommit:
             check_key(key)
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
+
+    @classmethod
+    def from_checked(
+        cls,
+        watcher: str,
+        assets: tuple[str, ...],
+        payload_json: str,
+        dedup_key: str | None,
+        state: Mapping[str, str],
+        writer: Writer | None,
+        decoded: tuple[Any] | None,
+    ) -> EventCommit:
+        """The commit, without ``__init__``'s name checks: for a caller that checked every name
+        and key itself (the triggerer: the names once per trigger). The fence is the writer's."""
+        commit = object.__new__(cls)
+        fence = None if writer is None else writer.fence
+        values = (watcher, assets, payload_json, dedup_key, state, writer, fence, decoded)
+        for name, value in zip(cls.__slots__, values, strict=True):
+            object.__setattr__(commit, name, value)
+        return commit
 
 
 @dataclass(frozen=True, slots=True)
