@@ -95,7 +95,7 @@ class Tx:
         self.conn = conn
         self._clock = clock
         self._assets: dict[AssetScope, tuple[int, str]] = {}
-        self._by_name: dict[str, tuple[int, str]] = {}  # the same entries, by asset name
+        self._by_name: dict[str, tuple[int, str]] = {}  # scopes of a name alone, by name
         self._data_version = -1
         self._now: tuple[datetime, str] | None = None
 
@@ -117,16 +117,24 @@ class Tx:
 
     def resolve(self, scope: AssetScope) -> tuple[int, str]:
         """``(asset_id, name)`` of the active asset ``scope`` names, or :class:`AssetNotFoundError`."""
-        hit = self._assets.get(scope)
-        if hit is not None:
+        name = scope.name
+        if name is not None and scope.uri is None and scope.asset_id is None:
+            hit = self._by_name.get(name)  # a str's hash is cached: no scope hashed
+            if hit is None:
+                hit = self._by_name[name] = self._lookup(scope)
             return hit
+        hit = self._assets.get(scope)
+        if hit is None:
+            hit = self._assets[scope] = self._lookup(scope)
+        return hit
+
+    def _lookup(self, scope: AssetScope) -> tuple[int, str]:
         where, params = asset_match(scope)
         row = self.conn.execute(
             f"SELECT id, name FROM assets WHERE {where} ORDER BY id LIMIT 1", params
         ).fetchone()
         if row is None:
             raise AssetNotFoundError(str(scope))
-        self._assets[scope] = (row[0], row[1])
         return row[0], row[1]
 
     def resolve_name(self, name: str) -> tuple[int, str]:
@@ -134,7 +142,7 @@ class Tx:
         the scope once it is cached."""
         hit = self._by_name.get(name)
         if hit is None:
-            hit = self._by_name[name] = self.resolve(AssetScope(name=name))
+            hit = self._by_name[name] = self._lookup(AssetScope(name=name))
         return hit
 
     def forget_assets(self) -> None:
@@ -310,12 +318,14 @@ class GroupCommitWriter:
     async def _run_batch_in_thread(self, batch: list[Op]) -> None:
         try:
             await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
-        finally:
+        except BaseException:
             # The thread ran to its end even if we were cancelled meanwhile: what it reached
-            # has its final outcome (the rest fails as in flight: StoreClosedError).
+            # has its final outcome (the rest fails as in flight: StoreClosedError). On a
+            # normal return every op ran, and the queue wakes them all.
             for op in batch:
                 if op.ran:
                     op.settle()
+            raise
 
     # -- inside the worker thread ----------------------------------------------------------
 
@@ -345,9 +355,10 @@ class GroupCommitWriter:
             grouped: list[Op] = []  # neighbouring operations of one OpGroup
             for op in batch:
                 if op.group is not None:
-                    for group, queued in pending.items():  # keep the order of effects
-                        self._flush(tx, group, queued)
-                    pending.clear()
+                    if pending:
+                        for group, queued in pending.items():  # keep the order of effects
+                            self._flush(tx, group, queued)
+                        pending.clear()
                     if grouped and grouped[0].group is not op.group:
                         self._run_group(tx, grouped)
                         grouped = []
@@ -426,8 +437,8 @@ class GroupCommitWriter:
                 self._run_op(tx, op)
             return
         conn = tx.conn
-        for op in ops:
-            op.reset()
+        for op in ops:  # reset(), inline: once per event of the batch
+            op.ran, op.result, op.error = True, None, None
         conn.execute("SAVEPOINT wk_op")
         try:
             outcomes = group.run(tx, [op.item for op in ops])
