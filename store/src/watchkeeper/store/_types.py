@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
+from ._records import slot_setters
 from ._values import (
     MAX_BIGINT,
     MAX_MAP_INDEX,
@@ -114,11 +115,9 @@ StateScope = TaskScope | AssetScope
 
 @dataclass(frozen=True, slots=True)
 class Asset:
-    """A named piece of data, identified by ``name`` (or by ``uri`` when both sides have one).
-
+    """A named piece of data, identified by ``name`` (or by ``uri`` when both sides have one):
     ``Asset(uri=...)`` alone takes the URI as its name. ``watchers`` holds the
-    :class:`~watchkeeper.triggerer.AssetWatcher` objects that watch it; the store ignores them.
-    """
+    :class:`~watchkeeper.triggerer.AssetWatcher` objects that watch it; the store ignores them."""
 
     name: str = ""
     uri: str | None = None
@@ -366,11 +365,19 @@ class EventCommit:
         """The commit, without ``__init__``'s name checks: for a caller that checked every name
         and key itself (the triggerer: the names once per trigger). The fence is the writer's."""
         commit = object.__new__(cls)
-        fence = None if writer is None else writer.fence
-        values = (watcher, assets, payload_json, dedup_key, state, writer, fence, decoded)
-        for name, value in zip(cls.__slots__, values, strict=True):
-            object.__setattr__(commit, name, value)
+        put = _COMMIT_SETTERS  # in field order
+        put[0](commit, watcher)
+        put[1](commit, assets)
+        put[2](commit, payload_json)
+        put[3](commit, dedup_key)
+        put[4](commit, state)
+        put[5](commit, writer)
+        put[6](commit, None if writer is None else writer.fence)
+        put[7](commit, decoded)
         return commit
+
+
+_COMMIT_SETTERS: Final = slot_setters(EventCommit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,11 +443,9 @@ class EventBatchCommit:
 
 @dataclass(slots=True)
 class GcReport:
-    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete).
-
-    The state rows are listed (task scope or asset name, and key); ``events`` is the number of
-    asset events past their retention (there may be millions, so they are counted, not listed).
-    """
+    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete): the state
+    rows are listed (task scope or asset name, and key); ``events`` is the number of asset
+    events past their retention (there may be millions, so they are counted, not listed)."""
 
     dry_run: bool
     expired: list[tuple[TaskScope, str]] = field(default_factory=list)
@@ -455,10 +460,8 @@ class GcReport:
 
 @dataclass(frozen=True, slots=True)
 class TriggerStatus:
-    """What the daemon reports about one running trigger (``watchkeeper status`` reads it).
-
-    ``state`` is one of ``running``, ``backing_off``, ``failed``, ``stopped``.
-    """
+    """What the daemon reports about one running trigger (``watchkeeper status`` reads it);
+    ``state`` is one of ``running``, ``backing_off``, ``failed``, ``stopped``."""
 
     trigger_id: str
     classpath: str
@@ -484,12 +487,10 @@ class RefusedDefinition:
 
 @dataclass(frozen=True, slots=True)
 class DaemonStatus:
-    """One daemon's heartbeat row (``watchkeeper status`` reads it).
-
-    ``heartbeat_at`` is refreshed every heartbeat; once it is more than ``lease_ttl`` seconds
-    old the daemon's leases have lapsed and what it last reported about its watchers is no
-    longer known to be true. ``refused`` lists the definitions its last load refused.
-    """
+    """One daemon's heartbeat row (``watchkeeper status`` reads it). ``heartbeat_at`` is
+    refreshed every heartbeat; once it is more than ``lease_ttl`` seconds old the daemon's
+    leases have lapsed and what it last reported about its watchers is no longer known to be
+    true. ``refused`` lists the definitions its last load refused."""
 
     owner: str
     started_at: datetime

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
+from .._records import slot_setters
 from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
@@ -186,6 +187,8 @@ class EventCommits:
         payloads: dict[tuple[int, int], object] = {}  # decoded once per event, for its assets
         folded: dict[tuple[int, str], Row] = {}
         batch_stated: set[tuple[int, int]] = set()  # (batch, asset_id) whose state is folded
+        new = object.__new__
+        set_id, set_asset, set_watcher, set_payload, set_key, set_created = _EVENT_SETTERS
         for row, owned, event_id in zip(rows, owners, ids, strict=True):
             owner, entry = owned
             commit = commits[owner]
@@ -196,7 +199,16 @@ class EventCommits:
                 payload = payloads.get(owned, _MISSING)
                 if payload is _MISSING:
                     payload = payloads[owned] = decode_value(row[3])
-            outcomes[owner].append(AssetEvent(event_id, row[1], row[2], payload, row[4], now))
+            # AssetEvent(event_id, row[1], row[2], payload, row[4], now), its fields set
+            # directly (see .._records): the batch builds one per event.
+            event = new(AssetEvent)
+            set_id(event, event_id)
+            set_asset(event, row[1])
+            set_watcher(event, row[2])
+            set_payload(event, payload)
+            set_key(event, row[4])
+            set_created(event, now)
+            outcomes[owner].append(event)
             state = commit.state
             if not state:
                 continue
@@ -231,6 +243,7 @@ def _entries(commit: EventCommit | EventBatchCommit) -> Sequence[tuple[str, str 
 
 
 _MISSING: Final = object()
+_EVENT_SETTERS: Final = slot_setters(AssetEvent)
 
 
 def _flat(rows: list[Row]) -> list[object]:
