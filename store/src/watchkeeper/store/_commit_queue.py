@@ -68,7 +68,9 @@ class QueuedWrite:
     __slots__ = ("done", "error", "ran", "result", "settled")
 
     def __init__(self) -> None:
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The C constructor takes the running loop itself; loop.create_future() is one
+        # Python frame more per write.
+        self.done: asyncio.Future[None] = asyncio.Future()
         self.result: Any = None
         self.error: BaseException | None = None
         self.ran = False
