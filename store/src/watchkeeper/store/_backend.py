@@ -264,7 +264,8 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
 
     @staticmethod
     def _check_scope(scope: object) -> None:
-        if not isinstance(scope, TaskScope | AssetScope):
+        kind = type(scope)
+        if kind is not AssetScope and kind is not TaskScope and not isinstance(scope, StateScope):
             raise ArgumentTypeError("scope", scope, "a TaskScope or AssetScope")
 
     # -- public async API ----------------------------------------------------------------------
