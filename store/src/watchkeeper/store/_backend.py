@@ -12,7 +12,7 @@ import anyio.abc
 
 from ._lifecycle import Lifecycle
 from ._offload import OffloadHooks
-from ._records import slot_setters
+from ._slots import slot_setters
 from ._types import (
     AssetScope,
     Put,
@@ -250,7 +250,7 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         expires_at = (
             expiry_of(retention, self.clock()) if isinstance(retention, timedelta) else None
         )
-        # Put(...) with its fields set directly (see ._records): every value is checked above.
+        # Put(...) with its fields set directly (see ._slots): every value is checked above.
         put = _new_object(Put)
         fill = _PUT_SETTERS
         fill[0](put, scope)

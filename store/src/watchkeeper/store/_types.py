@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal, Self
 
-from ._records import slot_setters
+from ._slots import slot_setters
 from ._values import (
     MAX_BIGINT,
     MAX_MAP_INDEX,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
-from .._records import slot_setters
+from .._slots import slot_setters
 from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
@@ -200,7 +200,7 @@ class EventCommits:
                 if payload is _MISSING:
                     payload = payloads[owned] = decode_value(row[3])
             # AssetEvent(event_id, row[1], row[2], payload, row[4], now), its fields set
-            # directly (see .._records): the batch builds one per event.
+            # directly (see .._slots): the batch builds one per event.
             event = new(AssetEvent)
             set_id(event, event_id)
             set_asset(event, row[1])

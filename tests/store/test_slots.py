@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from watchkeeper.store import AssetScope
-from watchkeeper.store._records import slot_setters
+from watchkeeper.store._slots import slot_setters
 from watchkeeper.store._types import AssetEvent, EventCommit, Put, Writer
 
 
