@@ -175,8 +175,9 @@ class LogWatch:
         return [e for e in self.entries if _matches(e, name, fields)]
 
     async def wait_for(self, name: str, count: int = 1, **fields: Any) -> list[EventDict]:
-        """Wait (at most 5 s) until ``count`` events called ``name`` with ``fields`` exist."""
-        with anyio.fail_after(5):
+        """Wait (at most 20 s: some of these events follow a child process's start, slow on
+        a loaded machine) until ``count`` events called ``name`` with ``fields`` exist."""
+        with anyio.fail_after(20):
             while len(self.named(name, **fields)) < count:
                 event = anyio.Event()
                 waiter = (lambda e: _matches(e, name, fields), event)

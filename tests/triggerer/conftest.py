@@ -9,7 +9,7 @@ from typing import IO
 
 import pytest
 
-from tests.support.daemons import LINES_WATCHER, STOP_GRACE
+from tests.support.daemons import LINES_WATCHER, STOP_GRACE, free_port
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def env(db_path: Path) -> dict[str, str]:
-    """The daemon's environment: this test's database, fast heartbeats, renewals and GC, JSON logs."""
+    """The daemon's environment: this test's database, fast heartbeats, renewals and GC, JSON
+    logs, and a free port for its API (daemons of tests running at once never share 8787)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
     clean.update(
         WATCHKEEPER__DATABASE__URL=f"sqlite:///{db_path}",
@@ -36,6 +37,7 @@ def env(db_path: Path) -> dict[str, str]:
         WATCHKEEPER__TRIGGERER__STOP_GRACE=str(STOP_GRACE),
         WATCHKEEPER__TRIGGERER__GC_INTERVAL="0.5",
         WATCHKEEPER__LOGGING__FORMAT="json",
+        WATCHKEEPER__API__PORT=str(free_port()),
     )
     return clean
 

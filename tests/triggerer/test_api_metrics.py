@@ -148,6 +148,24 @@ class TestCollector:
         assert value(found, "watchkeeper_watcher_state", watcher="feed", state="backing_off") == 1
         assert "watchkeeper_commit_seconds_count" not in found
 
+    async def test_status_rows_are_capped_by_events(self, tmp_path: Path) -> None:
+        """Without a runner the cap keeps the saved watchers with the most events; the
+        per-state totals still count every saved watcher."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.asave_trigger_status(
+                [
+                    TriggerStatus(f"t{n}", "m.C", ("orders",), (f"w{n}",), state, events=n)
+                    for n, state in ((5, "running"), (1, "failed"), (9, "running"))
+                ]
+            )
+            metrics = Metrics(backend, max_watcher_series=2)
+            await metrics.prepare()
+            found = samples(metrics.render().decode())
+        assert {s.labels["watcher"] for s in found["watchkeeper_watcher_up"]} == {"w5", "w9"}
+        assert value(found, "watchkeeper_watcher_series_dropped") == 1
+        assert value(found, "watchkeeper_watchers", state="running") == 2
+        assert value(found, "watchkeeper_watchers", state="failed") == 1
+
 
 class TestTaskMetrics:
     @pytest.mark.parametrize("kind", ["memory", "sqlite"])

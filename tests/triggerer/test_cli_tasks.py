@@ -25,7 +25,7 @@ from watchkeeper.store.backend import (
     encode_json,
 )
 
-from tests.support.daemons import free_port
+from tests.support.daemons import free_port, wait_for_api
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -135,7 +135,7 @@ class TestWorkerCommand:
         finally:
             status = await stop(worker)
         assert status == 0
-        assert run["task"] == "build_report" and run["events"] == 1
+        assert run["task"] == "build_report" and run["event_count"] == 1
         async with SqliteStateBackend(env.db) as backend:
             (event,) = await backend.alist_events(asset="order_report")
         assert event.payload == {"orders": 1} and run["outlet_event_ids"] == [event.id]
@@ -162,17 +162,10 @@ class TestWorkerCommand:
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{env.api_port}", timeout=5
             ) as client:
-                with anyio.fail_after(30):
-                    while True:
-                        try:
-                            health = await client.get("/healthz")
-                            break
-                        except httpx.TransportError:
-                            await anyio.sleep(0.1)
+                await wait_for_api(client, process)  # /healthz answers 200
                 metrics = await client.get("/metrics")
         finally:
             status = await stop(process)
-        assert health.status_code == 200
         assert 'watchkeeper_task_pending_events{task="build_report",asset="orders"}' in (
             metrics.text
         )
@@ -199,11 +192,11 @@ class TestTasksAndRuns:
             assert task["paused"] is True and task["pending"] == {"orders": 1}
             assert (await env.run("tasks", "resume", "build_report")).returncode == 0
             (failed,) = await env.wait_runs("failed", 1)
-            shown = await env.json_lines("runs", "show", str(failed["run_id"]))
+            shown = await env.json_lines("runs", "show", str(failed["id"]))
             assert "ValueError: a bad order" in shown[0]["errors"][0]["error"]
             assert "Traceback" in shown[0]["errors"][0]["traceback"]
-            (event_id,) = [e["id"] for e in shown[0]["event_list"]]
-            done = await env.run("runs", "retry", str(failed["run_id"]))
+            (event_id,) = [e["id"] for e in shown[0]["events"]]
+            done = await env.run("runs", "retry", str(failed["id"]))
             assert done.returncode == 0, done.stderr.decode()
             await env.wait_runs("failed", 1)  # fails again: the same bad event
             rewind = await env.run(

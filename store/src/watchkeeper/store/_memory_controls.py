@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from collections.abc import Callable
@@ -73,8 +74,8 @@ class MemoryControls(ControlsBackend):
     ) -> list[tuple[int, str]]:
         events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
         out: list[tuple[int, str]] = []
-        for event in events:
-            if event.id <= since_id or (asset is not None and event.asset != asset):
+        for event in events[bisect.bisect_right(events, since_id, key=lambda e: e.id) :]:
+            if asset is not None and event.asset != asset:
                 continue
             record = json.dumps(event.to_record(), ensure_ascii=False, separators=(",", ":"))
             out.append((event.id, record))

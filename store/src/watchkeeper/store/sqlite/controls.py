@@ -7,7 +7,7 @@ like every other operation of that backend; the tables are created by migration 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from .._controls import ApiToken, ControlsBackend, WatcherControl
 from .._types import AssetScope
@@ -106,7 +106,8 @@ class SqliteControls(ControlsBackend):
             params.append(asset)
         sql += " ORDER BY id LIMIT ?"
         params.append(int(limit))
-        return [(row[0], row[1]) for row in await self._backend()._read(sql, params)]
+        rows = await self._backend()._read(sql, params)
+        return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
 

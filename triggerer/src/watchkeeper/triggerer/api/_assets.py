@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import AssetScope, VersionConflictError
 from watchkeeper.store.backend import Writer, require_asset_registry
 
+from .._records import iso
 from .._watcher_controls import watcher_rows
 from ._base import (
     ApiError,
@@ -18,7 +19,6 @@ from ._base import (
     entry_json,
     etag,
     forbid,
-    iso,
     parse_etag,
     require,
 )

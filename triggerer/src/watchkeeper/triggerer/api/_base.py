@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 from starlette.requests import Request
-from watchkeeper.store import AssetEvent, BaseStateBackend, StateEntry
-from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger, redact_data
+from watchkeeper.store import BaseStateBackend, StateEntry
+from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger
 
+from .._records import iso
 from .._supervisor import describe_error
 from .._watcher_controls import controls_of
 from ._feed import SSE_BATCH, EventFeed
@@ -30,10 +31,8 @@ __all__ = [
     "ctx_of",
     "entry_json",
     "etag",
-    "event_json",
     "forbid",
     "int_param",
-    "iso",
     "parse_etag",
     "require",
     "utc_now",
@@ -42,7 +41,7 @@ __all__ = [
 log = get_logger(__name__)
 
 MAX_PAGE = 1000
-FEED_KEEP = 10 * SSE_BATCH
+FEED_KEEP = 5 * SSE_BATCH
 
 
 class ApiError(Exception):
@@ -161,10 +160,6 @@ def require(allowed: bool, principal: Principal, what: str) -> None:
 # -- JSON shapes ----------------------------------------------------------------------------------
 
 
-def iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 def entry_json(entry: StateEntry) -> dict[str, Any]:
     return {
         "key": entry.key,
@@ -172,17 +167,6 @@ def entry_json(entry: StateEntry) -> dict[str, Any]:
         "version": entry.version,
         "writer": None if entry.writer is None else str(entry.writer),
         "updated_at": iso(entry.updated_at),
-    }
-
-
-def event_json(event: AssetEvent) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "asset": event.asset,
-        "watcher": event.watcher,
-        "payload": redact_data(event.payload),  # as `watchkeeper events` shows it
-        "dedup_key": event.dedup_key,
-        "created_at": iso(event.created_at),
     }
 
 

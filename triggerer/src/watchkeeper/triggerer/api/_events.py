@@ -10,13 +10,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from watchkeeper.store import StoreUnavailableError
 from watchkeeper.store.backend import require_event_log
 
+from .._records import event_record
 from ._base import (
     MAX_PAGE,
     ApiContext,
     ApiError,
     authenticate,
     ctx_of,
-    event_json,
     forbid,
     int_param,
     require,
@@ -49,7 +49,7 @@ async def list_events(request: Request) -> Response:
     next_after = events[-1].id if events else after
     return JSONResponse(
         {
-            "events": [event_json(e) for e in events],
+            "events": [event_record(e) for e in events],
             "next_after": next_after,
             "more": len(events) == limit,
         }

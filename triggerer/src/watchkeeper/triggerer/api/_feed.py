@@ -23,7 +23,7 @@ from watchkeeper.store.backend import OperatorControls, redact_secrets
 
 __all__ = ["SSE_BATCH", "EventFeed", "encode_frames", "join_frames"]
 
-SSE_BATCH = 500
+SSE_BATCH = 2000
 """Events per read of the event log."""
 
 

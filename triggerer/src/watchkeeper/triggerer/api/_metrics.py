@@ -59,10 +59,6 @@ class WatcherSample:
     failures: int
     last_event_at: datetime | None
 
-    @property
-    def total(self) -> int:
-        return sum(self.events.values())
-
 
 def _backend_label(backend: BaseStateBackend) -> str:
     name = type(backend).__name__
@@ -112,10 +108,23 @@ class Metrics:
 
     # -- the collector ------------------------------------------------------------------------
 
-    def _samples(self) -> list[WatcherSample]:
+    def _samples(self) -> tuple[dict[str, int], list[WatcherSample], int]:
+        """Watchers by state (every watcher), the samples of the ``max_watcher_series`` with
+        the most events, and how many watchers there are in all.
+
+        Only the watchers that keep their series are turned into samples: with 10,000
+        watchers and the default cap, 8,000 are counted and never built.
+        """
+        cap = self.max_watcher_series
+        by_state = dict.fromkeys(STATES, 0)
         runner = self.runner
         if runner is None:
-            return [
+            statuses = self._statuses
+            for s in statuses:
+                by_state[s.state] = by_state.get(s.state, 0) + 1
+            if len(statuses) > cap:
+                statuses = heapq.nlargest(cap, statuses, key=lambda s: s.events)
+            shown = [
                 WatcherSample(
                     s.watchers[0] if s.watchers else s.trigger_id,
                     s.state,
@@ -123,13 +132,25 @@ class Metrics:
                     s.failures,
                     s.last_event_at,
                 )
-                for s in self._statuses
+                for s in statuses
             ]
+            return by_state, shown, len(self._statuses)
         metrics = runner.metrics
         by_watcher: dict[str, dict[str, int]] = {}
         for (asset, watcher), count in metrics.events.items():
             by_watcher.setdefault(watcher, {})[asset] = count
-        return [
+        slots = runner.slots()
+        for slot in slots:
+            by_state[slot.state] = by_state.get(slot.state, 0) + 1
+        kept = slots
+        if len(slots) > cap:
+            no_events: dict[str, int] = {}
+            kept = heapq.nlargest(
+                cap,
+                slots,
+                key=lambda slot: sum(by_watcher.get(slot.watcher_name, no_events).values()),
+            )
+        shown = [
             WatcherSample(
                 slot.watcher_name,
                 slot.state,
@@ -137,8 +158,9 @@ class Metrics:
                 metrics.failures.get(slot.trigger_id, 0),
                 slot.last_event_at,
             )
-            for slot in runner.slots()
+            for slot in kept
         ]
+        return by_state, shown, len(slots)
 
     def collect(self) -> Iterator[Metric]:
         """The families of :meth:`render`'s text (prometheus-client's collector protocol)."""
@@ -150,31 +172,24 @@ class Metrics:
         Written directly rather than through ``generate_latest``: with thousands of watchers
         the generic path spends most of a scrape building and formatting sample objects.
         """
-        samples = self._samples()
+        by_state, shown, watchers = self._samples()
         out: list[str] = []
 
         def family(name: str, kind: str, text: str, rows: list[str]) -> None:
             out.append(f"# HELP {name} {text}\n# TYPE {name} {kind}\n")
             out.extend(rows)
 
-        by_state = dict.fromkeys(STATES, 0)
-        for sample in samples:
-            by_state[sample.state] = by_state.get(sample.state, 0) + 1
         family(
             "watchkeeper_watchers",
             "gauge",
             "Watchers by state (every watcher).",
             [f'watchkeeper_watchers{{state="{_esc(k)}"}} {v}\n' for k, v in by_state.items()],
         )
-        cap = self.max_watcher_series
-        shown = samples
-        if len(samples) > cap:
-            shown = heapq.nlargest(cap, samples, key=lambda s: s.total)
         family(
             "watchkeeper_watcher_series_dropped",
             "gauge",
             "Watchers left out of the per-watcher series by [api] max_watcher_series.",
-            [f"watchkeeper_watcher_series_dropped {len(samples) - len(shown)}\n"],
+            [f"watchkeeper_watcher_series_dropped {watchers - len(shown)}\n"],
         )
         events: list[str] = []
         up: list[str] = []
@@ -182,7 +197,7 @@ class Metrics:
         last: list[str] = []
         failures: list[str] = []
         labels = self._labels
-        if len(labels) > 2 * len(samples) + 1024:
+        if len(labels) > 2 * watchers + 1024:
             labels.clear()
         for sample in shown:
             name = sample.watcher

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo
 
+from .._records import event_record
 from ._common import (
     CommandError,
     UsageError,
@@ -26,7 +27,6 @@ from ._common import (
     int_between,
     json_flag,
     printable,
-    redacted,
     store_handler,
 )
 from ._state import register_state_store
@@ -132,11 +132,6 @@ async def _assets_deactivate(
 # -- events -------------------------------------------------------------------------------------
 
 
-def _event_record(event: AssetEvent) -> dict[str, Any]:
-    record: dict[str, Any] = redacted(event.to_record())
-    return record
-
-
 def _event_line(event: AssetEvent) -> str:
     from watchkeeper.store.backend import redact_secrets
 
@@ -172,7 +167,7 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
         )
         for event in batch:
             if args.json:
-                emit_json(_event_record(event))
+                emit_json(event_record(event))
             else:
                 emit(_event_line(event))
             since = max(since, event.id)
@@ -199,11 +194,11 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
     events = await require_event_log(backend).alist_events(
         asset=args.asset, since_id=args.since, limit=args.limit
     )
-    if emit_listing(events, args.json, _event_record, "no events"):
+    if emit_listing(events, args.json, event_record, "no events"):
         return 0
     table = Table("id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events")
     for event in events:
-        record = _event_record(event)  # passwords masked
+        record = event_record(event)  # passwords masked
         table.add_row(
             str(record["id"]),
             cell(record["asset"]),

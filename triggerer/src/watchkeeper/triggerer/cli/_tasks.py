@@ -13,8 +13,9 @@ import functools
 import importlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
+from .._records import iso, run_record, task_record
 from ._common import (
     CommandError,
     UsageError,
@@ -32,11 +33,11 @@ from ._common import (
 )
 from ._runtime import with_triggerer_options
 
-__all__ = ["register", "run_record"]
+__all__ = ["register"]
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TaskInfo, TaskQueue, TaskRun
+    from watchkeeper.store.backend import TaskQueue
 
     from .._asset_task import AssetTask
     from ..settings import Settings
@@ -151,26 +152,12 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 # -- watchkeeper tasks ---------------------------------------------------------------------------
 
 
-def _task_record(info: TaskInfo) -> dict[str, Any]:
-    spec = info.spec
-    return {
-        "task": spec.name,
-        "schedule": list(spec.assets),
-        "mode": spec.mode,
-        "paused": info.paused,
-        "pending": dict(info.pending),
-        "cursors": dict(info.cursors),
-        "max_events_per_run": spec.max_events,
-        "retries": spec.max_tries - 1,
-    }
-
-
 async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from rich.table import Table
 
     infos = await _queue(backend).alist_tasks()
     empty = "no tasks registered (a worker registers its tasks when it starts)"
-    if emit_listing(infos, args.json, _task_record, empty):
+    if emit_listing(infos, args.json, task_record, empty):
         return 0
     table = Table("task", "schedule", "pending", "paused", title="tasks")
     for info in infos:
@@ -200,41 +187,6 @@ async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: 
 # -- watchkeeper runs ----------------------------------------------------------------------------
 
 
-def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat()
-
-
-def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
-    """A run as JSON data (``runs list --json``, ``runs show --json``)."""
-    duration = None
-    if run.started_at is not None and run.finished_at is not None:
-        duration = (run.finished_at - run.started_at).total_seconds()
-    record: dict[str, Any] = {
-        "run_id": run.id,
-        "task": run.task,
-        "state": run.state,
-        "try_number": run.try_number,
-        "max_tries": run.max_tries,
-        "events": run.event_count,
-        "created_at": _iso(run.created_at),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-        "duration_seconds": duration,
-        "lease_owner": run.lease_owner,
-        "outlet_event_ids": list(run.outlet_event_ids),
-        "errors": [
-            {"try": e.try_number, "error": e.error, "traceback": e.traceback, "at": _iso(e.at)}
-            for e in run.errors
-        ],
-    }
-    if events:
-        record["event_list"] = [
-            {"id": e.id, "asset": e.asset, "watcher": e.watcher, "payload": e.payload}
-            for e in run.events
-        ]
-    return record
-
-
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from rich.table import Table
 
@@ -247,7 +199,7 @@ async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     for run in runs:
         table.add_row(
             str(run.id), run.task, run.state, str(run.try_number), str(run.event_count),
-            run.created_at.isoformat(), _iso(run.finished_at) or "",
+            run.created_at.isoformat(), iso(run.finished_at) or "",
         )  # fmt: skip
     console().print(table)
     return 0
@@ -259,10 +211,10 @@ async def _runs_show(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     if args.json:
         emit_json(record)
         return 0
-    for key in ("run_id", "task", "state", "try_number", "max_tries", "events", "created_at",
+    for key in ("id", "task", "state", "try_number", "max_tries", "event_count", "created_at",
                 "started_at", "finished_at", "duration_seconds", "lease_owner"):  # fmt: skip
         emit(f"{key}: {record[key] if record[key] is not None else ''}")
-    emit("event ids: " + compact_json([e["id"] for e in record["event_list"]]))
+    emit("event ids: " + compact_json([e["id"] for e in record["events"]]))
     for error in record["errors"]:
         emit(f"try {error['try']} failed at {error['at']}: {error['error']}")
         if error["traceback"]:
