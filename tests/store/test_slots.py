@@ -24,7 +24,7 @@ def test_setters_follow_the_fields(cls: type) -> None:
         Put: Put(AssetScope(name="a"), "k", "3", None, False, 4, Writer("cli", "x")),
     }
     record = samples[cls]
-    filled = object.__new__(cls)
+    filled: object = object.__new__(cls)
     for setter, name in zip(slot_setters(cls), names, strict=True):
         setter(filled, getattr(record, name))
     assert filled == record
