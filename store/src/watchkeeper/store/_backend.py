@@ -5,13 +5,14 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import anyio
 import anyio.abc
 
 from ._lifecycle import Lifecycle
 from ._offload import OffloadHooks
+from ._slots import slot_setters
 from ._types import (
     AssetScope,
     Put,
@@ -53,6 +54,10 @@ _PING_SCOPE = TaskScope("watchkeeper", "ping", "ping")
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+_new_object: Final = object.__new__
+_PUT_SETTERS: Final = slot_setters(Put)
 
 
 def _check_expected_version(expected_version: object) -> None:
@@ -245,13 +250,22 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         expires_at = (
             expiry_of(retention, self.clock()) if isinstance(retention, timedelta) else None
         )
-        return Put(
-            scope, key, text, expires_at, retention is NEVER_EXPIRE, expected_version, writer
-        )
+        # Put(...) with its fields set directly (see ._slots): every value is checked above.
+        put = _new_object(Put)
+        fill = _PUT_SETTERS
+        fill[0](put, scope)
+        fill[1](put, key)
+        fill[2](put, text)
+        fill[3](put, expires_at)
+        fill[4](put, retention is NEVER_EXPIRE)
+        fill[5](put, expected_version)
+        fill[6](put, writer)
+        return put
 
     @staticmethod
     def _check_scope(scope: object) -> None:
-        if not isinstance(scope, TaskScope | AssetScope):
+        kind = type(scope)
+        if kind is not AssetScope and kind is not TaskScope and not isinstance(scope, StateScope):
             raise ArgumentTypeError("scope", scope, "a TaskScope or AssetScope")
 
     # -- public async API ----------------------------------------------------------------------
@@ -290,9 +304,15 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
 
         ``expected_version`` makes it a compare-and-set (0: the key must not exist yet).
         """
-        return await self.aput(
-            self._prepare_put(scope, key, value, retention, expected_version, writer)
-        )
+        put = self._prepare_put(scope, key, value, retention, expected_version, writer)
+        # What aput does, inline: one coroutine fewer on the most frequent write.
+        _check_expected_version(put.expected_version)
+        if not self._open:
+            raise StoreClosedError(self)
+        if "put" in self._async_native:
+            return await self._aput(put)
+        version: int = await self._call_hook("put", put)
+        return version
 
     async def aput_json(
         self,

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
+from ._slots import slot_setters
 from ._values import (
     MAX_BIGINT,
     MAX_MAP_INDEX,
@@ -68,12 +69,7 @@ class TaskScope:
         """A scope read back from a database row: not validated again (rows written before a
         rule was tightened must still be reported, by garbage collection for one)."""
         scope = object.__new__(cls)
-        for name, value in (
-            ("dag_id", dag_id),
-            ("run_id", run_id),
-            ("task_id", task_id),
-            ("map_index", map_index),
-        ):
+        for name, value in zip(cls.__slots__, (dag_id, run_id, task_id, map_index), strict=True):
             object.__setattr__(scope, name, value)
         return scope
 
@@ -119,11 +115,9 @@ StateScope = TaskScope | AssetScope
 
 @dataclass(frozen=True, slots=True)
 class Asset:
-    """A named piece of data, identified by ``name`` (or by ``uri`` when both sides have one).
-
+    """A named piece of data, identified by ``name`` (or by ``uri`` when both sides have one):
     ``Asset(uri=...)`` alone takes the URI as its name. ``watchers`` holds the
-    :class:`~watchkeeper.triggerer.AssetWatcher` objects that watch it; the store ignores them.
-    """
+    :class:`~watchkeeper.triggerer.AssetWatcher` objects that watch it; the store ignores them."""
 
     name: str = ""
     uri: str | None = None
@@ -328,16 +322,13 @@ class EventCommit:
     upserted into the asset's state, in the same transaction. ``payload_json`` and the ``state``
     values are JSON text already validated by :mod:`._values`.
 
-    ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease:
-    see :class:`Fence`. A refused commit writes nothing.
-
-    The watcher and asset names, the dedup key and the state keys are checked against the
-    naming rule when the commit is built (:class:`InvalidNameError`, :class:`InvalidKeyError`),
-    so every backend refuses the same commits, before any I/O.
-
-    ``decoded`` (optional) is ``(payload,)``: the payload already decoded from
-    ``payload_json`` (the triggerer has it from validating it), which the events returned carry
-    instead of a second decoding. It must equal ``json.loads`` of the text.
+    ``fence`` (by default the writer's) makes the whole commit conditional on a trigger lease
+    (:class:`Fence`); a refused commit writes nothing. The names, the dedup key and the state
+    keys are checked against the naming rule when the commit is built (:class:`InvalidNameError`,
+    :class:`InvalidKeyError`), so every backend refuses the same commits, before any I/O.
+    ``decoded`` (optional) is ``(payload,)``, the payload already decoded from ``payload_json``
+    (the triggerer has it from validating it), which the events returned carry instead of a
+    second decoding. It must equal ``json.loads`` of the text.
     """
 
     watcher: str
@@ -359,6 +350,34 @@ class EventCommit:
             check_key(key)
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
+
+    @classmethod
+    def from_checked(
+        cls,
+        watcher: str,
+        assets: tuple[str, ...],
+        payload_json: str,
+        dedup_key: str | None,
+        state: Mapping[str, str],
+        writer: Writer | None,
+        decoded: tuple[Any] | None,
+    ) -> EventCommit:
+        """The commit, without ``__init__``'s name checks: for a caller that checked every name
+        and key itself (the triggerer: the names once per trigger). The fence is the writer's."""
+        commit = object.__new__(cls)
+        put = _COMMIT_SETTERS  # in field order
+        put[0](commit, watcher)
+        put[1](commit, assets)
+        put[2](commit, payload_json)
+        put[3](commit, dedup_key)
+        put[4](commit, state)
+        put[5](commit, writer)
+        put[6](commit, None if writer is None else writer.fence)
+        put[7](commit, decoded)
+        return commit
+
+
+_COMMIT_SETTERS: Final = slot_setters(EventCommit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,11 +443,9 @@ class EventBatchCommit:
 
 @dataclass(slots=True)
 class GcReport:
-    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete).
-
-    The state rows are listed (task scope or asset name, and key); ``events`` is the number of
-    asset events past their retention (there may be millions, so they are counted, not listed).
-    """
+    """What a garbage-collection pass deleted (or, with ``dry_run``, would delete): the state
+    rows are listed (task scope or asset name, and key); ``events`` is the number of asset
+    events past their retention (there may be millions, so they are counted, not listed)."""
 
     dry_run: bool
     expired: list[tuple[TaskScope, str]] = field(default_factory=list)
@@ -443,10 +460,8 @@ class GcReport:
 
 @dataclass(frozen=True, slots=True)
 class TriggerStatus:
-    """What the daemon reports about one running trigger (``watchkeeper status`` reads it).
-
-    ``state`` is one of ``running``, ``backing_off``, ``failed``, ``stopped``.
-    """
+    """What the daemon reports about one running trigger (``watchkeeper status`` reads it);
+    ``state`` is one of ``running``, ``backing_off``, ``failed``, ``stopped``."""
 
     trigger_id: str
     classpath: str
@@ -472,12 +487,10 @@ class RefusedDefinition:
 
 @dataclass(frozen=True, slots=True)
 class DaemonStatus:
-    """One daemon's heartbeat row (``watchkeeper status`` reads it).
-
-    ``heartbeat_at`` is refreshed every heartbeat; once it is more than ``lease_ttl`` seconds
-    old the daemon's leases have lapsed and what it last reported about its watchers is no
-    longer known to be true. ``refused`` lists the definitions its last load refused.
-    """
+    """One daemon's heartbeat row (``watchkeeper status`` reads it). ``heartbeat_at`` is
+    refreshed every heartbeat; once it is more than ``lease_ttl`` seconds old the daemon's
+    leases have lapsed and what it last reported about its watchers is no longer known to be
+    true. ``refused`` lists the definitions its last load refused."""
 
     owner: str
     started_at: datetime

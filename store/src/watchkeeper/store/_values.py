@@ -357,9 +357,14 @@ def _encode_checked(value: object, what: str) -> str:
         text = _ENCODER.encode(value)
     else:
         try:
-            text = _ENCODER.encode(value)
-            same = _DECODE(text) == value
-        except (TypeError, ValueError, RecursionError):
+            if _C_ENCODE is not None and _C_SCAN is not None:  # the C parts, as below
+                text = "".join(_C_ENCODE(value, 0))
+                decoded, end = _C_SCAN(text, 0)
+                same = end == len(text) and decoded == value
+            else:
+                text = _ENCODER.encode(value)
+                same = _DECODE(text) == value
+        except (TypeError, ValueError, RecursionError, StopIteration):
             same = False
         if not same:
             raise _refuse(value, what)

@@ -21,6 +21,7 @@ from watchkeeper.store.backend import (
     EventCommit,
     Writer,
     check_key,
+    check_name,
     encode_payload_decoded,
     encode_value,
 )
@@ -40,7 +41,14 @@ class EventEncoder:
     watched assets, the writer, the size limits) is computed once, here.
     """
 
-    __slots__ = ("assets", "max_payload_bytes", "max_value_bytes", "watcher", "writer")
+    __slots__ = (
+        "assets",
+        "max_payload_bytes",
+        "max_value_bytes",
+        "names_checked",
+        "watcher",
+        "writer",
+    )
 
     def __init__(
         self,
@@ -56,6 +64,10 @@ class EventEncoder:
         self.writer = writer
         self.max_value_bytes = max_value_bytes
         self.max_payload_bytes = max_payload_bytes
+        # Checked once: then each event's commit is built without checking them again. If
+        # one breaks the rule, every commit goes through EventCommit's own checks, which
+        # raise its error for the first event, as they would without this shortcut.
+        self.names_checked = _names_keep_rule(watcher, assets)
 
     def __repr__(self) -> str:
         return f"<EventEncoder watcher={self.watcher!r} assets={list(self.assets)!r}>"
@@ -88,10 +100,23 @@ class EventEncoder:
         state = item.state
         encoded = _NO_STATE if state is None else self._state(state)
         dedup_key = item.dedup_key
-        if dedup_key is not None and (not isinstance(dedup_key, str) or not dedup_key):
-            raise InvalidEventError(
-                f"trigger {self.watcher!r} yielded an event whose dedup_key is "
-                f"{dedup_key!r}; it must be a non-empty str or None"
+        if dedup_key is not None:
+            if not isinstance(dedup_key, str) or not dedup_key:
+                raise InvalidEventError(
+                    f"trigger {self.watcher!r} yielded an event whose dedup_key is "
+                    f"{dedup_key!r}; it must be a non-empty str or None"
+                )
+            check_name(dedup_key, what="dedup key")
+        if self.names_checked:
+            # Every name and key is checked by now (the state keys in _state).
+            return EventCommit.from_checked(
+                self.watcher,
+                self.assets,
+                payload_json,
+                dedup_key,
+                encoded,
+                self.writer,
+                (payload,),
             )
         return EventCommit(
             self.watcher,
@@ -156,7 +181,7 @@ class EventEncoder:
 
     def _state(self, state: object) -> Mapping[str, str]:
         """The encoded items of an event's (or a batch's) ``state``."""
-        if not isinstance(state, Mapping):
+        if type(state) is not dict and not isinstance(state, Mapping):  # dict: no ABC check
             raise InvalidEventError(
                 f"trigger {self.watcher!r} yielded an event whose state is a "
                 f"{type(state).__name__}; state must be a mapping of str keys to JSON values"
@@ -164,7 +189,21 @@ class EventEncoder:
         if not state:
             return _NO_STATE
         limit = self.max_value_bytes
-        return {
-            check_key(key): encode_value(key, value, max_value_bytes=limit)
-            for key, value in state.items()
-        }
+        encoded: dict[str, str] = {}
+        for key, value in state.items():  # a loop: no comprehension frame per event
+            encoded[check_key(key)] = encode_value(key, value, max_value_bytes=limit)
+        return encoded
+
+
+def _names_keep_rule(watcher: str, assets: tuple[str, ...]) -> bool:
+    """Whether the watcher and asset names keep the store's naming rule (and ``assets`` is a
+    tuple, as a commit holds it)."""
+    if type(assets) is not tuple:
+        return False
+    try:
+        check_name(watcher, what="watcher name")
+        for asset in assets:
+            check_name(asset, what="asset name")
+    except Exception:  # noqa: BLE001 - EventCommit's own checks raise it, per event
+        return False
+    return True

@@ -79,10 +79,10 @@ from ..errors import (
 from . import leases, meta, ops
 from .consumers import SqliteConsumers
 from .controls import SqliteControls
-from .events import EVENT_COMMITS
+from .events import COMMIT_BATCH, EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
 from .tasks import SqliteTasks
-from .writer import GroupCommitWriter, OpGroup, Tx, Upsert
+from .writer import GroupCommitWriter, Op, Tx
 
 __all__ = ["CommitStats", "SqliteStateBackend"]
 
@@ -256,23 +256,18 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    async def _write(
-        self,
-        fn: Callable[[Tx], T],
-        *,
-        savepoint: bool = True,
-        coalesce: Callable[[Tx], Upsert] | None = None,
-        group: OpGroup | None = None,
-        item: object = None,
-    ) -> T:
+    async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T:
+        result: T = await self._live_writer().submit(fn, savepoint=savepoint)
+        return result
+
+    def _live_writer(self) -> GroupCommitWriter:
+        """The writer, or the error a write gets now (closed, or the file removed)."""
         writer = self._writer
         if writer is None or not self._open:
             raise StoreClosedError(self)
         if self._removed is not None:
             raise _fresh(self._removed)
-        return await writer.submit(
-            fn, savepoint=savepoint, coalesce=coalesce, group=group, item=item
-        )
+        return writer
 
     async def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         reader = self._reader
@@ -324,17 +319,18 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
         return ops.list_result(scope, rows)
 
     async def _aput(self, put: Put) -> int:
-        def write(tx: Tx) -> int:
-            return ops.put(tx, put)
-
-        if put.expected_version is not None:
-            # The checks before its one write statement write nothing: no savepoint needed.
-            return await self._write(write, savepoint=False)
-
-        def upsert(tx: Tx) -> Upsert:
-            return ops.upsert(tx, put)
-
-        return await self._write(write, savepoint=False, coalesce=upsert)
+        # One write statement (the checks before it write nothing): no savepoint. A plain
+        # upsert may share a multi-row statement with its neighbours (coalesce).
+        op = Op(
+            ops.put,
+            put,
+            savepoint=False,
+            coalesce=ops.upsert if put.expected_version is None else None,
+        )
+        self._live_writer().put(op)
+        await op.done
+        version: int = op.outcome()
+        return version
 
     async def _adelete(self, scope: StateScope, key: str, *, writer: Writer | None) -> bool:
         # The fence check before its one write statement writes nothing: no savepoint needed.
@@ -372,15 +368,19 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
     async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         # Neighbouring commits of a batch run together (EVENT_COMMITS), this one alone
         # if that fails.
-        return await self._write(
-            lambda tx: meta.commit_event(tx, commit), group=EVENT_COMMITS, item=commit
-        )
+        op = Op(meta.commit_event, commit, group=EVENT_COMMITS)
+        self._live_writer().put(op)
+        await op.done
+        events: list[AssetEvent] = op.outcome()
+        return events
 
     async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
         # One operation of the event group; alone, the group's code on it, in a savepoint.
-        return await self._write(
-            lambda tx: EVENT_COMMITS.commit_batch(tx, batch), group=EVENT_COMMITS, item=batch
-        )
+        op = Op(COMMIT_BATCH, batch, group=EVENT_COMMITS)
+        self._live_writer().put(op)
+        await op.done
+        events: list[AssetEvent] = op.outcome()
+        return events
 
     async def _alist_events(
         self, asset: str | None, since_id: int, limit: int | None

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
+from .._slots import slot_setters
 from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
@@ -25,7 +26,7 @@ from .leases import HELD_SQL, held_of
 from .ops import Row, writer_cols
 from .writer import Tx
 
-__all__ = ["EVENT_COMMITS", "EventCommits"]
+__all__ = ["COMMIT_BATCH", "EVENT_COMMITS", "EventCommits"]
 
 
 class EventCommits:
@@ -119,84 +120,109 @@ class EventCommits:
         now, stamp = tx.now()
         outcomes: list[Any] = [None] * len(commits)
         held = self._leases(tx, commits)
+        resolve = tx.resolve_name
         # 1. Fences and assets: a refused commit fails here, alone, having written nothing.
-        accepted: list[tuple[int, dict[int, str]]] = []
+        # Each accepted commit with its targets (asset_id, name), an asset named twice once.
+        accepted: list[tuple[int, list[tuple[int, str]]]] = []
+        keyed = False  # whether any accepted commit carries a dedup key (or is a batch)
         for index, commit in enumerate(commits):
             try:
                 if commit.fence is not None:
                     check_fence(commit.fence, held.get(commit.fence.trigger_id), now)
-                targets: dict[int, str] = {}
-                for name in commit.assets:
-                    asset_id, resolved = tx.resolve_name(name)
-                    targets.setdefault(asset_id, resolved)
+                names = commit.assets
+                if len(names) == 1:
+                    targets = [resolve(names[0])]
+                else:
+                    targets = list(dict(resolve(name) for name in names).items())
             except StateStoreError as exc:
                 outcomes[index] = exc
                 continue
             accepted.append((index, targets))
+            if not keyed and (type(commit) is not EventCommit or commit.dedup_key is not None):
+                keyed = True
         # 2. Dedup: recorded before the group, or by an earlier commit (or batch event) of it.
-        pairs: set[tuple[int, str]] = set()
-        for index, targets in accepted:
-            for _, dedup_key in _entries(commits[index]):
-                if dedup_key is not None:
-                    pairs.update((asset_id, dedup_key) for asset_id in targets)
-        seen = self._recorded(tx, pairs) if pairs else set()
+        seen: set[tuple[int, str]] = set()
+        if keyed:
+            pairs: set[tuple[int, str]] = set()
+            for index, targets in accepted:
+                for _, dedup_key in _entries(commits[index]):
+                    if dedup_key is not None:
+                        pairs.update((asset_id, dedup_key) for asset_id, _ in targets)
+            if pairs:
+                seen = self._recorded(tx, pairs)
+        # The rows, in call order: a batch's events in order, each on every asset (the ids a
+        # caller yielding them one by one would get); the commit and event of each row.
         rows: list[Row] = []
-        owners: list[tuple[int, int]] = []  # the commit of each row, and its event in it
+        owners: list[tuple[int, int]] = []
         for index, targets in accepted:
             commit = commits[index]
             watcher = commit.watcher
-            # A batch's events in order, each on every asset: the ids a caller yielding them
-            # one by one would get.
+            outcomes[index] = []
+            if type(commit) is EventCommit and commit.dedup_key is None:
+                payload_json = commit.payload_json
+                for asset_id, name in targets:
+                    rows.append((asset_id, name, watcher, payload_json, None, stamp))
+                    owners.append((index, 0))
+                continue
             for entry, (payload_json, key) in enumerate(_entries(commit)):
-                for asset_id, name in targets.items():
+                for asset_id, name in targets:
                     if key is not None:
                         if (asset_id, key) in seen:
                             continue
                         seen.add((asset_id, key))
                     rows.append((asset_id, name, watcher, payload_json, key, stamp))
                     owners.append((index, entry))
-            outcomes[index] = []
         # 3. The events, ids in call order (AUTOINCREMENT, one row after the other).
         conn = tx.conn
         ids: list[int] = []
         for chunk in self._chunks(rows):
-            returned = sorted(
-                conn.execute(self._insert_events(len(chunk)), _flat(chunk)).fetchall()
-            )
+            returned = conn.execute(self._insert_events(len(chunk)), _flat(chunk)).fetchall()
+            returned.sort()
             if [r[1] for r in returned] != [row[0] for row in chunk]:
                 raise StateStoreError("event ids do not follow the rows")  # the writer falls back
-            ids.extend(r[0] for r in returned)
+            ids.extend([r[0] for r in returned])
         # 4. The events returned, and the state: written once per (commit, asset) that inserted
         # a row (a single event has one row per asset; a batch writes its state once), folded
-        # per key in first-write order.
+        # per key in first-write order: the last value wins, the count of writes adds up.
         payloads: dict[tuple[int, int], object] = {}  # decoded once per event, for its assets
-        stated: dict[tuple[int, int], None] = {}  # (commit, asset_id), in first-row order
-        for row, (owner, entry), event_id in zip(rows, owners, ids, strict=True):
+        folded: dict[tuple[int, str], Row] = {}
+        batch_stated: set[tuple[int, int]] = set()  # (batch, asset_id) whose state is folded
+        new = object.__new__
+        set_id, set_asset, set_watcher, set_payload, set_key, set_created = _EVENT_SETTERS
+        for row, owned, event_id in zip(rows, owners, ids, strict=True):
+            owner, entry = owned
             commit = commits[owner]
             decoded = commit.decoded
             if decoded is not None:
                 payload = decoded[entry]  # the caller decoded it already
             else:
-                payload = payloads.get((owner, entry), _MISSING)
+                payload = payloads.get(owned, _MISSING)
                 if payload is _MISSING:
-                    payload = payloads[(owner, entry)] = decode_value(row[3])
-            outcomes[owner].append(
-                AssetEvent(event_id, row[1], commit.watcher, payload, row[4], now)
-            )
-            stated[(owner, row[0])] = None
-        folded: dict[tuple[int, str], list[Any]] = {}
-        for owner, asset_id in stated:
-            commit = commits[owner]
-            if not commit.state:
+                    payload = payloads[owned] = decode_value(row[3])
+            # AssetEvent(event_id, row[1], row[2], payload, row[4], now), its fields set
+            # directly (see .._slots): the batch builds one per event.
+            event = new(AssetEvent)
+            set_id(event, event_id)
+            set_asset(event, row[1])
+            set_watcher(event, row[2])
+            set_payload(event, payload)
+            set_key(event, row[4])
+            set_created(event, now)
+            outcomes[owner].append(event)
+            state = commit.state
+            if not state:
                 continue
+            asset_id = row[0]
+            if type(commit) is EventBatchCommit:  # one row per event: its state once per asset
+                if (owner, asset_id) in batch_stated:
+                    continue
+                batch_stated.add((owner, asset_id))
             who = writer_cols(commit.writer)
-            for key, value_json in commit.state.items():
+            for key, value_json in state.items():
                 slot = folded.get((asset_id, key))
-                if slot is None:
-                    folded[(asset_id, key)] = [asset_id, key, value_json, 1, stamp, *who]
-                else:
-                    slot[2], slot[3], slot[5:] = value_json, slot[3] + 1, who
-        for chunk in self._chunks([tuple(v) for v in folded.values()]):
+                count = 1 if slot is None else slot[3] + 1
+                folded[(asset_id, key)] = (asset_id, key, value_json, count, stamp, *who)
+        for chunk in self._chunks(list(folded.values())):
             conn.execute(self._upsert_state(len(chunk)), _flat(chunk))
         return outcomes
 
@@ -217,6 +243,7 @@ def _entries(commit: EventCommit | EventBatchCommit) -> Sequence[tuple[str, str 
 
 
 _MISSING: Final = object()
+_EVENT_SETTERS: Final = slot_setters(AssetEvent)
 
 
 def _flat(rows: list[Row]) -> list[object]:
@@ -224,3 +251,6 @@ def _flat(rows: list[Row]) -> list[object]:
 
 
 EVENT_COMMITS: Final = EventCommits()
+
+COMMIT_BATCH: Final = EVENT_COMMITS.commit_batch
+"""One ``acommit_events`` batch alone: the fallback operation of its :class:`~.writer.Op`."""

@@ -89,6 +89,7 @@ _ASSET_CAS: Final = """
 """
 
 _TASK_PK_COLS: Final = "dag_id, run_id, task_id, map_index, key"
+_new_upsert: Final = tuple.__new__
 _TASK_ROW: Final = "(?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"
 _ASSET_ROW: Final = "(?, ?, ?, 1, ?, ?, ?, ?)"
 
@@ -229,17 +230,23 @@ def upsert(tx: Tx, put: Put) -> Upsert:
 
     A writer with a fence is checked here, so a refused write never reaches a statement.
     """
-    _check_writer_in(tx, put.writer)
+    writer = put.writer
+    if writer is None:
+        who: tuple[str | None, str | None, int | None] = (None, None, None)
+    else:
+        if writer.fence is not None:
+            check_fence_in(tx, writer.fence)
+        who = (writer.kind, writer.name, writer.try_number)
     stamp = tx.now()[1]
-    who = writer_cols(put.writer)
     scope, key = put.scope, put.key
     if isinstance(scope, TaskScope):
         pk: Row = (scope.dag_id, scope.run_id, scope.task_id, scope.map_index, key)
         expires = None if put.expires_at is None else to_db(put.expires_at)
         row = (*pk, put.value_json, stamp, *who, expires, int(put.never_expire))
-        return Upsert(TASK_UPSERTS, pk, row)
+        return _new_upsert(Upsert, (TASK_UPSERTS, pk, row))
     pk = (tx.resolve(scope)[0], key)
-    return Upsert(ASSET_UPSERTS, pk, (*pk, put.value_json, stamp, *who))
+    # Upsert(...) without its Python-level __new__: once per write.
+    return _new_upsert(Upsert, (ASSET_UPSERTS, pk, (*pk, put.value_json, stamp, *who)))
 
 
 def put(tx: Tx, put: Put) -> int:

@@ -65,7 +65,7 @@ from ..errors import (
 )
 from .schema import asset_match, from_db, is_busy, retry_busy, to_db, unavailable
 
-__all__ = ["GroupCommitWriter", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
+__all__ = ["GroupCommitWriter", "Op", "OpGroup", "Tx", "Upsert", "UpsertGroup"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -95,7 +95,7 @@ class Tx:
         self.conn = conn
         self._clock = clock
         self._assets: dict[AssetScope, tuple[int, str]] = {}
-        self._by_name: dict[str, tuple[int, str]] = {}  # the same entries, by asset name
+        self._by_name: dict[str, tuple[int, str]] = {}  # scopes of a name alone, by name
         self._data_version = -1
         self._now: tuple[datetime, str] | None = None
 
@@ -117,16 +117,24 @@ class Tx:
 
     def resolve(self, scope: AssetScope) -> tuple[int, str]:
         """``(asset_id, name)`` of the active asset ``scope`` names, or :class:`AssetNotFoundError`."""
-        hit = self._assets.get(scope)
-        if hit is not None:
+        name = scope.name
+        if name is not None and scope.uri is None and scope.asset_id is None:
+            hit = self._by_name.get(name)  # a str's hash is cached: no scope hashed
+            if hit is None:
+                hit = self._by_name[name] = self._lookup(scope)
             return hit
+        hit = self._assets.get(scope)
+        if hit is None:
+            hit = self._assets[scope] = self._lookup(scope)
+        return hit
+
+    def _lookup(self, scope: AssetScope) -> tuple[int, str]:
         where, params = asset_match(scope)
         row = self.conn.execute(
             f"SELECT id, name FROM assets WHERE {where} ORDER BY id LIMIT 1", params
         ).fetchone()
         if row is None:
             raise AssetNotFoundError(str(scope))
-        self._assets[scope] = (row[0], row[1])
         return row[0], row[1]
 
     def resolve_name(self, name: str) -> tuple[int, str]:
@@ -134,7 +142,7 @@ class Tx:
         the scope once it is cached."""
         hit = self._by_name.get(name)
         if hit is None:
-            hit = self._by_name[name] = self.resolve(AssetScope(name=name))
+            hit = self._by_name[name] = self._lookup(AssetScope(name=name))
         return hit
 
     def forget_assets(self) -> None:
@@ -174,25 +182,36 @@ class OpGroup(Protocol):
         ...
 
 
-class _Op(QueuedWrite):
-    """One queued operation: ``fn`` and how the writer may combine it with its neighbours."""
+class Op(QueuedWrite):
+    """One queued operation: ``fn(tx, item)`` and how the writer may combine it with its
+    neighbours (``coalesce(tx, item)`` for a plain upsert, ``group`` for an :class:`OpGroup`).
+
+    The callers on the hot paths build it with module-level functions and their argument as
+    ``item`` (no closure per call), :meth:`GroupCommitWriter.put` it and await ``op.done``.
+    """
 
     __slots__ = ("coalesce", "fn", "group", "item", "savepoint")
 
     def __init__(
         self,
-        fn: Callable[[Tx], Any],
-        savepoint: bool,
-        coalesce: Callable[[Tx], Upsert] | None,
-        group: OpGroup | None,
-        item: object,
+        fn: Callable[[Tx, Any], Any],
+        item: Any,
+        *,
+        savepoint: bool = True,
+        coalesce: Callable[[Tx, Any], Upsert] | None = None,
+        group: OpGroup | None = None,
     ) -> None:
         super().__init__()
         self.fn = fn
+        self.item = item
         self.coalesce = coalesce
         self.group = group
-        self.item = item
         self.savepoint = savepoint
+
+
+def _call(tx: Tx, fn: Callable[[Tx], Any]) -> Any:
+    """The ``fn`` of an operation given as a plain ``fn(tx)``."""
+    return fn(tx)
 
 
 def _translate(exc: sqlite3.Error) -> StateStoreError:
@@ -222,7 +241,7 @@ class _Pending:
     __slots__ = ("keys", "ops", "ups")
 
     def __init__(self) -> None:
-        self.ops: list[_Op] = []
+        self.ops: list[Op] = []
         self.ups: list[Upsert] = []
         self.keys: set[Row] = set()
 
@@ -251,7 +270,7 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self.limiter = anyio.CapacityLimiter(1)
         """Held by whoever uses the connection: the batch thread, or its closer."""
-        self.queue: CommitQueue[_Op] = CommitQueue(
+        self.queue: CommitQueue[Op] = CommitQueue(
             owner,
             self._run_batch_in_thread,
             in_flight_error=lambda: StoreClosedError(owner),
@@ -260,27 +279,30 @@ class GroupCommitWriter:
 
     # -- callers ---------------------------------------------------------------------------
 
-    async def submit(
-        self,
-        fn: Callable[[Tx], T],
-        *,
-        savepoint: bool = True,
-        coalesce: Callable[[Tx], Upsert] | None = None,
-        group: OpGroup | None = None,
-        item: object = None,
-    ) -> T:
+    async def submit(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T:
         """Queue ``fn`` and return its result once its batch has committed.
 
         ``savepoint=False`` is for operations of exactly one statement: SQLite undoes a failed
-        statement by itself, so the two extra statements of a savepoint buy nothing.
-        ``coalesce`` marks a plain upsert (``fn`` must then return its new version): it returns
-        the row, and the writer applies neighbouring upserts of distinct keys in one statement,
-        falling back to ``fn`` alone if that statement fails. ``group`` (with its ``item``)
-        lets the writer run neighbouring operations of that group in one call
+        statement by itself, so the two extra statements of a savepoint buy nothing. The hot
+        paths build an :class:`Op` themselves (to coalesce plain upserts, or to run as a
+        group) and :meth:`put` it.
+        """
+        op = Op(_call, fn, savepoint=savepoint)
+        self.queue.put(op)
+        await op.done
+        result: T = op.outcome()
+        return result
+
+    def put(self, op: Op) -> None:
+        """Queue ``op``; its caller awaits ``op.done``, then takes ``op.outcome()``.
+
+        An op with ``coalesce`` is a plain upsert (``fn`` must then return its new version):
+        ``coalesce`` returns its row, and the writer applies neighbouring upserts of distinct
+        keys in one statement, falling back to ``fn`` alone if that statement fails. With a
+        ``group``, the writer runs neighbouring operations of that group in one call
         (:class:`OpGroup`), falling back to ``fn`` for each if that call fails.
         """
-        result: T = await self.queue.submit(_Op(fn, savepoint, coalesce, group, item))
-        return result
+        self.queue.put(op)
 
     async def aclose(self) -> None:
         """Accept no more operations and wait until every queued one has committed or failed."""
@@ -293,19 +315,21 @@ class GroupCommitWriter:
         """Drain the queue batch by batch until :meth:`aclose`; start in the backend's task group."""
         await self.queue.run(task_status=task_status)
 
-    async def _run_batch_in_thread(self, batch: list[_Op]) -> None:
+    async def _run_batch_in_thread(self, batch: list[Op]) -> None:
         try:
             await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
-        finally:
+        except BaseException:
             # The thread ran to its end even if we were cancelled meanwhile: what it reached
-            # has its final outcome (the rest fails as in flight: StoreClosedError).
+            # has its final outcome (the rest fails as in flight: StoreClosedError). On a
+            # normal return every op ran, and the queue wakes them all.
             for op in batch:
                 if op.ran:
                     op.settle()
+            raise
 
     # -- inside the worker thread ----------------------------------------------------------
 
-    def _run_batch(self, batch: list[_Op]) -> None:
+    def _run_batch(self, batch: list[Op]) -> None:
         try:
             retry_busy(
                 lambda: self._attempt(batch),
@@ -321,19 +345,20 @@ class GroupCommitWriter:
             for op in batch:
                 op.ran, op.result, op.error = True, None, _copy(failure)
 
-    def _attempt(self, batch: list[_Op]) -> None:
+    def _attempt(self, batch: list[Op]) -> None:
         tx = self._tx
         conn = tx.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             tx.begin()
             pending: dict[UpsertGroup, _Pending] = {}
-            grouped: list[_Op] = []  # neighbouring operations of one OpGroup
+            grouped: list[Op] = []  # neighbouring operations of one OpGroup
             for op in batch:
                 if op.group is not None:
-                    for group, queued in pending.items():  # keep the order of effects
-                        self._flush(tx, group, queued)
-                    pending.clear()
+                    if pending:
+                        for group, queued in pending.items():  # keep the order of effects
+                            self._flush(tx, group, queued)
+                        pending.clear()
                     if grouped and grouped[0].group is not op.group:
                         self._run_group(tx, grouped)
                         grouped = []
@@ -403,7 +428,7 @@ class GroupCommitWriter:
                     op.result = version
             start += size
 
-    def _run_group(self, tx: Tx, ops: list[_Op]) -> None:
+    def _run_group(self, tx: Tx, ops: list[Op]) -> None:
         """Run neighbouring operations of one :class:`OpGroup` in one call, inside a savepoint;
         if the call fails, undo it and run each operation alone (only the culprit fails)."""
         group = ops[0].group
@@ -412,8 +437,8 @@ class GroupCommitWriter:
                 self._run_op(tx, op)
             return
         conn = tx.conn
-        for op in ops:
-            op.reset()
+        for op in ops:  # reset(), inline: once per event of the batch
+            op.ran, op.result, op.error = True, None, None
         conn.execute("SAVEPOINT wk_op")
         try:
             outcomes = group.run(tx, [op.item for op in ops])
@@ -439,7 +464,7 @@ class GroupCommitWriter:
             else:
                 op.result = outcome
 
-    def _run_op(self, tx: Tx, op: _Op) -> None:
+    def _run_op(self, tx: Tx, op: Op) -> None:
         op.reset()
         if op.savepoint:
             tx.conn.execute("SAVEPOINT wk_op")
@@ -451,10 +476,11 @@ class GroupCommitWriter:
         else:
             op.result = self._guard(tx, op, op.fn)
 
-    def _guard(self, tx: Tx, op: _Op, fn: Callable[[Tx], R]) -> R | None:
-        """``fn(tx)``, or None with ``op.error`` set; errors that doom the batch propagate."""
+    def _guard(self, tx: Tx, op: Op, fn: Callable[[Tx, Any], R]) -> R | None:
+        """``fn(tx, op.item)``, or None with ``op.error`` set; errors that doom the batch
+        propagate."""
         try:
-            return fn(tx)
+            return fn(tx, op.item)
         except sqlite3.Error as exc:
             if is_busy(exc):
                 raise  # retry_busy re-runs the whole batch

@@ -1,0 +1,50 @@
+"""The encoder checks the watcher and asset names once per trigger, and its commits are the
+ones ``EventCommit(...)`` builds with every check: same fields, same fence, same refusals."""
+
+from __future__ import annotations
+
+import pytest
+from watchkeeper.store import InvalidNameError
+from watchkeeper.store.backend import EventCommit, Fence, Writer
+from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer._commit import EventEncoder
+
+FENCED = Writer("watcher", "w1", fence=Fence("t1", "node-a", 3))
+
+
+def _encoder(watcher: str = "w1", assets: tuple[str, ...] = ("a1", "a2")) -> EventEncoder:
+    return EventEncoder(
+        watcher, assets, writer=FENCED, max_value_bytes=None, max_payload_bytes=None
+    )
+
+
+class TestEventEncoder:
+    def test_a_commit_equals_the_fully_checked_one(self) -> None:
+        """Fields, the writer's fence and the decoded payload match EventCommit's own."""
+        commit = _encoder().build(TriggerEvent({"n": 1}, state={"wm": 7}, dedup_key="k1"))
+        assert isinstance(commit, EventCommit)
+        checked = EventCommit(
+            "w1", ("a1", "a2"), '{"n":1}', "k1", {"wm": "7"}, FENCED, decoded=({"n": 1},)
+        )
+        assert commit == checked
+        assert commit.fence == FENCED.fence == checked.fence
+        assert commit.decoded == ({"n": 1},)
+
+    @pytest.mark.parametrize(
+        ("watcher", "assets", "what"),
+        [("w\x00", ("a1",), "watcher name"), ("w1", ("a1", "b\x07"), "asset name")],
+        ids=["watcher", "asset"],
+    )
+    def test_a_bad_name_is_refused_at_each_event(
+        self, watcher: str, assets: tuple[str, ...], what: str
+    ) -> None:
+        """A name that breaks the rule does not fail the encoder's creation; every event
+        built with it raises EventCommit's InvalidNameError naming it."""
+        encoder = _encoder(watcher, assets)
+        for _ in range(2):
+            with pytest.raises(InvalidNameError, match=f"^invalid {what} "):
+                encoder.build(TriggerEvent({"n": 1}))
+
+    def test_a_bad_dedup_key_is_refused(self) -> None:
+        with pytest.raises(InvalidNameError, match=r"^invalid dedup key "):
+            _encoder().build(TriggerEvent({"n": 1}, dedup_key="a\x00b"))
