@@ -15,9 +15,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError
 from watchkeeper.store.backend import get_logger
 
+from ._describe import describe_error
 from ._leases import LeaseKeeper
 from ._placement import ReloadReport, TriggerPlacement
-from ._supervisor import describe_error
 from .runner import TriggerRunner
 from .settings import Settings
 

@@ -27,8 +27,8 @@ from watchkeeper.store.backend import (
     get_logger,
 )
 
+from ._describe import describe_error
 from ._loader import WatcherError
-from ._supervisor import describe_error
 
 __all__ = ["DaemonStatusKeeper"]
 

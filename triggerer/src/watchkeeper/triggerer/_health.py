@@ -31,7 +31,7 @@ from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, StoreU
 from watchkeeper.store.backend import get_logger
 
 from ._config import RunnerConfig
-from ._supervisor import describe_error
+from ._describe import describe_error
 
 __all__ = ["StoreHealth", "find_cause", "store_unavailable"]
 

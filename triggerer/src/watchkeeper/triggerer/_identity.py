@@ -18,7 +18,7 @@ from typing import Any
 
 from watchkeeper.store.backend import encode_json
 
-from ._supervisor import describe_error
+from ._describe import describe_error
 from .errors import TriggerImportError
 from .trigger import BaseEventTrigger
 

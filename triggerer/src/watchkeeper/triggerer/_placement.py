@@ -32,10 +32,10 @@ import anyio.lowlevel
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import StatusTable, get_logger
 
+from ._describe import describe_error
 from ._leases import LeaseKeeper
 from ._loader import WatcherGroup
 from ._reconcile import Claim, RunningTrigger, plan_reconcile
-from ._supervisor import describe_error
 from ._watcher_controls import ControlsTracker
 from .errors import TriggererError
 from .runner import TriggerRunner, WatchSpec

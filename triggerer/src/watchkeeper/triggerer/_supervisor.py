@@ -46,7 +46,6 @@ from watchkeeper.store import (
     AssetStateStoreAccessors,
     BaseStateBackend,
     DatabaseFileRemovedError,
-    LeaseLostError,
 )
 from watchkeeper.store.backend import (
     SYNC_CALL_WITHOUT_PORTAL,
@@ -55,12 +54,12 @@ from watchkeeper.store.backend import (
     TriggerStatus,
     Writer,
     get_logger,
-    redact_secrets,
     require_event_log,
 )
 
 from ._commit import EventEncoder
 from ._config import RunnerConfig
+from ._describe import describe_error, lease_lost
 from ._portal import note_portal_class, open_portal_for, wants_portal_up_front
 from .errors import InvalidEventError
 from .trigger import BaseEventTrigger
@@ -76,9 +75,7 @@ __all__ = [
     "TriggerSlot",
     "TriggerState",
     "backoff_delay",
-    "describe_error",
     "drive_trigger",
-    "lease_lost",
     "supervise",
 ]
 
@@ -90,15 +87,6 @@ _CHECKPOINT_EVERY = 32
 TriggerState = Literal["running", "backing_off", "failed", "stopped"]
 Publish = Callable[[list[AssetEvent]], None]
 """Called with the asset events of each commit, in commit order (it must not block)."""
-
-
-def describe_error(exc: BaseException) -> str:
-    """``"TypeName: message"``, the form errors take in statuses and logs.
-
-    A URL's password in the message is masked: the text is shown by ``watchkeeper status``.
-    """
-    text = redact_secrets(str(exc))
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class TriggerSlot:
@@ -229,17 +217,6 @@ class TriggerSlot:
             updated_at=now,
             owner=owner,
         )
-
-
-def lease_lost(error: BaseException | None) -> LeaseLostError | None:
-    """The :class:`LeaseLostError` behind ``error`` (itself, or one it was raised from)."""
-    seen = 0
-    while error is not None and seen < 8:
-        if isinstance(error, LeaseLostError):
-            return error
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return None
 
 
 def _debug_enabled(logger: Any) -> bool:
@@ -451,7 +428,6 @@ async def supervise(
                     metrics.fenced_writes += 1
                 slot.last_error = describe_error(lost)
                 log.warning(
-                    "lease_lost",
                     classpath=slot.classpath,
                     owner=lost.owner,
                     token=lost.token,

@@ -30,8 +30,8 @@ from typing import Any
 
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
+from ._describe import describe_error
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
-from ._supervisor import describe_error
 from .trigger import AssetWatcher
 
 __all__ = [

@@ -58,8 +58,8 @@ from watchkeeper.store.backend import (
 )
 
 from ._asset_task import AssetTask, OutletEvents
+from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
-from ._supervisor import describe_error
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]

@@ -76,13 +76,13 @@ from watchkeeper.store.backend import (
 from ._config import SupervisionSettings
 from ._daemon_leases import DaemonLeases
 from ._daemon_status import DaemonStatusKeeper
+from ._describe import describe_error
 from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
-from ._supervisor import describe_error
 from ._watcher_controls import ControlsTracker
 from ._watcher_files import scan_watchers_path
 from .runner import RunnerConfig, TriggerRunner

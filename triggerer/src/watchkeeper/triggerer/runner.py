@@ -54,10 +54,11 @@ from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
 from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
+from ._describe import describe_error
 from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
 from ._runtime_metrics import RuntimeMetrics
-from ._supervisor import TriggerSlot, describe_error, supervise
+from ._supervisor import TriggerSlot, supervise
 from .errors import CapacityError
 from .trigger import BaseEventTrigger, BaseTrigger
 

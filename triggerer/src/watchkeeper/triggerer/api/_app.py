@@ -27,7 +27,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import get_logger
 
-from .._supervisor import describe_error
+from .._describe import describe_error
 from ._assets import asset_detail, delete_state, get_state, list_assets, list_state, put_state
 from ._base import ApiContext, ApiError
 from ._events import list_events, stream_events

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from watchkeeper.store import BaseStateBackend, StateEntry
 from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger
 
+from .._describe import describe_error
 from .._records import iso
-from .._supervisor import describe_error
 from .._watcher_controls import controls_of
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
