@@ -428,6 +428,7 @@ async def supervise(
                     metrics.fenced_writes += 1
                 slot.last_error = describe_error(lost)
                 log.warning(
+                    "lease_lost",
                     classpath=slot.classpath,
                     owner=lost.owner,
                     token=lost.token,
