@@ -67,6 +67,7 @@ from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, Delete
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
+    connect,
     database_clock,
     is_connection_error,
     is_unavailable,
@@ -176,13 +177,14 @@ class PostgresStateBackend(
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
+            conn = await connect(self._dsn, server_settings=self._session())
             self.applied_migrations = await apply_migrations(conn, self.schema)
             pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
                 reset=_keep_session,
+                connect=connect,
                 server_settings=self._session(),
             )
         except BaseException as exc:
@@ -197,9 +199,7 @@ class PostgresStateBackend(
         dsn, session = self._dsn, self._session()
 
         async def reconnect() -> asyncpg.Connection:
-            import asyncpg
-
-            return await asyncpg.connect(dsn, server_settings=session)
+            return await connect(dsn, server_settings=session)
 
         writer = GroupWriter(
             self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)

@@ -19,7 +19,7 @@ from .._types import AssetEvent, AssetScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, ConsumerCursorError
 from .schema import table_prefix
-from .sql import close_quietly, writer_fields
+from .sql import close_quietly, connect, writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -234,9 +234,7 @@ class PostgresConsumers(TaskStoreBackend):
         if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
             return None
         try:
-            import asyncpg
-
-            conn = await asyncpg.connect(self._dsn, server_settings=self._session())
+            conn = await connect(self._dsn, server_settings=self._session())
             state.update(conn=conn, event=anyio.Event(), failed_at=None)
 
             def notified(*_: object) -> None:

@@ -43,7 +43,7 @@ import anyio
 from .._leases import check_owner, check_ttl
 from .._types import Lease, NodeHeartbeat, NodeLease
 from ..errors import StateStoreError, StoreClosedError
-from .sql import close_quietly, is_connection_error, is_unavailable, map_error
+from .sql import close_quietly, connect, is_connection_error, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
@@ -254,9 +254,7 @@ class PostgresLeases:
                 conn = state.get("conn")
                 try:
                     if conn is None or conn.is_closed():
-                        import asyncpg
-
-                        conn = await asyncpg.connect(self._dsn, server_settings=self._session())
+                        conn = await connect(self._dsn, server_settings=self._session())
                         state["conn"] = conn
                     if not transaction:
                         return await fn(conn)
@@ -380,9 +378,7 @@ class PostgresLeases:
         conn = state.get("conn")
         if conn is None or conn.is_closed():
             try:
-                import asyncpg
-
-                conn = await asyncpg.connect(self._dsn, server_settings=self._session())
+                conn = await connect(self._dsn, server_settings=self._session())
                 event = anyio.Event()
                 state.update(conn=conn, event=event)
 
