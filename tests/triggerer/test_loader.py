@@ -150,6 +150,29 @@ class TestGrouping:
         assert len(second.groups) == 1
 
 
+class TestRewrittenFiles:
+    def test_a_file_rewritten_at_the_same_size_and_second_loads_its_new_code(
+        self, watchers: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bytecode cache is trusted on the source's size and whole-second mtime; a watcher
+        file (and a helper beside it) rewritten within that second at the same size must not
+        load its old code."""
+        import os
+
+        monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as an installed daemon runs
+        path = write(watchers, "a.py", asset_file("orders", "orders_feed", every=1.0))
+        helper = write(watchers, "ticks.py", TICKER + "\nVERSION = 1\n")
+        stamps = [(p, p.stat().st_mtime_ns) for p in (path, helper)]
+        first = load_watchers(watchers)
+        write(watchers, "a.py", asset_file("orders", "orders_feed", every=2.0))
+        write(watchers, "ticks.py", TICKER + "\nVERSION = 2\n")
+        for p, mtime in stamps:  # the same size, and the same modification time
+            os.utime(p, ns=(mtime, mtime))
+        second = load_watchers(watchers, previous=first)
+        assert second.groups[0].trigger.serialize()[1]["every"] == 2.0
+        assert sys.modules["ticks"].VERSION == 2
+
+
 class TestRefusals:
     def test_class_outside_allowed_modules_is_refused(self, watchers: Path) -> None:
         """A trigger class outside allowed_trigger_modules is refused and logged, not run."""

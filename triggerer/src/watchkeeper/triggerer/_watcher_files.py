@@ -192,6 +192,40 @@ def _module_name(relative: Path) -> str | None:
     return ".".join([PACKAGE, *parts])
 
 
+class _FromSource(importlib.machinery.SourceFileLoader):
+    """Compiles the file from its source at every import, never from ``__pycache__``: Python
+    trusts a bytecode file when the source's size and modification time in whole seconds
+    match, so a watcher file rewritten within a second at the same size (one path for
+    another) would otherwise load its old code."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+class _SourceFinder:
+    """A ``sys.meta_path`` finder just before the path finder: the same search, with
+    :class:`_FromSource` as the loader of the files under the watchers paths (the watcher
+    files and the helper modules beside them). Other modules keep their bytecode cache."""
+
+    def __init__(self, roots: list[str]) -> None:
+        self._roots = roots
+
+    def find_spec(
+        self, name: str, path: Any = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        origin = spec.origin if spec is not None else None
+        if (
+            spec is not None
+            and origin is not None
+            and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+            and any(origin.startswith(root + "/") for root in self._roots)
+        ):
+            spec.loader = _FromSource(name, origin)
+            spec.cached = None
+        return spec
+
+
 class WatcherModules:
     """The process's imports of watcher files: ``sys.modules`` and ``sys.path`` edited in one
     place, under :attr:`lock` (two loads must not interleave)."""
@@ -199,6 +233,7 @@ class WatcherModules:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._roots: list[str] = []  # watchers paths this process put on sys.path
+        self._finder = _SourceFinder(self._roots)
 
     def _purge(self) -> None:
         for name, module in list(sys.modules.items()):
@@ -221,6 +256,8 @@ class WatcherModules:
                 while root in sys.path:
                     sys.path.remove(root)
             self._roots.clear()
+            while self._finder in sys.meta_path:
+                sys.meta_path.remove(self._finder)
 
     def reset(self, path: Path) -> None:
         """Forget the modules of earlier loads and point the package at ``path`` alone.
@@ -240,6 +277,10 @@ class WatcherModules:
         sys.modules[PACKAGE] = importlib.util.module_from_spec(spec)
         if root not in sys.path:
             sys.path.append(root)
+        if self._finder not in sys.meta_path:
+            finder = importlib.machinery.PathFinder
+            at = sys.meta_path.index(finder) if finder in sys.meta_path else len(sys.meta_path)
+            sys.meta_path.insert(at, self._finder)
         importlib.invalidate_caches()
 
 
