@@ -75,9 +75,9 @@ class TestMigrations:
     async def test_a_new_file_records_every_migration(self, sqlite_path: Path) -> None:
         """Opening a new file applies every migration in order and records each one."""
         async with SqliteStateBackend(sqlite_path) as backend:
-            assert backend.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+            assert backend.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
         rows = raw_rows(sqlite_path, "SELECT version, name FROM schema_migrations ORDER BY 1")
-        assert [row[0] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        assert [row[0] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
         assert all(row[1] for row in rows)
 
     async def test_reopening_applies_nothing(self, sqlite_path: Path) -> None:
@@ -87,7 +87,7 @@ class TestMigrations:
         async with SqliteStateBackend(sqlite_path) as backend:
             assert backend.applied_migrations == []
             assert await backend.amigrate() == []
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 9
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 10
 
     async def test_two_backends_opening_a_new_file_at_once(self, sqlite_path: Path) -> None:
         """Two openings racing on a new file apply each migration exactly once between them."""
@@ -100,8 +100,8 @@ class TestMigrations:
         async with anyio.create_task_group() as tg:
             tg.start_soon(open_one)
             tg.start_soon(open_one)
-        assert sorted(applied) == [[], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 9
+        assert sorted(applied) == [[], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 10
 
     async def test_a_version_4_file_gets_the_event_retention_index(self, sqlite_path: Path) -> None:
         """A file from before event retention (version 4) is upgraded by migration 5 alone,
@@ -804,3 +804,44 @@ class TestGarbageCollection:
                 default_retention_days=days, batch_size=batch, now=T0 + timedelta(days=31)
             )
         assert len(await store.alist(TASK)) == 8
+
+
+class TestRunQueries:
+    """The queries that find runs by state read an index: a claim (one per run finished) and
+    the worker's heartbeat listing must not scan every run ever made."""
+
+    @staticmethod
+    async def plan(tmp_path: Path, sql: str, params: tuple[object, ...]) -> str:
+        path = tmp_path / "state.db"
+        async with SqliteStateBackend(path):
+            pass
+        with sqlite3.connect(path) as conn:
+            plan = conn.execute(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
+        return " | ".join(str(row[-1]) for row in plan)
+
+    @pytest.mark.parametrize(
+        ("task", "state", "index"),
+        [
+            (None, "running", "task_runs_state"),
+            (None, "queued", "task_runs_state"),
+            ("report", None, "task_runs_task"),
+            ("report", "queued", "task_runs_"),
+        ],
+    )
+    async def test_a_filtered_listing_reads_an_index(
+        self, tmp_path: Path, task: str | None, state: str | None, index: str
+    ) -> None:
+        from watchkeeper.store.sqlite.tasks import runs_query
+
+        sql, params = runs_query(task, state)
+        plan = await self.plan(tmp_path, sql, (*params, 10))
+        assert f"USING INDEX {index}" in plan and "SCAN task_runs" not in plan, plan
+
+    @pytest.mark.parametrize("name", ["LAPSED_RUNS", "READY_RUNS", "ANYTHING_TO_CLAIM"])
+    async def test_what_a_claim_reads_uses_the_state_index(self, tmp_path: Path, name: str) -> None:
+        from watchkeeper.store.sqlite import tasks
+
+        sql: str = getattr(tasks, name)
+        plan = await self.plan(tmp_path, sql, (1,) * sql.count("?"))
+        assert "USING INDEX task_runs_state" in plan, plan
+        assert "SCAN r" not in plan.split(" | ") and "SCAN task_runs" not in plan, plan

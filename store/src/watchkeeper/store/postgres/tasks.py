@@ -412,14 +412,18 @@ class PostgresTasks(PostgresRuns):
     async def _alist_runs(
         self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
-        rows = await self._fetch(
-            "listing runs",
-            f"SELECT {RUN_COLS} FROM {self._prefix}task_runs WHERE ($1::text IS NULL OR task = $1) "
-            "AND ($2::text IS NULL OR state = $2) ORDER BY id DESC LIMIT $3",
-            task,
-            state,
-            limit,
-        )
+        # Only the filters given, the state as a literal (one of RUN_STATES, checked): a
+        # generic "($1 IS NULL OR state = $1)" plan scanned every run ever made, where
+        # "state = 'running'" is answered by the partial index of open runs.
+        where = [] if task is None else ["task = $2"]
+        if state is not None:
+            where.append(f"state = '{state}'")
+        sql = f"SELECT {RUN_COLS} FROM {self._prefix}task_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT $1"
+        args = (limit,) if task is None else (limit, task)
+        rows = await self._fetch("listing runs", sql, *args)
         return [run_from_row(row) for row in rows]
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:

@@ -237,6 +237,17 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             "CREATE INDEX trigger_leases_owner ON trigger_leases (owner)",
         ),
     ),
+    (
+        10,
+        "runs found by state through an index",
+        (
+            # The partial index (WHERE state IN ('queued', 'running')) served no query: SQLite
+            # uses a partial index only when the query repeats its WHERE, and "state =
+            # 'queued'" does not, so every claim scanned every run ever made.
+            "DROP INDEX task_runs_open",
+            "CREATE INDEX task_runs_state ON task_runs (state, id)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

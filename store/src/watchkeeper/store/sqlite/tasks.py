@@ -195,6 +195,44 @@ def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
     return _runs_with_events(conn, run_ids)
 
 
+# What a claim reads (each answered by the task_runs_state index, test_sqlite.py checks the
+# plans): tries whose lease lapsed, runs ready to start, and whether there may be either.
+LAPSED_RUNS = (
+    "SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors FROM task_runs r "
+    "JOIN tasks t ON t.name = r.task WHERE r.state = 'running' AND t.paused = 0 "
+    "AND r.lease_expires_at <= ?"
+)
+READY_RUNS = (
+    "SELECT r.id FROM task_runs r JOIN tasks t ON t.name = r.task WHERE t.paused = 0 "
+    "AND r.state = 'queued' AND (r.not_before IS NULL OR r.not_before <= ?)"
+)
+ANYTHING_TO_CLAIM = (
+    "SELECT EXISTS (SELECT 1 FROM task_runs WHERE state = 'queued' "
+    "AND (not_before IS NULL OR not_before <= ?)) OR EXISTS (SELECT 1 FROM task_runs "
+    "WHERE state = 'running' AND lease_expires_at <= ?) OR (? AND EXISTS (SELECT 1 "
+    "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
+    "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))"
+)
+
+
+def runs_query(task: str | None, state: str | None) -> tuple[str, tuple[object, ...]]:
+    """The listing of runs (newest first, then ``LIMIT ?``) with only the filters given.
+
+    The state is written into the SQL as a literal (it is one of ``RUN_STATES``, checked by
+    the caller) so that the ``(state, id)`` index answers, where a ``(? IS NULL OR state = ?)``
+    filter scanned every run ever made (the worker lists its running runs at every
+    heartbeat)."""
+    where = []
+    if task is not None:
+        where.append("task = ?")
+    if state is not None:
+        where.append(f"state = '{state}'")
+    sql = f"SELECT {_RUN_COLS} FROM task_runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + " ORDER BY id DESC LIMIT ?", (() if task is None else (task,))
+
+
 def _step(
     tx: Tx, owner: str, finish: RunOutcome | None, claim: int, span: timedelta,
     tasks: Sequence[str] | None, create: int,
@@ -225,12 +263,7 @@ def _claim(
         only = f" AND r.task IN ({', '.join('?' * len(tasks))})"
         params = list(tasks)
     # Tries whose worker stopped renewing: recorded, then retried or (no tries left) failed.
-    lapsed = conn.execute(
-        "SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors FROM task_runs r "
-        "JOIN tasks t ON t.name = r.task WHERE r.state = 'running' AND t.paused = 0 "
-        f"AND r.lease_expires_at <= ?{only}",
-        (stamp, *params),
-    ).fetchall()
+    lapsed = conn.execute(LAPSED_RUNS + only, (stamp, *params)).fetchall()
     for run_id, try_number, max_tries, lease_owner, errors in lapsed:
         entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
         state = "queued" if try_number < max_tries else "failed"
@@ -243,9 +276,8 @@ def _claim(
     rows = conn.execute(
         "UPDATE task_runs SET state = 'running', try_number = try_number + 1, lease_owner = ?, "
         "lease_token = lease_token + 1, lease_expires_at = ?, started_at = ?, updated_at = ?, "
-        "not_before = NULL WHERE id IN (SELECT r.id FROM task_runs r JOIN tasks t "
-        "ON t.name = r.task WHERE t.paused = 0 AND r.state = 'queued' AND (r.not_before IS NULL "
-        f"OR r.not_before <= ?){only} ORDER BY r.id LIMIT ?) RETURNING {_RUN_COLS}",
+        f"not_before = NULL WHERE id IN ({READY_RUNS}{only} ORDER BY r.id LIMIT ?) "
+        f"RETURNING {_RUN_COLS}",
         (owner, to_db(now + span), stamp, stamp, stamp, *params, limit),
     ).fetchall()
     return _with_events(conn, sorted(rows))
@@ -440,14 +472,7 @@ class SqliteTasks(TaskStoreBackend):
         """Whether a claim could find something (a read, without the write lock): a ready
         run, a lapsed lease, or (``create``) a task with events after its cursor."""
         stamp = to_db(self.clock())
-        rows = await self._read(
-            "SELECT EXISTS (SELECT 1 FROM task_runs WHERE state = 'queued' "
-            "AND (not_before IS NULL OR not_before <= ?)) OR EXISTS (SELECT 1 FROM task_runs "
-            "WHERE state = 'running' AND lease_expires_at <= ?) OR (? AND EXISTS (SELECT 1 "
-            "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
-            "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))",
-            (stamp, stamp, int(create)),
-        )
+        rows = await self._read(ANYTHING_TO_CLAIM, (stamp, stamp, int(create)))
         return bool(rows[0][0])
 
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
@@ -470,11 +495,8 @@ class SqliteTasks(TaskStoreBackend):
     async def _alist_runs(
         self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
-        rows = await self._read(
-            f"SELECT {_RUN_COLS} FROM task_runs WHERE (? IS NULL OR task = ?) "
-            "AND (? IS NULL OR state = ?) ORDER BY id DESC LIMIT ?",
-            (task, task, state, state, -1 if limit is None else limit),
-        )
+        sql, params = runs_query(task, state)
+        rows = await self._read(sql, (*params, -1 if limit is None else limit))
         return [_run(row) for row in rows]
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
