@@ -831,7 +831,7 @@ class TestRunQueries:
     async def test_a_filtered_listing_reads_an_index(
         self, tmp_path: Path, task: str | None, state: str | None, index: str
     ) -> None:
-        from watchkeeper.store.sqlite.tasks import runs_query
+        from watchkeeper.store.sqlite.tasks_schema import runs_query
 
         sql, params = runs_query(task, state)
         plan = await self.plan(tmp_path, sql, (*params, 10))
@@ -839,7 +839,7 @@ class TestRunQueries:
 
     @pytest.mark.parametrize("name", ["LAPSED_RUNS", "READY_RUNS", "ANYTHING_TO_CLAIM"])
     async def test_what_a_claim_reads_uses_the_state_index(self, tmp_path: Path, name: str) -> None:
-        from watchkeeper.store.sqlite import tasks
+        from watchkeeper.store.sqlite import tasks_schema as tasks
 
         sql: str = getattr(tasks, name)
         plan = await self.plan(tmp_path, sql, (1,) * sql.count("?"))

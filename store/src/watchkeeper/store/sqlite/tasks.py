@@ -45,6 +45,7 @@ from ..errors import (
 from . import meta, ops
 from .consumers import EVENT_COLS
 from .schema import from_db, to_db
+from .tasks_schema import ANYTHING_TO_CLAIM, LAPSED_RUNS, READY_RUNS, RUN_COLS, runs_query
 
 if TYPE_CHECKING:
     from .writer import Tx
@@ -53,12 +54,6 @@ __all__ = ["SqliteTasks"]
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
-
-_RUN_COLS = (
-    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
-    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids"
-)
 
 
 def _opt(text: str | None) -> datetime | None:
@@ -81,7 +76,7 @@ def _runs_with_events(conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         return []
     marks = ", ".join("?" * len(run_ids))
     rows = conn.execute(
-        f"SELECT {_RUN_COLS} FROM task_runs WHERE id IN ({marks}) ORDER BY id", run_ids
+        f"SELECT {RUN_COLS} FROM task_runs WHERE id IN ({marks}) ORDER BY id", run_ids
     ).fetchall()
     events: dict[int, list[AssetEvent]] = {}
     for r in conn.execute(
@@ -195,44 +190,6 @@ def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
     return _runs_with_events(conn, run_ids)
 
 
-# What a claim reads (each answered by the task_runs_state index, test_sqlite.py checks the
-# plans): tries whose lease lapsed, runs ready to start, and whether there may be either.
-LAPSED_RUNS = (
-    "SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors FROM task_runs r "
-    "JOIN tasks t ON t.name = r.task WHERE r.state = 'running' AND t.paused = 0 "
-    "AND r.lease_expires_at <= ?"
-)
-READY_RUNS = (
-    "SELECT r.id FROM task_runs r JOIN tasks t ON t.name = r.task WHERE t.paused = 0 "
-    "AND r.state = 'queued' AND (r.not_before IS NULL OR r.not_before <= ?)"
-)
-ANYTHING_TO_CLAIM = (
-    "SELECT EXISTS (SELECT 1 FROM task_runs WHERE state = 'queued' "
-    "AND (not_before IS NULL OR not_before <= ?)) OR EXISTS (SELECT 1 FROM task_runs "
-    "WHERE state = 'running' AND lease_expires_at <= ?) OR (? AND EXISTS (SELECT 1 "
-    "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
-    "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))"
-)
-
-
-def runs_query(task: str | None, state: str | None) -> tuple[str, tuple[object, ...]]:
-    """The listing of runs (newest first, then ``LIMIT ?``) with only the filters given.
-
-    The state is written into the SQL as a literal (it is one of ``RUN_STATES``, checked by
-    the caller) so that the ``(state, id)`` index answers, where a ``(? IS NULL OR state = ?)``
-    filter scanned every run ever made (the worker lists its running runs at every
-    heartbeat)."""
-    where = []
-    if task is not None:
-        where.append("task = ?")
-    if state is not None:
-        where.append(f"state = '{state}'")
-    sql = f"SELECT {_RUN_COLS} FROM task_runs"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY id DESC LIMIT ?", (() if task is None else (task,))
-
-
 def _step(
     tx: Tx, owner: str, finish: RunOutcome | None, claim: int, span: timedelta,
     tasks: Sequence[str] | None, create: int,
@@ -277,7 +234,7 @@ def _claim(
         "UPDATE task_runs SET state = 'running', try_number = try_number + 1, lease_owner = ?, "
         "lease_token = lease_token + 1, lease_expires_at = ?, started_at = ?, updated_at = ?, "
         f"not_before = NULL WHERE id IN ({READY_RUNS}{only} ORDER BY r.id LIMIT ?) "
-        f"RETURNING {_RUN_COLS}",
+        f"RETURNING {RUN_COLS}",
         (owner, to_db(now + span), stamp, stamp, stamp, *params, limit),
     ).fetchall()
     return _with_events(conn, sorted(rows))
@@ -347,7 +304,7 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
             "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
             "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND state = 'running' "
             "AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? "
-            f"RETURNING {_RUN_COLS}",
+            f"RETURNING {RUN_COLS}",
             (stamp, stamp, run_id, owner, token, stamp),
         ).fetchone()
         if row is not None:
@@ -385,7 +342,7 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
             (new_state, None if not_before is None else to_db(not_before), stamp,
              errors_to_json(entries), stamp if new_state == "failed" else None, run_id),
         )  # fmt: skip
-    row = conn.execute(f"SELECT {_RUN_COLS} FROM task_runs WHERE id = ?", (run_id,)).fetchone()
+    row = conn.execute(f"SELECT {RUN_COLS} FROM task_runs WHERE id = ?", (run_id,)).fetchone()
     return _run(row)
 
 
@@ -482,7 +439,7 @@ class SqliteTasks(TaskStoreBackend):
         return await self._write(lambda tx: _break(tx, owners))
 
     async def _aget_run(self, run_id: int) -> TaskRun:
-        rows = await self._read(f"SELECT {_RUN_COLS} FROM task_runs WHERE id = ?", (run_id,))
+        rows = await self._read(f"SELECT {RUN_COLS} FROM task_runs WHERE id = ?", (run_id,))
         if not rows:
             raise RunNotFoundError(run_id)
         events = await self._read(
