@@ -323,6 +323,17 @@ class TestScan:
         added.unlink()
         assert "a.py" not in scan_watchers_path(watchers)
 
+    def test_scan_sees_a_rewrite_at_the_same_size_and_time(self, watchers: Path) -> None:
+        """A second write within one timestamp tick, at the same size, still changes the scan."""
+        import os
+
+        path = write(watchers, "a.py", asset_file("orders", "orders_feed", every=1.0))
+        mtime = path.stat().st_mtime_ns
+        before = scan_watchers_path(watchers)["a.py"]
+        write(watchers, "a.py", asset_file("orders", "orders_feed", every=2.0))
+        os.utime(path, ns=(mtime, mtime))  # the same size, and the same modification time
+        assert scan_watchers_path(watchers)["a.py"] != before
+
 
 def named_asset_file(asset: str, watcher: str = "feed", uri: str | None = None) -> str:
     """A file whose asset, watcher and URI names are Python literals (any characters)."""

@@ -23,6 +23,7 @@ import importlib.util
 import sys
 import threading
 import types
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "PACKAGE",
     "AssetDefinition",
     "FileDefinitions",
+    "FileStamp",
     "WatcherDefinition",
     "WatcherError",
     "WatcherModules",
@@ -158,17 +160,26 @@ def default_allowed_modules(path: Path) -> list[str]:
     return names
 
 
-def scan_watchers_path(path: Path) -> dict[str, tuple[int, int]]:
-    """``{relative file: (mtime_ns, size)}`` of every watcher file; blocking, use a thread."""
-    found: dict[str, tuple[int, int]] = {}
+FileStamp = tuple[int, int, int]
+"""A watcher file's ``(mtime_ns, size, crc32 of its content)``."""
+
+
+def scan_watchers_path(path: Path) -> dict[str, FileStamp]:
+    """``{relative file: FileStamp}`` of every watcher file; blocking, use a thread.
+
+    The content's checksum is part of the stamp: the kernel's timestamps move in ticks of a
+    few milliseconds, so a second write of the same size within one tick leaves mtime and
+    size as they were (a deploy that writes a file twice, one value for another)."""
+    found: dict[str, FileStamp] = {}
     if not path.is_dir():
         return found
     for file in watcher_files(path):
         try:
             st = file.stat()
-        except FileNotFoundError:  # removed between listing and stat
+            content = file.read_bytes()
+        except FileNotFoundError:  # removed between listing and reading
             continue
-        found[file.relative_to(path).as_posix()] = (st.st_mtime_ns, st.st_size)
+        found[file.relative_to(path).as_posix()] = (st.st_mtime_ns, st.st_size, zlib.crc32(content))
     return found
 
 

@@ -84,7 +84,7 @@ from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
 from ._watcher_controls import ControlsTracker
-from ._watcher_files import scan_watchers_path
+from ._watcher_files import FileStamp, scan_watchers_path
 from .runner import RunnerConfig, TriggerRunner
 from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
@@ -146,11 +146,11 @@ class Daemon(DaemonLeases):
         self._placement: TriggerPlacement | None = None
         self._leases: LeaseKeeper | None = None
         self._status: DaemonStatusKeeper | None = None
-        self._snapshot: dict[str, tuple[int, int]] = {}
+        self._snapshot: dict[str, FileStamp] = {}
         # One load at a time (it may take import_timeout per hung file); bringing the runner
         # in line with it holds the placement's lock too.
         self._load_lock = anyio.Lock()
-        self._unapplied: tuple[dict[str, tuple[int, int]], LoadResult] | None = None
+        self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._wake = anyio.Event()
 
@@ -328,7 +328,7 @@ class Daemon(DaemonLeases):
         """
         return await self._reload(None)
 
-    async def _reload(self, snapshot: dict[str, tuple[int, int]] | None) -> ReloadReport:
+    async def _reload(self, snapshot: dict[str, FileStamp] | None) -> ReloadReport:
         """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
         a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
         async with self._load_lock:
