@@ -364,6 +364,8 @@ async def supervise(
     *,
     health: StoreHealth,
     metrics: RuntimeMetrics | None = None,
+    started: Callable[[TriggerSlot], None] | None = None,
+    ended: Callable[[TriggerSlot], None] | None = None,
 ) -> None:
     """Run the trigger, restarting it with backoff, until it is cancelled or ``failed``.
 
@@ -373,6 +375,8 @@ async def supervise(
     ``running``; the store's hook also cancelled ``slot.handle``'s task): the caller then
     runs this again in a new task, which opens a portal first. Otherwise it runs until
     cancelled. Never raises a trigger's exception. The caller calls ``slot.mark_done()``.
+    ``started(slot)`` is called first and ``ended(slot)`` last, whatever happens: the runner
+    runs this as its task's own coroutine and keeps its books there.
 
     A run that ended because the store did not answer (``health`` classifies the error) is
     not a failure: the trigger waits (state ``backing_off``) until ``health`` has seen the
@@ -383,6 +387,8 @@ async def supervise(
     # Bound in this task's own context (anyio runs each task in a copy), and reset at the end
     # for a caller that runs supervise() in a task of its own making. Not the bound_contextvars
     # context manager: its generator would stay alive, per trigger, for as long as it runs.
+    if started is not None:
+        started(slot)
     tokens = structlog.contextvars.bind_contextvars(
         trigger_id=slot.trigger_id, assets=list(slot.asset_names)
     )
@@ -487,3 +493,5 @@ async def supervise(
             slot.state = "stopped"
         SYNC_CALL_WITHOUT_PORTAL.reset(hook)
         structlog.contextvars.reset_contextvars(**tokens)
+        if ended is not None:
+            ended(slot)
