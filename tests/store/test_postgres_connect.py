@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import asyncpg
 import pytest
+from watchkeeper.store import PostgresStateBackend
 from watchkeeper.store.postgres.sql import connect
 
 from ..support.daemons import free_port
@@ -96,3 +98,28 @@ async def test_a_connect_not_cancelled_returns_the_connection(slow_dsn: str) -> 
         assert await conn.fetchval("SELECT 1") == 1
     finally:
         await conn.close()
+
+
+async def test_renewals_cancelled_anywhere_leave_no_transaction_open(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A node renewal cancelled at any point (a daemon's start-up renewals are cancelled when
+    its first load ends) must not leave the lease connection inside a transaction: the next
+    renewals would then commit nothing, and every write of the daemon's watchers would be
+    refused as if its node lease had expired. The cancellation sweeps the first 4 ms of a
+    renewal in 20 µs steps; after each, a renewal must be seen by another session."""
+    ttl = timedelta(seconds=30)
+    expiry = f'SELECT expires_at FROM "{pg_schema}".trigger_nodes WHERE owner = $1'
+    other = await asyncpg.connect(pg_dsn)
+    try:
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
+            await store.arenew_node("a", ttl)
+            for step in range(200):
+                with anyio.move_on_after(step * 0.00002):
+                    await store.arenew_node("a", ttl)
+                before = await other.fetchval(expiry, "a")
+                await anyio.sleep(0.001)  # the database clock moves on
+                await store.arenew_node("a", ttl)
+                assert await other.fetchval(expiry, "a") > before, f"step {step}"
+    finally:
+        await other.close()

@@ -253,7 +253,9 @@ class PostgresLeases:
                     raise StoreClosedError(self)
                 conn = state.get("conn")
                 try:
-                    if conn is None or conn.is_closed():
+                    if conn is None or conn.is_closed() or conn.is_in_transaction():
+                        if conn is not None:
+                            conn.terminate()  # never reused inside a transaction (see below)
                         conn = await connect(self._dsn, server_settings=self._session())
                         state["conn"] = conn
                     if not transaction:
@@ -274,6 +276,16 @@ class PostgresLeases:
                         if attempt < 3:
                             continue
                     raise map_error(exc, what) from exc
+                except BaseException:
+                    # Cancelled half-way (a daemon's start-up renewals are): a BEGIN may have
+                    # gone out without its ROLLBACK. Reused, the connection would run every
+                    # later renewal inside that transaction, commit none, and the watchers'
+                    # writes would be refused as if the node lease had lapsed. Dropped, the
+                    # server rolls back.
+                    if conn is not None:
+                        conn.terminate()
+                    state.pop("conn", None)
+                    raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _close_lease_conn(self) -> None:
