@@ -59,10 +59,12 @@ class TestKeepAliveThroughABlockedLoop:
     async def test_a_blocked_loop_neither_lapses_nor_loses_the_node_lease(
         self, db: MetastoreBackend, tmp_path: Path
     ) -> None:
-        """The loop sleeps 2.5 s with a node lease of 1 s: the keep-alive thread renews it
+        """The loop sleeps 2.5 s with a node lease of 2 s: the keep-alive thread renews it
         meanwhile, so no ``node_lease_lapsed`` follows, the watcher keeps running under the
-        same token and commits the next line; without the thread the deadline (0.5 s after
-        the last renewal) would have passed and the daemon stopped its watcher."""
+        same token and commits the next line; without the thread the deadline (1.5 s after
+        the last renewal) would have passed and the daemon stopped its watcher. (With a 1 s
+        lease the thread had 0.2 s of slack, and a scheduling hiccup on a loaded machine
+        lapsed the lease now and then.)"""
         source = tmp_path / "alpha.txt"
         watchers = tmp_path / "watchers"
         watchers.mkdir()
@@ -76,7 +78,7 @@ class TestKeepAliveThroughABlockedLoop:
                 stop_grace=1,
                 heartbeat_interval=0.2,
                 lease_renew_interval=0.2,
-                lease_ttl=1.0,
+                lease_ttl=2.0,
                 lease_margin=0.5,
             )
         )
