@@ -7,7 +7,7 @@ like every other operation of that backend; the tables are created by migration 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from .._controls import ApiToken, ControlsBackend, WatcherControl
 from .._types import AssetScope
@@ -95,24 +95,19 @@ class SqliteControls(ControlsBackend):
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
-        # The batch comes back as two strings (the ids, and the objects one per line: JSON
-        # text from json_object holds no raw newline), so the reader thread takes the GIL once
-        # per batch instead of once per row, and the committing threads are not held up.
-        where = "id > ?" if asset is None else "id > ? AND asset_name = ?"
         sql = (
-            "SELECT group_concat(id), group_concat(j, char(10)) FROM (SELECT id, "
-            "json_object('id', id, 'asset', asset_name, 'watcher', watcher, 'payload', "
-            "json(payload), 'dedup_key', dedup_key, 'created_at', created_at) AS j "
-            f"FROM asset_events WHERE {where} ORDER BY id LIMIT ?)"
+            "SELECT id, json_object('id', id, 'asset', asset_name, 'watcher', watcher, "
+            "'payload', json(payload), 'dedup_key', dedup_key, 'created_at', created_at) "
+            "FROM asset_events WHERE id > ?"
         )
-        params: list[object] = [int(since_id)] if asset is None else [int(since_id), asset]
+        params: list[object] = [int(since_id)]
+        if asset is not None:
+            sql += " AND asset_name = ?"
+            params.append(asset)
+        sql += " ORDER BY id LIMIT ?"
         params.append(int(limit))
-        ((ids, objects),) = await self._backend()._read(sql, params)
-        if ids is None:
-            return []
-        events = list(zip(map(int, ids.split(",")), objects.split("\n"), strict=True))
-        events.sort()  # group_concat's order is the subquery's in practice, not by contract
-        return events
+        rows = await self._backend()._read(sql, params)
+        return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
 
