@@ -845,3 +845,41 @@ class TestRunQueries:
         plan = await self.plan(tmp_path, sql, (1,) * sql.count("?"))
         assert "USING INDEX task_runs_state" in plan, plan
         assert "SCAN r" not in plan.split(" | ") and "SCAN task_runs" not in plan, plan
+
+    async def test_neighbouring_steps_share_one_claim(self, tmp_path: Path) -> None:
+        """Steps that land in one batch run as one group: each finish on its own, then one
+        claim statement (and one lapsed-lease check) for all of them, each run claimed once."""
+        from watchkeeper.store.backend import RunOutcome, TaskSpec
+        from watchkeeper.store.sqlite.steps import RUN_STEPS, StepItem
+        from watchkeeper.store.sqlite.writer import Tx
+
+        path = tmp_path / "state.db"
+        ttl = timedelta(seconds=30)
+        async with SqliteStateBackend(path) as store:
+            await store.aregister_assets([Asset("a")])
+            await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+            for i in range(6):
+                await store.acommit_event(EventCommit("w", ("a",), str(i)))
+            await store.acreate_runs("t", 6)
+            held = await store.aclaim_runs("w1", limit=3, ttl=ttl)
+        conn = sqlite3.connect(path, isolation_level=None)
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        try:
+            tx = Tx(conn, lambda: datetime.now(UTC))
+            conn.execute("BEGIN IMMEDIATE")
+            tx.begin()
+            outcomes = RUN_STEPS.run(
+                tx,
+                [StepItem("w1", RunOutcome(r.id, r.lease_token, True), 1, ttl, ("t",), 0)
+                 for r in held],
+            )  # fmt: skip
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        assert [o.finished.state for o in outcomes] == ["success"] * 3
+        claimed = [run.id for o in outcomes for run in o.claimed]
+        assert len(claimed) == len(set(claimed)) == 3
+        assert not set(claimed) & {r.id for r in held}
+        assert sum("SET state = 'running'" in s for s in statements) == 1, statements
+        assert sum(s.startswith("SELECT r.id, r.try_number") for s in statements) == 1

@@ -430,7 +430,7 @@ def errors_to_json(errors: Iterable[RunError]) -> str:
 
 
 def errors_from_json(text: str | None) -> tuple[RunError, ...]:
-    if not text:
+    if not text or text == "[]":  # most runs: no JSON to parse
         return ()
     items: list[dict[str, Any]] = json.loads(text)
     return tuple(
@@ -444,7 +444,7 @@ def ids_to_json(ids: Iterable[int]) -> str:
 
 
 def ids_from_json(text: str | None) -> tuple[int, ...]:
-    return tuple(json.loads(text)) if text else ()
+    return tuple(json.loads(text)) if text and text != "[]" else ()
 
 
 def encode_state_writes(

@@ -15,82 +15,37 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._tasks import (
-    RunError,
-    RunOutcome,
-    RunStep,
-    TaskInfo,
-    TaskRun,
-    TaskSpec,
-    after_failure,
-    errors_from_json,
-    errors_to_json,
-    ids_from_json,
-    ids_to_json,
-    lapsed_error,
-    lost_reason,
-    plan_runs,
-)
+from .._tasks import RunOutcome, RunStep, TaskInfo, TaskRun, TaskSpec, lost_reason
 from .._taskstore import TaskStoreBackend
-from .._types import AssetEvent, AssetScope, Writer
-from ..errors import (
-    RunLeaseLostError,
-    RunNotFoundError,
-    RunStateError,
-    TaskNotFoundError,
-)
+from .._types import Writer
+from ..errors import RunNotFoundError, RunStateError, TaskNotFoundError
 from . import meta, ops
 from .consumers import EVENT_COLS
 from .schema import from_db, to_db
-from .tasks_schema import ANYTHING_TO_CLAIM, LAPSED_RUNS, READY_RUNS, RUN_COLS, runs_query
+from .steps import (
+    RUN_STEPS,
+    StepItem,
+    create_runs,
+    lease_row,
+    run_from_row,
+    runs_with_events,
+    spec_from_row,
+    step,
+    task_spec,
+)
+from .tasks_schema import ANYTHING_TO_CLAIM, RUN_COLS, runs_query
+from .writer import Op
 
 if TYPE_CHECKING:
-    from .writer import Tx
+    from .writer import GroupCommitWriter, Tx
 
 __all__ = ["SqliteTasks"]
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
-
-
-def _opt(text: str | None) -> datetime | None:
-    return None if text is None else from_db(text)
-
-
-def _run(row: Row, events: Sequence[AssetEvent] = ()) -> TaskRun:
-    return TaskRun(
-        id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
-        event_count=row[5], created_at=from_db(row[6]), updated_at=from_db(row[7]),
-        started_at=_opt(row[8]), finished_at=_opt(row[9]), not_before=_opt(row[10]),
-        lease_owner=row[11], lease_token=row[12], lease_expires_at=_opt(row[13]),
-        errors=errors_from_json(row[14]), outlet_event_ids=ids_from_json(row[15]),
-        events=tuple(events),
-    )  # fmt: skip
-
-
-def _runs_with_events(conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
-    if not run_ids:
-        return []
-    marks = ", ".join("?" * len(run_ids))
-    rows = conn.execute(
-        f"SELECT {RUN_COLS} FROM task_runs WHERE id IN ({marks}) ORDER BY id", run_ids
-    ).fetchall()
-    events: dict[int, list[AssetEvent]] = {}
-    for r in conn.execute(
-        f"SELECT e.run_id, {EVENT_COLS} FROM task_run_events e "
-        f"JOIN asset_events ev ON ev.id = e.event_id WHERE e.run_id IN ({marks}) "
-        "ORDER BY e.event_id",
-        run_ids,
-    ):
-        events.setdefault(r[0], []).extend(meta.events_result([r[1:]]))
-    return [_run(row, events.get(row[0], ())) for row in rows]
-
-
-def _spec(row: Row) -> TaskSpec:
-    return TaskSpec(row[0], tuple(json.loads(row[1])), row[2], row[3], row[4])
 
 
 # -- operations (fn(tx), run by the writer) -------------------------------------------------------
@@ -118,23 +73,13 @@ def _sync_tasks(tx: Tx, specs: Sequence[TaskSpec]) -> None:
             )
 
 
-def _task_spec(tx: Tx, name: str) -> tuple[TaskSpec, bool]:
-    row = tx.conn.execute(
-        "SELECT name, assets, mode, max_events, max_tries, paused FROM tasks WHERE name = ?",
-        (name,),
-    ).fetchone()
-    if row is None:
-        raise TaskNotFoundError(f"task {name!r}")
-    return _spec(row), bool(row[5])
-
-
 def _set_paused(tx: Tx, name: str, paused: bool) -> None:
-    _task_spec(tx, name)
+    task_spec(tx, name)
     tx.conn.execute("UPDATE tasks SET paused = ? WHERE name = ?", (int(paused), name))
 
 
 def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | None) -> None:
-    spec, _ = _task_spec(tx, name)
+    spec, _ = task_spec(tx, name)
     if asset not in spec.assets:
         raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
     _, stamp = tx.now()
@@ -146,136 +91,26 @@ def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | No
     )
 
 
-def _create_runs(tx: Tx, name: str, max_runs: int) -> list[TaskRun]:
-    conn = tx.conn
-    spec, paused = _task_spec(tx, name)
-    if paused:
-        return []
-    cursors = dict(conn.execute("SELECT asset, cursor FROM task_cursors WHERE task = ?", (name,)))
-    pending: dict[str, list[tuple[int, str]]] = {}
-    for asset in spec.assets:
-        rows = conn.execute(
-            "SELECT id FROM asset_events WHERE asset_name = ? AND id > ? ORDER BY id LIMIT ?",
-            (asset, cursors.get(asset, 0), max_runs * spec.max_events),
-        ).fetchall()
-        pending[asset] = [(r[0], asset) for r in rows]
-    plans = plan_runs(spec, pending, max_runs)
-    if not plans:
-        return []
-    _, stamp = tx.now()
-    run_ids: list[int] = []
-    for taken, _ in plans:
-        (run_id,) = conn.execute(
-            "INSERT INTO task_runs (task, state, try_number, max_tries, event_count, "
-            "created_at, updated_at) VALUES (?, 'queued', 0, ?, ?, ?, ?) RETURNING id",
-            (name, spec.max_tries, len(taken), stamp, stamp),
-        ).fetchone()
-        run_ids.append(run_id)
-    conn.executemany(
-        "INSERT INTO task_run_events (run_id, event_id, task, asset) VALUES (?, ?, ?, ?)",
-        [
-            (run_id, event_id, name, asset)
-            for run_id, (taken, _) in zip(run_ids, plans, strict=True)
-            for event_id, asset in taken
-        ],
-    )
-    moved: dict[str, int] = {}
-    for _, cursors_after in plans:
-        moved.update(cursors_after)
-    conn.executemany(
-        "UPDATE task_cursors SET cursor = ?, updated_at = ?, writer_kind = NULL, "
-        "writer_name = NULL WHERE task = ? AND asset = ?",
-        [(cursor, stamp, name, asset) for asset, cursor in moved.items()],
-    )
-    return _runs_with_events(conn, run_ids)
-
-
-def _step(
-    tx: Tx, owner: str, finish: RunOutcome | None, claim: int, span: timedelta,
-    tasks: Sequence[str] | None, create: int,
-) -> RunStep:  # fmt: skip
-    finished = None if finish is None else _finish(tx, owner, finish)
-    claimed = _claim(tx, owner, claim, span, tasks) if claim else []
-    if create and len(claimed) < claim:
-        names = tasks
-        if names is None:
-            names = [r[0] for r in tx.conn.execute("SELECT name FROM tasks WHERE paused = 0")]
-        for name in names:
-            try:
-                _create_runs(tx, name, create)
-            except TaskNotFoundError:
-                continue
-        claimed += _claim(tx, owner, claim - len(claimed), span, tasks)
-    return RunStep(finished, tuple(claimed))
-
-
-def _claim(
-    tx: Tx, owner: str, limit: int, span: timedelta, tasks: Sequence[str] | None
-) -> list[TaskRun]:
-    conn = tx.conn
-    now, stamp = tx.now()
-    only = ""
-    params: list[object] = []
-    if tasks is not None:
-        only = f" AND r.task IN ({', '.join('?' * len(tasks))})"
-        params = list(tasks)
-    # Tries whose worker stopped renewing: recorded, then retried or (no tries left) failed.
-    lapsed = conn.execute(LAPSED_RUNS + only, (stamp, *params)).fetchall()
-    for run_id, try_number, max_tries, lease_owner, errors in lapsed:
-        entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
-        state = "queued" if try_number < max_tries else "failed"
-        conn.execute(
-            "UPDATE task_runs SET state = ?, errors = ?, updated_at = ?, not_before = NULL, "
-            "finished_at = CASE WHEN ? = 'failed' THEN ? END, lease_owner = NULL, "
-            "lease_expires_at = NULL WHERE id = ?",
-            (state, errors_to_json(entries), stamp, state, stamp, run_id),
-        )
-    rows = conn.execute(
-        "UPDATE task_runs SET state = 'running', try_number = try_number + 1, lease_owner = ?, "
-        "lease_token = lease_token + 1, lease_expires_at = ?, started_at = ?, updated_at = ?, "
-        f"not_before = NULL WHERE id IN ({READY_RUNS}{only} ORDER BY r.id LIMIT ?) "
-        f"RETURNING {RUN_COLS}",
-        (owner, to_db(now + span), stamp, stamp, stamp, *params, limit),
-    ).fetchall()
-    return _with_events(conn, sorted(rows))
-
-
-def _with_events(conn: Any, rows: Sequence[Row]) -> list[TaskRun]:
-    """Runs from their rows, with their events (one query)."""
-    if not rows:
-        return []
-    ids = [row[0] for row in rows]
-    events: dict[int, list[AssetEvent]] = {}
-    for r in conn.execute(
-        f"SELECT e.run_id, {EVENT_COLS} FROM task_run_events e "
-        f"JOIN asset_events ev ON ev.id = e.event_id WHERE e.run_id IN "
-        f"({', '.join('?' * len(ids))}) ORDER BY e.event_id",
-        ids,
-    ):
-        events.setdefault(r[0], []).extend(meta.events_result([r[1:]]))
-    return [_run(row, events.get(row[0], ())) for row in rows]
-
-
-def _lease_row(tx: Tx, run_id: int) -> Row:
-    row = tx.conn.execute(
-        "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
-        "errors, task FROM task_runs WHERE id = ?",
-        (run_id,),
-    ).fetchone()
-    if row is None:
-        raise RunNotFoundError(run_id)
-    return tuple(row)
-
-
 def _heartbeat(tx: Tx, owner: str, runs: Mapping[int, int], span: timedelta) -> set[int]:
     now, _ = tx.now()
     held: set[int] = set()
     for run_id, token in runs.items():
         try:
-            row = _lease_row(tx, run_id)
+            row = lease_row(tx, run_id)
         except RunNotFoundError:
             continue
-        if lost_reason(row[0], row[1], row[2], _opt(row[3]), owner, token, now) is None:
+        if (
+            lost_reason(
+                row[0],
+                row[1],
+                row[2],
+                None if row[3] is None else from_db(row[3]),
+                owner,
+                token,
+                now,
+            )
+            is None
+        ):
             tx.conn.execute(
                 "UPDATE task_runs SET lease_expires_at = ? WHERE id = ?",
                 (to_db(now + span), run_id),
@@ -295,59 +130,8 @@ def _break(tx: Tx, owners: Sequence[str]) -> int:
     return cur.rowcount
 
 
-def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
-    conn = tx.conn
-    now, stamp = tx.now()
-    run_id, token = outcome.run_id, outcome.token
-    if outcome.success and not outcome.outlets:  # the common case: one fenced statement
-        row = conn.execute(
-            "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
-            "lease_owner = NULL, lease_expires_at = NULL WHERE id = ? AND state = 'running' "
-            "AND lease_owner = ? AND lease_token = ? AND lease_expires_at > ? "
-            f"RETURNING {RUN_COLS}",
-            (stamp, stamp, run_id, owner, token, stamp),
-        ).fetchone()
-        if row is not None:
-            return _run(row)
-    state, lease_owner, lease_token, expires, try_number, max_tries, errors, task = _lease_row(
-        tx, run_id
-    )
-    reason = lost_reason(state, lease_owner, lease_token, _opt(expires), owner, token, now)
-    if reason is not None:
-        raise RunLeaseLostError(run_id, owner, token, reason)
-    if outcome.success:
-        outlet_ids: list[int] = []
-        for outlet in outcome.outlets:
-            asset_id, asset_name = tx.resolve(AssetScope(name=outlet.asset))
-            (event_id,) = conn.execute(
-                "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, "
-                "created_at) VALUES (?, ?, ?, ?, NULL, ?) RETURNING id",
-                (asset_id, asset_name, f"task:{task}", outlet.payload_json, stamp),
-            ).fetchone()
-            outlet_ids.append(event_id)
-        conn.execute(
-            "UPDATE task_runs SET state = 'success', finished_at = ?, updated_at = ?, "
-            "lease_owner = NULL, lease_expires_at = NULL, outlet_event_ids = ? WHERE id = ?",
-            (stamp, stamp, ids_to_json(outlet_ids), run_id),
-        )
-    else:
-        new_state, not_before = after_failure(try_number, max_tries, now, outcome.retry_delay)
-        entries = (
-            *errors_from_json(errors),
-            RunError(try_number, outcome.error or "failed", outcome.traceback, now),
-        )
-        conn.execute(
-            "UPDATE task_runs SET state = ?, not_before = ?, updated_at = ?, errors = ?, "
-            "lease_owner = NULL, lease_expires_at = NULL, finished_at = ? WHERE id = ?",
-            (new_state, None if not_before is None else to_db(not_before), stamp,
-             errors_to_json(entries), stamp if new_state == "failed" else None, run_id),
-        )  # fmt: skip
-    row = conn.execute(f"SELECT {RUN_COLS} FROM task_runs WHERE id = ?", (run_id,)).fetchone()
-    return _run(row)
-
-
 def _retry(tx: Tx, run_id: int) -> TaskRun:
-    state = _lease_row(tx, run_id)[0]
+    state = lease_row(tx, run_id)[0]
     if state != "failed":
         raise RunStateError(run_id, state, "only a failed run can be retried")
     _, stamp = tx.now()
@@ -356,7 +140,7 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
         "finished_at = NULL, updated_at = ? WHERE id = ?",
         (stamp, run_id),
     )
-    return _runs_with_events(tx.conn, [run_id])[0]
+    return runs_with_events(tx.conn, [run_id])[0]
 
 
 class SqliteTasks(TaskStoreBackend):
@@ -366,6 +150,7 @@ class SqliteTasks(TaskStoreBackend):
 
         async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
         async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
+        def _live_writer(self) -> GroupCommitWriter: ...
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -386,7 +171,7 @@ class SqliteTasks(TaskStoreBackend):
             by_task.setdefault(row[0], []).append(row)
         out = []
         for row in tasks:
-            spec = _spec(row)
+            spec = spec_from_row(row)
             mine = {r[1]: r for r in by_task.get(spec.name, []) if r[1] in spec.assets}
             out.append(
                 TaskInfo(
@@ -408,7 +193,9 @@ class SqliteTasks(TaskStoreBackend):
         await self._write(lambda tx: _rewind(tx, name, asset, to_event_id, writer))
 
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        return await self._write(lambda tx: _create_runs(tx, name, max_runs))
+        return await self._write(
+            lambda tx: runs_with_events(tx.conn, create_runs(tx, name, max_runs))
+        )
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -423,7 +210,13 @@ class SqliteTasks(TaskStoreBackend):
     ) -> RunStep:
         if finish is None and not await self._anything_to_claim(create > 0):
             return RunStep(None, ())  # no write: another process's commits need not wait
-        return await self._write(lambda tx: _step(tx, owner, finish, claim, span, tasks, create))
+        # Neighbouring steps of a batch run as one (RUN_STEPS), this one alone if that fails.
+        item = StepItem(owner, finish, claim, span, None if tasks is None else tuple(tasks), create)
+        op = Op(step, item, group=RUN_STEPS)
+        self._live_writer().put(op)
+        await op.done
+        result: RunStep = op.outcome()
+        return result
 
     async def _anything_to_claim(self, create: bool) -> bool:
         """Whether a claim could find something (a read, without the write lock): a ready
@@ -447,14 +240,14 @@ class SqliteTasks(TaskStoreBackend):
             "ON ev.id = e.event_id WHERE e.run_id = ? ORDER BY e.event_id",
             (run_id,),
         )
-        return _run(rows[0], meta.events_result(events))
+        return run_from_row(rows[0], meta.events_result(events))
 
     async def _alist_runs(
         self, task: str | None, state: str | None, limit: int | None
     ) -> builtins.list[TaskRun]:
         sql, params = runs_query(task, state)
         rows = await self._read(sql, (*params, -1 if limit is None else limit))
-        return [_run(row) for row in rows]
+        return [run_from_row(row) for row in rows]
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")
