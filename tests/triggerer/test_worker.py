@@ -7,6 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import pytest
 from watchkeeper.store import (
     AssetEvent,
@@ -126,6 +128,48 @@ class TestExecution:
             await emit(store, A)
             await wait_runs(store, "both", "success", 1)
             tg.cancel_scope.cancel()
+
+    @pytest.mark.parametrize("kind", ["sync", "async"])
+    async def test_concurrency_bounds_the_runs_claimed(self, store: Any, kind: str) -> None:
+        """With ``concurrency`` 2, at most two runs are ever claimed and not yet finished (the
+        runs ``running`` in the store), and at most two tasks run at once: a slot recording
+        its run's outcome claims its next run in that step, and counts meanwhile."""
+        seen: list[tuple[int, int]] = []  # (tasks running at once, runs running in the store)
+        running = 0
+
+        async def observe() -> None:
+            nonlocal running
+            running += 1
+            try:
+                await anyio.sleep(0.02)
+                seen.append((running, len(await store.alist_runs(state="running"))))
+            finally:
+                running -= 1
+
+        if kind == "async":
+
+            @asset_task(schedule=[A], max_events_per_run=1)
+            async def bounded(**_: Any) -> None:
+                await observe()
+
+        else:
+
+            @asset_task(schedule=[A], max_events_per_run=1)
+            def bounded(**_: Any) -> None:
+                anyio.from_thread.run(observe, token=token)
+
+        token = anyio.lowlevel.current_token()
+        settings = WorkerSettings(concurrency=2, poll_interval=0.01, heartbeat_interval=5)
+        async with anyio.create_task_group() as tg:
+            await tg.start(Worker(store, [bounded], settings).run)
+            await store.aset_task_paused("bounded", True)
+            await emit(store, A, 12)
+            await store.aset_task_paused("bounded", False)
+            await wait_runs(store, "bounded", "success", 12)
+            tg.cancel_scope.cancel()
+        assert len(seen) == 12
+        assert max(at_once for at_once, _ in seen) == 2  # both slots were used ...
+        assert max(claimed for _, claimed in seen) <= 2  # ... and no run waited claimed
 
 
 class TestFailures:

@@ -35,7 +35,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
@@ -60,6 +59,7 @@ from watchkeeper.store.backend import (
 from ._asset_task import AssetTask, OutletEvents
 from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
+from ._task_threads import TaskThreads
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
@@ -121,7 +121,7 @@ class Worker:
         self.tasks = {task.name: task for task in tasks}
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
-        self._limiter = anyio.CapacityLimiter(self.settings.concurrency)
+        self._threads = TaskThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._slot_freed = anyio.Event()
         self._accepting = True
@@ -152,11 +152,14 @@ class Worker:
         """Declare the tasks, then create, claim and execute runs until cancelled."""
         await self.declare()
         log.info("worker_started", owner=self.owner, tasks=sorted(self.tasks))
-        async with anyio.create_task_group() as tg:
-            await self._free_dead_owners()
-            tg.start_soon(self._heartbeat)
-            task_status.started()
-            await self._loop(tg)
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._free_dead_owners()
+                tg.start_soon(self._heartbeat)
+                task_status.started()
+                await self._loop(tg)
+        finally:
+            self._threads.close()
 
     def stop_claiming(self) -> None:
         """Take no new runs (a graceful stop lets the running ones finish)."""
@@ -173,7 +176,7 @@ class Worker:
         poll = self.settings.poll_interval
         while True:
             try:
-                free = self.settings.concurrency - len(self._running)
+                free = self.settings.concurrency - self._in_flight()
                 if self._accepting and free > 0:
                     create = 0 if self._creating else self._batch
                     self._creating |= create > 0
@@ -189,7 +192,7 @@ class Worker:
                         self._start(tg, run)
                     if len(step.claimed) == free:
                         continue  # each slot claims its next run as it finishes
-                if len(self._running) >= self.settings.concurrency or not self._accepting:
+                if free <= 0 or not self._accepting:
                     self._slot_freed = anyio.Event()
                     with anyio.move_on_after(poll):
                         await self._slot_freed.wait()
@@ -198,6 +201,11 @@ class Worker:
             except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
                 log.warning("worker_store_error", error=describe_error(exc))
                 await anyio.sleep(max(poll, 1.0))
+
+    def _in_flight(self) -> int:
+        """Runs claimed and not yet finished: running, or being recorded (whose slot may
+        claim the next one in the same step)."""
+        return len(self._running) + self._finishing
 
     def _start(self, tg: anyio.abc.TaskGroup, run: TaskRun) -> None:
         scope = anyio.CancelScope()
@@ -263,9 +271,7 @@ class Worker:
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
         if task.is_async:
             return await greenback.with_portal_run(task.fn, **context)
-        return await anyio.to_thread.run_sync(
-            partial(task.fn, **context), limiter=self._limiter, abandon_on_cancel=True
-        )
+        return await self._threads.call(partial(task.fn, **context))
 
     async def _finish(self, run: TaskRun, outcome: RunOutcome) -> TaskRun | None:
         """Record ``outcome`` and, in the same transaction, claim this slot's next run."""

@@ -140,7 +140,8 @@ class WorkerSettings(_LeasedSection):
     """``[worker]``: ``watchkeeper worker``, which runs the tasks declared with ``asset_task``."""
 
     concurrency: int = Field(default=8, ge=1)
-    """Runs one worker executes at once (sync tasks in a thread pool of this size)."""
+    """Runs one worker holds at once, claimed and not yet recorded (sync tasks run in that
+    many threads)."""
     poll_interval: PositiveSeconds = 0.05
     """Seconds between two looks for new events (SQLite: other processes commit into the
     file; PostgreSQL: only when its LISTEN connection is lost) and for due retries."""
