@@ -76,6 +76,7 @@ from .errors import MissingCapabilityError
 
 if TYPE_CHECKING:
     from ._log import get_logger
+    from ._threads import LoopThreads
 
 __all__ = [
     "CAPABILITIES",
@@ -98,6 +99,7 @@ __all__ = [
     "GcReport",
     "Lease",
     "LeaseTable",
+    "LoopThreads",
     "MetastoreBackend",
     "NodeHeartbeat",
     "NodeKeepAlive",
@@ -143,7 +145,9 @@ __all__ = [
 ]
 
 if not TYPE_CHECKING:  # structlog loads with the first logger, not with the records
-    __getattr__, __dir__ = lazy_exports(__name__, {"._log": ("get_logger",)})
+    __getattr__, __dir__ = lazy_exports(
+        __name__, {"._log": ("get_logger",), "._threads": ("LoopThreads",)}
+    )
 
 
 @runtime_checkable

@@ -24,6 +24,7 @@ Several workers may share one PostgreSQL database; on SQLite they serialise on t
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import traceback
@@ -46,6 +47,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import (
     AssetRegistry,
+    LoopThreads,
     OutletEvent,
     RunOutcome,
     TaskQueue,
@@ -59,7 +61,6 @@ from watchkeeper.store.backend import (
 from ._asset_task import AssetTask, OutletEvents
 from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
-from ._task_threads import TaskThreads
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
@@ -121,7 +122,7 @@ class Worker:
         self.tasks = {task.name: task for task in tasks}
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
-        self._threads = TaskThreads(self.settings.concurrency, name="watchkeeper-task")
+        self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._slot_freed = anyio.Event()
         self._accepting = True
@@ -131,6 +132,7 @@ class Worker:
         # Runs created at once when too few are ready: a batch per slot round, not one each.
         self._batch = 4 * self.settings.concurrency
         self.finished = 0
+        self._log_starts = False
 
     def __repr__(self) -> str:
         return f"<Worker owner={self.owner!r} tasks={len(self.tasks)} running={len(self._running)}>"
@@ -151,6 +153,8 @@ class Worker:
     ) -> None:
         """Declare the tasks, then create, claim and execute runs until cancelled."""
         await self.declare()
+        # Read once: a disabled debug call still costs a few microseconds per run.
+        self._log_starts = log.is_enabled_for(logging.DEBUG)
         log.info("worker_started", owner=self.owner, tasks=sorted(self.tasks))
         try:
             async with anyio.create_task_group() as tg:
@@ -213,31 +217,33 @@ class Worker:
         tg.start_soon(self._execute, run, scope)
 
     async def _execute(self, run: TaskRun, scope: anyio.CancelScope) -> None:
-        """Run ``run``, then the run claimed with its finish, and so on: one slot."""
-        next_run: TaskRun | None = run
+        """Run ``run``, then the run claimed with its finish, and so on: one slot.
+
+        ``scope`` is the slot's: the heartbeat cancels it when the lease of the run it
+        executes is lost, which ends the slot (one scope per slot, not per run: entering and
+        leaving one costs more than a no-op run's thread hand-off). Recording an outcome is
+        shielded, and the run being recorded is no longer in ``_running``."""
         try:
-            while next_run is not None:
-                run = next_run
-                outcome: RunOutcome | None = None
-                with scope:
+            with scope:
+                while True:
                     outcome = await self._try(self.tasks[run.task], run)
-                self._running.pop(run.id, None)
-                if outcome is None:  # cancelled: its lease was lost
-                    return
-                self._finishing += 1
-                try:
-                    next_run = await self._finish(run, outcome)
-                finally:
-                    self._finishing -= 1
-                if next_run is not None:
-                    scope = anyio.CancelScope()
-                    self._running[next_run.id] = _InFlight(next_run.lease_token, scope)
+                    self._running.pop(run.id, None)
+                    self._finishing += 1
+                    try:
+                        next_run = await self._finish(run, outcome)
+                    finally:
+                        self._finishing -= 1
+                    if next_run is None:
+                        return
+                    run = next_run
+                    self._running[run.id] = _InFlight(run.lease_token, scope)
         finally:
             self._running.pop(run.id, None)
             self._slot_freed.set()
 
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
-        log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
+        if self._log_starts:
+            log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
         context = run_context(self.backend, task, run)
         try:
             timeout = task.execution_timeout

@@ -250,9 +250,15 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
             finally:
                 if wconn is not None:
                     # The last connection to close checkpoints the WAL: file I/O, so a thread;
-                    # the writer's limiter, so never while a batch still runs on it.
-                    limiter = None if self._writer is None else self._writer.limiter
-                    await anyio.to_thread.run_sync(wconn.close, limiter=limiter)
+                    # the writer's, so never while a batch still runs on it.
+                    writer = self._writer
+                    if writer is None:
+                        await anyio.to_thread.run_sync(wconn.close)
+                    else:
+                        try:
+                            await writer.thread.call(wconn.close, abandon=False)
+                        finally:
+                            writer.thread.close()
 
     # -- plumbing ----------------------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 Every write of :class:`~watchkeeper.store.SqliteStateBackend` is an *operation*: a plain
 function ``fn(tx) -> result`` that runs SQL on the writer's connection. Callers submit
 operations to the shared :class:`~watchkeeper.store._commit_queue.CommitQueue` and wait for
-theirs. Its writer task takes everything queued (up to
-``max_batch``) and this module runs the whole batch as one call in a worker thread (``anyio.to_thread.run_sync`` with a ``CapacityLimiter(1)``, so one
-thread at a time owns the ``sqlite3`` connection):
+theirs. Its writer task takes everything queued (up to ``max_batch``) and this module runs
+the whole batch as one call in the writer's own thread (a :class:`~.._threads.LoopThreads` of
+one, which also closes the connection, so one thread owns the ``sqlite3`` connection):
 
     BEGIN IMMEDIATE
       SAVEPOINT op; <op 1>; RELEASE op        -- or ROLLBACK TO op: only op 1 fails
@@ -47,6 +47,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 import anyio
@@ -54,6 +55,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from .._commit_queue import CommitQueue, QueuedWrite
+from .._threads import LoopThreads
 from .._types import AssetScope
 from ..errors import (
     AssetNotFoundError,
@@ -268,8 +270,8 @@ class GroupCommitWriter:
         self._owner = owner
         self._busy_timeout = busy_timeout
         self._max_batch = max_batch
-        self.limiter = anyio.CapacityLimiter(1)
-        """Held by whoever uses the connection: the batch thread, or its closer."""
+        self.thread = LoopThreads(1, name="watchkeeper-sqlite-writer")
+        """The thread that uses the connection: each batch in turn, then its closing."""
         self.queue: CommitQueue[Op] = CommitQueue(
             owner,
             self._run_batch_in_thread,
@@ -317,7 +319,7 @@ class GroupCommitWriter:
 
     async def _run_batch_in_thread(self, batch: list[Op]) -> None:
         try:
-            await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
+            await self.thread.call(partial(self._run_batch, batch), abandon=False)
         except BaseException:
             # The thread ran to its end even if we were cancelled meanwhile: what it reached
             # has its final outcome (the rest fails as in flight: StoreClosedError). On a

@@ -1,4 +1,4 @@
-"""The threads the worker runs sync tasks in: results, errors, context, cancellation, size."""
+"""LoopThreads: results, errors, context, cancellation (abandoned or awaited), size."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import anyio
 import pytest
-from watchkeeper.triggerer._task_threads import TaskThreads
+from watchkeeper.store.backend import LoopThreads
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +21,7 @@ def anyio_backend() -> str:
 
 
 async def test_result_error_and_context_come_back() -> None:
-    threads = TaskThreads(2, name="t-result")
+    threads = LoopThreads(2, name="t-result")
     try:
         VAR.set("from the caller")
         assert await threads.call(lambda: (VAR.get(), threading.current_thread().name)) == (
@@ -41,7 +41,7 @@ async def test_result_error_and_context_come_back() -> None:
 async def test_many_calls_at_once_use_at_most_size_threads() -> None:
     """Forty calls from forty tasks: each gets its own result; never more than ``size`` run
     at once, and the pool starts no more threads than that."""
-    threads = TaskThreads(3, name="t-many")
+    threads = LoopThreads(3, name="t-many")
     lock = threading.Lock()
     now = peak = 0
 
@@ -73,7 +73,7 @@ async def test_many_calls_at_once_use_at_most_size_threads() -> None:
 
 
 async def test_cancelled_call_not_started_never_runs() -> None:
-    threads = TaskThreads(1)
+    threads = LoopThreads(1, name="t-queued")
     release = threading.Event()
     ran: list[str] = []
     try:
@@ -92,7 +92,7 @@ async def test_cancelled_call_not_started_never_runs() -> None:
 async def test_abandoned_call_runs_on_and_a_thread_replaces_it() -> None:
     """A call cancelled while it runs finishes in its thread (its result dropped); meanwhile
     the pool starts another thread, so ``size`` calls can still run."""
-    threads = TaskThreads(1, name="t-stuck")
+    threads = LoopThreads(1, name="t-stuck")
     release = threading.Event()
     finished = threading.Event()
 
@@ -115,8 +115,29 @@ async def test_abandoned_call_runs_on_and_a_thread_replaces_it() -> None:
         threads.close()
 
 
+async def test_call_not_abandoned_is_awaited_through_a_cancellation() -> None:
+    """``abandon=False``: the cancelled caller waits until the call has run (the SQLite
+    writer must know what its batch did), then is cancelled."""
+    threads = LoopThreads(1, name="t-awaited")
+    done: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.3)
+        done.append("ran")
+
+    try:
+        with anyio.move_on_after(0.05) as scope:
+            await threads.call(slow, abandon=False)
+            done.append("returned")  # never: the cancellation comes once it has run
+        assert scope.cancelled_caught
+        assert done == ["ran"]
+        assert await threads.call(lambda: threading.current_thread().name) == "t-awaited-1"
+    finally:
+        threads.close()
+
+
 async def test_close_stops_the_threads_and_refuses_calls() -> None:
-    threads = TaskThreads(2, name="t-close")
+    threads = LoopThreads(2, name="t-close")
     await threads.call(lambda: None)
     threads.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -130,4 +151,4 @@ async def test_close_stops_the_threads_and_refuses_calls() -> None:
 
 def test_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        TaskThreads(0)
+        LoopThreads(0, name="t-none")

@@ -1,18 +1,20 @@
-"""The threads a worker runs its sync tasks in.
+"""Threads that run blocking calls for one event loop: the worker's sync tasks, the SQLite
+writer's batches.
 
-A slot hands a call to :meth:`TaskThreads.call` and awaits its future; one of the pool's
-threads takes it from a queue, runs it (in a copy of the slot's context variables), and puts
-the finished call on a list the loop drains. The hand-back is what this module is for: one
-wake-up of the event loop for every call that finished while the loop was busy, where
+A caller hands a call to :meth:`LoopThreads.call` and awaits its future; one of the pool's
+threads takes it from a queue, runs it (in a copy of the caller's context variables), and
+puts the finished call on a list the loop drains. The hand-back is what this module is for:
+one wake-up of the event loop for every call that finished while the loop was busy, where
 ``anyio.to_thread.run_sync`` pays a wake-up (a write to the loop's self-pipe), a capacity
-limiter and a cancel scope per call. With short tasks that hand-off was a third of a run's
+limiter and a cancel scope per call. With a no-op task that hand-off was a third of a run's
 CPU time (``benchmarks/tasks_bench.py``).
 
-Cancellation abandons the call, as ``to_thread.run_sync(abandon_on_cancel=True)`` does: a
-call not yet started never runs; a started one runs to its end in its thread (Python cannot
-stop a thread), its result is dropped, and the pool starts another thread in its place so
-``size`` calls can still run at once. Threads are daemons: a hung task never blocks the
-process's exit.
+Cancellation, by default, abandons the call, as ``to_thread.run_sync(abandon_on_cancel=True)``
+does: a call not yet started never runs; a started one runs to its end in its thread (Python
+cannot stop a thread), its result is dropped, and the pool starts another thread in its place
+so ``size`` calls can still run at once. With ``abandon=False`` the caller waits, shielded,
+until the call has run, then is cancelled (the writer must know what its batch did). Threads
+are daemons: a hung call never blocks the process's exit.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["TaskThreads"]
+import anyio
+
+__all__ = ["LoopThreads"]
 
 
 class _Call:
@@ -45,13 +49,13 @@ class _Call:
 _STOP: Final = None
 
 
-class TaskThreads:
+class LoopThreads:
     """Up to ``size`` sync calls at once in threads, plus one per abandoned call still running.
 
     Use on one event loop: :meth:`call` from its tasks, :meth:`close` when done.
     """
 
-    def __init__(self, size: int, *, name: str = "watchkeeper-task") -> None:
+    def __init__(self, size: int, *, name: str) -> None:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
         self.size = size
@@ -68,12 +72,13 @@ class TaskThreads:
 
     def __repr__(self) -> str:
         return (
-            f"<TaskThreads size={self.size} threads={self._threads} "
+            f"<LoopThreads size={self.size} threads={self._threads} "
             f"waiting={self._waiting} stuck={self._stuck}>"
         )
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn()`` in one of the threads and return its result (or raise its error)."""
+    async def call(self, fn: Callable[[], Any], *, abandon: bool = True) -> Any:
+        """Run ``fn()`` in one of the threads and return its result (or raise its error);
+        cancelled, abandon it, or (``abandon=False``) wait until it has run."""
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         loop = self._loop
@@ -83,11 +88,24 @@ class TaskThreads:
         self._waiting += 1
         self._grow()
         self._calls.put(item)
+        if not abandon:
+            return await self._outcome(item)
         try:
             return await item.future
         except BaseException:
             if not item.future.done() or item.future.cancelled():
                 self._abandon(item)
+            raise
+
+    async def _outcome(self, item: _Call) -> Any:
+        # The shield keeps the call's own future out of a cancellation of the caller.
+        try:
+            return await asyncio.shield(item.future)
+        except BaseException:
+            if item.future.done():
+                raise
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([item.future])
             raise
 
     def close(self) -> None:
