@@ -109,9 +109,14 @@ def sse():
     try:
         url = base + "/api/v1/events/stream" + query
         with httpx.stream("GET", url, headers=headers, timeout=None) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    seen[0] += 1
+            # Raw chunks, frames counted by their "data: " lines: a client that keeps up with
+            # the firehose for a small share of a core (iter_lines took about a tenth of one,
+            # on the same two cores as the daemon it measures).
+            tail = b""
+            for chunk in r.iter_raw():
+                block = tail + chunk
+                seen[0] += block.count(b"\ndata: ")
+                tail = block[-6:]
                 if time.monotonic() > stop:
                     return
     except httpx.HTTPError:
