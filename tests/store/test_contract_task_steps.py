@@ -124,15 +124,16 @@ class TestStep:
         assert len({r.id for r in claimed}) == len(claimed)
 
     async def test_steps_side_by_side_each_finish_fenced_claims_shared(self, store: Any) -> None:
-        """Steps sent at once (SQLite's writer runs neighbouring steps as one): each finish is
-        fenced on its own, so a refused one fails alone with nothing written; the others
-        finish, and the ready runs are shared among their claims, each run claimed once."""
+        """Steps sent at once (SQLite runs neighbouring steps as one, PostgreSQL its plain
+        successes as one statement): each finish is fenced on its own, so a refused one fails
+        alone with nothing written; the others finish, and the ready runs are shared among
+        their claims, each run claimed once."""
         await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
         await emit(store, "a", 9)
         await store.acreate_runs("t", 9)
         mine = await store.aclaim_runs("w1", limit=3, ttl=TTL)
         (theirs,) = await store.aclaim_runs("w2", limit=1, ttl=TTL)
-        stale = RunOutcome(mine[1].id, mine[1].lease_token + 1, True, (OutletEvent("out"),))
+        stale = RunOutcome(mine[1].id, mine[1].lease_token + 1, True)
         calls: list[dict[str, Any]] = [
             {"owner": "w1", "finish": ok(mine[0]), "claim": 1},
             {"owner": "w1", "finish": stale, "claim": 1},
@@ -157,13 +158,16 @@ class TestStep:
         assert len({run.id for run in claimed}) == 4
         assert {run.lease_owner for run in results[3].claimed} == {"w2"}
         assert {results[i].finished.state for i in (0, 2, 3)} == {"success"}
-        (event,) = await store.alist_events(asset="out")  # the refused step's outlet: none
+        (event,) = await store.alist_events(asset="out")
         assert results[2].finished.outlet_event_ids == (event.id,)
         refused = await store.aget_run(mine[1].id)
         assert (refused.state, refused.lease_owner) == ("running", "w1")
         assert len(await store.alist_runs(state="queued")) == 1
         if batches is not None and store.__class__.__name__ == "SqliteStateBackend":
             assert store.commit_stats.batches == batches.batches + 1  # one transaction
+        if isinstance(store, PostgresStateBackend):  # the plain successes: grouped (.steps)
+            assert store._steps is not None
+            assert store._steps.queue.stats.writes == 3
 
     async def test_without_create_only_ready_runs_are_claimed(self, store: Any) -> None:
         await store.async_tasks([TaskSpec("t", ("a",))])

@@ -64,6 +64,7 @@ from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from .runs import RUN_WIDTH, run_from_row
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
@@ -74,6 +75,7 @@ from .sql import (
     map_error,
     raw_entry,
 )
+from .steps import StepQueue
 from .tasks import PostgresTasks
 from .writer import GroupWriter
 
@@ -140,6 +142,7 @@ class PostgresStateBackend(
         self._sql.clock_param = self._clock_param
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
+        self._steps: StepQueue | None = None  # the worker slots' grouped steps (.steps)
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -204,18 +207,25 @@ class PostgresStateBackend(
         writer = GroupWriter(
             self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
         )
+        steps = StepQueue(self, self._run_step_group, self._refuse_step, run_from_row, RUN_WIDTH)
         try:
             await task_group.start(writer.run)
+            await task_group.start(steps.queue.run)
         except BaseException:
             writer.discard()
+            steps.queue.discard()
             _discard(conn, pool)
             raise
         self._pool, self._writer, self._last_writer = pool, writer, writer
+        self._steps = steps
 
     async def _aclose(self) -> None:
-        writer, pool = self._writer, self._pool
-        self._writer = None
+        writer, pool, steps = self._writer, self._pool, self._steps
+        self._writer = self._steps = None
         try:
+            if steps is not None:  # its queued steps run (on the pool) before it closes
+                steps.queue.close()
+                await steps.queue.wait_stopped()
             await self._close_listener()
             await self._close_lease_listener()
             await self._close_lease_conn()

@@ -36,6 +36,8 @@ from .sql import database_clock, rowcount
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from .steps import Group, StepWrite
+
 __all__ = [
     "RUN_COLS",
     "RUN_WIDTH",
@@ -61,7 +63,7 @@ RUN_WIDTH = len(RUN_COLS.split(","))
 LAPSED_SQL = LAPSED.replace("'{owner}'", "'%s'")
 
 
-def step_sql(p: str) -> str:
+def step_sql(p: str, *, group: bool = False) -> str:
     """A worker's step in one statement (autocommit: one round trip, one transaction).
 
     $1 the clock (NULL: ``now()``), $2 the task names (NULL: all), $3 how many to claim, $4
@@ -71,6 +73,11 @@ def step_sql(p: str) -> str:
     or failed (no tries left). Rows: ``'d'`` and the finished run; ``'c'``, a claimed run
     and one of its events (or NULLs). A refused finish changes nothing (every other part
     waits for ``done``).
+
+    ``group``: the steps of several slots of one worker (:mod:`.steps`), each a plain success
+    wanting at most one run: $6/$7 are arrays of runs and tokens, $3 an array saying which
+    of them want a run; as many runs are claimed as there are finishes that were not refused
+    and want one (none when all were refused).
     """
     cols = ", ".join(f"u.{c.strip()}" for c in RUN_COLS.split(","))
     ready = (
@@ -78,6 +85,24 @@ def step_sql(p: str) -> str:
         "AND ($2::text[] IS NULL OR r.task = ANY($2::text[]))"
     )
     go = "($6::int8 IS NULL OR EXISTS (SELECT 1 FROM done))"
+    limit, claiming = "$3", "$3 > 0"
+    finished = (
+        "WHERE u.id = $6::int8 AND u.state = 'running' AND u.lease_owner = $4 "
+        "AND u.lease_token = $7::int8 AND u.lease_expires_at > n.at"
+    )
+    want = ""
+    if group:
+        finished = (
+            ", unnest($6::int8[], $7::int8[]) AS f(id, token) WHERE u.id = f.id "
+            "AND u.state = 'running' AND u.lease_owner = $4 AND u.lease_token = f.token "
+            "AND u.lease_expires_at > n.at"
+        )
+        want = (
+            "want AS (SELECT count(*) AS k FROM done JOIN unnest($6::int8[], $3::bool[]) "
+            "AS w(id, wants) ON w.id = done.id WHERE w.wants), "
+        )
+        go = limit = "(SELECT k FROM want)"
+        go, claiming = f"{go} > 0", "true"
     # A lapsed try's error appended to the run's errors (their JSON as errors_to_json has it).
     entry = (
         "(u.errors::jsonb || jsonb_build_array(jsonb_build_object('try', u.try_number, "
@@ -87,19 +112,18 @@ def step_sql(p: str) -> str:
         "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
         f"done AS (UPDATE {p}task_runs u SET state = 'success', finished_at = n.at, "
         "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL FROM n "
-        "WHERE u.id = $6::int8 AND u.state = 'running' AND u.lease_owner = $4 "
-        f"AND u.lease_token = $7::int8 AND u.lease_expires_at > n.at RETURNING {cols}), "
+        f"{finished} RETURNING {cols}), {want}"
         f"gone AS (SELECT r.id {ready} AND r.state = 'running' "
         "AND r.lease_expires_at <= (SELECT at FROM n) FOR UPDATE OF r SKIP LOCKED), "
         f"c AS (SELECT r.id {ready} AND ((r.state = 'queued' AND (r.not_before IS NULL "
         "OR r.not_before <= (SELECT at FROM n))) OR (r.state = 'running' "
         "AND r.lease_expires_at <= (SELECT at FROM n) AND r.try_number < r.max_tries)) "
-        "ORDER BY r.id LIMIT $3 FOR UPDATE OF r SKIP LOCKED), "
+        f"ORDER BY r.id LIMIT {limit} FOR UPDATE OF r SKIP LOCKED), "
         f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN u.try_number < u.max_tries "
         f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
         "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
         "WHEN u.try_number < u.max_tries THEN NULL ELSE n.at END FROM gone, n "
-        "WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND $3 > 0 "
+        f"WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND {claiming} "
         f"AND {go} RETURNING u.id), "
         f"claimed AS (UPDATE {p}task_runs u SET state = 'running', "
         "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
@@ -241,6 +265,7 @@ class PostgresRuns(TaskStoreBackend):
         @property
         def _prefix(self) -> str: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        async def _fetch(self, what: str, sql: str, *args: Any) -> builtins.list[Any]: ...
 
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:
@@ -296,6 +321,23 @@ class PostgresRuns(TaskStoreBackend):
             if values[RUN_WIDTH + 1] is not None:
                 entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
         return finished, [run_from_row(row, events) for row, events in runs.values()]
+
+    async def _run_step_group(self, group: Group, steps: builtins.list[StepWrite]) -> Any:
+        """The statement of grouped steps (:mod:`.steps`): its rows."""
+        owner, span, tasks = group
+        sql: str | None = self.__dict__.get("_group_step_sql_text")
+        if sql is None:
+            sql = self.__dict__["_group_step_sql_text"] = step_sql(self._prefix, group=True)
+        return await self._fetch(
+            "finishing and claiming runs", sql, database_clock(self.clock),
+            None if tasks is None else list(tasks), [s.wants for s in steps], owner, span,
+            [s.finish.run_id for s in steps], [s.finish.token for s in steps], LAPSED_SQL,
+        )  # fmt: skip
+
+    async def _refuse_step(self, step: StepWrite) -> None:
+        await self._transact(
+            "finishing a run", lambda conn: self._refuse(conn, step.group[0], step.finish)
+        )
 
     @property
     def _step_sql(self) -> str:

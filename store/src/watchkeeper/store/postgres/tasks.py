@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     import asyncpg
 
     from .sql import Statements
+    from .steps import StepQueue
 
 __all__ = ["PostgresTasks"]
 
@@ -83,6 +84,7 @@ class PostgresTasks(PostgresRuns):
     clock: Any
     _dsn: str
     _sql: Statements
+    _steps: StepQueue | None
 
     if TYPE_CHECKING:
 
@@ -338,6 +340,17 @@ class PostgresTasks(PostgresRuns):
         tasks: builtins.list[str] | None,
         create: int,
     ) -> RunStep:
+        steps = self._steps
+        if (
+            steps is not None
+            and finish is not None
+            and finish.success
+            and not finish.outlets
+            and not create
+            and claim <= 1
+        ):  # a slot's usual step: with the others at once
+            group = (owner, span, None if tasks is None else tuple(tasks))
+            return await steps.step(group, finish, claim == 1)
         finished: TaskRun | None = None
         if finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
