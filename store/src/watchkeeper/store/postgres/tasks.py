@@ -5,7 +5,8 @@ Each operation is one short transaction on a pooled connection (``_transact``), 
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
 claim different runs without waiting on each other; see :mod:`.runs`), and a finish holds its
 run row while it checks the lease and commits the outlet events. A worker's step finishes a
-try and claims the next in one statement; when too few runs are ready it creates a batch and
+try and claims the next in one statement (the plain successes of slots finishing at once share
+one, :mod:`.steps`); when too few runs are ready it creates a batch and
 claims from it: for a task on one asset in one more statement, the horizon read in it (the
 cursor moves only from where it was read, so of two workers racing one creates and the other
 nothing); for a task on several assets in a transaction (the task rows, locked in name order,
