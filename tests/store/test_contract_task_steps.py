@@ -169,6 +169,20 @@ class TestStep:
             assert store._steps is not None
             assert store._steps.queue.stats.writes == 3
 
+    async def test_finish_then_create_when_none_is_ready(self, store: Any) -> None:
+        """A plain success whose claim finds nothing ready creates runs from the pending
+        events and claims one (on PostgreSQL, after its finish went in a group)."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        ids = await emit(store, "a", 1)
+        (run,) = (await store.astep_runs("w1", claim=1, ttl=TTL, create=1, tasks=["t"])).claimed
+        more = await emit(store, "a", 2)
+        step = await store.astep_runs("w1", finish=ok(run), claim=1, ttl=TTL, create=4)
+        assert step.finished.state == "success"
+        (claimed,) = step.claimed
+        assert [e.id for e in claimed.events] == more[:1] and ids[0] not in more
+        (queued,) = await store.alist_runs(state="queued")
+        assert [e.id for e in (await store.aget_run(queued.id)).events] == more[1:]
+
     async def test_without_create_only_ready_runs_are_claimed(self, store: Any) -> None:
         await store.async_tasks([TaskSpec("t", ("a",))])
         await emit(store, "a", 2)

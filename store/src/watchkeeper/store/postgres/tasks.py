@@ -342,18 +342,19 @@ class PostgresTasks(PostgresRuns):
         create: int,
     ) -> RunStep:
         steps = self._steps
+        finished: TaskRun | None = None
+        claimed: builtins.list[TaskRun]
         if (
             steps is not None
             and finish is not None
             and finish.success
             and not finish.outlets
-            and not create
             and claim <= 1
-        ):  # a slot's usual step: with the others at once
+        ):  # a slot's usual step: with the others finishing at once (creating after, if short)
             group = (owner, span, None if tasks is None else tuple(tasks))
-            return await steps.step(group, finish, claim == 1)
-        finished: TaskRun | None = None
-        if finish is not None and (not finish.success or finish.outlets):
+            done = await steps.step(group, finish, claim == 1)
+            finished, claimed = done.finished, list(done.claimed)
+        elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
             async def step(conn: Any) -> tuple[TaskRun, list[TaskRun]]:
                 done = await self._finish(conn, owner, finish)
