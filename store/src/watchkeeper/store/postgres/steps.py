@@ -3,8 +3,9 @@
 Each slot of a worker finishes its run and claims its next in one step. Sent one by one, eight
 slots make eight statements, each reading the open runs to claim one; under load the
 server's share of that was as large as the worker's own CPU (``BENCHMARKS.md``). So the
-backend queues the common step (a plain success that wants at most one run, creating none)
-on a :class:`~.._commit_queue.CommitQueue` with one group in flight: the steps that arrive
+backend queues the common step (a plain success that wants at most one run; one that comes
+back without a run and may create creates after it, in :mod:`.tasks`) on a
+:class:`~.._commit_queue.CommitQueue` with one group in flight: the steps that arrive
 while a group's statement runs go together in the next (:func:`~.runs.step_sql` with
 ``group``), one per owner, lease and task list. Each finish in it is fenced on its own: a
 refused one changes nothing and its caller gets the reason (read as a lone step's would be);
