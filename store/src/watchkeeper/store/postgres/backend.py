@@ -64,7 +64,6 @@ from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
 from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
-from .runs import RUN_WIDTH, run_from_row
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
@@ -207,7 +206,7 @@ class PostgresStateBackend(
         writer = GroupWriter(
             self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
         )
-        steps = StepQueue(self, self._run_step_group, self._refuse_step, run_from_row, RUN_WIDTH)
+        steps = StepQueue(self, self._run_step_group, self._refuse_step)
         try:
             await task_group.start(writer.run)
             await task_group.start(steps.queue.run)

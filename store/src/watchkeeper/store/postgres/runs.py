@@ -45,6 +45,7 @@ __all__ = [
     "create_claim_sql",
     "horizon_sql",
     "run_from_row",
+    "step_rows",
     "step_sql",
     "writers_in_flight_sql",
 ]
@@ -254,6 +255,22 @@ def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
     )  # fmt: skip
 
 
+def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
+    """The rows of :func:`step_sql`: the finished runs (``'d'``, without their events) and
+    the claimed ones with their events (``'c'``), in run order."""
+    finished: list[TaskRun] = []
+    runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
+    for r in rows:
+        values = tuple(r)
+        if values[0] == "d":
+            finished.append(run_from_row(values[1 : RUN_WIDTH + 1]))
+            continue
+        entry = runs.setdefault(values[1], (values[1 : RUN_WIDTH + 1], []))
+        if values[RUN_WIDTH + 1] is not None:
+            entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
+    return finished, [run_from_row(row, events) for row, events in runs.values()]
+
+
 class PostgresRuns(TaskStoreBackend):
     """Claims, finishes and leases of runs (see the module docstring)."""
 
@@ -310,17 +327,8 @@ class PostgresRuns(TaskStoreBackend):
             token,
             LAPSED_SQL,
         )
-        finished: TaskRun | None = None
-        runs: dict[int, tuple[Any, list[AssetEvent]]] = {}
-        for r in rows:
-            values = tuple(r)
-            if values[0] == "d":
-                finished = run_from_row(values[1 : RUN_WIDTH + 1])
-                continue
-            entry = runs.setdefault(values[1], (values[1 : RUN_WIDTH + 1], []))
-            if values[RUN_WIDTH + 1] is not None:
-                entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
-        return finished, [run_from_row(row, events) for row, events in runs.values()]
+        finished, claimed = step_rows(rows)
+        return (finished[0] if finished else None), claimed
 
     async def _run_step_group(self, group: Group, steps: builtins.list[StepWrite]) -> Any:
         """The statement of grouped steps (:mod:`.steps`): its rows."""

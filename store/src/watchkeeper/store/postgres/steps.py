@@ -23,10 +23,9 @@ from datetime import timedelta
 from typing import Any
 
 from .._commit_queue import CommitQueue, QueuedWrite
-from .._tasks import RunOutcome, RunStep, TaskRun
-from .._types import AssetEvent
+from .._tasks import RunOutcome, RunStep
 from ..errors import BackendUnavailableError
-from .consumers import event_row
+from .runs import step_rows
 
 __all__ = ["StepQueue", "StepWrite"]
 
@@ -48,8 +47,9 @@ class StepWrite(QueuedWrite):
 class StepQueue:
     """The queue of one backend's grouped steps (see the module docstring).
 
-    ``run_group(group, steps)`` runs one statement for ``steps`` and returns its rows;
-    ``refuse(step)`` raises why the finish of ``step`` was refused.
+    ``run_group(group, steps)`` runs one statement for ``steps`` and returns its rows (those
+    of :func:`~.runs.step_sql`); ``refuse(step)`` raises why the finish of ``step`` was
+    refused.
     """
 
     def __init__(
@@ -57,11 +57,8 @@ class StepQueue:
         owner: object,
         run_group: Callable[[Group, builtins.list[StepWrite]], Awaitable[builtins.list[Any]]],
         refuse: Callable[[StepWrite], Awaitable[None]],
-        run_from_row: Callable[[Any, Any], TaskRun],
-        width: int,
     ) -> None:
         self._run_group, self._refuse = run_group, refuse
-        self._run_from_row, self._width = run_from_row, width
         self.queue: CommitQueue[StepWrite] = CommitQueue(
             owner,
             self._run_batch,
@@ -95,22 +92,12 @@ class StepQueue:
                     except Exception as exc:  # noqa: BLE001 - the refusal is its caller's
                         step.fail(exc)
 
-    def _settle(self, steps: builtins.list[StepWrite], rows: builtins.list[Any]) -> None:
-        width = self._width
-        finished: dict[int, TaskRun] = {}
-        claimed: dict[int, tuple[Any, builtins.list[AssetEvent]]] = {}
-        for r in rows:
-            values = tuple(r)
-            if values[0] == "d":
-                run = self._run_from_row(values[1 : width + 1], ())
-                finished[run.id] = run
-                continue
-            entry = claimed.setdefault(values[1], (values[1 : width + 1], []))
-            if values[width + 1] is not None:
-                entry[1].append(event_row(values[width + 1 :]))
-        runs = [self._run_from_row(row, events) for row, events in claimed.values()]
+    @staticmethod
+    def _settle(steps: builtins.list[StepWrite], rows: builtins.list[Any]) -> None:
+        finished, runs = step_rows(rows)
+        by_id = {run.id: run for run in finished}
         for step in steps:
-            done = finished.get(step.finish.run_id)
+            done = by_id.get(step.finish.run_id)
             if done is None:
                 continue  # refused: read why, after
             take = runs[:1] if step.wants else []
