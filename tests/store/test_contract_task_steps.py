@@ -64,17 +64,22 @@ class TestStep:
 
     async def test_creates_and_claims_when_too_few_are_ready(self, store: Any) -> None:
         """With ``create``, a step makes runs from the pending events and claims from them;
-        the runs it does not claim stay queued, and every event is in exactly one run."""
+        the runs it does not claim stay queued, and every event is in exactly one run. The
+        step says how many it created."""
         await store.async_tasks([TaskSpec("t", ("a",), max_events=2)])
         ids = await emit(store, "a", 7)
         step = await store.astep_runs("w1", claim=2, ttl=TTL, create=3)
         assert [[e.id for e in r.events] for r in step.claimed] == [ids[0:2], ids[2:4]]
+        assert step.created == 3
         (queued,) = await store.alist_runs(state="queued")
         assert queued.event_count == 2
         (info,) = await store.alist_tasks()
         assert info.pending == {"a": 1}  # the seventh waits for the next creation
         step = await store.astep_runs("w2", claim=5, ttl=TTL, create=3)
         assert sorted(e.id for r in step.claimed for e in r.events) == ids[4:]
+        assert step.created == 1  # the queued one was claimed, the seventh event made one
+        step = await store.astep_runs("w2", claim=1, ttl=TTL, create=3)
+        assert (step.claimed, step.created) == ((), 0)
 
     @pytest.mark.parametrize("named", [None, ["t"], ["t", "u"]])
     async def test_creation_for_one_or_several_tasks_named(
@@ -89,6 +94,7 @@ class TestStep:
         ids = await emit(store, "a", 5)
         b_ids = await emit(store, "b", 1)
         step = await store.astep_runs("w1", claim=2, ttl=TTL, tasks=named, create=4)
+        assert step.created == (3 if named == ["t"] else 4)  # t: 3 runs; u: 1
         mine = [[e.id for e in r.events] for r in step.claimed if r.task == "t"]
         assert mine[0] == ids[0:2]
         runs = await store.alist_runs(task="t")
@@ -177,7 +183,7 @@ class TestStep:
         (run,) = (await store.astep_runs("w1", claim=1, ttl=TTL, create=1, tasks=["t"])).claimed
         more = await emit(store, "a", 2)
         step = await store.astep_runs("w1", finish=ok(run), claim=1, ttl=TTL, create=4)
-        assert step.finished.state == "success"
+        assert step.finished.state == "success" and step.created == 2
         (claimed,) = step.claimed
         assert [e.id for e in claimed.events] == more[:1] and ids[0] not in more
         (queued,) = await store.alist_runs(state="queued")

@@ -171,6 +171,29 @@ class TestExecution:
         assert max(at_once for at_once, _ in seen) == 2  # both slots were used ...
         assert max(claimed for _, claimed in seen) <= 2  # ... and no run waited claimed
 
+    async def test_creation_doubles_while_a_backlog_lasts(self, store: Any) -> None:
+        """Each creation that makes as many runs as it was allowed lets the next make twice
+        as many (so the slots run dry less often in a backlog); one that makes fewer sets
+        it back to the base, ``4 x concurrency``. A step that claims a ready run creates
+        nothing and changes nothing."""
+
+        @asset_task(schedule=[A], max_events_per_run=1)
+        def backlog(**_: Any) -> None:
+            """No-op."""
+
+        worker = Worker(store, [backlog], FAST)  # concurrency 4: 16 runs, then 32, 64, ...
+        await worker.declare()
+        await emit(store, A, 100)
+        made = []
+        for _ in range(100):
+            step = await worker._step(claim=1)
+            assert len(step.claimed) == 1
+            if step.created:
+                made.append(step.created)
+        assert made == [16, 32, 52]  # the third was allowed 64: 52 events were left
+        assert worker._batch == 16
+        assert (await store.alist_tasks())[0].pending == {"a": 0}
+
 
 class TestFailures:
     async def test_retry_sees_previous_try_state(self, store: Any) -> None:

@@ -214,18 +214,20 @@ class MemoryTasks(TaskStoreBackend):
         ttl: timedelta,
         tasks: builtins.list[str] | None,
         create: int,
+        peers: int,
     ) -> RunStep:
         with self._lock:
             # Only the finish can fail, and it checks everything before it changes anything.
             _, known, _ = self._tasks_state()
             finished = None if finish is None else self._finish(owner, finish)
             claimed = self._claim(owner, claim, ttl, tasks) if claim else []
+            created = 0
             if create and len(claimed) < claim:
                 for name in sorted(known) if tasks is None else tasks:
                     if name in known:
-                        self._create(name, create)
+                        created += len(self._create(name, create))
                 claimed += self._claim(owner, claim - len(claimed), ttl, tasks)
-            return RunStep(finished, tuple(claimed))
+            return RunStep(finished, tuple(claimed), created)
 
     def _claim(
         self, owner: str, limit: int, span: timedelta, tasks: builtins.list[str] | None

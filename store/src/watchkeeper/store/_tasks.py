@@ -204,10 +204,13 @@ class RunOutcome:
 @dataclass(frozen=True, slots=True)
 class RunStep:
     """What :meth:`TaskQueue.astep_runs` did in its transaction: the finished run (without
-    its events), and the runs it claimed for the worker (with their events)."""
+    its events), the runs it claimed for the worker (with their events), and how many runs
+    it created (claimed or left queued; as many as it was allowed means more events may be
+    pending)."""
 
     finished: TaskRun | None
     claimed: tuple[TaskRun, ...]
+    created: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +282,11 @@ class TaskQueue(Protocol):
         ttl: timedelta | float,
         tasks: Sequence[str] | None = None,
         create: int = 0,
+        peers: int = 0,
     ) -> RunStep:
         """Finish one try and claim up to ``claim`` runs, in one transaction; when fewer are
-        ready, create up to ``create`` runs from pending events and claim from them."""
+        ready, create up to ``create`` runs from pending events and claim from them.
+        ``peers``: how many other steps of ``owner`` may follow at once (a hint)."""
         ...
 
     async def aheartbeat_runs(

@@ -176,7 +176,7 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         only = None if tasks is None else _check_names("tasks", tasks)
         if only == []:
             return []
-        return list((await self._astep_runs(owner, None, limit, span, only, 0)).claimed)
+        return list((await self._astep_runs(owner, None, limit, span, only, 0, 0)).claimed)
 
     async def astep_runs(
         self,
@@ -187,14 +187,20 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         ttl: timedelta | float,
         tasks: Sequence[str] | None = None,
         create: int = 0,
+        peers: int = 0,
     ) -> RunStep:
         """Finish the try ``finish`` reports (fenced by its lease, as :meth:`afinish_run`) and
         claim up to ``claim`` ready runs for ``owner`` under a lease of ``ttl``, in one
         transaction; when fewer are ready, create up to ``create`` runs of ``tasks`` from
-        their pending events and claim from those. A refused finish claims nothing."""
+        their pending events and claim from those. A refused finish claims nothing.
+
+        ``peers`` is a hint: how many other steps of ``owner`` may follow this one at once
+        (its other slots running a task). A backend that sends neighbouring steps together
+        may wait a fraction of a millisecond for them."""
         self._check_open()
         owner, span = check_owner(owner), check_ttl(ttl)
         claim, create = _check_count("claim", claim), _check_count("create", create)
+        peers = _check_count("peers", peers)
         only = None if tasks is None else _check_names("tasks", tasks)
         if finish is not None:
             finish = _check_outcome(finish)
@@ -202,7 +208,7 @@ class TaskStoreBackend(BaseStateBackend, ABC):
             claim = create = 0
         if finish is None and claim == 0:
             return RunStep(None, ())
-        return await self._astep_runs(owner, finish, claim, span, only, create)
+        return await self._astep_runs(owner, finish, claim, span, only, create, peers)
 
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
@@ -246,7 +252,7 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         outcome = _check_outcome(
             RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay)
         )
-        step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0)
+        step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
         assert step.finished is not None
         return step.finished
 
@@ -326,9 +332,11 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         ttl: timedelta,
         tasks: builtins.list[str] | None,
         create: int,
+        peers: int,
     ) -> RunStep:
         """``finish`` and/or ``claim`` (>= 1); ``tasks``: ``None`` (every task) or at least one
-        name. Raises what :meth:`afinish_run` raises (the whole step is then undone)."""
+        name; ``peers``: the hint of :meth:`astep_runs`. Raises what :meth:`afinish_run`
+        raises (the whole step is then undone)."""
 
     @abstractmethod
     async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], ttl: timedelta) -> set[int]:

@@ -50,6 +50,7 @@ from watchkeeper.store.backend import (
     LoopThreads,
     OutletEvent,
     RunOutcome,
+    RunStep,
     TaskQueue,
     TaskRun,
     encode_payload,
@@ -68,6 +69,8 @@ __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
 log = get_logger(__name__)
 
 _JITTER = 0.2
+_CREATE_EVENTS = 4096
+"""The most events a creation that grew past the base batch takes (runs x max_events)."""
 
 
 def retry_delay_for(
@@ -129,8 +132,13 @@ class Worker:
         self._finishing = 0
         self._creating = False
         self._names = sorted(self.tasks)
-        # Runs created at once when too few are ready: a batch per slot round, not one each.
-        self._batch = 4 * self.settings.concurrency
+        # Runs created at once when too few are ready: a batch per slot round, not one each,
+        # doubled while each creation fills (see _step).
+        self._base_batch = self._batch = 4 * self.settings.concurrency
+        most = max((task.spec.max_events for task in self.tasks.values()), default=1)
+        self._max_batch = max(
+            self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most)
+        )
         self.finished = 0
         self._log_starts = False
 
@@ -182,16 +190,7 @@ class Worker:
             try:
                 free = self.settings.concurrency - self._in_flight()
                 if self._accepting and free > 0:
-                    create = 0 if self._creating else self._batch
-                    self._creating |= create > 0
-                    try:
-                        step = await self.queue.astep_runs(
-                            self.owner, claim=free, ttl=self.ttl, tasks=self._names,
-                            create=create,
-                        )  # fmt: skip
-                    finally:
-                        if create:
-                            self._creating = False
+                    step = await self._step(claim=free)
                     for run in step.claimed:
                         self._start(tg, run)
                     if len(step.claimed) == free:
@@ -284,17 +283,9 @@ class Worker:
         task = self.tasks[run.task]
         with anyio.CancelScope(shield=True):
             try:
-                # One step of this worker at a time creates runs: the others only claim.
-                create = 0 if self._creating else self._batch
-                self._creating |= create > 0
-                try:
-                    step = await self.queue.astep_runs(
-                        self.owner, finish=outcome, claim=1 if self._accepting else 0,
-                        ttl=self.ttl, tasks=self._names, create=create,
-                    )  # fmt: skip
-                finally:
-                    if create:
-                        self._creating = False
+                step = await self._step(
+                    finish=outcome, claim=1 if self._accepting else 0, peers=len(self._running)
+                )
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
                 return None
@@ -315,6 +306,31 @@ class Worker:
             except StateStoreError as exc:
                 log.warning("run_clear_failed", run_id=run.id, error=describe_error(exc))
         return step.claimed[0] if step.claimed else None
+
+    async def _step(
+        self, *, finish: RunOutcome | None = None, claim: int, peers: int = 0
+    ) -> RunStep:
+        """Finish and claim in one step, creating runs when too few are ready. One step of
+        this worker at a time creates, the others only claim. While each creation makes as
+        many runs as it was allowed (a backlog), the next may make twice as many, up to
+        ``_max_batch``: the slots run dry, and wait for a creation, less often. Once one
+        makes fewer, the next makes the base number again. (A step that claimed all it
+        wanted created nothing, and says nothing about the backlog.)"""
+        create = 0 if self._creating else self._batch
+        self._creating |= create > 0
+        try:
+            step = await self.queue.astep_runs(
+                self.owner, finish=finish, claim=claim, ttl=self.ttl, tasks=self._names,
+                create=create, peers=peers,
+            )  # fmt: skip
+        finally:
+            if create:
+                self._creating = False
+        if step.created >= create > 0:
+            self._batch = min(2 * create, self._max_batch)
+        elif create and (step.created or len(step.claimed) < claim):  # made fewer, or none
+            self._batch = self._base_batch
+        return step
 
     async def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval

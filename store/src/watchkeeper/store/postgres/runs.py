@@ -195,9 +195,9 @@ def create_claim_sql(p: str, key: str) -> str:
     after the cursor no holder is returned: there is nothing to wait for (an event still
     committing wakes the workers with its notification). Rows: each claimed run
     (``RUN_COLS``) with one of its events (``EVENT_COLS``), in run and event order, then on
-    every row ``what`` (``'one'``: a one-asset task that is not paused; ``'other'``: a task
-    on several assets; ``NULL``: paused or unknown), the horizon, the holders; with no run
-    claimed, one row of NULLs with those three.
+    every row how many runs were created, ``what`` (``'one'``: a one-asset task that is not
+    paused; ``'other'``: a task on several assets; ``NULL``: paused or unknown), the horizon,
+    the holders; with no run claimed, one row of NULLs with those four.
     """
     cols = ", ".join(f"r.{c.strip()}" for c in RUN_COLS.split(","))
     events = ", ".join(f"{c.strip()} AS ev_{c.strip()[3:]}" for c in EVENT_COLS.split(","))
@@ -238,7 +238,8 @@ def create_claim_sql(p: str, key: str) -> str:
         f"END FROM plan, n, cur ORDER BY plan.k RETURNING {RUN_COLS}), "
         f"links AS (INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
         "SELECT plan.run_id, pend.id, $1, cur.asset FROM pend JOIN plan ON plan.k = pend.k, cur) "
-        f"SELECT x.*, blk.what, blk.h, blk.holders FROM blk LEFT JOIN (SELECT {cols}, {events} "
+        f"SELECT x.*, (SELECT count(*) FROM runs), blk.what, blk.h, blk.holders FROM blk "
+        f"LEFT JOIN (SELECT {cols}, {events} "
         "FROM runs r JOIN plan ON plan.run_id = r.id JOIN pend ON pend.k = plan.k "
         f"JOIN {p}asset_events ev ON ev.id = pend.id WHERE r.state = 'running') x ON true "
         "ORDER BY x.id, x.ev_id"

@@ -11,6 +11,9 @@ while a group's statement runs go together in the next (:func:`~.runs.step_sql` 
 refused one changes nothing and its caller gets the reason (read as a lone step's would be);
 the runs claimed go one each to the steps that finished and want one, in order.
 
+A step whose worker has other slots running a task says so (``peers``, the write's
+``company``): when it finds the queue idle it waits a moment for them (the queue's linger).
+
 Cancellation is the queue's: a caller that stops waiting leaves its step queued, and it may
 still commit.
 """
@@ -68,8 +71,9 @@ class StepQueue:
             max_batch=1024,
         )
 
-    async def step(self, group: Group, finish: RunOutcome, wants: bool) -> RunStep:
+    async def step(self, group: Group, finish: RunOutcome, wants: bool, peers: int) -> RunStep:
         step = StepWrite(group, finish, wants)
+        step.company = peers
         result: RunStep = await self.queue.submit(step)
         return result
 

@@ -252,12 +252,13 @@ class PostgresTasks(PostgresRuns):
         span: timedelta,
         create: int,
         horizon: int | None,
-    ) -> tuple[str | None, builtins.list[TaskRun]]:
+    ) -> tuple[str | None, builtins.list[TaskRun], int]:
         """Create up to ``create`` runs of the one-asset task ``name`` and claim up to
         ``wanted`` of them: one statement (:func:`.runs.create_claim_sql`), and with
         ``horizon`` None, the horizon read in it too (again with the id read, once the
         writers then in flight have ended). Returns what the task is (``'one'``, ``'other'``:
-        on several assets, nothing created; None: paused or unknown) and the claimed runs."""
+        on several assets, nothing created; None: paused or unknown), the claimed runs and
+        how many runs were created."""
         sql: str | None = self.__dict__.get("_create_claim_text")
         if sql is None:
             sql = self.__dict__["_create_claim_text"] = create_claim_sql(
@@ -268,7 +269,7 @@ class PostgresTasks(PostgresRuns):
                 "creating and claiming runs", sql,
                 name, horizon, create, database_clock(self.clock), owner, wanted, span,
             )  # fmt: skip
-            what, read, holders = rows[0][-3:]
+            made, what, read, holders = rows[0][-4:]
             if not holders:
                 break
             await self._wait_writers(holders)
@@ -280,7 +281,7 @@ class PostgresTasks(PostgresRuns):
                 continue
             entry = runs.setdefault(values[0], (values[:RUN_WIDTH], []))
             entry[1].append(event_row(values[RUN_WIDTH : RUN_WIDTH + 6]))
-        return what, [run_from_row(row, events) for row, events in runs.values()]
+        return what, [run_from_row(row, events) for row, events in runs.values()], made
 
     async def _create(
         self, conn: Any, spec: TaskSpec, max_runs: int, horizon: int | None = None
@@ -340,6 +341,7 @@ class PostgresTasks(PostgresRuns):
         span: timedelta,
         tasks: builtins.list[str] | None,
         create: int,
+        peers: int,
     ) -> RunStep:
         steps = self._steps
         finished: TaskRun | None = None
@@ -352,7 +354,7 @@ class PostgresTasks(PostgresRuns):
             and claim <= 1
         ):  # a slot's usual step: with the others finishing at once (creating after, if short)
             group = (owner, span, None if tasks is None else tuple(tasks))
-            done = await steps.step(group, finish, claim == 1)
+            done = await steps.step(group, finish, claim == 1, peers)
             finished, claimed = done.finished, list(done.claimed)
         elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
@@ -379,40 +381,44 @@ class PostgresTasks(PostgresRuns):
         wanted = claim - len(claimed)
         more: list[TaskRun] = []
         if tasks is not None and len(tasks) == 1:  # one task (a worker's usual): one statement
-            what, more = await self._create_claim_one(tasks[0], owner, wanted, span, create, None)
+            one = await self._create_claim_one(tasks[0], owner, wanted, span, create, None)
+            what, more, made = one
             if what != "other":
-                return RunStep(finished, (*claimed, *more))
+                return RunStep(finished, (*claimed, *more), made)
         specs, horizon = await self._horizon(tasks)
         if not specs:
             return RunStep(finished, tuple(claimed))
+        made = 0
         for spec in specs:
             if len(spec.assets) == 1:
-                more += (
-                    await self._create_claim_one(
-                        spec.name, owner, max(0, wanted - len(more)), span, create, horizon
-                    )
-                )[1]
+                _, runs, n = await self._create_claim_one(
+                    spec.name, owner, max(0, wanted - len(more)), span, create, horizon
+                )
+                more, made = more + runs, made + n
         several = [spec for spec in specs if len(spec.assets) > 1]
         if several:
             # Tasks on several assets: their plans (all / any) are :func:`plan_runs`'.
             names = [spec.name for spec in several]
 
-            async def create_and_claim(conn: Any) -> list[TaskRun]:
+            async def create_and_claim(conn: Any) -> tuple[list[TaskRun], int]:
                 locked = await conn.fetch(
                     "SELECT name, assets, mode, max_events, max_tries FROM "
                     f"{self._prefix}tasks WHERE NOT paused AND name = ANY($1::text[]) "
                     "ORDER BY name FOR UPDATE",
                     names,
                 )
+                n = 0
                 for row in locked:
                     spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
-                    await self._create(conn, spec, create, horizon)
+                    n += len(await self._create(conn, spec, create, horizon))
                 if len(more) >= wanted:
-                    return []
-                return (await self._claim(conn.fetch, owner, wanted - len(more), span, tasks))[1]
+                    return [], n
+                runs = (await self._claim(conn.fetch, owner, wanted - len(more), span, tasks))[1]
+                return runs, n
 
-            more += await self._transact("creating and claiming runs", create_and_claim)
-        return RunStep(finished, (*claimed, *more))
+            runs, n = await self._transact("creating and claiming runs", create_and_claim)
+            more, made = more + runs, made + n
+        return RunStep(finished, (*claimed, *more), made)
 
     async def _aget_run(self, run_id: int) -> TaskRun:
 

@@ -195,8 +195,10 @@ def step(tx: Tx, item: StepItem) -> RunStep:
     """Finish ``item.finish`` (fenced), then claim up to ``item.claim`` runs, creating some
     first (``item.create`` per task at most) when too few are ready."""
     finished = None if item.finish is None else _finish(tx, item.owner, item.finish)
-    claimed = _claim_or_create(tx, item.owner, item.claim, item.span, item.tasks, item.create)
-    return RunStep(finished, tuple(claimed))
+    claimed, created = _claim_or_create(
+        tx, item.owner, item.claim, item.span, item.tasks, item.create
+    )
+    return RunStep(finished, tuple(claimed), created)
 
 
 class RunSteps:
@@ -221,10 +223,13 @@ class RunSteps:
         for (owner, span, tasks), indices in claims.items():
             want = sum(items[i].claim for i in indices)
             create = max(items[i].create for i in indices)
-            claimed = _claim_or_create(tx, owner, want, span, tasks, create)
+            claimed, created = _claim_or_create(tx, owner, want, span, tasks, create)
             for i in indices:
                 take = items[i].claim
-                outcomes[i] = RunStep(outcomes[i].finished, tuple(claimed[:take]))
+                # The creation is reported to the step that asked for it (the largest).
+                made = created if create and items[i].create == create else 0
+                created -= made
+                outcomes[i] = RunStep(outcomes[i].finished, tuple(claimed[:take]), made)
                 del claimed[:take]
         return outcomes
 
@@ -234,19 +239,21 @@ RUN_STEPS: Final = RunSteps()
 
 def _claim_or_create(
     tx: Tx, owner: str, claim: int, span: timedelta, tasks: Sequence[str] | None, create: int
-) -> list[TaskRun]:
+) -> tuple[list[TaskRun], int]:
+    """The runs claimed, and how many were created."""
     claimed = _claim(tx, owner, claim, span, tasks) if claim else []
+    created = 0
     if create and len(claimed) < claim:
         names = tasks
         if names is None:
             names = [r[0] for r in tx.conn.execute("SELECT name FROM tasks WHERE paused = 0")]
         for name in names:
             try:
-                create_runs(tx, name, create)
+                created += len(create_runs(tx, name, create))
             except TaskNotFoundError:
                 continue
         claimed += _claim(tx, owner, claim - len(claimed), span, tasks)
-    return claimed
+    return claimed, created
 
 
 def _claim(

@@ -207,12 +207,14 @@ class SqliteTasks(TaskStoreBackend):
         span: timedelta,
         tasks: builtins.list[str] | None,
         create: int,
+        peers: int,
     ) -> RunStep:
         if finish is None and not await self._anything_to_claim(create > 0):
             return RunStep(None, ())  # no write: another process's commits need not wait
         # Neighbouring steps of a batch run as one (RUN_STEPS), this one alone if that fails.
         item = StepItem(owner, finish, claim, span, None if tasks is None else tuple(tasks), create)
         op = Op(step, item, group=RUN_STEPS)
+        op.company = peers
         self._live_writer().put(op)
         await op.done
         result: RunStep = op.outcome()
