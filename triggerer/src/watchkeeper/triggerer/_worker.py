@@ -314,8 +314,10 @@ class Worker:
         this worker at a time creates, the others only claim. While each creation makes as
         many runs as it was allowed (a backlog), the next may make twice as many, up to
         ``_max_batch``: the slots run dry, and wait for a creation, less often. Once one
-        makes fewer, the next makes the base number again. (A step that claimed all it
-        wanted created nothing, and says nothing about the backlog.)"""
+        makes fewer, the next makes the base number again. A step that created nothing says
+        nothing about the backlog: it claimed all it wanted, another worker had just
+        created the runs (it waited for that worker's creation, then found the cursor
+        moved), or nothing was pending."""
         create = 0 if self._creating else self._batch
         self._creating |= create > 0
         try:
@@ -328,7 +330,7 @@ class Worker:
                 self._creating = False
         if step.created >= create > 0:
             self._batch = min(2 * create, self._max_batch)
-        elif create and (step.created or len(step.claimed) < claim):  # made fewer, or none
+        elif step.created:  # fewer than allowed: the backlog is drained
             self._batch = self._base_batch
         return step
 
