@@ -194,6 +194,26 @@ class TestExecution:
         assert worker._batch == 16
         assert (await store.alist_tasks())[0].pending == {"a": 0}
 
+    async def test_a_creation_that_makes_nothing_keeps_the_size(self, store: Any) -> None:
+        """A step that found nothing to create (or lost the race for the cursor to another
+        worker) says nothing about the backlog: the next creation may still make as many."""
+
+        @asset_task(schedule=[A], max_events_per_run=1)
+        def backlog(**_: Any) -> None:
+            """No-op."""
+
+        worker = Worker(store, [backlog], FAST)
+        await worker.declare()
+        await emit(store, A, 16)
+        for _ in range(16):
+            await worker._step(claim=1)
+        assert worker._batch == 32  # the first creation filled its 16
+        step = await worker._step(claim=1)
+        assert (step.claimed, step.created, worker._batch) == ((), 0, 32)
+        await emit(store, A, 5)
+        assert (await worker._step(claim=1)).created == 5
+        assert worker._batch == 16
+
 
 class TestFailures:
     async def test_retry_sees_previous_try_state(self, store: Any) -> None:
