@@ -189,9 +189,12 @@ async def _http_feed(items: list[dict[str, Any]]) -> AsyncIterator[str]:
     async def answer(client: anyio.abc.SocketStream) -> None:
         async with client:
             request = b""
-            while b"\r\n\r\n" not in request:
-                request += await client.receive()
-            await client.send(head + body)
+            try:
+                while b"\r\n\r\n" not in request:
+                    request += await client.receive()
+                await client.send(head + body)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return  # the daemon closed this poll's connection (it was stopping)
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
