@@ -19,13 +19,14 @@ the same rows. A batch of fewer than ``_MIN_OVERLAP`` writes is not sent beside 
 waits for one in flight to land and takes what arrived meanwhile.
 
 A write may say that others are about to follow it (:attr:`QueuedWrite.company`: a worker's
-slot finishing while its other slots are running a task): when it finds the queue empty, the
-writer waits up to ``linger`` seconds (:data:`LINGER`; or until that many more are queued)
-before it takes the batch, so they share its transaction instead of each going alone. The
-slots of a worker running short tasks do not finish at once: without it, the first found the
-queue idle and went alone, and the rest went together behind it (batches of 1 and 7 at
-``concurrency`` 8). Waiting a third of a millisecond, against the transaction each lone step
-costs, raised a worker's runs per second by a fifth to a third (``BENCHMARKS.md``).
+slot finishing while its other slots are running a task): when the writer takes it first and
+fewer than that many are queued behind it, the writer waits up to ``linger`` seconds
+(:data:`LINGER`), or until they are, before it takes the batch, so they share its transaction
+instead of each going alone. The slots of a worker running short tasks do not finish at once:
+without it, the first found the queue idle and went alone, and the rest went together behind
+it (batches of 1 and 7 at ``concurrency`` 8). Waiting a third of a millisecond, against the
+transaction each lone step costs, raised a worker's runs per second by a fifth to a third
+(``BENCHMARKS.md``).
 
 Cancellation: handing a write over has no checkpoint, so a caller cancelled in ``submit``
 only stops waiting, and its write may still commit. When the
@@ -68,7 +69,7 @@ class CommitStats(NamedTuple):
 
 
 LINGER: Final = 0.0003
-"""Seconds a write that expects company waits for it when it finds the queue empty."""
+"""Seconds at most that the writer waits for the company a batch's first write expects."""
 
 
 class QueuedWrite:

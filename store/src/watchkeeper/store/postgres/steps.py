@@ -12,7 +12,8 @@ refused one changes nothing and its caller gets the reason (read as a lone step'
 the runs claimed go one each to the steps that finished and want one, in order.
 
 A step whose worker has other slots running a task says so (``peers``, the write's
-``company``): when it finds the queue idle it waits a moment for them (the queue's linger).
+``company``), and the queue waits a moment for them before it sends a group that starts with
+it (its linger).
 
 Cancellation is the queue's: a caller that stops waiting leaves its step queued, and it may
 still commit.
