@@ -381,8 +381,9 @@ class PostgresTasks(PostgresRuns):
         wanted = claim - len(claimed)
         more: list[TaskRun] = []
         if tasks is not None and len(tasks) == 1:  # one task (a worker's usual): one statement
-            one = await self._create_claim_one(tasks[0], owner, wanted, span, create, None)
-            what, more, made = one
+            what, more, made = await self._create_claim_one(
+                tasks[0], owner, wanted, span, create, None
+            )
             if what != "other":
                 return RunStep(finished, (*claimed, *more), made)
         specs, horizon = await self._horizon(tasks)
