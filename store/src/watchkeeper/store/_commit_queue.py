@@ -279,22 +279,22 @@ class CommitQueue(Generic[W]):
         while not self._queue:
             if self._closed:
                 return None
-            self._wakeup = wakeup = anyio.Event()
-            try:
-                await wakeup.wait()
-            finally:
-                self._wakeup = None
+            await self._wait_for_put()
         return self._queue.popleft()
 
     async def _wait_for_company(self, company: int) -> None:
         """Wait until ``company`` writes are queued, or ``linger`` seconds have passed."""
         with anyio.move_on_after(self._linger):
             while len(self._queue) < company and not self._closed:
-                self._wakeup = wakeup = anyio.Event()
-                try:
-                    await wakeup.wait()
-                finally:
-                    self._wakeup = None
+                await self._wait_for_put()
+
+    async def _wait_for_put(self) -> None:
+        """Wait for the next :meth:`put` (or :meth:`close`)."""
+        self._wakeup = wakeup = anyio.Event()
+        try:
+            await wakeup.wait()
+        finally:
+            self._wakeup = None
 
     def _take(self, first: W) -> tuple[list[W], W | None]:
         """``first`` and what else is queued, up to the limits; the write that would overflow
