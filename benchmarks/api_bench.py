@@ -5,7 +5,7 @@ Not a test (CI does not run it). Run by hand from the repository root:
     uv run python benchmarks/api_bench.py [--quick] [--watchers N] [--window SECONDS]
 
 1. **Cost of the API.** ``--watchers`` firehose watchers (default 100) commit events on a fresh
-   SQLite file through a ``TriggerRunner`` for ``--window`` seconds, in three modes,
+   SQLite file through a ``TriggerRunner`` for ``--window`` seconds, in the modes below,
    ``--rounds`` times each (alternating, so a change in the machine's load hits all); with the
    API served in the same process, a separate client process scraping ``/metrics`` every second
    and one Server-Sent Events client attached to ``/api/v1/events/stream`` (``api-one-asset``:
@@ -13,6 +13,9 @@ Not a test (CI does not run it). Run by hand from the repository root:
    durable events/s and the p99 of the commit latency (each ``acommit_event`` call, timed by
    the runtime's own hook), medians of the runs of each mode. Goal: under 5 % lower with the
    API. The client runs in its own process but on the same machine, so its CPU is charged too.
+   A fourth mode, ``api-process-all-events``, runs no API in the daemon: the same client gets
+   every event from a separate ``watchkeeper api`` process on the same SQLite file (the setup
+   for an operator who streams every event of a busy daemon).
 2. **Scrape time.** 10,000 idle watchers in a runner (memory backend); the time of
    ``GET /metrics`` over HTTP, with the default ``max_watcher_series`` (2000) and uncapped.
    Goal: under 100 ms.
@@ -26,6 +29,7 @@ import argparse
 import functools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -122,14 +126,18 @@ def sse():
     except httpx.HTTPError:
         pass
 threading.Thread(target=sse, daemon=True).start()
-scrapes = []
+scrapes, failed = [], 0
 with httpx.Client(base_url=base, timeout=10) as client:
     while time.monotonic() < stop:
         t = time.perf_counter()
-        client.get("/metrics").raise_for_status()
-        scrapes.append(time.perf_counter() - t)
+        try:
+            client.get("/metrics").raise_for_status()
+        except httpx.HTTPError:
+            failed += 1  # reported, not fatal: the run's figures still come back
+        else:
+            scrapes.append(time.perf_counter() - t)
         time.sleep(1.0)
-print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0], time.process_time())
+print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0], time.process_time(), failed)
 """
 
 
@@ -142,39 +150,90 @@ MODES = {
     "none": None,
     "api-one-asset": "?asset=a0",  # a scrape every second, SSE tailing one asset
     "api-all-events": "",  # a scrape every second, SSE receiving every event (worst case)
+    # The same client served by a separate `watchkeeper api` process on the same file: the
+    # daemon runs no API at all, and the stream's reads and sends are the other process's.
+    "api-process-all-events": "",
 }
+SEPARATE = {"api-process-all-events"}
+
+
+WATCHKEEPER = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for_port(port: int) -> None:
+    with anyio.fail_after(20.0):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+            else:
+                await stream.aclose()
+                return
+
+
+async def open_client(port: int, token: str, window: float, query: str | None) -> Any:
+    return await anyio.open_process(
+        [
+            sys.executable,
+            "-c",
+            CLIENT,
+            f"http://127.0.0.1:{port}",
+            token,
+            str(window + 2),
+            query or "",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[str, Any]:
     query = MODES[mode]
-    with_api = query is not None
+    with_api = query is not None and mode not in SEPARATE
     assets = [Asset(f"a{i}") for i in range(watchers)]
     config = RunnerConfig(capacity=watchers + 10, status_interval=2.0)
-    async with SqliteStateBackend(tmp / f"bench-{time.monotonic_ns()}.db") as backend:
+    db = tmp / f"bench-{time.monotonic_ns()}.db"
+    async with SqliteStateBackend(db) as backend:
         await backend.aregister_assets(assets)
         async with TriggerRunner(backend, config) as runner, anyio.create_task_group() as tg:
             metrics = SampledMetrics()
             runner.metrics = metrics
             client: anyio.abc.Process | None = None
-            if with_api:
+            server: anyio.abc.Process | None = None
+            if mode in SEPARATE:
+                text, row = make_token("bench", ["read"], now=backend.clock())
+                await backend.acreate_token(row)
+                port = free_port()
+                server = await anyio.open_process(
+                    [
+                        *WATCHKEEPER,
+                        "--database-url",
+                        f"sqlite:///{db}",
+                        "--log-level",
+                        "warning",
+                        "api",
+                        "--port",
+                        str(port),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                await wait_for_port(port)
+                client = await open_client(port, text, window, query)
+            elif with_api:
                 text, row = make_token("bench", ["read"], now=backend.clock())
                 await backend.acreate_token(row)
                 ctx = api_context(backend, ApiSettings(port=0))
                 ctx.runner = runner
                 ctx.metrics.runner = runner
                 port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-                client = await anyio.open_process(
-                    [
-                        sys.executable,
-                        "-c",
-                        CLIENT,
-                        f"http://127.0.0.1:{port}",
-                        text,
-                        str(window + 2),
-                        query or "",
-                    ],
-                    stderr=subprocess.DEVNULL,
-                )
+                client = await open_client(port, text, window, query)
             for i, asset in enumerate(assets):
                 await runner.start_trigger(WatchSpec(f"w{i}", Firehose(f"w{i}"), (asset,)))
             await anyio.sleep(2.0)  # warm up (and let the client connect)
@@ -196,14 +255,22 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
             }
             if client is not None:
                 assert client.stdout is not None
-                out = (await client.stdout.receive()).decode().split()
+                # One receive may hold part of the line: read to the end.
+                out = b"".join([chunk async for chunk in client.stdout]).decode().split()
                 await client.wait()
                 await client.aclose()
+                if len(out) != 5:
+                    raise RuntimeError(f"the client process failed (exit {client.returncode})")
                 result.update(scrapes=int(out[0]), max_scrape_ms=float(out[1]) * 1000)
+                result["failed_scrapes"] = int(out[4])
                 result["sse_events_seen"] = int(out[2])
                 # The client's own CPU (its process, all of its run): on the same machine it
                 # competes with the daemon for the cores.
                 result["client_cpu_s"] = float(out[3])
+            if server is not None:
+                server.terminate()
+                await server.wait()
+                await server.aclose()
             tg.cancel_scope.cancel()
     return result
 
