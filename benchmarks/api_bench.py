@@ -178,7 +178,7 @@ async def wait_for_port(port: int) -> None:
                 return
 
 
-async def open_client(port: int, token: str, window: float, query: str | None) -> Any:
+async def open_client(port: int, token: str, window: float, query: str | None) -> anyio.abc.Process:
     return await anyio.open_process(
         [
             sys.executable,
