@@ -14,8 +14,8 @@ Not a test (CI does not run it). Run by hand from the repository root:
    the runtime's own hook), medians of the runs of each mode. Goal: under 5 % lower with the
    API. The client runs in its own process but on the same machine, so its CPU is charged too.
    A fourth mode, ``api-process-all-events``, runs no API in the daemon: the same client gets
-   every event from a separate ``watchkeeper api`` process on the same SQLite file (the setup
-   for an operator who streams every event of a busy daemon).
+   every event from a separate ``watchkeeper api`` process on the same SQLite file: what
+   moving the stream out of the daemon's process buys when it stays on the same machine.
 2. **Scrape time.** 10,000 idle watchers in a runner (memory backend); the time of
    ``GET /metrics`` over HTTP, with the default ``max_watcher_series`` (2000) and uncapped.
    Goal: under 100 ms.
