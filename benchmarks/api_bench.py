@@ -41,6 +41,7 @@ from typing import Any
 
 import anyio
 import httpx
+from _bench_measure import loadavg, pct
 from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
@@ -139,11 +140,6 @@ with httpx.Client(base_url=base, timeout=10) as client:
         time.sleep(1.0)
 print(len(scrapes), max(scrapes) if scrapes else 0.0, seen[0], time.process_time(), failed)
 """
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 MODES = {
@@ -344,10 +340,6 @@ async def scrape_time(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 print(json.dumps({f"cap_{cap}": out[f"cap_{cap}"]}))
     return out
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
