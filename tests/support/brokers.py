@@ -6,9 +6,9 @@ Every test talks to the real server (Redis, NATS with JetStream, RabbitMQ, Mosqu
 fails it under ``CI=true`` (as ``pg_dsn`` does for PostgreSQL). Each test uses names of its own
 (:func:`unique`), so tests running in parallel on one broker never see each other's messages.
 
-:class:`TcpProxy` sits between a watcher and its broker so a test can cut the watcher's
-connection from the outside (as a network failure or a server-side close would) without
-touching the broker, which other tests share.
+:class:`TcpProxy` (from :mod:`tests.support.proxy`) sits between a watcher and its broker so a
+test can cut or black-hole the watcher's connection from the outside without touching the
+broker, which other tests share.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -56,70 +55,6 @@ def numbers(payloads: list[Any]) -> list[int]:
 def unique(prefix: str) -> str:
     """A name no other test uses: ``prefix`` and 12 random hex digits."""
     return f"{prefix}{uuid.uuid4().hex[:12]}"
-
-
-@dataclass
-class TcpProxy:
-    """Forwards 127.0.0.1:``port`` to 127.0.0.1:``target``; :meth:`drop` cuts every link."""
-
-    target: int
-    port: int = 0
-    links: list[tuple[anyio.abc.SocketStream, anyio.abc.SocketStream]] = field(default_factory=list)
-    accepted: int = 0
-    """Connections accepted so far (a reconnect shows as one more)."""
-    _accepted_event: anyio.Event = field(default_factory=anyio.Event)
-
-    async def wait_accepted(self, count: int) -> None:
-        """Return once ``count`` connections were accepted in all."""
-        while self.accepted < count:
-            await self._accepted_event.wait()
-
-    async def drop(self) -> None:
-        """Close both ends of every current link, as a lost connection does."""
-        links, self.links = self.links, []
-        for client, server in links:
-            await client.aclose()
-            await server.aclose()
-
-    async def _serve(self, client: anyio.abc.SocketStream) -> None:
-        try:
-            server = await anyio.connect_tcp("127.0.0.1", self.target)
-        except OSError:
-            await client.aclose()
-            return
-        self.links.append((client, server))
-        self.accepted += 1
-        self._accepted_event.set()
-        self._accepted_event = anyio.Event()
-        async with client, server, anyio.create_task_group() as tg:
-            tg.start_soon(_pump, client, server, tg.cancel_scope)
-            tg.start_soon(_pump, server, client, tg.cancel_scope)
-
-
-async def _pump(
-    source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, scope: anyio.CancelScope
-) -> None:
-    try:
-        async for chunk in source:
-            await sink.send(chunk)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        pass
-    scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def open_proxy(target: int) -> AsyncIterator[TcpProxy]:
-    """A running :class:`TcpProxy` to ``target``, stopped (links cut) on exit."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    proxy = TcpProxy(target, port=listener.extra(anyio.abc.SocketAttribute.local_port))
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, proxy._serve)
-        try:
-            yield proxy
-        finally:
-            tg.cancel_scope.cancel()
-            with anyio.move_on_after(5, shield=True):
-                await proxy.drop()
 
 
 class Observed(BaseEventTrigger):

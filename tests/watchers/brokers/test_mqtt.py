@@ -22,11 +22,11 @@ from tests.support.brokers import (
     MQTT_PORT,
     crash_then_restart,
     numbers,
-    open_proxy,
     require_server,
     run_through_a_break,
     unique,
 )
+from tests.support.proxy import open_proxy
 
 URL = f"mqtt://127.0.0.1:{MQTT_PORT}"
 ASSET = Asset("events")

@@ -17,11 +17,11 @@ from tests.support.brokers import (
     NATS_PORT,
     crash_then_restart,
     numbers,
-    open_proxy,
     require_server,
     run_through_a_break,
     unique,
 )
+from tests.support.proxy import open_proxy
 
 URL = f"nats://127.0.0.1:{NATS_PORT}"
 ASSET = Asset("events")
