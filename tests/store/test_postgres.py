@@ -38,6 +38,11 @@ from watchkeeper.store import (
 from watchkeeper.store.backend import EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
+_WAITING_ON_ME = (
+    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' "
+    "AND transactionid = pg_current_xact_id()::xid"
+)
+"""Sessions waiting for the asking session's open transaction (to commit or roll back)."""
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -547,6 +552,44 @@ class TestEvents:
         assert await store.aget(AssetScope(name="a"), "wm") == 1
         assert await store.aget(AssetScope(name="b"), "wm") == 0
         assert [e.id for e in await store.alist_events()] == [first[0].id, again[0].id]
+
+    async def test_a_dedup_key_inserted_by_an_open_transaction_suppresses_the_commit(
+        self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A commit whose dedup key another transaction has inserted but not yet committed
+        waits for it, then returns no event and writes no state (the duplicate check cannot
+        see an uncommitted row: only the insert's conflict handling catches it)."""
+        await store.aregister_assets([Asset("a")])
+        other = await asyncpg.connect(pg_dsn)
+        try:
+            asset_id = await other.fetchval(
+                f'SELECT id FROM "{pg_schema}".assets WHERE name = $1', "a"
+            )
+            tx = other.transaction()
+            await tx.start()
+            await other.execute(
+                f'INSERT INTO "{pg_schema}".asset_events '
+                "(asset_id, asset_name, watcher, payload, dedup_key, created_at) "
+                "VALUES ($1, 'a', 'elsewhere', '1', 'k', now())",
+                asset_id,
+            )
+            commit = EventCommit("w", ("a",), "2", dedup_key="k", state={"wm": "9"})
+            result: list[Any] = []
+            async with anyio.create_task_group() as tg:
+
+                async def racing() -> None:
+                    result.append(await _outcome(lambda: store.acommit_event(commit)))
+
+                tg.start_soon(racing)
+                with anyio.fail_after(10):  # the commit waits on the open insert's index entry
+                    while not await other.fetchval(_WAITING_ON_ME):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
+                await tx.commit()
+        finally:
+            await other.close()
+        assert result == [[]], result
+        assert await store.aget(AssetScope(name="a"), "wm") is None
+        assert [e.watcher for e in await store.alist_events()] == ["elsewhere"]
 
     async def test_an_unknown_asset_makes_the_whole_commit_fail(
         self, store: PostgresStateBackend
