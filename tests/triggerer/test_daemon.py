@@ -587,6 +587,16 @@ class TestStatusReport:
         }
         assert {r["events_since_start"] for r in report["watchers"]} == {7}
 
+    async def test_a_heartbeat_a_day_old_is_stale_by_its_whole_age(self) -> None:
+        """The age counts whole days too: a heartbeat a day and 3 s old is stale at 86,403 s,
+        not a running daemon 3 s behind."""
+        async with MemoryStateBackend() as backend:
+            backend.clock = lambda: self.NOW
+            await backend.asave_daemon_status(self.daemon("old", age=86_403))
+            report = await status_report(backend)
+        (daemon,) = report["daemons"]
+        assert (daemon["state"], daemon["heartbeat_age_seconds"]) == ("stale", 86_403)
+
     async def test_a_daemon_saves_its_row_and_removes_it_on_a_clean_exit(
         self, watchers: Path, tmp_path: Path
     ) -> None:

@@ -426,6 +426,29 @@ class TestSqlTableWatcherSqlite:
         watcher = SqlTableWatcher(dsn, "t", "ts", "id", lag_window=0, **FAST)
         assert await payloads(watcher, backend, 1) == [{"id": 1, "ts": "2024-01-01T00:00:00Z"}]
 
+    async def test_an_epoch_timestamp_cursor_takes_a_late_row_within_the_window(
+        self, tmp_path: Path, backend: MemoryStateBackend
+    ) -> None:
+        """SQLite keeps timestamps as epoch seconds: the lag window is in seconds on them, so a
+        row 10 s behind the watermark comes once with lag_window=60, and one 120 s behind never."""
+        path = tmp_path / "readings.db"
+        t0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
+        async with aiosqlite.connect(path) as conn:
+            await conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, at REAL NOT NULL)")
+            await conn.executemany("INSERT INTO t VALUES (?, ?)", [(1, t0), (2, t0 + 30)])
+            await conn.commit()
+        watcher = SqlTableWatcher(f"sqlite:///{path}", "t", "at", "id", lag_window=60, **FAST)
+        assert [p["id"] for p in await payloads(watcher, backend, 2)] == [1, 2]
+        async with aiosqlite.connect(path) as conn:
+            await conn.executemany(
+                "INSERT INTO t VALUES (?, ?)",
+                [(3, t0 + 20), (4, t0 - 90), (5, t0 + 40)],  # 10 s late, 120 s late, on time
+            )
+            await conn.commit()
+        later = await payloads(rebuilt(watcher), backend, 2)
+        assert [p["id"] for p in later] == [3, 5]
+        assert (await backend.aget(ASSET.scope, WATERMARK))["cursor"] == t0 + 40
+
     async def test_a_missing_database_file_is_an_error_and_is_not_created(
         self, tmp_path: Path, backend: MemoryStateBackend
     ) -> None:
