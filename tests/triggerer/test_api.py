@@ -380,6 +380,27 @@ class TestEvents:
         resumed = await self._read_sse(api, 2, {"Last-Event-ID": str(everything[2][0])}, {})
         assert [n for _, n in resumed] == [4, 5]
 
+    async def test_stream_frames_are_the_listed_records(self, api: Api) -> None:
+        """Each frame's data is the event's record as the REST list serves it, every key and
+        value (``created_at`` included), and its ``id:`` line is the record's id."""
+        for n in range(1, 4):
+            await api.commit("orders", n)
+        frames: list[tuple[int, dict[str, object]]] = []
+        async with api.client("reader") as client:
+            listed = (await client.get("/api/v1/events", params={"asset": "orders"})).json()
+            async with client.stream("GET", "/api/v1/events/stream", params={"after": "0"}) as r:
+                event_id = 0
+                with anyio.fail_after(10):
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            event_id = int(line[4:])
+                        elif line.startswith("data: "):
+                            frames.append((event_id, json.loads(line[6:])))
+                            if len(frames) == 3:
+                                break
+        assert [record for _, record in frames] == listed["events"]
+        assert [i for i, _ in frames] == [e["id"] for e in listed["events"]]
+
     async def test_a_url_password_in_a_payload_is_masked(self, api: Api) -> None:
         """Events through the REST list and the stream show a payload's URL password as
         ``***``, as ``watchkeeper events`` does; the rest of the payload is unchanged."""

@@ -426,7 +426,8 @@ class TestEvents:
     async def test_follow_prints_new_events_until_interrupted(
         self, cli: Cli, db_path: Path
     ) -> None:
-        """--follow prints existing events, then each new commit, and exits 0 on SIGINT."""
+        """--follow prints existing events, then each new commit, each line the very record
+        ``events --json`` prints (every key), and exits 0 on SIGINT."""
         command = [*COMMAND, "events", "--follow", "--json", "--since", "1"]
         async with await anyio.open_process(command, cwd=cli.cwd, env=cli.env()) as process:
             assert process.stdout is not None
@@ -442,6 +443,8 @@ class TestEvents:
             process.send_signal(signal.SIGINT)
             with anyio.fail_after(30):
                 assert await process.wait() == 0
+        listed = await cli("events", "--json", "--since", "1")
+        assert [first, second] == listed.json_lines()
 
 
 BAD_INPUT: Sequence[tuple[str, list[str], int, str]] = [

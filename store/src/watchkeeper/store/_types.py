@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal, Self
 
 from ._slots import slot_setters
@@ -302,14 +302,16 @@ class AssetEvent:
 
     def to_record(self) -> dict[str, Any]:
         """The event as one JSON object, as ``watchkeeper events --json`` prints it and the
-        API serves it (the SQL backends build the same object in SQL)."""
+        API serves it (the SQL backends build the same object in SQL). ``created_at`` is UTC
+        ISO 8601 text with six digits of microseconds, whatever its value, so the same instant
+        reads the same from every backend and every route."""
         return {
             "id": self.id,
             "asset": self.asset,
             "watcher": self.watcher,
             "payload": self.payload,
             "dedup_key": self.dedup_key,
-            "created_at": self.created_at.isoformat(),
+            "created_at": self.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
         }
 
 

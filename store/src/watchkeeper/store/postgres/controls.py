@@ -88,7 +88,8 @@ class PostgresControls(ControlsBackend):
         backend = self._backend()
         sql = (
             "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
-            "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', created_at)::text "
+            "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', to_char("
+            "created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"'))::text "
             f"FROM {self._p()}asset_events WHERE id > $1"
         )
         args: list[object] = [int(since_id)]
