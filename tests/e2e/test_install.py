@@ -238,6 +238,39 @@ class TestInstalledWheels:
             assert file.is_relative_to(installed.venv), file
             assert not file.is_relative_to(REPO), file
 
+    async def test_one_version_one_license_for_the_three(
+        self, installed: Installed, tmp_path: Path
+    ) -> None:
+        """The three wheels carry one version, require each other at exactly that version,
+        declare Apache-2.0 and ship the license text; ``watchkeeper --version`` says it."""
+        code = (
+            "import json, importlib.metadata as m\n"
+            "out = {}\n"
+            "for name in ('watchkeeper-store', 'watchkeeper-triggerer', 'watchkeeper-watchers'):\n"
+            "    d = m.distribution(name)\n"
+            "    files = [str(f) for f in d.files or () if f.name == 'LICENSE']\n"
+            "    text = [f.read_text() for f in d.files or () if f.name == 'LICENSE']\n"
+            "    out[name] = [d.version, d.metadata['License-Expression'], d.requires or [],\n"
+            "                 files, text]\n"
+            "print(json.dumps(out))\n"
+        )
+        with anyio.fail_after(60):
+            result = await _run([str(installed.bin("python")), "-c", code], tmp_path, _clean_env())
+            shown = await _run(installed.watchkeeper("--version"), tmp_path, _clean_env())
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        found = json.loads(result.stdout)
+        license_text = (REPO / "LICENSE").read_text()
+        versions = {version for version, *_ in found.values()}
+        assert len(versions) == 1, found
+        (version,) = versions
+        for name, (_, expression, requires, files, texts) in found.items():
+            assert expression == "Apache-2.0", name
+            assert files and texts == [license_text], name
+            siblings = [r for r in requires if r.startswith("watchkeeper-")]
+            assert all(f"=={version}" in r for r in siblings), (name, requires)
+            assert siblings or name == "watchkeeper-store", (name, requires)
+        assert shown.stdout.decode() == f"watchkeeper {version}\n"
+
     async def test_the_demo_runs_from_the_installed_wheel(
         self, installed: Installed, tmp_path: Path
     ) -> None:
