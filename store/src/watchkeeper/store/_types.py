@@ -301,10 +301,8 @@ class AssetEvent:
     created_at: datetime
 
     def to_record(self) -> dict[str, Any]:
-        """The event as one JSON object, as ``watchkeeper events --json`` prints it and the
-        API serves it (the SQL backends build the same object in SQL). ``created_at`` is UTC
-        ISO 8601 text with six digits of microseconds, whatever its value, so the same instant
-        reads the same from every backend and every route."""
+        """The event as ``events --json`` prints it and the API serves it (the SQL backends
+        build the same in SQL); ``created_at`` in UTC with six digits of microseconds."""
         return {
             "id": self.id,
             "asset": self.asset,

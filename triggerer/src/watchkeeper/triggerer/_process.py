@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 from watchkeeper.store.backend import get_logger
 
+from ._notify import notify
 from .daemon import Daemon
 from .settings import Settings
 
@@ -76,7 +77,9 @@ async def run_daemon(
                             if settings.api.enabled:
                                 await start_api(api_tg, d)
                             started.set()
+                            notify(READY=1, STATUS=f"watching {d.watchers_path}")
                             await stop.wait()
+                            notify(STOPPING=1)
                             api_tg.cancel_scope.cancel()  # the API stops first, then the daemon
                 except Exception as exc:  # noqa: BLE001 - re-raised below, outside the group
                     error = exc
