@@ -3,7 +3,10 @@ the daemon says READY=1 once it serves and STOPPING=1 when a signal stops it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +19,15 @@ import pytest
 from structlog.testing import capture_logs
 from watchkeeper.triggerer._notify import notify
 
-from tests.support.daemons import asset_file, daemon, terminate
+from tests.support.daemons import (
+    asset_file,
+    daemon,
+    free_port,
+    reap,
+    terminate,
+    watchkeeper_command,
+)
+from tests.triggerer.test_cli_tasks import DEFINITIONS
 
 
 def _fields(datagram: bytes) -> dict[str, str]:
@@ -97,3 +108,48 @@ async def test_the_daemon_is_ready_when_it_serves_and_says_when_it_stops(
         with anyio.fail_after(5):
             stopping, _ = await manager.receive()
         assert _fields(stopping) == {"STOPPING": "1"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["worker", "api", "up"])
+async def test_the_worker_api_and_up_say_ready_and_stopping(
+    command: str, short_tmp: Path, tmp_path: Path
+) -> None:
+    """``worker``, ``api`` and ``up`` say READY=1 once they serve (the API answers by then)
+    and STOPPING=1 on SIGTERM, then exit 0: their systemd units are ``Type=notify`` too."""
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    (defs / "tasks.py").write_text(DEFINITIONS)
+    port = free_port()
+    path = short_tmp / "notify.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+    env.update(
+        WATCHKEEPER__DATABASE__URL=f"sqlite:///{tmp_path / 'state.db'}",
+        WATCHKEEPER__API__PORT=str(port),
+        WATCHKEEPER__LOGGING__FORMAT="json",
+        NOTIFY_SOCKET=str(path),
+    )
+    args = ["api"] if command == "api" else [command, "--watchers-path", str(defs)]
+    manager = await anyio.create_unix_datagram_socket(local_path=path)
+    async with (
+        manager,
+        await anyio.open_process(
+            watchkeeper_command(*args), cwd=tmp_path, env=env, stdin=subprocess.DEVNULL
+        ) as process,
+    ):
+        try:
+            with anyio.fail_after(60):
+                ready, _ = await manager.receive()
+            assert _fields(ready)["READY"] == "1"
+            if command != "worker":  # the worker serves no HTTP
+                async with httpx.AsyncClient(timeout=10) as client:
+                    health = await client.get(f"http://127.0.0.1:{port}/healthz")
+                assert health.status_code == 200
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(5):
+                stopping, _ = await manager.receive()
+            assert _fields(stopping) == {"STOPPING": "1"}
+            with anyio.fail_after(30):
+                assert await process.wait() == 0
+        finally:
+            await reap(process)

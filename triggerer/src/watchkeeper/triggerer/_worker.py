@@ -62,6 +62,7 @@ from watchkeeper.store.backend import (
 from ._asset_task import AssetTask, OutletEvents
 from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
+from ._notify import notify
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
@@ -388,8 +389,10 @@ async def run_worker(
     with anyio.open_signal_receiver(*signals) as received:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)
+            notify(READY=1, STATUS=f"running {len(tasks)} task(s)")
             async for signum in received:
                 log.info("worker_stopping", signal=signal.Signals(signum).name)
+                notify(STOPPING=1)
                 worker.stop_claiming()
                 with anyio.move_on_after(stop_grace):
                     await worker.drained()

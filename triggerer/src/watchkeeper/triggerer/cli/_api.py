@@ -44,6 +44,7 @@ async def _serve(settings: Settings) -> None:
     import anyio
     from watchkeeper.store.backend import get_logger
 
+    from .._notify import notify
     from ..api import serve_api
 
     log = get_logger(__name__)
@@ -51,8 +52,10 @@ async def _serve(settings: Settings) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with open_backend(settings) as backend, anyio.create_task_group() as tg:
             await tg.start(functools.partial(serve_api, backend, settings.api))
+            notify(READY=1, STATUS=f"serving on {settings.api.host}:{settings.api.port}")
             async for signum in received:
                 log.info("api_stopping", signal=signal.Signals(signum).name)
+                notify(STOPPING=1)
                 break
             tg.cancel_scope.cancel()
 

@@ -105,6 +105,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     import anyio
     from watchkeeper.store.backend import get_logger
 
+    from .._notify import notify
     from .._process import start_api
     from .._worker import Worker, configure_connections
     from ..daemon import Daemon
@@ -126,8 +127,10 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
                 if settings.api.enabled:
                     await start_api(tg, daemon)
                 await tg.start(worker.run)
+                notify(READY=1, STATUS=f"watching {daemon.watchers_path}")
                 async for signum in received:
                     log.info("up_stopping", signal=signal.Signals(signum).name)
+                    notify(STOPPING=1)
                     worker.stop_claiming()
                     with anyio.move_on_after(settings.triggerer.stop_grace):
                         await worker.drained()
