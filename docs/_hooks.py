@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import html
 import inspect
 import json
 import re
 import textwrap
+import types
+import typing
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -96,7 +99,7 @@ def settings_reference() -> str:
             what = docs.get(key, "")
             out.append(
                 f"| `{key}` | {_cell(_type_name(info))} | {_cell(_default(info))} | "
-                f"{_cell(what)} `{env}` |"
+                f"{_cell(what)}<br>env: `{env}` |"
             )
         out.append("")
     return "\n".join(out)
@@ -126,16 +129,30 @@ def _attribute_docs(model: type[BaseModel]) -> dict[str, str]:
 
 
 def _type_name(info: FieldInfo) -> str:
-    text = str(info.annotation).replace("typing.", "").replace("NoneType", "None")
-    text = re.sub(r"<class '([\w.]+)'>", lambda m: m[1].rsplit(".", 1)[-1], text)
-    text = re.sub(r"Annotated\[(\w+), .*\]", r"\1", text)
     bounds = [
         f"{op} {getattr(m, attr)}"
         for m in info.metadata
         for attr, op in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))
         if getattr(m, attr, None) is not None
     ]
-    return f"`{text}`" + (f" ({', '.join(bounds)})" if bounds else "")
+    code = html.escape(_type_text(info.annotation)).replace("|", "&#124;")
+    return f"<code>{code}</code>" + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _type_text(annotation: Any) -> str:
+    """A type as a reader writes it: ``float | None``, ``list[str]``, ``"a" | "b"``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "None"
+    if origin is typing.Annotated:
+        return _type_text(args[0])
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(map(_type_text, args))}]"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def _default(info: FieldInfo) -> str:
@@ -147,6 +164,8 @@ def _default(info: FieldInfo) -> str:
         value = info.default
     if isinstance(value, BaseModel):
         return ""
+    if isinstance(value, SecretStr):  # a default is no secret: show it
+        value = value.get_secret_value()
     return f"`{json.dumps(value, default=str)}`"
 
 
@@ -199,7 +218,12 @@ def _resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):`~?\.*([^`]+)`")
+
+
 def _cell(text: str) -> str:
+    """``text`` on one line for a table cell, with Sphinx roles as plain code."""
+    text = _ROLE.sub(r"`\1`", text)
     return " ".join(text.split()).replace("|", "\\|")
 
 
