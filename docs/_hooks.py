@@ -3,7 +3,8 @@
 A page holds a marker, ``<!-- generated:NAME -->``, and this mkdocs hook replaces it with the
 reference that the code itself defines: ``cli`` from the command's argument parser, ``settings``
 from the settings models (each key's type, default, bounds and its docstring), ``http`` from
-the API's OpenAPI document. So the reference cannot drift from the code; the suite checks that
+the API's OpenAPI document, ``benchmarks`` from ``BENCHMARKS.md`` (the goals and their latest
+figures). So the reference cannot drift from the code; the suite checks that
 it names every command, key and route (``tests/e2e/test_docs.py``).
 """
 
@@ -18,6 +19,7 @@ import re
 import textwrap
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
@@ -231,4 +233,19 @@ def _first_paragraph(text: str) -> str:
     return " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
 
 
-GENERATORS = {"cli": cli_reference, "settings": settings_reference, "http": http_reference}
+# -- the benchmarks -----------------------------------------------------------------------------
+
+
+def benchmarks_reference() -> str:
+    """``BENCHMARKS.md`` without its title and its pointer to the history (this site has both)."""
+    text = (Path(__file__).resolve().parents[1] / "BENCHMARKS.md").read_text()
+    body = text.split("\n", 1)[1]
+    return body.split("\n## History\n", 1)[0]
+
+
+GENERATORS = {
+    "cli": cli_reference,
+    "settings": settings_reference,
+    "http": http_reference,
+    "benchmarks": benchmarks_reference,
+}

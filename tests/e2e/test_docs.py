@@ -90,3 +90,13 @@ def test_the_python_reference_documents_every_public_name(site: Path) -> None:
     for package in PACKAGES:
         for name in importlib.import_module(package).__all__:
             assert f'id="{package}.{name}"' in raw, f"{package}.{name}"
+
+
+def test_the_performance_page_shows_every_goal_of_benchmarks_md(site: Path) -> None:
+    """BENCHMARKS.md's goals table is the site's, row for row (it is included as it builds)."""
+    text = (REPO / "BENCHMARKS.md").read_text()
+    goals = text.split("\n## Goals\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in goals.splitlines() if line.startswith("| ")]
+    page = _text(site, "performance")
+    assert len(rows) > 10
+    assert [r for r in rows[1:] if re.sub(r"[`*]", "", r) not in page] == []
