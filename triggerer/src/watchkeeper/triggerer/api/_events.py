@@ -60,6 +60,7 @@ async def stream_events(request: Request) -> Response:
     asset = await _events_principal(request)
     ctx = ctx_of(request)
     last_id = request.headers.get("last-event-id")
+    after: int | None = None
     if last_id is not None:
         if not last_id.strip().isdigit():
             raise ApiError(
@@ -68,22 +69,24 @@ async def stream_events(request: Request) -> Response:
         after = int(last_id)
     elif request.query_params.get("after") not in (None, ""):
         after = int_param(request, "after", 0, 0, None)
-    else:
-        after = await ctx.controls.alast_event_id(asset)  # a live tail: from now on
+    head = await ctx.controls.alast_event_id(asset)
+    # Without a position: a live tail, from now on. A position past the log's head (an id of
+    # a bigger or restored database) is the head: every event committed from now on is after it.
+    after = head if after is None else min(after, head)
     return StreamingResponse(
-        _sse(ctx, asset, after),
+        _sse(ctx, asset, after, head),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[bytes]:
+async def _sse(ctx: ApiContext, asset: str | None, after: int, head: int) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: watching from event {after}\n\n".encode()
     controls = ctx.controls
     feed = ctx.feed(asset)
     feed.clients += 1
     try:
-        feed.start_at(after)
+        feed.start_at(head)  # never a client's position: that would move every other's
         quiet_since = time.monotonic()
         while not ctx.closing.is_set():
             if after < feed.base:  # older than what the feed holds: read the log alone
