@@ -165,6 +165,10 @@ class ApiSettings(_Section):
     max_watcher_series: int = Field(default=2000, ge=0)
     """Most watchers with their own series in ``/metrics``; the rest are counted in the
     unlabelled totals (``watchkeeper_watchers``) and in ``watchkeeper_watcher_series_dropped``."""
+    max_streams_per_token: int = Field(default=20, ge=1)
+    """Most live event streams one token holds open at once; one more is answered 429."""
+    metrics_token_required: bool = False
+    """``/metrics`` needs a token with read scope (it names every asset, watcher and task)."""
 
 
 class LoggingSettings(_Section):

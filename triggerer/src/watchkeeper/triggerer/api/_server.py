@@ -82,7 +82,14 @@ def api_context(
         max_watcher_series=api.max_watcher_series,
         lag=LoopLagProbe(),
     )
-    return ApiContext(backend=backend, metrics=metrics, daemon=daemon, runner=runner)
+    return ApiContext(
+        backend=backend,
+        metrics=metrics,
+        daemon=daemon,
+        runner=runner,
+        max_streams_per_token=api.max_streams_per_token,
+        metrics_token_required=api.metrics_token_required,
+    )
 
 
 async def serve_app(
