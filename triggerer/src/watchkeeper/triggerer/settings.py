@@ -169,6 +169,11 @@ class ApiSettings(_Section):
     """Most live event streams one token holds open at once; one more is answered 429."""
     metrics_token_required: bool = False
     """``/metrics`` needs a token with read scope (it names every asset, watcher and task)."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Most HTTP connections open at once (lowered to fit the open-file limit with a reserve for
+    the store and the watchers); one more closes the connection idle longest."""
+    header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a connection has to send a request's headers; a slower one is closed."""
 
 
 class LoggingSettings(_Section):

@@ -21,12 +21,13 @@ from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import get_logger
 
 from ..errors import TriggererError
+from ..settings import ApiSettings
 from ._app import ApiContext, create_app
+from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..settings import ApiSettings
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 
@@ -97,9 +98,16 @@ async def serve_app(
     *,
     host: str,
     port: int,
+    settings: ApiSettings | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port."""
+    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port.
+
+    ``settings`` gives the connection limits (``max_connections``, ``header_timeout``);
+    ``host`` and ``port`` are used instead of its own.
+    """
+    api = settings if settings is not None else ApiSettings()
+    connections, accept_batch, nofile = descriptor_budget(api.max_connections)
     sock = _bind(host, port)
     config = uvicorn.Config(
         create_app(ctx),
@@ -108,6 +116,8 @@ async def serve_app(
         lifespan="off",
         server_header=False,
         timeout_graceful_shutdown=2,
+        http=guarded_protocol(connections, api.header_timeout),
+        backlog=accept_batch,
     )
     server = _EmbeddedServer(config)
     stopped = anyio.Event()
@@ -129,7 +139,13 @@ async def serve_app(
             tg.start_soon(run)
             await server.ready.wait()
             bound = sock.getsockname()[1]
-            log.info("api_listening", host=host, port=bound)
+            log.info(
+                "api_listening",
+                host=host,
+                port=bound,
+                max_connections=connections,
+                open_file_limit=nofile,
+            )
             task_status.started(bound)
             try:
                 await anyio.sleep_forever()
@@ -159,4 +175,4 @@ async def serve_api(
     api``) the watcher metrics come from the status rows the daemons save.
     """
     ctx = api_context(backend, api, daemon=daemon)
-    await serve_app(ctx, host=api.host, port=api.port, task_status=task_status)
+    await serve_app(ctx, host=api.host, port=api.port, settings=api, task_status=task_status)
