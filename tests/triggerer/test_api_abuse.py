@@ -7,6 +7,9 @@ A real server (uvicorn on a free port) over a real SQLite store.
 from __future__ import annotations
 
 import functools
+import re
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,9 +19,16 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from structlog.testing import capture_logs
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import EventCommit, encode_json
-from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
+from watchkeeper.triggerer.api import (
+    ApiContext,
+    ApiListenError,
+    api_context,
+    make_token,
+    serve_app,
+)
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import wait_until
@@ -61,7 +71,9 @@ async def serve(tmp_path: Path, settings: ApiSettings) -> AsyncIterator[Served]:
         ctx = api_context(backend, settings)
         ctx.sse_poll = 0.02
         async with anyio.create_task_group() as tg:
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+            port = await tg.start(
+                functools.partial(serve_app, ctx, host="127.0.0.1", port=0, settings=settings)
+            )
             yield Served(backend, ctx, f"http://127.0.0.1:{port}", tokens)
             tg.cancel_scope.cancel()
 
@@ -157,3 +169,112 @@ class TestStreamLimits:
                 )
                 async with client.stream("GET", path) as again:
                     assert again.status_code == 200
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made with the ``openssl`` command."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+class TestTransport:
+    async def test_security_headers_on_the_page_and_the_api(self, served: Served) -> None:
+        """The page, its files, the API and health answers forbid framing, sniffing and
+        referrers; the page's policy allows only its own origin."""
+        async with served.client("reader") as client:
+            answers = [
+                await client.get(path)
+                for path in ("/", "/static/app.js", "/static/app.css", "/healthz", "/metrics")
+            ]
+            answers += [await client.get("/api/v1/assets"), await client.get("/api/v1/nope")]
+            async with client.stream("GET", "/api/v1/events/stream") as stream:
+                answers.append(stream)
+        for answer in answers:
+            headers = answer.headers
+            assert "frame-ancestors 'none'" in headers["content-security-policy"], answer.url
+            assert "default-src 'self'" in headers["content-security-policy"]
+            assert headers["x-content-type-options"] == "nosniff"
+            assert headers["referrer-policy"] == "no-referrer"
+        assert "<script" not in answers[0].text.replace('<script src="/static/app.js">', "")
+        assert "style=" not in answers[0].text
+
+    async def test_metrics_behind_a_token_when_set(self, tmp_path: Path) -> None:
+        """With ``metrics_token_required``, /metrics needs a token with read scope."""
+        settings = ApiSettings(port=0, metrics_token_required=True)
+        async with serve(tmp_path, settings) as served:
+            async with served.client() as anonymous:
+                refused = await anonymous.get("/metrics")
+                health = await anonymous.get("/healthz")
+            async with served.client("ops") as ops:
+                forbidden = await ops.get("/metrics")
+            async with served.client("reader") as reader:
+                scraped = await reader.get("/metrics")
+        assert refused.status_code == 401 and health.status_code == 200
+        assert forbidden.status_code == 403
+        assert scraped.status_code == 200 and "watchkeeper_" in scraped.text
+
+    async def test_metrics_open_by_default(self, served: Served) -> None:
+        async with served.client() as anonymous:
+            assert (await anonymous.get("/metrics")).status_code == 200
+
+    async def test_https_with_a_certificate(self, tmp_path: Path) -> None:
+        """With ``tls_certfile``/``tls_keyfile`` the API speaks HTTPS (and asks browsers to
+        keep to it); plain HTTP on that port gets no answer."""
+        cert, key = self_signed(tmp_path)
+        settings = ApiSettings(port=0, tls_certfile=cert, tls_keyfile=key)
+        trust = ssl.create_default_context(cafile=str(cert))
+        async with serve(tmp_path, settings) as served:
+            secure = served.base.replace("http://", "https://")
+            async with httpx.AsyncClient(base_url=secure, verify=trust, timeout=10) as client:
+                health = await client.get("/healthz")
+                auth = {"Authorization": f"Bearer {served.tokens['reader']}"}
+                assets = await client.get("/api/v1/assets", headers=auth)
+            async with served.client() as plain:
+                with pytest.raises(httpx.TransportError):
+                    await plain.get("/healthz")
+        assert health.status_code == 200 and assets.status_code == 200
+        assert health.headers["strict-transport-security"].startswith("max-age=")
+
+    async def test_a_bad_certificate_is_an_error_naming_it(self, tmp_path: Path) -> None:
+        cert, key = self_signed(tmp_path)
+        wrong = tmp_path / "wrong.pem"
+        wrong.write_text("not a certificate\n")
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            for certfile, keyfile in ((wrong, key), (tmp_path / "missing.pem", key)):
+                settings = ApiSettings(port=0, tls_certfile=certfile, tls_keyfile=keyfile)
+                with pytest.raises(ApiListenError, match=re.escape(str(certfile))):
+                    await serve_app(
+                        api_context(backend, settings), host="127.0.0.1", port=0, settings=settings
+                    )
+        with pytest.raises(ValueError, match="tls_keyfile"):
+            ApiSettings(tls_certfile=cert)
+
+    async def test_plain_http_on_every_interface_is_warned(self, tmp_path: Path) -> None:
+        """Serving without TLS on a non-loopback address logs the risk; loopback does not."""
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            for host in ("0.0.0.0", "127.0.0.1"):
+                settings = ApiSettings(port=0)
+                with capture_logs() as logs:
+                    async with anyio.create_task_group() as tg:
+                        await tg.start(
+                            functools.partial(
+                                serve_app, api_context(backend, settings), host=host, port=0
+                            )
+                        )
+                        tg.cancel_scope.cancel()
+                warned = [e for e in logs if e["event"] == "api_plain_http"]
+                if host == "0.0.0.0":
+                    assert len(warned) == 1 and warned[0]["log_level"] == "warning"
+                    assert "unencrypted" in warned[0]["risk"]
+                    assert "tls_certfile" in warned[0]["fix"]
+                else:
+                    assert warned == []

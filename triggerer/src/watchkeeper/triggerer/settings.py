@@ -174,6 +174,16 @@ class ApiSettings(_Section):
     the store and the watchers); one more closes the connection idle longest."""
     header_timeout: float = Field(default=10.0, gt=0)
     """Seconds a connection has to send a request's headers; a slower one is closed."""
+    tls_certfile: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; with ``tls_keyfile``. Unset: plain HTTP."""
+    tls_keyfile: Path | None = None
+    """PEM private key of ``tls_certfile``."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("set both tls_certfile and tls_keyfile to serve HTTPS, or neither")
+        return self
 
 
 class LoggingSettings(_Section):
