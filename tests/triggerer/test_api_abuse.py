@@ -21,7 +21,13 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.backend import (
+    DaemonStatus,
+    EventCommit,
+    TaskSpec,
+    TriggerStatus,
+    encode_json,
+)
 from watchkeeper.triggerer.api import (
     ApiContext,
     ApiListenError,
@@ -278,3 +284,69 @@ class TestTransport:
                     assert "tls_certfile" in warned[0]["fix"]
                 else:
                     assert warned == []
+
+
+class TestScopingRule:
+    """Data (state values, payloads, the text of errors) needs read; operate alone sees the
+    operational record and each error's type, on every route that returns runs or watchers."""
+
+    SECRET = "customer 4711 owes 99.50"
+
+    async def _seed(self, served: Served) -> int:
+        backend = served.backend
+        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
+        await served.commit("orders", 1)
+        run = await backend.acreate_run("load")
+        assert run is not None
+        (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.afinish_run(
+            claimed.id,
+            "w1",
+            claimed.lease_token,
+            success=False,
+            error=f"ValueError: {self.SECRET}",
+            traceback=f"Traceback (most recent call last):\nValueError: {self.SECRET}\n",
+        )
+        now = datetime.now(UTC)
+        status = TriggerStatus(
+            "t1", "m.C", ("orders",), ("feed",), "failed", 3,
+            last_error=f"KeyError: {self.SECRET!r}", updated_at=now, owner="d1",
+        )  # fmt: skip
+        await backend.asave_trigger_status([status])
+        await backend.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
+        return run.id
+
+    async def test_operate_alone_sees_no_data(self, served: Served) -> None:
+        run_id = await self._seed(served)
+        async with served.client("ops") as ops:
+            answers = [
+                await ops.get(f"/api/v1/runs/{run_id}"),
+                await ops.get("/api/v1/runs"),
+                await ops.get("/api/v1/watchers"),
+                await ops.get("/api/v1/tasks"),
+                await ops.get("/api/v1/daemons"),
+                await ops.post(f"/api/v1/runs/{run_id}/retry"),
+            ]
+        for answer in answers:
+            assert answer.status_code in (200, 202), answer.text
+            assert "4711" not in answer.text, answer.url
+        detail, listed, watchers = (a.json() for a in answers[:3])
+        assert detail["errors"][0]["error"] == "ValueError"
+        assert detail["errors"][0]["traceback"] is None
+        assert "events" not in detail and detail["data_withheld"] is True
+        assert listed["runs"][0]["errors"][0]["error"] == "ValueError"
+        assert watchers["watchers"][0]["last_error"] == "KeyError"
+        assert watchers["watchers"][0]["failures"] == 3
+
+    async def test_read_sees_the_data(self, served: Served) -> None:
+        run_id = await self._seed(served)
+        async with served.client("reader") as reader:
+            detail = (await reader.get(f"/api/v1/runs/{run_id}")).json()
+            listed = (await reader.get("/api/v1/runs")).json()
+            watchers = (await reader.get("/api/v1/watchers")).json()
+        assert self.SECRET in detail["errors"][0]["error"]
+        assert self.SECRET in detail["errors"][0]["traceback"]
+        assert [e["payload"] for e in detail["events"]] == [{"n": 1}]
+        assert "data_withheld" not in detail
+        assert self.SECRET in listed["runs"][0]["errors"][0]["error"]
+        assert self.SECRET in watchers["watchers"][0]["last_error"]

@@ -11,7 +11,8 @@ Scopes:
 - ``read``: every read-only route;
 - ``write:asset:<glob>``: read and write the state (and read the events) of the assets whose
   names match the glob (``orders_*``);
-- ``operate``: list watchers and daemons, pause, resume and retry watchers;
+- ``operate``: list watchers, daemons, tasks and runs without their data (:mod:`._scoping`);
+  pause, resume and retry watchers, pause and resume tasks, retry runs;
 - ``admin``: everything.
 """
 
