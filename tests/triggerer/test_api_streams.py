@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.backend import EventBatchCommit, encode_json
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -82,10 +82,11 @@ class TestSharedStreams:
                 tg.cancel_scope.cancel()
 
     async def commit(self, backend: SqliteStateBackend, *ns: int) -> None:
-        for n in ns:
-            await backend.acommit_event(
-                EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json({"n": n}))
-            )
+        """Commit one event per ``n``, all in one transaction (a feed's read sees all or none)."""
+        events = tuple((encode_json({"n": n}), None) for n in ns)
+        await backend.acommit_events(
+            EventBatchCommit(watcher="feed", assets=("orders",), events=events)
+        )
 
     async def test_two_clients_one_read_per_batch(self, shared: Shared) -> None:
         """Two clients of every event get the same events, and each batch is read from the
