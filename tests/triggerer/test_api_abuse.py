@@ -128,7 +128,7 @@ class TestStreamTokens:
 
     async def test_an_expired_token_loses_its_open_stream(self, served: Served) -> None:
         served.ctx.token_recheck = 0.1
-        await served.add_token("brief", ["read"], timedelta(seconds=3))
+        await served.add_token("brief", ["read"], timedelta(seconds=5))
         async with (
             served.client("brief") as client,
             client.stream("GET", "/api/v1/events/stream", params={"asset": "orders"}) as stream,
