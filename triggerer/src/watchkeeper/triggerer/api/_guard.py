@@ -62,6 +62,8 @@ def guarded_protocol(max_connections: int, header_timeout: float) -> type[H11Pro
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
+            if len(self.connections) <= max_connections:
+                return  # the usual case: no scan
             open_now = [c for c in self.connections if not getattr(c, "_dropped", False)]
             if len(open_now) > max_connections:
                 idle = [c for c in open_now if isinstance(c, GuardedH11Protocol) and c._idle()]
