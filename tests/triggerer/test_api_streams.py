@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.backend import EventBatchCommit, encode_json
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -82,19 +82,21 @@ class TestSharedStreams:
                 tg.cancel_scope.cancel()
 
     async def commit(self, backend: SqliteStateBackend, *ns: int) -> None:
-        for n in ns:
-            await backend.acommit_event(
-                EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json({"n": n}))
-            )
+        """Commit one event per ``n``, all in one transaction (a feed's read sees all or none)."""
+        events = tuple((encode_json({"n": n}), None) for n in ns)
+        await backend.acommit_events(
+            EventBatchCommit(watcher="feed", assets=("orders",), events=events)
+        )
 
     async def test_two_clients_one_read_per_batch(self, shared: Shared) -> None:
         """Two clients of every event get the same events, and each batch is read from the
         log once; the shared feed goes when its last client does."""
         backend, ctx, client = shared.backend, shared.ctx, shared.client
-        await self.commit(backend, 1, 2, 3)
         params = {"after": "0"}
         async with client.stream("GET", "/api/v1/events/stream", params=params) as a:
             a_lines = a.aiter_lines()
+            await wait_until(lambda: None in ctx.feeds, "the first client's feed")
+            await self.commit(backend, 1, 2, 3)
             first_a = await next_ids(a_lines, 3)
             async with client.stream("GET", "/api/v1/events/stream", params=params) as b:
                 b_lines = b.aiter_lines()
@@ -111,10 +113,11 @@ class TestSharedStreams:
         the feed: every later event once, in id order."""
         backend, ctx, client = shared.backend, shared.ctx, shared.client
         ctx.feed_keep = 3
-        await self.commit(backend, *range(1, 11))
-        ids = [e.id for e in await backend.alist_events()]
         async with client.stream("GET", "/api/v1/events/stream", params={"after": "0"}) as a:
             a_lines = a.aiter_lines()
+            await wait_until(lambda: None in ctx.feeds, "the first client's feed")
+            await self.commit(backend, *range(1, 11))
+            ids = [e.id for e in await backend.alist_events()]
             assert await next_ids(a_lines, 10) == ids
             assert ctx.feeds[None].base == ids[6]  # the feed keeps the last three
             resume = {"Last-Event-ID": str(ids[1])}
@@ -126,3 +129,28 @@ class TestSharedStreams:
                 assert await next_ids(b_lines, 2) == later
                 assert await next_ids(a_lines, 2) == later
         assert caught_up == ids[2:]
+
+    async def test_a_position_past_the_head_freezes_no_one(self, shared: Shared) -> None:
+        """A first client resuming from an id past the log's head (a bigger or restored
+        database's) is clamped to the head: it and a later live tail of the same filter both
+        get every new event."""
+        backend, ctx, client = shared.backend, shared.ctx, shared.client
+        await self.commit(backend, 1, 2)
+        far = {"Last-Event-ID": "9223372036854775000"}
+        async with client.stream("GET", "/api/v1/events/stream", headers=far) as a:
+            a_lines = a.aiter_lines()
+            async for line in a_lines:
+                if line.startswith(": watching from event"):
+                    head = int(line.rsplit(" ", 1)[1])
+                    break
+            async with client.stream("GET", "/api/v1/events/stream") as b:
+                b_lines = b.aiter_lines()
+                async for line in b_lines:
+                    if line.startswith(": watching from event"):
+                        break
+                await wait_until(lambda: ctx.feeds[None].clients == 2, "both clients")
+                assert ctx.feeds[None].position == head
+                await self.commit(backend, 3, 4)
+                later = [e.id for e in await backend.alist_events()][2:]
+                assert await next_ids(b_lines, 2) == later
+                assert await next_ids(a_lines, 2) == later

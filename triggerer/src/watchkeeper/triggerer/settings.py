@@ -165,6 +165,25 @@ class ApiSettings(_Section):
     max_watcher_series: int = Field(default=2000, ge=0)
     """Most watchers with their own series in ``/metrics``; the rest are counted in the
     unlabelled totals (``watchkeeper_watchers``) and in ``watchkeeper_watcher_series_dropped``."""
+    max_streams_per_token: int = Field(default=20, ge=1)
+    """Most live event streams one token holds open at once; one more is answered 429."""
+    metrics_token_required: bool = False
+    """``/metrics`` needs a token with read scope (it names every asset, watcher and task)."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Most HTTP connections open at once (lowered to fit the open-file limit with a reserve for
+    the store and the watchers); one more closes the connection idle longest."""
+    header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a connection has to send a request's headers; a slower one is closed."""
+    tls_certfile: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; with ``tls_keyfile``. Unset: plain HTTP."""
+    tls_keyfile: Path | None = None
+    """PEM private key of ``tls_certfile``."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("set both tls_certfile and tls_keyfile to serve HTTPS, or neither")
+        return self
 
 
 class LoggingSettings(_Section):

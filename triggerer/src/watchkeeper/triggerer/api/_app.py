@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -31,6 +32,7 @@ from .._describe import describe_error
 from ._assets import asset_detail, delete_state, get_state, list_assets, list_state, put_state
 from ._base import ApiContext, ApiError
 from ._events import list_events, stream_events
+from ._headers import SecurityHeaders
 from ._health import healthz, metrics, openapi, readyz
 from ._page import page
 from ._tasks import list_runs, list_tasks, retry_run, run_detail, task_control
@@ -112,6 +114,7 @@ def create_app(ctx: ApiContext) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
+        middleware=[Middleware(SecurityHeaders)],
         exception_handlers={
             ApiError: _on_api_error,
             HTTPException: _on_http_error,

@@ -82,6 +82,14 @@ class ApiContext:
     """The live streams' shared reads, by filter (an asset, or None for every event)."""
     feed_keep: int = FEED_KEEP
     """Events a live stream's shared feed keeps ready; a client further behind reads alone."""
+    token_recheck: float = 5.0
+    """Seconds between two checks of a live stream's token: revoked or expired, the stream ends."""
+    max_streams_per_token: int = 20
+    """Most live streams one token holds open at once; one more is answered 429."""
+    open_streams: dict[str, int] = field(default_factory=dict)
+    """Live streams open now, by token id."""
+    metrics_token_required: bool = False
+    """``/metrics`` needs a token with read scope."""
 
     @property
     def tasks(self) -> TaskQueue:

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import require_event_log
+from watchkeeper.store.backend import get_logger, require_asset_registry, require_event_log
 
 from .._records import event_record
 from ._base import (
@@ -20,27 +21,31 @@ from ._base import (
     forbid,
     int_param,
     require,
+    utc_now,
 )
 from ._feed import SSE_BATCH, encode_frames, join_frames
+from ._tokens import Principal, still_valid
 
 __all__ = ["list_events", "stream_events"]
+
+log = get_logger(__name__)
 
 SSE_KEEPALIVE = 15.0
 
 
-async def _events_principal(request: Request) -> str | None:
+async def _events_principal(request: Request) -> tuple[Principal, str | None]:
     principal = await authenticate(request)
     asset = request.query_params.get("asset") or None
     if principal.can_read():
-        return asset
+        return principal, asset
     if asset is None:
         raise forbid(principal, "read the events of every asset; pass ?asset=NAME")
     require(principal.can_read_asset(asset), principal, f"read the events of asset {asset!r}")
-    return asset
+    return principal, asset
 
 
 async def list_events(request: Request) -> Response:
-    asset = await _events_principal(request)
+    _, asset = await _events_principal(request)
     after = int_param(request, "after", 0, 0, None)
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
     events = await require_event_log(ctx_of(request).backend).alist_events(
@@ -57,9 +62,10 @@ async def list_events(request: Request) -> Response:
 
 
 async def stream_events(request: Request) -> Response:
-    asset = await _events_principal(request)
+    principal, asset = await _events_principal(request)
     ctx = ctx_of(request)
     last_id = request.headers.get("last-event-id")
+    after: int | None = None
     if last_id is not None:
         if not last_id.strip().isdigit():
             raise ApiError(
@@ -68,24 +74,68 @@ async def stream_events(request: Request) -> Response:
         after = int(last_id)
     elif request.query_params.get("after") not in (None, ""):
         after = int_param(request, "after", 0, 0, None)
-    else:
-        after = await ctx.controls.alast_event_id(asset)  # a live tail: from now on
-    return StreamingResponse(
-        _sse(ctx, asset, after),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    if asset is not None:
+        known = await require_asset_registry(ctx.backend).alist_assets()
+        if not any(a.name == asset for a in known):
+            raise ApiError(404, "not_found", f"no asset named {asset!r}")
+    head = await ctx.controls.alast_event_id(asset)
+    # Without a position: a live tail, from now on. A position past the log's head (an id of
+    # a bigger or restored database) is the head: every event committed from now on is after it.
+    after = head if after is None else min(after, head)
+    return _Stream(ctx, principal, _sse(ctx, principal, asset, after, head))
 
 
-async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[bytes]:
+class _Stream(StreamingResponse):
+    """A live stream counted against its token's ``max_streams_per_token`` while it is open."""
+
+    def __init__(
+        self, ctx: ApiContext, principal: Principal, content: AsyncIterator[bytes]
+    ) -> None:
+        key = principal.token_id
+        held = ctx.open_streams.get(key, 0)
+        if held >= ctx.max_streams_per_token:
+            raise ApiError(
+                429,
+                "too_many_streams",
+                f"token {principal.name!r} holds {held} live streams, the most "
+                f"[api] max_streams_per_token allows; close one first",
+                headers={"Retry-After": "5"},
+            )
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+        self._ctx, self._key = ctx, key
+        ctx.open_streams[key] = held + 1
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            left = self._ctx.open_streams.get(self._key, 1) - 1
+            if left > 0:
+                self._ctx.open_streams[self._key] = left
+            else:
+                self._ctx.open_streams.pop(self._key, None)
+
+
+async def _sse(
+    ctx: ApiContext, principal: Principal, asset: str | None, after: int, head: int
+) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: watching from event {after}\n\n".encode()
     controls = ctx.controls
     feed = ctx.feed(asset)
     feed.clients += 1
     try:
-        feed.start_at(after)
-        quiet_since = time.monotonic()
+        feed.start_at(head)  # never a client's position: that would move every other's
+        quiet_since = checked_at = time.monotonic()
         while not ctx.closing.is_set():
+            if time.monotonic() - checked_at >= ctx.token_recheck:
+                checked_at = time.monotonic()
+                if not await _token_holds(ctx, principal):
+                    yield b": the token is revoked or expired; the stream ends\n\n"
+                    return
             if after < feed.base:  # older than what the feed holds: read the log alone
                 try:
                     events = await controls.alist_event_json(
@@ -116,3 +166,15 @@ async def _sse(ctx: ApiContext, asset: str | None, after: int) -> AsyncIterator[
         feed.clients -= 1
         if feed.clients == 0 and ctx.feeds.get(asset) is feed:
             del ctx.feeds[asset]
+
+
+async def _token_holds(ctx: ApiContext, principal: Principal) -> bool:
+    """Whether a live stream's token is still valid; True while the store cannot tell (the
+    stream waits for the store like its reads do, and the next check asks again)."""
+    try:
+        valid = await still_valid(ctx.controls, principal, utc_now())
+    except StoreUnavailableError:
+        return True
+    if not valid:
+        log.info("api_stream_ended", token=principal.name, reason="token revoked or expired")
+    return valid

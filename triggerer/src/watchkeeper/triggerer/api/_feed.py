@@ -8,8 +8,10 @@ done on the commit path: the writer never waits for a stream.
 
 The feed keeps the frames of the last ``keep`` events it read: every event with ``base < id <=
 position``, in id order (event ids are commit order on every backend, so reading after a
-position misses nothing). A client whose position is older than ``base`` (resumed with an old
-``Last-Event-ID``, or slower than the feed) reads from the log on its own until it catches up.
+position misses nothing). A new feed starts at the log's head, whoever its first client is; a
+client whose position is older than ``base`` (resumed with an old ``Last-Event-ID``, or slower
+than the feed) reads from the log on its own until it catches up, so no client's position moves
+the feed another client waits on.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class EventFeed:
         )
 
     def start_at(self, position: int) -> None:
-        """Set the first position of a feed no read has moved yet (its first client's)."""
+        """Set the first position of a feed no read has moved yet: the log's head when it is
+        made (never a client's position, which could be far behind or past the head)."""
         if not self._ids and self._read_at == float("-inf"):
             self.base = self.position = position
 

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .._describe import describe_error
-from ._base import authenticate, ctx_of
+from ._base import authenticate, ctx_of, require
 from ._metrics import CONTENT_TYPE
 from ._openapi import openapi_document
 
@@ -49,7 +49,11 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    collector = ctx_of(request).metrics
+    ctx = ctx_of(request)
+    if ctx.metrics_token_required:  # the exposition names every asset, watcher and task
+        principal = await authenticate(request)
+        require(principal.can_read(), principal, "read /metrics (needs read)")
+    collector = ctx.metrics
     await collector.prepare()
     return Response(collector.render(), media_type=CONTENT_TYPE)
 

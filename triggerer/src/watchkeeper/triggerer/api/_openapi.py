@@ -98,7 +98,11 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/events/stream": {
                 "get": _op(
                     "Server-Sent Events of new events; resumes after Last-Event-ID",
-                    {"200": {"description": "text/event-stream"}},
+                    {
+                        "200": {"description": "text/event-stream"},
+                        "404": _error("no such asset"),
+                        "429": _error("the token holds max_streams_per_token streams"),
+                    },
                     parameters=[
                         _ASSET_Q,
                         _AFTER_Q,
@@ -134,7 +138,7 @@ def openapi_document() -> dict[str, Any]:
             },
             "/api/v1/runs/{run_id}": {
                 "get": _op(
-                    "one run with its errors and (for read tokens) its events",
+                    "one run with its errors and its events (operate alone: error types only)",
                     {"200": _ok("the run", "Run"), "404": _error("no such run")},
                     parameters=[_RUN],
                 )

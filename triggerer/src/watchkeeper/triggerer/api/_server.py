@@ -10,7 +10,9 @@ uvicorn's ``sys.exit``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
+import ssl
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -21,12 +23,13 @@ from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import get_logger
 
 from ..errors import TriggererError
+from ..settings import ApiSettings
 from ._app import ApiContext, create_app
+from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..settings import ApiSettings
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 
@@ -70,6 +73,34 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ApiListenError(host, port, exc.strerror or str(exc)) from exc
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve to any interface
+
+
+def _check_tls(api: ApiSettings, host: str, port: int) -> bool:
+    """Whether the API serves HTTPS; a certificate or key that cannot be loaded is an
+    :class:`ApiListenError` naming the file and the reason."""
+    if api.tls_certfile is None or api.tls_keyfile is None:
+        return False
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(api.tls_certfile, api.tls_keyfile)
+    except OSError as exc:  # a missing file, or an ssl.SSLError (not PEM, a key of another)
+        reason = exc.strerror or str(exc)
+        raise ApiListenError(
+            host,
+            port,
+            f"cannot load the TLS certificate {str(api.tls_certfile)!r} with the key "
+            f"{str(api.tls_keyfile)!r}: {reason}",
+        ) from exc
+    return True
+
+
 def api_context(
     backend: BaseStateBackend, api: ApiSettings, *, daemon: Daemon | None = None
 ) -> ApiContext:
@@ -82,7 +113,14 @@ def api_context(
         max_watcher_series=api.max_watcher_series,
         lag=LoopLagProbe(),
     )
-    return ApiContext(backend=backend, metrics=metrics, daemon=daemon, runner=runner)
+    return ApiContext(
+        backend=backend,
+        metrics=metrics,
+        daemon=daemon,
+        runner=runner,
+        max_streams_per_token=api.max_streams_per_token,
+        metrics_token_required=api.metrics_token_required,
+    )
 
 
 async def serve_app(
@@ -90,9 +128,17 @@ async def serve_app(
     *,
     host: str,
     port: int,
+    settings: ApiSettings | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port."""
+    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port.
+
+    ``settings`` gives the connection limits (``max_connections``, ``header_timeout``);
+    ``host`` and ``port`` are used instead of its own.
+    """
+    api = settings if settings is not None else ApiSettings()
+    tls = _check_tls(api, host, port)
+    connections, accept_batch, nofile = descriptor_budget(api.max_connections)
     sock = _bind(host, port)
     config = uvicorn.Config(
         create_app(ctx),
@@ -101,6 +147,10 @@ async def serve_app(
         lifespan="off",
         server_header=False,
         timeout_graceful_shutdown=2,
+        http=guarded_protocol(connections, api.header_timeout),
+        backlog=accept_batch,
+        ssl_certfile=api.tls_certfile if tls else None,
+        ssl_keyfile=api.tls_keyfile if tls else None,
     )
     server = _EmbeddedServer(config)
     stopped = anyio.Event()
@@ -122,7 +172,23 @@ async def serve_app(
             tg.start_soon(run)
             await server.ready.wait()
             bound = sock.getsockname()[1]
-            log.info("api_listening", host=host, port=bound)
+            log.info(
+                "api_listening",
+                host=host,
+                port=bound,
+                max_connections=connections,
+                open_file_limit=nofile,
+                tls=tls,
+            )
+            if not tls and not _is_loopback(host):
+                log.warning(
+                    "api_plain_http",
+                    host=host,
+                    risk="bearer tokens and data cross the network unencrypted: anyone on "
+                    "the path can read and reuse them",
+                    fix="set [api] tls_certfile and tls_keyfile, serve behind a TLS proxy "
+                    "on 127.0.0.1, or listen on 127.0.0.1",
+                )
             task_status.started(bound)
             try:
                 await anyio.sleep_forever()
@@ -152,4 +218,4 @@ async def serve_api(
     api``) the watcher metrics come from the status rows the daemons save.
     """
     ctx = api_context(backend, api, daemon=daemon)
-    await serve_app(ctx, host=api.host, port=api.port, task_status=task_status)
+    await serve_app(ctx, host=api.host, port=api.port, settings=api, task_status=task_status)

@@ -9,8 +9,9 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import RunNotFoundError, RunStateError, TaskNotFoundError
 from watchkeeper.store.backend import RUN_STATES, get_logger
 
-from .._records import run_record, task_record
+from .._records import task_record
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, int_param, require
+from ._scoping import run_json
 from ._tokens import Principal
 
 __all__ = ["list_runs", "list_tasks", "retry_run", "run_detail", "task_control"]
@@ -61,7 +62,7 @@ def task_control(action: str) -> Callable[[Request], Awaitable[Response]]:
 
 
 async def list_runs(request: Request) -> Response:
-    await _tasks_principal(request, "list runs")
+    principal = await _tasks_principal(request, "list runs")
     task = request.query_params.get("task") or None
     state = request.query_params.get("state") or None
     if state is not None and state not in RUN_STATES:
@@ -70,7 +71,7 @@ async def list_runs(request: Request) -> Response:
         )
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
     runs = await ctx_of(request).tasks.alist_runs(task=task, state=state, limit=limit)
-    return JSONResponse({"runs": [run_record(run) for run in runs]})
+    return JSONResponse({"runs": [run_json(run, principal) for run in runs]})
 
 
 async def run_detail(request: Request) -> Response:
@@ -80,8 +81,7 @@ async def run_detail(request: Request) -> Response:
         run = await ctx_of(request).tasks.aget_run(run_id)
     except RunNotFoundError:
         raise ApiError(404, "not_found", f"no run with id {run_id}") from None
-    # The events' payloads are asset data: read scope only.
-    return JSONResponse(run_record(run, events=principal.can_read()))
+    return JSONResponse(run_json(run, principal, events=True))
 
 
 async def retry_run(request: Request) -> Response:
@@ -95,4 +95,4 @@ async def retry_run(request: Request) -> Response:
     except RunStateError as exc:
         raise ApiError(409, "conflict", str(exc)) from None
     log.info("run_control", run=run_id, action="retry", by=principal.writer_name)
-    return JSONResponse(run_record(run), status_code=202)
+    return JSONResponse(run_json(run, principal), status_code=202)

@@ -11,7 +11,8 @@ Scopes:
 - ``read``: every read-only route;
 - ``write:asset:<glob>``: read and write the state (and read the events) of the assets whose
   names match the glob (``orders_*``);
-- ``operate``: list watchers and daemons, pause, resume and retry watchers;
+- ``operate``: list watchers, daemons, tasks and runs without their data (:mod:`._scoping`);
+  pause, resume and retry watchers, pause and resume tasks, retry runs;
 - ``admin``: everything.
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "Principal",
     "check_scope",
     "make_token",
+    "still_valid",
     "verify_token",
 ]
 
@@ -78,10 +80,12 @@ def make_token(
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request acts as: the token's name and scopes."""
+    """Who a request acts as: the token's name and scopes, and the public half of its id (what
+    :func:`still_valid` checks again, and what open streams are counted by)."""
 
     name: str
     scopes: tuple[str, ...]
+    token_id: str = ""
 
     @property
     def writer_name(self) -> str:
@@ -129,4 +133,13 @@ async def verify_token(store: OperatorControls, text: str, now: datetime) -> Pri
         return None
     if row.expires_at is not None and row.expires_at <= now:
         return None
-    return Principal(row.name, row.scopes)
+    return Principal(row.name, row.scopes, row.token_id)
+
+
+async def still_valid(store: OperatorControls, principal: Principal, now: datetime) -> bool:
+    """Whether the token ``principal`` was verified with is still neither revoked nor expired
+    (its secret was checked once; a token's row never changes but for its revocation)."""
+    row = await store.aget_token(principal.token_id)
+    if row is None or row.revoked_at is not None:
+        return False
+    return row.expires_at is None or row.expires_at > now

@@ -11,6 +11,7 @@ from watchkeeper.store.backend import LeaseTable, get_logger
 from .._daemon_report import daemon_report
 from .._watcher_controls import watcher_rows
 from ._base import ApiError, authenticate, ctx_of, require, utc_now
+from ._scoping import watcher_json
 
 __all__ = ["control", "list_daemons", "list_watchers"]
 
@@ -24,7 +25,7 @@ async def list_watchers(request: Request) -> Response:
     now = utc_now()
     return JSONResponse(
         {
-            "watchers": [row.to_json(now) for row in rows],
+            "watchers": [watcher_json(row, principal, now) for row in rows],
             "may_operate": principal.can_operate(),
         }
     )
