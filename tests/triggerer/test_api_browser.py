@@ -21,7 +21,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import TaskSpec
+from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
 from watchkeeper.triggerer._watcher_files import unload_watchers
@@ -266,3 +266,23 @@ class TestTasksView:
         assert await page.is_disabled('#task-summary tr[data-task="load"] button.pause')
         assert (await site.backend.aget_run(failed)).state == "failed"
         assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}
+
+
+class TestAssetEvents:
+    async def test_recent_events_are_the_newest(self, page: Any, site: Site) -> None:
+        """With more than 1,000 events, an asset's "Recent events" lists its newest 20,
+        newest first."""
+
+        async def two() -> bool:
+            return len(await site.backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(1, 1101))
+        await site.backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
+        newest = await site.backend.alist_events(asset="orders", newest_first=True, limit=20)
+        await page.goto(site.base + "/#/assets/orders")
+        await page.wait_for_selector(f'#asset-events li:first-child[data-id="{newest[0].id}"]')
+        shown = await page.eval_on_selector_all(
+            "#asset-events li", "items => items.map(li => Number(li.dataset.id))"
+        )
+        assert shown == [e.id for e in newest]

@@ -157,9 +157,9 @@ async function loadAsset(name) {
   });
   $("#state tbody").replaceChildren(...rows);
   $("#edit-form").hidden = !body.writable;
-  const events = await (await api("/api/v1/events?limit=1000&asset=" + encodeURIComponent(name))).json();
-  const recent = (events.events || []).slice(-20).reverse();
-  $("#asset-events").replaceChildren(...recent.map(eventLine));
+  // The newest page of the log, newest first (not the tail of its oldest page).
+  const events = await (await api("/api/v1/events?order=desc&limit=20&asset=" + encodeURIComponent(name))).json();
+  $("#asset-events").replaceChildren(...(events.events || []).map(eventLine));
 }
 
 async function saveEntry(event) {
