@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.backend import EventCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -77,3 +77,24 @@ class TestNewestFirstEvents:
         assert [e["payload"]["n"] for e in bounded["events"]] == [1, 2]
         assert bad_order.status_code == 400 and "order" in bad_order.json()["detail"]
         assert bad_before.status_code == 400 and "before" in bad_before.json()["detail"]
+
+
+class TestUnknownWatcher:
+    @pytest.mark.parametrize("action", ["pause", "resume", "retry"])
+    async def test_a_typo_is_404_naming_the_closest(self, api: Api, action: str) -> None:
+        """A control naming no known watcher is 404 with the closest name and writes nothing;
+        the list shows no phantom watcher."""
+        now = datetime.now(UTC)
+        status = TriggerStatus(
+            "t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now, owner="d1"
+        )
+        await api.backend.asave_trigger_status([status])
+        async with api.client("ops") as ops:
+            typo = await ops.post(f"/api/v1/watchers/orders_pol/{action}")
+            far = await ops.post(f"/api/v1/watchers/zzz/{action}")
+            listed = (await ops.get("/api/v1/watchers")).json()["watchers"]
+        assert typo.status_code == 404
+        assert "did you mean 'orders_poll'" in typo.json()["detail"]
+        assert far.status_code == 404 and "'zzz'" in far.json()["detail"]
+        assert [w["watcher"] for w in listed] == ["orders_poll"]
+        assert await api.backend.alist_watcher_controls() == []

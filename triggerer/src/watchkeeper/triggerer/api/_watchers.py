@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store.backend import LeaseTable, get_logger
 
 from .._daemon_report import daemon_report
-from .._watcher_controls import watcher_rows
-from ._base import ApiError, authenticate, ctx_of, require, utc_now
+from .._watcher_controls import unknown_watcher, watcher_rows
+from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 
 __all__ = ["control", "list_daemons", "list_watchers"]
 
@@ -30,6 +30,14 @@ async def list_watchers(request: Request) -> Response:
     )
 
 
+def _running_here(ctx: ApiContext) -> set[str]:
+    """The watchers of the daemon serving this API (known before it first saves statuses)."""
+    runner = ctx.runner
+    if runner is None:
+        return set()
+    return {name for status in runner.statuses() for name in status.watchers}
+
+
 def control(action: str) -> Callable[[Request], Awaitable[Response]]:
     async def control(request: Request) -> Response:
         principal = await authenticate(request)
@@ -38,8 +46,9 @@ def control(action: str) -> Callable[[Request], Awaitable[Response]]:
         ctx = ctx_of(request)
         controls = ctx.controls
         rows = {row.watcher: row for row in await watcher_rows(ctx.backend)}
-        if action == "retry" and name not in rows:
-            raise ApiError(404, "not_found", f"no daemon has reported a watcher named {name!r}")
+        known = set(rows) | _running_here(ctx)
+        if name not in known:  # a typo records nothing (no phantom paused watcher)
+            raise ApiError(404, "not_found", unknown_watcher(name, known))
         by = principal.writer_name
         if action == "retry":
             row = await controls.arequest_watcher_retry(name, by=by)
