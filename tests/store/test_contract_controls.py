@@ -150,6 +150,29 @@ class TestEventReads:
         page = await backend.alist_event_json(asset=None, since_id=ids[0], limit=1)
         assert [i for i, _ in page] == [ids[1]]
 
+    async def test_count_events_since(self, backend: BaseStateBackend) -> None:
+        """Events per watcher at or after a time, each asset's event counted; older ones and
+        silent watchers are left out; a naive datetime is refused."""
+        from watchkeeper.store import Asset, StateStoreError
+        from watchkeeper.store.backend import EventCommit, encode_json
+
+        assert isinstance(backend, OperatorControls)
+        await require_asset_registry(backend).aregister_assets([Asset("a"), Asset("b")])
+        log = require_event_log(backend)
+        for at, watcher, assets in [
+            (T0 - timedelta(minutes=10), "old", ("a",)),
+            (T0 - timedelta(minutes=10), "w", ("a",)),
+            (T0, "w", ("a",)),
+            (T0 + timedelta(seconds=30), "w", ("a", "b")),
+            (T0 + timedelta(seconds=40), "v", ("b",)),
+        ]:
+            backend.clock = lambda at=at: at
+            await log.acommit_event(EventCommit(watcher, assets, encode_json(None)))
+        assert await backend.acount_events_since(T0) == {"w": 3, "v": 1}
+        assert await backend.acount_events_since(T0 + timedelta(hours=1)) == {}
+        with pytest.raises(StateStoreError, match="since"):
+            await backend.acount_events_since(datetime(2030, 1, 1))  # naive: no tzinfo
+
 
 class TestDeleteIfVersion:
     async def test_deletes_only_at_the_expected_version(self, backend: BaseStateBackend) -> None:

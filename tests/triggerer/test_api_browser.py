@@ -286,3 +286,24 @@ class TestAssetEvents:
             "#asset-events li", "items => items.map(li => Number(li.dataset.id))"
         )
         assert shown == [e.id for e in newest]
+
+
+class TestWatcherRates:
+    async def test_events_per_minute_from_the_server_on_first_load(
+        self, page: Any, site: Site
+    ) -> None:
+        """The events/min column states its window and shows the server's figure on the
+        first load: 300 events in the last 5 minutes are 60.0/min."""
+
+        async def two() -> bool:
+            return len(await site.backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(298))
+        await site.backend.acommit_events(EventBatchCommit("orders_feed", ("orders",), rows))
+        await page.reload()
+        rate = '#watchers tr[data-watcher="orders_feed"] td.rate'
+        first = await page.wait_for_selector(rate)
+        assert (await first.text_content() or "-") != "-"
+        await page.wait_for_selector(f"{rate}:text-is('60.0')")
+        assert await page.text_content("#rate-header") == "events/min (last 5 min)"

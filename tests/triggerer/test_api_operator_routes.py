@@ -7,14 +7,19 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TriggerStatus, encode_json
+from watchkeeper.store.backend import (
+    EventBatchCommit,
+    EventCommit,
+    TriggerStatus,
+    encode_json,
+)
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -98,3 +103,27 @@ class TestUnknownWatcher:
         assert far.status_code == 404 and "'zzz'" in far.json()["detail"]
         assert [w["watcher"] for w in listed] == ["orders_poll"]
         assert await api.backend.alist_watcher_controls() == []
+
+
+class TestWatcherRates:
+    async def test_events_per_minute_over_the_stated_window(self, api: Api) -> None:
+        """Each watcher's events per minute come from the event log over the last 5 minutes,
+        on the first read: 300 events in the window are 60/min; older ones do not count."""
+        now = datetime.now(UTC)
+        statuses = [
+            TriggerStatus("t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now),
+            TriggerStatus("t2", "m.C", ("bills",), ("bills_poll",), "running", updated_at=now),
+        ]
+        await api.backend.asave_trigger_status(statuses)
+        for at, count in ((now - timedelta(minutes=10), 500), (now - timedelta(minutes=2), 300)):
+            api.backend.clock = lambda at=at: at
+            rows = tuple((encode_json({"n": n}), None) for n in range(count))
+            await api.backend.acommit_events(EventBatchCommit("orders_poll", ("orders",), rows))
+        api.backend.clock = lambda: datetime.now(UTC)
+        async with api.client("ops") as ops:
+            body = (await ops.get("/api/v1/watchers")).json()
+        assert body["rate_window_seconds"] == 300
+        rates = {
+            w["watcher"]: (w["events_in_window"], w["events_per_minute"]) for w in body["watchers"]
+        }
+        assert rates == {"bills_poll": (0, 0.0), "orders_poll": (300, 60.0)}

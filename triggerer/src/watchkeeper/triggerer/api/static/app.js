@@ -6,7 +6,6 @@ const TOKEN_KEY = "watchkeeper.token";
 const $ = (selector) => document.querySelector(selector);
 let refreshTimer = null;
 let tail = null; // the live stream's AbortController
-const lastCounts = new Map(); // watcher -> [time ms, events], for events per minute
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
@@ -65,7 +64,8 @@ async function loadWatchers() {
   const tbody = $("#watchers tbody");
   if (!response.ok) { $("#watchers-message").textContent = body.detail; tbody.replaceChildren(); return; }
   $("#watchers-message").textContent = body.watchers.length ? "" : "No watcher has been reported yet.";
-  const now = Date.now();
+  const minutes = body.rate_window_seconds / 60;
+  $("#rate-header").textContent = `events/min (last ${minutes} min)`;
   const rows = body.watchers.map((w) => {
     const tr = document.createElement("tr");
     tr.dataset.watcher = w.watcher;
@@ -81,11 +81,9 @@ async function loadWatchers() {
     cell(tr, w.state, "state state-" + w.state);
     cell(tr, w.daemon);
     cell(tr, age(w.last_event_age_seconds), "age");
-    const before = lastCounts.get(w.watcher);
-    let rate = "-";
-    if (before && now > before[0]) rate = (((w.events - before[1]) * 60000) / (now - before[0])).toFixed(1);
-    if (!before || now - before[0] > 10000) lastCounts.set(w.watcher, [now, w.events]);
-    cell(tr, rate, "rate");
+    // Counted by the server from the event log over the stated window: right on the first load.
+    const rate = cell(tr, w.events_per_minute === null ? "-" : w.events_per_minute.toFixed(1), "rate");
+    rate.title = `${w.events_in_window} events in the last ${minutes} min`;
     cell(tr, w.failures, "failures");
     const actions = cell(tr, "");
     if (body.may_operate) {
