@@ -5,6 +5,7 @@ Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,6 +23,10 @@ from watchkeeper.store.backend import (
 )
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _at(moment: datetime) -> datetime:
+    return moment
 
 
 def _token(name: str, token_id: str, *scopes: str) -> ApiToken:
@@ -166,7 +171,7 @@ class TestEventReads:
             (T0 + timedelta(seconds=30), "w", ("a", "b")),
             (T0 + timedelta(seconds=40), "v", ("b",)),
         ]:
-            backend.clock = lambda at=at: at
+            backend.clock = functools.partial(_at, at)
             await log.acommit_event(EventCommit(watcher, assets, encode_json(None)))
         assert await backend.acount_events_since(T0) == {"w": 3, "v": 1}
         assert await backend.acount_events_since(T0 + timedelta(hours=1)) == {}

@@ -24,6 +24,10 @@ from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
 
+def _at(moment: datetime) -> datetime:
+    return moment
+
+
 @dataclass
 class Api:
     backend: SqliteStateBackend
@@ -116,7 +120,7 @@ class TestWatcherRates:
         ]
         await api.backend.asave_trigger_status(statuses)
         for at, count in ((now - timedelta(minutes=10), 500), (now - timedelta(minutes=2), 300)):
-            api.backend.clock = lambda at=at: at
+            api.backend.clock = functools.partial(_at, at)
             rows = tuple((encode_json({"n": n}), None) for n in range(count))
             await api.backend.acommit_events(EventBatchCommit("orders_poll", ("orders",), rows))
         api.backend.clock = lambda: datetime.now(UTC)
