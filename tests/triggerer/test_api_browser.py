@@ -307,3 +307,36 @@ class TestWatcherRates:
         assert (await first.text_content() or "-") != "-"
         await page.wait_for_selector(f"{rate}:text-is('60.0')")
         assert await page.text_content("#rate-header") == "events/min (last 5 min)"
+
+
+async def sign_in_as(page: Any, site: Site, name: str, scopes: list[str]) -> None:
+    """Replace the page's token with a new token ``name`` of these scopes."""
+    text, row = make_token(name, scopes, now=datetime.now(UTC))
+    await site.backend.acreate_token(row)
+    await page.evaluate("t => sessionStorage.setItem('watchkeeper.token', t)", text)
+
+
+class TestScopedTokens:
+    async def test_asset_views_show_a_403(self, page: Any, site: Site) -> None:
+        """With an operate-only token the assets list and an asset's view say why they are
+        empty instead of showing nothing."""
+        await sign_in_as(page, site, "operator", ["operate"])
+        await page.goto(site.base + "/#/assets")
+        await page.wait_for_selector("#assets-message:has-text('may not read assets')")
+        await page.goto(site.base + "/#/assets/orders")
+        message = await page.wait_for_selector("#asset-message:has-text(\"read asset 'orders'\")")
+        assert await message.is_visible()
+        assert await page.is_hidden("#edit-form")
+
+    async def test_live_tail_with_a_per_asset_token(self, page: Any, site: Site) -> None:
+        """A token scoped to one asset follows that asset's live events (the stream with its
+        asset filter); "every asset" is not offered."""
+        await sign_in_as(page, site, "loader", ["write:asset:orders"])
+        await page.goto(site.base + "/#/events")
+        await page.wait_for_selector("#tail-status:text-is('connected')")
+        options = await page.eval_on_selector_all(
+            "#tail-asset option", "items => items.map(o => o.value)"
+        )
+        assert options == ["orders"]
+        append_lines(site.source, 3, 3)
+        await page.wait_for_selector("#tail li:has-text('line 3')")

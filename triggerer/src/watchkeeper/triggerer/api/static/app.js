@@ -6,6 +6,7 @@ const TOKEN_KEY = "watchkeeper.token";
 const $ = (selector) => document.querySelector(selector);
 let refreshTimer = null;
 let tail = null; // the live stream's AbortController
+let tailAsset = null; // the asset the live tail follows ("" for every asset), kept across visits
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
@@ -114,7 +115,9 @@ function controlButton(watcher, action) {
 // -- assets -----------------------------------------------------------------------------------
 
 async function loadAssets() {
-  const body = await (await api("/api/v1/assets")).json();
+  const response = await api("/api/v1/assets");
+  const body = await response.json();
+  $("#assets-message").textContent = response.ok ? "" : body.detail;
   const items = (body.assets || []).map((a) => {
     const li = document.createElement("li");
     const link = document.createElement("a");
@@ -137,7 +140,13 @@ async function loadAsset(name) {
   $("#asset-name").textContent = name;
   const response = await api("/api/v1/assets/" + encodeURIComponent(name));
   const body = await response.json();
-  if (!response.ok) { $("#edit-result").textContent = body.detail; return; }
+  $("#asset-message").textContent = response.ok ? "" : body.detail;
+  if (!response.ok) {
+    $("#state tbody").replaceChildren();
+    $("#asset-events").replaceChildren();
+    $("#edit-form").hidden = true;
+    return;
+  }
   const rows = body.state.map((entry) => {
     const tr = document.createElement("tr");
     tr.dataset.key = entry.key;
@@ -156,7 +165,9 @@ async function loadAsset(name) {
   $("#state tbody").replaceChildren(...rows);
   $("#edit-form").hidden = !body.writable;
   // The newest page of the log, newest first (not the tail of its oldest page).
-  const events = await (await api("/api/v1/events?order=desc&limit=20&asset=" + encodeURIComponent(name))).json();
+  const answer = await api("/api/v1/events?order=desc&limit=20&asset=" + encodeURIComponent(name));
+  const events = await answer.json();
+  if (!answer.ok) $("#asset-message").textContent = events.detail;
   $("#asset-events").replaceChildren(...(events.events || []).map(eventLine));
 }
 
@@ -189,16 +200,41 @@ async function saveEntry(event) {
 
 // -- the live tail (SSE read with fetch, so the token goes in a header) ----------------------
 
+// The assets the tail may follow: "every asset" only for a token that reads them all; a token
+// scoped to some assets follows one of them (the stream needs its asset filter).
+async function tailChoices() {
+  const response = await api("/api/v1/assets");
+  const body = await response.json();
+  if (!response.ok) { $("#tail-status").textContent = body.detail; return null; }
+  const choices = body.assets.map((a) => [a.name, a.name]);
+  if (body.may_read_all) choices.unshift(["", "every asset"]);
+  if (!choices.length) { $("#tail-status").textContent = "This token reads no asset's events."; return null; }
+  if (!choices.some(([value]) => value === tailAsset)) tailAsset = choices[0][0];
+  const select = $("#tail-asset");
+  select.replaceChildren(...choices.map(([value, label]) => {
+    const option = document.createElement("option");
+    option.value = value;
+    option.textContent = label;
+    return option;
+  }));
+  select.value = tailAsset;
+  return tailAsset;
+}
+
 async function startTail() {
   if (tail) return;
   tail = new AbortController();
   const signal = tail.signal;
+  $("#tail-status").textContent = "connecting";
+  const asset = await tailChoices();
+  if (asset === null || signal.aborted) return;
+  const path = "/api/v1/events/stream" + (asset ? "?asset=" + encodeURIComponent(asset) : "");
   let lastId = null;
   while (!signal.aborted) {
     try {
       const headers = { Authorization: "Bearer " + token() };
       if (lastId !== null) headers["Last-Event-ID"] = String(lastId);
-      const response = await fetch("/api/v1/events/stream", { headers, signal });
+      const response = await fetch(path, { headers, signal });
       if (!response.ok) { $("#tail-status").textContent = (await response.json()).detail; return; }
       $("#tail-status").textContent = "connected";
       const reader = response.body.getReader();
@@ -385,6 +421,7 @@ function route() {
     guard(loadAsset(name));
   } else if (hash === "#/assets") {
     show("assets-view");
+    $("#assets-message").textContent = "";
     guard(loadAssets());
   } else if (hash.startsWith("#/tasks/")) {
     const [name, word, id] = hash.slice("#/tasks/".length).split("/");
@@ -413,5 +450,11 @@ function route() {
 $("#login-form").addEventListener("submit", (event) => { signIn(event).catch(() => {}); });
 $("#logout").addEventListener("click", () => signOut());
 $("#edit-form").addEventListener("submit", (event) => { saveEntry(event).catch(() => {}); });
+$("#tail-asset").addEventListener("change", () => {
+  tailAsset = $("#tail-asset").value;
+  if (tail) { tail.abort(); tail = null; }
+  $("#tail").replaceChildren();
+  startTail().catch(() => {});
+});
 window.addEventListener("hashchange", route);
 route();
