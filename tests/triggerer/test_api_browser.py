@@ -10,6 +10,7 @@ README's pictures come from ``docs/screenshots``).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -340,3 +341,62 @@ class TestScopedTokens:
         assert options == ["orders"]
         append_lines(site.source, 3, 3)
         await page.wait_for_selector("#tail li:has-text('line 3')")
+
+
+class TestLayoutAndNames:
+    async def test_a_run_opens_beside_a_long_list(self, page: Any, site: Site) -> None:
+        """With 100 runs, a run's detail opens beside the list and in view, also for a run
+        far down the list."""
+        backend = site.backend
+
+        async def two() -> bool:
+            return len(await backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(100))
+        await backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
+        oldest = (await backend.alist_events(asset="orders"))[0].id
+        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+        await backend.arewind_task("load", "orders", oldest)
+        ids = []
+        for _ in range(100):
+            run = await backend.acreate_run("load")
+            assert run is not None
+            ids.append(run.id)
+        await page.goto(site.base + "/#/tasks/load")
+        await page.wait_for_selector(f"{run_row(ids[0])} td.state")
+        viewport = page.viewport_size
+        for run_id in (ids[-1], ids[10]):  # the top row, then one far down the list
+            await page.click(f"{run_row(run_id)} td.id")
+            await page.wait_for_selector(f"#run-id:text-is('#{run_id}')")
+            await page.wait_for_selector("#run-summary:has-text('queued')")
+            detail = await page.eval_on_selector(
+                "#run-detail", "e => JSON.stringify(e.getBoundingClientRect())"
+            )
+            table = await page.eval_on_selector(
+                "#runs", "e => JSON.stringify(e.getBoundingClientRect())"
+            )
+            box, runs = json.loads(detail), json.loads(table)
+            assert box["left"] >= runs["right"], (box, runs)  # beside, not under
+            assert 0 <= box["top"] < viewport["height"], box  # in view
+
+    async def test_controls_are_named_for_what_they_act_on(
+        self, page: Any, site: Site, runs: tuple[int, int]
+    ) -> None:
+        """Each button's accessible name says what it acts on; the token box has a label;
+        the page links a favicon that is served."""
+        failed, _ = runs
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+        pause = page.get_by_role("button", name="Pause watcher orders_feed", exact=True)
+        assert await pause.count() == 1
+        await page.goto(site.base + "/#/tasks/load")
+        await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('failed')")
+        for name in ("Pause task load", f"Retry run #{failed}"):
+            assert await page.get_by_role("button", name=name, exact=True).count() == 1, name
+        href = await page.get_attribute("link[rel=icon]", "href")
+        assert href is not None
+        icon = await page.request.get(site.base + href)
+        assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+        await page.click("#logout")
+        token_box = page.get_by_label("API token", exact=True)
+        assert await token_box.get_attribute("id") == "token"

@@ -32,6 +32,12 @@ function age(seconds) {
   return Math.round(seconds / 3600) + "h ago";
 }
 
+// An ISO time from the API, shorter and able to wrap: "2030-01-02 03:04:05 UTC".
+function when(text) {
+  if (!text) return text;
+  return text.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$/, " UTC");
+}
+
 function show(id) {
   for (const section of document.querySelectorAll("main > section")) section.hidden = section.id !== id;
 }
@@ -97,11 +103,14 @@ async function loadWatchers() {
   tbody.replaceChildren(...rows);
 }
 
+function capitalized(word) { return word.charAt(0).toUpperCase() + word.slice(1); }
+
 function controlButton(watcher, action) {
   const button = document.createElement("button");
   button.type = "button";
   button.className = action;
   button.textContent = action;
+  button.setAttribute("aria-label", `${capitalized(action)} watcher ${watcher}`);
   button.addEventListener("click", async () => {
     button.disabled = true;
     const response = await api("/api/v1/watchers/" + encodeURIComponent(watcher) + "/" + action, { method: "POST" });
@@ -279,11 +288,13 @@ function pendingText(task) {
 }
 
 // A button for an operator's action: disabled, with the reason, for a token without `operate`.
-function operateButton(className, label, allowed, onClick) {
+// `name` is its accessible name: the action and what it acts on ("Pause task load").
+function operateButton(className, label, name, allowed, onClick) {
   const button = document.createElement("button");
   button.type = "button";
   button.className = className;
   button.textContent = label;
+  button.setAttribute("aria-label", name);
   if (!allowed) {
     button.disabled = true;
     button.title = "needs a token with the operate scope";
@@ -310,7 +321,8 @@ function taskCells(tr, task, mayOperate, message, reload) {
   cell(tr, task.paused ? "yes" : "no", "paused");
   const action = task.paused ? "resume" : "pause";
   cell(tr, "").appendChild(
-    operateButton(action, action, mayOperate, () => pauseTask(task.name, task.paused, message, reload)),
+    operateButton(action, action, `${capitalized(action)} task ${task.name}`, mayOperate,
+      () => pauseTask(task.name, task.paused, message, reload)),
   );
 }
 
@@ -350,16 +362,19 @@ async function loadTask(name, runId) {
     const tr = document.createElement("tr");
     tr.dataset.run = run.id;
     if (run.id === runId) tr.className = "selected";
-    cell(tr, "#" + run.id, "id");
+    const link = document.createElement("a");
+    link.href = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
+    link.textContent = "#" + run.id;
+    cell(tr, "", "id").appendChild(link);
     cell(tr, run.state, "state state-" + run.state);
     cell(tr, `${run.try_number} of ${run.max_tries}`, "try");
     cell(tr, run.event_count, "events");
-    cell(tr, run.created_at);
-    cell(tr, run.started_at);
-    cell(tr, run.finished_at);
+    cell(tr, when(run.created_at));
+    cell(tr, when(run.started_at));
+    cell(tr, when(run.finished_at));
     const actions = cell(tr, "");
     if (run.state === "failed") {
-      actions.appendChild(operateButton("retry", "retry", body.may_operate, async () => {
+      actions.appendChild(operateButton("retry", "retry", `Retry run #${run.id}`, body.may_operate, async () => {
         const answer = await api("/api/v1/runs/" + run.id + "/retry", { method: "POST" });
         const result = await answer.json();
         $("#runs-message").textContent = answer.ok ? `run #${run.id} queued again (try ${result.try_number})` : result.detail;
@@ -367,7 +382,7 @@ async function loadTask(name, runId) {
       }));
     }
     tr.addEventListener("click", (event) => {
-      if (event.target.tagName !== "BUTTON") location.hash = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
+      if (event.target.tagName !== "BUTTON" && event.target.tagName !== "A") location.hash = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
     });
     return tr;
   });
@@ -384,11 +399,12 @@ async function loadRun(runId) {
   $("#run-id").textContent = "#" + runId;
   if (!response.ok) { $("#run-summary").textContent = run.detail; return; }
   $("#run-summary").textContent =
-    `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${run.created_at}` +
-    (run.started_at ? `, started ${run.started_at}` : "") + (run.finished_at ? `, finished ${run.finished_at}` : "");
+    `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${when(run.created_at)}` +
+    (run.started_at ? `, started ${when(run.started_at)}` : "") +
+    (run.finished_at ? `, finished ${when(run.finished_at)}` : "");
   $("#run-errors").replaceChildren(...run.errors.map((e) => {
     const li = document.createElement("li");
-    li.textContent = `try ${e.try} at ${e.at}: ${e.error}`;
+    li.textContent = `try ${e.try} at ${when(e.at)}: ${e.error}`;
     return li;
   }));
   const events = run.events === undefined ? null : run.events.map(eventLine);
