@@ -5,6 +5,7 @@ Runs against memory, SQLite and PostgreSQL through the ``backend`` fixture.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,6 +23,10 @@ from watchkeeper.store.backend import (
 )
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _at(moment: datetime) -> datetime:
+    return moment
 
 
 def _token(name: str, token_id: str, *scopes: str) -> ApiToken:
@@ -149,6 +154,29 @@ class TestEventReads:
         assert first["created_at"].startswith("20")
         page = await backend.alist_event_json(asset=None, since_id=ids[0], limit=1)
         assert [i for i, _ in page] == [ids[1]]
+
+    async def test_count_events_since(self, backend: BaseStateBackend) -> None:
+        """Events per watcher at or after a time, each asset's event counted; older ones and
+        silent watchers are left out; a naive datetime is refused."""
+        from watchkeeper.store import Asset, StateStoreError
+        from watchkeeper.store.backend import EventCommit, encode_json
+
+        assert isinstance(backend, OperatorControls)
+        await require_asset_registry(backend).aregister_assets([Asset("a"), Asset("b")])
+        log = require_event_log(backend)
+        for at, watcher, assets in [
+            (T0 - timedelta(minutes=10), "old", ("a",)),
+            (T0 - timedelta(minutes=10), "w", ("a",)),
+            (T0, "w", ("a",)),
+            (T0 + timedelta(seconds=30), "w", ("a", "b")),
+            (T0 + timedelta(seconds=40), "v", ("b",)),
+        ]:
+            backend.clock = functools.partial(_at, at)
+            await log.acommit_event(EventCommit(watcher, assets, encode_json(None)))
+        assert await backend.acount_events_since(T0) == {"w": 3, "v": 1}
+        assert await backend.acount_events_since(T0 + timedelta(hours=1)) == {}
+        with pytest.raises(StateStoreError, match="since"):
+            await backend.acount_events_since(datetime(2030, 1, 1))  # naive: no tzinfo
 
 
 class TestDeleteIfVersion:

@@ -144,6 +144,26 @@ class TestEvents:
         assert await store.alist_events(limit=3) == everything[:3]
         assert await store.alist_events(since_id=everything[-1].id) == []
 
+    async def test_list_newest_first_and_before(self, store: MetastoreBackend) -> None:
+        """newest_first pages from the end of the log; before_id bounds the ids from above."""
+        for number in range(5):
+            await store.acommit_event(commit("orders", "invoices", payload=number))
+        orders = await store.alist_events(asset="orders")
+        newest = await store.alist_events(asset="orders", newest_first=True, limit=2)
+        assert [e.payload for e in newest] == [4, 3]
+        older = await store.alist_events(
+            asset="orders", newest_first=True, limit=2, before_id=newest[-1].id
+        )
+        assert [e.payload for e in older] == [2, 1]
+        assert await store.alist_events(asset="orders", before_id=orders[2].id) == orders[:2]
+        between = await store.alist_events(
+            asset="orders", since_id=orders[0].id, before_id=orders[3].id, newest_first=True
+        )
+        assert [e.payload for e in between] == [2, 1]
+        assert await store.alist_events(before_id=orders[0].id) == []
+        with pytest.raises(StateStoreError, match="before_id"):
+            await store.alist_events(before_id=-1)
+
     async def test_concurrent_commits_get_unique_ordered_ids(self, store: MetastoreBackend) -> None:
         """Commits from many coroutines at once all land, with distinct increasing ids."""
         results: dict[int, int] = {}

@@ -10,6 +10,7 @@ README's pictures come from ``docs/screenshots``).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import TaskSpec
+from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
 from watchkeeper.triggerer._watcher_files import unload_watchers
@@ -266,3 +267,136 @@ class TestTasksView:
         assert await page.is_disabled('#task-summary tr[data-task="load"] button.pause')
         assert (await site.backend.aget_run(failed)).state == "failed"
         assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}
+
+
+class TestAssetEvents:
+    async def test_recent_events_are_the_newest(self, page: Any, site: Site) -> None:
+        """With more than 1,000 events, an asset's "Recent events" lists its newest 20,
+        newest first."""
+
+        async def two() -> bool:
+            return len(await site.backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(1, 1101))
+        await site.backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
+        newest = await site.backend.alist_events(asset="orders", newest_first=True, limit=20)
+        await page.goto(site.base + "/#/assets/orders")
+        await page.wait_for_selector(f'#asset-events li:first-child[data-id="{newest[0].id}"]')
+        shown = await page.eval_on_selector_all(
+            "#asset-events li", "items => items.map(li => Number(li.dataset.id))"
+        )
+        assert shown == [e.id for e in newest]
+
+
+class TestWatcherRates:
+    async def test_events_per_minute_from_the_server_on_first_load(
+        self, page: Any, site: Site
+    ) -> None:
+        """The events/min column states its window and shows the server's figure on the
+        first load: 300 events in the last 5 minutes are 60.0/min."""
+
+        async def two() -> bool:
+            return len(await site.backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(298))
+        await site.backend.acommit_events(EventBatchCommit("orders_feed", ("orders",), rows))
+        await page.reload()
+        rate = '#watchers tr[data-watcher="orders_feed"] td.rate'
+        first = await page.wait_for_selector(rate)
+        assert (await first.text_content() or "-") != "-"
+        await page.wait_for_selector(f"{rate}:text-is('60.0')")
+        assert await page.text_content("#rate-header") == "events/min (last 5 min)"
+
+
+async def sign_in_as(page: Any, site: Site, name: str, scopes: list[str]) -> None:
+    """Replace the page's token with a new token ``name`` of these scopes."""
+    text, row = make_token(name, scopes, now=datetime.now(UTC))
+    await site.backend.acreate_token(row)
+    await page.evaluate("t => sessionStorage.setItem('watchkeeper.token', t)", text)
+
+
+class TestScopedTokens:
+    async def test_asset_views_show_a_403(self, page: Any, site: Site) -> None:
+        """With an operate-only token the assets list and an asset's view say why they are
+        empty instead of showing nothing."""
+        await sign_in_as(page, site, "operator", ["operate"])
+        await page.goto(site.base + "/#/assets")
+        await page.wait_for_selector("#assets-message:has-text('may not read assets')")
+        await page.goto(site.base + "/#/assets/orders")
+        message = await page.wait_for_selector("#asset-message:has-text(\"read asset 'orders'\")")
+        assert await message.is_visible()
+        assert await page.is_hidden("#edit-form")
+
+    async def test_live_tail_with_a_per_asset_token(self, page: Any, site: Site) -> None:
+        """A token scoped to one asset follows that asset's live events (the stream with its
+        asset filter); "every asset" is not offered."""
+        await sign_in_as(page, site, "loader", ["write:asset:orders"])
+        await page.goto(site.base + "/#/events")
+        await page.wait_for_selector("#tail-status:text-is('connected')")
+        options = await page.eval_on_selector_all(
+            "#tail-asset option", "items => items.map(o => o.value)"
+        )
+        assert options == ["orders"]
+        append_lines(site.source, 3, 3)
+        await page.wait_for_selector("#tail li:has-text('line 3')")
+
+
+class TestLayoutAndNames:
+    async def test_a_run_opens_beside_a_long_list(self, page: Any, site: Site) -> None:
+        """With 100 runs, a run's detail opens beside the list and in view, also for a run
+        far down the list."""
+        backend = site.backend
+
+        async def two() -> bool:
+            return len(await backend.alist_events(asset="orders")) == 2
+
+        await wait_until(two, "the watcher to emit lines 1 and 2")
+        rows = tuple((encode_json({"bulk": n}), None) for n in range(100))
+        await backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
+        oldest = (await backend.alist_events(asset="orders"))[0].id
+        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+        await backend.arewind_task("load", "orders", oldest)
+        ids = []
+        for _ in range(100):
+            run = await backend.acreate_run("load")
+            assert run is not None
+            ids.append(run.id)
+        await page.goto(site.base + "/#/tasks/load")
+        await page.wait_for_selector(f"{run_row(ids[0])} td.state")
+        viewport = page.viewport_size
+        for run_id in (ids[-1], ids[10]):  # the top row, then one far down the list
+            await page.click(f"{run_row(run_id)} td.id")
+            await page.wait_for_selector(f"#run-id:text-is('#{run_id}')")
+            await page.wait_for_selector("#run-summary:has-text('queued')")
+            detail = await page.eval_on_selector(
+                "#run-detail", "e => JSON.stringify(e.getBoundingClientRect())"
+            )
+            table = await page.eval_on_selector(
+                "#runs", "e => JSON.stringify(e.getBoundingClientRect())"
+            )
+            box, runs = json.loads(detail), json.loads(table)
+            assert box["left"] >= runs["right"], (box, runs)  # beside, not under
+            assert 0 <= box["top"] < viewport["height"], box  # in view
+
+    async def test_controls_are_named_for_what_they_act_on(
+        self, page: Any, site: Site, runs: tuple[int, int]
+    ) -> None:
+        """Each button's accessible name says what it acts on; the token box has a label;
+        the page links a favicon that is served."""
+        failed, _ = runs
+        await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
+        pause = page.get_by_role("button", name="Pause watcher orders_feed", exact=True)
+        assert await pause.count() == 1
+        await page.goto(site.base + "/#/tasks/load")
+        await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('failed')")
+        for name in ("Pause task load", f"Retry run #{failed}"):
+            assert await page.get_by_role("button", name=name, exact=True).count() == 1, name
+        href = await page.get_attribute("link[rel=icon]", "href")
+        assert href is not None
+        icon = await page.request.get(site.base + href)
+        assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+        await page.click("#logout")
+        token_box = page.get_by_label("API token", exact=True)
+        assert await token_box.get_attribute("id") == "token"

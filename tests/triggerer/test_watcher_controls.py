@@ -169,9 +169,26 @@ class TestWatchersCommand:
     ) -> None:
         """``watchers retry`` of a name no daemon reported fails with one line, writing nothing."""
         assert cli.run(["--database-url", f"sqlite:///{db}", "watchers", "retry", "nope"]) == 1
-        assert "no daemon has reported a watcher named 'nope'" in capsys.readouterr().err
+        assert "no watcher named 'nope'" in capsys.readouterr().err
         with SqliteStateBackend(db) as backend:
             assert backend.run_sync(backend.alist_watcher_controls) == []
+
+    @pytest.mark.parametrize("action", ["pause", "resume", "retry"])
+    def test_a_typo_is_an_error_naming_the_closest_watcher(
+        self, db: Path, capsys: pytest.CaptureFixture[str], action: str
+    ) -> None:
+        """pause, resume or retry of an unknown name exits 1 with one line naming the closest
+        known watcher, and records nothing (no phantom paused watcher in the list)."""
+        url = f"sqlite:///{db}"
+        assert cli.run(["--database-url", url, "watchers", action, "orders_fed"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "no watcher named 'orders_fed'; did you mean 'orders_feed'?" in err
+        with SqliteStateBackend(db) as backend:
+            assert backend.run_sync(backend.alist_watcher_controls) == []
+        assert cli.run(["--database-url", url, "watchers", "list", "--json"]) == 0
+        listed = [json.loads(line)["watcher"] for line in capsys.readouterr().out.splitlines()]
+        assert listed == ["bills_feed", "orders_feed"]
 
     def test_state_set_warns_about_a_running_unpaused_watcher(
         self, db: Path, capsys: pytest.CaptureFixture[str]

@@ -106,6 +106,12 @@ class OperatorControls(Protocol):
         ``created_at``): what a live stream sends, without decoding and re-encoding each one."""
         ...
 
+    async def acount_events_since(self, since: datetime) -> dict[str, int]:
+        """The number of events each watcher committed at or after ``since`` (an event of
+        several assets counts once per asset, as it is logged); watchers with none are left
+        out. What a watcher's events per minute over a window are computed from."""
+        ...
+
     async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         """Delete ``key`` of ``asset`` only if it is at ``expected_version``, atomically.
 
@@ -178,6 +184,17 @@ class ControlsBackend(BaseStateBackend, ABC):
         check_events_query(asset, since_id, limit)
         return await self._alist_event_json(asset, since_id, limit)
 
+    async def acount_events_since(self, since: datetime) -> dict[str, int]:
+        """The number of events each watcher committed at or after ``since``.
+
+        Raises:
+            ArgumentTypeError: ``since`` is not a timezone-aware datetime.
+        """
+        self._check_open()
+        if not isinstance(since, datetime) or since.tzinfo is None:
+            raise ArgumentTypeError("since", since, "a timezone-aware datetime")
+        return await self._acount_events_since(since)
+
     async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         """Delete ``key`` of ``asset`` only if it is at ``expected_version``, atomically."""
         self._check_open()
@@ -225,6 +242,9 @@ class ControlsBackend(BaseStateBackend, ABC):
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> builtins.list[tuple[int, str]]: ...
+
+    @abstractmethod
+    async def _acount_events_since(self, since: datetime) -> dict[str, int]: ...
 
     @abstractmethod
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None: ...

@@ -83,6 +83,15 @@ class MemoryControls(ControlsBackend):
                 break
         return out
 
+    async def _acount_events_since(self, since: datetime) -> dict[str, int]:
+        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        counts: dict[str, int] = {}
+        for event in reversed(events):  # in commit order, so in time order
+            if event.created_at < since:
+                break
+            counts[event.watcher] = counts.get(event.watcher, 0) + 1
+        return counts
+
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         backend = self._memory()
         with backend._lock:

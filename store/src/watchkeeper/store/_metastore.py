@@ -32,7 +32,7 @@ from ._types import (
     NodeHeartbeat,
     TriggerStatus,
 )
-from ._values import check_events_query, check_name
+from ._values import check_bigint, check_events_query, check_name
 from .errors import ArgumentTypeError
 
 __all__ = ["MetastoreBackend", "check_items"]
@@ -100,12 +100,35 @@ class MetastoreBackend(BaseStateBackend, ABC):
         return await self._acommit_events(batch)
 
     async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[AssetEvent]:
-        """Committed events with ``id > since_id`` in commit order."""
+        """Committed events with ``since_id < id < before_id`` in commit order.
+
+        Args:
+            asset: only this asset's events; None for every asset.
+            since_id: the events after this id.
+            limit: at most this many events (the oldest ones, or the newest with
+                ``newest_first``); None for all.
+            before_id: the events before this id; None for no upper bound.
+            newest_first: the newest events first (a page from the end of the log).
+
+        Raises:
+            ArgumentTypeError: an argument of the wrong type.
+            InvalidArgumentError: an id or limit out of range.
+        """
         self._check_open()
         check_events_query(asset, since_id, limit)
-        return await self._alist_events(asset, since_id, limit)
+        if before_id is not None:
+            check_bigint(before_id, what="before_id")
+        if not isinstance(newest_first, bool):
+            raise ArgumentTypeError("newest_first", newest_first, "a bool")
+        return await self._alist_events(asset, since_id, limit, before_id, newest_first)
 
     # -- garbage collection ------------------------------------------------------------------
 
@@ -266,7 +289,12 @@ class MetastoreBackend(BaseStateBackend, ABC):
 
     @abstractmethod
     async def _alist_events(
-        self, asset: str | None, since_id: int, limit: int | None
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
     ) -> builtins.list[AssetEvent]: ...
 
     @abstractmethod

@@ -170,7 +170,13 @@ class EventLog(Protocol):
     async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]: ...
 
     async def alist_events(
-        self, *, asset: str | None = None, since_id: int = 0, limit: int | None = None
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
     ) -> list[AssetEvent]: ...
 
 

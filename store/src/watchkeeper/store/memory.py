@@ -324,11 +324,21 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
             )
 
     async def _alist_events(
-        self, asset: str | None, since_id: int, limit: int | None
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
     ) -> list[AssetEvent]:
         with self._lock:
             start = bisect.bisect_right(self._events, since_id, key=lambda e: e.id)
-            events = [e for e in self._events[start:] if asset is None or e.asset == asset]
+            end = len(self._events)
+            if before_id is not None:
+                end = max(start, bisect.bisect_left(self._events, before_id, key=lambda e: e.id))
+            events = [e for e in self._events[start:end] if asset is None or e.asset == asset]
+        if newest_first:
+            events.reverse()
         return events if limit is None else events[:limit]
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport:

@@ -12,6 +12,8 @@ watchers list`` prints and ``GET /api/v1/watchers`` answers.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +23,7 @@ from watchkeeper.store.backend import OperatorControls, StatusTable, WatcherCont
 
 from ._daemon_report import daemon_report
 
-__all__ = ["ControlsTracker", "WatcherRow", "controls_of", "watcher_rows"]
+__all__ = ["ControlsTracker", "WatcherRow", "controls_of", "unknown_watcher", "watcher_rows"]
 
 
 def controls_of(backend: BaseStateBackend) -> OperatorControls | None:
@@ -137,3 +139,18 @@ async def watcher_rows(backend: BaseStateBackend) -> list[WatcherRow]:
                 name, None, (), "paused", None, 0, 0, None, None, True, control.updated_at
             )
     return [rows[name] for name in sorted(rows)]
+
+
+def unknown_watcher(name: str, known: Iterable[str]) -> str:
+    """The message for a control naming no known watcher: the closest known name, if any.
+
+    A watcher is known once a daemon reported it or it has a control row (see
+    :func:`watcher_rows`); a control of any other name is refused, so a typo records nothing.
+    """
+    names = sorted(set(known))
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if close:
+        return f"no watcher named {name!r}; did you mean {close[0]!r}?"
+    if names:
+        return f"no watcher named {name!r} (known: {', '.join(names[:10])})"
+    return f"no watcher named {name!r}: no daemon has reported one"

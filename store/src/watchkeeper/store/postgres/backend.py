@@ -412,9 +412,15 @@ class PostgresStateBackend(
         return events
 
     async def _alist_events(
-        self, asset: str | None, since_id: int, limit: int | None
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
     ) -> list[AssetEvent]:
-        rows = await self._fetch("listing events", self._sql.list_events, since_id, asset, limit)
+        sql = self._sql.list_events_desc if newest_first else self._sql.list_events
+        rows = await self._fetch("listing events", sql, since_id, asset, limit, before_id)
         return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport:

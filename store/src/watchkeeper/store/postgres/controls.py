@@ -6,6 +6,7 @@ actions; they do not go through the event writer). The tables are created by mig
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from .._controls import ApiToken, ControlsBackend, WatcherControl
@@ -100,6 +101,14 @@ class PostgresControls(ControlsBackend):
         args.append(int(limit))
         rows = await backend._fetch("reading events", sql, *args)
         return [(row[0], row[1]) for row in rows]
+
+    async def _acount_events_since(self, since: datetime) -> dict[str, int]:
+        sql = (
+            f"SELECT watcher, count(*) FROM {self._p()}asset_events "
+            "WHERE created_at >= $1 GROUP BY watcher"
+        )
+        rows = await self._backend()._fetch("counting recent events", sql, since)
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
         p = self._p()

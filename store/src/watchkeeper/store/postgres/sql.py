@@ -226,8 +226,9 @@ class Statements:
         self.list_events = (
             "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
             f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "
-            "ORDER BY id LIMIT $3"
+            "AND ($4::bigint IS NULL OR id < $4) ORDER BY id LIMIT $3"
         )
+        self.list_events_desc = self.list_events.replace("ORDER BY id", "ORDER BY id DESC")
         # Update the known names first, so an insert consumes an identity value only for a
         # new asset (ids stay dense, as in memory); ON CONFLICT covers another daemon's race.
         self.register_assets = f"""

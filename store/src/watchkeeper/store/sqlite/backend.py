@@ -389,9 +389,14 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
         return events
 
     async def _alist_events(
-        self, asset: str | None, since_id: int, limit: int | None
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
     ) -> list[AssetEvent]:
-        sql, params = meta.events_query(asset, since_id, limit)
+        sql, params = meta.events_query(asset, since_id, limit, before_id, newest_first)
         return meta.events_result(await self._read(sql, params))
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport:

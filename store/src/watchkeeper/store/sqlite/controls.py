@@ -7,6 +7,7 @@ like every other operation of that backend; the tables are created by migration 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from .._controls import ApiToken, ControlsBackend, WatcherControl
@@ -108,6 +109,11 @@ class SqliteControls(ControlsBackend):
         params.append(int(limit))
         rows = await self._backend()._read(sql, params)
         return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
+
+    async def _acount_events_since(self, since: datetime) -> dict[str, int]:
+        sql = "SELECT watcher, count(*) FROM asset_events WHERE created_at >= ? GROUP BY watcher"
+        rows = await self._backend()._read(sql, (to_db(since),))
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
 

@@ -126,16 +126,25 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
     return written
 
 
-def events_query(asset: str | None, since_id: int, limit: int | None) -> Query:
+def events_query(
+    asset: str | None,
+    since_id: int,
+    limit: int | None,
+    before_id: int | None = None,
+    newest_first: bool = False,
+) -> Query:
     sql = (
         "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
         "FROM asset_events WHERE id > ?"
     )
     params: list[object] = [since_id]
+    if before_id is not None:
+        sql += " AND id < ?"
+        params.append(before_id)
     if asset is not None:
         sql += " AND asset_name = ?"
         params.append(asset)
-    sql += " ORDER BY id"
+    sql += " ORDER BY id DESC" if newest_first else " ORDER BY id"
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)

@@ -42,7 +42,8 @@ async def list_assets(request: Request) -> Response:
             "assets": [
                 {"name": a.name, "uri": a.uri, "active": a.active, "updated_at": iso(a.updated_at)}
                 for a in shown
-            ]
+            ],
+            "may_read_all": principal.can_read(),
         }
     )
 

@@ -44,18 +44,34 @@ async def _events_principal(request: Request) -> tuple[Principal, str | None]:
     return principal, asset
 
 
+def _order(request: Request) -> bool:
+    """True for ``order=desc`` (newest first), False for ``asc`` (the default)."""
+    order = request.query_params.get("order") or "asc"
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "bad_request", f"order must be asc or desc, got {order!r}")
+    return order == "desc"
+
+
 async def list_events(request: Request) -> Response:
     _, asset = await _events_principal(request)
     after = int_param(request, "after", 0, 0, None)
+    before = int_param(request, "before", 0, 1, None) or None
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
+    newest_first = _order(request)
     events = await require_event_log(ctx_of(request).backend).alist_events(
-        asset=asset, since_id=after, limit=limit
+        asset=asset, since_id=after, limit=limit, before_id=before, newest_first=newest_first
     )
-    next_after = events[-1].id if events else after
+    # The cursor moves in the direction of the page: up in id order, down newest first.
+    next_after, next_before = after, before
+    if events and newest_first:
+        next_before = events[-1].id
+    elif events:
+        next_after = events[-1].id
     return JSONResponse(
         {
             "events": [event_record(e) for e in events],
             "next_after": next_after,
+            "next_before": next_before,
             "more": len(events) == limit,
         }
     )

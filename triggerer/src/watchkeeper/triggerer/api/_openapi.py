@@ -92,6 +92,12 @@ def openapi_document() -> dict[str, Any]:
                         _ASSET_Q,
                         _AFTER_Q,
                         {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                        {
+                            "name": "before",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
+                        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
                     ],
                 )
             },
@@ -178,6 +184,7 @@ def openapi_document() -> dict[str, Any]:
                     "properties": {
                         "events": {"type": "array"},
                         "next_after": {"type": "integer"},
+                        "next_before": {"type": ["integer", "null"]},
                         "more": {"type": "boolean"},
                     },
                 },

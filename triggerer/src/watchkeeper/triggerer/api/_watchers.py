@@ -2,33 +2,78 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import LeaseTable, get_logger
 
 from .._daemon_report import daemon_report
-from .._watcher_controls import watcher_rows
-from ._base import ApiError, authenticate, ctx_of, require, utc_now
+from .._watcher_controls import controls_of, unknown_watcher, watcher_rows
+from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._scoping import watcher_json
 
 __all__ = ["control", "list_daemons", "list_watchers"]
 
 log = get_logger(__name__)
 
+RATE_WINDOW = 300
+"""Seconds of the event log a watcher's events per minute are averaged over."""
+RATE_CACHE = 2.0
+"""Seconds one count of the recent events serves every list of the watchers."""
+
 
 async def list_watchers(request: Request) -> Response:
     principal = await authenticate(request)
     require(principal.can_see_watchers(), principal, "list watchers (needs read or operate)")
-    rows = await watcher_rows(ctx_of(request).backend)
+    backend = ctx_of(request).backend
+    rows = await watcher_rows(backend)
     now = utc_now()
+    counts = await _recent_counts(request, backend)
+    watchers = []
+    for row in rows:
+        listed = watcher_json(row, principal, now)
+        count = None if counts is None else counts.get(row.watcher, 0)
+        listed["events_in_window"] = count
+        listed["events_per_minute"] = None if count is None else round(count * 60 / RATE_WINDOW, 1)
+        watchers.append(listed)
     return JSONResponse(
         {
-            "watchers": [watcher_json(row, principal, now) for row in rows],
+            "watchers": watchers,
             "may_operate": principal.can_operate(),
+            "rate_window_seconds": RATE_WINDOW,
         }
     )
+
+
+async def _recent_counts(request: Request, backend: BaseStateBackend) -> dict[str, int] | None:
+    """Each watcher's events in the last :data:`RATE_WINDOW` seconds, from the event log (so
+    right on the first read, whichever daemon ran it); None for a store without the count.
+
+    The count is kept for :data:`RATE_CACHE` seconds, so many open pages cost one read.
+    """
+    store = controls_of(backend)
+    if store is None:
+        return None
+    state = request.app.state
+    cached: tuple[float, dict[str, int]] | None = getattr(state, "watcher_rate_counts", None)
+    if cached is not None and time.monotonic() - cached[0] < RATE_CACHE:
+        return cached[1]
+    since = backend.clock() - timedelta(seconds=RATE_WINDOW)
+    counts = await store.acount_events_since(since)
+    state.watcher_rate_counts = (time.monotonic(), counts)
+    return counts
+
+
+def _running_here(ctx: ApiContext) -> set[str]:
+    """The watchers of the daemon serving this API (known before it first saves statuses)."""
+    runner = ctx.runner
+    if runner is None:
+        return set()
+    return {name for status in runner.statuses() for name in status.watchers}
 
 
 def control(action: str) -> Callable[[Request], Awaitable[Response]]:
@@ -39,8 +84,9 @@ def control(action: str) -> Callable[[Request], Awaitable[Response]]:
         ctx = ctx_of(request)
         controls = ctx.controls
         rows = {row.watcher: row for row in await watcher_rows(ctx.backend)}
-        if action == "retry" and name not in rows:
-            raise ApiError(404, "not_found", f"no daemon has reported a watcher named {name!r}")
+        known = set(rows) | _running_here(ctx)
+        if name not in known:  # a typo records nothing (no phantom paused watcher)
+            raise ApiError(404, "not_found", unknown_watcher(name, known))
         by = principal.writer_name
         if action == "retry":
             row = await controls.arequest_watcher_retry(name, by=by)

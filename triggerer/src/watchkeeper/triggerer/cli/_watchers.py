@@ -9,7 +9,6 @@ the same rows.
 from __future__ import annotations
 
 import argparse
-import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from ._common import (
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
 
+    from .._watcher_controls import WatcherRow
     from ..settings import Settings
     from ._common import Subparsers
 
@@ -70,25 +70,21 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
     return 0
 
 
-async def _known(backend: BaseStateBackend, name: str) -> bool:
-    from .._watcher_controls import watcher_rows
+async def _require_known(backend: BaseStateBackend, name: str) -> WatcherRow:
+    """The row of watcher ``name``; an unknown name fails, naming the closest known one."""
+    from .._watcher_controls import unknown_watcher, watcher_rows
 
-    return any(row.watcher == name for row in await watcher_rows(backend))
-
-
-def _warn_unknown(name: str) -> None:
-    sys.stderr.write(
-        f"watchkeeper: warning: no daemon has reported a watcher named {name!r}; "
-        "the control is recorded and applies once one runs it\n"
-    )
+    rows = {row.watcher: row for row in await watcher_rows(backend)}
+    if name not in rows:
+        raise CommandError(unknown_watcher(name, rows))
+    return rows[name]
 
 
 async def _set_paused(backend: BaseStateBackend, name: str, paused: bool, done: str) -> int:
     from watchkeeper.store.backend import require_operator_controls
 
     store = require_operator_controls(backend)
-    if not await _known(backend, name):
-        _warn_unknown(name)
+    await _require_known(backend, name)
     await store.aset_watcher_paused(name, paused, by=str(cli_writer()))
     emit(f"watcher {name!r} {done}")
     return 0
@@ -109,13 +105,8 @@ async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from watchkeeper.store.backend import require_operator_controls
 
-    from .._watcher_controls import watcher_rows
-
     store = require_operator_controls(backend)
-    rows = {row.watcher: row for row in await watcher_rows(backend)}
-    row = rows.get(args.name)
-    if row is None:
-        raise CommandError(f"no daemon has reported a watcher named {args.name!r}")
+    row = await _require_known(backend, args.name)
     await store.arequest_watcher_retry(args.name, by=str(cli_writer()))
     if row.state != "failed":
         emit(f"watcher {args.name!r} is {row.state}, not failed: the retry applies if it fails")

@@ -6,7 +6,7 @@ const TOKEN_KEY = "watchkeeper.token";
 const $ = (selector) => document.querySelector(selector);
 let refreshTimer = null;
 let tail = null; // the live stream's AbortController
-const lastCounts = new Map(); // watcher -> [time ms, events], for events per minute
+let tailAsset = null; // the asset the live tail follows ("" for every asset), kept across visits
 
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
@@ -30,6 +30,12 @@ function age(seconds) {
   if (seconds < 120) return Math.round(seconds) + "s ago";
   if (seconds < 7200) return Math.round(seconds / 60) + "m ago";
   return Math.round(seconds / 3600) + "h ago";
+}
+
+// An ISO time from the API, shorter and able to wrap: "2030-01-02 03:04:05 UTC".
+function when(text) {
+  if (!text) return text;
+  return text.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$/, " UTC");
 }
 
 function show(id) {
@@ -65,7 +71,8 @@ async function loadWatchers() {
   const tbody = $("#watchers tbody");
   if (!response.ok) { $("#watchers-message").textContent = body.detail; tbody.replaceChildren(); return; }
   $("#watchers-message").textContent = body.watchers.length ? "" : "No watcher has been reported yet.";
-  const now = Date.now();
+  const minutes = body.rate_window_seconds / 60;
+  $("#rate-header").textContent = `events/min (last ${minutes} min)`;
   const rows = body.watchers.map((w) => {
     const tr = document.createElement("tr");
     tr.dataset.watcher = w.watcher;
@@ -81,11 +88,9 @@ async function loadWatchers() {
     cell(tr, w.state, "state state-" + w.state);
     cell(tr, w.daemon);
     cell(tr, age(w.last_event_age_seconds), "age");
-    const before = lastCounts.get(w.watcher);
-    let rate = "-";
-    if (before && now > before[0]) rate = (((w.events - before[1]) * 60000) / (now - before[0])).toFixed(1);
-    if (!before || now - before[0] > 10000) lastCounts.set(w.watcher, [now, w.events]);
-    cell(tr, rate, "rate");
+    // Counted by the server from the event log over the stated window: right on the first load.
+    const rate = cell(tr, w.events_per_minute === null ? "-" : w.events_per_minute.toFixed(1), "rate");
+    rate.title = `${w.events_in_window} events in the last ${minutes} min`;
     cell(tr, w.failures, "failures");
     const actions = cell(tr, "");
     if (body.may_operate) {
@@ -98,11 +103,14 @@ async function loadWatchers() {
   tbody.replaceChildren(...rows);
 }
 
+function capitalized(word) { return word.charAt(0).toUpperCase() + word.slice(1); }
+
 function controlButton(watcher, action) {
   const button = document.createElement("button");
   button.type = "button";
   button.className = action;
   button.textContent = action;
+  button.setAttribute("aria-label", `${capitalized(action)} watcher ${watcher}`);
   button.addEventListener("click", async () => {
     button.disabled = true;
     const response = await api("/api/v1/watchers/" + encodeURIComponent(watcher) + "/" + action, { method: "POST" });
@@ -116,7 +124,9 @@ function controlButton(watcher, action) {
 // -- assets -----------------------------------------------------------------------------------
 
 async function loadAssets() {
-  const body = await (await api("/api/v1/assets")).json();
+  const response = await api("/api/v1/assets");
+  const body = await response.json();
+  $("#assets-message").textContent = response.ok ? "" : body.detail;
   const items = (body.assets || []).map((a) => {
     const li = document.createElement("li");
     const link = document.createElement("a");
@@ -139,7 +149,13 @@ async function loadAsset(name) {
   $("#asset-name").textContent = name;
   const response = await api("/api/v1/assets/" + encodeURIComponent(name));
   const body = await response.json();
-  if (!response.ok) { $("#edit-result").textContent = body.detail; return; }
+  $("#asset-message").textContent = response.ok ? "" : body.detail;
+  if (!response.ok) {
+    $("#state tbody").replaceChildren();
+    $("#asset-events").replaceChildren();
+    $("#edit-form").hidden = true;
+    return;
+  }
   const rows = body.state.map((entry) => {
     const tr = document.createElement("tr");
     tr.dataset.key = entry.key;
@@ -157,9 +173,11 @@ async function loadAsset(name) {
   });
   $("#state tbody").replaceChildren(...rows);
   $("#edit-form").hidden = !body.writable;
-  const events = await (await api("/api/v1/events?limit=1000&asset=" + encodeURIComponent(name))).json();
-  const recent = (events.events || []).slice(-20).reverse();
-  $("#asset-events").replaceChildren(...recent.map(eventLine));
+  // The newest page of the log, newest first (not the tail of its oldest page).
+  const answer = await api("/api/v1/events?order=desc&limit=20&asset=" + encodeURIComponent(name));
+  const events = await answer.json();
+  if (!answer.ok) $("#asset-message").textContent = events.detail;
+  $("#asset-events").replaceChildren(...(events.events || []).map(eventLine));
 }
 
 async function saveEntry(event) {
@@ -191,16 +209,41 @@ async function saveEntry(event) {
 
 // -- the live tail (SSE read with fetch, so the token goes in a header) ----------------------
 
+// The assets the tail may follow: "every asset" only for a token that reads them all; a token
+// scoped to some assets follows one of them (the stream needs its asset filter).
+async function tailChoices() {
+  const response = await api("/api/v1/assets");
+  const body = await response.json();
+  if (!response.ok) { $("#tail-status").textContent = body.detail; return null; }
+  const choices = body.assets.map((a) => [a.name, a.name]);
+  if (body.may_read_all) choices.unshift(["", "every asset"]);
+  if (!choices.length) { $("#tail-status").textContent = "This token reads no asset's events."; return null; }
+  if (!choices.some(([value]) => value === tailAsset)) tailAsset = choices[0][0];
+  const select = $("#tail-asset");
+  select.replaceChildren(...choices.map(([value, label]) => {
+    const option = document.createElement("option");
+    option.value = value;
+    option.textContent = label;
+    return option;
+  }));
+  select.value = tailAsset;
+  return tailAsset;
+}
+
 async function startTail() {
   if (tail) return;
   tail = new AbortController();
   const signal = tail.signal;
+  $("#tail-status").textContent = "connecting";
+  const asset = await tailChoices();
+  if (asset === null || signal.aborted) return;
+  const path = "/api/v1/events/stream" + (asset ? "?asset=" + encodeURIComponent(asset) : "");
   let lastId = null;
   while (!signal.aborted) {
     try {
       const headers = { Authorization: "Bearer " + token() };
       if (lastId !== null) headers["Last-Event-ID"] = String(lastId);
-      const response = await fetch("/api/v1/events/stream", { headers, signal });
+      const response = await fetch(path, { headers, signal });
       if (!response.ok) { $("#tail-status").textContent = (await response.json()).detail; return; }
       $("#tail-status").textContent = "connected";
       const reader = response.body.getReader();
@@ -245,11 +288,13 @@ function pendingText(task) {
 }
 
 // A button for an operator's action: disabled, with the reason, for a token without `operate`.
-function operateButton(className, label, allowed, onClick) {
+// `name` is its accessible name: the action and what it acts on ("Pause task load").
+function operateButton(className, label, name, allowed, onClick) {
   const button = document.createElement("button");
   button.type = "button";
   button.className = className;
   button.textContent = label;
+  button.setAttribute("aria-label", name);
   if (!allowed) {
     button.disabled = true;
     button.title = "needs a token with the operate scope";
@@ -276,7 +321,8 @@ function taskCells(tr, task, mayOperate, message, reload) {
   cell(tr, task.paused ? "yes" : "no", "paused");
   const action = task.paused ? "resume" : "pause";
   cell(tr, "").appendChild(
-    operateButton(action, action, mayOperate, () => pauseTask(task.name, task.paused, message, reload)),
+    operateButton(action, action, `${capitalized(action)} task ${task.name}`, mayOperate,
+      () => pauseTask(task.name, task.paused, message, reload)),
   );
 }
 
@@ -316,16 +362,19 @@ async function loadTask(name, runId) {
     const tr = document.createElement("tr");
     tr.dataset.run = run.id;
     if (run.id === runId) tr.className = "selected";
-    cell(tr, "#" + run.id, "id");
+    const link = document.createElement("a");
+    link.href = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
+    link.textContent = "#" + run.id;
+    cell(tr, "", "id").appendChild(link);
     cell(tr, run.state, "state state-" + run.state);
     cell(tr, `${run.try_number} of ${run.max_tries}`, "try");
     cell(tr, run.event_count, "events");
-    cell(tr, run.created_at);
-    cell(tr, run.started_at);
-    cell(tr, run.finished_at);
+    cell(tr, when(run.created_at));
+    cell(tr, when(run.started_at));
+    cell(tr, when(run.finished_at));
     const actions = cell(tr, "");
     if (run.state === "failed") {
-      actions.appendChild(operateButton("retry", "retry", body.may_operate, async () => {
+      actions.appendChild(operateButton("retry", "retry", `Retry run #${run.id}`, body.may_operate, async () => {
         const answer = await api("/api/v1/runs/" + run.id + "/retry", { method: "POST" });
         const result = await answer.json();
         $("#runs-message").textContent = answer.ok ? `run #${run.id} queued again (try ${result.try_number})` : result.detail;
@@ -333,7 +382,7 @@ async function loadTask(name, runId) {
       }));
     }
     tr.addEventListener("click", (event) => {
-      if (event.target.tagName !== "BUTTON") location.hash = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
+      if (event.target.tagName !== "BUTTON" && event.target.tagName !== "A") location.hash = `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`;
     });
     return tr;
   });
@@ -350,11 +399,12 @@ async function loadRun(runId) {
   $("#run-id").textContent = "#" + runId;
   if (!response.ok) { $("#run-summary").textContent = run.detail; return; }
   $("#run-summary").textContent =
-    `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${run.created_at}` +
-    (run.started_at ? `, started ${run.started_at}` : "") + (run.finished_at ? `, finished ${run.finished_at}` : "");
+    `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${when(run.created_at)}` +
+    (run.started_at ? `, started ${when(run.started_at)}` : "") +
+    (run.finished_at ? `, finished ${when(run.finished_at)}` : "");
   $("#run-errors").replaceChildren(...run.errors.map((e) => {
     const li = document.createElement("li");
-    li.textContent = `try ${e.try} at ${e.at}: ${e.error}`;
+    li.textContent = `try ${e.try} at ${when(e.at)}: ${e.error}`;
     return li;
   }));
   const events = run.events === undefined ? null : run.events.map(eventLine);
@@ -387,6 +437,7 @@ function route() {
     guard(loadAsset(name));
   } else if (hash === "#/assets") {
     show("assets-view");
+    $("#assets-message").textContent = "";
     guard(loadAssets());
   } else if (hash.startsWith("#/tasks/")) {
     const [name, word, id] = hash.slice("#/tasks/".length).split("/");
@@ -415,5 +466,11 @@ function route() {
 $("#login-form").addEventListener("submit", (event) => { signIn(event).catch(() => {}); });
 $("#logout").addEventListener("click", () => signOut());
 $("#edit-form").addEventListener("submit", (event) => { saveEntry(event).catch(() => {}); });
+$("#tail-asset").addEventListener("change", () => {
+  tailAsset = $("#tail-asset").value;
+  if (tail) { tail.abort(); tail = null; }
+  $("#tail").replaceChildren();
+  startTail().catch(() => {});
+});
 window.addEventListener("hashchange", route);
 route();
