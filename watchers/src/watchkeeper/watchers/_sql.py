@@ -34,6 +34,8 @@ import anyio.to_thread
 from watchkeeper.store.backend import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
+from ._common import import_off_loop
+
 __all__ = [
     "DRIVERS",
     "Driver",
@@ -241,6 +243,7 @@ class SqliteDriver(Driver):
 
     @contextlib.asynccontextmanager
     async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        await import_off_loop("aiosqlite")
         import aiosqlite
 
         action = f"opening SQLite database {target!r}"
@@ -294,6 +297,7 @@ class PostgresDriver(Driver):
 
     @contextlib.asynccontextmanager
     async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        await import_off_loop("asyncpg")
         import asyncpg
 
         try:
@@ -363,6 +367,7 @@ class MysqlDriver(Driver):
 
     @contextlib.asynccontextmanager
     async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+        await import_off_loop("aiomysql", "pymysql")
         import aiomysql  # type: ignore[import-untyped] # no stubs published
         import pymysql  # type: ignore[import-untyped] # no stubs installed
 

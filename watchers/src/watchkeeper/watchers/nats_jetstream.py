@@ -28,7 +28,13 @@ from ._broker import (
     scrub,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+from ._common import (
+    SerializedEquality,
+    check_positive,
+    check_positive_int,
+    check_str,
+    import_off_loop,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -166,6 +172,7 @@ class NatsJetStreamWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop("nats", "nats.errors", "nats.js.errors", "nats.js.api")
         import nats.errors
 
         key = f"{self.watcher_name}.sequence"

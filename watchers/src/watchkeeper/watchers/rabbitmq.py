@@ -47,7 +47,7 @@ from ._broker import (
     scrub,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive_int, check_str
+from ._common import SerializedEquality, check_positive_int, check_str, import_off_loop
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -143,6 +143,7 @@ class RabbitMQWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop("aio_pika", "aio_pika.exceptions", "aiormq.exceptions")
         from aio_pika.exceptions import (
             AMQPConnectionError,
             AMQPError,

@@ -33,7 +33,13 @@ from ._broker import (
     require_client,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+from ._common import (
+    SerializedEquality,
+    check_positive,
+    check_positive_int,
+    check_str,
+    import_off_loop,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -46,6 +52,7 @@ StreamId = tuple[int, int]
 
 _ID = re.compile(r"(\d+)-(\d+)")
 _CLOSE_TIMEOUT = 5.0
+_CLIENT_MODULES = ("redis.asyncio", "redis.asyncio.retry", "redis.backoff", "redis.exceptions")
 
 
 def parse_id(value: str | bytes) -> StreamId:
@@ -167,6 +174,7 @@ class RedisStreamWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop(*_CLIENT_MODULES)
         from redis.exceptions import RedisError
 
         key = f"{self.watcher_name}.watermark"
