@@ -292,7 +292,7 @@ class HttpPollWatcher(SerializedEquality):
         import httpx
 
         url = self._request_url(cursor)
-        shown = url
+        shown = redact_dsn(url)
         conditional: dict[str, str] = {}
         if seen:
             if seen.get("etag"):
