@@ -147,29 +147,60 @@ class Query:
 class Source(abc.ABC):
     """An open connection to the watched database; query failures become SqlSourceError.
 
-    ``errors`` are the driver's exception types for database-side failures.
+    ``errors`` are the driver's exception types for database-side failures. Each query must
+    answer within ``timeout`` seconds: a server that went silent (a dropped network path keeps
+    a connection open without a byte ever coming back) fails the query with
+    :class:`SqlSourceError` instead of holding the watcher forever, and the connection, which
+    may still deliver the abandoned answer, is dropped rather than closed politely.
     """
 
     def __init__(
-        self, connection: Any, table: str, errors: tuple[type[BaseException], ...]
+        self,
+        connection: Any,
+        table: str,
+        errors: tuple[type[BaseException], ...],
+        *,
+        timeout: float = math.inf,
+        where: str = "",
     ) -> None:
         self._connection = connection
         self._table = table
         self._errors = errors
+        self._timeout = timeout
+        self._where = where
         self._closed = False
+        self._broken = False
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """Run one SELECT and return its rows as dicts of column name to driver value."""
+        action = f"reading rows from {self._where}" if self._where else "reading rows"
         try:
-            return await self._fetch(sql, params)
+            with anyio.fail_after(self._timeout):
+                return await self._fetch(sql, params)
+        except TimeoutError as exc:
+            self._broken = True
+            silent = TimeoutError(f"no answer within {self._timeout:g} s")
+            raise SqlSourceError(self._table, action, silent) from exc
         except self._errors as exc:
-            raise SqlSourceError(self._table, "reading rows", exc) from exc
+            raise SqlSourceError(self._table, action, exc) from exc
 
     async def aclose(self) -> None:
-        """Close the connection; a second call does nothing."""
-        if not self._closed:
-            self._closed = True
-            await self._connection.close()
+        """Close the connection (drop it, after a query that timed out); a second call does
+        nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._broken:
+            self._abort()
+        else:
+            await self._close()
+
+    async def _close(self) -> None:
+        await self._connection.close()
+
+    def _abort(self) -> None:
+        """Drop the connection at once, without a word to the server."""
+        self._connection.close()
 
     @abc.abstractmethod
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]: ...
@@ -202,8 +233,14 @@ class Driver(abc.ABC):
         """See :meth:`Query.not_among`."""
 
     @abc.abstractmethod
-    def open(self, target: str, table: str) -> contextlib.AbstractAsyncContextManager[Source]:
-        """Open the database for the duration of the block; closed however it ends."""
+    def open(
+        self, target: str, table: str, bound: float = math.inf
+    ) -> contextlib.AbstractAsyncContextManager[Source]:
+        """Open the database for the duration of the block; closed however it ends.
+
+        Connecting, and then each query, must finish within ``bound`` seconds, else
+        :class:`SqlSourceError`.
+        """
 
 
 # -- SQLite ---------------------------------------------------------------------------------------
@@ -215,6 +252,10 @@ class _SqliteSource(Source):
             rows = await cursor.fetchall()
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _abort(self) -> None:
+        """aiosqlite has no abrupt close: ask its thread to close after the query it runs."""
+        self._connection.stop()
 
 
 class SqliteDriver(Driver):
@@ -242,7 +283,7 @@ class SqliteDriver(Driver):
         )
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
         await import_off_loop("aiosqlite")
         import aiosqlite
 
@@ -262,7 +303,8 @@ class SqliteDriver(Driver):
                 with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                     await anyio.to_thread.run_sync(worker.join)
             raise SqlSourceError(table, action, exc) from exc
-        async with _closing(_SqliteSource(connection, table, (sqlite3.Error,))) as source:
+        source = _SqliteSource(connection, table, (sqlite3.Error,), timeout=bound)
+        async with _closing(source):
             yield source
 
 
@@ -273,6 +315,9 @@ class _PostgresSource(Source):
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         records = await self._connection.fetch(sql, *params)
         return [dict(record) for record in records]
+
+    def _abort(self) -> None:
+        self._connection.terminate()
 
 
 class PostgresDriver(Driver):
@@ -296,16 +341,24 @@ class PostgresDriver(Driver):
         return f"{column} <> ALL({query.param(list(keys))})"
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
         await import_off_loop("asyncpg")
         import asyncpg
 
+        where = repr(redact_dsn(target))
         try:
-            connection = await asyncpg.connect(target)
+            with anyio.fail_after(bound):
+                connection = await asyncpg.connect(
+                    target, timeout=min(bound, 60.0), command_timeout=None
+                )
+        except TimeoutError as exc:
+            silent = TimeoutError(f"no answer within {bound:g} s")
+            raise SqlSourceError(table, f"connecting to {where}", silent) from exc
         except (OSError, asyncpg.PostgresError) as exc:
-            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
+            raise SqlSourceError(table, f"connecting to {where}", exc) from exc
         errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
-        async with _closing(_PostgresSource(connection, table, errors)) as source:
+        source = _PostgresSource(connection, table, errors, timeout=bound, where=where)
+        async with _closing(source):
             yield source
 
 
@@ -320,11 +373,8 @@ class _MysqlSource(Source):
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
 
-    async def aclose(self) -> None:
+    async def _close(self) -> None:
         """Say goodbye to the server (COM_QUIT); a connection that cannot is just dropped."""
-        if self._closed:
-            return
-        self._closed = True
         try:
             await self._connection.ensure_closed()
         except self._errors:  # the driver's errors and OSError
@@ -366,26 +416,33 @@ class MysqlDriver(Driver):
         return f"{column} NOT IN ({', '.join(query.param(key) for key in keys)})"
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
         await import_off_loop("aiomysql", "pymysql")
         import aiomysql  # type: ignore[import-untyped] # no stubs published
         import pymysql  # type: ignore[import-untyped] # no stubs installed
 
         parts = urlsplit(target)
         errors = (pymysql.err.MySQLError, OSError)
+        where = repr(redact_dsn(target))
         try:
-            connection = await aiomysql.connect(
-                host=parts.hostname or "localhost",
-                port=parts.port or 3306,
-                user=unquote(parts.username) if parts.username else None,
-                password=unquote(parts.password) if parts.password else "",
-                db=unquote(parts.path.lstrip("/")) or None,
-                charset="utf8mb4",
-                autocommit=True,
-            )
+            with anyio.fail_after(bound):
+                connection = await aiomysql.connect(
+                    host=parts.hostname or "localhost",
+                    port=parts.port or 3306,
+                    user=unquote(parts.username) if parts.username else None,
+                    password=unquote(parts.password) if parts.password else "",
+                    db=unquote(parts.path.lstrip("/")) or None,
+                    charset="utf8mb4",
+                    autocommit=True,
+                    connect_timeout=min(bound, 60.0),
+                )
+        except TimeoutError as exc:
+            silent = TimeoutError(f"no answer within {bound:g} s")
+            raise SqlSourceError(table, f"connecting to {where}", silent) from exc
         except errors as exc:
-            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
-        async with _closing(_MysqlSource(connection, table, errors)) as source:
+            raise SqlSourceError(table, f"connecting to {where}", exc) from exc
+        source = _MysqlSource(connection, table, errors, timeout=bound, where=where)
+        async with _closing(source):
             yield source
 
 

@@ -82,6 +82,13 @@ class SqlTableWatcher(SerializedEquality):
     :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a backfill costs one commit per
     ``batch_size`` rows, not one per row.
 
+    Connecting and each query must answer within ``timeout`` seconds: a database that stops
+    answering (a network path that drops every packet leaves the connection open and silent)
+    fails the run with :class:`~watchkeeper.watchers.SqlSourceError` naming the table and the
+    server, the daemon shows the watcher ``backing_off`` with that reason and starts it again
+    on a new connection after its backoff, from the committed watermark. Raise ``timeout``
+    for a table whose queries take longer (one without an index on the cursor column).
+
     State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
     is the one of every lag-window watcher, see :mod:`._window_state`):
 
@@ -112,6 +119,7 @@ class SqlTableWatcher(SerializedEquality):
         poll_interval: float = 1.0,
         lag_window: float = 100,
         columns: Sequence[str] | None = None,
+        timeout: float = 10.0,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -129,6 +137,7 @@ class SqlTableWatcher(SerializedEquality):
         check_non_negative(owner, "lag_window", lag_window)
         self.poll_interval = poll_interval
         self.lag_window = lag_window
+        self.timeout = check_positive(owner, "timeout", timeout)
         self.columns = self._check_columns(owner, columns)
         if self.columns is None:
             self._select_sql = "*"
@@ -166,6 +175,7 @@ class SqlTableWatcher(SerializedEquality):
             "poll_interval": self.poll_interval,
             "lag_window": self.lag_window,
             "columns": None if self.columns is None else list(self.columns),
+            "timeout": self.timeout,
         }
 
     def __repr__(self) -> str:
@@ -190,7 +200,7 @@ class SqlTableWatcher(SerializedEquality):
         )
         window = await state.aload(self.asset_state_store)
         await sleep_spread(self.poll_interval)
-        async with self._driver.open(self._target, self.table) as source:
+        async with self._driver.open(self._target, self.table, self.timeout) as source:
             self._source = source
             try:
                 while True:

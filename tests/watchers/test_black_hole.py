@@ -1,0 +1,202 @@
+"""Every ready-made watcher of a networked source survives a black hole on its connection.
+
+A TCP proxy (:mod:`tests.support.proxy`) sits between the watcher and the real server. Once
+the watcher has committed its first items, the proxy black-holes the link: its sockets stay
+open and every byte is dropped, the server never learns of it and the watcher hears nothing.
+Items added after that must still arrive, each exactly once: the watcher's bounded source
+call fails, the daemon shows it ``backing_off`` with a reason naming the source, and it
+reconnects (new connections through the proxy work).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiomysql  # type: ignore[import-untyped] # no stubs published
+import anyio
+import asyncpg
+import pytest
+from watchkeeper.store import Asset, MemoryStateBackend
+from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
+from watchkeeper.watchers import SqlTableWatcher
+
+from tests.support.proxy import TcpProxy, open_proxy
+
+ASSET = Asset("holed")
+NAME = "holed_feed"
+CONFIG = RunnerConfig(
+    backoff_initial=0.2,
+    backoff_max=1.0,
+    max_failures=10,
+    lag_threshold=0,
+    status_interval=0,
+    cleanup_timeout=5.0,
+)
+BEFORE = (1, 2)
+AFTER = (3, 4, 5, 6, 7)
+
+
+@dataclass
+class Outcome:
+    """What a run through a black hole showed."""
+
+    numbers: list[int]
+    backing_off: list[str | None] = field(default_factory=list)
+    """The ``last_error`` of each ``backing_off`` status seen."""
+    states: list[str] = field(default_factory=list)
+
+
+async def through_a_black_hole(
+    watcher: BaseEventTrigger,
+    proxy: TcpProxy,
+    send: Callable[[tuple[int, ...]], Awaitable[None]],
+    number_of: Callable[[Any], int],
+    *,
+    timeout: float = 60,  # noqa: ASYNC109 - the bound of the whole run
+) -> Outcome:
+    """Send 1, 2; run ``watcher`` until both committed; black-hole its links; send 3..7; run
+    until all seven committed. The numbers in commit order, and the statuses seen."""
+    await send(BEFORE)
+    outcome = Outcome([])
+    async with MemoryStateBackend() as backend:
+        await backend.aregister_assets([ASSET])
+        async with TriggerRunner(backend, CONFIG) as runner:
+            with runner.subscribe() as events:
+                await runner.start_trigger(WatchSpec("holed", watcher, (ASSET,), (NAME,)))
+
+                async def receive(count: int) -> None:
+                    while len(outcome.numbers) < count:
+                        event = await events.receive()
+                        outcome.numbers.append(number_of(event.payload))
+
+                async def watch_states(done: anyio.Event) -> None:
+                    while not done.is_set():
+                        for status in runner.statuses():
+                            if not outcome.states or outcome.states[-1] != status.state:
+                                outcome.states.append(status.state)
+                            if status.state == "backing_off":
+                                outcome.backing_off.append(status.last_error)
+                        await anyio.sleep(0.01)
+
+                with anyio.fail_after(timeout):
+                    await receive(len(BEFORE))
+                    holed = proxy.black_hole()
+                    assert holed >= 1, "the watcher had no open link to black-hole"
+                    await send(AFTER)
+                    done = anyio.Event()
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(watch_states, done)
+                        await receive(len(BEFORE) + len(AFTER))
+                        done.set()
+    return outcome
+
+
+def assert_survived(outcome: Outcome, proxy: TcpProxy, *source: str) -> None:
+    """Each number once, in order; a backing_off status whose reason names the source."""
+    assert outcome.numbers == [*BEFORE, *AFTER]
+    assert proxy.accepted >= 2  # it reconnected
+    reasons = [reason for reason in outcome.backing_off if reason]
+    assert reasons, f"never backing_off with a reason (states seen: {outcome.states})"
+    for part in source:
+        assert part in reasons[0], reasons[0]
+
+
+# -- SqlTableWatcher on MariaDB and PostgreSQL ------------------------------------------------
+
+
+@pytest.fixture
+async def mysql_table(mysql_dsn: str) -> AsyncIterator[str]:
+    name = f"holed_{uuid.uuid4().hex[:12]}"
+    await _mysql(mysql_dsn, f"CREATE TABLE {name} (id INTEGER PRIMARY KEY, seq INTEGER)")
+    try:
+        yield name
+    finally:
+        await _mysql(mysql_dsn, f"DROP TABLE {name}")
+
+
+async def _mysql(dsn: str, sql: str, rows: list[tuple[Any, ...]] | None = None) -> None:
+    parts = urlsplit(dsn)
+    db = await aiomysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username,
+        password=parts.password or "",
+        db=parts.path.lstrip("/"),
+        autocommit=True,
+    )
+    try:
+        async with db.cursor() as cursor:
+            if rows is None:
+                await cursor.execute(sql)
+            else:
+                await cursor.executemany(sql, rows)
+    finally:
+        await db.ensure_closed()
+
+
+@pytest.fixture
+async def pg_table(pg_dsn: str) -> AsyncIterator[str]:
+    schema = f"wk_holed_{uuid.uuid4().hex[:12]}"
+    pg = await asyncpg.connect(pg_dsn)
+    try:
+        await pg.execute(f'CREATE SCHEMA "{schema}"')
+        await pg.execute(f'CREATE TABLE "{schema}".events (id INTEGER PRIMARY KEY, seq INTEGER)')
+        yield f"{schema}.events"
+    finally:
+        await pg.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await pg.close()
+
+
+def _via(dsn: str, proxy: TcpProxy) -> str:
+    parts = urlsplit(dsn)
+    netloc = parts.netloc.rpartition("@")
+    userinfo = netloc[0] + netloc[1]
+    return parts._replace(netloc=f"{userinfo}{proxy.dsn_host}").geturl()
+
+
+def _row_number(payload: Any) -> int:
+    return int(payload["id"])
+
+
+class TestSqlTableWatcher:
+    async def test_mariadb_rows_after_a_black_hole_arrive_once(
+        self, mysql_dsn: str, mysql_table: str
+    ) -> None:
+        async def insert(numbers: tuple[int, ...]) -> None:
+            rows = [(n, n) for n in numbers]
+            await _mysql(mysql_dsn, f"INSERT INTO {mysql_table} VALUES (%s, %s)", rows)
+
+        async with open_proxy(urlsplit(mysql_dsn).port or 3306) as proxy:
+            watcher = SqlTableWatcher(
+                _via(mysql_dsn, proxy), mysql_table, "seq", "id", poll_interval=0.05, timeout=2
+            )
+            outcome = await through_a_black_hole(watcher, proxy, insert, _row_number)
+        assert_survived(outcome, proxy, mysql_table, "TimeoutError", proxy.dsn_host)
+
+    async def test_postgres_rows_after_a_black_hole_arrive_once(
+        self, pg_dsn: str, pg_table: str
+    ) -> None:
+        async def insert(numbers: tuple[int, ...]) -> None:
+            pg = await asyncpg.connect(pg_dsn)
+            try:
+                await pg.executemany(
+                    f"INSERT INTO {pg_table} VALUES ($1, $2)", [(n, n) for n in numbers]
+                )
+            finally:
+                await pg.close()
+
+        async with open_proxy(urlsplit(pg_dsn).port or 5432) as proxy:
+            watcher = SqlTableWatcher(
+                _via(pg_dsn, proxy), pg_table, "seq", "id", poll_interval=0.05, timeout=2
+            )
+            outcome = await through_a_black_hole(watcher, proxy, insert, _row_number)
+        assert_survived(outcome, proxy, pg_table, "TimeoutError", proxy.dsn_host)
+
+    def test_the_default_bound_is_ten_seconds(self) -> None:
+        watcher = SqlTableWatcher("postgresql://db/wk", "events", "seq", "id")
+        assert watcher.timeout == 10.0
+        assert watcher.serialize()[1]["timeout"] == 10.0
