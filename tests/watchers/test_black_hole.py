@@ -10,11 +10,14 @@ reconnects (new connections through the proxy work).
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlsplit
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlsplit
 
 import aiomysql  # type: ignore[import-untyped] # no stubs published
 import anyio
@@ -22,7 +25,7 @@ import asyncpg
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
-from watchkeeper.watchers import SqlTableWatcher
+from watchkeeper.watchers import HttpPollWatcher, SqlTableWatcher
 
 from tests.support.proxy import TcpProxy, open_proxy
 
@@ -200,3 +203,72 @@ class TestSqlTableWatcher:
         watcher = SqlTableWatcher("postgresql://db/wk", "events", "seq", "id")
         assert watcher.timeout == 10.0
         assert watcher.serialize()[1]["timeout"] == 10.0
+
+
+# -- HttpPollWatcher ----------------------------------------------------------------------------
+
+
+class _Feed(BaseHTTPRequestHandler):
+    """``GET /feed?cursor=N``: the items with an id above N and ``next``, the last id given.
+    HTTP/1.1 with keep-alive, so the client reuses its connection (the one black-holed)."""
+
+    protocol_version = "HTTP/1.1"
+    ids: ClassVar[list[int]] = []
+
+    def do_GET(self) -> None:
+        query = dict(parse_qsl(urlsplit(self.path).query))
+        after = int(query.get("cursor", "0"))
+        items = [{"id": n} for n in list(self.ids) if n > after]
+        body = json.dumps({"items": items, "next": items[-1]["id"] if items else after}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def feed_server() -> Iterator[ThreadingHTTPServer]:
+    handler = type("Feed", (_Feed,), {"ids": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    server.block_on_close = False
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class TestHttpPollWatcher:
+    async def test_items_after_a_black_hole_arrive_once(
+        self, feed_server: ThreadingHTTPServer
+    ) -> None:
+        ids: list[int] = feed_server.RequestHandlerClass.ids  # type: ignore[attr-defined]
+
+        async def add(numbers: tuple[int, ...]) -> None:
+            ids.extend(numbers)
+
+        async with open_proxy(feed_server.server_address[1]) as proxy:
+            watcher = HttpPollWatcher(
+                f"http://{proxy.dsn_host}/feed?api_key=s3cr3t",
+                items="items",
+                item_key="id",
+                cursor="next",
+                poll_interval=0.05,
+                timeout=1.0,
+                backoff=0.1,
+            )
+            outcome = await through_a_black_hole(watcher, proxy, add, _item_number)
+        assert_survived(outcome, proxy, f"{proxy.dsn_host}/feed", "ReadTimeout", "api_key=***")
+        assert all("s3cr3t" not in (reason or "") for reason in outcome.backing_off)
+
+
+def _item_number(payload: Any) -> int:
+    return int(payload["id"])

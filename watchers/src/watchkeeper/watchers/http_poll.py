@@ -101,8 +101,11 @@ class HttpPollWatcher(SerializedEquality):
     ``headers`` are sent with every request; ``env_headers`` maps header names to environment
     variables read when ``run()`` starts, so a token stays out of ``serialize()``. ``repr()``,
     logs and errors show neither header values nor a password in the URL. ``poll_interval``
-    seconds (jittered) separate polls once caught up; ``timeout`` bounds each request; see the
-    module docstring for ``backoff``, ``max_backoff`` and ``retries``.
+    seconds (jittered) separate polls once caught up; ``timeout`` bounds connecting and each
+    read or write of a request, so a server that goes silent fails the request like a timeout;
+    see the module docstring for ``backoff``, ``max_backoff`` and ``retries``. While requests
+    fail and are retried the watcher's status is ``backing_off``, the URL (secrets masked) and
+    the failure as its reason; the next answer makes it ``running`` again.
 
     State key (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name), written
     with every batch of events:
@@ -310,6 +313,8 @@ class HttpPollWatcher(SerializedEquality):
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 status = response.status_code
+                if status == 304 or 200 <= status < 300:
+                    self.report_source(None)  # it answers
                 if status == 304:
                     return MISSING, dict(seen or {}), response.headers
                 if 200 <= status < 300:
@@ -319,6 +324,7 @@ class HttpPollWatcher(SerializedEquality):
                 problem = f"HTTP {status} {response.reason_phrase}"
                 wait = retry_after(response.headers.get("Retry-After"))
             failures += 1
+            self.report_source(f"{shown}: {problem}, {failures} times in a row")
             if self.retries is not None and failures > self.retries:
                 raise HttpSourceError(shown, f"{problem}, {failures} times in a row")
             delay = self.backoff * 2 ** min(failures - 1, 32)
