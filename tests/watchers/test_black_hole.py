@@ -25,8 +25,9 @@ import asyncpg
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
-from watchkeeper.watchers import HttpPollWatcher, SqlTableWatcher
+from watchkeeper.watchers import HttpPollWatcher, RedisStreamWatcher, SqlTableWatcher
 
+from tests.support.brokers import REDIS_PORT, require_server, unique
 from tests.support.proxy import TcpProxy, open_proxy
 
 ASSET = Asset("holed")
@@ -272,3 +273,43 @@ class TestHttpPollWatcher:
 
 def _item_number(payload: Any) -> int:
     return int(payload["id"])
+
+
+# -- RedisStreamWatcher, without and with a consumer group -------------------------------------
+
+
+@pytest.fixture
+async def redis_stream() -> AsyncIterator[tuple[Any, str]]:
+    import redis.asyncio as aioredis
+
+    require_server("Redis", REDIS_PORT)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{REDIS_PORT}/0")
+    name = unique("wk-holed-")
+    try:
+        yield client, name
+    finally:
+        await client.delete(name)
+        await client.aclose()
+
+
+def _field_number(payload: Any) -> int:
+    return int(payload["fields"]["n"])
+
+
+class TestRedisStreamWatcher:
+    @pytest.mark.parametrize("group", [None, "holed"])
+    async def test_entries_after_a_black_hole_arrive_once(
+        self, redis_stream: tuple[Any, str], group: str | None
+    ) -> None:
+        client, stream = redis_stream
+
+        async def add(numbers: tuple[int, ...]) -> None:
+            for n in numbers:
+                await client.xadd(stream, {"n": str(n)})
+
+        async with open_proxy(REDIS_PORT) as proxy:
+            watcher = RedisStreamWatcher(
+                stream, f"redis://{proxy.dsn_host}/0", block=0.2, group=group
+            )
+            outcome = await through_a_black_hole(watcher, proxy, add, _field_number)
+        assert_survived(outcome, proxy, stream, proxy.dsn_host, "TimeoutError")
