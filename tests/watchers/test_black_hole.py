@@ -25,9 +25,14 @@ import asyncpg
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
-from watchkeeper.watchers import HttpPollWatcher, RedisStreamWatcher, SqlTableWatcher
+from watchkeeper.watchers import (
+    HttpPollWatcher,
+    NatsJetStreamWatcher,
+    RedisStreamWatcher,
+    SqlTableWatcher,
+)
 
-from tests.support.brokers import REDIS_PORT, require_server, unique
+from tests.support.brokers import NATS_PORT, REDIS_PORT, require_server, unique
 from tests.support.proxy import TcpProxy, open_proxy
 
 ASSET = Asset("holed")
@@ -313,3 +318,50 @@ class TestRedisStreamWatcher:
             )
             outcome = await through_a_black_hole(watcher, proxy, add, _field_number)
         assert_survived(outcome, proxy, stream, proxy.dsn_host, "TimeoutError")
+
+
+# -- NatsJetStreamWatcher -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def jetstream() -> AsyncIterator[tuple[Any, str]]:
+    import nats
+
+    require_server("NATS", NATS_PORT)
+    client = await nats.connect(f"nats://127.0.0.1:{NATS_PORT}")
+    js = client.jetstream()
+    name = unique("WK_HOLED_")
+    await js.add_stream(name=name, subjects=[f"{name}.>"])
+    try:
+        yield js, name
+    finally:
+        await js.delete_stream(name)
+        await client.close()
+
+
+def _data_number(payload: Any) -> int:
+    return int(payload["data"]["n"])
+
+
+class TestNatsJetStreamWatcher:
+    async def test_messages_after_a_black_hole_arrive_once(
+        self, jetstream: tuple[Any, str]
+    ) -> None:
+        js, stream = jetstream
+
+        async def publish(numbers: tuple[int, ...]) -> None:
+            for n in numbers:
+                await js.publish(f"{stream}.items", json.dumps({"n": n}).encode())
+
+        async with open_proxy(NATS_PORT) as proxy:
+            watcher = NatsJetStreamWatcher(
+                stream,
+                f"nats://{proxy.dsn_host}",
+                fetch_timeout=0.5,
+                ack_wait=1.0,
+                ping_interval=0.5,
+            )
+            outcome = await through_a_black_hole(watcher, proxy, publish, _data_number)
+        assert sorted(outcome.numbers) == [*BEFORE, *AFTER]  # a redelivery may come later
+        outcome.numbers.sort()
+        assert_survived(outcome, proxy, stream, proxy.dsn_host, "disconnected")
