@@ -28,11 +28,18 @@ from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner,
 from watchkeeper.watchers import (
     HttpPollWatcher,
     NatsJetStreamWatcher,
+    RabbitMQWatcher,
     RedisStreamWatcher,
     SqlTableWatcher,
 )
 
-from tests.support.brokers import NATS_PORT, REDIS_PORT, require_server, unique
+from tests.support.brokers import (
+    NATS_PORT,
+    RABBITMQ_PORT,
+    REDIS_PORT,
+    require_server,
+    unique,
+)
 from tests.support.proxy import TcpProxy, open_proxy
 
 ASSET = Asset("holed")
@@ -365,3 +372,43 @@ class TestNatsJetStreamWatcher:
         assert sorted(outcome.numbers) == [*BEFORE, *AFTER]  # a redelivery may come later
         outcome.numbers.sort()
         assert_survived(outcome, proxy, stream, proxy.dsn_host, "disconnected")
+
+
+# -- RabbitMQWatcher ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def rabbit_queue() -> AsyncIterator[tuple[Any, str]]:
+    import aio_pika
+
+    require_server("RabbitMQ", RABBITMQ_PORT)
+    connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{RABBITMQ_PORT}/")
+    async with connection:
+        channel = await connection.channel()
+        name = unique("wk-holed-")
+        await channel.declare_queue(name, durable=True)
+        try:
+            yield channel, name
+        finally:
+            await channel.queue_delete(name)
+
+
+class TestRabbitMQWatcher:
+    async def test_messages_after_a_black_hole_arrive_once(
+        self, rabbit_queue: tuple[Any, str]
+    ) -> None:
+        import aio_pika
+
+        channel, queue = rabbit_queue
+
+        async def publish(numbers: tuple[int, ...]) -> None:
+            for n in numbers:
+                body = json.dumps({"n": n}).encode()
+                message = aio_pika.Message(body, message_id=f"m-{n}")
+                await channel.default_exchange.publish(message, routing_key=queue)
+
+        async with open_proxy(RABBITMQ_PORT) as proxy:
+            watcher = RabbitMQWatcher(queue, f"amqp://guest:guest@{proxy.dsn_host}/", heartbeat=1)
+            outcome = await through_a_black_hole(watcher, proxy, publish, _data_number)
+        outcome.numbers.sort()  # the messages the dead channel held come back after the others
+        assert_survived(outcome, proxy, queue, proxy.dsn_host, "guest:***@")
