@@ -21,12 +21,14 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aiomysql  # type: ignore[import-untyped] # no stubs published
 import anyio
+import anyio.to_thread
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
 from watchkeeper.watchers import (
     HttpPollWatcher,
+    MqttWatcher,
     NatsJetStreamWatcher,
     RabbitMQWatcher,
     RedisStreamWatcher,
@@ -34,6 +36,7 @@ from watchkeeper.watchers import (
 )
 
 from tests.support.brokers import (
+    MQTT_PORT,
     NATS_PORT,
     RABBITMQ_PORT,
     REDIS_PORT,
@@ -412,3 +415,72 @@ class TestRabbitMQWatcher:
             outcome = await through_a_black_hole(watcher, proxy, publish, _data_number)
         outcome.numbers.sort()  # the messages the dead channel held come back after the others
         assert_survived(outcome, proxy, queue, proxy.dsn_host, "guest:***@")
+
+
+# -- MqttWatcher --------------------------------------------------------------------------------
+
+
+def _mqtt_client(client_id: str = "") -> Any:
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    return paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+
+
+def _mqtt_session(client_id: str, topic: str) -> None:
+    """Leave a session for ``client_id`` subscribed to ``topic``, so messages published
+    before the watcher's first connect wait for it."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    client = _mqtt_client(client_id)
+    subscribed = threading.Event()
+    client.on_subscribe = lambda *_: subscribed.set()
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.SessionExpiryInterval = 120
+    client.connect("127.0.0.1", MQTT_PORT, clean_start=True, properties=properties)
+    client.loop_start()
+    try:
+        client.subscribe(topic, qos=1)
+        assert subscribed.wait(10), "no SUBACK from the broker"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _mqtt_publish(topic: str, numbers: tuple[int, ...]) -> None:
+    client = _mqtt_client()
+    client.connect("127.0.0.1", MQTT_PORT)
+    client.loop_start()
+    try:
+        for n in numbers:
+            body = json.dumps({"id": f"i-{n}", "n": n}).encode()
+            client.publish(topic, body, qos=1).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+class TestMqttWatcher:
+    async def test_messages_after_a_black_hole_arrive_once(self) -> None:
+        require_server("Mosquitto", MQTT_PORT)
+        topic = f"wk/holed/{uuid.uuid4().hex[:12]}"
+        client_id = unique("wk-holed-")
+        await anyio.to_thread.run_sync(_mqtt_session, client_id, topic)
+
+        async def publish(numbers: tuple[int, ...]) -> None:
+            await anyio.to_thread.run_sync(_mqtt_publish, topic, numbers)
+
+        async with open_proxy(MQTT_PORT) as proxy:
+            watcher = MqttWatcher(
+                topic,
+                f"mqtt://{proxy.dsn_host}",
+                client_id=client_id,
+                dedup_field="id",
+                session_expiry=120,
+                keepalive=1,
+                reconnect_max=1,
+            )
+            outcome = await through_a_black_hole(watcher, proxy, publish, _data_number)
+        outcome.numbers.sort()  # what the dead connection held is resent after the reconnect
+        assert_survived(outcome, proxy, topic, proxy.dsn_host, "reconnecting")
