@@ -16,15 +16,10 @@ identifiers are checked against a strict pattern and quoted, never formatted raw
 from __future__ import annotations
 
 import abc
-import base64
 import contextlib
-import datetime as dt
-import decimal
 import json
 import math
-import re
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -35,6 +30,7 @@ from watchkeeper.store.backend import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 from ._common import import_off_loop
+from ._sql_values import check_identifier, check_table, to_json_value
 
 __all__ = [
     "DRIVERS",
@@ -52,7 +48,6 @@ __all__ = [
     "to_json_value",
 ]
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _CLOSE_TIMEOUT = 5.0
 
 
@@ -60,69 +55,20 @@ class SqlSourceError(TriggererError, RuntimeError):
     """Raised when the watched database cannot be opened or a watcher query fails.
 
     The driver's own exception is chained as ``__cause__``; callers need not import aiosqlite
-    or asyncpg to catch it.
+    or asyncpg to catch it. ``transient`` is true when the server could not be reached or the
+    connection was lost or went silent (a new connection may work), false when the database
+    refused what was asked (a missing table, bad credentials).
     """
 
-    def __init__(self, table: str, action: str, cause: BaseException) -> None:
+    def __init__(
+        self, table: str, action: str, cause: BaseException, *, transient: bool = False
+    ) -> None:
         super().__init__(f"table {table!r}: {action} failed: {type(cause).__name__}: {cause}")
         self.table = table
+        self.transient = transient
 
 
 # -- what every driver shares ---------------------------------------------------------------------
-
-
-def check_identifier(owner: str, name: str, value: object) -> str:
-    """Return ``value`` if it matches ``[A-Za-z_][A-Za-z0-9_]*`` (63 at most).
-
-    The drivers quote it, which keeps reserved words usable and makes the match exact:
-    PostgreSQL folds unquoted names to lower case when a table is created, so ``Events`` must
-    be given as ``events``.
-    """
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: {name} must be a str, got {type(value).__name__}")
-    if not _IDENTIFIER.fullmatch(value):
-        raise ValueError(
-            f"{owner}: {name} {value!r} is not a plain SQL identifier (letters, digits and "
-            "underscores, not starting with a digit, at most 63 characters)"
-        )
-    return value
-
-
-def check_table(owner: str, value: object) -> list[str]:
-    """The parts of a table name, optionally qualified by one schema: ``schema.table``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: table must be a str, got {type(value).__name__}")
-    parts = value.split(".")
-    if len(parts) > 2:
-        raise ValueError(f"{owner}: table {value!r} has more than one '.' (use schema.table)")
-    return [check_identifier(owner, "table", part) for part in parts]
-
-
-def to_json_value(value: Any) -> Any:
-    """Turn one database value into JSON: timestamps as ISO 8601, bytes as base64, and so on.
-
-    Decimals become strings (no precision is lost), non-finite floats become the strings
-    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, intervals become seconds.
-    """
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json_value(item) for item in value]
-    return str(value)
 
 
 class Query:
@@ -180,9 +126,15 @@ class Source(abc.ABC):
         except TimeoutError as exc:
             self._broken = True
             silent = TimeoutError(f"no answer within {self._timeout:g} s")
-            raise SqlSourceError(self._table, action, silent) from exc
+            raise SqlSourceError(self._table, action, silent, transient=True) from exc
         except self._errors as exc:
-            raise SqlSourceError(self._table, action, exc) from exc
+            lost = self._lost(exc)
+            self._broken = self._broken or lost
+            raise SqlSourceError(self._table, action, exc, transient=lost) from exc
+
+    def _lost(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the connection is gone (not that the query was refused)."""
+        return isinstance(exc, OSError)
 
     async def aclose(self) -> None:
         """Close the connection (drop it, after a query that timed out); a second call does
@@ -319,6 +271,24 @@ class _PostgresSource(Source):
     def _abort(self) -> None:
         self._connection.terminate()
 
+    def _lost(self, exc: BaseException) -> bool:
+        return _postgres_lost(exc)
+
+
+def _postgres_lost(exc: BaseException) -> bool:
+    import asyncpg.exceptions as pg
+
+    lost = (
+        OSError,
+        pg.InterfaceError,  # the connection is closed
+        pg.PostgresConnectionError,
+        pg.CannotConnectNowError,
+        pg.TooManyConnectionsError,
+        pg.AdminShutdownError,
+        pg.CrashShutdownError,
+    )
+    return isinstance(exc, lost)
+
 
 class PostgresDriver(Driver):
     """PostgreSQL through asyncpg."""
@@ -353,9 +323,10 @@ class PostgresDriver(Driver):
                 )
         except TimeoutError as exc:
             silent = TimeoutError(f"no answer within {bound:g} s")
-            raise SqlSourceError(table, f"connecting to {where}", silent) from exc
+            raise SqlSourceError(table, f"connecting to {where}", silent, transient=True) from exc
         except (OSError, asyncpg.PostgresError) as exc:
-            raise SqlSourceError(table, f"connecting to {where}", exc) from exc
+            lost = _postgres_lost(exc)
+            raise SqlSourceError(table, f"connecting to {where}", exc, transient=lost) from exc
         errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
         source = _PostgresSource(connection, table, errors, timeout=bound, where=where)
         async with _closing(source):
@@ -372,6 +343,9 @@ class _MysqlSource(Source):
             rows = await cursor.fetchall()
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _lost(self, exc: BaseException) -> bool:
+        return _mysql_lost(exc)
 
     async def _close(self) -> None:
         """Say goodbye to the server (COM_QUIT); a connection that cannot is just dropped."""
@@ -438,12 +412,26 @@ class MysqlDriver(Driver):
                 )
         except TimeoutError as exc:
             silent = TimeoutError(f"no answer within {bound:g} s")
-            raise SqlSourceError(table, f"connecting to {where}", silent) from exc
+            raise SqlSourceError(table, f"connecting to {where}", silent, transient=True) from exc
         except errors as exc:
-            raise SqlSourceError(table, f"connecting to {where}", exc) from exc
+            lost = _mysql_lost(exc)
+            raise SqlSourceError(table, f"connecting to {where}", exc, transient=lost) from exc
         source = _MysqlSource(connection, table, errors, timeout=bound, where=where)
         async with _closing(source):
             yield source
+
+
+_MYSQL_LOST = frozenset({1040, 1053, 2003, 2006, 2013, 2055})
+"""Too many connections, server shutdown, cannot connect, server gone, connection lost."""
+
+
+def _mysql_lost(exc: BaseException) -> bool:
+    import pymysql
+
+    if isinstance(exc, OSError | pymysql.err.InterfaceError):
+        return True
+    code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
+    return code in _MYSQL_LOST
 
 
 # -- choosing one ---------------------------------------------------------------------------------
