@@ -3,7 +3,8 @@
 Each kind runs in a fresh interpreter (:mod:`tests.watchers.cold_start`) through a
 :class:`~watchkeeper.triggerer.TriggerRunner` whose lag monitor reports any block over 0.1 s,
 against a real source holding one item, until that item committed. A client library imported
-on the loop (hundreds of milliseconds for some) shows up as ``loop_blocked`` naming the trigger.
+on the loop (hundreds of milliseconds for some) shows up as ``loop_blocked`` naming the trigger,
+in every fresh interpreter.
 """
 
 from __future__ import annotations
@@ -265,11 +266,20 @@ async def test_a_cold_start_does_not_block_the_loop(
     than the lag monitor's 0.1 s: no ``loop_blocked`` names it."""
     if kind == "postgres":
         request.getfixturevalue("pg_dsn")  # skips (or fails in CI) when PostgreSQL is down
-    async with KINDS[kind](tmp_path) as (classpath, kwargs):
-        lines = await anyio.to_thread.run_sync(run_cold, classpath, kwargs)
-    blocked = [
-        line
-        for line in lines
-        if line.get("event") == "loop_blocked" and line.get("trigger_id") == "cold"
-    ]
-    assert [(line["blocked_for"], line["location"]) for line in blocked] == []
+    # A machine under load stalls a process now and then, whatever it runs: a block counts
+    # when a second fresh interpreter (its imports cold again) shows one too.
+    runs: list[list[tuple[float, str]]] = []
+    for attempt in range(2):
+        where = tmp_path / f"run{attempt}"
+        where.mkdir()
+        async with KINDS[kind](where) as (classpath, kwargs):
+            lines = await anyio.to_thread.run_sync(run_cold, classpath, kwargs)
+        blocked = [
+            (line["blocked_for"], line["location"])
+            for line in lines
+            if line.get("event") == "loop_blocked" and line.get("trigger_id") == "cold"
+        ]
+        if not blocked:
+            return
+        runs.append(blocked)
+    assert runs == []
