@@ -484,3 +484,40 @@ class TestMqttWatcher:
             outcome = await through_a_black_hole(watcher, proxy, publish, _data_number)
         outcome.numbers.sort()  # what the dead connection held is resent after the reconnect
         assert_survived(outcome, proxy, topic, proxy.dsn_host, "reconnecting")
+
+
+class TestAnUnreachableSource:
+    async def test_a_database_that_refuses_connections_is_waited_for(
+        self, pg_dsn: str, pg_table: str
+    ) -> None:
+        """A server that cannot be reached at all is not a failure of the watcher (one failure
+        would make it ``failed`` here): it shows ``backing_off`` naming the server, retries,
+        and reads the rows once it can."""
+        pg = await asyncpg.connect(pg_dsn)
+        try:
+            await pg.executemany(f"INSERT INTO {pg_table} VALUES ($1, $2)", [(1, 1), (2, 2)])
+        finally:
+            await pg.close()
+        async with open_proxy(urlsplit(pg_dsn).port or 5432) as proxy:
+            proxy.refuse()
+            watcher = SqlTableWatcher(
+                _via(pg_dsn, proxy), pg_table, "seq", "id", poll_interval=0.05, timeout=2
+            )
+            config = CONFIG.model_copy(update={"max_failures": 1})
+            async with MemoryStateBackend() as backend:
+                await backend.aregister_assets([ASSET])
+                async with TriggerRunner(backend, config) as runner:
+                    with runner.subscribe() as events:
+                        await runner.start_trigger(WatchSpec("refused", watcher, (ASSET,), (NAME,)))
+                        with anyio.fail_after(30):
+                            while True:
+                                (status,) = runner.statuses()
+                                if status.state == "backing_off" and status.last_error:
+                                    break
+                                await anyio.sleep(0.01)
+                            proxy.accept()
+                            got = [(await events.receive()).payload["id"] for _ in range(2)]
+                        (status,) = runner.statuses()
+        assert got == [1, 2]
+        assert proxy.dsn_host in (status.last_error or "")
+        assert status.state == "running"
