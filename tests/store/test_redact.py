@@ -75,3 +75,59 @@ class TestRedactSecrets:
         """Mail addresses, ports and plain key=value pairs are left alone."""
         text = "mail ops@example.com; see http://db:5432/wk?mode=ro; retries=3"
         assert redact_secrets(text) == text
+
+
+class TestOneRuleForUrls:
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "password",
+            "passwd",
+            "pwd",
+            "secret",
+            "token",
+            "access_token",
+            "api_key",
+            "apikey",
+            "key",
+            "signature",
+            "sig",
+            "auth",
+            "API_KEY",
+            "Access_Token",
+            "client_secret",
+            "refresh_token",
+            "x-api-key",
+            "X-Amz-Signature",
+        ],
+    )
+    def test_a_credential_parameter_is_masked_in_urls_and_text(self, name: str) -> None:
+        """Each credential parameter (any case) is masked by both tools, the others kept."""
+        url = f"https://api.example/v1?page=2&{name}=s3cr3t&n=1"
+        shown = f"https://api.example/v1?page=2&{name}=***&n=1"
+        assert redact_dsn(url) == shown
+        assert redact_secrets(f"GET {url} failed") == f"GET {shown} failed"
+        assert redact_secrets(f'{{"url": "/v1?{name}=s3cr3t"}}') == f'{{"url": "/v1?{name}=***"}}'
+
+    @pytest.mark.parametrize("name", ["monkey", "keyboard", "cursor", "sort_key", "author"])
+    def test_other_parameters_are_kept(self, name: str) -> None:
+        """Names that only contain a short credential name are not credentials."""
+        url = f"https://api.example/v1?{name}=visible"
+        assert redact_dsn(url) == url
+        assert redact_secrets(url) == url
+
+    def test_a_fragment_and_a_userinfo_password_go_too(self) -> None:
+        url = "https://reader:pa55@api.example/cb?x=1#access_token=s3cr3t&state=ok"
+        shown = "https://reader:***@api.example/cb?x=1#access_token=***&state=ok"
+        assert redact_dsn(url) == shown
+        assert redact_secrets(url) == shown
+
+    @pytest.mark.parametrize("scheme", ["nats", "tls", "ws", "wss"])
+    def test_a_lone_nats_user_is_a_token(self, scheme: str) -> None:
+        assert redact_dsn(f"{scheme}://t0ken@host:4222") == f"{scheme}://***@host:4222"
+        assert redact_secrets(f"to {scheme}://t0ken@host:4222") == f"to {scheme}://***@host:4222"
+
+    def test_key_value_fields_outside_a_query_are_kept(self) -> None:
+        """A log field ``key=5`` is not a query parameter: left alone."""
+        text = "late_row table=orders key=5 token_count=3"
+        assert redact_secrets(text) == text

@@ -470,6 +470,45 @@ class TestHttpPollWatcherSecrets:
         for secret in SECRETS:
             assert secret not in logged
 
+    async def test_credentials_in_the_query_string_stay_out_of_logs_and_status(
+        self, api: Api, backend: MemoryStateBackend
+    ) -> None:
+        """An endpoint answering 500 to a URL whose query carries credentials (any case): the
+        retry warnings, the failure, the rendered log lines and the watcher's status show
+        none of their values, and the other parameters as they are."""
+        api.respond = lambda _request: Reply(500)
+        host = api.url.removeprefix("http://")
+        secrets = ("k3y-v4lue", "t0k3n-v4lue", "s1g-v4lue", "pa55word")
+        watcher = HttpPollWatcher(
+            f"http://reader:pa55word@{host}/feed?api_key=k3y-v4lue&page=2"
+            "&Access_Token=t0k3n-v4lue&sig=s1g-v4lue",
+            items="items",
+            retries=2,
+            **FAST,
+        )
+        out = LogStream("trigger_failed")
+        configure_logging("debug", "json", stream=out)
+        await backend.aregister_assets([ASSET])
+        config = RunnerConfig(max_failures=1, status_interval=0, lag_threshold=0)
+        async with TriggerRunner(backend, config) as runner:
+            await runner.start_trigger(WatchSpec("http", watcher, (ASSET,), (NAME,)))
+            with anyio.fail_after(10):
+                await out.seen.wait()
+            statuses = runner.statuses()
+        logged = out.getvalue()
+        lines = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+        retries = [line for line in lines if line["event"] == "http_retry"]
+        assert len(retries) == 2
+        assert any("HTTP Request: GET" in line["event"] for line in lines)  # httpx's own line
+        status = statuses[0]
+        assert status.last_error is not None and "HTTP 500" in status.last_error
+        shown = " ".join([logged, repr(status), repr(watcher)])
+        for secret in secrets:
+            assert secret not in shown
+        assert "api_key=***&page=2&Access_Token=***&sig=***" in retries[0]["url"]
+        assert "api_key=***&page=2" in status.last_error
+        assert len(api.requests) == 3  # the credentials did reach the server
+
     async def test_a_missing_environment_variable_is_named(
         self, api: Api, backend: MemoryStateBackend, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -611,6 +611,7 @@ class TestSqlTableWatcherArguments:
             "poll_interval": 0.5,
             "lag_window": 7,
             "columns": ["a", "b"],
+            "timeout": 10.0,
         }
         copy = rebuilt(watcher)
         assert copy == watcher

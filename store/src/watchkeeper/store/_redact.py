@@ -1,15 +1,25 @@
-"""Passwords out of everything watchkeeper prints: DSNs, error messages, reprs, log lines.
+"""Secrets out of everything watchkeeper prints: DSNs, URLs, error messages, reprs, log lines.
 
-Two tools, one for each kind of input:
+One rule for every URL, whoever prints it: its secrets are
 
-- :func:`redact_dsn` takes one connection string, parses it, and returns it with its password
-  replaced by ``***``: a URL's ``user:password@``, a ``?password=`` query parameter, or the
-  ``password=`` of a keyword DSN (``host=db password=s``). A string that parses as neither
-  form is never echoed: the result is ``<unparsable dsn>``.
+- the password of its userinfo (``user:password@``), and the whole userinfo of a NATS URL
+  (``nats://TOKEN@host``, ``tls://``, ``ws://``, ``wss://``), where a lone user is a token;
+- the value of every query (or fragment) parameter that carries a credential, named, in any
+  case, ``password``, ``passwd``, ``pwd``, ``secret``, ``token``, ``access_token``,
+  ``api_key``, ``apikey``, ``key``, ``signature``, ``sig`` or ``auth``; a name that ends in
+  one of the longer of these (``sslpassword``, ``client_secret``, ``refresh_token``,
+  ``x-api-key``, ``X-Amz-Signature``) counts too.
+
+Each secret becomes ``***``. Two tools apply it, one for each kind of input:
+
+- :func:`redact_dsn` takes one connection string or URL, parses it, and returns it with its
+  secrets masked, and also the ``password=`` of a keyword DSN (``host=db password=s``). A
+  string that parses as neither form is never echoed: the result is ``<unparsable dsn>``.
 - :func:`redact_secrets` takes free text (an exception message, a repr, a rendered log line)
-  and replaces the password of every URL and every ``password=value`` in it. It cannot know
-  every secret; it removes the ones a connection string carries, which is how a password
-  usually travels through a program.
+  and masks the secrets of every URL in it, every credential parameter of a query string
+  (``?token=…``, ``&api_key=…``, also of a relative URL) and every ``password=value``. It
+  cannot know every secret; it removes the ones a URL or a connection string carries, which
+  is how a credential usually travels through a program.
 """
 
 from __future__ import annotations
@@ -29,6 +39,20 @@ UNPARSABLE_DSN: Final = "<unparsable dsn>"
 # Keys that carry a password in libpq's keyword DSNs and in URL query strings (``password``,
 # ``sslpassword``, and the ``db_password``/``passwd``/``pwd`` spellings of other drivers).
 _PASSWORD_KEY: Final = r"[A-Za-z0-9_]*(?:password|passwd|pwd)"
+
+# Query (and fragment) parameters that carry a credential: the names of the module docstring;
+# a longer one may end a longer name (client_secret, x-api-key), the short ones stand alone.
+_QUERY_SECRET = re.compile(
+    r"(?P<head>[?&;#]"
+    r"(?:[A-Za-z0-9_.-]*(?:password|passwd|pwd|secret|token|api_key|apikey|api-key|signature)"
+    r"|key|sig|auth)=)"
+    r"[^\s&#'\"\\)\]}<>]+",
+    re.IGNORECASE,
+)
+
+# A lone user is a token in these schemes (nats://TOKEN@host).
+_TOKEN_USER_SCHEMES: Final = frozenset({"nats", "tls", "ws", "wss"})
+_TOKEN_USERINFO = re.compile(r"(?P<head>\b(?:nats|tls|wss?)://)[^\s:/@'\"]+@", re.IGNORECASE)
 
 # scheme://user:password@ — the user part has no ':', '/', '@', quote or space; the password
 # runs to the last '@' before a '/', a quote or a space (an unencoded '@' stays inside the match,
@@ -55,21 +79,25 @@ def redact_secrets(text: str) -> str:
     """``text`` with the password of every URL and every ``password=...`` replaced by ``***``.
 
     ``"cannot reach redis://:hunter2@cache:6379/0"`` becomes
-    ``"cannot reach redis://:***@cache:6379/0"``. Text without either form comes back
-    unchanged, so calling this on every log line costs a scan and nothing more.
+    ``"cannot reach redis://:***@cache:6379/0"``, ``"GET /feed?api_key=abc&n=1"`` becomes
+    ``"GET /feed?api_key=***&n=1"``. Text without any of these forms comes back unchanged, so
+    calling this on every log line costs a scan and nothing more.
     """
     if "@" in text:
         text = _URL_USERINFO.sub(rf"\g<head>:{MASK}@", text)
+        text = _TOKEN_USERINFO.sub(rf"\g<head>{MASK}@", text)
     if "=" in text:
         text = _KEYWORD_VALUE.sub(rf"\g<head>{MASK}", text)
+        text = _QUERY_SECRET.sub(rf"\g<head>{MASK}", text)
     return text
 
 
 def redact_dsn(dsn: str) -> str:
-    """The connection string ``dsn`` with its password replaced by ``***``, for messages.
+    """The connection string or URL ``dsn`` with its secrets replaced by ``***``, for messages.
 
-    Handles URLs (``postgresql://user:secret@host/db``, ``...?password=secret``) and libpq
-    keyword DSNs (``host=db user=app password='s e c'``). Anything else, including a URL that
+    Handles URLs (``postgresql://user:secret@host/db``, ``...?password=secret``,
+    ``https://host/feed?api_key=secret``, ``nats://TOKEN@host``: the rule of the module
+    docstring) and libpq keyword DSNs (``host=db user=app password='s e c'``). Anything else, including a URL that
     does not parse (a bad port, a space), is returned as ``<unparsable dsn>``: text that cannot
     be parsed cannot be shown to be free of a password.
     """
@@ -91,12 +119,15 @@ def _redact_url(dsn: str) -> str:
     after = dsn[len(head) :]
     end = next((i for i, ch in enumerate(after) if ch in "/?#"), len(after))
     userinfo, at, hostport = after[:end].rpartition("@")  # the host follows the last '@'
-    if at and ":" in userinfo:
+    if at and parts.scheme.lower() in _TOKEN_USER_SCHEMES:
+        head += f"{MASK}@{hostport}"
+    elif at and ":" in userinfo:
         user = userinfo.partition(":")[0]
         head += f"{user}:{MASK}@{hostport}"
     else:
         head += after[:end]
-    return head + _KEYWORD_VALUE.sub(rf"\g<head>{MASK}", after[end:])
+    rest = _KEYWORD_VALUE.sub(rf"\g<head>{MASK}", after[end:])
+    return head + _QUERY_SECRET.sub(rf"\g<head>{MASK}", rest)
 
 
 def _redact_conninfo(dsn: str) -> str:

@@ -9,11 +9,12 @@ section) both extend it, so a setting means the same and is checked the same in 
 
 from __future__ import annotations
 
+import random
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["RunnerConfig", "SupervisionSettings"]
+__all__ = ["RunnerConfig", "SupervisionSettings", "backoff_delay"]
 
 
 class SupervisionSettings(BaseModel):
@@ -75,3 +76,13 @@ class RunnerConfig(SupervisionSettings):
     """Seconds between status saves (0: never save)."""
     owner: str | None = None
     """Daemon identity in ``TriggerStatus.owner`` and in the fences of leased triggers."""
+
+
+def backoff_delay(failures: int, config: RunnerConfig) -> float:
+    """The delay before restart number ``failures``: doubling, capped, then jittered."""
+    exponent = min(max(failures - 1, 0), 64)
+    base = min(config.backoff_max, config.backoff_initial * 2.0**exponent)
+    jitter = config.backoff_jitter
+    if jitter:
+        base *= 1.0 + random.uniform(-jitter, jitter)
+    return max(base, 0.0)

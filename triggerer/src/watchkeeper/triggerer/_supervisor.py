@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import random
 import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -58,7 +57,7 @@ from watchkeeper.store.backend import (
 )
 
 from ._commit import EventEncoder
-from ._config import RunnerConfig
+from ._config import RunnerConfig, backoff_delay
 from ._describe import describe_error, lease_lost
 from ._portal import note_portal_class, open_portal_for, wants_portal_up_front
 from .errors import InvalidEventError
@@ -199,6 +198,13 @@ class TriggerSlot:
             self._done = anyio.Event()
         await self._done.wait()
 
+    def source_status(self, trouble: str | None) -> None:
+        """``backing_off`` with ``trouble`` (see ``BaseEventTrigger.report_source``), or back."""
+        if trouble is not None:
+            self.state, self.last_error = "backing_off", trouble
+        elif self.state == "backing_off":
+            self.state = "running"
+
     def change_key(self) -> tuple[object, ...]:
         """The parts of the status that change while the trigger runs (not ``updated_at``)."""
         return (self.state, self.failures, self.last_error, self.events, self.last_event_at)
@@ -258,6 +264,7 @@ async def drive_trigger(
         AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
     )
     trigger.bind_watcher_name(slot.watcher_name)
+    trigger.bind_source_status(slot.source_status)
     try:
         events: object = trigger.run()
         if not isinstance(events, AsyncIterator):
@@ -314,6 +321,7 @@ async def drive_trigger(
     finally:
         trigger.bind_asset_state_store(None)
         trigger.bind_watcher_name(None)
+        trigger.bind_source_status(None)
         await _cleanup(slot, cleanup_timeout)
 
 
@@ -344,16 +352,6 @@ async def _cleanup(slot: TriggerSlot, limit: float) -> None:
             )
     finally:
         slot.in_cleanup = False
-
-
-def backoff_delay(failures: int, config: RunnerConfig) -> float:
-    """The delay before restart number ``failures``: doubling, capped, then jittered."""
-    exponent = min(max(failures - 1, 0), 64)
-    base = min(config.backoff_max, config.backoff_initial * 2.0**exponent)
-    jitter = config.backoff_jitter
-    if jitter:
-        base *= 1.0 + random.uniform(-jitter, jitter)
-    return max(base, 0.0)
 
 
 async def supervise(

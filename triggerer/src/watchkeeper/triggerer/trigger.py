@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,7 @@ class BaseEventTrigger(BaseTrigger):
 
     _wk_accessors: AssetStateStoreAccessors | None = None
     _wk_watcher_name: str | None = None
+    _wk_source_status: Callable[[str | None], None] | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -153,6 +154,7 @@ class BaseEventTrigger(BaseTrigger):
         # attribute layout (CPython then shares one key table among them).
         self._wk_accessors = None
         self._wk_watcher_name = None
+        self._wk_source_status = None
 
     @property
     def asset_state_store(self) -> AssetStateStoreAccessors:
@@ -179,6 +181,22 @@ class BaseEventTrigger(BaseTrigger):
     def bind_watcher_name(self, name: str | None) -> None:
         """Used by the runtime (and the test kit) to bind or unbind the watcher's name."""
         self._wk_watcher_name = name
+
+    def report_source(self, trouble: str | None) -> None:
+        """Say, from inside ``run()`` (on the event loop), that the source cannot be reached.
+
+        ``trouble`` is why (the source's address in it, its secrets masked here too): the
+        watcher's status turns ``backing_off`` with it as ``last_error`` while ``run()`` retries
+        or reconnects by itself. ``None`` says the source answers again: the status returns to
+        ``running``. Outside a runtime (no one bound) this does nothing.
+        """
+        hook = self._wk_source_status
+        if hook is not None:
+            hook(None if trouble is None else redact_secrets(trouble))
+
+    def bind_source_status(self, hook: Callable[[str | None], None] | None) -> None:
+        """Used by the runtime to bind or unbind what :meth:`report_source` calls."""
+        self._wk_source_status = hook
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import random
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from watchkeeper.triggerer import TriggererError
 
@@ -63,25 +63,15 @@ def require_client(owner: str, module: str, extra: str) -> None:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without secrets: a password becomes ``***``, and so does a bare token
-    (``nats://TOKEN@host``, where the user part alone is the credential)."""
-    redacted = redact_dsn(url)
-    if redacted != url:
-        return redacted
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    if parts.username is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+    """``url`` without secrets, by the one rule of every URL watchkeeper prints (see
+    :func:`~watchkeeper.store.backend.redact_dsn`): a password, a bare NATS token
+    (``nats://TOKEN@host``) and credential query parameters become ``***``."""
+    return redact_dsn(url)
 
 
 def url_secrets(*urls: str) -> list[str]:
-    """The secrets in ``urls`` (passwords, bare tokens), to :func:`scrub` from error texts."""
+    """The secrets in ``urls`` (passwords, bare tokens, credential query parameters), to
+    :func:`scrub` from a client's error texts, which may quote them decoded."""
     found: list[str] = []
     for url in urls:
         try:
@@ -89,9 +79,13 @@ def url_secrets(*urls: str) -> list[str]:
         except ValueError:
             continue
         if parts.password:
-            found.append(parts.password)
-        elif parts.username and parts.scheme.startswith("nats"):
-            found.append(parts.username)
+            found += [parts.password, unquote(parts.password)]
+        elif parts.username and redact_dsn(url) != url:
+            found += [parts.username, unquote(parts.username)]
+        masked = dict(parse_qsl(urlsplit(redact_dsn(url)).query, keep_blank_values=True))
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            if value and masked.get(name) != value:
+                found.append(value)
     return found
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
+import sys
 
 import anyio
+import anyio.to_thread
 from watchkeeper.triggerer import BaseEventTrigger
 
 __all__ = [
@@ -16,6 +19,7 @@ __all__ = [
     "check_positive",
     "check_positive_int",
     "check_str",
+    "import_off_loop",
     "sleep_jittered",
     "sleep_spread",
 ]
@@ -64,6 +68,31 @@ def check_positive_int(owner: str, name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{owner}: {name} must be at least 1, got {value!r}")
     return value
+
+
+def _loaded(name: str) -> bool:
+    """True when module ``name`` is imported completely (not still executing somewhere)."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and not getattr(spec, "_initializing", False)
+
+
+def _import_all(names: tuple[str, ...]) -> None:
+    for name in names:
+        importlib.import_module(name)
+
+
+async def import_off_loop(*names: str) -> None:
+    """Import the modules ``names`` in a worker thread, so the event loop never waits for them.
+
+    A client library takes a good part of a second to import the first time; imported on the
+    loop, that is a blocked loop for every other watcher of the process. Once imported, the
+    ``import`` statements inside a watcher are dictionary look-ups. Returns at once when every
+    module is loaded already; raises what the import raises (``ImportError`` for a missing
+    extra).
+    """
+    if not all(_loaded(name) for name in names):
+        await anyio.to_thread.run_sync(_import_all, names)
 
 
 async def sleep_spread(interval: float) -> None:

@@ -16,15 +16,10 @@ identifiers are checked against a strict pattern and quoted, never formatted raw
 from __future__ import annotations
 
 import abc
-import base64
 import contextlib
-import datetime as dt
-import decimal
 import json
 import math
-import re
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
@@ -33,6 +28,9 @@ import anyio
 import anyio.to_thread
 from watchkeeper.store.backend import redact_dsn
 from watchkeeper.triggerer import TriggererError
+
+from ._common import import_off_loop
+from ._sql_values import check_identifier, check_table, to_json_value
 
 __all__ = [
     "DRIVERS",
@@ -50,7 +48,6 @@ __all__ = [
     "to_json_value",
 ]
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _CLOSE_TIMEOUT = 5.0
 
 
@@ -58,69 +55,20 @@ class SqlSourceError(TriggererError, RuntimeError):
     """Raised when the watched database cannot be opened or a watcher query fails.
 
     The driver's own exception is chained as ``__cause__``; callers need not import aiosqlite
-    or asyncpg to catch it.
+    or asyncpg to catch it. ``transient`` is true when the server could not be reached or the
+    connection was lost or went silent (a new connection may work), false when the database
+    refused what was asked (a missing table, bad credentials).
     """
 
-    def __init__(self, table: str, action: str, cause: BaseException) -> None:
+    def __init__(
+        self, table: str, action: str, cause: BaseException, *, transient: bool = False
+    ) -> None:
         super().__init__(f"table {table!r}: {action} failed: {type(cause).__name__}: {cause}")
         self.table = table
+        self.transient = transient
 
 
 # -- what every driver shares ---------------------------------------------------------------------
-
-
-def check_identifier(owner: str, name: str, value: object) -> str:
-    """Return ``value`` if it matches ``[A-Za-z_][A-Za-z0-9_]*`` (63 at most).
-
-    The drivers quote it, which keeps reserved words usable and makes the match exact:
-    PostgreSQL folds unquoted names to lower case when a table is created, so ``Events`` must
-    be given as ``events``.
-    """
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: {name} must be a str, got {type(value).__name__}")
-    if not _IDENTIFIER.fullmatch(value):
-        raise ValueError(
-            f"{owner}: {name} {value!r} is not a plain SQL identifier (letters, digits and "
-            "underscores, not starting with a digit, at most 63 characters)"
-        )
-    return value
-
-
-def check_table(owner: str, value: object) -> list[str]:
-    """The parts of a table name, optionally qualified by one schema: ``schema.table``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: table must be a str, got {type(value).__name__}")
-    parts = value.split(".")
-    if len(parts) > 2:
-        raise ValueError(f"{owner}: table {value!r} has more than one '.' (use schema.table)")
-    return [check_identifier(owner, "table", part) for part in parts]
-
-
-def to_json_value(value: Any) -> Any:
-    """Turn one database value into JSON: timestamps as ISO 8601, bytes as base64, and so on.
-
-    Decimals become strings (no precision is lost), non-finite floats become the strings
-    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, intervals become seconds.
-    """
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json_value(item) for item in value]
-    return str(value)
 
 
 class Query:
@@ -145,29 +93,66 @@ class Query:
 class Source(abc.ABC):
     """An open connection to the watched database; query failures become SqlSourceError.
 
-    ``errors`` are the driver's exception types for database-side failures.
+    ``errors`` are the driver's exception types for database-side failures. Each query must
+    answer within ``timeout`` seconds: a server that went silent (a dropped network path keeps
+    a connection open without a byte ever coming back) fails the query with
+    :class:`SqlSourceError` instead of holding the watcher forever, and the connection, which
+    may still deliver the abandoned answer, is dropped rather than closed politely.
     """
 
     def __init__(
-        self, connection: Any, table: str, errors: tuple[type[BaseException], ...]
+        self,
+        connection: Any,
+        table: str,
+        errors: tuple[type[BaseException], ...],
+        *,
+        timeout: float = math.inf,
+        where: str = "",
     ) -> None:
         self._connection = connection
         self._table = table
         self._errors = errors
+        self._timeout = timeout
+        self._where = where
         self._closed = False
+        self._broken = False
 
     async def fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         """Run one SELECT and return its rows as dicts of column name to driver value."""
+        action = f"reading rows from {self._where}" if self._where else "reading rows"
         try:
-            return await self._fetch(sql, params)
+            with anyio.fail_after(self._timeout):
+                return await self._fetch(sql, params)
+        except TimeoutError as exc:
+            self._broken = True
+            silent = TimeoutError(f"no answer within {self._timeout:g} s")
+            raise SqlSourceError(self._table, action, silent, transient=True) from exc
         except self._errors as exc:
-            raise SqlSourceError(self._table, "reading rows", exc) from exc
+            lost = self._lost(exc)
+            self._broken = self._broken or lost
+            raise SqlSourceError(self._table, action, exc, transient=lost) from exc
+
+    def _lost(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the connection is gone (not that the query was refused)."""
+        return isinstance(exc, OSError)
 
     async def aclose(self) -> None:
-        """Close the connection; a second call does nothing."""
-        if not self._closed:
-            self._closed = True
-            await self._connection.close()
+        """Close the connection (drop it, after a query that timed out); a second call does
+        nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._broken:
+            self._abort()
+        else:
+            await self._close()
+
+    async def _close(self) -> None:
+        await self._connection.close()
+
+    def _abort(self) -> None:
+        """Drop the connection at once, without a word to the server."""
+        self._connection.close()
 
     @abc.abstractmethod
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]: ...
@@ -200,8 +185,14 @@ class Driver(abc.ABC):
         """See :meth:`Query.not_among`."""
 
     @abc.abstractmethod
-    def open(self, target: str, table: str) -> contextlib.AbstractAsyncContextManager[Source]:
-        """Open the database for the duration of the block; closed however it ends."""
+    def open(
+        self, target: str, table: str, bound: float = math.inf
+    ) -> contextlib.AbstractAsyncContextManager[Source]:
+        """Open the database for the duration of the block; closed however it ends.
+
+        Connecting, and then each query, must finish within ``bound`` seconds, else
+        :class:`SqlSourceError`.
+        """
 
 
 # -- SQLite ---------------------------------------------------------------------------------------
@@ -213,6 +204,10 @@ class _SqliteSource(Source):
             rows = await cursor.fetchall()
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _abort(self) -> None:
+        """aiosqlite has no abrupt close: ask its thread to close after the query it runs."""
+        self._connection.stop()
 
 
 class SqliteDriver(Driver):
@@ -240,7 +235,8 @@ class SqliteDriver(Driver):
         )
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
+        await import_off_loop("aiosqlite")
         import aiosqlite
 
         action = f"opening SQLite database {target!r}"
@@ -259,7 +255,8 @@ class SqliteDriver(Driver):
                 with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                     await anyio.to_thread.run_sync(worker.join)
             raise SqlSourceError(table, action, exc) from exc
-        async with _closing(_SqliteSource(connection, table, (sqlite3.Error,))) as source:
+        source = _SqliteSource(connection, table, (sqlite3.Error,), timeout=bound)
+        async with _closing(source):
             yield source
 
 
@@ -270,6 +267,27 @@ class _PostgresSource(Source):
     async def _fetch(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         records = await self._connection.fetch(sql, *params)
         return [dict(record) for record in records]
+
+    def _abort(self) -> None:
+        self._connection.terminate()
+
+    def _lost(self, exc: BaseException) -> bool:
+        return _postgres_lost(exc)
+
+
+def _postgres_lost(exc: BaseException) -> bool:
+    import asyncpg.exceptions as pg
+
+    lost = (
+        OSError,
+        pg.InterfaceError,  # the connection is closed
+        pg.PostgresConnectionError,
+        pg.CannotConnectNowError,
+        pg.TooManyConnectionsError,
+        pg.AdminShutdownError,
+        pg.CrashShutdownError,
+    )
+    return isinstance(exc, lost)
 
 
 class PostgresDriver(Driver):
@@ -293,15 +311,25 @@ class PostgresDriver(Driver):
         return f"{column} <> ALL({query.param(list(keys))})"
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
+        await import_off_loop("asyncpg")
         import asyncpg
 
+        where = repr(redact_dsn(target))
         try:
-            connection = await asyncpg.connect(target)
+            with anyio.fail_after(bound):
+                connection = await asyncpg.connect(
+                    target, timeout=min(bound, 60.0), command_timeout=None
+                )
+        except TimeoutError as exc:
+            silent = TimeoutError(f"no answer within {bound:g} s")
+            raise SqlSourceError(table, f"connecting to {where}", silent, transient=True) from exc
         except (OSError, asyncpg.PostgresError) as exc:
-            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
+            lost = _postgres_lost(exc)
+            raise SqlSourceError(table, f"connecting to {where}", exc, transient=lost) from exc
         errors = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)
-        async with _closing(_PostgresSource(connection, table, errors)) as source:
+        source = _PostgresSource(connection, table, errors, timeout=bound, where=where)
+        async with _closing(source):
             yield source
 
 
@@ -316,11 +344,11 @@ class _MysqlSource(Source):
             names = [column[0] for column in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in rows]
 
-    async def aclose(self) -> None:
+    def _lost(self, exc: BaseException) -> bool:
+        return _mysql_lost(exc)
+
+    async def _close(self) -> None:
         """Say goodbye to the server (COM_QUIT); a connection that cannot is just dropped."""
-        if self._closed:
-            return
-        self._closed = True
         try:
             await self._connection.ensure_closed()
         except self._errors:  # the driver's errors and OSError
@@ -362,26 +390,48 @@ class MysqlDriver(Driver):
         return f"{column} NOT IN ({', '.join(query.param(key) for key in keys)})"
 
     @contextlib.asynccontextmanager
-    async def open(self, target: str, table: str) -> AsyncIterator[Source]:
+    async def open(self, target: str, table: str, bound: float = math.inf) -> AsyncIterator[Source]:
+        await import_off_loop("aiomysql", "pymysql")
         import aiomysql  # type: ignore[import-untyped] # no stubs published
         import pymysql  # type: ignore[import-untyped] # no stubs installed
 
         parts = urlsplit(target)
         errors = (pymysql.err.MySQLError, OSError)
+        where = repr(redact_dsn(target))
         try:
-            connection = await aiomysql.connect(
-                host=parts.hostname or "localhost",
-                port=parts.port or 3306,
-                user=unquote(parts.username) if parts.username else None,
-                password=unquote(parts.password) if parts.password else "",
-                db=unquote(parts.path.lstrip("/")) or None,
-                charset="utf8mb4",
-                autocommit=True,
-            )
+            with anyio.fail_after(bound):
+                connection = await aiomysql.connect(
+                    host=parts.hostname or "localhost",
+                    port=parts.port or 3306,
+                    user=unquote(parts.username) if parts.username else None,
+                    password=unquote(parts.password) if parts.password else "",
+                    db=unquote(parts.path.lstrip("/")) or None,
+                    charset="utf8mb4",
+                    autocommit=True,
+                    connect_timeout=min(bound, 60.0),
+                )
+        except TimeoutError as exc:
+            silent = TimeoutError(f"no answer within {bound:g} s")
+            raise SqlSourceError(table, f"connecting to {where}", silent, transient=True) from exc
         except errors as exc:
-            raise SqlSourceError(table, f"connecting to {redact_dsn(target)!r}", exc) from exc
-        async with _closing(_MysqlSource(connection, table, errors)) as source:
+            lost = _mysql_lost(exc)
+            raise SqlSourceError(table, f"connecting to {where}", exc, transient=lost) from exc
+        source = _MysqlSource(connection, table, errors, timeout=bound, where=where)
+        async with _closing(source):
             yield source
+
+
+_MYSQL_LOST = frozenset({1040, 1053, 2003, 2006, 2013, 2055})
+"""Too many connections, server shutdown, cannot connect, server gone, connection lost."""
+
+
+def _mysql_lost(exc: BaseException) -> bool:
+    import pymysql
+
+    if isinstance(exc, OSError | pymysql.err.InterfaceError):
+        return True
+    code = exc.args[0] if isinstance(exc, pymysql.err.OperationalError) and exc.args else None
+    return code in _MYSQL_LOST
 
 
 # -- choosing one ---------------------------------------------------------------------------------

@@ -24,18 +24,17 @@ with the position after them, so the watcher resumes exactly there after a crash
 
 from __future__ import annotations
 
-import email.utils
+import functools
 import hashlib
-import importlib
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import anyio
+import anyio.to_thread
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
 
@@ -45,21 +44,29 @@ from ._common import (
     check_positive,
     check_positive_int,
     check_str,
+    import_off_loop,
     sleep_jittered,
     sleep_spread,
 )
+from ._http_parts import (
+    MISSING,
+    CursorFunction,
+    JsonPath,
+    check_headers,
+    function_path,
+    import_function,
+    json_path,
+    retry_after,
+    without_credentials,
+)
 from ._sql import redact_dsn
 
-__all__ = ["HttpPollWatcher", "HttpSourceError", "JsonPath"]
+__all__ = ["HttpPollWatcher", "HttpSourceError", "JsonPath", "retry_after"]
 
 log = get_logger(__name__)
 
-CursorFunction = Callable[[Any, Mapping[str, str]], str | int | None]
-"""``next_cursor(body, headers)``: the cursor after this response, or None (keep the last)."""
-
 _RETRIED: Final = frozenset({408, 425, 429})  # and every 5xx
 _VALIDATORS: Final = ("etag", "last_modified", "sha256")
-_MISSING: Final = object()
 
 
 class HttpSourceError(TriggererError, RuntimeError):
@@ -70,121 +77,6 @@ class HttpSourceError(TriggererError, RuntimeError):
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(f"{url}: {problem}")
         self.url = url
-
-
-class JsonPath:
-    """A dotted path into a JSON document: ``data.items``, ``meta.next``, ``links.0.href``.
-
-    Each part names a key of an object, or (digits) an index of a list; ``""`` is the document
-    itself. Keys that contain a dot cannot be named; use a function then.
-    """
-
-    __slots__ = ("parts", "text")
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.parts: tuple[str | int, ...] = tuple(
-            int(part) if part.isdigit() else part for part in text.split(".") if text
-        )
-        if any(part == "" for part in self.parts):
-            raise ValueError(f"JSON path {text!r} has an empty part")
-
-    def __repr__(self) -> str:
-        return f"JsonPath({self.text!r})"
-
-    def find(self, document: Any) -> Any:
-        """The value at this path, or ``_MISSING`` when a part is absent."""
-        value = document
-        for part in self.parts:
-            if isinstance(part, int) and isinstance(value, list):
-                if part >= len(value):
-                    return _MISSING
-                value = value[part]
-            elif isinstance(value, dict) and str(part) in value:
-                value = value[str(part)]
-            else:
-                return _MISSING
-        return value
-
-
-def _path(owner: str, name: str, value: object) -> JsonPath | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: {name} must be a JSON path (str) or None, got {value!r}")
-    try:
-        return JsonPath(value)
-    except ValueError as exc:
-        raise ValueError(f"{owner}: {name}: {exc}") from None
-
-
-def _function_path(owner: str, function: Callable[..., Any]) -> str:
-    """``module:qualname`` of a module-level function, so serialize() can name it."""
-    module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
-    if not module or not qualname or "<" in qualname:
-        raise ValueError(
-            f"{owner}: a cursor function must be defined at module level (it is rebuilt from "
-            f"its import path), got {function!r}"
-        )
-    return f"{module}:{qualname}"
-
-
-def _import_function(owner: str, path: object) -> CursorFunction:
-    if not isinstance(path, str) or ":" not in path:
-        raise ValueError(
-            f"{owner}: cursor_function must be an import path 'package.module:function', "
-            f"got {path!r}"
-        )
-    module_name, _, qualname = path.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{owner}: cursor_function {path!r} does not import: {exc}") from exc
-    if not callable(target):
-        raise TypeError(f"{owner}: cursor_function {path!r} is not callable")
-    function: CursorFunction = target
-    return function
-
-
-def _headers(owner: str, name: str, value: object) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
-    ):
-        raise TypeError(f"{owner}: {name} must be a mapping of header names to str values")
-    return dict(value)
-
-
-def _without_credentials(url: str) -> str:
-    """``url`` without its ``user:password@`` part."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"  # an IPv6 address
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=host))
-
-
-def retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (delay-seconds or an HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _refuse_constant(name: str) -> Any:
@@ -209,8 +101,11 @@ class HttpPollWatcher(SerializedEquality):
     ``headers`` are sent with every request; ``env_headers`` maps header names to environment
     variables read when ``run()`` starts, so a token stays out of ``serialize()``. ``repr()``,
     logs and errors show neither header values nor a password in the URL. ``poll_interval``
-    seconds (jittered) separate polls once caught up; ``timeout`` bounds each request; see the
-    module docstring for ``backoff``, ``max_backoff`` and ``retries``.
+    seconds (jittered) separate polls once caught up; ``timeout`` bounds connecting and each
+    read or write of a request, so a server that goes silent fails the request like a timeout;
+    see the module docstring for ``backoff``, ``max_backoff`` and ``retries``. While requests
+    fail and are retried the watcher's status is ``backing_off``, the URL (secrets masked) and
+    the failure as its reason; the next answer makes it ``running`` again.
 
     State key (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name), written
     with every batch of events:
@@ -254,9 +149,9 @@ class HttpPollWatcher(SerializedEquality):
         # variable a logged traceback would show): requests go to the URL without them.
         parts = urlsplit(url)
         self._credentials = (unquote(parts.username or ""), unquote(parts.password or ""))
-        self._public_url = _without_credentials(url)
-        self._items = _path(owner, "items", items)
-        self._item_key = _path(owner, "item_key", item_key)
+        self._public_url = without_credentials(url)
+        self._items = json_path(owner, "items", items)
+        self._item_key = json_path(owner, "item_key", item_key)
         if self._item_key is not None and self._items is None:
             raise ValueError(f"{owner}: item_key needs items (the list whose elements it keys)")
         self._cursor_path: JsonPath | None = None
@@ -265,18 +160,18 @@ class HttpPollWatcher(SerializedEquality):
         if callable(cursor):
             if cursor_function is not None:
                 raise ValueError(f"{owner}: give cursor or cursor_function, not both")
-            self.cursor_function = _function_path(owner, cursor)
+            self.cursor_function = function_path(owner, cursor)
             self._cursor_function = cursor
         elif cursor_function is not None:
             if cursor is not None:
                 raise ValueError(f"{owner}: give cursor or cursor_function, not both")
-            self._cursor_function = _import_function(owner, cursor_function)
+            self._cursor_function = import_function(owner, cursor_function)
             self.cursor_function = cursor_function
         else:
-            self._cursor_path = _path(owner, "cursor", cursor)
+            self._cursor_path = json_path(owner, "cursor", cursor)
         self.cursor_param = check_str(owner, "cursor_param", cursor_param)
-        self.headers = _headers(owner, "headers", headers)
-        self.env_headers = _headers(owner, "env_headers", env_headers)
+        self.headers = check_headers(owner, "headers", headers)
+        self.env_headers = check_headers(owner, "env_headers", env_headers)
         check_positive(owner, "poll_interval", poll_interval)
         check_positive(owner, "timeout", timeout)
         check_non_negative(owner, "backoff", backoff)
@@ -313,22 +208,28 @@ class HttpPollWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
+        await import_off_loop("httpx")
         import httpx
 
         key = f"{self.watcher_name}.cursor"
         cursor, seen = await self._load(key)
         await sleep_spread(self.poll_interval)
         # Header values and credentials go straight into the client: no local of this frame
-        # holds a secret for a traceback (rendered with locals) to show.
-        async with httpx.AsyncClient(
-            headers=self._request_headers(),
-            auth=httpx.BasicAuth(*self._credentials) if any(self._credentials) else None,
-            timeout=self.timeout,
-            follow_redirects=True,
-        ) as client:
+        # holds a secret for a traceback (rendered with locals) to show. The client is made in
+        # a worker thread: making the first one reads the CA bundle and imports the transport.
+        client = await anyio.to_thread.run_sync(
+            functools.partial(
+                httpx.AsyncClient,
+                headers=self._request_headers(),
+                auth=httpx.BasicAuth(*self._credentials) if any(self._credentials) else None,
+                timeout=self.timeout,
+                follow_redirects=True,
+            )
+        )
+        async with client:
             while True:
                 body, got, reply_headers = await self._get(client, cursor, seen)
-                if body is _MISSING:  # 304, or the same body again
+                if body is MISSING:  # 304, or the same body again
                     await sleep_jittered(self.poll_interval)
                     continue
                 events = self._events(body)
@@ -383,18 +284,18 @@ class HttpPollWatcher(SerializedEquality):
             return self._public_url
         base = httpx.URL(self._public_url)
         if isinstance(cursor, str) and cursor.startswith(("http://", "https://", "/")):
-            return _without_credentials(str(base.join(cursor)))  # ours go as the client's auth
+            return without_credentials(str(base.join(cursor)))  # ours go as the client's auth
         return str(base.copy_merge_params({self.cursor_param: str(cursor)}))
 
     async def _get(
         self, client: Any, cursor: Any, seen: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any], Mapping[str, str]]:
         """One GET, retried while transient: ``(body, validators, headers)``; the body is
-        ``_MISSING`` when nothing changed."""
+        ``MISSING`` when nothing changed."""
         import httpx
 
         url = self._request_url(cursor)
-        shown = url
+        shown = redact_dsn(url)
         conditional: dict[str, str] = {}
         if seen:
             if seen.get("etag"):
@@ -412,8 +313,10 @@ class HttpPollWatcher(SerializedEquality):
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 status = response.status_code
+                if status == 304 or 200 <= status < 300:
+                    self.report_source(None)  # it answers
                 if status == 304:
-                    return _MISSING, dict(seen or {}), response.headers
+                    return MISSING, dict(seen or {}), response.headers
                 if 200 <= status < 300:
                     return self._read(response, shown, seen)
                 if status not in _RETRIED and status < 500:
@@ -421,6 +324,7 @@ class HttpPollWatcher(SerializedEquality):
                 problem = f"HTTP {status} {response.reason_phrase}"
                 wait = retry_after(response.headers.get("Retry-After"))
             failures += 1
+            self.report_source(f"{shown}: {problem}, {failures} times in a row")
             if self.retries is not None and failures > self.retries:
                 raise HttpSourceError(shown, f"{problem}, {failures} times in a row")
             delay = self.backoff * 2 ** min(failures - 1, 32)
@@ -441,7 +345,7 @@ class HttpPollWatcher(SerializedEquality):
             "sha256": digest,
         }
         if seen is not None and seen.get("sha256") == digest:
-            return _MISSING, got, response.headers  # the server ignored the conditional request
+            return MISSING, got, response.headers  # the server ignored the conditional request
         try:
             body = json.loads(content, parse_constant=_refuse_constant)
         except ValueError as exc:
@@ -452,7 +356,7 @@ class HttpPollWatcher(SerializedEquality):
         if self._items is None:
             return [TriggerEvent(body)]
         found = self._items.find(body)
-        if found is _MISSING or found is None:
+        if found is MISSING or found is None:
             return []
         if not isinstance(found, list):
             raise HttpSourceError(
@@ -465,7 +369,7 @@ class HttpPollWatcher(SerializedEquality):
         events: list[TriggerEvent] = []
         for item in found:
             key = key_path.find(item)
-            if key is _MISSING or key is None or isinstance(key, dict | list):
+            if key is MISSING or key is None or isinstance(key, dict | list):
                 raise HttpSourceError(
                     redact_dsn(self.url),
                     f"an item has no value at item_key {key_path.text!r}: {str(item)[:80]}",
@@ -478,7 +382,7 @@ class HttpPollWatcher(SerializedEquality):
             following = self._cursor_function(body, headers)
         elif self._cursor_path is not None:
             following = self._cursor_path.find(body)
-            if following is _MISSING:
+            if following is MISSING:
                 following = None
         else:
             return None

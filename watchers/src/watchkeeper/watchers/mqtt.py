@@ -118,9 +118,12 @@ class MqttWatcher(SerializedEquality):
     Maximum the broker honours). Subscriptions are renewed on every connect without resending
     retained messages (retain handling 1).
 
-    Connection: paho reconnects by itself after a lost connection (1 s, doubling up to
-    ``reconnect_max`` seconds, logged as ``mqtt_disconnected``/``mqtt_connected``), for as
-    long as it takes; messages of the lost connection that were not acknowledged yet are
+    Connection: the client pings the broker when nothing else was sent for ``keepalive``
+    seconds and drops a connection whose ping goes unanswered for as long (a broker gone
+    silent behind a network path that drops every packet); paho then reconnects by itself
+    (1 s, doubling up to ``reconnect_max`` seconds, logged as
+    ``mqtt_disconnected``/``mqtt_connected``; the watcher's status is ``backing_off``
+    meanwhile), for as long as it takes; messages of the lost connection that were not acknowledged yet are
     emitted but not acknowledged (the broker resends them on the new connection, and the
     resent copy is suppressed and acknowledged). ``run()`` raises
     :class:`BrokerSourceError` when the first connect does not succeed within
@@ -143,7 +146,7 @@ class MqttWatcher(SerializedEquality):
         missing_id: MissingId = "hash",
         max_in_flight: int = 100,
         session_expiry: int = 7 * 24 * 3600,
-        keepalive: int = 60,
+        keepalive: int = 15,
         connect_timeout: float = 30.0,
         reconnect_max: int = 30,
     ) -> None:
@@ -429,6 +432,7 @@ class _Bridge:
         options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         client.subscribe([(topic, options) for topic in self.watcher.topics])
         self._settle()
+        self._report(None)
 
     def _settle(self) -> None:
         if not self.settled.is_set():
@@ -444,6 +448,15 @@ class _Bridge:
             self.connection += 1
         if not self.stopping:
             log.warning("mqtt_disconnected", watcher=self.watcher_name, reason=str(reason))
+            url = redact_url(self.watcher.url)
+            self._report(f"{self.watcher._name}: connection to {url} lost ({reason}), reconnecting")
+
+    def _report(self, trouble: str | None) -> None:
+        """The watcher's report_source, called on the event loop."""
+        try:
+            anyio.from_thread.run_sync(self.watcher.report_source, trouble, token=self.token)
+        except RuntimeError:
+            pass  # the event loop is gone
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         with self.lock:

@@ -28,7 +28,13 @@ from ._broker import (
     scrub,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+from ._common import (
+    SerializedEquality,
+    check_positive,
+    check_positive_int,
+    check_str,
+    import_off_loop,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -65,10 +71,15 @@ class NatsJetStreamWatcher(SerializedEquality):
     consumer is used as it is. Messages are fetched ``batch_size`` at a time, waiting up to
     ``fetch_timeout`` seconds for the first.
 
-    Connection: the first connect must succeed within ``connect_timeout`` seconds. After
-    that nats-py reconnects by itself (``reconnect_attempts`` tries, 2 s apart, logged as
-    ``nats_disconnected``/``nats_reconnected``); the consumer and this watcher's pending
-    acknowledgements survive it. When the first connect fails or the client gives up,
+    Connection: the first connect must succeed within ``connect_timeout`` seconds. The
+    client pings the server every ``ping_interval`` seconds and gives up on a connection that
+    left two pings unanswered (a server gone silent behind a network path that drops every
+    packet), each fetch waits at most ``fetch_timeout`` seconds, each JetStream request the
+    client's 5 s. After a lost connection nats-py reconnects by itself (``reconnect_attempts``
+    tries, 2 s apart, logged as ``nats_disconnected``/``nats_reconnected``; the watcher's
+    status is ``backing_off`` meanwhile); the consumer and this watcher's pending
+    acknowledgements survive it, and messages the server sent into the dead connection are
+    redelivered after ``ack_wait``. When the first connect fails or the client gives up,
     ``run()`` raises :class:`BrokerSourceError` and the daemon restarts the watcher with its
     backoff. Messages
     fetched but not yet acknowledged when the watcher stops are released (``nak``) for
@@ -101,6 +112,7 @@ class NatsJetStreamWatcher(SerializedEquality):
         deliver: Deliver = "all",
         reconnect_attempts: int = 60,
         connect_timeout: float = 30.0,
+        ping_interval: float = 10.0,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -137,6 +149,8 @@ class NatsJetStreamWatcher(SerializedEquality):
         )
         check_positive(owner, "connect_timeout", connect_timeout)
         self.connect_timeout = connect_timeout
+        check_positive(owner, "ping_interval", ping_interval)
+        self.ping_interval = ping_interval
         self._client: Client | None = None
         self._closing = False
         self._name = f"{owner}({stream!r})"
@@ -154,6 +168,7 @@ class NatsJetStreamWatcher(SerializedEquality):
             "deliver": self.deliver,
             "reconnect_attempts": self.reconnect_attempts,
             "connect_timeout": self.connect_timeout,
+            "ping_interval": self.ping_interval,
         }
 
     def __repr__(self) -> str:
@@ -166,6 +181,7 @@ class NatsJetStreamWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop("nats", "nats.errors", "nats.js.errors", "nats.js.api")
         import nats.errors
 
         key = f"{self.watcher_name}.sequence"
@@ -250,12 +266,16 @@ class NatsJetStreamWatcher(SerializedEquality):
                 error=scrub(f"{type(exc).__name__}: {exc}", secrets),
             )
 
+        servers = ", ".join(redact_url(url) for url in self.servers)
+
         async def on_disconnected() -> None:
             if not self._closing:
                 log.warning("nats_disconnected", watcher=watcher)
+                self.report_source(f"{self._name}: disconnected from {servers}, reconnecting")
 
         async def on_reconnected() -> None:
             log.info("nats_reconnected", watcher=watcher)
+            self.report_source(None)
 
         try:
             # nats-py retries a first connect as it retries reconnects; bound it, so a wrong
@@ -268,12 +288,15 @@ class NatsJetStreamWatcher(SerializedEquality):
                     max_reconnect_attempts=self.reconnect_attempts,
                     reconnect_time_wait=2,
                     connect_timeout=min(5.0, self.connect_timeout),
+                    # A server that stops answering (a network path dropping every packet)
+                    # is found by its missing PONGs: after 2 unanswered pings, reconnect.
+                    ping_interval=self.ping_interval,
+                    max_outstanding_pings=2,
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
                     reconnected_cb=on_reconnected,
                 )
         except (nats.errors.Error, OSError, TimeoutError) as exc:
-            servers = ", ".join(redact_url(url) for url in self.servers)
             raise BrokerSourceError(self._name, f"connecting to {servers}", exc, secrets) from exc
         return client
 

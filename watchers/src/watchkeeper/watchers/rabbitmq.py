@@ -47,7 +47,7 @@ from ._broker import (
     scrub,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive_int, check_str
+from ._common import SerializedEquality, check_positive_int, check_str, import_off_loop
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -74,9 +74,12 @@ class RabbitMQWatcher(SerializedEquality):
     time (``basic.qos``). ``missing_id`` is the rule for messages without a ``message_id``
     (see the module's documentation).
 
-    Connection: when the connection or channel is lost (a broker restart, a connection closed
-    by an operator), ``run()`` reconnects by itself, with exponential backoff, up to
-    ``reconnect_attempts`` consecutive failures, then raises :class:`BrokerSourceError` and the
+    Connection: connecting must succeed within 10 s; heartbeats go both ways every
+    ``heartbeat`` seconds and a broker silent for about three of them counts as lost (a network
+    path that drops every packet). When the connection or channel is lost (also a broker
+    restart, a connection closed by an operator), ``run()`` reconnects by itself, with
+    exponential backoff (the watcher's status is ``backing_off`` with the reason meanwhile), up
+    to ``reconnect_attempts`` consecutive failures, then raises :class:`BrokerSourceError` and the
     daemon restarts the watcher with its own backoff. The broker redelivers what the lost
     channel had not acknowledged; an ack that could not be sent is logged
     (``rabbitmq_ack_lost``) and its redelivery is suppressed by the ``dedup_key``. A missing
@@ -98,6 +101,7 @@ class RabbitMQWatcher(SerializedEquality):
         declare: bool = False,
         missing_id: MissingId = "hash",
         reconnect_attempts: int = 10,
+        heartbeat: int = 10,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -120,6 +124,7 @@ class RabbitMQWatcher(SerializedEquality):
         self.reconnect_attempts = check_positive_int(
             owner, "reconnect_attempts", reconnect_attempts
         )
+        self.heartbeat = check_positive_int(owner, "heartbeat", heartbeat)
         self._connection: AbstractConnection | None = None
         self._consuming = False
         self._name = f"{owner}({queue!r})"
@@ -132,6 +137,7 @@ class RabbitMQWatcher(SerializedEquality):
             "declare": self.declare,
             "missing_id": self.missing_id,
             "reconnect_attempts": self.reconnect_attempts,
+            "heartbeat": self.heartbeat,
         }
 
     def __repr__(self) -> str:
@@ -143,6 +149,7 @@ class RabbitMQWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop("aio_pika", "aio_pika.exceptions", "aiormq.exceptions")
         from aio_pika.exceptions import (
             AMQPConnectionError,
             AMQPError,
@@ -192,11 +199,13 @@ class RabbitMQWatcher(SerializedEquality):
                     secrets,
                 ) from error
             delay = reconnect_delay(failures)
+            reason = scrub(f"{reason}: {error}" if error else reason, secrets)
+            self.report_source(f"{self._name}: connection to {redact_url(self.url)} lost: {reason}")
             log.warning(
                 "rabbitmq_reconnecting",
                 queue=self.queue,
                 watcher=self.watcher_name,
-                reason=scrub(f"{reason}: {error}" if error else reason, secrets),
+                reason=reason,
                 attempt=failures,
                 delay=round(delay, 3),
             )
@@ -221,6 +230,9 @@ class RabbitMQWatcher(SerializedEquality):
         connection = await aio_pika.connect(
             self.url,
             timeout=10,
+            # Heartbeats both ways: a broker silent for about three of them (a network path
+            # that drops every packet) closes the connection, and run() reconnects.
+            heartbeat=self.heartbeat,
             client_properties={"connection_name": f"watchkeeper:{self.watcher_name}"},
         )
         self._connection = connection
@@ -237,6 +249,7 @@ class RabbitMQWatcher(SerializedEquality):
                 ) from exc
             log.info("rabbitmq_consuming", queue=self.queue, watcher=self.watcher_name)
             self._consuming = True
+            self.report_source(None)
             async with queue.iterator() as messages:
                 async for message in messages:
                     key = self._dedup_key(message)

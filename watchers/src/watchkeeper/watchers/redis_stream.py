@@ -29,11 +29,18 @@ from watchkeeper.triggerer import TriggerEvent
 from ._broker import (
     BrokerSourceError,
     decode_body,
+    reconnect_delay,
     redact_url,
     require_client,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+from ._common import (
+    SerializedEquality,
+    check_positive,
+    check_positive_int,
+    check_str,
+    import_off_loop,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -46,6 +53,10 @@ StreamId = tuple[int, int]
 
 _ID = re.compile(r"(\d+)-(\d+)")
 _CLOSE_TIMEOUT = 5.0
+_CLIENT_MODULES = ("redis.asyncio", "redis.asyncio.retry", "redis.backoff", "redis.exceptions")
+_CONNECT_TIMEOUT = 5.0
+_SILENCE_MARGIN = 10.0
+"""Seconds a command may go unanswered beyond the ``block`` time of a blocking read."""
 
 
 def parse_id(value: str | bytes) -> StreamId:
@@ -86,10 +97,14 @@ class RedisStreamWatcher(SerializedEquality):
     the watermark were committed before a crash and are only acknowledged, the others are
     emitted. Entries pending for another consumer name are not claimed.
 
-    Connection: the client retries a command that failed on a lost connection (a server
-    restart, ``CLIENT KILL``) with exponential backoff, ``reconnect_attempts`` times, before
-    ``run()`` raises :class:`BrokerSourceError` and the daemon restarts the watcher with its
-    own backoff. Reads and ``XACK`` are idempotent, so a retried command changes nothing.
+    Connection: every command must answer within ``block`` + 10 seconds (a blocking read
+    waits ``block`` seconds by design; longer silence is a dead link, as behind a network path
+    that drops every packet), connecting within 5 s, and TCP keepalives are on. A lost or
+    silent connection is replaced by a new one with exponential backoff, ``reconnect_attempts``
+    times in a row, meanwhile the watcher's status is ``backing_off`` with the reason (logged
+    as ``redis_reconnecting``); then ``run()`` raises :class:`BrokerSourceError` and the daemon
+    restarts the watcher with its own backoff. Reads and ``XACK`` are idempotent, and the
+    position is the committed one, so nothing is skipped or repeated across a reconnect.
     The connection is named ``watchkeeper:<watcher name>`` (``CLIENT LIST`` shows it).
 
     State key (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name):
@@ -143,6 +158,7 @@ class RedisStreamWatcher(SerializedEquality):
             owner, "reconnect_attempts", reconnect_attempts
         )
         self._client: Redis | None = None
+        self._troubled = False
         self._name = f"{owner}({stream!r})"
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -167,36 +183,68 @@ class RedisStreamWatcher(SerializedEquality):
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await import_off_loop(*_CLIENT_MODULES)
+        from redis.exceptions import ConnectionError as LostConnection
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as SilentServer
 
         key = f"{self.watcher_name}.watermark"
         stored = await _stored(self.asset_state_store, key, self._name)
-        client = self._connect()
-        self._client = client
-        try:
-            position = await self._call("reading the stream", _Position.start(client, self, stored))
-            if self.group is not None:
-                position.entries_read = None  # the group's position is the server's; no count
-            reader = self._read_group if self.group is not None else self._read
-            async with contextlib.aclosing(reader(client, position)) as entries:
-                async for entry_id, fields in entries:
-                    yield TriggerEvent(
-                        {"stream": self.stream, "id": entry_id, "fields": fields},
-                        state={key: position.state()},
+        position: _Position | None = None
+        failures = 0
+        while True:
+            client = self._connect()
+            self._client = client
+            try:
+                if position is None:
+                    position = await self._call(
+                        "reading the stream", _Position.start(client, self, stored)
                     )
                     if self.group is not None:
-                        # Committed: the group may forget it.
-                        await self._call(
-                            "acknowledging", client.xack(self.stream, self.group, entry_id)
+                        position.entries_read = None  # the group's position is the server's
+                reader = self._read_group if self.group is not None else self._read
+                async with contextlib.aclosing(reader(client, position)) as entries:
+                    async for entry_id, fields in entries:
+                        failures = 0
+                        yield TriggerEvent(
+                            {"stream": self.stream, "id": entry_id, "fields": fields},
+                            state={key: position.state()},
                         )
-        except RedisError as exc:
-            raise BrokerSourceError(
-                self._name, f"reading {redact_url(self.url)}", exc, url_secrets(self.url)
-            ) from exc
-        finally:
-            self._client = None
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await client.aclose()
+                        if self.group is not None:
+                            # Committed: the group may forget it.
+                            await self._call(
+                                "acknowledging", client.xack(self.stream, self.group, entry_id)
+                            )
+            except (BrokerSourceError, RedisError) as exc:
+                error = exc
+                if isinstance(exc, RedisError):
+                    error = BrokerSourceError(
+                        self._name, f"reading {redact_url(self.url)}", exc, url_secrets(self.url)
+                    )
+                    error.__cause__ = exc
+                # A lost or silent connection is retried on a new one; anything else is not.
+                failures += 1
+                lost = isinstance(error.__cause__, LostConnection | SilentServer)
+                if not lost or failures > self.reconnect_attempts:
+                    raise error from error.__cause__
+                self._troubled = True
+                self.report_source(str(error))
+                delay = reconnect_delay(failures)
+                log.warning(
+                    "redis_reconnecting",
+                    stream=self.stream,
+                    watcher=self.watcher_name,
+                    reason=str(error),
+                    attempt=failures,
+                    delay=round(delay, 3),
+                )
+            else:
+                return
+            finally:
+                self._client = None
+                with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                    await client.aclose()
+            await anyio.sleep(delay)
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""
@@ -208,15 +256,17 @@ class RedisStreamWatcher(SerializedEquality):
     def _connect(self) -> Redis:
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
-        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.backoff import NoBackoff
 
         name = re.sub(r"[^A-Za-z0-9_.:-]", "_", f"watchkeeper:{self.watcher_name}")[:120]
         client: Redis = Redis.from_url(
             self.url,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.2, cap=10.0), self.reconnect_attempts),
-            socket_connect_timeout=5.0,
+            # No retry inside the client: run() reconnects, and says so in the status.
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=_CONNECT_TIMEOUT,
             # A blocking XREAD answers after ``block`` seconds; longer silence is a dead link.
-            socket_timeout=self.block + 10.0,
+            socket_timeout=self.block + _SILENCE_MARGIN,
+            socket_keepalive=True,
             client_name=name,
         )
         return client
@@ -225,7 +275,7 @@ class RedisStreamWatcher(SerializedEquality):
         from redis.exceptions import RedisError
 
         try:
-            return await awaitable
+            result = await awaitable
         except RedisError as exc:
             raise BrokerSourceError(
                 self._name,
@@ -233,6 +283,10 @@ class RedisStreamWatcher(SerializedEquality):
                 exc,
                 url_secrets(self.url),
             ) from exc
+        if self._troubled:
+            self._troubled = False
+            self.report_source(None)  # it answers again
+        return result
 
     async def _read(
         self, client: Redis, position: _Position
@@ -279,8 +333,11 @@ class RedisStreamWatcher(SerializedEquality):
         # Our own pending entries first (delivered before a crash), then new ones.
         pending = "0-0"
         while True:
-            read: Any = await client.xreadgroup(
-                self.group, consumer, {self.stream: pending}, count=self.batch_size
+            read: Any = await self._call(
+                "reading pending entries",
+                client.xreadgroup(
+                    self.group, consumer, {self.stream: pending}, count=self.batch_size
+                ),
             )
             entries = read[0][1] if read else []
             if not entries:
@@ -303,8 +360,11 @@ class RedisStreamWatcher(SerializedEquality):
                 yield pending, {_text(k): _text(v) for k, v in raw_fields.items()}
         block = max(1, round(self.block * 1000))
         while True:
-            read = await client.xreadgroup(
-                self.group, consumer, {self.stream: ">"}, count=self.batch_size, block=block
+            read = await self._call(
+                "reading the group",
+                client.xreadgroup(
+                    self.group, consumer, {self.stream: ">"}, count=self.batch_size, block=block
+                ),
             )
             if not read:
                 continue

@@ -28,16 +28,18 @@ commit, possibly after a higher one: the lag window is what catches it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import anyio
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
+from ._broker import reconnect_delay
 from ._common import (
     SerializedEquality,
     check_non_negative,
@@ -49,6 +51,7 @@ from ._common import (
 from ._sql import (
     Query,
     Source,
+    SqlSourceError,
     check_identifier,
     check_table,
     driver_for,
@@ -66,6 +69,8 @@ Cursor = int | float | dt.datetime | str
 Key = int | str
 
 _CLOSE_TIMEOUT = 5.0
+_RECONNECT_MAX = 30.0
+"""The longest wait between two attempts to reach a database that does not answer."""
 
 
 class SqlTableWatcher(SerializedEquality):
@@ -81,6 +86,16 @@ class SqlTableWatcher(SerializedEquality):
     events with the watcher's state in one transaction (a
     :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a backfill costs one commit per
     ``batch_size`` rows, not one per row.
+
+    Connecting and each query must answer within ``timeout`` seconds. A database that cannot
+    be reached, a lost connection and one that stops answering (a network path that drops
+    every packet leaves the connection open and silent) make the watcher reconnect by itself,
+    with exponential backoff up to 30 s, for as long as it takes: its status is
+    ``backing_off`` meanwhile, with the :class:`~watchkeeper.watchers.SqlSourceError` naming
+    the table and the server as reason (logged as ``sql_source_reconnecting``), and it reads
+    on from the committed watermark. A refusal (a missing table, bad credentials) fails the
+    run instead. Raise ``timeout`` for a table whose queries take longer (one without an index
+    on the cursor column).
 
     State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
     is the one of every lag-window watcher, see :mod:`._window_state`):
@@ -112,6 +127,7 @@ class SqlTableWatcher(SerializedEquality):
         poll_interval: float = 1.0,
         lag_window: float = 100,
         columns: Sequence[str] | None = None,
+        timeout: float = 10.0,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -129,6 +145,7 @@ class SqlTableWatcher(SerializedEquality):
         check_non_negative(owner, "lag_window", lag_window)
         self.poll_interval = poll_interval
         self.lag_window = lag_window
+        self.timeout = check_positive(owner, "timeout", timeout)
         self.columns = self._check_columns(owner, columns)
         if self.columns is None:
             self._select_sql = "*"
@@ -166,6 +183,7 @@ class SqlTableWatcher(SerializedEquality):
             "poll_interval": self.poll_interval,
             "lag_window": self.lag_window,
             "columns": None if self.columns is None else list(self.columns),
+            "timeout": self.timeout,
         }
 
     def __repr__(self) -> str:
@@ -190,7 +208,37 @@ class SqlTableWatcher(SerializedEquality):
         )
         window = await state.aload(self.asset_state_store)
         await sleep_spread(self.poll_interval)
-        async with self._driver.open(self._target, self.table) as source:
+        failures = 0
+        while True:
+            try:
+                async with contextlib.aclosing(self._connected(window, state)) as batches:
+                    async for batch in batches:
+                        if failures:
+                            failures = 0
+                            self.report_source(None)  # it answers again
+                        if batch is not None:
+                            yield batch
+            except SqlSourceError as exc:
+                if not exc.transient:
+                    raise
+                failures += 1
+                delay = reconnect_delay(failures, cap=_RECONNECT_MAX)
+                self.report_source(str(exc))
+                log.warning(
+                    "sql_source_reconnecting",
+                    table=self.table,
+                    reason=str(exc),
+                    attempt=failures,
+                    delay=round(delay, 3),
+                )
+                await anyio.sleep(delay)
+
+    async def _connected(
+        self, window: LagWindow[Cursor, Key], state: WindowState[Cursor, Key]
+    ) -> AsyncGenerator[TriggerEventBatch | None, None]:
+        """One connection's life: a batch per poll that found rows, ``None`` per poll that
+        found none (so the caller knows the source answers)."""
+        async with self._driver.open(self._target, self.table, self.timeout) as source:
             self._source = source
             try:
                 while True:
@@ -209,6 +257,8 @@ class SqlTableWatcher(SerializedEquality):
                     if events:
                         # The state after the last row: what its single event would carry.
                         yield TriggerEventBatch(events, state=state.state(window))
+                    else:
+                        yield None
                     if len(late) + len(new) < self.batch_size:
                         await sleep_jittered(self.poll_interval)
             finally:
