@@ -252,6 +252,25 @@ class TestFailures:
             tg.cancel_scope.cancel()
         assert "TimeoutError" in run.errors[0].error
 
+    async def test_stopping_the_worker_is_not_a_failed_try(self, store: Any) -> None:
+        """Cancelling the worker while an async try runs cancels it: the try is not recorded
+        as a failure (a cancellation the task raises on its own would be)."""
+        started = anyio.Event()
+
+        @asset_task(schedule=[A])
+        async def forever(**_: Any) -> None:
+            started.set()
+            await anyio.sleep(60)
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, forever)
+            await emit(store, A)
+            with anyio.fail_after(20):
+                await started.wait()
+            tg.cancel_scope.cancel()
+        (run,) = await store.alist_runs(task="forever")
+        assert run.state == "running" and run.errors == ()
+
     def test_retry_delay_doubles_with_jitter(self) -> None:
         """The retry delay doubles per try within ±20 %, capped at max_retry_delay."""
 

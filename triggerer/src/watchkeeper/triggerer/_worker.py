@@ -24,6 +24,7 @@ Several workers may share one PostgreSQL database; on SQLite they serialise on t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import signal
@@ -100,6 +101,19 @@ def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dic
     }
     context["outlet_events"] = OutletEvents(task.outlets)
     return context
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether a cancel scope around the current task is cancelled (or past its deadline),
+    or, on asyncio, the task itself was asked to stop: a cancellation exception raised then
+    is the caller's, one raised without it is the task code's own."""
+    if anyio.current_effective_deadline() <= anyio.current_time():
+        return True
+    try:
+        current = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return False
+    return current is not None and current.cancelling() > 0
 
 
 @dataclass(slots=True)
@@ -262,16 +276,27 @@ class Worker:
                 for a in task.outlets
             )
         except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
-            delay = retry_delay_for(task, run.try_number)
-            log.warning(
-                "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
-                error=describe_error(exc),
-            )  # fmt: skip
-            return RunOutcome(
-                run.id, run.lease_token, False, error=describe_error(exc),
-                traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
-            )  # fmt: skip
+            return self._failed(task, run, exc)
+        except BaseException as exc:
+            # sys.exit(), KeyboardInterrupt, GeneratorExit or the task's own BaseException
+            # subclass end the try, not the worker. A cancellation is the worker's only when
+            # a scope around this slot was cancelled (the worker stopping, a lost lease).
+            if isinstance(exc, anyio.get_cancelled_exc_class()) and _cancelled_from_outside():
+                raise
+            return self._failed(task, run, exc)
         return RunOutcome(run.id, run.lease_token, True, outlets)
+
+    def _failed(self, task: AssetTask, run: TaskRun, exc: BaseException) -> RunOutcome:
+        """The outcome of a try that raised ``exc``: a failure retried after a delay."""
+        delay = retry_delay_for(task, run.try_number)
+        log.warning(
+            "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
+            error=describe_error(exc),
+        )  # fmt: skip
+        return RunOutcome(
+            run.id, run.lease_token, False, error=describe_error(exc),
+            traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
+        )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
         if task.is_async:
