@@ -180,6 +180,30 @@ class TestRunCreation:
         run = await store.acreate_run("t")
         assert [e.id for e in run.events] == ids[1:]
 
+    async def test_rewind_only_moves_back(self, store: Any) -> None:
+        """A rewind past the asset's last event, after the task's cursor, or on an asset
+        outside the schedule is refused with an error naming it, and changes nothing."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        ids = await emit(store, "a", 3)
+        await emit(store, "b")
+        await store.acreate_run("t")  # the cursor moves to ids[0]; ids[1:] are pending
+        before = await snapshot(store)
+        refused = [
+            (999999999999, "a", "past the end of the log"),
+            (ids[-1] + 1, "a", "past the end of the log"),
+            (ids[1], "a", f"after the cursor of task 't' on 'a' \\({ids[0]}\\)"),
+            (ids[2], "a", "a rewind only moves back"),
+            (ids[0], "b", "not in the schedule of task 't'"),
+            (ids[0], "out", "not in the schedule of task 't'"),
+        ]
+        for to_event, asset, message in refused:
+            with pytest.raises(InvalidArgumentError, match=message):
+                await store.arewind_task("t", asset, to_event)
+            assert await snapshot(store) == before
+        await store.arewind_task("t", "a", ids[0])  # back to the run's event: allowed
+        (info,) = await store.alist_tasks()
+        assert info.cursors == {"a": ids[0] - 1} and info.pending == {"a": 3}
+
     async def test_unknown_task_is_an_error(self, store: Any) -> None:
         """Naming an unregistered task raises TaskNotFoundError."""
         with pytest.raises(TaskNotFoundError):

@@ -22,6 +22,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import (
     EventCommit,
+    TaskSpec,
     encode_json,
 )
 
@@ -215,3 +216,28 @@ class TestTasksAndRuns:
             assert done.returncode == 1
             lines = done.stderr.decode().splitlines()
             assert len(lines) == 1 and lines[0].startswith("watchkeeper: error:")
+
+    async def test_rewind_past_the_cursor_is_refused(self, env: Env) -> None:
+        """A rewind to an id past the end of the log or after the cursor, or on an asset
+        outside the schedule, is one error line, exit 1, and leaves the cursor alone."""
+        async with SqliteStateBackend(env.db) as backend:
+            await backend.aregister_assets([Asset("orders"), Asset("other")])
+            await backend.async_tasks([TaskSpec("build_report", ("orders",))])
+        await env.emit({"n": 1}, {"n": 2})
+        (before,) = await env.json_lines("tasks", "list")
+        cases = [
+            ("orders", "999999999999", "past the end of the log"),
+            ("orders", str(before["cursors"]["orders"] + 1), "after the cursor of task"),
+            ("other", "1", "is not in the schedule of task 'build_report'"),
+        ]
+        for asset, to_event, message in cases:
+            done = await env.run(
+                "tasks", "rewind", "build_report", "--asset", asset, "--to-event", to_event
+            )
+            assert done.returncode == 1, done.stdout.decode()
+            lines = done.stderr.decode().splitlines()
+            assert len(lines) == 1 and message in lines[0], lines
+            assert "redelivered" not in done.stdout.decode()
+            assert "start a worker" not in lines[0]
+        (after,) = await env.json_lines("tasks", "list")
+        assert after == before and after["pending"] == {"orders": 2}

@@ -25,6 +25,7 @@ from ._tasks import (
     TaskRun,
     TaskSpec,
     after_failure,
+    check_rewind,
     lapsed_error,
     lost_reason,
     plan_runs,
@@ -169,9 +170,10 @@ class MemoryTasks(TaskStoreBackend):
     ) -> None:
         with self._lock:
             task = self._named_task(name)
-            if asset not in task.spec.assets:
-                raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
-            task.cursors[asset] = to_event_id - 1
+            task.cursors[asset] = check_rewind(
+                task.spec, asset, to_event_id, task.cursors.get(asset, 0),
+                self._last_event_id(asset),
+            )  # fmt: skip
             task.writers[asset] = writer
 
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:

@@ -51,6 +51,7 @@ __all__ = [
     "check_event_id",
     "check_limit",
     "check_name",
+    "check_rewind",
     "check_state",
     "errors_from_json",
     "errors_to_json",
@@ -97,6 +98,37 @@ def check_state(state: object) -> None:
     """A run state filter: ``None`` or one of :data:`RUN_STATES`."""
     if state is not None and state not in RUN_STATES:
         raise InvalidArgumentError("state", state, f"must be one of {', '.join(RUN_STATES)}")
+
+
+def check_rewind(spec: TaskSpec, asset: str, to_event_id: int, cursor: int, last: int) -> int:
+    """The cursor a rewind of ``spec``'s cursor on ``asset`` to ``to_event_id`` sets (the
+    events from ``to_event_id`` on run again), checked against the task's ``cursor`` there and
+    the ``last`` event id of the asset (0: none). A rewind only moves a cursor back.
+
+    Raises:
+        InvalidArgumentError: ``asset`` is not in the task's schedule, or ``to_event_id`` is
+            past the asset's last event or after the cursor (those events are pending).
+    """
+    if asset not in spec.assets:
+        raise InvalidArgumentError(
+            "asset",
+            asset,
+            f"is not in the schedule of task {spec.name!r} ({', '.join(spec.assets)})",
+        )
+    if to_event_id > last:
+        where = f"the last event of {asset!r} is {last}" if last else f"{asset!r} has no events"
+        raise InvalidArgumentError(
+            "to_event_id",
+            to_event_id,
+            f"is past the end of the log ({where}); a rewind only moves back",
+        )
+    if to_event_id > cursor:
+        raise InvalidArgumentError(
+            "to_event_id", to_event_id,
+            f"is after the cursor of task {spec.name!r} on {asset!r} ({cursor}): the events after "
+            f"it are still pending; a rewind only moves back, to an id of at most {cursor}",
+        )  # fmt: skip
+    return to_event_id - 1
 
 
 @dataclass(frozen=True, slots=True)

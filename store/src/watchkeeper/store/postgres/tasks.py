@@ -47,6 +47,7 @@ from .._tasks import (
     TaskInfo,
     TaskRun,
     TaskSpec,
+    check_rewind,
     plan_runs,
 )
 from .._types import AssetEvent, Writer
@@ -187,12 +188,17 @@ class PostgresTasks(PostgresRuns):
 
         async def rewind(conn: Any) -> None:
             spec, _ = await self._spec(conn, name, lock=True)
-            if asset not in spec.assets:
-                raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
+            row = await conn.fetchrow(
+                f"SELECT (SELECT cursor FROM {self._prefix}task_cursors WHERE task = $1 "
+                f"AND asset = $2), (SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events "
+                "WHERE asset_name = $2)",
+                name, asset,
+            )  # fmt: skip
+            cursor = check_rewind(spec, asset, to_event_id, row[0] or 0, row[1])
             await conn.execute(
                 f"UPDATE {self._prefix}task_cursors SET cursor = $3, updated_at = $4, "
                 "writer_kind = $5, writer_name = $6 WHERE task = $1 AND asset = $2",
-                name, asset, to_event_id - 1, now, kind, who,
+                name, asset, cursor, now, kind, who,
             )  # fmt: skip
 
         await self._transact("rewinding a task", rewind)

@@ -18,10 +18,18 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._tasks import RunOutcome, RunStep, TaskInfo, TaskRun, TaskSpec, lost_reason
+from .._tasks import (
+    RunOutcome,
+    RunStep,
+    TaskInfo,
+    TaskRun,
+    TaskSpec,
+    check_rewind,
+    lost_reason,
+)
 from .._taskstore import TaskStoreBackend
 from .._types import Writer
-from ..errors import RunNotFoundError, RunStateError, TaskNotFoundError
+from ..errors import RunNotFoundError, RunStateError
 from . import meta, ops
 from .consumers import EVENT_COLS
 from .schema import from_db, to_db
@@ -80,14 +88,18 @@ def _set_paused(tx: Tx, name: str, paused: bool) -> None:
 
 def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | None) -> None:
     spec, _ = task_spec(tx, name)
-    if asset not in spec.assets:
-        raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
+    row = tx.conn.execute(
+        "SELECT (SELECT cursor FROM task_cursors WHERE task = ? AND asset = ?), "
+        "(SELECT coalesce(max(id), 0) FROM asset_events WHERE asset_name = ?)",
+        (name, asset, asset),
+    ).fetchone()
+    cursor = check_rewind(spec, asset, to_event_id, row[0] or 0, row[1])
     _, stamp = tx.now()
     who = ops.writer_cols(writer)
     tx.conn.execute(
         "UPDATE task_cursors SET cursor = ?, updated_at = ?, writer_kind = ?, writer_name = ? "
         "WHERE task = ? AND asset = ?",
-        (to_event_id - 1, stamp, who[0], who[1], name, asset),
+        (cursor, stamp, who[0], who[1], name, asset),
     )
 
 
