@@ -29,6 +29,7 @@ from watchkeeper.store import (
     TaskScope,
 )
 from watchkeeper.store.backend import (
+    MAX_LOST_TRIES,
     EventCommit,
     EventConsumers,
     MetastoreBackend,
@@ -323,14 +324,59 @@ class TestClaimAndFinish:
         assert [(e.try_number, e.error) for e in done.errors] == [(1, "boom"), (2, "x")]
         assert done.errors[0].traceback == "tb"
 
-    async def test_lapsed_last_try_fails(self, store: Any) -> None:
-        """A run whose last try lapsed is failed, not claimed again."""
+    async def test_lapsed_try_does_not_count_against_retries(self, store: Any) -> None:
+        """A try lost to the infrastructure (its lease lapsed) is recorded as worker_lost and
+        tried again even with no retries left; the task's own failure then fails the run."""
         await self.ready(store, max_tries=1)
         await store.aclaim_runs("w1", limit=1, ttl=TTL)
         store.clock.advance(31)
-        assert await store.aclaim_runs("w2", limit=1, ttl=TTL) == []
-        (run,) = await store.alist_runs(state="failed")
-        assert run.errors[0].try_number == 1
+        (again,) = await store.aclaim_runs("w2", limit=1, ttl=TTL)
+        assert (again.try_number, again.failures, again.lost_tries) == (2, 0, 1)
+        assert [(e.try_number, e.cause) for e in again.errors] == [(1, "worker_lost")]
+        done = await store.afinish_run(again.id, "w2", again.lease_token, success=False, error="x")
+        assert (done.state, done.failures, done.lost_tries) == ("failed", 1, 1)
+        assert [e.cause for e in done.errors] == ["worker_lost", "task_error"]
+        (listed,) = await store.alist_runs()
+        assert (listed.failures, listed.lost_tries) == (1, 1)
+
+    async def test_lost_tries_are_capped(self, store: Any) -> None:
+        """A run lost to the infrastructure MAX_LOST_TRIES times fails for good (a task that
+        kills its own worker is not retried forever)."""
+        await self.ready(store, max_tries=1)
+        await store.aclaim_runs("w0", limit=1, ttl=TTL)
+        for n in range(1, MAX_LOST_TRIES):
+            store.clock.advance(31)
+            (run,) = await store.aclaim_runs(f"w{n}", limit=1, ttl=TTL)
+            assert run.lost_tries == n and run.try_number == n + 1
+        store.clock.advance(31)
+        assert await store.aclaim_runs("w", limit=1, ttl=TTL) == []
+        (failed,) = await store.alist_runs(state="failed")
+        assert (failed.lost_tries, failed.failures, failed.try_number) == (
+            MAX_LOST_TRIES,
+            0,
+            MAX_LOST_TRIES,
+        )
+        assert {e.cause for e in failed.errors} == {"worker_lost"}
+        retried = await store.aretry_run(failed.id)  # one more try, of either kind
+        assert retried.state == "queued" and retried.lost_tries == MAX_LOST_TRIES - 1
+        (claimed,) = await store.aclaim_runs("w", limit=1, ttl=TTL)
+        store.clock.advance(31)
+        assert await store.aclaim_runs("w", limit=1, ttl=TTL) == []
+        assert (await store.aget_run(claimed.id)).state == "failed"
+
+    async def test_timeout_is_recorded_and_counts(self, store: Any) -> None:
+        """A try the worker reports as a timeout is recorded with that cause and counts
+        against the task's tries, as its errors do."""
+        await self.ready(store, max_tries=2)
+        (run,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        queued = await store.afinish_run(
+            run.id, "w1", run.lease_token, success=False, error="TimeoutError", cause="timeout"
+        )
+        assert (queued.state, queued.failures) == ("queued", 1)
+        (run2,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        done = await store.afinish_run(run2.id, "w1", run2.lease_token, success=False, error="e")
+        assert done.state == "failed"
+        assert [e.cause for e in done.errors] == ["timeout", "task_error"]
 
     async def test_retry_failed_run(self, store: Any) -> None:
         """Retrying a failed run queues it for one more try; other states are refused."""
@@ -375,6 +421,8 @@ BAD_CALLS: list[tuple[str, Callable[[Any], Awaitable[object]], type[Exception], 
     ("finish_negative_delay", lambda s: s.afinish_run(
         1, "w", 1, success=False, retry_delay=timedelta(seconds=-1)), InvalidArgumentError,
      "retry_delay"),
+    ("finish_lost_cause", lambda s: s.afinish_run(1, "w", 1, success=False,
+        cause="worker_lost"), InvalidArgumentError, "cause"),
     ("get_run_0", lambda s: s.aget_run(0), InvalidArgumentError, "run_id"),
     ("list_limit_0", lambda s: s.alist_runs(limit=0), InvalidArgumentError, "limit"),
     ("wait_negative", lambda s: s.await_events(0, -1), InvalidArgumentError, "wait"),

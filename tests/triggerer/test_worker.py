@@ -251,6 +251,22 @@ class TestFailures:
             (run,) = await wait_runs(store, "slow", "failed", 1)
             tg.cancel_scope.cancel()
         assert "TimeoutError" in run.errors[0].error
+        assert run.errors[0].cause == "timeout" and run.failures == 1
+
+    async def test_task_error_without_retries_fails_for_good(self, store: Any) -> None:
+        """A task that raises with retries=0 fails its run at once, the try a task_error."""
+
+        @asset_task(schedule=[A])
+        def broken(**_: Any) -> None:
+            raise ValueError("no")
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, broken)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "broken", "failed", 1)
+            tg.cancel_scope.cancel()
+        assert (run.try_number, run.failures, run.lost_tries) == (1, 1, 0)
+        assert [(e.cause, e.error) for e in run.errors] == [("task_error", "ValueError: no")]
 
     async def test_stopping_the_worker_is_not_a_failed_try(self, store: Any) -> None:
         """Cancelling the worker while an async try runs cancels it: the try is not recorded

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._tasks import (
+    MAX_LOST_TRIES,
     RunError,
     RunOutcome,
     RunStep,
@@ -25,6 +26,7 @@ from ._tasks import (
     TaskRun,
     TaskSpec,
     after_failure,
+    after_lost,
     check_rewind,
     lapsed_error,
     lost_reason,
@@ -253,11 +255,11 @@ class MemoryTasks(TaskStoreBackend):
                 continue
             if lapsed:
                 errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
-                failed = run.try_number >= run.max_tries
+                failed = after_lost(run.lost_tries + 1) == "failed"
                 run = runs[run_id] = replace(
                     run, state="failed" if failed else "queued", errors=errors,
                     finished_at=now if failed else None, updated_at=now, lease_owner=None,
-                    lease_expires_at=None, not_before=None,
+                    lease_expires_at=None, not_before=None, lost_tries=run.lost_tries + 1,
                 )  # fmt: skip
                 if failed:
                     continue
@@ -326,14 +328,15 @@ class MemoryTasks(TaskStoreBackend):
                 lease_expires_at=None, outlet_event_ids=tuple(outlet_ids),
             )  # fmt: skip
         else:
-            state, not_before = after_failure(
-                run.try_number, run.max_tries, now, outcome.retry_delay
+            failures = run.failures + 1
+            state, not_before = after_failure(failures, run.max_tries, now, outcome.retry_delay)
+            entry = RunError(
+                run.try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause
             )
-            entry = RunError(run.try_number, outcome.error or "failed", outcome.traceback, now)
             run = replace(
                 run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
                 lease_expires_at=None, errors=(*run.errors, entry),
-                finished_at=now if state == "failed" else None,
+                finished_at=now if state == "failed" else None, failures=failures,
             )  # fmt: skip
         runs[run_id] = run
         return replace(run, events=())
@@ -373,8 +376,9 @@ class MemoryTasks(TaskStoreBackend):
                 raise RunStateError(run_id, run.state, "only a failed run can be retried")
             now = self.clock()
             run = runs[run_id] = replace(
-                run, state="queued", max_tries=run.try_number + 1, not_before=None,
+                run, state="queued", max_tries=run.failures + 1, not_before=None,
                 finished_at=None, updated_at=now,
+                lost_tries=min(run.lost_tries, MAX_LOST_TRIES - 1),
             )  # fmt: skip
             return run
 

@@ -36,7 +36,9 @@ from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityEr
 
 __all__ = [
     "LAPSED",
+    "MAX_LOST_TRIES",
     "RUN_STATES",
+    "TRY_CAUSES",
     "EventConsumers",
     "OutletEvent",
     "RunError",
@@ -48,6 +50,7 @@ __all__ = [
     "TaskRun",
     "TaskSpec",
     "after_failure",
+    "after_lost",
     "check_event_id",
     "check_limit",
     "check_name",
@@ -65,6 +68,16 @@ __all__ = [
 
 RunState = Literal["queued", "running", "success", "failed"]
 RUN_STATES: tuple[RunState, ...] = ("queued", "running", "success", "failed")
+
+TryCause = Literal["task_error", "timeout", "worker_lost"]
+TRY_CAUSES: tuple[TryCause, ...] = ("task_error", "timeout", "worker_lost")
+"""Why a try failed: the task raised (``task_error``), ran past its ``execution_timeout``
+(``timeout``), or its worker stopped renewing the lease (``worker_lost``: killed, frozen,
+cut off from the database). Only the first two count against the task's ``retries``."""
+
+MAX_LOST_TRIES = 10
+"""How many tries of one run may be lost to the infrastructure (``worker_lost``) before the
+run fails for good: a guard against a task that kills its own worker, retried forever."""
 
 
 def check_name(what: str, name: object) -> str:
@@ -176,18 +189,23 @@ class TaskInfo:
 
 @dataclass(frozen=True, slots=True)
 class RunError:
-    """Why one try of a run failed: the error, its traceback (if any), and when."""
+    """Why one try of a run failed: the error, its traceback (if any), when, and its cause
+    (one of :data:`TRY_CAUSES`)."""
 
     try_number: int
     error: str
     traceback: str | None
     at: datetime
+    cause: TryCause = "task_error"
 
 
 @dataclass(frozen=True, slots=True)
 class TaskRun:
     """One run of a task: the events it owns, its state, its current try and its lease.
 
+    ``try_number`` counts every try; ``failures`` the tries the task itself failed (an
+    error or a timeout: the run fails once they reach ``max_tries``), ``lost_tries`` those
+    lost to the infrastructure (the run fails once they reach :data:`MAX_LOST_TRIES`).
     ``events`` is filled by the calls that hand a run to a worker or show one run (claim,
     get); listings leave it empty and give ``event_count``.
     """
@@ -209,6 +227,8 @@ class TaskRun:
     errors: tuple[RunError, ...] = ()
     outlet_event_ids: tuple[int, ...] = ()
     events: tuple[AssetEvent, ...] = ()
+    failures: int = 0
+    lost_tries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +242,8 @@ class OutletEvent:
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """How one try ended, as the worker reports it: success with the outlet events, or a
-    failure (``error``, ``traceback``) retried after ``retry_delay`` while tries remain."""
+    failure (``error``, ``traceback``; ``cause`` ``task_error`` or ``timeout``) retried after
+    ``retry_delay`` while tries remain."""
 
     run_id: int
     token: int
@@ -231,6 +252,7 @@ class RunOutcome:
     error: str | None = None
     traceback: str | None = None
     retry_delay: timedelta = timedelta(0)
+    cause: TryCause = "task_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +360,7 @@ class TaskQueue(Protocol):
         error: str | None = None,
         traceback: str | None = None,
         retry_delay: timedelta = timedelta(0),
+        cause: TryCause = "task_error",
     ) -> TaskRun: ...
 
     async def aget_run(self, run_id: int) -> TaskRun: ...
@@ -416,12 +439,19 @@ def plan_runs(
 
 
 def after_failure(
-    try_number: int, max_tries: int, now: datetime, retry_delay: timedelta
+    failures: int, max_tries: int, now: datetime, retry_delay: timedelta
 ) -> tuple[RunState, datetime | None]:
-    """A failed try's run: queued again at ``now + retry_delay`` while tries remain, else failed."""
-    if try_number < max_tries:
+    """A run whose task failed a try (``failures``: its own failures, this one included):
+    queued again at ``now + retry_delay`` while fewer than ``max_tries``, else failed."""
+    if failures < max_tries:
         return "queued", now + retry_delay
     return "failed", None
+
+
+def after_lost(lost_tries: int) -> RunState:
+    """A run whose try was lost to the infrastructure (``lost_tries``: this one included):
+    queued again at once (not counted against ``retries``) until :data:`MAX_LOST_TRIES`."""
+    return "queued" if lost_tries < MAX_LOST_TRIES else "failed"
 
 
 def lost_reason(
@@ -449,7 +479,7 @@ LAPSED = "the lease of worker '{owner}' lapsed: the try did not finish"
 
 def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
     """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
-    return RunError(try_number, LAPSED.format(owner=owner), None, now)
+    return RunError(try_number, LAPSED.format(owner=owner), None, now, "worker_lost")
 
 
 def errors_to_json(errors: Iterable[RunError]) -> str:
@@ -460,6 +490,7 @@ def errors_to_json(errors: Iterable[RunError]) -> str:
                 "error": e.error,
                 "traceback": e.traceback,
                 "at": e.at.isoformat(),
+                "cause": e.cause,
             }
             for e in errors
         ]
@@ -471,9 +502,21 @@ def errors_from_json(text: str | None) -> tuple[RunError, ...]:
         return ()
     items: list[dict[str, Any]] = json.loads(text)
     return tuple(
-        RunError(i["try"], i["error"], i["traceback"], datetime.fromisoformat(i["at"]))
+        RunError(i["try"], i["error"], i["traceback"], datetime.fromisoformat(i["at"]), _cause(i))
         for i in items
     )
+
+
+_LAPSED_PREFIX = LAPSED.split("'", 1)[0]
+
+
+def _cause(item: Mapping[str, Any]) -> TryCause:
+    """A recorded try's cause (one recorded before causes were kept: a lapsed lease's text
+    says ``worker_lost``, anything else ``task_error``)."""
+    cause = item.get("cause")
+    if cause in TRY_CAUSES:
+        return cause  # type: ignore[no-any-return]
+    return "worker_lost" if str(item.get("error", "")).startswith(_LAPSED_PREFIX) else "task_error"
 
 
 def ids_to_json(ids: Iterable[int]) -> str:

@@ -25,6 +25,7 @@ from ._tasks import (
     TaskInfo,
     TaskRun,
     TaskSpec,
+    TryCause,
     check_event_id,
     check_limit,
     check_name,
@@ -66,10 +67,18 @@ def _check_outcome(outcome: object) -> RunOutcome:
         raise ArgumentTypeError("retry_delay", outcome.retry_delay, "a timedelta")
     if outcome.retry_delay < timedelta(0):
         raise InvalidArgumentError("retry_delay", outcome.retry_delay, "must not be negative")
+    if outcome.cause not in _OWN_CAUSES:
+        raise InvalidArgumentError(
+            "cause", outcome.cause, f"must be one of {', '.join(_OWN_CAUSES)} (a worker_lost "
+            "try is recorded by the store when its lease lapses)",
+        )  # fmt: skip
     return RunOutcome(
         outcome.run_id, outcome.token, bool(outcome.success), tuple(outcome.outlets),
-        outcome.error, outcome.traceback, outcome.retry_delay,
+        outcome.error, outcome.traceback, outcome.retry_delay, outcome.cause,
     )  # fmt: skip
+
+
+_OWN_CAUSES = ("task_error", "timeout")
 
 
 class TaskStoreBackend(BaseStateBackend, ABC):
@@ -242,15 +251,17 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         error: str | None = None,
         traceback: str | None = None,
         retry_delay: timedelta = timedelta(0),
+        cause: TryCause = "task_error",
     ) -> TaskRun:
         """Finish the try ``owner`` holds with ``token``: commit ``outlets`` on success, else
-        record ``error`` and queue a retry while tries remain (fenced by the lease)."""
+        record ``error`` (``cause``: ``task_error`` or ``timeout``) and queue a retry while
+        tries remain (fenced by the lease)."""
         self._check_open()
         owner = check_owner(owner)
         emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
         kept = tuple(o for o in emitted if isinstance(o, OutletEvent))
         outcome = _check_outcome(
-            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay)
+            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay, cause)
         )
         step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
         assert step.finished is not None

@@ -54,6 +54,7 @@ from watchkeeper.store.backend import (
     RunStep,
     TaskQueue,
     TaskRun,
+    TryCause,
     encode_payload,
     get_logger,
     require_asset_registry,
@@ -263,8 +264,12 @@ class Worker:
             if timeout is None:  # no scope to enter and leave: one fewer per run
                 await self._call(task, context)
             else:
-                with anyio.fail_after(timeout.total_seconds()):
+                with anyio.move_on_after(timeout.total_seconds()) as limit:
                     await self._call(task, context)
+                if limit.cancelled_caught:
+                    seconds = timeout.total_seconds()
+                    late = TimeoutError(f"the try ran past its execution_timeout of {seconds:g} s")
+                    return self._failed(task, run, late, cause="timeout")
             outlets = tuple(
                 OutletEvent(
                     a.name,
@@ -286,16 +291,19 @@ class Worker:
             return self._failed(task, run, exc)
         return RunOutcome(run.id, run.lease_token, True, outlets)
 
-    def _failed(self, task: AssetTask, run: TaskRun, exc: BaseException) -> RunOutcome:
-        """The outcome of a try that raised ``exc``: a failure retried after a delay."""
-        delay = retry_delay_for(task, run.try_number)
+    def _failed(
+        self, task: AssetTask, run: TaskRun, exc: BaseException, *, cause: TryCause = "task_error"
+    ) -> RunOutcome:
+        """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
+        own, retried after a delay."""
+        delay = retry_delay_for(task, run.failures + 1)
         log.warning(
             "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
-            error=describe_error(exc),
+            error=describe_error(exc), cause=cause,
         )  # fmt: skip
         return RunOutcome(
             run.id, run.lease_token, False, error=describe_error(exc),
-            traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
+            traceback="".join(traceback.format_exception(exc)), retry_delay=delay, cause=cause,
         )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:

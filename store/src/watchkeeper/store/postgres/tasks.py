@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from .._tasks import (
+    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskInfo,
@@ -473,10 +474,12 @@ class PostgresTasks(PostgresRuns):
             if state != "failed":
                 raise RunStateError(run_id, state, "only a failed run can be retried")
             await conn.execute(
-                f"UPDATE {p}task_runs SET state = 'queued', max_tries = try_number + 1, "
-                "not_before = NULL, finished_at = NULL, updated_at = $2 WHERE id = $1",
+                f"UPDATE {p}task_runs SET state = 'queued', max_tries = failures + 1, "
+                "not_before = NULL, finished_at = NULL, updated_at = $2, "
+                "lost_tries = least(lost_tries, $3) WHERE id = $1",
                 run_id,
                 self.clock(),
+                MAX_LOST_TRIES - 1,
             )
             return (await self._runs_with_events(conn, [run_id]))[0]
 

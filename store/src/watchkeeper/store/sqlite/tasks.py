@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._tasks import (
+    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskInfo,
@@ -148,9 +149,9 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
         raise RunStateError(run_id, state, "only a failed run can be retried")
     _, stamp = tx.now()
     tx.conn.execute(
-        "UPDATE task_runs SET state = 'queued', max_tries = try_number + 1, not_before = NULL, "
-        "finished_at = NULL, updated_at = ? WHERE id = ?",
-        (stamp, run_id),
+        "UPDATE task_runs SET state = 'queued', max_tries = failures + 1, not_before = NULL, "
+        "finished_at = NULL, updated_at = ?, lost_tries = min(lost_tries, ?) WHERE id = ?",
+        (stamp, MAX_LOST_TRIES - 1, run_id),
     )
     return runs_with_events(tx.conn, [run_id])[0]
 

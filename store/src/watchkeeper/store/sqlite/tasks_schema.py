@@ -21,6 +21,7 @@ __all__ = [
     "READY_RUNS",
     "RUN_COLS",
     "TASK_TABLES",
+    "TRY_COUNTS",
     "runs_query",
 ]
 
@@ -93,13 +94,28 @@ TASK_TABLES: Final[tuple[str, ...]] = (
 RUN_COLS: Final = (
     "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids"
+    "outlet_event_ids, failures, lost_tries"
+)
+
+# Migration 11: each run counts the tries its task failed apart from those lost to the
+# infrastructure (only the first count against retries), filled from the recorded errors.
+TRY_COUNTS: Final[tuple[str, ...]] = (
+    "ALTER TABLE task_runs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE task_runs ADD COLUMN lost_tries INTEGER NOT NULL DEFAULT 0",
+    """
+    UPDATE task_runs SET
+        lost_tries = (SELECT count(*) FROM json_each(task_runs.errors)
+                      WHERE json_extract(value, '$.error') LIKE 'the lease of worker %'),
+        failures = (SELECT count(*) FROM json_each(task_runs.errors)
+                    WHERE json_extract(value, '$.error') NOT LIKE 'the lease of worker %')
+    WHERE errors != '[]'
+    """,
 )
 
 # What a claim reads: tries whose lease lapsed, runs ready to start, and whether there may
 # be either.
 LAPSED_RUNS = (
-    "SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors FROM task_runs r "
+    "SELECT r.id, r.try_number, r.lost_tries, r.lease_owner, r.errors FROM task_runs r "
     "JOIN tasks t ON t.name = r.task WHERE r.state = 'running' AND t.paused = 0 "
     "AND r.lease_expires_at <= ?"
 )
