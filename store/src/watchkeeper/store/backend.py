@@ -43,7 +43,6 @@ from ._tasks import (
     TaskQueue,
     TaskRun,
     TaskSpec,
-    TryCause,
     require_event_consumers,
     require_task_queue,
 )
@@ -126,7 +125,6 @@ __all__ = [
     "TaskSpec",
     "TaskStoreBackend",
     "TriggerStatus",
-    "TryCause",
     "WatcherControl",
     "Writer",
     "capability_methods",

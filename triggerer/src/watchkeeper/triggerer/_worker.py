@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -54,7 +54,6 @@ from watchkeeper.store.backend import (
     RunStep,
     TaskQueue,
     TaskRun,
-    TryCause,
     encode_payload,
     get_logger,
     require_asset_registry,
@@ -292,7 +291,12 @@ class Worker:
         return RunOutcome(run.id, run.lease_token, True, outlets)
 
     def _failed(
-        self, task: AssetTask, run: TaskRun, exc: BaseException, *, cause: TryCause = "task_error"
+        self,
+        task: AssetTask,
+        run: TaskRun,
+        exc: BaseException,
+        *,
+        cause: Literal["task_error", "timeout"] = "task_error",
     ) -> RunOutcome:
         """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
         own, retried after a delay."""
