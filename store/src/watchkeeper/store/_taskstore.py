@@ -32,6 +32,7 @@ from ._tasks import (
     check_state,
 )
 from ._types import AssetEvent, Writer
+from ._values import check_key, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["TaskStoreBackend"]
@@ -118,8 +119,15 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         if expected is not None:
             check_event_id("expected", expected, 0)
         writes = check_items("state", state, StateWrite, "StateWrite objects")
-        checked = [w for w in writes if isinstance(w, StateWrite)]
+        checked = [self._state_write(w) for w in writes if isinstance(w, StateWrite)]
         return await self._aconsumer_ack(name, event_id, checked, expected, writer)
+
+    def _state_write(self, write: StateWrite) -> StateWrite:
+        """``write`` checked by the rules of every other state write (scope, key, value)."""
+        self._check_scope(write.scope)
+        key = check_key(write.key)
+        text = value_from_text(key, write.value_json, max_value_bytes=self.max_value_bytes)
+        return StateWrite(write.scope, key, text)
 
     async def await_events(self, after_id: int, wait: float) -> int:
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
