@@ -324,6 +324,29 @@ class TestClaimAndFinish:
         assert [(e.try_number, e.error) for e in done.errors] == [(1, "boom"), (2, "x")]
         assert done.errors[0].traceback == "tb"
 
+    async def test_list_runs_pages_with_before_and_gives_event_ids(self, store: Any) -> None:
+        """Listing with ``before`` (the last id of a page) pages through the runs newest
+        first, none twice or skipped, filters still applied; ``event_ids`` gives each run's."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=2)])
+        ids = await emit(store, "a", 13)
+        created = await store.acreate_runs("t", 10)
+        assert len(created) == 7
+        seen: list[Any] = []
+        before = None
+        while True:
+            page = await store.alist_runs(limit=3, before=before, event_ids=True)
+            seen.extend(page)
+            if len(page) < 3:
+                break
+            before = page[-1].id
+        assert [r.id for r in seen] == sorted((r.id for r in created), reverse=True)
+        assert sorted(e for r in seen for e in r.event_ids) == ids
+        for run in seen:
+            assert list(run.event_ids) == [e.id for e in (await store.aget_run(run.id)).events]
+        queued = await store.alist_runs(task="t", state="queued", before=seen[1].id)
+        assert [r.id for r in queued] == [r.id for r in seen[2:]]
+        assert all(r.event_ids == () for r in queued)  # only when asked for
+
     async def test_lapsed_try_does_not_count_against_retries(self, store: Any) -> None:
         """A try lost to the infrastructure (its lease lapsed) is recorded as worker_lost and
         tried again even with no retries left; the task's own failure then fails the run."""
@@ -425,6 +448,8 @@ BAD_CALLS: list[tuple[str, Callable[[Any], Awaitable[object]], type[Exception], 
         cause="worker_lost"), InvalidArgumentError, "cause"),
     ("get_run_0", lambda s: s.aget_run(0), InvalidArgumentError, "run_id"),
     ("list_limit_0", lambda s: s.alist_runs(limit=0), InvalidArgumentError, "limit"),
+    ("list_before_0", lambda s: s.alist_runs(before=0), InvalidArgumentError, "before"),
+    ("list_before_str", lambda s: s.alist_runs(before="9"), ArgumentTypeError, "before"),
     ("wait_negative", lambda s: s.await_events(0, -1), InvalidArgumentError, "wait"),
 ]  # fmt: skip
 

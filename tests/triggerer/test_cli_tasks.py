@@ -140,6 +140,9 @@ class TestWorkerCommand:
         async with SqliteStateBackend(env.db) as backend:
             (event,) = await backend.alist_events(asset="order_report")
         assert event.payload == {"orders": 1} and run["outlet_event_ids"] == [event.id]
+        assert len(run["event_ids"]) == 1 and run["event_ids"][0] < event.id
+        older = await env.json_lines("runs", "list", "--before", str(run["id"]))
+        assert older == []
 
     async def test_up_runs_triggerer_and_worker(self, env: Env) -> None:
         """``up`` runs the daemon and the worker in one process and exits 0 on SIGTERM."""

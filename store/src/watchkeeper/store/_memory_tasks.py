@@ -350,16 +350,23 @@ class MemoryTasks(TaskStoreBackend):
         return run
 
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]:
         with self._lock:
             _, _, runs = self._tasks_state()
             found = [
                 replace(r, events=())
-                for _, r in sorted(runs.items(), reverse=True)
-                if (task is None or r.task == task) and (state is None or r.state == state)
+                for run_id, r in sorted(runs.items(), reverse=True)
+                if (task is None or r.task == task)
+                and (state is None or r.state == state)
+                and (before is None or run_id < before)
             ]
         return found if limit is None else found[:limit]
+
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            return {i: [e.id for e in runs[i].events] for i in run_ids if i in runs}
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         with self._lock:

@@ -199,7 +199,8 @@ class TaskRun:
     error or a timeout: the run fails once they reach ``max_tries``), ``lost_tries`` those
     lost to the infrastructure (the run fails once they reach :data:`MAX_LOST_TRIES`).
     ``events`` is filled by the calls that hand a run to a worker or show one run (claim,
-    get); listings leave it empty and give ``event_count``.
+    get); listings leave it empty and give ``event_count``, and ``event_ids`` (the ids of
+    its events, in order) when asked for.
     """
 
     id: int
@@ -221,6 +222,7 @@ class TaskRun:
     events: tuple[AssetEvent, ...] = ()
     failures: int = 0
     lost_tries: int = 0
+    event_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +360,17 @@ class TaskQueue(Protocol):
     async def aget_run(self, run_id: int) -> TaskRun: ...
 
     async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
-    ) -> list[TaskRun]: ...
+        self,
+        *,
+        task: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        event_ids: bool = False,
+    ) -> list[TaskRun]:
+        """Runs, newest first: of ``task``, in ``state``, with ids below ``before`` (the
+        cursor of the next page), at most ``limit``; with ``event_ids``, each run's."""
+        ...
 
     async def aretry_run(self, run_id: int) -> TaskRun: ...
 

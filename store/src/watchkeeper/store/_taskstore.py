@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from ._backend import BaseStateBackend
@@ -281,14 +282,29 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         return await self._aget_run(_check_run_id(run_id))
 
     async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+        self,
+        *,
+        task: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        event_ids: bool = False,
     ) -> builtins.list[TaskRun]:
-        """Runs, newest first (of ``task``, in ``state``, at most ``limit``), without events."""
+        """Runs, newest first (of ``task``, in ``state``, with ids below ``before``, at most
+        ``limit``), without events; with ``event_ids``, each run's event ids.
+
+        Paging: pass the id of the last run of a page as ``before`` to get the next one (runs
+        created meanwhile have higher ids, so no run is listed twice or skipped)."""
         self._check_open()
         check_state(state)
         name = None if task is None else check_name("task name", task)
         count = None if limit is None else check_limit(limit)
-        return await self._alist_runs(name, state, count)
+        below = None if before is None else check_event_id("before", before, 1)
+        runs = await self._alist_runs(name, state, count, below)
+        if not event_ids or not runs:
+            return runs
+        ids = await self._arun_event_ids([r.id for r in runs])
+        return [replace(r, event_ids=tuple(ids.get(r.id, ()))) for r in runs]
 
     async def aretry_run(self, run_id: int) -> TaskRun:
         """Queue a failed run again with one more try."""
@@ -370,8 +386,12 @@ class TaskStoreBackend(BaseStateBackend, ABC):
 
     @abstractmethod
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]: ...
+
+    @abstractmethod
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        """The event ids of these runs (at least one), each run's in order."""
 
     @abstractmethod
     async def _aretry_run(self, run_id: int) -> TaskRun: ...

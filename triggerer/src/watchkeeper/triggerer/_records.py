@@ -76,6 +76,7 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
             for e in run.errors
         ],
         "outlet_event_ids": list(run.outlet_event_ids),
+        "event_ids": list(run.event_ids or (e.id for e in run.events)),
     }
     if events:
         record["events"] = [event_record(e) for e in run.events]

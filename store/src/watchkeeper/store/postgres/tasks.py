@@ -58,8 +58,8 @@ from ..errors import (
     TaskNotFoundError,
 )
 from .consumers import LOCK_KEY, event_row
+from .listing import PostgresRunListing
 from .runs import (
-    RUN_COLS,
     RUN_WIDTH,
     PostgresRuns,
     create_claim_sql,
@@ -80,7 +80,7 @@ __all__ = ["PostgresTasks"]
 T = TypeVar("T")
 
 
-class PostgresTasks(PostgresRuns):
+class PostgresTasks(PostgresRunListing, PostgresRuns):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
 
     schema: str | None
@@ -437,23 +437,6 @@ class PostgresTasks(PostgresRuns):
         if not found:
             raise RunNotFoundError(run_id)
         return found[0]
-
-    async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
-    ) -> builtins.list[TaskRun]:
-        # Only the filters given, the state as a literal (one of RUN_STATES, checked): a
-        # generic "($1 IS NULL OR state = $1)" plan scanned every run ever made, where
-        # "state = 'running'" is answered by the partial index of open runs.
-        where = [] if task is None else ["task = $2"]
-        if state is not None:
-            where.append(f"state = '{state}'")
-        sql = f"SELECT {RUN_COLS} FROM {self._prefix}task_runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT $1"
-        args = (limit,) if task is None else (limit, task)
-        rows = await self._fetch("listing runs", sql, *args)
-        return [run_from_row(row) for row in rows]
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._fetch(

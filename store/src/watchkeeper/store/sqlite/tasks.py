@@ -258,11 +258,24 @@ class SqliteTasks(TaskStoreBackend):
         return run_from_row(rows[0], meta.events_result(events))
 
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]:
-        sql, params = runs_query(task, state)
+        sql, params = runs_query(task, state, before)
         rows = await self._read(sql, (*params, -1 if limit is None else limit))
         return [run_from_row(row) for row in rows]
+
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        found: dict[int, list[int]] = {}
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            rows = await self._read(
+                f"SELECT run_id, event_id FROM task_run_events WHERE run_id IN "
+                f"({', '.join('?' * len(chunk))}) ORDER BY run_id, event_id",
+                chunk,
+            )
+            for run_id, event_id in rows:
+                found.setdefault(run_id, []).append(event_id)
+        return found
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")

@@ -132,19 +132,27 @@ ANYTHING_TO_CLAIM = (
 )
 
 
-def runs_query(task: str | None, state: str | None) -> tuple[str, tuple[object, ...]]:
-    """The listing of runs (newest first, then ``LIMIT ?``) with only the filters given.
+def runs_query(
+    task: str | None, state: str | None, before: int | None = None
+) -> tuple[str, tuple[object, ...]]:
+    """The listing of runs (newest first, below the id ``before``, then ``LIMIT ?``) with
+    only the filters given.
 
     The state is written into the SQL as a literal (it is one of ``RUN_STATES``, checked by
     the caller) so that the ``(state, id)`` index answers, where a ``(? IS NULL OR state = ?)``
     filter scanned every run ever made (the worker lists its running runs at every
     heartbeat)."""
     where = []
+    params: tuple[object, ...] = ()
     if task is not None:
         where.append("task = ?")
+        params += (task,)
     if state is not None:
         where.append(f"state = '{state}'")
+    if before is not None:
+        where.append("id < ?")
+        params += (before,)
     sql = f"SELECT {RUN_COLS} FROM task_runs"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY id DESC LIMIT ?", (() if task is None else (task,))
+    return sql + " ORDER BY id DESC LIMIT ?", params

@@ -129,6 +129,13 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "task", "in": "query", "schema": {"type": "string"}},
                         {"name": "state", "in": "query", "schema": {"type": "string"}},
                         {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                        {
+                            "name": "before",
+                            "in": "query",
+                            "description": "runs with ids below this one: pass a page's "
+                            "next_before to get the next page (null next_before: no more)",
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
                     ],
                 )
             },

@@ -69,8 +69,20 @@ async def list_runs(request: Request) -> Response:
             400, "bad_request", f"state must be one of {', '.join(RUN_STATES)}, got {state!r}"
         )
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
-    runs = await ctx_of(request).tasks.alist_runs(task=task, state=state, limit=limit)
-    return JSONResponse({"runs": [run_record(run) for run in runs]})
+    before = int_param(request, "before", 0, 1, None) or None
+    # One run more than the page: whether there is a next page, without a second call.
+    runs = await ctx_of(request).tasks.alist_runs(
+        task=task, state=state, limit=limit + 1, before=before, event_ids=True
+    )
+    more = len(runs) > limit
+    page = runs[:limit]
+    return JSONResponse(
+        {
+            "runs": [run_record(run) for run in page],
+            "next_before": page[-1].id if more else None,
+            "more": more,
+        }
+    )
 
 
 async def run_detail(request: Request) -> Response:
