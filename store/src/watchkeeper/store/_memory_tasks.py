@@ -254,8 +254,9 @@ class MemoryTasks(TaskStoreBackend):
             if not (lapsed or ready):
                 continue
             if lapsed:
-                errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
                 failed = after_lost(run.lost_tries + 1) == "failed"
+                lost = lapsed_error(run.lease_owner, run.try_number, now, final=failed)
+                errors = (*run.errors, lost)
                 run = runs[run_id] = replace(
                     run, state="failed" if failed else "queued", errors=errors,
                     finished_at=now if failed else None, updated_at=now, lease_owner=None,
@@ -331,8 +332,9 @@ class MemoryTasks(TaskStoreBackend):
             failures = run.failures + 1
             state, not_before = after_failure(failures, run.max_tries, now, outcome.retry_delay)
             entry = RunError(
-                run.try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause
-            )
+                run.try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
+                state == "failed",
+            )  # fmt: skip
             run = replace(
                 run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
                 lease_expires_at=None, errors=(*run.errors, entry),
@@ -372,6 +374,40 @@ class MemoryTasks(TaskStoreBackend):
         with self._lock:
             _, _, runs = self._tasks_state()
             return dict(Counter((r.task, r.state) for r in runs.values()))
+
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            return dict(
+                Counter((r.task, e.cause, e.final) for r in runs.values() for e in r.errors)
+            )
+
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        found: dict[str, tuple[list[int], float]] = {}
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            done = [r for r in runs.values() if r.state == "success"]
+        for run in done:
+            assert run.started_at is not None and run.finished_at is not None
+            took = (run.finished_at - run.started_at).total_seconds()
+            counts, total = found.get(run.task) or ([0] * (len(bounds) + 1), 0.0)
+            counts[bisect.bisect_left(bounds, took)] += 1
+            found[run.task] = (counts, total + took)
+        return found
+
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        found: dict[tuple[str, str], datetime] = {}
+        with self._lock:
+            _, tasks, _ = self._tasks_state()
+            for name, task in tasks.items():
+                for asset in task.spec.assets:
+                    for event in self._after(task.cursors.get(asset, 0)):
+                        if event.asset == asset:
+                            found[(name, asset)] = event.created_at
+                            break
+        return found
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         with self._lock:

@@ -15,6 +15,7 @@ __all__ = [
     "TRY_CAUSES",
     "RunError",
     "TryCause",
+    "bucketed",
     "errors_from_json",
     "errors_to_json",
     "ids_from_json",
@@ -43,29 +44,34 @@ class RunError:
     traceback: str | None
     at: datetime
     cause: TryCause = "task_error"
+    final: bool = False
+    """Whether this failure failed the run (no tries left of its kind)."""
 
 
 LAPSED = "the lease of worker '{owner}' lapsed: the try did not finish"
 
 
-def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
+def lapsed_error(
+    owner: str | None, try_number: int, now: datetime, *, final: bool = False
+) -> RunError:
     """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
-    return RunError(try_number, LAPSED.format(owner=owner), None, now, "worker_lost")
+    return RunError(try_number, LAPSED.format(owner=owner), None, now, "worker_lost", final)
 
 
 def errors_to_json(errors: Iterable[RunError]) -> str:
-    return json.dumps(
-        [
-            {
-                "try": e.try_number,
-                "error": e.error,
-                "traceback": e.traceback,
-                "at": e.at.isoformat(),
-                "cause": e.cause,
-            }
-            for e in errors
-        ]
-    )
+    out = []
+    for e in errors:
+        item: dict[str, Any] = {
+            "try": e.try_number,
+            "error": e.error,
+            "traceback": e.traceback,
+            "at": e.at.isoformat(),
+            "cause": e.cause,
+        }
+        if e.final:
+            item["final"] = True
+        out.append(item)
+    return json.dumps(out)
 
 
 def errors_from_json(text: str | None) -> tuple[RunError, ...]:
@@ -73,7 +79,14 @@ def errors_from_json(text: str | None) -> tuple[RunError, ...]:
         return ()
     items: list[dict[str, Any]] = json.loads(text)
     return tuple(
-        RunError(i["try"], i["error"], i["traceback"], datetime.fromisoformat(i["at"]), _cause(i))
+        RunError(
+            i["try"],
+            i["error"],
+            i["traceback"],
+            datetime.fromisoformat(i["at"]),
+            _cause(i),
+            bool(i.get("final")),
+        )
         for i in items
     )
 
@@ -96,3 +109,14 @@ def ids_to_json(ids: Iterable[int]) -> str:
 
 def ids_from_json(text: str | None) -> tuple[int, ...]:
     return tuple(json.loads(text)) if text and text != "[]" else ()
+
+
+def bucketed(rows: Iterable[Any], edges: int) -> dict[str, tuple[list[int], float]]:
+    """``(task, bucket, count, seconds)`` rows as ``{task: (counts, total seconds)}`` with
+    ``edges + 1`` buckets (what the SQL backends' run durations read)."""
+    found: dict[str, tuple[list[int], float]] = {}
+    for task, index, count, seconds in rows:
+        counts, total = found.get(task) or ([0] * (edges + 1), 0.0)
+        counts[index] += count
+        found[task] = (counts, total + float(seconds or 0.0))
+    return found

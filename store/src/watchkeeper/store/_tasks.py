@@ -383,6 +383,18 @@ class TaskQueue(Protocol):
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
         ...
 
+    async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        """Failed tries by task, cause and whether they failed the run (counts only grow)."""
+        ...
+
+    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        """The commit time of the oldest pending event per task and scheduled asset."""
+        ...
+
+    async def arun_durations(self, bounds: Sequence[float]) -> dict[str, tuple[list[int], float]]:
+        """Successful runs' durations per task in buckets (``counts``, total seconds)."""
+        ...
+
 
 def require_event_consumers(backend: object) -> EventConsumers:
     """``backend`` as an :class:`EventConsumers`, else :class:`MissingCapabilityError`."""

@@ -13,7 +13,7 @@ import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ._backend import BaseStateBackend
 from ._leases import check_owner, check_ttl
@@ -316,7 +316,44 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         self._check_open()
         return await self._acount_runs()
 
+    async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        """How many failed tries each task's runs recorded, by cause and by whether the try
+        failed its run: ``{(task, cause, final): count}``. A run's tries stay recorded (a
+        retry adds to them), so every count only grows."""
+        self._check_open()
+        return await self._acount_tries()
+
+    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        """When the oldest event past each task's cursor on each scheduled asset was
+        committed: ``{(task, asset): created_at}`` (pairs with nothing pending left out)."""
+        self._check_open()
+        return await self._aoldest_pending()
+
+    async def arun_durations(
+        self, bounds: Sequence[float]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        """The durations of the successful tries of each task's successful runs, in buckets:
+        ``{task: (counts, total seconds)}``, ``counts[i]`` the runs of at most ``bounds[i]``
+        seconds and above ``bounds[i - 1]``, the last one those above every bound. A
+        successful run stays so: every count only grows."""
+        self._check_open()
+        edges = [float(b) for b in bounds]
+        if edges != sorted(edges):
+            raise InvalidArgumentError("bounds", bounds, "must be in increasing order")
+        return await self._arun_durations(tuple(edges))
+
     # -- hooks: called with checked arguments, on an open store --------------------------------
+
+    @abstractmethod
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]: ...
+
+    @abstractmethod
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
+
+    @abstractmethod
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
 
     @abstractmethod
     async def _aconsumer_position(self, name: str) -> int: ...

@@ -4,8 +4,10 @@ page at a time, and the event ids of the runs listed (one query for a whole page
 from __future__ import annotations
 
 import builtins
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .._run_errors import bucketed
 from .._taskstore import TaskStoreBackend
 from .runs import RUN_COLS, run_from_row
 
@@ -58,3 +60,36 @@ class PostgresRunListing(TaskStoreBackend):
         for row in rows:
             found.setdefault(row[0], []).append(row[1])
         return found
+
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        rows = await self._fetch(
+            "counting the tries of runs",
+            "SELECT r.task, coalesce(e ->> 'cause', CASE WHEN e ->> 'error' LIKE "
+            "'the lease of worker %' THEN 'worker_lost' ELSE 'task_error' END), "
+            "coalesce((e ->> 'final')::boolean, false), count(*) "
+            f"FROM {self._prefix}task_runs r, jsonb_array_elements(r.errors::jsonb) e "
+            "WHERE r.errors <> '[]' GROUP BY 1, 2, 3",
+        )
+        return {(row[0], row[1], bool(row[2])): row[3] for row in rows}
+
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        took = "extract(epoch FROM finished_at - started_at)::float8"
+        bucket = "CASE " + "".join(f"WHEN {took} <= {b!r} THEN {i} " for i, b in enumerate(bounds))
+        rows = await self._fetch(
+            "measuring run durations",
+            f"SELECT task, {bucket}ELSE {len(bounds)} END, count(*), sum({took}) "
+            f"FROM {self._prefix}task_runs WHERE state = 'success' GROUP BY 1, 2",
+        )
+        return bucketed(rows, len(bounds))
+
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        p = self._prefix
+        rows = await self._fetch(
+            "reading the oldest pending events",
+            f"SELECT c.task, c.asset, (SELECT e.created_at FROM {p}asset_events e "
+            "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
+            f"FROM {p}task_cursors c",
+        )
+        return {(row[0], row[1]): row[2] for row in rows if row[2] is not None}

@@ -116,6 +116,8 @@ def step_sql(p: str, *, group: bool = False) -> str:
     )
     # A lapsed try does not count against retries, only against MAX_LOST_TRIES (after_lost).
     again = f"u.lost_tries + 1 < {MAX_LOST_TRIES}"
+    # The entry of a lapsed try that is not claimed again at once: final when it fails the run.
+    final_entry = entry.replace("'worker_lost')))", f"'worker_lost', 'final', NOT ({again}))))")
     return (
         "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
         f"done AS (UPDATE {p}task_runs u SET state = 'success', finished_at = n.at, "
@@ -128,7 +130,7 @@ def step_sql(p: str, *, group: bool = False) -> str:
         f"AND r.lease_expires_at <= (SELECT at FROM n) AND r.lost_tries + 1 < {MAX_LOST_TRIES})) "
         f"ORDER BY r.id LIMIT {limit} FOR UPDATE OF r SKIP LOCKED), "
         f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN {again} "
-        f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
+        f"THEN 'queued' ELSE 'failed' END, errors = {final_entry}, updated_at = n.at, "
         "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
         f"WHEN {again} THEN NULL ELSE n.at END, lost_tries = u.lost_tries + 1 FROM gone, n "
         f"WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND {claiming} "
@@ -433,8 +435,9 @@ class PostgresRuns(TaskStoreBackend):
             raise RunLeaseLostError(run_id, owner, token, reason)
         new_state, not_before = after_failure(failed + 1, max_tries, now, outcome.retry_delay)
         entry = RunError(
-            try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause
-        )
+            try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
+            new_state == "failed",
+        )  # fmt: skip
         row = await conn.fetchrow(
             f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
             "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "

@@ -270,8 +270,9 @@ def _claim(
     # Tries whose worker stopped renewing: recorded, then retried or (no tries left) failed.
     lapsed = conn.execute(LAPSED_RUNS + only, (stamp, *params)).fetchall()
     for run_id, try_number, lost_tries, lease_owner, errors in lapsed:
-        entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
         state = after_lost(lost_tries + 1)
+        lost = lapsed_error(lease_owner, try_number, now, final=state == "failed")
+        entries = (*errors_from_json(errors), lost)
         conn.execute(
             "UPDATE task_runs SET state = ?, errors = ?, updated_at = ?, not_before = NULL, "
             "finished_at = CASE WHEN ? = 'failed' THEN ? END, lease_owner = NULL, "
@@ -329,7 +330,14 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
         new_state, not_before = after_failure(failures + 1, max_tries, now, outcome.retry_delay)
         entries = (
             *errors_from_json(errors),
-            RunError(try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause),
+            RunError(
+                try_number,
+                outcome.error or "failed",
+                outcome.traceback,
+                now,
+                outcome.cause,
+                new_state == "failed",
+            ),
         )
         conn.execute(
             "UPDATE task_runs SET state = ?, not_before = ?, updated_at = ?, errors = ?, "

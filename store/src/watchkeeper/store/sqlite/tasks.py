@@ -15,9 +15,10 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._run_errors import bucketed
 from .._tasks import (
     MAX_LOST_TRIES,
     RunOutcome,
@@ -280,6 +281,34 @@ class SqliteTasks(TaskStoreBackend):
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")
         return {(task, state): count for task, state, count in rows}
+
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        rows = await self._read(
+            "SELECT r.task, coalesce(json_extract(e.value, '$.cause'), CASE WHEN "
+            "json_extract(e.value, '$.error') LIKE 'the lease of worker %' THEN 'worker_lost' "
+            "ELSE 'task_error' END), coalesce(json_extract(e.value, '$.final'), 0), count(*) "
+            "FROM task_runs r, json_each(r.errors) e WHERE r.errors != '[]' GROUP BY 1, 2, 3"
+        )
+        return {(task, cause, bool(final)): n for task, cause, final, n in rows}
+
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        took = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+        bucket = "CASE " + "".join(f"WHEN {took} <= {b!r} THEN {i} " for i, b in enumerate(bounds))
+        rows = await self._read(
+            f"SELECT task, {bucket}ELSE {len(bounds)} END, count(*), sum({took}) "
+            "FROM task_runs WHERE state = 'success' GROUP BY 1, 2"
+        )
+        return bucketed(rows, len(bounds))
+
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        rows = await self._read(
+            "SELECT c.task, c.asset, (SELECT e.created_at FROM asset_events e "
+            "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
+            "FROM task_cursors c"
+        )
+        return {(task, asset): from_db(at) for task, asset, at in rows if at is not None}
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         return await self._write(lambda tx: _retry(tx, run_id))

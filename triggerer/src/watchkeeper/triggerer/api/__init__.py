@@ -7,7 +7,8 @@ The modules: ``_app`` (the routes table, errors as JSON), ``_base`` (the context
 authentication, JSON shapes), ``_health`` (health, readiness, metrics, OpenAPI), ``_assets``
 (assets and state), ``_events`` (events and the live stream) with ``_feed`` (the read of the
 event log a stream's clients share), ``_watchers`` (watchers and daemons), ``_tasks`` (tasks
-and runs), ``_tokens``, ``_metrics``, ``_openapi``, ``_page`` and ``static/`` (the web page),
+and runs), ``_tokens``, ``_metrics`` with ``_task_metrics`` (the task series, read from the
+store), ``_openapi``, ``_page`` and ``static/`` (the web page),
 ``_server`` (uvicorn in the caller's task group).
 """
 
