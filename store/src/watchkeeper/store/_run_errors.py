@@ -29,7 +29,7 @@ TRY_CAUSES: tuple[TryCause, ...] = ("task_error", "timeout", "worker_lost")
 (``timeout``), or its worker stopped renewing the lease (``worker_lost``: killed, frozen,
 cut off from the database). Only the first two count against the task's ``retries``."""
 
-MAX_LOST_TRIES = 10
+MAX_LOST_TRIES = 25
 """How many tries of one run may be lost to the infrastructure (``worker_lost``) before the
 run fails for good: a guard against a task that kills its own worker, retried forever."""
 
