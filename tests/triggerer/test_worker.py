@@ -253,6 +253,25 @@ class TestFailures:
         assert "TimeoutError" in run.errors[0].error
         assert run.errors[0].cause == "timeout" and run.failures == 1
 
+    async def test_error_raised_on_timeout_counts_as_timeout(self, store: Any) -> None:
+        """A try whose cleanup raises when its timeout cancels it is recorded as a timeout."""
+
+        @asset_task(schedule=[A], execution_timeout=0.05)
+        async def stubborn(**_: Any) -> None:
+            try:
+                await anyio.sleep(30)
+            except anyio.get_cancelled_exc_class():
+                raise RuntimeError("cleanup failed") from None
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, stubborn)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "stubborn", "failed", 1)
+            tg.cancel_scope.cancel()
+        assert [(e.cause, e.error) for e in run.errors] == [
+            ("timeout", "RuntimeError: cleanup failed")
+        ]
+
     async def test_task_error_without_retries_fails_for_good(self, store: Any) -> None:
         """A task that raises with retries=0 fails its run at once, the try a task_error."""
 

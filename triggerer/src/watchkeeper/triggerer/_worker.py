@@ -258,6 +258,7 @@ class Worker:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
         context = run_context(self.backend, task, run)
+        limit: anyio.CancelScope | None = None
         try:
             timeout = task.execution_timeout
             if timeout is None:  # no scope to enter and leave: one fewer per run
@@ -280,7 +281,9 @@ class Worker:
                 for a in task.outlets
             )
         except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
-            return self._failed(task, run, exc)
+            # One raised while the timeout cancels the try (cleanup that failed) is the timeout's.
+            timed_out = limit is not None and limit.cancel_called
+            return self._failed(task, run, exc, cause="timeout" if timed_out else "task_error")
         except BaseException as exc:
             # sys.exit(), KeyboardInterrupt, GeneratorExit or the task's own BaseException
             # subclass end the try, not the worker. A cancellation is the worker's only when
