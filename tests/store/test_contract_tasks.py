@@ -29,6 +29,7 @@ from watchkeeper.store import (
     TaskScope,
 )
 from watchkeeper.store.backend import (
+    MAX_LOST_TRIES,
     EventCommit,
     EventConsumers,
     MetastoreBackend,
@@ -180,6 +181,30 @@ class TestRunCreation:
         run = await store.acreate_run("t")
         assert [e.id for e in run.events] == ids[1:]
 
+    async def test_rewind_only_moves_back(self, store: Any) -> None:
+        """A rewind past the asset's last event, after the task's cursor, or on an asset
+        outside the schedule is refused with an error naming it, and changes nothing."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        ids = await emit(store, "a", 3)
+        await emit(store, "b")
+        await store.acreate_run("t")  # the cursor moves to ids[0]; ids[1:] are pending
+        before = await snapshot(store)
+        refused = [
+            (999999999999, "a", "past the end of the log"),
+            (ids[-1] + 1, "a", "past the end of the log"),
+            (ids[1], "a", f"after the cursor of task 't' on 'a' \\({ids[0]}\\)"),
+            (ids[2], "a", "a rewind only moves back"),
+            (ids[0], "b", "not in the schedule of task 't'"),
+            (ids[0], "out", "not in the schedule of task 't'"),
+        ]
+        for to_event, asset, message in refused:
+            with pytest.raises(InvalidArgumentError, match=message):
+                await store.arewind_task("t", asset, to_event)
+            assert await snapshot(store) == before
+        await store.arewind_task("t", "a", ids[0])  # back to the run's event: allowed
+        (info,) = await store.alist_tasks()
+        assert info.cursors == {"a": ids[0] - 1} and info.pending == {"a": 3}
+
     async def test_unknown_task_is_an_error(self, store: Any) -> None:
         """Naming an unregistered task raises TaskNotFoundError."""
         with pytest.raises(TaskNotFoundError):
@@ -299,14 +324,82 @@ class TestClaimAndFinish:
         assert [(e.try_number, e.error) for e in done.errors] == [(1, "boom"), (2, "x")]
         assert done.errors[0].traceback == "tb"
 
-    async def test_lapsed_last_try_fails(self, store: Any) -> None:
-        """A run whose last try lapsed is failed, not claimed again."""
+    async def test_list_runs_pages_with_before_and_gives_event_ids(self, store: Any) -> None:
+        """Listing with ``before`` (the last id of a page) pages through the runs newest
+        first, none twice or skipped, filters still applied; ``event_ids`` gives each run's."""
+        await store.async_tasks([TaskSpec("t", ("a",), max_events=2)])
+        ids = await emit(store, "a", 13)
+        created = await store.acreate_runs("t", 10)
+        assert len(created) == 7
+        seen: list[Any] = []
+        before = None
+        while True:
+            page = await store.alist_runs(limit=3, before=before, event_ids=True)
+            seen.extend(page)
+            if len(page) < 3:
+                break
+            before = page[-1].id
+        assert [r.id for r in seen] == sorted((r.id for r in created), reverse=True)
+        assert sorted(e for r in seen for e in r.event_ids) == ids
+        for run in seen:
+            assert list(run.event_ids) == [e.id for e in (await store.aget_run(run.id)).events]
+        queued = await store.alist_runs(task="t", state="queued", before=seen[1].id)
+        assert [r.id for r in queued] == [r.id for r in seen[2:]]
+        assert all(r.event_ids == () for r in queued)  # only when asked for
+
+    async def test_lapsed_try_does_not_count_against_retries(self, store: Any) -> None:
+        """A try lost to the infrastructure (its lease lapsed) is recorded as worker_lost and
+        tried again even with no retries left; the task's own failure then fails the run."""
         await self.ready(store, max_tries=1)
         await store.aclaim_runs("w1", limit=1, ttl=TTL)
         store.clock.advance(31)
-        assert await store.aclaim_runs("w2", limit=1, ttl=TTL) == []
-        (run,) = await store.alist_runs(state="failed")
-        assert run.errors[0].try_number == 1
+        (again,) = await store.aclaim_runs("w2", limit=1, ttl=TTL)
+        assert (again.try_number, again.failures, again.lost_tries) == (2, 0, 1)
+        assert [(e.try_number, e.cause) for e in again.errors] == [(1, "worker_lost")]
+        done = await store.afinish_run(again.id, "w2", again.lease_token, success=False, error="x")
+        assert (done.state, done.failures, done.lost_tries) == ("failed", 1, 1)
+        assert [e.cause for e in done.errors] == ["worker_lost", "task_error"]
+        (listed,) = await store.alist_runs()
+        assert (listed.failures, listed.lost_tries) == (1, 1)
+
+    async def test_lost_tries_are_capped(self, store: Any) -> None:
+        """A run lost to the infrastructure MAX_LOST_TRIES times fails for good (a task that
+        kills its own worker is not retried forever)."""
+        await self.ready(store, max_tries=1)
+        await store.aclaim_runs("w0", limit=1, ttl=TTL)
+        for n in range(1, MAX_LOST_TRIES):
+            store.clock.advance(31)
+            (run,) = await store.aclaim_runs(f"w{n}", limit=1, ttl=TTL)
+            assert run.lost_tries == n and run.try_number == n + 1
+        store.clock.advance(31)
+        assert await store.aclaim_runs("w", limit=1, ttl=TTL) == []
+        (failed,) = await store.alist_runs(state="failed")
+        assert (failed.lost_tries, failed.failures, failed.try_number) == (
+            MAX_LOST_TRIES,
+            0,
+            MAX_LOST_TRIES,
+        )
+        assert {e.cause for e in failed.errors} == {"worker_lost"}
+        retried = await store.aretry_run(failed.id)  # one more try, of either kind
+        assert retried.state == "queued" and retried.lost_tries == MAX_LOST_TRIES - 1
+        (claimed,) = await store.aclaim_runs("w", limit=1, ttl=TTL)
+        store.clock.advance(31)
+        assert await store.aclaim_runs("w", limit=1, ttl=TTL) == []
+        assert (await store.aget_run(claimed.id)).state == "failed"
+
+    async def test_timeout_is_recorded_and_counts(self, store: Any) -> None:
+        """A try the worker reports as a timeout is recorded with that cause and counts
+        against the task's tries, as its errors do."""
+        await self.ready(store, max_tries=2)
+        (run,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        queued = await store.afinish_run(
+            run.id, "w1", run.lease_token, success=False, error="TimeoutError", cause="timeout"
+        )
+        assert (queued.state, queued.failures) == ("queued", 1)
+        (run2,) = await store.aclaim_runs("w1", limit=1, ttl=TTL)
+        done = await store.afinish_run(run2.id, "w1", run2.lease_token, success=False, error="e")
+        assert done.state == "failed"
+        assert [e.cause for e in done.errors] == ["timeout", "task_error"]
 
     async def test_retry_failed_run(self, store: Any) -> None:
         """Retrying a failed run queues it for one more try; other states are refused."""
@@ -351,8 +444,12 @@ BAD_CALLS: list[tuple[str, Callable[[Any], Awaitable[object]], type[Exception], 
     ("finish_negative_delay", lambda s: s.afinish_run(
         1, "w", 1, success=False, retry_delay=timedelta(seconds=-1)), InvalidArgumentError,
      "retry_delay"),
+    ("finish_lost_cause", lambda s: s.afinish_run(1, "w", 1, success=False,
+        cause="worker_lost"), InvalidArgumentError, "cause"),
     ("get_run_0", lambda s: s.aget_run(0), InvalidArgumentError, "run_id"),
     ("list_limit_0", lambda s: s.alist_runs(limit=0), InvalidArgumentError, "limit"),
+    ("list_before_0", lambda s: s.alist_runs(before=0), InvalidArgumentError, "before"),
+    ("list_before_str", lambda s: s.alist_runs(before="9"), ArgumentTypeError, "before"),
     ("wait_negative", lambda s: s.await_events(0, -1), InvalidArgumentError, "wait"),
 ]  # fmt: skip
 

@@ -191,9 +191,9 @@ class TestTaskMetrics:
             metrics = Metrics(backend)
             await metrics.prepare()
             found = samples(metrics.render().decode())
-        assert value(found, "watchkeeper_task_runs_total", task="load", state="success") == 1
-        assert value(found, "watchkeeper_task_runs_total", task="load", state="queued") == 1
-        assert value(found, "watchkeeper_task_runs_total", task="load", state="failed") == 0
+        assert value(found, "watchkeeper_task_runs", task="load", state="success") == 1
+        assert value(found, "watchkeeper_task_runs", task="load", state="queued") == 1
+        assert value(found, "watchkeeper_task_runs", task="load", state="failed") == 0
         assert value(found, "watchkeeper_task_pending_events", task="load", asset="orders") == 0
         assert value(found, "watchkeeper_task_pending_events", task="load", asset="bills") == 0
 
@@ -209,7 +209,7 @@ class TestTaskMetrics:
             await metrics.prepare()
             found = samples(metrics.render().decode())
         assert value(found, "watchkeeper_task_pending_events", task="load", asset="orders") == 4
-        assert value(found, "watchkeeper_task_runs_total", task="load", state="queued") == 0
+        assert value(found, "watchkeeper_task_runs", task="load", state="queued") == 0
 
 
 class TestInDaemon:

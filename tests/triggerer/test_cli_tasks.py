@@ -22,6 +22,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.backend import (
     EventCommit,
+    TaskSpec,
     encode_json,
 )
 
@@ -139,6 +140,9 @@ class TestWorkerCommand:
         async with SqliteStateBackend(env.db) as backend:
             (event,) = await backend.alist_events(asset="order_report")
         assert event.payload == {"orders": 1} and run["outlet_event_ids"] == [event.id]
+        assert len(run["event_ids"]) == 1 and run["event_ids"][0] < event.id
+        older = await env.json_lines("runs", "list", "--before", str(run["id"]))
+        assert older == []
 
     async def test_up_runs_triggerer_and_worker(self, env: Env) -> None:
         """``up`` runs the daemon and the worker in one process and exits 0 on SIGTERM."""
@@ -215,3 +219,28 @@ class TestTasksAndRuns:
             assert done.returncode == 1
             lines = done.stderr.decode().splitlines()
             assert len(lines) == 1 and lines[0].startswith("watchkeeper: error:")
+
+    async def test_rewind_past_the_cursor_is_refused(self, env: Env) -> None:
+        """A rewind to an id past the end of the log or after the cursor, or on an asset
+        outside the schedule, is one error line, exit 1, and leaves the cursor alone."""
+        async with SqliteStateBackend(env.db) as backend:
+            await backend.aregister_assets([Asset("orders"), Asset("other")])
+            await backend.async_tasks([TaskSpec("build_report", ("orders",))])
+        await env.emit({"n": 1}, {"n": 2})
+        (before,) = await env.json_lines("tasks", "list")
+        cases = [
+            ("orders", "999999999999", "past the end of the log"),
+            ("orders", str(before["cursors"]["orders"] + 1), "after the cursor of task"),
+            ("other", "1", "is not in the schedule of task 'build_report'"),
+        ]
+        for asset, to_event, message in cases:
+            done = await env.run(
+                "tasks", "rewind", "build_report", "--asset", asset, "--to-event", to_event
+            )
+            assert done.returncode == 1, done.stdout.decode()
+            lines = done.stderr.decode().splitlines()
+            assert len(lines) == 1 and message in lines[0], lines
+            assert "redelivered" not in done.stdout.decode()
+            assert "start a worker" not in lines[0]
+        (after,) = await env.json_lines("tasks", "list")
+        assert after == before and after["pending"] == {"orders": 2}

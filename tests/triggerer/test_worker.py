@@ -251,6 +251,60 @@ class TestFailures:
             (run,) = await wait_runs(store, "slow", "failed", 1)
             tg.cancel_scope.cancel()
         assert "TimeoutError" in run.errors[0].error
+        assert run.errors[0].cause == "timeout" and run.failures == 1
+
+    async def test_error_raised_on_timeout_counts_as_timeout(self, store: Any) -> None:
+        """A try whose cleanup raises when its timeout cancels it is recorded as a timeout."""
+
+        @asset_task(schedule=[A], execution_timeout=0.05)
+        async def stubborn(**_: Any) -> None:
+            try:
+                await anyio.sleep(30)
+            except anyio.get_cancelled_exc_class():
+                raise RuntimeError("cleanup failed") from None
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, stubborn)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "stubborn", "failed", 1)
+            tg.cancel_scope.cancel()
+        assert [(e.cause, e.error) for e in run.errors] == [
+            ("timeout", "RuntimeError: cleanup failed")
+        ]
+
+    async def test_task_error_without_retries_fails_for_good(self, store: Any) -> None:
+        """A task that raises with retries=0 fails its run at once, the try a task_error."""
+
+        @asset_task(schedule=[A])
+        def broken(**_: Any) -> None:
+            raise ValueError("no")
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, broken)
+            await emit(store, A)
+            (run,) = await wait_runs(store, "broken", "failed", 1)
+            tg.cancel_scope.cancel()
+        assert (run.try_number, run.failures, run.lost_tries) == (1, 1, 0)
+        assert [(e.cause, e.error) for e in run.errors] == [("task_error", "ValueError: no")]
+
+    async def test_stopping_the_worker_is_not_a_failed_try(self, store: Any) -> None:
+        """Cancelling the worker while an async try runs cancels it: the try is not recorded
+        as a failure (a cancellation the task raises on its own would be)."""
+        started = anyio.Event()
+
+        @asset_task(schedule=[A])
+        async def forever(**_: Any) -> None:
+            started.set()
+            await anyio.sleep(60)
+
+        async with anyio.create_task_group() as tg:
+            await start(store, tg, forever)
+            await emit(store, A)
+            with anyio.fail_after(20):
+                await started.wait()
+            tg.cancel_scope.cancel()
+        (run,) = await store.alist_runs(task="forever")
+        assert run.state == "running" and run.errors == ()
 
     def test_retry_delay_doubles_with_jitter(self) -> None:
         """The retry delay doubles per try within ±20 %, capped at max_retry_delay."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._tasks import (
+    MAX_LOST_TRIES,
     RunError,
     RunOutcome,
     RunStep,
@@ -25,6 +26,8 @@ from ._tasks import (
     TaskRun,
     TaskSpec,
     after_failure,
+    after_lost,
+    check_rewind,
     lapsed_error,
     lost_reason,
     plan_runs,
@@ -169,9 +172,10 @@ class MemoryTasks(TaskStoreBackend):
     ) -> None:
         with self._lock:
             task = self._named_task(name)
-            if asset not in task.spec.assets:
-                raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
-            task.cursors[asset] = to_event_id - 1
+            task.cursors[asset] = check_rewind(
+                task.spec, asset, to_event_id, task.cursors.get(asset, 0),
+                self._last_event_id(asset),
+            )  # fmt: skip
             task.writers[asset] = writer
 
     async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
@@ -250,12 +254,13 @@ class MemoryTasks(TaskStoreBackend):
             if not (lapsed or ready):
                 continue
             if lapsed:
-                errors = (*run.errors, lapsed_error(run.lease_owner, run.try_number, now))
-                failed = run.try_number >= run.max_tries
+                failed = after_lost(run.lost_tries + 1) == "failed"
+                lost = lapsed_error(run.lease_owner, run.try_number, now, final=failed)
+                errors = (*run.errors, lost)
                 run = runs[run_id] = replace(
                     run, state="failed" if failed else "queued", errors=errors,
                     finished_at=now if failed else None, updated_at=now, lease_owner=None,
-                    lease_expires_at=None, not_before=None,
+                    lease_expires_at=None, not_before=None, lost_tries=run.lost_tries + 1,
                 )  # fmt: skip
                 if failed:
                     continue
@@ -324,14 +329,16 @@ class MemoryTasks(TaskStoreBackend):
                 lease_expires_at=None, outlet_event_ids=tuple(outlet_ids),
             )  # fmt: skip
         else:
-            state, not_before = after_failure(
-                run.try_number, run.max_tries, now, outcome.retry_delay
-            )
-            entry = RunError(run.try_number, outcome.error or "failed", outcome.traceback, now)
+            failures = run.failures + 1
+            state, not_before = after_failure(failures, run.max_tries, now, outcome.retry_delay)
+            entry = RunError(
+                run.try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
+                state == "failed",
+            )  # fmt: skip
             run = replace(
                 run, state=state, not_before=not_before, updated_at=now, lease_owner=None,
                 lease_expires_at=None, errors=(*run.errors, entry),
-                finished_at=now if state == "failed" else None,
+                finished_at=now if state == "failed" else None, failures=failures,
             )  # fmt: skip
         runs[run_id] = run
         return replace(run, events=())
@@ -345,21 +352,62 @@ class MemoryTasks(TaskStoreBackend):
         return run
 
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]:
         with self._lock:
             _, _, runs = self._tasks_state()
             found = [
                 replace(r, events=())
-                for _, r in sorted(runs.items(), reverse=True)
-                if (task is None or r.task == task) and (state is None or r.state == state)
+                for run_id, r in sorted(runs.items(), reverse=True)
+                if (task is None or r.task == task)
+                and (state is None or r.state == state)
+                and (before is None or run_id < before)
             ]
         return found if limit is None else found[:limit]
+
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            return {i: [e.id for e in runs[i].events] for i in run_ids if i in runs}
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         with self._lock:
             _, _, runs = self._tasks_state()
             return dict(Counter((r.task, r.state) for r in runs.values()))
+
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            return dict(
+                Counter((r.task, e.cause, e.final) for r in runs.values() for e in r.errors)
+            )
+
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        found: dict[str, tuple[list[int], float]] = {}
+        with self._lock:
+            _, _, runs = self._tasks_state()
+            done = [r for r in runs.values() if r.state == "success"]
+        for run in done:
+            assert run.started_at is not None and run.finished_at is not None
+            took = (run.finished_at - run.started_at).total_seconds()
+            counts, total = found.get(run.task) or ([0] * (len(bounds) + 1), 0.0)
+            counts[bisect.bisect_left(bounds, took)] += 1
+            found[run.task] = (counts, total + took)
+        return found
+
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        found: dict[tuple[str, str], datetime] = {}
+        with self._lock:
+            _, tasks, _ = self._tasks_state()
+            for name, task in tasks.items():
+                for asset in task.spec.assets:
+                    for event in self._after(task.cursors.get(asset, 0)):
+                        if event.asset == asset:
+                            found[(name, asset)] = event.created_at
+                            break
+        return found
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         with self._lock:
@@ -371,8 +419,9 @@ class MemoryTasks(TaskStoreBackend):
                 raise RunStateError(run_id, run.state, "only a failed run can be retried")
             now = self.clock()
             run = runs[run_id] = replace(
-                run, state="queued", max_tries=run.try_number + 1, not_before=None,
+                run, state="queued", max_tries=run.failures + 1, not_before=None,
                 finished_at=None, updated_at=now,
+                lost_tries=min(run.lost_tries, MAX_LOST_TRIES - 1),
             )  # fmt: skip
             return run
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import anyio
@@ -32,7 +32,7 @@ from ._types import (
     NodeHeartbeat,
     TriggerStatus,
 )
-from ._values import check_bigint, check_events_query, check_name
+from ._values import check_bigint, check_events_query, check_name, value_from_text
 from .errors import ArgumentTypeError
 
 __all__ = ["MetastoreBackend", "check_items"]
@@ -85,6 +85,7 @@ class MetastoreBackend(BaseStateBackend, ABC):
         self._check_open()
         if not isinstance(commit, EventCommit):
             raise ArgumentTypeError("commit", commit, "an EventCommit")
+        self._check_state_texts(commit.state)
         return await self._acommit_event(commit)
 
     async def acommit_events(self, batch: EventBatchCommit) -> builtins.list[AssetEvent]:
@@ -97,7 +98,15 @@ class MetastoreBackend(BaseStateBackend, ABC):
         self._check_open()
         if not isinstance(batch, EventBatchCommit):
             raise ArgumentTypeError("batch", batch, "an EventBatchCommit")
+        self._check_state_texts(batch.state)
         return await self._acommit_events(batch)
+
+    def _check_state_texts(self, state: Mapping[str, str]) -> None:
+        """A commit's state values (JSON text) by the rules of every state write (its keys
+        were checked when it was built)."""
+        limit = self.max_value_bytes
+        for key, text in state.items():
+            value_from_text(key, text, max_value_bytes=limit)
 
     async def alist_events(
         self,

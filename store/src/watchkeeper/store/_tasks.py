@@ -24,19 +24,32 @@ ended (see :mod:`.postgres.tasks`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ._run_errors import (
+    LAPSED,
+    MAX_LOST_TRIES,
+    TRY_CAUSES,
+    RunError,
+    TryCause,
+    errors_from_json,
+    errors_to_json,
+    ids_from_json,
+    ids_to_json,
+    lapsed_error,
+)
 from ._types import AssetEvent, StateScope, Writer
 from ._values import JSONValue
 from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
 
 __all__ = [
     "LAPSED",
+    "MAX_LOST_TRIES",
     "RUN_STATES",
+    "TRY_CAUSES",
     "EventConsumers",
     "OutletEvent",
     "RunError",
@@ -47,13 +60,18 @@ __all__ = [
     "TaskQueue",
     "TaskRun",
     "TaskSpec",
+    "TryCause",
     "after_failure",
+    "after_lost",
     "check_event_id",
     "check_limit",
     "check_name",
+    "check_rewind",
     "check_state",
     "errors_from_json",
     "errors_to_json",
+    "ids_from_json",
+    "ids_to_json",
     "lapsed_error",
     "lost_reason",
     "plan_run",
@@ -97,6 +115,37 @@ def check_state(state: object) -> None:
     """A run state filter: ``None`` or one of :data:`RUN_STATES`."""
     if state is not None and state not in RUN_STATES:
         raise InvalidArgumentError("state", state, f"must be one of {', '.join(RUN_STATES)}")
+
+
+def check_rewind(spec: TaskSpec, asset: str, to_event_id: int, cursor: int, last: int) -> int:
+    """The cursor a rewind of ``spec``'s cursor on ``asset`` to ``to_event_id`` sets (the
+    events from ``to_event_id`` on run again), checked against the task's ``cursor`` there and
+    the ``last`` event id of the asset (0: none). A rewind only moves a cursor back.
+
+    Raises:
+        InvalidArgumentError: ``asset`` is not in the task's schedule, or ``to_event_id`` is
+            past the asset's last event or after the cursor (those events are pending).
+    """
+    if asset not in spec.assets:
+        raise InvalidArgumentError(
+            "asset",
+            asset,
+            f"is not in the schedule of task {spec.name!r} ({', '.join(spec.assets)})",
+        )
+    if to_event_id > last:
+        where = f"the last event of {asset!r} is {last}" if last else f"{asset!r} has no events"
+        raise InvalidArgumentError(
+            "to_event_id",
+            to_event_id,
+            f"is past the end of the log ({where}); a rewind only moves back",
+        )
+    if to_event_id > cursor:
+        raise InvalidArgumentError(
+            "to_event_id", to_event_id,
+            f"is after the cursor of task {spec.name!r} on {asset!r} ({cursor}): the events after "
+            f"it are still pending; a rewind only moves back, to an id of at most {cursor}",
+        )  # fmt: skip
+    return to_event_id - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,21 +192,15 @@ class TaskInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class RunError:
-    """Why one try of a run failed: the error, its traceback (if any), and when."""
-
-    try_number: int
-    error: str
-    traceback: str | None
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class TaskRun:
     """One run of a task: the events it owns, its state, its current try and its lease.
 
+    ``try_number`` counts every try; ``failures`` the tries the task itself failed (an
+    error or a timeout: the run fails once they reach ``max_tries``), ``lost_tries`` those
+    lost to the infrastructure (the run fails once they reach :data:`MAX_LOST_TRIES`).
     ``events`` is filled by the calls that hand a run to a worker or show one run (claim,
-    get); listings leave it empty and give ``event_count``.
+    get); listings leave it empty and give ``event_count``, and ``event_ids`` (the ids of
+    its events, in order) when asked for.
     """
 
     id: int
@@ -177,6 +220,9 @@ class TaskRun:
     errors: tuple[RunError, ...] = ()
     outlet_event_ids: tuple[int, ...] = ()
     events: tuple[AssetEvent, ...] = ()
+    failures: int = 0
+    lost_tries: int = 0
+    event_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +236,8 @@ class OutletEvent:
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """How one try ended, as the worker reports it: success with the outlet events, or a
-    failure (``error``, ``traceback``) retried after ``retry_delay`` while tries remain."""
+    failure (``error``, ``traceback``; ``cause`` ``task_error`` or ``timeout``) retried after
+    ``retry_delay`` while tries remain."""
 
     run_id: int
     token: int
@@ -199,6 +246,7 @@ class RunOutcome:
     error: str | None = None
     traceback: str | None = None
     retry_delay: timedelta = timedelta(0)
+    cause: TryCause = "task_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,13 +354,23 @@ class TaskQueue(Protocol):
         error: str | None = None,
         traceback: str | None = None,
         retry_delay: timedelta = timedelta(0),
+        cause: TryCause = "task_error",
     ) -> TaskRun: ...
 
     async def aget_run(self, run_id: int) -> TaskRun: ...
 
     async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
-    ) -> list[TaskRun]: ...
+        self,
+        *,
+        task: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        event_ids: bool = False,
+    ) -> list[TaskRun]:
+        """Runs, newest first: of ``task``, in ``state``, with ids below ``before`` (the
+        cursor of the next page), at most ``limit``; with ``event_ids``, each run's."""
+        ...
 
     async def aretry_run(self, run_id: int) -> TaskRun: ...
 
@@ -323,6 +381,18 @@ class TaskQueue(Protocol):
 
     async def await_events(self, after_id: int, wait: float) -> int:
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
+        ...
+
+    async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        """Failed tries by task, cause and whether they failed the run (counts only grow)."""
+        ...
+
+    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        """The commit time of the oldest pending event per task and scheduled asset."""
+        ...
+
+    async def arun_durations(self, bounds: Sequence[float]) -> dict[str, tuple[list[int], float]]:
+        """Successful runs' durations per task in buckets (``counts``, total seconds)."""
         ...
 
 
@@ -384,12 +454,19 @@ def plan_runs(
 
 
 def after_failure(
-    try_number: int, max_tries: int, now: datetime, retry_delay: timedelta
+    failures: int, max_tries: int, now: datetime, retry_delay: timedelta
 ) -> tuple[RunState, datetime | None]:
-    """A failed try's run: queued again at ``now + retry_delay`` while tries remain, else failed."""
-    if try_number < max_tries:
+    """A run whose task failed a try (``failures``: its own failures, this one included):
+    queued again at ``now + retry_delay`` while fewer than ``max_tries``, else failed."""
+    if failures < max_tries:
         return "queued", now + retry_delay
     return "failed", None
+
+
+def after_lost(lost_tries: int) -> RunState:
+    """A run whose try was lost to the infrastructure (``lost_tries``: this one included):
+    queued again at once (not counted against ``retries``) until :data:`MAX_LOST_TRIES`."""
+    return "queued" if lost_tries < MAX_LOST_TRIES else "failed"
 
 
 def lost_reason(
@@ -410,46 +487,6 @@ def lost_reason(
     if expires is None or expires <= now:
         return f"it expired at {expires.isoformat() if expires else '?'}"
     return None
-
-
-LAPSED = "the lease of worker '{owner}' lapsed: the try did not finish"
-
-
-def lapsed_error(owner: str | None, try_number: int, now: datetime) -> RunError:
-    """The error recorded for a try whose worker stopped renewing its lease (killed, frozen)."""
-    return RunError(try_number, LAPSED.format(owner=owner), None, now)
-
-
-def errors_to_json(errors: Iterable[RunError]) -> str:
-    return json.dumps(
-        [
-            {
-                "try": e.try_number,
-                "error": e.error,
-                "traceback": e.traceback,
-                "at": e.at.isoformat(),
-            }
-            for e in errors
-        ]
-    )
-
-
-def errors_from_json(text: str | None) -> tuple[RunError, ...]:
-    if not text or text == "[]":  # most runs: no JSON to parse
-        return ()
-    items: list[dict[str, Any]] = json.loads(text)
-    return tuple(
-        RunError(i["try"], i["error"], i["traceback"], datetime.fromisoformat(i["at"]))
-        for i in items
-    )
-
-
-def ids_to_json(ids: Iterable[int]) -> str:
-    return json.dumps(list(ids))
-
-
-def ids_from_json(text: str | None) -> tuple[int, ...]:
-    return tuple(json.loads(text)) if text and text != "[]" else ()
 
 
 def encode_state_writes(

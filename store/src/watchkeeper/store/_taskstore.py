@@ -12,7 +12,8 @@ from __future__ import annotations
 import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from ._backend import BaseStateBackend
 from ._leases import check_owner, check_ttl
@@ -25,12 +26,14 @@ from ._tasks import (
     TaskInfo,
     TaskRun,
     TaskSpec,
+    TryCause,
     check_event_id,
     check_limit,
     check_name,
     check_state,
 )
 from ._types import AssetEvent, Writer
+from ._values import check_key, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = ["TaskStoreBackend"]
@@ -66,10 +69,18 @@ def _check_outcome(outcome: object) -> RunOutcome:
         raise ArgumentTypeError("retry_delay", outcome.retry_delay, "a timedelta")
     if outcome.retry_delay < timedelta(0):
         raise InvalidArgumentError("retry_delay", outcome.retry_delay, "must not be negative")
+    if outcome.cause not in _OWN_CAUSES:
+        raise InvalidArgumentError(
+            "cause", outcome.cause, f"must be one of {', '.join(_OWN_CAUSES)} (a worker_lost "
+            "try is recorded by the store when its lease lapses)",
+        )  # fmt: skip
     return RunOutcome(
         outcome.run_id, outcome.token, bool(outcome.success), tuple(outcome.outlets),
-        outcome.error, outcome.traceback, outcome.retry_delay,
+        outcome.error, outcome.traceback, outcome.retry_delay, outcome.cause,
     )  # fmt: skip
+
+
+_OWN_CAUSES = ("task_error", "timeout")
 
 
 class TaskStoreBackend(BaseStateBackend, ABC):
@@ -109,8 +120,15 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         if expected is not None:
             check_event_id("expected", expected, 0)
         writes = check_items("state", state, StateWrite, "StateWrite objects")
-        checked = [w for w in writes if isinstance(w, StateWrite)]
+        checked = [self._state_write(w) for w in writes if isinstance(w, StateWrite)]
         return await self._aconsumer_ack(name, event_id, checked, expected, writer)
+
+    def _state_write(self, write: StateWrite) -> StateWrite:
+        """``write`` checked by the rules of every other state write (scope, key, value)."""
+        self._check_scope(write.scope)
+        key = check_key(write.key)
+        text = value_from_text(key, write.value_json, max_value_bytes=self.max_value_bytes)
+        return StateWrite(write.scope, key, text)
 
     async def await_events(self, after_id: int, wait: float) -> int:
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
@@ -242,15 +260,17 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         error: str | None = None,
         traceback: str | None = None,
         retry_delay: timedelta = timedelta(0),
+        cause: TryCause = "task_error",
     ) -> TaskRun:
         """Finish the try ``owner`` holds with ``token``: commit ``outlets`` on success, else
-        record ``error`` and queue a retry while tries remain (fenced by the lease)."""
+        record ``error`` (``cause``: ``task_error`` or ``timeout``) and queue a retry while
+        tries remain (fenced by the lease)."""
         self._check_open()
         owner = check_owner(owner)
         emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
         kept = tuple(o for o in emitted if isinstance(o, OutletEvent))
         outcome = _check_outcome(
-            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay)
+            RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay, cause)
         )
         step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
         assert step.finished is not None
@@ -262,14 +282,29 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         return await self._aget_run(_check_run_id(run_id))
 
     async def alist_runs(
-        self, *, task: str | None = None, state: str | None = None, limit: int | None = None
+        self,
+        *,
+        task: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        event_ids: bool = False,
     ) -> builtins.list[TaskRun]:
-        """Runs, newest first (of ``task``, in ``state``, at most ``limit``), without events."""
+        """Runs, newest first (of ``task``, in ``state``, with ids below ``before``, at most
+        ``limit``), without events; with ``event_ids``, each run's event ids.
+
+        Paging: pass the id of the last run of a page as ``before`` to get the next one (runs
+        created meanwhile have higher ids, so no run is listed twice or skipped)."""
         self._check_open()
         check_state(state)
         name = None if task is None else check_name("task name", task)
         count = None if limit is None else check_limit(limit)
-        return await self._alist_runs(name, state, count)
+        below = None if before is None else check_event_id("before", before, 1)
+        runs = await self._alist_runs(name, state, count, below)
+        if not event_ids or not runs:
+            return runs
+        ids = await self._arun_event_ids([r.id for r in runs])
+        return [replace(r, event_ids=tuple(ids.get(r.id, ()))) for r in runs]
 
     async def aretry_run(self, run_id: int) -> TaskRun:
         """Queue a failed run again with one more try."""
@@ -281,7 +316,44 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         self._check_open()
         return await self._acount_runs()
 
+    async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        """How many failed tries each task's runs recorded, by cause and by whether the try
+        failed its run: ``{(task, cause, final): count}``. A run's tries stay recorded (a
+        retry adds to them), so every count only grows."""
+        self._check_open()
+        return await self._acount_tries()
+
+    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        """When the oldest event past each task's cursor on each scheduled asset was
+        committed: ``{(task, asset): created_at}`` (pairs with nothing pending left out)."""
+        self._check_open()
+        return await self._aoldest_pending()
+
+    async def arun_durations(
+        self, bounds: Sequence[float]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        """The durations of the successful tries of each task's successful runs, in buckets:
+        ``{task: (counts, total seconds)}``, ``counts[i]`` the runs of at most ``bounds[i]``
+        seconds and above ``bounds[i - 1]``, the last one those above every bound. A
+        successful run stays so: every count only grows."""
+        self._check_open()
+        edges = [float(b) for b in bounds]
+        if edges != sorted(edges):
+            raise InvalidArgumentError("bounds", bounds, "must be in increasing order")
+        return await self._arun_durations(tuple(edges))
+
     # -- hooks: called with checked arguments, on an open store --------------------------------
+
+    @abstractmethod
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]: ...
+
+    @abstractmethod
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
+
+    @abstractmethod
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
 
     @abstractmethod
     async def _aconsumer_position(self, name: str) -> int: ...
@@ -351,8 +423,12 @@ class TaskStoreBackend(BaseStateBackend, ABC):
 
     @abstractmethod
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]: ...
+
+    @abstractmethod
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        """The event ids of these runs (at least one), each run's in order."""
 
     @abstractmethod
     async def _aretry_run(self, run_id: int) -> TaskRun: ...

@@ -46,6 +46,7 @@ __all__ = [
     "encode_payload_decoded",
     "encode_value",
     "expiry_of",
+    "value_from_text",
 ]
 
 JSONValue = Any
@@ -466,6 +467,31 @@ def encode_value(
         if size > max_value_bytes:
             raise ValueTooLargeError(key, size, max_value_bytes)
     return text
+
+
+def value_from_text(
+    key: str, text: object, *, max_value_bytes: int | None = DEFAULT_MAX_VALUE_BYTES
+) -> str:
+    """Validate a state value given as JSON text by :func:`encode_value`'s rules (a write
+    that arrives encoded already: a consumer's acknowledgement, an event commit's state);
+    return its compact JSON text.
+
+    Raises:
+        InvalidValueError: ``text`` is not a str of JSON text, or its value breaks a rule of
+            :func:`encode_value` (:class:`ValueTooLargeError` over ``max_value_bytes``).
+        ValueTypeError: as :func:`encode_value`.
+    """
+    if type(text) is not str:
+        raise InvalidValueError(
+            f"value for key {key!r} must be JSON text (a str), got {type(text).__name__}"
+        )
+    try:
+        value = _DECODE(text)
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:
+        raise InvalidValueError(f"value for key {key!r} is not JSON text: {exc}") from None
+    return encode_value(key, value, max_value_bytes=max_value_bytes)
 
 
 def decode_value(text: str) -> JSONValue:

@@ -30,7 +30,9 @@ from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
 from ._metastore import MetastoreBackend
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
+    MAX_LOST_TRIES,
     RUN_STATES,
+    TRY_CAUSES,
     EventConsumers,
     OutletEvent,
     RunError,
@@ -80,8 +82,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPABILITIES",
+    "MAX_LOST_TRIES",
     "RUN_STATES",
     "SYNC_CALL_WITHOUT_PORTAL",
+    "TRY_CAUSES",
     "ApiToken",
     "AssetRegistry",
     "BaseStateBackend",

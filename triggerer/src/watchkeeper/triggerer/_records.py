@@ -54,6 +54,8 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
         "state": run.state,
         "try_number": run.try_number,
         "max_tries": run.max_tries,
+        "failures": run.failures,
+        "lost_tries": run.lost_tries,
         "event_count": run.event_count,
         "created_at": iso(run.created_at),
         "updated_at": iso(run.updated_at),
@@ -64,10 +66,17 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
         "lease_owner": run.lease_owner,
         "lease_expires_at": iso(run.lease_expires_at),
         "errors": [
-            {"try": e.try_number, "error": e.error, "traceback": e.traceback, "at": iso(e.at)}
+            {
+                "try": e.try_number,
+                "cause": e.cause,
+                "error": e.error,
+                "traceback": e.traceback,
+                "at": iso(e.at),
+            }
             for e in run.errors
         ],
         "outlet_event_ids": list(run.outlet_event_ids),
+        "event_ids": list(run.event_ids or (e.id for e in run.events)),
     }
     if events:
         record["events"] = [event_record(e) for e in run.events]

@@ -24,6 +24,7 @@ Several workers may share one PostgreSQL database; on SQLite they serialise on t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import signal
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -101,6 +102,19 @@ def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dic
     }
     context["outlet_events"] = OutletEvents(task.outlets)
     return context
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether a cancel scope around the current task is cancelled (or past its deadline),
+    or, on asyncio, the task itself was asked to stop: a cancellation exception raised then
+    is the caller's, one raised without it is the task code's own."""
+    if anyio.current_effective_deadline() <= anyio.current_time():
+        return True
+    try:
+        current = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return False
+    return current is not None and current.cancelling() > 0
 
 
 @dataclass(slots=True)
@@ -245,13 +259,18 @@ class Worker:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
         context = run_context(self.backend, task, run)
+        limit: anyio.CancelScope | None = None
         try:
             timeout = task.execution_timeout
             if timeout is None:  # no scope to enter and leave: one fewer per run
                 await self._call(task, context)
             else:
-                with anyio.fail_after(timeout.total_seconds()):
+                with anyio.move_on_after(timeout.total_seconds()) as limit:
                     await self._call(task, context)
+                if limit.cancelled_caught:
+                    seconds = timeout.total_seconds()
+                    late = TimeoutError(f"the try ran past its execution_timeout of {seconds:g} s")
+                    return self._failed(task, run, late, cause="timeout")
             outlets = tuple(
                 OutletEvent(
                     a.name,
@@ -263,16 +282,37 @@ class Worker:
                 for a in task.outlets
             )
         except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
-            delay = retry_delay_for(task, run.try_number)
-            log.warning(
-                "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
-                error=describe_error(exc),
-            )  # fmt: skip
-            return RunOutcome(
-                run.id, run.lease_token, False, error=describe_error(exc),
-                traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
-            )  # fmt: skip
+            # One raised while the timeout cancels the try (cleanup that failed) is the timeout's.
+            timed_out = limit is not None and limit.cancel_called
+            return self._failed(task, run, exc, cause="timeout" if timed_out else "task_error")
+        except BaseException as exc:
+            # sys.exit(), KeyboardInterrupt, GeneratorExit or the task's own BaseException
+            # subclass end the try, not the worker. A cancellation is the worker's only when
+            # a scope around this slot was cancelled (the worker stopping, a lost lease).
+            if isinstance(exc, anyio.get_cancelled_exc_class()) and _cancelled_from_outside():
+                raise
+            return self._failed(task, run, exc)
         return RunOutcome(run.id, run.lease_token, True, outlets)
+
+    def _failed(
+        self,
+        task: AssetTask,
+        run: TaskRun,
+        exc: BaseException,
+        *,
+        cause: Literal["task_error", "timeout"] = "task_error",
+    ) -> RunOutcome:
+        """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
+        own, retried after a delay."""
+        delay = retry_delay_for(task, run.failures + 1)
+        log.warning(
+            "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
+            error=describe_error(exc), cause=cause,
+        )  # fmt: skip
+        return RunOutcome(
+            run.id, run.lease_token, False, error=describe_error(exc),
+            traceback="".join(traceback.format_exception(exc)), retry_delay=delay, cause=cause,
+        )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
         if task.is_async:

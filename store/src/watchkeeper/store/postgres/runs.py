@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._tasks import (
     LAPSED,
+    MAX_LOST_TRIES,
     OutletEvent,
     RunError,
     RunOutcome,
@@ -55,7 +56,7 @@ T = TypeVar("T")
 RUN_COLS = (
     "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids"
+    "outlet_event_ids, failures, lost_tries"
 )
 
 
@@ -110,8 +111,13 @@ def step_sql(p: str, *, group: bool = False) -> str:
     # A lapsed try's error appended to the run's errors (their JSON as errors_to_json has it).
     entry = (
         "(u.errors::jsonb || jsonb_build_array(jsonb_build_object('try', u.try_number, "
-        "'error', format($8::text, u.lease_owner), 'traceback', NULL, 'at', n.at)))::text"
+        "'error', format($8::text, u.lease_owner), 'traceback', NULL, 'at', n.at, "
+        "'cause', 'worker_lost')))::text"
     )
+    # A lapsed try does not count against retries, only against MAX_LOST_TRIES (after_lost).
+    again = f"u.lost_tries + 1 < {MAX_LOST_TRIES}"
+    # The entry of a lapsed try that is not claimed again at once: final when it fails the run.
+    final_entry = entry.replace("'worker_lost')))", f"'worker_lost', 'final', NOT ({again}))))")
     return (
         "WITH n AS (SELECT coalesce($1::timestamptz, now()) AS at), "
         f"done AS (UPDATE {p}task_runs u SET state = 'success', finished_at = n.at, "
@@ -121,19 +127,20 @@ def step_sql(p: str, *, group: bool = False) -> str:
         "AND r.lease_expires_at <= (SELECT at FROM n) FOR UPDATE OF r SKIP LOCKED), "
         f"c AS (SELECT r.id {ready} AND ((r.state = 'queued' AND (r.not_before IS NULL "
         "OR r.not_before <= (SELECT at FROM n))) OR (r.state = 'running' "
-        "AND r.lease_expires_at <= (SELECT at FROM n) AND r.try_number < r.max_tries)) "
+        f"AND r.lease_expires_at <= (SELECT at FROM n) AND r.lost_tries + 1 < {MAX_LOST_TRIES})) "
         f"ORDER BY r.id LIMIT {limit} FOR UPDATE OF r SKIP LOCKED), "
-        f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN u.try_number < u.max_tries "
-        f"THEN 'queued' ELSE 'failed' END, errors = {entry}, updated_at = n.at, "
+        f"lapsed AS (UPDATE {p}task_runs u SET state = CASE WHEN {again} "
+        f"THEN 'queued' ELSE 'failed' END, errors = {final_entry}, updated_at = n.at, "
         "not_before = NULL, lease_owner = NULL, lease_expires_at = NULL, finished_at = CASE "
-        "WHEN u.try_number < u.max_tries THEN NULL ELSE n.at END FROM gone, n "
+        f"WHEN {again} THEN NULL ELSE n.at END, lost_tries = u.lost_tries + 1 FROM gone, n "
         f"WHERE u.id = gone.id AND u.id NOT IN (SELECT id FROM c) AND {claiming} "
         f"AND {go} RETURNING u.id), "
         f"claimed AS (UPDATE {p}task_runs u SET state = 'running', "
         "try_number = u.try_number + 1, lease_owner = $4, lease_token = u.lease_token + 1, "
         "lease_expires_at = n.at + $5::interval, started_at = n.at, updated_at = n.at, "
         f"not_before = NULL, errors = CASE WHEN u.state = 'running' THEN {entry} "
-        f"ELSE u.errors END FROM c, n WHERE u.id = c.id AND {go} RETURNING {cols}) "
+        "ELSE u.errors END, lost_tries = CASE WHEN u.state = 'running' THEN u.lost_tries + 1 "
+        f"ELSE u.lost_tries END FROM c, n WHERE u.id = c.id AND {go} RETURNING {cols}) "
         "SELECT 'd' AS kind, done.*, NULL::int8, NULL::text, NULL::text, NULL::text, "
         "NULL::text, NULL::timestamptz FROM done UNION ALL "
         f"SELECT 'c', u.*, {EVENT_COLS} FROM claimed u LEFT JOIN {p}task_run_events e "
@@ -255,7 +262,8 @@ def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
         event_count=row[5], created_at=row[6], updated_at=row[7], started_at=row[8],
         finished_at=row[9], not_before=row[10], lease_owner=row[11], lease_token=row[12],
         lease_expires_at=row[13], errors=errors_from_json(row[14]),
-        outlet_event_ids=ids_from_json(row[15]), events=tuple(events),
+        outlet_event_ids=ids_from_json(row[15]), events=tuple(events), failures=row[16],
+        lost_tries=row[17],
     )  # fmt: skip
 
 
@@ -415,22 +423,25 @@ class PostgresRuns(TaskStoreBackend):
             return run_from_row(row)
         row = await conn.fetchrow(
             "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
-            f"errors, coalesce($2::timestamptz, now()) FROM {p}task_runs WHERE id = $1 "
-            "FOR UPDATE",
+            f"errors, coalesce($2::timestamptz, now()), failures FROM {p}task_runs "
+            "WHERE id = $1 FOR UPDATE",
             run_id, database_clock(self.clock),
         )  # fmt: skip
         if row is None:
             raise RunNotFoundError(run_id)
-        state, lease_owner, lease_token, expires, try_number, max_tries, errors, now = row
+        state, lease_owner, lease_token, expires, try_number, max_tries, errors, now, failed = row
         reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
         if reason is not None:
             raise RunLeaseLostError(run_id, owner, token, reason)
-        new_state, not_before = after_failure(try_number, max_tries, now, outcome.retry_delay)
-        entry = RunError(try_number, outcome.error or "failed", outcome.traceback, now)
+        new_state, not_before = after_failure(failed + 1, max_tries, now, outcome.retry_delay)
+        entry = RunError(
+            try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
+            new_state == "failed",
+        )  # fmt: skip
         row = await conn.fetchrow(
             f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
             "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "
-            f"finished_at = $6 WHERE id = $1 RETURNING {RUN_COLS}",
+            f"finished_at = $6, failures = failures + 1 WHERE id = $1 RETURNING {RUN_COLS}",
             run_id, new_state, not_before, now,
             errors_to_json((*errors_from_json(errors), entry)),
             now if new_state == "failed" else None,

@@ -20,7 +20,7 @@ import re
 from typing import TYPE_CHECKING, Final
 
 from ..errors import ArgumentTypeError, BackendUnavailableError, InvalidSettingError
-from .tasks_schema import TASK_TABLES
+from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
 if TYPE_CHECKING:
     import asyncpg
@@ -223,6 +223,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             "CREATE INDEX trigger_leases_owner ON {p}trigger_leases (owner)",
         ),
     ),
+    (10, "tries counted by cause", TRY_COUNTS),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

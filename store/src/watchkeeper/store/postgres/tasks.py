@@ -42,11 +42,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from .._tasks import (
+    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskInfo,
     TaskRun,
     TaskSpec,
+    check_rewind,
     plan_runs,
 )
 from .._types import AssetEvent, Writer
@@ -56,8 +58,8 @@ from ..errors import (
     TaskNotFoundError,
 )
 from .consumers import LOCK_KEY, event_row
+from .listing import PostgresRunListing
 from .runs import (
-    RUN_COLS,
     RUN_WIDTH,
     PostgresRuns,
     create_claim_sql,
@@ -78,7 +80,7 @@ __all__ = ["PostgresTasks"]
 T = TypeVar("T")
 
 
-class PostgresTasks(PostgresRuns):
+class PostgresTasks(PostgresRunListing, PostgresRuns):
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
 
     schema: str | None
@@ -187,12 +189,17 @@ class PostgresTasks(PostgresRuns):
 
         async def rewind(conn: Any) -> None:
             spec, _ = await self._spec(conn, name, lock=True)
-            if asset not in spec.assets:
-                raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
+            row = await conn.fetchrow(
+                f"SELECT (SELECT cursor FROM {self._prefix}task_cursors WHERE task = $1 "
+                f"AND asset = $2), (SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events "
+                "WHERE asset_name = $2)",
+                name, asset,
+            )  # fmt: skip
+            cursor = check_rewind(spec, asset, to_event_id, row[0] or 0, row[1])
             await conn.execute(
                 f"UPDATE {self._prefix}task_cursors SET cursor = $3, updated_at = $4, "
                 "writer_kind = $5, writer_name = $6 WHERE task = $1 AND asset = $2",
-                name, asset, to_event_id - 1, now, kind, who,
+                name, asset, cursor, now, kind, who,
             )  # fmt: skip
 
         await self._transact("rewinding a task", rewind)
@@ -431,23 +438,6 @@ class PostgresTasks(PostgresRuns):
             raise RunNotFoundError(run_id)
         return found[0]
 
-    async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
-    ) -> builtins.list[TaskRun]:
-        # Only the filters given, the state as a literal (one of RUN_STATES, checked): a
-        # generic "($1 IS NULL OR state = $1)" plan scanned every run ever made, where
-        # "state = 'running'" is answered by the partial index of open runs.
-        where = [] if task is None else ["task = $2"]
-        if state is not None:
-            where.append(f"state = '{state}'")
-        sql = f"SELECT {RUN_COLS} FROM {self._prefix}task_runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC LIMIT $1"
-        args = (limit,) if task is None else (limit, task)
-        rows = await self._fetch("listing runs", sql, *args)
-        return [run_from_row(row) for row in rows]
-
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._fetch(
             "counting runs",
@@ -467,10 +457,12 @@ class PostgresTasks(PostgresRuns):
             if state != "failed":
                 raise RunStateError(run_id, state, "only a failed run can be retried")
             await conn.execute(
-                f"UPDATE {p}task_runs SET state = 'queued', max_tries = try_number + 1, "
-                "not_before = NULL, finished_at = NULL, updated_at = $2 WHERE id = $1",
+                f"UPDATE {p}task_runs SET state = 'queued', max_tries = failures + 1, "
+                "not_before = NULL, finished_at = NULL, updated_at = $2, "
+                "lost_tries = least(lost_tries, $3) WHERE id = $1",
                 run_id,
                 self.clock(),
+                MAX_LOST_TRIES - 1,
             )
             return (await self._runs_with_events(conn, [run_id]))[0]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["TASK_TABLES"]
+__all__ = ["TASK_TABLES", "TRY_COUNTS"]
 
 TASK_TABLES: Final[tuple[str, ...]] = (
     """
@@ -76,4 +76,21 @@ TASK_TABLES: Final[tuple[str, ...]] = (
     )
     """,
     "CREATE INDEX task_run_events_event ON {p}task_run_events (task, event_id)",
+)
+
+# Migration 10: each run counts the tries its task failed apart from those lost to the
+# infrastructure (only the first count against retries), filled from the recorded errors.
+TRY_COUNTS: Final[tuple[str, ...]] = (
+    """
+    ALTER TABLE {p}task_runs ADD COLUMN failures integer NOT NULL DEFAULT 0,
+    ADD COLUMN lost_tries integer NOT NULL DEFAULT 0
+    """,
+    """
+    UPDATE {p}task_runs r SET
+        lost_tries = (SELECT count(*) FROM jsonb_array_elements(r.errors::jsonb) e
+                      WHERE e ->> 'error' LIKE 'the lease of worker %'),
+        failures = (SELECT count(*) FROM jsonb_array_elements(r.errors::jsonb) e
+                    WHERE e ->> 'error' NOT LIKE 'the lease of worker %')
+    WHERE r.errors <> '[]'
+    """,
 )

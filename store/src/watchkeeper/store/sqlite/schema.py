@@ -21,7 +21,7 @@ from typing import Final, Literal, TypeVar
 
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
-from .tasks_schema import TASK_TABLES
+from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
 __all__ = [
     "MIGRATIONS",
@@ -248,6 +248,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             "CREATE INDEX task_runs_state ON task_runs (state, id)",
         ),
     ),
+    (11, "tries counted by cause", TRY_COUNTS),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -24,6 +24,7 @@ from .._tasks import (
     TaskRun,
     TaskSpec,
     after_failure,
+    after_lost,
     errors_from_json,
     errors_to_json,
     ids_from_json,
@@ -69,7 +70,7 @@ def run_from_row(row: Row, events: Sequence[AssetEvent] = ()) -> TaskRun:
         started_at=_opt(row[8]), finished_at=_opt(row[9]), not_before=_opt(row[10]),
         lease_owner=row[11], lease_token=row[12], lease_expires_at=_opt(row[13]),
         errors=errors_from_json(row[14]), outlet_event_ids=ids_from_json(row[15]),
-        events=tuple(events),
+        events=tuple(events), failures=row[16], lost_tries=row[17],
     )  # fmt: skip
 
 
@@ -117,10 +118,10 @@ def task_spec(tx: Tx, name: str) -> tuple[TaskSpec, bool]:
 
 
 def lease_row(tx: Tx, run_id: int) -> Row:
-    """What fencing needs of run ``run_id``: state, lease, tries, errors and task."""
+    """What fencing needs of run ``run_id``: state, lease, tries, errors, task, failures."""
     row = tx.conn.execute(
         "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
-        "errors, task FROM task_runs WHERE id = ?",
+        "errors, task, failures FROM task_runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -268,13 +269,14 @@ def _claim(
         params = list(tasks)
     # Tries whose worker stopped renewing: recorded, then retried or (no tries left) failed.
     lapsed = conn.execute(LAPSED_RUNS + only, (stamp, *params)).fetchall()
-    for run_id, try_number, max_tries, lease_owner, errors in lapsed:
-        entries = (*errors_from_json(errors), lapsed_error(lease_owner, try_number, now))
-        state = "queued" if try_number < max_tries else "failed"
+    for run_id, try_number, lost_tries, lease_owner, errors in lapsed:
+        state = after_lost(lost_tries + 1)
+        lost = lapsed_error(lease_owner, try_number, now, final=state == "failed")
+        entries = (*errors_from_json(errors), lost)
         conn.execute(
             "UPDATE task_runs SET state = ?, errors = ?, updated_at = ?, not_before = NULL, "
             "finished_at = CASE WHEN ? = 'failed' THEN ? END, lease_owner = NULL, "
-            "lease_expires_at = NULL WHERE id = ?",
+            "lease_expires_at = NULL, lost_tries = lost_tries + 1 WHERE id = ?",
             (state, errors_to_json(entries), stamp, state, stamp, run_id),
         )
     rows = conn.execute(
@@ -303,8 +305,8 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
         ).fetchone()
         if row is not None:
             return run_from_row(row)
-    state, lease_owner, lease_token, expires, try_number, max_tries, errors, task = lease_row(
-        tx, run_id
+    state, lease_owner, lease_token, expires, try_number, max_tries, errors, task, failures = (
+        lease_row(tx, run_id)
     )
     reason = lost_reason(state, lease_owner, lease_token, _opt(expires), owner, token, now)
     if reason is not None:
@@ -325,14 +327,22 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
             (stamp, stamp, ids_to_json(outlet_ids), run_id),
         )
     else:
-        new_state, not_before = after_failure(try_number, max_tries, now, outcome.retry_delay)
+        new_state, not_before = after_failure(failures + 1, max_tries, now, outcome.retry_delay)
         entries = (
             *errors_from_json(errors),
-            RunError(try_number, outcome.error or "failed", outcome.traceback, now),
+            RunError(
+                try_number,
+                outcome.error or "failed",
+                outcome.traceback,
+                now,
+                outcome.cause,
+                new_state == "failed",
+            ),
         )
         conn.execute(
             "UPDATE task_runs SET state = ?, not_before = ?, updated_at = ?, errors = ?, "
-            "lease_owner = NULL, lease_expires_at = NULL, finished_at = ? WHERE id = ?",
+            "lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, "
+            "failures = failures + 1 WHERE id = ?",
             (new_state, None if not_before is None else to_db(not_before), stamp,
              errors_to_json(entries), stamp if new_state == "failed" else None, run_id),
         )  # fmt: skip

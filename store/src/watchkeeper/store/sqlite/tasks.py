@@ -15,13 +15,23 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._tasks import RunOutcome, RunStep, TaskInfo, TaskRun, TaskSpec, lost_reason
+from .._run_errors import bucketed
+from .._tasks import (
+    MAX_LOST_TRIES,
+    RunOutcome,
+    RunStep,
+    TaskInfo,
+    TaskRun,
+    TaskSpec,
+    check_rewind,
+    lost_reason,
+)
 from .._taskstore import TaskStoreBackend
 from .._types import Writer
-from ..errors import RunNotFoundError, RunStateError, TaskNotFoundError
+from ..errors import RunNotFoundError, RunStateError
 from . import meta, ops
 from .consumers import EVENT_COLS
 from .schema import from_db, to_db
@@ -80,14 +90,18 @@ def _set_paused(tx: Tx, name: str, paused: bool) -> None:
 
 def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | None) -> None:
     spec, _ = task_spec(tx, name)
-    if asset not in spec.assets:
-        raise TaskNotFoundError(f"asset {asset!r} of task {name!r}")
+    row = tx.conn.execute(
+        "SELECT (SELECT cursor FROM task_cursors WHERE task = ? AND asset = ?), "
+        "(SELECT coalesce(max(id), 0) FROM asset_events WHERE asset_name = ?)",
+        (name, asset, asset),
+    ).fetchone()
+    cursor = check_rewind(spec, asset, to_event_id, row[0] or 0, row[1])
     _, stamp = tx.now()
     who = ops.writer_cols(writer)
     tx.conn.execute(
         "UPDATE task_cursors SET cursor = ?, updated_at = ?, writer_kind = ?, writer_name = ? "
         "WHERE task = ? AND asset = ?",
-        (to_event_id - 1, stamp, who[0], who[1], name, asset),
+        (cursor, stamp, who[0], who[1], name, asset),
     )
 
 
@@ -136,9 +150,9 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
         raise RunStateError(run_id, state, "only a failed run can be retried")
     _, stamp = tx.now()
     tx.conn.execute(
-        "UPDATE task_runs SET state = 'queued', max_tries = try_number + 1, not_before = NULL, "
-        "finished_at = NULL, updated_at = ? WHERE id = ?",
-        (stamp, run_id),
+        "UPDATE task_runs SET state = 'queued', max_tries = failures + 1, not_before = NULL, "
+        "finished_at = NULL, updated_at = ?, lost_tries = min(lost_tries, ?) WHERE id = ?",
+        (stamp, MAX_LOST_TRIES - 1, run_id),
     )
     return runs_with_events(tx.conn, [run_id])[0]
 
@@ -245,15 +259,56 @@ class SqliteTasks(TaskStoreBackend):
         return run_from_row(rows[0], meta.events_result(events))
 
     async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> builtins.list[TaskRun]:
-        sql, params = runs_query(task, state)
+        sql, params = runs_query(task, state, before)
         rows = await self._read(sql, (*params, -1 if limit is None else limit))
         return [run_from_row(row) for row in rows]
+
+    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
+        found: dict[int, list[int]] = {}
+        for start in range(0, len(run_ids), 500):
+            chunk = run_ids[start : start + 500]
+            rows = await self._read(
+                f"SELECT run_id, event_id FROM task_run_events WHERE run_id IN "
+                f"({', '.join('?' * len(chunk))}) ORDER BY run_id, event_id",
+                chunk,
+            )
+            for run_id, event_id in rows:
+                found.setdefault(run_id, []).append(event_id)
+        return found
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")
         return {(task, state): count for task, state, count in rows}
+
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
+        rows = await self._read(
+            "SELECT r.task, coalesce(json_extract(e.value, '$.cause'), CASE WHEN "
+            "json_extract(e.value, '$.error') LIKE 'the lease of worker %' THEN 'worker_lost' "
+            "ELSE 'task_error' END), coalesce(json_extract(e.value, '$.final'), 0), count(*) "
+            "FROM task_runs r, json_each(r.errors) e WHERE r.errors != '[]' GROUP BY 1, 2, 3"
+        )
+        return {(task, cause, bool(final)): n for task, cause, final, n in rows}
+
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[builtins.list[int], float]]:
+        took = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+        bucket = "CASE " + "".join(f"WHEN {took} <= {b!r} THEN {i} " for i, b in enumerate(bounds))
+        rows = await self._read(
+            f"SELECT task, {bucket}ELSE {len(bounds)} END, count(*), sum({took}) "
+            "FROM task_runs WHERE state = 'success' GROUP BY 1, 2"
+        )
+        return bucketed(rows, len(bounds))
+
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
+        rows = await self._read(
+            "SELECT c.task, c.asset, (SELECT e.created_at FROM asset_events e "
+            "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
+            "FROM task_cursors c"
+        )
+        return {(task, asset): from_db(at) for task, asset, at in rows if at is not None}
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         return await self._write(lambda tx: _retry(tx, run_id))

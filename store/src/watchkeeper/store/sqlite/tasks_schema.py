@@ -21,6 +21,7 @@ __all__ = [
     "READY_RUNS",
     "RUN_COLS",
     "TASK_TABLES",
+    "TRY_COUNTS",
     "runs_query",
 ]
 
@@ -93,13 +94,28 @@ TASK_TABLES: Final[tuple[str, ...]] = (
 RUN_COLS: Final = (
     "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
     "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids"
+    "outlet_event_ids, failures, lost_tries"
+)
+
+# Migration 11: each run counts the tries its task failed apart from those lost to the
+# infrastructure (only the first count against retries), filled from the recorded errors.
+TRY_COUNTS: Final[tuple[str, ...]] = (
+    "ALTER TABLE task_runs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE task_runs ADD COLUMN lost_tries INTEGER NOT NULL DEFAULT 0",
+    """
+    UPDATE task_runs SET
+        lost_tries = (SELECT count(*) FROM json_each(task_runs.errors)
+                      WHERE json_extract(value, '$.error') LIKE 'the lease of worker %'),
+        failures = (SELECT count(*) FROM json_each(task_runs.errors)
+                    WHERE json_extract(value, '$.error') NOT LIKE 'the lease of worker %')
+    WHERE errors != '[]'
+    """,
 )
 
 # What a claim reads: tries whose lease lapsed, runs ready to start, and whether there may
 # be either.
 LAPSED_RUNS = (
-    "SELECT r.id, r.try_number, r.max_tries, r.lease_owner, r.errors FROM task_runs r "
+    "SELECT r.id, r.try_number, r.lost_tries, r.lease_owner, r.errors FROM task_runs r "
     "JOIN tasks t ON t.name = r.task WHERE r.state = 'running' AND t.paused = 0 "
     "AND r.lease_expires_at <= ?"
 )
@@ -116,19 +132,27 @@ ANYTHING_TO_CLAIM = (
 )
 
 
-def runs_query(task: str | None, state: str | None) -> tuple[str, tuple[object, ...]]:
-    """The listing of runs (newest first, then ``LIMIT ?``) with only the filters given.
+def runs_query(
+    task: str | None, state: str | None, before: int | None = None
+) -> tuple[str, tuple[object, ...]]:
+    """The listing of runs (newest first, below the id ``before``, then ``LIMIT ?``) with
+    only the filters given.
 
     The state is written into the SQL as a literal (it is one of ``RUN_STATES``, checked by
     the caller) so that the ``(state, id)`` index answers, where a ``(? IS NULL OR state = ?)``
     filter scanned every run ever made (the worker lists its running runs at every
     heartbeat)."""
     where = []
+    params: tuple[object, ...] = ()
     if task is not None:
         where.append("task = ?")
+        params += (task,)
     if state is not None:
         where.append(f"state = '{state}'")
+    if before is not None:
+        where.append("id < ?")
+        params += (before,)
     sql = f"SELECT {RUN_COLS} FROM task_runs"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY id DESC LIMIT ?", (() if task is None else (task,))
+    return sql + " ORDER BY id DESC LIMIT ?", params

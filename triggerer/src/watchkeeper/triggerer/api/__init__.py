@@ -8,9 +8,10 @@ authentication, JSON shapes), ``_health`` (health, readiness, metrics, OpenAPI),
 (assets and state), ``_events`` (events and the live stream) with ``_feed`` (the read of the
 event log a stream's clients share), ``_watchers`` (watchers and daemons), ``_tasks`` (tasks
 and runs), ``_tokens``, ``_scoping`` (what each scope sees of runs and watchers),
-``_metrics``, ``_openapi``, ``_page`` and ``static/`` (the web page), ``_headers`` (security
-headers), ``_server`` (uvicorn in the caller's task group, TLS) with ``_guard`` (connection and
-header-time limits, the open-file budget).
+``_metrics`` with ``_task_metrics`` (the task series, read from the store), ``_openapi``,
+``_page`` and ``static/`` (the web page), ``_headers`` (security headers), ``_server``
+(uvicorn in the caller's task group, TLS) with ``_guard`` (connection and header-time limits,
+the open-file budget).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from ._events import list_events, stream_events
 from ._headers import SecurityHeaders
 from ._health import healthz, metrics, openapi, readyz
 from ._page import page
-from ._tasks import list_runs, list_tasks, retry_run, run_detail, task_control
+from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
 from ._watchers import control, list_daemons, list_watchers
 
 __all__ = ["ApiContext", "ApiError", "create_app"]
@@ -103,6 +103,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/tasks", list_tasks),
         Route(f"{v1}/tasks/{{name}}/pause", task_control("pause"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/resume", task_control("resume"), methods=["POST"]),
+        Route(f"{v1}/tasks/{{name}}/rewind", rewind_task, methods=["POST"]),
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),

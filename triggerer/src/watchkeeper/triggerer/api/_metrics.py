@@ -23,7 +23,9 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import RUN_STATES, StatusTable, TaskQueue, TriggerStatus
+from watchkeeper.store.backend import StatusTable, TaskQueue, TriggerStatus
+
+from ._task_metrics import TaskMetrics
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -83,8 +85,7 @@ class Metrics:
         self.max_watcher_series = max_watcher_series
         self.lag = lag
         self._statuses: list[TriggerStatus] = []
-        self._run_counts: dict[tuple[str, str], int] | None = None
-        self._pending: list[tuple[str, str, int]] = []
+        self._task_metrics: TaskMetrics | None = None
         self._labels: dict[str, str] = {}  # watcher name -> its escaped label text
 
     async def prepare(self) -> None:
@@ -93,18 +94,9 @@ class Metrics:
             self._statuses = await self.backend.alist_trigger_status()
         backend = self.backend
         if isinstance(backend, TaskQueue):
-            tasks = await backend.alist_tasks()
-            counts: dict[tuple[str, str], int] = {}
-            for info in tasks:
-                for state in RUN_STATES:
-                    counts[(info.name, state)] = 0
-            counts.update(await backend.acount_runs())  # counted by the store, not read here
-            self._run_counts = counts
-            self._pending = [
-                (info.name, asset, info.pending.get(asset, 0))
-                for info in tasks
-                for asset in info.spec.assets
-            ]
+            tasks = TaskMetrics(backend)
+            await tasks.prepare()
+            self._task_metrics = tasks
 
     # -- the collector ------------------------------------------------------------------------
 
@@ -283,26 +275,8 @@ class Metrics:
                 "Watcher leases this daemon holds.",
                 [f"watchkeeper_leases_held {held}\n"],
             )
-        if self._run_counts is not None:
-            family(
-                "watchkeeper_task_runs_total",
-                "counter",
-                "Runs of the task in the store, by state.",
-                [
-                    f'watchkeeper_task_runs_total{{task="{_esc(task)}",state="{state}"}} {n}\n'
-                    for (task, state), n in sorted(self._run_counts.items())
-                ],
-            )
-            family(
-                "watchkeeper_task_pending_events",
-                "gauge",
-                "Events past the task's cursor on a scheduled asset (not yet in a run).",
-                [
-                    f'watchkeeper_task_pending_events{{task="{_esc(task)}",asset="{_esc(asset)}"}}'
-                    f" {n}\n"
-                    for task, asset, n in self._pending
-                ],
-            )
+        if self._task_metrics is not None:
+            out.append(self._task_metrics.render())
         return "".join(out).encode()
 
 

@@ -131,6 +131,35 @@ def openapi_document() -> dict[str, Any]:
             },
             "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
             "/api/v1/tasks/{name}/resume": {"post": _op("resume a task (needs operate)", **task)},
+            "/api/v1/tasks/{name}/rewind": {
+                "post": _op(
+                    "redeliver a scheduled asset's events from an id on (needs operate); a "
+                    "rewind only moves the cursor back",
+                    {
+                        "200": _ok("the task", "Task"),
+                        "400": _error(
+                            "an id past the log's end or after the cursor, or an "
+                            "asset outside the schedule"
+                        ),
+                        "404": _error("no such task"),
+                    },
+                    parameters=[
+                        _NAME,
+                        {
+                            "name": "asset",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "to_event",
+                            "in": "query",
+                            "required": True,
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
+                    ],
+                )
+            },
             "/api/v1/runs": {
                 "get": _op(
                     "runs, newest first",
@@ -139,6 +168,13 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "task", "in": "query", "schema": {"type": "string"}},
                         {"name": "state", "in": "query", "schema": {"type": "string"}},
                         {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                        {
+                            "name": "before",
+                            "in": "query",
+                            "description": "runs with ids below this one: pass a page's "
+                            "next_before to get the next page (null next_before: no more)",
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
                     ],
                 )
             },

@@ -6,15 +6,20 @@ from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from watchkeeper.store import RunNotFoundError, RunStateError, TaskNotFoundError
-from watchkeeper.store.backend import RUN_STATES, get_logger
+from watchkeeper.store import (
+    InvalidArgumentError,
+    RunNotFoundError,
+    RunStateError,
+    TaskNotFoundError,
+)
+from watchkeeper.store.backend import RUN_STATES, Writer, get_logger
 
 from .._records import task_record
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, int_param, require
 from ._scoping import run_json
 from ._tokens import Principal
 
-__all__ = ["list_runs", "list_tasks", "retry_run", "run_detail", "task_control"]
+__all__ = ["list_runs", "list_tasks", "retry_run", "rewind_task", "run_detail", "task_control"]
 
 log = get_logger(__name__)
 
@@ -61,6 +66,32 @@ def task_control(action: str) -> Callable[[Request], Awaitable[Response]]:
     return control
 
 
+async def rewind_task(request: Request) -> Response:
+    """``POST /tasks/{name}/rewind?asset=A&to_event=ID``: the events of ``A`` from ``ID`` on
+    run again. A rewind only moves back: an id past the asset's last event or after the
+    task's cursor, or an asset outside its schedule, is a 400 that changes nothing."""
+    principal = await authenticate(request)
+    require(principal.can_operate(), principal, "rewind tasks (needs operate)")
+    name = request.path_params["name"]
+    asset = request.query_params.get("asset") or ""
+    if not asset:
+        raise ApiError(400, "bad_request", "asset is required: the scheduled asset to rewind")
+    to_event = int_param(request, "to_event", 0, 1, None)
+    if to_event == 0:
+        raise ApiError(400, "bad_request", "to_event is required: the first event id to redeliver")
+    tasks = ctx_of(request).tasks
+    try:
+        await tasks.arewind_task(name, asset, to_event, writer=Writer("api", principal.name))
+    except TaskNotFoundError:
+        raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
+    except InvalidArgumentError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    log.info("task_control", task=name, action="rewind", asset=asset, to_event=to_event,
+             by=principal.writer_name)  # fmt: skip
+    found = [info for info in await tasks.alist_tasks() if info.name == name]
+    return JSONResponse(task_record(found[0]) if found else {"name": name})
+
+
 async def list_runs(request: Request) -> Response:
     principal = await _tasks_principal(request, "list runs")
     task = request.query_params.get("task") or None
@@ -70,8 +101,20 @@ async def list_runs(request: Request) -> Response:
             400, "bad_request", f"state must be one of {', '.join(RUN_STATES)}, got {state!r}"
         )
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
-    runs = await ctx_of(request).tasks.alist_runs(task=task, state=state, limit=limit)
-    return JSONResponse({"runs": [run_json(run, principal) for run in runs]})
+    before = int_param(request, "before", 0, 1, None) or None
+    # One run more than the page: whether there is a next page, without a second call.
+    runs = await ctx_of(request).tasks.alist_runs(
+        task=task, state=state, limit=limit + 1, before=before, event_ids=True
+    )
+    more = len(runs) > limit
+    page = runs[:limit]
+    return JSONResponse(
+        {
+            "runs": [run_json(run, principal) for run in page],
+            "next_before": page[-1].id if more else None,
+            "more": more,
+        }
+    )
 
 
 async def run_detail(request: Request) -> Response:

@@ -193,7 +193,10 @@ async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: 
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     from rich.table import Table
 
-    runs = await _queue(backend).alist_runs(task=args.task, state=args.state, limit=args.limit)
+    runs = await _queue(backend).alist_runs(
+        task=args.task, state=args.state, limit=args.limit, before=args.before,
+        event_ids=args.json,
+    )  # fmt: skip
     if emit_listing(runs, args.json, run_record, "no runs"):
         return 0
     table = Table(
@@ -283,6 +286,10 @@ def register(subparsers: Subparsers) -> None:
         "--state", choices=("queued", "running", "success", "failed"), help="only runs in it"
     )
     rlist.add_argument("--limit", type=int_at_least(1), default=100, metavar="N")
+    rlist.add_argument(
+        "--before", type=int_at_least(1), metavar="RUN_ID",
+        help="only runs older than this one (the next page after a run id)",
+    )  # fmt: skip
     json_flag(rlist, "one run per line")
     rlist.set_defaults(handler=store_handler(_runs_list))
     show = actions.add_parser("show", help="one run: its events, tries, errors, durations")

@@ -1,0 +1,99 @@
+"""``POST /api/v1/tasks/{name}/rewind``: a rewind only moves a task's cursor back; anything
+else is a 400 naming what was wrong, and changes nothing."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
+from watchkeeper.triggerer.api import api_context, make_token, serve_app
+from watchkeeper.triggerer.settings import ApiSettings
+
+
+@dataclass
+class Site:
+    backend: SqliteStateBackend
+    base: str
+    tokens: dict[str, str]
+    events: list[int]
+
+    def client(self, token: str | None = None) -> httpx.AsyncClient:
+        headers = {} if token is None else {"Authorization": f"Bearer {self.tokens[token]}"}
+        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
+
+
+@pytest.fixture
+async def site(tmp_path: Path) -> AsyncIterator[Site]:
+    """Task ``load`` on ``orders`` (one event per run) whose two runs took both events, so
+    its cursor is at the last one; a read token and an operate token."""
+    async with SqliteStateBackend(tmp_path / "state.db") as backend:
+        await backend.aregister_assets([Asset("orders"), Asset("bills")])
+        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
+        ids: list[int] = []
+        for n in range(2):
+            commit = EventCommit("feed", ("orders",), encode_json({"n": n}))
+            ids.extend(e.id for e in await backend.acommit_event(commit))
+        assert len(await backend.acreate_runs("load", 2)) == 2
+        tokens: dict[str, str] = {}
+        for name, scopes in (("reader", ["read"]), ("ops", ["operate"])):
+            text, row = make_token(name, scopes, now=datetime.now(UTC))
+            await backend.acreate_token(row)
+            tokens[name] = text
+        ctx = api_context(backend, ApiSettings(port=0))
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+            yield Site(backend, f"http://127.0.0.1:{port}", tokens, ids)
+            tg.cancel_scope.cancel()
+
+
+async def cursors(site: Site) -> Any:
+    (info,) = await site.backend.alist_tasks()
+    return dict(info.cursors), dict(info.pending)
+
+
+async def test_rewind_past_the_cursor_is_refused(site: Site) -> None:
+    """An id past the end of the log or after the cursor, or an asset outside the schedule,
+    is a 400 with the store's one-line reason, and the cursor stays where it was."""
+    before = await cursors(site)
+    path = "/api/v1/tasks/load/rewind"
+    cases: list[tuple[dict[str, str | int], str]] = [
+        ({"asset": "orders", "to_event": 999999999999}, "past the end of the log"),
+        ({"asset": "orders", "to_event": site.events[-1] + 1}, "past the end of the log"),
+        ({"asset": "bills", "to_event": site.events[0]}, "not in the schedule of task 'load'"),
+        ({"asset": "orders"}, "to_event is required"),
+        ({"to_event": 1}, "asset is required"),
+    ]
+    async with site.client("ops") as client:
+        for params, says in cases:
+            response = await client.post(path, params=params)
+            assert response.status_code == 400, response.text
+            detail = response.json()["detail"]
+            assert says in detail and "\n" not in detail
+        missing = await client.post("/api/v1/tasks/nope/rewind", params=cases[0][0])
+    assert missing.status_code == 404
+    assert await cursors(site) == before
+
+
+async def test_rewind_needs_operate_and_moves_back(site: Site) -> None:
+    """Without a token 401, with a read token 403; an operate token rewinds to the first
+    event, and both events are pending again."""
+    params: dict[str, str | int] = {"asset": "orders", "to_event": site.events[0]}
+    async with site.client() as client:
+        anonymous = await client.post("/api/v1/tasks/load/rewind", params=params)
+    async with site.client("reader") as client:
+        refused = await client.post("/api/v1/tasks/load/rewind", params=params)
+    assert (anonymous.status_code, refused.status_code) == (401, 403)
+    async with site.client("ops") as client:
+        done = await client.post("/api/v1/tasks/load/rewind", params=params)
+    assert done.status_code == 200, done.text
+    assert done.json()["pending"] == {"orders": 2}
+    assert await cursors(site) == ({"orders": site.events[0] - 1}, {"orders": 2})

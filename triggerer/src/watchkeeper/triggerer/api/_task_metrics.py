@@ -1,0 +1,133 @@
+"""The task series of ``/metrics``, read from the store at each scrape.
+
+Counters only grow: they count what the store keeps for good (a successful run stays
+successful; a failed try stays recorded in its run, a retry adds tries), so a scrape never
+sees one go down, whichever process serves it. Current numbers (runs by state, pending
+events, the age of the oldest pending event) are gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+from watchkeeper.store.backend import RUN_STATES, TRY_CAUSES, TaskQueue
+
+__all__ = ["DURATION_BUCKETS", "TaskMetrics"]
+
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0,
+)  # fmt: skip
+"""The upper bounds (seconds) of ``watchkeeper_task_run_duration_seconds``'s buckets."""
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class TaskMetrics:
+    """The task families: :meth:`prepare` reads the store, :meth:`render` writes the text."""
+
+    def __init__(self, queue: TaskQueue) -> None:
+        self.queue = queue
+        self._tasks: list[tuple[str, tuple[str, ...], dict[str, int]]] = []
+        self._runs: dict[tuple[str, str], int] = {}
+        self._tries: dict[tuple[str, str, bool], int] = {}
+        self._oldest: dict[tuple[str, str], datetime] = {}
+        self._durations: dict[str, tuple[list[int], float]] = {}
+        self._now = datetime.now(UTC)
+
+    async def prepare(self) -> None:
+        """Read the counts (each counted by the store: a scrape reads no run)."""
+        queue = self.queue
+        infos = await queue.alist_tasks()
+        self._tasks = [(i.name, i.spec.assets, dict(i.pending)) for i in infos]
+        self._runs = await queue.acount_runs()
+        self._tries = await queue.acount_tries()
+        self._oldest = await queue.aoldest_pending()
+        self._durations = await queue.arun_durations(DURATION_BUCKETS)
+        clock = getattr(queue, "clock", None)
+        self._now = clock() if callable(clock) else datetime.now(UTC)
+
+    def render(self) -> str:
+        """The exposition text of the task families."""
+        return "".join(self._lines())
+
+    def _lines(self) -> Iterator[str]:
+        names = [name for name, _, _ in self._tasks]
+        labels = {name: f'task="{_esc(name)}"' for name in names}
+
+        def head(name: str, kind: str, text: str) -> str:
+            return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"
+
+        yield head("watchkeeper_task_runs", "gauge", "Runs of the task in the store, by state.")
+        for name in names:
+            for state in RUN_STATES:
+                count = self._runs.get((name, state), 0)
+                yield f'watchkeeper_task_runs{{{labels[name]},state="{state}"}} {count}\n'
+        yield head(
+            "watchkeeper_task_runs_finished_total",
+            "counter",
+            "Runs finished, by outcome: success, or failed (no tries left; a retried run "
+            "that fails again counts again).",
+        )
+        for name in names:
+            failed = sum(n for (t, _, final), n in self._tries.items() if t == name and final)
+            success = self._runs.get((name, "success"), 0)
+            yield (
+                f'watchkeeper_task_runs_finished_total{{{labels[name]},outcome="success"}} '
+                f"{success}\n"
+            )
+            yield (
+                f'watchkeeper_task_runs_finished_total{{{labels[name]},outcome="failed"}} '
+                f"{failed}\n"
+            )
+        yield head(
+            "watchkeeper_task_tries_total",
+            "counter",
+            "Failed tries, by cause: task_error, timeout (both count against retries), "
+            "worker_lost (the try's worker stopped renewing its lease).",
+        )
+        for name in names:
+            for cause in TRY_CAUSES:
+                count = sum(n for (t, c, _), n in self._tries.items() if t == name and c == cause)
+                yield f'watchkeeper_task_tries_total{{{labels[name]},cause="{cause}"}} {count}\n'
+        yield head(
+            "watchkeeper_task_run_duration_seconds",
+            "histogram",
+            "Seconds the successful try of each successful run took.",
+        )
+        for name in names:
+            counts, total = self._durations.get(name, ([0] * (len(DURATION_BUCKETS) + 1), 0.0))
+            seen = 0
+            for bound, count in zip((*DURATION_BUCKETS, None), counts, strict=True):
+                seen += count
+                le = "+Inf" if bound is None else repr(bound)
+                yield (
+                    f'watchkeeper_task_run_duration_seconds_bucket{{{labels[name]},le="{le}"}} '
+                    f"{seen}\n"
+                )
+            yield f"watchkeeper_task_run_duration_seconds_count{{{labels[name]}}} {seen}\n"
+            yield f"watchkeeper_task_run_duration_seconds_sum{{{labels[name]}}} {total!r}\n"
+        yield head(
+            "watchkeeper_task_pending_events",
+            "gauge",
+            "Events past the task's cursor on a scheduled asset (not yet in a run).",
+        )
+        for name, assets, pending in self._tasks:
+            for asset in assets:
+                yield (
+                    f'watchkeeper_task_pending_events{{{labels[name]},asset="{_esc(asset)}"}} '
+                    f"{pending.get(asset, 0)}\n"
+                )
+        yield head(
+            "watchkeeper_task_oldest_pending_event_age_seconds",
+            "gauge",
+            "Age of the oldest event waiting for a run of the task (0: none waiting).",
+        )
+        for name in names:
+            ages = [
+                (self._now - at).total_seconds() for (t, _), at in self._oldest.items() if t == name
+            ]
+            age = max(0.0, max(ages, default=0.0))
+            yield f"watchkeeper_task_oldest_pending_event_age_seconds{{{labels[name]}}} {age!r}\n"
