@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from watchkeeper.store import InvalidNameError
 from watchkeeper.store.backend import EventCommit, Fence, Writer
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 from watchkeeper.triggerer._commit import EventEncoder
 
 FENCED = Writer("watcher", "w1", fence=Fence("t1", "node-a", 3))
@@ -29,6 +29,19 @@ class TestEventEncoder:
         assert commit == checked
         assert commit.fence == FENCED.fence == checked.fence
         assert commit.decoded == ({"n": 1},)
+
+    def test_the_state_is_marked_encoded_so_the_store_does_not_check_it_again(self) -> None:
+        """The encoder checks each state value by the store's rules as it encodes it; the
+        backend then skips its own check (a plain mapping from elsewhere is checked)."""
+        from watchkeeper.store.backend import EncodedState, EventBatchCommit
+
+        one = _encoder().build(TriggerEvent({"n": 1}, state={"wm": 7}))
+        batch = _encoder().build(
+            TriggerEventBatch([TriggerEvent({"n": 1}), TriggerEvent({"n": 2})], state={"wm": 2})
+        )
+        assert isinstance(batch, EventBatchCommit)
+        assert type(one.state) is EncodedState and type(batch.state) is EncodedState
+        assert dict(one.state) == {"wm": "7"} and dict(batch.state) == {"wm": "2"}
 
     @pytest.mark.parametrize(
         ("watcher", "assets", "what"),

@@ -27,7 +27,7 @@ from ._controls import ApiToken, ControlsBackend, OperatorControls, WatcherContr
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
-from ._metastore import MetastoreBackend
+from ._metastore import EncodedState, MetastoreBackend
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
     MAX_LOST_TRIES,
@@ -92,6 +92,7 @@ __all__ = [
     "ControlsBackend",
     "DaemonStatus",
     "DaemonTable",
+    "EncodedState",
     "EventBatchCommit",
     "EventCommit",
     "EventConsumers",

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Final
 
 from watchkeeper.store.backend import (
+    EncodedState,
     EventBatchCommit,
     EventCommit,
     Writer,
@@ -189,7 +190,7 @@ class EventEncoder:
         if not state:
             return _NO_STATE
         limit = self.max_value_bytes
-        encoded: dict[str, str] = {}
+        encoded = EncodedState()  # encoded here by the store's rules: not checked again
         for key, value in state.items():  # a loop: no comprehension frame per event
             encoded[check_key(key)] = encode_value(key, value, max_value_bytes=limit)
         return encoded
