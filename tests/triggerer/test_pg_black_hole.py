@@ -252,3 +252,70 @@ class TestWorker:
             dsn, "SELECT count(*) FROM task_runs WHERE state IN ('queued', 'running')"
         )
         assert open_runs[0] == 0
+
+
+UP_DEFINITIONS = """
+from watchkeeper.triggerer import Asset, AssetWatcher, asset_task
+from lines import LinesWatcher
+
+alpha = Asset("alpha", watchers=[AssetWatcher("alpha_feed", LinesWatcher({path!r}))])
+
+
+@asset_task(schedule=[alpha], retries=1000, retry_delay=0.05)
+def consume(**_):
+    pass
+"""
+
+
+class TestUp:
+    async def test_up_commits_and_runs_again_after_its_connections_are_black_holed(
+        self, tmp_path: Path, pg_database: PgDatabase
+    ) -> None:
+        """``watchkeeper up`` (a triggerer and a worker in one process): after the hole its
+        watcher commits the new lines and its worker runs them, each event once, in one
+        successful run, and SIGTERM stops it."""
+        watchers = tmp_path / "watchers"
+        watchers.mkdir()
+        (watchers / "lines.py").write_text(LINES_WATCHER)
+        source = tmp_path / "alpha.txt"
+        (watchers / "alpha.py").write_text(UP_DEFINITIONS.format(path=str(source)))
+        append_lines(source, 1, 3)
+        dsn = pg_database.dsn
+        async with PostgresStateBackend(dsn):
+            pass  # the schema, for the raw SQL below
+
+        async def done(count: int) -> bool:
+            (row,) = await rows(
+                dsn,
+                "SELECT (SELECT count(*) FROM asset_events), (SELECT count(*) FROM "
+                "task_run_events e JOIN task_runs r ON r.id = e.run_id WHERE r.state = 'success')",
+            )
+            return bool(row[0] >= count and row[1] >= count)
+
+        async with open_proxy(urlsplit(dsn).port or 5432) as proxy:
+            env = base_env(
+                proxied(dsn, proxy),
+                WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL="0.5",
+                WATCHKEEPER__TRIGGERER__LEASE_RENEW_INTERVAL="0.5",
+                WATCHKEEPER__TRIGGERER__LEASE_TTL=str(LEASE_TTL),
+                WATCHKEEPER__TRIGGERER__STOP_GRACE="2",
+                WATCHKEEPER__WORKER__HEARTBEAT_INTERVAL="0.5",
+                WATCHKEEPER__WORKER__LEASE_TTL=str(LEASE_TTL),
+                WATCHKEEPER__API__ENABLED="false",
+            )
+            name = "up"
+            args = ("up", "--watchers-path", str(watchers))
+            async with process(tmp_path, name, env, *args) as up:
+                await wait_until(lambda: done(3), "the first events and runs", up)
+                assert proxy.black_hole() > 0
+                append_lines(source, 4, 6)
+                await recovers(lambda: done(6), "events and runs after the hole", tmp_path, name)
+                await stop(up, tmp_path, name)
+        assert (await streams(dsn))["alpha"] == [1, 2, 3, 4, 5, 6]
+        in_success = await rows(
+            dsn,
+            "SELECT e.event_id FROM task_run_events e JOIN task_runs r ON r.id = e.run_id "
+            "WHERE r.state = 'success' ORDER BY e.event_id",
+        )
+        events = await rows(dsn, "SELECT id FROM asset_events ORDER BY id")
+        assert [r[0] for r in in_success] == [r[0] for r in events]
