@@ -16,6 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+import anyio.abc
+import anyio.to_thread
 import asyncpg
 import pytest
 from watchkeeper.store import (
@@ -110,6 +112,50 @@ class TestBlackHole:
             assert cancelled.cancelled_caught
             with anyio.fail_after(BOUND - 1):  # not rescued by the statement's bound
                 assert await backend.aget(scope, "k") == 1
+
+    async def test_the_keepalive_thread_replaces_its_connection_after_a_timeout(
+        self, pg_dsn: str, pg_schema: str, proxy: TcpProxy
+    ) -> None:
+        """Once a statement timed out on the backend's loop, the keep-alive thread does not
+        send its renewal on its older, as silent, connection: it renews at once on a new one
+        (a renewal on the old one would fail after its whole limit, and the lease lapse)."""
+        dsn = proxied(pg_dsn, proxy)
+        async with PostgresStateBackend(dsn, schema=pg_schema, statement_timeout=1.0) as backend:
+            await require_asset_registry(backend).aregister_assets([Asset("a")])
+            await backend.arenew_node("kept", 30)
+            channel = backend.open_node_keepalive("kept", 30)
+            try:
+                assert await anyio.to_thread.run_sync(channel.renew, 5.0)
+                assert proxy.black_hole() > 0
+                with anyio.fail_after(1.0 + SLACK):
+                    await backend.aget(AssetScope(name="a"), "k")  # times out, then answers
+                accepted = proxy.accepted
+                with anyio.fail_after(SLACK):
+                    assert await anyio.to_thread.run_sync(channel.renew, 30.0)
+                assert proxy.accepted > accepted
+            finally:
+                await anyio.to_thread.run_sync(channel.close)
+
+    async def test_the_keepalive_thread_connect_is_bounded(self, pg_schema: str) -> None:
+        """A server that accepts the connection and never answers fails the keep-alive's
+        renewal within its limit, as the store being unavailable."""
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+        async def mute(stream: anyio.abc.SocketStream) -> None:
+            async with stream:  # open, silent
+                await anyio.sleep_forever()
+
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, mute)
+            backend = PostgresStateBackend(f"postgresql://u@127.0.0.1:{port}/db")
+            channel = backend.open_node_keepalive("kept", 30)
+            try:
+                with anyio.fail_after(1.0 + SLACK), pytest.raises(StoreUnavailableError):
+                    await anyio.to_thread.run_sync(channel.renew, 1.0)
+            finally:
+                await anyio.to_thread.run_sync(channel.close)
+                tg.cancel_scope.cancel()
 
     @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/net/tcp")
     async def test_every_connection_has_tcp_keepalive(

@@ -168,8 +168,12 @@ class PostgresKeepAlive:
         owner: str,
         seconds: float,
         clock: Callable[[], datetime | None],
+        freshness: Freshness | None = None,
     ) -> None:
         self._connect, self._statement, self._clock = connect, statement, clock
+        # The backend's: a statement timed out on the daemon's loop makes this thread's
+        # connection, if older, stale too (read here, never written).
+        self._freshness = Freshness() if freshness is None else freshness
         self._args = (owner, seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Any = None
@@ -194,6 +198,8 @@ class PostgresKeepAlive:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         with anyio.fail_after(limit + 1):
+            if self._conn is not None and self._freshness.stale(self._conn):
+                self._drop()  # made before a statement timed out: as silent, maybe
             if self._conn is None or self._conn.is_closed():
                 self._conn = await self._connect(limit)
             owner, seconds = self._args
@@ -316,9 +322,10 @@ class PostgresLeases:
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
-        # Each statement has half the lease's time to live at most: one that hangs (a dead
-        # network) fails in time for the next try, on a new connection, to renew the lease.
-        bound = min(self.statement_timeout, secs / 2)
+        # Each statement has half the lease's time to live at most (a second at least): one
+        # that hangs (a dead network) fails in time for the next try, on a new connection, to
+        # renew the lease.
+        bound = min(self.statement_timeout, max(secs / 2, 1.0))
         # The renewal commits on its own: the node row's lock is not held while this daemon's
         # loop (busy, perhaps, for seconds) sends the rest, so neither its keep-alive thread
         # nor another daemon's reaping ever waits for it.
@@ -403,7 +410,9 @@ class PostgresLeases:
                 dsn, timeout=timeout, connection_class=connection_class(), **args
             )
 
-        return PostgresKeepAlive(connect, self._lease_sql.renew, owner, seconds, self._clock_param)
+        return PostgresKeepAlive(
+            connect, self._lease_sql.renew, owner, seconds, self._clock_param, self._freshness
+        )
 
     async def _alist_leases(self) -> builtins.list[Lease]:
         rows = await self._fetch("listing leases", self._lease_sql.list)
