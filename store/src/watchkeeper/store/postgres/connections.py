@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_TIMEOUT",
     "DEFAULT_STATEMENT_TIMEOUT",
+    "GC_TIMEOUT",
     "KEEPALIVE_COUNT",
     "KEEPALIVE_IDLE",
     "KEEPALIVE_INTERVAL",
@@ -67,6 +68,11 @@ DEFAULT_STATEMENT_TIMEOUT: Final = 5.0
 
 #: The bound of a schema migration's statements, which may rewrite a large table.
 MIGRATION_TIMEOUT: Final = 600.0
+
+#: The bound of a garbage collection's deletes, which may remove millions of rows at once (the
+#: first pass over a large table). A dead network is still found sooner: any other statement
+#: that times out ends the connection (:class:`Freshness`).
+GC_TIMEOUT: Final = 300.0
 
 #: TCP keepalive of every connection: probes after this many idle seconds, this often, and
 #: the connection is dropped after this many unanswered ones; data unacknowledged for
