@@ -20,7 +20,7 @@ import anyio.abc
 import asyncpg
 import pytest
 from watchkeeper.store import PostgresStateBackend
-from watchkeeper.store.postgres.sql import connect
+from watchkeeper.store.postgres.connections import connect
 
 from ..support.daemons import free_port
 

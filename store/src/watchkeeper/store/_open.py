@@ -78,7 +78,10 @@ def open_state_backend(settings: StoreSettings) -> BaseStateBackend:
         # asyncpg understands postgresql:// and postgres://, not SQLAlchemy's driver suffix.
         dsn = url if scheme != "postgresql+asyncpg" else f"postgresql://{rest}"
         return PostgresStateBackend(
-            dsn, max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes
+            dsn,
+            max_value_bytes=max_value_bytes,
+            max_payload_bytes=max_payload_bytes,
+            statement_timeout=settings.database.statement_timeout,
         )
     raise InvalidSettingError(
         "[database] url",

@@ -108,6 +108,11 @@ class DatabaseSettings(_Section):
     url: SecretStr = SecretStr(DEFAULT_DATABASE_URL)
     """SQLAlchemy-style URL: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
     ``sqlite:///:memory:`` or ``postgresql://user:password@host:port/database``."""
+    statement_timeout: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """PostgreSQL: seconds one statement may wait for its answer. Past it the statement fails
+    as the store being unavailable and its connection is dropped (a network that silently
+    drops a connection's bytes never answers); the caller retries on a new one. Schema
+    migrations have a longer bound of their own."""
 
 
 class StateStoreSettings(_Section):

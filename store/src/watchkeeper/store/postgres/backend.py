@@ -18,7 +18,6 @@ asyncpg still rolls back a transaction left open and drops listeners on release.
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,6 +58,18 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from .connections import (
+    DEFAULT_STATEMENT_TIMEOUT,
+    MIGRATION_TIMEOUT,
+    Freshness,
+    check_timeout,
+    close_quietly,
+    connect,
+    describe_dsn,
+    discard,
+    pooled,
+    transaction,
+)
 from .consumers import PostgresConsumers, events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
@@ -67,7 +78,6 @@ from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, Delete
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
-    connect,
     database_clock,
     is_connection_error,
     is_unavailable,
@@ -90,14 +100,6 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """The pool's reset hook: nothing to undo (see the module docstring)."""
 
 
-def _discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None:
-    """Drop what a failed open left behind (abruptly: this cleanup must neither hang nor raise)."""
-    if pool is not None:
-        pool.terminate()
-    if conn is not None:
-        conn.terminate()
-
-
 class PostgresStateBackend(
     PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
 ):
@@ -105,7 +107,11 @@ class PostgresStateBackend(
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
     go where the server's search path puts them. The pool holds ``min_size`` to ``max_size``
-    connections for reads; the writer has one more of its own.
+    connections for reads; the writer has one more of its own. ``statement_timeout`` bounds
+    every statement (seconds; a schema migration's have a bound of their own): one that
+    gets no answer by then raises :class:`StoreUnavailableError`, and its connection is
+    terminated, so a network that silently drops a connection's bytes stalls nothing for
+    longer.
     """
 
     def __init__(
@@ -118,6 +124,7 @@ class PostgresStateBackend(
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         server_settings: Mapping[str, str] | None = None,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         #: Session settings of every connection it opens (``application_name``,
@@ -134,6 +141,8 @@ class PostgresStateBackend(
             raise InvalidSettingError(
                 f"min_size ({min_size})", f"must not exceed max_size ({max_size})"
             )
+        self.statement_timeout = check_timeout("statement_timeout", statement_timeout)
+        self._freshness = Freshness()
         self.schema = check_schema_name(schema)
         self.min_size, self.max_size = min_size, max_size
         self._dsn = dsn
@@ -148,21 +157,28 @@ class PostgresStateBackend(
 
     def _where(self) -> str:
         """``host=… db=… schema=…`` from the DSN, never its password."""
-        schema = self.schema or "(search_path)"
-        try:
-            url = urllib.parse.urlsplit(self._dsn)
-            if url.scheme not in ("postgresql", "postgres"):
-                return f"dsn=(not a postgresql:// URL) schema={schema}"
-            query = urllib.parse.parse_qs(url.query)
-            host = url.hostname or query.get("host", ["localhost"])[0]
-            port = url.port or int(query.get("port", ["5432"])[0])
-            db = url.path.lstrip("/") or query.get("dbname", ["(default)"])[0]
-        except ValueError:
-            return f"dsn=(unparsed) schema={schema}"
-        return f"host={host}:{port} db={db} schema={schema}"
+        return describe_dsn(self._dsn, self.schema)
 
     def _session(self) -> dict[str, str] | None:
         return dict(self.server_settings) or None
+
+    def _connect_args(self) -> dict[str, Any]:
+        """The arguments of every connection this backend opens: its session settings and the
+        bound of each statement."""
+        return {
+            "server_settings": self._session(),
+            "command_timeout": self.statement_timeout,
+            "freshness": self._freshness,
+        }
+
+    async def _migrate(self) -> list[int]:
+        """Apply the pending migrations on a connection with their own, longer, bound."""
+        session = self._session()
+        conn = await connect(self._dsn, server_settings=session, command_timeout=MIGRATION_TIMEOUT)
+        try:
+            return await apply_migrations(conn, self.schema)
+        finally:
+            await close_quietly(conn)
 
     def _describe(self) -> str:
         pool = self._pool
@@ -179,18 +195,18 @@ class PostgresStateBackend(
             ) from exc
         conn: asyncpg.Connection | None = None
         try:
-            conn = await connect(self._dsn, server_settings=self._session())
-            self.applied_migrations = await apply_migrations(conn, self.schema)
+            self.applied_migrations = await self._migrate()
+            conn = await connect(self._dsn, **self._connect_args())
             pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
                 reset=_keep_session,
                 connect=connect,
-                server_settings=self._session(),
+                **self._connect_args(),
             )
         except BaseException as exc:
-            _discard(conn, None)
+            discard(conn, None)
             if isinstance(exc, Exception) and not isinstance(exc, StateStoreError):
                 raise map_error(exc, f"opening {self._where()}") from exc
             raise
@@ -198,13 +214,18 @@ class PostgresStateBackend(
 
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         conn, pool = await self._connect()
-        dsn, session = self._dsn, self._session()
+        dsn, args = self._dsn, self._connect_args()
 
         async def reconnect() -> asyncpg.Connection:
-            return await connect(dsn, server_settings=session)
+            return await connect(dsn, **args)
 
         writer = GroupWriter(
-            self, self._sql, reconnect, conn, events_sql=events_prelude(self.schema)
+            self,
+            self._sql,
+            reconnect,
+            conn,
+            events_sql=events_prelude(self.schema),
+            freshness=self._freshness,
         )
         steps = StepQueue(self, self._run_step_group, self._refuse_step)
         try:
@@ -213,7 +234,7 @@ class PostgresStateBackend(
         except BaseException:
             writer.discard()
             steps.queue.discard()
-            _discard(conn, pool)
+            discard(conn, pool)
             raise
         self._pool, self._writer, self._last_writer = pool, writer, writer
         self._steps = steps
@@ -267,11 +288,14 @@ class PostgresStateBackend(
         return await writer.submit(op)
 
     async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]:
-        """Run a read on a pooled connection; a lost connection is retried once on a new one."""
+        """Run a read on a pooled connection; a lost connection (or one whose statement timed
+        out: it is terminated) is retried once on a new one."""
         for attempt in (1, 2):
             pool = self._pool_or_closed()
             try:
-                return await pool.fetch(sql, *args)
+                async with pooled(pool, self._freshness) as conn:
+                    rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
+                    return rows
             except Exception as exc:
                 if not self._open:
                     raise StoreClosedError(self) from exc
@@ -284,21 +308,16 @@ class PostgresStateBackend(
         """Run ``fn(conn)`` in its own transaction on a pooled connection (not the writer's).
 
         ``fn`` must be safe to run twice (claims and releases of leases are): a connection
-        that met the server unavailable (lost, or read-only after a failover) is dropped, so
-        the pool replaces it instead of handing it out again, and ``fn`` is tried once more
-        on another connection, as :meth:`_fetch` does.
+        that met the server unavailable (lost, read-only after a failover, or a statement
+        that timed out) is dropped, so the pool replaces it instead of handing it out again,
+        and ``fn`` is tried once more on another connection, as :meth:`_fetch` does. A
+        cancelled ``fn`` drops its connection too.
         """
         for attempt in (1, 2):
             pool = self._pool_or_closed()
             try:
-                async with pool.acquire() as conn:
-                    try:
-                        async with conn.transaction():
-                            return await fn(conn)
-                    except Exception as exc:
-                        if is_unavailable(exc) and not conn.is_closed():
-                            conn.terminate()
-                        raise
+                async with pooled(pool, self._freshness) as conn, transaction(conn):
+                    return await fn(conn)
             except StateStoreError:
                 raise
             except Exception as exc:
@@ -373,10 +392,9 @@ class PostgresStateBackend(
 
     async def amigrate(self) -> list[int]:
         """Apply pending schema migrations; return the versions applied (opening does this)."""
-        pool = self._pool_or_closed()
+        self._pool_or_closed()
         try:
-            async with pool.acquire() as conn:
-                return await apply_migrations(conn, self.schema)
+            return await self._migrate()
         except StateStoreError:
             raise
         except Exception as exc:

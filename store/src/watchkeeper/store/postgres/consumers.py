@@ -18,8 +18,9 @@ from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, AssetScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, ConsumerCursorError
+from .connections import Freshness, close_quietly, connect
 from .schema import table_prefix
-from .sql import close_quietly, connect, writer_fields
+from .sql import writer_fields
 
 if TYPE_CHECKING:
     import asyncpg
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+_LISTENER_CHECK = 30.0
+"""Seconds after which the LISTEN connection is checked again (one ``SELECT 1``)."""
 
 EVENT_COLS = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
 LOCK_KEY = "hashtextextended('watchkeeper.events:' || coalesce($1::text, current_schema()), 0)"
@@ -83,7 +87,10 @@ class PostgresConsumers(TaskStoreBackend):
 
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        def _session(self) -> dict[str, str] | None: ...
+        def _connect_args(self) -> dict[str, Any]: ...
+
+        @property
+        def _freshness(self) -> Freshness: ...
 
     @property
     def _prefix(self) -> str:
@@ -229,13 +236,28 @@ class PostgresConsumers(TaskStoreBackend):
         connection was opened just now (events committed before it were not notified)."""
         state: dict[str, Any] = self.__dict__.setdefault("_listen_state", {})
         conn = state.get("conn")
+        if conn is not None and self._freshness.stale(conn):
+            conn.terminate()  # made before a statement timed out: maybe as silent
         if conn is not None and not conn.is_closed():
-            return state["event"], False
+            if anyio.current_time() - state["checked_at"] < _LISTENER_CHECK:
+                return state["event"], False
+            # Quiet for a while: make sure it still answers (a network that drops its bytes
+            # would leave it silent for ever); if not, a new one listens.
+            try:
+                await conn.execute("SELECT 1")
+            except BaseException as exc:
+                conn.terminate()
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                state["checked_at"] = anyio.current_time()
+                return state["event"], False
         if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
             return None
         try:
-            conn = await connect(self._dsn, server_settings=self._session())
-            state.update(conn=conn, event=anyio.Event(), failed_at=None)
+            conn = await connect(self._dsn, **self._connect_args())
+            now = anyio.current_time()
+            state.update(conn=conn, event=anyio.Event(), failed_at=None, checked_at=now)
 
             def notified(*_: object) -> None:
                 state["event"].set()

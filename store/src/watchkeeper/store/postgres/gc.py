@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._gc import GcPlan
 from .._types import GcReport, TaskScope
+from .connections import GC_TIMEOUT
 from .ops import LATE, CallOp
 from .sql import rowcount
 
@@ -30,7 +31,7 @@ async def collect_garbage(
     submit: Callable[[CallOp], Awaitable[Any]],
 ) -> GcReport:
     """Run ``plan`` with the statements ``gc``: reads through ``fetch``, deletes as writer
-    operations through ``submit``."""
+    operations through ``submit``, each delete bounded by :data:`GC_TIMEOUT`."""
     now, dry_run, batch_size, cutoff = (
         plan.now,
         plan.dry_run,
@@ -54,10 +55,12 @@ async def collect_garbage(
 
         async def collect(conn: asyncpg.Connection) -> int:
             for kind, args in bounds.items():
-                found[kind] = [tuple(r) for r in await conn.fetch(gc.delete[kind], *args)]
+                rows = await conn.fetch(gc.delete[kind], *args, timeout=GC_TIMEOUT)
+                found[kind] = [tuple(r) for r in rows]
             if not event_args:
                 return 0
-            return rowcount(await conn.execute(gc.events_delete, *event_args))
+            status = await conn.execute(gc.events_delete, *event_args, timeout=GC_TIMEOUT)
+            return rowcount(status)
 
         events = await submit(CallOp(collect, phase=LATE))
     else:
@@ -68,7 +71,7 @@ async def collect_garbage(
                 async def collect_batch(
                     conn: asyncpg.Connection, sql: str = sql, params: tuple[Any, ...] = params
                 ) -> list[tuple[Any, ...]]:
-                    return [tuple(r) for r in await conn.fetch(sql, *params)]
+                    return [tuple(r) for r in await conn.fetch(sql, *params, timeout=GC_TIMEOUT)]
 
                 rows: list[tuple[Any, ...]] = await submit(CallOp(collect_batch, phase=LATE))
                 found[kind].extend(rows)
@@ -77,7 +80,10 @@ async def collect_garbage(
         while event_args:
 
             async def delete_events(conn: asyncpg.Connection) -> int:
-                return rowcount(await conn.execute(gc.events_delete_batch, *event_args, batch_size))
+                args = (*event_args, batch_size)
+                return rowcount(
+                    await conn.execute(gc.events_delete_batch, *args, timeout=GC_TIMEOUT)
+                )
 
             deleted: int = await submit(CallOp(delete_events, phase=LATE))
             events += deleted

@@ -43,7 +43,15 @@ import anyio
 from .._leases import check_owner, check_ttl
 from .._types import Lease, NodeHeartbeat, NodeLease
 from ..errors import StateStoreError, StoreClosedError
-from .sql import close_quietly, connect, is_connection_error, is_unavailable, map_error
+from .connections import (
+    CONNECT_TIMEOUT,
+    Freshness,
+    close_quietly,
+    connect,
+    connection_class,
+    transaction,
+)
+from .sql import is_connection_error, is_unavailable, map_error
 
 if TYPE_CHECKING:
     import asyncpg
@@ -57,6 +65,9 @@ def lease_channel(schema: str | None) -> str:
     """The NOTIFY channel of a schema's lease releases."""
     return f"{schema or 'public'}_watchkeeper_leases"
 
+
+_LISTENER_CHECK = 10.0
+"""Seconds without a notification after which the LISTEN connection is checked."""
 
 _RETRYABLE = ("40P01", "40001")
 """SQLSTATEs of a transaction the server rolled back to break a conflict (deadlock detected,
@@ -152,13 +163,17 @@ class PostgresKeepAlive:
 
     def __init__(
         self,
-        connect: Callable[[], Awaitable[Any]],
+        connect: Callable[[float], Awaitable[Any]],
         statement: str,
         owner: str,
         seconds: float,
         clock: Callable[[], datetime | None],
+        freshness: Freshness | None = None,
     ) -> None:
         self._connect, self._statement, self._clock = connect, statement, clock
+        # The backend's: a statement timed out on the daemon's loop makes this thread's
+        # connection, if older, stale too (read here, never written).
+        self._freshness = Freshness() if freshness is None else freshness
         self._args = (owner, seconds)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Any = None
@@ -178,11 +193,20 @@ class PostgresKeepAlive:
             raise map_error(exc, "keeping a node lease alive") from exc
 
     async def _renew(self, *, limit: float) -> bool:
-        with anyio.fail_after(limit):
+        # Each step is bounded by asyncpg's own timeouts (a connect cut by a cancellation
+        # would leave an error nobody reads); the cancel scope only backs them up.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        with anyio.fail_after(limit + 1):
+            if self._conn is not None and self._freshness.stale(self._conn):
+                self._drop()  # made before a statement timed out: as silent, maybe
             if self._conn is None or self._conn.is_closed():
-                self._conn = await self._connect()
+                self._conn = await self._connect(limit)
             owner, seconds = self._args
-            status = await self._conn.execute(self._statement, owner, self._clock(), seconds)
+            left = max(0.001, deadline - loop.time())
+            status = await self._conn.execute(
+                self._statement, owner, self._clock(), seconds, timeout=left
+            )
         return bool(status != "UPDATE 0")
 
     def _drop(self) -> None:
@@ -210,6 +234,8 @@ class PostgresLeases:
     schema: str | None
 
     _open: bool
+    _freshness: Freshness
+    statement_timeout: float
 
     if TYPE_CHECKING:
 
@@ -220,7 +246,7 @@ class PostgresLeases:
 
         def _clock_param(self) -> datetime | None: ...
 
-        def _session(self) -> dict[str, str] | None: ...
+        def _connect_args(self) -> dict[str, Any]: ...
 
     @property
     def _lease_sql(self) -> _Sql:
@@ -235,9 +261,9 @@ class PostgresLeases:
         fn: Callable[[Any], Awaitable[T]],
         *,
         lane: str = "claims",
-        transaction: bool = True,
+        in_transaction: bool = True,
     ) -> T:
-        """Run ``fn(conn)`` in a transaction (unless ``transaction`` is False: then ``fn``
+        """Run ``fn(conn)`` in a transaction (unless ``in_transaction`` is False: then ``fn``
         opens its own) on the lease connection of ``lane``, one at a time; a lost or read-only
         connection is replaced and ``fn`` tried once more (it must be idempotent, as renewals,
         claims and releases are). Renewals have a lane of their own, so that they never wait
@@ -253,18 +279,20 @@ class PostgresLeases:
                     raise StoreClosedError(self)
                 conn = state.get("conn")
                 try:
-                    if conn is None or conn.is_closed() or conn.is_in_transaction():
+                    stale = conn is not None and self._freshness.stale(conn)
+                    if conn is None or conn.is_closed() or conn.is_in_transaction() or stale:
                         if conn is not None:
                             conn.terminate()  # never reused inside a transaction (see below)
-                        conn = await connect(self._dsn, server_settings=self._session())
+                        conn = await connect(self._dsn, **self._connect_args())
                         state["conn"] = conn
-                    if not transaction:
+                    if not in_transaction:
                         return await fn(conn)
-                    async with conn.transaction():
+                    async with transaction(conn):
                         return await fn(conn)
                 except StateStoreError:
                     raise
                 except Exception as exc:
+                    self._freshness.saw(exc)
                     if not self._open:
                         raise StoreClosedError(self) from exc
                     if getattr(exc, "sqlstate", None) in _RETRYABLE and attempt < 3:
@@ -294,18 +322,23 @@ class PostgresLeases:
 
     async def _renew_in(self, conn: Any, owner: str, ttl: timedelta) -> NodeHeartbeat:
         sql, at, secs = self._lease_sql, self._clock_param(), ttl.total_seconds()
+        # Each statement has half the lease's time to live at most (a second at least): one
+        # that hangs (a dead network) fails in time for the next try, on a new connection, to
+        # renew the lease.
+        bound = min(self.statement_timeout, max(secs / 2, 1.0))
         # The renewal commits on its own: the node row's lock is not held while this daemon's
         # loop (busy, perhaps, for seconds) sends the rest, so neither its keep-alive thread
         # nor another daemon's reaping ever waits for it.
-        renewed = (await conn.execute(sql.renew, owner, at, secs)) != "UPDATE 0"
-        async with conn.transaction():
+        renewed = (await conn.execute(sql.renew, owner, at, secs, timeout=bound)) != "UPDATE 0"
+        async with transaction(conn):
             if not renewed:  # new, or reaped: whatever it held before is free
-                await conn.execute(sql.free_own, owner, at)
-                await conn.execute(sql.join, owner, at, secs)
-                await conn.execute("SELECT pg_notify($1, $2)", lease_channel(self.schema), owner)
-            reaped = [r[0] for r in await conn.fetch(sql.reap, owner, at)]
-            await conn.execute(sql.forget_dead)
-            rows = await conn.fetch(sql.nodes, at)
+                await conn.execute(sql.free_own, owner, at, timeout=bound)
+                await conn.execute(sql.join, owner, at, secs, timeout=bound)
+                channel = lease_channel(self.schema)
+                await conn.execute("SELECT pg_notify($1, $2)", channel, owner, timeout=bound)
+            reaped = [r[0] for r in await conn.fetch(sql.reap, owner, at, timeout=bound)]
+            await conn.execute(sql.forget_dead, timeout=bound)
+            rows = await conn.fetch(sql.nodes, at, timeout=bound)
         now = rows[0][4] if rows else (at or datetime.now().astimezone())
         nodes = tuple(NodeLease(r[0], r[1], r[2], r[3]) for r in rows)
         return NodeHeartbeat(renewed, nodes, tuple(sorted(reaped)), now)
@@ -315,7 +348,7 @@ class PostgresLeases:
             return await self._renew_in(conn, owner, ttl)
 
         result: NodeHeartbeat = await self._lease_transact(
-            "renewing a node lease", renew, lane="renewals", transaction=False
+            "renewing a node lease", renew, lane="renewals", in_transaction=False
         )
         return result
 
@@ -366,14 +399,20 @@ class PostgresLeases:
         """See :class:`~watchkeeper.store.backend.NodeKeepAlive`: the renewal's ``UPDATE``
         alone (no join, no reaping), with this backend's session settings and clock."""
         owner, seconds = check_owner(owner), check_ttl(ttl).total_seconds()
-        dsn, session = self._dsn, self._session()
+        dsn, args = self._dsn, self._connect_args()
+        args.pop("freshness")  # its connection belongs to the thread's own event loop
 
-        async def connect() -> Any:
+        async def connect(limit: float) -> Any:
             import asyncpg
 
-            return await asyncpg.connect(dsn, server_settings=session)
+            timeout = min(limit, CONNECT_TIMEOUT)
+            return await asyncpg.connect(
+                dsn, timeout=timeout, connection_class=connection_class(), **args
+            )
 
-        return PostgresKeepAlive(connect, self._lease_sql.renew, owner, seconds, self._clock_param)
+        return PostgresKeepAlive(
+            connect, self._lease_sql.renew, owner, seconds, self._clock_param, self._freshness
+        )
 
     async def _alist_leases(self) -> builtins.list[Lease]:
         rows = await self._fetch("listing leases", self._lease_sql.list)
@@ -390,7 +429,7 @@ class PostgresLeases:
         conn = state.get("conn")
         if conn is None or conn.is_closed():
             try:
-                conn = await connect(self._dsn, server_settings=self._session())
+                conn = await connect(self._dsn, **self._connect_args())
                 event = anyio.Event()
                 state.update(conn=conn, event=event)
 
@@ -407,8 +446,22 @@ class PostgresLeases:
                 await anyio.sleep(5)
                 return
             return  # listening from now on: what was released before is looked at now
-        await state["event"].wait()
-        state["event"] = anyio.Event()
+        while True:
+            with anyio.move_on_after(_LISTENER_CHECK):
+                await state["event"].wait()
+                state["event"] = anyio.Event()
+                return
+            # Quiet for a while: make sure the connection still answers (a network that
+            # drops its bytes would leave it silent for ever); if not, it is dropped and the
+            # caller's next call listens on a new one.
+            try:
+                await conn.execute("SELECT 1")
+            except BaseException as exc:
+                conn.terminate()
+                state.pop("conn", None)
+                if not isinstance(exc, Exception):
+                    raise
+                return  # the renewals claim anyway; this connection only wakes them
 
     async def _close_lease_listener(self) -> None:
         state: dict[str, Any] = self.__dict__.get("_lease_listen", {})

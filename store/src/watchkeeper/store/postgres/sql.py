@@ -13,9 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
-from anyio.lowlevel import checkpoint_if_cancelled
-
 from .._backend import _utcnow
 from .._types import RawEntry, Writer
 from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
@@ -26,13 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASSET_TABLE",
-    "CONNECT_TIMEOUT",
     "TASK_TABLE",
     "Statements",
     "TableSpec",
-    "close_quietly",
     "columns",
-    "connect",
     "database_clock",
     "is_connection_error",
     "is_unavailable",
@@ -49,44 +43,6 @@ def database_clock(clock: Callable[[], datetime]) -> datetime | None:
     """The time to pass to lease statements: ``None`` (they use the database's ``now()``, the
     one clock every process shares) unless the backend was given a clock of its own (tests)."""
     return None if clock is _utcnow else clock()
-
-
-#: The bound of one connection attempt (asyncpg's ``timeout``; its own default is 60 s). A
-#: connect runs shielded (:func:`connect`), so this is also the longest a cancelled caller waits.
-CONNECT_TIMEOUT: Final = 10.0
-
-
-async def connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect`` (same arguments), never interrupted half-way.
-
-    A connect cancelled while the server answers its TLS request leaves asyncpg's half-made
-    protocol holding an error nobody reads, which the event loop reports as "Future exception
-    was never retrieved". So the attempt finishes under a shield, bounded by
-    :data:`CONNECT_TIMEOUT`; a cancellation that came meanwhile then closes the new connection
-    and is raised. Every connection on the backend's event loop, the pool's included, is opened
-    here (the keep-alive thread's, on a loop of its own that nothing cancels, is not)."""
-    import asyncpg
-
-    kwargs.setdefault("timeout", CONNECT_TIMEOUT)
-    with anyio.CancelScope(shield=True):
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, **kwargs)
-    try:
-        await checkpoint_if_cancelled()
-    except BaseException:
-        conn.terminate()
-        raise
-    return conn
-
-
-async def close_quietly(conn: asyncpg.Connection | None) -> None:
-    """Close a connection of the backend's own (a listener, the lease lane) within 2 s, shielded,
-    and terminate it if the close did not finish."""
-    if conn is None or conn.is_closed():
-        return
-    with anyio.move_on_after(2, shield=True):
-        await conn.close()
-    if not conn.is_closed():
-        conn.terminate()
 
 
 @dataclass(frozen=True, slots=True)

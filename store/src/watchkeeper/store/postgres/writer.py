@@ -39,6 +39,7 @@ import anyio.abc
 from .._commit_queue import CommitQueue
 from ..errors import BackendUnavailableError
 from .commits import commit_events, event_commits_sql
+from .connections import Freshness, breaks_connection, close_quietly, drop_if_broken, roll_back
 from .ops import BatchCommitOp, CommitOp, Op, apply_batch, one_round
 from .sql import Statements, is_unavailable, map_error
 
@@ -62,8 +63,10 @@ class GroupWriter:
         max_batch_bytes: int = 8 << 20,
         connections: int = 4,
         events_sql: str | None = None,
+        freshness: Freshness | None = None,
     ) -> None:
         self._owner, self._sql, self._connect = owner, sql, connect
+        self._freshness = Freshness() if freshness is None else freshness
         # Sent with the BEGIN of every batch that commits events, single or batched, in one
         # message (the commit-order lock and the one NOTIFY of the batch: see .consumers).
         self._begin_events = "BEGIN" if events_sql is None else f"BEGIN; {events_sql}"
@@ -101,14 +104,9 @@ class GroupWriter:
             await self.queue.wait_stopped()
         finally:
             conns, self._conns = self._conns, [None] * len(self._conns)
-            for conn in conns:
-                if conn is not None:
-                    try:
-                        with anyio.move_on_after(2):
-                            await conn.close()
-                    finally:
-                        if not conn.is_closed():
-                            conn.terminate()
+            async with anyio.create_task_group() as tg:  # at once: each may take its 2 s
+                for conn in conns:
+                    tg.start_soon(close_quietly, conn)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -118,7 +116,9 @@ class GroupWriter:
 
     async def _connection(self, slot: int) -> asyncpg.Connection:
         conn = self._conns[slot]
-        if conn is None or conn.is_closed():
+        if conn is None or conn.is_closed() or self._freshness.stale(conn):
+            if conn is not None:
+                conn.terminate()  # stale: on the network a statement timed out on, maybe
             self._conns[slot] = None
             conn = self._conns[slot] = await self._connect()
         if self._tuned[slot] is not conn:
@@ -155,10 +155,11 @@ class GroupWriter:
                     await apply_batch(conn, self._sql, batch)
                     applied = True
                     await conn.execute("COMMIT")
-                except BaseException:
-                    await _roll_back(conn)
+                except BaseException as exc:
+                    await _end_failed(conn, exc)
                     raise
         except Exception as exc:  # noqa: BLE001 - any failure goes to the ops, never kills the writer
+            self._freshness.saw(exc)
             if retry and not applied and self._broken(slot, conn, exc):
                 # Lost before COMMIT was sent, so nothing was applied: once more, reconnected.
                 for op in batch:
@@ -175,8 +176,8 @@ class GroupWriter:
     ) -> None:
         try:
             await commit_events(conn, statements, batch, self._sql.clock_param() is None)
-        except BaseException:
-            await _roll_back(conn)  # nothing to end unless it was cancelled half-way
+        except BaseException as exc:
+            await _end_failed(conn, exc)  # nothing to end unless it was cut half-way
             raise
 
     def _broken(self, slot: int, conn: asyncpg.Connection | None, exc: Exception) -> bool:
@@ -217,18 +218,11 @@ def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
     return frozenset(keys)
 
 
-async def _roll_back(conn: asyncpg.Connection) -> None:
-    """End the failed batch's transaction; a connection that cannot is terminated (the next
-    batch opens a new one), so no transaction is ever left open on it."""
-    if conn.is_closed():
-        return
-    rolled_back = False
-    with anyio.move_on_after(5, shield=True):
-        try:
-            if conn.is_in_transaction():
-                await conn.execute("ROLLBACK")
-            rolled_back = True
-        except Exception:  # noqa: BLE001 - the batch's own error is the one to report
-            rolled_back = False
-    if not conn.is_closed() and (not rolled_back or conn.is_in_transaction()):
-        conn.terminate()
+async def _end_failed(conn: asyncpg.Connection, exc: BaseException) -> None:
+    """End the failed batch's transaction: a connection whose statement timed out or was
+    cancelled is terminated at once (its answer may never come), any other rolls back (and is
+    terminated if it cannot), so no transaction is ever left open on it."""
+    if breaks_connection(exc):
+        drop_if_broken(conn, exc)
+    else:
+        await roll_back(conn)
