@@ -6,14 +6,8 @@ writer (:mod:`watchkeeper.store.postgres.writer`) that turns every batch of conc
 transaction of a few set-based statements on a dedicated connection.
 
 asyncpg is imported when the backend opens, so ``import watchkeeper.store`` works without the
-``postgres`` extra.
-
-The pool does not run asyncpg's reset query (``SELECT pg_advisory_unlock_all(); CLOSE ALL;
-UNLISTEN *; RESET ALL``) when a connection is released: it costs a round trip per read, about a
-third of the throughput. That is safe because this backend never leaves session state on a
-pooled connection: it uses no ``SET``, no ``LISTEN``, no cursors outside a transaction and only
-transaction-scoped advisory locks, and names tables by their schema instead of a search path.
-asyncpg still rolls back a transaction left open and drops listeners on release.
+``postgres`` extra. Connections, their bounds and the pool's release are
+:mod:`watchkeeper.store.postgres.connections`'.
 """
 
 from __future__ import annotations
@@ -67,6 +61,7 @@ from .connections import (
     connect,
     describe_dsn,
     discard,
+    keep_session,
     pooled,
     transaction,
 )
@@ -94,10 +89,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStateBackend"]
 
 T = TypeVar("T")
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """The pool's reset hook: nothing to undo (see the module docstring)."""
 
 
 class PostgresStateBackend(
@@ -201,7 +192,7 @@ class PostgresStateBackend(
                 self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
-                reset=_keep_session,
+                reset=keep_session,
                 connect=connect,
                 **self._connect_args(),
             )
