@@ -14,7 +14,6 @@ from .._records import event_record
 from ._base import (
     MAX_PAGE,
     ApiContext,
-    ApiError,
     authenticate,
     ctx_of,
     forbid,
@@ -22,6 +21,7 @@ from ._base import (
     require,
 )
 from ._feed import SSE_BATCH, encode_frames, join_frames
+from ._parse import stream_start
 
 __all__ = ["list_events", "stream_events"]
 
@@ -59,16 +59,8 @@ async def list_events(request: Request) -> Response:
 async def stream_events(request: Request) -> Response:
     asset = await _events_principal(request)
     ctx = ctx_of(request)
-    last_id = request.headers.get("last-event-id")
-    if last_id is not None:
-        if not last_id.strip().isdigit():
-            raise ApiError(
-                400, "bad_request", f"Last-Event-ID must be an event id, got {last_id!r}"
-            )
-        after = int(last_id)
-    elif request.query_params.get("after") not in (None, ""):
-        after = int_param(request, "after", 0, 0, None)
-    else:
+    after = stream_start(request)
+    if after is None:
         after = await ctx.controls.alast_event_id(asset)  # a live tail: from now on
     return StreamingResponse(
         _sse(ctx, asset, after),

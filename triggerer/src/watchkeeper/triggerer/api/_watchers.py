@@ -11,6 +11,7 @@ from watchkeeper.store.backend import LeaseTable, get_logger
 from .._daemon_report import daemon_report
 from .._watcher_controls import watcher_rows
 from ._base import ApiError, authenticate, ctx_of, require, utc_now
+from ._parse import path_param
 
 __all__ = ["control", "list_daemons", "list_watchers"]
 
@@ -33,7 +34,7 @@ async def list_watchers(request: Request) -> Response:
 def control(action: str) -> Callable[[Request], Awaitable[Response]]:
     async def control(request: Request) -> Response:
         principal = await authenticate(request)
-        name = request.path_params["name"]
+        name = path_param(request, "name")
         require(principal.can_operate(), principal, f"{action} watchers (needs operate)")
         ctx = ctx_of(request)
         controls = ctx.controls
