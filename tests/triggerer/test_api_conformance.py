@@ -167,7 +167,9 @@ class TestParsing:
         """Ids past 2^63-1, non-ASCII digits and empty numbers are 400 naming the input; a
         stream answers 400 before it starts."""
         async with served.client("admin") as client:
-            response = await client.request(method, path, headers=headers)
+            response = await client.request(
+                method, path, headers={k.encode(): v for k, v in headers.items()}
+            )
         assert response.status_code == 400, response.text
         assert response.json()["error"] == "bad_request"
 
