@@ -92,6 +92,8 @@ class TestSchemathesis:
         """
         command = [
             str(Path(sys.executable).with_name("schemathesis")),
+            "--config-file",
+            str(ROOT / "schemathesis.toml"),
             "run",
             f"{served.base}/api/v1/openapi.json",
             "-H",
