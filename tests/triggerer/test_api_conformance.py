@@ -11,6 +11,7 @@ as ``%2F``.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -336,3 +337,45 @@ class TestNamesWithSlashes:
             task = await client.post("/api/v1/tasks/no%2Fsuch/pause")
         assert paused.status_code == 202 and paused.json()["watcher"] == "team/feed"
         assert task.status_code == 404 and "no/such" in task.json()["detail"]
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
+    path = Path("/usr/bin/chromium")
+    if not path.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {path} is missing")
+        pytest.skip(f"{path} is missing (apt-get install chromium)")
+    return path
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+async def test_the_page_clears_an_asset_it_cannot_show(chromium: Path, served: Served) -> None:
+    """Opening an asset the API refuses after one it showed leaves no row of the first under
+    the second's heading, and says why."""
+    from playwright.async_api import async_playwright
+
+    await served.backend.aset(AssetScope(name="orders"), "watermark", 7)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            tab = await browser.new_page()
+            tab.set_default_timeout(15_000)
+            await tab.goto(served.base + "/")
+            await tab.fill("#token", served.tokens["admin"])
+            await tab.click("#login-button")
+            await tab.wait_for_selector("#watchers-view:not([hidden])")
+            await tab.goto(served.base + "/#/assets/orders")
+            await tab.wait_for_selector('#state tr[data-key="watermark"]')
+            await tab.goto(served.base + "/#/assets/nope")
+            await tab.wait_for_selector("#state tbody td.error:has-text('nope')")
+            assert await tab.text_content("#asset-name") == "nope"
+            assert await tab.locator("#state tbody tr").count() == 1
+            assert await tab.locator("#asset-events li").count() == 0
+            assert await tab.locator("#edit-form").is_hidden()
+        finally:
+            await browser.close()

@@ -139,7 +139,15 @@ async function loadAsset(name) {
   $("#asset-name").textContent = name;
   const response = await api("/api/v1/assets/" + encodeURIComponent(name));
   const body = await response.json();
-  if (!response.ok) { $("#edit-result").textContent = body.detail; return; }
+  if (!response.ok) {
+    // Nothing of the asset shown before stays under this heading: the table says why.
+    const tr = document.createElement("tr");
+    cell(tr, body.detail, "error");
+    $("#state tbody").replaceChildren(tr);
+    $("#asset-events").replaceChildren();
+    $("#edit-form").hidden = true;
+    return;
+  }
   const rows = body.state.map((entry) => {
     const tr = document.createElement("tr");
     tr.dataset.key = entry.key;
