@@ -171,10 +171,11 @@ async def delete_state(request: Request) -> Response:
     writer = Writer("api", principal.name)
 
     async def delete(expected: int | None) -> None:
-        if expected:
-            await ctx.controls.adelete_if_version(name, key, expected)
-        else:  # unconditional, or conditions that hold for a key that is not set
+        if expected is None:
             await ctx.backend.adelete(AssetScope(name=name), key, writer=writer)
+        elif expected:
+            await ctx.controls.adelete_if_version(name, key, expected)
+        # 0: conditions that hold for a key that is not set; there is nothing to delete
 
     if Preconditions.of(request).given:
         await _conditionally(request, name, key, delete)
