@@ -29,18 +29,21 @@ from watchkeeper.store import (
 from watchkeeper.store.backend import get_logger
 
 from .._describe import describe_error
-from ._assets import asset_detail, delete_state, get_state, list_assets, list_state, put_state
+from ._assets import asset_detail, list_assets, list_state, state_entry
 from ._base import ApiContext, ApiError
 from ._events import list_events, stream_events
 from ._headers import SecurityHeaders
 from ._health import healthz, metrics, openapi, readyz
 from ._page import page
+from ._parse import PathSegments
 from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
 from ._watchers import control, list_daemons, list_watchers
 
 __all__ = ["ApiContext", "ApiError", "create_app"]
 
 log = get_logger(__name__)
+
+STATE_METHODS = ["GET", "PUT", "DELETE"]
 
 
 def _error_response(exc: ApiError) -> Response:
@@ -56,7 +59,8 @@ async def _on_api_error(request: Request, exc: Exception) -> Response:
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return _error_response(ApiError(exc.status_code, code, str(exc.detail)))
+    headers = dict(exc.headers) if exc.headers else None  # a 405 says what is Allowed
+    return _error_response(ApiError(exc.status_code, code, str(exc.detail), headers=headers))
 
 
 async def _on_store_error(request: Request, exc: Exception) -> Response:
@@ -90,9 +94,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/assets", list_assets),
         Route(f"{v1}/assets/{{name}}", asset_detail),
         Route(f"{v1}/assets/{{name}}/state", list_state),
-        Route(f"{v1}/assets/{{name}}/state/{{key:path}}", get_state, methods=["GET"]),
-        Route(f"{v1}/assets/{{name}}/state/{{key:path}}", put_state, methods=["PUT"]),
-        Route(f"{v1}/assets/{{name}}/state/{{key:path}}", delete_state, methods=["DELETE"]),
+        Route(f"{v1}/assets/{{name}}/state/{{key:path}}", state_entry, methods=STATE_METHODS),
         Route(f"{v1}/events", list_events),
         Route(f"{v1}/events/stream", stream_events),
         Route(f"{v1}/watchers", list_watchers),
@@ -115,7 +117,7 @@ def create_app(ctx: ApiContext) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[Middleware(SecurityHeaders), Middleware(PathSegments)],
         exception_handlers={
             ApiError: _on_api_error,
             HTTPException: _on_http_error,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import AssetScope, VersionConflictError
-from watchkeeper.store.backend import Writer, require_asset_registry
+from watchkeeper.store.backend import Writer, encode_value, require_asset_registry
 
 from .._records import iso
 from .._watcher_controls import watcher_rows
@@ -19,12 +19,24 @@ from ._base import (
     entry_json,
     etag,
     forbid,
-    parse_etag,
     require,
 )
+from ._parse import Preconditions, json_body, path_param
 from ._tokens import Principal
 
-__all__ = ["asset_detail", "delete_state", "get_state", "list_assets", "list_state", "put_state"]
+__all__ = [
+    "asset_detail",
+    "delete_state",
+    "get_state",
+    "list_assets",
+    "list_state",
+    "put_state",
+    "state_entry",
+]
+
+_T = TypeVar("_T")
+_ATTEMPTS: Final = 5
+"""Evaluations of a conditional write's preconditions when the entry keeps changing."""
 
 
 async def list_assets(request: Request) -> Response:
@@ -50,7 +62,7 @@ async def list_assets(request: Request) -> Response:
 
 async def _asset_principal(request: Request) -> tuple[Principal, str]:
     principal = await authenticate(request)
-    name = request.path_params["name"]
+    name = path_param(request, "name")
     require(principal.can_read_asset(name), principal, f"read asset {name!r}")
     return principal, name
 
@@ -85,56 +97,65 @@ async def list_state(request: Request) -> Response:
 
 async def get_state(request: Request) -> Response:
     _, name = await _asset_principal(request)
-    key = request.path_params["key"]
+    key = path_param(request, "key")
+    conditions = Preconditions.of(request)
     entry = await ctx_of(request).backend.aget_entry(AssetScope(name=name), key)
-    if entry is None:
+    if entry is None:  # what the request would get without its conditions: they are ignored
         raise ApiError(404, "not_found", f"key {key!r} is not set for asset {name!r}")
+    failed = conditions.failure(entry.version, safe=True)
+    if failed == 304:
+        return Response(status_code=304, headers={"ETag": etag(entry.version)})
+    if failed is not None:
+        raise _precondition_failed(entry.version)
     return JSONResponse(entry_json(entry), headers={"ETag": etag(entry.version)})
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+def _precondition_failed(version: int) -> ApiError:
+    detail = "the key is not set" if version == 0 else f"the key is at version {version}"
+    return ApiError(
+        412,
+        "version_conflict",
+        f"a precondition failed: {detail}",
+        headers={"ETag": etag(version)} if version else None,
+        extra={"current_version": version},
+    )
 
 
-async def _body_value(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > 4 * limit + 1024:
-        raise ApiError(
-            413, "too_large", f"the body is {declared} bytes; a value is at most {limit}"
-        )
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > 4 * limit + 1024:
-            raise ApiError(413, "too_large", f"the body is over {4 * limit + 1024} bytes")
-    try:
-        return json.loads(bytes(body), parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_json", f"the body is not a JSON value: {exc}") from None
+async def _conditionally(
+    request: Request, name: str, key: str, write: Callable[[int], Awaitable[_T]]
+) -> _T:
+    """Evaluate the request's If-Match/If-None-Match against the entry, then ``write(version)``
+    on condition that the entry is still at that version (0: still not set); evaluated again
+    when it changed in between."""
+    conditions = Preconditions.of(request)
+    backend = ctx_of(request).backend
+    for _ in range(_ATTEMPTS):
+        entry = await backend.aget_entry(AssetScope(name=name), key)
+        version = 0 if entry is None else entry.version
+        if conditions.failure(entry.version if entry else None, safe=False) is not None:
+            raise _precondition_failed(version)
+        try:
+            return await write(version)
+        except VersionConflictError:
+            continue
+    raise _precondition_failed(version)
 
 
 async def put_state(request: Request) -> Response:
     principal = await authenticate(request)
-    name, key = request.path_params["name"], request.path_params["key"]
+    name, key = path_param(request, "name"), path_param(request, "key")
     require(principal.can_write_asset(name), principal, f"write the state of asset {name!r}")
     backend = ctx_of(request).backend
-    expected: int | None = None
-    if_match = request.headers.get("if-match")
-    if if_match is not None:
-        expected = parse_etag(if_match, "If-Match")
-    elif request.headers.get("if-none-match", "").strip() == "*":
-        expected = 0  # create only
-    value = await _body_value(request, backend.max_value_bytes)
-    try:
-        version = await backend.aset(
-            AssetScope(name=name),
-            key,
-            value,
-            expected_version=expected,
-            writer=Writer("api", principal.name),
-        )
-    except VersionConflictError as exc:
-        raise _conflict(exc) from None
+    conditional = Preconditions.of(request).given
+    value = await json_body(request, 4 * backend.max_value_bytes + 1024)
+    scope, writer = AssetScope(name=name), Writer("api", principal.name)
+    if conditional:  # a value the store refuses is 400 whatever the preconditions say
+        encode_value(key, value, max_value_bytes=backend.max_value_bytes)
+
+    async def write(expected: int | None) -> int:
+        return await backend.aset(scope, key, value, expected_version=expected, writer=writer)
+
+    version = await (_conditionally(request, name, key, write) if conditional else write(None))
     status = 201 if version == 1 else 200
     return JSONResponse(
         {"asset": name, "key": key, "version": version},
@@ -143,29 +164,28 @@ async def put_state(request: Request) -> Response:
     )
 
 
-def _conflict(exc: VersionConflictError) -> ApiError:
-    return ApiError(
-        412,
-        "version_conflict",
-        str(exc),
-        headers={"ETag": etag(exc.actual)} if exc.actual else None,
-        extra={"current_version": exc.actual},
-    )
-
-
 async def delete_state(request: Request) -> Response:
     principal = await authenticate(request)
-    name, key = request.path_params["name"], request.path_params["key"]
+    name, key = path_param(request, "name"), path_param(request, "key")
     require(principal.can_write_asset(name), principal, f"write the state of asset {name!r}")
-    backend = ctx_of(request).backend
-    scope = AssetScope(name=name)
-    if_match = request.headers.get("if-match")
-    if if_match is not None:
-        expected = parse_etag(if_match, "If-Match")
-        try:
-            await ctx_of(request).controls.adelete_if_version(name, key, expected)
-        except VersionConflictError as exc:
-            raise _conflict(exc) from None
+    ctx = ctx_of(request)
+    writer = Writer("api", principal.name)
+
+    async def delete(expected: int | None) -> None:
+        if expected is None:
+            await ctx.backend.adelete(AssetScope(name=name), key, writer=writer)
+        elif expected:
+            await ctx.controls.adelete_if_version(name, key, expected)
+        # 0: conditions that hold for a key that is not set; there is nothing to delete
+
+    if Preconditions.of(request).given:
+        await _conditionally(request, name, key, delete)
     else:
-        await backend.adelete(scope, key, writer=Writer("api", principal.name))
+        await delete(None)
     return Response(status_code=204)
+
+
+async def state_entry(request: Request) -> Response:
+    """``GET``, ``PUT`` or ``DELETE /assets/{name}/state/{key}`` (one route: one ``Allow``)."""
+    handler = {"PUT": put_state, "DELETE": delete_state}.get(request.method, get_state)
+    return await handler(request)

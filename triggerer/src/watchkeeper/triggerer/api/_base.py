@@ -15,8 +15,10 @@ from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger
 from .._describe import describe_error
 from .._records import iso
 from .._watcher_controls import controls_of
+from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
+from ._parse import int_param
 from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ __all__ = [
     "etag",
     "forbid",
     "int_param",
-    "parse_etag",
     "require",
     "utc_now",
 ]
@@ -42,26 +43,6 @@ log = get_logger(__name__)
 
 MAX_PAGE = 1000
 FEED_KEEP = 5 * SSE_BATCH
-
-
-class ApiError(Exception):
-    """Raised by a route: answered as ``{"error": code, "detail": detail}`` with ``status``."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        detail: str,
-        *,
-        headers: dict[str, str] | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.headers = headers
-        self.extra = extra or {}
 
 
 @dataclass
@@ -180,29 +161,3 @@ def entry_json(entry: StateEntry) -> dict[str, Any]:
 
 def etag(version: int) -> str:
     return f'"{version}"'
-
-
-def parse_etag(value: str, header: str) -> int:
-    text = value.strip()
-    text = text.removeprefix("W/")
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1]
-    if not text.isdigit():
-        raise ApiError(
-            400, "bad_request", f"{header} must be an ETag such as '\"3\"', got {value!r}"
-        )
-    return int(text)
-
-
-def int_param(request: Request, name: str, default: int, low: int, high: int | None) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "bad_request", f"{name} must be an integer, got {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ApiError(400, "bad_request", f"{name} must be {bound}, got {value}")
-    return value

@@ -24,6 +24,7 @@ from ._base import (
     utc_now,
 )
 from ._feed import SSE_BATCH, encode_frames, join_frames
+from ._parse import stream_start
 from ._tokens import Principal, still_valid
 
 __all__ = ["list_events", "stream_events"]
@@ -80,16 +81,7 @@ async def list_events(request: Request) -> Response:
 async def stream_events(request: Request) -> Response:
     principal, asset = await _events_principal(request)
     ctx = ctx_of(request)
-    last_id = request.headers.get("last-event-id")
-    after: int | None = None
-    if last_id is not None:
-        if not last_id.strip().isdigit():
-            raise ApiError(
-                400, "bad_request", f"Last-Event-ID must be an event id, got {last_id!r}"
-            )
-        after = int(last_id)
-    elif request.query_params.get("after") not in (None, ""):
-        after = int_param(request, "after", 0, 0, None)
+    after = stream_start(request)  # a 400 before the stream starts
     if asset is not None:
         known = await require_asset_registry(ctx.backend).alist_assets()
         if not any(a.name == asset for a in known):

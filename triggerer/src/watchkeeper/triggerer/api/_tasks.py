@@ -16,6 +16,7 @@ from watchkeeper.store.backend import RUN_STATES, Writer, get_logger
 
 from .._records import task_record
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, int_param, require
+from ._parse import parse_int, path_param
 from ._scoping import run_json
 from ._tokens import Principal
 
@@ -25,10 +26,7 @@ log = get_logger(__name__)
 
 
 def _run_id(request: Request) -> int:
-    raw = request.path_params["run_id"]
-    if not raw.isdigit() or int(raw) < 1:
-        raise ApiError(400, "bad_request", f"a run id is an integer >= 1, got {raw!r}")
-    return int(raw)
+    return parse_int(request.path_params["run_id"], "a run id", low=1)
 
 
 async def _tasks_principal(request: Request, what: str) -> Principal:
@@ -52,7 +50,7 @@ def task_control(action: str) -> Callable[[Request], Awaitable[Response]]:
     async def control(request: Request) -> Response:
         principal = await authenticate(request)
         require(principal.can_operate(), principal, f"{action} tasks (needs operate)")
-        name = request.path_params["name"]
+        name = path_param(request, "name")
         tasks = ctx_of(request).tasks
         try:
             await tasks.aset_task_paused(name, paused)
@@ -72,7 +70,7 @@ async def rewind_task(request: Request) -> Response:
     task's cursor, or an asset outside its schedule, is a 400 that changes nothing."""
     principal = await authenticate(request)
     require(principal.can_operate(), principal, "rewind tasks (needs operate)")
-    name = request.path_params["name"]
+    name = path_param(request, "name")
     asset = request.query_params.get("asset") or ""
     if not asset:
         raise ApiError(400, "bad_request", "asset is required: the scheduled asset to rewind")

@@ -14,6 +14,7 @@ from watchkeeper.store.backend import LeaseTable, get_logger
 from .._daemon_report import daemon_report
 from .._watcher_controls import controls_of, unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
+from ._parse import path_param
 from ._scoping import watcher_json
 
 __all__ = ["control", "list_daemons", "list_watchers"]
@@ -79,7 +80,7 @@ def _running_here(ctx: ApiContext) -> set[str]:
 def control(action: str) -> Callable[[Request], Awaitable[Response]]:
     async def control(request: Request) -> Response:
         principal = await authenticate(request)
-        name = request.path_params["name"]
+        name = path_param(request, "name")
         require(principal.can_operate(), principal, f"{action} watchers (needs operate)")
         ctx = ctx_of(request)
         controls = ctx.controls
