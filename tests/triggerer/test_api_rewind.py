@@ -62,20 +62,21 @@ async def cursors(site: Site) -> Any:
 
 async def test_rewind_past_the_cursor_is_refused(site: Site) -> None:
     """An id past the end of the log or after the cursor, or an asset outside the schedule,
-    is a 400 with the store's one-line reason, and the cursor stays where it was."""
+    is a 409 (the request is well formed; the task's state refuses it) with the store's
+    one-line reason; a missing parameter is a 400; the cursor stays where it was."""
     before = await cursors(site)
     path = "/api/v1/tasks/load/rewind"
-    cases: list[tuple[dict[str, str | int], str]] = [
-        ({"asset": "orders", "to_event": 999999999999}, "past the end of the log"),
-        ({"asset": "orders", "to_event": site.events[-1] + 1}, "past the end of the log"),
-        ({"asset": "bills", "to_event": site.events[0]}, "not in the schedule of task 'load'"),
-        ({"asset": "orders"}, "to_event is required"),
-        ({"to_event": 1}, "asset is required"),
+    cases: list[tuple[dict[str, str | int], int, str]] = [
+        ({"asset": "orders", "to_event": 999999999999}, 409, "past the end of the log"),
+        ({"asset": "orders", "to_event": site.events[-1] + 1}, 409, "past the end of the log"),
+        ({"asset": "bills", "to_event": site.events[0]}, 409, "not in the schedule of task"),
+        ({"asset": "orders"}, 400, "to_event is required"),
+        ({"to_event": 1}, 400, "asset is required"),
     ]
     async with site.client("ops") as client:
-        for params, says in cases:
+        for params, status, says in cases:
             response = await client.post(path, params=params)
-            assert response.status_code == 400, response.text
+            assert response.status_code == status, response.text
             detail = response.json()["detail"]
             assert says in detail and "\n" not in detail
         missing = await client.post("/api/v1/tasks/nope/rewind", params=cases[0][0])

@@ -483,12 +483,13 @@ def openapi_document() -> dict[str, Any]:
                     "rewind only moves the cursor back",
                     {
                         "200": _json("the task", _ref("Task")),
-                        "400": _error(
+                        "409": _error(
                             "an id past the log's end or after the cursor, or an "
-                            "asset outside the schedule"
+                            "asset outside the schedule: nothing changed"
                         ),
                         "404": _error("no such task"),
                     },
+                    bad=True,
                     parameters=[
                         _NAME,
                         {

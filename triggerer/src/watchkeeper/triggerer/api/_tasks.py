@@ -67,7 +67,7 @@ def task_control(action: str) -> Callable[[Request], Awaitable[Response]]:
 async def rewind_task(request: Request) -> Response:
     """``POST /tasks/{name}/rewind?asset=A&to_event=ID``: the events of ``A`` from ``ID`` on
     run again. A rewind only moves back: an id past the asset's last event or after the
-    task's cursor, or an asset outside its schedule, is a 400 that changes nothing."""
+    task's cursor, or an asset outside its schedule, is a 409 that changes nothing."""
     principal = await authenticate(request)
     require(principal.can_operate(), principal, "rewind tasks (needs operate)")
     name = path_param(request, "name")
@@ -82,8 +82,8 @@ async def rewind_task(request: Request) -> Response:
         await tasks.arewind_task(name, asset, to_event, writer=Writer("api", principal.name))
     except TaskNotFoundError:
         raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
-    except InvalidArgumentError as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
+    except InvalidArgumentError as exc:  # well formed; the task's cursor or schedule refuses it
+        raise ApiError(409, "conflict", str(exc)) from None
     log.info("task_control", task=name, action="rewind", asset=asset, to_event=to_event,
              by=principal.writer_name)  # fmt: skip
     found = [info for info in await tasks.alist_tasks() if info.name == name]
