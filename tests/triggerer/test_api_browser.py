@@ -30,6 +30,7 @@ from watchkeeper.triggerer.daemon import Daemon
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, asset_file, wait_until
+from tests.support.requires import unavailable
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -41,10 +42,7 @@ TIMEOUT_MS = 15_000
 def chromium() -> Path:
     """Debian's chromium; missing, the test skips (and fails under CI=true)."""
     if not CHROMIUM.exists():
-        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
+        unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
     return CHROMIUM
 
 
