@@ -15,6 +15,7 @@ from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
+from tests.support.requires import unavailable
 from tests.support.runtime import open_backend
 
 PG_DSN = os.environ.get("WATCHKEEPER_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -90,9 +91,7 @@ def pg_dsn() -> str:
     """The DSN of the test server; in CI (CI=true) an unreachable server fails the test."""
     reason = _pg_reachable()
     if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
+        unavailable(reason)
     return PG_DSN
 
 

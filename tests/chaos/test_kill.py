@@ -26,6 +26,7 @@ from watchkeeper.store.backend import MetastoreBackend
 
 from tests.chaos._chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw
 from tests.support.postgres import fresh_pg_database
+from tests.support.requires import unavailable
 
 # The module's fixture runs the whole chaos (both backends, concurrently) inside the first
 # test's timeout: a couple of minutes on an idle two-core machine, more when it is loaded.
@@ -108,7 +109,7 @@ def _result(
 ) -> PatternResult:
     outcome = chaos[backend]
     if isinstance(outcome, pytest.skip.Exception):
-        pytest.skip(str(outcome))
+        unavailable(str(outcome))
     if isinstance(outcome, BaseException):
         raise outcome
     result = outcome[pattern]

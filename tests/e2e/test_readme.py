@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from watchkeeper.store import Asset, AssetScope, SqliteStateBackend, TaskScope
 from watchkeeper.triggerer import BaseEventTrigger
 from watchkeeper.triggerer.cli import build_parser
 from watchkeeper.triggerer.testing import run_trigger
+
+from tests.support.requires import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -406,9 +409,9 @@ class TestConsoleBlocks:
 
     def test_every_uv_command_uses_real_options(self) -> None:
         """Each ``uv SUBCOMMAND --option`` of the README is in that subcommand's --help."""
-        uv = os.environ.get("UV")
+        uv = os.environ.get("UV") or shutil.which("uv")
         if uv is None:
-            pytest.skip("UV is not set (the suite runs under `python3 -m uv run pytest`)")
+            unavailable("uv is not available (the suite runs under `python3 -m uv run pytest`)")
         lines = [(b, args) for b, (program, args) in ALL_COMMANDS if program == "uv"]
         assert lines, "README.md runs no uv command"
         problems: list[str] = []

@@ -248,7 +248,7 @@ async def poisoned(
         finally:
             await admin.close()
     else:
-        pytest.skip("the memory backend has no database to refuse a row")
+        pytest.skip("the memory backend has no database to refuse a row")  # not a service
     return store
 
 

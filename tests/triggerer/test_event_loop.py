@@ -11,6 +11,8 @@ from watchkeeper.triggerer import TriggererSettings
 from watchkeeper.triggerer._event_loop import EventLoopUnavailableError, uses_uvloop
 from watchkeeper.triggerer.cli._common import UsageError, run_async
 
+from tests.support.requires import unavailable
+
 ALSO_ON_UVLOOP = True
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None
@@ -28,12 +30,13 @@ class TestEventLoopSetting:
         with pytest.raises(ValidationError, match="event_loop"):
             TriggererSettings(event_loop="trio")  # type: ignore[arg-type]
 
-    @pytest.mark.skipif(not UVLOOP, reason="uvloop is not installed")
     @pytest.mark.parametrize(
         ("event_loop", "module"), [("auto", "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")]
     )
     def test_the_command_runs_on_the_loop_named(self, event_loop: str, module: str) -> None:
         """The CLI's runner puts the coroutine on the loop the setting names (auto: uvloop)."""
+        if not UVLOOP:
+            unavailable("uvloop is not installed")
         assert run_async(_loop_module, event_loop=event_loop).split(".")[0] == module
 
     def test_an_unknown_loop_is_a_usage_error(self) -> None:

@@ -92,7 +92,9 @@ class TestKeepAliveThroughABlockedLoop:
                 assert d.leases.keepalives > before
                 append_lines(source, 2, 2)
                 await committed(db, 2)
-                await anyio.sleep(0.5)  # a turn of the deadline and lease loops
+                with anyio.fail_after(10):  # two turns of the lease loop since the block
+                    for _ in range(2):
+                        await d.leases.wait_renewal()
             names = [e["event"] for e in logs.entries]
             assert "node_lease_lapsed" not in names
             assert "node_lease_reaped" not in names

@@ -14,6 +14,7 @@ from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
 from tests.support.postgres import fresh_pg_schema
+from tests.support.requires import unavailable
 
 OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[MetastoreBackend]]
 
@@ -28,9 +29,7 @@ def mysql_dsn() -> str:
             return MYSQL_DSN
     except OSError as exc:
         reason = f"MariaDB is not reachable on 127.0.0.1:3306 ({exc})"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {reason}")
-    pytest.skip(reason)
+    unavailable(reason)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 from watchkeeper.store import AssetEvent
 
-__all__ = ["COMMIT_SECONDS_BUCKETS", "Histogram", "RuntimeMetrics"]
+__all__ = ["COMMIT_SECONDS_BUCKETS", "Histogram", "RuntimeMetrics", "StoppedTrigger"]
 
 COMMIT_SECONDS_BUCKETS: Final = (
     0.0005,
@@ -59,6 +61,15 @@ class Histogram:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class StoppedTrigger:
+    """What ``/metrics`` keeps of a trigger the runner stopped, so its series persist."""
+
+    watcher_name: str
+    watchers: tuple[str, ...]
+    last_event_at: datetime | None
+
+
 class RuntimeMetrics:
     """What a :class:`~watchkeeper.triggerer.runner.TriggerRunner` counts for ``/metrics``."""
 
@@ -70,6 +81,8 @@ class RuntimeMetrics:
         """Committed asset events by (asset, watcher name), kept across restarts of a trigger."""
         self.failures: dict[str, int] = {}
         """Failed runs by trigger_id, in total (the status's ``failures`` is consecutive)."""
+        self.stopped: dict[str, StoppedTrigger] = {}
+        """Triggers stopped by the runner (and not started again), by trigger_id."""
 
     def observe_commit(self, seconds: float) -> None:
         self.commit_seconds.observe(seconds)
@@ -82,3 +95,15 @@ class RuntimeMetrics:
 
     def count_failure(self, trigger_id: str) -> None:
         self.failures[trigger_id] = self.failures.get(trigger_id, 0) + 1
+
+    def trigger_stopped(
+        self,
+        trigger_id: str,
+        watcher_name: str,
+        watchers: tuple[str, ...],
+        last_event_at: datetime | None,
+    ) -> None:
+        self.stopped[trigger_id] = StoppedTrigger(watcher_name, watchers, last_event_at)
+
+    def trigger_started(self, trigger_id: str) -> None:
+        self.stopped.pop(trigger_id, None)

@@ -261,6 +261,7 @@ class TriggerRunner:
         slot = TriggerSlot(spec.trigger_id, spec.trigger, spec.assets, spec.watchers, fence)
         self._slots[spec.trigger_id] = slot
         self._by_trigger[id(spec.trigger)] = slot
+        self.metrics.trigger_started(spec.trigger_id)
         try:
             slot.handle = tg.create_task(self._supervise(slot), name=_TASK_NAME)
         except BaseException:
@@ -280,6 +281,9 @@ class TriggerRunner:
         slot.cancel()
         await self._wait_stopped([slot])
         self._forget(slot)
+        self.metrics.trigger_stopped(
+            trigger_id, slot.watcher_name, slot.watchers, slot.last_event_at
+        )
         log.info("trigger_stopped", trigger_id=trigger_id, classpath=slot.classpath)
         if self._save_status and save_status:
             await self._save_statuses([slot.status(now=datetime.now(UTC), owner=self.config.owner)])

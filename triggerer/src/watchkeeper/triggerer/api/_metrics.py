@@ -8,13 +8,20 @@ series come from the status rows the daemons save.
 Per-watcher series are capped by ``[api] max_watcher_series`` (the watchers with the most
 events keep theirs); the per-state totals ``watchkeeper_watchers{state}`` always count every
 watcher, and ``watchkeeper_watcher_series_dropped`` says how many were left out.
+
+A watcher's series persist when it stops: one paused reads ``paused``, one the runner stopped
+(its lease lapsed or moved) reads ``stopped``, until it runs again or leaves the watcher files.
+
+A scrape never fails for the store: its reads are bounded by :data:`STORE_READ_TIMEOUT`, and a
+failed or late one gives ``watchkeeper_store_up 0`` with the figures of the last read that
+succeeded (``watchkeeper_store_read_timestamp_seconds`` is its time).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -23,17 +30,24 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import StatusTable, TaskQueue, TriggerStatus
+from watchkeeper.store.backend import StatusTable, TaskQueue, TriggerStatus, get_logger
 
+from .._describe import describe_error
 from ._task_metrics import TaskMetrics
 
 if TYPE_CHECKING:
+    from .._loader import WatcherGroup
+    from .._watcher_controls import ControlsTracker
     from ..daemon import Daemon
     from ..runner import TriggerRunner
 
 __all__ = ["CONTENT_TYPE", "LoopLagProbe", "Metrics", "WatcherSample"]
 
+log = get_logger(__name__)
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STORE_READ_TIMEOUT = 2.0
+"""Seconds a scrape waits for the store before it answers from the last read."""
 STATES = ("running", "backing_off", "failed", "stopped", "paused")
 
 
@@ -87,16 +101,49 @@ class Metrics:
         self._statuses: list[TriggerStatus] = []
         self._task_metrics: TaskMetrics | None = None
         self._labels: dict[str, str] = {}  # watcher name -> its escaped label text
+        self.store_up: bool | None = None
+        """Whether the last :meth:`prepare` read the store (None before the first)."""
+        self.read_at: float | None = None
+        """Unix time of the last read of the store that succeeded."""
 
     async def prepare(self) -> None:
-        """Read the status rows when no runner is in this process (``watchkeeper api``)."""
-        if self.runner is None and isinstance(self.backend, StatusTable):
-            self._statuses = await self.backend.alist_trigger_status()
+        """Read what comes from the store, within :data:`STORE_READ_TIMEOUT`; never raises
+        for the store: a failed or late read sets ``store_up`` to False and keeps the figures
+        of the last read that succeeded (``read_at`` says when that was).
+
+        The reads: the status rows when no runner is in this process (``watchkeeper api``),
+        and the tasks' runs and pending events; a ping when there is nothing to read.
+        """
+        try:
+            with anyio.fail_after(STORE_READ_TIMEOUT):
+                await self._read_store()
+        except Exception as exc:  # noqa: BLE001 - reported as watchkeeper_store_up 0
+            if self.store_up is not False:  # once per outage, not once per scrape
+                log.warning("metrics_store_read_failed", error=describe_error(exc))
+            self.store_up = False
+        else:
+            self.store_up = True
+            self.read_at = time.time()
+
+    async def _read_store(self) -> None:
         backend = self.backend
+        read = False
+        statuses: list[TriggerStatus] | None = None
+        if self.runner is None and isinstance(backend, StatusTable):
+            statuses = await backend.alist_trigger_status()
+            read = True
+        task_metrics: TaskMetrics | None = None
         if isinstance(backend, TaskQueue):
-            tasks = TaskMetrics(backend)
-            await tasks.prepare()
-            self._task_metrics = tasks
+            task_metrics = TaskMetrics(backend)
+            await task_metrics.prepare()
+            read = True
+        if not read:
+            await backend.aping()
+        # Taken together, once every read succeeded: a scrape never mixes two reads.
+        if statuses is not None:
+            self._statuses = statuses
+        if task_metrics is not None:
+            self._task_metrics = task_metrics
 
     # -- the collector ------------------------------------------------------------------------
 
@@ -131,28 +178,59 @@ class Metrics:
         by_watcher: dict[str, dict[str, int]] = {}
         for (asset, watcher), count in metrics.events.items():
             by_watcher.setdefault(watcher, {})[asset] = count
-        slots = runner.slots()
-        for slot in slots:
-            by_state[slot.state] = by_state.get(slot.state, 0) + 1
-        kept = slots
-        if len(slots) > cap:
+        watchers = self._runner_watchers(runner)
+        for _, _, state, _ in watchers:
+            by_state[state] = by_state.get(state, 0) + 1
+        kept = watchers
+        if len(watchers) > cap:
             no_events: dict[str, int] = {}
             kept = heapq.nlargest(
-                cap,
-                slots,
-                key=lambda slot: sum(by_watcher.get(slot.watcher_name, no_events).values()),
+                cap, watchers, key=lambda w: sum(by_watcher.get(w[1], no_events).values())
             )
         shown = [
-            WatcherSample(
-                slot.watcher_name,
-                slot.state,
-                by_watcher.get(slot.watcher_name, {}),
-                metrics.failures.get(slot.trigger_id, 0),
-                slot.last_event_at,
-            )
-            for slot in kept
+            WatcherSample(name, state, by_watcher.get(name, {}), metrics.failures.get(tid, 0), at)
+            for tid, name, state, at in kept
         ]
-        return by_state, shown, len(slots)
+        return by_state, shown, len(watchers)
+
+    def _runner_watchers(
+        self, runner: TriggerRunner
+    ) -> list[tuple[str, str, str, datetime | None]]:
+        """``(trigger_id, watcher name, state, last event time)`` of every watcher this
+        process reports: those in the runner, those it stopped (``stopped``, or ``paused``
+        when an operator paused them) and, in a daemon, the paused watchers of its files that
+        never ran here. A stopped trigger that left the watcher files is forgotten."""
+        rows = [
+            (slot.trigger_id, slot.watcher_name, str(slot.state), slot.last_event_at)
+            for slot in runner.slots()
+        ]
+        here = {row[0] for row in rows}
+        stopped = runner.metrics.stopped
+        wanted: Mapping[str, WatcherGroup] | None = None
+        controls: ControlsTracker | None = None
+        if self.daemon is not None:
+            try:
+                placement = self.daemon.placement
+            except RuntimeError:  # the daemon is closing
+                placement = None
+            if placement is not None:
+                wanted, controls = placement.wanted, placement.controls
+        if wanted is not None:
+            for gone in [t for t in stopped if t not in wanted and t not in here]:
+                del stopped[gone]
+
+        def paused(tid: str, names: tuple[str, ...]) -> bool:
+            return controls is not None and controls.is_paused(names or (tid,))
+
+        for tid, trigger in stopped.items():
+            if tid not in here:
+                state = "paused" if paused(tid, trigger.watchers) else "stopped"
+                rows.append((tid, trigger.watcher_name, state, trigger.last_event_at))
+        for tid, group in (wanted or {}).items():
+            if tid not in here and tid not in stopped and paused(tid, group.watchers):
+                name = group.watchers[0] if group.watchers else tid
+                rows.append((tid, name, "paused", None))
+        return rows
 
     def collect(self) -> Iterator[Metric]:
         """The families of :meth:`render`'s text (prometheus-client's collector protocol)."""
@@ -266,14 +344,31 @@ class Metrics:
             )
         if self.daemon is not None:
             try:
-                held = len(self.daemon.leases.held)
+                leases = self.daemon.leases
+                # Past the node lease's deadline none of them may still be ours.
+                held = 0 if leases.lapsed() else len(leases.held)
             except RuntimeError:  # the daemon is closing
                 held = 0
             family(
                 "watchkeeper_leases_held",
                 "gauge",
-                "Watcher leases this daemon holds.",
+                "Watcher leases this daemon holds (0 once its node lease lapsed).",
                 [f"watchkeeper_leases_held {held}\n"],
+            )
+        if self.store_up is not None:
+            family(
+                "watchkeeper_store_up",
+                "gauge",
+                f"1 when this scrape read the store within {STORE_READ_TIMEOUT:g} s, else 0.",
+                [f"watchkeeper_store_up {1 if self.store_up else 0}\n"],
+            )
+        if self.read_at is not None:
+            family(
+                "watchkeeper_store_read_timestamp_seconds",
+                "gauge",
+                "Unix time of the last read of the store that succeeded (what the task "
+                "figures and, without a runner, the watcher figures come from).",
+                [f"watchkeeper_store_read_timestamp_seconds {self.read_at!r}\n"],
             )
         if self._task_metrics is not None:
             out.append(self._task_metrics.render())

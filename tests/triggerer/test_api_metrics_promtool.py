@@ -1,0 +1,158 @@
+"""A live scrape of a daemon's ``/metrics`` passes Prometheus's own ``promtool check metrics``,
+and no counter goes down between two scrapes with watcher failures and events between them.
+
+promtool comes with Debian's ``prometheus`` package (``.ci/run`` installs it); without it the
+test skips, and fails under ``CI=true``."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from watchkeeper.store import MemoryStateBackend
+from watchkeeper.triggerer import Settings, TriggererSettings
+from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.api import api_context, serve_app
+from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.settings import ApiSettings
+
+from tests.support.daemons import FAILING_WATCHER, append_lines, asset_file, wait_until
+from tests.support.requires import unavailable
+
+Key = tuple[str, frozenset[tuple[str, str]]]
+
+
+@pytest.fixture
+def promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        unavailable("promtool is missing (apt-get install prometheus)")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _unload() -> Iterator[None]:
+    yield
+    unload_watchers()
+
+
+def check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [promtool, "check", "metrics"],
+        input=text,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def cumulative(text: str) -> dict[Key, float]:
+    """The samples that may never decrease: every sample of a counter family, and the
+    buckets and counts of histograms."""
+    out: dict[Key, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if family.type == "counter" or (
+                family.type == "histogram" and s.name.endswith(("_bucket", "_count"))
+            ):
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    return cumulative(text).get((name, frozenset(labels.items())))
+
+
+class TestPromtool:
+    async def test_live_scrapes_pass_promtool_and_counters_never_decrease(
+        self, tmp_path: Path, watchers: Path, promtool: str
+    ) -> None:
+        """Two scrapes of a daemon, with a watcher failing again and again and events
+        committed between them: both pass ``promtool check metrics`` without a remark, and
+        each counter sample of the first is in the second, not lower."""
+        source = tmp_path / "orders.txt"
+        append_lines(source, 1, 2)
+        (watchers / "orders.py").write_text(asset_file("orders", source))
+        (watchers / "broken.py").write_text(FAILING_WATCHER)
+        settings = Settings(
+            triggerer=TriggererSettings(
+                watchers_path=watchers,
+                heartbeat_interval=0.2,
+                lease_renew_interval=0.2,
+                gc_interval=0,
+                backoff_initial=0.05,
+                backoff_max=0.1,
+                max_failures=50,
+            )
+        )
+        async with (
+            MemoryStateBackend() as backend,
+            Daemon(settings, backend=backend) as d,
+            anyio.create_task_group() as tg,
+        ):
+            ctx = api_context(backend, ApiSettings(port=0), daemon=d)
+            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+
+                async def scrape() -> str:
+                    response = await client.get("/metrics")
+                    assert response.status_code == 200
+                    return response.text
+
+                async def started() -> bool:
+                    text = await scrape()
+                    failures = value(
+                        text, "watchkeeper_watcher_failures_total", watcher="broken_feed"
+                    )
+                    events = value(
+                        text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
+                    )
+                    return (failures or 0) >= 1 and events == 2
+
+                await wait_until(started, "a failure and two events")
+                first = await scrape()
+                failed = value(first, "watchkeeper_watcher_failures_total", watcher="broken_feed")
+                append_lines(source, 3, 5)
+
+                async def moved_on() -> bool:
+                    text = await scrape()
+                    failures = value(
+                        text, "watchkeeper_watcher_failures_total", watcher="broken_feed"
+                    )
+                    events = value(
+                        text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
+                    )
+                    return (failures or 0) >= (failed or 0) + 2 and events == 5
+
+                await wait_until(moved_on, "two more failures and three more events")
+                second = await scrape()
+            tg.cancel_scope.cancel()
+        for text in (first, second):
+            checked = await anyio.to_thread.run_sync(check_metrics, promtool, text)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            assert checked.stdout + checked.stderr == ""
+        before, after = cumulative(first), cumulative(second)
+        assert before, "no counter in the first scrape"
+        lower = {k: (v, after.get(k)) for k, v in before.items() if after.get(k, -1.0) < v}
+        assert lower == {}, "counter samples gone or lower in the second scrape"
+
+    def test_the_checks_can_fail(self, promtool: str) -> None:
+        """promtool remarks on a counter named without ``_total``, and a lower counter sample
+        is found by the comparison above."""
+        bad = "# HELP x_events Events.\n# TYPE x_events counter\nx_events 3\n"
+        checked = check_metrics(promtool, bad)
+        assert "_total" in checked.stdout + checked.stderr
+        good = "# HELP x_total Events.\n# TYPE x_total counter\nx_total 3\n"
+        lower = good.replace("x_total 3", "x_total 2")
+        assert (
+            cumulative(good)[("x_total", frozenset())] > cumulative(lower)[("x_total", frozenset())]
+        )
