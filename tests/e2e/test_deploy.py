@@ -10,7 +10,6 @@ which this machine does not have; what can be checked without them is checked he
 from __future__ import annotations
 
 import configparser
-import os
 import re
 import shutil
 import subprocess
@@ -19,10 +18,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from watchkeeper.triggerer.cli import build_parser
 from watchkeeper.triggerer.settings import load_settings
+
+from tests.support.requires import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -43,10 +43,7 @@ def _tool(name: str) -> str:
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found:
         return found
-    reason = f"{name} is not installed"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {reason}")
-    pytest.skip(reason)
+    unavailable(f"{name} is not installed")
 
 
 def _run(*command: str) -> subprocess.CompletedProcess[str]:

@@ -157,7 +157,7 @@ class TestBlackHole:
                 await anyio.to_thread.run_sync(channel.close)
                 tg.cancel_scope.cancel()
 
-    @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/net/tcp")
+    @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/net/tcp")  # not a service
     async def test_every_connection_has_tcp_keepalive(
         self, pg_dsn: str, pg_schema: str, proxy: TcpProxy
     ) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from watchkeeper.store import MAX_BIGINT, MAX_KEY_LENGTH, MAX_NAME_BYTES, MAX_VALUE_DEPTH
+from watchkeeper.store import MAX_BIGINT, MAX_KEY_LENGTH, MAX_NAME_BYTES
 
 from ._base import MAX_PAGE
+from ._schemas import SCHEMAS, VALUE, ref
 
 __all__ = ["openapi_document"]
 
@@ -26,10 +27,6 @@ _ETAG_ITEM = '((W/)?"[!#-~]*"|[0-9]+)'
 _ETAG_LIST = f"^(\\*|{_ETAG_ITEM}( ?, ?{_ETAG_ITEM})*)$"
 
 
-def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {
         "description": description,
@@ -39,7 +36,7 @@ def _json(description: str, schema: dict[str, Any], **extra: Any) -> dict[str, A
 
 
 def _error(description: str) -> dict[str, Any]:
-    return _json(description, _ref("Error"))
+    return _json(description, ref("Error"))
 
 
 _ETAG_HEADER = {
@@ -52,7 +49,7 @@ _ETAG_HEADER = {
 _COMMON = {
     "401": _json(
         "no valid bearer token",
-        _ref("Error"),
+        ref("Error"),
         headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
     ),
     "403": _error("outside the token's scopes"),
@@ -140,182 +137,12 @@ def _op(
     return {"summary": summary, "responses": given, **extra}
 
 
-def _nullable(kind: str) -> dict[str, Any]:
-    return {"type": [kind, "null"]}
-
-
-def _obj(required: dict[str, Any], **optional: Any) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": list(required),
-        "properties": {**required, **optional},
-    }
-
-
-def _array(items: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": items}
-
-
-_STR = {"type": "string"}
-_INT = {"type": "integer"}
-_BOOL = {"type": "boolean"}
-_NUM = {"type": "number"}
-_VALUE = {
-    "not": {"type": "null"},
-    "description": f"any JSON value but null, nested at most {MAX_VALUE_DEPTH} deep",
-}
-
-_SCHEMAS: dict[str, Any] = {
-    "Error": _obj({"error": _STR, "detail": _STR}),
-    "Conflict": _obj(
-        {"error": {"const": "version_conflict"}, "detail": _STR, "current_version": _INT}
-    ),
-    "Asset": _obj(
-        {
-            "name": _STR,
-            "uri": _nullable("string"),
-            "active": _BOOL,
-            "updated_at": _nullable("string"),
-        }
-    ),
-    "Assets": _obj({"assets": _array(_ref("Asset"))}, may_read_all=_BOOL),
-    "AssetDetail": _obj(
-        {
-            "name": _STR,
-            "uri": _nullable("string"),
-            "active": _BOOL,
-            "updated_at": _nullable("string"),
-            "state": _array(_ref("Entry")),
-            "watchers": _array(_ref("Watcher")),
-            "writable": _BOOL,
-        }
-    ),
-    "Entry": _obj(
-        {
-            "key": _STR,
-            "value": _VALUE,
-            "version": {"type": "integer", "minimum": 1},
-            "writer": _nullable("string"),
-            "updated_at": _nullable("string"),
-        }
-    ),
-    "Entries": _obj({"asset": _STR, "entries": _array(_ref("Entry"))}),
-    "Written": _obj({"asset": _STR, "key": _STR, "version": {"type": "integer", "minimum": 1}}),
-    "Event": _obj(
-        {
-            "id": _INT,
-            "asset": _STR,
-            "watcher": _STR,
-            "payload": {},
-            "dedup_key": _nullable("string"),
-            "created_at": _STR,
-        }
-    ),
-    "EventPage": _obj(
-        {"events": _array(_ref("Event")), "next_after": _INT, "more": _BOOL},
-        next_before={**_nullable("integer"), "description": "with order=desc: the next page"},
-    ),
-    "Watcher": _obj(
-        {
-            "watcher": _STR,
-            "trigger_id": _nullable("string"),
-            "assets": _array(_STR),
-            "state": _STR,
-            "daemon": _nullable("string"),
-            "events": _INT,
-            "failures": _INT,
-            "last_event_at": _nullable("string"),
-            "last_event_age_seconds": _nullable("number"),
-            "last_error": {
-                **_nullable("string"),
-                "description": "without read scope: the error's type only",
-            },
-            "paused": _BOOL,
-        },
-        events_in_window=_nullable("integer"),
-        events_per_minute=_nullable("number"),
-    ),
-    "Watchers": _obj(
-        {"watchers": _array(_ref("Watcher")), "may_operate": _BOOL},
-        rate_window_seconds=_INT,
-    ),
-    "Control": _obj(
-        {
-            "watcher": _STR,
-            "paused": _BOOL,
-            "retry_seq": _INT,
-            "updated_by": _nullable("string"),
-            "known": _BOOL,
-        }
-    ),
-    "Daemon": _obj(
-        {
-            "owner": _STR,
-            "state": {"type": "string", "enum": ["running", "stale"]},
-            "heartbeat_age_seconds": _NUM,
-            "heartbeat_at": _nullable("string"),
-            "lease_ttl_seconds": _NUM,
-            "started_at": _nullable("string"),
-            "watchers_path": _nullable("string"),
-            "refused": _array(_obj({"file": _STR, "watcher": _nullable("string"), "reason": _STR})),
-            "leases": _INT,
-        }
-    ),
-    "Daemons": _obj({"daemons": _array(_ref("Daemon"))}),
-    "Task": _obj(
-        {
-            "name": _STR,
-            "assets": _array(_STR),
-            "mode": {"type": "string", "enum": ["all", "any"]},
-            "max_events": _nullable("integer"),
-            "max_tries": _INT,
-            "paused": _BOOL,
-            "pending": {"type": "object", "additionalProperties": _INT},
-            "cursors": {"type": "object", "additionalProperties": _INT},
-        }
-    ),
-    "Tasks": _obj({"tasks": _array(_ref("Task")), "may_operate": _BOOL}),
-    "Run": _obj(
-        {
-            "id": _INT,
-            "task": _STR,
-            "state": {"type": "string", "enum": ["queued", "running", "success", "failed"]},
-            "try_number": _INT,
-            "max_tries": _INT,
-            "event_count": _INT,
-            "created_at": _nullable("string"),
-            "errors": _array(
-                _obj(
-                    {
-                        "try": _INT,
-                        "error": _nullable("string"),
-                        "traceback": _nullable("string"),
-                        "at": _nullable("string"),
-                    },
-                    cause={"type": "string", "enum": ["task_error", "timeout", "worker_lost"]},
-                )
-            ),
-        },
-        failures=_INT,
-        lost_tries=_INT,
-        event_ids=_array(_INT),
-        data_withheld={**_BOOL, "description": "errors' text and events withheld (no read)"},
-        events={**_array(_ref("Event")), "description": "for tokens with read scope"},
-    ),
-    "Runs": _obj(
-        {"runs": _array(_ref("Run"))},
-        next_before={**_nullable("integer"), "description": "pass as before: the next page"},
-        more=_BOOL,
-    ),
-}
-
-
 def openapi_document() -> dict[str, Any]:
     """The document (a fresh dict each call)."""
     control: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
-            "202": _json("recorded; the daemon acts within one heartbeat", _ref("Control")),
+            "202": _json("recorded; the daemon acts within one heartbeat", ref("Control")),
             "400": _error("a name the store refuses"),
             "404": _error("no watcher of that name (the detail names the closest)"),
         },
@@ -323,13 +150,13 @@ def openapi_document() -> dict[str, Any]:
     task: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
-            "200": _json("the task, paused or not", _ref("Task")),
+            "200": _json("the task, paused or not", ref("Task")),
             "404": _error("no such task"),
         },
     }
     conflict = _json(
         "a precondition failed; current_version is the entry's version (0: not set)",
-        _ref("Conflict"),
+        ref("Conflict"),
         headers={"ETag": {"required": False, "schema": {"type": "string"}}},
     )
     return {
@@ -340,14 +167,14 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/assets": {
                 "get": _op(
                     "registered assets the token may read",
-                    {"200": _json("assets", _ref("Assets"))},
+                    {"200": _json("assets", ref("Assets"))},
                 )
             },
             "/api/v1/assets/{name}": {
                 "get": _op(
                     "an asset with its state entries and watchers",
                     {
-                        "200": _json("the asset", _ref("AssetDetail")),
+                        "200": _json("the asset", ref("AssetDetail")),
                         "404": _error("no such asset"),
                     },
                     parameters=[_NAME],
@@ -356,7 +183,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/assets/{name}/state": {
                 "get": _op(
                     "the asset's state entries",
-                    {"200": _json("entries", _ref("Entries")), "404": _error("no such asset")},
+                    {"200": _json("entries", ref("Entries")), "404": _error("no such asset")},
                     bad=True,
                     parameters=[_NAME],
                 )
@@ -366,7 +193,7 @@ def openapi_document() -> dict[str, Any]:
                 "get": _op(
                     "one entry; its version is the ETag",
                     {
-                        "200": _json("the entry", _ref("Entry"), headers=_ETAG_HEADER),
+                        "200": _json("the entry", ref("Entry"), headers=_ETAG_HEADER),
                         "304": {
                             "description": "If-None-Match holds the entry's ETag",
                             "headers": _ETAG_HEADER,
@@ -381,8 +208,8 @@ def openapi_document() -> dict[str, Any]:
                     "write the JSON body as the value; If-Match/If-None-Match make it a "
                     "compare-and-set",
                     {
-                        "200": _json("written", _ref("Written"), headers=_ETAG_HEADER),
-                        "201": _json("created", _ref("Written"), headers=_ETAG_HEADER),
+                        "200": _json("written", ref("Written"), headers=_ETAG_HEADER),
+                        "201": _json("created", ref("Written"), headers=_ETAG_HEADER),
                         "404": _error("no such asset"),
                         "412": conflict,
                         "413": _error("over the size limit (max_value_bytes)"),
@@ -391,7 +218,7 @@ def openapi_document() -> dict[str, Any]:
                     parameters=[_IF_MATCH, _IF_NONE_MATCH],
                     requestBody={
                         "required": True,
-                        "content": {"application/json": {"schema": _VALUE}},
+                        "content": {"application/json": {"schema": VALUE}},
                     },
                 ),
                 "delete": _op(
@@ -409,7 +236,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/events": {
                 "get": _op(
                     "committed events after an id, in id order",
-                    {"200": _json("a page of events", _ref("EventPage"))},
+                    {"200": _json("a page of events", ref("EventPage"))},
                     bad=True,
                     parameters=[
                         _ASSET_Q,
@@ -458,7 +285,7 @@ def openapi_document() -> dict[str, Any]:
                 )
             },
             "/api/v1/watchers": {
-                "get": _op("every watcher", {"200": _json("watchers", _ref("Watchers"))})
+                "get": _op("every watcher", {"200": _json("watchers", ref("Watchers"))})
             },
             "/api/v1/watchers/{name}/pause": {"post": _op("pause", **control)},
             "/api/v1/watchers/{name}/resume": {"post": _op("resume", **control)},
@@ -466,13 +293,13 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/daemons": {
                 "get": _op(
                     "daemons with their leases and heartbeat age",
-                    {"200": _json("daemons", _ref("Daemons"))},
+                    {"200": _json("daemons", ref("Daemons"))},
                 )
             },
             "/api/v1/tasks": {
                 "get": _op(
                     "tasks with their pending events per asset and whether paused",
-                    {"200": _json("tasks", _ref("Tasks"))},
+                    {"200": _json("tasks", ref("Tasks"))},
                 )
             },
             "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
@@ -482,7 +309,7 @@ def openapi_document() -> dict[str, Any]:
                     "redeliver a scheduled asset's events from an id on (needs operate); a "
                     "rewind only moves the cursor back",
                     {
-                        "200": _json("the task", _ref("Task")),
+                        "200": _json("the task", ref("Task")),
                         "409": _error(
                             "an id past the log's end or after the cursor, or an "
                             "asset outside the schedule: nothing changed"
@@ -510,7 +337,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/runs": {
                 "get": _op(
                     "runs, newest first",
-                    {"200": _json("runs", _ref("Runs"))},
+                    {"200": _json("runs", ref("Runs"))},
                     bad=True,
                     parameters=[
                         {
@@ -541,7 +368,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/runs/{run_id}": {
                 "get": _op(
                     "one run with its errors and its events (operate alone: error types only)",
-                    {"200": _json("the run", _ref("Run")), "404": _error("no such run")},
+                    {"200": _json("the run", ref("Run")), "404": _error("no such run")},
                     bad=True,
                     parameters=[_RUN],
                 )
@@ -550,7 +377,7 @@ def openapi_document() -> dict[str, Any]:
                 "post": _op(
                     "queue a failed run again with one more try (needs operate)",
                     {
-                        "202": _json("queued", _ref("Run")),
+                        "202": _json("queued", ref("Run")),
                         "404": _error("no such run"),
                         "409": _error("the run has not failed"),
                     },
@@ -561,6 +388,6 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": _SCHEMAS,
+            "schemas": SCHEMAS,
         },
     }

@@ -145,10 +145,16 @@ function eventLine(e) {
   return li;
 }
 
+// Each load of an asset view takes a number; an answer that comes back after a later load
+// began (the user moved on) is dropped, so one asset's rows never land under another's name.
+let assetLoads = 0;
+
 async function loadAsset(name) {
+  const load = ++assetLoads;
   $("#asset-name").textContent = name;
   const response = await api("/api/v1/assets/" + encodeURIComponent(name));
   const body = await response.json();
+  if (load !== assetLoads) return;
   $("#asset-message").textContent = response.ok ? "" : body.detail;
   if (!response.ok) {
     $("#state tbody").replaceChildren();
@@ -176,6 +182,7 @@ async function loadAsset(name) {
   // The newest page of the log, newest first (not the tail of its oldest page).
   const answer = await api("/api/v1/events?order=desc&limit=20&asset=" + encodeURIComponent(name));
   const events = await answer.json();
+  if (load !== assetLoads) return;
   if (!answer.ok) $("#asset-message").textContent = events.detail;
   $("#asset-events").replaceChildren(...(events.events || []).map(eventLine));
 }
