@@ -154,3 +154,15 @@ class TestPrometheus:
         promtool = _tool("promtool")
         done = _run(promtool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml"))
         assert done.returncode == 0, done.stdout + done.stderr
+
+    def test_the_alerts_use_metrics_the_code_exposes(self) -> None:
+        """Each ``watchkeeper_*`` series an alert reads is one the API's collectors define (a
+        renamed metric would leave an alert that never fires)."""
+        rules = (DEPLOY / "prometheus" / "alerts.yml").read_text()
+        used = set(re.findall(r"\bwatchkeeper_[a-z_]+\b", rules))
+        code = "".join(
+            p.read_text() for p in (REPO / "triggerer" / "src").rglob("*.py") if "api" in p.parts
+        )
+        defined = set(re.findall(r"\bwatchkeeper_[a-z_]+\b", code))
+        assert len(used) >= 6
+        assert sorted(used - defined) == []
