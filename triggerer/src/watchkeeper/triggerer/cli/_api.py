@@ -119,9 +119,9 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
     if emit_listing(rows, args.json, record, "no tokens"):
         return 0
-    from rich.table import Table
+    from ._table import PlainTable
 
-    table = Table("name", "scopes", "state", "created", "expires")
+    table = PlainTable("name", "scopes", "state", "created", "expires")
     for row in rows:
         table.add_row(
             row.name,

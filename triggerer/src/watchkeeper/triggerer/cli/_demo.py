@@ -42,13 +42,13 @@ import anyio.abc
 import anyio.to_thread
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
 from . import _demo_source as source
 from . import _demo_tasks as tasks
 from ._common import CommandError, run_async
+from ._table import PlainTable
 
 __all__ = ["run_demo"]
 
@@ -211,7 +211,7 @@ class _Demo:
             await anyio.sleep(0.1)
 
     def _render(self) -> Group:
-        table = Table(title=f"watchkeeper demo: {self.phase}", title_justify="left")
+        table = PlainTable(title=f"watchkeeper demo: {self.phase}", title_justify="left")
         for column in ("asset", "produced", "committed events", "last item", "watermark"):
             table.add_column(column, justify="left" if column == "asset" else "right")
         for name, progress in self.progress.items():

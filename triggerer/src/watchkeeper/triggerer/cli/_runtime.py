@@ -188,10 +188,11 @@ def _short(value: object, limit: int = 40) -> str:
 
 
 def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="watchkeeper daemons", title_justify="left", pad_edge=False)
+    from ._table import PlainTable
+
+    table = PlainTable(title="watchkeeper daemons", title_justify="left", pad_edge=False)
     table.add_column("daemon", overflow="fold")
     table.add_column("state", no_wrap=True)
     table.add_column("last heartbeat", justify="right")
@@ -211,8 +212,9 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
 
 
 def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
-    from rich.table import Table
     from rich.text import Text
+
+    from ._table import PlainTable
 
     seen: dict[tuple[str, str | None, str], None] = {}
     for row in daemons:
@@ -220,7 +222,7 @@ def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
             seen.setdefault((refused["file"], refused["watcher"], refused["reason"]), None)
     if not seen:
         return None
-    table = Table(title="refused definitions", title_justify="left", pad_edge=False)
+    table = PlainTable(title="refused definitions", title_justify="left", pad_edge=False)
     table.add_column("file", overflow="fold")
     table.add_column("watcher", overflow="fold")
     table.add_column("reason", overflow="fold")
@@ -234,10 +236,11 @@ def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
 
 
 def _status_table(rows: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="watchkeeper watchers", title_justify="left", pad_edge=False)
+    from ._table import PlainTable
+
+    table = PlainTable(title="watchkeeper watchers", title_justify="left", pad_edge=False)
     table.add_column("watcher", overflow="fold", min_width=16)
     table.add_column("state", no_wrap=True)
     table.add_column("assets: state", overflow="fold")

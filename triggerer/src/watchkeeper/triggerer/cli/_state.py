@@ -29,7 +29,6 @@ from watchkeeper.store import (
 from ._common import (
     CommandError,
     UsageError,
-    cell,
     cli_writer,
     compact_json,
     console,
@@ -238,7 +237,7 @@ async def _state_clear(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     scope = _scope(args)
     entries = await backend.alist(scope)
@@ -249,15 +248,15 @@ async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     if not entries:
         emit(f"no keys for {_describe(scope)}")
         return 0
-    table = Table("key", "value", "version", "updated_at", "writer", title=cell(_describe(scope)))
+    table = PlainTable("key", "value", "version", "updated_at", "writer", title=_describe(scope))
     for entry in entries:
         record = _entry_record(entry)
         table.add_row(
-            cell(entry.key),
-            cell(compact_json(entry.value)),
+            entry.key,
+            compact_json(entry.value),
             str(entry.version),
             record["updated_at"],
-            cell(record["writer"] or ""),
+            record["writer"] or "",
         )
     console().print(table)
     return 0

@@ -153,13 +153,13 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     infos = await _queue(backend).alist_tasks()
     empty = "no tasks registered (a worker registers its tasks when it starts)"
     if emit_listing(infos, args.json, task_record, empty):
         return 0
-    table = Table("task", "schedule", "pending", "paused", title="tasks")
+    table = PlainTable("task", "schedule", "pending", "paused", title="tasks")
     for info in infos:
         names = ", ".join(info.spec.assets)
         schedule = f"AnyOf({names})" if info.spec.mode == "any" else f"[{names}]"
@@ -188,12 +188,12 @@ async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: 
 
 
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     runs = await _queue(backend).alist_runs(task=args.task, state=args.state, limit=args.limit)
     if emit_listing(runs, args.json, run_record, "no runs"):
         return 0
-    table = Table(
+    table = PlainTable(
         "run", "task", "state", "try", "events", "created_at", "finished_at", title="runs"
     )
     for run in runs:
