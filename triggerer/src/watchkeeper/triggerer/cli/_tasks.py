@@ -12,11 +12,14 @@ import argparse
 import functools
 import importlib
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from .._records import iso, run_record, task_record
+from ._api import api_options, with_api_options
 from ._common import (
+    PROG,
     CommandError,
     UsageError,
     cli_writer,
@@ -123,9 +126,10 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
                 Daemon(settings, backend=backend, tune_gc=True) as daemon,
                 anyio.create_task_group() as tg,
             ):
-                if settings.api.enabled:
-                    await start_api(tg, daemon)
+                port = await start_api(tg, daemon) if settings.api.enabled else None
                 await tg.start(worker.run)
+                if port is not None:
+                    say_where_the_page_is(settings.api.host, port)
                 async for signum in received:
                     log.info("up_stopping", signal=signal.Signals(signum).name)
                     worker.stop_claiming()
@@ -135,10 +139,23 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
                     break
 
 
+def say_where_the_page_is(host: str, port: int) -> None:
+    """Tell the person who ran ``up`` where the page is and how to get a token for it (on
+    stderr: stdout stays free for what a command prints)."""
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    sys.stderr.write(
+        f"{PROG} up: the web page and the API are at http://{shown}:{port}/\n"
+        f"{PROG} up: the page asks for a token; create one with:"
+        f" {PROG} tokens create NAME --scope read --scope operate\n"
+    )
+    sys.stderr.flush()
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .._watcher_files import unload_watchers
 
     settings = with_triggerer_options(settings, args)
+    settings = with_api_options(settings, args)
     tasks = _load_tasks(settings)
     try:
         run_async(
@@ -252,6 +269,7 @@ def register(subparsers: Subparsers) -> None:
 
     up = subparsers.add_parser("up", help="run a triggerer and a worker in one process")
     _runtime_options(up)
+    api_options(up)
     up.set_defaults(handler=_up, long_running=True)
 
     tasks = subparsers.add_parser("tasks", help="tasks on asset events")
