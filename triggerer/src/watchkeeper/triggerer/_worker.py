@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import random
 import signal
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,6 +61,7 @@ from watchkeeper.store.backend import (
 from ._asset_task import AssetTask, OutletEvents
 from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
+from ._task_traceback import format_task_traceback
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
@@ -269,7 +269,7 @@ class Worker:
             )  # fmt: skip
             return RunOutcome(
                 run.id, run.lease_token, False, error=describe_error(exc),
-                traceback="".join(traceback.format_exception(exc)), retry_delay=delay,
+                traceback=format_task_traceback(exc), retry_delay=delay,
             )  # fmt: skip
         return RunOutcome(run.id, run.lease_token, True, outlets)
 
