@@ -74,3 +74,44 @@ class TestStateStoreSetUnderARunningWatcher:
             assert (code, err) == (0, "")
             assert await note_entry(db_path) == (3, 2)
             assert await terminate(process) == 0
+
+
+class TestStatusShowsTheDaemonsOwnSettings:
+    async def test_lease_and_heartbeat_are_the_daemons_not_the_readers(
+        self,
+        tmp_path: Path,
+        watchers: Path,
+        env: dict[str, str],
+        log_file: IO[bytes],
+    ) -> None:
+        """A daemon renewing its node lease every 0.5 s (a 1.5 s lease) with a heartbeat every
+        2 s: ``status``, run with other settings, shows the daemon's 1.5 s lease and 2 s
+        heartbeat (it showed 6 s: the time after which the row is stale, as the lease)."""
+        (watchers / "orders.py").write_text(asset_file("orders", tmp_path / "orders.txt"))
+        own = {
+            **env,
+            "WATCHKEEPER__TRIGGERER__HEARTBEAT_INTERVAL": "2",
+            "WATCHKEEPER__TRIGGERER__LEASE_RENEW_INTERVAL": "0.5",
+        }
+        reader = {**env, "WATCHKEEPER__TRIGGERER__LEASE_TTL": "9"}
+        async with daemon(tmp_path, watchers, own, log_file) as process:
+
+            async def reported() -> list[dict[str, Any]]:
+                code, out, _ = await cli(reader, tmp_path, "status", "--json")
+                return list(json.loads(out)["daemons"]) if code == 0 and out else []
+
+            await wait_until(reported, "the daemon's status row", process)
+            (row,) = await reported()
+            code, table, err = await cli({**reader, "COLUMNS": "200"}, tmp_path, "status")
+            assert await terminate(process) == 0
+        assert row["lease_ttl_seconds"] == 1.5 and row["stale_after_seconds"] == 6.0
+        assert row["settings"] == {
+            "heartbeat_interval": 2.0,
+            "lease_renew_interval": 0.5,
+            "lease_ttl": 1.5,
+            "reload_interval": 0.2,
+        }
+        assert code == 0, err
+        (line,) = [line for line in table.splitlines() if row["owner"][:20] in line]
+        cells = [cell.strip() for cell in line.split("│")]
+        assert "2 s" in cells and "1.5 s" in cells and "6 s" not in cells, line

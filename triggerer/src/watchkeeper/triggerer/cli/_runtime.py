@@ -187,6 +187,10 @@ def _short(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _seconds(value: object) -> str:
+    return f"{value:g} s" if isinstance(value, int | float) else "-"
+
+
 def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
     from rich.text import Text
 
@@ -196,6 +200,7 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
     table.add_column("daemon", overflow="fold")
     table.add_column("state", no_wrap=True)
     table.add_column("last heartbeat", justify="right")
+    table.add_column("heartbeat every", justify="right")
     table.add_column("lease ttl", justify="right")
     table.add_column("started", overflow="fold")
     table.add_column("refused", justify="right")
@@ -204,7 +209,8 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
             Text(_printable(row["owner"])),
             Text(row["state"], style=_STATE_STYLE.get(row["state"], "")),
             Text(f"{row['heartbeat_age_seconds']:.1f} s ago"),
-            Text(f"{row['lease_ttl_seconds']:g} s"),
+            Text(_seconds(row["settings"].get("heartbeat_interval"))),
+            Text(_seconds(row["lease_ttl_seconds"])),
             Text((row["started_at"] or "-")[:19].replace("T", " ")),
             Text(str(len(row["refused"]))),
         )
