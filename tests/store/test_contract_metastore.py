@@ -659,7 +659,11 @@ class TestDaemonStatus:
             RefusedDefinition("bad.py", None, "invalid asset name 'a\\x00b': control character"),
             RefusedDefinition("odd\udc80.py", "feed\x00", "line one\nline two"),
         )
-        saved = [_daemon("host:2:b"), _daemon("host:1:a", refused=refused, lease_ttl=2.5)]
+        settings = {"heartbeat_interval": 5.0, "lease_ttl": 3.0, "reload_interval": 0.25}
+        saved = [
+            _daemon("host:2:b"),
+            _daemon("host:1:a", refused=refused, lease_ttl=2.5, settings=settings),
+        ]
         for status in saved:
             await store.asave_daemon_status(status)
         assert await store.alist_daemon_status() == [saved[1], saved[0]]
@@ -687,6 +691,9 @@ class TestDaemonStatus:
             (_daemon("d9", lease_ttl=0.0), ValueError),
             (_daemon("d9", lease_ttl=float("nan")), TypeError),
             (_daemon("d9", refused=("bad.py",)), TypeError),
+            (_daemon("d9", settings={"lease_ttl": "3"}), TypeError),
+            (_daemon("d9", settings={"lease_ttl": float("inf")}), TypeError),
+            (_daemon("d9", settings=[("lease_ttl", 3.0)]), TypeError),
         ],
     )
     async def test_bad_input_is_refused_and_changes_nothing(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +44,23 @@ class TestTokensCommand:
         assert token.split("_", 2)[2] not in stored.digest
         assert principal is not None and principal.scopes == ("read", "write:asset:orders_*")
 
+    async def test_create_prints_the_token_alone_on_stdout(self, tmp_path: Path) -> None:
+        """``TOKEN=$(watchkeeper tokens create ...)`` captures the token and nothing else; the
+        "shown once" note goes to stderr, where the person running it sees it."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        create = watchkeeper_command(
+            "--database-url", url, "tokens", "create", "ci", "--scope", "read"
+        )
+        script = f'TOKEN=$({shlex.join(create)}) && printf "%s" "$TOKEN"'
+        done = await anyio.run_process(["sh", "-c", script], check=False)
+        token, note = done.stdout.decode(), done.stderr.decode()
+        assert done.returncode == 0, note
+        assert token.startswith("wk_") and token.strip() == token and " " not in token, token
+        assert "shown once" in note and token not in note
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            (stored,) = await backend.alist_tokens()
+            assert await verify_token(backend, token, stored.created_at) is not None
+
     def test_revoke_and_errors(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A bad scope is a usage error, a live name cannot be reused, revoke works once."""
         url = f"sqlite:///{tmp_path / 's.db'}"
@@ -75,6 +93,29 @@ class TestApiCommand:
             finally:
                 if process.returncode is None:
                     process.kill()
+
+    @pytest.mark.parametrize("command", ["api", "up"])
+    @pytest.mark.parametrize(
+        ("option", "message"),
+        [(["--port", "65536"], "65536 is more than 65535"), (["--host", ""], "'' is not a host")],
+    )
+    def test_bad_host_or_port_is_a_usage_error(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        command: str,
+        option: list[str],
+        message: str,
+    ) -> None:
+        """``--host`` and ``--port`` of ``api`` and ``up`` refuse what cannot be listened on,
+        with one line, before anything starts."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        with pytest.raises(SystemExit) as exited:
+            cli.run(["--database-url", url, command, *option])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+        assert not (tmp_path / "s.db").exists()
 
     def test_a_busy_port_is_one_line(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -13,12 +13,13 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend, TaskScope
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (
@@ -175,6 +176,32 @@ class TestTablesEscape:
             assert all(ch not in done.out for ch in "\x1b\x85\u202e\u2028"), done.out
         events = await cli("events", "--json")
         assert odd in events.out  # --json is for programs: the exact text, JSON-escaped
+
+    async def test_brackets_in_names_print_in_every_table(self, cli: Cli, db_path: Path) -> None:
+        """Names written like rich markup (``[orders]``, ``[bold]b``) print literally in the
+        tasks, runs, watchers and status tables: they used to vanish as unknown style tags."""
+        orders, bold = "[orders]", "[bold]b"
+        async with SqliteStateBackend(db_path) as backend:
+            await backend.aregister_assets([Asset(orders), Asset(bold)])
+            await backend.async_tasks([TaskSpec("[t]", (orders, bold)), TaskSpec("[u]", (orders,))])
+            for asset in (orders, bold):
+                await backend.acommit_event(EventCommit("[w]", (asset,), "{}"))
+            assert await backend.acreate_run("[t]") is not None
+            status = TriggerStatus(
+                trigger_id="[trigger]", classpath="pkg.W", assets=(orders,), watchers=("[w]",),
+                state="running", updated_at=datetime.now(UTC),
+            )  # fmt: skip
+            await backend.asave_trigger_status([status])
+        tasks = await cli("tasks", "list")
+        assert tasks.code == 0, tasks.err
+        assert "[t]" in tasks.out and "[u]" in tasks.out
+        assert f"[{orders}, {bold}]" in tasks.out and f"[{orders}]" in tasks.out, tasks.out
+        runs = await cli("runs", "list")
+        assert runs.code == 0 and "[t]" in runs.out, runs.out
+        watchers = await cli("watchers", "list")
+        assert watchers.code == 0 and "[w]" in watchers.out and orders in watchers.out
+        shown = await cli("status")
+        assert shown.code == 0 and "[w]" in shown.out and orders in shown.out, shown.out
 
 
 class TestDbMigrate:

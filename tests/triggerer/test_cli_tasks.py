@@ -175,6 +175,32 @@ class TestWorkerCommand:
         )
         assert status == 0
 
+    async def test_up_takes_host_and_port_and_says_where_the_page_is(self, env: Env) -> None:
+        """``up --host/--port`` override ``[api]`` (as ``api`` does), and once it serves, ``up``
+        prints on stderr the page's address and how to create a token for it."""
+        port = free_port()
+        process = await anyio.open_process(
+            [*COMMAND, "up", "--watchers-path", str(env.defs), "--host", "127.0.0.1",
+             "--port", str(port)],
+            cwd=env.cwd, env=env.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert process.stderr is not None
+        said = b""
+        try:
+            with anyio.fail_after(30):
+                while b"tokens create" not in said:
+                    said += await process.stderr.receive()
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as c:
+                page = await c.get("/")
+        finally:
+            status = await stop(process)
+        assert status == 0
+        assert page.status_code == 200
+        lines = said.decode().splitlines()
+        assert f"watchkeeper up: the web page and the API are at http://127.0.0.1:{port}/" in lines
+        assert any("watchkeeper tokens create NAME --scope read" in line for line in lines)
+
     async def test_worker_without_tasks_is_a_usage_error(self, env: Env, tmp_path: Path) -> None:
         """A definitions folder without any asset_task is refused with one line."""
         empty = tmp_path / "empty"

@@ -220,6 +220,39 @@ class TestRefusals:
         assert "SystemExit" in reasons["exits.py"]
         assert all(e.watcher is None for e in result.errors)
 
+    def test_a_refusal_names_the_line_of_the_error(self, watchers: Path) -> None:
+        """The reason names the file and line where the error was raised: the file's own
+        line, the line of a helper module under the watchers path it imports, a syntax
+        error's line, and the line in a trigger class whose serialize() failed."""
+        write(watchers, "helper.py", "def connect():\n    x = 1\n    raise OSError('no db')\n")
+        write(watchers, "raises.py", "import os\n\nraise RuntimeError('no database here')\n")
+        write(watchers, "deep.py", "from helper import connect\n\nconn = connect()\n")
+        write(watchers, "sub/broken.py", "x = 1\ndef oops(:\n")
+        write(
+            watchers,
+            "bad_serialize.py",
+            textwrap.dedent(
+                """
+                from watchkeeper.triggerer import Asset, AssetWatcher
+                from ticks import Ticker
+
+                class Broken(Ticker):
+                    def serialize(self):
+                        raise ValueError("cannot serialize")
+
+                orders = Asset("orders", watchers=[AssetWatcher("orders_feed", Broken())])
+                """
+            ),
+        )
+        reasons = {e.file: e.reason for e in load_watchers(watchers).errors}
+        assert reasons["raises.py"].endswith("RuntimeError: no database here (at raises.py:3)")
+        assert reasons["deep.py"].endswith("OSError: no db (at helper.py:3)")
+        assert reasons["sub/broken.py"].startswith("SyntaxError: ")
+        assert reasons["sub/broken.py"].endswith(" (at sub/broken.py:2)")
+        assert reasons["bad_serialize.py"].endswith(
+            "ValueError: cannot serialize (at bad_serialize.py:7)"
+        )
+
     def test_invalid_module_file_name_is_refused(self, watchers: Path) -> None:
         """A file whose name is not a module name is reported, not imported."""
         write(watchers, "my-watchers.py", asset_file("orders", "orders_feed"))

@@ -193,11 +193,15 @@ class TestWatchersCommand:
     def test_state_set_warns_about_a_running_unpaused_watcher(
         self, db: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """Setting a key of an asset whose watcher runs warns; once paused it does not."""
+        """Setting a key of an asset whose watcher runs is refused (nothing written); with
+        ``--force`` it warns and writes; once paused it writes without a word."""
         url = f"sqlite:///{db}"
         base = ["--database-url", url, "state-store", "set", "--asset", "orders", "wm", "5"]
-        assert cli.run(base) == 0
-        assert "'orders_feed' of asset 'orders' is running" in capsys.readouterr().err
+        assert cli.run(base) == 1
+        refused = capsys.readouterr()
+        assert "'orders_feed' of asset 'orders' is running" in refused.err and refused.out == ""
+        assert cli.run([*base, "--force"]) == 0
+        assert "warning: watcher 'orders_feed'" in capsys.readouterr().err
         assert cli.run(["--database-url", url, "watchers", "pause", "orders_feed"]) == 0
         capsys.readouterr()
         assert cli.run([*base, "--expected-version", "1"]) == 0

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from datetime import datetime
 
 from ._leases import check_owner
 from ._types import DaemonStatus, RefusedDefinition
 from .errors import ArgumentTypeError, InvalidArgumentError
 
-__all__ = ["check_daemon_status", "check_owners", "decode_refused", "encode_refused"]
+__all__ = [
+    "check_daemon_status",
+    "check_owners",
+    "decode_refused",
+    "decode_settings",
+    "encode_refused",
+]
 
 
 def check_daemon_status(status: object) -> DaemonStatus:
@@ -39,6 +46,14 @@ def check_daemon_status(status: object) -> DaemonStatus:
     for refused in status.refused:
         if not isinstance(refused, RefusedDefinition):
             raise ArgumentTypeError("DaemonStatus.refused", refused, "RefusedDefinition objects")
+    if not isinstance(status.settings, Mapping):
+        raise ArgumentTypeError("DaemonStatus.settings", status.settings, "a mapping")
+    for key, value in status.settings.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not isinstance(key, str) or not number or not math.isfinite(value):
+            raise ArgumentTypeError(
+                "DaemonStatus.settings", {key: value}, "str keys and finite numbers of seconds"
+            )
     return status
 
 
@@ -49,11 +64,26 @@ def check_owners(owners: object) -> list[str]:
     return sorted({check_owner(owner) for owner in owners})
 
 
-def encode_refused(refused: tuple[RefusedDefinition, ...]) -> str:
-    """The refusals as ASCII JSON text: ``[[file, watcher, reason], ...]``."""
-    return json.dumps([[r.file, r.watcher, r.reason] for r in refused], ensure_ascii=True)
+def encode_refused(
+    refused: tuple[RefusedDefinition, ...], settings: Mapping[str, float] | None = None
+) -> str:
+    """The refusals as ASCII JSON text: ``[[file, watcher, reason], ...]``; with the daemon's
+    ``settings``, ``{"refused": [...], "settings": {...}}`` (the same column holds both, so a
+    database written before settings were kept reads as before)."""
+    rows = [[r.file, r.watcher, r.reason] for r in refused]
+    if not settings:
+        return json.dumps(rows, ensure_ascii=True)
+    return json.dumps({"refused": rows, "settings": dict(settings)}, ensure_ascii=True)
 
 
 def decode_refused(text: str) -> tuple[RefusedDefinition, ...]:
-    """The inverse of :func:`encode_refused`."""
-    return tuple(RefusedDefinition(f, w, r) for f, w, r in json.loads(text))
+    """The refusals of :func:`encode_refused`'s text."""
+    data = json.loads(text)
+    rows = data["refused"] if isinstance(data, dict) else data
+    return tuple(RefusedDefinition(f, w, r) for f, w, r in rows)
+
+
+def decode_settings(text: str) -> dict[str, float]:
+    """The daemon settings of :func:`encode_refused`'s text ({} when none were kept)."""
+    data = json.loads(text)
+    return dict(data.get("settings", {})) if isinstance(data, dict) else {}

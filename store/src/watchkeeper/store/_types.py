@@ -487,10 +487,9 @@ class RefusedDefinition:
 
 @dataclass(frozen=True, slots=True)
 class DaemonStatus:
-    """One daemon's heartbeat row (``watchkeeper status`` reads it). ``heartbeat_at`` is
-    refreshed every heartbeat; once it is more than ``lease_ttl`` seconds old the daemon's
-    leases have lapsed and what it last reported about its watchers is no longer known to be
-    true. ``refused`` lists the definitions its last load refused."""
+    """One daemon's heartbeat row (``watchkeeper status``): stale, its leases lapsed, once
+    ``heartbeat_at`` is ``lease_ttl`` seconds old. ``refused``: what its last load refused;
+    ``settings``: its own timings in seconds (``heartbeat_interval``, node ``lease_ttl``...)."""
 
     owner: str
     started_at: datetime
@@ -498,3 +497,4 @@ class DaemonStatus:
     lease_ttl: float
     watchers_path: str
     refused: tuple[RefusedDefinition, ...] = ()
+    settings: Mapping[str, float] = field(default_factory=dict)

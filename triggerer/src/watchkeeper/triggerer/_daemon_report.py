@@ -58,7 +58,11 @@ async def daemon_report(backend: BaseStateBackend) -> DaemonReport:
                 "state": "stale" if stale else "running",
                 "heartbeat_age_seconds": round(age, 3),
                 "heartbeat_at": _iso(daemon.heartbeat_at),
-                "lease_ttl_seconds": daemon.lease_ttl,
+                # The daemon's own node lease (its settings, saved with its heartbeat); a row
+                # from before they were saved has only the time after which it is stale.
+                "lease_ttl_seconds": daemon.settings.get("lease_ttl", daemon.lease_ttl),
+                "stale_after_seconds": daemon.lease_ttl,
+                "settings": dict(daemon.settings),
                 "started_at": _iso(daemon.started_at),
                 "watchers_path": daemon.watchers_path,
                 "refused": [

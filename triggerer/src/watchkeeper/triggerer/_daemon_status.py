@@ -13,7 +13,7 @@ and the status rows of triggers no daemon runs any more.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -48,12 +48,14 @@ class DaemonStatusKeeper:
         watchers_path: Path,
         heartbeat: float,
         lease_ttl: float,
+        settings: Mapping[str, float] | None = None,
     ) -> None:
         self.backend = backend
         self.owner = owner
         self.watchers_path = watchers_path
         self.heartbeat = heartbeat
         self.lease_ttl = lease_ttl
+        self.settings = dict(settings or {})
         self.started_at = backend.clock()
 
     async def save(self, refused: Sequence[WatcherError]) -> None:
@@ -68,6 +70,7 @@ class DaemonStatusKeeper:
             lease_ttl=self.lease_ttl,
             watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
             refused=tuple(RefusedDefinition(e.file, e.watcher, e.reason) for e in refused),
+            settings=self.settings,
         )
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT) as scope:
             try:

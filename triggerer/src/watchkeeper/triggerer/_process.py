@@ -92,17 +92,20 @@ async def run_daemon(
         raise error
 
 
-async def start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> None:
-    """Serve the HTTP API in the daemon's task group; a busy port is logged, and the watchers
-    run without it (they matter more than the API)."""
+async def start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> int | None:
+    """Serve the HTTP API in the daemon's task group and return the port it listens on; a
+    busy port is logged and None returned, and the watchers run without it (they matter more
+    than the API)."""
     from .api import ApiListenError, serve_api  # the web stack loads only when it serves
 
     try:
-        await tg.start(
+        port: int = await tg.start(
             functools.partial(serve_api, daemon.backend, daemon.settings.api, daemon=daemon)
         )
     except ApiListenError as exc:
         log.error("api_not_started", error=str(exc))
+        return None
+    return port
 
 
 SHUTDOWN_STUCK_EXIT = 70  # EX_SOFTWARE

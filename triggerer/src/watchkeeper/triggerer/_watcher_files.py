@@ -22,6 +22,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import threading
+import traceback
 import types
 import zlib
 from collections.abc import Mapping
@@ -304,6 +305,32 @@ def unload_watchers() -> None:
     MODULES.unload()
 
 
+def _under(root: Path, filename: str | None) -> str | None:
+    """``filename`` relative to the watchers path ``root``, or None when it is elsewhere."""
+    if not filename or filename.startswith("<"):  # "<frozen importlib._bootstrap>"
+        return None
+    try:
+        return Path(filename).resolve().relative_to(root.resolve()).as_posix()
+    except (OSError, ValueError):
+        return None
+
+
+def raised_at(root: Path, exc: BaseException) -> str:
+    """`` (at FILE:LINE)``: the line of the watchers path where ``exc`` was raised (the
+    deepest frame of its traceback in a file under ``root``; a syntax error's own line), or
+    "" when no frame is there."""
+    if isinstance(exc, SyntaxError):
+        rel = _under(root, exc.filename)
+        if rel is not None and exc.lineno is not None:
+            return f" (at {rel}:{exc.lineno})"
+    found = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        rel = _under(root, frame.f_code.co_filename)
+        if rel is not None:
+            found = f" (at {rel}:{line})"
+    return found
+
+
 def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, WatcherError | None]:
     relative = file.relative_to(path)
     rel = relative.as_posix()
@@ -313,19 +340,22 @@ def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, Watch
     try:
         return importlib.import_module(module_name), None
     except SyntaxError as exc:
-        return None, WatcherError(rel, None, f"SyntaxError: {exc.msg} (line {exc.lineno})")
+        where = raised_at(path, exc) or f" (line {exc.lineno})"
+        return None, WatcherError(rel, None, f"SyntaxError: {exc.msg}{where}")
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a watcher file must not kill the daemon
-        return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}")
+        where = raised_at(path, exc)
+        return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}{where}")
 
 
-def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherError:
+def _serialize(rel: str, watcher: AssetWatcher, root: Path) -> WatcherDefinition | WatcherError:
     try:
         classpath, kwargs = watcher.trigger.serialize()
         canonical = canonical_trigger_json(classpath, kwargs)
     except (InvalidValueError, ValueTypeError) as exc:
         return WatcherError(rel, watcher.name, f"serialize() kwargs are not JSON: {exc}")
     except Exception as exc:  # noqa: BLE001 - user code; reported, never fatal
-        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}")
+        where = raised_at(root, exc)
+        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}{where}")
     try:
         canonical.encode()  # the trigger id hashes it
     except UnicodeEncodeError:
@@ -335,7 +365,7 @@ def _serialize(rel: str, watcher: AssetWatcher) -> WatcherDefinition | WatcherEr
     return WatcherDefinition(watcher.name, classpath, canonical)
 
 
-def _module_definitions(rel: str, module: types.ModuleType) -> FileDefinitions:
+def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileDefinitions:
     assets: list[AssetDefinition] = []
     refused: list[WatcherError] = []
     seen: set[int] = set()
@@ -355,7 +385,7 @@ def _module_definitions(rel: str, module: types.ModuleType) -> FileDefinitions:
                     )
                 )
                 continue
-            serialized = _serialize(rel, watcher)
+            serialized = _serialize(rel, watcher, root)
             if isinstance(serialized, WatcherError):
                 refused.append(serialized)
             elif serialized not in watchers:
@@ -371,4 +401,4 @@ def read_definitions(path: Path, file: Path) -> FileDefinitions:
     if module is None:
         assert error is not None
         return FileDefinitions(error.file, error=error)
-    return _module_definitions(file.relative_to(path).as_posix(), module)
+    return _module_definitions(file.relative_to(path).as_posix(), module, path)

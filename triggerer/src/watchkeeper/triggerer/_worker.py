@@ -28,7 +28,6 @@ import asyncio
 import logging
 import random
 import signal
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -64,6 +63,7 @@ from ._asset_task import AssetTask, OutletEvents
 from ._describe import describe_error
 from ._leases import daemon_identity, is_dead_local_owner
 from ._notify import notify
+from ._task_traceback import format_task_traceback
 from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
@@ -311,7 +311,7 @@ class Worker:
         )  # fmt: skip
         return RunOutcome(
             run.id, run.lease_token, False, error=describe_error(exc),
-            traceback="".join(traceback.format_exception(exc)), retry_delay=delay, cause=cause,
+            traceback=format_task_traceback(exc), retry_delay=delay, cause=cause,
         )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:

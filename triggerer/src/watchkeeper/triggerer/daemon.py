@@ -232,6 +232,12 @@ class Daemon(DaemonLeases):
                 # A status row is saved every heartbeat: stale once three of them were missed
                 # (or the lease's time to live, when longer).
                 lease_ttl=max(triggerer.lease_seconds, 3 * triggerer.heartbeat_interval),
+                settings={  # what `watchkeeper status` shows: this daemon's, not the reader's
+                    "heartbeat_interval": triggerer.heartbeat_interval,
+                    "lease_renew_interval": triggerer.lease_renew_interval,
+                    "lease_ttl": triggerer.lease_seconds,
+                    "reload_interval": self.reload_interval,
+                },
             )
             stack.push_async_callback(self._status.forget)
             self._runner = await stack.enter_async_context(

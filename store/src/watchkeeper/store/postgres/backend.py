@@ -21,7 +21,7 @@ import anyio.abc
 
 from .._batch_sizes import BatchSizes
 from .._commit_queue import CommitStats
-from .._daemons import decode_refused, encode_refused
+from .._daemons import decode_refused, decode_settings, encode_refused
 from .._gc import GcPlan
 from .._metastore import MetastoreBackend
 from .._types import (
@@ -460,7 +460,7 @@ class PostgresStateBackend(
 
     async def _asave_daemon_status(self, s: DaemonStatus) -> None:
         row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
-               encode_refused(s.refused))  # fmt: skip
+               encode_refused(s.refused, s.settings))  # fmt: skip
 
         await self._write_late(self._sql.save_daemon, row)
 
@@ -484,7 +484,7 @@ class PostgresStateBackend(
         return [
             DaemonStatus(
                 owner=r[0], started_at=r[1], heartbeat_at=r[2], lease_ttl=r[3],
-                watchers_path=r[4], refused=decode_refused(r[5]),
+                watchers_path=r[4], refused=decode_refused(r[5]), settings=decode_settings(r[5]),
             )
             for r in rows
         ]  # fmt: skip

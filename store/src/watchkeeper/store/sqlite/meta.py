@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from .._daemons import decode_refused, encode_refused
+from .._daemons import decode_refused, decode_settings, encode_refused
 from .._gc import EventCutoffs
 from .._types import (
     Asset,
@@ -309,7 +309,7 @@ def save_daemon(tx: Tx, status: DaemonStatus) -> None:
             to_db(status.heartbeat_at),
             float(status.lease_ttl),
             status.watchers_path,
-            encode_refused(status.refused),
+            encode_refused(status.refused, status.settings),
         ),
     )
 
@@ -327,6 +327,7 @@ def daemons_result(rows: list[Row]) -> list[DaemonStatus]:
             lease_ttl=row[3],
             watchers_path=row[4],
             refused=decode_refused(row[5]),
+            settings=decode_settings(row[5]),
         )
         for row in rows
     ]

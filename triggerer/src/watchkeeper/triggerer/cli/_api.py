@@ -2,7 +2,8 @@
 
 ``api`` serves the same API, metrics and page as the daemon, for a separate operations host:
 it reads and writes the store, and records watcher controls that the daemons act on.
-``tokens create`` prints the new token once; the store keeps only a salted hash of it.
+``tokens create`` prints the new token once, alone on stdout (its note goes to stderr); the
+store keeps only a salted hash of it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import signal
+import sys
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from ._common import (
     emit_json,
     emit_listing,
     int_at_least,
+    int_between,
     json_flag,
     open_backend,
     run_async,
@@ -60,12 +63,32 @@ async def _serve(settings: Settings) -> None:
             tg.cancel_scope.cancel()
 
 
+def _host(text: str) -> str:
+    if not text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host name or address")
+    return text
+
+
+def api_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--host`` and ``--port`` (overriding ``[api] host`` and ``port``) to ``parser``."""
+    parser.add_argument("--host", metavar="HOST", type=_host, help="overrides [api] host")
+    parser.add_argument(
+        "--port", metavar="PORT", type=int_between(0, 65535), help="overrides [api] port"
+    )
+
+
+def with_api_options(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``settings`` with ``[api] host`` and ``port`` replaced by ``--host``/``--port``."""
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if not changes:
+        return settings
+    return settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
+
+
 def _api(args: argparse.Namespace, settings: Settings) -> int:
     from ..api import ApiListenError
 
-    changes = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if changes:
-        settings = settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
+    settings = with_api_options(settings, args)
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
     try:
         run_async(_serve, settings, event_loop=settings.triggerer.event_loop)
@@ -92,8 +115,10 @@ async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
     if args.json:
         emit_json({"name": row.name, "token": text, "scopes": list(row.scopes)})
     else:
-        emit(text)
-        emit(f"# token {row.name!r} ({', '.join(row.scopes)}): shown once, only its hash is kept")
+        emit(text)  # alone on stdout: TOKEN=$(watchkeeper tokens create ...) keeps just it
+        sys.stderr.write(
+            f"token {row.name!r} ({', '.join(row.scopes)}): shown once, only its hash is kept\n"
+        )
     return 0
 
 
@@ -122,9 +147,9 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
     if emit_listing(rows, args.json, record, "no tokens"):
         return 0
-    from rich.table import Table
+    from ._table import PlainTable
 
-    table = Table("name", "scopes", "state", "created", "expires")
+    table = PlainTable("name", "scopes", "state", "created", "expires")
     for row in rows:
         table.add_row(
             row.name,
@@ -153,8 +178,7 @@ def register(subparsers: Subparsers) -> None:
         help="serve the HTTP API, /metrics and the web page without running watchers",
         description="Serve the API until SIGTERM or SIGINT (for a separate operations host).",
     )
-    api.add_argument("--host", metavar="HOST", help="overrides [api] host")
-    api.add_argument("--port", metavar="PORT", type=int_at_least(0), help="overrides [api] port")
+    api_options(api)
     api.set_defaults(handler=_api, long_running=True)
 
     tokens = subparsers.add_parser("tokens", help="create, list and revoke API tokens")

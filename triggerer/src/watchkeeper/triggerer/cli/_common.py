@@ -26,7 +26,6 @@ from watchkeeper.store.errors import MissingCapabilityError
 if TYPE_CHECKING:
     from pydantic import ValidationError
     from rich.console import Console
-    from rich.text import Text
     from watchkeeper.store import BaseStateBackend
     from watchkeeper.store.backend import Writer
 
@@ -39,7 +38,6 @@ __all__ = [
     "OneLineArgumentParser",
     "StoreCommand",
     "UsageError",
-    "cell",
     "cli_writer",
     "compact_json",
     "console",
@@ -216,13 +214,6 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
-def cell(text: str) -> Text:
-    """A table cell showing ``text`` as it is: escaped (:func:`printable`), no rich markup."""
-    from rich.text import Text
-
-    return Text(printable(text))
 
 
 def console() -> Console:

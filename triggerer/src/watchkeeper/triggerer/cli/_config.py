@@ -77,10 +77,11 @@ def _show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         emit_json({"config_file": config_file, "settings": rows})
         return 0
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(
+    from ._table import PlainTable
+
+    table = PlainTable(
         title=f"watchkeeper settings (config file: {config_file or 'none'})",
         title_justify="left",
     )
@@ -90,8 +91,8 @@ def _show(args: argparse.Namespace, settings: Settings) -> int:
     for dotted, row in rows.items():
         source = row["source"]
         table.add_row(
-            Text(dotted),
-            Text(compact_json(row["value"])),
+            dotted,
+            compact_json(row["value"]),
             Text(source, style="dim" if source == "default" else "bold"),
         )
     console().print(table)

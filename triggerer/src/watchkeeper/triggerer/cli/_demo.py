@@ -42,13 +42,13 @@ import anyio.abc
 import anyio.to_thread
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
 from . import _demo_source as source
 from . import _demo_tasks as tasks
 from ._common import CommandError, run_async
+from ._table import PlainTable
 
 __all__ = ["run_demo"]
 
@@ -59,7 +59,8 @@ KILL_AT = 1 / 3
 DEADLINE = 90.0
 """Seconds after which a phase that has not finished fails the demo."""
 STOP_GRACE = 5.0
-EXACTLY_ONCE = "exactly once"
+PASSED = "PASSED"
+FAILED = "FAILED"
 
 
 @dataclass(slots=True)
@@ -211,7 +212,7 @@ class _Demo:
             await anyio.sleep(0.1)
 
     def _render(self) -> Group:
-        table = Table(title=f"watchkeeper demo: {self.phase}", title_justify="left")
+        table = PlainTable(title=f"watchkeeper demo: {self.phase}", title_justify="left")
         for column in ("asset", "produced", "committed events", "last item", "watermark"):
             table.add_column(column, justify="left" if column == "asset" else "right")
         for name, progress in self.progress.items():
@@ -319,14 +320,15 @@ class _Demo:
             watermark = await backend.aget(AssetScope(name=table), "watermark")
             if got == expected and watermark == self.items:
                 self.console.print(
-                    f"  {table}: {len(got)} events for items 1..{self.items}, "
-                    f"in order, final watermark {watermark}"
+                    f"  [green]ok[/]      {table}: items 1..{self.items} each committed once, "
+                    f"in order; watermark {watermark}"
                 )
                 continue
             ok = False
             self.console.print(
-                f"  [bold red]{table}[/]: {len(got)} events, missing {missing[:10]}, "
-                f"duplicated {duplicates[:10]}, final watermark {watermark}"
+                f"  [bold red]FAILED[/]  {table}: {len(got)} events for {self.items} items; "
+                f"missing {missing[:10]}; committed twice {duplicates[:10]}; "
+                f"watermark {watermark}"
             )
         return ok
 
@@ -352,6 +354,7 @@ class _Demo:
                     await self._poll(backend)
                     live.update(self._render(), refresh=True)
                 self.console.print()
+                self.console.print("[bold]the checks[/]")
                 ok = await self._check(backend)
                 ok = await tasks.check_exactly_once(backend, self.console) and ok
         finally:
@@ -361,17 +364,25 @@ class _Demo:
                     with anyio.move_on_after(5, shield=True):
                         await process.wait()
         total = self.items * len(self.tables)
+        self.console.print()
         if ok and code == 0:
             self.console.print(
-                f"[bold green]{EXACTLY_ONCE}[/]: all {total} items arrived exactly once "
-                "across a kill -9 of the daemon (no gap, no duplicate), and every orders event "
-                "was in exactly one successful task run across a kill -9 of the worker"
+                f"[bold green]{PASSED}[/]: the daemon was killed with kill -9 mid-stream and "
+                f"the task's worker mid-run; after their restarts nothing was lost and nothing "
+                f"was done twice: all {total} items arrived exactly once, and every orders "
+                "event was in exactly one successful task run."
             )
             return 0
         if ok:
-            self.console.print(f"[bold red]the daemon did not stop cleanly (status {code})[/]")
+            self.console.print(
+                f"[bold red]{FAILED}[/]: every item arrived exactly once, but the daemon did "
+                f"not stop cleanly when asked to (exit status {code})."
+            )
         else:
-            self.console.print("[bold red]exactly-once check FAILED[/]")
+            self.console.print(
+                f"[bold red]{FAILED}[/]: the checks marked FAILED above found items lost or "
+                "done twice after a kill -9."
+            )
         return 1
 
 

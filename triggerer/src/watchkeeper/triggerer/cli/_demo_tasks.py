@@ -93,10 +93,17 @@ async def check_exactly_once(backend: SqliteStateBackend, console: Console) -> b
     ok = (
         not twice and not missing and len(outlets) == len(succeeded) and len(runs) == len(succeeded)
     )
-    style = "" if ok else "[bold red]"
-    console.print(
-        f"  {style}{TASK}: {len(expected)} orders events in {len(succeeded)} successful runs, "
-        f"missing {missing[:10]}, in two runs {twice[:10]}, {len(outlets)} order_totals events; "
-        f"runs retried after the kill: {retried}"
-    )
+    if ok:
+        again = f", {len(retried)} of them retried after the kill" if retried else ""
+        console.print(
+            f"  [green]ok[/]      {TASK}: each of the {len(expected)} orders events was in "
+            f"exactly one successful run ({len(succeeded)} runs{again}, "
+            f"{len(outlets)} order_totals events)"
+        )
+    else:
+        console.print(
+            f"  [bold red]FAILED[/]  {TASK}: {len(expected)} orders events, "
+            f"{len(succeeded)} successful runs of {len(runs)}; never in a successful run: "
+            f"{missing[:10]}; in two: {twice[:10]}; {len(outlets)} order_totals events"
+        )
     return ok

@@ -187,14 +187,20 @@ def _short(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _seconds(value: object) -> str:
+    return f"{value:g} s" if isinstance(value, int | float) else "-"
+
+
 def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="watchkeeper daemons", title_justify="left", pad_edge=False)
+    from ._table import PlainTable
+
+    table = PlainTable(title="watchkeeper daemons", title_justify="left", pad_edge=False)
     table.add_column("daemon", overflow="fold")
     table.add_column("state", no_wrap=True)
     table.add_column("last heartbeat", justify="right")
+    table.add_column("heartbeat every", justify="right")
     table.add_column("lease ttl", justify="right")
     table.add_column("started", overflow="fold")
     table.add_column("refused", justify="right")
@@ -203,7 +209,8 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
             Text(_printable(row["owner"])),
             Text(row["state"], style=_STATE_STYLE.get(row["state"], "")),
             Text(f"{row['heartbeat_age_seconds']:.1f} s ago"),
-            Text(f"{row['lease_ttl_seconds']:g} s"),
+            Text(_seconds(row["settings"].get("heartbeat_interval"))),
+            Text(_seconds(row["lease_ttl_seconds"])),
             Text((row["started_at"] or "-")[:19].replace("T", " ")),
             Text(str(len(row["refused"]))),
         )
@@ -211,8 +218,9 @@ def _daemon_table(daemons: list[dict[str, Any]]) -> Table:
 
 
 def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
-    from rich.table import Table
     from rich.text import Text
+
+    from ._table import PlainTable
 
     seen: dict[tuple[str, str | None, str], None] = {}
     for row in daemons:
@@ -220,7 +228,7 @@ def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
             seen.setdefault((refused["file"], refused["watcher"], refused["reason"]), None)
     if not seen:
         return None
-    table = Table(title="refused definitions", title_justify="left", pad_edge=False)
+    table = PlainTable(title="refused definitions", title_justify="left", pad_edge=False)
     table.add_column("file", overflow="fold")
     table.add_column("watcher", overflow="fold")
     table.add_column("reason", overflow="fold")
@@ -234,10 +242,11 @@ def _refused_table(daemons: list[dict[str, Any]]) -> Table | None:
 
 
 def _status_table(rows: list[dict[str, Any]]) -> Table:
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="watchkeeper watchers", title_justify="left", pad_edge=False)
+    from ._table import PlainTable
+
+    table = PlainTable(title="watchkeeper watchers", title_justify="left", pad_edge=False)
     table.add_column("watcher", overflow="fold", min_width=16)
     table.add_column("state", no_wrap=True)
     table.add_column("assets: state", overflow="fold")

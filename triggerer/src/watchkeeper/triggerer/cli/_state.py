@@ -29,7 +29,6 @@ from watchkeeper.store import (
 from ._common import (
     CommandError,
     UsageError,
-    cell,
     cli_writer,
     compact_json,
     console,
@@ -176,8 +175,10 @@ async def _state_get(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     return 0
 
 
-async def _warn_running_watchers(backend: BaseStateBackend, asset: str) -> None:
-    """Warn when an unpaused watcher of ``asset`` runs: its next event may overwrite the key."""
+async def _guard_running_watchers(backend: BaseStateBackend, asset: str, force: bool) -> None:
+    """Before a write to ``asset``'s state: refuse it (:class:`CommandError`, nothing written)
+    while an unpaused watcher of the asset runs, since its next event may overwrite the key;
+    with ``force``, warn on stderr and let the write go ahead."""
     from .._watcher_controls import watcher_rows
 
     running = [
@@ -185,13 +186,17 @@ async def _warn_running_watchers(backend: BaseStateBackend, asset: str) -> None:
         for row in await watcher_rows(backend)
         if asset in row.assets and not row.paused and row.state in ("running", "backing_off")
     ]
-    if running:
-        names = ", ".join(repr(name) for name in running)
-        sys.stderr.write(
-            f"watchkeeper: warning: watcher {names} of asset {asset!r} is running and may "
-            f"overwrite this key; to rewind it: watchkeeper watchers pause {running[0]}, "
-            "set with --expected-version, then resume\n"
+    if not running:
+        return
+    names = ", ".join(repr(printable(name)) for name in running)
+    said = f"watcher {names} of asset {printable(asset)!r} is running and may overwrite this key"
+    if not force:
+        raise CommandError(
+            f"{said}; nothing written. Pause it first (watchkeeper watchers pause "
+            f"{printable(running[0])}), or pass --force to write anyway"
         )
+    sys.stderr.write(f"watchkeeper: warning: {said}; writing anyway (--force)\n")
+    sys.stderr.flush()
 
 
 async def _state_set(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
@@ -202,7 +207,7 @@ async def _state_set(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     elif args.retention_days is not None:
         retention = timedelta(days=args.retention_days)
     if isinstance(scope, AssetScope) and scope.name is not None:
-        await _warn_running_watchers(backend, scope.name)
+        await _guard_running_watchers(backend, scope.name, args.force)
     version = await backend.aset(
         scope,
         args.key,
@@ -238,7 +243,7 @@ async def _state_clear(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     scope = _scope(args)
     entries = await backend.alist(scope)
@@ -249,15 +254,15 @@ async def _state_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     if not entries:
         emit(f"no keys for {_describe(scope)}")
         return 0
-    table = Table("key", "value", "version", "updated_at", "writer", title=cell(_describe(scope)))
+    table = PlainTable("key", "value", "version", "updated_at", "writer", title=_describe(scope))
     for entry in entries:
         record = _entry_record(entry)
         table.add_row(
-            cell(entry.key),
-            cell(compact_json(entry.value)),
+            entry.key,
+            compact_json(entry.value),
             str(entry.version),
             record["updated_at"],
-            cell(record["writer"] or ""),
+            record["writer"] or "",
         )
     console().print(table)
     return 0
@@ -364,6 +369,11 @@ def register_state_store(subparsers: Subparsers) -> None:
     )
     retention.add_argument(
         "--never-expire", action="store_true", help="task state: never collect this key"
+    )
+    set_.add_argument(
+        "--force",
+        action="store_true",
+        help="asset state: write even while a watcher of the asset runs (it may overwrite it)",
     )
     json_flag(set_, "the key and its new version")
     set_.set_defaults(handler=store_handler(_state_set, check=_check_options))

@@ -18,7 +18,6 @@ from .._records import event_record
 from ._common import (
     CommandError,
     UsageError,
-    cell,
     compact_json,
     console,
     emit,
@@ -72,18 +71,19 @@ def _asset_record(info: AssetInfo) -> dict[str, Any]:
 
 
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
     from watchkeeper.store.backend import require_asset_registry
+
+    from ._table import PlainTable
 
     assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
     empty = "no assets registered" if args.all else "no active assets"
     if emit_listing(assets, args.json, _asset_record, empty):
         return 0
-    table = Table("name", "uri", "active", "updated_at", title="assets")
+    table = PlainTable("name", "uri", "active", "updated_at", title="assets")
     for info in assets:
         table.add_row(
-            cell(info.name),
-            cell(info.uri or ""),
+            info.name,
+            info.uri or "",
             "yes" if info.active else "no",
             info.updated_at.isoformat(),
         )
@@ -178,8 +178,9 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
 
 async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     import anyio
-    from rich.table import Table
     from watchkeeper.store.backend import require_asset_registry, require_event_log
+
+    from ._table import PlainTable
 
     if args.asset is not None:
         known = {info.name for info in await require_asset_registry(backend).alist_assets()}
@@ -196,15 +197,17 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
     )
     if emit_listing(events, args.json, event_record, "no events"):
         return 0
-    table = Table("id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events")
+    table = PlainTable(
+        "id", "asset", "watcher", "payload", "dedup_key", "created_at", title="events"
+    )
     for event in events:
         record = event_record(event)  # passwords masked
         table.add_row(
             str(record["id"]),
-            cell(record["asset"]),
-            cell(record["watcher"]),
-            cell(compact_json(record["payload"])),
-            cell(record["dedup_key"] or ""),
+            record["asset"],
+            record["watcher"],
+            compact_json(record["payload"]),
+            record["dedup_key"] or "",
             record["created_at"],
         )
     console().print(table)

@@ -12,11 +12,14 @@ import argparse
 import functools
 import importlib
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from .._records import iso, run_record, task_record
+from ._api import api_options, with_api_options
 from ._common import (
+    PROG,
     CommandError,
     UsageError,
     cli_writer,
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
     from watchkeeper.store.backend import TaskQueue
 
     from .._asset_task import AssetTask
-    from ..settings import Settings
+    from ..settings import ApiSettings, Settings
 
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -124,9 +127,10 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
                 Daemon(settings, backend=backend, tune_gc=True) as daemon,
                 anyio.create_task_group() as tg,
             ):
-                if settings.api.enabled:
-                    await start_api(tg, daemon)
+                port = await start_api(tg, daemon) if settings.api.enabled else None
                 await tg.start(worker.run)
+                if port is not None:
+                    say_where_the_page_is(settings.api, port)
                 notify(READY=1, STATUS=f"watching {daemon.watchers_path}")
                 async for signum in received:
                     log.info("up_stopping", signal=signal.Signals(signum).name)
@@ -138,10 +142,25 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
                     break
 
 
+def say_where_the_page_is(api: ApiSettings, port: int) -> None:
+    """Tell the person who ran ``up`` where the page is (https when the API serves TLS) and
+    how to get a token for it (on stderr: stdout stays free for what a command prints)."""
+    host = api.host
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+    scheme = "https" if api.tls_certfile is not None else "http"
+    sys.stderr.write(
+        f"{PROG} up: the web page and the API are at {scheme}://{shown}:{port}/\n"
+        f"{PROG} up: the page asks for a token; create one with:"
+        f" {PROG} tokens create NAME --scope read --scope operate\n"
+    )
+    sys.stderr.flush()
+
+
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .._watcher_files import unload_watchers
 
     settings = with_triggerer_options(settings, args)
+    settings = with_api_options(settings, args)
     tasks = _load_tasks(settings)
     try:
         run_async(
@@ -156,13 +175,13 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     infos = await _queue(backend).alist_tasks()
     empty = "no tasks registered (a worker registers its tasks when it starts)"
     if emit_listing(infos, args.json, task_record, empty):
         return 0
-    table = Table("task", "schedule", "pending", "paused", title="tasks")
+    table = PlainTable("task", "schedule", "pending", "paused", title="tasks")
     for info in infos:
         names = ", ".join(info.spec.assets)
         schedule = f"AnyOf({names})" if info.spec.mode == "any" else f"[{names}]"
@@ -191,7 +210,7 @@ async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: 
 
 
 async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
+    from ._table import PlainTable
 
     runs = await _queue(backend).alist_runs(
         task=args.task, state=args.state, limit=args.limit, before=args.before,
@@ -199,7 +218,7 @@ async def _runs_list(backend: BaseStateBackend, args: argparse.Namespace, _: Set
     )  # fmt: skip
     if emit_listing(runs, args.json, run_record, "no runs"):
         return 0
-    table = Table(
+    table = PlainTable(
         "run", "task", "state", "try", "events", "created_at", "finished_at", title="runs"
     )
     for run in runs:
@@ -258,6 +277,7 @@ def register(subparsers: Subparsers) -> None:
 
     up = subparsers.add_parser("up", help="run a triggerer and a worker in one process")
     _runtime_options(up)
+    api_options(up)
     up.set_defaults(handler=_up, long_running=True)
 
     tasks = subparsers.add_parser("tasks", help="tasks on asset events")

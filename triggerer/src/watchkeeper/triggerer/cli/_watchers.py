@@ -43,16 +43,15 @@ def _age(seconds: float | None) -> str:
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from rich.table import Table
-
     from .._watcher_controls import watcher_rows
+    from ._table import PlainTable
 
     rows = await watcher_rows(backend)
     now = datetime.now(UTC)
     empty = "no watchers: no daemon has reported one, and none is paused"
     if emit_listing(rows, args.json, lambda row: row.to_json(now), empty):
         return 0
-    table = Table(
+    table = PlainTable(
         "asset", "watcher", "state", "daemon", "last event", "events", "failures", "paused"
     )
     for row in rows:
