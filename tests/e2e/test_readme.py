@@ -41,7 +41,19 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 
 KNOWN_PROGRAMS = frozenset(
-    {"bash", "cd", "git", "mypy", "pip", "pytest", "ruff", "uv", "venv", "watchkeeper"}
+    {
+        "bash",
+        "cd",
+        "git",
+        "mypy",
+        "pip",
+        "pytest",
+        "ruff",
+        "schemathesis",
+        "uv",
+        "venv",
+        "watchkeeper",
+    }
 )
 """What a console block of the README may run (after ``python3 -m``/``uv run``/a venv path)."""
 

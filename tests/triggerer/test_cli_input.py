@@ -209,7 +209,7 @@ class TestDbMigrate:
         """On a fresh SQLite file, db migrate names the migrations it applied; then none."""
         cli = Cli(f"sqlite:///{tmp_path / 'fresh.db'}", tmp_path)
         first = await cli("db", "migrate")
-        applied = "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9, 10\n"
+        applied = "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11\n"
         assert (first.code, first.out) == (0, applied), first.err
         again = await cli("db", "migrate")
         assert (again.code, again.out) == (0, "database schema is up to date\n"), again.err
@@ -221,9 +221,10 @@ class TestDbMigrate:
         to say "up to date", reading an attribute only SQLite had); then none."""
         cli = Cli(f"{pg_dsn}?search_path={pg_schema}", tmp_path)
         first = await cli("db", "migrate")
-        assert (first.code, first.out) == (0, "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9\n"), (
-            first.err
-        )
+        assert (first.code, first.out) == (
+            0,
+            "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9, 10\n",
+        ), first.err
         again = await cli("db", "migrate")
         assert (again.code, again.out) == (0, "database schema is up to date\n"), again.err
 
