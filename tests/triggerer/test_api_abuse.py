@@ -12,7 +12,6 @@ import ssl
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,65 +22,33 @@ from structlog.testing import capture_logs
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import (
     DaemonStatus,
-    EventCommit,
     TaskSpec,
     TriggerStatus,
-    encode_json,
 )
 from watchkeeper.triggerer.api import (
-    ApiContext,
     ApiListenError,
     api_context,
-    make_token,
     serve_app,
 )
 from watchkeeper.triggerer.settings import ApiSettings
 
+from tests.support.api import ServedApi, serve_api
 from tests.support.daemons import wait_until
 
 ASSETS = [Asset("orders"), Asset("bills")]
 SCOPES = {"reader": ["read"], "ops": ["operate"], "orders": ["write:asset:orders"]}
 
 
-@dataclass
-class Served:
-    backend: SqliteStateBackend
-    ctx: ApiContext
-    base: str
-    tokens: dict[str, str]
-
-    def client(self, token: str | None = None) -> httpx.AsyncClient:
-        headers = {} if token is None else {"Authorization": f"Bearer {self.tokens[token]}"}
-        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
-
-    async def add_token(self, name: str, scopes: list[str], expires_in: timedelta) -> None:
-        text, row = make_token(name, scopes, now=datetime.now(UTC), expires_in=expires_in)
-        await self.backend.acreate_token(row)
-        self.tokens[name] = text
-
-    async def commit(self, asset: str, n: int) -> None:
-        await self.backend.acommit_event(
-            EventCommit(watcher="feed", assets=(asset,), payload_json=encode_json({"n": n}))
-        )
+Served = ServedApi[SqliteStateBackend]
 
 
 @asynccontextmanager
 async def serve(tmp_path: Path, settings: ApiSettings) -> AsyncIterator[Served]:
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
         await backend.aregister_assets(ASSETS)
-        tokens: dict[str, str] = {}
-        for name, scopes in SCOPES.items():
-            text, row = make_token(name, scopes, now=datetime.now(UTC))
-            await backend.acreate_token(row)
-            tokens[name] = text
-        ctx = api_context(backend, settings)
-        ctx.sse_poll = 0.02
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(
-                functools.partial(serve_app, ctx, host="127.0.0.1", port=0, settings=settings)
-            )
-            yield Served(backend, ctx, f"http://127.0.0.1:{port}", tokens)
-            tg.cancel_scope.cancel()
+        async with serve_api(backend, SCOPES, settings) as served:
+            served.ctx.sse_poll = 0.02
+            yield served
 
 
 @pytest.fixture

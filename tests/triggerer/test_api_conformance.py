@@ -10,23 +10,18 @@ as ``%2F``.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from openapi_spec_validator import validate
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
 from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
-from watchkeeper.triggerer.api import api_context, make_token, serve_app
-from watchkeeper.triggerer.settings import ApiSettings
 
+from tests.support.api import ServedApi, serve_api
 from tests.support.requires import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +35,7 @@ SCOPES = {
 BIG = str(2**63)
 
 
-@dataclass
-class Served:
-    backend: SqliteStateBackend
-    base: str
-    tokens: dict[str, str]
-
-    def client(self, token: str) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {self.tokens[token]}"}
-        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
+Served = ServedApi[SqliteStateBackend]
 
 
 @pytest.fixture
@@ -61,16 +48,8 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
             await backend.acommit_event(
                 EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(n))
             )
-        tokens: dict[str, str] = {}
-        for name, scopes in SCOPES.items():
-            text, row = make_token(name, scopes, now=datetime.now(UTC))
-            await backend.acreate_token(row)
-            tokens[name] = text
-        ctx = api_context(backend, ApiSettings(port=0))
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Served(backend, f"http://127.0.0.1:{port}", tokens)
-            tg.cancel_scope.cancel()
+        async with serve_api(backend, SCOPES) as one:
+            yield one
 
 
 async def _document(served: Served) -> dict[str, Any]:

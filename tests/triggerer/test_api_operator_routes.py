@@ -6,42 +6,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import anyio
-import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import (
     EventBatchCommit,
-    EventCommit,
     TriggerStatus,
     encode_json,
 )
-from watchkeeper.triggerer.api import api_context, make_token, serve_app
-from watchkeeper.triggerer.settings import ApiSettings
+
+from tests.support.api import ServedApi, serve_api
 
 
 def _at(moment: datetime) -> datetime:
     return moment
 
 
-@dataclass
-class Api:
-    backend: SqliteStateBackend
-    base: str
-    tokens: dict[str, str]
-
-    def client(self, token: str) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {self.tokens[token]}"}
-        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
-
-    async def commit(self, asset: str, n: int, watcher: str = "feed") -> None:
-        await self.backend.acommit_event(
-            EventCommit(watcher=watcher, assets=(asset,), payload_json=encode_json({"n": n}))
-        )
+Api = ServedApi[SqliteStateBackend]
 
 
 @pytest.fixture
@@ -49,16 +32,8 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """A served API on a fresh SQLite store with assets orders and bills."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
         await backend.aregister_assets([Asset("orders"), Asset("bills")])
-        tokens: dict[str, str] = {}
-        for name, scopes in {"reader": ["read"], "ops": ["operate"]}.items():
-            text, row = make_token(name, scopes, now=datetime.now(UTC))
-            await backend.acreate_token(row)
-            tokens[name] = text
-        ctx = api_context(backend, ApiSettings(port=0))
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Api(backend, f"http://127.0.0.1:{port}", tokens)
-            tg.cancel_scope.cancel()
+        async with serve_api(backend, {"reader": ["read"], "ops": ["operate"]}) as served:
+            yield served
 
 
 class TestNewestFirstEvents:

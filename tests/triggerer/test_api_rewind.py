@@ -1,34 +1,23 @@
 """``POST /api/v1/tasks/{name}/rewind``: a rewind only moves a task's cursor back; anything
-else is a 400 naming what was wrong, and changes nothing."""
+else is refused (409; a missing parameter 400) naming what was wrong, and changes nothing."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
-import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
-from watchkeeper.triggerer.api import api_context, make_token, serve_app
-from watchkeeper.triggerer.settings import ApiSettings
+
+from tests.support.api import ServedApi, serve_api
 
 
 @dataclass
-class Site:
-    backend: SqliteStateBackend
-    base: str
-    tokens: dict[str, str]
-    events: list[int]
-
-    def client(self, token: str | None = None) -> httpx.AsyncClient:
-        headers = {} if token is None else {"Authorization": f"Bearer {self.tokens[token]}"}
-        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
+class Site(ServedApi[SqliteStateBackend]):
+    events: list[int] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -43,16 +32,8 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
             commit = EventCommit("feed", ("orders",), encode_json({"n": n}))
             ids.extend(e.id for e in await backend.acommit_event(commit))
         assert len(await backend.acreate_runs("load", 2)) == 2
-        tokens: dict[str, str] = {}
-        for name, scopes in (("reader", ["read"]), ("ops", ["operate"])):
-            text, row = make_token(name, scopes, now=datetime.now(UTC))
-            await backend.acreate_token(row)
-            tokens[name] = text
-        ctx = api_context(backend, ApiSettings(port=0))
-        async with anyio.create_task_group() as tg:
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Site(backend, f"http://127.0.0.1:{port}", tokens, ids)
-            tg.cancel_scope.cancel()
+        async with serve_api(backend, {"reader": ["read"], "ops": ["operate"]}) as served:
+            yield Site(served.backend, served.ctx, served.base, served.tokens, ids)
 
 
 async def cursors(site: Site) -> Any:

@@ -1,0 +1,74 @@
+"""A real API server (uvicorn on a free port) over a test's backend, with a token per name:
+what the API tests share, so each keeps only the data it needs."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
+
+import anyio
+import httpx
+from watchkeeper.store import AssetEvent, BaseStateBackend
+from watchkeeper.store.backend import (
+    EventCommit,
+    encode_json,
+    require_event_log,
+    require_operator_controls,
+)
+from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
+from watchkeeper.triggerer.settings import ApiSettings
+
+__all__ = ["ServedApi", "serve_api"]
+
+B = TypeVar("B", bound=BaseStateBackend)
+
+
+@dataclass
+class ServedApi(Generic[B]):
+    """The backend, the API's context, its base URL and a token by name."""
+
+    backend: B
+    ctx: ApiContext
+    base: str
+    tokens: dict[str, str]
+
+    def client(self, token: str | None = None) -> httpx.AsyncClient:
+        """A client sending the named token (none: no ``Authorization`` header)."""
+        headers = {} if token is None else {"Authorization": f"Bearer {self.tokens[token]}"}
+        return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
+
+    async def add_token(
+        self, name: str, scopes: Sequence[str], expires_in: timedelta | None = None
+    ) -> None:
+        text, row = make_token(name, list(scopes), now=datetime.now(UTC), expires_in=expires_in)
+        await require_operator_controls(self.backend).acreate_token(row)
+        self.tokens[name] = text
+
+    async def commit(self, asset: str, n: int, watcher: str = "feed") -> list[AssetEvent]:
+        """Commit the event ``{"n": n}`` to ``asset``."""
+        commit = EventCommit(watcher, (asset,), encode_json({"n": n}))
+        return await require_event_log(self.backend).acommit_event(commit)
+
+
+@contextlib.asynccontextmanager
+async def serve_api(
+    backend: B,
+    scopes: Mapping[str, Sequence[str]],
+    settings: ApiSettings | None = None,
+) -> AsyncIterator[ServedApi[B]]:
+    """Serve the API over the open ``backend`` with a token per name of ``scopes``; stopped on
+    exit."""
+    settings = settings or ApiSettings(port=0)
+    ctx = api_context(backend, settings)
+    served: ServedApi[B] = ServedApi(backend, ctx, "", {})
+    for name, granted in scopes.items():
+        await served.add_token(name, granted)
+    async with anyio.create_task_group() as tg:
+        serve = functools.partial(serve_app, ctx, host="127.0.0.1", port=0, settings=settings)
+        served.base = f"http://127.0.0.1:{await tg.start(serve)}"
+        yield served
+        tg.cancel_scope.cancel()
