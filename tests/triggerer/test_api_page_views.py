@@ -358,7 +358,7 @@ class TestMarkupInNames:
         await page.goto(site.base + "/#/graph")
         await clean(
             "graph",
-            MARKUP[:20],  # a long name is cut; its title holds it whole
+            MARKUP[:15],  # a long name is cut; its title holds it whole
             lambda: page.wait_for_selector("#graph path.edge", state="attached"),
         )
         names = await page.eval_on_selector_all(

@@ -659,7 +659,7 @@ function layers(graph) {
   return { columns: columns.filter(Boolean), row };
 }
 
-function shortName(name) { return name.length > 24 ? name.slice(0, 23) + "\u2026" : name; }
+function shortName(name) { return name.length > 20 ? name.slice(0, 19) + "\u2026" : name; }
 
 function nodeStatus(node) {
   const backlog = node.backlog === null ? "" : `, backlog ${node.backlog}`;
@@ -668,7 +668,7 @@ function nodeStatus(node) {
 
 function drawGraph(graph) {
   const svg = $("#graph");
-  const nodeWidth = 190, nodeHeight = 44, gapX = 80, gapY = 20, margin = 10;
+  const nodeWidth = 150, nodeHeight = 44, gapX = 50, gapY = 20, margin = 10;
   const { columns } = layers(graph);
   const where = new Map();
   columns.forEach((column, c) => column.forEach((node, r) => where.set(node.id, {
