@@ -45,6 +45,11 @@ ZONE = "Asia/Tokyo"
 """The browser's time zone: the exact times on hover are in it, not in UTC."""
 MARKUP = '<img src=x onerror="window.__xss=1">'
 """A name that would run script if the page put it in as HTML."""
+AXE = (
+    Path(os.environ.get("WATCHKEEPER_AXE_DIR", Path.home() / ".cache/watchkeeper/axe"))
+    / "node_modules/axe-core/axe.min.js"
+)
+"""axe-core (npm, installed by ``.ci/run``): injected by the test, never served by the page."""
 
 
 @dataclass
@@ -114,7 +119,7 @@ async def hostile(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
         yield one
 
 
-async def signed_in(chromium: Path, site: Site) -> AsyncIterator[Any]:
+async def signed_in(chromium: Path, site: Site, *, bypass_csp: bool = False) -> AsyncIterator[Any]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as playwright:
@@ -123,7 +128,10 @@ async def signed_in(chromium: Path, site: Site) -> AsyncIterator[Any]:
         )
         try:
             context = await browser.new_context(
-                viewport={"width": 1200, "height": 800}, timezone_id=ZONE, locale="en-US"
+                viewport={"width": 1200, "height": 800},
+                timezone_id=ZONE,
+                locale="en-US",
+                bypass_csp=bypass_csp,  # only to inject axe-core
             )
             tab = await context.new_page()
             tab.set_default_timeout(TIMEOUT_MS)
@@ -390,3 +398,43 @@ def quote(name: str) -> str:
 
 def css(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+@pytest.fixture
+def axe() -> Path:
+    if not AXE.is_file():
+        unavailable(f"{AXE} is missing (npm install --prefix DIR axe-core; see .ci/run)")
+    return AXE
+
+
+class TestAccessibility:
+    async def test_no_axe_violation_in_any_view(
+        self, chromium: Path, site: Site, axe: Path
+    ) -> None:
+        """axe-core finds no violation (WCAG 2 A and AA rules) in the watchers, a watcher's
+        view, the graph, the assets, an asset, the tasks and a task's run history."""
+        await chain(site)
+        views = {
+            "watchers": ("#/watchers", "#watchers td.state"),
+            "watcher": ("#/watchers/orders_feed", "#watcher-changes td.state"),
+            "graph": ("#/graph", "#graph g.node"),
+            "assets": ("#/assets", "#assets li"),
+            "asset": ("#/assets/orders", "#state tr[data-key]"),
+            "tasks": ("#/tasks", "#tasks tr[data-task]"),
+            "task": ("#/tasks/load", "#runs-timeline a"),
+        }
+        async for page in signed_in(chromium, site, bypass_csp=True):
+            found = {}
+            for name, (hash_, ready) in views.items():
+                await page.goto(site.base + "/" + hash_)
+                await page.wait_for_selector(ready, state="attached")
+                if not await page.evaluate("() => typeof window.axe === 'object'"):
+                    await page.add_script_tag(path=str(axe))
+                result = await page.evaluate(
+                    """async () => (await axe.run(document, {runOnly: {type: "tag",
+                    values: ["wcag2a", "wcag2aa"]}})).violations.map(v => ({id: v.id,
+                    nodes: v.nodes.map(n => n.target.join(" "))}))"""
+                )
+                if result:
+                    found[name] = result
+            assert found == {}
