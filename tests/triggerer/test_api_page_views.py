@@ -244,7 +244,7 @@ class TestWatcherView:
 class TestAssetGraph:
     async def test_a_chain_of_two_tasks(self, page: Any, site: Site) -> None:
         """watcher -> orders -> load -> loaded -> publish -> published, each a column further
-        right, each node with its state; selecting a task opens it."""
+        right, each node with its state; Enter on a focused task opens it."""
         await chain(site)
         await page.click("a[href='#/graph']")
         edge = '#graph path.edge[data-from="{}"][data-to="{}"]'
@@ -267,7 +267,8 @@ class TestAssetGraph:
         status = await page.text_content('#graph g[data-id="task:publish"] text.kind')
         assert status == "task: success, backlog 0"
         await screenshot(page, "graph")
-        await page.click('#graph g[data-id="task:load"]')
+        await page.focus('#graph a[href="#/tasks/load"]')  # a node is a link: the keyboard
+        await page.keyboard.press("Enter")  # reaches and opens it
         await page.wait_for_selector("#task-view:not([hidden])")
         assert await page.text_content("#task-name") == "load"
 
