@@ -11,8 +11,9 @@ each watcher's events since the previous sample, and keeps, for the last hour:
 - each change of its state (running, backing off, failed, paused, ...) with when it was seen
   and why (the error for a failure, who paused it).
 
-The points of every watcher share one row of sample times and live in ``array("d")`` rows
-(NaN for a sample a watcher was not in), so ten thousand watchers cost a few MB. Nothing is
+The points of every watcher share one row of sample times and live in ``array("f")`` rows
+(NaN for a sample a watcher was not in), and its changes in a short list, so ten thousand
+watchers cost a few MB. Nothing is
 written to the store: a restarted server starts a new hour (the rate of its first sample
 still comes from the event log).
 """
@@ -74,7 +75,7 @@ class WatcherSeries:
         self.times: deque[datetime] = deque(maxlen=self.points)
         self._rate: dict[str, array[float]] = {}
         self._age: dict[str, array[float]] = {}
-        self._changes: dict[str, deque[StateChange]] = {}
+        self._changes: dict[str, list[StateChange]] = {}
         self._last_state: dict[str, str] = {}
         self._since: datetime | None = None
 
@@ -120,8 +121,10 @@ class WatcherSeries:
             age.append(_NAN if last is None else last)
             if self._last_state.get(name) != row.state:
                 self._last_state[name] = row.state
-                changes = self._changes.setdefault(name, deque(maxlen=MAX_CHANGES))
+                changes = self._changes.setdefault(name, [])
                 changes.append(StateChange(now, row.state, _why(row, paused_by)))
+                if len(changes) > MAX_CHANGES:
+                    del changes[0]
         # A writer of events not (yet) in the status rows: its rate counts from the first
         # sample (a daemon saves its watchers' statuses a heartbeat after starting them).
         for name in counts.keys() - seen:
@@ -140,8 +143,8 @@ class WatcherSeries:
         age = self._age.get(name)
         if rate is None or age is None:
             before = len(self.times) - 1
-            rate = self._rate[name] = array("d", [_NAN] * before)
-            age = self._age[name] = array("d", [_NAN] * before)
+            rate = self._rate[name] = array("f", [_NAN] * before)
+            age = self._age[name] = array("f", [_NAN] * before)
         elif full:
             del rate[0]
             del age[0]
@@ -152,8 +155,8 @@ class WatcherSeries:
 
     def view(self, watcher: str) -> dict[str, Any]:
         """The watcher's points and state changes as JSON data (null where not sampled)."""
-        rate = self._rate.get(watcher, array("d"))
-        age = self._age.get(watcher, array("d"))
+        rate = self._rate.get(watcher, array("f"))
+        age = self._age.get(watcher, array("f"))
         points = [
             {
                 "at": at.isoformat(),

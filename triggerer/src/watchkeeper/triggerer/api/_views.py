@@ -70,7 +70,10 @@ async def asset_graph(request: Request) -> Response:
     emits: dict[str, list[str]] = {}
     if isinstance(backend, TaskQueue):
         tasks = await backend.alist_tasks()
-        cache: dict[int, str] = request.app.state.__dict__.setdefault("graph_asset_of", {})
+        state = request.app.state
+        cache: dict[int, str] | None = getattr(state, "graph_asset_of", None)
+        if cache is None:
+            cache = state.graph_asset_of = {}
         for info in tasks:
             runs = await backend.alist_runs(task=info.name, limit=1)
             if runs:
