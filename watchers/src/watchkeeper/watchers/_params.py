@@ -160,7 +160,11 @@ def _with_parameters(doc: str, model: type[WatcherParams]) -> str:
     lines = []
     for name, info in model.model_fields.items():
         what = " ".join((info.description or "").split())
-        default = "" if info.is_required() else f" (default ``{info.default!r}``)"
+        default = (
+            ""
+            if info.is_required()
+            else f" (default ``{info.get_default(call_default_factory=True)!r}``)"
+        )
         lines.append(f":param {name}: {what}{default}")
     head, found, tail = text.partition("\n:raises")
     return "\n".join([head.rstrip(), "", *lines, *([found.lstrip("\n") + tail] if found else [])])
@@ -225,17 +229,17 @@ def _argument_error(name: str, exc: ValidationError) -> Exception:
         described = [(_describe(error), error) for error in errors]
         values = [d for d in described if not d[0][1]]
         numbers = [d for d in described if d[1]["type"] == "float_type"]
-        (message, is_type), error = (values or numbers or described)[0]
+        (message, is_type), chosen = (values or numbers or described)[0]
         type_error = type_error or is_type
-        if error["type"] == "value_error":
+        if chosen["type"] == "value_error":
             problems.append(message.removeprefix(f"{name}: "))
             continue
         where = field + "".join(
-            f"[{part!r}]" for part in error["loc"][1:2] if isinstance(part, int)
+            f"[{part!r}]" for part in chosen["loc"][1:2] if isinstance(part, int)
         )
         text = f"{where} {message}"
-        if error["type"] not in ("missing", "extra_forbidden"):
-            text += f", got {_shown(error.get('input'), is_type)}"
+        if chosen["type"] not in ("missing", "extra_forbidden"):
+            text += f", got {_shown(chosen.get('input'), is_type)}"
         problems.append(text)
     cls = TypeError if type_error else ValueError
     return cls(f"{name}: {'; '.join(problems)}")
