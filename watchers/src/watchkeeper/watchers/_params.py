@@ -21,7 +21,7 @@ parameter, and nothing is built), ``serialize()`` (the model's JSON, in declarat
 identical triggers serialize identically and run once), equality, and the parameter table of
 the documentation (``docs/_hooks.py``). A parameter that may hold a secret (a URL with a
 password) is never quoted in an error: values are shown only when they are numbers, booleans
-or short texts, and texts pass through :func:`~watchkeeper.store.backend.redact_dsn`.
+or short texts, and texts pass through :func:`~watchkeeper.store.backend.redact_secrets`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
-from watchkeeper.store.backend import redact_dsn
+from watchkeeper.store.backend import redact_secrets
 
 from ._common import SerializedEquality
 
@@ -106,8 +106,12 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         model = cls.__dict__.get("params_model")
-        if model is not None and cls.__doc__:
+        if model is None:
+            return
+        if cls.__doc__:
             cls.__doc__ = _with_parameters(cls.__doc__, model)
+        # What help(), inspect.signature() and editors show for the constructor.
+        cls.__signature__ = _signature(model, cls.positional)  # type: ignore[attr-defined]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
@@ -153,19 +157,34 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+def _signature(model: type[WatcherParams], positional: int | None) -> inspect.Signature:
+    """The constructor's signature: the model's fields, the first ``positional`` by position."""
+    parameters = []
+    for index, (name, info) in enumerate(model.model_fields.items()):
+        by_position = positional is None or index < positional
+        kind = (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+            if by_position
+            else inspect.Parameter.KEYWORD_ONLY
+        )
+        default = (
+            inspect.Parameter.empty
+            if info.is_required()
+            else info.get_default(call_default_factory=True)
+        )
+        parameters.append(
+            inspect.Parameter(name, kind, default=default, annotation=info.annotation)
+        )
+    return inspect.Signature(parameters)
+
+
 def _with_parameters(doc: str, model: type[WatcherParams]) -> str:
     """``doc`` with a ``:param name: ...`` line per field of ``model``, before its ``:raises``
     lines (or at its end)."""
     text = inspect.cleandoc(doc)
     lines = []
     for name, info in model.model_fields.items():
-        what = " ".join((info.description or "").split())
-        default = (
-            ""
-            if info.is_required()
-            else f" (default ``{info.get_default(call_default_factory=True)!r}``)"
-        )
-        lines.append(f":param {name}: {what}{default}")
+        lines.append(f":param {name}: {' '.join((info.description or '').split())}")
     head, found, tail = text.partition("\n:raises")
     return "\n".join([head.rstrip(), "", *lines, *([found.lstrip("\n") + tail] if found else [])])
 
@@ -210,7 +229,7 @@ def _shown(value: Any, is_type: bool) -> str:
     if is_type:
         return type(value).__name__
     if isinstance(value, str):
-        return repr(redact_dsn(value)) if len(value) <= 200 else "a long str"
+        return repr(redact_secrets(value)) if len(value) <= 200 else "a long str"
     if isinstance(value, bool | int | float):
         return repr(value)
     return type(value).__name__
