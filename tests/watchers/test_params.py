@@ -188,6 +188,7 @@ class TestEveryParameterSurvivesSerialize:
         assert classpath == f"{cls.__module__}.{cls.__qualname__}"
         assert serialized == kwargs
         assert list(serialized) == list(cls.params_model.model_fields)
+        assert serialized == watcher.params.model_dump(mode="json")
         assert json.loads(json.dumps(serialized)) == serialized
         copy = WatcherHarness.rebuild(watcher)
         assert copy.serialize() == watcher.serialize()

@@ -46,9 +46,10 @@ __all__ = [
     "owner",
 ]
 
-Seconds = Annotated[int | float, Field(gt=0, allow_inf_nan=False)]
+# NaN and infinities are refused by the models' ``allow_inf_nan=False``.
+Seconds = Annotated[int | float, Field(gt=0)]
 """A duration in seconds, above zero (an ``int`` stays an ``int`` in ``serialize()``)."""
-SecondsOrZero = Annotated[int | float, Field(ge=0, allow_inf_nan=False)]
+SecondsOrZero = Annotated[int | float, Field(ge=0)]
 """A duration in seconds, zero or more."""
 Count = Annotated[int, Field(ge=1)]
 """A whole number of at least 1 (``bool`` is not a number here)."""
@@ -78,10 +79,13 @@ class WatcherParams(BaseModel):
 def owner(info: ValidationInfo) -> str:
     """The name of the watcher being built, for messages raised inside a validator."""
     context = info.context
-    return str(context.get("owner", "watcher")) if isinstance(context, Mapping) else "watcher"
+    return str(context.get("owner", "watcher")) if isinstance(context, dict) else "watcher"
 
 
 P = TypeVar("P", bound=WatcherParams)
+
+_FOUND_CLIENTS: set[str] = set()
+"""Client modules found installed once already (an installed module does not go away)."""
 
 
 class ReadyMadeWatcher(SerializedEquality, Generic[P]):
@@ -122,21 +126,25 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
         """The model of ``cls(*args, **kwargs)``; ``TypeError``/``ValueError`` naming what is
         wrong (the watcher and the parameter) when it does not validate."""
         name = cls.__name__
-        if cls.client is not None:
+        if cls.client is not None and cls.client[0] not in _FOUND_CLIENTS:
             from ._broker import require_client
 
-            require_client(name, *cls.client)
-        fields = list(cls.params_model.model_fields)
+            require_client(name, *cls.client)  # finding a module on disk costs tens of µs
+            _FOUND_CLIENTS.add(cls.client[0])
+        fields = cls.params_model.__pydantic_fields__.keys()
         limit = len(fields) if cls.positional is None else cls.positional
         if len(args) > limit:
             raise TypeError(
                 f"{name}() takes at most {limit} positional argument{'s' * (limit != 1)} "
                 f"({len(args)} given)"
             )
-        values = dict(zip(fields, args, strict=False))
-        for key in kwargs.keys() & values.keys():
-            raise TypeError(f"{name}() got multiple values for argument {key!r}")
-        values.update(kwargs)
+        if args:
+            values = dict(zip(fields, args, strict=False))
+            for key in kwargs.keys() & values.keys():
+                raise TypeError(f"{name}() got multiple values for argument {key!r}")
+            values.update(kwargs)
+        else:
+            values = kwargs
         try:
             return cls.params_model.model_validate(values, context={"owner": name})
         except ValidationError as exc:
@@ -144,7 +152,16 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """``(classpath, kwargs)``: every parameter, as JSON, in declaration order."""
-        return self.classpath(), self.params.model_dump(mode="json")
+        # The fields hold JSON values already (the models declare only JSON types): a copy of
+        # them, lists and mappings copied too, is the JSON form without a serializer's cost.
+        return self.classpath(), {
+            name: list(value)
+            if type(value) is list
+            else dict(value)
+            if type(value) is dict
+            else value
+            for name, value in self.params.__dict__.items()
+        }
 
     if not TYPE_CHECKING:  # for mypy, parameters are read as ``self.params.<name>``
 
