@@ -248,6 +248,14 @@ class TestEveryParameterSurvivesSerialize:
         with pytest.raises(AttributeError, match="no attribute 'nope'"):
             watcher.nope  # type: ignore[attr-defined]  # noqa: B018
 
+    def test_the_asset_state_store_still_says_where_it_exists(self) -> None:
+        """Outside ``run()``, ``asset_state_store`` raises its own error (a RuntimeError
+        saying it exists only in ``run()``), not a plain missing attribute."""
+        watcher = DirectoryWatcher("/d")
+        with pytest.raises(RuntimeError, match="run"):
+            watcher.asset_state_store  # noqa: B018
+        assert not hasattr(watcher, "asset_state_store")
+
 
 class TestSerializedFormIsStable:
     @pytest.mark.parametrize(
@@ -561,7 +569,7 @@ class TestBadParameters:
         with pytest.raises((TypeError, ValueError)) as caught:
             cls(**kwargs)
         assert "hunter2" not in str(caught.value)
-        assert caught.value.__cause__ is None and caught.value.__suppress_context__
+        assert caught.value.__cause__ is None and caught.value.__context__ is None
 
 
 class TestDocstrings:

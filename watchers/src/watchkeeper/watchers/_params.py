@@ -5,7 +5,10 @@ Writing a ready-made watcher:
 1. Declare its parameters as a :class:`WatcherParams` subclass, one field per parameter, in
    the order they may be given positionally, each with its type, its bounds (``Field(gt=0)``,
    or one of the shared types below: :data:`Seconds`, :data:`Count`, :data:`Text`...), its
-   default, and a docstring under it saying what it does. Checks that need code are
+   default, and a docstring under it saying what it does. Fields hold JSON types only (``str``,
+   ``int``, ``float``, ``bool``, ``None``, lists, ``dict[str, ...]``; a ``mode="before"``
+   validator turns a ``Path`` or a tuple into one): ``serialize()`` returns them as they
+   are. Checks that need code are
    ``field_validator``/``model_validator`` methods; they raise ``ValueError`` for a bad value
    (``TypeError`` for a wrong kind of value, with :func:`owner` in the message).
 2. Subclass :class:`ReadyMadeWatcher` with the model as ``params_model`` (and the model as its
@@ -22,6 +25,16 @@ identical triggers serialize identically and run once), equality, and the parame
 the documentation (``docs/_hooks.py``). A parameter that may hold a secret (a URL with a
 password) is never quoted in an error: values are shown only when they are numbers, booleans
 or short texts, and texts pass through :func:`~watchkeeper.store.backend.redact_secrets`.
+
+Why a pydantic model rather than a dataclass with validators: the bounds declared on a field
+(``gt``, ``ge``, ``min_length``, ``Literal``) are at once its check, in pydantic's compiled
+validator, and its documentation, which ``docs/_hooks.py`` already renders for the settings
+models; field docstrings become descriptions; strict mode refuses what the hand-written checks
+refused. Its error texts are replaced by ours (:func:`_argument_error`), which name the watcher
+and never quote a secret. Parameters stay flat keyword arguments, not nested groups
+(a connection, a batch, a window): ``serialize()`` must keep the flat form of earlier versions,
+since a trigger's identity is hashed from it, and one way to spell a watcher reads better than
+two; the models group nothing either, as their field order is the positional order.
 """
 
 from __future__ import annotations
@@ -148,7 +161,10 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
         try:
             return cls.params_model.model_validate(values, context={"owner": name})
         except ValidationError as exc:
-            raise _argument_error(name, exc) from None
+            error = _argument_error(name, exc)
+        # Raised here, not inside the except: pydantic's error quotes the values given, a URL's
+        # password among them, and must not travel along as the context.
+        raise error
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """``(classpath, kwargs)``: every parameter, as JSON, in declaration order."""
@@ -169,9 +185,11 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
             """``watcher.<parameter>`` reads ``watcher.params.<parameter>`` (earlier versions
             kept each parameter as an attribute of the watcher)."""
             params = self.__dict__.get("params")
-            if params is not None and name in type(params).model_fields:
+            if params is not None and name in type(params).__pydantic_fields__:
                 return getattr(params, name)
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            # Not a parameter: the lookup's own error (a property's, such as
+            # asset_state_store's outside run(), or the plain one).
+            return object.__getattribute__(self, name)
 
 
 def _signature(model: type[WatcherParams], positional: int | None) -> inspect.Signature:
