@@ -4,7 +4,8 @@
 foreground until SIGTERM or SIGINT, on the loop ``[triggerer] event_loop`` names (uvloop when
 it is installed, by default). ``watchkeeper status``
 reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
-database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
+database, so it works while the daemon runs. ``watchkeeper demo`` runs
+:mod:`watchkeeper.triggerer.demo`.
 """
 
 from __future__ import annotations
@@ -329,9 +330,12 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ._demo import run_demo  # rich's live display and the demo's helpers load on demand
+    from ..demo import DemoError, run_demo  # rich's live display and the demo load on demand
 
-    return run_demo(args)
+    try:
+        return run_demo(args.items, keep=args.keep)
+    except DemoError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def register(subparsers: Subparsers) -> None:
