@@ -19,6 +19,7 @@ from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
 from ._parse import int_param
+from ._rates import RunnerRates
 from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ class ApiContext:
     metrics: Metrics
     daemon: Daemon | None = None
     runner: TriggerRunner | None = None
+    rates: RunnerRates | None = None
+    """The runner's watcher rates (sampled while the server runs); None: count the event log."""
     sse_poll: float = 0.25
     """Seconds between two reads of new events for each live stream."""
     closing: anyio.Event = field(default_factory=anyio.Event)

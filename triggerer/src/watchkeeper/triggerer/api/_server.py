@@ -27,9 +27,11 @@ from ..settings import ApiSettings
 from ._app import ApiContext, create_app
 from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
+from ._rates import RunnerRates
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
+    from ..runner import TriggerRunner
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 
@@ -102,10 +104,25 @@ def _check_tls(api: ApiSettings, host: str, port: int) -> bool:
 
 
 def api_context(
-    backend: BaseStateBackend, api: ApiSettings, *, daemon: Daemon | None = None
+    backend: BaseStateBackend,
+    api: ApiSettings,
+    *,
+    daemon: Daemon | None = None,
+    runner: TriggerRunner | None = None,
 ) -> ApiContext:
-    """The context the routes work on: the backend and, in a daemon, the daemon's runner."""
-    runner = daemon.runner if daemon is not None else None
+    """The context the routes work on.
+
+    Args:
+        backend: The open store the routes read and write.
+        api: The API's settings (series cap, stream and token limits).
+        daemon: The daemon serving the API, if any: its runner and placement are reported.
+        runner: A runner to report without a daemon (default: the daemon's).
+
+    Returns:
+        The context; with a runner, the watchers' rates come from its counters.
+    """
+    if runner is None and daemon is not None:
+        runner = daemon.runner
     metrics = Metrics(
         backend,
         runner=runner,
@@ -118,6 +135,7 @@ def api_context(
         metrics=metrics,
         daemon=daemon,
         runner=runner,
+        rates=None if runner is None else RunnerRates.of_runner(runner),
         max_streams_per_token=api.max_streams_per_token,
         metrics_token_required=api.metrics_token_required,
     )
@@ -169,6 +187,8 @@ async def serve_app(
             ctx.task_group = tg
             if ctx.metrics.lag is not None:
                 tg.start_soon(ctx.metrics.lag.run)
+            if ctx.rates is not None:
+                tg.start_soon(ctx.rates.run)
             tg.start_soon(run)
             await server.ready.wait()
             bound = sock.getsockname()[1]
