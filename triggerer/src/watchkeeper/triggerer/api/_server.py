@@ -149,16 +149,53 @@ async def serve_app(
     settings: ApiSettings | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port.
+    """Serve the API over ``ctx`` until cancelled, then shut it down gracefully.
 
-    ``settings`` gives the connection limits (``max_connections``, ``header_timeout``);
-    ``host`` and ``port`` are used instead of its own.
+    Args:
+        ctx: What the routes work on (see :func:`api_context`).
+        host: The address to listen on (used instead of ``settings.host``).
+        port: The port to listen on, 0 for a free one (used instead of ``settings.port``).
+        settings: The connection limits (``max_connections``, ``header_timeout``) and TLS.
+        task_status: Given the bound port once the server listens.
+
+    Raises:
+        ApiListenError: The address cannot be bound, or the TLS files cannot be loaded.
     """
     api = settings if settings is not None else ApiSettings()
     tls = _check_tls(api, host, port)
     connections, accept_batch, nofile = descriptor_budget(api.max_connections)
     sock = _bind(host, port)
-    config = uvicorn.Config(
+    server = _EmbeddedServer(_uvicorn_config(ctx, api, tls, connections, accept_batch))
+    stopped = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            ctx.task_group = tg
+            if ctx.metrics.lag is not None:
+                tg.start_soon(ctx.metrics.lag.run)
+            if ctx.rates is not None:
+                tg.start_soon(ctx.rates.run)
+            tg.start_soon(_serve_until_stopped, server, sock, stopped)
+            await server.ready.wait()
+            bound = sock.getsockname()[1]
+            _log_listening(host, bound, connections, nofile, tls)
+            task_status.started(bound)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ctx.closing.set()
+                await _shut_down(server, stopped)
+                tg.cancel_scope.cancel()
+    finally:
+        ctx.task_group = None
+        sock.close()
+
+
+def _uvicorn_config(
+    ctx: ApiContext, api: ApiSettings, tls: bool, connections: int, accept_batch: int
+) -> uvicorn.Config:
+    """uvicorn serving the app over ``ctx``: no logging or lifespan of its own, the guarded
+    protocol (connection and header-time limits), TLS when configured."""
+    return uvicorn.Config(
         create_app(ctx),
         log_config=None,
         access_log=False,
@@ -170,58 +207,47 @@ async def serve_app(
         ssl_certfile=api.tls_certfile if tls else None,
         ssl_keyfile=api.tls_keyfile if tls else None,
     )
-    server = _EmbeddedServer(config)
-    stopped = anyio.Event()
 
-    async def run() -> None:
-        # Shielded: on cancellation the server shuts down gracefully (should_exit) instead of
-        # being torn down mid-request with its socket left open.
-        try:
-            with anyio.CancelScope(shield=True):
-                await server.serve([sock])
-        finally:
-            stopped.set()
 
+async def _serve_until_stopped(
+    server: _EmbeddedServer, sock: socket.socket, stopped: anyio.Event
+) -> None:
+    """Run ``server`` on ``sock``; set ``stopped`` when it ends."""
+    # Shielded: on cancellation the server shuts down gracefully (should_exit) instead of
+    # being torn down mid-request with its socket left open.
     try:
-        async with anyio.create_task_group() as tg:
-            ctx.task_group = tg
-            if ctx.metrics.lag is not None:
-                tg.start_soon(ctx.metrics.lag.run)
-            if ctx.rates is not None:
-                tg.start_soon(ctx.rates.run)
-            tg.start_soon(run)
-            await server.ready.wait()
-            bound = sock.getsockname()[1]
-            log.info(
-                "api_listening",
-                host=host,
-                port=bound,
-                max_connections=connections,
-                open_file_limit=nofile,
-                tls=tls,
-            )
-            if not tls and not _is_loopback(host):
-                log.warning(
-                    "api_plain_http",
-                    host=host,
-                    risk="bearer tokens and data cross the network unencrypted: anyone on "
-                    "the path can read and reuse them",
-                    fix="set [api] tls_certfile and tls_keyfile, serve behind a TLS proxy "
-                    "on 127.0.0.1, or listen on 127.0.0.1",
-                )
-            task_status.started(bound)
-            try:
-                await anyio.sleep_forever()
-            finally:
-                ctx.closing.set()
-                server.should_exit = True
-                with anyio.move_on_after(_SHUTDOWN_TIMEOUT, shield=True):
-                    await stopped.wait()
-                server.force_exit = True
-                tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await server.serve([sock])
     finally:
-        ctx.task_group = None
-        sock.close()
+        stopped.set()
+
+
+async def _shut_down(server: _EmbeddedServer, stopped: anyio.Event) -> None:
+    """Ask ``server`` to finish its requests; force it after :data:`_SHUTDOWN_TIMEOUT`."""
+    server.should_exit = True
+    with anyio.move_on_after(_SHUTDOWN_TIMEOUT, shield=True):
+        await stopped.wait()
+    server.force_exit = True
+
+
+def _log_listening(host: str, port: int, connections: int, nofile: int, tls: bool) -> None:
+    log.info(
+        "api_listening",
+        host=host,
+        port=port,
+        max_connections=connections,
+        open_file_limit=nofile,
+        tls=tls,
+    )
+    if not tls and not _is_loopback(host):
+        log.warning(
+            "api_plain_http",
+            host=host,
+            risk="bearer tokens and data cross the network unencrypted: anyone on "
+            "the path can read and reuse them",
+            fix="set [api] tls_certfile and tls_keyfile, serve behind a TLS proxy "
+            "on 127.0.0.1, or listen on 127.0.0.1",
+        )
 
 
 async def serve_api(

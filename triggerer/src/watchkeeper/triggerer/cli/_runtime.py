@@ -340,6 +340,12 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(subparsers: Subparsers) -> None:
     """Add ``triggerer``, ``status`` and ``demo`` to the ``watchkeeper`` parser."""
+    _add_triggerer(subparsers)
+    _add_status(subparsers)
+    _add_demo(subparsers)
+
+
+def _add_triggerer(subparsers: Subparsers) -> None:
     triggerer = subparsers.add_parser(
         "triggerer",
         help="run the daemon in the foreground (SIGTERM/SIGINT stop it cleanly)",
@@ -368,6 +374,8 @@ def register(subparsers: Subparsers) -> None:
     )
     triggerer.set_defaults(handler=_triggerer, long_running=True)
 
+
+def _add_status(subparsers: Subparsers) -> None:
     status = subparsers.add_parser(
         "status",
         help="show each daemon and watcher: liveness, state, watermark, failures, refusals",
@@ -380,6 +388,8 @@ def register(subparsers: Subparsers) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.set_defaults(handler=_status)
 
+
+def _add_demo(subparsers: Subparsers) -> None:
     demo = subparsers.add_parser(
         "demo",
         help="run the example watchers, kill -9 the daemon mid-stream, check exactly-once",
