@@ -83,7 +83,14 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(ctx: ApiContext) -> Starlette:
-    """The application over ``ctx``."""
+    """Build the Starlette application (every route, the page, errors as JSON).
+
+    Args:
+        ctx: What the routes work on (see :func:`~watchkeeper.triggerer.api.api_context`).
+
+    Returns:
+        The application, ``ctx`` on its state; serve it with :func:`serve_app`.
+    """
     v1 = "/api/v1"
     routes = [
         Route("/", page),

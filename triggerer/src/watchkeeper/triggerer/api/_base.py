@@ -77,6 +77,7 @@ class ApiContext:
 
     @property
     def tasks(self) -> TaskQueue:
+        """The store as a task queue; a 501 :class:`ApiError` when it keeps no tasks."""
         backend = self.backend
         if not isinstance(backend, TaskQueue):
             raise ApiError(501, "not_supported", f"{type(backend).__name__} keeps no tasks")
@@ -84,6 +85,7 @@ class ApiContext:
 
     @property
     def controls(self) -> OperatorControls:
+        """The store's tokens and controls; a 501 :class:`ApiError` when it keeps none."""
         store = controls_of(self.backend)
         if store is None:
             raise ApiError(
@@ -92,7 +94,11 @@ class ApiContext:
         return store
 
     def feed(self, asset: str | None) -> EventFeed:
-        """The shared feed of a live stream's filter (made when its first client comes)."""
+        """The shared feed of a live stream's filter (made when its first client comes).
+
+        Args:
+            asset: The stream's asset; None for every event.
+        """
         feed = self.feeds.get(asset)
         if feed is None:
             feed = self.feeds[asset] = EventFeed(self.controls, asset, keep=self.feed_keep)

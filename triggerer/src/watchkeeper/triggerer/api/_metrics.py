@@ -52,13 +52,18 @@ STATES = ("running", "backing_off", "failed", "stopped", "paused")
 
 
 class LoopLagProbe:
-    """Measures how late the event loop wakes a task that sleeps ``interval`` seconds."""
+    """Measures how late the event loop wakes a task that sleeps ``interval`` seconds.
+
+    Args:
+        interval: Seconds between two wake-ups; ``lag`` is how late the last one came.
+    """
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
         self.lag = 0.0
 
     async def run(self) -> None:
+        """Measure until cancelled (start it in the server's task group)."""
         while True:
             start = time.perf_counter()
             await anyio.sleep(self.interval)
@@ -82,7 +87,16 @@ def _backend_label(backend: BaseStateBackend) -> str:
 
 
 class Metrics:
-    """The collector: :meth:`prepare` (async, reads what needs the store) then :meth:`render`."""
+    """The ``/metrics`` collector: :meth:`prepare` (async, reads what needs the store) then
+    :meth:`render`.
+
+    Args:
+        backend: The open store (task figures; watcher figures when there is no runner).
+        runner: The runner in this process, whose counters give the watcher figures.
+        daemon: The daemon in this process (its leases held, its paused watchers).
+        max_watcher_series: Most watchers with series of their own (those with the most events).
+        lag: The event loop's lag probe, reported when given.
+    """
 
     def __init__(
         self,

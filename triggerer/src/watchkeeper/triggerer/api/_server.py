@@ -260,8 +260,17 @@ async def serve_api(
     """Serve the HTTP API on ``api.host:api.port`` inside the caller's task group.
 
     ``await tg.start(serve_api, backend, settings.api, daemon=daemon)`` returns the port once
-    it listens; cancelling the group stops it gracefully. Without ``daemon`` (``watchkeeper
-    api``) the watcher metrics come from the status rows the daemons save.
+    it listens; cancelling the group stops it gracefully.
+
+    Args:
+        backend: The open store.
+        api: The ``[api]`` settings: address, limits, TLS.
+        daemon: The daemon in this process; without one (``watchkeeper api``) the watcher
+            figures come from the status rows the daemons save and the event log.
+        task_status: Given the bound port once the server listens.
+
+    Raises:
+        ApiListenError: The address cannot be bound, or the TLS files cannot be loaded.
     """
     ctx = api_context(backend, api, daemon=daemon)
     await serve_app(ctx, host=api.host, port=api.port, settings=api, task_status=task_status)

@@ -161,5 +161,9 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``watchkeeper`` script."""
+    """Run the ``watchkeeper`` command and exit with its status.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+    """
     sys.exit(run(argv))

@@ -106,7 +106,15 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 
 
 class FakeEventSource:
-    """A scripted, sequence-numbered event source; see the module docstring."""
+    """A scripted, sequence-numbered event source kept in memory; see the module docstring.
+
+    Args:
+        name: The in-memory source's name, part of its :attr:`address` (default: a random
+            one). :meth:`at` makes one kept in a SQLite file instead.
+
+    Raises:
+        ValueError: An empty name, or one another in-memory source of this process has.
+    """
 
     def __init__(self, name: str | None = None, *, _store: SourceStore | None = None) -> None:
         if _store is None:
@@ -126,15 +134,27 @@ class FakeEventSource:
 
     @classmethod
     def at(cls, path: str | os.PathLike[str]) -> FakeEventSource:
-        """A handle on the source kept in the SQLite file ``path`` (created when missing).
+        """Make a handle on the source kept in a SQLite file.
 
         Open it with ``async with``; any number of processes may open the same file.
+
+        Args:
+            path: The file (created when missing).
         """
         return cls(_store=SqliteSourceStore(Path(path).absolute()))
 
     @classmethod
     def connect(cls, address: str) -> FakeEventSource:
-        """A new handle on the source named by ``address`` (``memory://…`` or ``sqlite:///…``)."""
+        """Make a new handle on the source at ``address`` (another task's or process's).
+
+        Args:
+            address: A source's :attr:`address`: ``memory://…`` or ``sqlite:///…``.
+
+        Raises:
+            TypeError: ``address`` is not a string.
+            LookupError: No in-memory source of that name in this process.
+            ValueError: Not a source's address.
+        """
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         if address.startswith("sqlite:///"):
@@ -183,10 +203,21 @@ class FakeEventSource:
     # -- producer side ------------------------------------------------------------------------
 
     async def publish(self, *payloads: Any, seq: int | None = None) -> list[int]:
-        """Append JSON ``payloads``; return their sequence numbers.
+        """Append JSON payloads to the source.
 
-        With ``seq=``, publish exactly one payload at that number, which may be lower than
-        items already published: a row whose transaction took its id early and committed late.
+        Args:
+            payloads: At least one JSON value.
+            seq: Publish exactly one payload at this number, which may be lower than items
+                already published: a row whose transaction took its id early and committed
+                late.
+
+        Returns:
+            The payloads' sequence numbers.
+
+        Raises:
+            TypeError: A payload is not JSON.
+            ValueError: No payload, or ``seq`` with several payloads or below 1.
+            SourceClosedError: A SQLite-backed handle used outside ``async with``.
         """
         store = self._check_open()
         if not payloads:
@@ -206,22 +237,39 @@ class FakeEventSource:
     # -- fault script ---------------------------------------------------------------------------
 
     async def fail(self, message: str = "scripted failure", *, times: int = 1) -> None:
-        """The next ``times`` deliveries (polls or receives) raise :class:`SourceUnavailableError`."""
+        """Make the next deliveries (polls or receives) raise :class:`SourceUnavailableError`.
+
+        Args:
+            message: The error's message.
+            times: How many deliveries fail.
+        """
         _check_count("times", times, 1)
         await self._check_open().add_fault("fail", times, str(message))
 
     async def hang(self, *, times: int = 1) -> None:
-        """The next ``times`` deliveries wait until they are cancelled."""
+        """Make the next deliveries wait until they are cancelled.
+
+        Args:
+            times: How many deliveries hang.
+        """
         _check_count("times", times, 1)
         await self._check_open().add_fault("hang", times, None)
 
     async def duplicate(self, count: int = 1) -> None:
-        """The next ``count`` items delivered are each delivered twice in a row."""
+        """Deliver each of the next items twice in a row.
+
+        Args:
+            count: How many items are doubled.
+        """
         _check_count("count", count, 1)
         await self._check_open().add_fault("duplicate", count, None)
 
     async def reorder(self, count: int = 2) -> None:
-        """The next ``count`` items are delivered in reverse order."""
+        """Deliver the next items in reverse order.
+
+        Args:
+            count: How many items are reversed (at least 2).
+        """
         _check_count("count", count, 2)
         await self._check_open().add_fault("reorder", count, None)
 
@@ -240,7 +288,21 @@ class FakeEventSource:
     # -- consumer side --------------------------------------------------------------------------
 
     async def poll(self, *, after: int = 0, limit: int = 100) -> list[SourceItem]:
-        """Items with ``seq > after`` in sequence order, at most ``limit`` (faults applied)."""
+        """Read the items after a sequence number, in order, with the scripted faults applied.
+
+        Args:
+            after: The last sequence number seen (0: from the start).
+            limit: At most this many items.
+
+        Returns:
+            The items with ``seq > after``, in sequence order.
+
+        Raises:
+            SourceUnavailableError: A :meth:`fail` fault was scripted for this delivery.
+            SourceDisconnectedError: The source was disconnected since the last poll (poll
+                again to reconnect).
+            SourceClosedError: A SQLite-backed handle used outside ``async with``.
+        """
         store = self._check_open()
         _check_count("after", after, 0)
         _check_count("limit", limit, 1)
@@ -284,8 +346,12 @@ class FakeEventSource:
     def listen(self, *, prefetch: int = 1) -> Subscription:
         """Subscribe: iterate to receive unacknowledged items in order; :meth:`ack` each one.
 
-        ``prefetch`` items are fetched at a time; like a broker's prefetch, an item fetched
-        ahead counts as delivered even before the consumer takes it.
+        Args:
+            prefetch: Items fetched at a time; like a broker's prefetch, an item fetched
+                ahead counts as delivered even before the consumer takes it.
+
+        Returns:
+            The subscription, an async iterator of items.
         """
         self._check_open()
         _check_count("prefetch", prefetch, 1)
@@ -294,7 +360,15 @@ class FakeEventSource:
     async def ack(self, item: SourceItem) -> None:
         """Acknowledge a delivered item, so no later subscription receives it again.
 
-        Acknowledging twice is harmless; an item delivered before a disconnect is refused.
+        Acknowledging twice is harmless.
+
+        Args:
+            item: An item a subscription or a poll delivered.
+
+        Raises:
+            TypeError: ``item`` is not a :class:`SourceItem`.
+            SourceDisconnectedError: It was delivered before a disconnect.
+            KeyError: No item with its sequence number.
         """
         store = self._check_open()
         if not isinstance(item, SourceItem):
