@@ -36,6 +36,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import httpx
+from _bench_measure import loadavg
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import EventBatchCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer import RunnerConfig, TriggerRunner
@@ -133,6 +134,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     runner.metrics.events[(name, name)] = per_watcher
                 runner_s = await route_time(backend, runner, args.rounds)
     result = {
+        "loadavg": loadavg(),
         "events": args.events,
         "watchers": args.watchers,
         "raw_count_ms": round(raw_s * 1000, 2),
