@@ -85,11 +85,8 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 def create_app(ctx: ApiContext) -> Starlette:
     """Build the Starlette application (every route, the page, errors as JSON).
 
-    Args:
-        ctx: What the routes work on (see :func:`~watchkeeper.triggerer.api.api_context`).
-
-    Returns:
-        The application, ``ctx`` on its state; serve it with :func:`serve_app`.
+    :param ctx: what the routes work on (see :func:`~watchkeeper.triggerer.api.api_context`).
+    :returns: the application, ``ctx`` on its state; serve it with :func:`serve_app`.
     """
     v1 = "/api/v1"
     routes = [

@@ -96,8 +96,7 @@ class ApiContext:
     def feed(self, asset: str | None) -> EventFeed:
         """The shared feed of a live stream's filter (made when its first client comes).
 
-        Args:
-            asset: The stream's asset; None for every event.
+        :param asset: the stream's asset; None for every event.
         """
         feed = self.feeds.get(asset)
         if feed is None:

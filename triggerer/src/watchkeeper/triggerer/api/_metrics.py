@@ -54,8 +54,7 @@ STATES = ("running", "backing_off", "failed", "stopped", "paused")
 class LoopLagProbe:
     """Measures how late the event loop wakes a task that sleeps ``interval`` seconds.
 
-    Args:
-        interval: Seconds between two wake-ups; ``lag`` is how late the last one came.
+    :param interval: seconds between two wake-ups; ``lag`` is how late the last one came.
     """
 
     def __init__(self, interval: float = 0.25) -> None:
@@ -89,13 +88,11 @@ def _backend_label(backend: BaseStateBackend) -> str:
 class Metrics:
     """The ``/metrics`` collector: :meth:`prepare` (async, reads what needs the store) then
     :meth:`render`.
-
-    Args:
-        backend: The open store (task figures; watcher figures when there is no runner).
-        runner: The runner in this process, whose counters give the watcher figures.
-        daemon: The daemon in this process (its leases held, its paused watchers).
-        max_watcher_series: Most watchers with series of their own (those with the most events).
-        lag: The event loop's lag probe, reported when given.
+    :param backend: the open store (task figures; watcher figures when there is no runner).
+    :param runner: the runner in this process, whose counters give the watcher figures.
+    :param daemon: the daemon in this process (its leases held, its paused watchers).
+    :param max_watcher_series: most watchers with series of their own (those with the most events).
+    :param lag: the event loop's lag probe, reported when given.
     """
 
     def __init__(

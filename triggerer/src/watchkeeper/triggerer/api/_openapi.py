@@ -140,8 +140,7 @@ def _op(
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the REST API.
 
-    Returns:
-        A fresh dict each call: the paths of every route, by resource, and the body schemas.
+    :returns: a fresh dict each call: the paths of every route, by resource, and the body schemas.
     """
     return {
         "openapi": "3.1.0",

@@ -39,11 +39,10 @@ class RunnerRates:
     the previous sample; a watcher's count is the sum of the samples inside the window plus
     what it committed since the last one. Only watchers that committed are kept per sample.
 
-    Args:
-        totals: Each watcher's events committed so far (cumulative, never decreasing).
-        known: The watchers the runner runs or ran: the others have no figure here.
-        window: Seconds the count covers.
-        clock: Monotonic seconds (a test passes its own).
+    :param totals: each watcher's events committed so far (cumulative, never decreasing).
+    :param known: the watchers the runner runs or ran: the others have no figure here.
+    :param window: seconds the count covers.
+    :param clock: monotonic seconds (a test passes its own).
     """
 
     def __init__(

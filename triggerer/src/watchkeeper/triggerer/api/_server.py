@@ -112,14 +112,11 @@ def api_context(
 ) -> ApiContext:
     """The context the routes work on.
 
-    Args:
-        backend: The open store the routes read and write.
-        api: The API's settings (series cap, stream and token limits).
-        daemon: The daemon serving the API, if any: its runner and placement are reported.
-        runner: A runner to report without a daemon (default: the daemon's).
-
-    Returns:
-        The context; with a runner, the watchers' rates come from its counters.
+    :param backend: the open store the routes read and write.
+    :param api: the API's settings (series cap, stream and token limits).
+    :param daemon: the daemon serving the API, if any: its runner and placement are reported.
+    :param runner: a runner to report without a daemon (default: the daemon's).
+    :returns: the context; with a runner, the watchers' rates come from its counters.
     """
     if runner is None and daemon is not None:
         runner = daemon.runner
@@ -151,15 +148,12 @@ async def serve_app(
 ) -> None:
     """Serve the API over ``ctx`` until cancelled, then shut it down gracefully.
 
-    Args:
-        ctx: What the routes work on (see :func:`api_context`).
-        host: The address to listen on (used instead of ``settings.host``).
-        port: The port to listen on, 0 for a free one (used instead of ``settings.port``).
-        settings: The connection limits (``max_connections``, ``header_timeout``) and TLS.
-        task_status: Given the bound port once the server listens.
-
-    Raises:
-        ApiListenError: The address cannot be bound, or the TLS files cannot be loaded.
+    :param ctx: what the routes work on (see :func:`api_context`).
+    :param host: the address to listen on (used instead of ``settings.host``).
+    :param port: the port to listen on, 0 for a free one (used instead of ``settings.port``).
+    :param settings: the connection limits (``max_connections``, ``header_timeout``) and TLS.
+    :param task_status: given the bound port once the server listens.
+    :raises ApiListenError: the address cannot be bound, or the TLS files cannot be loaded.
     """
     api = settings if settings is not None else ApiSettings()
     tls = _check_tls(api, host, port)
@@ -262,15 +256,12 @@ async def serve_api(
     ``await tg.start(serve_api, backend, settings.api, daemon=daemon)`` returns the port once
     it listens; cancelling the group stops it gracefully.
 
-    Args:
-        backend: The open store.
-        api: The ``[api]`` settings: address, limits, TLS.
-        daemon: The daemon in this process; without one (``watchkeeper api``) the watcher
-            figures come from the status rows the daemons save and the event log.
-        task_status: Given the bound port once the server listens.
-
-    Raises:
-        ApiListenError: The address cannot be bound, or the TLS files cannot be loaded.
+    :param backend: the open store.
+    :param api: the ``[api]`` settings: address, limits, TLS.
+    :param daemon: the daemon in this process; without one (``watchkeeper api``) the watcher
+        figures come from the status rows the daemons save and the event log.
+    :param task_status: given the bound port once the server listens.
+    :raises ApiListenError: the address cannot be bound, or the TLS files cannot be loaded.
     """
     ctx = api_context(backend, api, daemon=daemon)
     await serve_app(ctx, host=api.host, port=api.port, settings=api, task_status=task_status)

@@ -44,14 +44,9 @@ _SCOPE: Final = re.compile(r"read|operate|admin|write:asset:[^\s]+")
 def check_scope(scope: str) -> str:
     """Check that ``scope`` is a valid scope.
 
-    Args:
-        scope: ``read``, ``operate``, ``admin`` or ``write:asset:<name or glob>``.
-
-    Returns:
-        ``scope`` itself.
-
-    Raises:
-        ValueError: Not a valid scope; the message names it and the valid forms.
+    :param scope: ``read``, ``operate``, ``admin`` or ``write:asset:<name or glob>``.
+    :returns: ``scope`` itself.
+    :raises ValueError: not a valid scope; the message names it and the valid forms.
     """
     if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
         raise ValueError(
@@ -69,18 +64,14 @@ def make_token(
 ) -> tuple[str, ApiToken]:
     """Make a new token: the text to show once, and the row to store (without the secret).
 
-    Args:
-        name: The token's name (at most 200 characters), recorded as ``api:<name>`` on writes.
-        scopes: At least one scope (see :func:`check_scope`); duplicates are dropped.
-        now: The creation time.
-        expires_in: How long the token is valid; None for no expiry.
-
-    Returns:
-        ``(text, row)``: the token to hand over, and the row to store with
+    :param name: the token's name (at most 200 characters), recorded as ``api:<name>`` on writes.
+    :param scopes: at least one scope (see :func:`check_scope`); duplicates are dropped.
+    :param now: the creation time.
+    :param expires_in: how long the token is valid; None for no expiry.
+    :returns: ``(text, row)``: the token to hand over, and the row to store with
         ``acreate_token`` (a salted digest, never the secret).
 
-    Raises:
-        ValueError: An empty or too long name, no scope, or an invalid scope.
+    :raises ValueError: an empty or too long name, no scope, or an invalid scope.
     """
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValueError(f"invalid token name {name!r}: a non-empty name of at most 200 chars")
@@ -152,13 +143,10 @@ async def verify_token(store: OperatorControls, text: str, now: datetime) -> Pri
 
     Every path that reads a row compares digests, so timing tells nothing about the secret.
 
-    Args:
-        store: The store holding the tokens' rows.
-        text: The token as presented (``wk_<id>_<secret>``).
-        now: The time its expiry is compared with.
-
-    Returns:
-        The token's principal; None for a malformed, unknown, wrong, revoked or expired token.
+    :param store: the store holding the tokens' rows.
+    :param text: the token as presented (``wk_<id>_<secret>``).
+    :param now: the time its expiry is compared with.
+    :returns: the token's principal; None for a malformed, unknown, wrong, revoked or expired token.
     """
     match = _TOKEN.fullmatch(text)
     if match is None:

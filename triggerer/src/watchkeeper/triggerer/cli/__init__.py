@@ -163,7 +163,6 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the ``watchkeeper`` command and exit with its status.
 
-    Args:
-        argv: The arguments (default: ``sys.argv[1:]``).
+    :param argv: the arguments (default: ``sys.argv[1:]``).
     """
     sys.exit(run(argv))

@@ -19,16 +19,12 @@ __all__ = ["run_demo"]
 def run_demo(items: int = 200, *, keep: bool = False) -> int:
     """Run the demo in a fresh temporary directory, printing its progress and verdict.
 
-    Args:
-        items: Items the fake source produces per table.
-        keep: Keep the temporary directory (databases, source, logs) and print its path.
-
-    Returns:
-        0 when the exactly-once checks pass, 1 otherwise. A failed demo keeps its directory
+    :param items: items the fake source produces per table.
+    :param keep: keep the temporary directory (databases, source, logs) and print its path.
+    :returns: 0 when the exactly-once checks pass, 1 otherwise. A failed demo keeps its directory
         and prints the end of the daemon's log.
 
-    Raises:
-        DemoError: A child process died or a phase did not finish in time.
+    :raises DemoError: a child process died or a phase did not finish in time.
     """
     console = Console(highlight=False)
     workdir = Path(tempfile.mkdtemp(prefix="watchkeeper-demo-"))

@@ -52,27 +52,22 @@ async def run_trigger(
     by then. Upon ``max_events`` the generator is closed at its ``yield``, as when breaking
     out of ``async for``. ``cleanup()`` is always awaited.
 
-    Args:
-        trigger: The trigger instance to run.
-        assets: The asset or assets it watches.
-        backend: An open backend the events and state are committed to.
-        max_events: Stop after this many committed asset events (one trigger event commits
-            one per watched asset; a suppressed duplicate commits none; a
-            :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops
-            after the batch that reached ``max_events`` and returns all of it); None: no limit.
-        timeout: Stop after this many seconds; None: no limit.
-        trigger_id: Names the watcher in the events (default: the trigger's classpath).
-        watcher_name: Bound as ``self.watcher_name`` in ``run()``, as the daemon binds the
-            :class:`~watchkeeper.triggerer.AssetWatcher`'s name (default: the class name).
-
-    Returns:
-        The asset events this call committed, in commit order.
-
-    Raises:
-        TypeError: ``trigger`` is not a trigger instance, or ``assets`` no asset.
-        ValueError: ``max_events``, ``timeout`` or ``watcher_name`` out of range.
-        Exception: What ``run()`` raised (or validating an event it yielded, or
-            ``cleanup()``), so a test sees its bug.
+    :param trigger: the trigger instance to run.
+    :param assets: the asset or assets it watches.
+    :param backend: an open backend the events and state are committed to.
+    :param max_events: stop after this many committed asset events (one trigger event commits
+        one per watched asset; a suppressed duplicate commits none; a
+        :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops
+        after the batch that reached ``max_events`` and returns all of it); None: no limit.
+    :param timeout: stop after this many seconds; None: no limit.
+    :param trigger_id: names the watcher in the events (default: the trigger's classpath).
+    :param watcher_name: bound as ``self.watcher_name`` in ``run()``, as the daemon binds the
+        :class:`~watchkeeper.triggerer.AssetWatcher`'s name (default: the class name).
+    :returns: the asset events this call committed, in commit order.
+    :raises TypeError: ``trigger`` is not a trigger instance, or ``assets`` no asset.
+    :raises ValueError: ``max_events``, ``timeout`` or ``watcher_name`` out of range.
+    :raises Exception: what ``run()`` raised (or validating an event it yielded, or
+        ``cleanup()``), so a test sees its bug.
     """
     watched = _checked_arguments(trigger, assets, max_events, timeout)
     name = watcher_name_for(trigger, watcher_name)

@@ -102,12 +102,9 @@ class WatcherHarness:
     :class:`~watchkeeper.triggerer.AssetWatcher`'s name; pass the same one to a restart to
     resume the same watcher.
 
-    Args:
-        backend: The open backend every run commits to.
-        watermark_key: The state key reported as :attr:`HarnessRun.watermark`.
-
-    Raises:
-        TypeError: ``backend`` is not a backend.
+    :param backend: the open backend every run commits to.
+    :param watermark_key: the state key reported as :attr:`HarnessRun.watermark`.
+    :raises TypeError: ``backend`` is not a backend.
     """
 
     def __init__(self, backend: BaseStateBackend, *, watermark_key: str = "watermark") -> None:
@@ -128,17 +125,12 @@ class WatcherHarness:
         """Build a new instance from ``trigger.serialize()``, its kwargs round-tripped
         through JSON, as a daemon rebuilds a watcher it did not define.
 
-        Args:
-            trigger: The trigger to rebuild.
-
-        Returns:
-            A new instance of the same class.
-
-        Raises:
-            TypeError: The kwargs are not JSON.
-            ValueError: The kwargs are not JSON (a value JSON cannot hold).
-            TriggerImportError: The classpath does not import (a class defined inside a
-                function cannot be rebuilt) or rejects the kwargs.
+        :param trigger: the trigger to rebuild.
+        :returns: a new instance of the same class.
+        :raises TypeError: the kwargs are not JSON.
+        :raises ValueError: the kwargs are not JSON (a value JSON cannot hold).
+        :raises TriggerImportError: the classpath does not import (a class defined inside a
+            function cannot be rebuilt) or rejects the kwargs.
         """
         classpath, kwargs = trigger.serialize()
         canonical = canonical_trigger_json(classpath, kwargs)
@@ -160,22 +152,17 @@ class WatcherHarness:
         """Run ``trigger`` until a limit is reached or ``run()`` returns; then stop it
         (cancel, await cleanup).
 
-        Args:
-            trigger: The trigger instance to run.
-            assets: The asset or assets it watches.
-            max_events: Stop after this many committed asset events (a
-                :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
-                stops after the batch that reached it, and its events are all in the result).
-            idle: Stop once this many seconds pass without a commit; the idle clock starts at
-                the first commit, so a slow start never looks idle.
-            timeout: Stop after this many seconds; None: no limit.
-            watcher_name: The watcher's name (default: the trigger's class name).
-
-        Returns:
-            What the run committed, and where the backend stands after it.
-
-        Raises:
-            Exception: What the trigger raised.
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param max_events: stop after this many committed asset events (a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
+            stops after the batch that reached it, and its events are all in the result).
+        :param idle: stop once this many seconds pass without a commit; the idle clock starts at
+            the first commit, so a slow start never looks idle.
+        :param timeout: stop after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed, and where the backend stands after it.
+        :raises Exception: what the trigger raised.
         """
         return await self._run(
             trigger, _assets(assets), max_events, idle, timeout, None, (), watcher_name
@@ -193,23 +180,18 @@ class WatcherHarness:
     ) -> HarnessRun:
         """:meth:`run` a new instance rebuilt from ``trigger.serialize()`` (a daemon restart).
 
-        Args:
-            trigger: The trigger instance to run.
-            assets: The asset or assets it watches.
-            max_events: Stop after this many committed asset events (a
-                :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
-                stops after the batch that reached it, and its events are all in the result).
-            idle: Stop once this many seconds pass without a commit; the idle clock starts at
-                the first commit, so a slow start never looks idle.
-            timeout: Stop after this many seconds; None: no limit.
-            watcher_name: The watcher's name (default: the trigger's class name).
-
-        Returns:
-            What the run committed, and where the backend stands after it.
-
-        Raises:
-            Exception: What the trigger raised.
-            TriggerImportError: The trigger cannot be rebuilt (see :meth:`rebuild`).
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param max_events: stop after this many committed asset events (a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
+            stops after the batch that reached it, and its events are all in the result).
+        :param idle: stop once this many seconds pass without a commit; the idle clock starts at
+            the first commit, so a slow start never looks idle.
+        :param timeout: stop after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed, and where the backend stands after it.
+        :raises Exception: what the trigger raised.
+        :raises TriggerImportError: the trigger cannot be rebuilt (see :meth:`rebuild`).
         """
         fresh = self.rebuild(trigger)
         return await self._run(
@@ -231,24 +213,19 @@ class WatcherHarness:
 
         Nothing the dying run does after that point reaches the backend.
 
-        Args:
-            trigger: The trigger instance to run.
-            assets: The asset or assets it watches.
-            at: Where in the handling of the event the run dies.
-            event: Which yielded event (1 for the first; a
-                :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits
-                whole).
-            sources: Fake sources disconnected at the crash (a broker forgets a dead
-                consumer's unacknowledged deliveries and gives them to the next one).
-            timeout: Give up after this many seconds; None: no limit.
-            watcher_name: The watcher's name (default: the trigger's class name).
-
-        Returns:
-            What the run committed before it died, and where the backend stands.
-
-        Raises:
-            CrashNotReachedError: The run ended before the crash point.
-            TypeError: A source is not a :class:`FakeEventSource`.
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param at: where in the handling of the event the run dies.
+        :param event: which yielded event (1 for the first; a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits
+            whole).
+        :param sources: fake sources disconnected at the crash (a broker forgets a dead
+            consumer's unacknowledged deliveries and gives them to the next one).
+        :param timeout: give up after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed before it died, and where the backend stands.
+        :raises CrashNotReachedError: the run ended before the crash point.
+        :raises TypeError: a source is not a :class:`FakeEventSource`.
         """
         plan = CrashPlan(at, event)
         for source in sources:

@@ -108,12 +108,10 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 class FakeEventSource:
     """A scripted, sequence-numbered event source kept in memory; see the module docstring.
 
-    Args:
-        name: The in-memory source's name, part of its :attr:`address` (default: a random
-            one). :meth:`at` makes one kept in a SQLite file instead.
+    :param name: the in-memory source's name, part of its :attr:`address` (default: a random
+        one). :meth:`at` makes one kept in a SQLite file instead.
 
-    Raises:
-        ValueError: An empty name, or one another in-memory source of this process has.
+    :raises ValueError: an empty name, or one another in-memory source of this process has.
     """
 
     def __init__(self, name: str | None = None, *, _store: SourceStore | None = None) -> None:
@@ -138,8 +136,7 @@ class FakeEventSource:
 
         Open it with ``async with``; any number of processes may open the same file.
 
-        Args:
-            path: The file (created when missing).
+        :param path: the file (created when missing).
         """
         return cls(_store=SqliteSourceStore(Path(path).absolute()))
 
@@ -147,13 +144,10 @@ class FakeEventSource:
     def connect(cls, address: str) -> FakeEventSource:
         """Make a new handle on the source at ``address`` (another task's or process's).
 
-        Args:
-            address: A source's :attr:`address`: ``memory://…`` or ``sqlite:///…``.
-
-        Raises:
-            TypeError: ``address`` is not a string.
-            LookupError: No in-memory source of that name in this process.
-            ValueError: Not a source's address.
+        :param address: a source's :attr:`address`: ``memory://…`` or ``sqlite:///…``.
+        :raises TypeError: ``address`` is not a string.
+        :raises LookupError: no in-memory source of that name in this process.
+        :raises ValueError: not a source's address.
         """
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
@@ -205,19 +199,15 @@ class FakeEventSource:
     async def publish(self, *payloads: Any, seq: int | None = None) -> list[int]:
         """Append JSON payloads to the source.
 
-        Args:
-            payloads: At least one JSON value.
-            seq: Publish exactly one payload at this number, which may be lower than items
-                already published: a row whose transaction took its id early and committed
-                late.
+        :param payloads: at least one JSON value.
+        :param seq: publish exactly one payload at this number, which may be lower than items
+            already published: a row whose transaction took its id early and committed
+            late.
 
-        Returns:
-            The payloads' sequence numbers.
-
-        Raises:
-            TypeError: A payload is not JSON.
-            ValueError: No payload, or ``seq`` with several payloads or below 1.
-            SourceClosedError: A SQLite-backed handle used outside ``async with``.
+        :returns: the payloads' sequence numbers.
+        :raises TypeError: a payload is not JSON.
+        :raises ValueError: no payload, or ``seq`` with several payloads or below 1.
+        :raises SourceClosedError: a SQLite-backed handle used outside ``async with``.
         """
         store = self._check_open()
         if not payloads:
@@ -239,9 +229,8 @@ class FakeEventSource:
     async def fail(self, message: str = "scripted failure", *, times: int = 1) -> None:
         """Make the next deliveries (polls or receives) raise :class:`SourceUnavailableError`.
 
-        Args:
-            message: The error's message.
-            times: How many deliveries fail.
+        :param message: the error's message.
+        :param times: how many deliveries fail.
         """
         _check_count("times", times, 1)
         await self._check_open().add_fault("fail", times, str(message))
@@ -249,8 +238,7 @@ class FakeEventSource:
     async def hang(self, *, times: int = 1) -> None:
         """Make the next deliveries wait until they are cancelled.
 
-        Args:
-            times: How many deliveries hang.
+        :param times: how many deliveries hang.
         """
         _check_count("times", times, 1)
         await self._check_open().add_fault("hang", times, None)
@@ -258,8 +246,7 @@ class FakeEventSource:
     async def duplicate(self, count: int = 1) -> None:
         """Deliver each of the next items twice in a row.
 
-        Args:
-            count: How many items are doubled.
+        :param count: how many items are doubled.
         """
         _check_count("count", count, 1)
         await self._check_open().add_fault("duplicate", count, None)
@@ -267,8 +254,7 @@ class FakeEventSource:
     async def reorder(self, count: int = 2) -> None:
         """Deliver the next items in reverse order.
 
-        Args:
-            count: How many items are reversed (at least 2).
+        :param count: how many items are reversed (at least 2).
         """
         _check_count("count", count, 2)
         await self._check_open().add_fault("reorder", count, None)
@@ -290,18 +276,13 @@ class FakeEventSource:
     async def poll(self, *, after: int = 0, limit: int = 100) -> list[SourceItem]:
         """Read the items after a sequence number, in order, with the scripted faults applied.
 
-        Args:
-            after: The last sequence number seen (0: from the start).
-            limit: At most this many items.
-
-        Returns:
-            The items with ``seq > after``, in sequence order.
-
-        Raises:
-            SourceUnavailableError: A :meth:`fail` fault was scripted for this delivery.
-            SourceDisconnectedError: The source was disconnected since the last poll (poll
-                again to reconnect).
-            SourceClosedError: A SQLite-backed handle used outside ``async with``.
+        :param after: the last sequence number seen (0: from the start).
+        :param limit: at most this many items.
+        :returns: the items with ``seq > after``, in sequence order.
+        :raises SourceUnavailableError: a :meth:`fail` fault was scripted for this delivery.
+        :raises SourceDisconnectedError: the source was disconnected since the last poll (poll
+            again to reconnect).
+        :raises SourceClosedError: a SQLite-backed handle used outside ``async with``.
         """
         store = self._check_open()
         _check_count("after", after, 0)
@@ -346,12 +327,10 @@ class FakeEventSource:
     def listen(self, *, prefetch: int = 1) -> Subscription:
         """Subscribe: iterate to receive unacknowledged items in order; :meth:`ack` each one.
 
-        Args:
-            prefetch: Items fetched at a time; like a broker's prefetch, an item fetched
-                ahead counts as delivered even before the consumer takes it.
+        :param prefetch: items fetched at a time; like a broker's prefetch, an item fetched
+            ahead counts as delivered even before the consumer takes it.
 
-        Returns:
-            The subscription, an async iterator of items.
+        :returns: the subscription, an async iterator of items.
         """
         self._check_open()
         _check_count("prefetch", prefetch, 1)
@@ -362,13 +341,10 @@ class FakeEventSource:
 
         Acknowledging twice is harmless.
 
-        Args:
-            item: An item a subscription or a poll delivered.
-
-        Raises:
-            TypeError: ``item`` is not a :class:`SourceItem`.
-            SourceDisconnectedError: It was delivered before a disconnect.
-            KeyError: No item with its sequence number.
+        :param item: an item a subscription or a poll delivered.
+        :raises TypeError: ``item`` is not a :class:`SourceItem`.
+        :raises SourceDisconnectedError: it was delivered before a disconnect.
+        :raises KeyError: no item with its sequence number.
         """
         store = self._check_open()
         if not isinstance(item, SourceItem):
