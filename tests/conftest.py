@@ -14,6 +14,7 @@ import structlog
 from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.backend import MetastoreBackend
 
+from tests.support.aws import AWS_ENV, moto_server
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
 from tests.support.requires import unavailable
 from tests.support.runtime import open_backend
@@ -93,6 +94,21 @@ def pg_dsn() -> str:
     if reason is not None:
         unavailable(reason)
     return PG_DSN
+
+
+@pytest.fixture(scope="session")
+def _moto_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def moto_endpoint(_moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The endpoint URL of a real ``moto_server`` (SQS, S3) shared by the session, with test
+    credentials and a region in the environment (inherited by daemons the test starts)."""
+    for name, value in AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    return _moto_endpoint
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@
 - :class:`NatsJetStreamWatcher`: one event per message of a JetStream stream (extra ``nats``).
 - :class:`RabbitMQWatcher`: one event per message of a RabbitMQ queue (extra ``rabbitmq``).
 - :class:`MqttWatcher`: one event per MQTT message of some topics (extra ``mqtt``).
+- :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
+  (extra ``sqs``).
 
 The watchers of replayable sources (files, tables, HTTP cursors, Redis streams) commit their
 position with their events (the directory and table watchers a batch at a time, with
 ``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
-of acknowledged sources (JetStream, RabbitMQ, MQTT) acknowledge a message only after its event
+of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS) acknowledge a message only after its event
 committed and give the event a ``dedup_key``, so a redelivered message writes nothing. Either
 way a restarted watcher neither loses nor repeats an item. Their state keys and dedup keys
 start with the watcher's name (``<name>.watermark``, ``<name>.cursor``, ...), so several
@@ -33,6 +35,7 @@ from .nats_jetstream import NatsJetStreamWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
 from .sql_table import SqlTableWatcher
+from .sqs import SqsWatcher
 
 __all__ = [
     "BrokerSourceError",
@@ -45,4 +48,5 @@ __all__ = [
     "RedisStreamWatcher",
     "SqlSourceError",
     "SqlTableWatcher",
+    "SqsWatcher",
 ]
