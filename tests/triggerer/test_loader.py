@@ -517,7 +517,8 @@ class TestIsolatedLoading:
         """A module that imports in the reading process but hangs when the daemon imports it
         to rebuild the trigger: that trigger is refused as timed out in the daemon, the
         others load; a load while that import still hangs does not wait for it, and keeps
-        the triggers that were running."""
+        the triggers that were running (a.py is rewritten in between, so that its trigger
+        is rebuilt; one whose files did not change keeps its instance without an import)."""
         write(
             watchers,
             "flaky.py",
@@ -537,6 +538,7 @@ class TestIsolatedLoading:
         write(watchers, "a.py", asset_file("orders", "orders_feed"))
         with anyio.fail_after(60):
             result = await aload_watchers(watchers, import_timeout=0.5)
+            write(watchers, "a.py", asset_file("orders", "orders_feed") + "    # rewritten\n")
             again = await aload_watchers(watchers, import_timeout=0.5, previous=result)
             # Let the abandoned import finish before the next test loads anything.
             assert await anyio.to_thread.run_sync(MODULES.lock.acquire, True, 40)

@@ -77,7 +77,7 @@ from ._config import SupervisionSettings
 from ._daemon_leases import DaemonLeases
 from ._daemon_status import DaemonStatusKeeper
 from ._describe import describe_error
-from ._evaluate import aload_watchers
+from ._evaluate import ReadingProcesses, aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
@@ -153,6 +153,7 @@ class Daemon(DaemonLeases):
         self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._wake = anyio.Event()
+        self._processes: ReadingProcesses | None = None
 
     def __repr__(self) -> str:
         placement = self._placement
@@ -254,6 +255,8 @@ class Daemon(DaemonLeases):
                 backend=self._backend,
                 controls=controls,
             )
+            # A process to read the watcher files is started ahead of each load.
+            self._processes = await stack.enter_async_context(ReadingProcesses())
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             # The node lease is renewed while the first load starts thousands of triggers.
             async with anyio.create_task_group() as boot:
@@ -348,6 +351,7 @@ class Daemon(DaemonLeases):
                     allowed_modules=triggerer.allowed_trigger_modules or None,
                     previous=self._loaded,
                     import_timeout=triggerer.import_timeout,
+                    processes=self._processes,
                 )
             try:
                 async with self.placement.lock:
