@@ -13,7 +13,10 @@ The daemon waits at most ``import_timeout`` seconds for each file. Past it, the 
 reads the files after it; a child that dies refuses the file it was reading the same way. One
 child reads all the files, so a load costs one interpreter start (about what importing
 watchkeeper costs) plus the files' own import time; a hung file costs its timeout and one more
-start.
+start. The daemon starts each load's child ahead (:class:`ReadingProcesses`), so a reload does
+not wait for that start; and a load after another reads only the files that may define
+something else now (:meth:`~._watcher_files.FileReads.stale`, from the imports the child
+noted), and rebuilds only their triggers.
 
 The daemon then rebuilds each trigger from its serialization, through the allow-list
 (:func:`~._identity.rebuild_trigger`), as :func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
