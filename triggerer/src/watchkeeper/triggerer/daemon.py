@@ -341,6 +341,7 @@ class Daemon(DaemonLeases):
         """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
         a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
         async with self._load_lock:
+            refused_before = self._loaded.errors if self._loaded is not None else None
             unapplied = self._unapplied
             if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
                 result = unapplied[1]
@@ -360,7 +361,8 @@ class Daemon(DaemonLeases):
                 self._unapplied = None if snapshot is None else (snapshot, result)
                 raise
             self._unapplied = None
-        await self.save_daemon_status()  # what was refused may have changed
+        if result.errors != refused_before:  # else the heartbeat's next save will do
+            await self.save_daemon_status()  # what was refused changed
         log.info(
             "watchers_reloaded",
             triggers=len(self._running),
