@@ -417,7 +417,8 @@ async def aload_watchers(
         if todo
         else {}
     )
-    definitions = {rel: read[rel] if rel in read else last.definitions[rel] for rel in rels}  # type: ignore[union-attr]
+    cached = last.definitions if last is not None else {}  # every file is in one of the two
+    definitions = {rel: read[rel] if rel in read else cached[rel] for rel in rels}
     imports = {k: v for k, v in (last.imports.items() if last else ()) if k in stamps}
     for rel in read:  # what they import now, noted anew
         imports.pop(rel, None)
