@@ -4,7 +4,7 @@ A daemon runs in this process on a SQLite file with one watcher that emits each 
 text file; the API is served from it on a free port. The tests sign in, watch events arrive
 live, pause and resume the watcher, edit its watermark with a stale version to see the
 conflict, and see a task's runs, retry a failed one and pause the task. With ``WATCHKEEPER_SCREENSHOTS=DIR`` they also save the main views there (the
-README's pictures come from ``docs/screenshots``).
+docs' pictures come from ``docs/screenshots``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from ._health import healthz, metrics, openapi, readyz
 from ._page import page
 from ._parse import PathSegments
 from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
+from ._views import asset_graph, watcher_history
 from ._watchers import control, list_daemons, list_watchers
 
 __all__ = ["ApiContext", "ApiError", "create_app"]
@@ -109,6 +110,8 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),
+        Route(f"{v1}/watchers/{{name}}/history", watcher_history),
+        Route(f"{v1}/graph", asset_graph),
         Mount(
             "/static",
             app=StaticFiles(packages=[("watchkeeper.triggerer.api", "static")]),

@@ -19,6 +19,7 @@ from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
 from ._parse import int_param
+from ._series import WatcherSeries
 from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class ApiContext:
     """Live streams open now, by token id."""
     metrics_token_required: bool = False
     """``/metrics`` needs a token with read scope."""
+    series: WatcherSeries | None = None
+    """The watchers' last hour (sampled by the server that serves this context), or None."""
 
     @property
     def tasks(self) -> TaskQueue:

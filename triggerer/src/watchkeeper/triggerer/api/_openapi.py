@@ -373,6 +373,7 @@ def openapi_document() -> dict[str, Any]:
                     parameters=[_RUN],
                 )
             },
+            **_view_paths(),
             "/api/v1/runs/{run_id}/retry": {
                 "post": _op(
                     "queue a failed run again with one more try (needs operate)",
@@ -389,5 +390,29 @@ def openapi_document() -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": SCHEMAS,
+        },
+    }
+
+
+def _view_paths() -> dict[str, Any]:
+    """The read routes behind the page's watcher view and asset graph."""
+    return {
+        "/api/v1/watchers/{name}/history": {
+            "get": _op(
+                "a watcher's last hour: event rate and last-event age per sample, and its "
+                "state changes (operate alone: an error's type only)",
+                {
+                    "200": _json("the watcher's history", ref("WatcherHistory")),
+                    "404": _error("no watcher of that name (the detail names the closest)"),
+                },
+                parameters=[_NAME],
+            )
+        },
+        "/api/v1/graph": {
+            "get": _op(
+                "assets, the watchers feeding them, the tasks scheduled on them and the "
+                "assets those tasks emitted (from their newest successful runs)",
+                {"200": _json("the graph", ref("Graph"))},
+            )
         },
     }

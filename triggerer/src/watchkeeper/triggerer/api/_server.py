@@ -27,6 +27,7 @@ from ..settings import ApiSettings
 from ._app import ApiContext, create_app
 from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
+from ._series import WatcherSeries
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -120,6 +121,7 @@ def api_context(
         runner=runner,
         max_streams_per_token=api.max_streams_per_token,
         metrics_token_required=api.metrics_token_required,
+        series=WatcherSeries(backend, interval=api.watcher_sample_seconds),
     )
 
 
@@ -169,6 +171,8 @@ async def serve_app(
             ctx.task_group = tg
             if ctx.metrics.lag is not None:
                 tg.start_soon(ctx.metrics.lag.run)
+            if ctx.series is not None:
+                tg.start_soon(ctx.series.run)
             tg.start_soon(run)
             await server.ready.wait()
             bound = sock.getsockname()[1]
