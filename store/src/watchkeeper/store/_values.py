@@ -414,6 +414,21 @@ def _check_payload_size(text: str, max_payload_bytes: int) -> None:
         raise PayloadTooLargeError(size, max_payload_bytes)
 
 
+def _flat_plain(value: dict[Any, Any]) -> bool:
+    """Whether ``value`` maps str keys to None, str, int, bool or finite floats only (exact
+    types: a subclass may encode as something else), so that its JSON text decodes to an
+    equal dict."""
+    for key, item in value.items():  # a loop: no generator frame per row
+        if type(key) is not str:
+            return False
+        kind = type(item)
+        if kind is str or kind is int or item is None or kind is bool:
+            continue
+        if kind is not float or item - item != 0.0:  # NaN and infinities are not JSON
+            return False
+    return True
+
+
 def encode_payload_decoded(
     value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> tuple[str, JSONValue]:
@@ -426,6 +441,15 @@ def encode_payload_decoded(
     kind = type(value)
     if value is None or kind is int or kind is str or kind is bool:
         return encode_payload(value, max_payload_bytes=max_payload_bytes), value
+    if kind is dict and _C_ENCODE is not None and _flat_plain(value):
+        # A flat object of str keys and plain scalars (a table row, a message's fields)
+        # encodes faithfully: nothing to decode and compare, and a copy of the dict is
+        # the decoded payload (its values are immutable).
+        text = "".join(_C_ENCODE(value, 0))
+        if text.isascii():  # else: maybe a lone surrogate, checked below
+            if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
+                _check_payload_size(text, max_payload_bytes)
+            return text, dict(value)
     try:
         if _C_ENCODE is not None and _C_SCAN is not None:
             text = "".join(_C_ENCODE(value, 0))

@@ -55,8 +55,8 @@ from ._sql import (
     check_identifier,
     check_table,
     driver_for,
+    json_row,
     redact_dsn,
-    to_json_value,
 )
 from ._window import LagWindow
 from ._window_state import WindowState
@@ -250,10 +250,7 @@ class SqlTableWatcher(SerializedEquality):
                             for _, key in identities:
                                 log.info("late_row", table=self.table, key=key)
                         window.record_many(identities, new=is_new)
-                        events += [
-                            TriggerEvent({name: to_json_value(v) for name, v in row.items()})
-                            for row in rows
-                        ]
+                        events += [TriggerEvent(json_row(row)) for row in rows]
                     if events:
                         # The state after the last row: what its single event would carry.
                         yield TriggerEventBatch(events, state=state.state(window))
