@@ -441,7 +441,7 @@ def encode_payload_decoded(
     kind = type(value)
     if value is None or kind is int or kind is str or kind is bool:
         return encode_payload(value, max_payload_bytes=max_payload_bytes), value
-    if kind is dict and _C_ENCODE is not None and _flat_plain(value):
+    if kind is dict and isinstance(value, dict) and _C_ENCODE is not None and _flat_plain(value):
         # A flat object of str keys and plain scalars (a table row, a message's fields)
         # encodes faithfully: nothing to decode and compare, and a copy of the dict is
         # the decoded payload (its values are immutable).
@@ -449,7 +449,7 @@ def encode_payload_decoded(
         if text.isascii():  # else: maybe a lone surrogate, checked below
             if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
                 _check_payload_size(text, max_payload_bytes)
-            return text, dict(value)
+            return text, value.copy()
     try:
         if _C_ENCODE is not None and _C_SCAN is not None:
             text = "".join(_C_ENCODE(value, 0))

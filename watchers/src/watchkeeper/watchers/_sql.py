@@ -44,8 +44,8 @@ __all__ = [
     "check_identifier",
     "check_table",
     "driver_for",
-    "redact_dsn",
     "json_row",
+    "redact_dsn",
     "to_json_value",
 ]
 
