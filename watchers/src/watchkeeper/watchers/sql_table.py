@@ -334,6 +334,8 @@ def _column(row: dict[str, Any], name: str) -> Any:
 
 
 def _cursor(column: str, value: object) -> Cursor:
+    if type(value) is int or type(value) is str:  # once per row: the common ones first
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"cursor column {column!r} holds {value!r}, which cannot be a watermark")
     if isinstance(value, int | float | dt.datetime | str) and not isinstance(value, bool):
@@ -345,6 +347,8 @@ def _cursor(column: str, value: object) -> Cursor:
 
 
 def _key(column: str, value: object) -> Key:
+    if type(value) is int or type(value) is str:  # once per row: the common ones first
+        return value
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, int | str) and not isinstance(value, bool):
