@@ -22,9 +22,9 @@ read three ways, in the same process and the same run, each writing into a fresh
   ``TriggerEvent(row, state=...)`` per row, one commit each.
 
 The figure is rows committed per second (wall time from start to the last commit), with the
-process CPU time per row; the ratio is ours ÷ the baseline. The process runs with the daemon's garbage-collector setting (gen-0 threshold
-10,000, ``_gctune.raise_gen0_threshold``) for all three. Writes
-``benchmarks/results/backfill.json``.
+process CPU time per row; the ratio is ours ÷ the baseline. The process runs with the
+daemon's garbage-collector setting (gen-0 threshold 10,000,
+``_gctune.raise_gen0_threshold``) for all of them. Writes ``benchmarks/results/backfill.json``.
 """
 
 from __future__ import annotations
