@@ -229,7 +229,7 @@ def running_daemon(
 async def collect(db: Path, window: float) -> int:
     """One collection pass with the retention shortened to ``window`` seconds (see above)."""
     async with SqliteStateBackend(db) as backend:
-        report = await backend.acollect_garbage(
+        report = await backend.gc.acollect_garbage(
             now=backend.clock() + timedelta(days=1) - timedelta(seconds=window),
             event_retention_days=1,
             dedup_retention_days=1,

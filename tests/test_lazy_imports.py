@@ -74,9 +74,9 @@ class TestCommandImports:
         starlette, uvicorn, prometheus-client, greenback, or structlog (no logs asked for)."""
         db = tmp_path / "state.db"
         async with SqliteStateBackend(db) as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             await backend.aset(AssetScope(name="orders"), "wm", 3)
-            await backend.asave_trigger_status(
+            await backend.status.asave_trigger_status(
                 [
                     TriggerStatus(
                         trigger_id="t1",

@@ -29,7 +29,7 @@ from watchkeeper.store import (
     StateScope,
     TaskScope,
 )
-from watchkeeper.store.backend import EventCommit, MetastoreBackend
+from watchkeeper.store.backend import BaseStateBackend, EventCommit
 
 from tests.support.values import same
 
@@ -172,15 +172,15 @@ def is_valid_name(name: str, max_bytes: int) -> bool:
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> MetastoreBackend:
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
     """The backend with the asset ``orders`` registered and one key in each scope."""
-    await backend.aregister_assets([Asset("orders")])
+    await backend.events.aregister_assets([Asset("orders")])
     for scope in SCOPES:
         await backend.aset(scope, "seed", {"keep": [1, "me"]})
     return backend
 
 
-async def snapshot(store: MetastoreBackend) -> list[object]:
+async def snapshot(store: BaseStateBackend) -> list[object]:
     return [await store.alist(scope) for scope in SCOPES]
 
 
@@ -188,7 +188,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, key=keys, value=json_values)
     async def test_any_json_value_round_trips(
-        self, store: MetastoreBackend, scope: StateScope, key: str, value: Any
+        self, store: BaseStateBackend, scope: StateScope, key: str, value: Any
     ) -> None:
         """Whatever JSON value is written under whatever valid key is read back exactly."""
         await store.aset(scope, key, value)
@@ -197,7 +197,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, case=invalid_values)
     async def test_invalid_value_raises_and_changes_nothing(
-        self, store: MetastoreBackend, scope: StateScope, case: tuple[Any, type[Exception]]
+        self, store: BaseStateBackend, scope: StateScope, case: tuple[Any, type[Exception]]
     ) -> None:
         """None, a non-finite float or a non-JSON object anywhere raises its error, writing nothing."""
         value, error = case
@@ -210,7 +210,7 @@ class TestValueProperties:
     @given(scope=scopes, case=invalid_keys, method=st.sampled_from(["aget", "aset", "adelete"]))
     async def test_invalid_key_raises_and_changes_nothing(
         self,
-        store: MetastoreBackend,
+        store: BaseStateBackend,
         scope: StateScope,
         case: tuple[Any, type[Exception]],
         method: str,
@@ -230,7 +230,7 @@ class TestValueProperties:
         )
     )
     async def test_list_matches_a_dict_model(
-        self, backend: MetastoreBackend, writes: list[tuple[str, Any]]
+        self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
     ) -> None:
         """After any sequence of writes the scope lists the last value of each key, by key."""
         scope = TaskScope("dag", "run_1", "model")
@@ -248,30 +248,30 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_dedup_key_is_refused_or_deduplicates(
-        self, store: MetastoreBackend, name: str
+        self, store: BaseStateBackend, name: str
     ) -> None:
         """A dedup key breaking the naming rule is refused before any I/O; any other commits
         once, reads back exactly, and suppresses its redelivery, on every backend."""
-        before = await store.alist_events()
+        before = await store.events.alist_events()
         if not is_valid_name(name, MAX_NAME_BYTES):
             with pytest.raises(InvalidNameError):
                 EventCommit("w", ("orders",), "1", dedup_key=name)
-            assert await store.alist_events() == before
+            assert await store.events.alist_events() == before
             return
         commit = EventCommit("w", ("orders",), "1", dedup_key=name)
-        first = await store.acommit_event(commit)
-        again = await store.acommit_event(commit)
+        first = await store.events.acommit(commit)
+        again = await store.events.acommit(commit)
         assert [e.dedup_key for e in first] == ([name] if not any_seen(before, name) else [])
         assert again == []
         since = before[-1].id if before else 0
-        assert [e.dedup_key for e in await store.alist_events(since_id=since)] == [
+        assert [e.dedup_key for e in await store.events.alist_events(since_id=since)] == [
             e.dedup_key for e in first
         ]
 
     @backend_settings
     @given(name=any_name)
     async def test_any_asset_name_is_refused_or_round_trips(
-        self, store: MetastoreBackend, name: str
+        self, store: BaseStateBackend, name: str
     ) -> None:
         """An asset name breaking the rule is refused by Asset() and AssetScope(); any other
         registers, lists and addresses its state exactly, on every backend."""
@@ -281,15 +281,15 @@ class TestNameProperties:
             with pytest.raises(InvalidNameError):
                 AssetScope(name=name)
             return
-        await store.aregister_assets([Asset(name)])
-        assert name in {info.name for info in await store.alist_assets()}
+        await store.events.aregister_assets([Asset(name)])
+        assert name in {info.name for info in await store.events.alist_assets()}
         await store.aset(AssetScope(name=name), "k", name)
         assert await store.aget(AssetScope(name=name), "k") == name
 
     @backend_settings
     @given(ids=st.tuples(any_name, any_name, any_name))
     async def test_any_task_scope_is_refused_or_round_trips(
-        self, store: MetastoreBackend, ids: tuple[str, str, str]
+        self, store: BaseStateBackend, ids: tuple[str, str, str]
     ) -> None:
         """Task scope ids breaking the rule (with the 512-byte limit) are refused by
         TaskScope(); any others address their own state exactly, on every backend."""

@@ -31,7 +31,7 @@ Api = ServedApi[SqliteStateBackend]
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """A served API on a fresh SQLite store with assets orders and bills."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([Asset("orders"), Asset("bills")])
+        await backend.events.aregister_assets([Asset("orders"), Asset("bills")])
         async with serve_api(backend, {"reader": ["read"], "ops": ["operate"]}) as served:
             yield served
 
@@ -72,7 +72,7 @@ class TestUnknownWatcher:
         status = TriggerStatus(
             "t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now, owner="d1"
         )
-        await api.backend.asave_trigger_status([status])
+        await api.backend.status.asave_trigger_status([status])
         async with api.client("ops") as ops:
             typo = await ops.post(f"/api/v1/watchers/orders_pol/{action}")
             far = await ops.post(f"/api/v1/watchers/zzz/{action}")
@@ -81,7 +81,7 @@ class TestUnknownWatcher:
         assert "did you mean 'orders_poll'" in typo.json()["detail"]
         assert far.status_code == 404 and "'zzz'" in far.json()["detail"]
         assert [w["watcher"] for w in listed] == ["orders_poll"]
-        assert await api.backend.alist_watcher_controls() == []
+        assert await api.backend.controls.alist_watcher_controls() == []
 
 
 class TestWatcherRates:
@@ -93,11 +93,13 @@ class TestWatcherRates:
             TriggerStatus("t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now),
             TriggerStatus("t2", "m.C", ("bills",), ("bills_poll",), "running", updated_at=now),
         ]
-        await api.backend.asave_trigger_status(statuses)
+        await api.backend.status.asave_trigger_status(statuses)
         for at, count in ((now - timedelta(minutes=10), 500), (now - timedelta(minutes=2), 300)):
             api.backend.clock = functools.partial(_at, at)
             rows = tuple((encode_json({"n": n}), None) for n in range(count))
-            await api.backend.acommit_events(EventBatchCommit("orders_poll", ("orders",), rows))
+            await api.backend.events.acommit_batch(
+                EventBatchCommit("orders_poll", ("orders",), rows)
+            )
         api.backend.clock = lambda: datetime.now(UTC)
         async with api.client("ops") as ops:
             body = (await ops.get("/api/v1/watchers")).json()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 import anyio
 import anyio.abc
@@ -39,9 +39,21 @@ from .errors import (
     HookNotImplementedError,
     InvalidArgumentError,
     InvalidSettingError,
+    MissingCapabilityError,
     RetentionTypeError,
     StoreClosedError,
 )
+from .protocols import Services
+
+if TYPE_CHECKING:
+    from .protocols import (
+        EventLog,
+        GarbageCollector,
+        LeaseTable,
+        OperatorControls,
+        StatusTable,
+        TaskQueue,
+    )
 
 __all__ = ["BaseStateBackend"]
 
@@ -95,11 +107,12 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
       each trigger one), or on a private loop thread when the backend was opened with ``with``;
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
-    Asset registration, events, garbage collection, trigger status and trigger leases are
-    capabilities (``runtime_checkable`` Protocols in :mod:`watchkeeper.store.backend`): the
-    built-in backends have them all (they subclass ``MetastoreBackend``); a custom backend
-    implements those it has, and the runtime checks for each with ``isinstance`` (a daemon on
-    a backend without leases runs every trigger unfenced, as a single daemon).
+    The rest of the store is in **services** (:mod:`watchkeeper.store.protocols`):
+    ``store.events``, ``store.tasks``, ``store.leases``, ``store.controls``, ``store.status``
+    and ``store.gc``. The built-in backends have them all; a custom one sets
+    ``self.services`` to those it has (the others are ``None`` there, and their attribute
+    raises :class:`MissingCapabilityError`: a daemon on a store without leases runs every
+    trigger unfenced, as a single daemon).
     """
 
     def __init__(
@@ -121,6 +134,58 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         self.clock: Callable[[], datetime] = _utcnow
         self.applied_migrations: list[int] = []
         """The schema migrations the last opening applied (empty when it was up to date)."""
+        self.services = Services()
+        """The services this store offers (``None`` for one it lacks)."""
+
+    # -- services ----------------------------------------------------------------------------
+
+    @property
+    def events(self) -> EventLog:
+        """The asset registry and the event log."""
+        found = self.services.events
+        if found is None:
+            raise MissingCapabilityError(self, "events")
+        return found
+
+    @property
+    def tasks(self) -> TaskQueue:
+        """Event consumers, tasks, runs and run leases."""
+        found = self.services.tasks
+        if found is None:
+            raise MissingCapabilityError(self, "tasks")
+        return found
+
+    @property
+    def leases(self) -> LeaseTable:
+        """Node and trigger leases."""
+        found = self.services.leases
+        if found is None:
+            raise MissingCapabilityError(self, "leases")
+        return found
+
+    @property
+    def controls(self) -> OperatorControls:
+        """Watcher controls and API tokens."""
+        found = self.services.controls
+        if found is None:
+            raise MissingCapabilityError(self, "controls")
+        return found
+
+    @property
+    def status(self) -> StatusTable:
+        """Trigger and daemon status rows."""
+        found = self.services.status
+        if found is None:
+            raise MissingCapabilityError(self, "status")
+        return found
+
+    @property
+    def gc(self) -> GarbageCollector:
+        """Garbage collection."""
+        found = self.services.gc
+        if found is None:
+            raise MissingCapabilityError(self, "gc")
+        return found
 
     # -- health ------------------------------------------------------------------------------
 

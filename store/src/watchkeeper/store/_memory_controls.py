@@ -10,24 +10,27 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._controls import ApiToken, ControlsBackend, WatcherControl
-from ._types import AssetEvent, AssetScope
+from ._types import ApiToken, AssetEvent, AssetScope, RawEntry, WatcherControl
 from .errors import TokenExistsError, VersionConflictError
 
 if TYPE_CHECKING:
-    from .memory import MemoryStateBackend
+    from typing import Any
 
 __all__ = ["MemoryControls"]
 
 
-class MemoryControls(ControlsBackend):
+class MemoryControls:
     """The hooks of :class:`~._controls.ControlsBackend` for the memory backend: the rows in
     two dicts."""
 
     clock: Callable[[], datetime]
+    _lock: threading.Lock
+    _events: list[AssetEvent]
+    _asset_state: dict[tuple[int, str], RawEntry]
 
-    def _memory(self) -> MemoryStateBackend:
-        return self  # type: ignore[return-value]  # only ever mixed into MemoryStateBackend
+    if TYPE_CHECKING:
+
+        def _resolve(self, scope: AssetScope) -> Any: ...
 
     def _init_controls(self) -> None:
         self._controls_lock = threading.Lock()
@@ -63,7 +66,7 @@ class MemoryControls(ControlsBackend):
             return [self._controls[k] for k in sorted(self._controls)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         for event in reversed(events):
             if asset is None or event.asset == asset:
                 return event.id
@@ -72,7 +75,7 @@ class MemoryControls(ControlsBackend):
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         out: list[tuple[int, str]] = []
         for event in events[bisect.bisect_right(events, since_id, key=lambda e: e.id) :]:
             if asset is not None and event.asset != asset:
@@ -84,7 +87,7 @@ class MemoryControls(ControlsBackend):
         return out
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         counts: dict[str, int] = {}
         for event in reversed(events):  # in commit order, so in time order
             if event.created_at < since:
@@ -93,7 +96,7 @@ class MemoryControls(ControlsBackend):
         return counts
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        backend = self._memory()
+        backend = self
         with backend._lock:
             row = backend._resolve(AssetScope(name=asset))
             entry = backend._asset_state.get((row.asset_id, key))

@@ -32,7 +32,6 @@ from ._tasks import (
     lost_reason,
     plan_runs,
 )
-from ._taskstore import TaskStoreBackend
 from ._types import AssetEvent, AssetScope, Put, Writer
 from ._values import decode_value
 from .errors import (
@@ -57,7 +56,7 @@ class _Task:
     writers: dict[str, Writer | None] = field(default_factory=dict)
 
 
-class MemoryTasks(TaskStoreBackend):
+class MemoryTasks:
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the memory backend."""
 
     # Provided by MemoryStateBackend.

@@ -9,11 +9,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Self
 
+from ._backend import BaseStateBackend
+from ._builtin import builtin_services
 from ._gc import GcPlan
 from ._leases import HeldLease, check_fence, spread_key
 from ._memory_controls import MemoryControls
 from ._memory_tasks import MemoryTasks
-from ._metastore import MetastoreBackend
 from ._types import (
     Asset,
     AssetEvent,
@@ -51,7 +52,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
+class MemoryStateBackend(MemoryTasks, MemoryControls, BaseStateBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -79,6 +80,7 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
         self._nodes: dict[str, NodeLease] = {}
         self._init_tasks()
         self._init_controls()
+        self.services = builtin_services(self, self)
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:

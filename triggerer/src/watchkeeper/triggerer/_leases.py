@@ -49,9 +49,7 @@ from collections.abc import AsyncIterator, Iterable
 import anyio
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import (
-    LeaseTable,
     NodeHeartbeat,
-    NodeKeepAlive,
     NodeKeepAliveChannel,
     get_logger,
 )
@@ -128,7 +126,7 @@ class LeaseKeeper:
         self.keepalive_limit = KEEPALIVE_LIMIT * ttl if keepalive_limit is None else keepalive_limit
         """Seconds since the loop's last renewal after which the keep-alive thread stops."""
         self._loop_sent = time.monotonic()
-        self._table = backend if isinstance(backend, LeaseTable) else None
+        self._table = backend.services.leases
         self.supported = self._table is not None
         """False for a backend without leases: every trigger then runs here, unfenced."""
         if self._table is None:
@@ -189,11 +187,11 @@ class LeaseKeeper:
         renewals (every ``interval`` seconds) are late (see the module docstring and
         :meth:`_keep_alive`); nothing when the backend offers no keep-alive.
         On exit the thread stops (within the ttl, shielded) and closes its connection."""
-        backend = self.backend
-        if self._table is None or not isinstance(backend, NodeKeepAlive):
+        keepalive = None if self._table is None else self._table.keepalive
+        if keepalive is None:
             yield
             return
-        channel = backend.open_node_keepalive(self.owner, self.ttl)
+        channel = keepalive.open_node_keepalive(self.owner, self.ttl)
         stop = threading.Event()
         thread = threading.Thread(
             target=self._keep_alive,

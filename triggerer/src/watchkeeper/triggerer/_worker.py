@@ -46,7 +46,7 @@ from watchkeeper.store import (
     build_task_context,
 )
 from watchkeeper.store.backend import (
-    AssetRegistry,
+    EventLog,
     LoopThreads,
     OutletEvent,
     RunOutcome,
@@ -55,8 +55,6 @@ from watchkeeper.store.backend import (
     TaskRun,
     encode_payload,
     get_logger,
-    require_asset_registry,
-    require_task_queue,
 )
 
 from ._asset_task import AssetTask, OutletEvents
@@ -135,8 +133,8 @@ class Worker:
         owner: str | None = None,
     ) -> None:
         self.backend = backend
-        self.queue: TaskQueue = require_task_queue(backend)
-        self.registry: AssetRegistry = require_asset_registry(backend)
+        self.queue: TaskQueue = backend.tasks
+        self.registry: EventLog = backend.events
         self.tasks = {task.name: task for task in tasks}
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
@@ -215,7 +213,7 @@ class Worker:
                     with anyio.move_on_after(poll):
                         await self._slot_freed.wait()
                     continue
-                last_seen = await self.queue.await_events(last_seen, poll)
+                last_seen = await self.registry.await_events(last_seen, poll)
             except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
                 log.warning("worker_store_error", error=describe_error(exc))
                 await anyio.sleep(max(poll, 1.0))

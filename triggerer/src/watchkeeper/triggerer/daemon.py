@@ -67,10 +67,7 @@ import anyio.to_thread
 from watchkeeper.store import BaseStateBackend, PostgresStateBackend, open_state_backend
 from watchkeeper.store.backend import (
     GcReport,
-    StatusTable,
     get_logger,
-    require_asset_registry,
-    require_garbage_collector,
 )
 
 from ._config import SupervisionSettings
@@ -373,17 +370,17 @@ class Daemon(DaemonLeases):
         report = ReloadReport(errors=len(result.errors))
         backend, placement = self.backend, self.placement
         if result.assets:
-            await require_asset_registry(backend).aregister_assets(list(result.assets))
+            await backend.events.aregister_assets(list(result.assets))
         await placement.apply_load(result.groups, report)
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
         for name in sorted(before - {a.name for a in result.assets}):
-            if await require_asset_registry(backend).adeactivate_asset(name):
+            if await backend.events.adeactivate_asset(name):
                 report.deactivated.append(name)
                 log.info("asset_deactivated", asset=name)
         gone = [t for t in report.stopped if t not in placement.wanted]
-        if gone and isinstance(backend, StatusTable):
-            await backend.adelete_trigger_status(gone)
+        if gone and backend.services.status is not None:
+            await backend.status.adelete_trigger_status(gone)
         self._loaded = result
         return report
 
@@ -421,7 +418,7 @@ class Daemon(DaemonLeases):
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
         store, events = self.settings.state_store, self.settings.events
-        report = await require_garbage_collector(self.backend).acollect_garbage(
+        report = await self.backend.gc.acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
             event_retention_days=events.retention_days,

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
+from .._builtin import builtin_services
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, decode_settings, encode_refused
 from .._gc import GcPlan
-from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
@@ -92,7 +93,7 @@ T = TypeVar("T")
 
 
 class PostgresStateBackend(
-    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
+    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, BaseStateBackend
 ):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
@@ -118,6 +119,9 @@ class PostgresStateBackend(
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        self.services = builtin_services(
+            self, self, wait_for_release=self._await_lease_release, keepalive=self
+        )
         #: Session settings of every connection it opens (``application_name``,
         #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
         self.server_settings: dict[str, str] = dict(server_settings or {})

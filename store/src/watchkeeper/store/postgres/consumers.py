@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from .._tasks import StateWrite
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, AssetScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, ConsumerCursorError
@@ -75,7 +74,7 @@ def event_row(r: Any) -> AssetEvent:
     return AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5])
 
 
-class PostgresConsumers(TaskStoreBackend):
+class PostgresConsumers:
     """The :class:`~._tasks.EventConsumers` of PostgreSQL, the events lock and the wake-ups."""
 
     schema: str | None

@@ -6,15 +6,15 @@ actions; they do not go through the event writer). The tables are created by mig
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._controls import ApiToken, ControlsBackend, WatcherControl
+from .._types import ApiToken, WatcherControl
 from ..errors import AssetNotFoundError, TokenExistsError, VersionConflictError
 from .schema import table_prefix
 
-if TYPE_CHECKING:
-    from .backend import PostgresStateBackend
+T = TypeVar("T")
 
 __all__ = ["PostgresControls"]
 
@@ -30,21 +30,26 @@ def _token(row: Any) -> ApiToken:
     return ApiToken(row[0], row[1], tuple(row[2]), row[3], row[4], row[5], row[6], row[7])
 
 
-class PostgresControls(ControlsBackend):
-    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the PostgreSQL
-    backend."""
+class PostgresControls:
+    """The controls primitives (:class:`~watchkeeper.store.protocols.ControlsDriver`) and the
+    event log's reads for a live stream, of the PostgreSQL backend."""
 
-    def _backend(self) -> PostgresStateBackend:
-        return self  # type: ignore[return-value]  # only ever mixed into PostgresStateBackend
+    schema: str | None
+    clock: Callable[[], datetime]
+
+    if TYPE_CHECKING:
+
+        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
+        async def _fetch(self, what: str, sql: str, *args: Any) -> list[Any]: ...
 
     def _p(self) -> str:
-        return table_prefix(self._backend().schema)
+        return table_prefix(self.schema)
 
     async def _one(self, what: str, sql: str, *args: Any) -> Any:
         async def run(conn: Any) -> Any:
             return await conn.fetchrow(sql, *args)
 
-        return await self._backend()._transact(what, run)
+        return await self._transact(what, run)
 
     async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         p = self._p()
@@ -54,7 +59,7 @@ class PostgresControls(ControlsBackend):
                 updated_at = excluded.updated_at, updated_by = excluded.updated_by
             RETURNING {_CONTROL_COLS}
         """
-        now = self._backend().clock()
+        now = self.clock()
         return _control(await self._one("pausing a watcher", sql, watcher, paused, now, by))
 
     async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
@@ -65,16 +70,16 @@ class PostgresControls(ControlsBackend):
                 updated_at = excluded.updated_at, updated_by = excluded.updated_by
             RETURNING {_CONTROL_COLS}
         """
-        now = self._backend().clock()
+        now = self.clock()
         return _control(await self._one("retrying a watcher", sql, watcher, now, by))
 
     async def _alist_watcher_controls(self) -> list[WatcherControl]:
-        backend = self._backend()
+        backend = self
         sql = f"SELECT {_CONTROL_COLS} FROM {self._p()}watcher_controls ORDER BY watcher"
         return [_control(r) for r in await backend._fetch("listing watcher controls", sql)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
-        backend = self._backend()
+        backend = self
         sql = f"SELECT max(id) FROM {self._p()}asset_events"
         if asset is None:
             rows = await backend._fetch("reading the last event id", sql)
@@ -86,7 +91,7 @@ class PostgresControls(ControlsBackend):
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
-        backend = self._backend()
+        backend = self
         sql = (
             "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
             "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', to_char("
@@ -107,7 +112,7 @@ class PostgresControls(ControlsBackend):
             f"SELECT watcher, count(*) FROM {self._p()}asset_events "
             "WHERE created_at >= $1 GROUP BY watcher"
         )
-        rows = await self._backend()._fetch("counting recent events", sql, since)
+        rows = await self._fetch("counting recent events", sql, since)
         return {str(row[0]): int(row[1]) for row in rows}
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
@@ -134,7 +139,7 @@ class PostgresControls(ControlsBackend):
                 )
                 raise VersionConflictError(key, expected_version, actual or 0)
 
-        await self._backend()._transact("deleting a key", delete)
+        await self._transact("deleting a key", delete)
 
     async def _acreate_token(self, token: ApiToken) -> None:
         p = self._p()
@@ -162,12 +167,12 @@ class PostgresControls(ControlsBackend):
             raise TokenExistsError(token.name)
 
     async def _alist_tokens(self) -> list[ApiToken]:
-        backend = self._backend()
+        backend = self
         sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens ORDER BY name"
         return [_token(r) for r in await backend._fetch("listing tokens", sql)]
 
     async def _aget_token(self, token_id: str) -> ApiToken | None:
-        backend = self._backend()
+        backend = self
         sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens WHERE token_id = $1"
         rows = await backend._fetch("reading a token", sql, token_id)
         return _token(rows[0]) if rows else None
@@ -177,5 +182,5 @@ class PostgresControls(ControlsBackend):
             f"UPDATE {self._p()}api_tokens SET revoked_at = $2 "
             "WHERE name = $1 AND revoked_at IS NULL RETURNING name"
         )
-        row = await self._one("revoking a token", sql, name, self._backend().clock())
+        row = await self._one("revoking a token", sql, name, self.clock())
         return row is not None

@@ -21,7 +21,7 @@ of their clocks; a backend given a ``clock`` of its own (the tests) passes it in
   reaped node is rejoined by the daemon's loop, which frees what it held first).
 - A **release** (and a node joining) notifies ``<schema>_watchkeeper_leases`` in its
   transaction, once per call (never per lease): daemons waiting
-  in :meth:`~PostgresLeases.await_lease_release` (on a LISTEN connection of their own) claim
+  in :meth:`~PostgresLeases._await_lease_release` (on a LISTEN connection of their own) claim
   at once instead of at their next heartbeat.
 
 Each runs in its own short transaction on a connection of its own (opened on first use,
@@ -420,7 +420,7 @@ class PostgresLeases:
 
     # -- wake-ups ------------------------------------------------------------------------------
 
-    async def await_lease_release(self) -> None:
+    async def _await_lease_release(self) -> None:
         """Return once a daemon released leases or joined: a NOTIFY on a LISTEN connection of
         our own (opened on first use, closed with the backend). Also returns once as soon as
         a new connection listens, for what was released before. Without one (refused) it

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._run_errors import bucketed
-from .._taskstore import TaskStoreBackend
 from .runs import RUN_COLS, run_from_row
 
 if TYPE_CHECKING:
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["PostgresRunListing"]
 
 
-class PostgresRunListing(TaskStoreBackend):
+class PostgresRunListing:
     """A mixin of :class:`.tasks.PostgresTasks` (see the module docstring)."""
 
     if TYPE_CHECKING:

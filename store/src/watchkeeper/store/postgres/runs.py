@@ -28,7 +28,6 @@ from .._tasks import (
     ids_to_json,
     lost_reason,
 )
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
 from .consumers import EVENT_COLS, event_row, events_hook
@@ -283,7 +282,7 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     return finished, [run_from_row(row, events) for row, events in runs.values()]
 
 
-class PostgresRuns(TaskStoreBackend):
+class PostgresRuns:
     """Claims, finishes and leases of runs (see the module docstring)."""
 
     schema: str | None

@@ -47,11 +47,12 @@ import aiosqlite
 import anyio
 import anyio.abc
 
+from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
+from .._builtin import builtin_services
 from .._commit_queue import CommitStats
 from .._gc import GcPlan
 from .._leases import check_owner, check_ttl
-from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
@@ -100,7 +101,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, MetastoreBackend):
+class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, BaseStateBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
@@ -118,6 +119,7 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        self.services = builtin_services(self, self, keepalive=self)
         text = os.fspath(path)
         if not isinstance(text, str):
             raise ArgumentTypeError("path", path, "a str or os.PathLike[str]")

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from .._tasks import StateWrite
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, Put, Writer
 from ..errors import ConsumerCursorError
 from . import meta, ops
@@ -54,7 +53,7 @@ def _consumer_ack(
     return event_id
 
 
-class SqliteConsumers(TaskStoreBackend):
+class SqliteConsumers:
     """The :class:`~._tasks.EventConsumers` of the SQLite backend, and its wake-ups."""
 
     if TYPE_CHECKING:

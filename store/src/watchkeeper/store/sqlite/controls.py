@@ -7,17 +7,18 @@ like every other operation of that backend; the tables are created by migration 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from .._controls import ApiToken, ControlsBackend, WatcherControl
-from .._types import AssetScope
+from .._types import ApiToken, AssetScope, WatcherControl
 from ..errors import TokenExistsError, VersionConflictError
 from .schema import from_db, to_db
 
 if TYPE_CHECKING:
-    from .backend import SqliteStateBackend
-    from .writer import Tx
+    from .writer import Row, Tx
+
+T = TypeVar("T")
 
 __all__ = ["SqliteControls"]
 
@@ -42,11 +43,14 @@ def _token(row: Any) -> ApiToken:
     )
 
 
-class SqliteControls(ControlsBackend):
-    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the SQLite backend."""
+class SqliteControls:
+    """The controls primitives (:class:`~watchkeeper.store.protocols.ControlsDriver`) and the
+    event log's reads for a live stream, of the SQLite backend."""
 
-    def _backend(self) -> SqliteStateBackend:
-        return self  # type: ignore[return-value]  # only ever mixed into SqliteStateBackend
+    if TYPE_CHECKING:
+
+        async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
+        async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
 
     async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         flag = 1 if paused else 0
@@ -63,7 +67,7 @@ class SqliteControls(ControlsBackend):
             ).fetchone()
             return _control(row)
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)
 
     async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
 
@@ -79,18 +83,18 @@ class SqliteControls(ControlsBackend):
             ).fetchone()
             return _control(row)
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)
 
     async def _alist_watcher_controls(self) -> list[WatcherControl]:
         sql = f"SELECT {_CONTROL_COLS} FROM watcher_controls ORDER BY watcher"
-        return [_control(row) for row in await self._backend()._read(sql)]
+        return [_control(row) for row in await self._read(sql)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
         if asset is None:
-            rows = await self._backend()._read("SELECT max(id) FROM asset_events")
+            rows = await self._read("SELECT max(id) FROM asset_events")
         else:
             sql = "SELECT max(id) FROM asset_events WHERE asset_name = ?"
-            rows = await self._backend()._read(sql, (asset,))
+            rows = await self._read(sql, (asset,))
         return int(rows[0][0] or 0)
 
     async def _alist_event_json(
@@ -107,12 +111,12 @@ class SqliteControls(ControlsBackend):
             params.append(asset)
         sql += " ORDER BY id LIMIT ?"
         params.append(int(limit))
-        rows = await self._backend()._read(sql, params)
+        rows = await self._read(sql, params)
         return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
         sql = "SELECT watcher, count(*) FROM asset_events WHERE created_at >= ? GROUP BY watcher"
-        rows = await self._backend()._read(sql, (to_db(since),))
+        rows = await self._read(sql, (to_db(since),))
         return {str(row[0]): int(row[1]) for row in rows}
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
@@ -130,7 +134,7 @@ class SqliteControls(ControlsBackend):
                 ).fetchone()
                 raise VersionConflictError(key, expected_version, 0 if row is None else row[0])
 
-        await self._backend()._write(write)
+        await self._write(write)
 
     async def _acreate_token(self, token: ApiToken) -> None:
         params = (
@@ -158,16 +162,16 @@ class SqliteControls(ControlsBackend):
             ).fetchall()
             return bool(rows)
 
-        if not await self._backend()._write(write, savepoint=False):
+        if not await self._write(write, savepoint=False):
             raise TokenExistsError(token.name)
 
     async def _alist_tokens(self) -> list[ApiToken]:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens ORDER BY name"
-        return [_token(row) for row in await self._backend()._read(sql)]
+        return [_token(row) for row in await self._read(sql)]
 
     async def _aget_token(self, token_id: str) -> ApiToken | None:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens WHERE token_id = ?"
-        rows = await self._backend()._read(sql, (token_id,))
+        rows = await self._read(sql, (token_id,))
         return _token(rows[0]) if rows else None
 
     async def _arevoke_token(self, name: str) -> bool:
@@ -178,4 +182,4 @@ class SqliteControls(ControlsBackend):
             )
             return cursor.rowcount > 0
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)

@@ -29,7 +29,6 @@ from .._tasks import (
     check_rewind,
     lost_reason,
 )
-from .._taskstore import TaskStoreBackend
 from .._types import Writer
 from ..errors import RunNotFoundError, RunStateError
 from . import meta, ops
@@ -157,8 +156,10 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
     return runs_with_events(tx.conn, [run_id])[0]
 
 
-class SqliteTasks(TaskStoreBackend):
+class SqliteTasks:
     """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the SQLite backend."""
+
+    clock: Callable[[], datetime]
 
     if TYPE_CHECKING:
 

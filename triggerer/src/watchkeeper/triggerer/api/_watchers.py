@@ -9,10 +9,10 @@ from datetime import timedelta
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import LeaseTable, get_logger
+from watchkeeper.store.backend import get_logger
 
 from .._daemon_report import daemon_report
-from .._watcher_controls import controls_of, unknown_watcher, watcher_rows
+from .._watcher_controls import unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._parse import path_param
 from ._scoping import watcher_json
@@ -56,7 +56,7 @@ async def _recent_counts(request: Request, backend: BaseStateBackend) -> dict[st
 
     The count is kept for :data:`RATE_CACHE` seconds, so many open pages cost one read.
     """
-    store = controls_of(backend)
+    store = backend.services.events
     if store is None:
         return None
     state = request.app.state
@@ -116,7 +116,7 @@ async def list_daemons(request: Request) -> Response:
     report = await daemon_report(backend)
     now = backend.clock()
     leases: dict[str, int] = {}
-    for lease in await backend.alist_leases() if isinstance(backend, LeaseTable) else []:
+    for lease in await backend.leases.alist_leases() if backend.services.leases is not None else []:
         if lease.owner is not None and lease.expires_at is not None and lease.expires_at > now:
             leases[lease.owner] = leases.get(lease.owner, 0) + 1
     return JSONResponse(

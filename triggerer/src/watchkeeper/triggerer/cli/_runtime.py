@@ -121,13 +121,12 @@ def _printable(text: str) -> str:
 
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
-    from watchkeeper.store.backend import require_status_table
 
     from .._daemon_report import daemon_report
 
     daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []
-    for status in await require_status_table(backend).alist_trigger_status():
+    for status in await backend.status.alist_trigger_status():
         state = daemons.watcher_state(status.state, status.owner)
         watchers.append(_status_json(status, state, await _asset_states(backend, status)))
     return {"daemons": daemons.rows, "watchers": watchers}

@@ -49,11 +49,10 @@ if TYPE_CHECKING:
 
 
 def _queue(backend: BaseStateBackend) -> TaskQueue:
-    from watchkeeper.store.backend import TaskQueue
-
-    if not isinstance(backend, TaskQueue):
+    queue = backend.services.tasks
+    if queue is None:
         raise CommandError(f"{type(backend).__name__} does not support tasks")
-    return backend
+    return queue
 
 
 def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
