@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 import pytest
-from watchkeeper.store import MemoryStateBackend, MissingCapabilityError
+from watchkeeper.store import MemoryStateBackend, MissingCapabilityError, PostgresStateBackend
 from watchkeeper.store.backend import SERVICE_NAMES, BaseStateBackend, Services
 
 
@@ -38,3 +38,23 @@ class TestServices:
         for name in SERVICE_NAMES:
             with pytest.raises(MissingCapabilityError, match=f"Bare has no {name} service"):
                 getattr(bare, name)
+
+
+class TestSessionSettings:
+    def test_postgres_names_its_sessions_and_bounds_idle_transactions(self) -> None:
+        """One floor for every caller: the idle-in-transaction timeout is the lease, at least
+        5 s; the session name is cut to PostgreSQL's 63 bytes; explicit settings win."""
+        short = PostgresStateBackend("postgresql://unused")
+        short.configure_sessions("w" * 80, 1.0)
+        assert short.server_settings == {
+            "application_name": "w" * 63,
+            "idle_in_transaction_session_timeout": "5000ms",
+        }
+        long = PostgresStateBackend(
+            "postgresql://unused", server_settings={"application_name": "x"}
+        )
+        long.configure_sessions("watchkeeper worker", 30.0)
+        assert long.server_settings == {
+            "application_name": "x",
+            "idle_in_transaction_session_timeout": "30000ms",
+        }

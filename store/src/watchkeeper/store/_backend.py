@@ -211,6 +211,12 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         """Apply pending schema migrations; return the versions applied (opening does this too)."""
         return []
 
+    def configure_sessions(self, name: str, lease_seconds: float) -> None:
+        """Name this store's database sessions ``name`` and let the server end one left idle
+        inside a transaction for about ``lease_seconds``, so a frozen process cannot hold its
+        row locks (and its fenced leases) much past its leases. Call before it opens. A store
+        without server sessions (memory, SQLite) has nothing to set."""
+
     def _describe(self) -> str:
         return ""
 

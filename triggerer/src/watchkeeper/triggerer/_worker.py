@@ -39,7 +39,6 @@ import anyio.abc
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
-    PostgresStateBackend,
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
@@ -401,16 +400,9 @@ class Worker:
 
 
 def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
-    """Name a PostgreSQL backend's sessions ``name`` (``pg_stat_activity``) and let the server
-    end a session left idle inside a transaction for a lease's time, at least 10 seconds (a
-    frozen worker's row locks are released about when its leases lapse; a busy machine does
-    not stall a live worker that long between two statements). Call before it opens."""
-    if isinstance(backend, PostgresStateBackend):
-        idle = max(settings.lease_seconds, 10.0)
-        backend.server_settings.setdefault("application_name", name)
-        backend.server_settings.setdefault(
-            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
-        )
+    """Name the store's sessions ``name`` and bound their idle transactions by a run lease
+    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
+    backend.configure_sessions(name, settings.lease_seconds)
 
 
 async def run_worker(

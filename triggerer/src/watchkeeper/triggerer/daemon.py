@@ -64,7 +64,7 @@ from typing import Self, TypeVar
 import anyio
 import anyio.abc
 import anyio.to_thread
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, open_state_backend
+from watchkeeper.store import BaseStateBackend, open_state_backend
 from watchkeeper.store.backend import (
     GcReport,
     get_logger,
@@ -205,7 +205,9 @@ class Daemon(DaemonLeases):
         try:
             if self._backend is None:
                 self._backend = open_state_backend(self.settings)
-                name_sessions(self._backend, self.owner, self.settings.triggerer.lease_seconds)
+                self._backend.configure_sessions(
+                    f"watchkeeper triggerer {self.owner}", self.settings.triggerer.lease_seconds
+                )
             if self._owns_backend:
                 await stack.enter_async_context(self._backend)
             stack.callback(self._forget)
@@ -446,21 +448,6 @@ class Daemon(DaemonLeases):
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=describe_error(exc))
-
-
-def name_sessions(backend: BaseStateBackend, owner: str, lease_seconds: float) -> None:
-    """Name a PostgreSQL backend's sessions after the daemon (``pg_stat_activity``), and let
-    the server end one left idle inside a transaction for the lease's time to live (at least
-    5 s): a paused daemon then cannot hold the rows it locked, and with them its fenced
-    leases, much past its node lease. Call before it opens."""
-    if isinstance(backend, PostgresStateBackend):
-        idle = max(lease_seconds, 5.0)
-        backend.server_settings.setdefault(
-            "application_name", f"watchkeeper triggerer {owner}"[:63]
-        )
-        backend.server_settings.setdefault(
-            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
-        )
 
 
 def _while_open(part: _T | None) -> _T:

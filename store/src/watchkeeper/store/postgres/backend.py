@@ -91,6 +91,12 @@ __all__ = ["PostgresStateBackend"]
 
 T = TypeVar("T")
 
+IDLE_IN_TRANSACTION_FLOOR = 5.0
+"""The least idle-in-transaction timeout :meth:`PostgresStateBackend.configure_sessions` sets,
+in seconds: no live process sits that long between two statements of one of its short
+transactions, even on a busy machine, while a shorter lease (tests use them) would end
+sessions that are merely slow."""
+
 
 class PostgresStateBackend(
     PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, BaseStateBackend
@@ -174,6 +180,18 @@ class PostgresStateBackend(
             return await apply_migrations(conn, self.schema)
         finally:
             await close_quietly(conn)
+
+    def configure_sessions(self, name: str, lease_seconds: float) -> None:
+        """Set ``application_name`` (cut to PostgreSQL's 63 bytes) and
+        ``idle_in_transaction_session_timeout`` (``lease_seconds``, at least
+        :data:`IDLE_IN_TRANSACTION_FLOOR`) unless ``server_settings`` has them already."""
+        idle = max(lease_seconds, IDLE_IN_TRANSACTION_FLOOR)
+        self.server_settings.setdefault(
+            "application_name", name.encode()[:63].decode(errors="ignore")
+        )
+        self.server_settings.setdefault(
+            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
+        )
 
     def _describe(self) -> str:
         pool = self._pool
