@@ -94,8 +94,8 @@ class TestAllAttributes:
         ]
         assert found == []
 
-    def test_built_in_backends_have_every_capability(self) -> None:
-        """Memory, SQLite and PostgreSQL backends satisfy every capability Protocol."""
+    def test_built_in_backends_have_every_service(self) -> None:
+        """Memory, SQLite and PostgreSQL backends offer every service."""
         store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
         instances = [
             store.MemoryStateBackend(),
@@ -103,10 +103,10 @@ class TestAllAttributes:
             store.PostgresStateBackend("postgresql://nobody@127.0.0.1:1/none"),
         ]
         missing = [
-            f"{type(b).__name__} lacks {c.__name__}"
+            f"{type(b).__name__} lacks {name}"
             for b in instances
-            for c in backend.CAPABILITIES
-            if not isinstance(b, c)
+            for name in backend.SERVICE_NAMES
+            if getattr(b.services, name) is None
         ]
         assert missing == []
 

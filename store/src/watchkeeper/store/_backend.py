@@ -93,6 +93,15 @@ def _entry(raw: RawEntry) -> StateEntry:
     )
 
 
+S = TypeVar("S")
+
+
+def _present(store: object, service: S | None, name: str) -> S:
+    if service is None:
+        raise MissingCapabilityError(store, name)
+    return service
+
+
 class BaseStateBackend(Lifecycle, OffloadHooks):
     """Where task and asset state lives.
 
@@ -142,50 +151,32 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
     @property
     def events(self) -> EventLog:
         """The asset registry and the event log."""
-        found = self.services.events
-        if found is None:
-            raise MissingCapabilityError(self, "events")
-        return found
+        return _present(self, self.services.events, "events")
 
     @property
     def tasks(self) -> TaskQueue:
         """Event consumers, tasks, runs and run leases."""
-        found = self.services.tasks
-        if found is None:
-            raise MissingCapabilityError(self, "tasks")
-        return found
+        return _present(self, self.services.tasks, "tasks")
 
     @property
     def leases(self) -> LeaseTable:
         """Node and trigger leases."""
-        found = self.services.leases
-        if found is None:
-            raise MissingCapabilityError(self, "leases")
-        return found
+        return _present(self, self.services.leases, "leases")
 
     @property
     def controls(self) -> OperatorControls:
         """Watcher controls and API tokens."""
-        found = self.services.controls
-        if found is None:
-            raise MissingCapabilityError(self, "controls")
-        return found
+        return _present(self, self.services.controls, "controls")
 
     @property
     def status(self) -> StatusTable:
         """Trigger and daemon status rows."""
-        found = self.services.status
-        if found is None:
-            raise MissingCapabilityError(self, "status")
-        return found
+        return _present(self, self.services.status, "status")
 
     @property
     def gc(self) -> GarbageCollector:
         """Garbage collection."""
-        found = self.services.gc
-        if found is None:
-            raise MissingCapabilityError(self, "gc")
-        return found
+        return _present(self, self.services.gc, "gc")
 
     # -- health ------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._types import ApiToken, AssetEvent, AssetScope, RawEntry, WatcherControl
+from ._controls import ApiToken, WatcherControl
+from ._types import AssetEvent, AssetScope, RawEntry
 from .errors import TokenExistsError, VersionConflictError
 
 if TYPE_CHECKING:

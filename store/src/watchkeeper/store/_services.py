@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
 
+from ._checks import check_events_query, check_items, check_limit
+from ._controls import ApiToken, WatcherControl
 from ._daemons import check_daemon_status, check_owners
 from ._gc import gc_plan
 from ._leases import check_owner, check_trigger_ids, check_ttl
 from ._types import (
-    ApiToken,
     Asset,
     AssetEvent,
     AssetInfo,
@@ -29,18 +30,8 @@ from ._types import (
     Lease,
     NodeHeartbeat,
     TriggerStatus,
-    WatcherControl,
 )
-from ._values import (
-    EncodedState,
-    check_bigint,
-    check_events_query,
-    check_items,
-    check_key,
-    check_limit,
-    check_name,
-    value_from_text,
-)
+from ._values import check_bigint, check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .protocols import (
     ControlsDriver,
@@ -57,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ControlsService",
+    "EncodedState",
     "EventsService",
     "GcService",
     "LeasesService",
@@ -65,6 +57,15 @@ __all__ = [
 ]
 
 D = TypeVar("D")
+
+
+class EncodedState(dict[str, str]):
+    """A commit's state whose values :func:`~._values.encode_value` produced under the backend's
+    ``max_value_bytes`` (and whose keys passed :func:`~._values.check_key`): the store does not check
+    them again. The triggerer builds every commit's state this way; a plain mapping is
+    checked value by value before any I/O."""
+
+    __slots__ = ()
 
 
 class Service(Generic[D]):

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from ._checks import check_items, check_limit
 from ._leases import check_owner, check_ttl
 from ._services import Service
 from ._tasks import (
@@ -23,7 +24,7 @@ from ._tasks import (
     check_state,
 )
 from ._types import AssetEvent, Writer
-from ._values import check_items, check_key, check_limit, check_name, value_from_text
+from ._values import check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .protocols import TasksDriver
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from ._checks import check_limit
 from ._run_errors import (
     LAPSED,
     MAX_LOST_TRIES,
@@ -42,7 +43,7 @@ from ._run_errors import (
     lapsed_error,
 )
 from ._types import AssetEvent, StateScope, Writer
-from ._values import JSONValue, check_limit, check_name
+from ._values import JSONValue, check_name
 from .errors import InvalidArgumentError
 
 __all__ = [

@@ -19,7 +19,6 @@ from ._values import (
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 __all__ = [
-    "ApiToken",
     "Asset",
     "AssetEvent",
     "AssetInfo",
@@ -39,7 +38,6 @@ __all__ = [
     "StateScope",
     "TaskScope",
     "TriggerStatus",
-    "WatcherControl",
     "Writer",
 ]
 
@@ -500,36 +498,3 @@ class DaemonStatus:
     watchers_path: str
     refused: tuple[RefusedDefinition, ...] = ()
     settings: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class WatcherControl:
-    """What operators asked of one watcher: whether it is paused, and how many retries."""
-
-    watcher: str
-    paused: bool
-    retry_seq: int
-    updated_at: datetime
-    updated_by: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ApiToken:
-    """A stored API token: never the secret, only ``digest = sha256(salt + secret)``.
-
-    ``token_id`` is the public half of the token the user holds (``wk_<token_id>_<secret>``),
-    the key it is looked up by; ``scopes`` are strings such as ``read``,
-    ``write:asset:orders_*``, ``operate`` and ``admin``.
-    """
-
-    name: str
-    token_id: str
-    scopes: tuple[str, ...]
-    salt: str
-    digest: str
-    created_at: datetime
-    expires_at: datetime | None = None
-    revoked_at: datetime | None = None
-
-    def __repr__(self) -> str:  # the digest and salt stay out of logs and tracebacks
-        return f"<ApiToken {self.name!r} scopes={list(self.scopes)!r}>"

@@ -8,7 +8,6 @@ import json.scanner
 import math
 import re
 import sys
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Self
 
@@ -35,13 +34,9 @@ __all__ = [
     "MAX_SCOPE_ID_BYTES",
     "MAX_VALUE_DEPTH",
     "NEVER_EXPIRE",
-    "EncodedState",
     "JSONValue",
     "check_bigint",
-    "check_events_query",
-    "check_items",
     "check_key",
-    "check_limit",
     "check_name",
     "check_retention",
     "decode_value",
@@ -195,45 +190,6 @@ def check_bigint(value: object, *, what: str, minimum: int = 0, maximum: int = M
     if value > maximum:
         raise InvalidArgumentError(what, value, f"must be at most {maximum}")
     return value
-
-
-def check_limit(value: object, *, what: str = "limit", least: int = 1) -> int:
-    """Return ``value`` if it is an int (not a bool) of at least ``least``: a count, a limit,
-    an id or a cursor position. :class:`ArgumentTypeError` or :class:`InvalidArgumentError`."""
-    if type(value) is not int:
-        raise ArgumentTypeError(what, value, f"an int >= {least}")
-    if value < least:
-        raise InvalidArgumentError(what, value, f"must be an int >= {least}")
-    return value
-
-
-def check_items(name: str, items: object, kind: type, expected: str) -> list[object]:
-    """``items`` as a list, each an instance of ``kind``; :class:`ArgumentTypeError` if not."""
-    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
-        raise ArgumentTypeError(name, items, f"a sequence of {expected}")
-    batch = list(items)
-    for item in batch:
-        if not isinstance(item, kind):
-            raise ArgumentTypeError(name, item, f"a sequence of {expected}")
-    return batch
-
-
-class EncodedState(dict[str, str]):
-    """A commit's state whose values :func:`encode_value` produced under the backend's
-    ``max_value_bytes`` (and whose keys passed :func:`check_key`): the store does not check
-    them again. The triggerer builds every commit's state this way; a plain mapping is
-    checked value by value before any I/O."""
-
-    __slots__ = ()
-
-
-def check_events_query(asset: object, since_id: object, limit: object) -> None:
-    """Check the arguments of ``alist_events`` the same way for every backend."""
-    if asset is not None:
-        check_name(asset, what="asset name")
-    check_bigint(since_id, what="since_id")
-    if limit is not None:
-        check_bigint(limit, what="limit")
 
 
 def check_retention(retention: object) -> timedelta | _NeverExpire | None:

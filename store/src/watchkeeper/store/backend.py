@@ -14,11 +14,19 @@ from typing import TYPE_CHECKING
 
 from ._backend import BaseStateBackend
 from ._builtin import builtin_services
+from ._controls import ApiToken, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
 from ._redact import redact_data, redact_dsn, redact_secrets
-from ._services import ControlsService, EventsService, GcService, LeasesService, StatusService
+from ._services import (
+    ControlsService,
+    EncodedState,
+    EventsService,
+    GcService,
+    LeasesService,
+    StatusService,
+)
 from ._task_service import TasksService
 from ._tasks import (
     MAX_LOST_TRIES,
@@ -34,7 +42,6 @@ from ._tasks import (
     TaskSpec,
 )
 from ._types import (
-    ApiToken,
     Asset,
     AssetEvent,
     AssetInfo,
@@ -50,11 +57,9 @@ from ._types import (
     RawEntry,
     RefusedDefinition,
     TriggerStatus,
-    WatcherControl,
     Writer,
 )
 from ._values import (
-    EncodedState,
     check_key,
     check_name,
     decode_value,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from ._controls import ApiToken, WatcherControl
 from ._gc import GcPlan
 from ._tasks import (
     OutletEvent,
@@ -41,7 +42,6 @@ from ._tasks import (
     TryCause,
 )
 from ._types import (
-    ApiToken,
     Asset,
     AssetEvent,
     AssetInfo,
@@ -52,7 +52,6 @@ from ._types import (
     Lease,
     NodeHeartbeat,
     TriggerStatus,
-    WatcherControl,
     Writer,
 )
 
@@ -86,11 +85,8 @@ class EventLog(Protocol):
     per asset) and the log's reads."""
 
     async def aregister_assets(self, assets: Sequence[Asset]) -> None: ...
-
     async def adeactivate_asset(self, name: str) -> bool: ...
-
     async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]: ...
-
     async def acommit(self, commit: EventCommit) -> list[AssetEvent]:
         """Commit one trigger event and its state atomically; the events written (none when
         every asset had recorded ``commit.dedup_key``)."""
@@ -109,7 +105,6 @@ class EventLog(Protocol):
         before_id: int | None = None,
         newest_first: bool = False,
     ) -> list[AssetEvent]: ...
-
     async def alist_event_json(
         self, *, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
@@ -136,11 +131,9 @@ class TaskQueue(Protocol):
     ``watchkeeper worker`` and a consumer in a user's own process need of a store."""
 
     async def aconsumer_position(self, name: str) -> int: ...
-
     async def aconsumer_fetch(
         self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
     ) -> list[AssetEvent]: ...
-
     async def aconsumer_ack(
         self,
         name: str,
@@ -150,25 +143,17 @@ class TaskQueue(Protocol):
         expected: int | None = None,
         writer: Writer | None = None,
     ) -> int: ...
-
     async def async_tasks(self, specs: Sequence[TaskSpec]) -> None: ...
-
     async def alist_tasks(self) -> list[TaskInfo]: ...
-
     async def aset_task_paused(self, name: str, paused: bool) -> None: ...
-
     async def arewind_task(
         self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
     ) -> None: ...
-
     async def acreate_run(self, name: str) -> TaskRun | None: ...
-
     async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
-
     async def aclaim_runs(
         self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
     ) -> list[TaskRun]: ...
-
     async def astep_runs(
         self,
         owner: str,
@@ -180,13 +165,10 @@ class TaskQueue(Protocol):
         create: int = 0,
         peers: int = 0,
     ) -> RunStep: ...
-
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
     ) -> set[int]: ...
-
     async def abreak_run_leases(self, owners: Sequence[str]) -> int: ...
-
     async def afinish_run(
         self,
         run_id: int,
@@ -200,9 +182,7 @@ class TaskQueue(Protocol):
         retry_delay: timedelta = timedelta(0),
         cause: TryCause = "task_error",
     ) -> TaskRun: ...
-
     async def aget_run(self, run_id: int) -> TaskRun: ...
-
     async def alist_runs(
         self,
         *,
@@ -212,15 +192,10 @@ class TaskQueue(Protocol):
         before: int | None = None,
         event_ids: bool = False,
     ) -> list[TaskRun]: ...
-
     async def aretry_run(self, run_id: int) -> TaskRun: ...
-
     async def acount_runs(self) -> dict[tuple[str, str], int]: ...
-
     async def acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
-
     async def aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
-
     async def arun_durations(
         self, bounds: Sequence[float]
     ) -> dict[str, tuple[list[int], float]]: ...
@@ -260,9 +235,7 @@ class LeaseTable(Protocol):
 
     @property
     def keepalive(self) -> NodeKeepAlive | None: ...
-
     async def arenew_node(self, owner: str, ttl: timedelta | float) -> NodeHeartbeat: ...
-
     async def aclaim_leases(
         self,
         owner: str,
@@ -271,15 +244,11 @@ class LeaseTable(Protocol):
         *,
         limit: int | None = None,
     ) -> dict[str, int]: ...
-
     async def arelease_leases(
         self, owner: str, trigger_ids: Sequence[str], *, leave: bool = False
     ) -> None: ...
-
     async def abreak_node(self, owner: str) -> bool: ...
-
     async def alist_leases(self) -> list[Lease]: ...
-
     async def await_lease_release(self) -> None: ...
 
 
@@ -290,19 +259,12 @@ class OperatorControls(Protocol):
     async def aset_watcher_paused(
         self, watcher: str, paused: bool, *, by: str
     ) -> WatcherControl: ...
-
     async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl: ...
-
     async def alist_watcher_controls(self) -> list[WatcherControl]: ...
-
     async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None: ...
-
     async def acreate_token(self, token: ApiToken) -> None: ...
-
     async def alist_tokens(self) -> list[ApiToken]: ...
-
     async def aget_token(self, token_id: str) -> ApiToken | None: ...
-
     async def arevoke_token(self, name: str) -> bool: ...
 
 
@@ -310,15 +272,10 @@ class StatusTable(Protocol):
     """One status row per trigger and one heartbeat row per daemon (``watchkeeper status``)."""
 
     async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None: ...
-
     async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None: ...
-
     async def alist_trigger_status(self) -> list[TriggerStatus]: ...
-
     async def asave_daemon_status(self, status: DaemonStatus) -> None: ...
-
     async def adelete_daemon_status(self, owners: Sequence[str]) -> None: ...
-
     async def alist_daemon_status(self) -> list[DaemonStatus]: ...
 
 
@@ -366,13 +323,9 @@ class EventsDriver(Protocol):
         """Upsert these assets (distinct names, at least one) as active."""
 
     async def _adeactivate_asset(self, name: str) -> bool: ...
-
     async def _alist_assets(self, active_only: bool) -> list[AssetInfo]: ...
-
     async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]: ...
-
     async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]: ...
-
     async def _alist_events(
         self,
         asset: str | None,
@@ -381,15 +334,11 @@ class EventsDriver(Protocol):
         before_id: int | None,
         newest_first: bool,
     ) -> list[AssetEvent]: ...
-
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]: ...
-
     async def _alast_event_id(self, asset: str | None) -> int: ...
-
     async def _acount_events_since(self, since: datetime) -> dict[str, int]: ...
-
     async def _await_events(self, after_id: int, wait: float) -> int: ...
 
 
@@ -397,7 +346,6 @@ class TasksDriver(Protocol):
     """The primitives of :class:`~watchkeeper.store.services.TasksService`."""
 
     async def _aconsumer_position(self, name: str) -> int: ...
-
     async def _aconsumer_fetch(
         self, name: str, assets: list[str] | None, limit: int
     ) -> list[AssetEvent]:
@@ -411,20 +359,15 @@ class TasksDriver(Protocol):
         expected: int | None,
         writer: Writer | None,
     ) -> int: ...
-
     async def _async_tasks(self, specs: list[TaskSpec]) -> None:
         """Upsert these specs (at least one)."""
 
     async def _alist_tasks(self) -> list[TaskInfo]: ...
-
     async def _aset_task_paused(self, name: str, paused: bool) -> None: ...
-
     async def _arewind_task(
         self, name: str, asset: str, to_event_id: int, writer: Writer | None
     ) -> None: ...
-
     async def _acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
-
     async def _astep_runs(
         self,
         owner: str,
@@ -445,22 +388,16 @@ class TasksDriver(Protocol):
         """Expire the leases of these owners (distinct, sorted, at least one)."""
 
     async def _aget_run(self, run_id: int) -> TaskRun: ...
-
     async def _alist_runs(
         self, task: str | None, state: str | None, limit: int | None, before: int | None
     ) -> list[TaskRun]: ...
-
     async def _arun_event_ids(self, run_ids: list[int]) -> dict[int, list[int]]:
         """The event ids of these runs (at least one), each run's in order."""
 
     async def _aretry_run(self, run_id: int) -> TaskRun: ...
-
     async def _acount_runs(self) -> dict[tuple[str, str], int]: ...
-
     async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
-
     async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
-
     async def _arun_durations(
         self, bounds: tuple[float, ...]
     ) -> dict[str, tuple[list[int], float]]: ...
@@ -470,16 +407,13 @@ class LeasesDriver(Protocol):
     """The primitives of :class:`~watchkeeper.store.services.LeasesService`."""
 
     async def _arenew_node(self, owner: str, ttl: timedelta) -> NodeHeartbeat: ...
-
     async def _aclaim_leases(
         self, owner: str, trigger_ids: list[str], ttl: timedelta, limit: int | None
     ) -> dict[str, int]:
         """Renew the node, then claim (distinct sorted ids, maybe none)."""
 
     async def _arelease_leases(self, owner: str, trigger_ids: list[str], leave: bool) -> None: ...
-
     async def _abreak_node(self, owner: str) -> bool: ...
-
     async def _alist_leases(self) -> list[Lease]: ...
 
 
@@ -491,19 +425,12 @@ class ControlsDriver(Protocol):
     """The primitives of :class:`~watchkeeper.store.services.ControlsService`."""
 
     async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl: ...
-
     async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl: ...
-
     async def _alist_watcher_controls(self) -> list[WatcherControl]: ...
-
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None: ...
-
     async def _acreate_token(self, token: ApiToken) -> None: ...
-
     async def _alist_tokens(self) -> list[ApiToken]: ...
-
     async def _aget_token(self, token_id: str) -> ApiToken | None: ...
-
     async def _arevoke_token(self, name: str) -> bool: ...
 
 
@@ -517,9 +444,7 @@ class StatusDriver(Protocol):
         """Delete these statuses (at least one id)."""
 
     async def _alist_trigger_status(self) -> list[TriggerStatus]: ...
-
     async def _asave_daemon_status(self, status: DaemonStatus) -> None: ...
-
     async def _adelete_daemon_status(self, owners: list[str]) -> None:
         """Delete these rows (distinct sorted owners, at least one)."""
 

@@ -40,11 +40,7 @@ from .._types import (
     TriggerStatus,
     Writer,
 )
-from .._values import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_VALUE_BYTES,
-    decode_value,
-)
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from ..errors import (
     AssetNotFoundError,
     BackendImportError,
@@ -64,6 +60,7 @@ from .connections import (
     discard,
     keep_session,
     pooled,
+    session_settings,
     transaction,
 )
 from .consumers import PostgresConsumers, events_prelude
@@ -90,12 +87,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStateBackend"]
 
 T = TypeVar("T")
-
-IDLE_IN_TRANSACTION_FLOOR = 5.0
-"""The least idle-in-transaction timeout :meth:`PostgresStateBackend.configure_sessions` sets,
-in seconds: no live process sits that long between two statements of one of its short
-transactions, even on a busy machine, while a shorter lease (tests use them) would end
-sessions that are merely slow."""
 
 
 class PostgresStateBackend(
@@ -125,9 +116,8 @@ class PostgresStateBackend(
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
-        self.services = builtin_services(
-            self, self, wait_for_release=self._await_lease_release, keepalive=self
-        )
+        wait = self._await_lease_release  # LISTEN/NOTIFY: daemons on other machines wake too
+        self.services = builtin_services(self, self, wait_for_release=wait, keepalive=self)
         #: Session settings of every connection it opens (``application_name``,
         #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
         self.server_settings: dict[str, str] = dict(server_settings or {})
@@ -182,16 +172,7 @@ class PostgresStateBackend(
             await close_quietly(conn)
 
     def configure_sessions(self, name: str, lease_seconds: float) -> None:
-        """Set ``application_name`` (cut to PostgreSQL's 63 bytes) and
-        ``idle_in_transaction_session_timeout`` (``lease_seconds``, at least
-        :data:`IDLE_IN_TRANSACTION_FLOOR`) unless ``server_settings`` has them already."""
-        idle = max(lease_seconds, IDLE_IN_TRANSACTION_FLOOR)
-        self.server_settings.setdefault(
-            "application_name", name.encode()[:63].decode(errors="ignore")
-        )
-        self.server_settings.setdefault(
-            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
-        )
+        session_settings(self.server_settings, name, lease_seconds)
 
     def _describe(self) -> str:
         pool = self._pool

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._types import ApiToken, WatcherControl
+from .._controls import ApiToken, WatcherControl
 from ..errors import AssetNotFoundError, TokenExistsError, VersionConflictError
 from .schema import table_prefix
 

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from .._types import ApiToken, AssetScope, WatcherControl
+from .._controls import ApiToken, WatcherControl
+from .._types import AssetScope
 from ..errors import TokenExistsError, VersionConflictError
 from .schema import from_db, to_db
 
