@@ -40,7 +40,7 @@ class TestTokensCommand:
         assert token not in listed and token.split("_", 2)[2] not in listed
         with SqliteStateBackend(tmp_path / "s.db") as backend:
             (stored,) = backend.run_sync(backend.controls.alist_tokens)
-            principal = backend.run_sync(verify_token, backend, token, stored.created_at)
+            principal = backend.run_sync(verify_token, backend.controls, token, stored.created_at)
         assert token.split("_", 2)[2] not in stored.digest
         assert principal is not None and principal.scopes == ("read", "write:asset:orders_*")
 
