@@ -747,13 +747,13 @@ class TestRunCreation:
             for i in range(2000):
                 commit = EventCommit("w", ("a",), str(i))
                 tg.start_soon(store.events.acommit, commit)
-        sql = create_claim_sql(store._prefix, store._events_key)
+        sql = create_claim_sql(store._tasks._prefix, store._tasks._events_key)
         async with store._pool_or_closed().acquire() as conn:
             plan = await conn.fetchval(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}",
                 "t", None, 8, None, "owner", 2, timedelta(seconds=30),
             )  # fmt: skip
-            created = await conn.fetchval(f"SELECT count(*) FROM {store._prefix}task_runs")
+            created = await conn.fetchval(f"SELECT count(*) FROM {store._tasks._prefix}task_runs")
         read = [
             n["Actual Rows"] * n["Actual Loops"]
             for n in _plan_nodes(json.loads(plan)[0]["Plan"])

@@ -123,7 +123,7 @@ class TestBlackHole:
         async with PostgresStateBackend(dsn, schema=pg_schema, statement_timeout=1.0) as backend:
             await backend.events.aregister_assets([Asset("a")])
             await backend.leases.arenew_node("kept", 30)
-            channel = backend.open_node_keepalive("kept", 30)
+            channel = backend._leases.open_node_keepalive("kept", 30)
             try:
                 assert await anyio.to_thread.run_sync(channel.renew, 5.0)
                 assert proxy.black_hole() > 0
@@ -149,7 +149,7 @@ class TestBlackHole:
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, mute)
             backend = PostgresStateBackend(f"postgresql://u@127.0.0.1:{port}/db")
-            channel = backend.open_node_keepalive("kept", 30)
+            channel = backend._leases.open_node_keepalive("kept", 30)
             try:
                 with anyio.fail_after(1.0 + SLACK), pytest.raises(StoreUnavailableError):
                     await anyio.to_thread.run_sync(channel.renew, 1.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +16,8 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, encode_json
+from watchkeeper.store.backend import EventBatchCommit, EventsService, encode_json
+from watchkeeper.store.sqlite.controls import SqliteControls
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -25,11 +26,11 @@ from tests.support.daemons import wait_until
 ASSETS = [Asset("orders"), Asset("bills")]
 
 
-class CountingSqlite(SqliteStateBackend):
-    """The real SQLite backend, recording each read of the event log that found events."""
+class CountingFeed(SqliteControls):
+    """The real SQLite event feed, recording each read of the event log that found events."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    def __init__(self, store: SqliteStateBackend) -> None:
+        super().__init__(store)
         self.reads: list[tuple[str | None, int]] = []
 
     async def _alist_event_json(
@@ -39,6 +40,16 @@ class CountingSqlite(SqliteStateBackend):
         if found:
             self.reads.append((asset, since_id))
         return found
+
+
+class CountingSqlite(SqliteStateBackend):
+    """The real SQLite backend whose event feed counts its reads (``reads``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        feed = CountingFeed(self)
+        self.reads = feed.reads
+        self.services = replace(self.services, events=EventsService(self, self, feed))
 
 
 async def next_ids(lines: AsyncIterator[str], count: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The built-in services of a store over one driver: what the built-in backends offer."""
+"""The built-in services of a store over its drivers: what the built-in backends offer."""
 
 from __future__ import annotations
 
@@ -10,25 +10,42 @@ from .protocols import Services
 
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend
-    from .protocols import Driver, NodeKeepAlive, WaitForRelease
+    from .protocols import (
+        ControlsDriver,
+        EventFeedDriver,
+        EventsDriver,
+        GcDriver,
+        LeasesDriver,
+        NodeKeepAlive,
+        StatusDriver,
+        TasksDriver,
+        WaitForRelease,
+    )
 
 __all__ = ["builtin_services"]
 
 
 def builtin_services(
     store: BaseStateBackend,
-    driver: Driver,
     *,
+    events: EventsDriver,
+    feed: EventFeedDriver,
+    tasks: TasksDriver,
+    leases: LeasesDriver,
+    controls: ControlsDriver,
+    status: StatusDriver,
+    gc: GcDriver,
     wait_for_release: WaitForRelease | None = None,
     keepalive: NodeKeepAlive | None = None,
 ) -> Services:
-    """Every built-in service of ``store`` over ``driver``'s primitives (see
-    :class:`~.protocols.LeasesService` for ``wait_for_release`` and ``keepalive``)."""
+    """Every built-in service of ``store``, each over the driver of its primitives (one
+    object may be the driver of several; see :class:`~._services.LeasesService` for
+    ``wait_for_release`` and ``keepalive``)."""
     return Services(
-        events=EventsService(store, driver),
-        tasks=TasksService(store, driver),
-        leases=LeasesService(store, driver, wait_for_release=wait_for_release, keepalive=keepalive),
-        controls=ControlsService(store, driver),
-        status=StatusService(store, driver),
-        gc=GcService(store, driver),
+        events=EventsService(store, events, feed),
+        tasks=TasksService(store, tasks),
+        leases=LeasesService(store, leases, wait_for_release=wait_for_release, keepalive=keepalive),
+        controls=ControlsService(store, controls),
+        status=StatusService(store, status),
+        gc=GcService(store, gc),
     )

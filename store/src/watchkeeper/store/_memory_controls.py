@@ -5,35 +5,25 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING
+
+import anyio
 
 from ._controls import ApiToken, WatcherControl
-from ._types import AssetEvent, AssetScope, RawEntry
+from ._memory_part import MemoryCore, MemoryPart
+from ._types import AssetScope
 from .errors import TokenExistsError, VersionConflictError
-
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["MemoryControls"]
 
 
-class MemoryControls:
-    """The hooks of :class:`~._controls.ControlsBackend` for the memory backend: the rows in
-    two dicts."""
+class MemoryControls(MemoryPart):
+    """The controls driver of the memory backend (the rows in two dicts) and its event feed
+    (:class:`~.protocols.ControlsDriver`, :class:`~.protocols.EventFeedDriver`)."""
 
-    clock: Callable[[], datetime]
-    _lock: threading.Lock
-    _events: list[AssetEvent]
-    _asset_state: dict[tuple[int, str], RawEntry]
-
-    if TYPE_CHECKING:
-
-        def _resolve(self, scope: AssetScope) -> Any: ...
-
-    def _init_controls(self) -> None:
+    def __init__(self, store: MemoryCore) -> None:
+        super().__init__(store)
         self._controls_lock = threading.Lock()
         self._controls: dict[str, WatcherControl] = {}
         self._tokens: dict[str, ApiToken] = {}
@@ -131,3 +121,12 @@ class MemoryControls:
                 return False
             self._tokens[name] = replace(old, revoked_at=self._controls_now())
             return True
+
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        with anyio.move_on_after(wait):
+            while True:
+                last = self._events[-1].id if self._events else 0
+                if last > after_id:
+                    return last
+                await anyio.sleep(0.01)
+        return self._events[-1].id if self._events else 0

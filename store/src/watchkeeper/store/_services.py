@@ -35,6 +35,7 @@ from ._values import check_bigint, check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 from .protocols import (
     ControlsDriver,
+    EventFeedDriver,
     EventsDriver,
     GcDriver,
     LeasesDriver,
@@ -88,9 +89,16 @@ def check_text(name: str, value: object) -> str:
 
 
 class EventsService(Service[EventsDriver]):
-    """The asset registry and the event log (:class:`~.protocols.EventLog`)."""
+    """The asset registry and the event log (:class:`~.protocols.EventLog`); ``feed`` has the
+    primitives of a live tail (a stream's reads, the worker's wait for new events)."""
 
-    __slots__ = ()
+    __slots__ = ("_feed",)
+
+    def __init__(
+        self, store: BaseStateBackend, driver: EventsDriver, feed: EventFeedDriver
+    ) -> None:
+        super().__init__(store, driver)
+        self._feed = feed
 
     # -- asset registry ----------------------------------------------------------------------
 
@@ -188,13 +196,13 @@ class EventsService(Service[EventsDriver]):
         """Events with ``id > since_id`` in id order, as ``(id, JSON object text)``."""
         self._store._check_open()
         check_events_query(asset, since_id, limit)
-        return await self._driver._alist_event_json(asset, since_id, limit)
+        return await self._feed._alist_event_json(asset, since_id, limit)
 
     async def alast_event_id(self, asset: str | None = None) -> int:
         """The id of the latest committed event (of ``asset``), 0 when there is none."""
         self._store._check_open()
         check_events_query(asset, 0, None)
-        return await self._driver._alast_event_id(asset)
+        return await self._feed._alast_event_id(asset)
 
     async def acount_events_since(self, since: datetime) -> dict[str, int]:
         """The number of events each watcher committed at or after ``since``.
@@ -205,7 +213,7 @@ class EventsService(Service[EventsDriver]):
         self._store._check_open()
         if not isinstance(since, datetime) or since.tzinfo is None:
             raise ArgumentTypeError("since", since, "a timezone-aware datetime")
-        return await self._driver._acount_events_since(since)
+        return await self._feed._acount_events_since(since)
 
     async def await_events(self, after_id: int, wait: float) -> int:
         """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
@@ -215,7 +223,7 @@ class EventsService(Service[EventsDriver]):
             raise ArgumentTypeError("wait", wait, "a number of seconds")
         if not wait >= 0:
             raise InvalidArgumentError("wait", wait, "must be >= 0 seconds")
-        return await self._driver._await_events(after_id, float(wait))
+        return await self._feed._await_events(after_id, float(wait))
 
 
 class LeasesService(Service[LeasesDriver]):

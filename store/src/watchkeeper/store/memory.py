@@ -52,7 +52,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(MemoryTasks, MemoryControls, BaseStateBackend):
+class MemoryStateBackend(BaseStateBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -78,9 +78,11 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, BaseStateBackend):
         self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, tuple[str | None, int]] = {}  # trigger id: (owner, token)
         self._nodes: dict[str, NodeLease] = {}
-        self._init_tasks()
-        self._init_controls()
-        self.services = builtin_services(self, self)
+        tasks, controls = MemoryTasks(self), MemoryControls(self)
+        self.services = builtin_services(
+            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            status=self, gc=self,
+        )  # fmt: skip
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:

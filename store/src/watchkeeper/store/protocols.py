@@ -58,7 +58,7 @@ from ._types import (
 __all__ = [
     "SERVICE_NAMES",
     "ControlsDriver",
-    "Driver",
+    "EventFeedDriver",
     "EventLog",
     "EventsDriver",
     "GarbageCollector",
@@ -334,6 +334,12 @@ class EventsDriver(Protocol):
         before_id: int | None,
         newest_first: bool,
     ) -> list[AssetEvent]: ...
+
+
+class EventFeedDriver(Protocol):
+    """The primitives of a live tail of the event log (the rest of
+    :class:`~watchkeeper.store.services.EventsService`'s): reads a stream and the worker poll."""
+
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]: ...
@@ -455,9 +461,3 @@ class GcDriver(Protocol):
     """The primitive of :class:`~watchkeeper.store.services.GcService`."""
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport: ...
-
-
-class Driver(
-    EventsDriver, TasksDriver, LeasesDriver, ControlsDriver, StatusDriver, GcDriver, Protocol
-):
-    """Every primitive: what a driver implements for a store with every built-in service."""

@@ -36,7 +36,7 @@ import asyncio
 import builtins
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -51,10 +51,8 @@ from .connections import (
     connection_class,
     transaction,
 )
+from .part import PostgresPart
 from .sql import is_connection_error, is_unavailable, map_error
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = ["PostgresKeepAlive", "PostgresLeases", "lease_channel"]
 
@@ -227,26 +225,9 @@ class PostgresKeepAlive:
             loop.close()
 
 
-class PostgresLeases:
-    """The lease hooks of :class:`~watchkeeper.store.PostgresStateBackend` (a mixin)."""
-
-    _dsn: str
-    schema: str | None
-
-    _open: bool
-    _freshness: Freshness
-    statement_timeout: float
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-
-        async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
-
-        def _clock_param(self) -> datetime | None: ...
-
-        def _connect_args(self) -> dict[str, Any]: ...
+class PostgresLeases(PostgresPart):
+    """The leases driver of :class:`~watchkeeper.store.PostgresStateBackend`
+    (:class:`~watchkeeper.store.protocols.LeasesDriver`) and its keep-alive."""
 
     @property
     def _lease_sql(self) -> _Sql:

@@ -78,7 +78,6 @@ from ..errors import (
     StoreClosedError,
 )
 from . import leases, meta, ops
-from .consumers import SqliteConsumers
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
@@ -101,7 +100,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, BaseStateBackend):
+class SqliteStateBackend(BaseStateBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
@@ -119,7 +118,11 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, BaseState
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
-        self.services = builtin_services(self, self, keepalive=self)
+        tasks, controls = SqliteTasks(self), SqliteControls(self)
+        self.services = builtin_services(
+            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            status=self, gc=self, keepalive=self,
+        )  # fmt: skip
         text = os.fspath(path)
         if not isinstance(text, str):
             raise ArgumentTypeError("path", path, "a str or os.PathLike[str]")

@@ -7,17 +7,19 @@ like every other operation of that backend; the tables are created by migration 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+import anyio
 
 from .._controls import ApiToken, WatcherControl
 from .._types import AssetScope
 from ..errors import TokenExistsError, VersionConflictError
+from .part import SqlitePart
 from .schema import from_db, to_db
 
 if TYPE_CHECKING:
-    from .writer import Row, Tx
+    from .writer import Tx
 
 T = TypeVar("T")
 
@@ -44,14 +46,10 @@ def _token(row: Any) -> ApiToken:
     )
 
 
-class SqliteControls:
-    """The controls primitives (:class:`~watchkeeper.store.protocols.ControlsDriver`) and the
-    event log's reads for a live stream, of the SQLite backend."""
-
-    if TYPE_CHECKING:
-
-        async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
-        async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
+class SqliteControls(SqlitePart):
+    """The controls driver of the SQLite backend and its event feed (a live tail's reads)
+    (:class:`~watchkeeper.store.protocols.ControlsDriver`,
+    :class:`~watchkeeper.store.protocols.EventFeedDriver`)."""
 
     async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         flag = 1 if paused else 0
@@ -184,3 +182,21 @@ class SqliteControls:
             return cursor.rowcount > 0
 
         return await self._write(write, savepoint=False)
+
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        """Poll the newest event id (a cheap read: the primary key's last row) until it is past
+        ``after_id`` or ``wait`` seconds have passed: other processes commit into the file.
+
+        The poll adapts: every 2 ms at first, doubling up to 20 ms while nothing comes, so a
+        busy log is seen at once and an idle one costs a read per 20 ms."""
+        last = 0
+        pause = 0.002
+        with anyio.move_on_after(wait):
+            while True:
+                rows = await self._read("SELECT coalesce(max(id), 0) FROM asset_events")
+                last = int(rows[0][0])
+                if last > after_id:
+                    return last
+                await anyio.sleep(min(pause, wait))
+                pause = min(pause * 2, 0.02)
+        return last
