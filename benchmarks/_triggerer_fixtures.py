@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import asyncpg
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, Writer
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, Writer
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 
 __all__ = [

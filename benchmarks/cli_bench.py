@@ -46,7 +46,7 @@ def loadavg() -> str:
 
 async def _prepare(path: Path, watchers: int) -> None:
     from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-    from watchkeeper.store.backend import DaemonStatus, TriggerStatus
+    from watchkeeper.store.protocols import DaemonStatus, TriggerStatus
 
     now = datetime.now(UTC)
     async with SqliteStateBackend(path) as backend:

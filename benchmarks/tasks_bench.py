@@ -53,7 +53,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.triggerer import Worker, WorkerSettings, asset_task
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")

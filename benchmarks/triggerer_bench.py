@@ -52,7 +52,7 @@ from _triggerer_fixtures import (
 )
 from _triggerer_report import report
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     RunnerConfig,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 from watchkeeper.store import MemoryStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
 from tests.support.requires import unavailable

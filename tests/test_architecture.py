@@ -215,7 +215,7 @@ class TestLayout:
 
     @pytest.mark.parametrize("part", ["triggerer", "watchers"])
     def test_no_private_module_of_another_part_is_imported(self, part: str) -> None:
-        """A part imports another part's public modules only (``watchkeeper.store.backend``,
+        """A part imports another part's public modules only (``watchkeeper.store.protocols``,
         not ``watchkeeper.store._backend``)."""
         private = []
         for name, module in MODULES.items():

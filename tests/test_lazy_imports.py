@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.store.protocols import TriggerStatus
 
 SOURCES = Path(__file__).resolve().parents[1]
 
@@ -128,7 +128,7 @@ def _type_checking_imports(path: Path) -> dict[str, str]:
 
 LAZY = {
     "watchkeeper.store": SOURCES / "store/src/watchkeeper/store/__init__.py",
-    "watchkeeper.store.backend": SOURCES / "store/src/watchkeeper/store/backend.py",
+    "watchkeeper.store.protocols": SOURCES / "store/src/watchkeeper/store/protocols.py",
     "watchkeeper.triggerer": SOURCES / "triggerer/src/watchkeeper/triggerer/__init__.py",
 }
 

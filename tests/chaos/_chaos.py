@@ -35,7 +35,7 @@ import anyio.abc
 import anyio.to_thread
 from anyio.abc import Process
 from watchkeeper.store import AssetEvent, AssetScope
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer.testing import FakeEventSource
 
 from tests.support.daemons import reap

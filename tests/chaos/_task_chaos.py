@@ -28,7 +28,7 @@ from watchkeeper.store import (
     Asset,
     BaseStateBackend,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.chaos._chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw
 from tests.support.postgres import fresh_pg_database

@@ -23,7 +23,7 @@ from watchkeeper.store import (
     Asset,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 
 from tests.chaos._task_chaos import COMMAND
 

@@ -255,7 +255,7 @@ class TestPythonBlocks:
         self, load_block: LoadBlock, tmp_path: Path
     ) -> None:
         """The asset_task example runs on its events and its outlet event carries the payload."""
-        from watchkeeper.store.backend import EventCommit
+        from watchkeeper.store.protocols import EventCommit
         from watchkeeper.triggerer import Worker, WorkerSettings
 
         module = load_block(_block_defining("def build_report("))
@@ -281,7 +281,7 @@ class TestPythonBlocks:
         self, load_block: LoadBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The consumer example reads the orders events once and keeps its count with the cursor."""
-        from watchkeeper.store.backend import EventCommit
+        from watchkeeper.store.protocols import EventCommit
 
         module = load_block(_block_defining("async def consume_once("))
         monkeypatch.chdir(tmp_path)

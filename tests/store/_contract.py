@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from watchkeeper.store import Asset, AssetScope, StateScope, TaskScope
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 TASK = TaskScope("dag", "run_1", "task")
 TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)

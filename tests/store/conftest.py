@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.store._contract import ALL_SCOPES, INVOICES, ORDERS, TASK
 

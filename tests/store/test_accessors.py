@@ -32,7 +32,7 @@ from watchkeeper.store import (
     TaskStateStoreAccessor,
     ValueTooLargeError,
 )
-from watchkeeper.store.backend import Writer
+from watchkeeper.store.protocols import Writer
 
 T = TypeVar("T")
 

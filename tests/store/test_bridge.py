@@ -29,7 +29,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     Put,
     RawEntry,
     Services,

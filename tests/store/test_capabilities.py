@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 
 import pytest
 from watchkeeper.store import MemoryStateBackend, MissingCapabilityError, PostgresStateBackend
-from watchkeeper.store.backend import SERVICE_NAMES, BaseStateBackend, Services
+from watchkeeper.store.protocols import SERVICE_NAMES, BaseStateBackend, Services
 
 
 class TestServices:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import NEVER_EXPIRE, Asset, StateScope
-from watchkeeper.store.backend import BaseStateBackend, encode_value
+from watchkeeper.store.protocols import BaseStateBackend, encode_value
 
 from tests.store._contract import (
     ALL_SCOPES,

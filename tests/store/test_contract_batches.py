@@ -21,7 +21,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateStoreError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     EventBatchCommit,
     EventCommit,

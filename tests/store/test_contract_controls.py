@@ -15,7 +15,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TokenExistsError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     ApiToken,
 )
 
@@ -125,7 +125,7 @@ class TestEventReads:
         import json
 
         from watchkeeper.store import Asset
-        from watchkeeper.store.backend import EventCommit, encode_json
+        from watchkeeper.store.protocols import EventCommit, encode_json
 
         assert backend.services.controls is not None
         assert await backend.events.alast_event_id() == 0
@@ -154,7 +154,7 @@ class TestEventReads:
         """Events per watcher at or after a time, each asset's event counted; older ones and
         silent watchers are left out; a naive datetime is refused."""
         from watchkeeper.store import Asset, StateStoreError
-        from watchkeeper.store.backend import EventCommit, encode_json
+        from watchkeeper.store.protocols import EventCommit, encode_json
 
         assert backend.services.controls is not None
         await backend.events.aregister_assets([Asset("a"), Asset("b")])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TaskSpec, encode_json
 
 from tests.support.clock import Clock
 

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     EventCommit,
     encode_json,

@@ -31,7 +31,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, encode_json
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, encode_json
 
 from tests.store._contract import ORDERS_SCOPE, SCOPES, TASK, assert_rejected, snapshot
 

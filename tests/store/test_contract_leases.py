@@ -21,7 +21,7 @@ from watchkeeper.store import (
     TaskScope,
     TaskStateStoreAccessor,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     EventCommit,
     Fence,

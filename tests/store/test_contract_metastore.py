@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import NEVER_EXPIRE, Asset, AssetNotFoundError, StateStoreError
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     DaemonStatus,
     EventCommit,

@@ -15,7 +15,7 @@ from watchkeeper.store import (
     ValueTooLargeError,
     ValueTypeError,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventBatchCommit, EventCommit, StateWrite
+from watchkeeper.store.protocols import BaseStateBackend, EventBatchCommit, EventCommit, StateWrite
 
 from tests.store._contract import ORDERS_SCOPE, SCOPES, assert_rejected
 

@@ -22,7 +22,7 @@ from watchkeeper.store import (
     RunLeaseLostError,
     StateStoreError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     EventCommit,
     OutletEvent,

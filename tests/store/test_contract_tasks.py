@@ -29,7 +29,7 @@ from watchkeeper.store import (
     TaskNotFoundError,
     TaskScope,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     MAX_LOST_TRIES,
     EventCommit,
     OutletEvent,
@@ -167,7 +167,7 @@ class TestRunCreation:
 
     async def test_rewind_redelivers(self, store: Any) -> None:
         """Rewinding a cursor redelivers past events and records who moved it."""
-        from watchkeeper.store.backend import Writer
+        from watchkeeper.store.protocols import Writer
 
         await store.tasks.async_tasks([TaskSpec("t", ("a",))])
         ids = await emit(store, "a", 3)

@@ -21,7 +21,7 @@ from watchkeeper.store import (
     StateScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, Writer
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, Writer
 
 from tests.store._contract import (
     INVOICES_SCOPE,

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateStoreError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     NodeKeepAliveChannel,
     NodeLease,

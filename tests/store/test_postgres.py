@@ -35,7 +35,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, TriggerStatus, Writer
+from watchkeeper.store.protocols import EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
 _WAITING_ON_ME = (
@@ -738,8 +738,8 @@ class TestRunCreation:
     ) -> None:
         """The create-and-claim statement reads the events it takes, not the whole backlog
         behind them (it read all of them, 4 ms per 3,000, on each creation)."""
-        from watchkeeper.store.backend import TaskSpec
         from watchkeeper.store.postgres.runs import create_claim_sql
+        from watchkeeper.store.protocols import TaskSpec
 
         await store.events.aregister_assets([Asset("a")])
         await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1)])

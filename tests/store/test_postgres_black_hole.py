@@ -27,7 +27,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     StoreUnavailableError,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.store.settings import DatabaseSettings
 
 from tests.support.proxy import TcpProxy, open_proxy

@@ -9,8 +9,8 @@ import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, PostgresStateBackend
-from watchkeeper.store.backend import EventBatchCommit, EventCommit, TaskSpec
 from watchkeeper.store.postgres.consumers import LOCK_KEY, events_prelude
+from watchkeeper.store.protocols import EventBatchCommit, EventCommit, TaskSpec
 
 # A waiting request for this schema's events lock (a 64-bit advisory key: classid holds its
 # high half, objid its low half).

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import EventCommit, Fence, Writer
+from watchkeeper.store.protocols import EventCommit, Fence, Writer
 
 TASK = TaskScope("dag", "run", "task")
 OTHERS = 40

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     TaskScope,
     run_task,
 )
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 IDS: dict[str, Any] = {"dag_id": "dag", "run_id": "run_1", "task_id": "load"}

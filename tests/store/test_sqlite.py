@@ -29,7 +29,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, Fence, TriggerStatus, Writer
+from watchkeeper.store.protocols import EventCommit, Fence, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")
@@ -849,7 +849,7 @@ class TestRunQueries:
     async def test_neighbouring_steps_share_one_claim(self, tmp_path: Path) -> None:
         """Steps that land in one batch run as one group: each finish on its own, then one
         claim statement (and one lapsed-lease check) for all of them, each run claimed once."""
-        from watchkeeper.store.backend import RunOutcome, TaskSpec
+        from watchkeeper.store.protocols import RunOutcome, TaskSpec
         from watchkeeper.store.sqlite.steps import RUN_STEPS, StepItem
         from watchkeeper.store.sqlite.writer import Tx
 

@@ -18,7 +18,7 @@ from watchkeeper.store import (
     TaskStateStoreAccessor,
     build_task_context,
 )
-from watchkeeper.store.backend import Writer
+from watchkeeper.store.protocols import Writer
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 from watchkeeper.store import Asset, PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec
+from watchkeeper.store.protocols import EventCommit, TaskSpec
 
 from tests.support.clock import Clock
 

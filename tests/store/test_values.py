@@ -29,7 +29,7 @@ from watchkeeper.store import (
     StateScope,
     TaskScope,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventCommit
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit
 
 from tests.support.values import same
 
@@ -310,7 +310,7 @@ def any_seen(events: list[Any], dedup_key: str) -> bool:
 class TestStrategiesAreSound:
     def test_invalid_leaves_are_really_invalid(self) -> None:
         """The kinds of leaf the invalid strategies draw from are ones the store refuses."""
-        from watchkeeper.store.backend import encode_value
+        from watchkeeper.store.protocols import encode_value
 
         for leaf in (date(2024, 1, 1), datetime(2024, 1, 1), Decimal(1), 1j, {1: 1}, (1,)):
             with pytest.raises(TypeError):
@@ -328,7 +328,7 @@ class TestEncodePayload:
 
     def test_exactly_at_the_limit_is_accepted(self) -> None:
         """A payload whose JSON text is exactly the limit in bytes is returned as is."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         text = encode_payload("x" * (PAYLOAD_LIMIT - 2), max_payload_bytes=PAYLOAD_LIMIT)
         assert len(text.encode()) == PAYLOAD_LIMIT
@@ -336,7 +336,7 @@ class TestEncodePayload:
     def test_one_byte_over_names_size_and_limit(self) -> None:
         """One byte over is a PayloadTooLargeError (a ValueError) naming size, limit and key."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         with pytest.raises(ValueError, match=r"1001 bytes.*limit of 1000 bytes") as caught:
             encode_payload({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -347,7 +347,7 @@ class TestEncodePayload:
     def test_the_limit_counts_utf8_bytes(self) -> None:
         """502 characters of 'é' (1,006 bytes with the quotes) are over a 1,000-byte limit."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         encode_payload("é" * 499, max_payload_bytes=PAYLOAD_LIMIT)
         with pytest.raises(PayloadTooLargeError, match="1006 bytes"):
@@ -355,14 +355,14 @@ class TestEncodePayload:
 
     def test_none_payloads_and_no_limit(self) -> None:
         """A None payload is JSON null; max_payload_bytes=None disables the limit."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         assert encode_payload(None, max_payload_bytes=4) == "null"
         assert len(encode_payload("x" * 5000, max_payload_bytes=None)) == 5002
 
     def test_a_payload_that_is_not_json_is_still_refused(self) -> None:
         """The size check comes after the JSON check: a datetime is a TypeError."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         with pytest.raises(TypeError, match="payload"):
             encode_payload({"at": datetime(2024, 1, 1)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -371,7 +371,7 @@ class TestEncodePayload:
     @given(bad=st.one_of(with_surrogate, too_long_ints, too_deep))
     def test_the_new_invalid_leaves_are_really_invalid(self, bad: Any) -> None:
         """Lone surrogates, ints past the text limit and deep nesting are InvalidValueError."""
-        from watchkeeper.store.backend import encode_value
+        from watchkeeper.store.protocols import encode_value
 
         with pytest.raises(InvalidValueError):
             encode_value("k", bad)
@@ -399,7 +399,7 @@ class TestEncodePayloadDecoded:
         """Any JSON payload gives encode_payload's text and a value equal to it, typed the
         same all the way down, sharing no container with the original."""
         from watchkeeper.store._values import encode_payload_decoded
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
         assert text == encode_payload(value, max_payload_bytes=None)
@@ -412,7 +412,7 @@ class TestEncodePayloadDecoded:
     def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
         """A value that is not plain JSON raises the same error as encode_payload."""
         from watchkeeper.store._values import encode_payload_decoded
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         value, error = case
         with pytest.raises(error) as expected:

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 import anyio
 import httpx
 from watchkeeper.store import AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     encode_json,
 )

@@ -21,7 +21,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateScope,
 )
-from watchkeeper.store.backend import Put, RawEntry
+from watchkeeper.store.protocols import Put, RawEntry
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     RunnerConfig,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
     EventCommit,
     TaskSpec,

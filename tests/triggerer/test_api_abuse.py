@@ -20,7 +20,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
     TaskSpec,
     TriggerStatus,

@@ -22,7 +22,7 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
 from watchkeeper.triggerer._watcher_files import unload_watchers

@@ -19,7 +19,7 @@ import anyio
 import pytest
 from openapi_spec_validator import validate
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
 from tests.support.requires import unavailable

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, TriggerStatus, encode_json
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from watchkeeper.store import BaseStateBackend, MemoryStateBackend, PostgresStateBackend
-from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.store.protocols import TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
 from watchkeeper.triggerer._watcher_files import unload_watchers

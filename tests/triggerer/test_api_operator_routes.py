@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventBatchCommit,
     TriggerStatus,
     encode_json,

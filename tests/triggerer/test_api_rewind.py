@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
 

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 

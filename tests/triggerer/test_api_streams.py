@@ -16,7 +16,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, EventsService, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, EventsService, encode_json
 from watchkeeper.store.sqlite.controls import SqliteControls
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings

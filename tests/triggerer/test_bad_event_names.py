@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, InvalidKeyError, InvalidNameError
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 

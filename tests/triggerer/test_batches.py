@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend, ValueTypeError
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     InvalidEventError,

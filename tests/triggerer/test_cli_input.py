@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend, TaskScope
-from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus
+from watchkeeper.store.protocols import EventCommit, TaskSpec, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (

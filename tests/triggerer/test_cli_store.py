@@ -26,7 +26,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (

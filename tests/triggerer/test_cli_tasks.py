@@ -20,7 +20,7 @@ from watchkeeper.store import (
     Asset,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     TaskSpec,
     encode_json,

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     MemoryStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
+from watchkeeper.store.protocols import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
 from watchkeeper.triggerer._watcher_files import unload_watchers

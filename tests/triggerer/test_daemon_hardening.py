@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer.cli._runtime import status_report
 
 from tests.support.daemons import (

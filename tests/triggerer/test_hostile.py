@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, TriggerStatus
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent, TriggerRunner, WatchSpec
 
 from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs

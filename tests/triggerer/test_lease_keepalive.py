@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
 from watchkeeper.triggerer._leases import LeaseKeeper
 from watchkeeper.triggerer._watcher_files import unload_watchers

@@ -25,7 +25,7 @@ from watchkeeper.store import (
     MemoryStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     Daemon,

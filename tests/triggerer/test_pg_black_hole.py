@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import pytest
 from watchkeeper.store import Asset, PostgresStateBackend
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 
 from tests.support.daemons import (
     LINES_WATCHER,

@@ -9,7 +9,7 @@ import anyio
 import greenback
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, InvalidEventError, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 

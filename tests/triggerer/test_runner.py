@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from watchkeeper.store import Asset, AssetEvent, MemoryStateBackend
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TriggerStatus
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     CapacityError,

@@ -32,7 +32,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateScope,
 )
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, Put, Writer
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, Put, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 from tests.support.runtime import FAST, Scripted

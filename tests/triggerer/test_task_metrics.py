@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import BaseStateBackend, EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TaskSpec, encode_json
 from watchkeeper.triggerer.api._metrics import Metrics
 
 from tests.support.clock import Clock

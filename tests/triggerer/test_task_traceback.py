@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.triggerer import Asset, Worker, WorkerSettings, asset_task
 
 ORDERS = Asset("orders")

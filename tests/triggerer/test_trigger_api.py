@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetStateStoreAccessors, MemoryStateBackend
-from watchkeeper.store.backend import BaseStateBackend, Writer
+from watchkeeper.store.protocols import BaseStateBackend, Writer
 from watchkeeper.triggerer import (
     AssetStoreUnavailableError,
     BaseEventTrigger,

@@ -15,7 +15,7 @@ from typing import IO, Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, TriggerStatus
+from watchkeeper.store.protocols import DaemonStatus, TriggerStatus
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
 from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon

@@ -13,7 +13,7 @@ import pytest
 from watchkeeper.store import (
     AssetEvent,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     BaseStateBackend,
     EventCommit,
     TaskRun,

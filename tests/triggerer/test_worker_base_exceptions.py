@@ -16,7 +16,7 @@ import anyio
 import pytest
 from anyio.abc import Process
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskRun, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskRun, encode_json
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 

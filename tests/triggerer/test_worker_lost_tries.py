@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.protocols import EventCommit, encode_json
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import BaseStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.support.postgres import fresh_pg_schema
 from tests.support.requires import unavailable

@@ -12,6 +12,7 @@ import anyio.abc
 
 from ._lifecycle import Lifecycle
 from ._offload import OffloadHooks
+from ._protocols import Services
 from ._slots import slot_setters
 from ._types import (
     AssetScope,
@@ -43,10 +44,9 @@ from .errors import (
     RetentionTypeError,
     StoreClosedError,
 )
-from .protocols import Services
 
 if TYPE_CHECKING:
-    from .protocols import (
+    from ._protocols import (
         EventLog,
         GarbageCollector,
         LeaseTable,

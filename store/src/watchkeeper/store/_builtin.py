@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._protocols import Services
 from ._services import ControlsService, EventsService, GcService, LeasesService, StatusService
 from ._task_service import TasksService
-from .protocols import Services
 
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend
-    from .protocols import (
+    from ._protocols import (
         ControlsDriver,
         EventFeedDriver,
         EventsDriver,

@@ -15,7 +15,7 @@ A lease says which daemon runs a trigger. It is two things:
   touches another live node's; ``arelease_leases`` frees the holder's own (the row stays, so
   the next holder's token is still higher).
 
-Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the
+Fencing: a write that carries a :class:`~watchkeeper.store.protocols.Fence` checks, in the
 transaction that would write, that the trigger lease names the fence's owner and token and
 that the owner's node lease is alive and not expired at the write's time. If not, the write
 stores nothing and raises :class:`~watchkeeper.store.errors.LeaseLostError`. The token, not

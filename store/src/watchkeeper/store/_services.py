@@ -19,6 +19,16 @@ from ._controls import ApiToken, WatcherControl
 from ._daemons import check_daemon_status, check_owners
 from ._gc import gc_plan
 from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._protocols import (
+    ControlsDriver,
+    EventFeedDriver,
+    EventsDriver,
+    GcDriver,
+    LeasesDriver,
+    NodeKeepAlive,
+    StatusDriver,
+    WaitForRelease,
+)
 from ._types import (
     Asset,
     AssetEvent,
@@ -33,16 +43,6 @@ from ._types import (
 )
 from ._values import check_bigint, check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
-from .protocols import (
-    ControlsDriver,
-    EventFeedDriver,
-    EventsDriver,
-    GcDriver,
-    LeasesDriver,
-    NodeKeepAlive,
-    StatusDriver,
-    WaitForRelease,
-)
 
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend

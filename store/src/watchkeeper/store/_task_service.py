@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from ._checks import check_items, check_limit
 from ._leases import check_owner, check_ttl
+from ._protocols import TasksDriver
 from ._services import Service
 from ._tasks import (
     OutletEvent,
@@ -26,7 +27,6 @@ from ._tasks import (
 from ._types import AssetEvent, Writer
 from ._values import check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
-from .protocols import TasksDriver
 
 __all__ = ["TasksService"]
 

@@ -4,8 +4,8 @@ Every heartbeat the daemon saves its row (owner, start and heartbeat times, leas
 live, the definitions its last load refused): what ``watchkeeper status`` reads to tell a
 live daemon from a dead one. A clean exit removes the row. Saving is advisory: bounded in
 time, and a failure is logged, never raised. A backend without a daemon table
-(:class:`~watchkeeper.store.backend.DaemonTable`) keeps no row, and one without a status
-table (:class:`~watchkeeper.store.backend.StatusTable`) has no trigger rows to prune.
+(:class:`~watchkeeper.store.protocols.DaemonTable`) keeps no row, and one without a status
+table (:class:`~watchkeeper.store.protocols.StatusTable`) has no trigger rows to prune.
 
 :meth:`DaemonStatusKeeper.prune` forgets the rows of daemons that stopped refreshing theirs,
 and the status rows of triggers no daemon runs any more.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
     RefusedDefinition,
     get_logger,

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 import anyio
 import anyio.lowlevel
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._describe import describe_error
 from ._leases import LeaseKeeper

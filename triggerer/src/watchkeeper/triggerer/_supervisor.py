@@ -14,8 +14,8 @@ an exponential, jittered backoff; after ``max_failures`` consecutive failures th
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
 
-A slot with a :class:`~watchkeeper.store.backend.Fence` (the daemon's lease on the trigger) writes
-through a fenced :class:`~watchkeeper.store.backend.Writer`: its events and its accessors' ``set`` calls
+A slot with a :class:`~watchkeeper.store.protocols.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.protocols.Writer`: its events and its accessors' ``set`` calls
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
@@ -46,7 +46,7 @@ from watchkeeper.store import (
     BaseStateBackend,
     DatabaseFileRemovedError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     SYNC_CALL_WITHOUT_PORTAL,
     EventCommit,
     Fence,

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import OperatorControls, WatcherControl
+from watchkeeper.store.protocols import OperatorControls, WatcherControl
 
 from ._daemon_report import daemon_report
 

@@ -2,7 +2,7 @@
 
 ``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
 
-1. with free slots, take a *step* (:meth:`~watchkeeper.store.backend.TaskQueue.astep_runs`):
+1. with free slots, take a *step* (:meth:`~watchkeeper.store.protocols.TaskQueue.astep_runs`):
    claim ready runs under a lease (``[worker] lease_ttl``) and, when too few are ready,
    create a batch of runs from the pending events and claim from it, in one transaction
    (each creation moves the task's cursors with it);
@@ -44,7 +44,7 @@ from watchkeeper.store import (
     TaskScope,
     build_task_context,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventLog,
     LoopThreads,
     OutletEvent,

@@ -65,7 +65,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 from watchkeeper.store import BaseStateBackend, open_state_backend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     GcReport,
     get_logger,
 )

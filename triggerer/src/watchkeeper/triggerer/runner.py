@@ -51,7 +51,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import Fence, TriggerStatus, get_logger
+from watchkeeper.store.protocols import Fence, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
 from ._describe import describe_error

@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import (

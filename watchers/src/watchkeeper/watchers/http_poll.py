@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
 
 from ._common import (

@@ -45,7 +45,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
 from ._broker import (

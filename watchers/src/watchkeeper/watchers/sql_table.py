@@ -36,7 +36,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import reconnect_delay

@@ -155,7 +155,7 @@ class _Sql:
 
 
 class PostgresKeepAlive:
-    """A :class:`~watchkeeper.store.backend.NodeKeepAliveChannel` on PostgreSQL: one
+    """A :class:`~watchkeeper.store.protocols.NodeKeepAliveChannel` on PostgreSQL: one
     connection, on an event loop private to the one thread that calls :meth:`renew` (asyncpg
     needs an asyncio loop; the daemon's own is the one that may be too busy)."""
 
@@ -377,7 +377,7 @@ class PostgresLeases(PostgresPart):
         return result
 
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> PostgresKeepAlive:
-        """See :class:`~watchkeeper.store.backend.NodeKeepAlive`: the renewal's ``UPDATE``
+        """See :class:`~watchkeeper.store.protocols.NodeKeepAlive`: the renewal's ``UPDATE``
         alone (no join, no reaping), with this backend's session settings and clock."""
         owner, seconds = check_owner(owner), check_ttl(ttl).total_seconds()
         dsn, args = self._dsn, self._connect_args()

@@ -478,7 +478,7 @@ class SqliteStateBackend(BaseStateBackend):
         return await self._write(lambda tx: leases.break_node(tx, owner))
 
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> leases.SqliteKeepAlive:
-        """See :class:`~watchkeeper.store.backend.NodeKeepAlive` (a connection of its own)."""
+        """See :class:`~watchkeeper.store.protocols.NodeKeepAlive` (a connection of its own)."""
         return leases.SqliteKeepAlive(
             self.path, lambda: self.clock(), check_owner(owner), check_ttl(ttl)
         )

@@ -8,7 +8,7 @@ from typing import Final, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import AssetScope, VersionConflictError
-from watchkeeper.store.backend import Writer, encode_value
+from watchkeeper.store.protocols import Writer, encode_value
 
 from .._records import iso
 from .._watcher_controls import watcher_rows

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 from starlette.requests import Request
 from watchkeeper.store import BaseStateBackend, StateEntry
-from watchkeeper.store.backend import EventLog, OperatorControls, TaskQueue, get_logger
+from watchkeeper.store.protocols import EventLog, OperatorControls, TaskQueue, get_logger
 
 from .._describe import describe_error
 from .._records import iso

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from .._records import event_record
 from ._base import (

@@ -21,7 +21,7 @@ from bisect import bisect_right
 
 import anyio
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import EventLog, redact_secrets
+from watchkeeper.store.protocols import EventLog, redact_secrets
 
 __all__ = ["SSE_BATCH", "EventFeed", "encode_frames", "join_frames"]
 

@@ -30,7 +30,7 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import TriggerStatus, get_logger
+from watchkeeper.store.protocols import TriggerStatus, get_logger
 
 from .._describe import describe_error
 from ._task_metrics import TaskMetrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-from watchkeeper.store.backend import RUN_STATES, TRY_CAUSES, TaskQueue
+from watchkeeper.store.protocols import RUN_STATES, TRY_CAUSES, TaskQueue
 
 __all__ = ["DURATION_BUCKETS", "TaskMetrics"]
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from .._daemon_report import daemon_report
 from .._watcher_controls import unknown_watcher, watcher_rows

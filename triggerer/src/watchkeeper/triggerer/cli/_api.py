@@ -32,7 +32,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import ApiToken
+    from watchkeeper.store.protocols import ApiToken
 
     from ..settings import Settings
     from ._common import Subparsers
@@ -45,7 +45,7 @@ __all__ = ["register"]
 
 async def _serve(settings: Settings) -> None:
     import anyio
-    from watchkeeper.store.backend import get_logger
+    from watchkeeper.store.protocols import get_logger
 
     from .._notify import notify
     from ..api import serve_api

@@ -34,7 +34,7 @@ __all__ = ["register", "status_report", "status_rows"]
 if TYPE_CHECKING:
     from rich.table import Table
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TriggerStatus
+    from watchkeeper.store.protocols import TriggerStatus
 
     from ..settings import Settings
 

@@ -91,7 +91,7 @@ async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 def _check_asset(args: argparse.Namespace) -> None:
-    from watchkeeper.store.backend import check_name
+    from watchkeeper.store.protocols import check_name
 
     if not args.name:
         raise UsageError("an asset name must not be empty")
@@ -130,7 +130,7 @@ async def _assets_deactivate(
 
 
 def _event_line(event: AssetEvent) -> str:
-    from watchkeeper.store.backend import redact_secrets
+    from watchkeeper.store.protocols import redact_secrets
 
     dedup = f" dedup_key={event.dedup_key!r}" if event.dedup_key is not None else ""
     return redact_secrets(

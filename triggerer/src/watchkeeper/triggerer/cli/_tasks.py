@@ -40,7 +40,7 @@ __all__ = ["register"]
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TaskQueue
+    from watchkeeper.store.protocols import TaskQueue
 
     from .._asset_task import AssetTask
     from ..settings import ApiSettings, Settings
@@ -105,7 +105,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
     import anyio
-    from watchkeeper.store.backend import get_logger
+    from watchkeeper.store.protocols import get_logger
 
     from .._notify import notify
     from .._process import start_api

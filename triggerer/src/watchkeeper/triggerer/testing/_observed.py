@@ -16,7 +16,7 @@ from typing import Any, Literal, cast, get_args
 
 import anyio
 from watchkeeper.store import AssetEvent, BaseStateBackend, StateScope
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventBatchCommit,
     EventCommit,
     EventLog,

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, MemoryStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     TaskRun,
     encode_payload,
