@@ -134,7 +134,7 @@ class Metrics:
             read = True
         task_metrics: TaskMetrics | None = None
         if backend.services.tasks is not None:
-            task_metrics = TaskMetrics(backend.tasks)
+            task_metrics = TaskMetrics(backend.tasks, backend.clock)
             await task_metrics.prepare()
             read = True
         if not read:

@@ -151,6 +151,7 @@ def openapi_document() -> dict[str, Any]:
         "parameters": [_NAME],
         "responses": {
             "200": _json("the task, paused or not", ref("Task")),
+            "400": _error("a name the store refuses"),
             "404": _error("no such task"),
         },
     }
@@ -344,7 +345,11 @@ def openapi_document() -> dict[str, Any]:
                             "name": "task",
                             "in": "query",
                             "description": "only this task's runs (empty or absent: every task)",
-                            "schema": {"type": "string"},
+                            "schema": {
+                                "type": "string",
+                                "maxLength": MAX_NAME_BYTES,
+                                "pattern": "^[^\\u0000-\\u001f\\u007f]*$",
+                            },
                         },
                         {
                             "name": "state",
