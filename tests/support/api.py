@@ -17,6 +17,7 @@ from watchkeeper.store.protocols import (
     EventCommit,
     encode_json,
 )
+from watchkeeper.triggerer import TriggerRunner
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -57,11 +58,12 @@ async def serve_api(
     backend: B,
     scopes: Mapping[str, Sequence[str]],
     settings: ApiSettings | None = None,
+    runner: TriggerRunner | None = None,
 ) -> AsyncIterator[ServedApi[B]]:
     """Serve the API over the open ``backend`` with a token per name of ``scopes``; stopped on
-    exit."""
+    exit. With ``runner``, the API reports it as a daemon's API does."""
     settings = settings or ApiSettings(port=0)
-    ctx = api_context(backend, settings)
+    ctx = api_context(backend, settings, runner=runner)
     served: ServedApi[B] = ServedApi(backend, ctx, "", {})
     for name, granted in scopes.items():
         await served.add_token(name, granted)
