@@ -283,7 +283,7 @@ async def ours(
     """Seconds until a ``TriggerRunner`` (as the daemon runs watchers) committed ``count``."""
     kind = PerRowTableWatcher if per_row else SqlTableWatcher
     watcher = kind(dsn, table, "id", "id", batch_size=CHUNK, poll_interval=0.001, lag_window=100)
-    await backend.aregister_assets([ASSET])
+    await backend.events.aregister_assets([ASSET])
     async with TriggerRunner(backend) as runner:
         start = time.perf_counter()
         await runner.start_trigger(WatchSpec("backfill", watcher, (ASSET,), ("backfill",)))

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import EventCommit, Fence, Writer
+from watchkeeper.store.protocols import EventCommit, Fence, Writer
 
 TASK = TaskScope("dag", "run", "task")
 OTHERS = 40
@@ -35,7 +35,9 @@ TTL = timedelta(seconds=30)
 @pytest.fixture
 async def store(pg_dsn: str, pg_schema: str) -> AsyncIterator[PostgresStateBackend]:
     async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-        await backend.aregister_assets([Asset("a"), *(Asset(f"b{i}") for i in range(OTHERS))])
+        await backend.events.aregister_assets(
+            [Asset("a"), *(Asset(f"b{i}") for i in range(OTHERS))]
+        )
         yield backend
 
 
@@ -66,11 +68,11 @@ async def test_events_on_other_assets_commit_while_a_batch_is_held(
 ) -> None:
     """A batch waiting on the server does not hold up a batch of event commits on other
     assets; a second event on the held asset waits for the first and gets the next id."""
-    await store.acommit_event(_event("wa", "a", 0))
+    await store.events.acommit(_event("wa", "a", 0))
     done: dict[str, list[AssetEvent]] = {}
 
     async def commit(name: str, commit: EventCommit) -> None:
-        done[name] = await store.acommit_event(commit)
+        done[name] = await store.events.acommit(commit)
 
     conn = await asyncpg.connect(pg_dsn)
     try:
@@ -92,7 +94,7 @@ async def test_events_on_other_assets_commit_while_a_batch_is_held(
         await conn.close()
     assert done["a1"][0].id < done["a2"][0].id
     assert await store.aget(AssetScope(name="a"), "wm") == 2
-    listed = await store.alist_events(asset="a")
+    listed = await store.events.alist_events(asset="a")
     assert [e.payload for e in listed] == [0, 1, 2]
 
 
@@ -101,7 +103,7 @@ async def test_other_writes_wait_for_the_batch_in_flight(
 ) -> None:
     """A write that is not an event commit runs alone: not beside a held batch, and not before
     it."""
-    await store.acommit_event(_event("wa", "a", 0))
+    await store.events.acommit(_event("wa", "a", 0))
     order: list[str] = []
 
     async def run(name: str, fn: Any) -> None:
@@ -114,7 +116,7 @@ async def test_other_writes_wait_for_the_batch_in_flight(
         await tx.start()
         await _hold_state_row(conn, pg_schema, "a")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run, "event", lambda: store.acommit_event(_event("wa", "a", 1)))
+            tg.start_soon(run, "event", lambda: store.events.acommit(_event("wa", "a", 1)))
             await _wait_blocked(conn)
             tg.start_soon(run, "set", lambda: store.aset(TASK, "k", 1))
             await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
@@ -164,16 +166,16 @@ async def test_a_round_of_commits_refuses_only_the_commits_that_fail_their_check
     """In one statement's round: a commit naming an unknown asset and one whose lease another
     daemon holds write nothing (no event, no state, on any of their assets); the others of the
     batch commit, and each error is the one it would get alone."""
-    held = await store.aclaim_leases("me", ["wa", "wb1"], TTL)
-    await store.aclaim_leases("other", ["wb2"], TTL)
+    held = await store.leases.aclaim_leases("me", ["wa", "wb1"], TTL)
+    await store.leases.aclaim_leases("other", ["wb2"], TTL)
     calls = {
-        "live": lambda: store.acommit_event(_fenced("wa", "a", 1, Fence("wa", "me", held["wa"]))),
-        "unfenced": lambda: store.acommit_event(_fenced("wb0", "b0", 1, None)),
-        "unknown": lambda: store.acommit_event(
+        "live": lambda: store.events.acommit(_fenced("wa", "a", 1, Fence("wa", "me", held["wa"]))),
+        "unfenced": lambda: store.events.acommit(_fenced("wb0", "b0", 1, None)),
+        "unknown": lambda: store.events.acommit(
             EventCommit("wb1", ("b1", "nowhere"), "1", state={"wm": "1"})
         ),
-        "stolen": lambda: store.acommit_event(_fenced("wb2", "b2", 1, Fence("wb2", "me", 1))),
-        "unclaimed": lambda: store.acommit_event(_fenced("wb3", "b3", 1, Fence("wb3", "me", 1))),
+        "stolen": lambda: store.events.acommit(_fenced("wb2", "b2", 1, Fence("wb2", "me", 1))),
+        "unclaimed": lambda: store.events.acommit(_fenced("wb3", "b3", 1, Fence("wb3", "me", 1))),
     }
     outcomes = await _one_batch(store, calls)
     assert outcomes == {
@@ -184,11 +186,11 @@ async def test_a_round_of_commits_refuses_only_the_commits_that_fail_their_check
         "unclaimed": "LeaseLostError",
     }
     for asset in ("b1", "b2", "b3"):
-        assert await store.alist_events(asset=asset) == []
+        assert await store.events.alist_events(asset=asset) == []
         assert await store.alist(AssetScope(name=asset)) == []
     assert await store.aget(AssetScope(name="a"), "wm") == 1
     with pytest.raises(LeaseLostError, match="'other' holds it with token 1"):
-        await store.acommit_event(_fenced("wb2", "b2", 2, Fence("wb2", "me", 1)))
+        await store.events.acommit(_fenced("wb2", "b2", 2, Fence("wb2", "me", 1)))
 
 
 async def test_commits_of_several_rounds_beside_a_fenced_set_keep_their_order(
@@ -197,14 +199,14 @@ async def test_commits_of_several_rounds_beside_a_fenced_set_keep_their_order(
     """Two commits on one asset in one batch take two statements (the second sees the first),
     with the leases of the whole batch locked first; a stale fence still refuses its own
     commit or set, and nothing else."""
-    held = await store.aclaim_leases("me", ["wa", "wb0", "task"], TTL)
+    held = await store.leases.aclaim_leases("me", ["wa", "wb0", "task"], TTL)
     fence = Fence("wa", "me", held["wa"])
     writer = Writer("task", "dag.task", 1, fence=Fence("task", "me", held["task"]))
     stale = Writer("task", "dag.task", 1, fence=Fence("task", "me", held["task"] + 1))
     calls = {
-        "first": lambda: store.acommit_event(_fenced("wa", "a", 1, fence)),
-        "second": lambda: store.acommit_event(_fenced("wa", "a", 2, fence)),
-        "stale": lambda: store.acommit_event(
+        "first": lambda: store.events.acommit(_fenced("wa", "a", 1, fence)),
+        "second": lambda: store.events.acommit(_fenced("wa", "a", 2, fence)),
+        "stale": lambda: store.events.acommit(
             _fenced("wb0", "b0", 1, Fence("wb0", "me", held["wb0"] + 1))
         ),
         "set": lambda: store.aset(TASK, "k", 1, writer=writer),
@@ -218,9 +220,9 @@ async def test_commits_of_several_rounds_beside_a_fenced_set_keep_their_order(
         "set": 1,
         "stale set": "LeaseLostError",
     }
-    assert [e.payload for e in await store.alist_events(asset="a")] == [1, 2]
+    assert [e.payload for e in await store.events.alist_events(asset="a")] == [1, 2]
     assert await store.aget(AssetScope(name="a"), "wm") == 2
-    assert await store.alist_events(asset="b0") == []
+    assert await store.events.alist_events(asset="b0") == []
     assert await store.aget(TASK, "j") is None
 
 
@@ -232,10 +234,10 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
     the payloads and in the state; an asset named twice gets one event."""
     text = '{"z":1, "a":[1,{"é\U0001f642":"\\u0000\\"\\\\"}],  "m":1.5e300,"s":"\\ud83d\\ude42"}'
     calls = {
-        "twice": lambda: store.acommit_event(
+        "twice": lambda: store.events.acommit(
             EventCommit("wa", ("a", "b0", "a"), text, state={"k": text, "é\U0001f642": "1"})
         ),
-        "other": lambda: store.acommit_event(EventCommit("wb1", ("b1",), text, dedup_key="d")),
+        "other": lambda: store.events.acommit(EventCommit("wb1", ("b1",), text, dedup_key="d")),
     }
     outcomes = await _one_batch(store, calls)
     assert outcomes["twice"] == [json.loads(text)] * 2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 PROGRAM = textwrap.dedent(
     """

@@ -82,7 +82,7 @@ async def through_a_black_hole(
     await send(BEFORE)
     outcome = Outcome([])
     async with MemoryStateBackend() as backend:
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         async with TriggerRunner(backend, CONFIG) as runner:
             with runner.subscribe() as events:
                 await runner.start_trigger(WatchSpec("holed", watcher, (ASSET,), (NAME,)))
@@ -505,7 +505,7 @@ class TestAnUnreachableSource:
             )
             config = CONFIG.model_copy(update={"max_failures": 1})
             async with MemoryStateBackend() as backend:
-                await backend.aregister_assets([ASSET])
+                await backend.events.aregister_assets([ASSET])
                 async with TriggerRunner(backend, config) as runner:
                     with runner.subscribe() as events:
                         await runner.start_trigger(WatchSpec("refused", watcher, (ASSET,), (NAME,)))

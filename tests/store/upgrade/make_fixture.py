@@ -36,12 +36,19 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import (
-    EventBatchCommit,
-    EventCommit,
-    TaskSpec,
-    Writer,
-)
+
+# This script writes the fixtures with the code of the commit they are named after (e351c1b),
+# whose store exported these records from `watchkeeper.store.backend`; today's code has them in
+# `watchkeeper.store.protocols`. Import whichever this checkout has.
+try:
+    from watchkeeper.store.protocols import EventBatchCommit, EventCommit, TaskSpec, Writer
+except ImportError:  # e351c1b
+    from watchkeeper.store.backend import (  # type: ignore[import-untyped,no-redef,unused-ignore]
+        EventBatchCommit,
+        EventCommit,
+        TaskSpec,
+        Writer,
+    )
 
 T0 = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 TASK_SCOPES = (TaskScope("etl", "run_1", "load"), TaskScope("etl", "run_1", "load", map_index=2))
@@ -113,9 +120,16 @@ def _when(value: datetime | None) -> str | None:
 
 
 async def read_back(store: Any) -> dict[str, Any]:
-    """What a user reads from the store: the same keys whichever code reads it."""
-    events = await store.alist_events()
-    runs = await store.alist_runs(event_ids=True)
+    """What a user reads from the store: the same keys whichever code reads it.
+
+    Today's code reads through the store's services; e351c1b's (which wrote the fixtures and
+    their expected reads) had the same calls on the backend itself.
+    """
+    events_of = getattr(store, "events", store)
+    tasks_of = getattr(store, "tasks", store)
+    controls_of = getattr(store, "controls", store)
+    events = await events_of.alist_events()
+    runs = await tasks_of.alist_runs(event_ids=True)
     state: dict[str, Any] = {}
     for scope in (*ASSET_SCOPES, AssetScope(name="refunds")):
         state[f"asset:{scope.name}"] = [
@@ -127,20 +141,20 @@ async def read_back(store: Any) -> dict[str, Any]:
             for e in await store.alist(task_scope)
         ]
     return {
-        "assets": [[a.name, a.uri, a.active] for a in await store.alist_assets()],
+        "assets": [[a.name, a.uri, a.active] for a in await events_of.alist_assets()],
         "events": [e.to_record() for e in events],
         "state": state,
         "tasks": [
             [t.name, list(t.spec.assets), t.spec.max_tries, t.paused, dict(t.cursors)]
-            for t in await store.alist_tasks()
+            for t in await tasks_of.alist_tasks()
         ],
         "runs": [
             [r.id, r.task, r.state, r.try_number, r.max_tries, r.event_count, list(r.event_ids)]
             for r in sorted(runs, key=lambda r: r.id)
         ],
-        "consumer": await store.aconsumer_position("reporter"),
+        "consumer": await tasks_of.aconsumer_position("reporter"),
         "controls": [
-            [c.watcher, c.paused, c.updated_by] for c in await store.alist_watcher_controls()
+            [c.watcher, c.paused, c.updated_by] for c in await controls_of.alist_watcher_controls()
         ],
     }
 

@@ -20,8 +20,8 @@ import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit
 from watchkeeper.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.store.sqlite.schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 
 from tests.store.upgrade.make_fixture import read_back
@@ -36,11 +36,11 @@ EXPECTED: dict[str, Any] = json.loads((HERE / f"{COMMIT}.json").read_text())
 async def check_takes_writes(store: Any, seen: dict[str, Any]) -> None:
     """A new event gets an id after every old one, and the old task schedules it."""
     last = max(event["id"] for event in seen["events"])
-    (event,) = await store.acommit_event(EventCommit("orders_feed", ("orders",), '{"n":4}'))
+    (event,) = await store.events.acommit(EventCommit("orders_feed", ("orders",), '{"n":4}'))
     assert event.id > last
-    run = await store.acreate_run("load")
+    run = await store.tasks.acreate_run("load")
     assert run is not None
-    assert [e.id for e in (await store.aget_run(run.id)).events] == [event.id]
+    assert [e.id for e in (await store.tasks.aget_run(run.id)).events] == [event.id]
 
 
 def test_the_fixtures_were_written_by_the_old_commit() -> None:

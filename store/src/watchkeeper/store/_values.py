@@ -35,7 +35,6 @@ __all__ = [
     "NEVER_EXPIRE",
     "JSONValue",
     "check_bigint",
-    "check_events_query",
     "check_key",
     "check_name",
     "check_retention",
@@ -188,15 +187,6 @@ def check_bigint(value: object, *, what: str, minimum: int = 0, maximum: int = M
     if value > maximum:
         raise InvalidArgumentError(what, value, f"must be at most {maximum}")
     return value
-
-
-def check_events_query(asset: object, since_id: object, limit: object) -> None:
-    """Check the arguments of ``alist_events`` the same way for every backend."""
-    if asset is not None:
-        check_name(asset, what="asset name")
-    check_bigint(since_id, what="since_id")
-    if limit is not None:
-        check_bigint(limit, what="limit")
 
 
 def check_retention(retention: object) -> timedelta | _NeverExpire | None:

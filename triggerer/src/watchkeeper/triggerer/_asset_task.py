@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import TaskSpec
+from watchkeeper.store.protocols import TaskSpec
 
 __all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"]
 

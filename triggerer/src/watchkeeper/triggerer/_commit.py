@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EncodedState,
     EventBatchCommit,
     EventCommit,

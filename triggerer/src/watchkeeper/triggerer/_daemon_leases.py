@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._describe import describe_error
 from ._leases import LeaseKeeper

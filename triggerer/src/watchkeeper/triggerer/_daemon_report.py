@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import DaemonTable
 
 __all__ = ["DaemonReport", "daemon_report"]
 
@@ -43,8 +42,10 @@ async def daemon_report(backend: BaseStateBackend) -> DaemonReport:
     """The daemons with their heartbeat age (``status``, ``watchers list`` and the API)."""
     now = backend.clock()
     # Without daemon rows (a custom backend) the saved states are taken as they are.
-    tracked = isinstance(backend, DaemonTable)
-    daemons = await backend.alist_daemon_status() if isinstance(backend, DaemonTable) else []
+    tracked = backend.services.status is not None
+    daemons = (
+        await backend.status.alist_daemon_status() if backend.services.status is not None else []
+    )
     live: set[str] = set()
     daemon_rows = []
     for daemon in daemons:

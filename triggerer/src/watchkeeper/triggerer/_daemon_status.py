@@ -4,8 +4,8 @@ Every heartbeat the daemon saves its row (owner, start and heartbeat times, leas
 live, the definitions its last load refused): what ``watchkeeper status`` reads to tell a
 live daemon from a dead one. A clean exit removes the row. Saving is advisory: bounded in
 time, and a failure is logged, never raised. A backend without a daemon table
-(:class:`~watchkeeper.store.backend.DaemonTable`) keeps no row, and one without a status
-table (:class:`~watchkeeper.store.backend.StatusTable`) has no trigger rows to prune.
+(:class:`~watchkeeper.store.protocols.DaemonTable`) keeps no row, and one without a status
+table (:class:`~watchkeeper.store.protocols.StatusTable`) has no trigger rows to prune.
 
 :meth:`DaemonStatusKeeper.prune` forgets the rows of daemons that stopped refreshing theirs,
 and the status rows of triggers no daemon runs any more.
@@ -19,11 +19,9 @@ from pathlib import Path
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
-    DaemonTable,
     RefusedDefinition,
-    StatusTable,
     get_logger,
 )
 
@@ -60,13 +58,13 @@ class DaemonStatusKeeper:
 
     async def save(self, refused: Sequence[WatcherError]) -> None:
         """Save this daemon's heartbeat row. Advisory: bounded, and never raises."""
-        table = self.backend
-        if not isinstance(table, DaemonTable):
+        table = self.backend.services.status
+        if table is None:
             return
         status = DaemonStatus(
             owner=self.owner,
             started_at=self.started_at,
-            heartbeat_at=table.clock(),
+            heartbeat_at=self.backend.clock(),
             lease_ttl=self.lease_ttl,
             watchers_path=str(self.watchers_path).encode(errors="replace").decode(),
             refused=tuple(RefusedDefinition(e.file, e.watcher, e.reason) for e in refused),
@@ -82,8 +80,8 @@ class DaemonStatusKeeper:
 
     async def forget(self) -> None:
         """At a clean exit: remove this daemon's row (its triggers' rows say ``stopped``)."""
-        table = self.backend
-        if not isinstance(table, DaemonTable):
+        table = self.backend.services.status
+        if table is None:
             return
         with anyio.move_on_after(_STATUS_SAVE_TIMEOUT, shield=True):
             try:
@@ -102,8 +100,8 @@ class DaemonStatusKeeper:
         silence = timedelta(seconds=3 * self.heartbeat + 30)
         cutoff = datetime.now(UTC) - silence
         backend = self.backend
-        if isinstance(backend, DaemonTable):
-            daemons = await backend.alist_daemon_status()
+        if backend.services.status is not None:
+            daemons = await backend.status.alist_daemon_status()
             silent = backend.clock() - silence  # stamped with the backend's clock
             dead = [
                 d.owner
@@ -112,11 +110,11 @@ class DaemonStatusKeeper:
                 and d.heartbeat_at + timedelta(seconds=d.lease_ttl) < silent
             ]
             if dead:
-                await backend.adelete_daemon_status(dead)
+                await backend.status.adelete_daemon_status(dead)
                 log.info("daemon_status_pruned", owners=dead)
-        if not isinstance(backend, StatusTable):
+        if backend.services.status is None:
             return
-        rows = await backend.alist_trigger_status()
+        rows = await backend.status.alist_trigger_status()
         stale = [
             r.trigger_id
             for r in rows
@@ -125,5 +123,5 @@ class DaemonStatusKeeper:
             and not (r.state == "paused" and r.trigger_id in wanted)
         ]
         if stale:
-            await backend.adelete_trigger_status(stale)
+            await backend.status.adelete_trigger_status(stale)
             log.info("trigger_status_pruned", trigger_ids=stale)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from watchkeeper.store import LeaseLostError
-from watchkeeper.store.backend import redact_secrets
+from watchkeeper.store.protocols import redact_secrets
 
 __all__ = ["describe_error", "lease_lost"]
 

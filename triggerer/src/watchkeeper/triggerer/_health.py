@@ -28,7 +28,7 @@ from typing import TypeVar
 import anyio
 import anyio.abc
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, StoreUnavailableError
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._config import RunnerConfig
 from ._describe import describe_error

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from watchkeeper.store.backend import encode_json
+from watchkeeper.store.protocols import encode_json
 
 from ._describe import describe_error
 from .errors import TriggerImportError

@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from .trigger import BaseTrigger
 

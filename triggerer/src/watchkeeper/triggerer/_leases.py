@@ -1,7 +1,7 @@
 """The daemon's side of leases: its identity, its node lease, and its watchers' leases.
 
 Several daemons may share one database. Each trigger runs only on the daemon that holds its
-lease (see :class:`watchkeeper.store.backend.LeaseTable`). A daemon renews one *node lease*
+lease (see :class:`watchkeeper.store.protocols.LeaseTable`). A daemon renews one *node lease*
 every ``lease_renew_interval`` (one row, however many triggers it runs); its trigger leases live
 as long as that, each with a token (the trigger's epoch) that changes only when the trigger
 changes daemon. Its writes are fenced on that token, so a daemon that was paused past its node
@@ -15,7 +15,7 @@ cannot know whether its node lease still lives), which :meth:`LeaseKeeper.lapsed
 The renewals that join, reap and claim run on the daemon's event loop. A loop busy for
 seconds (starting or cancelling thousands of triggers on a loaded machine) would make them
 late, and the daemon would stop its own triggers at its deadline and then take them back:
-churn. So, when the backend offers it (:class:`~watchkeeper.store.backend.NodeKeepAlive`),
+churn. So, when the backend offers it (:class:`~watchkeeper.store.protocols.NodeKeepAlive`),
 :meth:`LeaseKeeper.kept_alive` also extends the node lease from a thread of its own, with a
 connection of its own, whenever the last renewal is more than 1.25 intervals old (so it
 writes nothing while the loop is on time). It only extends a node lease that is still alive
@@ -48,10 +48,8 @@ from collections.abc import AsyncIterator, Iterable
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import (
-    LeaseTable,
+from watchkeeper.store.protocols import (
     NodeHeartbeat,
-    NodeKeepAlive,
     NodeKeepAliveChannel,
     get_logger,
 )
@@ -128,7 +126,7 @@ class LeaseKeeper:
         self.keepalive_limit = KEEPALIVE_LIMIT * ttl if keepalive_limit is None else keepalive_limit
         """Seconds since the loop's last renewal after which the keep-alive thread stops."""
         self._loop_sent = time.monotonic()
-        self._table = backend if isinstance(backend, LeaseTable) else None
+        self._table = backend.services.leases
         self.supported = self._table is not None
         """False for a backend without leases: every trigger then runs here, unfenced."""
         if self._table is None:
@@ -189,11 +187,11 @@ class LeaseKeeper:
         renewals (every ``interval`` seconds) are late (see the module docstring and
         :meth:`_keep_alive`); nothing when the backend offers no keep-alive.
         On exit the thread stops (within the ttl, shielded) and closes its connection."""
-        backend = self.backend
-        if self._table is None or not isinstance(backend, NodeKeepAlive):
+        keepalive = None if self._table is None else self._table.keepalive
+        if keepalive is None:
             yield
             return
-        channel = backend.open_node_keepalive(self.owner, self.ttl)
+        channel = keepalive.open_node_keepalive(self.owner, self.ttl)
         stop = threading.Event()
         thread = threading.Thread(
             target=self._keep_alive,

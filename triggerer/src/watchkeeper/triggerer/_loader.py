@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import check_name, get_logger
 from watchkeeper.store.errors import InvalidNameError, KeyTypeError
+from watchkeeper.store.protocols import check_name, get_logger
 
 from ._identity import rebuild_trigger, watcher_trigger_id
 from ._watcher_files import (

@@ -1,12 +1,12 @@
 """structlog configuration, applied once by the entry point (never at import time).
 
-Modules log through :func:`watchkeeper.store.backend.get_logger`, which follows this configuration
+Modules log through :func:`watchkeeper.store.protocols.get_logger`, which follows this configuration
 whenever it is applied (and stays on stdlib logging, quiet, in a program that applies none).
 Logs go to ``stream`` (stderr), so a command's stdout stays clean for the data it prints.
 
 What a line may contain is limited on purpose: tracebacks never show local variables (a
 frame's locals hold connection parameters and DSNs), and every rendered line goes through
-:func:`~watchkeeper.store.backend.redact_secrets`, so a URL's password never reaches the log, however
+:func:`~watchkeeper.store.protocols.redact_secrets`, so a URL's password never reaches the log, however
 it got into an event. Records of the standard library's :mod:`logging` (asyncpg's, asyncio's)
 are rendered by the same chain: one JSON object per record, like structlog's own events.
 """
@@ -20,7 +20,7 @@ from typing import Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, ExceptionRenderer, Processor, WrappedLogger
-from watchkeeper.store.backend import redact_secrets
+from watchkeeper.store.protocols import redact_secrets
 
 __all__ = ["HANDLER_NAME", "configure_logging", "wants_json"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 __all__ = ["notify"]
 

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 import anyio
 import anyio.lowlevel
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import StatusTable, get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._describe import describe_error
 from ._leases import LeaseKeeper
@@ -263,10 +263,10 @@ class TriggerPlacement:
         before = next((s for s in runner.statuses() if s.trigger_id == trigger_id), None)
         await runner.stop_trigger(trigger_id, save_status=False)
         log.info("watcher_paused", trigger_id=trigger_id)
-        if before is not None and isinstance(self.backend, StatusTable):
+        if before is not None and self.backend.services.status is not None:
             paused = dataclasses.replace(before, state="paused", updated_at=datetime.now(UTC))
             try:
-                await self.backend.asave_trigger_status([paused])
+                await self.backend.status.asave_trigger_status([paused])
             except Exception as exc:  # noqa: BLE001 - a status is advisory
                 log.warning("trigger_status_save_failed", error=describe_error(exc))
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 import anyio.abc
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._notify import notify
 from .daemon import Daemon

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from watchkeeper.store import AssetEvent
-    from watchkeeper.store.backend import TaskInfo, TaskRun
+    from watchkeeper.store.protocols import TaskInfo, TaskRun
 
 __all__ = ["event_record", "iso", "run_record", "task_record"]
 
@@ -23,7 +23,7 @@ def iso(value: datetime | None) -> str | None:
 
 def event_record(event: AssetEvent) -> dict[str, Any]:
     """An event with every URL password in it masked (see ``redact_data``)."""
-    from watchkeeper.store.backend import redact_data  # not at import: the CLI starts faster
+    from watchkeeper.store.protocols import redact_data  # not at import: the CLI starts faster
 
     return cast("dict[str, Any]", redact_data(event.to_record()))
 

@@ -3,9 +3,9 @@
 :func:`drive_trigger` runs ``trigger.run()`` once: it binds the trigger's
 ``asset_state_store``, iterates the generator (closing it at the end, as
 :func:`contextlib.aclosing` would), validates each yielded event, commits it (with its
-``state``) through ``backend.acommit_event`` and only then resumes the generator, so the code
+``state``) through ``backend.events.acommit`` and only then resumes the generator, so the code
 after ``yield`` runs with the event durable and the generator never runs ahead of its commits (one event in flight per trigger). A yielded
-:class:`~watchkeeper.triggerer.TriggerEventBatch` is one commit (``backend.acommit_events``):
+:class:`~watchkeeper.triggerer.TriggerEventBatch` is one commit (``backend.events.acommit_batch``):
 the generator resumes once all of it is durable. ``cleanup()`` is awaited
 after every run, however it ended, shielded and bounded.
 
@@ -14,8 +14,8 @@ an exponential, jittered backoff; after ``max_failures`` consecutive failures th
 ``failed`` and left alone. A trigger's exceptions never leave its supervisor (one failing trigger
 degrades only itself); cancellation always passes through.
 
-A slot with a :class:`~watchkeeper.store.backend.Fence` (the daemon's lease on the trigger) writes
-through a fenced :class:`~watchkeeper.store.backend.Writer`: its events and its accessors' ``set`` calls
+A slot with a :class:`~watchkeeper.store.protocols.Fence` (the daemon's lease on the trigger) writes
+through a fenced :class:`~watchkeeper.store.protocols.Writer`: its events and its accessors' ``set`` calls
 are refused by the store once the lease is gone. On :class:`~watchkeeper.store.LeaseLostError`
 the supervisor stops the trigger (state ``stopped``, log ``lease_lost``) without counting a
 failure: another daemon runs it now, and this one's daemon restarts it if it gets the lease back.
@@ -46,14 +46,13 @@ from watchkeeper.store import (
     BaseStateBackend,
     DatabaseFileRemovedError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     SYNC_CALL_WITHOUT_PORTAL,
     EventCommit,
     Fence,
     TriggerStatus,
     Writer,
     get_logger,
-    require_event_log,
 )
 
 from ._commit import EventEncoder
@@ -255,9 +254,9 @@ async def drive_trigger(
         max_value_bytes=backend.max_value_bytes,
         max_payload_bytes=backend.max_payload_bytes,
     )
-    event_log = require_event_log(backend)  # checked once per run
-    commit_event = event_log.acommit_event
-    commit_events = event_log.acommit_events
+    event_log = backend.events  # checked once per run
+    commit_event = event_log.acommit
+    commit_events = event_log.acommit_batch
     # Checked once per run: no logger is kept per trigger when debug logging is off.
     debug = _debug_enabled(log)
     trigger.bind_asset_state_store(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._asset_task import AssetTask
 from ._watcher_files import MODULES, WatcherError, _import_file, watcher_files

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import OperatorControls, StatusTable, WatcherControl
+from watchkeeper.store.protocols import OperatorControls, WatcherControl
 
 from ._daemon_report import daemon_report
 
@@ -28,7 +28,7 @@ __all__ = ["ControlsTracker", "WatcherRow", "controls_of", "unknown_watcher", "w
 
 def controls_of(backend: BaseStateBackend) -> OperatorControls | None:
     """``backend`` as a controls store, or None when it does not keep controls."""
-    return backend if isinstance(backend, OperatorControls) else None
+    return backend.services.controls
 
 
 class ControlsTracker:
@@ -110,7 +110,9 @@ async def watcher_rows(backend: BaseStateBackend) -> list[WatcherRow]:
     """Every watcher a daemon reported or an operator controlled, ordered by name; the state
     of a watcher whose daemon is no longer alive is ``unknown``."""
     daemons = await daemon_report(backend)
-    statuses = await backend.alist_trigger_status() if isinstance(backend, StatusTable) else []
+    statuses = (
+        await backend.status.alist_trigger_status() if backend.services.status is not None else []
+    )
     store = controls_of(backend)
     controls: dict[str, WatcherControl] = {}
     if store is not None:

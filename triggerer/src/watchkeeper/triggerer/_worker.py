@@ -2,7 +2,7 @@
 
 ``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
 
-1. with free slots, take a *step* (:meth:`~watchkeeper.store.backend.TaskQueue.astep_runs`):
+1. with free slots, take a *step* (:meth:`~watchkeeper.store.protocols.TaskQueue.astep_runs`):
    claim ready runs under a lease (``[worker] lease_ttl``) and, when too few are ready,
    create a batch of runs from the pending events and claim from it, in one transaction
    (each creation moves the task's cursors with it);
@@ -39,14 +39,13 @@ import anyio.abc
 import greenback
 from watchkeeper.store import (
     BaseStateBackend,
-    PostgresStateBackend,
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
     build_task_context,
 )
-from watchkeeper.store.backend import (
-    AssetRegistry,
+from watchkeeper.store.protocols import (
+    EventLog,
     LoopThreads,
     OutletEvent,
     RunOutcome,
@@ -55,8 +54,6 @@ from watchkeeper.store.backend import (
     TaskRun,
     encode_payload,
     get_logger,
-    require_asset_registry,
-    require_task_queue,
 )
 
 from ._asset_task import AssetTask, OutletEvents
@@ -135,8 +132,8 @@ class Worker:
         owner: str | None = None,
     ) -> None:
         self.backend = backend
-        self.queue: TaskQueue = require_task_queue(backend)
-        self.registry: AssetRegistry = require_asset_registry(backend)
+        self.queue: TaskQueue = backend.tasks
+        self.registry: EventLog = backend.events
         self.tasks = {task.name: task for task in tasks}
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
@@ -215,7 +212,7 @@ class Worker:
                     with anyio.move_on_after(poll):
                         await self._slot_freed.wait()
                     continue
-                last_seen = await self.queue.await_events(last_seen, poll)
+                last_seen = await self.registry.await_events(last_seen, poll)
             except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
                 log.warning("worker_store_error", error=describe_error(exc))
                 await anyio.sleep(max(poll, 1.0))
@@ -403,16 +400,9 @@ class Worker:
 
 
 def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
-    """Name a PostgreSQL backend's sessions ``name`` (``pg_stat_activity``) and let the server
-    end a session left idle inside a transaction for a lease's time, at least 10 seconds (a
-    frozen worker's row locks are released about when its leases lapse; a busy machine does
-    not stall a live worker that long between two statements). Call before it opens."""
-    if isinstance(backend, PostgresStateBackend):
-        idle = max(settings.lease_seconds, 10.0)
-        backend.server_settings.setdefault("application_name", name)
-        backend.server_settings.setdefault(
-            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
-        )
+    """Name the store's sessions ``name`` and bound their idle transactions by a run lease
+    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
+    backend.configure_sessions(name, settings.lease_seconds)
 
 
 async def run_worker(

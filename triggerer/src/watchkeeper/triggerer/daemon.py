@@ -64,13 +64,10 @@ from typing import Self, TypeVar
 import anyio
 import anyio.abc
 import anyio.to_thread
-from watchkeeper.store import BaseStateBackend, PostgresStateBackend, open_state_backend
-from watchkeeper.store.backend import (
+from watchkeeper.store import BaseStateBackend, open_state_backend
+from watchkeeper.store.protocols import (
     GcReport,
-    StatusTable,
     get_logger,
-    require_asset_registry,
-    require_garbage_collector,
 )
 
 from ._config import SupervisionSettings
@@ -209,7 +206,9 @@ class Daemon(DaemonLeases):
         try:
             if self._backend is None:
                 self._backend = open_state_backend(self.settings)
-                name_sessions(self._backend, self.owner, self.settings.triggerer.lease_seconds)
+                self._backend.configure_sessions(
+                    f"watchkeeper triggerer {self.owner}", self.settings.triggerer.lease_seconds
+                )
             if self._owns_backend:
                 await stack.enter_async_context(self._backend)
             stack.callback(self._forget)
@@ -379,17 +378,17 @@ class Daemon(DaemonLeases):
         report = ReloadReport(errors=len(result.errors))
         backend, placement = self.backend, self.placement
         if result.assets:
-            await require_asset_registry(backend).aregister_assets(list(result.assets))
+            await backend.events.aregister_assets(list(result.assets))
         await placement.apply_load(result.groups, report)
         # After the reconcile stopped the triggers of removed files, their assets go.
         before = {a.name for a in self._loaded.assets} if self._loaded else set()
         for name in sorted(before - {a.name for a in result.assets}):
-            if await require_asset_registry(backend).adeactivate_asset(name):
+            if await backend.events.adeactivate_asset(name):
                 report.deactivated.append(name)
                 log.info("asset_deactivated", asset=name)
         gone = [t for t in report.stopped if t not in placement.wanted]
-        if gone and isinstance(backend, StatusTable):
-            await backend.adelete_trigger_status(gone)
+        if gone and backend.services.status is not None:
+            await backend.status.adelete_trigger_status(gone)
         self._loaded = result
         return report
 
@@ -427,7 +426,7 @@ class Daemon(DaemonLeases):
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
         store, events = self.settings.state_store, self.settings.events
-        report = await require_garbage_collector(self.backend).acollect_garbage(
+        report = await self.backend.gc.acollect_garbage(
             default_retention_days=store.default_retention_days,
             batch_size=store.state_cleanup_batch_size,
             event_retention_days=events.retention_days,
@@ -455,21 +454,6 @@ class Daemon(DaemonLeases):
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 if health.report(exc) is None:  # an outage is logged once, by the health
                     log.error("gc_failed", error=describe_error(exc))
-
-
-def name_sessions(backend: BaseStateBackend, owner: str, lease_seconds: float) -> None:
-    """Name a PostgreSQL backend's sessions after the daemon (``pg_stat_activity``), and let
-    the server end one left idle inside a transaction for the lease's time to live (at least
-    5 s): a paused daemon then cannot hold the rows it locked, and with them its fenced
-    leases, much past its node lease. Call before it opens."""
-    if isinstance(backend, PostgresStateBackend):
-        idle = max(lease_seconds, 5.0)
-        backend.server_settings.setdefault(
-            "application_name", f"watchkeeper triggerer {owner}"[:63]
-        )
-        backend.server_settings.setdefault(
-            "idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms"
-        )
 
 
 def _while_open(part: _T | None) -> _T:

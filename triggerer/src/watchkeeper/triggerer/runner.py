@@ -3,7 +3,7 @@
 ::
 
     async with SqliteStateBackend("state.db") as backend, TriggerRunner(backend) as runner:
-        await backend.aregister_assets([orders])
+        await backend.events.aregister_assets([orders])
         await runner.start_trigger(WatchSpec("orders-watcher", OrdersTrigger(), (orders,)))
         with runner.subscribe() as events:
             async for event in events:  # committed asset events, for a UI or a test
@@ -51,7 +51,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import Fence, StatusTable, TriggerStatus, get_logger
+from watchkeeper.store.protocols import Fence, TriggerStatus, get_logger
 
 from ._config import RunnerConfig
 from ._describe import describe_error
@@ -151,7 +151,7 @@ class TriggerRunner:
         self._tg: anyio.abc.TaskGroup | None = None
         self._entered = False
         self._closing = False
-        self._status_table = backend if isinstance(backend, StatusTable) else None
+        self._status_table = backend.services.status
         self._save_status = self.config.status_interval > 0 and self._status_table is not None
         if self.config.status_interval > 0 and self._status_table is None:
             log.info("trigger_status_unsupported", backend=type(backend).__name__)

@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store.backend import redact_dsn
+from watchkeeper.store.protocols import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 from ._common import import_off_loop

@@ -37,7 +37,7 @@ from typing import Any
 
 import anyio
 from pydantic import ValidationInfo, field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import reconnect_delay

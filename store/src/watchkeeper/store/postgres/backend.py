@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
+from .._builtin import builtin_services
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, decode_settings, encode_refused
 from .._gc import GcPlan
-from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
@@ -39,11 +40,7 @@ from .._types import (
     TriggerStatus,
     Writer,
 )
-from .._values import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_VALUE_BYTES,
-    decode_value,
-)
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from ..errors import (
     AssetNotFoundError,
     BackendImportError,
@@ -63,9 +60,10 @@ from .connections import (
     discard,
     keep_session,
     pooled,
+    session_settings,
     transaction,
 )
-from .consumers import PostgresConsumers, events_prelude
+from .consumers import events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
@@ -91,9 +89,7 @@ __all__ = ["PostgresStateBackend"]
 T = TypeVar("T")
 
 
-class PostgresStateBackend(
-    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
-):
+class PostgresStateBackend(BaseStateBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -118,8 +114,14 @@ class PostgresStateBackend(
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
-        #: Session settings of every connection it opens (``application_name``,
-        #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
+        leases, controls = PostgresLeases(self), PostgresControls(self)
+        self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
+        self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
+            self, events=self, feed=controls, tasks=self._tasks, status=self, gc=self,
+            controls=controls, leases=leases, keepalive=leases,
+            wait_for_release=leases._await_lease_release,
+        )  # fmt: skip
+        #: Session settings of its connections (``application_name``...); set until it opens.
         self.server_settings: dict[str, str] = dict(server_settings or {})
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
@@ -171,6 +173,9 @@ class PostgresStateBackend(
         finally:
             await close_quietly(conn)
 
+    def configure_sessions(self, name: str, lease_seconds: float) -> None:
+        session_settings(self.server_settings, name, lease_seconds)
+
     def _describe(self) -> str:
         pool = self._pool
         size = pool.get_size() if pool is not None else 0
@@ -218,7 +223,7 @@ class PostgresStateBackend(
             events_sql=events_prelude(self.schema),
             freshness=self._freshness,
         )
-        steps = StepQueue(self, self._run_step_group, self._refuse_step)
+        steps = StepQueue(self, self._tasks._run_step_group, self._tasks._refuse_step)
         try:
             await task_group.start(writer.run)
             await task_group.start(steps.queue.run)
@@ -237,9 +242,9 @@ class PostgresStateBackend(
             if steps is not None:  # its queued steps run (on the pool) before it closes
                 steps.queue.close()
                 await steps.queue.wait_stopped()
-            await self._close_listener()
-            await self._close_lease_listener()
-            await self._close_lease_conn()
+            await self._controls._close_listener()
+            await self._leases._close_lease_listener()
+            await self._leases._close_lease_conn()
             if writer is not None:
                 await writer.aclose()
         finally:
@@ -488,8 +493,6 @@ class PostgresStateBackend(
             )
             for r in rows
         ]  # fmt: skip
-
-    # -- clock ---------------------------------------------------------------------------------
 
     def _clock_param(self) -> datetime | None:
         """The time to pass to lease statements: None (the database's ``now()``) unless the

@@ -28,10 +28,9 @@ from .._tasks import (
     ids_to_json,
     lost_reason,
 )
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
-from .consumers import EVENT_COLS, event_row, events_hook
+from .consumers import EVENT_COLS, PostgresConsumers, event_row, events_hook
 from .sql import database_clock, rowcount
 
 if TYPE_CHECKING:
@@ -283,18 +282,8 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     return finished, [run_from_row(row, events) for row, events in runs.values()]
 
 
-class PostgresRuns(TaskStoreBackend):
+class PostgresRuns(PostgresConsumers):
     """Claims, finishes and leases of runs (see the module docstring)."""
-
-    schema: str | None
-    clock: Any
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        async def _fetch(self, what: str, sql: str, *args: Any) -> builtins.list[Any]: ...
 
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:

@@ -35,9 +35,8 @@ from __future__ import annotations
 import builtins
 import functools
 import json
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -69,37 +68,15 @@ from .runs import (
 )
 from .sql import database_clock, writer_fields
 
-if TYPE_CHECKING:
-    import asyncpg
-
-    from .sql import Statements
-    from .steps import StepQueue
-
 __all__ = ["PostgresTasks"]
 
 T = TypeVar("T")
 
 
 class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
-
-    schema: str | None
-    clock: Any
-    _dsn: str
-    _sql: Statements
-    _steps: StepQueue | None
-
-    if TYPE_CHECKING:
-
-        async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
-        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        def _pool_or_closed(self) -> asyncpg.Pool: ...
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-        async def _lock_events(self, conn: Any) -> None: ...
+    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TasksDriver`):
+    task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
+    :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
 
     async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         p, now = self._prefix, self.clock()

@@ -30,7 +30,7 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import StatusTable, TaskQueue, TriggerStatus, get_logger
+from watchkeeper.store.protocols import TriggerStatus, get_logger
 
 from .._describe import describe_error
 from ._task_metrics import TaskMetrics
@@ -140,12 +140,12 @@ class Metrics:
         backend = self.backend
         read = False
         statuses: list[TriggerStatus] | None = None
-        if self.runner is None and isinstance(backend, StatusTable):
-            statuses = await backend.alist_trigger_status()
+        if self.runner is None and backend.services.status is not None:
+            statuses = await backend.status.alist_trigger_status()
             read = True
         task_metrics: TaskMetrics | None = None
-        if isinstance(backend, TaskQueue):
-            task_metrics = TaskMetrics(backend)
+        if backend.services.tasks is not None:
+            task_metrics = TaskMetrics(backend.tasks, backend.clock)
             await task_metrics.prepare()
             read = True
         if not read:

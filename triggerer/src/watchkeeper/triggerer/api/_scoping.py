@@ -14,7 +14,7 @@ import re
 from datetime import datetime
 from typing import Any, Final
 
-from watchkeeper.store.backend import TaskRun
+from watchkeeper.store.protocols import TaskRun
 
 from .._records import run_record
 from .._watcher_controls import WatcherRow

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import uvicorn
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ..errors import TriggererError
 from ..settings import ApiSettings

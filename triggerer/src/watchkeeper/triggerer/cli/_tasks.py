@@ -40,7 +40,7 @@ __all__ = ["register"]
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TaskQueue
+    from watchkeeper.store.protocols import TaskQueue
 
     from .._asset_task import AssetTask
     from ..settings import ApiSettings, Settings
@@ -49,11 +49,10 @@ if TYPE_CHECKING:
 
 
 def _queue(backend: BaseStateBackend) -> TaskQueue:
-    from watchkeeper.store.backend import TaskQueue
-
-    if not isinstance(backend, TaskQueue):
+    queue = backend.services.tasks
+    if queue is None:
         raise CommandError(f"{type(backend).__name__} does not support tasks")
-    return backend
+    return queue
 
 
 def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
@@ -106,7 +105,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
     import anyio
-    from watchkeeper.store.backend import get_logger
+    from watchkeeper.store.protocols import get_logger
 
     from .._notify import notify
     from .._process import start_api

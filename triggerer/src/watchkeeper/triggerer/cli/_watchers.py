@@ -80,9 +80,8 @@ async def _require_known(backend: BaseStateBackend, name: str) -> WatcherRow:
 
 
 async def _set_paused(backend: BaseStateBackend, name: str, paused: bool, done: str) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    store = require_operator_controls(backend)
+    store = backend.controls
     await _require_known(backend, name)
     await store.aset_watcher_paused(name, paused, by=str(cli_writer()))
     emit(f"watcher {name!r} {done}")
@@ -102,9 +101,8 @@ async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    store = require_operator_controls(backend)
+    store = backend.controls
     row = await _require_known(backend, args.name)
     await store.arequest_watcher_retry(args.name, by=str(cli_writer()))
     if row.state != "failed":

@@ -14,7 +14,6 @@ import anyio
 import greenback
 import structlog
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import require_asset_registry
 
 from .._supervisor import TriggerSlot, drive_trigger
 from ..trigger import BaseEventTrigger
@@ -72,7 +71,7 @@ async def run_trigger(
     watched = _checked_arguments(trigger, assets, max_events, timeout)
     name = watcher_name_for(trigger, watcher_name)
     slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched, (name,))
-    await require_asset_registry(backend).aregister_assets(watched)
+    await backend.events.aregister_assets(watched)
 
     committed: list[AssetEvent] = []
     failure: list[Exception] = []

@@ -1,23 +1,18 @@
-"""``TaskStoreBackend``: the rules of event consumers and task runs, written once over hooks.
-
-The built-in backends subclass it next to :class:`~._metastore.MetastoreBackend`, as they do
-:class:`~._controls.ControlsBackend`. Each public method checks the store is open, checks its
-arguments the same way for every backend, skips the round trip when there is nothing to do,
-and calls one ``_a<name>`` hook with arguments that are already valid. So a backend with these hooks is an :class:`~._tasks.EventConsumers` and a
-:class:`~._tasks.TaskQueue`; the rules of runs themselves are :mod:`._tasks`'.
+"""``TasksService``: event consumers, task specs and cursors, runs and run leases, their rules
+and argument checks written once over a driver's primitives (as the services of
+:mod:`._services`); the rules of runs themselves are :mod:`._tasks`'.
 """
 
 from __future__ import annotations
 
-import builtins
-from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from ._backend import BaseStateBackend
+from ._checks import check_items, check_limit
 from ._leases import check_owner, check_ttl
-from ._metastore import check_items
+from ._protocols import TasksDriver
+from ._services import Service
 from ._tasks import (
     OutletEvent,
     RunOutcome,
@@ -27,32 +22,21 @@ from ._tasks import (
     TaskRun,
     TaskSpec,
     TryCause,
-    check_event_id,
-    check_limit,
-    check_name,
     check_state,
 )
 from ._types import AssetEvent, Writer
-from ._values import check_key, value_from_text
+from ._values import check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
 
-__all__ = ["TaskStoreBackend"]
+__all__ = ["TasksService"]
 
 
 def _check_run_id(run_id: object) -> int:
-    return check_event_id("run_id", run_id, 1)
+    return check_limit(run_id, what="run_id")
 
 
-def _check_names(what: str, names: object) -> builtins.list[str]:
-    return [check_name(what, n) for n in check_items(what, names, str, "str names")]
-
-
-def _check_count(what: str, count: object) -> int:
-    if type(count) is not int:
-        raise ArgumentTypeError(what, count, "an int >= 0")
-    if count < 0:
-        raise InvalidArgumentError(what, count, "must be an int >= 0")
-    return count
+def _check_names(what: str, names: object) -> list[str]:
+    return [check_name(n, what=what) for n in check_items(what, names, str, "str names")]
 
 
 def _check_outcome(outcome: object) -> RunOutcome:
@@ -60,7 +44,7 @@ def _check_outcome(outcome: object) -> RunOutcome:
     if not isinstance(outcome, RunOutcome):
         raise ArgumentTypeError("finish", outcome, "a RunOutcome")
     _check_run_id(outcome.run_id)
-    check_event_id("token", outcome.token, 0)
+    check_limit(outcome.token, what="token", least=0)
     check_items("outlets", outcome.outlets, OutletEvent, "OutletEvent objects")
     for what, text in (("error", outcome.error), ("traceback", outcome.traceback)):
         if text is not None and not isinstance(text, str):
@@ -83,26 +67,28 @@ def _check_outcome(outcome: object) -> RunOutcome:
 _OWN_CAUSES = ("task_error", "timeout")
 
 
-class TaskStoreBackend(BaseStateBackend, ABC):
-    """Event consumers and the task queue, over ``_a<name>`` hooks (see the module docstring)."""
+class TasksService(Service[TasksDriver]):
+    """Event consumers and the task queue (:class:`~.protocols.TaskQueue`)."""
+
+    __slots__ = ()
 
     # -- event consumers ---------------------------------------------------------------------
 
     async def aconsumer_position(self, name: str) -> int:
         """The id of the last event ``name`` acknowledged (0: none yet)."""
-        self._check_open()
-        return await self._aconsumer_position(check_name("consumer name", name))
+        self._store._check_open()
+        return await self._driver._aconsumer_position(check_name(name, what="consumer name"))
 
     async def aconsumer_fetch(
         self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
-    ) -> builtins.list[AssetEvent]:
+    ) -> list[AssetEvent]:
         """Up to ``limit`` events after ``name``'s cursor, in commit order (of ``assets``)."""
-        self._check_open()
-        name, limit = check_name("consumer name", name), check_limit(limit)
+        self._store._check_open()
+        name, limit = check_name(name, what="consumer name"), check_limit(limit)
         only = None if assets is None else _check_names("assets", assets)
         if only == []:
             return []
-        return await self._aconsumer_fetch(name, only, limit)
+        return await self._driver._aconsumer_fetch(name, only, limit)
 
     async def aconsumer_ack(
         self,
@@ -114,69 +100,61 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         writer: Writer | None = None,
     ) -> int:
         """Move ``name``'s cursor to ``event_id`` and apply ``state``, in one transaction."""
-        self._check_open()
-        name = check_name("consumer name", name)
-        event_id = check_event_id("event_id", event_id, 0)
+        self._store._check_open()
+        name = check_name(name, what="consumer name")
+        event_id = check_limit(event_id, what="event_id", least=0)
         if expected is not None:
-            check_event_id("expected", expected, 0)
+            check_limit(expected, what="expected", least=0)
         writes = check_items("state", state, StateWrite, "StateWrite objects")
         checked = [self._state_write(w) for w in writes if isinstance(w, StateWrite)]
-        return await self._aconsumer_ack(name, event_id, checked, expected, writer)
+        return await self._driver._aconsumer_ack(name, event_id, checked, expected, writer)
 
     def _state_write(self, write: StateWrite) -> StateWrite:
         """``write`` checked by the rules of every other state write (scope, key, value)."""
-        self._check_scope(write.scope)
+        self._store._check_scope(write.scope)
         key = check_key(write.key)
-        text = value_from_text(key, write.value_json, max_value_bytes=self.max_value_bytes)
+        text = value_from_text(key, write.value_json, max_value_bytes=self._store.max_value_bytes)
         return StateWrite(write.scope, key, text)
-
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
-        self._check_open()
-        check_event_id("after_id", after_id, 0)
-        if isinstance(wait, bool) or not isinstance(wait, int | float):
-            raise ArgumentTypeError("wait", wait, "a number of seconds")
-        if not wait >= 0:
-            raise InvalidArgumentError("wait", wait, "must be >= 0 seconds")
-        return await self._await_events(after_id, float(wait))
 
     # -- tasks -------------------------------------------------------------------------------
 
     async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
         """Insert or update these tasks; a new task's cursors start at the end of the log."""
-        self._check_open()
+        self._store._check_open()
         batch = check_items("specs", specs, TaskSpec, "TaskSpec objects")
         if batch:
-            await self._async_tasks([s for s in batch if isinstance(s, TaskSpec)])
+            await self._driver._async_tasks([s for s in batch if isinstance(s, TaskSpec)])
 
-    async def alist_tasks(self) -> builtins.list[TaskInfo]:
+    async def alist_tasks(self) -> list[TaskInfo]:
         """Every registered task with its cursors and pending events, by name."""
-        self._check_open()
-        return await self._alist_tasks()
+        self._store._check_open()
+        return await self._driver._alist_tasks()
 
     async def aset_task_paused(self, name: str, paused: bool) -> None:
         """Pause (no new runs, none claimed) or resume a task."""
-        self._check_open()
-        await self._aset_task_paused(check_name("task name", name), bool(paused))
+        self._store._check_open()
+        await self._driver._aset_task_paused(check_name(name, what="task name"), bool(paused))
 
     async def arewind_task(
         self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
     ) -> None:
         """Move a task's cursor on ``asset`` back, so ``to_event_id`` and after run again."""
-        self._check_open()
-        name, asset = check_name("task name", name), check_name("asset", asset)
-        await self._arewind_task(name, asset, check_event_id("to_event_id", to_event_id, 1), writer)
+        self._store._check_open()
+        name, asset = check_name(name, what="task name"), check_name(asset, what="asset name")
+        await self._driver._arewind_task(
+            name, asset, check_limit(to_event_id, what="to_event_id"), writer
+        )
 
     async def acreate_run(self, name: str) -> TaskRun | None:
         """The next run of ``name`` from its pending events; ``None``: nothing to run."""
         created = await self.acreate_runs(name, 1)
         return created[0] if created else None
 
-    async def acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
+    async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]:
         """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
-        self._check_open()
-        name, max_runs = check_name("task name", name), check_limit(max_runs, "max_runs")
-        return await self._acreate_runs(name, max_runs)
+        self._store._check_open()
+        name, max_runs = check_name(name, what="task name"), check_limit(max_runs, what="max_runs")
+        return await self._driver._acreate_runs(name, max_runs)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -187,14 +165,14 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         limit: int,
         ttl: timedelta | float,
         tasks: Sequence[str] | None = None,
-    ) -> builtins.list[TaskRun]:
+    ) -> list[TaskRun]:
         """Claim up to ``limit`` ready runs for ``owner`` under a lease of ``ttl``."""
-        self._check_open()
+        self._store._check_open()
         owner, span, limit = check_owner(owner), check_ttl(ttl), check_limit(limit)
         only = None if tasks is None else _check_names("tasks", tasks)
         if only == []:
             return []
-        return list((await self._astep_runs(owner, None, limit, span, only, 0, 0)).claimed)
+        return list((await self._driver._astep_runs(owner, None, limit, span, only, 0, 0)).claimed)
 
     async def astep_runs(
         self,
@@ -215,10 +193,13 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         ``peers`` is a hint: how many other steps of ``owner`` may follow this one at once
         (its other slots running a task). A backend that sends neighbouring steps together
         may wait a fraction of a millisecond for them."""
-        self._check_open()
+        self._store._check_open()
         owner, span = check_owner(owner), check_ttl(ttl)
-        claim, create = _check_count("claim", claim), _check_count("create", create)
-        peers = _check_count("peers", peers)
+        claim, create = (
+            check_limit(claim, what="claim", least=0),
+            check_limit(create, what="create", least=0),
+        )
+        peers = check_limit(peers, what="peers", least=0)
         only = None if tasks is None else _check_names("tasks", tasks)
         if finish is not None:
             finish = _check_outcome(finish)
@@ -226,28 +207,28 @@ class TaskStoreBackend(BaseStateBackend, ABC):
             claim = create = 0
         if finish is None and claim == 0:
             return RunStep(None, ())
-        return await self._astep_runs(owner, finish, claim, span, only, create, peers)
+        return await self._driver._astep_runs(owner, finish, claim, span, only, create, peers)
 
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
     ) -> set[int]:
         """Renew the leases ``owner`` holds on ``runs`` (``{run_id: token}``); return those held."""
-        self._check_open()
+        self._store._check_open()
         owner, span = check_owner(owner), check_ttl(ttl)
         if not isinstance(runs, Mapping):
             raise ArgumentTypeError("runs", runs, "a mapping of run ids to lease tokens")
-        held = {_check_run_id(r): check_event_id("token", t, 0) for r, t in runs.items()}
+        held = {_check_run_id(r): check_limit(t, what="token", least=0) for r, t in runs.items()}
         if not held:
             return set()
-        return await self._aheartbeat_runs(owner, held, span)
+        return await self._driver._aheartbeat_runs(owner, held, span)
 
     async def abreak_run_leases(self, owners: Sequence[str]) -> int:
         """Expire the run leases of ``owners`` now (dead workers); return how many."""
-        self._check_open()
+        self._store._check_open()
         names = sorted({check_owner(o) for o in check_items("owners", owners, str, "str owners")})
         if not names:
             return 0
-        return await self._abreak_run_leases(names)
+        return await self._driver._abreak_run_leases(names)
 
     async def afinish_run(
         self,
@@ -265,21 +246,21 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         """Finish the try ``owner`` holds with ``token``: commit ``outlets`` on success, else
         record ``error`` (``cause``: ``task_error`` or ``timeout``) and queue a retry while
         tries remain (fenced by the lease)."""
-        self._check_open()
+        self._store._check_open()
         owner = check_owner(owner)
         emitted = check_items("outlets", outlets, OutletEvent, "OutletEvent objects")
         kept = tuple(o for o in emitted if isinstance(o, OutletEvent))
         outcome = _check_outcome(
             RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay, cause)
         )
-        step = await self._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
+        step = await self._driver._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
         assert step.finished is not None
         return step.finished
 
     async def aget_run(self, run_id: int) -> TaskRun:
         """One run, with its events."""
-        self._check_open()
-        return await self._aget_run(_check_run_id(run_id))
+        self._store._check_open()
+        return await self._driver._aget_run(_check_run_id(run_id))
 
     async def alist_runs(
         self,
@@ -289,149 +270,53 @@ class TaskStoreBackend(BaseStateBackend, ABC):
         limit: int | None = None,
         before: int | None = None,
         event_ids: bool = False,
-    ) -> builtins.list[TaskRun]:
+    ) -> list[TaskRun]:
         """Runs, newest first (of ``task``, in ``state``, with ids below ``before``, at most
         ``limit``), without events; with ``event_ids``, each run's event ids.
 
         Paging: pass the id of the last run of a page as ``before`` to get the next one (runs
         created meanwhile have higher ids, so no run is listed twice or skipped)."""
-        self._check_open()
+        self._store._check_open()
         check_state(state)
-        name = None if task is None else check_name("task name", task)
+        name = None if task is None else check_name(task, what="task name")
         count = None if limit is None else check_limit(limit)
-        below = None if before is None else check_event_id("before", before, 1)
-        runs = await self._alist_runs(name, state, count, below)
+        below = None if before is None else check_limit(before, what="before")
+        runs = await self._driver._alist_runs(name, state, count, below)
         if not event_ids or not runs:
             return runs
-        ids = await self._arun_event_ids([r.id for r in runs])
+        ids = await self._driver._arun_event_ids([r.id for r in runs])
         return [replace(r, event_ids=tuple(ids.get(r.id, ()))) for r in runs]
 
     async def aretry_run(self, run_id: int) -> TaskRun:
         """Queue a failed run again with one more try."""
-        self._check_open()
-        return await self._aretry_run(_check_run_id(run_id))
+        self._store._check_open()
+        return await self._driver._aretry_run(_check_run_id(run_id))
 
     async def acount_runs(self) -> dict[tuple[str, str], int]:
         """How many runs each task has in each state (pairs with no run are left out)."""
-        self._check_open()
-        return await self._acount_runs()
+        self._store._check_open()
+        return await self._driver._acount_runs()
 
     async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
         """How many failed tries each task's runs recorded, by cause and by whether the try
         failed its run: ``{(task, cause, final): count}``. A run's tries stay recorded (a
         retry adds to them), so every count only grows."""
-        self._check_open()
-        return await self._acount_tries()
+        self._store._check_open()
+        return await self._driver._acount_tries()
 
     async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
         """When the oldest event past each task's cursor on each scheduled asset was
         committed: ``{(task, asset): created_at}`` (pairs with nothing pending left out)."""
-        self._check_open()
-        return await self._aoldest_pending()
+        self._store._check_open()
+        return await self._driver._aoldest_pending()
 
-    async def arun_durations(
-        self, bounds: Sequence[float]
-    ) -> dict[str, tuple[builtins.list[int], float]]:
+    async def arun_durations(self, bounds: Sequence[float]) -> dict[str, tuple[list[int], float]]:
         """The durations of the successful tries of each task's successful runs, in buckets:
         ``{task: (counts, total seconds)}``, ``counts[i]`` the runs of at most ``bounds[i]``
         seconds and above ``bounds[i - 1]``, the last one those above every bound. A
         successful run stays so: every count only grows."""
-        self._check_open()
+        self._store._check_open()
         edges = [float(b) for b in bounds]
         if edges != sorted(edges):
             raise InvalidArgumentError("bounds", bounds, "must be in increasing order")
-        return await self._arun_durations(tuple(edges))
-
-    # -- hooks: called with checked arguments, on an open store --------------------------------
-
-    @abstractmethod
-    async def _arun_durations(
-        self, bounds: tuple[float, ...]
-    ) -> dict[str, tuple[builtins.list[int], float]]: ...
-
-    @abstractmethod
-    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
-
-    @abstractmethod
-    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
-
-    @abstractmethod
-    async def _aconsumer_position(self, name: str) -> int: ...
-
-    @abstractmethod
-    async def _aconsumer_fetch(
-        self, name: str, assets: builtins.list[str] | None, limit: int
-    ) -> builtins.list[AssetEvent]:
-        """``assets``: ``None`` (every asset) or at least one name."""
-
-    @abstractmethod
-    async def _aconsumer_ack(
-        self,
-        name: str,
-        event_id: int,
-        state: builtins.list[StateWrite],
-        expected: int | None,
-        writer: Writer | None,
-    ) -> int: ...
-
-    @abstractmethod
-    async def _await_events(self, after_id: int, wait: float) -> int: ...
-
-    @abstractmethod
-    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
-        """Upsert these specs (at least one)."""
-
-    @abstractmethod
-    async def _alist_tasks(self) -> builtins.list[TaskInfo]: ...
-
-    @abstractmethod
-    async def _aset_task_paused(self, name: str, paused: bool) -> None: ...
-
-    @abstractmethod
-    async def _arewind_task(
-        self, name: str, asset: str, to_event_id: int, writer: Writer | None
-    ) -> None: ...
-
-    @abstractmethod
-    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]: ...
-
-    @abstractmethod
-    async def _astep_runs(
-        self,
-        owner: str,
-        finish: RunOutcome | None,
-        claim: int,
-        ttl: timedelta,
-        tasks: builtins.list[str] | None,
-        create: int,
-        peers: int,
-    ) -> RunStep:
-        """``finish`` and/or ``claim`` (>= 1); ``tasks``: ``None`` (every task) or at least one
-        name; ``peers``: the hint of :meth:`astep_runs`. Raises what :meth:`afinish_run`
-        raises (the whole step is then undone)."""
-
-    @abstractmethod
-    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], ttl: timedelta) -> set[int]:
-        """Renew these leases (at least one)."""
-
-    @abstractmethod
-    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
-        """Expire the leases of these owners (distinct, sorted, at least one)."""
-
-    @abstractmethod
-    async def _aget_run(self, run_id: int) -> TaskRun: ...
-
-    @abstractmethod
-    async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None, before: int | None
-    ) -> builtins.list[TaskRun]: ...
-
-    @abstractmethod
-    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
-        """The event ids of these runs (at least one), each run's in order."""
-
-    @abstractmethod
-    async def _aretry_run(self, run_id: int) -> TaskRun: ...
-
-    @abstractmethod
-    async def _acount_runs(self) -> dict[tuple[str, str], int]: ...
+        return await self._driver._arun_durations(tuple(edges))
