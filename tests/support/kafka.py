@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import importlib.util
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
 
+from tests.support.daemons import free_port
 from tests.support.requires import unavailable
 
 __all__ = ["create_topic", "produce", "tansu_binary", "tansu_broker"]
@@ -36,12 +36,6 @@ def tansu_binary() -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def _accepts(port: int) -> bool:
     try:
         stream = await anyio.connect_tcp("127.0.0.1", port)
@@ -55,7 +49,7 @@ async def _accepts(port: int) -> bool:
 async def tansu_broker() -> AsyncIterator[str]:
     """Run one in-memory Tansu broker; yields its bootstrap address ``127.0.0.1:PORT``."""
     binary = tansu_binary()
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     process = await anyio.open_process(
         [

@@ -14,6 +14,7 @@ from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, KafkaWatcher
 
 from tests.support.brokers import unique
+from tests.support.daemons import free_port
 from tests.support.kafka import create_topic, produce, tansu_broker
 
 ASSET = Asset("events")
@@ -158,11 +159,9 @@ class TestKafkaWatcherSource:
     ) -> None:
         """Without a broker the watcher logs its reconnects, then raises BrokerSourceError;
         the SASL password is in neither."""
-        from tests.support.kafka import _free_port
-
         watcher = KafkaWatcher(
             "t",
-            f"127.0.0.1:{_free_port()}",
+            f"127.0.0.1:{free_port()}",
             security_protocol="SASL_PLAINTEXT",
             sasl_username="me",
             sasl_password="hunter2",
