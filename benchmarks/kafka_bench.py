@@ -37,7 +37,7 @@ from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import KafkaWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.kafka import create_topic, produce, tansu_broker  # noqa: E402
+from tests.support.kafka import create_topic, produce, tansu_broker
 
 PARTITIONS = 3
 
