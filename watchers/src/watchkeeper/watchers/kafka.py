@@ -191,6 +191,7 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
         self._troubled = False
         self._name = f"{type(self).__name__}({', '.join(self.params.topics)!r})"
         self._secrets = [self.params.sasl_password] if self.params.sasl_password else []
+        self._prefixes: dict[Any, str] = {}
 
     def __repr__(self) -> str:
         user = "" if self.params.sasl_username is None else f" user={self.params.sasl_username!r}"
@@ -207,6 +208,7 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
         from aiokafka.errors import KafkaError
 
         key = f"{self.watcher_name}.offsets"
+        self._prefixes = {}  # dedup key prefixes hold the watcher's name: worked out per run
         offsets = await _stored(self.asset_state_store, key, self._name)
         failures = 0
         while True:
@@ -366,6 +368,12 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
         events = []
         name = self.watcher_name
         for tp, records in batch.items():
+            # The key of each record is this prefix and its offset (a short, safe part):
+            # worked out once per partition rather than checked again per record.
+            prefix = self._prefixes.get(tp)
+            if prefix is None:
+                prefix = make_dedup_key(name, tp.topic, str(tp.partition)) + ":"
+                self._prefixes[tp] = prefix
             for record in records:
                 headers = record.headers
                 events.append(
@@ -379,9 +387,7 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
                             "headers": [[k, _header(v)] for k, v in headers] if headers else None,
                             "data": None if record.value is None else decode_body(record.value),
                         },
-                        dedup_key=make_dedup_key(
-                            name, tp.topic, str(tp.partition), str(record.offset)
-                        ),
+                        dedup_key=f"{prefix}{record.offset}",
                     )
                 )
             if records:
