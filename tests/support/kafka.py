@@ -46,11 +46,16 @@ async def _accepts(port: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def tansu_broker() -> AsyncIterator[str]:
-    """Run one in-memory Tansu broker; yields its bootstrap address ``127.0.0.1:PORT``."""
+async def tansu_broker(
+    port: int | None = None, *, advertised_port: int | None = None
+) -> AsyncIterator[str]:
+    """Run one in-memory Tansu broker on ``port`` (default: a free one); yields its bootstrap
+    address ``127.0.0.1:PORT``. ``advertised_port`` is the port it tells clients to connect to
+    (a proxy's, so that every connection a client makes goes through the proxy)."""
     binary = tansu_binary()
-    port = free_port()
+    port = free_port() if port is None else port
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     process = await anyio.open_process(
         [
             str(binary),
@@ -58,7 +63,7 @@ async def tansu_broker() -> AsyncIterator[str]:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            advertised,
             "--storage-engine",
             "memory://tansu/",
         ],

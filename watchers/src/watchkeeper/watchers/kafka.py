@@ -48,6 +48,8 @@ Offsets = dict[str, dict[str, int]]
 
 _CLIENT_MODULES = ("aiokafka", "aiokafka.errors", "aiokafka.structs", "aiokafka.helpers")
 _CLOSE_TIMEOUT = 5.0
+_CLIENT_MARGIN = 5.0
+"""Seconds the client's own request timeout exceeds ``request_timeout``."""
 
 
 def _text_list(name: str, value: object, info: ValidationInfo) -> object:
@@ -275,7 +277,10 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
     def _new_consumer(self) -> AIOKafkaConsumer:
         from aiokafka import AIOKafkaConsumer
 
-        timeout_ms = round(self.params.request_timeout * 1000)
+        # The client's own request timeout is longer than each call's bound here, so a broker
+        # that stops answering fails our call (and shows as backing_off) rather than being
+        # retried quietly inside the client.
+        timeout_ms = round((self.params.request_timeout + _CLIENT_MARGIN) * 1000)
         options: dict[str, Any] = {}
         if "SSL" in self.params.security_protocol:
             from aiokafka.helpers import create_ssl_context
