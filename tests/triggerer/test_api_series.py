@@ -10,6 +10,7 @@ from typing import Any
 
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
+from watchkeeper.triggerer.api._rates import RunnerRates
 from watchkeeper.triggerer.api._series import MAX_CHANGES, WatcherSeries
 
 
@@ -90,3 +91,24 @@ class TestWatcherSeries:
         assert len(view["points"]) == 2 == len(series.times)
         assert len(view["changes"]) == MAX_CHANGES
         assert view["changes"][-1]["state"] == "backing_off"
+
+    async def test_with_a_runner_the_rate_comes_from_its_counters(self, tmp_path: Path) -> None:
+        """A daemon's series reads the runner's counters: events written straight to the log
+        do not count, the runner's do, and a watcher the runner does not run has no rate."""
+        totals: dict[str, int] = {"feed": 0}
+        rates = RunnerRates(lambda: dict(totals), lambda: list(totals))
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            await backend.aregister_assets([Asset("orders")])
+            await report(backend, "feed", "running")
+            await report(backend, "other", "running")
+            series = WatcherSeries(backend, interval=60, rates=rates)
+            await series.sample()
+            await commit(backend, "feed", 300)  # in the log, not by this runner
+            totals["feed"] = 12
+            await series.sample()
+            feed, other = series.view("feed"), series.view("other")
+        feed_rates = [p["events_per_minute"] for p in feed["points"]]
+        minutes = (series.times[1] - series.times[0]).total_seconds() / 60
+        assert feed_rates[0] == 0
+        assert abs(feed_rates[1] - 12 / minutes) <= 1e-3 * feed_rates[1]  # 12, not 300 or 312
+        assert [p["events_per_minute"] for p in other["points"]] == [None, None]

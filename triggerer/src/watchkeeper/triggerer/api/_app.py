@@ -84,7 +84,11 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(ctx: ApiContext) -> Starlette:
-    """The application over ``ctx``."""
+    """Build the Starlette application (every route, the page, errors as JSON).
+
+    :param ctx: what the routes work on (see :func:`~watchkeeper.triggerer.api.api_context`).
+    :returns: the application, ``ctx`` on its state; serve it with :func:`serve_app`.
+    """
     v1 = "/api/v1"
     routes = [
         Route("/", page),

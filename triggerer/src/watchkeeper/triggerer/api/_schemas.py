@@ -114,6 +114,7 @@ SCHEMAS: dict[str, Any] = {
     "Watchers": obj(
         {"watchers": array(ref("Watcher")), "may_operate": BOOL},
         rate_window_seconds=INT,
+        rate_source={"type": "string", "enum": ["daemon", "event_log"]},
     ),
     "Control": obj(
         {

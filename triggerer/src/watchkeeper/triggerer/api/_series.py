@@ -2,8 +2,9 @@
 view draws.
 
 Every ``[api] watcher_sample_seconds`` :class:`WatcherSeries` reads the watchers once (the
-status rows the daemons save and the operators' control rows) and the event log's count of
-each watcher's events since the previous sample, and keeps, for the last hour:
+status rows the daemons save and the operators' control rows) and each watcher's events since
+the previous sample (from the serving daemon's runner counters, or, for `watchkeeper api`, a
+count of the event log), and keeps, for the last hour:
 
 - one point per sample and watcher: its events in the interval (as events per minute) and the
   age of its last committed event at that moment (how far it lags behind a source that keeps
@@ -14,8 +15,7 @@ each watcher's events since the previous sample, and keeps, for the last hour:
 The points of every watcher share one row of sample times and live in ``array("f")`` rows
 (NaN for a sample a watcher was not in), and its changes in a short list, so ten thousand
 watchers cost a few MB. Nothing is
-written to the store: a restarted server starts a new hour (the rate of its first sample
-still comes from the event log).
+written to the store: a restarted server starts a new hour.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from watchkeeper.store.backend import get_logger
 
 from .._describe import describe_error
 from .._watcher_controls import WatcherRow, controls_of, watcher_rows
+from ._rates import RunnerRates
 
 __all__ = ["StateChange", "WatcherSeries"]
 
@@ -68,8 +69,18 @@ def _why(row: WatcherRow, paused_by: dict[str, str | None]) -> str | None:
 class WatcherSeries:
     """The last hour of each watcher's event rate, last-event age and state changes."""
 
-    def __init__(self, backend: BaseStateBackend, *, interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        backend: BaseStateBackend,
+        *,
+        interval: float = 60.0,
+        rates: RunnerRates | None = None,
+    ) -> None:
         self.backend = backend
+        # With a runner (a daemon's API) the rate comes from its counters, not from a count
+        # of the event log; the watchers it does not run then have no rate (NaN).
+        self.rates = rates
+        self._totals: dict[str, int] = {} if rates is None else rates.totals()
         self.interval = interval
         self.points = max(2, min(MAX_POINTS, math.ceil(WINDOW / interval)))
         self.times: deque[datetime] = deque(maxlen=self.points)
@@ -104,8 +115,13 @@ class WatcherSeries:
         store = controls_of(backend)
         counts: dict[str, int] = {}
         paused_by: dict[str, str | None] = {}
+        if self.rates is not None:
+            totals, before = self.rates.totals(), self._totals
+            counts = {n: totals.get(n, 0) - before.get(n, 0) for n in self.rates.known()}
+            self._totals = totals
         if store is not None:
-            counts = await store.acount_events_since(since)
+            if self.rates is None:
+                counts = await store.acount_events_since(since)
             paused_by = {c.watcher: c.updated_by for c in await store.alist_watcher_controls()}
         minutes = max((now - since).total_seconds(), 1e-9) / 60
         self._since = now
@@ -116,7 +132,10 @@ class WatcherSeries:
             name = row.watcher
             seen.add(name)
             rate, age = self._rows(name, full)
-            rate.append(counts.get(name, 0) / minutes)
+            if self.rates is not None and name not in counts:
+                rate.append(_NAN)
+            else:
+                rate.append(counts.get(name, 0) / minutes)
             last = row.last_event_age(now)
             age.append(_NAN if last is None else last)
             if self._last_state.get(name) != row.state:

@@ -130,7 +130,7 @@ async function loadWatchers() {
     cell(tr, w.state, "state state-" + w.state);
     cell(tr, w.daemon);
     cell(tr, age(w.last_event_age_seconds), "age");
-    // Counted by the server from the event log over the stated window: right on the first load.
+    // The server's figure over the stated window (its runner's counters, or the event log).
     const rate = cell(tr, w.events_per_minute === null ? "-" : w.events_per_minute.toFixed(1), "rate");
     rate.title = `${w.events_in_window} events in the last ${minutes} min`;
     cell(tr, w.failures, "failures");
