@@ -142,7 +142,8 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
     values as text (``{"base64": ...}`` when not UTF-8, null when absent), the headers as a
     list of ``[name, value]`` pairs (or null), and the value as JSON when it is UTF-8 JSON,
     else its text, else ``{"base64": ...}`` (null for a tombstone). Records of one partition
-    come in offset order.
+    come in offset order; of a transactional producer, only committed ones
+    (``read_committed``).
 
     Exactly once: the offsets after each fetch (the next offset of every partition) are the
     state of the batch of its records, committed with them in one transaction; on start each
@@ -160,10 +161,11 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
     nothing else): Kafka's tools then show the watcher's lag. The group never assigns
     partitions: the watcher reads every partition of its topics itself.
 
-    Connection: each request may take ``request_timeout`` seconds, connecting included; a
-    fetch waits at most ``poll_timeout`` seconds and an idle one is followed by a request for
-    the partitions' end offsets, so a broker that stopped answering is found within
-    ``poll_timeout`` + ``request_timeout``. A lost or unreachable broker is retried on a new
+    Connection: each call to the brokers (connecting, a fetch, a seek) must answer within
+    ``request_timeout`` + ``poll_timeout`` seconds; a fetch waits at most ``poll_timeout``
+    seconds for records and an idle one is followed by a request for the partitions' end
+    offsets, so a broker that stopped answering (behind a network path that drops every
+    packet, say) is found within that time rather than retried quietly inside the client. A lost or unreachable broker is retried on a new
     client with exponential backoff, ``reconnect_attempts`` times in a row, meanwhile the
     watcher's status is ``backing_off`` with the reason (logged as ``kafka_reconnecting``);
     then ``run()`` raises :class:`BrokerSourceError` and the daemon restarts the watcher with
