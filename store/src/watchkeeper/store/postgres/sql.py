@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Final
 from .._backend import _utcnow
 from .._types import RawEntry, Writer
 from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
-from .commits import commit_batch_sql, event_commits_sql
 
 if TYPE_CHECKING:
     import asyncpg
@@ -175,10 +174,6 @@ class Statements:
             "FROM unnest($1::int8[], $2::text[], $3::text[]) WITH ORDINALITY "
             "AS i(asset_id, name, uri, ord) ORDER BY i.ord"
         )
-        # Event commits (see .commits): a round of single commits, and one trigger's batch.
-        self.commit_events = event_commits_sql(p)
-        self.commit_batch = commit_batch_sql(p, dedup=True)
-        self.commit_batch_plain = commit_batch_sql(p, dedup=False)
         self.list_events = (
             "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
             f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "

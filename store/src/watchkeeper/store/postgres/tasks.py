@@ -68,12 +68,12 @@ from .runs import (
     writers_in_flight_sql,
 )
 from .sql import database_clock, writer_fields
+from .steps import StepOp
 
 if TYPE_CHECKING:
     import asyncpg
 
     from .sql import Statements
-    from .steps import StepQueue
 
 __all__ = ["PostgresTasks"]
 
@@ -87,10 +87,10 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
     clock: Any
     _dsn: str
     _sql: Statements
-    _steps: StepQueue | None
 
     if TYPE_CHECKING:
 
+        async def _submit(self, op: Any) -> Any: ...
         async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
         async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
         def _pool_or_closed(self) -> asyncpg.Pool: ...
@@ -350,18 +350,14 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         create: int,
         peers: int,
     ) -> RunStep:
-        steps = self._steps
         finished: TaskRun | None = None
         claimed: builtins.list[TaskRun]
-        if (
-            steps is not None
-            and finish is not None
-            and finish.success
-            and not finish.outlets
-            and claim <= 1
-        ):  # a slot's usual step: with the others finishing at once (creating after, if short)
+        if finish is not None and finish.success and not finish.outlets and claim <= 1:
+            # A slot's usual step: with the others finishing at once (creating after, if short).
             group = (owner, span, None if tasks is None else tuple(tasks))
-            done = await steps.step(group, finish, claim == 1, peers)
+            done: RunStep = await self._submit(
+                StepOp(group, finish, claim == 1, peers, self._run_steps)
+            )
             finished, claimed = done.finished, list(done.claimed)
         elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
