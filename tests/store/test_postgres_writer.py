@@ -24,6 +24,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     TaskScope,
 )
+from watchkeeper.store._commit_queue import CommitQueue
 from watchkeeper.store.backend import EventCommit, Fence, Writer
 
 TASK = TaskScope("dag", "run", "task")
@@ -50,6 +51,13 @@ async def _hold_state_row(conn: asyncpg.Connection, schema: str, asset: str) -> 
         "WHERE a.name = $1 FOR UPDATE",
         asset,
     )
+
+
+def _queue(store: PostgresStateBackend) -> CommitQueue[Any]:
+    """The backend's group-commit queue (its writer is open)."""
+    writer = store._writer
+    assert writer is not None
+    return writer.queue
 
 
 async def _wait_blocked(conn: asyncpg.Connection) -> None:
@@ -85,7 +93,8 @@ async def test_events_on_other_assets_commit_while_a_batch_is_held(
                     for i in range(OTHERS):
                         others.start_soon(commit, f"b{i}", _event(f"wb{i}", f"b{i}", 1))
             tg.start_soon(commit, "a2", _event("wa", "a", 2))
-            await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
+            with anyio.fail_after(10):  # a2 queued behind the held batch, not sent beside it
+                await _queue(store).wait_held(1)
             assert "a1" not in done and "a2" not in done
             await tx.rollback()
     finally:
@@ -117,7 +126,8 @@ async def test_other_writes_wait_for_the_batch_in_flight(
             tg.start_soon(run, "event", lambda: store.acommit_event(_event("wa", "a", 1)))
             await _wait_blocked(conn)
             tg.start_soon(run, "set", lambda: store.aset(TASK, "k", 1))
-            await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
+            with anyio.fail_after(10):  # the set queued behind the held batch, not beside it
+                await _queue(store).wait_held(1)
             check = f'SELECT count(*) FROM "{pg_schema}".task_state'
             assert order == []
             other = await asyncpg.connect(pg_dsn)

@@ -87,6 +87,9 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
     clock: Any
     _dsn: str
     _sql: Statements
+    horizon_waits: int = 0
+    """How many times a step found an earlier event's writer still in flight and waited for it
+    (a counter: what a step held up by an uncommitted event can be seen by)."""
 
     if TYPE_CHECKING:
 
@@ -244,6 +247,7 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         pause = 0.0005
         sql = writers_in_flight_sql(self._events_key)
         while (await self._fetch("reading the events horizon", sql, holders))[0][0]:
+            self.horizon_waits += 1
             await anyio.sleep(pause)
             pause = min(pause * 2, 0.004)
 
