@@ -45,6 +45,7 @@ from .batch import apply_batch, one_round
 from .commits import EventStatements, commit_round
 from .connections import Freshness, breaks_connection, close_quietly, drop_if_broken, roll_back
 from .ops import EventsOp, Op
+from .puts import alone, put_alone_sql, upsert_alone
 from .sql import Statements, is_unavailable, map_error
 from .steps import StepOp, step_groups
 
@@ -79,6 +80,7 @@ class GroupWriter:
         # the same lock and NOTIFY, in one statement.
         self._events = EventStatements(sql.prefix)
         self._one_round = None if events_sql is None else EventStatements(sql.prefix, events_sql)
+        self._put_alone = put_alone_sql(sql.prefix)
         # One slot per batch in flight; a slot's connection is opened when first needed.
         self._conns: list[asyncpg.Connection | None] = [conn] + [None] * (connections - 1)
         self._tuned: list[asyncpg.Connection | None] = [None] * connections
@@ -178,7 +180,11 @@ class GroupWriter:
                 # One statement, a transaction of its own: once it is sent, a lost connection
                 # may have committed it, so the batch is not tried again (its ops get the error).
                 applied = True
-                await self._commit_round(conn, self._one_round, batch)
+                db_clock = self._sql.clock_param() is None
+                await self._alone(conn, commit_round(conn, self._one_round, batch, db_clock))
+            elif alone(batch):  # plain upserts of asset state: the same, one statement
+                applied = True
+                await self._alone(conn, upsert_alone(conn, self._put_alone, batch))
             else:
                 events = any(type(op) is EventsOp for op in batch)
                 try:
@@ -203,11 +209,10 @@ class GroupWriter:
         for op in batch:
             op.settle()
 
-    async def _commit_round(
-        self, conn: asyncpg.Connection, statements: EventStatements, batch: Sequence[EventsOp]
-    ) -> None:
+    async def _alone(self, conn: asyncpg.Connection, statement: Awaitable[None]) -> None:
+        """Await a batch's one statement (a transaction of its own)."""
         try:
-            await commit_round(conn, statements, batch, self._sql.clock_param() is None)
+            await statement
         except BaseException as exc:
             await _end_failed(conn, exc)  # nothing to end unless it was cut half-way
             raise
