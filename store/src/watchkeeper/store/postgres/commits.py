@@ -78,11 +78,11 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
                    o.j->>4 AS ft, o.j->>5 AS fo, (o.j->>6)::int8 AS fk,
                    o.j->>7 AS wk, o.j->>8 AS wn, (o.j->>9)::int4 AS wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
-            FROM {lock}json_array_elements($1::json) WITH ORDINALITY AS o(j, ord)
+            FROM {lock}jsonb_array_elements($1::jsonb) WITH ORDINALITY AS o(j, ord)
         ), r AS MATERIALIZED (
             SELECT o.ord AS op, x.pos, x.name,
                    (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
-            FROM o CROSS JOIN LATERAL json_array_elements_text(o.n) WITH ORDINALITY
+            FROM o CROSS JOIN LATERAL jsonb_array_elements_text(o.n) WITH ORDINALITY
                  AS x(name, pos)
         ), l AS MATERIALIZED (
             SELECT l.trigger_id, l.owner, l.token, n.expires_at
@@ -106,7 +106,7 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             SELECT r.asset_id, r.name, o.w, x.p, x.d, o.at
             FROM o CROSS JOIN LATERAL (
                      SELECT v->>0 AS p, v->>1 AS d, pos
-                     FROM json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)) x
+                     FROM jsonb_array_elements(o.e) WITH ORDINALITY AS v(v, pos)) x
             JOIN r ON r.op = o.ord
             WHERE o.ord NOT IN (SELECT ord FROM refused){skip}
             ORDER BY o.ord, x.pos, r.pos{conflict}
@@ -116,7 +116,7 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
                 (asset_id, key, value, version, updated_at,
                  writer_kind, writer_name, writer_try)
             SELECT r.asset_id, j.key, j.value, 1, o.at, o.wk, o.wn, o.wt
-            FROM o CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
+            FROM o CROSS JOIN LATERAL jsonb_each_text(o.s) AS j(key, value)
             JOIN r ON r.op = o.ord
             WHERE r.asset_id IN (SELECT asset_id FROM ev)
             ON CONFLICT (asset_id, key) DO UPDATE SET
@@ -147,8 +147,7 @@ async def commit_round(
     for op in ops:
         for name in op.names:
             by_name[name] = op
-        if not keyed:
-            keyed = any(d is not None for _, d in op.events)
+        keyed = keyed or op.keyed
         op.result = []
     rows = await conn.fetch(
         statements.keyed if keyed else statements.plain,

@@ -14,9 +14,9 @@ before they write, so a failure touches nothing and records its error on that op
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from json.encoder import encode_basestring as _quote
 from typing import TYPE_CHECKING, Any, Final
 
 from .._commit_queue import WRITE_OVERHEAD, QueuedWrite
@@ -168,11 +168,6 @@ class ClearOp(_ScopedOp):
         self.all_map_indices = all_map_indices
 
 
-_encode: Final = json.JSONEncoder(
-    ensure_ascii=False, check_circular=False, separators=(",", ":")
-).encode
-
-
 class EventsOp(Op):
     """Events of one trigger with one state, all or nothing: a single :class:`EventCommit` is
     a batch of one event. The result is the events written, in id order.
@@ -180,13 +175,13 @@ class EventsOp(Op):
     Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as a JSON array
     ``[watcher, events, assets, state, fence trigger, owner, token, writer kind, name, try]``
     (each event ``[payload]`` or ``[payload, dedup key]``, the state an object; the trailing
-    NULLs left off), encoded here, by its caller, so the writer only joins the texts. Its
+    NULLs left off), written here, by its caller, so the writer only joins the texts. Its
     assets are resolved, and its fence checked, by the statement that writes it, not by the
-    batch's shared steps.
+    batch's shared steps. ``keyed``: whether any event has a dedup key.
     """
 
     __slots__ = (
-        "_weight", "created_at", "decoded", "doc", "events", "fence", "names", "state",
+        "_weight", "created_at", "decoded", "doc", "events", "fence", "keyed", "names", "state",
         "watcher", "writer",
     )  # fmt: skip
 
@@ -206,18 +201,27 @@ class EventsOp(Op):
         self.writer, self.fence, self.decoded, self.created_at = writer, fence, decoded, created_at
         # Each asset once, in order (an asset named twice gets one event).
         names = self.names = list(assets) if len(assets) < 2 else list(dict.fromkeys(assets))
-        doc: list[Any] = [
-            watcher,
-            [[p] if d is None else [p, d] for p, d in events],
-            names,
-            state if type(state) is dict else dict(state),
-        ]
+        # The document written by hand: each text through the C string encoder, which is
+        # what json.dumps does for it, without the encoder's pass over the containers.
+        q = _quote
+        if len(events) == 1:
+            payload, key = events[0]
+            self.keyed = key is not None
+            text = f"[[{q(payload)}]]" if key is None else f"[[{q(payload)},{q(key)}]]"
+        else:
+            self.keyed = any(key is not None for _, key in events)
+            text = ",".join([f"[{q(p)}]" if d is None else f"[{q(p)},{q(d)}]" for p, d in events])
+            text = f"[{text}]"
+        items = ",".join([f"{q(k)}:{q(v)}" for k, v in state.items()])
+        doc = f"[{q(watcher)},{text},[{','.join(map(q, names))}],{{{items}}}"
+        if fence is not None:
+            doc += f",{q(fence.trigger_id)},{q(fence.owner)},{int(fence.token)}"
+        elif writer is not None:
+            doc += ",null,null,null"
         if writer is not None:
-            doc += (None, None, None) if fence is None else _fence(fence)
-            doc += (writer.kind, writer.name, writer.try_number)
-        elif fence is not None:
-            doc += _fence(fence)
-        self.doc = _encode(doc)
+            tries = "null" if writer.try_number is None else int(writer.try_number)
+            doc += f",{q(writer.kind)},{q(writer.name)},{tries}"
+        self.doc = doc + "]"
         size = sum(len(p) for p, _ in events) + WRITE_OVERHEAD * len(events)
         self._weight = (size + sum(len(v) for v in state.values())) * max(1, len(names))
 
@@ -238,10 +242,6 @@ class EventsOp(Op):
 
     def fence_at(self) -> tuple[Fence, datetime] | None:
         return None if self.fence is None else (self.fence, self.created_at)
-
-
-def _fence(fence: Fence) -> tuple[str, str, int]:
-    return fence.trigger_id, fence.owner, fence.token
 
 
 class CallOp(Op):
