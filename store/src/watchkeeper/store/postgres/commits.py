@@ -74,16 +74,21 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.j->>0 AS w, o.j->1 AS e, o.j->2 AS n, o.j->3 AS s,
-                   o.j->>4 AS ft, o.j->>5 AS fo, (o.j->>6)::int8 AS fk,
-                   o.j->>7 AS wk, o.j->>8 AS wn, (o.j->>9)::int4 AS wt,
+            SELECT o.ord, o.w, o.p, o.d, o.e, o.a, o.n, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
-            FROM {lock}jsonb_array_elements($1::jsonb) WITH ORDINALITY AS o(j, ord)
+            FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
+                     w text, p text, d text, e json, a text, n json, s json,
+                     ft text, fo text, fk int8, wk text, wn text, wt int4)) WITH ORDINALITY
+                 AS o(w, p, d, e, a, n, s, ft, fo, fk, wk, wn, wt, ord)
         ), r AS MATERIALIZED (
-            SELECT o.ord AS op, x.pos, x.name,
+            SELECT x.op, x.pos, x.name,
                    (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
-            FROM o CROSS JOIN LATERAL jsonb_array_elements_text(o.n) WITH ORDINALITY
-                 AS x(name, pos)
+            FROM (SELECT o.ord AS op, 1::int8 AS pos, o.a AS name FROM o WHERE o.n IS NULL
+                  UNION ALL
+                  SELECT o.ord, x.pos, x.name
+                  FROM o CROSS JOIN LATERAL json_array_elements_text(o.n) WITH ORDINALITY
+                       AS x(name, pos)
+                  WHERE o.n IS NOT NULL) x
         ), l AS MATERIALIZED (
             SELECT l.trigger_id, l.owner, l.token, n.expires_at
             FROM {p}trigger_leases l LEFT JOIN {p}trigger_nodes n
@@ -103,20 +108,22 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
         ), ev AS (
             INSERT INTO {p}asset_events
                 (asset_id, asset_name, watcher, payload, dedup_key, created_at)
-            SELECT r.asset_id, r.name, o.w, x.p, x.d, o.at
-            FROM o CROSS JOIN LATERAL (
-                     SELECT v->>0 AS p, v->>1 AS d, pos
-                     FROM jsonb_array_elements(o.e) WITH ORDINALITY AS v(v, pos)) x
-            JOIN r ON r.op = o.ord
-            WHERE o.ord NOT IN (SELECT ord FROM refused){skip}
-            ORDER BY o.ord, x.pos, r.pos{conflict}
+            SELECT r.asset_id, r.name, x.w, x.p, x.d, x.at
+            FROM (SELECT o.ord, 1::int8 AS pos, o.w, o.p, o.d, o.at FROM o WHERE o.e IS NULL
+                  UNION ALL
+                  SELECT o.ord, v.pos, o.w, v.v->>0, v.v->>1, o.at
+                  FROM o CROSS JOIN LATERAL json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)
+                  WHERE o.e IS NOT NULL) x
+            JOIN r ON r.op = x.ord
+            WHERE x.ord NOT IN (SELECT ord FROM refused){skip}
+            ORDER BY x.ord, x.pos, r.pos{conflict}
             RETURNING id, asset_id, asset_name, dedup_key, created_at
         ), st AS (
             INSERT INTO {p}asset_state AS t
                 (asset_id, key, value, version, updated_at,
                  writer_kind, writer_name, writer_try)
             SELECT r.asset_id, j.key, j.value, 1, o.at, o.wk, o.wn, o.wt
-            FROM o CROSS JOIN LATERAL jsonb_each_text(o.s) AS j(key, value)
+            FROM o CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
             JOIN r ON r.op = o.ord
             WHERE r.asset_id IN (SELECT asset_id FROM ev)
             ON CONFLICT (asset_id, key) DO UPDATE SET

@@ -172,10 +172,12 @@ class EventsOp(Op):
     """Events of one trigger with one state, all or nothing: a single :class:`EventCommit` is
     a batch of one event. The result is the events written, in id order.
 
-    Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as a JSON array
-    ``[watcher, events, assets, state, fence trigger, owner, token, writer kind, name, try]``
-    (each event ``[payload]`` or ``[payload, dedup key]``, the state an object; the trailing
-    NULLs left off), written here, by its caller, so the writer only joins the texts. Its
+    Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as one JSON
+    object: ``w`` the watcher; its one event as ``p`` (payload) and ``d`` (dedup key), or its
+    events as ``e`` (each ``[payload]`` or ``[payload, dedup key]``); its one asset as ``a`` or
+    its assets as ``n``; ``s`` the state; ``ft``/``fo``/``fk`` the fence, ``wk``/``wn``/``wt``
+    the writer (absent keys are NULL). It is written here, by its caller, so the writer only
+    joins the texts. Its
     assets are resolved, and its fence checked, by the statement that writes it, not by the
     batch's shared steps. ``keyed``: whether any event has a dedup key.
     """
@@ -207,21 +209,26 @@ class EventsOp(Op):
         if len(events) == 1:
             payload, key = events[0]
             self.keyed = key is not None
-            text = f"[[{q(payload)}]]" if key is None else f"[[{q(payload)},{q(key)}]]"
+            doc = f'{{"w":{q(watcher)},"p":{q(payload)}'
+            if key is not None:
+                doc += f',"d":{q(key)}'
         else:
             self.keyed = any(key is not None for _, key in events)
             text = ",".join([f"[{q(p)}]" if d is None else f"[{q(p)},{q(d)}]" for p, d in events])
-            text = f"[{text}]"
-        items = ",".join([f"{q(k)}:{q(v)}" for k, v in state.items()])
-        doc = f"[{q(watcher)},{text},[{','.join(map(q, names))}],{{{items}}}"
+            doc = f'{{"w":{q(watcher)},"e":[{text}]'
+        if len(names) == 1:
+            doc += f',"a":{q(names[0])}'
+        else:
+            doc += f',"n":[{",".join(map(q, names))}]'
+        if state:
+            doc += ',"s":{' + ",".join([f"{q(k)}:{q(v)}" for k, v in state.items()]) + "}"
         if fence is not None:
-            doc += f",{q(fence.trigger_id)},{q(fence.owner)},{int(fence.token)}"
-        elif writer is not None:
-            doc += ",null,null,null"
+            doc += f',"ft":{q(fence.trigger_id)},"fo":{q(fence.owner)},"fk":{int(fence.token)}'
         if writer is not None:
-            tries = "null" if writer.try_number is None else int(writer.try_number)
-            doc += f",{q(writer.kind)},{q(writer.name)},{tries}"
-        self.doc = doc + "]"
+            doc += f',"wk":{q(writer.kind)},"wn":{q(writer.name)}'
+            if writer.try_number is not None:
+                doc += f',"wt":{int(writer.try_number)}'
+        self.doc = doc + "}"
         size = sum(len(p) for p, _ in events) + WRITE_OVERHEAD * len(events)
         self._weight = (size + sum(len(v) for v in state.values())) * max(1, len(names))
 
