@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeGuard
+from json.encoder import encode_basestring as _quote
+from typing import TYPE_CHECKING, Final, TypeGuard
 
 from .._types import AssetScope
 from ..errors import AssetNotFoundError
@@ -85,16 +86,17 @@ async def upsert_alone(conn: asyncpg.Connection, sql: str, ops: Sequence[PutOp])
     """Run the statement of ``ops`` (see :func:`alone`), setting each op's version or error."""
     scopes: dict[AssetScope, int] = {}
     docs: list[str] = []
+    q = _quote
     for op in ops:
         s: AssetScope = op.scope  # type: ignore[assignment]  # alone() checked it
         index = scopes.get(s)
         if index is None:
             index = scopes[s] = len(scopes) + 1
         w = op.writer
-        row: list[Any] = [index, op.key, op.value_json]
-        if w is not None:
-            row += (w.kind, w.name, w.try_number)
-        docs.append(_encode(row))
+        if w is None:
+            docs.append(f"[{index},{q(op.key)},{q(op.value_json)}]")
+        else:
+            docs.append(_encode([index, op.key, op.value_json, w.kind, w.name, w.try_number]))
     rows = await conn.fetch(
         sql,
         _encode([[s.asset_id, s.name, s.uri] for s in scopes]),

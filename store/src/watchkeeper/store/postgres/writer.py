@@ -99,8 +99,11 @@ class GroupWriter:
         )
 
     async def submit(self, op: Op) -> Any:
-        """Queue ``op``, wait until its batch has committed, and return its result."""
-        return await self.queue.submit(op)
+        """Queue ``op``, wait until its batch has committed, and return its result (the
+        queue's ``submit`` inline: one coroutine fewer per write)."""
+        self.queue.put(op)
+        await op.done  # cancelling this cancels only the waiting: the write stays queued
+        return op.outcome()
 
     def discard(self) -> None:
         """Close both ends of the queue of a writer that never ran."""
