@@ -173,9 +173,9 @@ class TestStep:
         assert len(await store.tasks.alist_runs(state="queued")) == 1
         if batches is not None and store.__class__.__name__ == "SqliteStateBackend":
             assert store.commit_stats.batches == batches.batches + 1  # one transaction
-        if isinstance(store, PostgresStateBackend):  # the plain successes: grouped (.steps)
-            assert store._steps is not None
-            assert store._steps.queue.stats.writes == 3
+        if isinstance(store, PostgresStateBackend):  # the plain successes: the writer's (.steps)
+            assert batches is not None
+            assert store.commit_stats.writes == batches.writes + 3
 
     async def test_finish_then_create_when_none_is_ready(self, store: Any) -> None:
         """A plain success whose claim finds nothing ready creates runs from the pending

@@ -106,7 +106,9 @@ class TestRunCreationHorizon:
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(step)
-                    await anyio.sleep(0.3)
+                    with anyio.fail_after(10):  # the step found the writer of N in flight
+                        while backend.horizon_waits == 0:  # noqa: ASYNC110 - a counter, no event
+                            await anyio.sleep(0.001)
                     assert claimed == [] and await backend.tasks.alist_runs() == []
                     await held.commit()
                 (run,) = claimed

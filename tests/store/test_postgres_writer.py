@@ -24,7 +24,8 @@ from watchkeeper.store import (
     PostgresStateBackend,
     TaskScope,
 )
-from watchkeeper.store.protocols import EventCommit, Fence, Writer
+from watchkeeper.store._commit_queue import CommitQueue
+from watchkeeper.store.protocols import EventBatchCommit, EventCommit, Fence, Writer
 
 TASK = TaskScope("dag", "run", "task")
 OTHERS = 40
@@ -52,6 +53,13 @@ async def _hold_state_row(conn: asyncpg.Connection, schema: str, asset: str) -> 
         "WHERE a.name = $1 FOR UPDATE",
         asset,
     )
+
+
+def _queue(store: PostgresStateBackend) -> CommitQueue[Any]:
+    """The backend's group-commit queue (its writer is open)."""
+    writer = store._writer
+    assert writer is not None
+    return writer.queue
 
 
 async def _wait_blocked(conn: asyncpg.Connection) -> None:
@@ -87,7 +95,8 @@ async def test_events_on_other_assets_commit_while_a_batch_is_held(
                     for i in range(OTHERS):
                         others.start_soon(commit, f"b{i}", _event(f"wb{i}", f"b{i}", 1))
             tg.start_soon(commit, "a2", _event("wa", "a", 2))
-            await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
+            with anyio.fail_after(10):  # a2 queued behind the held batch, not sent beside it
+                await _queue(store).wait_held(1)
             assert "a1" not in done and "a2" not in done
             await tx.rollback()
     finally:
@@ -119,7 +128,8 @@ async def test_other_writes_wait_for_the_batch_in_flight(
             tg.start_soon(run, "event", lambda: store.events.acommit(_event("wa", "a", 1)))
             await _wait_blocked(conn)
             tg.start_soon(run, "set", lambda: store.aset(TASK, "k", 1))
-            await anyio.sleep(0.3)  # time enough for a write that went ahead to commit
+            with anyio.fail_after(10):  # the set queued behind the held batch, not beside it
+                await _queue(store).wait_held(1)
             check = f'SELECT count(*) FROM "{pg_schema}".task_state'
             assert order == []
             other = await asyncpg.connect(pg_dsn)
@@ -253,3 +263,58 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
         raw = await store.aget_raw(AssetScope(name=asset), "k")
         assert raw is not None and raw.value_json == text
         assert await store.aget(AssetScope(name=asset), "é\U0001f642") == 1
+
+
+async def test_plain_upserts_of_one_batch_fail_alone(store: PostgresStateBackend) -> None:
+    """A batch of plain asset-state upserts is one statement: a put on an unknown asset gets
+    its error and writes nothing, the others are written with their versions; two puts on
+    one row through two scopes naming the same asset are replayed one by one, both applied."""
+    await store.aset(AssetScope(name="b0"), "k", 0)
+    (a_id,) = [a.asset_id for a in await store.events.alist_assets() if a.name == "a"]
+    calls = {
+        "known": lambda: store.aset(AssetScope(name="b0"), "k", 1),
+        "other": lambda: store.aset(AssetScope(name="b1"), "k", 1),
+        "unknown": lambda: store.aset(AssetScope(name="nowhere"), "k", 1),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes == {"known": 2, "other": 1, "unknown": "AssetNotFoundError"}
+    assert [(e.key, e.version) for e in await store.alist(AssetScope(name="b0"))] == [("k", 2)]
+    assert await store.aget(AssetScope(name="b1"), "k") == 1
+    twice = {
+        "by_name": lambda: store.aset(AssetScope(name="a"), "k", "name"),
+        "by_id": lambda: store.aset(AssetScope(asset_id=a_id), "k", "id"),
+    }
+    before = store.commit_stats.batches
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for fn in twice.values():
+                tg.start_soon(fn)
+    assert store.commit_stats.batches == before + 1
+    (entry,) = await store.alist(AssetScope(name="a"))
+    assert entry.version == 2 and entry.value in ("name", "id")
+
+
+async def test_single_commits_and_a_batch_share_one_round(store: PostgresStateBackend) -> None:
+    """A single event commit is a batch of one: commits and a trigger's batch of events on
+    other assets go in one statement; the batch's duplicate dedup key is suppressed on its
+    own, and each gets its own events and state."""
+    calls = {
+        "single": lambda: store.events.acommit(_event("wa", "a", 1)),
+        "batch": lambda: store.events.acommit_batch(
+            EventBatchCommit(
+                "wb0", ("b0", "b1"), (("1", "x"), ("2", None), ("3", "x")), state={"wm": "3"}
+            )
+        ),
+        "keyed": lambda: store.events.acommit(
+            EventCommit("wb2", ("b2",), "1", dedup_key="x", state={"wm": "1"})
+        ),
+    }
+    outcomes = await _one_batch(store, calls)
+    assert outcomes == {"single": [1], "batch": [1, 1, 2, 2], "keyed": [1]}
+    for asset in ("b0", "b1"):
+        assert [e.payload for e in await store.events.alist_events(asset=asset)] == [1, 2]
+        assert await store.aget(AssetScope(name=asset), "wm") == 3
+    again = await store.events.acommit(
+        EventCommit("wb2", ("b2",), "9", dedup_key="x", state={"wm": "9"})
+    )
+    assert again == [] and await store.aget(AssetScope(name="b2"), "wm") == 1

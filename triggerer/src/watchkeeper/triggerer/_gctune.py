@@ -3,8 +3,8 @@
 A daemon that starts 10,000 watchers creates ~800,000 objects the collector tracks (tasks,
 coroutines, cancel scopes, the triggers themselves), and they live until the process exits.
 With CPython's defaults the collector scans all of them again each time the heap grew by a
-quarter: in a measured start of 10,000 idle watchers, 8-9 full collections took 2.5-3.4 s of
-the 6.5-8 s, and gen-0 collections every few milliseconds cost ~0.1 core while idle.
+quarter: full collections took a large share of the start of 10,000 idle watchers, and gen-0
+collections every few milliseconds a visible share of the idle CPU (figures in BENCHMARKS.md).
 
 So the daemon (the owner of its process; the embeddable runner never touches global GC state)
 does two things, and only when asked (``Daemon(tune_gc=True)``, which ``run_daemon`` passes):

@@ -67,7 +67,7 @@ from .consumers import events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
-from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from .ops import CATALOG, LATE, CallOp, ClearOp, DeleteOp, EventsOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
@@ -77,7 +77,6 @@ from .sql import (
     map_error,
     raw_entry,
 )
-from .steps import StepQueue
 from .tasks import PostgresTasks
 from .writer import GroupWriter
 
@@ -143,7 +142,6 @@ class PostgresStateBackend(BaseStateBackend):
         self._sql.clock_param = self._clock_param
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
-        self._steps: StepQueue | None = None  # the worker slots' grouped steps (.steps)
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -223,25 +221,18 @@ class PostgresStateBackend(BaseStateBackend):
             events_sql=events_prelude(self.schema),
             freshness=self._freshness,
         )
-        steps = StepQueue(self, self._tasks._run_step_group, self._tasks._refuse_step)
         try:
             await task_group.start(writer.run)
-            await task_group.start(steps.queue.run)
         except BaseException:
             writer.discard()
-            steps.queue.discard()
             discard(conn, pool)
             raise
         self._pool, self._writer, self._last_writer = pool, writer, writer
-        self._steps = steps
 
     async def _aclose(self) -> None:
-        writer, pool, steps = self._writer, self._pool, self._steps
-        self._writer = self._steps = None
+        writer, pool = self._writer, self._pool
+        self._writer = None
         try:
-            if steps is not None:  # its queued steps run (on the pool) before it closes
-                steps.queue.close()
-                await steps.queue.wait_stopped()
             await self._controls._close_listener()
             await self._leases._close_lease_listener()
             await self._leases._close_lease_conn()
@@ -265,6 +256,11 @@ class PostgresStateBackend(BaseStateBackend):
         opened (readable after closing)."""
         writer = self._last_writer
         return CommitStats(0, 0) if writer is None else writer.queue.stats
+
+    @property
+    def horizon_waits(self) -> int:
+        """How many times a run step waited for an earlier event's writer still in flight."""
+        return self._tasks.horizon_waits
 
     @property
     def commit_batch_sizes(self) -> BatchSizes | None:
@@ -418,11 +414,11 @@ class PostgresStateBackend(BaseStateBackend):
         return [AssetInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        events: list[AssetEvent] = await self._submit(CommitOp(commit, self.clock()))
+        events: list[AssetEvent] = await self._submit(EventsOp.of(commit, self.clock()))
         return events
 
     async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
-        events: list[AssetEvent] = await self._submit(BatchCommitOp(batch, self.clock()))
+        events: list[AssetEvent] = await self._submit(EventsOp.of(batch, self.clock()))
         return events
 
     async def _alist_events(

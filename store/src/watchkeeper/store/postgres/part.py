@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from .connections import Freshness
     from .sql import Statements
-    from .steps import StepQueue
 
 __all__ = ["PostgresCore", "PostgresPart"]
 
@@ -32,9 +31,9 @@ class PostgresCore(Protocol):
     _sql: Statements
     _open: bool
     _freshness: Freshness
-    _steps: StepQueue | None
 
     async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
+    async def _submit(self, op: Any) -> Any: ...
     async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
     def _pool_or_closed(self) -> asyncpg.Pool: ...
     def _connect_args(self) -> dict[str, Any]: ...
@@ -75,15 +74,14 @@ class PostgresPart:
     def _freshness(self) -> Freshness:
         return self._store._freshness
 
-    @property
-    def _steps(self) -> StepQueue | None:
-        return self._store._steps
-
     def clock(self) -> datetime:
         return self._store.clock()
 
     async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]:
         return await self._store._fetch(what, sql, *args)
+
+    async def _submit(self, op: Any) -> Any:
+        return await self._store._submit(op)
 
     async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         return await self._store._transact(what, fn)

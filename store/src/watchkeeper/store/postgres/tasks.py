@@ -67,6 +67,7 @@ from .runs import (
     writers_in_flight_sql,
 )
 from .sql import database_clock, writer_fields
+from .steps import StepOp
 
 __all__ = ["PostgresTasks"]
 
@@ -77,6 +78,10 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
     """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TasksDriver`):
     task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
     :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
+
+    horizon_waits: int = 0
+    """How many times a step found an earlier event's writer still in flight and waited for it
+    (a counter: what a step held up by an uncommitted event can be seen by)."""
 
     async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         p, now = self._prefix, self.clock()
@@ -221,6 +226,7 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         pause = 0.0005
         sql = writers_in_flight_sql(self._events_key)
         while (await self._fetch("reading the events horizon", sql, holders))[0][0]:
+            self.horizon_waits += 1
             await anyio.sleep(pause)
             pause = min(pause * 2, 0.004)
 
@@ -327,18 +333,14 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         create: int,
         peers: int,
     ) -> RunStep:
-        steps = self._steps
         finished: TaskRun | None = None
         claimed: builtins.list[TaskRun]
-        if (
-            steps is not None
-            and finish is not None
-            and finish.success
-            and not finish.outlets
-            and claim <= 1
-        ):  # a slot's usual step: with the others finishing at once (creating after, if short)
+        if finish is not None and finish.success and not finish.outlets and claim <= 1:
+            # A slot's usual step: with the others finishing at once (creating after, if short).
             group = (owner, span, None if tasks is None else tuple(tasks))
-            done = await steps.step(group, finish, claim == 1, peers)
+            done: RunStep = await self._submit(
+                StepOp(group, finish, claim == 1, peers, self._run_steps)
+            )
             finished, claimed = done.finished, list(done.claimed)
         elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
