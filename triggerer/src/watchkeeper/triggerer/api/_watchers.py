@@ -11,8 +11,7 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import LeaseTable, get_logger
 
-from .._daemon_report import daemon_report
-from .._watcher_controls import controls_of, unknown_watcher, watcher_rows
+from ..daemon import controls_of, daemon_report, unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._parse import path_param
 from ._scoping import watcher_json

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from watchkeeper.store.errors import StateStoreError
 
-from .._defaults import LOG_LEVELS
+from .._core import LOG_LEVELS
 from . import _api, _config, _runtime, _store, _tasks, _watchers
 from ._common import (
     PROG,
@@ -136,7 +136,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(error_line(describe_validation_error(exc)))
         return 2
     if _wants_logging(args, settings):
-        from .._logging import configure_logging
+        from .._core import configure_logging
 
         configure_logging(settings.logging.level, settings.logging.format)
     handler = getattr(args, "handler", None)

@@ -26,9 +26,8 @@ from watchkeeper.store.backend import (
     require_task_queue,
 )
 
-from .._asset_task import AssetTask
-from .._worker import Worker
 from ..settings import WorkerSettings
+from ..worker import AssetTask, Worker
 
 __all__ = ["TaskResult", "run_asset_task"]
 

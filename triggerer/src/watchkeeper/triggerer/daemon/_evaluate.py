@@ -45,6 +45,8 @@ import anyio.to_thread
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from ..errors import TriggererError, TriggerImportError
+from ..trigger import BaseEventTrigger
 from ._identity import rebuild_trigger
 from ._loader import (
     LoadResult,
@@ -65,8 +67,6 @@ from ._watcher_files import (
     read_definitions,
     watcher_files,
 )
-from .errors import TriggererError, TriggerImportError
-from .trigger import BaseEventTrigger
 
 __all__ = ["DEFAULT_IMPORT_TIMEOUT", "aload_watchers", "child_main", "evaluate_files"]
 
@@ -75,7 +75,7 @@ _START_TIMEOUT: Final = 60.0
 """Seconds a child gets to start (interpreter and watchkeeper imports, no user code)."""
 _MAX_LINE: Final = 64 * 1024 * 1024
 _READY: Final = b'{"ready":true}\n'
-_CHILD_CODE: Final = "from watchkeeper.triggerer._evaluate import child_main; child_main()"
+_CHILD_CODE: Final = "from watchkeeper.triggerer.daemon._evaluate import child_main; child_main()"
 
 
 class _ChildFailedError(TriggererError):

@@ -1,7 +1,7 @@
-"""The daemon's lease loops (a mixin of :class:`~.daemon.Daemon`): renewing the node lease and
+"""The daemon's lease loops (a mixin of :class:`~._daemon.Daemon`): renewing the node lease and
 claiming, waking on released leases, and stopping the triggers when the node lease lapsed.
 
-See :mod:`._leases` for the rules, and :mod:`.daemon` for the loops' place in the daemon.
+See :mod:`._leases` for the rules, and :mod:`._daemon` for the loops' place in the daemon.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError
 from watchkeeper.store.backend import get_logger
 
-from ._describe import describe_error
+from .._core import describe_error
+from ..runtime import TriggerRunner
+from ..settings import Settings
 from ._leases import LeaseKeeper
 from ._placement import ReloadReport, TriggerPlacement
-from .runner import TriggerRunner
-from .settings import Settings
 
 __all__ = ["DaemonLeases"]
 
@@ -27,7 +27,7 @@ log = get_logger(__name__)
 
 
 class DaemonLeases:
-    """The lease loops of a daemon; :class:`~.daemon.Daemon` provides the parts they use."""
+    """The lease loops of a daemon; :class:`~._daemon.Daemon` provides the parts they use."""
 
     owner: str
     settings: Settings

@@ -44,6 +44,8 @@ from watchkeeper.store import Asset
 from watchkeeper.store.backend import check_name, get_logger
 from watchkeeper.store.errors import InvalidNameError, KeyTypeError
 
+from ..errors import TriggerImportError
+from ..trigger import BaseEventTrigger
 from ._identity import rebuild_trigger, watcher_trigger_id
 from ._watcher_files import (
     MODULES,
@@ -54,8 +56,6 @@ from ._watcher_files import (
     read_definitions,
     watcher_files,
 )
-from .errors import TriggerImportError
-from .trigger import BaseEventTrigger
 
 __all__ = [
     "LoadPlan",

@@ -56,18 +56,18 @@ from watchkeeper.store.backend import (
     require_event_log,
 )
 
+from .._core import describe_error, lease_lost
+from ..errors import InvalidEventError
+from ..trigger import BaseEventTrigger
 from ._commit import EventEncoder
 from ._config import RunnerConfig, backoff_delay
-from ._describe import describe_error, lease_lost
 from ._portal import note_portal_class, open_portal_for, wants_portal_up_front
-from .errors import InvalidEventError
-from .trigger import BaseEventTrigger
 
 if TYPE_CHECKING:
     from anyio import TaskHandle
 
     from ._health import StoreHealth
-    from ._runtime_metrics import RuntimeMetrics
+    from ._metrics import RuntimeMetrics
 
 __all__ = [
     "Publish",

@@ -32,7 +32,7 @@
 - the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
   status`` reads to tell a live daemon from a dead one, with the definitions it refused.
 
-A database outage fails nothing: the runner's store health (see :mod:`._health`) holds the
+A database outage fails nothing: the runner's store health (see :mod:`..runtime._health`) holds the
 triggers, this daemon's loops skip their work meanwhile and report their errors there instead
 of logging each one, and once the store answers the leases are renewed before any trigger
 writes again. Every heartbeat also checks that the store is still the one opened
@@ -73,20 +73,19 @@ from watchkeeper.store.backend import (
     require_garbage_collector,
 )
 
-from ._config import SupervisionSettings
-from ._daemon_leases import DaemonLeases
-from ._daemon_status import DaemonStatusKeeper
-from ._describe import describe_error
+from .._core import describe_error
+from ..runtime import RunnerConfig, SupervisionSettings, TriggerRunner
+from ..settings import DEFAULT_RELOAD_INTERVAL, Settings
+from ._controls import ControlsTracker
 from ._evaluate import aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
+from ._lease_loops import DaemonLeases
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
-from ._watcher_controls import ControlsTracker
+from ._status import DaemonStatusKeeper
 from ._watcher_files import FileStamp, scan_watchers_path
-from .runner import RunnerConfig, TriggerRunner
-from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
 __all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"]
 
