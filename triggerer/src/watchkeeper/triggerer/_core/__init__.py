@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from ._logging import configure_logging
     from ._notify import notify
     from ._records import event_record, iso, run_record, task_record
+    from ._service import AsyncService
 
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
     "EVENT_LOOPS",
     "LOG_LEVELS",
+    "AsyncService",
     "EventLoopUnavailableError",
     "anyio_backend_options",
     "configure_logging",
@@ -45,6 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._event_loop": ("EventLoopUnavailableError", "anyio_backend_options", "uses_uvloop"),
     "._logging": ("configure_logging",),
     "._notify": ("notify",),
+    "._service": ("AsyncService",),
     "._records": ("event_record", "iso", "run_record", "task_record"),
 }
 
