@@ -46,9 +46,10 @@ class TestAsyncService:
         """Closing winds down first, then ends the tasks, then releases resources in reverse."""
         service = Recorder()
         async with service:
-            assert service.is_running
+            running = [service.is_running]
             assert service.steps == ["open", "start"]
-        assert not service.is_running
+        running.append(service.is_running)
+        assert running == [True, False]
         assert service.steps == [
             "open",
             "start",

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from ._health import StoreHealth, store_unavailable
     from ._metrics import RuntimeMetrics
     from ._runner import TriggerRunner, WatchSpec
-    from ._supervisor import TriggerSlot, drive_trigger, supervise
+    from ._slot import TriggerSlot
+    from ._supervisor import drive_trigger, supervise
 
 __all__ = [
     "RunnerConfig",
@@ -40,7 +41,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._health": ("StoreHealth", "store_unavailable"),
     "._metrics": ("RuntimeMetrics",),
     "._runner": ("TriggerRunner", "WatchSpec"),
-    "._supervisor": ("TriggerSlot", "drive_trigger", "supervise"),
+    "._slot": ("TriggerSlot",),
+    "._supervisor": ("drive_trigger", "supervise"),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

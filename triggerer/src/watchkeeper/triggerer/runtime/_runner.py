@@ -59,7 +59,8 @@ from ._config import RunnerConfig
 from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
 from ._metrics import RuntimeMetrics
-from ._supervisor import TriggerSlot, supervise
+from ._slot import TriggerSlot
+from ._supervisor import supervise
 
 __all__ = ["RunnerConfig", "TriggerRunner", "WatchSpec"]
 

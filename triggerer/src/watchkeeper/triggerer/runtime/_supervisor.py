@@ -29,18 +29,15 @@ from __future__ import annotations
 
 import inspect
 import logging
-import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 import greenback
 import structlog
 from watchkeeper.store import (
-    Asset,
     AssetEvent,
     AssetStateStoreAccessors,
     BaseStateBackend,
@@ -49,180 +46,29 @@ from watchkeeper.store import (
 from watchkeeper.store.backend import (
     SYNC_CALL_WITHOUT_PORTAL,
     EventCommit,
-    Fence,
-    TriggerStatus,
-    Writer,
     get_logger,
     require_event_log,
 )
 
 from .._core import describe_error, lease_lost
 from ..errors import InvalidEventError
-from ..trigger import BaseEventTrigger
 from ._commit import EventEncoder
 from ._config import RunnerConfig, backoff_delay
 from ._portal import note_portal_class, open_portal_for, wants_portal_up_front
+from ._slot import Publish, TriggerSlot, TriggerState
 
 if TYPE_CHECKING:
-    from anyio import TaskHandle
+    from watchkeeper.store.backend import EventBatchCommit
 
     from ._health import StoreHealth
     from ._metrics import RuntimeMetrics
 
-__all__ = [
-    "Publish",
-    "TriggerSlot",
-    "TriggerState",
-    "backoff_delay",
-    "drive_trigger",
-    "supervise",
-]
+__all__ = ["backoff_delay", "drive_trigger", "supervise"]
 
 log = get_logger(__name__)
 
 _CHECKPOINT_EVERY = 32
 """Commits between two forced checkpoints of a trigger's task."""
-
-TriggerState = Literal["running", "backing_off", "failed", "stopped"]
-Publish = Callable[[list[AssetEvent]], None]
-"""Called with the asset events of each commit, in commit order (it must not block)."""
-
-
-class TriggerSlot:
-    """One supervised trigger: what it runs, and the counters its status is built from.
-
-    ``events`` counts the asset events committed (one per watched asset per trigger event that
-    was not a suppressed duplicate); ``failures`` counts consecutive failed runs and is reset by
-    every commit that wrote an event (re-delivering duplicates is not progress).
-    ``watcher_name``, bound as the trigger's ``watcher_name`` in ``run()``, is the one name of
-    ``watchers``, or ``trigger_id`` when none is given.
-    """
-
-    __slots__ = (
-        "_done",
-        "asset_names",
-        "assets",
-        "classpath",
-        "cleanup_error",
-        "events",
-        "failures",
-        "fence",
-        "finished",
-        "handle",
-        "in_cleanup",
-        "last_error",
-        "last_event_at",
-        "portal_missing",
-        "runs",
-        "saved",
-        "state",
-        "stopping",
-        "trigger",
-        "trigger_id",
-        "watcher_name",
-        "watchers",
-        "writer",
-    )
-
-    def __init__(
-        self,
-        trigger_id: str,
-        trigger: BaseEventTrigger,
-        assets: tuple[Asset, ...],
-        watchers: tuple[str, ...] = (),
-        fence: Fence | None = None,
-    ) -> None:
-        self.trigger_id = trigger_id
-        self.trigger = trigger
-        self.assets = assets
-        self.watchers = watchers
-        # Also the name each committed event carries (the AssetWatcher's name).
-        self.watcher_name = watchers[0] if watchers else trigger_id
-        self.asset_names = tuple(asset.name for asset in assets)
-        self.classpath = sys.intern(type(trigger).classpath())  # one string per class
-        self.fence = fence
-        self.writer = Writer("watcher", trigger_id, fence=fence)
-        self.state: TriggerState = "running"
-        self.failures = 0
-        self.runs = 0
-        self.events = 0
-        self.last_error: str | None = None
-        self.last_event_at: datetime | None = None
-        self.cleanup_error: BaseException | None = None
-        self.in_cleanup = False
-        self.portal_missing = False  # run() made a sync store call without a portal
-        self.handle: TaskHandle[None] | None = None
-        """The handle of the task running the trigger (set by whoever starts that task)."""
-        self.stopping = False
-        """Set once the trigger is asked to stop: its task must not be started again."""
-        self.finished = False
-        """True once the trigger's task has ended (see :meth:`wait_done`)."""
-        self.saved: tuple[object, ...] | None = None
-        """What :meth:`change_key` was when this status was last saved (None: never)."""
-        # Created only when someone waits: most triggers run until the process exits, and an
-        # idle Event costs ~0.7 KiB per trigger.
-        self._done: anyio.Event | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"<TriggerSlot {self.trigger_id!r} {self.classpath} state={self.state} "
-            f"events={self.events} failures={self.failures}>"
-        )
-
-    def __call__(self) -> None:
-        """The store's missing-portal hook in the trigger's task: a sync store call without a
-        greenback portal stops ``run()``, at its next await (the task is cancelled) or its
-        next yield (``portal_missing``), whichever comes first; nothing it yields after that
-        call is committed, and the task is started again with a portal."""
-        self.portal_missing = True
-        if self.handle is not None:
-            self.handle.cancel()
-
-    def cancel(self) -> None:
-        """Ask the trigger's task to stop (it is not started again)."""
-        self.stopping = True
-        if self.handle is not None:
-            self.handle.cancel()
-
-    def mark_done(self) -> None:
-        """Record that the trigger's task ended, waking whoever waits in :meth:`wait_done`."""
-        self.finished = True
-        if self._done is not None:
-            self._done.set()
-
-    async def wait_done(self) -> None:
-        """Wait until :meth:`mark_done` was called (returns at once if it was)."""
-        if self.finished:
-            return
-        if self._done is None:
-            self._done = anyio.Event()
-        await self._done.wait()
-
-    def source_status(self, trouble: str | None) -> None:
-        """``backing_off`` with ``trouble`` (see ``BaseEventTrigger.report_source``), or back."""
-        if trouble is not None:
-            self.state, self.last_error = "backing_off", trouble
-        elif self.state == "backing_off":
-            self.state = "running"
-
-    def change_key(self) -> tuple[object, ...]:
-        """The parts of the status that change while the trigger runs (not ``updated_at``)."""
-        return (self.state, self.failures, self.last_error, self.events, self.last_event_at)
-
-    def status(self, *, now: datetime, owner: str | None) -> TriggerStatus:
-        return TriggerStatus(
-            trigger_id=self.trigger_id,
-            classpath=self.classpath,
-            assets=self.asset_names,
-            watchers=self.watchers,
-            state=self.state,
-            failures=self.failures,
-            last_error=self.last_error,
-            last_event_at=self.last_event_at,
-            events=self.events,
-            updated_at=now,
-            owner=owner,
-        )
 
 
 def _debug_enabled(logger: Any) -> bool:
@@ -247,7 +93,6 @@ async def drive_trigger(
     what ``run()`` raised, :class:`InvalidEventError` or the store's validation errors for an
     event that cannot be stored, and what the commit raised. ``cleanup()`` is always awaited.
     """
-    trigger = slot.trigger
     encoder = EventEncoder(
         slot.watcher_name,
         slot.asset_names,
@@ -260,33 +105,15 @@ async def drive_trigger(
     commit_events = event_log.acommit_events
     # Checked once per run: no logger is kept per trigger when debug logging is off.
     debug = _debug_enabled(log)
-    trigger.bind_asset_state_store(
-        AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
-    )
-    trigger.bind_watcher_name(slot.watcher_name)
-    trigger.bind_source_status(slot.source_status)
+    _bind(slot, backend)
     try:
-        events: object = trigger.run()
-        if not isinstance(events, AsyncIterator):
-            if inspect.iscoroutine(events):
-                events.close()  # an 'async def' without 'yield'; closing avoids a warning
-            raise InvalidEventError(
-                f"{slot.classpath}.run() returned a {type(events).__name__}; it must be an "
-                "async generator ('async def run(self)' containing 'yield')"
-            )
+        events = _start_run(slot)
         since_checkpoint = 0
         try:  # contextlib.aclosing's work, without an object kept per idle trigger
             async for item in events:
                 if slot.portal_missing:
                     return  # what run() yields after that call is not committed
-                try:
-                    commit = encoder.build(item)
-                except Exception as exc:
-                    exc.add_note(
-                        f"raised for an event yielded by {slot.classpath}.run() "
-                        f"(trigger {slot.trigger_id!r}); nothing was committed"
-                    )
-                    raise
+                commit = _encode(slot, encoder, item)
                 started = time.perf_counter()
                 if isinstance(commit, EventCommit):
                     written = await commit_event(commit)
@@ -295,20 +122,11 @@ async def drive_trigger(
                 if metrics is not None:
                     metrics.observe_commit(time.perf_counter() - started)
                 if written:
-                    slot.failures = 0
-                    slot.events += len(written)
-                    slot.last_event_at = written[-1].created_at
-                    if publish is not None:
-                        publish(written)
-                    if debug:
-                        log.debug("event_committed", event_id=written[-1].id, count=len(written))
+                    _count_written(slot, written, publish, debug)
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
-                    if isinstance(commit, EventCommit):
-                        log.debug("event_deduplicated", dedup_key=commit.dedup_key)
-                    else:
-                        log.debug("batch_deduplicated", count=len(commit.events))
+                    _log_deduplicated(commit)
                 since_checkpoint += 1
                 if since_checkpoint == _CHECKPOINT_EVERY:
                     # A backend that commits without suspending (memory) and a generator that
@@ -319,10 +137,71 @@ async def drive_trigger(
             if isinstance(events, AsyncGenerator):
                 await events.aclose()
     finally:
+        _bind(slot, None)
+        await _cleanup(slot, cleanup_timeout)
+
+
+def _bind(slot: TriggerSlot, backend: BaseStateBackend | None) -> None:
+    """Give the trigger its store accessors, watcher name and source-status hook for a run
+    (``backend`` None: take them back)."""
+    trigger = slot.trigger
+    if backend is None:
         trigger.bind_asset_state_store(None)
         trigger.bind_watcher_name(None)
         trigger.bind_source_status(None)
-        await _cleanup(slot, cleanup_timeout)
+        return
+    trigger.bind_asset_state_store(
+        AssetStateStoreAccessors(backend, slot.assets, writer=slot.writer)
+    )
+    trigger.bind_watcher_name(slot.watcher_name)
+    trigger.bind_source_status(slot.source_status)
+
+
+def _start_run(slot: TriggerSlot) -> AsyncIterator[Any]:
+    """Call ``run()``; what it returned, checked to be an async iterator."""
+    events: object = slot.trigger.run()
+    if not isinstance(events, AsyncIterator):
+        if inspect.iscoroutine(events):
+            events.close()  # an 'async def' without 'yield'; closing avoids a warning
+        raise InvalidEventError(
+            f"{slot.classpath}.run() returned a {type(events).__name__}; it must be an "
+            "async generator ('async def run(self)' containing 'yield')"
+        )
+    return events
+
+
+def _encode(
+    slot: TriggerSlot, encoder: EventEncoder, item: object
+) -> EventCommit | EventBatchCommit:
+    """The commit for ``item``; an error says which trigger yielded what could not be stored."""
+    try:
+        return encoder.build(item)
+    except Exception as exc:
+        exc.add_note(
+            f"raised for an event yielded by {slot.classpath}.run() "
+            f"(trigger {slot.trigger_id!r}); nothing was committed"
+        )
+        raise
+
+
+def _count_written(
+    slot: TriggerSlot, written: list[AssetEvent], publish: Publish | None, debug: bool
+) -> None:
+    """Book a commit that wrote ``written``: progress resets the failure count."""
+    slot.failures = 0
+    slot.events += len(written)
+    slot.last_event_at = written[-1].created_at
+    if publish is not None:
+        publish(written)
+    if debug:
+        log.debug("event_committed", event_id=written[-1].id, count=len(written))
+
+
+def _log_deduplicated(commit: EventCommit | EventBatchCommit) -> None:
+    if isinstance(commit, EventCommit):
+        log.debug("event_deduplicated", dedup_key=commit.dedup_key)
+    else:
+        log.debug("batch_deduplicated", count=len(commit.events))
 
 
 async def _cleanup(slot: TriggerSlot, limit: float) -> None:
@@ -374,13 +253,8 @@ async def supervise(
     runs this again in a new task, which opens a portal first. Otherwise it runs until
     cancelled. Never raises a trigger's exception. The caller calls ``slot.mark_done()``.
     ``started(slot)`` is called first and ``ended(slot)`` last, whatever happens: the runner
-    runs this as its task's own coroutine and keeps its books there.
-
-    A run that ended because the store did not answer (``health`` classifies the error) is
-    not a failure: the trigger waits (state ``backing_off``) until ``health`` has seen the
-    store answer, then starts again from its stored watermark, nothing counted and nothing
-    logged above debug (``health`` logs the outage once). Should it meet the store
-    unavailable again while the store answers others, it also backs off on its own.
+    runs this as its task's own coroutine and keeps its books there. A run ended by a store
+    that did not answer is not a failure (see :func:`_wait_for_store`).
     """
     # Bound in this task's own context (anyio runs each task in a copy), and reset at the end
     # for a caller that runs supervise() in a task of its own making. Not the bound_contextvars
@@ -392,98 +266,27 @@ async def supervise(
     )
     hook = SYNC_CALL_WITHOUT_PORTAL.set(slot)
     try:
-        # Sync store calls (self.asset_state_store.get) go through a greenback portal, ~3 KiB
-        # per idle trigger: a trigger gets one once its class is seen to need it (its first
-        # sync call cancelled the trigger's task; the caller runs this again in a new task).
-        if slot.portal_missing:
-            await open_portal_for(slot.trigger)
-            log.debug("trigger_portal_opened", classpath=slot.classpath)
-        elif wants_portal_up_front(slot.trigger):
-            await greenback.ensure_portal()
+        await _ensure_portal(slot)
         waits = 0  # runs in a row ended by an unavailable store without committing anything
         while True:
-            slot.state = "running"
-            slot.runs += 1
-            slot.portal_missing = False
-            (log.debug if waits else log.info)(
-                "trigger_started",
-                classpath=slot.classpath,
-                watchers=list(slot.watchers),
-                run=slot.runs,
-            )
             events_before = slot.events
-            error: Exception | None = None
-            try:
-                await drive_trigger(
-                    slot,
-                    backend,
-                    cleanup_timeout=config.cleanup_timeout,
-                    publish=publish,
-                    metrics=metrics,
-                )
-            except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
-                error = exc
+            error = await _run_once(slot, backend, config, publish, metrics, quiet=waits > 0)
             if slot.portal_missing:
                 return  # run() ended (or raised) after a sync call without a portal
-            lost = lease_lost(error)
-            if lost is not None:
-                # Not a failure: the lease moved (or lapsed). Stop; the daemon decides.
-                if metrics is not None:
-                    metrics.fenced_writes += 1
-                slot.last_error = describe_error(lost)
-                log.warning(
-                    "lease_lost",
-                    classpath=slot.classpath,
-                    owner=lost.owner,
-                    token=lost.token,
-                    reason=lost.reason,
-                )
-                return
+            if _stopped_by_lost_lease(slot, error, metrics):
+                return  # not a failure: the lease moved (or lapsed); the daemon decides
             cause = health.report(error)
             if isinstance(cause, DatabaseFileRemovedError):
                 slot.last_error = describe_error(cause)  # the daemon stops; health logged it
                 return
-            if cause is not None:
-                # Not the trigger's failure: wait for the store, then start again.
+            if cause is not None:  # not the trigger's failure: wait for the store, run again
                 waits = 1 if slot.events > events_before else waits + 1
-                slot.last_error = describe_error(cause)
-                slot.state = "backing_off"
-                log.debug("trigger_waiting_for_store", error=slot.last_error, waits=waits)
-                await health.wait_available()
-                if waits > 1 and health.available:
-                    # The store answers, yet this trigger met it unavailable again.
-                    delay = min(backoff_delay(waits - 1, config), config.store_retry_max)
-                    await anyio.sleep(delay)
+                await _wait_for_store(slot, cause, waits, health, config)
                 continue
             waits = 0
-            slot.failures += 1
-            if metrics is not None:
-                metrics.count_failure(slot.trigger_id)
-            if error is None:
-                slot.last_error = "run() returned"
-                log.warning("trigger_returned", failures=slot.failures, events=slot.events)
-            else:
-                slot.last_error = describe_error(error)
-                log.error(
-                    "trigger_error",
-                    classpath=slot.classpath,
-                    error=slot.last_error,
-                    failures=slot.failures,
-                    exc_info=error,
-                )
-            if config.max_failures and slot.failures >= config.max_failures:
-                slot.state = "failed"
-                log.error(
-                    "trigger_failed",
-                    classpath=slot.classpath,
-                    error=slot.last_error,
-                    failures=slot.failures,
-                )
+            if _count_failure(slot, error, config, metrics) == "failed":
                 return
-            delay = backoff_delay(slot.failures, config)
-            slot.state = "backing_off"
-            log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
-            await anyio.sleep(delay)
+            await _back_off(slot, config)
     finally:
         if slot.portal_missing and not greenback.has_portal():
             note_portal_class(slot.trigger)  # started again (state "running") by the caller
@@ -493,3 +296,121 @@ async def supervise(
         structlog.contextvars.reset_contextvars(**tokens)
         if ended is not None:
             ended(slot)
+
+
+async def _ensure_portal(slot: TriggerSlot) -> None:
+    """Open a greenback portal in this task when the trigger needs one.
+
+    Sync store calls (``self.asset_state_store.get``) go through a portal, ~3 KiB per idle
+    trigger: a trigger gets one once its class is seen to need it (its first sync call
+    cancelled the trigger's task; the caller runs :func:`supervise` again in a new task).
+    """
+    if slot.portal_missing:
+        await open_portal_for(slot.trigger)
+        log.debug("trigger_portal_opened", classpath=slot.classpath)
+    elif wants_portal_up_front(slot.trigger):
+        await greenback.ensure_portal()
+
+
+async def _run_once(
+    slot: TriggerSlot,
+    backend: BaseStateBackend,
+    config: RunnerConfig,
+    publish: Publish | None,
+    metrics: RuntimeMetrics | None,
+    *,
+    quiet: bool,
+) -> Exception | None:
+    """One run of the trigger; the exception it ended with (None when ``run()`` returned).
+    ``quiet``: log the start at debug level (a run again after waiting for the store)."""
+    slot.state = "running"
+    slot.runs += 1
+    slot.portal_missing = False
+    (log.debug if quiet else log.info)(
+        "trigger_started", classpath=slot.classpath, watchers=list(slot.watchers), run=slot.runs
+    )
+    try:
+        await drive_trigger(
+            slot, backend, cleanup_timeout=config.cleanup_timeout, publish=publish, metrics=metrics
+        )
+    except Exception as exc:  # noqa: BLE001 - a trigger's bug degrades only itself
+        return exc
+    return None
+
+
+def _stopped_by_lost_lease(
+    slot: TriggerSlot, error: Exception | None, metrics: RuntimeMetrics | None
+) -> bool:
+    """Whether the run ended because the store refused a write as fenced (the lease moved or
+    lapsed); the trigger then stops, nothing counted as its failure."""
+    lost = lease_lost(error)
+    if lost is None:
+        return False
+    if metrics is not None:
+        metrics.fenced_writes += 1
+    slot.last_error = describe_error(lost)
+    log.warning(
+        "lease_lost",
+        classpath=slot.classpath,
+        owner=lost.owner,
+        token=lost.token,
+        reason=lost.reason,
+    )
+    return True
+
+
+async def _wait_for_store(
+    slot: TriggerSlot, cause: BaseException, waits: int, health: StoreHealth, config: RunnerConfig
+) -> None:
+    """Wait (state ``backing_off``) until ``health`` has seen the store answer.
+
+    ``health`` classified the run's error as the store not answering: the trigger then starts
+    again from its stored watermark, nothing counted and nothing logged above debug
+    (``health`` logs the outage once). Should it meet the store unavailable again while the
+    store answers others (``waits`` > 1), it also backs off on its own.
+    """
+    slot.last_error = describe_error(cause)
+    slot.state = "backing_off"
+    log.debug("trigger_waiting_for_store", error=slot.last_error, waits=waits)
+    await health.wait_available()
+    if waits > 1 and health.available:
+        await anyio.sleep(min(backoff_delay(waits - 1, config), config.store_retry_max))
+
+
+async def _back_off(slot: TriggerSlot, config: RunnerConfig) -> None:
+    """Sleep the backoff after ``slot.failures`` failed runs in a row (state ``backing_off``)."""
+    delay = backoff_delay(slot.failures, config)
+    slot.state = "backing_off"
+    log.warning("trigger_backoff", delay=round(delay, 3), failures=slot.failures)
+    await anyio.sleep(delay)
+
+
+def _count_failure(
+    slot: TriggerSlot, error: Exception | None, config: RunnerConfig, metrics: RuntimeMetrics | None
+) -> TriggerState:
+    """Count a failed run (it raised, or returned) and log it; ``failed`` once
+    ``max_failures`` runs in a row failed, else the state it keeps."""
+    slot.failures += 1
+    if metrics is not None:
+        metrics.count_failure(slot.trigger_id)
+    if error is None:
+        slot.last_error = "run() returned"
+        log.warning("trigger_returned", failures=slot.failures, events=slot.events)
+    else:
+        slot.last_error = describe_error(error)
+        log.error(
+            "trigger_error",
+            classpath=slot.classpath,
+            error=slot.last_error,
+            failures=slot.failures,
+            exc_info=error,
+        )
+    if config.max_failures and slot.failures >= config.max_failures:
+        slot.state = "failed"
+        log.error(
+            "trigger_failed",
+            classpath=slot.classpath,
+            error=slot.last_error,
+            failures=slot.failures,
+        )
+    return slot.state
