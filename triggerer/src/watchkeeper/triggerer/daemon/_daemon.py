@@ -1,56 +1,11 @@
-"""The long-lived daemon: load the watchers path, run its triggers, follow its changes.
+"""The daemon: :class:`Daemon`, its lifecycle, and the loops it runs.
 
-:class:`Daemon` is an async context manager that owns, in order, the state backend, a
-:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own loops:
-
-- the **reload loop** polls the watchers path (file mtimes and sizes, in a worker thread) and,
-  when something changed, reads the definitions again, registers their assets, starts the new
-  triggers, stops the removed or changed ones, and deactivates the assets no file defines any
-  more (their state is then swept by garbage collection). Only assets that an earlier load of
-  this process defined are deactivated: tasks may use assets no watcher file declares, so a
-  starting daemon never deactivates anything. A file that fails to import keeps its last good
-  definitions, so a typo being edited neither stops a watcher nor deactivates its asset. The
-  files are read in a child process, each within ``[triggerer] import_timeout`` (see
-  :mod:`._evaluate`): a file that hangs at import is refused, not waited for;
-- the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
-  state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
-  status rows of triggers that no daemon runs any more;
-- the **lease loop** renews, every ``[triggerer] lease_renew_interval`` seconds, the daemon's
-  node lease (one row) and claims free leases up to its share of the triggers loaded, or
-  sheds those over it (see :mod:`._leases`); sooner when another daemon released leases or
-  joined (a NOTIFY on PostgreSQL), or when another node lease is due to expire (it is then
-  reaped and its triggers taken over). It never waits for a reload: the **reconcile loop**
-  then starts the triggers whose lease was got, with the lease's token as their fence, and
-  stops those whose lease this daemon no longer holds (or that stopped themselves because
-  the store refused a write of theirs as stale). A node lease lasts ``[triggerer] lease_ttl``
-  seconds (three renewals by default), so the triggers of a daemon that died move to the
-  others that long after; the **deadline loop** stops every trigger of this daemon when it
-  could not renew for ``lease_ttl - lease_margin`` seconds (a thread of its own also
-  extends the node lease, so that a busy loop cannot make it late). Several daemons on one
-  PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
-  daemon (SQLite) holds every lease;
-- the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
-  status`` reads to tell a live daemon from a dead one, with the definitions it refused.
-
-A database outage fails nothing: the runner's store health (see :mod:`..runtime._health`) holds the
-triggers, this daemon's loops skip their work meanwhile and report their errors there instead
-of logging each one, and once the store answers the leases are renewed before any trigger
-writes again. Every heartbeat also checks that the store is still the one opened
-(``backend.averify()``): a SQLite file removed under the daemon (``rm -rf`` of its directory)
-is logged as ``database_file_removed`` and the daemon stops with that error (``watchkeeper
-triggerer`` exits 1) instead of committing into a file nobody can open again.
-
-A reload also restarts a trigger that is in the ``failed`` state (it exhausted
-``max_failures``): touching its file retries it once its source is fixed.
-
-:func:`~._process.run_daemon` adds the signal handling of the ``watchkeeper triggerer``
-command: on SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims),
-lets the runner cancel the triggers within ``stop_grace`` and flush their status, releases
-its leases (so another daemon, or this one restarted, takes the triggers over at once),
-closes the store and returns. A signal while the daemon is still starting cancels the start-up.
-
-A restarted daemon resumes every watcher from its stored watermark: triggers read it from
-their asset state, which the store keeps across restarts and ``kill -9``.
+A :class:`Daemon` opens the store, its leases, its status row and a
+:class:`~watchkeeper.triggerer.runtime.TriggerRunner`, loads the watchers path once, then runs
+its loops until it is closed: reload (follow the files), leases and reconcile (which triggers
+run here: :mod:`._lease_loops`), status (the heartbeat row) and GC. Closing stops the loops,
+then the triggers, releases the leases and closes the store. :func:`~._process.run_daemon`
+is the same daemon as a process, with signals.
 """
 
 from __future__ import annotations
@@ -407,6 +362,17 @@ class Daemon(DaemonLeases, AsyncService):
             await self._status.save(self._loaded.errors if self._loaded else ())
 
     async def _reload_loop(self) -> None:
+        """Every ``reload_interval``: scan the watchers path (mtimes and sizes, in a worker
+        thread) and reload when something changed.
+
+        A reload reads the files in a child process, each within ``import_timeout`` (see
+        :mod:`._evaluate`), registers their assets, starts the new triggers, stops the removed
+        or changed ones (and restarts ``failed`` ones: touching a file retries its trigger),
+        and deactivates the assets no file defines any more; only assets an earlier load of
+        this process defined, since tasks may use assets no file declares. A file that fails
+        to import keeps its last good definitions. While the store is unavailable the loop
+        skips its work (the runner's store health logs the outage once).
+        """
         health = self.runner.store_health
         while True:
             await anyio.sleep(self.reload_interval)
@@ -442,6 +408,8 @@ class Daemon(DaemonLeases, AsyncService):
         return report
 
     async def _gc_loop(self, interval: float) -> None:
+        """Every ``gc_interval``: one GC pass (task state, the state of inactive assets, events
+        past retention), then forget the status rows of triggers no daemon runs any more."""
         health = self.runner.store_health
         while True:
             await anyio.sleep(interval)
