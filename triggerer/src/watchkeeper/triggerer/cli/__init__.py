@@ -13,6 +13,9 @@ Building the parser loads nothing heavy: the subcommand modules import what a co
 the settings are loaded once the command line parsed, so ``--help`` and a usage error answer
 at once and ``status`` loads no HTTP server or PostgreSQL driver. structlog is configured for
 the commands that run something, or when logs are asked for (see :func:`_wants_logging`).
+
+It may import the store, the authoring API and the public names (``__all__``) of every other
+wing: :mod:`.._core`, the runtime, the daemon, the worker and the API.
 """
 
 from __future__ import annotations
