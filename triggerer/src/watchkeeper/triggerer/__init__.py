@@ -1,9 +1,10 @@
 """watchkeeper.triggerer: watcher triggers, the runtime that runs them, the daemon and the CLI.
 
 This package exports what watcher authors and embedders use: the authoring API
-(:mod:`.trigger`), the runner, the daemon and its settings, and the errors. The command line
-is :mod:`watchkeeper.triggerer.cli`, the test kit :mod:`watchkeeper.triggerer.testing`; how
-watcher files are loaded is internal.
+(:mod:`.trigger`), the runner, the daemon, the worker, their settings and the errors. The code
+lives in wings by product, each with its own ``__init__``: :mod:`.runtime` (the embeddable
+runner), :mod:`.daemon`, :mod:`.worker`, :mod:`.cli` (the command line), :mod:`.api` (the
+HTTP API) and :mod:`.testing` (the test kit).
 """
 
 from __future__ import annotations
