@@ -236,7 +236,7 @@ class PerRowTableWatcher(SqlTableWatcher):
             key_types=(int, str),
         )
         window = await state.aload(self.asset_state_store)
-        async with self._driver.open(self._target, self.table) as source:
+        async with self._driver.open(self._target, self.params.table) as source:
             while True:
                 late, new = await self._poll(source, window)
                 for rows, is_new in ((late, False), (new, True)):

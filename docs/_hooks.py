@@ -2,10 +2,11 @@
 
 A page holds a marker, ``<!-- generated:NAME -->``, and this mkdocs hook replaces it with the
 reference that the code itself defines: ``cli`` from the command's argument parser, ``settings``
-from the settings models (each key's type, default, bounds and its docstring), ``http`` from
-the API's OpenAPI document, ``benchmarks`` from ``BENCHMARKS.md`` (the goals and their latest
-figures). So the reference cannot drift from the code; the suite checks that
-it names every command, key and route (``tests/e2e/test_docs.py``).
+from the settings models (each key's type, default, bounds and its docstring), ``watchers``
+from the ready-made watchers' parameter models (the same, per parameter), ``http`` from the
+API's OpenAPI document, ``benchmarks`` from ``BENCHMARKS.md`` (the goals and their latest
+figures). So the reference cannot drift from the code; the suite checks that it names every
+command, key, parameter and route (``tests/e2e/test_docs.py``).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def _type_name(info: FieldInfo) -> str:
         for attr, op in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))
         if getattr(m, attr, None) is not None
     ]
+    if any(getattr(m, "min_length", None) == 1 for m in info.metadata):
+        bounds.append("not empty")
     code = html.escape(_type_text(info.annotation)).replace("|", "&#124;")
     return f"<code>{code}</code>" + (f" ({', '.join(bounds)})" if bounds else "")
 
@@ -151,6 +154,8 @@ def _type_text(annotation: Any) -> str:
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin in (typing.Union, types.UnionType):
+        if set(args) == {int, float}:  # a number: an int stays an int
+            return "float"
         return " | ".join(_type_text(a) for a in args)
     if origin is not None:
         return f"{getattr(origin, '__name__', str(origin))}[{', '.join(map(_type_text, args))}]"
@@ -169,6 +174,40 @@ def _default(info: FieldInfo) -> str:
     if isinstance(value, SecretStr):  # a default is no secret: show it
         value = value.get_secret_value()
     return f"`{json.dumps(value, default=str)}`"
+
+
+# -- the ready-made watchers -------------------------------------------------------------------
+
+
+def watchers_reference() -> str:
+    """Every ready-made watcher: its summary, its extra, and a row per parameter (type, bounds,
+    default, its docstring), from the model that declares them."""
+    import watchkeeper.watchers as package
+    from watchkeeper.watchers._params import ReadyMadeWatcher
+
+    out: list[str] = []
+    for name in package.__all__:
+        cls = getattr(package, name)
+        if not (isinstance(cls, type) and issubclass(cls, ReadyMadeWatcher)):
+            continue
+        model = cls.params_model
+        fields = list(model.model_fields)
+        count = len(fields) if cls.positional is None else cls.positional
+        out += [f"### `{name}`", "", _first_paragraph(cls.__doc__ or ""), ""]
+        extra = f"the `{cls.client[1]}` extra" if cls.client else "no extra"
+        by_position = ", ".join(f"`{field}`" for field in fields[:count])
+        where = (
+            f"Class `{cls.__module__}.{name}`, parameters `{model.__module__}.{model.__name__}`."
+        )
+        out += [f"Needs {extra}. By position: {by_position}; the rest by keyword. {where}", ""]
+        out += ["| parameter | type | default | what it does |", "|---|---|---|---|"]
+        for field, info in model.model_fields.items():
+            out.append(
+                f"| `{field}` | {_cell(_type_name(info))} | {_cell(_default(info))} | "
+                f"{_cell(info.description or '')} |"
+            )
+        out.append("")
+    return "\n".join(out)
 
 
 # -- the HTTP API -------------------------------------------------------------------------------
@@ -246,6 +285,7 @@ def benchmarks_reference() -> str:
 GENERATORS = {
     "cli": cli_reference,
     "settings": settings_reference,
+    "watchers": watchers_reference,
     "http": http_reference,
     "benchmarks": benchmarks_reference,
 }

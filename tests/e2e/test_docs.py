@@ -77,6 +77,23 @@ def test_the_configuration_reference_names_every_key(site: Path) -> None:
             assert f"WATCHKEEPER__{section.upper()}__{key.upper()}" in text, (section, key)
 
 
+def test_the_watchers_reference_names_every_parameter(site: Path) -> None:
+    """Each ready-made watcher has a section, with a row per declared parameter."""
+    import watchkeeper.watchers as package
+    from watchkeeper.watchers._params import ReadyMadeWatcher
+
+    text = _text(site, "reference/watchers")
+    watchers = [getattr(package, n) for n in package.__all__]
+    watchers = [w for w in watchers if isinstance(w, type) and issubclass(w, ReadyMadeWatcher)]
+    assert len(watchers) == 7
+    for cls in watchers:
+        section = text.split(f"{cls.__name__}&para;", 1)[1].split("&para;", 1)[0]
+        for name, info in cls.params_model.model_fields.items():
+            assert f"\n{name}\n" in section, (cls.__name__, name)
+            described = re.sub(r":\w+:|[`~]", "", " ".join((info.description or "").split()))
+            assert described[:25] in " ".join(section.split()), (cls.__name__, name)
+
+
 def test_the_http_reference_names_every_route(site: Path) -> None:
     text = _text(site, "reference/http-api")
     for path, item in openapi_document()["paths"].items():

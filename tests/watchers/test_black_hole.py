@@ -217,7 +217,7 @@ class TestSqlTableWatcher:
 
     def test_the_default_bound_is_ten_seconds(self) -> None:
         watcher = SqlTableWatcher("postgresql://db/wk", "events", "seq", "id")
-        assert watcher.timeout == 10.0
+        assert watcher.params.timeout == 10.0
         assert watcher.serialize()[1]["timeout"] == 10.0
 
 

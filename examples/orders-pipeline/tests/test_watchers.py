@@ -22,7 +22,7 @@ def test_the_definitions_watch_the_configured_sources() -> None:
     (inbox,) = order_files.watchers
     assert isinstance(stream.trigger, NatsJetStreamWatcher)
     assert isinstance(inbox.trigger, DirectoryWatcher)
-    assert inbox.trigger.pattern == "*.json"
+    assert inbox.trigger.params.pattern == "*.json"
 
 
 @pytest.mark.parametrize("wk_backend", ["memory", "sqlite"], indirect=True)

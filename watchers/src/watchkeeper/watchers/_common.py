@@ -1,10 +1,9 @@
-"""What the ready-made watchers share: argument checks, the jittered poll timer, equality."""
+"""What the ready-made watchers share: the jittered poll timer, client imports, equality."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import math
 import random
 import sys
 
@@ -15,10 +14,6 @@ from watchkeeper.triggerer import BaseEventTrigger
 __all__ = [
     "JITTER",
     "SerializedEquality",
-    "check_non_negative",
-    "check_positive",
-    "check_positive_int",
-    "check_str",
     "import_off_loop",
     "sleep_jittered",
     "sleep_spread",
@@ -26,48 +21,6 @@ __all__ = [
 
 JITTER = 0.1
 """Each poll sleeps ``poll_interval`` times a random factor in ``[1 - JITTER, 1 + JITTER]``."""
-
-
-def check_str(owner: str, name: str, value: object) -> str:
-    """Return ``value`` if it is a non-empty ``str``; else a ``TypeError``/``ValueError``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{owner}: {name} must be a str, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{owner}: {name} must not be empty")
-    return value
-
-
-def _check_number(owner: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{owner}: {name} must be finite, got {value!r}")
-    return float(value)
-
-
-def check_positive(owner: str, name: str, value: object) -> float:
-    """Return ``value`` if it is a finite number above zero (``bool`` is not a number here)."""
-    number = _check_number(owner, name, value)
-    if number <= 0:
-        raise ValueError(f"{owner}: {name} must be greater than 0, got {value!r}")
-    return number
-
-
-def check_non_negative(owner: str, name: str, value: object) -> float:
-    """Return ``value`` if it is a finite number at or above zero."""
-    number = _check_number(owner, name, value)
-    if number < 0:
-        raise ValueError(f"{owner}: {name} must be 0 or more, got {value!r}")
-    return number
-
-
-def check_positive_int(owner: str, name: str, value: object) -> int:
-    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{owner}: {name} must be at least 1, got {value!r}")
-    return value
 
 
 def _loaded(name: str) -> bool:

@@ -34,21 +34,15 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from pydantic import field_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._common import (
-    SerializedEquality,
-    check_non_negative,
-    check_positive,
-    check_positive_int,
-    check_str,
-    sleep_jittered,
-    sleep_spread,
-)
+from ._common import sleep_jittered, sleep_spread
+from ._params import Count, ReadyMadeWatcher, Seconds, SecondsOrZero, Text, WatcherParams
 from ._window_state import WindowState
 
-__all__ = ["DirectoryWatcher"]
+__all__ = ["DirectoryParams", "DirectoryWatcher"]
 
 log = get_logger(__name__)
 
@@ -94,19 +88,45 @@ def _scan(path: str, pattern: str, min_age_ns: int) -> list[_File] | None:
     return files
 
 
-class DirectoryWatcher(SerializedEquality):
-    """Yields one event per new file in ``path`` whose name matches the glob ``pattern``.
+class DirectoryParams(WatcherParams):
+    """The parameters of :class:`DirectoryWatcher`."""
+
+    path: Text
+    """The directory to watch (a ``str`` or an ``os.PathLike``). A missing directory is
+    waited for, and logged once."""
+    pattern: Text = "*"
+    """A glob matched against the names inside ``path`` (case-sensitively; no ``/``: no
+    subdirectories)."""
+    poll_interval: Seconds = 1.0
+    """Seconds between two scans, with jitter."""
+    lag_window: SecondsOrZero = 60.0
+    """Seconds behind the watermark searched for late files."""
+    min_age: SecondsOrZero = 0.0
+    """Seconds that must pass after a file's last modification before it is emitted."""
+    batch_size: Count = 500
+    """At most this many events per transaction."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path_text(cls, value: object) -> object:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_names_files(cls, value: str) -> str:
+        if "/" in value or os.sep in value:
+            raise ValueError(f"pattern {value!r} must match file names, not paths (no '/')")
+        return value
+
+
+class DirectoryWatcher(ReadyMadeWatcher[DirectoryParams]):
+    """Yields one event per new file in a directory whose name matches a glob.
 
     The payload is ``{"path", "name", "size", "mtime", "mtime_ns"}`` (``mtime`` in seconds since
     the epoch). The events of a scan commit with the watcher's state, at most ``batch_size``
     per transaction (a :class:`~watchkeeper.triggerer.TriggerEventBatch`), so a restarted
     watcher neither misses nor repeats a file. On the first run (no watermark yet) every file
     already present is emitted.
-
-    ``pattern`` matches names inside ``path`` (case-sensitively, no subdirectories).
-    ``poll_interval`` seconds separate scans, with jitter. ``lag_window`` seconds behind the
-    watermark are searched for late files; ``min_age`` seconds must pass after a file's last
-    modification before it is emitted. A missing directory is waited for (and logged once).
 
     State keys (in each watched asset, ``<name>`` being the ``AssetWatcher``'s name; the layout
     is the one of every lag-window watcher, see :mod:`._window_state`):
@@ -122,52 +142,20 @@ class DirectoryWatcher(SerializedEquality):
     ``(M, N)`` in (mtime, name) order. Delete both keys to emit every file present again. The
     keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher has
     none of its own.
+
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, naming it.
     """
+
+    params_model = DirectoryParams
 
     recent_limit: int = 1000
     """At most this many recently emitted names are kept in the state."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        pattern: str = "*",
-        poll_interval: float = 1.0,
-        lag_window: float = 60.0,
-        min_age: float = 0.0,
-        batch_size: int = 500,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        self.path: str = check_str(
-            owner, "path", os.fspath(path) if isinstance(path, os.PathLike) else path
-        )
-        self.pattern: str = check_str(owner, "pattern", pattern)
-        if "/" in pattern or os.sep in pattern:
-            raise ValueError(
-                f"{owner}: pattern {pattern!r} must match file names, not paths (no '/')"
-            )
-        check_positive(owner, "poll_interval", poll_interval)
-        check_non_negative(owner, "lag_window", lag_window)
-        check_non_negative(owner, "min_age", min_age)
-        self.poll_interval = poll_interval
-        self.lag_window = lag_window
-        self.min_age = min_age
-        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "path": self.path,
-            "pattern": self.pattern,
-            "poll_interval": self.poll_interval,
-            "lag_window": self.lag_window,
-            "min_age": self.min_age,
-            "batch_size": self.batch_size,
-        }
-
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
-        lag_ns = round(self.lag_window * _NS)
+        lag_ns = round(self.params.lag_window * _NS)
         state: WindowState[int, str] = WindowState(
-            f"{type(self).__name__}({self.path!r})",
+            f"{type(self).__name__}({self.params.path!r})",
             type(self).__name__,
             self.watcher_name,
             lower=lambda mtime_ns: mtime_ns - lag_ns,
@@ -178,14 +166,16 @@ class DirectoryWatcher(SerializedEquality):
             legacy=_legacy,
         )
         window = await state.aload(self.asset_state_store)
-        min_age_ns = round(self.min_age * _NS)
+        min_age_ns = round(self.params.min_age * _NS)
         reported_missing = False
-        await sleep_spread(self.poll_interval)
+        await sleep_spread(self.params.poll_interval)
         while True:
-            files = await anyio.to_thread.run_sync(_scan, self.path, self.pattern, min_age_ns)
+            files = await anyio.to_thread.run_sync(
+                _scan, self.params.path, self.params.pattern, min_age_ns
+            )
             if files is None:
                 if not reported_missing:
-                    log.warning("directory_missing", path=self.path)
+                    log.warning("directory_missing", path=self.params.path)
                     reported_missing = True
                 files = []
             else:
@@ -195,19 +185,21 @@ class DirectoryWatcher(SerializedEquality):
                 if not window.accepts(file.mtime_ns, file.name):
                     continue
                 if not window.is_new(file.mtime_ns, file.name):
-                    log.info("late_file", path=self.path, name=file.name, mtime_ns=file.mtime_ns)
+                    log.info(
+                        "late_file", path=self.params.path, name=file.name, mtime_ns=file.mtime_ns
+                    )
                 window.record(file.mtime_ns, file.name)
                 events.append(TriggerEvent(self._payload(file)))
-                if len(events) == self.batch_size:
+                if len(events) == self.params.batch_size:
                     yield TriggerEventBatch(events, state=state.state(window))
                     events = []
             if events:
                 yield TriggerEventBatch(events, state=state.state(window))
-            await sleep_jittered(self.poll_interval)
+            await sleep_jittered(self.params.poll_interval)
 
     def _payload(self, file: _File) -> dict[str, Any]:
         return {
-            "path": os.path.join(self.path, file.name),
+            "path": os.path.join(self.params.path, file.name),
             "name": file.name,
             "size": file.size,
             "mtime": file.mtime_ns / _NS,

@@ -35,19 +35,11 @@ from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.to_thread
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
 
-from ._common import (
-    SerializedEquality,
-    check_non_negative,
-    check_positive,
-    check_positive_int,
-    check_str,
-    import_off_loop,
-    sleep_jittered,
-    sleep_spread,
-)
+from ._common import import_off_loop, sleep_jittered, sleep_spread
 from ._http_parts import (
     MISSING,
     CursorFunction,
@@ -59,9 +51,18 @@ from ._http_parts import (
     retry_after,
     without_credentials,
 )
+from ._params import (
+    Count,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+    owner,
+)
 from ._sql import redact_dsn
 
-__all__ = ["HttpPollWatcher", "HttpSourceError", "JsonPath", "retry_after"]
+__all__ = ["HttpPollParams", "HttpPollWatcher", "HttpSourceError", "JsonPath", "retry_after"]
 
 log = get_logger(__name__)
 
@@ -83,7 +84,88 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-class HttpPollWatcher(SerializedEquality):
+class HttpPollParams(WatcherParams):
+    """The parameters of :class:`HttpPollWatcher`."""
+
+    url: Text
+    """The endpoint (``http://`` or ``https://``); a ``user:password@`` in it is sent as basic
+    auth and never shown."""
+    items: str | None = None
+    """A JSON path to the list of items in each response (``""``: the response is the list);
+    ``None``: each changed response is one event."""
+    item_key: str | None = None
+    """A JSON path inside an item to its identity: its ``dedup_key`` is ``<name>:<value>``, so
+    an item read twice is committed once. Needs ``items``."""
+    cursor: str | None = None
+    """A JSON path to the next cursor in each response; a module-level function
+    ``next_cursor(body, headers)`` may be given instead (kept as its ``cursor_function``)."""
+    cursor_function: str | None = None
+    """The import path ``"package.module:function"`` of the function that finds the next
+    cursor; not with ``cursor``."""
+    cursor_param: Text = "cursor"
+    """The query parameter the cursor is sent as (a cursor that is a URL is requested as
+    it is)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Headers sent with every request (their values never shown)."""
+    env_headers: dict[str, str] = Field(default_factory=dict)
+    """Header names mapped to environment variables read when ``run()`` starts, so a token
+    stays out of ``serialize()``."""
+    poll_interval: Seconds = 60.0
+    """Seconds between two polls once caught up, with jitter."""
+    timeout: Seconds = 10.0
+    """Seconds that connecting and each read or write of a request may take."""
+    backoff: SecondsOrZero = 1.0
+    """The first wait after a transient failure (429, 408, 5xx, a timeout), doubling."""
+    max_backoff: SecondsOrZero = 300.0
+    """The longest wait between retries, ``Retry-After`` included."""
+    retries: Count | None = None
+    """Transient failures in a row after which the run fails; ``None``: never."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_cursor(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        cursor, function = data.get("cursor"), data.get("cursor_function")
+        if cursor is not None and function is not None:
+            raise ValueError("give cursor or cursor_function, not both")
+        if callable(cursor):
+            return {**data, "cursor": None, "cursor_function": function_path(owner(info), cursor)}
+        return data
+
+    @field_validator("items", "item_key", "cursor", mode="before")
+    @classmethod
+    def _json_path(cls, value: object, info: ValidationInfo) -> object:
+        json_path(owner(info), str(info.field_name), value)
+        return value
+
+    @field_validator("cursor_function", mode="before")
+    @classmethod
+    def _importable(cls, value: object, info: ValidationInfo) -> object:
+        if value is not None:
+            import_function(owner(info), value)
+        return value
+
+    @field_validator("headers", "env_headers", mode="before")
+    @classmethod
+    def _headers(cls, value: object, info: ValidationInfo) -> object:
+        return check_headers(owner(info), str(info.field_name), value)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {redact_dsn(value)!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _key_needs_items(self) -> HttpPollParams:
+        if self.item_key is not None and self.items is None:
+            raise ValueError("item_key needs items (the list whose elements it keys)")
+        return self
+
+
+class HttpPollWatcher(ReadyMadeWatcher[HttpPollParams]):
     """Polls ``url`` for JSON and yields its new items, each once, as events.
 
     What an event is: with ``items`` (a JSON path to a list in the response, ``""`` for a
@@ -119,90 +201,37 @@ class HttpPollWatcher(SerializedEquality):
     cursor to read from again, ``null`` for the start) or delete it, start it again. Items
     read again are emitted again, unless ``item_key`` recognises them (for as long as their
     events are kept, ``[events] dedup_retention_days``).
+
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, a JSON path or import path that does not
+        parse or import, or ``cursor`` with ``cursor_function``, naming it.
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        items: str | None = None,
-        item_key: str | None = None,
-        cursor: str | CursorFunction | None = None,
-        cursor_function: str | None = None,
-        cursor_param: str = "cursor",
-        headers: Mapping[str, str] | None = None,
-        env_headers: Mapping[str, str] | None = None,
-        poll_interval: float = 60.0,
-        timeout: float = 10.0,
-        backoff: float = 1.0,
-        max_backoff: float = 300.0,
-        retries: int | None = None,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        self.url = check_str(owner, "url", url)
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"{owner}: url must start with http:// or https://, got {redact_dsn(url)!r}"
-            )
+    params_model = HttpPollParams
+    positional = 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        p, who = self.params, type(self).__name__
         # The credentials of the URL travel as the client's auth, never in a URL (or a local
         # variable a logged traceback would show): requests go to the URL without them.
-        parts = urlsplit(url)
+        parts = urlsplit(p.url)
         self._credentials = (unquote(parts.username or ""), unquote(parts.password or ""))
-        self._public_url = without_credentials(url)
-        self._items = json_path(owner, "items", items)
-        self._item_key = json_path(owner, "item_key", item_key)
-        if self._item_key is not None and self._items is None:
-            raise ValueError(f"{owner}: item_key needs items (the list whose elements it keys)")
-        self._cursor_path: JsonPath | None = None
+        self._public_url = without_credentials(p.url)
+        self._items = json_path(who, "items", p.items)
+        self._item_key = json_path(who, "item_key", p.item_key)
+        self._cursor_path = json_path(who, "cursor", p.cursor)
         self._cursor_function: CursorFunction | None = None
-        self.cursor_function: str | None = None
-        if callable(cursor):
-            if cursor_function is not None:
-                raise ValueError(f"{owner}: give cursor or cursor_function, not both")
-            self.cursor_function = function_path(owner, cursor)
-            self._cursor_function = cursor
-        elif cursor_function is not None:
-            if cursor is not None:
-                raise ValueError(f"{owner}: give cursor or cursor_function, not both")
-            self._cursor_function = import_function(owner, cursor_function)
-            self.cursor_function = cursor_function
-        else:
-            self._cursor_path = json_path(owner, "cursor", cursor)
-        self.cursor_param = check_str(owner, "cursor_param", cursor_param)
-        self.headers = check_headers(owner, "headers", headers)
-        self.env_headers = check_headers(owner, "env_headers", env_headers)
-        check_positive(owner, "poll_interval", poll_interval)
-        check_positive(owner, "timeout", timeout)
-        check_non_negative(owner, "backoff", backoff)
-        check_non_negative(owner, "max_backoff", max_backoff)
-        if retries is not None:
-            check_positive_int(owner, "retries", retries)
-        self.poll_interval, self.timeout = poll_interval, timeout
-        self.backoff, self.max_backoff, self.retries = backoff, max_backoff, retries
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "url": self.url,
-            "items": None if self._items is None else self._items.text,
-            "item_key": None if self._item_key is None else self._item_key.text,
-            "cursor": None if self._cursor_path is None else self._cursor_path.text,
-            "cursor_function": self.cursor_function,
-            "cursor_param": self.cursor_param,
-            "headers": dict(self.headers),
-            "env_headers": dict(self.env_headers),
-            "poll_interval": self.poll_interval,
-            "timeout": self.timeout,
-            "backoff": self.backoff,
-            "max_backoff": self.max_backoff,
-            "retries": self.retries,
-        }
+        if p.cursor_function is not None:
+            self._cursor_function = import_function(who, p.cursor_function)
 
     def __repr__(self) -> str:
-        cursor = self.cursor_function or (self._cursor_path.text if self._cursor_path else None)
+        cursor = self.params.cursor_function or (
+            self._cursor_path.text if self._cursor_path else None
+        )
         return (
-            f"<{type(self).__name__} url={redact_dsn(self.url)!r} "
-            f"headers={sorted({*self.headers, *self.env_headers})!r} cursor={cursor!r}>"
+            f"<{type(self).__name__} url={redact_dsn(self.params.url)!r} "
+            f"headers={sorted({*self.params.headers, *self.params.env_headers})!r} cursor={cursor!r}>"
         )
 
     # -- running -------------------------------------------------------------------------------
@@ -213,7 +242,7 @@ class HttpPollWatcher(SerializedEquality):
 
         key = f"{self.watcher_name}.cursor"
         cursor, seen = await self._load(key)
-        await sleep_spread(self.poll_interval)
+        await sleep_spread(self.params.poll_interval)
         # Header values and credentials go straight into the client: no local of this frame
         # holds a secret for a traceback (rendered with locals) to show. The client is made in
         # a worker thread: making the first one reads the CA bundle and imports the transport.
@@ -222,7 +251,7 @@ class HttpPollWatcher(SerializedEquality):
                 httpx.AsyncClient,
                 headers=self._request_headers(),
                 auth=httpx.BasicAuth(*self._credentials) if any(self._credentials) else None,
-                timeout=self.timeout,
+                timeout=self.params.timeout,
                 follow_redirects=True,
             )
         )
@@ -230,7 +259,7 @@ class HttpPollWatcher(SerializedEquality):
             while True:
                 body, got, reply_headers = await self._get(client, cursor, seen)
                 if body is MISSING:  # 304, or the same body again
-                    await sleep_jittered(self.poll_interval)
+                    await sleep_jittered(self.params.poll_interval)
                     continue
                 events = self._events(body)
                 following = self._next_cursor(body, reply_headers)
@@ -243,7 +272,7 @@ class HttpPollWatcher(SerializedEquality):
                     position = {"cursor": cursor, **(seen or dict.fromkeys(_VALIDATORS))}
                     yield TriggerEventBatch(events, state={key: position})
                 if not (moved and events):
-                    await sleep_jittered(self.poll_interval)
+                    await sleep_jittered(self.params.poll_interval)
 
     async def _load(self, key: str) -> tuple[Any, dict[str, Any] | None]:
         """The committed cursor and response validators (of the first asset that has them)."""
@@ -263,17 +292,19 @@ class HttpPollWatcher(SerializedEquality):
 
     def _request_headers(self) -> dict[str, str]:
         """``Accept``, ``headers`` and ``env_headers`` (their variables read now)."""
-        for header, variable in self.env_headers.items():
+        for header, variable in self.params.env_headers.items():
             if variable not in os.environ:
                 raise HttpSourceError(
-                    redact_dsn(self.url),
+                    redact_dsn(self.params.url),
                     f"header {header!r} comes from the environment variable {variable!r}, "
                     "which is not set",
                 )
         return {
             "Accept": "application/json",
-            **self.headers,
-            **{header: os.environ[variable] for header, variable in self.env_headers.items()},
+            **self.params.headers,
+            **{
+                header: os.environ[variable] for header, variable in self.params.env_headers.items()
+            },
         }
 
     def _request_url(self, cursor: Any) -> str:
@@ -285,7 +316,7 @@ class HttpPollWatcher(SerializedEquality):
         base = httpx.URL(self._public_url)
         if isinstance(cursor, str) and cursor.startswith(("http://", "https://", "/")):
             return without_credentials(str(base.join(cursor)))  # ours go as the client's auth
-        return str(base.copy_merge_params({self.cursor_param: str(cursor)}))
+        return str(base.copy_merge_params({self.params.cursor_param: str(cursor)}))
 
     async def _get(
         self, client: Any, cursor: Any, seen: dict[str, Any] | None
@@ -308,7 +339,7 @@ class HttpPollWatcher(SerializedEquality):
             try:
                 response = await client.get(url, headers=conditional)
             except httpx.TimeoutException as exc:
-                problem = f"no answer within {self.timeout} s ({type(exc).__name__})"
+                problem = f"no answer within {self.params.timeout} s ({type(exc).__name__})"
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
@@ -325,12 +356,12 @@ class HttpPollWatcher(SerializedEquality):
                 wait = retry_after(response.headers.get("Retry-After"))
             failures += 1
             self.report_source(f"{shown}: {problem}, {failures} times in a row")
-            if self.retries is not None and failures > self.retries:
+            if self.params.retries is not None and failures > self.params.retries:
                 raise HttpSourceError(shown, f"{problem}, {failures} times in a row")
-            delay = self.backoff * 2 ** min(failures - 1, 32)
+            delay = self.params.backoff * 2 ** min(failures - 1, 32)
             if wait is not None:
                 delay = max(delay, wait)
-            delay = min(delay, self.max_backoff)
+            delay = min(delay, self.params.max_backoff)
             log.warning("http_retry", url=shown, problem=problem, failures=failures, delay=delay)
             await anyio.sleep(delay)
 
@@ -360,7 +391,7 @@ class HttpPollWatcher(SerializedEquality):
             return []
         if not isinstance(found, list):
             raise HttpSourceError(
-                redact_dsn(self.url),
+                redact_dsn(self.params.url),
                 f"items {self._items.text!r} is a {type(found).__name__}, not a list",
             )
         key_path = self._item_key
@@ -371,7 +402,7 @@ class HttpPollWatcher(SerializedEquality):
             key = key_path.find(item)
             if key is MISSING or key is None or isinstance(key, dict | list):
                 raise HttpSourceError(
-                    redact_dsn(self.url),
+                    redact_dsn(self.params.url),
                     f"an item has no value at item_key {key_path.text!r}: {str(item)[:80]}",
                 )
             events.append(TriggerEvent(item, dedup_key=f"{self.watcher_name}:{key}"))
@@ -392,6 +423,7 @@ class HttpPollWatcher(SerializedEquality):
             or (isinstance(following, float) and not math.isfinite(following))
         ):
             raise HttpSourceError(
-                redact_dsn(self.url), f"the next cursor must be text or a number, got {following!r}"
+                redact_dsn(self.params.url),
+                f"the next cursor must be text or a number, got {following!r}",
             )
         return following

@@ -34,9 +34,9 @@ import hashlib
 import re
 import ssl
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import anyio
@@ -45,6 +45,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
+from pydantic import Field, ValidationInfo, field_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
@@ -54,14 +55,13 @@ from ._broker import (
     decode_body,
     make_dedup_key,
     redact_url,
-    require_client,
 )
-from ._common import SerializedEquality, check_positive, check_positive_int, check_str
+from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
 
-__all__ = ["MqttWatcher"]
+__all__ = ["MqttParams", "MqttWatcher"]
 
 log = get_logger(__name__)
 
@@ -95,8 +95,68 @@ class _Refused:
     reason: str
 
 
-class MqttWatcher(SerializedEquality):
-    """Yields one event per QoS 1 message on ``topics`` (MQTT filters, ``+``/``#`` allowed).
+class MqttParams(WatcherParams):
+    """The parameters of :class:`MqttWatcher`."""
+
+    topics: list[str]
+    """A topic filter or a list of them (``+``/``#`` allowed)."""
+    url: Text = "mqtt://127.0.0.1:1883"
+    """``mqtt://[user[:password]@]host[:port]`` (``mqtts://`` for TLS, port 8883 by default);
+    the password is never shown."""
+    client_id: OptionalText = None
+    """The MQTT client id, which names the session (default ``watchkeeper-<watcher name>``;
+    two watchers must not share one)."""
+    dedup_field: OptionalText = None
+    """A dotted path to the message's identity in its JSON body (e.g. ``"meta.id"``)."""
+    dedup_property: OptionalText = None
+    """An MQTT 5 user property holding the message's identity (before ``dedup_field``)."""
+    missing_id: MissingId = "hash"
+    """What a message without an identity becomes: ``"hash"`` (keyed by a hash of topic and
+    bytes) or ``"emit"`` (no key, at least once)."""
+    max_in_flight: Annotated[int, Field(ge=1, le=65535)] = 100
+    """At most this many unacknowledged messages at a time (the Receive Maximum)."""
+    session_expiry: Count = 7 * 24 * 3600
+    """Seconds the broker keeps the session after a disconnect."""
+    keepalive: Count = 15
+    """Seconds of silence before a ping; a ping unanswered as long drops the connection."""
+    connect_timeout: Seconds = 30.0
+    """Seconds the first connect may take."""
+    reconnect_max: Count = 30
+    """The longest wait between reconnections, in seconds (1 s, doubling)."""
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topic_list(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list) or not value:
+            raise TypeError(
+                f"{owner(info)}: topics must be a topic filter or a non-empty list of them"
+            )
+        for topic in value:
+            if not isinstance(topic, str) or not topic:
+                raise TypeError(f"{owner(info)}: a topic filter must be a non-empty str")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _mqtt_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ValueError(
+                f"url must be mqtt://host[:port] or mqtts://host[:port], got {redact_url(value)!r}"
+            )
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError(f"url {redact_url(value)!r} has a bad port") from None
+        return value
+
+
+class MqttWatcher(ReadyMadeWatcher[MqttParams]):
+    """Yields one event per QoS 1 message on some MQTT topics, acknowledged after its commit.
 
     ``url`` is ``mqtt://[user[:password]@]host[:port]`` (``mqtts://`` for TLS, port 8883 by
     default). The payload is ``{"topic", "qos", "retain", "content_type", "user_properties",
@@ -134,100 +194,47 @@ class MqttWatcher(SerializedEquality):
 
     How to rewind it: MQTT cannot replay; publish again (under a new watcher name to emit
     messages whose ids are still remembered).
+
+    :raises ImportError: the client library is missing (naming the extra to install).
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, naming it.
     """
 
-    def __init__(
-        self,
-        topics: str | Sequence[str],
-        url: str = "mqtt://127.0.0.1:1883",
-        client_id: str | None = None,
-        dedup_field: str | None = None,
-        dedup_property: str | None = None,
-        missing_id: MissingId = "hash",
-        max_in_flight: int = 100,
-        session_expiry: int = 7 * 24 * 3600,
-        keepalive: int = 15,
-        connect_timeout: float = 30.0,
-        reconnect_max: int = 30,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        require_client(owner, "paho", "mqtt")
-        if isinstance(topics, str):
-            topics = [topics]
-        if not isinstance(topics, Sequence) or not topics:
-            raise TypeError(f"{owner}: topics must be a topic filter or a non-empty list of them")
-        self.topics = [check_str(owner, "a topic filter", topic) for topic in topics]
-        self.url = check_str(owner, "url", url)
-        parts = urlsplit(url)
-        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-            raise ValueError(
-                f"{owner}: url must be mqtt://host[:port] or mqtts://host[:port], "
-                f"got {redact_url(url)!r}"
-            )
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError as exc:
-            raise ValueError(f"{owner}: url {redact_url(url)!r} has a bad port") from exc
-        self.client_id = None if client_id is None else check_str(owner, "client_id", client_id)
-        self.dedup_field = (
-            None if dedup_field is None else check_str(owner, "dedup_field", dedup_field)
-        )
-        self.dedup_property = (
-            None if dedup_property is None else check_str(owner, "dedup_property", dedup_property)
-        )
-        if missing_id not in ("hash", "emit"):
-            raise ValueError(f"{owner}: missing_id must be 'hash' or 'emit', got {missing_id!r}")
-        self.missing_id: MissingId = missing_id
-        self.max_in_flight = check_positive_int(owner, "max_in_flight", max_in_flight)
-        if self.max_in_flight > 65535:
-            raise ValueError(f"{owner}: max_in_flight must be at most 65535")
-        self.session_expiry = check_positive_int(owner, "session_expiry", session_expiry)
-        self.keepalive = check_positive_int(owner, "keepalive", keepalive)
-        check_positive(owner, "connect_timeout", connect_timeout)
-        self.connect_timeout = connect_timeout
-        self.reconnect_max = check_positive_int(owner, "reconnect_max", reconnect_max)
-        self._bridge: _Bridge | None = None
-        self._name = f"{owner}({', '.join(self.topics)!r})"
+    params_model = MqttParams
+    client = ("paho", "mqtt")
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "topics": list(self.topics),
-            "url": self.url,
-            "client_id": self.client_id,
-            "dedup_field": self.dedup_field,
-            "dedup_property": self.dedup_property,
-            "missing_id": self.missing_id,
-            "max_in_flight": self.max_in_flight,
-            "session_expiry": self.session_expiry,
-            "keepalive": self.keepalive,
-            "connect_timeout": self.connect_timeout,
-            "reconnect_max": self.reconnect_max,
-        }
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._bridge: _Bridge | None = None
+        self._name = f"{type(self).__name__}({', '.join(self.params.topics)!r})"
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} url={redact_url(self.url)!r} topics={self.topics!r} "
+            f"<{type(self).__name__} url={redact_url(self.params.url)!r} topics={self.params.topics!r} "
             f"connected={self._bridge is not None}>"
         )
 
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        client_id = self.client_id or client_id_for(self.watcher_name)
-        send, receive = anyio.create_memory_object_stream[_Delivery | _Refused](self.max_in_flight)
+        client_id = self.params.client_id or client_id_for(self.watcher_name)
+        send, receive = anyio.create_memory_object_stream[_Delivery | _Refused](
+            self.params.max_in_flight
+        )
         bridge = _Bridge(self, client_id, send, anyio.lowlevel.current_token())
         self._bridge = bridge
         try:
             with receive:
                 await anyio.to_thread.run_sync(bridge.start)
-                with anyio.move_on_after(self.connect_timeout):
+                with anyio.move_on_after(self.params.connect_timeout):
                     await bridge.settled.wait()
                 if not bridge.settled.is_set() or bridge.refused:
-                    reason = bridge.refused or f"no connection within {self.connect_timeout} s"
+                    reason = (
+                        bridge.refused or f"no connection within {self.params.connect_timeout} s"
+                    )
                     raise BrokerSourceError(
                         self._name,
-                        f"connecting to {redact_url(self.url)}",
+                        f"connecting to {redact_url(self.params.url)}",
                         ConnectionRefusedError(reason),
                         bridge.secrets,
                     )
@@ -235,7 +242,7 @@ class MqttWatcher(SerializedEquality):
                     if isinstance(item, _Refused):
                         raise BrokerSourceError(
                             self._name,
-                            f"connecting to {redact_url(self.url)}",
+                            f"connecting to {redact_url(self.params.url)}",
                             ConnectionRefusedError(item.reason),
                             bridge.secrets,
                         )
@@ -262,19 +269,19 @@ class MqttWatcher(SerializedEquality):
     def _dedup_key(self, message: paho.MQTTMessage) -> str | None:
         identity = self._identity(message)
         if identity is None:
-            if self.missing_id == "emit":
+            if self.params.missing_id == "emit":
                 return None
             identity = content_hash(message.topic.encode(), bytes(message.payload))
         return make_dedup_key(self.watcher_name, "mqtt", message.topic, identity)
 
     def _identity(self, message: paho.MQTTMessage) -> str | None:
-        if self.dedup_property is not None:
+        if self.params.dedup_property is not None:
             for name, value in _user_properties(message):
-                if name == self.dedup_property and value:
+                if name == self.params.dedup_property and value:
                     return value
-        if self.dedup_field is not None:
+        if self.params.dedup_field is not None:
             found: Any = decode_body(bytes(message.payload))
-            for part in self.dedup_field.split("."):
+            for part in self.params.dedup_field.split("."):
                 if not isinstance(found, dict) or part not in found:
                     return None
                 found = found[part]
@@ -332,7 +339,7 @@ class _Bridge:
         self.refused: str | None = None
         self.lock = threading.Lock()
         self.connection = 0
-        parts = urlsplit(watcher.url)
+        parts = urlsplit(watcher.params.url)
         self.secrets = [unquote(parts.password)] if parts.password else []
         self.client: paho.Client | None = None
         self.stopping = False
@@ -346,7 +353,7 @@ class _Bridge:
         from paho.mqtt.properties import Properties
 
         watcher = self.watcher
-        parts = urlsplit(watcher.url)
+        parts = urlsplit(watcher.params.url)
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
@@ -359,18 +366,18 @@ class _Bridge:
             )
         if parts.scheme == "mqtts":
             client.tls_set_context(ssl.create_default_context())
-        client.reconnect_delay_set(1, watcher.reconnect_max)
+        client.reconnect_delay_set(1, watcher.params.reconnect_max)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        properties.SessionExpiryInterval = watcher.session_expiry
-        properties.ReceiveMaximum = watcher.max_in_flight
+        properties.SessionExpiryInterval = watcher.params.session_expiry
+        properties.ReceiveMaximum = watcher.params.max_in_flight
         port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
         client.connect_async(
             parts.hostname or "",
             port,
-            keepalive=watcher.keepalive,
+            keepalive=watcher.params.keepalive,
             clean_start=False,
             properties=properties,
         )
@@ -430,7 +437,7 @@ class _Bridge:
             session_present=bool(getattr(flags, "session_present", False)),
         )
         options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        client.subscribe([(topic, options) for topic in self.watcher.topics])
+        client.subscribe([(topic, options) for topic in self.watcher.params.topics])
         self._settle()
         self._report(None)
 
@@ -448,7 +455,7 @@ class _Bridge:
             self.connection += 1
         if not self.stopping:
             log.warning("mqtt_disconnected", watcher=self.watcher_name, reason=str(reason))
-            url = redact_url(self.watcher.url)
+            url = redact_url(self.watcher.params.url)
             self._report(f"{self.watcher._name}: connection to {url} lost ({reason}), reconnecting")
 
     def _report(self, trouble: str | None) -> None:

@@ -12,10 +12,11 @@ nothing, and the redelivery is acknowledged. Nothing is lost and nothing is emit
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+from pydantic import Field, ValidationInfo, field_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
@@ -24,24 +25,18 @@ from ._broker import (
     decode_body,
     make_dedup_key,
     redact_url,
-    require_client,
     scrub,
     url_secrets,
 )
-from ._common import (
-    SerializedEquality,
-    check_positive,
-    check_positive_int,
-    check_str,
-    import_off_loop,
-)
+from ._common import import_off_loop
+from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
     from nats.js.client import JetStreamContext
 
-__all__ = ["NatsJetStreamWatcher"]
+__all__ = ["NatsJetStreamParams", "NatsJetStreamWatcher"]
 
 log = get_logger(__name__)
 
@@ -56,8 +51,66 @@ def durable_name_for(watcher_name: str) -> str:
     return "watchkeeper-" + _NAME.sub("_", watcher_name)[:200]
 
 
-class NatsJetStreamWatcher(SerializedEquality):
-    """Yields one event per message of the JetStream stream ``stream`` at ``servers``.
+class NatsJetStreamParams(WatcherParams):
+    """The parameters of :class:`NatsJetStreamWatcher`."""
+
+    stream: Text
+    """The JetStream stream."""
+    servers: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    """The server URL, or a list of them (``nats://``, ``tls://``, ``ws://``, ``wss://``);
+    passwords and tokens are never shown."""
+    subject: OptionalText = None
+    """Only the subjects matching this filter (default: all of the stream's)."""
+    durable: OptionalText = None
+    """The durable consumer's name (default ``watchkeeper-<watcher name>``): letters, digits,
+    ``_`` and ``-``."""
+    batch_size: Count = 100
+    """At most this many messages per fetch."""
+    fetch_timeout: Seconds = 5.0
+    """The longest a fetch waits for its first message, in seconds."""
+    ack_wait: Seconds = 30.0
+    """Seconds before an unacknowledged message is redelivered (for a consumer created by
+    the watcher)."""
+    max_ack_pending: Count = 1000
+    """At most this many messages in flight (for a consumer created by the watcher)."""
+    deliver: Deliver = "all"
+    """A new consumer starts at the stream's first message (``"all"``) or with messages
+    published after it was created (``"new"``)."""
+    reconnect_attempts: Count = 60
+    """Reconnection tries (2 s apart) after a lost connection before ``run()`` raises."""
+    connect_timeout: Seconds = 30.0
+    """Seconds the first connect may take."""
+    ping_interval: Seconds = 10.0
+    """Seconds between two pings; a connection with two unanswered pings is dropped."""
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _server_list(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list) or not value:
+            raise TypeError(f"{owner(info)}: servers must be a URL or a non-empty list of URLs")
+        for url in value:
+            if not isinstance(url, str) or not url:
+                raise TypeError(f"{owner(info)}: a server URL must be a non-empty str")
+            if not url.startswith(("nats://", "tls://", "ws://", "wss://")):
+                raise ValueError(
+                    f"server {redact_url(url)!r} must start with nats://, tls://, ws:// or wss://"
+                )
+        return value
+
+    @field_validator("durable")
+    @classmethod
+    def _durable_name(cls, value: str | None) -> str | None:
+        if value is not None and _NAME.search(value):
+            raise ValueError(f"durable {value!r} may hold only letters, digits, '_' and '-'")
+        return value
+
+
+class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
+    """Yields one event per message of a JetStream stream, through a durable consumer.
 
     The payload is ``{"stream", "subject", "sequence", "published", "headers", "data"}``:
     the stream sequence, the publish time (ISO 8601), the headers (or null) and the body as
@@ -97,85 +150,26 @@ class NatsJetStreamWatcher(SerializedEquality):
     start sequence). Messages whose events are still remembered by their ``dedup_key`` (for
     ``[events] dedup_retention_days``) are suppressed again; to emit them anew, run the
     watcher under a new name (the keys start with it).
+
+    :raises ImportError: the client library is missing (naming the extra to install).
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, naming it.
     """
 
-    def __init__(
-        self,
-        stream: str,
-        servers: str | Sequence[str] = "nats://127.0.0.1:4222",
-        subject: str | None = None,
-        durable: str | None = None,
-        batch_size: int = 100,
-        fetch_timeout: float = 5.0,
-        ack_wait: float = 30.0,
-        max_ack_pending: int = 1000,
-        deliver: Deliver = "all",
-        reconnect_attempts: int = 60,
-        connect_timeout: float = 30.0,
-        ping_interval: float = 10.0,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        require_client(owner, "nats", "nats")
-        self.stream = check_str(owner, "stream", stream)
-        if isinstance(servers, str):
-            servers = [servers]
-        if not isinstance(servers, Sequence) or not servers:
-            raise TypeError(f"{owner}: servers must be a URL or a non-empty list of URLs")
-        self.servers = [check_str(owner, "a server URL", url) for url in servers]
-        for url in self.servers:
-            if not url.startswith(("nats://", "tls://", "ws://", "wss://")):
-                raise ValueError(
-                    f"{owner}: server {redact_url(url)!r} must start with nats://, tls://, "
-                    "ws:// or wss://"
-                )
-        self.subject = None if subject is None else check_str(owner, "subject", subject)
-        self.durable = None if durable is None else check_str(owner, "durable", durable)
-        if durable is not None and _NAME.search(durable):
-            raise ValueError(
-                f"{owner}: durable {durable!r} may hold only letters, digits, '_' and '-'"
-            )
-        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
-        check_positive(owner, "fetch_timeout", fetch_timeout)
-        check_positive(owner, "ack_wait", ack_wait)
-        self.fetch_timeout = fetch_timeout
-        self.ack_wait = ack_wait
-        self.max_ack_pending = check_positive_int(owner, "max_ack_pending", max_ack_pending)
-        if deliver not in ("all", "new"):
-            raise ValueError(f"{owner}: deliver must be 'all' or 'new', got {deliver!r}")
-        self.deliver: Deliver = deliver
-        self.reconnect_attempts = check_positive_int(
-            owner, "reconnect_attempts", reconnect_attempts
-        )
-        check_positive(owner, "connect_timeout", connect_timeout)
-        self.connect_timeout = connect_timeout
-        check_positive(owner, "ping_interval", ping_interval)
-        self.ping_interval = ping_interval
+    params_model = NatsJetStreamParams
+    client = ("nats", "nats")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._client: Client | None = None
         self._closing = False
-        self._name = f"{owner}({stream!r})"
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "stream": self.stream,
-            "servers": list(self.servers),
-            "subject": self.subject,
-            "durable": self.durable,
-            "batch_size": self.batch_size,
-            "fetch_timeout": self.fetch_timeout,
-            "ack_wait": self.ack_wait,
-            "max_ack_pending": self.max_ack_pending,
-            "deliver": self.deliver,
-            "reconnect_attempts": self.reconnect_attempts,
-            "connect_timeout": self.connect_timeout,
-            "ping_interval": self.ping_interval,
-        }
+        self._name = f"{type(self).__name__}({self.params.stream!r})"
 
     def __repr__(self) -> str:
-        servers = ", ".join(redact_url(url) for url in self.servers)
+        servers = ", ".join(redact_url(url) for url in self.params.servers)
         return (
-            f"<{type(self).__name__} servers=[{servers}] stream={self.stream!r} "
-            f"durable={self.durable!r} connected={self._client is not None}>"
+            f"<{type(self).__name__} servers=[{servers}] stream={self.params.stream!r} "
+            f"durable={self.params.durable!r} connected={self._client is not None}>"
         )
 
     # -- running -------------------------------------------------------------------------------
@@ -186,8 +180,8 @@ class NatsJetStreamWatcher(SerializedEquality):
 
         key = f"{self.watcher_name}.sequence"
         highest = await _highest(self.asset_state_store, key, self._name)
-        durable = self.durable or durable_name_for(self.watcher_name)
-        secrets = url_secrets(*self.servers)
+        durable = self.params.durable or durable_name_for(self.watcher_name)
+        secrets = url_secrets(*self.params.servers)
         self._closing = False
         client = await self._connect(secrets)
         self._client = client
@@ -196,7 +190,9 @@ class NatsJetStreamWatcher(SerializedEquality):
             subscription = await self._subscribe(client.jetstream(), durable, secrets)
             while True:
                 try:
-                    pending = await subscription.fetch(self.batch_size, timeout=self.fetch_timeout)
+                    pending = await subscription.fetch(
+                        self.params.batch_size, timeout=self.params.fetch_timeout
+                    )
                 except (nats.errors.TimeoutError, TimeoutError):
                     # Nothing within fetch_timeout (nats-py raises either type, the plain one
                     # when a reconnect swallowed the pull request).
@@ -209,7 +205,9 @@ class NatsJetStreamWatcher(SerializedEquality):
                     raise BrokerSourceError(
                         self._name,
                         "staying connected",
-                        ConnectionError(f"gave up after {self.reconnect_attempts} reconnects"),
+                        ConnectionError(
+                            f"gave up after {self.params.reconnect_attempts} reconnects"
+                        ),
                         secrets,
                     )
                 while pending:
@@ -223,7 +221,7 @@ class NatsJetStreamWatcher(SerializedEquality):
                         self._payload(message, sequence),
                         state={key: highest},
                         dedup_key=make_dedup_key(
-                            self.watcher_name, "nats", self.stream, str(sequence)
+                            self.watcher_name, "nats", self.params.stream, str(sequence)
                         ),
                     )
                     # Committed (or suppressed as a redelivery): now the server may forget it.
@@ -235,7 +233,7 @@ class NatsJetStreamWatcher(SerializedEquality):
                         # dedup_key suppresses it then.
                         log.warning(
                             "nats_ack_failed",
-                            stream=self.stream,
+                            stream=self.params.stream,
                             sequence=sequence,
                             error=scrub(f"{type(exc).__name__}: {exc}", secrets),
                         )
@@ -266,7 +264,7 @@ class NatsJetStreamWatcher(SerializedEquality):
                 error=scrub(f"{type(exc).__name__}: {exc}", secrets),
             )
 
-        servers = ", ".join(redact_url(url) for url in self.servers)
+        servers = ", ".join(redact_url(url) for url in self.params.servers)
 
         async def on_disconnected() -> None:
             if not self._closing:
@@ -280,17 +278,17 @@ class NatsJetStreamWatcher(SerializedEquality):
         try:
             # nats-py retries a first connect as it retries reconnects; bound it, so a wrong
             # address shows up as this run's error instead of a silent wait.
-            with anyio.fail_after(self.connect_timeout):
+            with anyio.fail_after(self.params.connect_timeout):
                 client: Client = await nats.connect(
-                    servers=list(self.servers),
+                    servers=list(self.params.servers),
                     name=f"watchkeeper:{watcher}",
                     allow_reconnect=True,
-                    max_reconnect_attempts=self.reconnect_attempts,
+                    max_reconnect_attempts=self.params.reconnect_attempts,
                     reconnect_time_wait=2,
-                    connect_timeout=min(5.0, self.connect_timeout),
+                    connect_timeout=min(5.0, self.params.connect_timeout),
                     # A server that stops answering (a network path dropping every packet)
                     # is found by its missing PONGs: after 2 unanswered pings, reconnect.
-                    ping_interval=self.ping_interval,
+                    ping_interval=self.params.ping_interval,
                     max_outstanding_pings=2,
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
@@ -310,32 +308,35 @@ class NatsJetStreamWatcher(SerializedEquality):
 
         try:
             try:
-                await js.consumer_info(self.stream, durable)
+                await js.consumer_info(self.params.stream, durable)
             except nats.js.errors.NotFoundError:
                 config = ConsumerConfig(
                     durable_name=durable,
                     name=durable,
                     ack_policy=AckPolicy.EXPLICIT,
-                    ack_wait=self.ack_wait,
-                    max_ack_pending=self.max_ack_pending,
+                    ack_wait=self.params.ack_wait,
+                    max_ack_pending=self.params.max_ack_pending,
                     deliver_policy=DeliverPolicy.ALL
-                    if self.deliver == "all"
+                    if self.params.deliver == "all"
                     else DeliverPolicy.NEW,
-                    filter_subject=self.subject,
+                    filter_subject=self.params.subject,
                 )
-                await js.add_consumer(self.stream, config=config)
-                log.info("nats_consumer_created", stream=self.stream, durable=durable)
-            return await js.pull_subscribe_bind(durable=durable, stream=self.stream)
+                await js.add_consumer(self.params.stream, config=config)
+                log.info("nats_consumer_created", stream=self.params.stream, durable=durable)
+            return await js.pull_subscribe_bind(durable=durable, stream=self.params.stream)
         except nats.errors.Error as exc:
             raise BrokerSourceError(
-                self._name, f"binding consumer {durable!r} of stream {self.stream!r}", exc, secrets
+                self._name,
+                f"binding consumer {durable!r} of stream {self.params.stream!r}",
+                exc,
+                secrets,
             ) from exc
 
     def _payload(self, message: Msg, sequence: int) -> dict[str, Any]:
         metadata = message.metadata
         published = metadata.timestamp
         return {
-            "stream": self.stream,
+            "stream": self.params.stream,
             "subject": message.subject,
             "sequence": sequence,
             "published": None if published is None else published.isoformat(),

@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+from pydantic import field_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
@@ -43,16 +44,16 @@ from ._broker import (
     make_dedup_key,
     reconnect_delay,
     redact_url,
-    require_client,
     scrub,
     url_secrets,
 )
-from ._common import SerializedEquality, check_positive_int, check_str, import_off_loop
+from ._common import import_off_loop
+from ._params import Count, ReadyMadeWatcher, Text, WatcherParams
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-__all__ = ["RabbitMQWatcher"]
+__all__ = ["RabbitMQParams", "RabbitMQWatcher"]
 
 log = get_logger(__name__)
 
@@ -61,8 +62,35 @@ MissingId = Literal["hash", "emit", "reject"]
 _CLOSE_TIMEOUT = 5.0
 
 
-class RabbitMQWatcher(SerializedEquality):
-    """Yields one event per message of the queue ``queue`` at ``url``.
+class RabbitMQParams(WatcherParams):
+    """The parameters of :class:`RabbitMQWatcher`."""
+
+    queue: Text
+    """The queue to consume."""
+    url: Text = "amqp://guest:guest@127.0.0.1:5672/"
+    """The broker: ``amqp://`` or ``amqps://``; its password is never shown."""
+    prefetch: Count = 100
+    """At most this many messages delivered and not yet acknowledged (``basic.qos``)."""
+    declare: bool = False
+    """Declare the queue (durable) when missing; otherwise it must exist."""
+    missing_id: MissingId = "hash"
+    """What a message without ``message_id`` becomes: ``"hash"`` (keyed by a hash of body and
+    headers), ``"emit"`` (no key, at least once) or ``"reject"`` (dead-lettered, no event)."""
+    reconnect_attempts: Count = 10
+    """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
+    heartbeat: Count = 10
+    """Seconds between heartbeats both ways; a broker silent for about three is lost."""
+
+    @field_validator("url")
+    @classmethod
+    def _amqp_url(cls, value: str) -> str:
+        if not value.startswith(("amqp://", "amqps://")):
+            raise ValueError(f"url must start with amqp:// or amqps://, got {redact_url(value)!r}")
+        return value
+
+
+class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
+    """Yields one event per message of a RabbitMQ queue, acknowledged after its commit.
 
     The payload is ``{"queue", "message_id", "exchange", "routing_key", "content_type",
     "headers", "timestamp", "data"}``: ``data`` is the body as JSON when it is UTF-8 JSON,
@@ -91,58 +119,24 @@ class RabbitMQWatcher(SerializedEquality):
     How to rewind it: a queue cannot be rewound; publish the messages again (to emit ones
     whose ``message_id`` is still remembered, run the watcher under a new name: the keys
     start with it). For a replayable log, use a RabbitMQ stream.
+
+    :raises ImportError: the client library is missing (naming the extra to install).
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, naming it.
     """
 
-    def __init__(
-        self,
-        queue: str,
-        url: str = "amqp://guest:guest@127.0.0.1:5672/",
-        prefetch: int = 100,
-        declare: bool = False,
-        missing_id: MissingId = "hash",
-        reconnect_attempts: int = 10,
-        heartbeat: int = 10,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        require_client(owner, "aio_pika", "rabbitmq")
-        self.queue = check_str(owner, "queue", queue)
-        self.url = check_str(owner, "url", url)
-        if not url.startswith(("amqp://", "amqps://")):
-            raise ValueError(
-                f"{owner}: url must start with amqp:// or amqps://, got {redact_url(url)!r}"
-            )
-        self.prefetch = check_positive_int(owner, "prefetch", prefetch)
-        if not isinstance(declare, bool):
-            raise TypeError(f"{owner}: declare must be a bool, got {type(declare).__name__}")
-        self.declare = declare
-        if missing_id not in ("hash", "emit", "reject"):
-            raise ValueError(
-                f"{owner}: missing_id must be 'hash', 'emit' or 'reject', got {missing_id!r}"
-            )
-        self.missing_id: MissingId = missing_id
-        self.reconnect_attempts = check_positive_int(
-            owner, "reconnect_attempts", reconnect_attempts
-        )
-        self.heartbeat = check_positive_int(owner, "heartbeat", heartbeat)
+    params_model = RabbitMQParams
+    client = ("aio_pika", "rabbitmq")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._connection: AbstractConnection | None = None
         self._consuming = False
-        self._name = f"{owner}({queue!r})"
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "queue": self.queue,
-            "url": self.url,
-            "prefetch": self.prefetch,
-            "declare": self.declare,
-            "missing_id": self.missing_id,
-            "reconnect_attempts": self.reconnect_attempts,
-            "heartbeat": self.heartbeat,
-        }
+        self._name = f"{type(self).__name__}({self.params.queue!r})"
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} url={redact_url(self.url)!r} queue={self.queue!r} "
+            f"<{type(self).__name__} url={redact_url(self.params.url)!r} queue={self.params.queue!r} "
             f"connected={self._connection is not None}>"
         )
 
@@ -159,7 +153,7 @@ class RabbitMQWatcher(SerializedEquality):
         )
         from aiormq.exceptions import ChannelClosed, ConnectionClosed
 
-        secrets = url_secrets(self.url)
+        secrets = url_secrets(self.params.url)
         fatal = (AuthenticationError, ProbableAuthenticationError)
         # A connection or channel closed under us (ChannelClosed covers a queue deleted while
         # consumed); a missing queue is caught where the queue is declared.
@@ -190,7 +184,7 @@ class RabbitMQWatcher(SerializedEquality):
             # A connection that got as far as consuming starts the count again.
             failures = 1 if self._consuming else failures + 1
             reason = "the channel closed" if error is None else f"{type(error).__name__}"
-            if failures > self.reconnect_attempts:
+            if failures > self.params.reconnect_attempts:
                 cause = error or ConnectionError("the channel closed")
                 raise BrokerSourceError(
                     self._name,
@@ -200,10 +194,12 @@ class RabbitMQWatcher(SerializedEquality):
                 ) from error
             delay = reconnect_delay(failures)
             reason = scrub(f"{reason}: {error}" if error else reason, secrets)
-            self.report_source(f"{self._name}: connection to {redact_url(self.url)} lost: {reason}")
+            self.report_source(
+                f"{self._name}: connection to {redact_url(self.params.url)} lost: {reason}"
+            )
             log.warning(
                 "rabbitmq_reconnecting",
-                queue=self.queue,
+                queue=self.params.queue,
                 watcher=self.watcher_name,
                 reason=reason,
                 attempt=failures,
@@ -228,35 +224,35 @@ class RabbitMQWatcher(SerializedEquality):
         from aiormq.exceptions import ChannelNotFoundEntity
 
         connection = await aio_pika.connect(
-            self.url,
+            self.params.url,
             timeout=10,
             # Heartbeats both ways: a broker silent for about three of them (a network path
             # that drops every packet) closes the connection, and run() reconnects.
-            heartbeat=self.heartbeat,
+            heartbeat=self.params.heartbeat,
             client_properties={"connection_name": f"watchkeeper:{self.watcher_name}"},
         )
         self._connection = connection
         try:
             channel = await connection.channel()
-            await channel.set_qos(prefetch_count=self.prefetch)
+            await channel.set_qos(prefetch_count=self.params.prefetch)
             try:
                 queue = await channel.declare_queue(
-                    self.queue, passive=not self.declare, durable=True
+                    self.params.queue, passive=not self.params.declare, durable=True
                 )
             except ChannelNotFoundEntity as exc:
                 raise BrokerSourceError(
-                    self._name, f"finding queue {self.queue!r}", exc, secrets
+                    self._name, f"finding queue {self.params.queue!r}", exc, secrets
                 ) from exc
-            log.info("rabbitmq_consuming", queue=self.queue, watcher=self.watcher_name)
+            log.info("rabbitmq_consuming", queue=self.params.queue, watcher=self.watcher_name)
             self._consuming = True
             self.report_source(None)
             async with queue.iterator() as messages:
                 async for message in messages:
                     key = self._dedup_key(message)
-                    if key is None and self.missing_id == "reject":
+                    if key is None and self.params.missing_id == "reject":
                         log.warning(
                             "rabbitmq_message_rejected",
-                            queue=self.queue,
+                            queue=self.params.queue,
                             delivery_tag=message.delivery_tag,
                             reason="no message_id (missing_id='reject')",
                         )
@@ -270,7 +266,7 @@ class RabbitMQWatcher(SerializedEquality):
                         # message, and its dedup_key suppresses the repeat.
                         log.warning(
                             "rabbitmq_ack_lost",
-                            queue=self.queue,
+                            queue=self.params.queue,
                             message_id=message.message_id,
                             error=scrub(f"{type(exc).__name__}: {exc}", secrets),
                         )
@@ -281,18 +277,18 @@ class RabbitMQWatcher(SerializedEquality):
 
     def _dedup_key(self, message: AbstractIncomingMessage) -> str | None:
         if message.message_id:
-            return make_dedup_key(self.watcher_name, "amqp", self.queue, message.message_id)
-        if self.missing_id != "hash":
+            return make_dedup_key(self.watcher_name, "amqp", self.params.queue, message.message_id)
+        if self.params.missing_id != "hash":
             return None
         headers = json.dumps(_json_value(message.headers or {}), sort_keys=True).encode()
         return make_dedup_key(
-            self.watcher_name, "amqp", self.queue, content_hash(message.body, headers)
+            self.watcher_name, "amqp", self.params.queue, content_hash(message.body, headers)
         )
 
     def _payload(self, message: AbstractIncomingMessage) -> dict[str, Any]:
         timestamp = message.timestamp
         return {
-            "queue": self.queue,
+            "queue": self.params.queue,
             "message_id": message.message_id,
             "exchange": message.exchange,
             "routing_key": message.routing_key,

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from pydantic import field_validator, model_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent
 
@@ -31,21 +32,15 @@ from ._broker import (
     decode_body,
     reconnect_delay,
     redact_url,
-    require_client,
     url_secrets,
 )
-from ._common import (
-    SerializedEquality,
-    check_positive,
-    check_positive_int,
-    check_str,
-    import_off_loop,
-)
+from ._common import import_off_loop
+from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["RedisStreamWatcher"]
+__all__ = ["RedisStreamParams", "RedisStreamWatcher"]
 
 log = get_logger(__name__)
 
@@ -80,8 +75,58 @@ def _text(value: bytes) -> Any:
         return decode_body(value)
 
 
-class RedisStreamWatcher(SerializedEquality):
-    """Yields one event per entry of the stream ``stream`` at ``url``, in id order.
+class RedisStreamParams(WatcherParams):
+    """The parameters of :class:`RedisStreamWatcher`."""
+
+    stream: Text
+    """The key of the stream."""
+    url: Text = "redis://127.0.0.1:6379/0"
+    """The server: ``redis://``, ``rediss://`` (TLS) or ``unix://``; its password is never
+    shown."""
+    start: Text = "0-0"
+    """Where a watcher without state begins: ``"0-0"`` the whole stream, ``"$"`` only entries
+    added after its first start, any other id the entries after it."""
+    batch_size: Count = 100
+    """At most this many entries per read."""
+    block: Seconds = 5.0
+    """The longest a read waits for new entries, in seconds; each command may take this plus
+    10 s before the connection counts as lost."""
+    group: OptionalText = None
+    """A consumer group to read through (created at ``start`` if missing, with the stream);
+    each entry is ``XACK``ed once its event committed."""
+    consumer: OptionalText = None
+    """The consumer's name in ``group`` (default: the watcher's name). Needs ``group``."""
+    reconnect_attempts: Count = 10
+    """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"url must start with redis://, rediss:// or unix://, got {redact_url(value)!r}"
+            )
+        return value
+
+    @field_validator("start")
+    @classmethod
+    def _stream_id(cls, value: str) -> str:
+        if value != "$":
+            try:
+                parse_id(value if "-" in value else f"{value}-0")
+            except ValueError as exc:
+                raise ValueError(f"start must be '$' or a stream id: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consumer_needs_group(self) -> RedisStreamParams:
+        if self.consumer is not None and self.group is None:
+            raise ValueError("consumer needs a group")
+        return self
+
+
+class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
+    """Yields one event per entry of a Redis stream, in id order.
 
     The payload is ``{"stream", "id", "fields"}``: the entry's id as ``"<ms>-<seq>"`` and its
     fields as a JSON object of text (a name or value that is not UTF-8 becomes
@@ -118,65 +163,25 @@ class RedisStreamWatcher(SerializedEquality):
     key, with the default ``start``) reads the whole stream again. With ``group``, the group's
     own position must be moved too (``XGROUP SETID``), since the group delivers only entries
     after its last delivered id.
+
+    :raises ImportError: the client library is missing (naming the extra to install).
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, naming it.
     """
 
-    def __init__(
-        self,
-        stream: str,
-        url: str = "redis://127.0.0.1:6379/0",
-        start: str = "0-0",
-        batch_size: int = 100,
-        block: float = 5.0,
-        group: str | None = None,
-        consumer: str | None = None,
-        reconnect_attempts: int = 10,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        require_client(owner, "redis", "redis")
-        self.stream = check_str(owner, "stream", stream)
-        self.url = check_str(owner, "url", url)
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                f"{owner}: url must start with redis://, rediss:// or unix://, "
-                f"got {redact_url(url)!r}"
-            )
-        self.start = check_str(owner, "start", start)
-        if start != "$":
-            try:
-                parse_id(start if "-" in start else f"{start}-0")
-            except ValueError as exc:
-                raise ValueError(f"{owner}: start must be '$' or a stream id: {exc}") from None
-        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
-        check_positive(owner, "block", block)
-        self.block = block
-        self.group = None if group is None else check_str(owner, "group", group)
-        self.consumer = None if consumer is None else check_str(owner, "consumer", consumer)
-        if consumer is not None and group is None:
-            raise ValueError(f"{owner}: consumer needs a group")
-        self.reconnect_attempts = check_positive_int(
-            owner, "reconnect_attempts", reconnect_attempts
-        )
+    params_model = RedisStreamParams
+    client = ("redis", "redis")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._client: Redis | None = None
         self._troubled = False
-        self._name = f"{owner}({stream!r})"
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "stream": self.stream,
-            "url": self.url,
-            "start": self.start,
-            "batch_size": self.batch_size,
-            "block": self.block,
-            "group": self.group,
-            "consumer": self.consumer,
-            "reconnect_attempts": self.reconnect_attempts,
-        }
+        self._name = f"{type(self).__name__}({self.params.stream!r})"
 
     def __repr__(self) -> str:
-        group = "" if self.group is None else f" group={self.group!r}"
+        group = "" if self.params.group is None else f" group={self.params.group!r}"
         return (
-            f"<{type(self).__name__} url={redact_url(self.url)!r} stream={self.stream!r}"
+            f"<{type(self).__name__} url={redact_url(self.params.url)!r} stream={self.params.stream!r}"
             f"{group} connected={self._client is not None}>"
         )
 
@@ -200,39 +205,43 @@ class RedisStreamWatcher(SerializedEquality):
                     position = await self._call(
                         "reading the stream", _Position.start(client, self, stored)
                     )
-                    if self.group is not None:
+                    if self.params.group is not None:
                         position.entries_read = None  # the group's position is the server's
-                reader = self._read_group if self.group is not None else self._read
+                reader = self._read_group if self.params.group is not None else self._read
                 async with contextlib.aclosing(reader(client, position)) as entries:
                     async for entry_id, fields in entries:
                         failures = 0
                         yield TriggerEvent(
-                            {"stream": self.stream, "id": entry_id, "fields": fields},
+                            {"stream": self.params.stream, "id": entry_id, "fields": fields},
                             state={key: position.state()},
                         )
-                        if self.group is not None:
+                        if self.params.group is not None:
                             # Committed: the group may forget it.
                             await self._call(
-                                "acknowledging", client.xack(self.stream, self.group, entry_id)
+                                "acknowledging",
+                                client.xack(self.params.stream, self.params.group, entry_id),
                             )
             except (BrokerSourceError, RedisError) as exc:
                 error = exc
                 if isinstance(exc, RedisError):
                     error = BrokerSourceError(
-                        self._name, f"reading {redact_url(self.url)}", exc, url_secrets(self.url)
+                        self._name,
+                        f"reading {redact_url(self.params.url)}",
+                        exc,
+                        url_secrets(self.params.url),
                     )
                     error.__cause__ = exc
                 # A lost or silent connection is retried on a new one; anything else is not.
                 failures += 1
                 lost = isinstance(error.__cause__, LostConnection | SilentServer)
-                if not lost or failures > self.reconnect_attempts:
+                if not lost or failures > self.params.reconnect_attempts:
                     raise error from error.__cause__
                 self._troubled = True
                 self.report_source(str(error))
                 delay = reconnect_delay(failures)
                 log.warning(
                     "redis_reconnecting",
-                    stream=self.stream,
+                    stream=self.params.stream,
                     watcher=self.watcher_name,
                     reason=str(error),
                     attempt=failures,
@@ -260,12 +269,12 @@ class RedisStreamWatcher(SerializedEquality):
 
         name = re.sub(r"[^A-Za-z0-9_.:-]", "_", f"watchkeeper:{self.watcher_name}")[:120]
         client: Redis = Redis.from_url(
-            self.url,
+            self.params.url,
             # No retry inside the client: run() reconnects, and says so in the status.
             retry=Retry(NoBackoff(), 0),
             socket_connect_timeout=_CONNECT_TIMEOUT,
             # A blocking XREAD answers after ``block`` seconds; longer silence is a dead link.
-            socket_timeout=self.block + _SILENCE_MARGIN,
+            socket_timeout=self.params.block + _SILENCE_MARGIN,
             socket_keepalive=True,
             client_name=name,
         )
@@ -279,9 +288,9 @@ class RedisStreamWatcher(SerializedEquality):
         except RedisError as exc:
             raise BrokerSourceError(
                 self._name,
-                f"{action} ({redact_url(self.url)})",
+                f"{action} ({redact_url(self.params.url)})",
                 exc,
-                url_secrets(self.url),
+                url_secrets(self.params.url),
             ) from exc
         if self._troubled:
             self._troubled = False
@@ -296,8 +305,8 @@ class RedisStreamWatcher(SerializedEquality):
             # One snapshot: the entries after the cursor and the stream's counters at that
             # moment. XINFO fails on a missing stream; that error stays in its own slot.
             pipe = client.pipeline(transaction=True)
-            pipe.xread({self.stream: format_id(position.last)}, count=self.batch_size)
-            pipe.xinfo_stream(self.stream)
+            pipe.xread({self.params.stream: format_id(position.last)}, count=self.params.batch_size)
+            pipe.xinfo_stream(self.params.stream)
             read, info = await self._call("reading the stream", pipe.execute(raise_on_error=False))
             if isinstance(read, Exception):
                 raise read
@@ -306,14 +315,14 @@ class RedisStreamWatcher(SerializedEquality):
             for raw_id, raw_fields in entries:
                 entry_id = position.advance(raw_id)
                 yield entry_id, {_text(k): _text(v) for k, v in raw_fields.items()}
-            if len(entries) < self.batch_size:
+            if len(entries) < self.params.batch_size:
                 # At the tail: wait for the next entry (it is read again by the MULTI above).
                 await self._call(
                     "waiting for entries",
                     client.xread(
-                        {self.stream: format_id(position.last)},
+                        {self.params.stream: format_id(position.last)},
                         count=1,
-                        block=max(1, round(self.block * 1000)),
+                        block=max(1, round(self.params.block * 1000)),
                     ),
                 )
 
@@ -322,11 +331,13 @@ class RedisStreamWatcher(SerializedEquality):
     ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         from redis.exceptions import ResponseError
 
-        assert self.group is not None
-        consumer = self.consumer or self.watcher_name
+        assert self.params.group is not None
+        consumer = self.params.consumer or self.watcher_name
         try:
-            start = "$" if self.start == "$" else self.start
-            await client.xgroup_create(self.stream, self.group, id=start, mkstream=True)
+            start = "$" if self.params.start == "$" else self.params.start
+            await client.xgroup_create(
+                self.params.stream, self.params.group, id=start, mkstream=True
+            )
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -336,7 +347,10 @@ class RedisStreamWatcher(SerializedEquality):
             read: Any = await self._call(
                 "reading pending entries",
                 client.xreadgroup(
-                    self.group, consumer, {self.stream: pending}, count=self.batch_size
+                    self.params.group,
+                    consumer,
+                    {self.params.stream: pending},
+                    count=self.params.batch_size,
                 ),
             )
             entries = read[0][1] if read else []
@@ -349,21 +363,25 @@ class RedisStreamWatcher(SerializedEquality):
                     if not raw_fields:
                         log.warning(
                             "redis_stream_gap",
-                            stream=self.stream,
+                            stream=self.params.stream,
                             watcher=self.watcher_name,
                             entry=pending,
                             reason="a pending entry was deleted before it was read again",
                         )
-                    await client.xack(self.stream, self.group, pending)
+                    await client.xack(self.params.stream, self.params.group, pending)
                     continue
                 position.advance(raw_id)
                 yield pending, {_text(k): _text(v) for k, v in raw_fields.items()}
-        block = max(1, round(self.block * 1000))
+        block = max(1, round(self.params.block * 1000))
         while True:
             read = await self._call(
                 "reading the group",
                 client.xreadgroup(
-                    self.group, consumer, {self.stream: ">"}, count=self.batch_size, block=block
+                    self.params.group,
+                    consumer,
+                    {self.params.stream: ">"},
+                    count=self.params.batch_size,
+                    block=block,
                 ),
             )
             if not read:
@@ -388,13 +406,15 @@ class _Position:
     ) -> _Position:
         if stored is not None:
             return cls(parse_id(stored["id"]), stored.get("entries_read"))
-        if watcher.start != "$":
-            start = watcher.start if "-" in watcher.start else f"{watcher.start}-0"
+        if watcher.params.start != "$":
+            start = (
+                watcher.params.start if "-" in watcher.params.start else f"{watcher.params.start}-0"
+            )
             begin = parse_id(start)
             return cls(begin, 0 if begin == (0, 0) else None)
-        if not await client.exists(watcher.stream):
+        if not await client.exists(watcher.params.stream):
             return cls((0, 0), 0)
-        info = await client.xinfo_stream(watcher.stream)
+        info = await client.xinfo_stream(watcher.params.stream)
         return cls(parse_id(info["last-generated-id"]), info.get("entries-added"))
 
     def state(self) -> dict[str, Any]:
@@ -435,7 +455,7 @@ class _Position:
             if lost > 0:
                 log.warning(
                     "redis_stream_gap",
-                    stream=watcher.stream,
+                    stream=watcher.params.stream,
                     watcher=watcher.watcher_name,
                     after=format_id(self.last),
                     before=format_id(first_read),

@@ -32,21 +32,24 @@ import contextlib
 import datetime as dt
 import math
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
+from pydantic import ValidationInfo, field_validator
 from watchkeeper.store.backend import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import reconnect_delay
-from ._common import (
-    SerializedEquality,
-    check_non_negative,
-    check_positive,
-    check_positive_int,
-    sleep_jittered,
-    sleep_spread,
+from ._common import sleep_jittered, sleep_spread
+from ._params import (
+    Count,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+    owner,
 )
 from ._sql import (
     Query,
@@ -61,7 +64,7 @@ from ._sql import (
 from ._window import LagWindow
 from ._window_state import WindowState
 
-__all__ = ["SqlTableWatcher"]
+__all__ = ["SqlTableParams", "SqlTableWatcher"]
 
 log = get_logger(__name__)
 
@@ -73,8 +76,75 @@ _RECONNECT_MAX = 30.0
 """The longest wait between two attempts to reach a database that does not answer."""
 
 
-class SqlTableWatcher(SerializedEquality):
-    """Yields one event per row of ``table`` past the watermark; the payload is the row as JSON.
+class SqlTableParams(WatcherParams):
+    """The parameters of :class:`SqlTableWatcher`."""
+
+    dsn: Text
+    """``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``postgresql://…`` or
+    ``mysql://user:password@host:3306/database`` (``mariadb://`` too; the ``mysql`` extra).
+    It is part of ``serialize()``: prefer a password from ``PGPASSWORD`` or ``.pgpass`` on
+    PostgreSQL; ``repr()`` and errors never show it."""
+    table: Text
+    """The table, optionally ``schema.table``: plain identifiers, quoted, so they match
+    exactly."""
+    cursor_column: Text
+    """The column the watermark follows (integer, real, timestamp or text)."""
+    key_column: Text
+    """The primary key (integer, text or UUID): what identifies a row inside the lag window."""
+    batch_size: Count = 500
+    """At most this many rows per poll, committed in one transaction."""
+    poll_interval: Seconds = 1.0
+    """Seconds between two polls once caught up, with jitter."""
+    lag_window: SecondsOrZero = 100
+    """How far behind the watermark late rows are caught, in cursor units: ids for an integer
+    cursor (rounded up), seconds for a timestamp, the same number for a real; a text cursor
+    supports only 0."""
+    columns: list[str] | None = None
+    """The columns of the payload (the cursor and key columns are always included); ``None``:
+    every column."""
+    timeout: Seconds = 10.0
+    """Seconds that connecting and each query may take before the connection counts as lost
+    (and is replaced, with backoff)."""
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_has_a_driver(cls, value: str, info: ValidationInfo) -> str:
+        driver_for(owner(info), value)
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _table_is_plain(cls, value: str, info: ValidationInfo) -> str:
+        check_table(owner(info), value)
+        return value
+
+    @field_validator("cursor_column", "key_column")
+    @classmethod
+    def _column_is_plain(cls, value: str, info: ValidationInfo) -> str:
+        return check_identifier(owner(info), str(info.field_name), value)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _columns_list(cls, value: object, info: ValidationInfo) -> object:
+        if value is None:
+            return None
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise TypeError(
+                f"{owner(info)}: columns must be a list of column names or None, "
+                f"got {type(value).__name__}"
+            )
+        if not value:
+            raise ValueError("columns must not be empty (use None for every column)")
+        for name in value:
+            check_identifier(owner(info), "a name in columns", name)
+        duplicates = sorted({name for name in value if value.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"columns lists {', '.join(duplicates)} more than once")
+        return list(value)
+
+
+class SqlTableWatcher(ReadyMadeWatcher[SqlTableParams]):
+    """Yields one event per new row of a database table; the payload is the row as JSON.
 
     ``dsn`` is ``sqlite:///relative.db``, ``sqlite:////absolute.db``, ``postgresql://…`` or
     ``mysql://user:password@host:3306/database`` (``mariadb://`` too; the ``mysql`` extra).
@@ -112,84 +182,37 @@ class SqlTableWatcher(SerializedEquality):
     ``(C, K)`` in (cursor, key) order. Delete both keys to read the table from its first row.
     The keys ``watermark``/``recent`` of earlier versions are adopted once, when the watcher
     has none of its own.
+
+    :raises TypeError: a parameter of the wrong type, naming it.
+    :raises ValueError: a parameter out of its bounds, a DSN no driver takes or a name that is
+        not a plain identifier, naming it.
     """
+
+    params_model = SqlTableParams
 
     recent_limit: int = 1000
     """At most this many recently emitted keys are kept in the state."""
 
-    def __init__(
-        self,
-        dsn: str,
-        table: str,
-        cursor_column: str,
-        key_column: str,
-        batch_size: int = 500,
-        poll_interval: float = 1.0,
-        lag_window: float = 100,
-        columns: Sequence[str] | None = None,
-        timeout: float = 10.0,
-    ) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        self._driver, self._target = driver_for(owner, dsn)
-        self.dsn = dsn
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        p, who = self.params, type(self).__name__
+        self._driver, self._target = driver_for(who, p.dsn)
         quote = self._driver.quote
-        self._table_sql = ".".join(quote(part) for part in check_table(owner, table))
-        self.table = table
-        self._cursor_sql = quote(check_identifier(owner, "cursor_column", cursor_column))
-        self._key_sql = quote(check_identifier(owner, "key_column", key_column))
-        self.cursor_column = cursor_column
-        self.key_column = key_column
-        self.batch_size = check_positive_int(owner, "batch_size", batch_size)
-        check_positive(owner, "poll_interval", poll_interval)
-        check_non_negative(owner, "lag_window", lag_window)
-        self.poll_interval = poll_interval
-        self.lag_window = lag_window
-        self.timeout = check_positive(owner, "timeout", timeout)
-        self.columns = self._check_columns(owner, columns)
-        if self.columns is None:
+        self._table_sql = ".".join(quote(part) for part in check_table(who, p.table))
+        self._cursor_sql = quote(p.cursor_column)
+        self._key_sql = quote(p.key_column)
+        if p.columns is None:
             self._select_sql = "*"
         else:
-            wanted = [*self.columns]
-            wanted += [name for name in (cursor_column, key_column) if name not in wanted]
+            wanted = [*p.columns]
+            wanted += [name for name in (p.cursor_column, p.key_column) if name not in wanted]
             self._select_sql = ", ".join(quote(name) for name in wanted)
         self._source: Source | None = None
 
-    @staticmethod
-    def _check_columns(owner: str, columns: object) -> list[str] | None:
-        if columns is None:
-            return None
-        if isinstance(columns, str) or not isinstance(columns, list | tuple):
-            raise TypeError(
-                f"{owner}: columns must be a list of column names or None, "
-                f"got {type(columns).__name__}"
-            )
-        if not columns:
-            raise ValueError(f"{owner}: columns must not be empty (use None for every column)")
-        for name in columns:
-            check_identifier(owner, "a name in columns", name)
-        duplicates = sorted({name for name in columns if columns.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"{owner}: columns lists {', '.join(duplicates)} more than once")
-        return list(columns)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return self.classpath(), {
-            "dsn": self.dsn,
-            "table": self.table,
-            "cursor_column": self.cursor_column,
-            "key_column": self.key_column,
-            "batch_size": self.batch_size,
-            "poll_interval": self.poll_interval,
-            "lag_window": self.lag_window,
-            "columns": None if self.columns is None else list(self.columns),
-            "timeout": self.timeout,
-        }
-
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} dsn={redact_dsn(self.dsn)!r} table={self.table!r} "
-            f"cursor={self.cursor_column!r} key={self.key_column!r} "
+            f"<{type(self).__name__} dsn={redact_dsn(self.params.dsn)!r} table={self.params.table!r} "
+            f"cursor={self.params.cursor_column!r} key={self.params.key_column!r} "
             f"connected={self._source is not None}>"
         )
 
@@ -197,7 +220,7 @@ class SqlTableWatcher(SerializedEquality):
 
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
         state: WindowState[Cursor, Key] = WindowState(
-            f"{type(self).__name__}({self.table!r})",
+            f"{type(self).__name__}({self.params.table!r})",
             type(self).__name__,
             self.watcher_name,
             lower=self._lower,
@@ -207,7 +230,7 @@ class SqlTableWatcher(SerializedEquality):
             key_types=(int, str),
         )
         window = await state.aload(self.asset_state_store)
-        await sleep_spread(self.poll_interval)
+        await sleep_spread(self.params.poll_interval)
         failures = 0
         while True:
             try:
@@ -226,7 +249,7 @@ class SqlTableWatcher(SerializedEquality):
                 self.report_source(str(exc))
                 log.warning(
                     "sql_source_reconnecting",
-                    table=self.table,
+                    table=self.params.table,
                     reason=str(exc),
                     attempt=failures,
                     delay=round(delay, 3),
@@ -238,7 +261,9 @@ class SqlTableWatcher(SerializedEquality):
     ) -> AsyncGenerator[TriggerEventBatch | None, None]:
         """One connection's life: a batch per poll that found rows, ``None`` per poll that
         found none (so the caller knows the source answers)."""
-        async with self._driver.open(self._target, self.table, self.timeout) as source:
+        async with self._driver.open(
+            self._target, self.params.table, self.params.timeout
+        ) as source:
             self._source = source
             try:
                 while True:
@@ -248,7 +273,7 @@ class SqlTableWatcher(SerializedEquality):
                         identities = [self._identity(row) for row in rows]
                         if not is_new:
                             for _, key in identities:
-                                log.info("late_row", table=self.table, key=key)
+                                log.info("late_row", table=self.params.table, key=key)
                         window.record_many(identities, new=is_new)
                         events += [
                             TriggerEvent({name: to_json_value(v) for name, v in row.items()})
@@ -259,8 +284,8 @@ class SqlTableWatcher(SerializedEquality):
                         yield TriggerEventBatch(events, state=state.state(window))
                     else:
                         yield None
-                    if len(late) + len(new) < self.batch_size:
-                        await sleep_jittered(self.poll_interval)
+                    if len(late) + len(new) < self.params.batch_size:
+                        await sleep_jittered(self.params.poll_interval)
             finally:
                 self._source = None
 
@@ -289,8 +314,10 @@ class SqlTableWatcher(SerializedEquality):
             keys = window.keys()
             if keys:
                 where += " AND " + q.not_among(k, keys)
-            late = await source.fetch(head + where + tail + q.param(self.batch_size), q.params)
-        room = self.batch_size - len(late)
+            late = await source.fetch(
+                head + where + tail + q.param(self.params.batch_size), q.params
+            )
+        room = self.params.batch_size - len(late)
         if room <= 0:
             return late, []
         q = Query(self._driver)
@@ -302,14 +329,14 @@ class SqlTableWatcher(SerializedEquality):
 
     def _identity(self, row: dict[str, Any]) -> tuple[Cursor, Key]:
         return (
-            _cursor(self.cursor_column, _column(row, self.cursor_column)),
-            _key(self.key_column, _column(row, self.key_column)),
+            _cursor(self.params.cursor_column, _column(row, self.params.cursor_column)),
+            _key(self.params.key_column, _column(row, self.params.key_column)),
         )
 
     # -- state ---------------------------------------------------------------------------------
 
     def _lower(self, cursor: Cursor) -> Cursor:
-        lag = self.lag_window
+        lag = self.params.lag_window
         if isinstance(cursor, dt.datetime):
             return cursor - dt.timedelta(seconds=lag)
         if isinstance(cursor, int):
@@ -318,7 +345,7 @@ class SqlTableWatcher(SerializedEquality):
             return cursor - lag
         if lag:
             raise ValueError(
-                f"{type(self).__name__}({self.table!r}): cursor column {self.cursor_column!r} "
+                f"{type(self).__name__}({self.params.table!r}): cursor column {self.params.cursor_column!r} "
                 f"holds text, and a lag window needs an integer, real or timestamp cursor "
                 f"(lag_window={lag!r}; set lag_window=0 to watch a text cursor)"
             )
