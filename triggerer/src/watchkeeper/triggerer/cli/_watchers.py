@@ -1,6 +1,6 @@
 """``watchkeeper watchers``: list the watchers, pause, resume and retry them.
 
-The controls are rows in the store (see :mod:`._watcher_controls`): the command writes the
+The controls are rows in the store (see :mod:`..daemon._controls`): the command writes the
 row and returns; the daemon that runs the watcher acts on it within one heartbeat, and a
 paused watcher stays paused across daemon restarts until it is resumed. The HTTP API writes
 the same rows.
