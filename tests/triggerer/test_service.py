@@ -96,3 +96,22 @@ class TestAsyncService:
             service.__del__()
         await service.aclose()
         service.__del__()  # closed: silent (filterwarnings = error would fail the test)
+
+    async def test_services_without_tasks_close_in_any_order(self) -> None:
+        """Services that start no tasks hold no task group: opened in one order, they close in
+        the same order (a task group would have to close last-opened first)."""
+
+        class Holder(AsyncService):
+            def __init__(self, log: list[str], name: str) -> None:
+                self.log, self.name = log, name
+
+            async def _aopen(self, resources: contextlib.AsyncExitStack) -> None:
+                resources.callback(self.log.append, self.name)
+
+        log: list[str] = []
+        first, second = Holder(log, "first"), Holder(log, "second")
+        await first.start()
+        await second.start()
+        await first.aclose()
+        await second.aclose()
+        assert log == ["first", "second"]

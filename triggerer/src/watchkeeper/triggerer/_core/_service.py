@@ -35,7 +35,8 @@ class AsyncService:
 
     Then closing cancels the task group, waits for its tasks and releases the resources.
     A failed start undoes what it did and re-raises. A service starts once: a closed one is
-    not opened again (build a new one).
+    not opened again (build a new one). A service without tasks (no :meth:`_astart`) opens
+    no task group, so several of them may be closed in any order.
     """
 
     _service_state: ServiceState = "new"
@@ -67,10 +68,11 @@ class AsyncService:
         await stack.__aenter__()
         try:
             await self._aopen(stack)
-            task_group = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(task_group.cancel_scope.cancel)  # on exit: cancel, then wait
-            self._task_group = task_group
-            await self._astart(task_group)
+            if type(self)._astart is not AsyncService._astart:
+                task_group = await stack.enter_async_context(anyio.create_task_group())
+                stack.callback(task_group.cancel_scope.cancel)  # on exit: cancel, then wait
+                self._task_group = task_group
+                await self._astart(task_group)
         except BaseException:
             self._task_group = None
             self._service_state = "closed"
