@@ -17,6 +17,7 @@ PACKAGES = [
     "watchkeeper.triggerer.daemon",
     "watchkeeper.triggerer.runner",
     "watchkeeper.triggerer.runtime",
+    "watchkeeper.triggerer.demo",
     "watchkeeper.triggerer.testing",
     "watchkeeper.triggerer.worker",
     "watchkeeper.watchers",

@@ -29,7 +29,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, Fence, TriggerStatus, Writer
+from watchkeeper.store.backend import EventBatchCommit, EventCommit, Fence, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")
@@ -653,6 +653,45 @@ class TestGroupedEventCommits:
         assert any(not written for written in results.values())  # some were duplicates
         events = await store.alist_events()
         assert len({e.created_at for e in events[1:]}) == 1  # one batch, one timestamp
+
+    async def test_the_ids_a_group_returns_are_the_ids_it_stored(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """A group of more rows than one statement takes (single commits on one or two
+        assets, duplicates skipped, a batch of 600 events in the middle) returns each event
+        with the id it was stored under."""
+        await store.acommit_event(commit("orders", dedup_key="seen"))
+        start = anyio.Event()
+        returned: list[tuple[int, str, object]] = []
+
+        async def run(item: EventCommit | EventBatchCommit) -> None:
+            await start.wait()
+            if isinstance(item, EventBatchCommit):
+                written = await store.acommit_events(item)
+            else:
+                written = await store.acommit_event(item)
+            returned.extend((e.id, e.asset, e.payload) for e in written)
+
+        items: list[EventCommit | EventBatchCommit] = []
+        for n in range(300):
+            assets = ("orders", "invoices") if n % 3 == 0 else ("orders",)
+            key = "seen" if n % 50 == 0 else (f"k{n % 7}" if n % 5 == 0 else None)
+            items.append(EventCommit("w", assets, str(n), key, {"wm": str(n)}))
+            if n == 150:
+                events = tuple((f'"b{i}"', None) for i in range(600))
+                items.append(EventBatchCommit("b", ("invoices",), events, {"wm": "0"}))
+        before = store.commit_stats
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                tg.start_soon(run, item)
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert store.commit_stats.batches - before.batches == 1  # one group
+        stored = {e.id: (e.asset, e.payload) for e in await store.alist_events()}
+        assert len(returned) > 256 + 600
+        assert {event_id: (asset, payload) for event_id, asset, payload in returned} == {
+            event_id: row for event_id, row in stored.items() if event_id > 1
+        }
 
     async def test_a_bad_commit_in_a_group_fails_alone(self, store: SqliteStateBackend) -> None:
         """In one batch, commits naming an unknown asset or carrying a stale fence fail with

@@ -9,6 +9,8 @@ the three backends together stay within a few seconds.
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -28,6 +30,7 @@ from watchkeeper.store import (
     InvalidValueError,
     StateScope,
     TaskScope,
+    ValueTypeError,
 )
 from watchkeeper.store.backend import EventCommit, MetastoreBackend
 
@@ -390,6 +393,14 @@ class TestEncodePayload:
             assert is_valid_name(name, MAX_NAME_BYTES)
 
 
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Text(str):
+    __slots__ = ()
+
+
 class TestEncodePayloadDecoded:
     """encode_payload_decoded: encode_payload's text, and a fresh decoded copy of the payload."""
 
@@ -398,7 +409,7 @@ class TestEncodePayloadDecoded:
     def test_same_text_and_an_equal_copy(self, value: Any) -> None:
         """Any JSON payload gives encode_payload's text and a value equal to it, typed the
         same all the way down, sharing no container with the original."""
-        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store._payloads import encode_payload_decoded
         from watchkeeper.store.backend import encode_payload
 
         text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
@@ -411,7 +422,7 @@ class TestEncodePayloadDecoded:
     @given(case=invalid_values.filter(lambda case: case[0] is not None))
     def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
         """A value that is not plain JSON raises the same error as encode_payload."""
-        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store._payloads import encode_payload_decoded
         from watchkeeper.store.backend import encode_payload
 
         value, error = case
@@ -425,7 +436,7 @@ class TestEncodePayloadDecoded:
         """A self-containing list is refused as too deep (InvalidValueError, as encode_payload
         says); a payload over the limit names its size."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store._payloads import encode_payload_decoded
 
         cycle: list[Any] = []
         cycle.append(cycle)
@@ -433,3 +444,50 @@ class TestEncodePayloadDecoded:
             encode_payload_decoded(cycle, max_payload_bytes=None)
         with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
             encode_payload_decoded({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            {"id": 1, "body": "order 1", "amount": 0.25, "ok": True, "gone": None, "big": 2**70},
+            {"id": 1, "amount": -0.0, "é": "naïve ✓"},
+            {"x": float("nan")},
+            {"x": float("inf")},
+            {"x": -float("inf")},
+            {1: "int key"},
+            {"x": _Level.HIGH},
+            {"x": _Text("a str subclass")},
+            {"x": "\ud800"},
+            {"x": b"bytes"},
+            {"x": [1, 2]},
+            {},
+        ],
+        ids=lambda value: repr(value)[:40],
+    )
+    def test_a_flat_object_takes_the_same_rules(self, value: dict[Any, Any]) -> None:
+        """A flat object (one level of scalars) skips the decode-and-compare check only when
+        every key is a str and every value a plain None, str, int, bool or finite float: any
+        other gives encode_payload's error, and one that passes gives its text and an equal
+        copy typed as its text decodes."""
+        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.backend import encode_payload
+
+        try:
+            expected = encode_payload(value, max_payload_bytes=None)
+        except (InvalidValueError, ValueTypeError) as exc:
+            with pytest.raises(type(exc)) as got:
+                encode_payload_decoded(value, max_payload_bytes=None)
+            assert str(got.value) == str(exc)
+            return
+        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
+        assert text == expected
+        assert same(decoded, json.loads(expected))  # equal, and typed as the text decodes
+        assert decoded is not value
+
+    def test_a_flat_object_over_the_limit_names_its_size(self) -> None:
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store._payloads import encode_payload_decoded
+
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "x" * 993}, max_payload_bytes=1000)
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "é" * 496 + "x"}, max_payload_bytes=1000)

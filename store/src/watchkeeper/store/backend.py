@@ -28,6 +28,7 @@ from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
 from ._metastore import EncodedState, MetastoreBackend
+from ._payloads import encode_payload, encode_payload_decoded
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._tasks import (
     MAX_LOST_TRIES,
@@ -70,8 +71,6 @@ from ._values import (
     check_name,
     decode_value,
     encode_json,
-    encode_payload,
-    encode_payload_decoded,
     encode_value,
 )
 from .errors import MissingCapabilityError

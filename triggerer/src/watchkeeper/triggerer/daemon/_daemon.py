@@ -31,7 +31,7 @@ from .._core import AsyncService, describe_error
 from ..runtime import RunnerConfig, SupervisionSettings, TriggerRunner
 from ..settings import DEFAULT_RELOAD_INTERVAL, Settings
 from ._controls import ControlsTracker
-from ._evaluate import aload_watchers
+from ._evaluate import ReadingProcesses, aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._lease_loops import DaemonLeases
 from ._leases import LeaseKeeper, daemon_identity
@@ -106,6 +106,7 @@ class Daemon(DaemonLeases, AsyncService):
         self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
         self._boot_report: ReloadReport | None = None
         self._wake = anyio.Event()
+        self._processes: ReadingProcesses | None = None
 
     def __repr__(self) -> str:
         placement = self._placement
@@ -177,6 +178,8 @@ class Daemon(DaemonLeases, AsyncService):
             backend=backend,
             controls=controls,
         )
+        # A process to read the watcher files is started ahead of each load.
+        self._processes = await resources.enter_async_context(ReadingProcesses())
         self._boot_report = await self._first_load()
         await self._status.prune(self._running, self.placement.wanted)
 
@@ -298,6 +301,7 @@ class Daemon(DaemonLeases, AsyncService):
         """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
         a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
         async with self._load_lock:
+            refused_before = self._loaded.errors if self._loaded is not None else None
             unapplied = self._unapplied
             if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
                 result = unapplied[1]
@@ -308,6 +312,7 @@ class Daemon(DaemonLeases, AsyncService):
                     allowed_modules=triggerer.allowed_trigger_modules or None,
                     previous=self._loaded,
                     import_timeout=triggerer.import_timeout,
+                    processes=self._processes,
                 )
             try:
                 async with self.placement.lock:
@@ -316,7 +321,8 @@ class Daemon(DaemonLeases, AsyncService):
                 self._unapplied = None if snapshot is None else (snapshot, result)
                 raise
             self._unapplied = None
-        await self.save_daemon_status()  # what was refused may have changed
+        if result.errors != refused_before:  # else the heartbeat's next save will do
+            await self.save_daemon_status()  # what was refused changed
         log.info(
             "watchers_reloaded",
             triggers=len(self._running),

@@ -144,14 +144,22 @@ class EventEncoder:
         limit = self.max_payload_bytes
         pairs: list[tuple[str, str | None]] = []
         decoded: list[object] = []  # validating decodes each payload: the events reuse it
-        for index, event in enumerate(events):
-            try:
-                payload_json, payload, dedup_key = self._batched(event, limit)
-            except Exception as exc:
-                exc.add_note(f"raised for event {index} of a TriggerEventBatch of {len(events)}")
-                raise
-            pairs.append((payload_json, dedup_key))
-            decoded.append(payload)
+        encode = encode_payload_decoded
+        try:
+            for event in events:
+                # The common event (a TriggerEvent, no state, no dedup key) inline; any other
+                # through _batched, which checks and refuses.
+                if type(event) is TriggerEvent and event.state is None and event.dedup_key is None:
+                    payload_json, payload = encode(event.payload, max_payload_bytes=limit)
+                    dedup_key = None
+                else:
+                    payload_json, payload, dedup_key = self._batched(event, limit)
+                pairs.append((payload_json, dedup_key))
+                decoded.append(payload)
+        except Exception as exc:
+            index = len(pairs)  # the event being checked
+            exc.add_note(f"raised for event {index} of a TriggerEventBatch of {len(events)}")
+            raise
         state = batch.state
         encoded = _NO_STATE if state is None else self._state(state)
         return EventBatchCommit(
