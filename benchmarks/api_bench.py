@@ -51,8 +51,8 @@ from watchkeeper.triggerer import (
     WatchSpec,
     configure_logging,
 )
-from watchkeeper.triggerer._runtime_metrics import RuntimeMetrics
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
+from watchkeeper.triggerer.runtime._metrics import RuntimeMetrics
 from watchkeeper.triggerer.settings import ApiSettings
 
 RESULTS = Path(__file__).parent / "results"

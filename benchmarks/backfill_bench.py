@@ -53,7 +53,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
 )
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec, configure_logging
-from watchkeeper.triggerer._gctune import raise_gen0_threshold
+from watchkeeper.triggerer.daemon._gctune import raise_gen0_threshold
 from watchkeeper.watchers import SqlTableWatcher
 from watchkeeper.watchers._sql import to_json_value
 from watchkeeper.watchers._window_state import WindowState

@@ -37,9 +37,9 @@ import anyio
 import httpx
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.protocols import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
-from watchkeeper.triggerer._watcher_controls import watcher_rows
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.api._series import WatcherSeries
+from watchkeeper.triggerer.daemon._controls import watcher_rows
 from watchkeeper.triggerer.settings import ApiSettings
 
 RESULTS = Path(__file__).parent / "results"

@@ -60,7 +60,7 @@ from watchkeeper.triggerer import (
     WatchSpec,
     configure_logging,
 )
-from watchkeeper.triggerer._gctune import raise_gen0_threshold, startup_gc
+from watchkeeper.triggerer.daemon._gctune import raise_gen0_threshold, startup_gc
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RAW_MAX_BATCH = {"sqlite": 1024, "postgres": 2048}  # the backends' own writer batch limits

@@ -15,8 +15,11 @@ PACKAGES = [
     "watchkeeper.triggerer",
     "watchkeeper.triggerer.cli",
     "watchkeeper.triggerer.daemon",
+    "watchkeeper.triggerer.runner",
+    "watchkeeper.triggerer.runtime",
     "watchkeeper.triggerer.demo",
     "watchkeeper.triggerer.testing",
+    "watchkeeper.triggerer.worker",
     "watchkeeper.watchers",
 ]
 SOURCES = Path(__file__).resolve().parents[1]

@@ -25,9 +25,9 @@ from watchkeeper.store import SqliteStateBackend
 from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, asset_file, wait_until

@@ -220,9 +220,9 @@ class TestInDaemon:
         counts them."""
         from watchkeeper.store import MemoryStateBackend
         from watchkeeper.triggerer import Settings, TriggererSettings
-        from watchkeeper.triggerer._watcher_files import unload_watchers
         from watchkeeper.triggerer.api import api_context, serve_app
         from watchkeeper.triggerer.daemon import Daemon
+        from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
         from watchkeeper.triggerer.settings import ApiSettings
 
         source = tmp_path / "lines.txt"

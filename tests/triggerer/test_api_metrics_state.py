@@ -21,9 +21,9 @@ from watchkeeper.store import BaseStateBackend, MemoryStateBackend, PostgresStat
 from watchkeeper.store.protocols import TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import Metrics, api_context, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, asset_file, wait_until

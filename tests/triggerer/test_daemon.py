@@ -27,9 +27,9 @@ from watchkeeper.store import (
 from watchkeeper.store.protocols import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.cli._runtime import status_report
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import (
     FAILING_WATCHER,

@@ -7,7 +7,7 @@ import pytest
 from watchkeeper.store import InvalidNameError
 from watchkeeper.store.protocols import EventCommit, Fence, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
-from watchkeeper.triggerer._commit import EventEncoder
+from watchkeeper.triggerer.runtime._commit import EventEncoder
 
 FENCED = Writer("watcher", "w1", fence=Fence("t1", "node-a", 3))
 

@@ -16,8 +16,8 @@ import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
-from watchkeeper.triggerer._leases import LeaseKeeper
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._leases import LeaseKeeper
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.postgres import fresh_pg_schema

@@ -36,8 +36,8 @@ from watchkeeper.triggerer import (
     TriggerRunner,
     WatchSpec,
 )
-from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._leases import LeaseKeeper, is_dead_local_owner
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.clock import Clock
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file

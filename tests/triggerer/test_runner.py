@@ -22,7 +22,7 @@ from watchkeeper.triggerer import (
     TriggerRunner,
     WatchSpec,
 )
-from watchkeeper.triggerer._supervisor import backoff_delay
+from watchkeeper.triggerer.runtime._supervisor import backoff_delay
 
 from tests.support.runtime import FAST, Scripted, Ticker, fast, spec, watch_logs
 

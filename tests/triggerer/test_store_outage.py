@@ -37,9 +37,9 @@ from watchkeeper.triggerer import (
     TriggerEvent,
     TriggerRunner,
 )
-from watchkeeper.triggerer._health import store_unavailable
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
+from watchkeeper.triggerer.runtime._health import store_unavailable
 
 from tests.support.daemons import daemon, log_events
 from tests.support.postgres import PgDatabase

@@ -17,8 +17,8 @@ import pytest
 from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
 from watchkeeper.store.protocols import DaemonStatus, TriggerStatus
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import (
     FAILING_WATCHER,

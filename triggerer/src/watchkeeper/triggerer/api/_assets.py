@@ -10,8 +10,8 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import AssetScope, VersionConflictError
 from watchkeeper.store.protocols import Writer, encode_value
 
-from .._records import iso
-from .._watcher_controls import watcher_rows
+from .._core import iso
+from ..daemon import watcher_rows
 from ._base import (
     ApiError,
     authenticate,

@@ -12,9 +12,8 @@ from starlette.requests import Request
 from watchkeeper.store import BaseStateBackend, StateEntry
 from watchkeeper.store.protocols import EventLog, OperatorControls, TaskQueue, get_logger
 
-from .._describe import describe_error
-from .._records import iso
-from .._watcher_controls import controls_of
+from .._core import describe_error, iso
+from ..daemon import controls_of
 from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
@@ -25,7 +24,7 @@ from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = [
     "MAX_PAGE",

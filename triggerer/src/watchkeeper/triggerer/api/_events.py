@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 from watchkeeper.store import StoreUnavailableError
 from watchkeeper.store.protocols import get_logger
 
-from .._records import event_record
+from .._core import event_record
 from ._base import (
     MAX_PAGE,
     ApiContext,

@@ -1,7 +1,7 @@
 """``GET /metrics``: one prometheus-client collector computed at scrape time.
 
 Nothing is registered per watcher and nothing is locked per event: the runner keeps plain
-counters (:mod:`.._runtime_metrics`, the trigger slots), and at each scrape :class:`Metrics`
+counters (:mod:`..runtime._metrics`, the trigger slots), and at each scrape :class:`Metrics`
 turns them into metric families. In ``watchkeeper api`` (no runner in the process) the watcher
 series come from the status rows the daemons save.
 
@@ -32,14 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.protocols import TriggerStatus, get_logger
 
-from .._describe import describe_error
+from .._core import describe_error
 from ._task_metrics import TaskMetrics
 
 if TYPE_CHECKING:
-    from .._loader import WatcherGroup
-    from .._watcher_controls import ControlsTracker
-    from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..daemon import ControlsTracker, Daemon, WatcherGroup
+    from ..runtime import TriggerRunner
 
 __all__ = ["CONTENT_TYPE", "LoopLagProbe", "Metrics", "WatcherSample"]
 

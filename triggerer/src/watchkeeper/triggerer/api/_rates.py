@@ -18,7 +18,7 @@ import anyio
 from watchkeeper.store import BaseStateBackend
 
 if TYPE_CHECKING:
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = ["RATE_CACHE", "RATE_STEP", "RATE_WINDOW", "RunnerRates", "counted_in_event_log"]
 

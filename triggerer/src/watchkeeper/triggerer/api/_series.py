@@ -31,8 +31,8 @@ import anyio
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.protocols import get_logger
 
-from .._describe import describe_error
-from .._watcher_controls import WatcherRow, controls_of, watcher_rows
+from .._core import describe_error
+from ..daemon import WatcherRow, controls_of, watcher_rows
 from ._rates import RunnerRates
 
 __all__ = ["StateChange", "WatcherSeries"]

@@ -32,7 +32,7 @@ from ._series import WatcherSeries
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 

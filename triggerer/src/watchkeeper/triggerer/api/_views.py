@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.protocols import TaskInfo
 
-from .._watcher_controls import unknown_watcher, watcher_rows
+from ..daemon import unknown_watcher, watcher_rows
 from ._base import ApiError, authenticate, ctx_of, require
 from ._parse import path_param
 from ._scoping import error_type

@@ -8,8 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store.protocols import get_logger
 
-from .._daemon_report import daemon_report
-from .._watcher_controls import unknown_watcher, watcher_rows
+from ..daemon import daemon_report, unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._parse import path_param
 from ._rates import RATE_WINDOW, counted_in_event_log

@@ -47,7 +47,7 @@ async def _serve(settings: Settings) -> None:
     import anyio
     from watchkeeper.store.protocols import get_logger
 
-    from .._notify import notify
+    from .._core import notify
     from ..api import serve_api
 
     log = get_logger(__name__)

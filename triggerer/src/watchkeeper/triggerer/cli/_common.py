@@ -319,7 +319,7 @@ def run_async(fn: Callable[..., Awaitable[T]], *args: Any, event_loop: str = "au
     ``auto`` is uvloop when it is installed); unwraps a lone error."""
     import anyio
 
-    from .._event_loop import EventLoopUnavailableError, anyio_backend_options
+    from .._core import EventLoopUnavailableError, anyio_backend_options
 
     try:
         options = anyio_backend_options(event_loop)

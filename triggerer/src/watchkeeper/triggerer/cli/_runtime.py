@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from watchkeeper.store.errors import MissingCapabilityError
 
-from .._defaults import DEFAULT_RELOAD_INTERVAL
+from .._core import DEFAULT_RELOAD_INTERVAL
 from ._common import (
     CommandError,
     UsageError,
@@ -94,7 +94,7 @@ def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
             "(use --watchers-path or [triggerer] watchers_path)"
         )
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
-    from .._process import run_daemon
+    from ..daemon import run_daemon
 
     run_async(functools.partial(run_daemon, settings), event_loop=settings.triggerer.event_loop)
     return 0
@@ -123,7 +123,7 @@ def _printable(text: str) -> str:
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
 
-    from .._daemon_report import daemon_report
+    from ..daemon import daemon_report
 
     daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []

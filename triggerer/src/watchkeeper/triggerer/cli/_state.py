@@ -179,7 +179,7 @@ async def _guard_running_watchers(backend: BaseStateBackend, asset: str, force: 
     """Before a write to ``asset``'s state: refuse it (:class:`CommandError`, nothing written)
     while an unpaused watcher of the asset runs, since its next event may overwrite the key;
     with ``force``, warn on stderr and let the write go ahead."""
-    from .._watcher_controls import watcher_rows
+    from ..daemon import watcher_rows
 
     running = [
         row.watcher

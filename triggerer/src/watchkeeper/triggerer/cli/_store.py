@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo
 
-from .._records import event_record
+from .._core import event_record
 from ._common import (
     CommandError,
     UsageError,

@@ -24,9 +24,8 @@ from watchkeeper.store.protocols import (
     encode_payload,
 )
 
-from .._asset_task import AssetTask
-from .._worker import Worker
 from ..settings import WorkerSettings
+from ..worker import AssetTask, Worker
 
 __all__ = ["TaskResult", "run_asset_task"]
 

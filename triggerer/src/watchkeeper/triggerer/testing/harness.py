@@ -28,7 +28,7 @@ import anyio
 import anyio.abc
 from watchkeeper.store import Asset, AssetEvent, AssetScope, BaseStateBackend
 
-from .._identity import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
+from ..daemon import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
 from ..trigger import BaseEventTrigger
 from ._observed import CrashPlan, CrashPoint, ObservedBackend, SimulatedCrash
 from ._run import run_trigger, watcher_name_for

@@ -32,9 +32,9 @@ from typing import Any
 
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
-from ._describe import describe_error
+from .._core import describe_error
+from ..trigger import AssetWatcher
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
-from .trigger import AssetWatcher
 
 __all__ = [
     "MODULES",

@@ -43,8 +43,7 @@ import math
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -53,14 +52,15 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
 from watchkeeper.store.protocols import Fence, TriggerStatus, get_logger
 
+from .._core import AsyncService, describe_error
+from ..errors import CapacityError
+from ..trigger import BaseEventTrigger, BaseTrigger
 from ._config import RunnerConfig
-from ._describe import describe_error
 from ._health import StoreHealth
 from ._lag import Culprit, LoopLagMonitor
-from ._runtime_metrics import RuntimeMetrics
-from ._supervisor import TriggerSlot, supervise
-from .errors import CapacityError
-from .trigger import BaseEventTrigger, BaseTrigger
+from ._metrics import RuntimeMetrics
+from ._slot import TriggerSlot
+from ._supervisor import supervise
 
 __all__ = ["RunnerConfig", "TriggerRunner", "WatchSpec"]
 
@@ -136,7 +136,7 @@ class WatchSpec:
             )
 
 
-class TriggerRunner:
+class TriggerRunner(AsyncService):
     """An async context manager that owns a task group and supervises triggers in it."""
 
     def __init__(self, backend: BaseStateBackend, config: RunnerConfig | None = None) -> None:
@@ -148,8 +148,6 @@ class TriggerRunner:
         self._by_task: dict[object, TriggerSlot] = {}
         self._by_trigger: dict[int, TriggerSlot] = {}
         self._subscribers: list[MemoryObjectSendStream[AssetEvent]] = []
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._entered = False
         self._closing = False
         self._status_table = backend.services.status
         self._save_status = self.config.status_interval > 0 and self._status_table is not None
@@ -167,44 +165,24 @@ class TriggerRunner:
         running = sum(1 for slot in self._slots.values() if slot.state == "running")
         return (
             f"<TriggerRunner triggers={len(self._slots)} running={running} "
-            f"capacity={self.config.capacity} open={self._tg is not None}>"
+            f"capacity={self.config.capacity} open={self.is_running}>"
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._entered:
-            raise RuntimeError("a TriggerRunner can be entered only once; create a new one")
-        self._entered = True
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        try:
-            await tg.start(self.store_health.run)
-            if self.config.lag_threshold > 0:
-                self.lag_monitor = LoopLagMonitor(
-                    self.config.lag_threshold,
-                    resolve_task=self._culprit_of_task,
-                    resolve_trigger=self._culprit_of_trigger,
-                )
-                await tg.start(self.lag_monitor.run)
-            if self._save_status:
-                tg.start_soon(self._save_statuses_periodically)
-        except BaseException as exc:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._tg = tg
-        return self
+    async def _astart(self, task_group: anyio.abc.TaskGroup) -> None:
+        await task_group.start(self.store_health.run)
+        if self.config.lag_threshold > 0:
+            self.lag_monitor = LoopLagMonitor(
+                self.config.lag_threshold,
+                resolve_task=self._culprit_of_task,
+                resolve_trigger=self._culprit_of_trigger,
+            )
+            await task_group.start(self.lag_monitor.run)
+        if self._save_status:
+            task_group.start_soon(self._save_statuses_periodically)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        tg = self._tg
-        if tg is None:
-            return None
+    async def _astop(self) -> None:
         self._closing = True
         try:
             slots = list(self._slots.values())
@@ -217,12 +195,6 @@ class TriggerRunner:
             for send in self._subscribers:
                 send.close()
             self._subscribers.clear()
-            tg.cancel_scope.cancel()
-            self._tg = None
-        # The body's own exception is not handed to the task group, which would wrap it in an
-        # ExceptionGroup: it propagates unchanged once every task has finished.
-        await tg.__aexit__(None, None, None)
-        return None
 
     # -- triggers ------------------------------------------------------------------------------
 
@@ -234,7 +206,7 @@ class TriggerRunner:
         ``ValueError`` when ``spec.trigger_id`` (or the same trigger instance) is already here,
         or when ``spec.fence_token`` is set but ``config.owner`` is not.
         """
-        tg = self._tg
+        tg = self._task_group
         if tg is None or self._closing:
             raise RuntimeError("TriggerRunner is not running; use 'async with TriggerRunner(...)'")
         if not isinstance(spec, WatchSpec):
@@ -310,7 +282,7 @@ class TriggerRunner:
         ends when the runner exits. Close it (``with runner.subscribe() as events:``) when done.
         """
         send, receive = anyio.create_memory_object_stream[AssetEvent](max_buffer_size)
-        if self._tg is None or self._closing:
+        if self._task_group is None or self._closing:
             send.close()
         else:
             self._subscribers.append(send)
@@ -332,7 +304,7 @@ class TriggerRunner:
 
     def _slot_ended(self, slot: TriggerSlot) -> None:
         self._by_task.pop(asyncio.current_task(), None)
-        tg = self._tg
+        tg = self._task_group
         if slot.portal_missing and not slot.stopping and tg is not None and not self._closing:
             # run() made a sync store call without a portal: its task was cancelled (or it
             # ended); a new task runs it again at once, with a portal.

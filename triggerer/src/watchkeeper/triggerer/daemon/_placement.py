@@ -14,7 +14,7 @@ with a fence token), and brings the second in line with the first and with the l
 Reconciling holds :attr:`~TriggerPlacement.lock`; claiming never does, so the daemon's lease
 loop renews on time however long a reload or a trigger's stop takes.
 
-Operators' watcher controls (see :mod:`._watcher_controls`) are read before each claim: a
+Operators' watcher controls (see :mod:`._controls`) are read before each claim: a
 paused watcher is neither claimed nor run (a running one is stopped, its status row saying
 ``paused``), and a retry restarts a failed trigger at the next reconcile.
 """
@@ -32,13 +32,13 @@ import anyio.lowlevel
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.protocols import get_logger
 
-from ._describe import describe_error
+from .._core import describe_error
+from ..errors import TriggererError
+from ..runtime import TriggerRunner, WatchSpec
+from ._controls import ControlsTracker
 from ._leases import LeaseKeeper
 from ._loader import WatcherGroup
 from ._reconcile import Claim, RunningTrigger, plan_reconcile
-from ._watcher_controls import ControlsTracker
-from .errors import TriggererError
-from .runner import TriggerRunner, WatchSpec
 
 __all__ = ["ReloadReport", "TriggerPlacement"]
 

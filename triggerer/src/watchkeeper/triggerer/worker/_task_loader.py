@@ -1,7 +1,7 @@
 """Loading the ``asset_task`` tasks of the definition files, in the worker's own process.
 
 The daemon reads the files for their watchers in a child process and gets plain data back
-(:mod:`._loader`); a task is a function the worker must call, so ``watchkeeper worker`` imports
+(:mod:`..daemon._loader`); a task is a function the worker must call, so ``watchkeeper worker`` imports
 the files itself, with the same package set-up (``watchkeeper_watchers.<module>``), and keeps
 the module-level :class:`~._asset_task.AssetTask` objects. A file that does not import is
 reported and skipped; a task name defined by two files is kept in the first (path order).
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from watchkeeper.store.protocols import get_logger
 
+from ..daemon._watcher_files import MODULES, WatcherError, _import_file, watcher_files
 from ._asset_task import AssetTask
-from ._watcher_files import MODULES, WatcherError, _import_file, watcher_files
 
 __all__ = ["load_tasks"]
 

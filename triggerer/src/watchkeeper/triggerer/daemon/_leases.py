@@ -54,7 +54,7 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
-from ._describe import describe_error
+from .._core import describe_error
 
 __all__ = ["LeaseKeeper", "daemon_identity", "is_dead_local_owner"]
 

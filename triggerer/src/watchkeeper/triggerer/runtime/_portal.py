@@ -3,7 +3,7 @@
 A sync store call (``self.asset_state_store.get(...)``) inside ``run()`` needs a greenback
 portal in the trigger's task, which costs memory in every trigger. A trigger gets one once its
 class is seen to need it: its first sync call without one calls the store's missing-portal
-hook (the trigger's :class:`~._supervisor.TriggerSlot`), which cancels the trigger's task, so
+hook (the trigger's :class:`~._slot.TriggerSlot`), which cancels the trigger's task, so
 ``run()`` stops at its next await even when it catches the
 :class:`~watchkeeper.store.SyncCallInLoopError`; the runner starts the trigger again at once in
 a new task, with a portal, and it is not counted as a failure. Later triggers of that class

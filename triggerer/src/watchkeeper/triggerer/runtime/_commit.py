@@ -27,8 +27,8 @@ from watchkeeper.store.protocols import (
     encode_value,
 )
 
-from .errors import InvalidEventError
-from .trigger import TriggerEvent, TriggerEventBatch
+from ..errors import InvalidEventError
+from ..trigger import TriggerEvent, TriggerEventBatch
 
 __all__ = ["EventEncoder"]
 

@@ -4,7 +4,7 @@ A trigger is known by the canonical JSON of its ``serialize()``, ``(classpath, k
 (:func:`canonical_trigger_json`), and runs under an id hashed from that JSON and its watcher's
 name (:func:`watcher_trigger_id`). The trigger that runs is rebuilt from that serialization,
 never taken from the file that defined it (:func:`rebuild_trigger`): its class is imported only
-from allowed module prefixes, must be a :class:`~.trigger.BaseEventTrigger` subclass, and
+from allowed module prefixes, must be a :class:`~..trigger.BaseEventTrigger` subclass, and
 gets JSON kwargs (never pickle).
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 from watchkeeper.store.protocols import encode_json
 
-from ._describe import describe_error
-from .errors import TriggerImportError
-from .trigger import BaseEventTrigger
+from .._core import describe_error
+from ..errors import TriggerImportError
+from ..trigger import BaseEventTrigger
 
 __all__ = [
     "canonical_trigger_json",

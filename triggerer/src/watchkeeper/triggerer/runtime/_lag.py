@@ -29,7 +29,7 @@ import anyio
 import anyio.abc
 from watchkeeper.store.protocols import get_logger
 
-from .trigger import BaseTrigger
+from ..trigger import BaseTrigger
 
 __all__ = ["Culprit", "LoopLagMonitor"]
 

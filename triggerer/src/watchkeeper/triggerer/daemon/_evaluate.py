@@ -49,6 +49,8 @@ import anyio.to_thread
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from ..errors import TriggererError, TriggerImportError
+from ..trigger import BaseEventTrigger
 from ._identity import rebuild_trigger
 from ._import_edges import ImportTracker
 from ._loader import (
@@ -72,8 +74,6 @@ from ._watcher_files import (
     read_definitions,
     scan_watchers_path,
 )
-from .errors import TriggererError, TriggerImportError
-from .trigger import BaseEventTrigger
 
 __all__ = [
     "DEFAULT_IMPORT_TIMEOUT",
@@ -88,7 +88,7 @@ _START_TIMEOUT: Final = 60.0
 """Seconds a child gets to start (interpreter and watchkeeper imports, no user code)."""
 _MAX_LINE: Final = 64 * 1024 * 1024
 _READY: Final = b'{"ready":true}\n'
-_CHILD_CODE: Final = "from watchkeeper.triggerer._evaluate import child_main; child_main()"
+_CHILD_CODE: Final = "from watchkeeper.triggerer.daemon._evaluate import child_main; child_main()"
 
 
 class _ChildFailedError(TriggererError):

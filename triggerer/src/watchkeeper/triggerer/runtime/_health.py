@@ -30,8 +30,8 @@ import anyio.abc
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError, StoreUnavailableError
 from watchkeeper.store.protocols import get_logger
 
+from .._core import describe_error
 from ._config import RunnerConfig
-from ._describe import describe_error
 
 __all__ = ["StoreHealth", "find_cause", "store_unavailable"]
 

@@ -56,12 +56,11 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
+from .._core import describe_error, notify
+from ..daemon import daemon_identity, is_dead_local_owner
+from ..settings import WorkerSettings
 from ._asset_task import AssetTask, OutletEvents
-from ._describe import describe_error
-from ._leases import daemon_identity, is_dead_local_owner
-from ._notify import notify
 from ._task_traceback import format_task_traceback
-from .settings import WorkerSettings
 
 __all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
 

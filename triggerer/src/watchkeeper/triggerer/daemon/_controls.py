@@ -21,7 +21,7 @@ from typing import Any
 from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.protocols import OperatorControls, WatcherControl
 
-from ._daemon_report import daemon_report
+from ._report import daemon_report
 
 __all__ = ["ControlsTracker", "WatcherRow", "controls_of", "unknown_watcher", "watcher_rows"]
 

@@ -1,7 +1,7 @@
 """The daemon's reconcile step, as a pure function: what is wanted and what runs, in; what to
 stop and what to start, out.
 
-The daemon (see :mod:`.daemon`) calls :func:`plan_reconcile` after each load of the watcher
+The daemon (see :mod:`._daemon`) calls :func:`plan_reconcile` after each load of the watcher
 files and after each claim of leases, then carries the plan out on its runner. Keeping the
 decision apart from the doing lets it be tested without a loop, a store or a runner.
 

@@ -25,7 +25,7 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
-from ._describe import describe_error
+from .._core import describe_error
 from ._loader import WatcherError
 
 __all__ = ["DaemonStatusKeeper"]

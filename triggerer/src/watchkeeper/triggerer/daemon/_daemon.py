@@ -1,56 +1,11 @@
-"""The long-lived daemon: load the watchers path, run its triggers, follow its changes.
+"""The daemon: :class:`Daemon`, its lifecycle, and the loops it runs.
 
-:class:`Daemon` is an async context manager that owns, in order, the state backend, a
-:class:`~watchkeeper.triggerer.runner.TriggerRunner` and a task group for its own loops:
-
-- the **reload loop** polls the watchers path (file mtimes and sizes, in a worker thread) and,
-  when something changed, reads the definitions again, registers their assets, starts the new
-  triggers, stops the removed or changed ones, and deactivates the assets no file defines any
-  more (their state is then swept by garbage collection). Only assets that an earlier load of
-  this process defined are deactivated: tasks may use assets no watcher file declares, so a
-  starting daemon never deactivates anything. A file that fails to import keeps its last good
-  definitions, so a typo being edited neither stops a watcher nor deactivates its asset. The
-  files are read in a child process, each within ``[triggerer] import_timeout`` (see
-  :mod:`._evaluate`): a file that hangs at import is refused, not waited for;
-- the **GC loop** calls ``acollect_garbage`` every ``[triggerer] gc_interval`` seconds (task
-  state, the state of inactive assets, and events past ``[events]`` retention) and forgets the
-  status rows of triggers that no daemon runs any more;
-- the **lease loop** renews, every ``[triggerer] lease_renew_interval`` seconds, the daemon's
-  node lease (one row) and claims free leases up to its share of the triggers loaded, or
-  sheds those over it (see :mod:`._leases`); sooner when another daemon released leases or
-  joined (a NOTIFY on PostgreSQL), or when another node lease is due to expire (it is then
-  reaped and its triggers taken over). It never waits for a reload: the **reconcile loop**
-  then starts the triggers whose lease was got, with the lease's token as their fence, and
-  stops those whose lease this daemon no longer holds (or that stopped themselves because
-  the store refused a write of theirs as stale). A node lease lasts ``[triggerer] lease_ttl``
-  seconds (three renewals by default), so the triggers of a daemon that died move to the
-  others that long after; the **deadline loop** stops every trigger of this daemon when it
-  could not renew for ``lease_ttl - lease_margin`` seconds (a thread of its own also
-  extends the node lease, so that a busy loop cannot make it late). Several daemons on one
-  PostgreSQL database thus share the watchers, each run by one daemon at a time; a single
-  daemon (SQLite) holds every lease;
-- the **status loop** saves, every heartbeat, the daemon's own row: what ``watchkeeper
-  status`` reads to tell a live daemon from a dead one, with the definitions it refused.
-
-A database outage fails nothing: the runner's store health (see :mod:`._health`) holds the
-triggers, this daemon's loops skip their work meanwhile and report their errors there instead
-of logging each one, and once the store answers the leases are renewed before any trigger
-writes again. Every heartbeat also checks that the store is still the one opened
-(``backend.averify()``): a SQLite file removed under the daemon (``rm -rf`` of its directory)
-is logged as ``database_file_removed`` and the daemon stops with that error (``watchkeeper
-triggerer`` exits 1) instead of committing into a file nobody can open again.
-
-A reload also restarts a trigger that is in the ``failed`` state (it exhausted
-``max_failures``): touching its file retries it once its source is fixed.
-
-:func:`~._process.run_daemon` adds the signal handling of the ``watchkeeper triggerer``
-command: on SIGTERM or SIGINT it stops taking work (no more reloads, GC passes or claims),
-lets the runner cancel the triggers within ``stop_grace`` and flush their status, releases
-its leases (so another daemon, or this one restarted, takes the triggers over at once),
-closes the store and returns. A signal while the daemon is still starting cancels the start-up.
-
-A restarted daemon resumes every watcher from its stored watermark: triggers read it from
-their asset state, which the store keeps across restarts and ``kill -9``.
+A :class:`Daemon` opens the store, its leases, its status row and a
+:class:`~watchkeeper.triggerer.runtime.TriggerRunner`, loads the watchers path once, then runs
+its loops until it is closed: reload (follow the files), leases and reconcile (which triggers
+run here: :mod:`._lease_loops`), status (the heartbeat row) and GC. Closing stops the loops,
+then the triggers, releases the leases and closes the store. :func:`~._process.run_daemon`
+is the same daemon as a process, with signals.
 """
 
 from __future__ import annotations
@@ -58,8 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -70,20 +24,19 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
-from ._config import SupervisionSettings
-from ._daemon_leases import DaemonLeases
-from ._daemon_status import DaemonStatusKeeper
-from ._describe import describe_error
+from .._core import AsyncService, describe_error
+from ..runtime import RunnerConfig, SupervisionSettings, TriggerRunner
+from ..settings import DEFAULT_RELOAD_INTERVAL, Settings
+from ._controls import ControlsTracker
 from ._evaluate import ReadingProcesses, aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
+from ._lease_loops import DaemonLeases
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
-from ._watcher_controls import ControlsTracker
+from ._status import DaemonStatusKeeper
 from ._watcher_files import FileStamp, scan_watchers_path
-from .runner import RunnerConfig, TriggerRunner
-from .settings import DEFAULT_RELOAD_INTERVAL, Settings
 
 __all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"]
 
@@ -103,7 +56,7 @@ def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConf
     )
 
 
-class Daemon(DaemonLeases):
+class Daemon(DaemonLeases, AsyncService):
     """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited.
 
     ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
@@ -148,7 +101,7 @@ class Daemon(DaemonLeases):
         # in line with it holds the placement's lock too.
         self._load_lock = anyio.Lock()
         self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._boot_report: ReloadReport | None = None
         self._wake = anyio.Event()
         self._processes: ReadingProcesses | None = None
 
@@ -157,7 +110,7 @@ class Daemon(DaemonLeases):
         running, wanted = (len(placement.running), len(placement.wanted)) if placement else (0, 0)
         return (
             f"<Daemon owner={self.owner!r} watchers_path={str(self.watchers_path)!r} "
-            f"triggers={running}/{wanted} open={self._stack is not None}>"
+            f"triggers={running}/{wanted} open={self.is_running}>"
         )
 
     @property
@@ -198,124 +151,131 @@ class Daemon(DaemonLeases):
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._stack is not None:
-            raise RuntimeError("this Daemon is already running")
-        stack = contextlib.AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            if self._backend is None:
-                self._backend = open_state_backend(self.settings)
-                self._backend.configure_sessions(
-                    f"watchkeeper triggerer {self.owner}", self.settings.triggerer.lease_seconds
-                )
-            if self._owns_backend:
-                await stack.enter_async_context(self._backend)
-            stack.callback(self._forget)
-            triggerer = self.settings.triggerer
-            self._leases = LeaseKeeper(
-                self._backend,
-                self.owner,
-                triggerer.lease_seconds,
-                margin=triggerer.lease_margin_seconds,
-            )
-            # Released once the runner below has stopped every trigger, before the store closes.
-            stack.push_async_callback(self._leases.release_all)
-            # Renewed from a thread too, until the runner has stopped every trigger: a loop
-            # busy starting or cancelling thousands of them cannot make the renewal late.
-            await stack.enter_async_context(self._leases.kept_alive(triggerer.lease_renew_interval))
-            self._status = DaemonStatusKeeper(
-                self._backend,
-                self.owner,
-                watchers_path=self.watchers_path,
-                heartbeat=triggerer.heartbeat_interval,
-                # A status row is saved every heartbeat: stale once three of them were missed
-                # (or the lease's time to live, when longer).
-                lease_ttl=max(triggerer.lease_seconds, 3 * triggerer.heartbeat_interval),
-                settings={  # what `watchkeeper status` shows: this daemon's, not the reader's
-                    "heartbeat_interval": triggerer.heartbeat_interval,
-                    "lease_renew_interval": triggerer.lease_renew_interval,
-                    "lease_ttl": triggerer.lease_seconds,
-                    "reload_interval": self.reload_interval,
-                },
-            )
-            stack.push_async_callback(self._status.forget)
-            self._runner = await stack.enter_async_context(
-                TriggerRunner(self._backend, runner_config(self.settings, owner=self.owner))
-            )
-            self._runner.store_health.add_recovery_hook(self._renew_after_outage)
-            # Read before the first load, so a watcher paused before a restart stays paused.
-            controls = ControlsTracker(self._backend)
-            await controls.refresh()
-            self._placement = TriggerPlacement(
-                self._runner,
-                self._leases,
-                self.settings.triggerer.capacity,
-                backend=self._backend,
-                controls=controls,
-            )
-            # A process to read the watcher files is started ahead of each load.
-            self._processes = await stack.enter_async_context(ReadingProcesses())
-            self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-            # The node lease is renewed while the first load starts thousands of triggers.
-            async with anyio.create_task_group() as boot:
-                boot.start_soon(self._renew_while_starting, triggerer.lease_renew_interval)
-                if self.tune_gc:
-                    raise_gen0_threshold()
-                    with startup_gc():
-                        report = await self.reload()
-                else:
-                    report = await self.reload()
-                boot.cancel_scope.cancel()
-            await self._status.prune(self._running, self.placement.wanted)
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)  # runs first on exit: stop taking work
-            tg.start_soon(self._reload_loop)
-            heartbeat = self.settings.triggerer.heartbeat_interval
-            claimed, to_apply = anyio.create_memory_object_stream[None](1)
-            tg.start_soon(self._lease_loop, triggerer.lease_renew_interval, claimed)
-            tg.start_soon(self._reconcile_loop, to_apply)
-            if self._leases.supported:
-                tg.start_soon(self._release_listener)
-                tg.start_soon(self._deadline_loop, triggerer.lease_renew_interval)
-            tg.start_soon(self._status_loop, heartbeat)
-            if self.settings.triggerer.gc_interval > 0:
-                tg.start_soon(self._gc_loop, self.settings.triggerer.gc_interval)
-        except BaseException as exc:
-            # Each context on the stack bounds its own cleanup (the runner by stop_grace, the
-            # backend by a shielded timeout); a scope around them would break their nesting.
-            await stack.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._stack = stack
+    async def _aopen(self, resources: contextlib.AsyncExitStack) -> None:
+        """Open, in order: the store, the leases, the status row, the runner, the placement;
+        then load the watchers path once. Each part pushes its release on ``resources``, so
+        closing releases them in reverse: the runner stops the triggers, then the leases are
+        released, then the store closes."""
+        backend = await self._open_backend(resources)
+        resources.callback(self._forget)
+        self._leases = await self._hold_leases(backend, resources)
+        self._status = self._status_keeper(backend)
+        resources.push_async_callback(self._status.forget)
+        self._runner = await resources.enter_async_context(
+            TriggerRunner(backend, runner_config(self.settings, owner=self.owner))
+        )
+        self._runner.store_health.add_recovery_hook(self._renew_after_outage)
+        # Read before the first load, so a watcher paused before a restart stays paused.
+        controls = ControlsTracker(backend)
+        await controls.refresh()
+        self._placement = TriggerPlacement(
+            self._runner,
+            self._leases,
+            self.settings.triggerer.capacity,
+            backend=backend,
+            controls=controls,
+        )
+        # A process to read the watcher files is started ahead of each load.
+        self._processes = await resources.enter_async_context(ReadingProcesses())
+        self._boot_report = await self._first_load()
+        await self._status.prune(self._running, self.placement.wanted)
+
+    async def _astart(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start the loops (see the module docstring), then log that the daemon serves."""
+        triggerer = self.settings.triggerer
+        task_group.start_soon(self._reload_loop)
+        claimed, to_apply = anyio.create_memory_object_stream[None](1)
+        task_group.start_soon(self._lease_loop, triggerer.lease_renew_interval, claimed)
+        task_group.start_soon(self._reconcile_loop, to_apply)
+        if self.leases.supported:
+            task_group.start_soon(self._release_listener)
+            task_group.start_soon(self._deadline_loop, triggerer.lease_renew_interval)
+        task_group.start_soon(self._status_loop, triggerer.heartbeat_interval)
+        if triggerer.gc_interval > 0:
+            task_group.start_soon(self._gc_loop, triggerer.gc_interval)
         loaded = self._loaded
         log.info(
             "daemon_started",
             watchers_path=str(self.watchers_path),
             triggers=len(self._running),
             assets=len(loaded.assets) if loaded else 0,
-            refused=report.errors,
+            refused=self._boot_report.errors if self._boot_report else 0,
             backend=repr(self._backend),
             pid=os.getpid(),
             owner=self.owner,
-            lease_ttl=self.settings.triggerer.lease_seconds,
+            lease_ttl=triggerer.lease_seconds,
         )
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        stack, self._stack = self._stack, None
-        triggers = len(self._running)
-        if stack is not None:
-            # First our loops stop (no more reloads, GC or claims), then the runner cancels
-            # the triggers within stop_grace and saves their statuses, then the leases are
-            # released, then the backend closes.
-            await stack.__aexit__(exc_type, exc, tb)
-        log.info("daemon_stopped", triggers=triggers)
-        return None
+    async def aclose(self) -> None:
+        """Stop: first the loops (no more reloads, GC or claims), then the runner cancels the
+        triggers within ``stop_grace`` and saves their statuses, then the leases are
+        released, then the store closes."""
+        was_running, triggers = self.is_running, len(self._running)
+        await super().aclose()
+        if was_running:
+            log.info("daemon_stopped", triggers=triggers)
+
+    async def _open_backend(self, resources: contextlib.AsyncExitStack) -> BaseStateBackend:
+        """The store given to the daemon, or the one the settings configure (opened here)."""
+        if self._backend is None:
+            self._backend = open_state_backend(self.settings)
+            self._backend.configure_sessions(
+                f"watchkeeper triggerer {self.owner}", self.settings.triggerer.lease_seconds
+            )
+        if self._owns_backend:
+            await resources.enter_async_context(self._backend)
+        return self._backend
+
+    async def _hold_leases(
+        self, backend: BaseStateBackend, resources: contextlib.AsyncExitStack
+    ) -> LeaseKeeper:
+        """The daemon's leases, released once the runner has stopped every trigger."""
+        triggerer = self.settings.triggerer
+        leases = LeaseKeeper(
+            backend, self.owner, triggerer.lease_seconds, margin=triggerer.lease_margin_seconds
+        )
+        resources.push_async_callback(leases.release_all)
+        # Renewed from a thread too, until the runner has stopped every trigger: a loop busy
+        # starting or cancelling thousands of them cannot make the renewal late.
+        await resources.enter_async_context(leases.kept_alive(triggerer.lease_renew_interval))
+        return leases
+
+    def _status_keeper(self, backend: BaseStateBackend) -> DaemonStatusKeeper:
+        """The keeper of this daemon's heartbeat row."""
+        triggerer = self.settings.triggerer
+        return DaemonStatusKeeper(
+            backend,
+            self.owner,
+            watchers_path=self.watchers_path,
+            heartbeat=triggerer.heartbeat_interval,
+            # A status row is saved every heartbeat: stale once three of them were missed (or
+            # the lease's time to live, when longer).
+            lease_ttl=max(triggerer.lease_seconds, 3 * triggerer.heartbeat_interval),
+            settings={  # what `watchkeeper status` shows: this daemon's, not the reader's
+                "heartbeat_interval": triggerer.heartbeat_interval,
+                "lease_renew_interval": triggerer.lease_renew_interval,
+                "lease_ttl": triggerer.lease_seconds,
+                "reload_interval": self.reload_interval,
+            },
+        )
+
+    async def _first_load(self) -> ReloadReport:
+        """Load the watchers path and start its triggers, renewing the node lease meanwhile
+        (starting thousands of triggers takes a while), under the start-up GC tuning when
+        asked."""
+        self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
+        async with anyio.create_task_group() as boot:
+            boot.start_soon(
+                self._renew_while_starting, self.settings.triggerer.lease_renew_interval
+            )
+            if self.tune_gc:
+                raise_gen0_threshold()
+                with startup_gc():
+                    report = await self.reload()
+            else:
+                report = await self.reload()
+            boot.cancel_scope.cancel()
+        return report
 
     def _forget(self) -> None:
         self._runner = None
@@ -407,6 +367,17 @@ class Daemon(DaemonLeases):
             await self._status.save(self._loaded.errors if self._loaded else ())
 
     async def _reload_loop(self) -> None:
+        """Every ``reload_interval``: scan the watchers path (mtimes and sizes, in a worker
+        thread) and reload when something changed.
+
+        A reload reads the files in a child process, each within ``import_timeout`` (see
+        :mod:`._evaluate`), registers their assets, starts the new triggers, stops the removed
+        or changed ones (and restarts ``failed`` ones: touching a file retries its trigger),
+        and deactivates the assets no file defines any more; only assets an earlier load of
+        this process defined, since tasks may use assets no file declares. A file that fails
+        to import keeps its last good definitions. While the store is unavailable the loop
+        skips its work (the runner's store health logs the outage once).
+        """
         health = self.runner.store_health
         while True:
             await anyio.sleep(self.reload_interval)
@@ -442,6 +413,8 @@ class Daemon(DaemonLeases):
         return report
 
     async def _gc_loop(self, interval: float) -> None:
+        """Every ``gc_interval``: one GC pass (task state, the state of inactive assets, events
+        past retention), then forget the status rows of triggers no daemon runs any more."""
         health = self.runner.store_health
         while True:
             await anyio.sleep(interval)

@@ -1,8 +1,8 @@
 """The daemon as the main of its process: signals, and a shutdown that cannot hang.
 
-:func:`run_daemon` is what ``watchkeeper triggerer`` runs: a :class:`~.daemon.Daemon` until
-SIGTERM or SIGINT, then a clean stop (see :mod:`.daemon` for what stopping does), with the
-HTTP API (:mod:`.api`) in the same process when ``[api] enabled``.
+:func:`run_daemon` is what ``watchkeeper triggerer`` runs: a :class:`~._daemon.Daemon` until
+SIGTERM or SIGINT, then a clean stop (see :mod:`._daemon` for what stopping does), with the
+HTTP API (:mod:`..api`) in the same process when ``[api] enabled``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import anyio
 import anyio.abc
 from watchkeeper.store.protocols import get_logger
 
-from ._notify import notify
-from .daemon import Daemon
-from .settings import Settings
+from .._core import notify
+from ..settings import Settings
+from ._daemon import Daemon
 
 __all__ = ["SHUTDOWN_STUCK_EXIT", "run_daemon", "start_api"]
 
@@ -96,7 +96,7 @@ async def start_api(tg: anyio.abc.TaskGroup, daemon: Daemon) -> int | None:
     """Serve the HTTP API in the daemon's task group and return the port it listens on; a
     busy port is logged and None returned, and the watchers run without it (they matter more
     than the API)."""
-    from .api import ApiListenError, serve_api  # the web stack loads only when it serves
+    from ..api import ApiListenError, serve_api  # the web stack loads only when it serves
 
     try:
         port: int = await tg.start(

@@ -44,6 +44,8 @@ from watchkeeper.store import Asset
 from watchkeeper.store.errors import InvalidNameError, KeyTypeError
 from watchkeeper.store.protocols import check_name, get_logger
 
+from ..errors import TriggerImportError
+from ..trigger import BaseEventTrigger
 from ._identity import rebuild_trigger, watcher_trigger_id
 from ._watcher_files import (
     MODULES,
@@ -55,8 +57,6 @@ from ._watcher_files import (
     read_definitions,
     watcher_files,
 )
-from .errors import TriggerImportError
-from .trigger import BaseEventTrigger
 
 __all__ = [
     "LoadPlan",

@@ -1,7 +1,12 @@
-"""The daemon's lease loops (a mixin of :class:`~.daemon.Daemon`): renewing the node lease and
+"""The daemon's lease loops (a mixin of :class:`~._daemon.Daemon`): renewing the node lease and
 claiming, waking on released leases, and stopping the triggers when the node lease lapsed.
 
-See :mod:`._leases` for the rules, and :mod:`.daemon` for the loops' place in the daemon.
+Several daemons on one PostgreSQL database share the watchers, each trigger run by the one
+daemon holding its lease; a single daemon (SQLite) holds every lease. The lease loop never
+waits for a reload: the reconcile loop starts the triggers whose lease was got (the lease's
+token as their fence) and stops those whose lease is gone. A node lease lasts ``lease_ttl``,
+so the triggers of a daemon that died move to the others that long after; after an outage
+the leases are renewed before any trigger writes again. See :mod:`._leases` for the rules.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from watchkeeper.store import BaseStateBackend, DatabaseFileRemovedError
 from watchkeeper.store.protocols import get_logger
 
-from ._describe import describe_error
+from .._core import describe_error
+from ..runtime import TriggerRunner
+from ..settings import Settings
 from ._leases import LeaseKeeper
 from ._placement import ReloadReport, TriggerPlacement
-from .runner import TriggerRunner
-from .settings import Settings
 
 __all__ = ["DaemonLeases"]
 
@@ -27,7 +32,7 @@ log = get_logger(__name__)
 
 
 class DaemonLeases:
-    """The lease loops of a daemon; :class:`~.daemon.Daemon` provides the parts they use."""
+    """The lease loops of a daemon; :class:`~._daemon.Daemon` provides the parts they use."""
 
     owner: str
     settings: Settings

@@ -1,6 +1,6 @@
 """Constants of the settings that the command line shows before any settings are read.
 
-They live apart from :mod:`.settings` (which builds pydantic models) so that ``watchkeeper
+They live apart from :mod:`..settings` (which builds pydantic models) so that ``watchkeeper
 --help`` can name them without loading pydantic.
 """
 
