@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import anyio
 from pydantic import Field
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
