@@ -36,7 +36,7 @@ import ssl
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from urllib.parse import unquote, urlsplit
 
 import anyio
@@ -47,16 +47,26 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import Field, ValidationInfo, field_validator
 from watchkeeper.store.backend import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
     content_hash,
     decode_body,
     make_dedup_key,
+    receive_batch,
     redact_url,
 )
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
+from ._params import (
+    Count,
+    OptionalText,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+    owner,
+)
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -123,6 +133,14 @@ class MqttParams(WatcherParams):
     """Seconds the first connect may take."""
     reconnect_max: Count = 30
     """The longest wait between reconnections, in seconds (1 s, doubling)."""
+    batch_size: Annotated[int, Field(ge=1, le=65535)] = 100
+    """At most this many messages committed together in one transaction, then acknowledged
+    (a PUBACK each, after the commit); ``1`` commits each alone. The Receive Maximum is raised
+    to it when ``max_in_flight`` is lower."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_linger"})
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -153,6 +171,11 @@ class MqttParams(WatcherParams):
         except ValueError:
             raise ValueError(f"url {redact_url(value)!r} has a bad port") from None
         return value
+
+
+def receive_maximum(params: MqttParams) -> int:
+    """The Receive Maximum asked of the broker: room for ``max_in_flight`` and a whole batch."""
+    return max(params.max_in_flight, params.batch_size)
 
 
 class MqttWatcher(ReadyMadeWatcher[MqttParams]):
@@ -216,10 +239,10 @@ class MqttWatcher(ReadyMadeWatcher[MqttParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         client_id = self.params.client_id or client_id_for(self.watcher_name)
         send, receive = anyio.create_memory_object_stream[_Delivery | _Refused](
-            self.params.max_in_flight
+            receive_maximum(self.params)
         )
         bridge = _Bridge(self, client_id, send, anyio.lowlevel.current_token())
         self._bridge = bridge
@@ -238,18 +261,33 @@ class MqttWatcher(ReadyMadeWatcher[MqttParams]):
                         ConnectionRefusedError(reason),
                         bridge.secrets,
                     )
-                async for item in receive:
-                    if isinstance(item, _Refused):
-                        raise BrokerSourceError(
-                            self._name,
-                            f"connecting to {redact_url(self.params.url)}",
-                            ConnectionRefusedError(item.reason),
-                            bridge.secrets,
+                size, linger = self.params.batch_size, self.params.batch_linger
+                while True:
+                    try:
+                        items = await receive_batch(receive, size, linger)
+                    except anyio.EndOfStream:
+                        return
+                    deliveries: list[_Delivery] = []
+                    for item in items:
+                        if isinstance(item, _Refused):
+                            raise BrokerSourceError(
+                                self._name,
+                                f"connecting to {redact_url(self.params.url)}",
+                                ConnectionRefusedError(item.reason),
+                                bridge.secrets,
+                            )
+                        deliveries.append(item)
+                    events = [
+                        TriggerEvent(
+                            self._payload(item.message), dedup_key=self._dedup_key(item.message)
                         )
-                    message = item.message
-                    yield TriggerEvent(self._payload(message), dedup_key=self._dedup_key(message))
-                    # Committed (or suppressed as a resent copy): the broker may forget it.
-                    bridge.ack(item)
+                        for item in deliveries
+                    ]
+                    # One commit for the batch (batch_size=1: for each message alone).
+                    yield TriggerEventBatch(events) if len(events) > 1 else events[0]
+                    # Committed (or suppressed as resent copies): the broker may forget them.
+                    for item in deliveries:
+                        bridge.ack(item)
         finally:
             # The receive side is closed by now (a network thread waiting for room in the
             # stream gets BrokenResourceError); closing the send side too makes every later
@@ -372,7 +410,7 @@ class _Bridge:
         client.on_message = self._on_message
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = watcher.params.session_expiry
-        properties.ReceiveMaximum = watcher.params.max_in_flight
+        properties.ReceiveMaximum = receive_maximum(watcher.params)
         port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
         client.connect_async(
             parts.hostname or "",

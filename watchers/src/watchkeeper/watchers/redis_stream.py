@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 from pydantic import field_validator, model_validator
 from watchkeeper.store.backend import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
@@ -35,7 +35,15 @@ from ._broker import (
     url_secrets,
 )
 from ._common import import_off_loop
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams
+from ._params import (
+    Count,
+    OptionalText,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -87,7 +95,8 @@ class RedisStreamParams(WatcherParams):
     """Where a watcher without state begins: ``"0-0"`` the whole stream, ``"$"`` only entries
     added after its first start, any other id the entries after it."""
     batch_size: Count = 100
-    """At most this many entries per read."""
+    """At most this many entries per read, committed together in one transaction (and, with
+    ``group``, acknowledged with one ``XACK``); ``1`` commits each entry alone."""
     block: Seconds = 5.0
     """The longest a read waits for new entries, in seconds; each command may take this plus
     10 s before the connection counts as lost."""
@@ -98,6 +107,11 @@ class RedisStreamParams(WatcherParams):
     """The consumer's name in ``group`` (default: the watcher's name). Needs ``group``."""
     reconnect_attempts: Count = 10
     """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a read that came back short of ``batch_size`` waits for more entries before
+    its batch commits (``0``: commit what one read brought)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_linger"})
 
     @field_validator("url")
     @classmethod
@@ -133,12 +147,15 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
     ``{"base64": "..."}``). ``start`` is where a watcher without state begins: ``"0-0"``
     (default) reads the whole stream, ``"$"`` only the entries added after its first start
     (entries added before its first event commits, while it is down, are not read), any other
-    id the entries after it. ``batch_size`` entries are read at a time; ``block`` seconds is the
-    longest a read waits for new entries.
+    id the entries after it. ``batch_size`` entries are read at a time and commit together, as
+    one :class:`~watchkeeper.triggerer.TriggerEventBatch` with the watermark after the last
+    (``batch_size=1``: one commit per entry); a read that came back short waits up to
+    ``batch_linger`` seconds for more; ``block`` seconds is the longest a read waits for new
+    entries.
 
     ``group`` reads through that consumer group (created at ``start`` if missing, with the
-    stream) as consumer ``consumer`` (default: the watcher's name), and ``XACK``s each entry
-    once its event committed. On start it first re-reads its own pending entries: those up to
+    stream) as consumer ``consumer`` (default: the watcher's name), and ``XACK``s the entries
+    of a batch, with one command, once their events committed. On start it first re-reads its own pending entries: those up to
     the watermark were committed before a crash and are only acknowledged, the others are
     emitted. Entries pending for another consumer name are not claimed.
 
@@ -187,7 +204,7 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         await import_off_loop(*_CLIENT_MODULES)
         from redis.exceptions import ConnectionError as LostConnection
         from redis.exceptions import RedisError
@@ -208,18 +225,33 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                     if self.params.group is not None:
                         position.entries_read = None  # the group's position is the server's
                 reader = self._read_group if self.params.group is not None else self._read
-                async with contextlib.aclosing(reader(client, position)) as entries:
-                    async for entry_id, fields in entries:
+                async with contextlib.aclosing(reader(client, position)) as batches:
+                    async for batch in batches:
                         failures = 0
-                        yield TriggerEvent(
-                            {"stream": self.params.stream, "id": entry_id, "fields": fields},
-                            state={key: position.state()},
-                        )
+                        stream = self.params.stream
+                        if self.params.batch_size == 1:
+                            entry_id, fields = batch[0]
+                            yield TriggerEvent(
+                                {"stream": stream, "id": entry_id, "fields": fields},
+                                state={key: position.state()},
+                            )
+                        else:
+                            yield TriggerEventBatch(
+                                [
+                                    TriggerEvent(
+                                        {"stream": stream, "id": entry_id, "fields": fields}
+                                    )
+                                    for entry_id, fields in batch
+                                ],
+                                state={key: position.state()},
+                            )
                         if self.params.group is not None:
-                            # Committed: the group may forget it.
+                            # Committed: the group may forget them, with one XACK.
                             await self._call(
                                 "acknowledging",
-                                client.xack(self.params.stream, self.params.group, entry_id),
+                                client.xack(
+                                    stream, self.params.group, *[entry_id for entry_id, _ in batch]
+                                ),
                             )
             except (BrokerSourceError, RedisError) as exc:
                 error = exc
@@ -297,25 +329,38 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
             self.report_source(None)  # it answers again
         return result
 
-    async def _read(
-        self, client: Redis, position: _Position
-    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
-        """Entries after the position, in order: a MULTI read, or a blocking wait when idle."""
+    async def _read(self, client: Redis, position: _Position) -> AsyncGenerator[_Entries, None]:
+        """Batches of the entries after the position, in order: MULTI reads (topped up for
+        ``batch_linger`` seconds when short), or a blocking wait when idle."""
+        size, linger = self.params.batch_size, self.params.batch_linger
         while True:
-            # One snapshot: the entries after the cursor and the stream's counters at that
-            # moment. XINFO fails on a missing stream; that error stays in its own slot.
-            pipe = client.pipeline(transaction=True)
-            pipe.xread({self.params.stream: format_id(position.last)}, count=self.params.batch_size)
-            pipe.xinfo_stream(self.params.stream)
-            read, info = await self._call("reading the stream", pipe.execute(raise_on_error=False))
-            if isinstance(read, Exception):
-                raise read
-            entries = read[0][1] if read else []
-            position.observe(self, entries, None if isinstance(info, Exception) else info)
-            for raw_id, raw_fields in entries:
-                entry_id = position.advance(raw_id)
-                yield entry_id, {_text(k): _text(v) for k, v in raw_fields.items()}
-            if len(entries) < self.params.batch_size:
+            batch: _Entries = []
+            deadline: float | None = None
+            while True:
+                # One snapshot: the entries after the cursor and the stream's counters at that
+                # moment. XINFO fails on a missing stream; that error stays in its own slot.
+                wanted = size - len(batch)
+                pipe = client.pipeline(transaction=True)
+                pipe.xread({self.params.stream: format_id(position.last)}, count=wanted)
+                pipe.xinfo_stream(self.params.stream)
+                read, info = await self._call(
+                    "reading the stream", pipe.execute(raise_on_error=False)
+                )
+                if isinstance(read, Exception):
+                    raise read
+                entries = read[0][1] if read else []
+                position.observe(self, entries, None if isinstance(info, Exception) else info)
+                batch += [(position.advance(raw_id), _fields(raw)) for raw_id, raw in entries]
+                if len(entries) == wanted or not batch or linger <= 0:
+                    break
+                now = anyio.current_time()
+                deadline = now + linger if deadline is None else deadline
+                if now >= deadline:
+                    break
+                await anyio.sleep(deadline - now)
+            if batch:
+                yield batch
+            if len(batch) < size:
                 # At the tail: wait for the next entry (it is read again by the MULTI above).
                 await self._call(
                     "waiting for entries",
@@ -328,16 +373,16 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
 
     async def _read_group(
         self, client: Redis, position: _Position
-    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+    ) -> AsyncGenerator[_Entries, None]:
         from redis.exceptions import ResponseError
 
-        assert self.params.group is not None
+        group = self.params.group
+        assert group is not None
+        size, linger = self.params.batch_size, self.params.batch_linger
         consumer = self.params.consumer or self.watcher_name
         try:
             start = "$" if self.params.start == "$" else self.params.start
-            await client.xgroup_create(
-                self.params.stream, self.params.group, id=start, mkstream=True
-            )
+            await client.xgroup_create(self.params.stream, group, id=start, mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -346,16 +391,13 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
         while True:
             read: Any = await self._call(
                 "reading pending entries",
-                client.xreadgroup(
-                    self.params.group,
-                    consumer,
-                    {self.params.stream: pending},
-                    count=self.params.batch_size,
-                ),
+                client.xreadgroup(group, consumer, {self.params.stream: pending}, count=size),
             )
             entries = read[0][1] if read else []
             if not entries:
                 break
+            batch: _Entries = []
+            committed: list[str] = []
             for raw_id, raw_fields in entries:
                 entry_id = parse_id(raw_id)
                 pending = format_id(entry_id)
@@ -368,26 +410,49 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                             entry=pending,
                             reason="a pending entry was deleted before it was read again",
                         )
-                    await client.xack(self.params.stream, self.params.group, pending)
+                    committed.append(pending)
                     continue
-                position.advance(raw_id)
-                yield pending, {_text(k): _text(v) for k, v in raw_fields.items()}
+                batch.append((position.advance(raw_id), _fields(raw_fields)))
+            if committed:
+                # Committed before a crash, never acknowledged: only the XACK is missing.
+                await self._call(
+                    "acknowledging", client.xack(self.params.stream, group, *committed)
+                )
+            if batch:
+                yield batch
         block = max(1, round(self.params.block * 1000))
         while True:
-            read = await self._call(
-                "reading the group",
-                client.xreadgroup(
-                    self.params.group,
-                    consumer,
-                    {self.params.stream: ">"},
-                    count=self.params.batch_size,
-                    block=block,
-                ),
-            )
-            if not read:
-                continue
-            for raw_id, raw_fields in read[0][1]:
-                yield position.advance(raw_id), {_text(k): _text(v) for k, v in raw_fields.items()}
+            batch = []
+            deadline: float | None = None
+            while True:
+                wanted = size - len(batch)
+                wait = block
+                if batch:
+                    now = anyio.current_time()
+                    deadline = now + linger if deadline is None else deadline
+                    wait = round((deadline - now) * 1000)
+                    if wait < 1:
+                        break
+                read = await self._call(
+                    "reading the group",
+                    client.xreadgroup(
+                        group, consumer, {self.params.stream: ">"}, count=wanted, block=wait
+                    ),
+                )
+                entries = read[0][1] if read else []
+                batch += [(position.advance(raw_id), _fields(raw)) for raw_id, raw in entries]
+                if len(entries) == wanted or linger <= 0 or (batch and not entries):
+                    break
+            if batch:
+                yield batch
+
+
+_Entries = list[tuple[str, dict[str, Any]]]
+"""Stream entries read together: ``(id, fields)`` of each, in id order."""
+
+
+def _fields(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 class _Position:
