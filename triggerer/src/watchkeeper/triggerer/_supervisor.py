@@ -302,6 +302,12 @@ async def drive_trigger(
                         publish(written)
                     if debug:
                         log.debug("event_committed", event_id=written[-1].id, count=len(written))
+                        if not isinstance(commit, EventCommit):
+                            # Redelivered events of the batch, suppressed by their dedup_key
+                            # (counted as asset events, one per event and watched asset).
+                            suppressed = len(commit.events) * len(commit.assets) - len(written)
+                            if suppressed:
+                                log.debug("batch_partly_deduplicated", suppressed=suppressed)
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
