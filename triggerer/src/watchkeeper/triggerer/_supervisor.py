@@ -303,11 +303,9 @@ async def drive_trigger(
                     if debug:
                         log.debug("event_committed", event_id=written[-1].id, count=len(written))
                         if not isinstance(commit, EventCommit):
-                            # Redelivered events of the batch, suppressed by their dedup_key
-                            # (counted as asset events, one per event and watched asset).
-                            suppressed = len(commit.events) * len(commit.assets) - len(written)
-                            if suppressed:
-                                log.debug("batch_partly_deduplicated", suppressed=suppressed)
+                            # Asset events of the batch its dedup_keys suppressed (redeliveries).
+                            if n := len(commit.events) * len(commit.assets) - len(written):
+                                log.debug("batch_partly_deduplicated", suppressed=n)
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:

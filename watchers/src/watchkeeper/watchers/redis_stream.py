@@ -44,35 +44,20 @@ from ._params import (
     Text,
     WatcherParams,
 )
+from ._redis_position import Position, format_id, parse_id, stored_watermark
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["RedisStreamParams", "RedisStreamWatcher"]
+__all__ = ["RedisStreamParams", "RedisStreamWatcher", "parse_id"]
 
 log = get_logger(__name__)
 
-StreamId = tuple[int, int]
-
-_ID = re.compile(r"(\d+)-(\d+)")
 _CLOSE_TIMEOUT = 5.0
 _CLIENT_MODULES = ("redis.asyncio", "redis.asyncio.retry", "redis.backoff", "redis.exceptions")
 _CONNECT_TIMEOUT = 5.0
 _SILENCE_MARGIN = 10.0
 """Seconds a command may go unanswered beyond the ``block`` time of a blocking read."""
-
-
-def parse_id(value: str | bytes) -> StreamId:
-    """``"1700000000000-3"`` as ``(1700000000000, 3)``: ids compare as integers, never as text."""
-    text = value.decode() if isinstance(value, bytes) else value
-    match = _ID.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a Redis stream id (<ms>-<seq>)")
-    return int(match.group(1)), int(match.group(2))
-
-
-def format_id(value: StreamId) -> str:
-    return f"{value[0]}-{value[1]}"
 
 
 def _text(value: bytes) -> Any:
@@ -211,8 +196,8 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
         from redis.exceptions import TimeoutError as SilentServer
 
         key = f"{self.watcher_name}.watermark"
-        stored = await _stored(self.asset_state_store, key, self._name)
-        position: _Position | None = None
+        stored = await stored_watermark(self.asset_state_store, key, self._name)
+        position: Position | None = None
         failures = 0
         while True:
             client = self._connect()
@@ -220,7 +205,7 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
             try:
                 if position is None:
                     position = await self._call(
-                        "reading the stream", _Position.start(client, self, stored)
+                        "reading the stream", Position.start(client, self, stored)
                     )
                     if self.params.group is not None:
                         position.entries_read = None  # the group's position is the server's
@@ -329,7 +314,7 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
             self.report_source(None)  # it answers again
         return result
 
-    async def _read(self, client: Redis, position: _Position) -> AsyncGenerator[_Entries, None]:
+    async def _read(self, client: Redis, position: Position) -> AsyncGenerator[_Entries, None]:
         """Batches of the entries after the position, in order: MULTI reads (topped up for
         ``batch_linger`` seconds when short), or a blocking wait when idle."""
         size, linger = self.params.batch_size, self.params.batch_linger
@@ -372,7 +357,7 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                 )
 
     async def _read_group(
-        self, client: Redis, position: _Position
+        self, client: Redis, position: Position
     ) -> AsyncGenerator[_Entries, None]:
         from redis.exceptions import ResponseError
 
@@ -453,104 +438,3 @@ _Entries = list[tuple[str, dict[str, Any]]]
 
 def _fields(raw: dict[bytes, bytes]) -> dict[str, Any]:
     return {_text(k): _text(v) for k, v in raw.items()}
-
-
-class _Position:
-    """The watermark while running: the last entry's id, and the stream's count up to it."""
-
-    __slots__ = ("entries_read", "last", "reported_gap")
-
-    def __init__(self, last: StreamId, entries_read: int | None) -> None:
-        self.last = last
-        self.entries_read = entries_read
-        self.reported_gap = False
-
-    @classmethod
-    async def start(
-        cls, client: Redis, watcher: RedisStreamWatcher, stored: dict[str, Any] | None
-    ) -> _Position:
-        if stored is not None:
-            return cls(parse_id(stored["id"]), stored.get("entries_read"))
-        if watcher.params.start != "$":
-            start = (
-                watcher.params.start if "-" in watcher.params.start else f"{watcher.params.start}-0"
-            )
-            begin = parse_id(start)
-            return cls(begin, 0 if begin == (0, 0) else None)
-        if not await client.exists(watcher.params.stream):
-            return cls((0, 0), 0)
-        info = await client.xinfo_stream(watcher.params.stream)
-        return cls(parse_id(info["last-generated-id"]), info.get("entries-added"))
-
-    def state(self) -> dict[str, Any]:
-        return {"id": format_id(self.last), "entries_read": self.entries_read}
-
-    def advance(self, raw_id: bytes | str) -> str:
-        """Move past the entry ``raw_id`` (the next one read); return its id as text."""
-        self.last = parse_id(raw_id)
-        if self.entries_read is not None:
-            self.entries_read += 1
-        return format_id(self.last)
-
-    def observe(
-        self,
-        watcher: RedisStreamWatcher,
-        entries: list[tuple[bytes, Any]],
-        info: dict[str, Any] | None,
-    ) -> None:
-        """Compare one read with the stream's counters taken in the same transaction: report
-        the entries removed before they were read, and learn the count once at the tail."""
-        if info is None:
-            return
-        added = info.get("entries-added")
-        length = info.get("length")
-        first = info.get("first-entry")
-        last = info.get("last-entry")
-        if not isinstance(added, int) or not isinstance(length, int):
-            return  # Redis before 7 has no entries-added
-        if not entries:
-            if self.entries_read is None and last and parse_id(last[0]) == self.last:
-                self.entries_read = added
-            return
-        first_read = parse_id(entries[0][0])
-        if self.entries_read is not None and first and parse_id(first[0]) == first_read:
-            # The stream now starts at the first entry this read returned: every entry added
-            # before it (added - length of them) is gone. Those past our count were never read.
-            lost = added - length - self.entries_read
-            if lost > 0:
-                log.warning(
-                    "redis_stream_gap",
-                    stream=watcher.params.stream,
-                    watcher=watcher.watcher_name,
-                    after=format_id(self.last),
-                    before=format_id(first_read),
-                    lost=lost,
-                )
-                self.entries_read += lost
-        elif self.entries_read is None and last and parse_id(last[0]) == parse_id(entries[-1][0]):
-            # The read reached the tail: the count up to its last entry is entries-added.
-            self.entries_read = added - len(entries)
-
-
-async def _stored(store: Any, key: str, owner: str) -> dict[str, Any] | None:
-    """The most advanced watermark stored on the watched assets (None when there is none)."""
-    best: dict[str, Any] | None = None
-    for asset in store:
-        value = await store[asset].aget(key)
-        if value is None:
-            continue
-        try:
-            if not isinstance(value, dict):
-                raise TypeError("not an object")
-            parse_id(value["id"])
-            read = value.get("entries_read")
-            if read is not None and (isinstance(read, bool) or not isinstance(read, int)):
-                raise TypeError(f"entries_read is {read!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{owner}: the asset state {key!r} is not a Redis stream watermark "
-                f"({value!r}): {exc}"
-            ) from exc
-        if best is None or parse_id(value["id"]) > parse_id(best["id"]):
-            best = value
-    return best
