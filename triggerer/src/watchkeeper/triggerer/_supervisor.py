@@ -302,10 +302,11 @@ async def drive_trigger(
                         publish(written)
                     if debug:
                         log.debug("event_committed", event_id=written[-1].id, count=len(written))
-                        if not isinstance(commit, EventCommit):
-                            # Asset events of the batch its dedup_keys suppressed (redeliveries).
-                            if n := len(commit.events) * len(commit.assets) - len(written):
-                                log.debug("batch_partly_deduplicated", suppressed=n)
+                        # A batch's asset events its dedup_keys suppressed (redeliveries).
+                        if not isinstance(commit, EventCommit) and (
+                            n := len(commit.events) * len(commit.assets) - len(written)
+                        ):
+                            log.debug("batch_partly_deduplicated", suppressed=n)
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
