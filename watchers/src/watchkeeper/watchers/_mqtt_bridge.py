@@ -45,8 +45,11 @@ class Refused:
 
 
 def receive_maximum(params: MqttParams) -> int:
-    """The Receive Maximum asked of the broker: room for ``max_in_flight`` and a whole batch."""
-    return max(params.max_in_flight, params.batch_size)
+    """The Receive Maximum asked of the broker: ``max_in_flight``, raised to two batches when
+    lower (the next batch arrives while one commits)."""
+    if params.batch_size == 1:
+        return params.max_in_flight
+    return min(65535, max(params.max_in_flight, 2 * params.batch_size))
 
 
 class Bridge:

@@ -116,7 +116,7 @@ class MqttParams(WatcherParams):
     batch_size: Annotated[int, Field(ge=1, le=65535)] = 100
     """At most this many messages committed together in one transaction, then acknowledged
     (a PUBACK each, after the commit); ``1`` commits each alone. The Receive Maximum is raised
-    to it when ``max_in_flight`` is lower."""
+    to twice it when ``max_in_flight`` is lower."""
     batch_linger: SecondsOrZero = 0.005
     """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
 

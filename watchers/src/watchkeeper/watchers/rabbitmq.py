@@ -74,7 +74,7 @@ class RabbitMQParams(WatcherParams):
     """The broker: ``amqp://`` or ``amqps://``; its password is never shown."""
     prefetch: Count = 100
     """At most this many messages delivered and not yet acknowledged (``basic.qos``; raised
-    to ``batch_size`` when lower)."""
+    to twice ``batch_size`` when lower)."""
     declare: bool = False
     """Declare the queue (durable) when missing; otherwise it must exist."""
     missing_id: MissingId = "hash"
@@ -246,8 +246,7 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
         self._connection = connection
         try:
             channel = await connection.channel()
-            # A whole batch must fit in what the broker may deliver unacknowledged.
-            await channel.set_qos(prefetch_count=max(self.params.prefetch, self.params.batch_size))
+            await channel.set_qos(prefetch_count=self._window())
             try:
                 queue = await channel.declare_queue(
                     self.params.queue, passive=not self.params.declare, durable=True
@@ -267,7 +266,7 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
                 return
             # Deliveries go into a stream as they come (in order: each callback puts its
             # message before its first await); qos keeps at most ``room`` of them unacked.
-            room = max(self.params.prefetch, size)
+            room = self._window()
             send: MemoryObjectSendStream[AbstractIncomingMessage]
             receive: MemoryObjectReceiveStream[AbstractIncomingMessage]
             send, receive = anyio.create_memory_object_stream(room)
@@ -354,6 +353,12 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
                 message_id=message.message_id,
                 error=scrub(f"{type(exc).__name__}: {exc}", secrets),
             )
+
+    def _window(self) -> int:
+        """The ``prefetch_count``: ``prefetch``, raised to two batches when lower (the next
+        batch arrives while one commits; a batch of its own would wait for the ack)."""
+        size = self.params.batch_size
+        return self.params.prefetch if size == 1 else max(self.params.prefetch, 2 * size)
 
     def _dedup_key(self, message: AbstractIncomingMessage) -> str | None:
         if message.message_id:
