@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -245,7 +245,7 @@ async def crash_in_a_batch(
     return crashed, after, suppressed_count(logs)
 
 
-def suppressed_count(logs: list[EventDict]) -> int:
+def suppressed_count(logs: Sequence[Mapping[str, Any]]) -> int:
     """How many redelivered events the logs say their dedup_keys suppressed: one per
     ``event_deduplicated``, a batch's count per ``batch_deduplicated`` and
     ``batch_partly_deduplicated``."""
@@ -255,7 +255,7 @@ def suppressed_count(logs: list[EventDict]) -> int:
         if event == "event_deduplicated":
             total += 1
         elif event == "batch_deduplicated":
-            total += int(record["count"])
+            total += int(str(record["count"]))
         elif event == "batch_partly_deduplicated":
-            total += int(record["suppressed"])
+            total += int(str(record["suppressed"]))
     return total
