@@ -11,8 +11,8 @@ MQTT) and per backend (SQLite, PostgreSQL), N messages ``{"id": "m-<n>", "n": n,
 time>}`` are published first (a backlog), then drained two ways, in the same run:
 
 - *raw loop* (the ceiling for this design): the same client library receives B messages at a
-  time (``XREAD``/``XREADGROUP``, ``fetch``, a consumer with ``prefetch_count=B``, paho with
-  ``manual_ack``), turns each into the JSON payload the watcher would emit, inserts them with
+  time (``XREAD``/``XREADGROUP``, ``fetch``, a consumer with ``prefetch_count=2B``, paho with
+  ``manual_ack`` and a Receive Maximum of 2B: two batches in flight, as the watchers ask), turns each into the JSON payload the watcher would emit, inserts them with
   their dedup keys into tables shaped like the store's (same columns and indexes; WAL and
   ``synchronous=FULL`` on SQLite through ``sqlite3`` in a worker thread, ``executemany`` on
   asyncpg) in one transaction per batch, then acknowledges them (one ``XACK``, one ack per
@@ -468,7 +468,7 @@ class Broker:
         queue_name = f"wk-bench-{self.tag}-raw"
         async with await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/") as conn:
             channel = await conn.channel()
-            await channel.set_qos(prefetch_count=self.batch)
+            await channel.set_qos(prefetch_count=2 * self.batch)  # as the watcher asks
             queue = await channel.declare_queue(queue_name, durable=True)
             async with queue.iterator() as messages:
                 batch: list[Any] = []
@@ -501,7 +501,7 @@ class Broker:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
-        send, receive = anyio.create_memory_object_stream[Any](self.batch)
+        send, receive = anyio.create_memory_object_stream[Any](2 * self.batch)
         token = anyio.lowlevel.current_token()
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
@@ -516,7 +516,7 @@ class Broker:
         client.on_message = on_message
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = 3600
-        properties.ReceiveMaximum = self.batch
+        properties.ReceiveMaximum = 2 * self.batch  # as the watcher asks
         client.connect("127.0.0.1", 1883, clean_start=False, properties=properties)
         client.loop_start()
         try:
