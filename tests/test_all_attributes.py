@@ -15,6 +15,7 @@ PACKAGES = [
     "watchkeeper.triggerer",
     "watchkeeper.triggerer.cli",
     "watchkeeper.triggerer.daemon",
+    "watchkeeper.triggerer.demo",
     "watchkeeper.triggerer.testing",
     "watchkeeper.watchers",
 ]

@@ -207,3 +207,18 @@ class TestLayout:
                 if any(piece.startswith("_") for piece in imported.split(".")[2:]):
                     private.append(f"{name} imports {imported}")
         assert private == []
+
+    def test_the_demo_and_the_cli_meet_at_the_demo_package_only(self) -> None:
+        """The demo imports nothing of the CLI, and the CLI imports the demo's package, never
+        its private modules: ``watchkeeper demo`` only dispatches to it."""
+        graph = _graph()
+        demo, cli = "watchkeeper.triggerer.demo", "watchkeeper.triggerer.cli"
+        crossings = [
+            f"{name} imports {target}"
+            for name, targets in graph.items()
+            for target in targets
+            if (name.startswith(demo) and target.startswith(cli))
+            or (name.startswith(cli) and target.startswith(f"{demo}."))
+        ]
+        assert crossings == []
+        assert demo in {t for name, ts in graph.items() if name.startswith(cli) for t in ts}

@@ -1,4 +1,4 @@
-"""Every code block of the README runs as written.
+"""Every code block of the README and of the guides under ``docs/`` runs as written.
 
 Python blocks are written to files (named after the ``*.py`` file the prose just before a block
 names, so ``from my_watcher import ...`` finds its neighbour), imported in a fresh interpreter,
@@ -6,7 +6,9 @@ type-checked by mypy (``--check-untyped-defs``: an undefined name in a function 
 error), and the watcher and task examples are run through the real runtime on SQLite. Console
 blocks may only call known programs; each ``watchkeeper`` command must name real subcommands
 and options (checked against the CLI's own parser), and each ``uv`` command real options.
-TOML blocks must parse.
+TOML blocks must parse. A python block marked ``<!-- fragment -->`` on the line before its fence
+is an excerpt (a method out of its class, a body left out): ``test_docs_claims`` parses it and
+checks its imports, nothing runs it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,25 @@ from tests.support.requires import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+GUIDES = tuple(
+    REPO / "docs" / name
+    for name in (
+        "writing-watchers.md",
+        "tasks.md",
+        "queue-watchers.md",
+        "testing.md",
+        "operating.md",
+        "api-and-page.md",
+        "postgresql.md",
+        "configuring.md",
+        "command-line.md",
+        "upgrading.md",
+        "development.md",
+    )
+)
+"""The pages the README's long parts moved to, and every other page with code but the
+deployment page (its console blocks run system tools): held to the README's rules."""
+FRAGMENT = "<!-- fragment -->"
 
 KNOWN_PROGRAMS = frozenset(
     {
@@ -64,20 +85,27 @@ _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One fenced code block: its language, its text, where it starts and a module name."""
+    """One fenced code block: its language, its text, where it starts and a module name;
+    ``fragment`` when the line before its fence is :data:`FRAGMENT`."""
 
     language: str
     text: str
     line: int
     name: str
+    page: str = "README.md"
+    fragment: bool = False
 
 
-def read_blocks(markdown: str) -> list[Block]:
+def read_blocks(
+    markdown: str, *, page: str = "README.md", names: set[str] | None = None
+) -> list[Block]:
     """The fenced blocks of ``markdown``; a python block is named after the last ``*.py`` file
-    the prose before it mentions, else ``readme_block_<line>``."""
+    the prose before it mentions, else ``<page>_block_<line>`` (``readme_block_<line>`` for the
+    README). ``names`` are those taken already (by the blocks of other pages)."""
     blocks: list[Block] = []
     prose: list[str] = []
-    names: set[str] = set()
+    names = set() if names is None else names
+    stem = "readme" if page == "README.md" else re.sub(r"\W", "_", page.removesuffix(".md"))
     lines = markdown.splitlines()
     i = 0
     while i < len(lines):
@@ -94,30 +122,45 @@ def read_blocks(markdown: str) -> list[Block]:
             i += 1
         i += 1  # the closing fence
         mentioned = _PY_FILE.findall("\n".join(prose))
-        name = mentioned[-1] if mentioned else f"readme_block_{start + 1}"
+        name = mentioned[-1] if mentioned else f"{stem}_block_{start + 1}"
         if name in names:
             name = f"{name}_{start + 1}"
         names.add(name)
-        blocks.append(Block(fence.group(1), "\n".join(body) + "\n", start + 1, name))
+        before = [line for line in prose if line.strip()]
+        fragment = bool(before) and before[-1].strip() == FRAGMENT
+        text = "\n".join(body) + "\n"
+        blocks.append(Block(fence.group(1), text, start + 1, name, page, fragment))
         prose = []
     return blocks
 
 
-BLOCKS = read_blocks(README.read_text(encoding="utf-8"))
-PYTHON = [b for b in BLOCKS if b.language == "python"]
+def read_pages(paths: tuple[Path, ...]) -> list[Block]:
+    """The blocks of several pages, their module names unique across them."""
+    names: set[str] = set()
+    return [
+        block
+        for path in paths
+        for block in read_blocks(path.read_text(encoding="utf-8"), page=path.name, names=names)
+    ]
+
+
+BLOCKS = read_pages((README, *GUIDES))
+PYTHON = [b for b in BLOCKS if b.language == "python" and not b.fragment]
+FRAGMENTS = [b for b in BLOCKS if b.language == "python" and b.fragment]
 CONSOLE = [b for b in BLOCKS if b.language == "console"]
 TOML = [b for b in BLOCKS if b.language == "toml"]
 
 
 def _block_defining(marker: str) -> Block:
     found = [b for b in PYTHON if marker in b.text]
-    assert len(found) == 1, f"expected one python block of README.md with {marker!r}"
+    assert len(found) == 1, f"expected one python block of the README or a guide with {marker!r}"
     return found[0]
 
 
 @pytest.fixture
 def block_dir(tmp_path: Path) -> Path:
-    """Every python block of the README as a file ``<name>.py`` in one directory."""
+    """Every python block of the README and the guides (fragments aside) as a file
+    ``<name>.py`` in one directory."""
     directory = tmp_path / "blocks"
     directory.mkdir()
     for block in PYTHON:
@@ -146,10 +189,20 @@ def load_block(block_dir: Path, monkeypatch: pytest.MonkeyPatch) -> LoadBlock:
 
 class TestPythonBlocks:
     def test_the_readme_has_the_examples_these_tests_run(self) -> None:
-        """The README's python blocks include the watcher, the table watcher and the task."""
+        """The python blocks include the watcher, the table watcher and the task; the guides'
+        blocks are among them, and fewer than half as many excerpts are marked fragments."""
         for marker in ("class CountUp(", "class NewRows(", "def load_new_orders("):
             _block_defining(marker)
         assert len(PYTHON) >= 3
+        assert {b.page for b in PYTHON} >= {"README.md", "writing-watchers.md", "tasks.md"}
+        assert len(FRAGMENTS) < len(PYTHON) // 2, [f"{b.page}:{b.line}" for b in FRAGMENTS]
+
+    def test_a_fragment_is_marked_on_the_line_before_its_fence(self) -> None:
+        """The marker makes a fragment; a block without it, or with it further up, is not."""
+        text = "a\n\n<!-- fragment -->\n\n```python\nx\n```\n\n```python\ny\n```\n"
+        first, second = read_blocks(text, page="p.md")
+        assert (first.fragment, second.fragment) == (True, False)
+        assert (first.page, first.name) == ("p.md", "p_block_5")
 
     def test_every_block_imports_in_a_fresh_interpreter(self, block_dir: Path) -> None:
         """Each block runs as a module (imports resolve, module-level code works)."""
@@ -174,7 +227,9 @@ class TestPythonBlocks:
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout.splitlines()[-1]) == {}
+        failed = json.loads(result.stdout.splitlines()[-1])
+        where = {b.name: f"{b.page}:{b.line}" for b in PYTHON}
+        assert {where[name]: error for name, error in failed.items()} == {}
 
     @pytest.mark.slow
     def test_every_block_type_checks(self, block_dir: Path, tmp_path: Path) -> None:
@@ -190,7 +245,7 @@ class TestPythonBlocks:
                 str(tmp_path / "mypy-cache"),
                 *files,
             ],
-            cwd=block_dir,  # no project configuration: the README's blocks as a user has them
+            cwd=block_dir,  # no project configuration: the blocks as a user has them
             capture_output=True,
             text=True,
             timeout=300,
@@ -395,7 +450,7 @@ class TestConsoleBlocks:
         """Each console line runs watchkeeper, uv, pip, pytest, ruff, mypy, bash or cd."""
         assert ALL_COMMANDS, "README.md has no console block"
         unknown = [
-            f"line {block.line}: {program}"
+            f"{block.page}:{block.line}: {program}"
             for block, (program, _) in ALL_COMMANDS
             if program not in KNOWN_PROGRAMS
         ]
@@ -406,7 +461,7 @@ class TestConsoleBlocks:
         lines = [(b, args) for b, (program, args) in ALL_COMMANDS if program == "watchkeeper"]
         assert len(lines) >= 5
         problems = [
-            f"line {block.line}: {problem}"
+            f"{block.page}:{block.line}: {problem}"
             for block, args in lines
             for problem in check_watchkeeper_command(args)
         ]

@@ -19,6 +19,7 @@ from watchkeeper.store.backend import (
     require_event_log,
     require_operator_controls,
 )
+from watchkeeper.triggerer import TriggerRunner
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -59,11 +60,12 @@ async def serve_api(
     backend: B,
     scopes: Mapping[str, Sequence[str]],
     settings: ApiSettings | None = None,
+    runner: TriggerRunner | None = None,
 ) -> AsyncIterator[ServedApi[B]]:
     """Serve the API over the open ``backend`` with a token per name of ``scopes``; stopped on
-    exit."""
+    exit. With ``runner``, the API reports it as a daemon's API does."""
     settings = settings or ApiSettings(port=0)
-    ctx = api_context(backend, settings)
+    ctx = api_context(backend, settings, runner=runner)
     served: ServedApi[B] = ServedApi(backend, ctx, "", {})
     for name, granted in scopes.items():
         await served.add_token(name, granted)

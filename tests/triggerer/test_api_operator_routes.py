@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
 from watchkeeper.store.backend import (
@@ -16,8 +17,11 @@ from watchkeeper.store.backend import (
     TriggerStatus,
     encode_json,
 )
+from watchkeeper.triggerer import TriggerEvent, TriggerRunner
+from watchkeeper.triggerer.api._rates import RunnerRates
 
 from tests.support.api import ServedApi, serve_api
+from tests.support.runtime import FAST, Scripted, spec
 
 
 def _at(moment: datetime) -> datetime:
@@ -86,8 +90,9 @@ class TestUnknownWatcher:
 
 class TestWatcherRates:
     async def test_events_per_minute_over_the_stated_window(self, api: Api) -> None:
-        """Each watcher's events per minute come from the event log over the last 5 minutes,
-        on the first read: 300 events in the window are 60/min; older ones do not count."""
+        """Without a runner (``watchkeeper api``) each watcher's events per minute are counted
+        in the event log over the last 5 minutes, on the first read: 300 events in the window
+        are 60/min; older ones do not count."""
         now = datetime.now(UTC)
         statuses = [
             TriggerStatus("t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now),
@@ -101,8 +106,70 @@ class TestWatcherRates:
         api.backend.clock = lambda: datetime.now(UTC)
         async with api.client("ops") as ops:
             body = (await ops.get("/api/v1/watchers")).json()
-        assert body["rate_window_seconds"] == 300
+        assert body["rate_window_seconds"] == 300 and body["rate_source"] == "event_log"
         rates = {
             w["watcher"]: (w["events_in_window"], w["events_per_minute"]) for w in body["watchers"]
         }
         assert rates == {"bills_poll": (0, 0.0), "orders_poll": (300, 60.0)}
+
+    async def test_a_daemons_api_takes_the_rate_from_its_runner(self, tmp_path: Path) -> None:
+        """Served with a runner, the rates are the runner's own counts, not the event log's:
+        5 events its trigger committed count, 300 written to the log beside it do not, and a
+        watcher the runner does not run has no figure (null)."""
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            await backend.aregister_assets([Asset("orders"), Asset("bills")])
+            async with TriggerRunner(backend, FAST) as runner:
+                trigger = Scripted([TriggerEvent({"i": i}) for i in range(5)])
+                await runner.start_trigger(spec("orders_poll", trigger, Asset("orders")))
+                with anyio.fail_after(10):
+                    await trigger.drained.wait()
+                now = datetime.now(UTC)
+                statuses = [
+                    TriggerStatus(
+                        "t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now
+                    ),
+                    TriggerStatus(
+                        "t2", "m.C", ("bills",), ("bills_poll",), "running", updated_at=now
+                    ),
+                ]
+                await backend.asave_trigger_status(statuses)
+                for watcher, asset in (("orders_poll", "orders"), ("bills_poll", "bills")):
+                    rows = tuple((encode_json({"n": n}), None) for n in range(300))
+                    await backend.acommit_events(EventBatchCommit(watcher, (asset,), rows))
+                async with (
+                    serve_api(backend, {"ops": ["operate"]}, runner=runner) as served,
+                    served.client("ops") as ops,
+                ):
+                    body = (await ops.get("/api/v1/watchers")).json()
+        assert body["rate_source"] == "daemon"
+        rates = {
+            w["watcher"]: (w["events_in_window"], w["events_per_minute"]) for w in body["watchers"]
+        }
+        assert rates == {"bills_poll": (None, None), "orders_poll": (5, 1.0)}
+
+
+class TestRunnerRates:
+    def test_the_window_keeps_the_last_five_minutes_of_counts(self) -> None:
+        """A watcher's count is what it committed since the oldest sample inside the window
+        (plus the events since the last sample); a sample that leaves the window takes its
+        events with it, and a watcher that never ran here has no count."""
+        now = [0.0]
+        totals: dict[str, int] = {}
+        rates = RunnerRates(lambda: dict(totals), lambda: ["a", *totals], clock=lambda: now[0])
+        rates.sample()
+        totals["b"] = 10
+        now[0] = 15.0
+        rates.sample()
+        totals["b"] = 14  # committed after the last sample: counted at once
+        now[0] = 100.0
+        assert rates.counts() == {"a": 0, "b": 14}
+        now[0] = 300.0
+        rates.sample()  # the sample at 0 (nothing in it) leaves; the one at 15 stays
+        assert rates.counts() == {"a": 0, "b": 14}
+        now[0] = 315.0
+        rates.sample()  # the sample at 15 (10 events) leaves the window
+        assert rates.counts() == {"a": 0, "b": 4}
+        now[0] = 700.0
+        rates.sample()
+        assert rates.counts() == {"a": 0, "b": 0}
+        assert "c" not in rates.counts()

@@ -237,7 +237,20 @@ class TestOneDefinition:
         assert settings.triggerer.reload_interval == 9
 
 
+GUIDES = {
+    "Configuration": README.parent / "docs" / "configuring.md",
+    "The command line": README.parent / "docs" / "command-line.md",
+}
+"""The README's sections that moved to a page of the documentation (the page's title)."""
+
+
 def _readme_section(title: str) -> str:
+    """The section ``title`` of the README, or the page it moved to (its text to the end)."""
+    page = GUIDES.get(title)
+    if page is not None:
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith(f"# {title}\n"), page
+        return text
     text = README.read_text(encoding="utf-8")
     return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 

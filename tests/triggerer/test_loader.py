@@ -515,30 +515,38 @@ class TestIsolatedLoading:
         self, watchers: Path
     ) -> None:
         """A module that imports in the reading process but hangs when the daemon imports it
-        to rebuild the trigger: that trigger is refused as timed out in the daemon, the
-        others load; a load while that import still hangs does not wait for it, and keeps
-        the triggers that were running."""
+        to rebuild the trigger (until the test releases it): that trigger is refused as timed
+        out in the daemon, the others load; a load while that import still hangs does not wait for it, and keeps
+        the triggers that were running (a.py is rewritten in between, so that its trigger
+        is rebuilt; one whose files did not change keeps its instance without an import)."""
         write(
             watchers,
             "flaky.py",
             """
             import sys, time
+            from pathlib import Path
             from watchkeeper.triggerer import Asset, AssetWatcher
             from ticks import Ticker
 
             class Flaky(Ticker):
                 pass
 
-            if sys.argv[0] != "-c":  # not the reading process: the daemon
-                time.sleep(8)
+            if sys.argv[0] != "-c":  # not the reading process: the daemon, held till released
+                released = Path(__file__).parent.parent / "released"
+                for _ in range(6000):
+                    if released.exists():
+                        break
+                    time.sleep(0.01)
             flaky = Asset("flaky", watchers=[AssetWatcher("flaky_feed", Flaky(every=5))])
             """,
         )
         write(watchers, "a.py", asset_file("orders", "orders_feed"))
         with anyio.fail_after(60):
             result = await aload_watchers(watchers, import_timeout=0.5)
+            write(watchers, "a.py", asset_file("orders", "orders_feed") + "    # rewritten\n")
             again = await aload_watchers(watchers, import_timeout=0.5, previous=result)
             # Let the abandoned import finish before the next test loads anything.
+            (watchers.parent / "released").touch()
             assert await anyio.to_thread.run_sync(MODULES.lock.acquire, True, 40)
             MODULES.lock.release()
         errors = {(e.file, e.watcher): e.reason for e in result.errors}

@@ -352,6 +352,6 @@ class TestReadmeExample:
             blocks = _python_blocks(text)
             for name in ("my_watcher.py", "test_my_watcher.py"):
                 assert (EXAMPLE / name).read_text() in blocks, f"{name} differs from the docs"
-        readme = _python_blocks((REPO / "README.md").read_text())
+        guide = _python_blocks((REPO / "docs" / "testing.md").read_text())
         for name in ("my_task.py", "test_my_task.py"):
-            assert (EXAMPLE / name).read_text() in readme, f"{name} differs from the README"
+            assert (EXAMPLE / name).read_text() in guide, f"{name} differs from docs/testing.md"

@@ -10,7 +10,7 @@ import aio_pika
 import anyio
 import pytest
 import structlog
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from watchkeeper.store import Asset
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
 from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
@@ -76,6 +76,27 @@ async def ready(channel: AbstractChannel, queue: str) -> int:
     count = declared.declaration_result.message_count
     assert count is not None
     return count
+
+
+async def take_without_ack(queue: str, count: int, *, within: float) -> list[int]:
+    """The numbers of the messages a consumer of its own gets from ``queue`` (no bound on
+    its deliveries, none acknowledged) until it has ``count`` or ``within`` seconds passed;
+    closing its connection then puts them back in the queue."""
+    got: list[int] = []
+    enough = anyio.Event()
+
+    async def take(message: AbstractIncomingMessage) -> None:
+        got.append(json.loads(message.body)["n"])
+        if len(got) >= count:
+            enough.set()
+
+    async with await aio_pika.connect(URL) as connection:
+        own = await connection.channel()
+        declared = await own.declare_queue(queue, passive=True)
+        await declared.consume(take)
+        with anyio.move_on_after(within):
+            await enough.wait()
+    return got
 
 
 async def close_connections(name: str) -> int:
@@ -144,10 +165,12 @@ class TestRabbitMQWatcherFlow:
     async def test_prefetch_bounds_the_unacknowledged_deliveries(
         self, channel: AbstractChannel, queue: str, harness: WatcherHarness
     ) -> None:
-        """With prefetch=2, a watcher held after its first event has only two messages out."""
+        """With prefetch=2, a watcher held after its first event has only two messages out:
+        a second consumer started then gets the other eight (it would get none, the broker
+        having sent them all to the watcher, were there no bound)."""
         await publish(channel, queue, *range(1, 11))
         first, resume = anyio.Event(), anyio.Event()
-        checked: list[int] = []
+        witnessed: list[int] = []
 
         async def check_then_resume() -> None:
             await first.wait()
@@ -156,8 +179,7 @@ class TestRabbitMQWatcherFlow:
                     if await ready(channel, queue) <= 8:
                         break
                     await anyio.sleep(0.05)
-            await anyio.sleep(0.3)  # room for a third delivery, were there no bound
-            checked.append(await ready(channel, queue))
+            witnessed.extend(await take_without_ack(queue, 8, within=10))
             resume.set()
 
         async with anyio.create_task_group() as tg:
@@ -170,7 +192,7 @@ class TestRabbitMQWatcherFlow:
                 max_events=10,
                 watcher_name=NAME,
             )
-        assert checked == [8]
+        assert witnessed == list(range(3, 11))
         assert numbers(run.payloads) == list(range(1, 11))
 
 

@@ -13,7 +13,10 @@ The daemon waits at most ``import_timeout`` seconds for each file. Past it, the 
 reads the files after it; a child that dies refuses the file it was reading the same way. One
 child reads all the files, so a load costs one interpreter start (about what importing
 watchkeeper costs) plus the files' own import time; a hung file costs its timeout and one more
-start.
+start. The daemon starts each load's child ahead (:class:`ReadingProcesses`), so a reload does
+not wait for that start; and a load after another reads only the files that may define
+something else now (:meth:`~._watcher_files.FileReads.stale`, from the imports the child
+noted), and rebuilds only their triggers.
 
 The daemon then rebuilds each trigger from its serialization, through the allow-list
 (:func:`~._identity.rebuild_trigger`), as :func:`~._loader.load_watchers` does. That imports the trigger's module (often the watcher file
@@ -26,6 +29,7 @@ running keeps running its previous instance).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -33,10 +37,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Self
 
 import anyio
 import anyio.from_thread
@@ -46,6 +50,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from ._identity import rebuild_trigger
+from ._import_edges import ImportTracker
 from ._loader import (
     LoadResult,
     PendingTrigger,
@@ -60,15 +65,23 @@ from ._loader import (
 from ._watcher_files import (
     MODULES,
     FileDefinitions,
+    FileReads,
+    FileStamp,
     WatcherError,
     default_allowed_modules,
     read_definitions,
-    watcher_files,
+    scan_watchers_path,
 )
 from .errors import TriggererError, TriggerImportError
 from .trigger import BaseEventTrigger
 
-__all__ = ["DEFAULT_IMPORT_TIMEOUT", "aload_watchers", "child_main", "evaluate_files"]
+__all__ = [
+    "DEFAULT_IMPORT_TIMEOUT",
+    "ReadingProcesses",
+    "aload_watchers",
+    "child_main",
+    "evaluate_files",
+]
 
 DEFAULT_IMPORT_TIMEOUT: Final = 30.0
 _START_TIMEOUT: Final = 60.0
@@ -103,25 +116,40 @@ def _exit_with_parent(parent: int) -> None:
 def child_main() -> None:
     """The reading process: a request line on stdin, one JSON line per file on stdout.
 
-    The request is ``{"path", "files", "sys_path"}``. The files' own output (``print`` at
-    import) goes to stderr: stdout is kept for the answers only.
+    The request is ``{"path", "files", "sys_path", "env", "cwd"}``; the process may be started
+    ahead of it (see :class:`ReadingProcesses`), and ends quietly when stdin closes first. Each
+    answer is a file's definitions with ``"imports"``: the edges :class:`~._import_edges.ImportTracker` noted
+    while the file was read. The files' own output (``print`` at import) goes to stderr:
+    stdout is kept for the answers only.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the daemon's to handle
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
-    request = json.loads(sys.stdin.readline())
+    line = sys.stdin.readline()
+    if not line:  # the daemon went away, or no longer needs this process
+        os._exit(0)
+    request = json.loads(line)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     sys.path[:] = request["sys_path"]
+    if "env" in request:  # as the daemon's environment is now, not when this process started
+        os.environ.clear()
+        os.environ.update(request["env"])
+    if "cwd" in request:
+        os.chdir(request["cwd"])
     path = Path(request["path"])
     MODULES.reset(path)
+    tracker = ImportTracker(path)
+    tracker.install()
     out.write(_READY)
     for rel in request["files"]:
-        defs = read_definitions(path, path / rel)
-        out.write(json.dumps(defs.to_json(), ensure_ascii=True).encode() + b"\n")
+        tracker.current, tracker.edges = rel, {}
+        answer = read_definitions(path, path / rel).to_json()
+        answer["imports"] = {k: sorted(v) for k, v in tracker.edges.items()}
+        out.write(json.dumps(answer, ensure_ascii=True).encode() + b"\n")
     out.close()
     # Without running the files' atexit hooks or joining the threads they started.
     os._exit(0)
@@ -144,25 +172,76 @@ async def _kill(process: Process) -> None:
         await process.aclose()
 
 
-async def _read_with_one_child(
-    path: Path, files: Sequence[str], limit: float, results: dict[str, FileDefinitions]
-) -> int:
-    """Read ``files`` in order with one child; return how many were settled (read or refused).
-
-    Stops after the first file that timed out or ended the child: the caller goes on with a
-    new child from the file after it.
-    """
-    request = {"path": str(path), "files": list(files), "sys_path": sys.path}
-    process = await anyio.open_process(
+async def _start_child() -> Process:
+    return await anyio.open_process(
         [sys.executable, "-P", "-c", _CHILD_CODE],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=None,  # the files' own output, and tracebacks, go where the daemon's go
     )
+
+
+class ReadingProcesses:
+    """Keeps one reading process started ahead of the next load, so that a load does not
+    wait for an interpreter to start and import watchkeeper (the larger part of reading a
+    few files). Each process still reads for one load only: nothing of one load's imports
+    is left for the next. An async context manager: leaving it ends the waiting process."""
+
+    def __init__(self) -> None:
+        self._spare: Process | None = None
+
+    def take(self) -> Process | None:
+        """The process started ahead, if any (the caller owns it from now on)."""
+        spare, self._spare = self._spare, None
+        return spare
+
+    async def refill(self) -> None:
+        """Start the next load's process, unless one is waiting already."""
+        if self._spare is None:
+            self._spare = await _start_child()
+
+    async def aclose(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await _kill(spare)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _read_with_one_child(
+    path: Path,
+    files: Sequence[str],
+    limit: float,
+    results: dict[str, FileDefinitions],
+    imports: dict[str, set[str]],
+    process: Process | None = None,
+) -> int:
+    """Read ``files`` in order with one child (``process``, or a new one); return how many
+    were settled (read or refused), and add the import edges noted to ``imports``.
+
+    Stops after the first file that timed out or ended the child: the caller goes on with a
+    new child from the file after it.
+    """
+    request = {
+        "path": str(path),
+        "files": list(files),
+        "sys_path": sys.path,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+    }
+    if process is None:
+        process = await _start_child()
     try:
         assert process.stdin is not None and process.stdout is not None
-        await process.stdin.send(json.dumps(request, ensure_ascii=True).encode() + b"\n")
-        await process.stdin.aclose()
+        try:
+            await process.stdin.send(json.dumps(request, ensure_ascii=True).encode() + b"\n")
+            await process.stdin.aclose()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # it ended already: said below
         lines = BufferedByteReceiveStream(process.stdout)
         with anyio.move_on_after(max(_START_TIMEOUT, limit)):
             try:
@@ -196,22 +275,45 @@ async def _read_with_one_child(
                     else FileDefinitions(rel, error=WatcherError(rel, None, reason))
                 )
                 return done + 1
-            results[rel] = FileDefinitions.from_json(json.loads(line))
+            answer = json.loads(line)
+            results[rel] = FileDefinitions.from_json(answer)
+            for importer, imported in answer.get("imports", {}).items():
+                imports.setdefault(importer, set()).update(imported)
         return len(files)
     finally:
         await _kill(process)
 
 
 async def evaluate_files(
-    path: Path, files: Sequence[str], *, import_timeout: float = DEFAULT_IMPORT_TIMEOUT
+    path: Path,
+    files: Sequence[str],
+    *,
+    import_timeout: float = DEFAULT_IMPORT_TIMEOUT,
+    processes: ReadingProcesses | None = None,
+    imports: dict[str, set[str]] | None = None,
 ) -> dict[str, FileDefinitions]:
     """Read each file (relative to ``path``) in a child process, ``import_timeout`` seconds
-    at most each; a file past it, or that ends the child, is refused and the next child goes on."""
+    at most each; a file past it, or that ends the child, is refused and the next child goes on.
+
+    With ``processes``, the first child is the one it started ahead (a new one if that one
+    fails to answer), and the next load's is started once the files are read. ``imports``
+    receives the edges between the path's files noted while they were read.
+    """
     results: dict[str, FileDefinitions] = {}
+    edges: dict[str, set[str]] = {} if imports is None else imports
     todo = list(files)
+    spare = processes.take() if processes is not None else None
     while todo:
-        settled = await _read_with_one_child(path, todo, import_timeout, results)
+        try:
+            settled = await _read_with_one_child(path, todo, import_timeout, results, edges, spare)
+        except _ChildFailedError:
+            if spare is None:
+                raise
+            settled = 0  # the process started ahead died meanwhile: a new one reads
+        spare = None
         todo = todo[settled:]
+    if processes is not None:
+        await processes.refill()
     return results
 
 
@@ -277,9 +379,18 @@ async def aload_watchers(
     allowed_modules: Sequence[str] | None = None,
     previous: LoadResult | None = None,
     import_timeout: float = DEFAULT_IMPORT_TIMEOUT,
+    processes: ReadingProcesses | None = None,
+    stamps: Mapping[str, FileStamp] | None = None,
 ) -> LoadResult:
     """:func:`~._loader.load_watchers`, with the files read in a child process and every
     import bounded by ``import_timeout`` seconds (see the module's docstring).
+
+    With a ``previous`` load of the same path, only the files that may define something else
+    now are read again (:meth:`FileReads.stale`: changed, new, refused last time, or importing
+    a file that changed), and only their triggers are rebuilt; the others keep what was read
+    and the instances built then. ``processes`` (see :class:`ReadingProcesses`) spares the
+    load an interpreter's start. ``stamps``: the path's scan (:func:`scan_watchers_path`), when
+    the caller took one just before; otherwise the load takes its own.
 
     Cancellable at any point (the child is killed). Raises :class:`TriggererError` only when
     the child cannot start at all.
@@ -289,18 +400,49 @@ async def aload_watchers(
     path = Path(await anyio.Path(path).resolve())
     if not await anyio.Path(path).is_dir():
         return missing_path(path, previous)
-    allowed = (
-        list(allowed_modules)
-        if allowed_modules
-        else await anyio.to_thread.run_sync(default_allowed_modules, path)
+    explicit = tuple(allowed_modules) if allowed_modules else None
+    if stamps is None:
+        stamps = await anyio.to_thread.run_sync(scan_watchers_path, path)
+    rels = list(stamps)
+    last = previous.reads if previous is not None and previous.path == path else None
+    if last is not None and last.allowed != explicit:
+        last = None
+    stale = set(rels) if last is None else last.stale(stamps)
+    edges: dict[str, set[str]] = {}
+    todo = [rel for rel in rels if rel in stale]
+    read = (
+        await evaluate_files(
+            path, todo, import_timeout=import_timeout, processes=processes, imports=edges
+        )
+        if todo
+        else {}
     )
-    files = await anyio.to_thread.run_sync(watcher_files, path)
-    rels = [file.relative_to(path).as_posix() for file in files]
-    read = await evaluate_files(path, rels, import_timeout=import_timeout)
-    plan = plan_load({rel: read[rel] for rel in rels}, previous)
+    cached = last.definitions if last is not None else {}  # every file is in one of the two
+    definitions = {rel: read[rel] if rel in read else cached[rel] for rel in rels}
+    imports = {k: v for k, v in (last.imports.items() if last else ()) if k in stamps}
+    for rel in read:  # what they import now, noted anew
+        imports.pop(rel, None)
+    imports.update((k, frozenset(v)) for k, v in edges.items() if k in stamps)
+    reads = FileReads(stamps, definitions, imports, explicit)
+    plan = plan_load(definitions, previous)
+
+    # The instance to keep: a carried file's, or one whose files were not read again.
+    before = {g.trigger_id: g for g in previous.groups} if previous is not None else {}
+    kept: dict[int, BaseEventTrigger] = {}
+    for entry in plan.pending:
+        reused = reused_trigger(plan, entry)
+        if reused is None and last is not None and not any(f in read for f in entry.files):
+            reused = plan.before.get(entry.trigger_id)
+        if reused is not None:
+            kept[id(entry)] = reused
     groups: list[WatcherGroup] = []
     errors: list[WatcherError] = []
-    fresh = [entry for entry in plan.pending if reused_trigger(plan, entry) is None]
+    fresh = [entry for entry in plan.pending if id(entry) not in kept]
+    # The path's own modules are allowed by default: listed when a trigger is rebuilt. (A
+    # kept one stays allowed: had its module gone, the files importing it were read again.)
+    allowed: Sequence[str] = explicit or ()
+    if fresh and explicit is None:
+        allowed = await anyio.to_thread.run_sync(default_allowed_modules, path)
     rebuilt = dict(
         zip(
             (id(entry) for entry in fresh),
@@ -309,7 +451,7 @@ async def aload_watchers(
         )
     )
     for entry in plan.pending:
-        trigger = reused_trigger(plan, entry) or rebuilt[id(entry)]
+        trigger = kept.get(id(entry)) or rebuilt[id(entry)]
         if isinstance(trigger, _Stuck):
             # Not this trigger's fault: one that ran before keeps its running instance.
             running = plan.before.get(entry.trigger_id)
@@ -321,5 +463,19 @@ async def aload_watchers(
         elif isinstance(trigger, str):
             errors.extend(refuse_group(entry, trigger))
             continue
-        groups.append(group_of(entry, trigger))
-    return finish(path, plan, groups, errors)
+        same = before.get(entry.trigger_id)
+        if same is not None and same.trigger is trigger:  # its kwargs are decoded already
+            groups.append(
+                WatcherGroup(
+                    entry.trigger_id,
+                    entry.classpath,
+                    same.kwargs,
+                    trigger,
+                    tuple(entry.assets),
+                    tuple(entry.watchers),
+                    tuple(entry.files),
+                )
+            )
+        else:
+            groups.append(group_of(entry, trigger))
+    return dataclasses.replace(finish(path, plan, groups, errors), reads=reads)

@@ -49,6 +49,7 @@ from ._watcher_files import (
     MODULES,
     AssetDefinition,
     FileDefinitions,
+    FileReads,
     WatcherError,
     default_allowed_modules,
     read_definitions,
@@ -107,6 +108,8 @@ class LoadResult:
     errors: tuple[WatcherError, ...] = ()
     files: Mapping[str, FileDefinitions] = field(default_factory=dict)
     asset_files: Mapping[str, str] = field(default_factory=dict)
+    reads: FileReads | None = None
+    """What this load read and when (the next isolated load reads only what changed)."""
 
 
 # -- grouping ------------------------------------------------------------------------------------
@@ -138,6 +141,7 @@ class PendingTrigger:
     watchers: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     carried: bool = False
+    _id: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -148,7 +152,9 @@ class PendingTrigger:
     def trigger_id(self) -> str:
         """The group's id: its one watcher name and its canonical JSON (see
         :func:`watcher_trigger_id`)."""
-        return watcher_trigger_id(self.canonical, self.watchers[0])
+        if self._id is None:  # the one name is set as the entry is made, and kept
+            self._id = watcher_trigger_id(self.canonical, self.watchers[0])
+        return self._id
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """Greenback portals on demand: the sync store calls of a trigger's ``run()``.
 
 A sync store call (``self.asset_state_store.get(...)``) inside ``run()`` needs a greenback
-portal in the trigger's task, which costs about 3 KiB per trigger. A trigger gets one once its
+portal in the trigger's task, which costs memory in every trigger. A trigger gets one once its
 class is seen to need it: its first sync call without one calls the store's missing-portal
 hook (the trigger's :class:`~._supervisor.TriggerSlot`), which cancels the trigger's task, so
 ``run()`` stops at its next await even when it catches the

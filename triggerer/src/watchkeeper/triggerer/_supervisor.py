@@ -160,7 +160,7 @@ class TriggerSlot:
         self.saved: tuple[object, ...] | None = None
         """What :meth:`change_key` was when this status was last saved (None: never)."""
         # Created only when someone waits: most triggers run until the process exits, and an
-        # idle Event costs ~0.7 KiB per trigger.
+        # idle Event per trigger adds up over thousands of them.
         self._done: anyio.Event | None = None
 
     def __repr__(self) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "PACKAGE",
     "AssetDefinition",
     "FileDefinitions",
+    "FileReads",
     "FileStamp",
     "WatcherDefinition",
     "WatcherError",
@@ -182,6 +183,48 @@ def scan_watchers_path(path: Path) -> dict[str, FileStamp]:
             continue
         found[file.relative_to(path).as_posix()] = (st.st_mtime_ns, st.st_size, zlib.crc32(content))
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class FileReads:
+    """What the last load read, so that the next one reads again only what may have changed.
+
+    ``stamps`` are the files' stamps taken before they were read, ``definitions`` what each
+    file defined (or why it was refused), ``imports`` maps a file of the watchers path to the
+    files of the path its code imported (both relative): a file is read again when it, or a
+    file it imports directly or not, changed, appeared or went. ``allowed`` is the allow-list
+    the load was given (None: the default one, see :func:`default_allowed_modules`).
+    """
+
+    stamps: Mapping[str, FileStamp]
+    definitions: Mapping[str, FileDefinitions]
+    imports: Mapping[str, frozenset[str]]
+    allowed: tuple[str, ...] | None
+
+    def stale(self, stamps: Mapping[str, FileStamp]) -> set[str]:
+        """The files of ``stamps`` to read again: new or changed ones, those refused last
+        time (the cause may lie outside the path), and those that import, directly or not,
+        a file that changed, appeared or went."""
+        changed = {rel for rel, stamp in stamps.items() if self.stamps.get(rel) != stamp}
+        added_or_gone = (stamps.keys() - self.stamps.keys()) | (self.stamps.keys() - stamps.keys())
+        if any(rel.rsplit("/", 1)[-1] == "__init__.py" for rel in added_or_gone):
+            return set(stamps)  # a directory became a package, or stopped being one
+        changed |= added_or_gone
+        importers: dict[str, set[str]] = {}
+        for importer, imported in self.imports.items():
+            for rel in imported:
+                importers.setdefault(rel, set()).add(importer)
+        todo, affected = list(changed), set(changed)
+        while todo:
+            for importer in importers.get(todo.pop(), ()):
+                if importer not in affected:
+                    affected.add(importer)
+                    todo.append(importer)
+        for rel in stamps:
+            defs = self.definitions.get(rel)
+            if defs is None or defs.error is not None:
+                affected.add(rel)
+        return affected & stamps.keys()
 
 
 def watcher_files(path: Path) -> list[Path]:

@@ -176,7 +176,7 @@ class Worker:
     ) -> None:
         """Declare the tasks, then create, claim and execute runs until cancelled."""
         await self.declare()
-        # Read once: a disabled debug call still costs a few microseconds per run.
+        # Read once: a disabled debug call still costs a lookup on every run.
         self._log_starts = log.is_enabled_for(logging.DEBUG)
         log.info("worker_started", owner=self.owner, tasks=sorted(self.tasks))
         try:

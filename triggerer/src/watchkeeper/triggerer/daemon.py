@@ -77,7 +77,7 @@ from ._config import SupervisionSettings
 from ._daemon_leases import DaemonLeases
 from ._daemon_status import DaemonStatusKeeper
 from ._describe import describe_error
-from ._evaluate import aload_watchers
+from ._evaluate import ReadingProcesses, aload_watchers
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
@@ -153,6 +153,7 @@ class Daemon(DaemonLeases):
         self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._wake = anyio.Event()
+        self._processes: ReadingProcesses | None = None
 
     def __repr__(self) -> str:
         placement = self._placement
@@ -254,6 +255,8 @@ class Daemon(DaemonLeases):
                 backend=self._backend,
                 controls=controls,
             )
+            # A process to read the watcher files is started ahead of each load.
+            self._processes = await stack.enter_async_context(ReadingProcesses())
             self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
             # The node lease is renewed while the first load starts thousands of triggers.
             async with anyio.create_task_group() as boot:
@@ -338,6 +341,7 @@ class Daemon(DaemonLeases):
         """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
         a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
         async with self._load_lock:
+            refused_before = self._loaded.errors if self._loaded is not None else None
             unapplied = self._unapplied
             if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
                 result = unapplied[1]
@@ -348,6 +352,7 @@ class Daemon(DaemonLeases):
                     allowed_modules=triggerer.allowed_trigger_modules or None,
                     previous=self._loaded,
                     import_timeout=triggerer.import_timeout,
+                    processes=self._processes,
                 )
             try:
                 async with self.placement.lock:
@@ -356,7 +361,8 @@ class Daemon(DaemonLeases):
                 self._unapplied = None if snapshot is None else (snapshot, result)
                 raise
             self._unapplied = None
-        await self.save_daemon_status()  # what was refused may have changed
+        if result.errors != refused_before:  # else the heartbeat's next save will do
+            await self.save_daemon_status()  # what was refused changed
         log.info(
             "watchers_reloaded",
             triggers=len(self._running),

@@ -178,6 +178,9 @@ class ApiSettings(_Section):
     """PEM certificate (chain) to serve HTTPS with; with ``tls_keyfile``. Unset: plain HTTP."""
     tls_keyfile: Path | None = None
     """PEM private key of ``tls_certfile``."""
+    watcher_sample_seconds: float = Field(default=60.0, ge=0.05)
+    """Seconds between two samples of the watchers' event rate, last-event age and state for
+    the page's watcher view (the last hour is kept in memory)."""
 
     @model_validator(mode="after")
     def _check_tls(self) -> Self:

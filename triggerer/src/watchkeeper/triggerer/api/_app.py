@@ -37,6 +37,7 @@ from ._health import healthz, metrics, openapi, readyz
 from ._page import page
 from ._parse import PathSegments
 from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
+from ._views import asset_graph, watcher_history
 from ._watchers import control, list_daemons, list_watchers
 
 __all__ = ["ApiContext", "ApiError", "create_app"]
@@ -83,7 +84,11 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(ctx: ApiContext) -> Starlette:
-    """The application over ``ctx``."""
+    """Build the Starlette application (every route, the page, errors as JSON).
+
+    :param ctx: what the routes work on (see :func:`~watchkeeper.triggerer.api.api_context`).
+    :returns: the application, ``ctx`` on its state; serve it with :func:`serve_app`.
+    """
     v1 = "/api/v1"
     routes = [
         Route("/", page),
@@ -109,6 +114,8 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),
+        Route(f"{v1}/watchers/{{name}}/history", watcher_history),
+        Route(f"{v1}/graph", asset_graph),
         Mount(
             "/static",
             app=StaticFiles(packages=[("watchkeeper.triggerer.api", "static")]),

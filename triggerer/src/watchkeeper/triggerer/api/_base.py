@@ -19,6 +19,8 @@ from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
 from ._parse import int_param
+from ._rates import RunnerRates
+from ._series import WatcherSeries
 from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ class ApiContext:
     metrics: Metrics
     daemon: Daemon | None = None
     runner: TriggerRunner | None = None
+    rates: RunnerRates | None = None
+    """The runner's watcher rates (sampled while the server runs); None: count the event log."""
     sse_poll: float = 0.25
     """Seconds between two reads of new events for each live stream."""
     closing: anyio.Event = field(default_factory=anyio.Event)
@@ -71,9 +75,12 @@ class ApiContext:
     """Live streams open now, by token id."""
     metrics_token_required: bool = False
     """``/metrics`` needs a token with read scope."""
+    series: WatcherSeries | None = None
+    """The watchers' last hour (sampled by the server that serves this context), or None."""
 
     @property
     def tasks(self) -> TaskQueue:
+        """The store as a task queue; a 501 :class:`ApiError` when it keeps no tasks."""
         backend = self.backend
         if not isinstance(backend, TaskQueue):
             raise ApiError(501, "not_supported", f"{type(backend).__name__} keeps no tasks")
@@ -81,6 +88,7 @@ class ApiContext:
 
     @property
     def controls(self) -> OperatorControls:
+        """The store's tokens and controls; a 501 :class:`ApiError` when it keeps none."""
         store = controls_of(self.backend)
         if store is None:
             raise ApiError(
@@ -89,7 +97,10 @@ class ApiContext:
         return store
 
     def feed(self, asset: str | None) -> EventFeed:
-        """The shared feed of a live stream's filter (made when its first client comes)."""
+        """The shared feed of a live stream's filter (made when its first client comes).
+
+        :param asset: the stream's asset; None for every event.
+        """
         feed = self.feeds.get(asset)
         if feed is None:
             feed = self.feeds[asset] = EventFeed(self.controls, asset, keep=self.feed_keep)

@@ -52,13 +52,17 @@ STATES = ("running", "backing_off", "failed", "stopped", "paused")
 
 
 class LoopLagProbe:
-    """Measures how late the event loop wakes a task that sleeps ``interval`` seconds."""
+    """Measures how late the event loop wakes a task that sleeps ``interval`` seconds.
+
+    :param interval: seconds between two wake-ups; ``lag`` is how late the last one came.
+    """
 
     def __init__(self, interval: float = 0.25) -> None:
         self.interval = interval
         self.lag = 0.0
 
     async def run(self) -> None:
+        """Measure until cancelled (start it in the server's task group)."""
         while True:
             start = time.perf_counter()
             await anyio.sleep(self.interval)
@@ -82,7 +86,14 @@ def _backend_label(backend: BaseStateBackend) -> str:
 
 
 class Metrics:
-    """The collector: :meth:`prepare` (async, reads what needs the store) then :meth:`render`."""
+    """The ``/metrics`` collector: :meth:`prepare` (async, reads what needs the store) then
+    :meth:`render`.
+    :param backend: the open store (task figures; watcher figures when there is no runner).
+    :param runner: the runner in this process, whose counters give the watcher figures.
+    :param daemon: the daemon in this process (its leases held, its paused watchers).
+    :param max_watcher_series: most watchers with series of their own (those with the most events).
+    :param lag: the event loop's lag probe, reported when given.
+    """
 
     def __init__(
         self,
@@ -243,24 +254,17 @@ class Metrics:
         the generic path spends most of a scrape building and formatting sample objects.
         """
         by_state, shown, watchers = self._samples()
-        out: list[str] = []
+        out = _Exposition()
+        _watcher_totals(out, by_state, dropped=watchers - len(shown))
+        self._watcher_series(out, shown, watchers)
+        self._runtime_families(out)
+        self._daemon_and_store_families(out)
+        if self._task_metrics is not None:
+            out.parts.append(self._task_metrics.render())
+        return out.text()
 
-        def family(name: str, kind: str, text: str, rows: list[str]) -> None:
-            out.append(f"# HELP {name} {text}\n# TYPE {name} {kind}\n")
-            out.extend(rows)
-
-        family(
-            "watchkeeper_watchers",
-            "gauge",
-            "Watchers by state (every watcher).",
-            [f'watchkeeper_watchers{{state="{_esc(k)}"}} {v}\n' for k, v in by_state.items()],
-        )
-        family(
-            "watchkeeper_watcher_series_dropped",
-            "gauge",
-            "Watchers left out of the per-watcher series by [api] max_watcher_series.",
-            [f"watchkeeper_watcher_series_dropped {watchers - len(shown)}\n"],
-        )
+    def _watcher_series(self, out: _Exposition, shown: list[WatcherSample], watchers: int) -> None:
+        """The per-watcher families: events, up, state, last event time, failures."""
         events: list[str] = []
         up: list[str] = []
         states: list[str] = []
@@ -289,37 +293,41 @@ class Metrics:
                     f"watchkeeper_watcher_last_event_timestamp_seconds{{{label}}} {stamp!r}\n"
                 )
             failures.append(f"watchkeeper_watcher_failures_total{{{label}}} {sample.failures}\n")
-        family("watchkeeper_events_total", "counter", "Asset events committed.", events)
-        family("watchkeeper_watcher_up", "gauge", "1 while the watcher runs, else 0.", up)
-        family(
+        out.family("watchkeeper_events_total", "counter", "Asset events committed.", events)
+        out.family("watchkeeper_watcher_up", "gauge", "1 while the watcher runs, else 0.", up)
+        out.family(
             "watchkeeper_watcher_state",
             "gauge",
             "1 for the watcher's current state, 0 for the others.",
             states,
         )
-        family(
+        out.family(
             "watchkeeper_watcher_last_event_timestamp_seconds",
             "gauge",
             "Unix time of the watcher's last committed event.",
             last,
         )
-        family(
+        out.family(
             "watchkeeper_watcher_failures_total",
             "counter",
             "Failed runs of the watcher (run() raised or returned).",
             failures,
         )
+
+    def _runtime_families(self, out: _Exposition) -> None:
+        """The runner's commit latency and fenced writes, the store's commit batch sizes, and
+        the event loop's lag: what this process measures of itself."""
         backend = f'backend="{_esc(_backend_label(self.backend))}"'
         runner = self.runner
         if runner is not None:
             hist = runner.metrics.commit_seconds
-            family(
+            out.family(
                 "watchkeeper_commit_seconds",
                 "histogram",
                 "Seconds from an event's commit call to its durable commit.",
                 _histogram("watchkeeper_commit_seconds", backend, hist.cumulative(), hist.total),
             )
-            family(
+            out.family(
                 "watchkeeper_fenced_writes_total",
                 "counter",
                 "Writes the store refused because the watcher's lease had moved.",
@@ -327,7 +335,7 @@ class Metrics:
             )
         sizes = getattr(self.backend, "commit_batch_sizes", None)
         if sizes is not None:
-            family(
+            out.family(
                 "watchkeeper_commit_batch_size",
                 "histogram",
                 "Operations per group-commit transaction.",
@@ -336,12 +344,16 @@ class Metrics:
                 ),
             )
         if self.lag is not None:
-            family(
+            out.family(
                 "watchkeeper_loop_lag_seconds",
                 "gauge",
                 "How late the event loop last woke a task that slept 0.25 s.",
                 [f"watchkeeper_loop_lag_seconds {self.lag.lag!r}\n"],
             )
+
+    def _daemon_and_store_families(self, out: _Exposition) -> None:
+        """The daemon's leases held, and whether (and when) the last read of the store
+        succeeded."""
         if self.daemon is not None:
             try:
                 leases = self.daemon.leases
@@ -349,30 +361,57 @@ class Metrics:
                 held = 0 if leases.lapsed() else len(leases.held)
             except RuntimeError:  # the daemon is closing
                 held = 0
-            family(
+            out.family(
                 "watchkeeper_leases_held",
                 "gauge",
                 "Watcher leases this daemon holds (0 once its node lease lapsed).",
                 [f"watchkeeper_leases_held {held}\n"],
             )
         if self.store_up is not None:
-            family(
+            out.family(
                 "watchkeeper_store_up",
                 "gauge",
                 f"1 when this scrape read the store within {STORE_READ_TIMEOUT:g} s, else 0.",
                 [f"watchkeeper_store_up {1 if self.store_up else 0}\n"],
             )
         if self.read_at is not None:
-            family(
+            out.family(
                 "watchkeeper_store_read_timestamp_seconds",
                 "gauge",
                 "Unix time of the last read of the store that succeeded (what the task "
                 "figures and, without a runner, the watcher figures come from).",
                 [f"watchkeeper_store_read_timestamp_seconds {self.read_at!r}\n"],
             )
-        if self._task_metrics is not None:
-            out.append(self._task_metrics.render())
-        return "".join(out).encode()
+
+
+class _Exposition:
+    """The text format being written: each family's ``HELP`` and ``TYPE`` lines, its rows."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def family(self, name: str, kind: str, text: str, rows: list[str]) -> None:
+        self.parts.append(f"# HELP {name} {text}\n# TYPE {name} {kind}\n")
+        self.parts.extend(rows)
+
+    def text(self) -> bytes:
+        return "".join(self.parts).encode()
+
+
+def _watcher_totals(out: _Exposition, by_state: Mapping[str, int], dropped: int) -> None:
+    """Watchers by state (every watcher), and how many the series cap left out."""
+    out.family(
+        "watchkeeper_watchers",
+        "gauge",
+        "Watchers by state (every watcher).",
+        [f'watchkeeper_watchers{{state="{_esc(k)}"}} {v}\n' for k, v in by_state.items()],
+    )
+    out.family(
+        "watchkeeper_watcher_series_dropped",
+        "gauge",
+        "Watchers left out of the per-watcher series by [api] max_watcher_series.",
+        [f"watchkeeper_watcher_series_dropped {dropped}\n"],
+    )
 
 
 def _esc(value: str) -> str:

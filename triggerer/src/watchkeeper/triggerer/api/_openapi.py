@@ -138,7 +138,175 @@ def _op(
 
 
 def openapi_document() -> dict[str, Any]:
-    """The document (a fresh dict each call)."""
+    """The OpenAPI 3.1 document of the REST API.
+
+    :returns: a fresh dict each call: the paths of every route, by resource, and the body schemas.
+    """
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "watchkeeper", "version": "1"},
+        "security": [{"bearer": []}],
+        "paths": {
+            **_asset_paths(),
+            **_state_entry_path(),
+            **_event_paths(),
+            **_watcher_paths(),
+            **_task_paths(),
+            **_run_paths(),
+            **_view_paths(),
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": SCHEMAS,
+        },
+    }
+
+
+def _asset_paths() -> dict[str, Any]:
+    """The assets, one asset, and its state entries."""
+    return {
+        "/api/v1/assets": {
+            "get": _op(
+                "registered assets the token may read",
+                {"200": _json("assets", ref("Assets"))},
+            )
+        },
+        "/api/v1/assets/{name}": {
+            "get": _op(
+                "an asset with its state entries and watchers",
+                {
+                    "200": _json("the asset", ref("AssetDetail")),
+                    "404": _error("no such asset"),
+                },
+                parameters=[_NAME],
+            )
+        },
+        "/api/v1/assets/{name}/state": {
+            "get": _op(
+                "the asset's state entries",
+                {"200": _json("entries", ref("Entries")), "404": _error("no such asset")},
+                bad=True,
+                parameters=[_NAME],
+            )
+        },
+    }
+
+
+def _state_entry_path() -> dict[str, Any]:
+    """One state entry: read, write and delete, with its version as the ETag."""
+    conflict = _json(
+        "a precondition failed; current_version is the entry's version (0: not set)",
+        ref("Conflict"),
+        headers={"ETag": {"required": False, "schema": {"type": "string"}}},
+    )
+    return {
+        "/api/v1/assets/{name}/state/{key}": {
+            "parameters": [_NAME, _KEY],
+            "get": _op(
+                "one entry; its version is the ETag",
+                {
+                    "200": _json("the entry", ref("Entry"), headers=_ETAG_HEADER),
+                    "304": {
+                        "description": "If-None-Match holds the entry's ETag",
+                        "headers": _ETAG_HEADER,
+                    },
+                    "404": _error("no such asset, or the key is not set"),
+                    "412": conflict,
+                },
+                bad=True,
+                parameters=[_IF_MATCH, _IF_NONE_MATCH],
+            ),
+            "put": _op(
+                "write the JSON body as the value; If-Match/If-None-Match make it a "
+                "compare-and-set",
+                {
+                    "200": _json("written", ref("Written"), headers=_ETAG_HEADER),
+                    "201": _json("created", ref("Written"), headers=_ETAG_HEADER),
+                    "404": _error("no such asset"),
+                    "412": conflict,
+                    "413": _error("over the size limit (max_value_bytes)"),
+                },
+                bad=True,
+                parameters=[_IF_MATCH, _IF_NONE_MATCH],
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": VALUE}},
+                },
+            ),
+            "delete": _op(
+                "delete the key (204 when it was not set); If-Match/If-None-Match make "
+                "it conditional",
+                {
+                    "204": {"description": "deleted"},
+                    "404": _error("no such asset"),
+                    "412": conflict,
+                },
+                bad=True,
+                parameters=[_IF_MATCH, _IF_NONE_MATCH],
+            ),
+        },
+    }
+
+
+def _event_paths() -> dict[str, Any]:
+    """The event log: pages, and the live stream."""
+    return {
+        "/api/v1/events": {
+            "get": _op(
+                "committed events after an id, in id order",
+                {"200": _json("a page of events", ref("EventPage"))},
+                bad=True,
+                parameters=[
+                    _ASSET_Q,
+                    _AFTER_Q,
+                    _LIMIT_Q,
+                    {
+                        "name": "before",
+                        "in": "query",
+                        "description": "only events with ids below this one",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
+                    },
+                    {
+                        "name": "order",
+                        "in": "query",
+                        "description": "asc (absent): oldest first; desc: newest first",
+                        "schema": {"type": "string", "enum": ["asc", "desc"]},
+                    },
+                ],
+            )
+        },
+        "/api/v1/events/stream": {
+            "get": _op(
+                "Server-Sent Events of new events; resumes after Last-Event-ID",
+                {
+                    "200": {
+                        "description": "a stream of 'asset_event' frames, each with its id",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    "404": _error("no such asset"),
+                    "429": _error(
+                        "the token holds [api] max_streams_per_token open streams",
+                    )
+                    | {"headers": {"Retry-After": {"schema": {"type": "string"}}}},
+                },
+                bad=True,
+                parameters=[
+                    _ASSET_Q,
+                    _AFTER_Q,
+                    {
+                        "name": "Last-Event-ID",
+                        "in": "header",
+                        "description": "resume after this event id (wins over after)",
+                        "schema": {"type": "string", "pattern": "^[ \\t]*[0-9]{1,19}[ \\t]*$"},
+                    },
+                ],
+            )
+        },
+    }
+
+
+def _watcher_paths() -> dict[str, Any]:
+    """The watchers, their controls, and the daemons."""
     control: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
@@ -147,6 +315,24 @@ def openapi_document() -> dict[str, Any]:
             "404": _error("no watcher of that name (the detail names the closest)"),
         },
     }
+    return {
+        "/api/v1/watchers": {
+            "get": _op("every watcher", {"200": _json("watchers", ref("Watchers"))})
+        },
+        "/api/v1/watchers/{name}/pause": {"post": _op("pause", **control)},
+        "/api/v1/watchers/{name}/resume": {"post": _op("resume", **control)},
+        "/api/v1/watchers/{name}/retry": {"post": _op("retry a failed watcher", **control)},
+        "/api/v1/daemons": {
+            "get": _op(
+                "daemons with their leases and heartbeat age",
+                {"200": _json("daemons", ref("Daemons"))},
+            )
+        },
+    }
+
+
+def _task_paths() -> dict[str, Any]:
+    """The tasks, their controls and their rewind."""
     task: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
@@ -154,240 +340,124 @@ def openapi_document() -> dict[str, Any]:
             "404": _error("no such task"),
         },
     }
-    conflict = _json(
-        "a precondition failed; current_version is the entry's version (0: not set)",
-        ref("Conflict"),
-        headers={"ETag": {"required": False, "schema": {"type": "string"}}},
-    )
     return {
-        "openapi": "3.1.0",
-        "info": {"title": "watchkeeper", "version": "1"},
-        "security": [{"bearer": []}],
-        "paths": {
-            "/api/v1/assets": {
-                "get": _op(
-                    "registered assets the token may read",
-                    {"200": _json("assets", ref("Assets"))},
-                )
-            },
-            "/api/v1/assets/{name}": {
-                "get": _op(
-                    "an asset with its state entries and watchers",
-                    {
-                        "200": _json("the asset", ref("AssetDetail")),
-                        "404": _error("no such asset"),
-                    },
-                    parameters=[_NAME],
-                )
-            },
-            "/api/v1/assets/{name}/state": {
-                "get": _op(
-                    "the asset's state entries",
-                    {"200": _json("entries", ref("Entries")), "404": _error("no such asset")},
-                    bad=True,
-                    parameters=[_NAME],
-                )
-            },
-            "/api/v1/assets/{name}/state/{key}": {
-                "parameters": [_NAME, _KEY],
-                "get": _op(
-                    "one entry; its version is the ETag",
-                    {
-                        "200": _json("the entry", ref("Entry"), headers=_ETAG_HEADER),
-                        "304": {
-                            "description": "If-None-Match holds the entry's ETag",
-                            "headers": _ETAG_HEADER,
-                        },
-                        "404": _error("no such asset, or the key is not set"),
-                        "412": conflict,
-                    },
-                    bad=True,
-                    parameters=[_IF_MATCH, _IF_NONE_MATCH],
-                ),
-                "put": _op(
-                    "write the JSON body as the value; If-Match/If-None-Match make it a "
-                    "compare-and-set",
-                    {
-                        "200": _json("written", ref("Written"), headers=_ETAG_HEADER),
-                        "201": _json("created", ref("Written"), headers=_ETAG_HEADER),
-                        "404": _error("no such asset"),
-                        "412": conflict,
-                        "413": _error("over the size limit (max_value_bytes)"),
-                    },
-                    bad=True,
-                    parameters=[_IF_MATCH, _IF_NONE_MATCH],
-                    requestBody={
-                        "required": True,
-                        "content": {"application/json": {"schema": VALUE}},
-                    },
-                ),
-                "delete": _op(
-                    "delete the key (204 when it was not set); If-Match/If-None-Match make "
-                    "it conditional",
-                    {
-                        "204": {"description": "deleted"},
-                        "404": _error("no such asset"),
-                        "412": conflict,
-                    },
-                    bad=True,
-                    parameters=[_IF_MATCH, _IF_NONE_MATCH],
-                ),
-            },
-            "/api/v1/events": {
-                "get": _op(
-                    "committed events after an id, in id order",
-                    {"200": _json("a page of events", ref("EventPage"))},
-                    bad=True,
-                    parameters=[
-                        _ASSET_Q,
-                        _AFTER_Q,
-                        _LIMIT_Q,
-                        {
-                            "name": "before",
-                            "in": "query",
-                            "description": "only events with ids below this one",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
-                        },
-                        {
-                            "name": "order",
-                            "in": "query",
-                            "description": "asc (absent): oldest first; desc: newest first",
-                            "schema": {"type": "string", "enum": ["asc", "desc"]},
-                        },
-                    ],
-                )
-            },
-            "/api/v1/events/stream": {
-                "get": _op(
-                    "Server-Sent Events of new events; resumes after Last-Event-ID",
-                    {
-                        "200": {
-                            "description": "a stream of 'asset_event' frames, each with its id",
-                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                        },
-                        "404": _error("no such asset"),
-                        "429": _error(
-                            "the token holds [api] max_streams_per_token open streams",
-                        )
-                        | {"headers": {"Retry-After": {"schema": {"type": "string"}}}},
-                    },
-                    bad=True,
-                    parameters=[
-                        _ASSET_Q,
-                        _AFTER_Q,
-                        {
-                            "name": "Last-Event-ID",
-                            "in": "header",
-                            "description": "resume after this event id (wins over after)",
-                            "schema": {"type": "string", "pattern": "^[ \\t]*[0-9]{1,19}[ \\t]*$"},
-                        },
-                    ],
-                )
-            },
-            "/api/v1/watchers": {
-                "get": _op("every watcher", {"200": _json("watchers", ref("Watchers"))})
-            },
-            "/api/v1/watchers/{name}/pause": {"post": _op("pause", **control)},
-            "/api/v1/watchers/{name}/resume": {"post": _op("resume", **control)},
-            "/api/v1/watchers/{name}/retry": {"post": _op("retry a failed watcher", **control)},
-            "/api/v1/daemons": {
-                "get": _op(
-                    "daemons with their leases and heartbeat age",
-                    {"200": _json("daemons", ref("Daemons"))},
-                )
-            },
-            "/api/v1/tasks": {
-                "get": _op(
-                    "tasks with their pending events per asset and whether paused",
-                    {"200": _json("tasks", ref("Tasks"))},
-                )
-            },
-            "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
-            "/api/v1/tasks/{name}/resume": {"post": _op("resume a task (needs operate)", **task)},
-            "/api/v1/tasks/{name}/rewind": {
-                "post": _op(
-                    "redeliver a scheduled asset's events from an id on (needs operate); a "
-                    "rewind only moves the cursor back",
-                    {
-                        "200": _json("the task", ref("Task")),
-                        "409": _error(
-                            "an id past the log's end or after the cursor, or an "
-                            "asset outside the schedule: nothing changed"
-                        ),
-                        "404": _error("no such task"),
-                    },
-                    bad=True,
-                    parameters=[
-                        _NAME,
-                        {
-                            "name": "asset",
-                            "in": "query",
-                            "required": True,
-                            "schema": {"type": "string", "minLength": 1, "pattern": _NAME_PATTERN},
-                        },
-                        {
-                            "name": "to_event",
-                            "in": "query",
-                            "required": True,
-                            "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
-                        },
-                    ],
-                )
-            },
-            "/api/v1/runs": {
-                "get": _op(
-                    "runs, newest first",
-                    {"200": _json("runs", ref("Runs"))},
-                    bad=True,
-                    parameters=[
-                        {
-                            "name": "task",
-                            "in": "query",
-                            "description": "only this task's runs (empty or absent: every task)",
-                            "schema": {"type": "string"},
-                        },
-                        {
-                            "name": "state",
-                            "in": "query",
-                            "description": "only runs in this state (empty or absent: any)",
-                            "schema": {
-                                "type": "string",
-                                "enum": ["", "queued", "running", "success", "failed"],
-                            },
-                        },
-                        _LIMIT_Q,
-                        {
-                            "name": "before",
-                            "in": "query",
-                            "description": "runs with ids below this one: a page's next_before",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
-                        },
-                    ],
-                )
-            },
-            "/api/v1/runs/{run_id}": {
-                "get": _op(
-                    "one run with its errors and its events (operate alone: error types only)",
-                    {"200": _json("the run", ref("Run")), "404": _error("no such run")},
-                    bad=True,
-                    parameters=[_RUN],
-                )
-            },
-            "/api/v1/runs/{run_id}/retry": {
-                "post": _op(
-                    "queue a failed run again with one more try (needs operate)",
-                    {
-                        "202": _json("queued", ref("Run")),
-                        "404": _error("no such run"),
-                        "409": _error("the run has not failed"),
-                    },
-                    bad=True,
-                    parameters=[_RUN],
-                )
-            },
+        "/api/v1/tasks": {
+            "get": _op(
+                "tasks with their pending events per asset and whether paused",
+                {"200": _json("tasks", ref("Tasks"))},
+            )
         },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": SCHEMAS,
+        "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
+        "/api/v1/tasks/{name}/resume": {"post": _op("resume a task (needs operate)", **task)},
+        "/api/v1/tasks/{name}/rewind": {
+            "post": _op(
+                "redeliver a scheduled asset's events from an id on (needs operate); a "
+                "rewind only moves the cursor back",
+                {
+                    "200": _json("the task", ref("Task")),
+                    "409": _error(
+                        "an id past the log's end or after the cursor, or an "
+                        "asset outside the schedule: nothing changed"
+                    ),
+                    "404": _error("no such task"),
+                },
+                bad=True,
+                parameters=[
+                    _NAME,
+                    {
+                        "name": "asset",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1, "pattern": _NAME_PATTERN},
+                    },
+                    {
+                        "name": "to_event",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
+                    },
+                ],
+            )
+        },
+    }
+
+
+def _run_paths() -> dict[str, Any]:
+    """The runs, one run, and its retry."""
+    return {
+        "/api/v1/runs": {
+            "get": _op(
+                "runs, newest first",
+                {"200": _json("runs", ref("Runs"))},
+                bad=True,
+                parameters=[
+                    {
+                        "name": "task",
+                        "in": "query",
+                        "description": "only this task's runs (empty or absent: every task)",
+                        "schema": {"type": "string"},
+                    },
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "description": "only runs in this state (empty or absent: any)",
+                        "schema": {
+                            "type": "string",
+                            "enum": ["", "queued", "running", "success", "failed"],
+                        },
+                    },
+                    _LIMIT_Q,
+                    {
+                        "name": "before",
+                        "in": "query",
+                        "description": "runs with ids below this one: a page's next_before",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": _ID_MAX},
+                    },
+                ],
+            )
+        },
+        "/api/v1/runs/{run_id}": {
+            "get": _op(
+                "one run with its errors and its events (operate alone: error types only)",
+                {"200": _json("the run", ref("Run")), "404": _error("no such run")},
+                bad=True,
+                parameters=[_RUN],
+            )
+        },
+        "/api/v1/runs/{run_id}/retry": {
+            "post": _op(
+                "queue a failed run again with one more try (needs operate)",
+                {
+                    "202": _json("queued", ref("Run")),
+                    "404": _error("no such run"),
+                    "409": _error("the run has not failed"),
+                },
+                bad=True,
+                parameters=[_RUN],
+            )
+        },
+    }
+
+
+def _view_paths() -> dict[str, Any]:
+    """The read routes behind the page's watcher view and asset graph."""
+    return {
+        "/api/v1/watchers/{name}/history": {
+            "get": _op(
+                "a watcher's last hour: event rate and last-event age per sample, and its "
+                "state changes (operate alone: an error's type only)",
+                {
+                    "200": _json("the watcher's history", ref("WatcherHistory")),
+                    "404": _error("no watcher of that name (the detail names the closest)"),
+                },
+                parameters=[_NAME],
+            )
+        },
+        "/api/v1/graph": {
+            "get": _op(
+                "assets, the watchers feeding them, the tasks scheduled on them and the "
+                "assets those tasks emitted (from their newest successful runs)",
+                {"200": _json("the graph", ref("Graph"))},
+            )
         },
     }

@@ -114,6 +114,7 @@ SCHEMAS: dict[str, Any] = {
     "Watchers": obj(
         {"watchers": array(ref("Watcher")), "may_operate": BOOL},
         rate_window_seconds=INT,
+        rate_source={"type": "string", "enum": ["daemon", "event_log"]},
     ),
     "Control": obj(
         {
@@ -184,3 +185,48 @@ SCHEMAS: dict[str, Any] = {
         more=BOOL,
     ),
 }
+
+# The page's pictures: a watcher's last hour, and the asset graph.
+SCHEMAS["WatcherHistory"] = obj(
+    {
+        "watcher": STR,
+        "state": nullable("string"),
+        "assets": array(STR),
+        "interval_seconds": NUM,
+        "window_seconds": NUM,
+        "points": array(
+            obj(
+                {
+                    "at": STR,
+                    "events_per_minute": nullable("number"),
+                    "last_event_age_seconds": nullable("number"),
+                }
+            )
+        ),
+        "changes": array(obj({"at": STR, "state": STR, "detail": nullable("string")})),
+    }
+)
+SCHEMAS["Graph"] = obj(
+    {
+        "nodes": array(
+            obj(
+                {
+                    "id": STR,
+                    "kind": {"type": "string", "enum": ["asset", "watcher", "task"]},
+                    "name": STR,
+                    "state": STR,
+                    "backlog": nullable("integer"),
+                }
+            )
+        ),
+        "edges": array(
+            obj(
+                {
+                    "from": STR,
+                    "to": STR,
+                    "kind": {"type": "string", "enum": ["feeds", "schedules", "emits"]},
+                }
+            )
+        ),
+    }
+)

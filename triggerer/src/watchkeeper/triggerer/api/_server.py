@@ -27,9 +27,12 @@ from ..settings import ApiSettings
 from ._app import ApiContext, create_app
 from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
+from ._rates import RunnerRates
+from ._series import WatcherSeries
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
+    from ..runner import TriggerRunner
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 
@@ -102,10 +105,23 @@ def _check_tls(api: ApiSettings, host: str, port: int) -> bool:
 
 
 def api_context(
-    backend: BaseStateBackend, api: ApiSettings, *, daemon: Daemon | None = None
+    backend: BaseStateBackend,
+    api: ApiSettings,
+    *,
+    daemon: Daemon | None = None,
+    runner: TriggerRunner | None = None,
 ) -> ApiContext:
-    """The context the routes work on: the backend and, in a daemon, the daemon's runner."""
-    runner = daemon.runner if daemon is not None else None
+    """The context the routes work on.
+
+    :param backend: the open store the routes read and write.
+    :param api: the API's settings (series cap, stream and token limits).
+    :param daemon: the daemon serving the API, if any: its runner and placement are reported.
+    :param runner: a runner to report without a daemon (default: the daemon's).
+    :returns: the context; with a runner, the watchers' rates come from its counters.
+    """
+    if runner is None and daemon is not None:
+        runner = daemon.runner
+    rates = None if runner is None else RunnerRates.of_runner(runner)
     metrics = Metrics(
         backend,
         runner=runner,
@@ -118,8 +134,10 @@ def api_context(
         metrics=metrics,
         daemon=daemon,
         runner=runner,
+        rates=rates,
         max_streams_per_token=api.max_streams_per_token,
         metrics_token_required=api.metrics_token_required,
+        series=WatcherSeries(backend, interval=api.watcher_sample_seconds, rates=rates),
     )
 
 
@@ -131,16 +149,52 @@ async def serve_app(
     settings: ApiSettings | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API over ``ctx`` until cancelled; ``task_status.started`` gets the port.
+    """Serve the API over ``ctx`` until cancelled, then shut it down gracefully.
 
-    ``settings`` gives the connection limits (``max_connections``, ``header_timeout``);
-    ``host`` and ``port`` are used instead of its own.
+    :param ctx: what the routes work on (see :func:`api_context`).
+    :param host: the address to listen on (used instead of ``settings.host``).
+    :param port: the port to listen on, 0 for a free one (used instead of ``settings.port``).
+    :param settings: the connection limits (``max_connections``, ``header_timeout``) and TLS.
+    :param task_status: given the bound port once the server listens.
+    :raises ApiListenError: the address cannot be bound, or the TLS files cannot be loaded.
     """
     api = settings if settings is not None else ApiSettings()
     tls = _check_tls(api, host, port)
     connections, accept_batch, nofile = descriptor_budget(api.max_connections)
     sock = _bind(host, port)
-    config = uvicorn.Config(
+    server = _EmbeddedServer(_uvicorn_config(ctx, api, tls, connections, accept_batch))
+    stopped = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            ctx.task_group = tg
+            if ctx.metrics.lag is not None:
+                tg.start_soon(ctx.metrics.lag.run)
+            if ctx.rates is not None:
+                tg.start_soon(ctx.rates.run)
+            if ctx.series is not None:
+                tg.start_soon(ctx.series.run)
+            tg.start_soon(_serve_until_stopped, server, sock, stopped)
+            await server.ready.wait()
+            bound = sock.getsockname()[1]
+            _log_listening(host, bound, connections, nofile, tls)
+            task_status.started(bound)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                ctx.closing.set()
+                await _shut_down(server, stopped)
+                tg.cancel_scope.cancel()
+    finally:
+        ctx.task_group = None
+        sock.close()
+
+
+def _uvicorn_config(
+    ctx: ApiContext, api: ApiSettings, tls: bool, connections: int, accept_batch: int
+) -> uvicorn.Config:
+    """uvicorn serving the app over ``ctx``: no logging or lifespan of its own, the guarded
+    protocol (connection and header-time limits), TLS when configured."""
+    return uvicorn.Config(
         create_app(ctx),
         log_config=None,
         access_log=False,
@@ -152,56 +206,47 @@ async def serve_app(
         ssl_certfile=api.tls_certfile if tls else None,
         ssl_keyfile=api.tls_keyfile if tls else None,
     )
-    server = _EmbeddedServer(config)
-    stopped = anyio.Event()
 
-    async def run() -> None:
-        # Shielded: on cancellation the server shuts down gracefully (should_exit) instead of
-        # being torn down mid-request with its socket left open.
-        try:
-            with anyio.CancelScope(shield=True):
-                await server.serve([sock])
-        finally:
-            stopped.set()
 
+async def _serve_until_stopped(
+    server: _EmbeddedServer, sock: socket.socket, stopped: anyio.Event
+) -> None:
+    """Run ``server`` on ``sock``; set ``stopped`` when it ends."""
+    # Shielded: on cancellation the server shuts down gracefully (should_exit) instead of
+    # being torn down mid-request with its socket left open.
     try:
-        async with anyio.create_task_group() as tg:
-            ctx.task_group = tg
-            if ctx.metrics.lag is not None:
-                tg.start_soon(ctx.metrics.lag.run)
-            tg.start_soon(run)
-            await server.ready.wait()
-            bound = sock.getsockname()[1]
-            log.info(
-                "api_listening",
-                host=host,
-                port=bound,
-                max_connections=connections,
-                open_file_limit=nofile,
-                tls=tls,
-            )
-            if not tls and not _is_loopback(host):
-                log.warning(
-                    "api_plain_http",
-                    host=host,
-                    risk="bearer tokens and data cross the network unencrypted: anyone on "
-                    "the path can read and reuse them",
-                    fix="set [api] tls_certfile and tls_keyfile, serve behind a TLS proxy "
-                    "on 127.0.0.1, or listen on 127.0.0.1",
-                )
-            task_status.started(bound)
-            try:
-                await anyio.sleep_forever()
-            finally:
-                ctx.closing.set()
-                server.should_exit = True
-                with anyio.move_on_after(_SHUTDOWN_TIMEOUT, shield=True):
-                    await stopped.wait()
-                server.force_exit = True
-                tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await server.serve([sock])
     finally:
-        ctx.task_group = None
-        sock.close()
+        stopped.set()
+
+
+async def _shut_down(server: _EmbeddedServer, stopped: anyio.Event) -> None:
+    """Ask ``server`` to finish its requests; force it after :data:`_SHUTDOWN_TIMEOUT`."""
+    server.should_exit = True
+    with anyio.move_on_after(_SHUTDOWN_TIMEOUT, shield=True):
+        await stopped.wait()
+    server.force_exit = True
+
+
+def _log_listening(host: str, port: int, connections: int, nofile: int, tls: bool) -> None:
+    log.info(
+        "api_listening",
+        host=host,
+        port=port,
+        max_connections=connections,
+        open_file_limit=nofile,
+        tls=tls,
+    )
+    if not tls and not _is_loopback(host):
+        log.warning(
+            "api_plain_http",
+            host=host,
+            risk="bearer tokens and data cross the network unencrypted: anyone on "
+            "the path can read and reuse them",
+            fix="set [api] tls_certfile and tls_keyfile, serve behind a TLS proxy "
+            "on 127.0.0.1, or listen on 127.0.0.1",
+        )
 
 
 async def serve_api(
@@ -214,8 +259,14 @@ async def serve_api(
     """Serve the HTTP API on ``api.host:api.port`` inside the caller's task group.
 
     ``await tg.start(serve_api, backend, settings.api, daemon=daemon)`` returns the port once
-    it listens; cancelling the group stops it gracefully. Without ``daemon`` (``watchkeeper
-    api``) the watcher metrics come from the status rows the daemons save.
+    it listens; cancelling the group stops it gracefully.
+
+    :param backend: the open store.
+    :param api: the ``[api]`` settings: address, limits, TLS.
+    :param daemon: the daemon in this process; without one (``watchkeeper api``) the watcher
+        figures come from the status rows the daemons save and the event log.
+    :param task_status: given the bound port once the server listens.
+    :raises ApiListenError: the address cannot be bound, or the TLS files cannot be loaded.
     """
     ctx = api_context(backend, api, daemon=daemon)
     await serve_app(ctx, host=api.host, port=api.port, settings=api, task_status=task_status)

@@ -54,62 +54,66 @@ class TaskMetrics:
         return "".join(self._lines())
 
     def _lines(self) -> Iterator[str]:
-        names = [name for name, _, _ in self._tasks]
-        labels = {name: f'task="{_esc(name)}"' for name in names}
+        """Each task family in turn, every task's rows under its ``HELP`` and ``TYPE``."""
+        labels = {name: f'task="{_esc(name)}"' for name, _, _ in self._tasks}
+        yield from self._runs_by_state(labels)
+        yield from self._runs_finished(labels)
+        yield from self._failed_tries(labels)
+        yield from self._run_durations(labels)
+        yield from self._pending_events(labels)
+        yield from self._oldest_pending(labels)
 
-        def head(name: str, kind: str, text: str) -> str:
-            return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"
-
-        yield head("watchkeeper_task_runs", "gauge", "Runs of the task in the store, by state.")
-        for name in names:
+    def _runs_by_state(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head("watchkeeper_task_runs", "gauge", "Runs of the task in the store, by state.")
+        for name, label in labels.items():
             for state in RUN_STATES:
                 count = self._runs.get((name, state), 0)
-                yield f'watchkeeper_task_runs{{{labels[name]},state="{state}"}} {count}\n'
-        yield head(
+                yield f'watchkeeper_task_runs{{{label},state="{state}"}} {count}\n'
+
+    def _runs_finished(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head(
             "watchkeeper_task_runs_finished_total",
             "counter",
             "Runs finished, by outcome: success, or failed (no tries left; a retried run "
             "that fails again counts again).",
         )
-        for name in names:
+        for name, label in labels.items():
             failed = sum(n for (t, _, final), n in self._tries.items() if t == name and final)
             success = self._runs.get((name, "success"), 0)
-            yield (
-                f'watchkeeper_task_runs_finished_total{{{labels[name]},outcome="success"}} '
-                f"{success}\n"
-            )
-            yield (
-                f'watchkeeper_task_runs_finished_total{{{labels[name]},outcome="failed"}} '
-                f"{failed}\n"
-            )
-        yield head(
+            yield f'watchkeeper_task_runs_finished_total{{{label},outcome="success"}} {success}\n'
+            yield f'watchkeeper_task_runs_finished_total{{{label},outcome="failed"}} {failed}\n'
+
+    def _failed_tries(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head(
             "watchkeeper_task_tries_total",
             "counter",
             "Failed tries, by cause: task_error, timeout (both count against retries), "
             "worker_lost (the try's worker stopped renewing its lease).",
         )
-        for name in names:
+        for name, label in labels.items():
             for cause in TRY_CAUSES:
                 count = sum(n for (t, c, _), n in self._tries.items() if t == name and c == cause)
-                yield f'watchkeeper_task_tries_total{{{labels[name]},cause="{cause}"}} {count}\n'
-        yield head(
+                yield f'watchkeeper_task_tries_total{{{label},cause="{cause}"}} {count}\n'
+
+    def _run_durations(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head(
             "watchkeeper_task_run_duration_seconds",
             "histogram",
             "Seconds the successful try of each successful run took.",
         )
-        for name in names:
-            counts, total = self._durations.get(name, ([0] * (len(DURATION_BUCKETS) + 1), 0.0))
+        empty = ([0] * (len(DURATION_BUCKETS) + 1), 0.0)
+        for name, label in labels.items():
+            counts, total = self._durations.get(name, empty)
             seen = 0
             for bound, count in zip((*DURATION_BUCKETS, None), counts, strict=True):
                 seen += count
                 le = "+Inf" if bound is None else repr(bound)
-                yield (
-                    f'watchkeeper_task_run_duration_seconds_bucket{{{labels[name]},le="{le}"}} '
-                    f"{seen}\n"
-                )
-            yield f"watchkeeper_task_run_duration_seconds_count{{{labels[name]}}} {seen}\n"
-            yield f"watchkeeper_task_run_duration_seconds_sum{{{labels[name]}}} {total!r}\n"
-        yield head(
+                yield f'watchkeeper_task_run_duration_seconds_bucket{{{label},le="{le}"}} {seen}\n'
+            yield f"watchkeeper_task_run_duration_seconds_count{{{label}}} {seen}\n"
+            yield f"watchkeeper_task_run_duration_seconds_sum{{{label}}} {total!r}\n"
+
+    def _pending_events(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head(
             "watchkeeper_task_pending_events",
             "gauge",
             "Events past the task's cursor on a scheduled asset (not yet in a run).",
@@ -120,14 +124,20 @@ class TaskMetrics:
                     f'watchkeeper_task_pending_events{{{labels[name]},asset="{_esc(asset)}"}} '
                     f"{pending.get(asset, 0)}\n"
                 )
-        yield head(
+
+    def _oldest_pending(self, labels: dict[str, str]) -> Iterator[str]:
+        yield _head(
             "watchkeeper_task_oldest_pending_event_age_seconds",
             "gauge",
             "Age of the oldest event waiting for a run of the task (0: none waiting).",
         )
-        for name in names:
+        for name, label in labels.items():
             ages = [
                 (self._now - at).total_seconds() for (t, _), at in self._oldest.items() if t == name
             ]
             age = max(0.0, max(ages, default=0.0))
-            yield f"watchkeeper_task_oldest_pending_event_age_seconds{{{labels[name]}}} {age!r}\n"
+            yield f"watchkeeper_task_oldest_pending_event_age_seconds{{{label}}} {age!r}\n"
+
+
+def _head(name: str, kind: str, text: str) -> str:
+    return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"

@@ -42,7 +42,12 @@ _SCOPE: Final = re.compile(r"read|operate|admin|write:asset:[^\s]+")
 
 
 def check_scope(scope: str) -> str:
-    """``scope`` if it is a valid scope, else ``ValueError`` naming it and the valid forms."""
+    """Check that ``scope`` is a valid scope.
+
+    :param scope: ``read``, ``operate``, ``admin`` or ``write:asset:<name or glob>``.
+    :returns: ``scope`` itself.
+    :raises ValueError: not a valid scope; the message names it and the valid forms.
+    """
     if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
         raise ValueError(
             f"invalid scope {scope!r}: use read, operate, admin or write:asset:<name or glob>"
@@ -57,7 +62,17 @@ def _digest(salt: str, secret: str) -> str:
 def make_token(
     name: str, scopes: list[str], *, now: datetime, expires_in: timedelta | None = None
 ) -> tuple[str, ApiToken]:
-    """A new token: the text to show once, and the row to store (without the secret)."""
+    """Make a new token: the text to show once, and the row to store (without the secret).
+
+    :param name: the token's name (at most 200 characters), recorded as ``api:<name>`` on writes.
+    :param scopes: at least one scope (see :func:`check_scope`); duplicates are dropped.
+    :param now: the creation time.
+    :param expires_in: how long the token is valid; None for no expiry.
+    :returns: ``(text, row)``: the token to hand over, and the row to store with
+        ``acreate_token`` (a salted digest, never the secret).
+
+    :raises ValueError: an empty or too long name, no scope, or an invalid scope.
+    """
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValueError(f"invalid token name {name!r}: a non-empty name of at most 200 chars")
     if not scopes:
@@ -96,15 +111,21 @@ class Principal:
         return "admin" in self.scopes or scope in self.scopes
 
     def can_read(self) -> bool:
+        """Whether the token reads everything (``read`` or ``admin``)."""
         return self._has("read")
 
     def can_operate(self) -> bool:
+        """Whether the token controls watchers, tasks and runs (``operate`` or ``admin``)."""
         return self._has("operate")
 
     def can_see_watchers(self) -> bool:
+        """Whether the token lists watchers, daemons, tasks and runs (``read`` or
+        ``operate``)."""
         return self.can_read() or self.can_operate()
 
     def can_write_asset(self, asset: str) -> bool:
+        """Whether the token writes ``asset``'s state (a matching ``write:asset:`` glob, or
+        ``admin``)."""
         if "admin" in self.scopes:
             return True
         return any(
@@ -113,13 +134,19 @@ class Principal:
         )
 
     def can_read_asset(self, asset: str) -> bool:
+        """Whether the token reads ``asset``'s state and events (``read``, or writes it)."""
         return self.can_read() or self.can_write_asset(asset)
 
 
 async def verify_token(store: OperatorControls, text: str, now: datetime) -> Principal | None:
-    """The principal of a presented token, or None (unknown, wrong, revoked or expired).
+    """Check a presented token and return who it acts as.
 
     Every path that reads a row compares digests, so timing tells nothing about the secret.
+
+    :param store: the store holding the tokens' rows.
+    :param text: the token as presented (``wk_<id>_<secret>``).
+    :param now: the time its expiry is compared with.
+    :returns: the token's principal; None for a malformed, unknown, wrong, revoked or expired token.
     """
     match = _TOKEN.fullmatch(text)
     if match is None:

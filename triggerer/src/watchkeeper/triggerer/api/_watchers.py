@@ -2,42 +2,35 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from watchkeeper.store import BaseStateBackend
 from watchkeeper.store.backend import LeaseTable, get_logger
 
 from .._daemon_report import daemon_report
-from .._watcher_controls import controls_of, unknown_watcher, watcher_rows
+from .._watcher_controls import unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._parse import path_param
+from ._rates import RATE_WINDOW, counted_in_event_log
 from ._scoping import watcher_json
 
 __all__ = ["control", "list_daemons", "list_watchers"]
 
 log = get_logger(__name__)
 
-RATE_WINDOW = 300
-"""Seconds of the event log a watcher's events per minute are averaged over."""
-RATE_CACHE = 2.0
-"""Seconds one count of the recent events serves every list of the watchers."""
-
 
 async def list_watchers(request: Request) -> Response:
     principal = await authenticate(request)
     require(principal.can_see_watchers(), principal, "list watchers (needs read or operate)")
-    backend = ctx_of(request).backend
-    rows = await watcher_rows(backend)
+    ctx = ctx_of(request)
+    rows = await watcher_rows(ctx.backend)
     now = utc_now()
-    counts = await _recent_counts(request, backend)
+    count_of, source = await _counts_in_window(request, ctx)
     watchers = []
     for row in rows:
         listed = watcher_json(row, principal, now)
-        count = None if counts is None else counts.get(row.watcher, 0)
+        count = count_of(row.watcher)
         listed["events_in_window"] = count
         listed["events_per_minute"] = None if count is None else round(count * 60 / RATE_WINDOW, 1)
         watchers.append(listed)
@@ -46,27 +39,26 @@ async def list_watchers(request: Request) -> Response:
             "watchers": watchers,
             "may_operate": principal.can_operate(),
             "rate_window_seconds": RATE_WINDOW,
+            "rate_source": source,
         }
     )
 
 
-async def _recent_counts(request: Request, backend: BaseStateBackend) -> dict[str, int] | None:
-    """Each watcher's events in the last :data:`RATE_WINDOW` seconds, from the event log (so
-    right on the first read, whichever daemon ran it); None for a store without the count.
+async def _counts_in_window(
+    request: Request, ctx: ApiContext
+) -> tuple[Callable[[str], int | None], str]:
+    """How many events a watcher committed in the window, and where that figure comes from.
 
-    The count is kept for :data:`RATE_CACHE` seconds, so many open pages cost one read.
+    In a daemon, from its runner's counters (``"daemon"``; None for a watcher it does not
+    run); in ``watchkeeper api``, counted in the event log (``"event_log"``; None for a
+    store that cannot count).
     """
-    store = controls_of(backend)
-    if store is None:
-        return None
-    state = request.app.state
-    cached: tuple[float, dict[str, int]] | None = getattr(state, "watcher_rate_counts", None)
-    if cached is not None and time.monotonic() - cached[0] < RATE_CACHE:
-        return cached[1]
-    since = backend.clock() - timedelta(seconds=RATE_WINDOW)
-    counts = await store.acount_events_since(since)
-    state.watcher_rate_counts = (time.monotonic(), counts)
-    return counts
+    if ctx.rates is not None:
+        return ctx.rates.counts().get, "daemon"
+    counted = await counted_in_event_log(ctx.backend, request.app.state)
+    if counted is None:
+        return (lambda _name: None), "event_log"
+    return (lambda name: counted.get(name, 0)), "event_log"
 
 
 def _running_here(ctx: ApiContext) -> set[str]:

@@ -4,7 +4,7 @@
 once (``--config`` and ``--database-url`` beat the environment and the file), configures
 structlog, and calls the subcommand's handler (see :mod:`._common` for the contract).
 Subcommands live in ``_store`` (db, assets, events; ``state-store`` in ``_state``),
-``_runtime`` (triggerer, status, demo; the demo itself in ``_demo``), ``_tasks`` (worker, up,
+``_runtime`` (triggerer, status, demo; the demo itself is :mod:`watchkeeper.triggerer.demo`), ``_tasks`` (worker, up,
 tasks, runs), ``_watchers`` (watchers), ``_api`` (api, tokens) and ``_config`` (config). Every failure the user can fix is one ``watchkeeper: error: ...``
 line on stderr: exit 2 for usage and configuration mistakes, 1 when the command itself fails.
 
@@ -161,5 +161,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``watchkeeper`` script."""
+    """Run the ``watchkeeper`` command and exit with its status.
+
+    :param argv: the arguments (default: ``sys.argv[1:]``).
+    """
     sys.exit(run(argv))

@@ -4,7 +4,8 @@
 foreground until SIGTERM or SIGINT, on the loop ``[triggerer] event_loop`` names (uvloop when
 it is installed, by default). ``watchkeeper status``
 reads what a daemon saved (its trigger statuses and the watched assets' state) from the same
-database, so it works while the daemon runs. ``watchkeeper demo`` is in :mod:`._demo`.
+database, so it works while the daemon runs. ``watchkeeper demo`` runs
+:mod:`watchkeeper.triggerer.demo`.
 """
 
 from __future__ import annotations
@@ -329,13 +330,22 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from ._demo import run_demo  # rich's live display and the demo's helpers load on demand
+    from ..demo import DemoError, run_demo  # rich's live display and the demo load on demand
 
-    return run_demo(args)
+    try:
+        return run_demo(args.items, keep=args.keep)
+    except DemoError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def register(subparsers: Subparsers) -> None:
     """Add ``triggerer``, ``status`` and ``demo`` to the ``watchkeeper`` parser."""
+    _add_triggerer(subparsers)
+    _add_status(subparsers)
+    _add_demo(subparsers)
+
+
+def _add_triggerer(subparsers: Subparsers) -> None:
     triggerer = subparsers.add_parser(
         "triggerer",
         help="run the daemon in the foreground (SIGTERM/SIGINT stop it cleanly)",
@@ -364,6 +374,8 @@ def register(subparsers: Subparsers) -> None:
     )
     triggerer.set_defaults(handler=_triggerer, long_running=True)
 
+
+def _add_status(subparsers: Subparsers) -> None:
     status = subparsers.add_parser(
         "status",
         help="show each daemon and watcher: liveness, state, watermark, failures, refusals",
@@ -376,6 +388,8 @@ def register(subparsers: Subparsers) -> None:
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.set_defaults(handler=_status)
 
+
+def _add_demo(subparsers: Subparsers) -> None:
     demo = subparsers.add_parser(
         "demo",
         help="run the example watchers, kill -9 the daemon mid-stream, check exactly-once",

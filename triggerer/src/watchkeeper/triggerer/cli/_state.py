@@ -343,12 +343,22 @@ def register_state_store(subparsers: Subparsers) -> None:
     group = subparsers.add_parser("state-store", help="read and write task and asset state")
     actions = group.add_subparsers(dest="state_command", metavar="ACTION", required=True)
     scope = _scope_options()
+    _add_get(actions, scope)
+    _add_set(actions, scope)
+    _add_delete_and_clear(actions, scope)
+    _add_list(actions, scope)
+    _add_clean(actions)
 
+
+def _add_get(actions: Subparsers, scope: argparse.ArgumentParser) -> None:
     get = actions.add_parser("get", parents=[scope], help="print the value of a key")
     get.add_argument("key", metavar="KEY", help=_KEY_HELP)
     json_flag(get, "the value")
     get.set_defaults(handler=store_handler(_state_get, check=_check_options))
 
+
+def _add_set(actions: Subparsers, scope: argparse.ArgumentParser) -> None:
+    """``set``: the key, its JSON value, a compare-and-set version, task state's retention."""
     set_ = actions.add_parser("set", parents=[scope], help="write a JSON value to a key")
     set_.add_argument("key", metavar="KEY", help=_KEY_HELP)
     set_.add_argument(
@@ -378,6 +388,8 @@ def register_state_store(subparsers: Subparsers) -> None:
     json_flag(set_, "the key and its new version")
     set_.set_defaults(handler=store_handler(_state_set, check=_check_options))
 
+
+def _add_delete_and_clear(actions: Subparsers, scope: argparse.ArgumentParser) -> None:
     delete = actions.add_parser("delete", parents=[scope], help="delete a key")
     delete.add_argument("key", metavar="KEY", help=_KEY_HELP)
     delete.set_defaults(handler=store_handler(_state_delete, check=_check_options))
@@ -390,10 +402,14 @@ def register_state_store(subparsers: Subparsers) -> None:
     )
     clear.set_defaults(handler=store_handler(_state_clear, check=_check_options))
 
+
+def _add_list(actions: Subparsers, scope: argparse.ArgumentParser) -> None:
     list_ = actions.add_parser("list", parents=[scope], help="list the keys of a scope")
     json_flag(list_, "one entry per line")
     list_.set_defaults(handler=store_handler(_state_list, check=_check_options))
 
+
+def _add_clean(actions: Subparsers) -> None:
     clean = actions.add_parser(
         "clean", help="garbage-collect expired and orphaned state and events past retention"
     )

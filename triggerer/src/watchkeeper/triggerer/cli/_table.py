@@ -1,8 +1,8 @@
 """The one table every ``watchkeeper`` command prints: text is shown as written.
 
-rich parses a plain ``str`` cell, title or header as markup, so an asset named ``[orders]``
-(or a schedule printed as ``[orders]``) vanished as an unknown style tag, and ``[bold]x``
-changed the look of the table. :class:`PlainTable` turns every ``str`` it is given into a
+rich parses a plain ``str`` cell, title or header as markup: an asset named ``[orders]`` (or
+a schedule printed as ``[orders]``) would vanish as an unknown style tag, and ``[bold]x``
+would change the look of the table. :class:`PlainTable` turns every ``str`` it is given into a
 :class:`~rich.text.Text` of the escaped text (:func:`._common.printable`), so no command has
 to remember to. Pass a ``Text`` for a styled cell; its text must be escaped by the caller.
 

@@ -45,35 +45,31 @@ async def run_trigger(
     trigger_id: str | None = None,
     watcher_name: str | None = None,
 ) -> list[AssetEvent]:
-    """Run ``trigger`` once and return the asset events this call committed, in commit order.
+    """Run ``trigger`` once through the runtime and return the asset events it committed.
 
-    The assets are registered first. The run stops after ``max_events`` committed asset events
-    (one trigger event commits one per watched asset; a suppressed duplicate commits none; a
-    :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops after the
-    batch that reached ``max_events`` and returns all of it), when
-    ``run()`` returns, or after ``timeout`` seconds, returning what was committed by then. Upon
-    ``max_events`` the generator is closed at its ``yield``, as when breaking out of
-    ``async for``. ``cleanup()`` is always awaited. An exception from ``run()`` (or from
-    validating an event it yielded, or from ``cleanup()``) is raised here, so a test sees its
-    bug. ``trigger_id`` (default: the trigger's classpath) names the watcher in the events.
-    ``watcher_name`` (default: the trigger's class name) is bound as ``self.watcher_name`` in
-    ``run()``, as the daemon binds the :class:`~watchkeeper.triggerer.AssetWatcher`'s name.
+    The assets are registered first. The run stops after ``max_events`` committed asset
+    events, when ``run()`` returns, or after ``timeout`` seconds, returning what was committed
+    by then. Upon ``max_events`` the generator is closed at its ``yield``, as when breaking
+    out of ``async for``. ``cleanup()`` is always awaited.
+
+    :param trigger: the trigger instance to run.
+    :param assets: the asset or assets it watches.
+    :param backend: an open backend the events and state are committed to.
+    :param max_events: stop after this many committed asset events (one trigger event commits
+        one per watched asset; a suppressed duplicate commits none; a
+        :class:`~watchkeeper.triggerer.TriggerEventBatch` commits whole, so the run stops
+        after the batch that reached ``max_events`` and returns all of it); None: no limit.
+    :param timeout: stop after this many seconds; None: no limit.
+    :param trigger_id: names the watcher in the events (default: the trigger's classpath).
+    :param watcher_name: bound as ``self.watcher_name`` in ``run()``, as the daemon binds the
+        :class:`~watchkeeper.triggerer.AssetWatcher`'s name (default: the class name).
+    :returns: the asset events this call committed, in commit order.
+    :raises TypeError: ``trigger`` is not a trigger instance, or ``assets`` no asset.
+    :raises ValueError: ``max_events``, ``timeout`` or ``watcher_name`` out of range.
+    :raises Exception: what ``run()`` raised (or validating an event it yielded, or
+        ``cleanup()``), so a test sees its bug.
     """
-    if not isinstance(trigger, BaseEventTrigger):
-        raise TypeError(
-            f"run_trigger() runs a BaseEventTrigger instance, got {type(trigger).__name__}"
-        )
-    watched = (assets,) if isinstance(assets, Asset) else tuple(assets)
-    if not watched or not all(isinstance(asset, Asset) for asset in watched):
-        raise TypeError(
-            f"assets must be one Asset or a non-empty sequence of Assets, got {assets!r}"
-        )
-    if max_events is not None and (
-        not isinstance(max_events, int) or isinstance(max_events, bool) or max_events < 1
-    ):
-        raise ValueError(f"max_events must be a positive int or None, got {max_events!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+    watched = _checked_arguments(trigger, assets, max_events, timeout)
     name = watcher_name_for(trigger, watcher_name)
     slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched, (name,))
     await require_asset_registry(backend).aregister_assets(watched)
@@ -107,3 +103,28 @@ async def run_trigger(
     if slot.cleanup_error is not None:
         raise slot.cleanup_error
     return committed
+
+
+def _checked_arguments(
+    trigger: BaseEventTrigger,
+    assets: Asset | Sequence[Asset],
+    max_events: int | None,
+    timeout: float | None,
+) -> tuple[Asset, ...]:
+    """The watched assets as a tuple, once every argument of :func:`run_trigger` is valid."""
+    if not isinstance(trigger, BaseEventTrigger):
+        raise TypeError(
+            f"run_trigger() runs a BaseEventTrigger instance, got {type(trigger).__name__}"
+        )
+    watched = (assets,) if isinstance(assets, Asset) else tuple(assets)
+    if not watched or not all(isinstance(asset, Asset) for asset in watched):
+        raise TypeError(
+            f"assets must be one Asset or a non-empty sequence of Assets, got {assets!r}"
+        )
+    if max_events is not None and (
+        not isinstance(max_events, int) or isinstance(max_events, bool) or max_events < 1
+    ):
+        raise ValueError(f"max_events must be a positive int or None, got {max_events!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive or None, got {timeout!r}")
+    return watched

@@ -54,7 +54,10 @@ class TaskResult:
         return self.runs[0]
 
     def outlet(self, asset: Asset | str) -> list[AssetEvent]:
-        """The events emitted on ``asset``."""
+        """The events emitted on one outlet.
+
+        :param asset: the outlet asset, or its name.
+        """
         name = asset.name if isinstance(asset, Asset) else asset
         return [event for event in self.outlet_events if event.asset == name]
 
@@ -70,25 +73,21 @@ async def run_asset_task(
 ) -> TaskResult:
     """Run ``task`` on ``events`` as a worker does and return its runs and outlet events.
 
-    Args:
-        task: a function decorated with ``@asset_task``.
-        events: the payloads to commit, in order: a sequence when the task schedules one
-            asset, or a mapping from each scheduled asset (or its name) to its payloads.
-        backend: an open backend to run on (its state, events and runs stay there for the test
-            to look at); by default a fresh :class:`MemoryStateBackend`, closed afterwards.
-        timeout: seconds to wait for every run to finish for good.
-        retry_delay: the wait before each retry, in place of the task's own (``None``: the
-            task's), so a test of retries does not sleep through them.
-        settings: the worker's settings (by default it looks for runs every 10 ms).
-
-    Returns:
-        The task's runs (oldest first) and the events they emitted on its outlets. The runs of
+    :param task: a function decorated with ``@asset_task``.
+    :param events: the payloads to commit, in order: a sequence when the task schedules one
+        asset, or a mapping from each scheduled asset (or its name) to its payloads.
+    :param backend: an open backend to run on (its state, events and runs stay there for the test
+        to look at); by default a fresh :class:`MemoryStateBackend`, closed afterwards.
+    :param timeout: seconds to wait for every run to finish for good.
+    :param retry_delay: the wait before each retry, in place of the task's own (``None``: the
+        task's), so a test of retries does not sleep through them.
+    :param settings: the worker's settings (by default it looks for runs every 10 ms).
+    :returns: the task's runs (oldest first) and the events they emitted on its outlets. The runs of
         the task from before this call are not included.
 
-    Raises:
-        TypeError: ``task`` is not an ``asset_task``, or ``events`` has the wrong shape.
-        ValueError: ``events`` names an asset the task does not schedule, or is empty.
-        TimeoutError: a run was still queued or running after ``timeout`` seconds.
+    :raises TypeError: ``task`` is not an ``asset_task``, or ``events`` has the wrong shape.
+    :raises ValueError: ``events`` names an asset the task does not schedule, or is empty.
+    :raises TimeoutError: a run was still queued or running after ``timeout`` seconds.
     """
     if not isinstance(task, AssetTask):
         raise TypeError(f"run_asset_task needs an @asset_task function, got {task!r}")

@@ -97,10 +97,14 @@ def _positive(name: str, value: float | None) -> None:
 class WatcherHarness:
     """Runs watchers on one backend, as a daemon would across restarts and crashes.
 
-    ``watermark_key`` names the state key reported as :attr:`HarnessRun.watermark`. Each run
-    takes a ``watcher_name`` (default: the trigger's class name), bound as the trigger's
-    ``self.watcher_name`` as the daemon binds the :class:`~watchkeeper.triggerer.AssetWatcher`'s
-    name; pass the same one to a restart to resume the same watcher.
+    Each run takes a ``watcher_name`` (default: the trigger's class name), bound as the
+    trigger's ``self.watcher_name`` as the daemon binds the
+    :class:`~watchkeeper.triggerer.AssetWatcher`'s name; pass the same one to a restart to
+    resume the same watcher.
+
+    :param backend: the open backend every run commits to.
+    :param watermark_key: the state key reported as :attr:`HarnessRun.watermark`.
+    :raises TypeError: ``backend`` is not a backend.
     """
 
     def __init__(self, backend: BaseStateBackend, *, watermark_key: str = "watermark") -> None:
@@ -118,11 +122,15 @@ class WatcherHarness:
 
     @staticmethod
     def rebuild(trigger: BaseEventTrigger) -> BaseEventTrigger:
-        """A new instance from ``trigger.serialize()``, its kwargs round-tripped through JSON.
+        """Build a new instance from ``trigger.serialize()``, its kwargs round-tripped
+        through JSON, as a daemon rebuilds a watcher it did not define.
 
-        Raises ``TypeError``/``ValueError`` when the kwargs are not JSON, and
-        :class:`~watchkeeper.triggerer.TriggerImportError` when the classpath does not import
-        (a class defined inside a function cannot be rebuilt) or rejects the kwargs.
+        :param trigger: the trigger to rebuild.
+        :returns: a new instance of the same class.
+        :raises TypeError: the kwargs are not JSON.
+        :raises ValueError: the kwargs are not JSON (a value JSON cannot hold).
+        :raises TriggerImportError: the classpath does not import (a class defined inside a
+            function cannot be rebuilt) or rejects the kwargs.
         """
         classpath, kwargs = trigger.serialize()
         canonical = canonical_trigger_json(classpath, kwargs)
@@ -141,12 +149,21 @@ class WatcherHarness:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
         watcher_name: str | None = None,
     ) -> HarnessRun:
-        """Run ``trigger`` until ``max_events`` asset events committed, ``run()`` returns,
-        ``timeout`` passes, or (once it committed something) ``idle`` seconds pass without a
-        commit; then stop it (cancel, await cleanup). An exception from the trigger is raised
-        here. The idle clock starts at the first commit, so a slow start never looks idle.
-        A :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run stops after
-        the batch that reached ``max_events``, and its events are all in the result."""
+        """Run ``trigger`` until a limit is reached or ``run()`` returns; then stop it
+        (cancel, await cleanup).
+
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param max_events: stop after this many committed asset events (a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
+            stops after the batch that reached it, and its events are all in the result).
+        :param idle: stop once this many seconds pass without a commit; the idle clock starts at
+            the first commit, so a slow start never looks idle.
+        :param timeout: stop after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed, and where the backend stands after it.
+        :raises Exception: what the trigger raised.
+        """
         return await self._run(
             trigger, _assets(assets), max_events, idle, timeout, None, (), watcher_name
         )
@@ -161,7 +178,21 @@ class WatcherHarness:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
         watcher_name: str | None = None,
     ) -> HarnessRun:
-        """:meth:`run` a new instance rebuilt from ``trigger.serialize()`` (a daemon restart)."""
+        """:meth:`run` a new instance rebuilt from ``trigger.serialize()`` (a daemon restart).
+
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param max_events: stop after this many committed asset events (a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
+            stops after the batch that reached it, and its events are all in the result).
+        :param idle: stop once this many seconds pass without a commit; the idle clock starts at
+            the first commit, so a slow start never looks idle.
+        :param timeout: stop after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed, and where the backend stands after it.
+        :raises Exception: what the trigger raised.
+        :raises TriggerImportError: the trigger cannot be rebuilt (see :meth:`rebuild`).
+        """
         fresh = self.rebuild(trigger)
         return await self._run(
             fresh, _assets(assets), max_events, idle, timeout, None, (), watcher_name
@@ -178,13 +209,23 @@ class WatcherHarness:
         timeout: float | None = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - the kit's documented API
         watcher_name: str | None = None,
     ) -> HarnessRun:
-        """Run ``trigger`` and kill it at ``at`` of its ``event``-th yielded event (a
-        :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits whole).
+        """Run ``trigger`` and kill it at a crash point, as ``kill -9`` would.
 
-        Nothing the dying run does after that point reaches the backend, and each of
-        ``sources`` is disconnected at that moment (a broker forgets a dead consumer's
-        unacknowledged deliveries and gives them to the next one). Raises
-        :class:`CrashNotReachedError` when the run ends before the crash point.
+        Nothing the dying run does after that point reaches the backend.
+
+        :param trigger: the trigger instance to run.
+        :param assets: the asset or assets it watches.
+        :param at: where in the handling of the event the run dies.
+        :param event: which yielded event (1 for the first; a
+            :class:`~watchkeeper.triggerer.TriggerEventBatch` counts as one: it commits
+            whole).
+        :param sources: fake sources disconnected at the crash (a broker forgets a dead
+            consumer's unacknowledged deliveries and gives them to the next one).
+        :param timeout: give up after this many seconds; None: no limit.
+        :param watcher_name: the watcher's name (default: the trigger's class name).
+        :returns: what the run committed before it died, and where the backend stands.
+        :raises CrashNotReachedError: the run ended before the crash point.
+        :raises TypeError: a source is not a :class:`FakeEventSource`.
         """
         plan = CrashPlan(at, event)
         for source in sources:

@@ -106,7 +106,13 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 
 
 class FakeEventSource:
-    """A scripted, sequence-numbered event source; see the module docstring."""
+    """A scripted, sequence-numbered event source kept in memory; see the module docstring.
+
+    :param name: the in-memory source's name, part of its :attr:`address` (default: a random
+        one). :meth:`at` makes one kept in a SQLite file instead.
+
+    :raises ValueError: an empty name, or one another in-memory source of this process has.
+    """
 
     def __init__(self, name: str | None = None, *, _store: SourceStore | None = None) -> None:
         if _store is None:
@@ -126,15 +132,23 @@ class FakeEventSource:
 
     @classmethod
     def at(cls, path: str | os.PathLike[str]) -> FakeEventSource:
-        """A handle on the source kept in the SQLite file ``path`` (created when missing).
+        """Make a handle on the source kept in a SQLite file.
 
         Open it with ``async with``; any number of processes may open the same file.
+
+        :param path: the file (created when missing).
         """
         return cls(_store=SqliteSourceStore(Path(path).absolute()))
 
     @classmethod
     def connect(cls, address: str) -> FakeEventSource:
-        """A new handle on the source named by ``address`` (``memory://…`` or ``sqlite:///…``)."""
+        """Make a new handle on the source at ``address`` (another task's or process's).
+
+        :param address: a source's :attr:`address`: ``memory://…`` or ``sqlite:///…``.
+        :raises TypeError: ``address`` is not a string.
+        :raises LookupError: no in-memory source of that name in this process.
+        :raises ValueError: not a source's address.
+        """
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         if address.startswith("sqlite:///"):
@@ -183,10 +197,17 @@ class FakeEventSource:
     # -- producer side ------------------------------------------------------------------------
 
     async def publish(self, *payloads: Any, seq: int | None = None) -> list[int]:
-        """Append JSON ``payloads``; return their sequence numbers.
+        """Append JSON payloads to the source.
 
-        With ``seq=``, publish exactly one payload at that number, which may be lower than
-        items already published: a row whose transaction took its id early and committed late.
+        :param payloads: at least one JSON value.
+        :param seq: publish exactly one payload at this number, which may be lower than items
+            already published: a row whose transaction took its id early and committed
+            late.
+
+        :returns: the payloads' sequence numbers.
+        :raises TypeError: a payload is not JSON.
+        :raises ValueError: no payload, or ``seq`` with several payloads or below 1.
+        :raises SourceClosedError: a SQLite-backed handle used outside ``async with``.
         """
         store = self._check_open()
         if not payloads:
@@ -206,22 +227,35 @@ class FakeEventSource:
     # -- fault script ---------------------------------------------------------------------------
 
     async def fail(self, message: str = "scripted failure", *, times: int = 1) -> None:
-        """The next ``times`` deliveries (polls or receives) raise :class:`SourceUnavailableError`."""
+        """Make the next deliveries (polls or receives) raise :class:`SourceUnavailableError`.
+
+        :param message: the error's message.
+        :param times: how many deliveries fail.
+        """
         _check_count("times", times, 1)
         await self._check_open().add_fault("fail", times, str(message))
 
     async def hang(self, *, times: int = 1) -> None:
-        """The next ``times`` deliveries wait until they are cancelled."""
+        """Make the next deliveries wait until they are cancelled.
+
+        :param times: how many deliveries hang.
+        """
         _check_count("times", times, 1)
         await self._check_open().add_fault("hang", times, None)
 
     async def duplicate(self, count: int = 1) -> None:
-        """The next ``count`` items delivered are each delivered twice in a row."""
+        """Deliver each of the next items twice in a row.
+
+        :param count: how many items are doubled.
+        """
         _check_count("count", count, 1)
         await self._check_open().add_fault("duplicate", count, None)
 
     async def reorder(self, count: int = 2) -> None:
-        """The next ``count`` items are delivered in reverse order."""
+        """Deliver the next items in reverse order.
+
+        :param count: how many items are reversed (at least 2).
+        """
         _check_count("count", count, 2)
         await self._check_open().add_fault("reorder", count, None)
 
@@ -240,7 +274,16 @@ class FakeEventSource:
     # -- consumer side --------------------------------------------------------------------------
 
     async def poll(self, *, after: int = 0, limit: int = 100) -> list[SourceItem]:
-        """Items with ``seq > after`` in sequence order, at most ``limit`` (faults applied)."""
+        """Read the items after a sequence number, in order, with the scripted faults applied.
+
+        :param after: the last sequence number seen (0: from the start).
+        :param limit: at most this many items.
+        :returns: the items with ``seq > after``, in sequence order.
+        :raises SourceUnavailableError: a :meth:`fail` fault was scripted for this delivery.
+        :raises SourceDisconnectedError: the source was disconnected since the last poll (poll
+            again to reconnect).
+        :raises SourceClosedError: a SQLite-backed handle used outside ``async with``.
+        """
         store = self._check_open()
         _check_count("after", after, 0)
         _check_count("limit", limit, 1)
@@ -284,8 +327,10 @@ class FakeEventSource:
     def listen(self, *, prefetch: int = 1) -> Subscription:
         """Subscribe: iterate to receive unacknowledged items in order; :meth:`ack` each one.
 
-        ``prefetch`` items are fetched at a time; like a broker's prefetch, an item fetched
-        ahead counts as delivered even before the consumer takes it.
+        :param prefetch: items fetched at a time; like a broker's prefetch, an item fetched
+            ahead counts as delivered even before the consumer takes it.
+
+        :returns: the subscription, an async iterator of items.
         """
         self._check_open()
         _check_count("prefetch", prefetch, 1)
@@ -294,7 +339,12 @@ class FakeEventSource:
     async def ack(self, item: SourceItem) -> None:
         """Acknowledge a delivered item, so no later subscription receives it again.
 
-        Acknowledging twice is harmless; an item delivered before a disconnect is refused.
+        Acknowledging twice is harmless.
+
+        :param item: an item a subscription or a poll delivered.
+        :raises TypeError: ``item`` is not a :class:`SourceItem`.
+        :raises SourceDisconnectedError: it was delivered before a disconnect.
+        :raises KeyError: no item with its sequence number.
         """
         store = self._check_open()
         if not isinstance(item, SourceItem):

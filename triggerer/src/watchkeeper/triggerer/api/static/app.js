@@ -38,6 +38,48 @@ function when(text) {
   return text.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$/, " UTC");
 }
 
+// A time as "3 min ago", with the exact time in the viewer's own time zone on hover.
+function ago(iso) {
+  const seconds = (Date.now() - Date.parse(iso)) / 1000;
+  if (!Number.isFinite(seconds)) return iso;
+  if (seconds < 5) return "just now";
+  if (seconds < 90) return Math.round(seconds) + " s ago";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
+  if (seconds < 129600) return Math.round(seconds / 3600) + " h ago";
+  return Math.round(seconds / 86400) + " d ago";
+}
+
+function timeElement(iso) {
+  const time = document.createElement("time");
+  time.dateTime = iso;
+  time.textContent = ago(iso);
+  time.title = new Date(iso).toLocaleString();
+  return time;
+}
+
+function timeCell(row, iso, className) {
+  const td = cell(row, iso ? "" : null, className);
+  if (iso) td.appendChild(timeElement(iso));
+  return td;
+}
+
+function link(href, text) {
+  const a = document.createElement("a");
+  a.href = href;
+  a.textContent = text;
+  return a;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+// An SVG element; every value goes in through setAttribute or textContent, never as markup.
+function svgElement(name, attributes = {}, text = null) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, String(value));
+  if (text !== null) element.textContent = text;
+  return element;
+}
+
 function show(id) {
   for (const section of document.querySelectorAll("main > section")) section.hidden = section.id !== id;
 }
@@ -84,11 +126,11 @@ async function loadWatchers() {
       assets.appendChild(link);
       assets.appendChild(document.createTextNode(" "));
     }
-    cell(tr, w.watcher);
+    cell(tr, "", "name").appendChild(link("#/watchers/" + encodeURIComponent(w.watcher), w.watcher));
     cell(tr, w.state, "state state-" + w.state);
     cell(tr, w.daemon);
     cell(tr, age(w.last_event_age_seconds), "age");
-    // Counted by the server from the event log over the stated window: right on the first load.
+    // The server's figure over the stated window (its runner's counters, or the event log).
     const rate = cell(tr, w.events_per_minute === null ? "-" : w.events_per_minute.toFixed(1), "rate");
     rate.title = `${w.events_in_window} events in the last ${minutes} min`;
     cell(tr, w.failures, "failures");
@@ -364,8 +406,10 @@ async function loadTask(name, runId) {
   summary.dataset.task = name;
   taskCells(summary, task, body.may_operate, $("#runs-message"), reload);
   $("#task-summary tbody").replaceChildren(summary);
-  const runs = await (await api("/api/v1/runs?limit=100&task=" + encodeURIComponent(name))).json();
-  const rows = (runs.runs || []).map((run) => {
+  const runs = await loadRunsPage(name);
+  if (runs === null) return;
+  drawTimeline(name, runs);
+  const rows = runs.map((run) => {
     const tr = document.createElement("tr");
     tr.dataset.run = run.id;
     if (run.id === runId) tr.className = "selected";
@@ -376,9 +420,9 @@ async function loadTask(name, runId) {
     cell(tr, run.state, "state state-" + run.state);
     cell(tr, `${run.try_number} of ${run.max_tries}`, "try");
     cell(tr, run.event_count, "events");
-    cell(tr, when(run.created_at));
-    cell(tr, when(run.started_at));
-    cell(tr, when(run.finished_at));
+    timeCell(tr, run.created_at, "created");
+    timeCell(tr, run.started_at, "started");
+    timeCell(tr, run.finished_at, "finished");
     const actions = cell(tr, "");
     if (run.state === "failed") {
       actions.appendChild(operateButton("retry", "retry", `Retry run #${run.id}`, body.may_operate, async () => {
@@ -394,8 +438,9 @@ async function loadTask(name, runId) {
     return tr;
   });
   $("#runs tbody").replaceChildren(...rows);
-  if (!rows.length) $("#runs-message").textContent = "No run yet.";
-  else if ($("#runs-message").textContent === "No run yet.") $("#runs-message").textContent = "";
+  const none = runsView.state || runsView.range ? "No run matches these filters." : "No run yet.";
+  if (!rows.length) $("#runs-message").textContent = none;
+  else if ($("#runs-message").textContent.startsWith("No run")) $("#runs-message").textContent = "";
   if (runId !== null) await loadRun(runId);
 }
 
@@ -424,6 +469,253 @@ async function loadRun(runId) {
   }
 }
 
+// -- run history: filters, pages of any size, a timeline ------------------------------------
+
+const RUNS_PAGE = 100;
+// The task view's query: its filters and the cursors of the pages seen (pages[i] is the
+// `before` of page i; null: the newest), kept across refreshes and a run's selection.
+const runsView = { task: null, state: "", range: "", pages: [null], page: 0 };
+
+function resetRuns(task) {
+  if (runsView.task === task) return;
+  Object.assign(runsView, { task, state: "", range: "", pages: [null], page: 0 });
+  $("#runs-state").value = "";
+  $("#runs-range").value = "";
+}
+
+// One page of the task's runs, newest first, cut at the chosen time range (runs are listed
+// by id, which grows with creation: once one run is older than the range, all after it are).
+async function loadRunsPage(name) {
+  const params = new URLSearchParams({ limit: String(RUNS_PAGE), task: name });
+  if (runsView.state) params.set("state", runsView.state);
+  const before = runsView.pages[runsView.page];
+  if (before !== null) params.set("before", String(before));
+  const response = await api("/api/v1/runs?" + params);
+  const body = await response.json();
+  if (!response.ok) { $("#runs-message").textContent = body.detail; return null; }
+  const since = runsView.range ? Date.now() - Number(runsView.range) * 1000 : null;
+  const runs = since === null ? body.runs : body.runs.filter((r) => Date.parse(r.created_at) >= since);
+  const older = body.more && runs.length === body.runs.length;
+  runsView.pages[runsView.page + 1] = older ? body.next_before : undefined;
+  $("#runs-older").disabled = !older;
+  $("#runs-newer").disabled = runsView.page === 0;
+  $("#runs-page").textContent = runs.length
+    ? `page ${runsView.page + 1}: runs #${runs[runs.length - 1].id} to #${runs[0].id}`
+    : `page ${runsView.page + 1}: no run`;
+  return runs;
+}
+
+function duration(run) {
+  if (run.duration_seconds !== null && run.duration_seconds !== undefined) return run.duration_seconds;
+  if (run.state === "running" && run.started_at) return (Date.now() - Date.parse(run.started_at)) / 1000;
+  return null;
+}
+
+function seconds(value) {
+  if (value === null) return "no duration yet";
+  return value < 60 ? value.toFixed(value < 10 ? 2 : 1) + " s" : (value / 60).toFixed(1) + " min";
+}
+
+// One bar per run of the page, oldest left: its height the duration, its colour the state.
+function drawTimeline(name, runs) {
+  const svg = $("#runs-timeline");
+  const width = 800, height = 90, floor = 4;
+  const ordered = runs.slice().reverse();
+  const longest = Math.max(1e-9, ...ordered.map((r) => duration(r) || 0));
+  const slot = Math.min(width / Math.max(ordered.length, 1), 30);
+  const bars = ordered.map((run, i) => {
+    const took = duration(run);
+    const tall = took === null ? floor : Math.max(floor, (height - 6) * took / longest);
+    const label = `Run #${run.id}, ${run.state}, ${seconds(took)}, created ${ago(run.created_at)}`;
+    const anchor = svgElement("a", {
+      href: `#/tasks/${encodeURIComponent(name)}/runs/${run.id}`, "aria-label": label, "data-run": run.id,
+    });
+    const bar = svgElement("rect", {
+      class: "bar " + run.state, x: (i * slot + slot * 0.1).toFixed(1), y: (height - tall).toFixed(1),
+      width: Math.max(slot * 0.8, 1).toFixed(1), height: tall.toFixed(1),
+    });
+    bar.appendChild(svgElement("title", {}, label));
+    anchor.appendChild(bar);
+    return anchor;
+  });
+  svg.replaceChildren(svgElement("line", { x1: 0, y1: height - 0.5, x2: width, y2: height - 0.5, stroke: "#ccd" }), ...bars);
+  svg.dataset.runs = String(bars.length);
+}
+
+// -- a watcher: its last hour as two small charts, its state history, its watermark --------
+
+function drawSpark(figure, points, field, unit) {
+  const svg = figure.querySelector("svg");
+  const width = 300, height = 80, pad = 4;
+  const values = points.map((p) => p[field]);
+  const known = values.filter((v) => v !== null);
+  const highest = Math.max(1e-9, ...known);
+  const x = (i) => (values.length <= 1 ? width - pad : pad + (width - 2 * pad) * i / (values.length - 1));
+  const y = (v) => height - pad - (height - 2 * pad) * v / highest;
+  const parts = [svgElement("line", { class: "axis", x1: 0, y1: height - pad, x2: width, y2: height - pad })];
+  let segment = [];
+  const flush = () => { // a lone sample (between gaps) is a dot
+    if (segment.length > 1) parts.push(svgElement("polyline", { class: "line", points: segment.join(" ") }));
+    else if (segment.length === 1) {
+      const [cx, cy] = segment[0].split(",");
+      parts.push(svgElement("circle", { class: "line", cx, cy, r: 1.5 }));
+    }
+    segment = [];
+  };
+  values.forEach((v, i) => { if (v === null) flush(); else segment.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`); });
+  flush();
+  const lastIndex = values.map((v) => v !== null).lastIndexOf(true);
+  if (lastIndex >= 0) parts.push(svgElement("circle", { class: "line", cx: x(lastIndex), cy: y(values[lastIndex]), r: 2.5 }));
+  svg.replaceChildren(...parts);
+  svg.dataset.samples = String(known.length);
+  const caption = figure.querySelector("figcaption").textContent;
+  const format = (v) => (Math.round(v * 10) / 10) + unit;
+  const text = known.length
+    ? `latest ${format(known[known.length - 1])}, highest ${format(Math.max(...known))} (${known.length} samples)`
+    : "no samples yet";
+  svg.setAttribute("aria-label", `${caption}: ${text}`);
+  figure.querySelector(".latest").textContent = text;
+}
+
+let watcherLoads = 0;
+
+async function loadWatcher(name) {
+  const load = ++watcherLoads;
+  $("#watcher-name").textContent = name;
+  const response = await api("/api/v1/watchers/" + encodeURIComponent(name) + "/history");
+  const body = await response.json();
+  if (load !== watcherLoads) return;
+  $("#watcher-message").textContent = response.ok ? "" : body.detail;
+  if (!response.ok) {
+    $("#watcher-summary").replaceChildren();
+    $("#watcher-changes tbody").replaceChildren();
+    $("#watcher-watermark tbody").replaceChildren();
+    return;
+  }
+  const summary = $("#watcher-summary");
+  const state = document.createElement("span");
+  state.className = "state state-" + body.state;
+  state.textContent = body.state || "unknown";
+  summary.replaceChildren("State ", state, body.assets.length ? "; feeds " : "; feeds no asset");
+  for (const asset of body.assets) summary.append(link("#/assets/" + encodeURIComponent(asset), asset), " ");
+  summary.append(`; one sample every ${body.interval_seconds} s.`);
+  drawSpark($("#rate-chart"), body.points, "events_per_minute", "/min");
+  drawSpark($("#lag-chart"), body.points, "last_event_age_seconds", " s");
+  $("#watcher-changes tbody").replaceChildren(...body.changes.slice().reverse().map((change) => {
+    const tr = document.createElement("tr");
+    timeCell(tr, change.at, "when");
+    cell(tr, change.state, "state state-" + change.state);
+    cell(tr, change.detail, "why");
+    return tr;
+  }));
+  const rows = [];
+  const refused = [];
+  for (const asset of body.assets) {
+    const answer = await api("/api/v1/assets/" + encodeURIComponent(asset) + "/state");
+    const entries = await answer.json();
+    if (load !== watcherLoads) return;
+    if (!answer.ok) { refused.push(entries.detail); continue; }
+    for (const entry of entries.entries) {
+      const tr = document.createElement("tr");
+      tr.dataset.key = entry.key;
+      cell(tr, asset, "asset");
+      cell(tr, entry.key, "key");
+      cell(tr, JSON.stringify(entry.value), "value");
+      cell(tr, entry.version, "version");
+      timeCell(tr, entry.updated_at, "written");
+      rows.push(tr);
+    }
+  }
+  $("#watcher-watermark tbody").replaceChildren(...rows);
+  $("#watermark-message").textContent = refused.length ? refused.join("; ") : rows.length ? "" : "No state written yet.";
+}
+
+// -- the asset graph: watchers -> assets -> tasks -> assets, in columns ---------------------
+
+const NODE_HREF = { asset: "#/assets/", watcher: "#/watchers/", task: "#/tasks/" };
+
+function layers(graph) {
+  const rank = new Map(graph.nodes.map((n) => [n.id, 0]));
+  for (let pass = 0; pass < graph.nodes.length; pass++) { // longest path; a cycle stops at the cap
+    let moved = false;
+    for (const edge of graph.edges) {
+      const next = rank.get(edge.from) + 1;
+      if (rank.has(edge.to) && next > rank.get(edge.to) && next < graph.nodes.length) { rank.set(edge.to, next); moved = true; }
+    }
+    if (!moved) break;
+  }
+  const columns = [];
+  for (const node of graph.nodes) (columns[rank.get(node.id)] ||= []).push(node);
+  // Each column ordered by where its inputs sit, so edges cross less.
+  const row = new Map();
+  for (const column of columns.filter(Boolean)) {
+    const weight = (node) => {
+      const from = graph.edges.filter((e) => e.to === node.id && row.has(e.from)).map((e) => row.get(e.from));
+      return from.length ? from.reduce((a, b) => a + b, 0) / from.length : -1;
+    };
+    column.sort((a, b) => weight(a) - weight(b) || a.name.localeCompare(b.name));
+    column.forEach((node, i) => row.set(node.id, i));
+  }
+  return { columns: columns.filter(Boolean), row };
+}
+
+function shortName(name) { return name.length > 20 ? name.slice(0, 19) + "\u2026" : name; }
+
+function nodeStatus(node) {
+  const backlog = node.backlog === null ? "" : `, backlog ${node.backlog}`;
+  return `${node.kind}: ${node.state}${backlog}`;
+}
+
+function drawGraph(graph) {
+  const svg = $("#graph");
+  const nodeWidth = 150, nodeHeight = 44, gapX = 50, gapY = 20, margin = 10;
+  const { columns } = layers(graph);
+  const where = new Map();
+  columns.forEach((column, c) => column.forEach((node, r) => where.set(node.id, {
+    x: margin + c * (nodeWidth + gapX), y: margin + r * (nodeHeight + gapY),
+  })));
+  const tallest = Math.max(1, ...columns.map((c) => c.length));
+  svg.setAttribute("width", margin * 2 + columns.length * (nodeWidth + gapX) - gapX);
+  svg.setAttribute("height", margin * 2 + tallest * (nodeHeight + gapY) - gapY);
+  const marker = svgElement("marker", {
+    id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto",
+  });
+  marker.appendChild(svgElement("path", { d: "M0,0 L10,5 L0,10 z", class: "arrow" }));
+  const defs = svgElement("defs");
+  defs.appendChild(marker);
+  const edges = graph.edges.filter((e) => where.has(e.from) && where.has(e.to)).map((edge) => {
+    const a = where.get(edge.from), b = where.get(edge.to);
+    const x1 = a.x + nodeWidth, y1 = a.y + nodeHeight / 2, x2 = b.x, y2 = b.y + nodeHeight / 2;
+    const bend = Math.max(30, Math.abs(x2 - x1) / 2);
+    return svgElement("path", {
+      class: "edge " + edge.kind, "marker-end": "url(#arrow)", "data-from": edge.from, "data-to": edge.to,
+      d: `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`,
+    });
+  });
+  const nodes = graph.nodes.map((node) => {
+    const at = where.get(node.id);
+    const anchor = svgElement("a", { href: NODE_HREF[node.kind] + encodeURIComponent(node.name), "aria-label": `${node.name}, ${nodeStatus(node)}` });
+    const group = svgElement("g", { class: `node ${node.kind} state-${node.state}`, "data-id": node.id, transform: `translate(${at.x},${at.y})` });
+    group.appendChild(svgElement("title", {}, `${node.name} (${nodeStatus(node)})`));
+    group.appendChild(svgElement("rect", { width: nodeWidth, height: nodeHeight, rx: node.kind === "asset" ? 14 : 3 }));
+    group.appendChild(svgElement("text", { class: "name", x: 8, y: 18 }, shortName(node.name)));
+    group.appendChild(svgElement("text", { class: "kind", x: 8, y: 35 }, nodeStatus(node)));
+    anchor.appendChild(group);
+    return anchor;
+  });
+  svg.replaceChildren(defs, ...edges, ...nodes);
+  svg.dataset.nodes = String(nodes.length);
+  svg.dataset.edges = String(edges.length);
+}
+
+async function loadGraph() {
+  const response = await api("/api/v1/graph");
+  const body = await response.json();
+  if (!response.ok) { $("#graph-message").textContent = body.detail; $("#graph").replaceChildren(); return; }
+  $("#graph-message").textContent = body.nodes.length ? "" : "Nothing registered yet.";
+  drawGraph(body);
+}
+
 function stopLoops() {
   if (refreshTimer) { clearInterval(refreshTimer); refreshTimer = null; }
   if (tail) { tail.abort(); tail = null; }
@@ -437,7 +729,16 @@ function route() {
   stopLoops();
   const hash = location.hash || "#/watchers";
   const guard = (promise) => promise.catch(() => {});
-  if (hash.startsWith("#/assets/")) {
+  if (hash.startsWith("#/watchers/")) {
+    const name = decodeURIComponent(hash.slice("#/watchers/".length));
+    show("watcher-view");
+    guard(loadWatcher(name));
+    refreshTimer = setInterval(() => guard(loadWatcher(name)), 5000);
+  } else if (hash === "#/graph") {
+    show("graph-view");
+    guard(loadGraph());
+    refreshTimer = setInterval(() => guard(loadGraph()), 5000);
+  } else if (hash.startsWith("#/assets/")) {
     const name = decodeURIComponent(hash.slice("#/assets/".length));
     show("asset-view");
     $("#edit-result").textContent = "";
@@ -453,6 +754,7 @@ function route() {
     $("#runs-message").textContent = "";
     $("#run-detail").hidden = runId === null;
     const task = decodeURIComponent(name);
+    resetRuns(task);
     guard(loadTask(task, runId));
     refreshTimer = setInterval(() => guard(loadTask(task, runId)), 2000);
   } else if (hash === "#/tasks") {
@@ -478,6 +780,26 @@ $("#tail-asset").addEventListener("change", () => {
   if (tail) { tail.abort(); tail = null; }
   $("#tail").replaceChildren();
   startTail().catch(() => {});
+});
+function runsQueryChanged() {
+  runsView.state = $("#runs-state").value;
+  runsView.range = $("#runs-range").value;
+  runsView.pages = [null];
+  runsView.page = 0;
+  route();
+}
+$("#runs-state").addEventListener("change", runsQueryChanged);
+$("#runs-range").addEventListener("change", runsQueryChanged);
+$("#runs-filters").addEventListener("submit", (event) => event.preventDefault());
+$("#runs-older").addEventListener("click", () => {
+  if (runsView.pages[runsView.page + 1] === undefined) return;
+  runsView.page += 1;
+  route();
+});
+$("#runs-newer").addEventListener("click", () => {
+  if (runsView.page === 0) return;
+  runsView.page -= 1;
+  route();
 });
 window.addEventListener("hashchange", route);
 route();

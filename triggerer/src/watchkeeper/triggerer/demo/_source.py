@@ -2,7 +2,7 @@
 
 It stands for an application database: ``watchkeeper demo`` creates it, then appends rows with
 ids 1, 2, 3, ... to each table, one short transaction per row, while the demo's watchers
-(``_demo_watchers/orders.py``, copied into the demo's watchers path) read them.
+(``_watchers/orders.py``, copied into the demo's watchers path) read them.
 """
 
 from __future__ import annotations

@@ -1,35 +1,27 @@
-"""``watchkeeper demo``: the example watchers, a real ``kill -9`` mid-stream, and a check.
+"""The demo's scenario: the child daemon and worker, their kills, the live view, the checks.
 
-In a temporary directory, with an embedded SQLite database (no server), the demo:
+:class:`Demo` runs in a directory of its own with an embedded SQLite database:
 
-1. creates the fake source of :mod:`._demo_source` (an application database whose
-   ``orders`` and ``payments`` tables receive numbered rows) and starts its producer;
-2. copies the demo's watcher files (``_demo_watchers/``, shipped in this package, so the demo
-   works from an installed wheel as well as from a clone) into ``watchers/`` of its directory,
-   starts ``watchkeeper triggerer --watchers-path watchers`` as a real child process and shows
-   the committed events and watermarks live;
-3. kills the daemon with SIGKILL once a third of the items are committed, restarts it, and
+1. it creates the fake source (:mod:`._source`) and starts its producer;
+2. it copies the demo's watcher files (``_watchers/``) into ``watchers/`` of its directory,
+   starts ``watchkeeper triggerer`` on them as a child process and shows the committed events
+   and watermarks live;
+3. it kills the daemon with SIGKILL once a third of the items are committed, restarts it, and
    waits until every item is committed; then stops it with SIGTERM;
-4. meanwhile runs ``watchkeeper worker`` on the same files: the task ``tally_orders``
-   (in ``_demo_watchers/orders.py``) runs on the orders events; the worker is killed with
-   SIGKILL while a run executes, and restarted (see :mod:`._demo_tasks`);
-5. reads every committed event back and checks, per table, that items 1..N each arrived
-   exactly once (no gap, no duplicate) and that the watermark is N, and that every orders
-   event was in exactly one successful run of the task.
-
-It exits 0 when the check passes and 1 otherwise, and takes about ten seconds.
+4. meanwhile it runs ``watchkeeper worker`` on the same files, kills it with SIGKILL while a
+   run of the task ``tally_orders`` executes, and restarts it (see :mod:`._tasks`);
+5. it reads every committed event back and checks, per table, that items 1..N each arrived
+   exactly once and that the watermark is N, and that every orders event was in exactly one
+   successful run of the task.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,15 +34,15 @@ import anyio.abc
 import anyio.to_thread
 from rich.console import Console, Group
 from rich.live import Live
+from rich.table import Table
 from rich.text import Text
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 
-from . import _demo_source as source
-from . import _demo_tasks as tasks
-from ._common import CommandError, run_async
-from ._table import PlainTable
+from ..errors import TriggererError
+from . import _source as source
+from . import _tasks as tasks
 
-__all__ = ["run_demo"]
+__all__ = ["FAILED", "PASSED", "Demo", "DemoError", "copy_demo_watchers"]
 
 RATE = 50.0
 """Items the producer appends per table per second."""
@@ -61,6 +53,10 @@ DEADLINE = 90.0
 STOP_GRACE = 5.0
 PASSED = "PASSED"
 FAILED = "FAILED"
+
+
+class DemoError(TriggererError):
+    """Raised when the demo cannot go on: a child process died, or a phase timed out."""
 
 
 @dataclass(slots=True)
@@ -80,13 +76,13 @@ def copy_demo_watchers(target: Path) -> list[Path]:
     """
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for resource in (files("watchkeeper.triggerer.cli") / "_demo_watchers").iterdir():
+    for resource in (files("watchkeeper.triggerer.demo") / "_watchers").iterdir():
         if resource.name.endswith(".py"):
             path = target / resource.name
             path.write_text(resource.read_text(encoding="utf-8"), encoding="utf-8")
             written.append(path)
     if not written:  # a broken installation: say what is missing instead of running nothing
-        raise CommandError("no demo watcher files in watchkeeper.triggerer.cli (_demo_watchers/)")
+        raise DemoError("no demo watcher files in watchkeeper.triggerer.demo (_watchers/)")
     return written
 
 
@@ -102,7 +98,10 @@ def _daemon_command(watchers: Path) -> list[str]:
     return [*_command(), "triggerer", "--watchers-path", str(watchers), "--reload-interval", "0.5"]
 
 
-class _Demo:
+class Demo:
+    """One run of the demo in ``workdir``: ``items`` per table, progress printed on ``console``,
+    the child processes' logs appended to ``log``."""
+
     def __init__(self, workdir: Path, items: int, console: Console, log: IO[bytes]) -> None:
         self.workdir = workdir
         self.watchers = workdir / "watchers"
@@ -166,7 +165,7 @@ class _Demo:
         with anyio.fail_after(DEADLINE):
             while not any(marker in d.owner for d in await backend.alist_daemon_status()):
                 if process.returncode is not None:
-                    raise CommandError(
+                    raise DemoError(
                         f"the daemon exited with status {process.returncode} while starting"
                     )
                 await anyio.sleep(0.05)
@@ -177,13 +176,13 @@ class _Demo:
             while not done():
                 process = self.process
                 if process is not None and process.returncode is not None:
-                    raise CommandError(
+                    raise DemoError(
                         f"the daemon exited with status {process.returncode} while the demo "
                         f"waited for {what}"
                     )
                 await self._polled.wait()
         if scope.cancelled_caught:
-            raise CommandError(f"gave up after {DEADLINE:g} s waiting for {what}")
+            raise DemoError(f"gave up after {DEADLINE:g} s waiting for {what}")
 
     # -- watching the database -------------------------------------------------------------------
 
@@ -212,7 +211,7 @@ class _Demo:
             await anyio.sleep(0.1)
 
     def _render(self) -> Group:
-        table = PlainTable(title=f"watchkeeper demo: {self.phase}", title_justify="left")
+        table = Table(title=Text(f"watchkeeper demo: {self.phase}"), title_justify="left")
         for column in ("asset", "produced", "committed events", "last item", "watermark"):
             table.add_column(column, justify="left" if column == "asset" else "right")
         for name, progress in self.progress.items():
@@ -238,7 +237,7 @@ class _Demo:
     def _worker_alive(self) -> None:
         process = self.worker.process
         if process is not None and process.returncode is not None:
-            raise CommandError(f"the worker exited with status {process.returncode}")
+            raise DemoError(f"the worker exited with status {process.returncode}")
 
     async def _start_worker(self) -> anyio.abc.Process:
         process = await self.worker.start()
@@ -333,36 +332,56 @@ class _Demo:
         return ok
 
     async def main(self) -> int:
+        """Run the scenario and the checks; print the verdict and return the exit status."""
         self._polled = anyio.Event()
         self._declared = anyio.Event()
+        await self._prepare()
+        try:
+            async with SqliteStateBackend(self.db_path) as backend:
+                code = await self._run_live(backend)
+                ok = await self._run_checks(backend)
+        finally:
+            await self._kill_leftovers()
+        return self._verdict(ok, code)
+
+    async def _prepare(self) -> None:
+        """The watcher files and the empty fake source in the demo's directory."""
         await anyio.to_thread.run_sync(copy_demo_watchers, self.watchers)
         await anyio.to_thread.run_sync(source.create, self.source_path, self.tables)
         self.console.print(
             f"demo directory {self.workdir}: SQLite state in watchkeeper.db, fake source in "
             f"source.db ({self.items} items per table: {', '.join(self.tables)})"
         )
+
+    async def _run_live(self, backend: SqliteStateBackend) -> int | None:
+        """The scenario beside the producer and the live view; the daemon's exit status."""
         code: int | None = None
-        try:
-            async with SqliteStateBackend(self.db_path) as backend:
-                live = Live(self._render(), console=self.console, auto_refresh=False)
-                with live:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._produce)
-                        tg.start_soon(self._monitor, backend, live)
-                        code = await self._scenario(backend)
-                        tg.cancel_scope.cancel()
-                    await self._poll(backend)
-                    live.update(self._render(), refresh=True)
-                self.console.print()
-                self.console.print("[bold]the checks[/]")
-                ok = await self._check(backend)
-                ok = await tasks.check_exactly_once(backend, self.console) and ok
-        finally:
-            for process in (self.process, self.worker.process):
-                if process is not None and process.returncode is None:
-                    process.kill()
-                    with anyio.move_on_after(5, shield=True):
-                        await process.wait()
+        live = Live(self._render(), console=self.console, auto_refresh=False)
+        with live:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._produce)
+                tg.start_soon(self._monitor, backend, live)
+                code = await self._scenario(backend)
+                tg.cancel_scope.cancel()
+            await self._poll(backend)
+            live.update(self._render(), refresh=True)
+        return code
+
+    async def _run_checks(self, backend: SqliteStateBackend) -> bool:
+        self.console.print()
+        self.console.print("[bold]the checks[/]")
+        ok = await self._check(backend)
+        return await tasks.check_exactly_once(backend, self.console) and ok
+
+    async def _kill_leftovers(self) -> None:
+        """Kill a child the scenario left running (it failed midway)."""
+        for process in (self.process, self.worker.process):
+            if process is not None and process.returncode is None:
+                process.kill()
+                with anyio.move_on_after(5, shield=True):
+                    await process.wait()
+
+    def _verdict(self, ok: bool, code: int | None) -> int:
         total = self.items * len(self.tables)
         self.console.print()
         if ok and code == 0:
@@ -384,37 +403,3 @@ class _Demo:
                 "done twice after a kill -9."
             )
         return 1
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo in a fresh temporary directory; 0 when the exactly-once check passes.
-
-    The directory is removed afterwards unless ``--keep`` is given or the demo failed (then
-    its path is printed, with the end of the daemon's log).
-    """
-    console = Console(highlight=False)
-    workdir = Path(tempfile.mkdtemp(prefix="watchkeeper-demo-"))
-    status = 1
-    try:
-        with (workdir / "daemon.log").open("ab") as log:
-            demo = _Demo(workdir, args.items, console, log)
-            status = run_async(demo.main)
-        return status
-    finally:
-        if args.keep or status != 0:
-            if status != 0:
-                _show_log_tail(console, workdir / "daemon.log")
-            console.print(f"kept {workdir} (daemon.log holds the daemon's JSON logs)")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _show_log_tail(console: Console, path: Path, lines: int = 15) -> None:
-    try:
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return
-    if tail:
-        console.print()
-        console.print(f"last lines of {path.name}:", style="bold")
-        console.print(Text("\n".join(tail), style="dim"))
