@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import asyncpg
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, Writer
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, Writer
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 
 __all__ = [
@@ -218,8 +218,8 @@ async def firehose_producer(index: int, asset_id: int, submit: Submit) -> None:
         await submit(asset_id, name, json.dumps({"n": n}), n)
 
 
-async def commit_firehose(index: int, backend: MetastoreBackend) -> None:
-    """Between the two: ``backend.acommit_event`` called from a bare task, no runtime around it.
+async def commit_firehose(index: int, backend: BaseStateBackend) -> None:
+    """Between the two: ``backend.events.acommit`` called from a bare task, no runtime around it.
 
     It does what the supervisor does for each event minus the trigger, its validation and its
     supervision: build an :class:`EventCommit` (payload and watermark as JSON text) and await it.
@@ -231,7 +231,7 @@ async def commit_firehose(index: int, backend: MetastoreBackend) -> None:
         commit = EventCommit(
             watcher, assets, json.dumps({"n": n}), None, {"watermark": str(n)}, writer
         )
-        await backend.acommit_event(commit)
+        await backend.events.acommit(commit)
 
 
 # -- the databases: a fresh one per measurement, and an observer beside the writer -------------
@@ -252,7 +252,7 @@ class Database:
     def prefix(self) -> str:
         return f'"{self.schema}".' if self.schema else ""
 
-    def backend(self) -> MetastoreBackend:
+    def backend(self) -> BaseStateBackend:
         if self.kind == "sqlite":
             assert self.path is not None
             return SqliteStateBackend(self.path)

@@ -51,8 +51,8 @@ from watchkeeper.triggerer import (
     WatchSpec,
     configure_logging,
 )
-from watchkeeper.triggerer._runtime_metrics import RuntimeMetrics
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
+from watchkeeper.triggerer.runtime._metrics import RuntimeMetrics
 from watchkeeper.triggerer.settings import ApiSettings
 
 RESULTS = Path(__file__).parent / "results"
@@ -196,7 +196,7 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
     config = RunnerConfig(capacity=watchers + 10, status_interval=2.0)
     db = tmp / f"bench-{time.monotonic_ns()}.db"
     async with SqliteStateBackend(db) as backend:
-        await backend.aregister_assets(assets)
+        await backend.events.aregister_assets(assets)
         async with TriggerRunner(backend, config) as runner, anyio.create_task_group() as tg:
             metrics = SampledMetrics()
             runner.metrics = metrics
@@ -204,7 +204,7 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
             server: anyio.abc.Process | None = None
             if mode in SEPARATE:
                 text, row = make_token("bench", ["read"], now=backend.clock())
-                await backend.acreate_token(row)
+                await backend.controls.acreate_token(row)
                 port = free_port()
                 server = await anyio.open_process(
                     [
@@ -224,7 +224,7 @@ async def one_run(tmp: Path, watchers: int, window: float, mode: str) -> dict[st
                 client = await open_client(port, text, window, query)
             elif with_api:
                 text, row = make_token("bench", ["read"], now=backend.clock())
-                await backend.acreate_token(row)
+                await backend.controls.acreate_token(row)
                 ctx = api_context(backend, ApiSettings(port=0))
                 ctx.runner = runner
                 ctx.metrics.runner = runner
@@ -304,7 +304,7 @@ async def scrape_time(args: argparse.Namespace) -> dict[str, Any]:
     assets = [Asset(f"a{i}") for i in range(n)]
     out: dict[str, Any] = {"watchers": n}
     async with MemoryStateBackend() as backend:
-        await backend.aregister_assets(assets)
+        await backend.events.aregister_assets(assets)
         config = RunnerConfig(capacity=n + 10, status_interval=0, lag_threshold=0)
         async with TriggerRunner(backend, config) as runner:
             started = time.perf_counter()

@@ -46,14 +46,14 @@ def loadavg() -> str:
 
 async def _prepare(path: Path, watchers: int) -> None:
     from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-    from watchkeeper.store.backend import DaemonStatus, TriggerStatus
+    from watchkeeper.store.protocols import DaemonStatus, TriggerStatus
 
     now = datetime.now(UTC)
     async with SqliteStateBackend(path) as backend:
-        await backend.aregister_assets([Asset(f"asset_{i}") for i in range(watchers)])
+        await backend.events.aregister_assets([Asset(f"asset_{i}") for i in range(watchers)])
         for i in range(watchers):
             await backend.aset(AssetScope(name=f"asset_{i}"), "watermark", i * 1000)
-        await backend.asave_daemon_status(
+        await backend.status.asave_daemon_status(
             DaemonStatus(
                 owner="bench-host:1",
                 started_at=now,
@@ -62,7 +62,7 @@ async def _prepare(path: Path, watchers: int) -> None:
                 watchers_path="watchers",
             )
         )
-        await backend.asave_trigger_status(
+        await backend.status.asave_trigger_status(
             [
                 TriggerStatus(
                     trigger_id=f"{i:032x}",

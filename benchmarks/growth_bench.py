@@ -285,7 +285,7 @@ async def collect(db: Path | str, window: float) -> int:
     ``db`` is the SQLite file or the PostgreSQL DSN."""
     opened = PostgresStateBackend(db) if isinstance(db, str) else SqliteStateBackend(db)
     async with opened as backend:
-        report = await backend.acollect_garbage(
+        report = await backend.gc.acollect_garbage(
             now=backend.clock() + timedelta(days=1) - timedelta(seconds=window),
             event_retention_days=1,
             dedup_retention_days=1,

@@ -36,10 +36,10 @@ from typing import Any
 import anyio
 import httpx
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
-from watchkeeper.triggerer._watcher_controls import watcher_rows
+from watchkeeper.store.protocols import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.api._series import WatcherSeries
+from watchkeeper.triggerer.daemon._controls import watcher_rows
 from watchkeeper.triggerer.settings import ApiSettings
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,11 +48,11 @@ RESULTS = Path(__file__).parent / "results"
 async def fill(backend: SqliteStateBackend, watchers: int) -> None:
     now = datetime.now(UTC)
     names = [f"w{i:05d}" for i in range(watchers)]
-    await backend.aregister_assets([Asset(f"a{i:05d}") for i in range(watchers)])
-    await backend.asave_daemon_status(
+    await backend.events.aregister_assets([Asset(f"a{i:05d}") for i in range(watchers)])
+    await backend.status.asave_daemon_status(
         DaemonStatus("bench", started_at=now, heartbeat_at=now, lease_ttl=3600.0, watchers_path=".")
     )
-    await backend.asave_trigger_status(
+    await backend.status.asave_trigger_status(
         [
             TriggerStatus(
                 trigger_id=name,
@@ -70,7 +70,7 @@ async def fill(backend: SqliteStateBackend, watchers: int) -> None:
     )
     for i, name in enumerate(names):
         batch = EventBatchCommit(name, (f"a{i:05d}",), ((encode_json({"n": i}), None),))
-        await backend.acommit_events(batch)
+        await backend.events.acommit_batch(batch)
 
 
 async def timed(call: Any) -> float:
@@ -98,7 +98,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             tracemalloc.stop()
 
             text, row = make_token("bench", ["read"], now=datetime.now(UTC))
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             ctx = api_context(backend, ApiSettings(port=0))
             ctx.series = None  # no sampling during the HTTP timings
             graph, listing = [], []

@@ -40,7 +40,6 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import MetastoreBackend
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 UPSERT_SQLITE = (
@@ -274,7 +273,7 @@ async def raw_asyncpg_batched(n: int, batch: int = 1000) -> float:
 # -- watchkeeper ---------------------------------------------------------------------------------
 
 
-async def ours_latency(backend: MetastoreBackend, n: int) -> dict[str, Any]:
+async def ours_latency(backend: BaseStateBackend, n: int) -> dict[str, Any]:
     scope = TaskScope("bench", "run", "latency")
     set_lat, get_lat = [], []
     for i in range(n):
@@ -289,7 +288,7 @@ async def ours_latency(backend: MetastoreBackend, n: int) -> dict[str, Any]:
 
 
 async def ours_throughput(
-    backend: MetastoreBackend, n: int, writers: int
+    backend: BaseStateBackend, n: int, writers: int
 ) -> tuple[float, list[float]]:
     scope = AssetScope(name="bench")
     lat: list[float] = []
@@ -309,10 +308,10 @@ async def ours_throughput(
 
 
 async def with_backend(
-    make: Callable[[], BaseStateBackend], fn: Callable[[MetastoreBackend], Awaitable[Any]]
+    make: Callable[[], BaseStateBackend], fn: Callable[[BaseStateBackend], Awaitable[Any]]
 ) -> Any:
     async with make() as backend:
-        await backend.aregister_assets([Asset("bench")])
+        await backend.events.aregister_assets([Asset("bench")])
         return await fn(backend)
 
 

@@ -53,7 +53,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.triggerer import Worker, WorkerSettings, asset_task
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -124,25 +124,25 @@ def open_backend(kind: str, where: str) -> BaseStateBackend:
 
 async def all_succeeded(store: Any) -> bool:
     """No event pending, no run queued or running (and at least one run succeeded)."""
-    (info,) = await store.alist_tasks()
+    (info,) = await store.tasks.alist_tasks()
     if info.pending.get(SRC.name):
         return False
     for state in ("queued", "running"):
-        if await store.alist_runs(task=info.name, state=state, limit=1):
+        if await store.tasks.alist_runs(task=info.name, state=state, limit=1):
             return False
-    return bool(await store.alist_runs(task=info.name, state="success", limit=1))
+    return bool(await store.tasks.alist_runs(task=info.name, state="success", limit=1))
 
 
 async def runs_per_second(kind: str, where: str, workers: int, events: int) -> float:
     settings = WorkerSettings(concurrency=8, poll_interval=POLL, heartbeat_interval=5)
     async with open_backend(kind, where) as main:
-        await main.aregister_assets([SRC])
+        await main.events.aregister_assets([SRC])
         await Worker(main, [noop], settings).declare()
-        await main.aset_task_paused("noop", True)  # type: ignore[attr-defined]
+        await main.tasks.aset_task_paused("noop", True)  # type: ignore[attr-defined]
         async with anyio.create_task_group() as tg:
             for start in range(0, events, 500):
                 for i in range(start, min(events, start + 500)):
-                    tg.start_soon(main.acommit_event, EventCommit("bench", (SRC.name,), str(i)))
+                    tg.start_soon(main.events.acommit, EventCommit("bench", (SRC.name,), str(i)))
                 await anyio.lowlevel.checkpoint()
         backends = [open_backend(kind, where) for _ in range(workers)]
         async with AsyncExitStack() as stack:
@@ -152,7 +152,7 @@ async def runs_per_second(kind: str, where: str, workers: int, events: int) -> f
                 for backend in backends:
                     await tg.start(Worker(backend, [noop], settings).run)
                 t0, c0 = time.perf_counter(), time.process_time()
-                await main.aset_task_paused("noop", False)  # type: ignore[attr-defined]
+                await main.tasks.aset_task_paused("noop", False)  # type: ignore[attr-defined]
                 while True:
                     if await all_succeeded(main):
                         break
@@ -286,7 +286,7 @@ async def task_latency(
         PostgresStateBackend(url) if kind == "postgres" else SqliteStateBackend(url[10:])
     )
     async with backend_ as backend:
-        await backend.aregister_assets([SRC])
+        await backend.events.aregister_assets([SRC])
         proc = await anyio.open_process(
             [*command, "worker", "--watchers-path", str(work / "defs")],
             env=env,
@@ -294,7 +294,7 @@ async def task_latency(
         )
         try:
             while True:
-                if await backend.alist_tasks():  # type: ignore[attr-defined]
+                if await backend.tasks.alist_tasks():  # type: ignore[attr-defined]
                     break
                 await anyio.sleep(0.05)
             count = int(rate * seconds)
@@ -302,7 +302,7 @@ async def task_latency(
 
             async def commit(i: int) -> None:
                 start = time.perf_counter()
-                await backend.acommit_event(EventCommit("bench", (SRC.name,), str(i)))
+                await backend.events.acommit(EventCommit("bench", (SRC.name,), str(i)))
                 acked[str(i)] = time.time()
                 if commits is not None:
                     commits.append((time.perf_counter() - start) * 1000)
@@ -320,7 +320,7 @@ async def task_latency(
                         break
                     await anyio.sleep(0.05)
             RUN_COUNTS[f"{kind}_{int(rate)}"] = sum(
-                (await backend.acount_runs()).values()  # type: ignore[attr-defined]
+                (await backend.tasks.acount_runs()).values()  # type: ignore[attr-defined]
             )
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -52,7 +52,7 @@ from _triggerer_fixtures import (
 )
 from _triggerer_report import report
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     RunnerConfig,
@@ -60,7 +60,7 @@ from watchkeeper.triggerer import (
     WatchSpec,
     configure_logging,
 )
-from watchkeeper.triggerer._gctune import raise_gen0_threshold, startup_gc
+from watchkeeper.triggerer.daemon._gctune import raise_gen0_threshold, startup_gc
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 RAW_MAX_BATCH = {"sqlite": 1024, "postgres": 2048}  # the backends' own writer batch limits
@@ -132,7 +132,7 @@ async def idle_child(args: argparse.Namespace) -> dict[str, Any]:
             ):
                 assets = [Asset(f"a{i}") for i in range(n)]
                 t0 = time.perf_counter()
-                await backend.aregister_assets(assets)
+                await backend.events.aregister_assets(assets)
                 out["register_assets_s"] = time.perf_counter() - t0
                 config = RunnerConfig(capacity=n, status_interval=args.status_interval)
                 runner = TriggerRunner(backend, config)
@@ -193,10 +193,10 @@ async def _start_all(runner: TriggerRunner, specs: list[WatchSpec]) -> float:
 async def throughput_ours(kind: str, n: int, args: Any, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"watchers": n}
     async with open_database(kind, tmp, args.dsn) as db:
-        backend: MetastoreBackend
+        backend: BaseStateBackend
         async with db.backend() as backend:
             assets = [Asset(f"a{i}") for i in range(n)]
-            await backend.aregister_assets(assets)
+            await backend.events.aregister_assets(assets)
             async with TriggerRunner(backend, RunnerConfig(capacity=max(n, 1000))) as runner:
                 specs = [WatchSpec(f"w{i}", Firehose(f"w{i}"), (assets[i],)) for i in range(n)]
                 out["start_s"] = await _start_all(runner, specs)
@@ -217,7 +217,7 @@ async def throughput_backend(kind: str, n: int, args: Any, tmp: Path) -> dict[st
     out: dict[str, Any] = {"watchers": n}
     async with open_database(kind, tmp, args.dsn) as db:
         async with db.backend() as backend, anyio.create_task_group() as tg:
-            await backend.aregister_assets([Asset(f"a{i}") for i in range(n)])
+            await backend.events.aregister_assets([Asset(f"a{i}") for i in range(n)])
             for i in range(n):
                 tg.start_soon(commit_firehose, i, backend)
             await anyio.sleep(args.warmup)
@@ -293,7 +293,7 @@ async def latency_ours(kind: str, rate: int, args: Any, tmp: Path) -> dict[str, 
     async with open_database(kind, tmp, args.dsn) as db:
         async with db.backend() as backend:
             assets = [Asset(f"a{i}") for i in range(args.paced_watchers)]
-            await backend.aregister_assets(assets)
+            await backend.events.aregister_assets(assets)
             name = f"ours-{kind}-{rate}"
             plan = _plan(name, rate, args)
             async with TriggerRunner(backend) as runner:

@@ -38,7 +38,7 @@ import anyio.to_thread
 import httpx
 from _bench_measure import loadavg
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, TriggerStatus, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer import RunnerConfig, TriggerRunner
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.api._rates import RATE_CACHE
@@ -51,9 +51,9 @@ BATCH = 10_000
 async def fill(backend: SqliteStateBackend, events: int, watchers: int) -> list[str]:
     """Commit ``events`` events spread over ``watchers`` watchers, with a status row each."""
     names = [f"w{i:04d}" for i in range(watchers)]
-    await backend.aregister_assets([Asset(name) for name in names])
+    await backend.events.aregister_assets([Asset(name) for name in names])
     now = datetime.now(UTC)
-    await backend.asave_trigger_status(
+    await backend.status.asave_trigger_status(
         [TriggerStatus(n, "m.C", (n,), (n,), "running", updated_at=now) for n in names]
     )
     payload = encode_json({"n": 1})
@@ -61,7 +61,7 @@ async def fill(backend: SqliteStateBackend, events: int, watchers: int) -> list[
     for name in names:
         for start in range(0, per_watcher, BATCH):
             rows = tuple((payload, None) for _ in range(min(BATCH, per_watcher - start)))
-            await backend.acommit_events(EventBatchCommit(name, (name,), rows))
+            await backend.events.acommit_batch(EventBatchCommit(name, (name,), rows))
     return names
 
 
@@ -96,7 +96,7 @@ async def route_time(
     """Median seconds of ``GET /api/v1/watchers`` served over ``backend`` (with ``runner``),
     each request past the event-log count's cache."""
     text, row = make_token(f"bench-{id(runner)}", ["read"], now=datetime.now(UTC))
-    await backend.acreate_token(row)
+    await backend.controls.acreate_token(row)
     ctx = api_context(backend, ApiSettings(port=0), runner=runner)
     async with anyio.create_task_group() as tg:
         port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 from watchkeeper.store import MemoryStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
 from tests.support.requires import unavailable
@@ -129,7 +129,7 @@ def sqlite_path(tmp_path: Path) -> Path:
 @pytest.fixture(params=["memory", "sqlite"])
 async def local_backend(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[MetastoreBackend]:
+) -> AsyncIterator[BaseStateBackend]:
     """Each backend that needs no server, opened and empty: memory, and SQLite under tmp_path."""
     async with open_backend(request.param, tmp_path) as backend:
         yield backend
@@ -138,7 +138,7 @@ async def local_backend(
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[MetastoreBackend]:
+) -> AsyncIterator[BaseStateBackend]:
     """Each built-in backend, opened and empty (PostgreSQL in a fresh schema)."""
     kind = request.param
     if kind == "memory":

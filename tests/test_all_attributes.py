@@ -11,12 +11,15 @@ import pytest
 
 PACKAGES = [
     "watchkeeper.store",
-    "watchkeeper.store.backend",
+    "watchkeeper.store.protocols",
     "watchkeeper.triggerer",
     "watchkeeper.triggerer.cli",
     "watchkeeper.triggerer.daemon",
+    "watchkeeper.triggerer.runner",
+    "watchkeeper.triggerer.runtime",
     "watchkeeper.triggerer.demo",
     "watchkeeper.triggerer.testing",
+    "watchkeeper.triggerer.worker",
     "watchkeeper.watchers",
 ]
 SOURCES = Path(__file__).resolve().parents[1]
@@ -47,7 +50,7 @@ class TestAllAttributes:
 
         assert names == sorted(names, key=rank)
 
-    @pytest.mark.parametrize("package", ["watchkeeper.store", "watchkeeper.store.backend"])
+    @pytest.mark.parametrize("package", ["watchkeeper.store", "watchkeeper.store.protocols"])
     def test_store_names_are_defined_in_the_store(self, package: str) -> None:
         """Every class and function the store's public modules export is defined in the store."""
         module = _load(package)
@@ -95,26 +98,26 @@ class TestAllAttributes:
         ]
         assert found == []
 
-    def test_built_in_backends_have_every_capability(self) -> None:
-        """Memory, SQLite and PostgreSQL backends satisfy every capability Protocol."""
-        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
+    def test_built_in_backends_have_every_service(self) -> None:
+        """Memory, SQLite and PostgreSQL backends offer every service."""
+        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.protocols")
         instances = [
             store.MemoryStateBackend(),
             store.SqliteStateBackend("never-opened.db"),
             store.PostgresStateBackend("postgresql://nobody@127.0.0.1:1/none"),
         ]
         missing = [
-            f"{type(b).__name__} lacks {c.__name__}"
+            f"{type(b).__name__} lacks {name}"
             for b in instances
-            for c in backend.CAPABILITIES
-            if not isinstance(b, c)
+            for name in backend.SERVICE_NAMES
+            if getattr(b.services, name) is None
         ]
         assert missing == []
 
     def test_store_exports_the_user_api_and_backend_the_runtime_api(self) -> None:
-        """Records and value rules the runtime needs are in watchkeeper.store.backend, not in
+        """Records and value rules the runtime needs are in watchkeeper.store.protocols, not in
         the user API of watchkeeper.store."""
-        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.backend")
+        store, backend = _load("watchkeeper.store"), _load("watchkeeper.store.protocols")
         runtime = {"EventCommit", "Fence", "Writer", "TriggerStatus", "encode_json", "check_key"}
         assert runtime & set(store.__all__) == set()
         assert runtime <= set(backend.__all__)

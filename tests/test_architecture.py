@@ -160,7 +160,7 @@ class TestLayout:
             assert name in MODULES
         assert "watchkeeper.store._backend" in MODULES
         assert "watchkeeper.triggerer.cli._common" in MODULES
-        assert {"watchkeeper.store"} <= _graph()["watchkeeper.triggerer.runner"]
+        assert {"watchkeeper.store"} <= _graph()["watchkeeper.triggerer.runtime._runner"]
 
     def test_no_module_is_over_500_lines(self) -> None:
         """No module of the three parts is over 500 lines: a longer one is split by job."""
@@ -175,6 +175,27 @@ class TestLayout:
     def test_no_import_cycle(self) -> None:
         """No group of modules imports itself round, at import time or lazily in a function."""
         assert _cycles(_graph()) == []
+
+    def test_a_backend_holds_its_parts_instead_of_mixing_them_in(self) -> None:
+        """Each built-in backend class has at most four of our classes in its method
+        resolution order, and no part reaches its store through ``return self`` with a type
+        ignore: a backend's parts are objects it holds."""
+        from watchkeeper.store import MemoryStateBackend, PostgresStateBackend, SqliteStateBackend
+
+        ours = {
+            cls.__name__: [
+                k.__name__ for k in cls.__mro__ if k.__module__.startswith("watchkeeper")
+            ]
+            for cls in (MemoryStateBackend, SqliteStateBackend, PostgresStateBackend)
+        }
+        assert {name: mro for name, mro in ours.items() if len(mro) > 4} == {}
+        reaching = [
+            module.path.name
+            for name, module in MODULES.items()
+            if name.startswith("watchkeeper.store")
+            and "return self  # type: ignore" in module.path.read_text(encoding="utf-8")
+        ]
+        assert reaching == []
 
     def test_cycle_finder_finds_a_cycle(self) -> None:
         """The cycle finder reports a cycle it is given (so an empty answer means something)."""
@@ -194,7 +215,7 @@ class TestLayout:
 
     @pytest.mark.parametrize("part", ["triggerer", "watchers"])
     def test_no_private_module_of_another_part_is_imported(self, part: str) -> None:
-        """A part imports another part's public modules only (``watchkeeper.store.backend``,
+        """A part imports another part's public modules only (``watchkeeper.store.protocols``,
         not ``watchkeeper.store._backend``)."""
         private = []
         for name, module in MODULES.items():
@@ -222,3 +243,134 @@ class TestLayout:
         ]
         assert crossings == []
         assert demo in {t for name, ts in graph.items() if name.startswith(cli) for t in ts}
+
+
+TRIGGERER = "watchkeeper.triggerer"
+WINGS = ("_core", "runtime", "daemon", "worker", "cli", "api", "testing")
+"""The triggerer's subpackages, by product; ``_core`` is what they all share."""
+LIBRARY_WINGS = ("_core", "runtime", "daemon", "worker")
+"""The wings other wings build on: their public names are their ``__init__``'s ``__all__``."""
+TOP_LEVEL = {"trigger", "errors", "settings"}
+"""The modules at the triggerer's top besides the packages: the authoring API and settings."""
+
+
+def _wing(name: str) -> str | None:
+    """The wing of the triggerer module ``name`` (None for a top-level module or another part)."""
+    pieces = name.split(".")
+    if pieces[:2] != TRIGGERER.split(".") or len(pieces) < 3 or pieces[2] not in WINGS:
+        return None
+    return pieces[2]
+
+
+def _exported(package: str) -> set[str]:
+    """The names in ``package``'s ``__all__``, read from its ``__init__.py``."""
+    tree = ast.parse(MODULES[package].path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            return set(value)
+    return set()
+
+
+def _imported_names(module: Module) -> list[tuple[str, str]]:
+    """``(module, name)`` for each name a module imports with ``from ... import``."""
+    found = []
+    tree = ast.parse(module.path.read_text(encoding="utf-8"))
+    for node in _import_nodes(tree.body):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = module.name.split(".")
+            if not module.is_package:
+                anchor.pop()
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        found += [(base, alias.name) for alias in node.names]
+    return found
+
+
+def _wing_imports(wing: str) -> dict[str, set[str]]:
+    """Each module of ``wing`` and the wings it imports (other than its own)."""
+    graph = _graph()
+    return {
+        name: {w for target in graph[name] if (w := _wing(target)) not in (None, wing)}
+        for name in graph
+        if _wing(name) == wing
+    }
+
+
+class TestWings:
+    def test_the_wings_were_found(self) -> None:
+        """Every wing is a package of the triggerer (the rules below would pass on none)."""
+        for wing in WINGS:
+            assert MODULES[f"{TRIGGERER}.{wing}"].is_package
+        assert _wing_imports("cli") and _wing_imports("runtime")
+
+    def test_no_flat_private_module_at_the_top(self) -> None:
+        """The triggerer's top holds the authoring API, its settings and packages only."""
+        flat = [
+            name
+            for name, module in MODULES.items()
+            if name.startswith(f"{TRIGGERER}.")
+            and name.count(".") == 2
+            and not module.is_package
+            and name.rpartition(".")[2] not in TOP_LEVEL
+        ]
+        assert flat == []
+
+    def test_each_wing_says_what_it_may_import(self) -> None:
+        """Each wing's ``__init__`` docstring says what the wing may import."""
+        missing = []
+        for wing in WINGS:
+            tree = ast.parse(MODULES[f"{TRIGGERER}.{wing}"].path.read_text(encoding="utf-8"))
+            doc = ast.get_docstring(tree) or ""
+            if "may import" not in doc:
+                missing.append(wing)
+        assert missing == []
+
+    @pytest.mark.parametrize(
+        ("wing", "forbidden"),
+        [
+            ("_core", {"runtime", "daemon", "worker", "cli", "api", "testing"}),
+            ("runtime", {"daemon", "worker", "cli", "api", "testing"}),
+            ("daemon", {"worker", "cli", "testing"}),
+            ("worker", {"runtime", "cli", "api", "testing"}),
+            ("api", {"cli", "testing"}),
+        ],
+    )
+    def test_a_wing_imports_only_the_wings_below_it(self, wing: str, forbidden: set[str]) -> None:
+        """The runtime imports nothing of the daemon, the worker, the CLI or the API; the shared
+        core nothing of any wing; the daemon and the worker not each other's users."""
+        found = [
+            f"{name} imports {target}"
+            for name, targets in _wing_imports(wing).items()
+            for target in sorted(targets & forbidden)
+        ]
+        assert found == []
+
+    @pytest.mark.parametrize("wing", ["cli", "api", "testing"])
+    def test_products_import_public_names_of_the_wings(self, wing: str) -> None:
+        """The CLI, the API and the test kit import a library wing's public names only: from
+        the wing's package, names its ``__all__`` lists (never ``daemon._leases``)."""
+        found = []
+        for name, module in MODULES.items():
+            if _wing(name) != wing:
+                continue
+            for base, imported in _imported_names(module):
+                target = _wing(base)
+                if target not in LIBRARY_WINGS or target == wing:
+                    continue
+                package = f"{TRIGGERER}.{target}"
+                if base != package or imported not in _exported(package):
+                    found.append(f"{name} imports {base}.{imported}")
+        assert found == []
+
+    def test_public_name_rule_catches_a_private_import(self) -> None:
+        """The public-name check reads a private import as one (so an empty answer means
+        something): the task loader imports the definition files' machinery privately."""
+        loader = MODULES[f"{TRIGGERER}.worker._task_loader"]
+        assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(loader)
+        assert "_import_file" not in _exported(f"{TRIGGERER}.daemon")

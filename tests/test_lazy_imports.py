@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.store.protocols import TriggerStatus
 
 SOURCES = Path(__file__).resolve().parents[1]
 
@@ -74,9 +74,9 @@ class TestCommandImports:
         starlette, uvicorn, prometheus-client, greenback, or structlog (no logs asked for)."""
         db = tmp_path / "state.db"
         async with SqliteStateBackend(db) as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             await backend.aset(AssetScope(name="orders"), "wm", 3)
-            await backend.asave_trigger_status(
+            await backend.status.asave_trigger_status(
                 [
                     TriggerStatus(
                         trigger_id="t1",
@@ -128,7 +128,7 @@ def _type_checking_imports(path: Path) -> dict[str, str]:
 
 LAZY = {
     "watchkeeper.store": SOURCES / "store/src/watchkeeper/store/__init__.py",
-    "watchkeeper.store.backend": SOURCES / "store/src/watchkeeper/store/backend.py",
+    "watchkeeper.store.protocols": SOURCES / "store/src/watchkeeper/store/protocols.py",
     "watchkeeper.triggerer": SOURCES / "triggerer/src/watchkeeper/triggerer/__init__.py",
 }
 

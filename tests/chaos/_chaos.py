@@ -35,7 +35,7 @@ import anyio.abc
 import anyio.to_thread
 from anyio.abc import Process
 from watchkeeper.store import AssetEvent, AssetScope
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer.testing import FakeEventSource
 
 from tests.support.daemons import reap
@@ -289,8 +289,8 @@ class _Progress:
     last_id: int = 0
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATTERNS, 0))
 
-    async def refresh(self, backend: MetastoreBackend) -> None:
-        events: list[AssetEvent] = await backend.alist_events(since_id=self.last_id)
+    async def refresh(self, backend: BaseStateBackend) -> None:
+        events: list[AssetEvent] = await backend.events.alist_events(since_id=self.last_id)
         for event in events:
             pattern = event.asset.removeprefix("chaos-")
             if pattern in self.counts:
@@ -305,7 +305,7 @@ class ChaosRun:
         self,
         name: str,
         url: str,
-        open_backend: Callable[[], MetastoreBackend],
+        open_backend: Callable[[], BaseStateBackend],
         raw: RawStore,
         work: Path,
         plan: ChaosPlan,
@@ -358,7 +358,7 @@ class ChaosRun:
             )
 
     async def _kill_at_random(
-        self, process: Process, backend: MetastoreBackend, progress: _Progress, published: int
+        self, process: Process, backend: BaseStateBackend, progress: _Progress, published: int
     ) -> None:
         """SIGKILL once the state watcher did a random part of its pending work, or at a pause."""
         pending = max(1, published - progress.counts["state"])
@@ -375,7 +375,7 @@ class ChaosRun:
                 await anyio.sleep(POLL)
         await self._kill(process)
 
-    async def _drain(self, process: Process, backend: MetastoreBackend) -> bool:
+    async def _drain(self, process: Process, backend: BaseStateBackend) -> bool:
         """Wait until every watcher caught up with the whole stream, then SIGTERM (True).
 
         An Airflow pause point reached on the way is killed like in the other rounds (False).
@@ -398,7 +398,7 @@ class ChaosRun:
         return True
 
     async def _round(
-        self, watchers: Path, backend: MetastoreBackend, progress: _Progress, published: int
+        self, watchers: Path, backend: BaseStateBackend, progress: _Progress, published: int
     ) -> bool:
         """One daemon life; True once the stream is drained and the daemon stopped cleanly."""
         process = await self._start(watchers)

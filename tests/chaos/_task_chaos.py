@@ -28,7 +28,7 @@ from watchkeeper.store import (
     Asset,
     BaseStateBackend,
 )
-from watchkeeper.store.backend import EventCommit, require_asset_registry, require_event_log
+from watchkeeper.store.protocols import EventCommit
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -213,14 +213,14 @@ class TaskChaos:
 
     async def produce(self, backend: BaseStateBackend) -> None:
         """Commit the events in bursts of concurrent commits (group commit), with short gaps."""
-        await require_asset_registry(backend).aregister_assets([SOURCE])
-        events = require_event_log(backend)
+        await backend.events.aregister_assets([SOURCE])
+        events = backend.events
         while self.committed < self.events:
             burst = min(self.rng.randint(20, 200), self.events - self.committed)
             async with anyio.create_task_group() as tg:
                 for i in range(burst):
                     commit = EventCommit("chaos", (SOURCE.name,), f'{{"n": {self.committed + i}}}')
-                    tg.start_soon(events.acommit_event, commit)
+                    tg.start_soon(events.acommit, commit)
             self.committed += burst
             await anyio.sleep(self.rng.uniform(0.05, 0.25))  # spread over the kills
 

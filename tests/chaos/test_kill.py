@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.chaos._chaos import ChaosPlan, ChaosRun, PatternResult, PostgresRaw, SqliteRaw
 from tests.support.postgres import fresh_pg_database
@@ -42,7 +42,7 @@ Outcome = dict[str, PatternResult] | BaseException
 async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
     path = work / "state.db"
 
-    def open_backend() -> MetastoreBackend:
+    def open_backend() -> BaseStateBackend:
         return SqliteStateBackend(path)
 
     raw = SqliteRaw(path)
@@ -52,7 +52,7 @@ async def _run_sqlite(work: Path) -> dict[str, PatternResult]:
 async def _run_postgres(work: Path, dsn: str) -> dict[str, PatternResult]:
     async with fresh_pg_database(dsn, prefix="wk_chaos") as (_, database):
 
-        def open_backend() -> MetastoreBackend:
+        def open_backend() -> BaseStateBackend:
             return PostgresStateBackend(database)
 
         raw = PostgresRaw(database)

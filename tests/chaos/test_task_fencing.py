@@ -23,7 +23,7 @@ from watchkeeper.store import (
     Asset,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 
 from tests.chaos._task_chaos import COMMAND
 
@@ -93,14 +93,14 @@ class Workers:
             while True:
                 if self.db.exists():
                     async with SqliteStateBackend(self.db) as backend:
-                        if await backend.alist_tasks():
+                        if await backend.tasks.alist_tasks():
                             return
                 await anyio.sleep(0.1)
 
     async def emit(self) -> None:
         async with SqliteStateBackend(self.db) as backend:
-            await backend.aregister_assets([Asset("src")])
-            await backend.acommit_event(EventCommit("feed", ("src",), "{}"))
+            await backend.events.aregister_assets([Asset("src")])
+            await backend.events.acommit(EventCommit("feed", ("src",), "{}"))
 
     async def wait_file(self, path: Path) -> None:
         with anyio.fail_after(30):
@@ -113,9 +113,9 @@ class Workers:
         with anyio.fail_after(30):
             while True:
                 async with SqliteStateBackend(self.db) as backend:
-                    runs = await backend.alist_runs(state="success")
+                    runs = await backend.tasks.alist_runs(state="success")
                     if runs:
-                        return runs[0], await backend.alist_events(asset="out")
+                        return runs[0], await backend.events.alist_events(asset="out")
                 await anyio.sleep(0.05)
 
     def log_events(self, index: int) -> list[str]:
@@ -182,8 +182,8 @@ class TestFrozenWorker:
                     await anyio.sleep(0.05)
             await finish(frozen)
             async with SqliteStateBackend(workers.db) as backend:
-                after = await backend.alist_events(asset="out")
-                (final,) = await backend.alist_runs()
+                after = await backend.events.alist_events(asset="out")
+                (final,) = await backend.tasks.alist_runs()
         finally:
             await finish(frozen)
             if other is not None:

@@ -310,7 +310,7 @@ class TestPythonBlocks:
         self, load_block: LoadBlock, tmp_path: Path
     ) -> None:
         """The asset_task example runs on its events and its outlet event carries the payload."""
-        from watchkeeper.store.backend import EventCommit
+        from watchkeeper.store.protocols import EventCommit
         from watchkeeper.triggerer import Worker, WorkerSettings
 
         module = load_block(_block_defining("def build_report("))
@@ -320,30 +320,30 @@ class TestPythonBlocks:
             async with anyio.create_task_group() as tg:
                 await tg.start(worker.run)
                 for name in ("a.csv", "b.csv"):
-                    await backend.acommit_event(EventCommit("feed", ("orders",), json.dumps(name)))
+                    await backend.events.acommit(EventCommit("feed", ("orders",), json.dumps(name)))
                 # One run of both events, or one run each (the worker may start between them).
                 with anyio.fail_after(20):
                     while True:
-                        out = await backend.alist_events(asset="order_report")
+                        out = await backend.events.alist_events(asset="order_report")
                         if sum(e.payload["files"] for e in out) >= 2:
                             break
                         await anyio.sleep(0.02)
                 tg.cancel_scope.cancel()
-            payloads = [e.payload for e in await backend.alist_events(asset="order_report")]
+            payloads = [e.payload for e in await backend.events.alist_events(asset="order_report")]
         assert payloads in ([{"files": 2}], [{"files": 1}, {"files": 1}])
 
     async def test_the_consumer_example_acknowledges_with_its_state(
         self, load_block: LoadBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The consumer example reads the orders events once and keeps its count with the cursor."""
-        from watchkeeper.store.backend import EventCommit
+        from watchkeeper.store.protocols import EventCommit
 
         module = load_block(_block_defining("async def consume_once("))
         monkeypatch.chdir(tmp_path)
         async with SqliteStateBackend(tmp_path / "watchkeeper.db") as backend:
-            await backend.aregister_assets([Asset("orders"), Asset("other")])
+            await backend.events.aregister_assets([Asset("orders"), Asset("other")])
             for asset in ("orders", "other", "orders"):
-                await backend.acommit_event(EventCommit("feed", (asset,), "{}"))
+                await backend.events.acommit(EventCommit("feed", (asset,), "{}"))
         assert await module.consume_once() == 2
         assert await module.consume_once() == 0
         async with SqliteStateBackend(tmp_path / "watchkeeper.db") as backend:

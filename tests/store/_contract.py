@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from watchkeeper.store import Asset, AssetScope, StateScope, TaskScope
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 TASK = TaskScope("dag", "run_1", "task")
 TASK_MAP_0 = TaskScope("dag", "run_1", "task", 0)
@@ -29,13 +29,13 @@ ALL_SCOPES: tuple[StateScope, ...] = (
 SCOPES: tuple[StateScope, ...] = (TASK, ORDERS_SCOPE)
 
 
-async def snapshot(store: MetastoreBackend) -> tuple[object, ...]:
+async def snapshot(store: BaseStateBackend) -> tuple[object, ...]:
     """Every scope's entries and the event log: what a rejected call must leave unchanged."""
-    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.alist_events())
+    return (*[await store.alist(scope) for scope in ALL_SCOPES], await store.events.alist_events())
 
 
 async def assert_rejected(
-    store: MetastoreBackend,
+    store: BaseStateBackend,
     error: type[BaseException],
     method: Callable[..., Awaitable[object]],
     *args: object,

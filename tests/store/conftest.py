@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.store._contract import ALL_SCOPES, INVOICES, ORDERS, TASK
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> MetastoreBackend:
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
     """The backend with the assets ``orders`` and ``invoices`` registered."""
-    await backend.aregister_assets([ORDERS, INVOICES])
+    await backend.events.aregister_assets([ORDERS, INVOICES])
     return backend
 
 
 @pytest.fixture
-async def seeded(store: MetastoreBackend) -> MetastoreBackend:
+async def seeded(store: BaseStateBackend) -> BaseStateBackend:
     """Keys ``a`` and ``b`` in every scope (``a`` of TASK at version 2)."""
     for scope in ALL_SCOPES:
         await store.aset(scope, "a", {"n": 1})

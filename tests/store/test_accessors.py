@@ -32,7 +32,7 @@ from watchkeeper.store import (
     TaskStateStoreAccessor,
     ValueTooLargeError,
 )
-from watchkeeper.store.backend import MetastoreBackend, Writer
+from watchkeeper.store.protocols import Writer
 
 T = TypeVar("T")
 
@@ -44,9 +44,9 @@ BIG = {"rows": ["x" * 1000] * 100}  # about 100 KB encoded: over the 64 KiB limi
 
 
 @pytest.fixture
-async def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+async def store(local_backend: BaseStateBackend) -> BaseStateBackend:
     """An open backend (memory, SQLite) with ``orders`` and ``invoices`` registered."""
-    await local_backend.aregister_assets([ORDERS, INVOICES])
+    await local_backend.events.aregister_assets([ORDERS, INVOICES])
     return local_backend
 
 

@@ -29,13 +29,11 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import (
-    CAPABILITIES,
-    MetastoreBackend,
+from watchkeeper.store.protocols import (
     Put,
     RawEntry,
+    Services,
     Writer,
-    require_event_log,
 )
 
 TASK = TaskScope("dag", "run_1", "task")
@@ -300,12 +298,12 @@ class TestMissingHooks:
         """A custom backend without a metastore has none of its capabilities, and asking it
         for an event log names the backend and the capability."""
         async with AsyncOnlyBackend() as backend:
-            assert not any(isinstance(backend, capability) for capability in CAPABILITIES)
-            with pytest.raises(MissingCapabilityError, match="AsyncOnlyBackend has no EventLog"):
-                require_event_log(backend)
+            assert backend.services == Services()
+            with pytest.raises(MissingCapabilityError, match="AsyncOnlyBackend has no events"):
+                _ = backend.events
 
 
-def _sqlite(path: Path) -> MetastoreBackend:
+def _sqlite(path: Path) -> BaseStateBackend:
     return SqliteStateBackend(path)
 
 
@@ -315,7 +313,7 @@ class TestSqliteBridge:
         path = tmp_path / "sync.db"
         with _sqlite(path) as backend:
             exercise_sync(backend)
-            backend.run_sync(backend.aregister_assets, [ORDERS])
+            backend.run_sync(backend.events.aregister_assets, [ORDERS])
             backend.set(ORDERS.scope, "watermark", "2024-06-01")
             backend.set(TASK, "job_id", "spark-1")
         with _sqlite(path) as reopened:
@@ -347,7 +345,7 @@ class TestSqliteBridge:
     async def test_asset_state_via_portal(self, tmp_path: Path) -> None:
         """Asset state set through a portal is read back asynchronously."""
         async with _sqlite(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([ORDERS])
+            await backend.events.aregister_assets([ORDERS])
             await greenback.ensure_portal()
             backend.set(AssetScope(name="orders"), "w", 3)
             assert await backend.aget(AssetScope(name="orders"), "w") == 3

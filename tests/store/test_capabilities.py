@@ -1,47 +1,60 @@
-"""The capability checks of watchkeeper.store.backend: require_event_log remembers classes."""
+"""The services of a store: present ones are reached by attribute, absent ones are None."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields, replace
 
 import pytest
-from watchkeeper.store import MemoryStateBackend, MissingCapabilityError
-from watchkeeper.store.backend import EventLog, require_event_log
+from watchkeeper.store import MemoryStateBackend, MissingCapabilityError, PostgresStateBackend
+from watchkeeper.store.protocols import SERVICE_NAMES, BaseStateBackend, Services
 
 
-class _Log:
-    """An event log by its methods alone (no base class)."""
-
-    async def acommit_event(self, commit: Any) -> list[Any]:
-        return []
-
-    async def acommit_events(self, batch: Any) -> list[Any]:
-        return []
-
-    async def alist_events(self, **kwargs: Any) -> list[Any]:
-        return []
-
-
-class TestRequireEventLog:
-    def test_a_backend_passes_every_time(self) -> None:
-        """The first check remembers the class; the next ones give the same answer."""
+class TestServices:
+    def test_a_built_in_backend_has_every_service(self) -> None:
+        """The memory backend offers every service; each attribute is its service."""
         backend = MemoryStateBackend()
-        assert require_event_log(backend) is backend
-        assert require_event_log(backend) is backend
-        assert require_event_log(MemoryStateBackend()) is not backend
+        assert tuple(f.name for f in fields(Services)) == SERVICE_NAMES
+        for name in SERVICE_NAMES:
+            assert getattr(backend, name) is getattr(backend.services, name) is not None
 
-    def test_a_remembered_class_answers_as_isinstance_does(self) -> None:
-        """An instance that shadows a method (set to None) gets the runtime Protocol's own
-        answer, not the remembered class's."""
-        assert require_event_log(_Log()) is not None  # the class is remembered now
-        odd = _Log()
-        odd.alist_events = None  # type: ignore[method-assign, assignment]
-        if isinstance(odd, EventLog):
-            assert require_event_log(odd) is odd
-        else:
-            with pytest.raises(MissingCapabilityError, match="_Log has no EventLog"):
-                require_event_log(odd)
+    def test_an_absent_service_names_the_store_and_the_service(self) -> None:
+        """A store without a service raises MissingCapabilityError naming both at the
+        attribute, and its ``services`` field is None (what code that does without reads)."""
+        backend = MemoryStateBackend()
+        backend.services = replace(backend.services, leases=None)
+        assert backend.services.leases is None
+        with pytest.raises(MissingCapabilityError, match="MemoryStateBackend has no leases"):
+            _ = backend.leases
+        assert backend.events is backend.services.events
 
-    def test_an_object_without_the_methods_is_refused(self) -> None:
-        with pytest.raises(MissingCapabilityError, match="object has no EventLog"):
-            require_event_log(object())
+    def test_a_custom_backend_starts_with_no_service(self) -> None:
+        """A BaseStateBackend subclass that sets no services has none of them."""
+
+        class Bare(BaseStateBackend):
+            pass
+
+        bare = Bare()
+        assert bare.services == Services()
+        for name in SERVICE_NAMES:
+            with pytest.raises(MissingCapabilityError, match=f"Bare has no {name} service"):
+                getattr(bare, name)
+
+
+class TestSessionSettings:
+    def test_postgres_names_its_sessions_and_bounds_idle_transactions(self) -> None:
+        """One floor for every caller: the idle-in-transaction timeout is the lease, at least
+        5 s; the session name is cut to PostgreSQL's 63 bytes; explicit settings win."""
+        short = PostgresStateBackend("postgresql://unused")
+        short.configure_sessions("w" * 80, 1.0)
+        assert short.server_settings == {
+            "application_name": "w" * 63,
+            "idle_in_transaction_session_timeout": "5000ms",
+        }
+        long = PostgresStateBackend(
+            "postgresql://unused", server_settings={"application_name": "x"}
+        )
+        long.configure_sessions("watchkeeper worker", 30.0)
+        assert long.server_settings == {
+            "application_name": "x",
+            "idle_in_transaction_session_timeout": "30000ms",
+        }

@@ -21,11 +21,11 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateStoreError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
+    BaseStateBackend,
     EventBatchCommit,
     EventCommit,
     Fence,
-    MetastoreBackend,
     Writer,
     encode_json,
     encode_value,
@@ -71,10 +71,10 @@ def plain(count: int, start: int = 0) -> list[Event]:
 
 class TestEventBatches:
     async def test_every_event_is_written_in_order_and_the_state_once(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """Each event lands on each asset, ids in (event, asset) order; the state is one write."""
-        events = await store.acommit_events(
+        events = await store.events.acommit_batch(
             batch("orders", "invoices", events=plain(3), state={"watermark": 2})
         )
         assert [(e.payload, e.asset) for e in events] == [
@@ -86,23 +86,25 @@ class TestEventBatches:
             (2, "invoices"),
         ]
         assert [e.id for e in events] == sorted(e.id for e in events)
-        assert events == await store.alist_events()
+        assert events == await store.events.alist_events()
         for scope in (ORDERS_SCOPE, INVOICES_SCOPE):
             entry = await store.aget_entry(scope, "watermark")
             assert entry is not None
             assert (entry.value, entry.version, entry.writer) == (2, 1, WATCHER)
 
-    async def test_a_large_batch_keeps_its_order(self, store: MetastoreBackend) -> None:
+    async def test_a_large_batch_keeps_its_order(self, store: BaseStateBackend) -> None:
         """A batch of more rows than one insert statement takes comes back whole and in order."""
-        events = await store.acommit_events(batch("orders", events=plain(1000), state={"w": 999}))
+        events = await store.events.acommit_batch(
+            batch("orders", events=plain(1000), state={"w": 999})
+        )
         assert [e.payload for e in events] == list(range(1000))
-        assert [e.id for e in events] == [e.id for e in await store.alist_events()]
+        assert [e.id for e in events] == [e.id for e in await store.events.alist_events()]
         assert await store.aget(ORDERS_SCOPE, "w") == 999
 
-    async def test_each_event_is_deduplicated_on_its_own(self, store: MetastoreBackend) -> None:
+    async def test_each_event_is_deduplicated_on_its_own(self, store: BaseStateBackend) -> None:
         """Recorded keys are suppressed one by one; the rest and the state are written."""
-        await store.acommit_event(single("orders", "first", "m1", w=1))
-        events = await store.acommit_events(
+        await store.events.acommit(single("orders", "first", "m1", w=1))
+        events = await store.events.acommit_batch(
             batch(
                 "orders",
                 events=[("again", "m1"), ("new", "m2"), ("plain", None), ("m2 twice", "m2")],
@@ -114,52 +116,55 @@ class TestEventBatches:
         assert entry is not None and (entry.value, entry.version) == (4, 2)
 
     async def test_a_batch_redelivered_in_full_writes_nothing(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """When every event of a batch is a duplicate, neither events nor state are written."""
         keyed: list[Event] = [("a", "m1"), ("b", "m2")]
-        await store.acommit_events(batch("orders", events=keyed, state={"w": 2}))
+        await store.events.acommit_batch(batch("orders", events=keyed, state={"w": 2}))
         before = await snapshot(store)
-        assert await store.acommit_events(batch("orders", events=keyed, state={"w": 0})) == []
+        assert await store.events.acommit_batch(batch("orders", events=keyed, state={"w": 0})) == []
         assert await snapshot(store) == before
         assert await store.aget(ORDERS_SCOPE, "w") == 2
 
-    async def test_dedup_and_state_are_per_asset(self, store: MetastoreBackend) -> None:
+    async def test_dedup_and_state_are_per_asset(self, store: BaseStateBackend) -> None:
         """A key recorded on one asset suppresses the batch there only, with its state."""
-        await store.acommit_event(single("orders", "seen", "m1", w=1))
-        events = await store.acommit_events(
+        await store.events.acommit(single("orders", "seen", "m1", w=1))
+        events = await store.events.acommit_batch(
             batch("orders", "invoices", events=[("again", "m1")], state={"w": 2})
         )
         assert [(e.asset, e.payload) for e in events] == [("invoices", "again")]
         assert await store.aget(ORDERS_SCOPE, "w") == 1
         assert await store.aget(INVOICES_SCOPE, "w") == 2
 
-    async def test_an_unknown_asset_fails_the_whole_batch(self, store: MetastoreBackend) -> None:
+    async def test_an_unknown_asset_fails_the_whole_batch(self, store: BaseStateBackend) -> None:
         """A batch naming an unregistered asset raises and writes nothing anywhere."""
         await assert_rejected(
             store,
             AssetNotFoundError,
-            store.acommit_events,
+            store.events.acommit_batch,
             batch("orders", "ghost", events=plain(3), state={"w": 3}),
             says=("ghost",),
         )
 
-    async def test_a_stale_fence_refuses_the_whole_batch(self, store: MetastoreBackend) -> None:
+    async def test_a_stale_fence_refuses_the_whole_batch(self, store: BaseStateBackend) -> None:
         """After the lease moved, the old holder's batch raises LeaseLostError and writes nothing."""
-        await store.aclaim_leases("a", ["w"], 60)
+        await store.leases.aclaim_leases("a", ["w"], 60)
         stale = Fence("w", "a", 1)
-        assert len(await store.acommit_events(batch("orders", events=plain(2), fence=stale))) == 2
-        await store.arelease_leases("a", ["w"])
-        assert await store.aclaim_leases("b", ["w"], 60) == {"w": 2}
+        assert (
+            len(await store.events.acommit_batch(batch("orders", events=plain(2), fence=stale)))
+            == 2
+        )
+        await store.leases.arelease_leases("a", ["w"])
+        assert await store.leases.aclaim_leases("b", ["w"], 60) == {"w": 2}
         await assert_rejected(
             store,
             LeaseLostError,
-            store.acommit_events,
+            store.events.acommit_batch,
             batch("orders", events=plain(2, 2), state={"w": 3}, fence=stale),
         )
 
     async def test_batches_and_single_commits_share_transactions(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """Concurrent batches and single events all commit, a failing batch alone failing."""
         outcomes: dict[str, object] = {}
@@ -167,9 +172,9 @@ class TestEventBatches:
         async def send(name: str, commit: EventBatchCommit | EventCommit) -> None:
             try:
                 if isinstance(commit, EventBatchCommit):
-                    outcomes[name] = len(await store.acommit_events(commit))
+                    outcomes[name] = len(await store.events.acommit_batch(commit))
                 else:
-                    outcomes[name] = len(await store.acommit_event(commit))
+                    outcomes[name] = len(await store.events.acommit(commit))
             except AssetNotFoundError as exc:
                 outcomes[name] = type(exc).__name__
 
@@ -182,16 +187,16 @@ class TestEventBatches:
         assert outcomes.pop("batch") == 50
         assert outcomes.pop("ghost") == "AssetNotFoundError"
         assert set(outcomes.values()) == {1}
-        listed = await store.alist_events()
+        listed = await store.events.alist_events()
         assert len(listed) == 60
         assert len({e.id for e in listed}) == 60
         assert await store.aget(ORDERS_SCOPE, "b") == 1
 
-    async def test_decoded_payloads_are_returned_as_given(self, store: MetastoreBackend) -> None:
+    async def test_decoded_payloads_are_returned_as_given(self, store: BaseStateBackend) -> None:
         """Payloads the caller decoded already come back in the events; a count that does not
         match the events is refused."""
         given = ({"n": 1}, [2])
-        events = await store.acommit_events(
+        events = await store.events.acommit_batch(
             EventBatchCommit("w", ("orders",), (('{"n":1}', None), ("[2]", None)), decoded=given)
         )
         assert [e.payload for e in events] == [{"n": 1}, [2]]
@@ -217,8 +222,8 @@ class TestEventBatches:
 
 @pytest.fixture
 async def poisoned(
-    store: MetastoreBackend, tmp_path: Path, request: pytest.FixtureRequest
-) -> MetastoreBackend:
+    store: BaseStateBackend, tmp_path: Path, request: pytest.FixtureRequest
+) -> BaseStateBackend:
     """The SQLite or PostgreSQL store, its database refusing any event whose payload is
     ``"poison"`` (a trigger on ``asset_events``): a failure in the middle of a batch's writes."""
     if isinstance(store, SqliteStateBackend):
@@ -254,21 +259,21 @@ async def poisoned(
 
 class TestBatchAtomicityInTheDatabase:
     async def test_a_row_refused_late_in_a_batch_leaves_nothing(
-        self, poisoned: MetastoreBackend
+        self, poisoned: BaseStateBackend
     ) -> None:
         """The database refusing the 300th event of a batch undoes the 299 written before it."""
         events: list[Event] = [*plain(299), ("poison", None)]
         await assert_rejected(
             poisoned,
             StateStoreError,
-            poisoned.acommit_events,
+            poisoned.events.acommit_batch,
             batch("orders", events=events, state={"w": 1}),
             says=("poisoned",),
         )
-        assert len(await poisoned.acommit_events(batch("orders", events=plain(299)))) == 299
+        assert len(await poisoned.events.acommit_batch(batch("orders", events=plain(299)))) == 299
 
     async def test_a_refused_batch_fails_alone_in_its_group(
-        self, poisoned: MetastoreBackend
+        self, poisoned: BaseStateBackend
     ) -> None:
         """Sharing a transaction with other commits, a refused batch fails and they commit."""
         outcomes: dict[str, object] = {}
@@ -278,9 +283,9 @@ class TestBatchAtomicityInTheDatabase:
             await start.wait()
             try:
                 if isinstance(commit, EventBatchCommit):
-                    outcomes[name] = len(await poisoned.acommit_events(commit))
+                    outcomes[name] = len(await poisoned.events.acommit_batch(commit))
                 else:
-                    outcomes[name] = len(await poisoned.acommit_event(commit))
+                    outcomes[name] = len(await poisoned.events.acommit(commit))
             except StateStoreError as exc:
                 outcomes[name] = "poisoned" in str(exc)
 
@@ -294,7 +299,7 @@ class TestBatchAtomicityInTheDatabase:
                 await anyio.wait_all_tasks_blocked()
                 start.set()
         assert outcomes == {"bad": True, "good": 5, **{f"single{n}": 1 for n in range(5)}}
-        assert sorted(e.payload for e in await poisoned.alist_events()) == [
+        assert sorted(e.payload for e in await poisoned.events.alist_events()) == [
             *range(5),
             *range(100, 105),
         ]

@@ -15,11 +15,8 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TokenExistsError,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     ApiToken,
-    OperatorControls,
-    require_asset_registry,
-    require_event_log,
 )
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -36,43 +33,43 @@ def _token(name: str, token_id: str, *scopes: str) -> ApiToken:
 class TestWatcherControls:
     async def test_builtin_backends_support_controls(self, backend: BaseStateBackend) -> None:
         """Every built-in backend declares the controls capability."""
-        assert isinstance(backend, OperatorControls)
+        assert backend.services.controls is not None
 
     async def test_pause_resume_keeps_one_row(self, backend: BaseStateBackend) -> None:
         """Pausing creates the row, resuming flips it, and the writer is recorded."""
-        assert isinstance(backend, OperatorControls)
-        paused = await backend.aset_watcher_paused("feed", True, by="cli:alice")
+        assert backend.services.controls is not None
+        paused = await backend.controls.aset_watcher_paused("feed", True, by="cli:alice")
         assert (paused.watcher, paused.paused, paused.retry_seq) == ("feed", True, 0)
-        resumed = await backend.aset_watcher_paused("feed", False, by="api:ops")
+        resumed = await backend.controls.aset_watcher_paused("feed", False, by="api:ops")
         assert (resumed.paused, resumed.updated_by) == (False, "api:ops")
-        rows = await backend.alist_watcher_controls()
+        rows = await backend.controls.alist_watcher_controls()
         assert [(r.watcher, r.paused) for r in rows] == [("feed", False)]
 
     async def test_retry_counts_up_and_keeps_paused(self, backend: BaseStateBackend) -> None:
         """Each retry adds one to retry_seq without touching the paused flag."""
-        assert isinstance(backend, OperatorControls)
-        await backend.aset_watcher_paused("b", True, by="cli:x")
-        await backend.arequest_watcher_retry("b", by="cli:x")
-        row = await backend.arequest_watcher_retry("b", by="cli:x")
-        first = await backend.arequest_watcher_retry("a", by="cli:x")
+        assert backend.services.controls is not None
+        await backend.controls.aset_watcher_paused("b", True, by="cli:x")
+        await backend.controls.arequest_watcher_retry("b", by="cli:x")
+        row = await backend.controls.arequest_watcher_retry("b", by="cli:x")
+        first = await backend.controls.arequest_watcher_retry("a", by="cli:x")
         assert (row.retry_seq, row.paused) == (2, True)
         assert first.retry_seq == 1
-        assert [r.watcher for r in await backend.alist_watcher_controls()] == ["a", "b"]
+        assert [r.watcher for r in await backend.controls.alist_watcher_controls()] == ["a", "b"]
 
     async def test_bad_watcher_name_writes_nothing(self, backend: BaseStateBackend) -> None:
         """An empty watcher name is refused and no row appears."""
-        assert isinstance(backend, OperatorControls)
+        assert backend.services.controls is not None
         with pytest.raises(InvalidNameError, match="watcher name"):
-            await backend.aset_watcher_paused("", True, by="cli:x")
-        assert await backend.alist_watcher_controls() == []
+            await backend.controls.aset_watcher_paused("", True, by="cli:x")
+        assert await backend.controls.alist_watcher_controls() == []
 
 
 class TestApiTokens:
     async def test_create_get_list_revoke(self, backend: BaseStateBackend) -> None:
         """A token is found by its id, listed by name, and revoked once."""
-        assert isinstance(backend, OperatorControls)
-        await backend.acreate_token(_token("ops", "id1", "read", "write:asset:orders_*"))
-        found = await backend.aget_token("id1")
+        assert backend.services.controls is not None
+        await backend.controls.acreate_token(_token("ops", "id1", "read", "write:asset:orders_*"))
+        found = await backend.controls.aget_token("id1")
         assert found is not None
         assert (found.name, found.scopes, found.digest) == (
             "ops",
@@ -80,26 +77,26 @@ class TestApiTokens:
             "digest-id1",
         )
         assert found.expires_at == T0 + timedelta(1)
-        assert await backend.aget_token("nope") is None
-        assert await backend.arevoke_token("ops") is True
-        assert await backend.arevoke_token("ops") is False
-        (listed,) = await backend.alist_tokens()
+        assert await backend.controls.aget_token("nope") is None
+        assert await backend.controls.arevoke_token("ops") is True
+        assert await backend.controls.arevoke_token("ops") is False
+        (listed,) = await backend.controls.alist_tokens()
         assert listed.revoked_at is not None
 
     async def test_live_name_is_refused_revoked_name_is_reused(
         self, backend: BaseStateBackend
     ) -> None:
         """A second token under a live name fails; once revoked, the name takes a new token."""
-        assert isinstance(backend, OperatorControls)
-        await backend.acreate_token(_token("ops", "id1", "read"))
+        assert backend.services.controls is not None
+        await backend.controls.acreate_token(_token("ops", "id1", "read"))
         with pytest.raises(TokenExistsError, match="'ops' already exists"):
-            await backend.acreate_token(_token("ops", "id2", "admin"))
-        assert (await backend.aget_token("id1")) is not None
-        await backend.arevoke_token("ops")
-        await backend.acreate_token(_token("ops", "id2", "admin"))
-        renewed = await backend.aget_token("id2")
+            await backend.controls.acreate_token(_token("ops", "id2", "admin"))
+        assert (await backend.controls.aget_token("id1")) is not None
+        await backend.controls.arevoke_token("ops")
+        await backend.controls.acreate_token(_token("ops", "id2", "admin"))
+        renewed = await backend.controls.aget_token("id2")
         assert renewed is not None and renewed.revoked_at is None
-        assert await backend.aget_token("id1") is None
+        assert await backend.controls.aget_token("id1") is None
 
     def test_repr_hides_digest(self) -> None:
         """A token's repr shows its name and scopes, never the salt or digest."""
@@ -114,11 +111,11 @@ class TestControlsPersist:
 
         path = Path(str(tmp_path)) / "s.db"
         async with SqliteStateBackend(path) as first:
-            await first.aset_watcher_paused("feed", True, by="cli:x")
-            await first.acreate_token(_token("ops", "id1", "read"))
+            await first.controls.aset_watcher_paused("feed", True, by="cli:x")
+            await first.controls.acreate_token(_token("ops", "id1", "read"))
         async with SqliteStateBackend(path) as second:
-            assert [r.paused for r in await second.alist_watcher_controls()] == [True]
-            assert await second.aget_token("id1") is not None
+            assert [r.paused for r in await second.controls.alist_watcher_controls()] == [True]
+            assert await second.controls.aget_token("id1") is not None
 
 
 class TestEventReads:
@@ -128,20 +125,18 @@ class TestEventReads:
         import json
 
         from watchkeeper.store import Asset
-        from watchkeeper.store.backend import EventCommit, encode_json
+        from watchkeeper.store.protocols import EventCommit, encode_json
 
-        assert isinstance(backend, OperatorControls)
-        assert await backend.alast_event_id() == 0
-        await require_asset_registry(backend).aregister_assets([Asset("a"), Asset("b")])
+        assert backend.services.controls is not None
+        assert await backend.events.alast_event_id() == 0
+        await backend.events.aregister_assets([Asset("a"), Asset("b")])
         for n, asset in enumerate(["a", "b", "a"], start=1):
             payload = encode_json({"n": n, "x": [1.5, "é"]})
-            await require_event_log(backend).acommit_event(
-                EventCommit("w", (asset,), payload, dedup_key=f"k{n}")
-            )
-        ids = [e.id for e in await require_event_log(backend).alist_events()]
-        assert await backend.alast_event_id() == ids[-1]
-        assert await backend.alast_event_id("b") == ids[1]
-        rows = await backend.alist_event_json(asset="a", since_id=0, limit=10)
+            await backend.events.acommit(EventCommit("w", (asset,), payload, dedup_key=f"k{n}"))
+        ids = [e.id for e in await backend.events.alist_events()]
+        assert await backend.events.alast_event_id() == ids[-1]
+        assert await backend.events.alast_event_id("b") == ids[1]
+        rows = await backend.events.alist_event_json(asset="a", since_id=0, limit=10)
         assert [i for i, _ in rows] == [ids[0], ids[2]]
         first = json.loads(rows[0][1])
         assert first["payload"] == {"n": 1, "x": [1.5, "é"]}
@@ -152,18 +147,18 @@ class TestEventReads:
             "k1",
         )
         assert first["created_at"].startswith("20")
-        page = await backend.alist_event_json(asset=None, since_id=ids[0], limit=1)
+        page = await backend.events.alist_event_json(asset=None, since_id=ids[0], limit=1)
         assert [i for i, _ in page] == [ids[1]]
 
     async def test_count_events_since(self, backend: BaseStateBackend) -> None:
         """Events per watcher at or after a time, each asset's event counted; older ones and
         silent watchers are left out; a naive datetime is refused."""
         from watchkeeper.store import Asset, StateStoreError
-        from watchkeeper.store.backend import EventCommit, encode_json
+        from watchkeeper.store.protocols import EventCommit, encode_json
 
-        assert isinstance(backend, OperatorControls)
-        await require_asset_registry(backend).aregister_assets([Asset("a"), Asset("b")])
-        log = require_event_log(backend)
+        assert backend.services.controls is not None
+        await backend.events.aregister_assets([Asset("a"), Asset("b")])
+        log = backend.events
         for at, watcher, assets in [
             (T0 - timedelta(minutes=10), "old", ("a",)),
             (T0 - timedelta(minutes=10), "w", ("a",)),
@@ -172,11 +167,11 @@ class TestEventReads:
             (T0 + timedelta(seconds=40), "v", ("b",)),
         ]:
             backend.clock = functools.partial(_at, at)
-            await log.acommit_event(EventCommit(watcher, assets, encode_json(None)))
-        assert await backend.acount_events_since(T0) == {"w": 3, "v": 1}
-        assert await backend.acount_events_since(T0 + timedelta(hours=1)) == {}
+            await log.acommit(EventCommit(watcher, assets, encode_json(None)))
+        assert await backend.events.acount_events_since(T0) == {"w": 3, "v": 1}
+        assert await backend.events.acount_events_since(T0 + timedelta(hours=1)) == {}
         with pytest.raises(StateStoreError, match="since"):
-            await backend.acount_events_since(datetime(2030, 1, 1))  # naive: no tzinfo
+            await backend.events.acount_events_since(datetime(2030, 1, 1))  # naive: no tzinfo
 
 
 class TestDeleteIfVersion:
@@ -185,22 +180,22 @@ class TestDeleteIfVersion:
         the current version deletes the key."""
         from watchkeeper.store import Asset, AssetNotFoundError, AssetScope, VersionConflictError
 
-        assert isinstance(backend, OperatorControls)
-        await require_asset_registry(backend).aregister_assets([Asset("a")])
+        assert backend.services.controls is not None
+        await backend.events.aregister_assets([Asset("a")])
         scope = AssetScope(name="a")
         await backend.aset(scope, "k", 1)
         await backend.aset(scope, "k", 2)
         with pytest.raises(VersionConflictError) as stale:
-            await backend.adelete_if_version("a", "k", 1)
+            await backend.controls.adelete_if_version("a", "k", 1)
         assert (stale.value.expected, stale.value.actual) == (1, 2)
         assert await backend.aget(scope, "k") == 2
-        await backend.adelete_if_version("a", "k", 2)
+        await backend.controls.adelete_if_version("a", "k", 2)
         assert await backend.aget_entry(scope, "k") is None
         with pytest.raises(VersionConflictError) as missing:
-            await backend.adelete_if_version("a", "k", 2)
+            await backend.controls.adelete_if_version("a", "k", 2)
         assert missing.value.actual == 0
         with pytest.raises(AssetNotFoundError):
-            await backend.adelete_if_version("nope", "k", 1)
+            await backend.controls.adelete_if_version("nope", "k", 1)
 
 
 class TestArgumentChecks:
@@ -208,25 +203,25 @@ class TestArgumentChecks:
         self, backend: BaseStateBackend
     ) -> None:
         """Each controls method refuses a wrong argument with the same error on every backend
-        (checked once, in ControlsBackend) and writes nothing."""
+        (checked once, in BaseStateBackend) and writes nothing."""
         from watchkeeper.store import ArgumentTypeError, InvalidArgumentError, InvalidKeyError
 
-        assert isinstance(backend, OperatorControls)
+        assert backend.services.controls is not None
         with pytest.raises(ArgumentTypeError, match="paused must be a bool, got str"):
-            await backend.aset_watcher_paused("w", "yes", by="cli:x")  # type: ignore[arg-type]
+            await backend.controls.aset_watcher_paused("w", "yes", by="cli:x")  # type: ignore[arg-type]
         with pytest.raises(ArgumentTypeError, match="by must be a str, got int"):
-            await backend.arequest_watcher_retry("w", by=7)  # type: ignore[arg-type]
+            await backend.controls.arequest_watcher_retry("w", by=7)  # type: ignore[arg-type]
         with pytest.raises(ArgumentTypeError, match="token must be an ApiToken, got dict"):
-            await backend.acreate_token({"name": "t"})  # type: ignore[arg-type]
+            await backend.controls.acreate_token({"name": "t"})  # type: ignore[arg-type]
         with pytest.raises(ArgumentTypeError, match="token_id must be a str, got NoneType"):
-            await backend.aget_token(None)  # type: ignore[arg-type]
+            await backend.controls.aget_token(None)  # type: ignore[arg-type]
         with pytest.raises(InvalidArgumentError, match="expected_version"):
-            await backend.adelete_if_version("a", "k", -1)
+            await backend.controls.adelete_if_version("a", "k", -1)
         with pytest.raises(InvalidKeyError):
-            await backend.adelete_if_version("a", "", 1)
+            await backend.controls.adelete_if_version("a", "", 1)
         with pytest.raises(InvalidArgumentError, match="limit"):
-            await backend.alist_event_json(asset=None, since_id=0, limit=-1)
+            await backend.events.alist_event_json(asset=None, since_id=0, limit=-1)
         with pytest.raises(InvalidNameError, match="asset name"):
-            await backend.alast_event_id("")
-        assert await backend.alist_watcher_controls() == []
-        assert await backend.alist_tokens() == []
+            await backend.events.alast_event_id("")
+        assert await backend.controls.alist_watcher_controls() == []
+        assert await backend.controls.alist_tokens() == []

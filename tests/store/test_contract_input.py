@@ -31,7 +31,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, encode_json
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, encode_json
 
 from tests.store._contract import ORDERS_SCOPE, SCOPES, TASK, assert_rejected, snapshot
 
@@ -99,27 +99,27 @@ class TestNames:
         with pytest.raises(InvalidArgumentError, match="needs a name or a uri"):
             Asset("")
 
-    async def test_names_at_the_limits_round_trip(self, store: MetastoreBackend) -> None:
+    async def test_names_at_the_limits_round_trip(self, store: BaseStateBackend) -> None:
         """Names of exactly 1,024 UTF-8 bytes, and non-ASCII ones (C1 NEL, emoji), register,
         commit and deduplicate on every backend."""
         long_name = incompressible(MAX_NAME_BYTES, seed=1)
         long_uri = incompressible(MAX_NAME_BYTES, seed=3)
         assets = [Asset(long_name), Asset("é\u0085", uri="s3://é\u0085"), Asset("🙂", uri=long_uri)]
         names = [asset.name for asset in assets]
-        await store.aregister_assets(assets)
-        listed = {info.name: info.uri for info in await store.alist_assets()}
+        await store.events.aregister_assets(assets)
+        listed = {info.name: info.uri for info in await store.events.alist_assets()}
         assert [listed[n] for n in names] == [None, "s3://é\u0085", long_uri]
         dedup = incompressible(MAX_NAME_BYTES, seed=2)
-        first = await store.acommit_event(
+        first = await store.events.acommit(
             EventCommit(long_name, tuple(names), "1", dedup_key=dedup, state={"é\u0085": "1"})
         )
-        again = await store.acommit_event(EventCommit(long_name, tuple(names), "2", dedup))
+        again = await store.events.acommit(EventCommit(long_name, tuple(names), "2", dedup))
         assert sorted(e.asset for e in first) == sorted(names) and again == []
-        events = await store.alist_events(asset=long_name)
+        events = await store.events.alist_events(asset=long_name)
         assert [(e.watcher, e.dedup_key) for e in events] == [(long_name, dedup)]
         assert await store.aget(AssetScope(name=long_name), "é\u0085") == 1
 
-    async def test_the_largest_task_scope_fits_every_index(self, store: MetastoreBackend) -> None:
+    async def test_the_largest_task_scope_fits_every_index(self, store: BaseStateBackend) -> None:
         """dag_id, run_id and task_id of MAX_SCOPE_ID_BYTES each (incompressible) with a key of
         1,024 bytes are stored, read and listed on every backend: the primary key stays under
         PostgreSQL's btree row limit."""
@@ -140,14 +140,14 @@ class TestNames:
                 TaskScope(*args)
 
     async def test_deactivate_and_event_filter_refuse_bad_names(
-        self, seeded: MetastoreBackend
+        self, seeded: BaseStateBackend
     ) -> None:
         """adeactivate_asset() and alist_events(asset=...) refuse a bad name the same way on
         every backend, and change nothing."""
         for name, _ in BAD_NAMES.values():
-            await assert_rejected(seeded, InvalidNameError, seeded.adeactivate_asset, name)
-            await assert_rejected(seeded, InvalidNameError, seeded.alist_events, asset=name)
-        assert [info.name for info in await seeded.alist_assets(active_only=True)] == [
+            await assert_rejected(seeded, InvalidNameError, seeded.events.adeactivate_asset, name)
+            await assert_rejected(seeded, InvalidNameError, seeded.events.alist_events, asset=name)
+        assert [info.name for info in await seeded.events.alist_assets(active_only=True)] == [
             "invoices",
             "orders",
         ]
@@ -171,7 +171,7 @@ class TestNumbers:
         with pytest.raises(InvalidArgumentError, match="needs at least one of"):
             AssetScope()
 
-    async def test_the_largest_ids_are_valid_everywhere(self, store: MetastoreBackend) -> None:
+    async def test_the_largest_ids_are_valid_everywhere(self, store: BaseStateBackend) -> None:
         """The largest map index, asset id, expected version and event id are valid input on
         every backend: no overflow inside a driver."""
         scope = TaskScope("d", "r", "t", MAX_MAP_INDEX)
@@ -187,19 +187,19 @@ class TestNumbers:
             expected_version=MAX_BIGINT,
             says=(f"expected {MAX_BIGINT}",),
         )
-        assert await store.alist_events(since_id=MAX_BIGINT, limit=MAX_BIGINT) == []
+        assert await store.events.alist_events(since_id=MAX_BIGINT, limit=MAX_BIGINT) == []
         with pytest.raises(KeyError):
             await store.aget(AssetScope(asset_id=MAX_BIGINT), "k")
 
-    async def test_out_of_range_numbers_are_refused_alike(self, seeded: MetastoreBackend) -> None:
+    async def test_out_of_range_numbers_are_refused_alike(self, seeded: BaseStateBackend) -> None:
         """An expected version, event id or limit beyond 2**63-1 and a retention whose expiry
         falls after year 9999 are InvalidArgumentError on every backend, changing nothing."""
         calls: list[tuple[Callable[..., Awaitable[object]], tuple[Any, ...], dict[str, Any]]] = [
             (seeded.aset, (TASK, "a", 1), {"expected_version": MAX_BIGINT + 1}),
             (seeded.aset, (TASK, "a", 1), {"expected_version": -1}),
             (seeded.aset, (TASK, "a", 1), {"retention": timedelta(days=999_999_999)}),
-            (seeded.alist_events, (), {"since_id": MAX_BIGINT + 1}),
-            (seeded.alist_events, (), {"limit": 10**20}),
+            (seeded.events.alist_events, (), {"since_id": MAX_BIGINT + 1}),
+            (seeded.events.alist_events, (), {"limit": 10**20}),
         ]
         for method, args, kwargs in calls:
             error = await assert_rejected(seeded, InvalidArgumentError, method, *args, **kwargs)
@@ -219,7 +219,7 @@ class TestNumbers:
 
 
 class TestValues:
-    async def test_deep_nesting_is_refused_at_the_limit(self, seeded: MetastoreBackend) -> None:
+    async def test_deep_nesting_is_refused_at_the_limit(self, seeded: BaseStateBackend) -> None:
         """A value nested MAX_VALUE_DEPTH levels round-trips; one level more, or 100,000 (which
         overflows Python's recursion), is InvalidValueError naming the limit, on every backend."""
         for scope in SCOPES:
@@ -242,7 +242,7 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="nested more than"):
             encode_json(nested(100_000), what="payload")
 
-    async def test_lone_surrogates_are_refused_alike(self, seeded: MetastoreBackend) -> None:
+    async def test_lone_surrogates_are_refused_alike(self, seeded: BaseStateBackend) -> None:
         """A lone surrogate in a string value, inside a container or in a dict key is
         InvalidValueError on every backend (SQLite raised UnicodeEncodeError, PostgreSQL a
         driver error, memory stored it), and nothing is written."""
@@ -255,7 +255,7 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="surrogate"):
             encode_json({"text": "\ud800"}, what="payload")
 
-    async def test_ints_too_long_for_text_are_refused(self, seeded: MetastoreBackend) -> None:
+    async def test_ints_too_long_for_text_are_refused(self, seeded: BaseStateBackend) -> None:
         """10**5000 (past Python's int-to-text limit) is InvalidValueError, not a bare
         ValueError, at the top or nested; the longest int that converts round-trips."""
         longest = 10**4299
@@ -269,13 +269,13 @@ class TestValues:
         with pytest.raises(InvalidValueError, match="bits"):
             encode_json(10**5000, what="payload")
 
-    async def test_a_bad_event_writes_nothing(self, seeded: MetastoreBackend) -> None:
+    async def test_a_bad_event_writes_nothing(self, seeded: BaseStateBackend) -> None:
         """An event whose dedup key or state key breaks the rule is refused before any I/O:
         the event log and the state are as before on every backend."""
         before = await snapshot(seeded)
         for name, _ in BAD_NAMES.values():
             with pytest.raises(InvalidNameError):
-                await seeded.acommit_event(
+                await seeded.events.acommit(
                     EventCommit("w", ("orders",), "1", dedup_key=name, state={"a": "1"})
                 )
         assert await snapshot(seeded) == before

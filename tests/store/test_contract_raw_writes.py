@@ -15,7 +15,7 @@ from watchkeeper.store import (
     ValueTooLargeError,
     ValueTypeError,
 )
-from watchkeeper.store.backend import EventBatchCommit, EventCommit, MetastoreBackend, StateWrite
+from watchkeeper.store.protocols import BaseStateBackend, EventBatchCommit, EventCommit, StateWrite
 
 from tests.store._contract import ORDERS_SCOPE, SCOPES, assert_rejected
 
@@ -45,11 +45,11 @@ BAD_TEXTS: dict[str, tuple[object, type[StateStoreError], str]] = {
 
 
 async def cursor(store: Any) -> int:
-    return int(await store.aconsumer_position("c"))
+    return int(await store.tasks.aconsumer_position("c"))
 
 
 @pytest.mark.parametrize("case", sorted(BAD_KEYS))
-async def test_ack_refuses_a_bad_key_as_aset_does(seeded: MetastoreBackend, case: str) -> None:
+async def test_ack_refuses_a_bad_key_as_aset_does(seeded: BaseStateBackend, case: str) -> None:
     """A key aset refuses is refused by an acknowledgement's state write, with the same error,
     before anything is written."""
     key, error = BAD_KEYS[case]
@@ -58,12 +58,12 @@ async def test_ack_refuses_a_bad_key_as_aset_does(seeded: MetastoreBackend, case
         await store.aset(ORDERS_SCOPE, key, 1)
     for scope in SCOPES:
         write = StateWrite(scope, key, "1")  # type: ignore[arg-type]
-        await assert_rejected(store, error, store.aconsumer_ack, "c", 1, state=[write])
+        await assert_rejected(store, error, store.tasks.aconsumer_ack, "c", 1, state=[write])
     assert await cursor(store) == 0
 
 
 @pytest.mark.parametrize("case", sorted(BAD_TEXTS))
-async def test_ack_refuses_a_bad_value_text(seeded: MetastoreBackend, case: str) -> None:
+async def test_ack_refuses_a_bad_value_text(seeded: BaseStateBackend, case: str) -> None:
     """A value text that is not JSON, or whose value aset refuses (too large, NaN, None, too
     deep, a lone surrogate), is refused by an acknowledgement with the store's error."""
     text, error, says = BAD_TEXTS[case]
@@ -71,25 +71,25 @@ async def test_ack_refuses_a_bad_value_text(seeded: MetastoreBackend, case: str)
     for scope in SCOPES:
         good = StateWrite(scope, "ok", "1")
         await assert_rejected(
-            store, error, store.aconsumer_ack, "c", 1,
+            store, error, store.tasks.aconsumer_ack, "c", 1,
             state=[good, StateWrite(scope, "k", text)], says=(says,),  # type: ignore[arg-type]
         )  # fmt: skip
     assert await cursor(store) == 0
 
 
 @pytest.mark.parametrize("case", sorted(BAD_TEXTS))
-async def test_commit_refuses_a_bad_state_text(seeded: MetastoreBackend, case: str) -> None:
+async def test_commit_refuses_a_bad_state_text(seeded: BaseStateBackend, case: str) -> None:
     """An event commit (single or batch) whose state value text breaks a value rule is
     refused before any I/O: no event, no state."""
     text, error, says = BAD_TEXTS[case]
     store: Any = seeded
     commit = EventCommit("w", ("orders",), "1", state={"k": text})  # type: ignore[dict-item]
-    await assert_rejected(store, error, store.acommit_event, commit, says=(says,))
+    await assert_rejected(store, error, store.events.acommit, commit, says=(says,))
     batch = EventBatchCommit("w", ("orders",), (("1", None),), state={"k": text})  # type: ignore[dict-item]
-    await assert_rejected(store, error, store.acommit_events, batch, says=(says,))
+    await assert_rejected(store, error, store.events.acommit_batch, batch, says=(says,))
 
 
-async def test_accepted_text_is_stored_compact(seeded: MetastoreBackend) -> None:
+async def test_accepted_text_is_stored_compact(seeded: BaseStateBackend) -> None:
     """Valid JSON text is stored as aset would store its value, at the limits too."""
     store: Any = seeded
     limit = store.max_value_bytes
@@ -98,14 +98,14 @@ async def test_accepted_text_is_stored_compact(seeded: MetastoreBackend) -> None
         StateWrite(ORDERS_SCOPE, "a", ' { "n" : [1, 2] } '),
         StateWrite(ORDERS_SCOPE, "b", largest),
     ]
-    assert await store.aconsumer_ack("c", 1, state=writes) == 1
+    assert await store.tasks.aconsumer_ack("c", 1, state=writes) == 1
     assert await store.aget(ORDERS_SCOPE, "a") == {"n": [1, 2]}
     raw = await store.aget_raw(ORDERS_SCOPE, "a")
     assert raw.value_json == '{"n":[1,2]}'
     assert len(await store.aget(ORDERS_SCOPE, "b")) == limit - 2
 
 
-async def test_value_type_error_is_kept_for_aset(seeded: MetastoreBackend) -> None:
+async def test_value_type_error_is_kept_for_aset(seeded: BaseStateBackend) -> None:
     """aset's own type check is unchanged: a set is a ValueTypeError there."""
     with pytest.raises(ValueTypeError):
         await seeded.aset(ORDERS_SCOPE, "k", {1, 2})

@@ -24,9 +24,8 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateStoreError,
 )
-from watchkeeper.store.backend import (
-    MetastoreBackend,
-    NodeKeepAlive,
+from watchkeeper.store.protocols import (
+    BaseStateBackend,
     NodeKeepAliveChannel,
     NodeLease,
 )
@@ -38,10 +37,10 @@ TTL = timedelta(seconds=30)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
     """SQLite and PostgreSQL (a fresh schema), on a settable clock."""
     async with contextlib.AsyncExitStack() as stack:
-        backend: MetastoreBackend
+        backend: BaseStateBackend
         if request.param == "sqlite":
             backend = SqliteStateBackend(tmp_path / "state.db")
         else:
@@ -51,32 +50,33 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
             backend = PostgresStateBackend(request.getfixturevalue("pg_dsn"), schema=schema)
         await stack.enter_async_context(backend)
         backend.clock = Clock()
-        await backend.aregister_assets([Asset("orders")])
+        await backend.events.aregister_assets([Asset("orders")])
         yield backend
 
 
 def test_the_memory_backend_has_no_keepalive() -> None:
     """One process, one loop: the memory backend's node leases are renewed by the loop only."""
-    assert not isinstance(MemoryStateBackend(), NodeKeepAlive)
-    assert isinstance(SqliteStateBackend("unused.db"), NodeKeepAlive)
+    assert MemoryStateBackend().leases.keepalive is None
+    assert SqliteStateBackend("unused.db").leases.keepalive is not None
 
 
-def keepalive(store: MetastoreBackend, owner: str) -> NodeKeepAliveChannel:
-    assert isinstance(store, NodeKeepAlive)
-    return store.open_node_keepalive(owner, TTL)
+def keepalive(store: BaseStateBackend, owner: str) -> NodeKeepAliveChannel:
+    keeper = store.leases.keepalive
+    assert keeper is not None
+    return keeper.open_node_keepalive(owner, TTL)
 
 
 async def renew(channel: NodeKeepAliveChannel, limit: float = 10.0) -> bool:
     return await anyio.to_thread.run_sync(channel.renew, limit)
 
 
-async def node(store: MetastoreBackend, owner: str) -> NodeLease | None:
+async def node(store: BaseStateBackend, owner: str) -> NodeLease | None:
     """``owner``'s node lease as another node ("watcher") sees it at its renewal."""
-    beat = await store.arenew_node("watcher", timedelta(days=1))
+    beat = await store.leases.arenew_node("watcher", timedelta(days=1))
     return next((n for n in beat.nodes if n.owner == owner), None)
 
 
-def advance(store: MetastoreBackend, seconds: float) -> None:
+def advance(store: BaseStateBackend, seconds: float) -> None:
     clock = store.clock
     assert isinstance(clock, Clock)
     clock.advance(seconds)
@@ -84,12 +84,12 @@ def advance(store: MetastoreBackend, seconds: float) -> None:
 
 class TestNodeKeepAlive:
     async def test_it_extends_a_live_node_lease_to_now_plus_ttl(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """A renewal through the channel moves a live node's expiry to the store's now + ttl,
         like the loop's renewal, and keeps its trigger leases."""
-        await store.arenew_node("a", TTL)
-        await store.aclaim_leases("a", ["t1"], TTL)
+        await store.leases.arenew_node("a", TTL)
+        await store.leases.aclaim_leases("a", ["t1"], TTL)
         advance(store, 20)
         channel = keepalive(store, "a")
         try:
@@ -101,15 +101,15 @@ class TestNodeKeepAlive:
         seen = await node(store, "a")
         assert seen is not None
         assert (seen.alive, seen.expires_at, seen.held) == (True, T0 + timedelta(seconds=55), 1)
-        assert [(x.owner, x.token) for x in await store.alist_leases()] == [("a", 1)]
+        assert [(x.owner, x.token) for x in await store.leases.alist_leases()] == [("a", 1)]
 
-    async def test_it_never_revives_a_reaped_node(self, store: MetastoreBackend) -> None:
+    async def test_it_never_revives_a_reaped_node(self, store: BaseStateBackend) -> None:
         """Once another node reaped it, the channel says False and the node stays dead with
         the leases it held free for others: rejoining is the loop's renewal's job."""
-        await store.arenew_node("a", TTL)
-        await store.aclaim_leases("a", ["t1"], TTL)
+        await store.leases.arenew_node("a", TTL)
+        await store.leases.aclaim_leases("a", ["t1"], TTL)
         advance(store, 31)
-        beat = await store.arenew_node("b", TTL)
+        beat = await store.leases.arenew_node("b", TTL)
         assert beat.reaped == ("a",)
         channel = keepalive(store, "a")
         try:
@@ -118,9 +118,9 @@ class TestNodeKeepAlive:
             await anyio.to_thread.run_sync(channel.close)
         seen = await node(store, "a")
         assert seen is not None and not seen.alive
-        assert await store.aclaim_leases("b", ["t1"], TTL) == {"t1": 2}
+        assert await store.leases.aclaim_leases("b", ["t1"], TTL) == {"t1": 2}
 
-    async def test_it_never_creates_a_node(self, store: MetastoreBackend) -> None:
+    async def test_it_never_creates_a_node(self, store: BaseStateBackend) -> None:
         """An owner that never joined gets False and no node lease."""
         channel = keepalive(store, "nobody")
         try:
@@ -138,14 +138,15 @@ class TestNodeKeepAlive:
         ],
     )
     async def test_bad_arguments_are_refused_before_connecting(
-        self, store: MetastoreBackend, owner: str, ttl: object, error: type[Exception]
+        self, store: BaseStateBackend, owner: str, ttl: object, error: type[Exception]
     ) -> None:
         """The owner and ttl follow the lease rules of ``arenew_node``."""
-        assert isinstance(store, NodeKeepAlive)
+        keeper = store.leases.keepalive
+        assert keeper is not None
         with pytest.raises(error):
-            store.open_node_keepalive(owner, ttl)  # type: ignore[arg-type]
+            keeper.open_node_keepalive(owner, ttl)  # type: ignore[arg-type]
         with pytest.raises(error):
-            await store.arenew_node(owner, ttl)  # type: ignore[arg-type]
+            await store.leases.arenew_node(owner, ttl)  # type: ignore[arg-type]
 
 
 class TestSqliteKeepAliveWhileLocked:
@@ -157,8 +158,8 @@ class TestSqliteKeepAliveWhileLocked:
         once the lock is gone, the same channel renews again."""
         path = tmp_path / "state.db"
         async with SqliteStateBackend(path) as db:
-            await db.arenew_node("a", TTL)
-            channel = db.open_node_keepalive("a", TTL)
+            await db.leases.arenew_node("a", TTL)
+            channel = keepalive(db, "a")
             blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             try:
                 blocker.execute("BEGIN IMMEDIATE")
@@ -177,8 +178,8 @@ class TestSqliteKeepAliveWhileLocked:
         under the daemon fails the renewal and stays removed."""
         path = tmp_path / "state.db"
         async with SqliteStateBackend(path) as db:
-            await db.arenew_node("a", TTL)
-            channel = db.open_node_keepalive("a", TTL)
+            await db.leases.arenew_node("a", TTL)
+            channel = keepalive(db, "a")
             for name in ("state.db", "state.db-wal", "state.db-shm"):
                 (tmp_path / name).unlink(missing_ok=True)
             try:

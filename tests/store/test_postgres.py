@@ -35,7 +35,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, TriggerStatus, Writer
+from watchkeeper.store.protocols import EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
 _WAITING_ON_ME = (
@@ -222,15 +222,15 @@ class TestLifecycle:
         """A schema from before event retention (version 4) is upgraded by migration 5 alone
         and keeps its events."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-            await backend.aregister_assets([Asset("orders")])
-            await backend.acommit_event(EventCommit("w", ("orders",), "1", dedup_key="m1"))
+            await backend.events.aregister_assets([Asset("orders")])
+            await backend.events.acommit(EventCommit("w", ("orders",), "1", dedup_key="m1"))
         conn = await asyncpg.connect(pg_dsn)
         try:
             await conn.execute(f'DROP INDEX "{pg_schema}".asset_events_created')
             await conn.execute(f'DELETE FROM "{pg_schema}".schema_migrations WHERE version = 5')
             async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
                 assert backend.applied_migrations == [5]
-                assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+                assert [e.dedup_key for e in await backend.events.alist_events()] == ["m1"]
             indexes = await conn.fetch(
                 "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = $2",
                 pg_schema,
@@ -314,9 +314,9 @@ class TestLifecycle:
         for call in (
             lambda: backend.aget(TASK, "k"),
             lambda: backend.aset(TASK, "k", 2),
-            lambda: backend.alist_events(),
-            lambda: backend.acommit_event(EventCommit("w", ("a",), "1")),
-            lambda: backend.acollect_garbage(),
+            lambda: backend.events.alist_events(),
+            lambda: backend.events.acommit(EventCommit("w", ("a",), "1")),
+            lambda: backend.gc.acollect_garbage(),
         ):
             with pytest.raises(StoreClosedError):
                 await call()
@@ -385,22 +385,22 @@ class TestState:
         self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
     ) -> None:
         """A second backend on the same schema (another daemon) reads what the first wrote."""
-        await store.aregister_assets([Asset("orders", uri="s3://b/orders")])
+        await store.events.aregister_assets([Asset("orders", uri="s3://b/orders")])
         await store.aset(TASK, "k", {"x": 1})
         await store.aset(AssetScope(name="orders"), "wm", 41)
-        await store.acommit_event(EventCommit("w", ("orders",), '{"n":1}', state={"wm": "42"}))
+        await store.events.acommit(EventCommit("w", ("orders",), '{"n":1}', state={"wm": "42"}))
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as other:
             assert await other.aget(TASK, "k") == {"x": 1}
             assert await other.aget(AssetScope(uri="s3://b/orders"), "wm") == 42
-            assert [e.payload for e in await other.alist_events()] == [{"n": 1}]
-            assert [a.name for a in await other.alist_assets()] == ["orders"]
+            assert [e.payload for e in await other.events.alist_events()] == [{"n": 1}]
+            assert [a.name for a in await other.events.alist_assets()] == ["orders"]
 
     async def test_an_inactive_asset_is_not_found(self, store: PostgresStateBackend) -> None:
         """Reads and writes of a deactivated asset raise AssetNotFoundError."""
-        await store.aregister_assets([Asset("a")])
+        await store.events.aregister_assets([Asset("a")])
         await store.aset(AssetScope(name="a"), "k", 1)
-        assert await store.adeactivate_asset("a") is True
-        assert await store.adeactivate_asset("a") is False
+        assert await store.events.adeactivate_asset("a") is True
+        assert await store.events.adeactivate_asset("a") is False
         with pytest.raises(AssetNotFoundError):
             await store.aget(AssetScope(name="a"), "k")
         with pytest.raises(AssetNotFoundError):
@@ -460,7 +460,7 @@ class TestGroupCommit:
         self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
     ) -> None:
         """A CAS conflict and an unknown asset fail only their own callers within one batch."""
-        await store.aregister_assets([Asset("a")])
+        await store.events.aregister_assets([Asset("a")])
         await store.aset(TASK, "cas", "v1")
         calls: dict[str, Callable[[], Any]] = {
             f"put{i}": functools.partial(store.aset, TASK, f"p{i}", i) for i in range(20)
@@ -469,7 +469,7 @@ class TestGroupCommit:
         calls["good_cas"] = lambda: store.aset(TASK, "new", "yes", expected_version=0)
         calls["missing"] = lambda: store.aset(AssetScope(name="nope"), "k", 1)
         calls["asset"] = lambda: store.aset(AssetScope(name="a"), "k", 1)
-        calls["event"] = lambda: store.acommit_event(
+        calls["event"] = lambda: store.events.acommit(
             EventCommit("w", ("a",), "1", state={"e": "2"})
         )
         results, batches = await _in_one_batch(store, pg_dsn, pg_schema, calls)
@@ -541,17 +541,17 @@ class TestEvents:
         self, store: PostgresStateBackend
     ) -> None:
         """A redelivered event is suppressed per asset, and its state does not move."""
-        await store.aregister_assets([Asset("a"), Asset("b")])
-        first = await store.acommit_event(
+        await store.events.aregister_assets([Asset("a"), Asset("b")])
+        first = await store.events.acommit(
             EventCommit("w", ("a",), '{"m":1}', dedup_key="m1", state={"wm": "1"})
         )
-        again = await store.acommit_event(
+        again = await store.events.acommit(
             EventCommit("w", ("a", "b"), '{"m":1}', dedup_key="m1", state={"wm": "0"})
         )
         assert [e.asset for e in first] == ["a"] and [e.asset for e in again] == ["b"]
         assert await store.aget(AssetScope(name="a"), "wm") == 1
         assert await store.aget(AssetScope(name="b"), "wm") == 0
-        assert [e.id for e in await store.alist_events()] == [first[0].id, again[0].id]
+        assert [e.id for e in await store.events.alist_events()] == [first[0].id, again[0].id]
 
     async def test_a_dedup_key_inserted_by_an_open_transaction_suppresses_the_commit(
         self, store: PostgresStateBackend, pg_dsn: str, pg_schema: str
@@ -559,7 +559,7 @@ class TestEvents:
         """A commit whose dedup key another transaction has inserted but not yet committed
         waits for it, then returns no event and writes no state (the duplicate check cannot
         see an uncommitted row: only the insert's conflict handling catches it)."""
-        await store.aregister_assets([Asset("a")])
+        await store.events.aregister_assets([Asset("a")])
         other = await asyncpg.connect(pg_dsn)
         try:
             asset_id = await other.fetchval(
@@ -578,7 +578,7 @@ class TestEvents:
             async with anyio.create_task_group() as tg:
 
                 async def racing() -> None:
-                    result.append(await _outcome(lambda: store.acommit_event(commit)))
+                    result.append(await _outcome(lambda: store.events.acommit(commit)))
 
                 tg.start_soon(racing)
                 with anyio.fail_after(10):  # the commit waits on the open insert's index entry
@@ -589,27 +589,27 @@ class TestEvents:
             await other.close()
         assert result == [[]], result
         assert await store.aget(AssetScope(name="a"), "wm") is None
-        assert [e.watcher for e in await store.alist_events()] == ["elsewhere"]
+        assert [e.watcher for e in await store.events.alist_events()] == ["elsewhere"]
 
     async def test_an_unknown_asset_makes_the_whole_commit_fail(
         self, store: PostgresStateBackend
     ) -> None:
         """A commit naming an unregistered asset writes nothing for any of its assets."""
-        await store.aregister_assets([Asset("a")])
+        await store.events.aregister_assets([Asset("a")])
         with pytest.raises(AssetNotFoundError, match="ghost"):
-            await store.acommit_event(EventCommit("w", ("a", "ghost"), "1", state={"wm": "5"}))
-        assert await store.alist_events() == []
+            await store.events.acommit(EventCommit("w", ("a", "ghost"), "1", state={"wm": "5"}))
+        assert await store.events.alist_events() == []
         assert await store.aget(AssetScope(name="a"), "wm") is None
 
     async def test_concurrent_commits_get_ordered_ids_and_state_versions(
         self, store: PostgresStateBackend
     ) -> None:
         """Many watchers committing at once each get their event, ids in commit order."""
-        await store.aregister_assets([Asset("a"), Asset("b")])
+        await store.events.aregister_assets([Asset("a"), Asset("b")])
         written: list[int] = []
 
         async def commit(i: int) -> None:
-            events = await store.acommit_event(
+            events = await store.events.acommit(
                 EventCommit("w", ("a", "b"), str(i), dedup_key=f"d{i}", state={"n": str(i)})
             )
             assert [e.asset for e in events] == ["a", "b"] and events[0].id < events[1].id
@@ -618,7 +618,7 @@ class TestEvents:
         async with anyio.create_task_group() as tg:
             for i in range(100):
                 tg.start_soon(commit, i)
-        listed = await store.alist_events()
+        listed = await store.events.alist_events()
         assert [e.id for e in listed] == sorted(written) and len(set(written)) == 200
         entry = await store.aget_entry(AssetScope(name="b"), "n")
         assert entry is not None and entry.version == 100
@@ -627,13 +627,15 @@ class TestEvents:
         self, store: PostgresStateBackend
     ) -> None:
         """alist_events honours asset, since_id and limit, in id order."""
-        await store.aregister_assets([Asset("a"), Asset("b")])
+        await store.events.aregister_assets([Asset("a"), Asset("b")])
         for i in range(4):
-            await store.acommit_event(EventCommit("w", ("a" if i % 2 else "b",), str(i)))
-        events = await store.alist_events()
+            await store.events.acommit(EventCommit("w", ("a" if i % 2 else "b",), str(i)))
+        events = await store.events.alist_events()
         assert [e.payload for e in events] == [0, 1, 2, 3]
-        assert [e.payload for e in await store.alist_events(asset="a")] == [1, 3]
-        assert [e.payload for e in await store.alist_events(since_id=events[1].id, limit=1)] == [2]
+        assert [e.payload for e in await store.events.alist_events(asset="a")] == [1, 3]
+        assert [
+            e.payload for e in await store.events.alist_events(since_id=events[1].id, limit=1)
+        ] == [2]
 
 
 class TestGarbageCollection:
@@ -646,17 +648,17 @@ class TestGarbageCollection:
         await store.aset(TASK, "never", 1, retention=NEVER_EXPIRE)
         for i in range(5):
             await store.aset(TaskScope("d", "r", "t", i), "old", i)
-        await store.aregister_assets([Asset("gone"), Asset("live")])
+        await store.events.aregister_assets([Asset("gone"), Asset("live")])
         for scope in (AssetScope(name="gone"), AssetScope(name="live")):
             await store.aset(scope, "wm", 1)
-        await store.adeactivate_asset("gone")
+        await store.events.adeactivate_asset("gone")
 
     async def test_collects_each_kind_and_spares_the_rest(
         self, store: PostgresStateBackend
     ) -> None:
         """Expired, stale and orphaned rows go; NEVER_EXPIRE, fresh and active rows stay."""
         await self._seed(store)
-        report = await store.acollect_garbage(
+        report = await store.gc.acollect_garbage(
             default_retention_days=30, now=T0 + timedelta(days=40)
         )
         assert report.expired == [(TASK, "expired")]
@@ -671,21 +673,23 @@ class TestGarbageCollection:
         """With batch_size 2 every row is still collected, over several transactions."""
         await self._seed(store)
         before = store.commit_stats.batches
-        report = await store.acollect_garbage(
+        report = await store.gc.acollect_garbage(
             default_retention_days=30, batch_size=2, now=T0 + timedelta(days=40)
         )
         assert (len(report.expired), len(report.retention), len(report.orphaned)) == (1, 5, 1)
         assert store.commit_stats.batches - before >= 5
-        again = await store.acollect_garbage(default_retention_days=30, now=T0 + timedelta(days=40))
+        again = await store.gc.acollect_garbage(
+            default_retention_days=30, now=T0 + timedelta(days=40)
+        )
         assert again.total == 0
 
     async def test_dry_run_reports_and_changes_nothing(self, store: PostgresStateBackend) -> None:
         """A dry run reports what a real run would delete, and deletes nothing."""
         await self._seed(store)
         now = T0 + timedelta(days=40)
-        dry = await store.acollect_garbage(dry_run=True, now=now)
+        dry = await store.gc.acollect_garbage(dry_run=True, now=now)
         assert dry.dry_run and dry.total == 7
-        real = await store.acollect_garbage(now=now)
+        real = await store.gc.acollect_garbage(now=now)
         assert (real.expired, real.retention, real.orphaned) == (
             dry.expired,
             dry.retention,
@@ -697,7 +701,7 @@ class TestGarbageCollection:
     ) -> None:
         """default_retention_days=0 disables the age rule; expiry still applies."""
         await self._seed(store)
-        report = await store.acollect_garbage(
+        report = await store.gc.acollect_garbage(
             default_retention_days=0, now=T0 + timedelta(days=999)
         )
         assert report.retention == [] and len(report.expired) == 2
@@ -710,12 +714,12 @@ class TestTriggerStatus:
         """Saved statuses list back equal, ordered by trigger id, and can be deleted."""
         b = TriggerStatus("b", "m.C", ("x", "y"), ("w",), "running", events=3, updated_at=T0)
         a = TriggerStatus("a", "m.C", ("x",), (), "failed", failures=2, last_error="boom")
-        await store.asave_trigger_status([b, a])
-        assert await store.alist_trigger_status() == [a, b]
+        await store.status.asave_trigger_status([b, a])
+        assert await store.status.alist_trigger_status() == [a, b]
         b2 = TriggerStatus("b", "m.C", ("x",), ("w",), "stopped", owner="host-1")
-        await store.asave_trigger_status([b2])
-        await store.adelete_trigger_status(["a", "missing"])
-        assert await store.alist_trigger_status() == [b2]
+        await store.status.asave_trigger_status([b2])
+        await store.status.adelete_trigger_status(["a", "missing"])
+        assert await store.status.alist_trigger_status() == [b2]
 
 
 def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -734,22 +738,22 @@ class TestRunCreation:
     ) -> None:
         """The create-and-claim statement reads the events it takes, not the whole backlog
         behind them (it read all of them, 4 ms per 3,000, on each creation)."""
-        from watchkeeper.store.backend import TaskSpec
         from watchkeeper.store.postgres.runs import create_claim_sql
+        from watchkeeper.store.protocols import TaskSpec
 
-        await store.aregister_assets([Asset("a")])
-        await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+        await store.events.aregister_assets([Asset("a")])
+        await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1)])
         async with anyio.create_task_group() as tg:
             for i in range(2000):
                 commit = EventCommit("w", ("a",), str(i))
-                tg.start_soon(store.acommit_event, commit)
-        sql = create_claim_sql(store._prefix, store._events_key)
+                tg.start_soon(store.events.acommit, commit)
+        sql = create_claim_sql(store._tasks._prefix, store._tasks._events_key)
         async with store._pool_or_closed().acquire() as conn:
             plan = await conn.fetchval(
                 f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}",
                 "t", None, 8, None, "owner", 2, timedelta(seconds=30),
             )  # fmt: skip
-            created = await conn.fetchval(f"SELECT count(*) FROM {store._prefix}task_runs")
+            created = await conn.fetchval(f"SELECT count(*) FROM {store._tasks._prefix}task_runs")
         read = [
             n["Actual Rows"] * n["Actual Loops"]
             for n in _plan_nodes(json.loads(plan)[0]["Plan"])

@@ -27,7 +27,7 @@ from watchkeeper.store import (
     PostgresStateBackend,
     StoreUnavailableError,
 )
-from watchkeeper.store.backend import EventCommit, require_asset_registry, require_event_log
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.store.settings import DatabaseSettings
 
 from tests.support.proxy import TcpProxy, open_proxy
@@ -61,7 +61,7 @@ class TestBlackHole:
         """The read's statement gets no answer; within its bound it is sent again on a new
         connection, which answers."""
         async with PostgresStateBackend(proxied(pg_dsn, proxy), schema=pg_schema) as backend:
-            await require_asset_registry(backend).aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             scope = AssetScope(name="a")
             await backend.aput_json(scope, "k", "1")
             assert await backend.aget(scope, "k") == 1
@@ -79,14 +79,14 @@ class TestBlackHole:
         new connection. Raw SQL finds the second event and not the first (its bytes were
         dropped)."""
         async with PostgresStateBackend(proxied(pg_dsn, proxy), schema=pg_schema) as backend:
-            await require_asset_registry(backend).aregister_assets([Asset("a")])
-            log = require_event_log(backend)
-            await log.acommit_event(EventCommit("w", ("a",), json.dumps({"n": 1})))
+            await backend.events.aregister_assets([Asset("a")])
+            log = backend.events
+            await log.acommit(EventCommit("w", ("a",), json.dumps({"n": 1})))
             assert proxy.black_hole() > 0
             with anyio.fail_after(BOUND + SLACK), pytest.raises(StoreUnavailableError):
-                await log.acommit_event(EventCommit("w", ("a",), json.dumps({"n": 2})))
+                await log.acommit(EventCommit("w", ("a",), json.dumps({"n": 2})))
             with anyio.fail_after(SLACK):
-                await log.acommit_event(EventCommit("w", ("a",), json.dumps({"n": 3})))
+                await log.acommit(EventCommit("w", ("a",), json.dumps({"n": 3})))
         conn = await asyncpg.connect(pg_dsn)
         try:
             rows = await conn.fetch(f'SELECT payload FROM "{pg_schema}".asset_events ORDER BY id')
@@ -102,7 +102,7 @@ class TestBlackHole:
         for an acknowledgement of the cancellation that never comes, and hold the slot)."""
         dsn = proxied(pg_dsn, proxy)
         async with PostgresStateBackend(dsn, schema=pg_schema, min_size=1, max_size=1) as backend:
-            await require_asset_registry(backend).aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             scope = AssetScope(name="a")
             await backend.aput_json(scope, "k", "1")
             assert await backend.aget(scope, "k") == 1
@@ -121,9 +121,9 @@ class TestBlackHole:
         (a renewal on the old one would fail after its whole limit, and the lease lapse)."""
         dsn = proxied(pg_dsn, proxy)
         async with PostgresStateBackend(dsn, schema=pg_schema, statement_timeout=1.0) as backend:
-            await require_asset_registry(backend).aregister_assets([Asset("a")])
-            await backend.arenew_node("kept", 30)
-            channel = backend.open_node_keepalive("kept", 30)
+            await backend.events.aregister_assets([Asset("a")])
+            await backend.leases.arenew_node("kept", 30)
+            channel = backend._leases.open_node_keepalive("kept", 30)
             try:
                 assert await anyio.to_thread.run_sync(channel.renew, 5.0)
                 assert proxy.black_hole() > 0
@@ -149,7 +149,7 @@ class TestBlackHole:
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(listener.serve, mute)
             backend = PostgresStateBackend(f"postgresql://u@127.0.0.1:{port}/db")
-            channel = backend.open_node_keepalive("kept", 30)
+            channel = backend._leases.open_node_keepalive("kept", 30)
             try:
                 with anyio.fail_after(1.0 + SLACK), pytest.raises(StoreUnavailableError):
                     await anyio.to_thread.run_sync(channel.renew, 1.0)
@@ -164,11 +164,11 @@ class TestBlackHole:
         """The writer's, the pool's, the lease lane's and the listener's connections all run a
         keepalive timer (``/proc/net/tcp``: timer 2), so a peer that vanished is found."""
         async with PostgresStateBackend(proxied(pg_dsn, proxy), schema=pg_schema) as backend:
-            await require_asset_registry(backend).aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             await backend.aget(AssetScope(name="a"), "k")
-            await backend.arenew_node("keepalive-test", 30)
+            await backend.leases.arenew_node("keepalive-test", 30)
             with anyio.move_on_after(0.2):
-                await backend.await_lease_release()  # opens the LISTEN connection
+                await backend.leases.await_lease_release()  # opens the LISTEN connection
             timers = client_timers(proxy.port)
             assert len(timers) >= 4, timers
             assert set(timers) == {2}, f"a connection without keepalive: {timers}"

@@ -113,13 +113,13 @@ async def test_renewals_cancelled_anywhere_leave_no_transaction_open(
     other = await asyncpg.connect(pg_dsn)
     try:
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as store:
-            await store.arenew_node("a", ttl)
+            await store.leases.arenew_node("a", ttl)
             for step in range(200):
                 with anyio.move_on_after(step * 0.00002):
-                    await store.arenew_node("a", ttl)
+                    await store.leases.arenew_node("a", ttl)
                 before = await other.fetchval(expiry, "a")
                 await anyio.sleep(0.001)  # the database clock moves on
-                await store.arenew_node("a", ttl)
+                await store.leases.arenew_node("a", ttl)
                 assert await other.fetchval(expiry, "a") > before, f"step {step}"
     finally:
         await other.close()

@@ -9,8 +9,8 @@ import anyio
 import asyncpg
 import pytest
 from watchkeeper.store import Asset, PostgresStateBackend
-from watchkeeper.store.backend import EventBatchCommit, EventCommit, TaskSpec
 from watchkeeper.store.postgres.consumers import LOCK_KEY, events_prelude
+from watchkeeper.store.protocols import EventBatchCommit, EventCommit, TaskSpec
 
 # A waiting request for this schema's events lock (a 64-bit advisory key: classid holds its
 # high half, objid its low half).
@@ -30,7 +30,7 @@ class TestEventsLock:
         having drawn an event id yet (so no id below the reader's horizon can commit after it),
         and commits once it is released."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             reader = await asyncpg.connect(pg_dsn)
             try:
                 ids = await reader.fetchval(
@@ -44,10 +44,10 @@ class TestEventsLock:
 
                 async def commit() -> None:
                     if kind == "single":
-                        await backend.acommit_event(EventCommit("w", ("a",), "1"))
+                        await backend.events.acommit(EventCommit("w", ("a",), "1"))
                     else:
                         events = (("1", None), ("2", None))
-                        await backend.acommit_events(EventBatchCommit("w", ("a",), events))
+                        await backend.events.acommit_batch(EventBatchCommit("w", ("a",), events))
                     done.set()
 
                 async with anyio.create_task_group() as tg:
@@ -56,7 +56,7 @@ class TestEventsLock:
                         while not await reader.fetchval(_WAITING, pg_schema):  # noqa: ASYNC110
                             await anyio.sleep(0.01)
                     assert not done.is_set()
-                    assert await backend.alist_events() == []
+                    assert await backend.events.alist_events() == []
                     drawn = await reader.fetchval(
                         f"SELECT (last_value, is_called)::text FROM {ids}"
                     )
@@ -64,7 +64,7 @@ class TestEventsLock:
                     await held.commit()
                     with anyio.fail_after(10):
                         await done.wait()
-                assert len(await backend.alist_events()) == (1 if kind == "single" else 2)
+                assert len(await backend.events.alist_events()) == (1 if kind == "single" else 2)
             finally:
                 await reader.close()
 
@@ -80,8 +80,8 @@ class TestRunCreationHorizon:
         creates nothing past N until N's writer has ended; then N and N+1 both reach a run
         (with an exclusive lock no longer taken, the horizon must wait for the holders)."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
-            await backend.aregister_assets([Asset("a")])
-            await backend.async_tasks([TaskSpec("t", ("a",), max_events=10)])
+            await backend.events.aregister_assets([Asset("a")])
+            await backend.tasks.async_tasks([TaskSpec("t", ("a",), max_events=10)])
             writer = await asyncpg.connect(pg_dsn)
             try:
                 held = writer.transaction()
@@ -95,17 +95,21 @@ class TestRunCreationHorizon:
                     "payload, created_at) VALUES ($1, 'a', 'w', '1', now()) RETURNING id",
                     asset_id,
                 )
-                await backend.acommit_event(EventCommit("w", ("a",), "2"))  # not held up
+                await backend.events.acommit(EventCommit("w", ("a",), "2"))  # not held up
                 claimed: list[Any] = []
 
                 async def step() -> None:
-                    got = await backend.astep_runs("w1", claim=5, ttl=30, tasks=named, create=5)
+                    got = await backend.tasks.astep_runs(
+                        "w1", claim=5, ttl=30, tasks=named, create=5
+                    )
                     claimed.extend(got.claimed)
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(step)
-                    await anyio.sleep(0.3)
-                    assert claimed == [] and await backend.alist_runs() == []
+                    with anyio.fail_after(10):  # the step found the writer of N in flight
+                        while backend.horizon_waits == 0:  # noqa: ASYNC110 - a counter, no event
+                            await anyio.sleep(0.001)
+                    assert claimed == [] and await backend.tasks.alist_runs() == []
                     await held.commit()
                 (run,) = claimed
                 assert [e.id for e in run.events] == [late, late + 1]

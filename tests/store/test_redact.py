@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from watchkeeper.store.backend import redact_dsn, redact_secrets
+from watchkeeper.store.protocols import redact_dsn, redact_secrets
 
 
 class TestRedactDsn:

@@ -24,7 +24,7 @@ from watchkeeper.store import (
     TaskScope,
     run_task,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 IDS: dict[str, Any] = {"dag_id": "dag", "run_id": "run_1", "task_id": "load"}
@@ -32,13 +32,13 @@ SCOPE = TaskScope("dag", "run_1", "load")
 
 
 @pytest.fixture
-def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+def store(local_backend: BaseStateBackend) -> BaseStateBackend:
     """An open, empty backend (memory, SQLite)."""
     return local_backend
 
 
 class TestCalling:
-    async def test_sync_task_runs_in_a_worker_thread(self, store: MetastoreBackend) -> None:
+    async def test_sync_task_runs_in_a_worker_thread(self, store: BaseStateBackend) -> None:
         """A sync task runs off the loop thread, gets the context and its result is returned."""
         seen: dict[str, Any] = {}
 
@@ -53,7 +53,7 @@ class TestCalling:
         assert {"task_state_store", "task_store", "dag_id", "try_number"} <= seen["keys"]
         assert await store.aget(SCOPE, "job_id") == "spark-1"
 
-    async def test_async_task_can_make_sync_store_calls(self, store: MetastoreBackend) -> None:
+    async def test_async_task_can_make_sync_store_calls(self, store: BaseStateBackend) -> None:
         """An async task runs on the loop and may call the sync store methods (greenback portal)."""
         loop_thread = threading.get_ident()
 
@@ -67,22 +67,22 @@ class TestCalling:
         assert await run_task(task, backend=store, outlets=[ORDERS], **IDS) == 2
         assert await store.aget(ORDERS.scope, "watermark") == "2024-06-01"
 
-    async def test_declared_assets_are_registered(self, store: MetastoreBackend) -> None:
+    async def test_declared_assets_are_registered(self, store: BaseStateBackend) -> None:
         """run_task registers the declared assets (reactivating one) before the first try."""
-        await store.aregister_assets([ORDERS])
-        await store.adeactivate_asset("orders")
+        await store.events.aregister_assets([ORDERS])
+        await store.events.adeactivate_asset("orders")
 
         def task(**context: Any) -> None:
             context["asset_state_store"]["customers"].set("w", 1)
 
         await run_task(task, backend=store, inlets=[ORDERS], outlets=[Asset("customers")], **IDS)
-        assert [(a.name, a.active) for a in await store.alist_assets()] == [
+        assert [(a.name, a.active) for a in await store.events.alist_assets()] == [
             ("customers", True),
             ("orders", True),
         ]
 
     async def test_without_registration_an_unknown_asset_fails(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """With register_assets=False an unregistered asset raises AssetNotFoundError in the task."""
 
@@ -93,7 +93,7 @@ class TestCalling:
             await run_task(
                 task, backend=store, outlets=[Asset("customers")], register_assets=False, **IDS
             )
-        assert await store.alist_assets() == []
+        assert await store.events.alist_assets() == []
 
     @pytest.mark.parametrize("retries", [-1, 1.5, "2"], ids=repr)
     async def test_bad_retries_are_refused(self, retries: Any) -> None:
@@ -107,7 +107,7 @@ class TestCalling:
 
 
 class TestRetries:
-    async def test_retry_sees_what_the_failed_try_wrote(self, store: MetastoreBackend) -> None:
+    async def test_retry_sees_what_the_failed_try_wrote(self, store: BaseStateBackend) -> None:
         """Each retry runs with the next try_number and reads the previous tries' writes."""
         seen: list[tuple[int, int]] = []
 
@@ -128,7 +128,7 @@ class TestRetries:
         retried = [e for e in logs if e["event"] == "task_try_failed"]
         assert [e["try_number"] for e in retried] == [1, 2]
 
-    async def test_last_error_is_raised_when_retries_run_out(self, store: MetastoreBackend) -> None:
+    async def test_last_error_is_raised_when_retries_run_out(self, store: BaseStateBackend) -> None:
         """After retries+1 failed tries the last try's error is re-raised."""
         tries: list[int] = []
 
@@ -140,7 +140,7 @@ class TestRetries:
             await run_task(task, backend=store, retries=2, **IDS)
         assert tries == [1, 2, 3]
 
-    async def test_no_retries_by_default(self, store: MetastoreBackend) -> None:
+    async def test_no_retries_by_default(self, store: BaseStateBackend) -> None:
         """With retries=0 a failing task runs once."""
         tries: list[int] = []
 
@@ -152,7 +152,7 @@ class TestRetries:
             await run_task(task, backend=store, **IDS)
         assert tries == [1]
 
-    async def test_cancellation_is_not_retried(self, store: MetastoreBackend) -> None:
+    async def test_cancellation_is_not_retried(self, store: BaseStateBackend) -> None:
         """A cancelled task is not retried: cancellation passes straight through."""
         started = anyio.Event()
         tries: list[int] = []
@@ -172,7 +172,7 @@ class TestRetries:
 
 class TestStateLifecycle:
     async def test_clear_on_success_clears_only_this_task_instance(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """clear_on_success empties this map index's task state; asset state and others stay."""
         other_map = TaskScope("dag", "run_1", "load", 1)
@@ -190,7 +190,7 @@ class TestStateLifecycle:
         assert await store.aget(ORDERS.scope, "watermark") == 5
 
     async def test_failure_keeps_state_despite_clear_on_success(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """A task that finally fails keeps its task state for the next attempt to resume from."""
 
@@ -202,12 +202,12 @@ class TestStateLifecycle:
             await run_task(task, backend=store, retries=1, clear_on_success=True, **IDS)
         assert await store.aget(SCOPE, "checkpoint") == 41
 
-    async def test_without_clear_on_success_state_is_kept(self, store: MetastoreBackend) -> None:
+    async def test_without_clear_on_success_state_is_kept(self, store: BaseStateBackend) -> None:
         """By default a successful task's state stays readable after the run."""
         await run_task(lambda **c: c["task_store"].set("rows", 10), backend=store, **IDS)
         assert await store.aget(SCOPE, "rows") == 10
 
-    async def test_new_run_starts_empty(self, store: MetastoreBackend) -> None:
+    async def test_new_run_starts_empty(self, store: BaseStateBackend) -> None:
         """A new run_id starts with no task state, while the asset state carries over."""
         reads: list[tuple[Any, Any]] = []
 
@@ -234,8 +234,8 @@ class TestSharedSqliteFile:
             await self._race(task_side, other)
 
     @staticmethod
-    async def _race(task_side: MetastoreBackend, other: MetastoreBackend) -> None:
-        await task_side.aregister_assets([ORDERS])
+    async def _race(task_side: BaseStateBackend, other: BaseStateBackend) -> None:
+        await task_side.events.aregister_assets([ORDERS])
         task_wrote = anyio.Event()
         coroutines_wrote = threading.Event()
         count = 40

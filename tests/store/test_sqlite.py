@@ -29,7 +29,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.backend import EventCommit, Fence, TriggerStatus, Writer
+from watchkeeper.store.protocols import EventBatchCommit, EventCommit, Fence, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")
@@ -42,7 +42,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 async def store(sqlite_path: Path) -> AsyncIterator[SqliteStateBackend]:
     """An open backend on a fresh file with ``orders`` and ``invoices`` registered."""
     async with SqliteStateBackend(sqlite_path) as backend:
-        await backend.aregister_assets([ORDERS, INVOICES])
+        await backend.events.aregister_assets([ORDERS, INVOICES])
         yield backend
 
 
@@ -107,8 +107,8 @@ class TestMigrations:
         """A file from before event retention (version 4) is upgraded by migration 5 alone,
         its events kept, and the GC's scan of old events then uses the new index."""
         async with SqliteStateBackend(sqlite_path) as backend:
-            await backend.aregister_assets([ORDERS])
-            await backend.acommit_event(commit("orders", dedup_key="m1"))
+            await backend.events.aregister_assets([ORDERS])
+            await backend.events.acommit(commit("orders", dedup_key="m1"))
         conn = sqlite3.connect(sqlite_path)
         conn.execute("DROP INDEX asset_events_created")
         conn.execute("DELETE FROM schema_migrations WHERE version = 5")
@@ -116,7 +116,7 @@ class TestMigrations:
         conn.close()
         async with SqliteStateBackend(sqlite_path) as backend:
             assert backend.applied_migrations == [5]
-            assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
+            assert [e.dedup_key for e in await backend.events.alist_events()] == ["m1"]
         plan = raw_rows(
             sqlite_path,
             "EXPLAIN QUERY PLAN DELETE FROM asset_events "
@@ -199,10 +199,10 @@ class TestLifecycle:
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: backend.aget(TASK, "k"),
             lambda: backend.aset(TASK, "k", 2),
-            lambda: backend.acommit_event(commit("orders")),
-            lambda: backend.alist_events(),
-            lambda: backend.aregister_assets([ORDERS]),
-            lambda: backend.acollect_garbage(),
+            lambda: backend.events.acommit(commit("orders")),
+            lambda: backend.events.alist_events(),
+            lambda: backend.events.aregister_assets([ORDERS]),
+            lambda: backend.gc.acollect_garbage(),
         ]
         for call in calls:
             with pytest.raises(StoreClosedError):
@@ -212,19 +212,19 @@ class TestLifecycle:
         """State, assets, events and trigger status are all there after reopening."""
         status = TriggerStatus("t1", "pkg.Trigger", ("orders",), ("w",), "running", events=3)
         async with SqliteStateBackend(sqlite_path) as backend:
-            await backend.aregister_assets([ORDERS])
+            await backend.events.aregister_assets([ORDERS])
             await backend.aset(TASK, "k", {"a": [1, 2]}, writer=Writer("task", "t", 2))
             await backend.aset(ORDERS_SCOPE, "wm", 41)
-            await backend.acommit_event(commit("orders", dedup_key="m1", wm="42"))
-            await backend.asave_trigger_status([status])
+            await backend.events.acommit(commit("orders", dedup_key="m1", wm="42"))
+            await backend.status.asave_trigger_status([status])
         async with SqliteStateBackend(sqlite_path) as backend:
             entry = await backend.aget_entry(TASK, "k")
             assert entry is not None
             assert (entry.value, entry.writer) == ({"a": [1, 2]}, Writer("task", "t", 2))
             assert await backend.aget(ORDERS_SCOPE, "wm") == 42
-            assert [e.dedup_key for e in await backend.alist_events()] == ["m1"]
-            assert [a.name for a in await backend.alist_assets()] == ["orders"]
-            assert await backend.alist_trigger_status() == [status]
+            assert [e.dedup_key for e in await backend.events.alist_events()] == ["m1"]
+            assert [a.name for a in await backend.events.alist_assets()] == ["orders"]
+            assert await backend.status.alist_trigger_status() == [status]
 
     async def test_close_flushes_queued_writes(self, sqlite_path: Path) -> None:
         """Writes still queued when the backend closes are committed before it closes."""
@@ -299,8 +299,8 @@ class TestGroupCommit:
             for i in range(20):
                 tg.start_soon(run, f"set{i}", lambda i=i: store.aset(TASK, f"k{i}", i))
             tg.start_soon(run, "stale", lambda: store.aset(TASK, "cas", "x", expected_version=5))
-            tg.start_soon(run, "ghost", lambda: store.acommit_event(commit("orders", "ghost")))
-            tg.start_soon(run, "event", lambda: store.acommit_event(commit("invoices")))
+            tg.start_soon(run, "ghost", lambda: store.events.acommit(commit("orders", "ghost")))
+            tg.start_soon(run, "event", lambda: store.events.acommit(commit("invoices")))
             tg.start_soon(run, "fresh", lambda: store.aset(TASK, "cas", "v2", expected_version=1))
             await anyio.wait_all_tasks_blocked()
             start.set()
@@ -313,7 +313,7 @@ class TestGroupCommit:
         assert len(outcomes.pop("event")) == 1  # type: ignore[arg-type]
         assert outcomes == {f"set{i}": 1 for i in range(20)}
         assert await store.aget(TASK, "cas") == "v2"
-        assert [e.asset for e in await store.alist_events()] == ["invoices"]
+        assert [e.asset for e in await store.events.alist_events()] == ["invoices"]
 
     async def test_writes_in_one_batch_apply_in_call_order(self, store: SqliteStateBackend) -> None:
         """Plain writes and compare-and-sets of one key released together apply in the order
@@ -363,7 +363,7 @@ class TestGroupCommit:
             for i in range(10):
                 tg.start_soon(run, f"k{i}", lambda i=i: store.aset(TASK, f"k{i}", i))
             tg.start_soon(
-                run, "event", lambda: store.acommit_event(commit("orders", poison="1", wm="2"))
+                run, "event", lambda: store.events.acommit(commit("orders", poison="1", wm="2"))
             )
             await anyio.wait_all_tasks_blocked()
             start.set()
@@ -373,7 +373,7 @@ class TestGroupCommit:
             assert "poisoned key" in str(error)
             assert isinstance(error.__cause__, sqlite3.Error)
         assert outcomes == {f"k{i}": 1 for i in range(10)}
-        assert await store.alist_events() == []  # the event went with its state
+        assert await store.events.alist_events() == []  # the event went with its state
         assert await store.aget(ORDERS_SCOPE, "wm") is None
 
     async def test_cancelled_callers_do_not_break_the_writer(
@@ -482,14 +482,14 @@ class TestSeveralWriters:
             SqliteStateBackend(sqlite_path) as first,
             SqliteStateBackend(sqlite_path) as second,
         ):
-            await first.aregister_assets([ORDERS])
+            await first.events.aregister_assets([ORDERS])
             await first.aset(ORDERS_SCOPE, "wm", 1)
-            assert await second.adeactivate_asset("orders")
+            assert await second.events.adeactivate_asset("orders")
             with pytest.raises(AssetNotFoundError):
                 await first.aset(ORDERS_SCOPE, "wm", 2)
             with pytest.raises(AssetNotFoundError):
                 await first.aget(ORDERS_SCOPE, "wm")
-            await second.aregister_assets([ORDERS])
+            await second.events.aregister_assets([ORDERS])
             assert await first.aset(ORDERS_SCOPE, "wm", 3) == 2
 
     async def test_a_lock_held_too_long_is_backend_unavailable(self, sqlite_path: Path) -> None:
@@ -529,8 +529,8 @@ class TestEventsAndAssets:
     ) -> None:
         """A redelivered dedup_key writes nothing for the asset that has it, and the event
         plus state for an asset that does not."""
-        first = await store.acommit_event(commit("orders", dedup_key="m1", wm="10"))
-        again = await store.acommit_event(commit("orders", "invoices", dedup_key="m1", wm="5"))
+        first = await store.events.acommit(commit("orders", dedup_key="m1", wm="10"))
+        again = await store.events.acommit(commit("orders", "invoices", dedup_key="m1", wm="5"))
         assert [e.asset for e in first] == ["orders"]
         assert [e.asset for e in again] == ["invoices"]
         assert again[0].id > first[0].id
@@ -546,14 +546,14 @@ class TestEventsAndAssets:
     ) -> None:
         """A commit naming an unknown asset fails whole: no event and no state anywhere."""
         with pytest.raises(AssetNotFoundError, match="ghost"):
-            await store.acommit_event(commit("orders", "ghost", wm="1"))
-        assert await store.alist_events() == []
+            await store.events.acommit(commit("orders", "ghost", wm="1"))
+        assert await store.events.alist_events() == []
         assert await store.aget(ORDERS_SCOPE, "wm") is None
         assert raw_rows(Path(store.path), "SELECT count(*) FROM asset_state") == [(0,)]
 
     async def test_scopes_resolve_by_id_name_and_uri(self, store: SqliteStateBackend) -> None:
         """An asset's state is reachable by its id, its name and its URI alike."""
-        (orders,) = [a for a in await store.alist_assets() if a.name == "orders"]
+        (orders,) = [a for a in await store.events.alist_assets() if a.name == "orders"]
         await store.aset(AssetScope(uri="s3://data/orders"), "wm", 1)
         assert await store.aget(AssetScope(asset_id=orders.asset_id), "wm") == 1
         assert await store.aset(ORDERS_SCOPE, "wm", 2) == 2
@@ -565,18 +565,18 @@ class TestEventsAndAssets:
     ) -> None:
         """After deactivation every read and write of the asset fails, though it was cached."""
         await store.aset(ORDERS_SCOPE, "wm", 1)
-        assert await store.adeactivate_asset("orders")
+        assert await store.events.adeactivate_asset("orders")
         calls: list[Callable[[], Awaitable[object]]] = [
             lambda: store.aset(ORDERS_SCOPE, "wm", 2),
             lambda: store.aget(ORDERS_SCOPE, "wm"),
             lambda: store.alist(ORDERS_SCOPE),
             lambda: store.adelete(ORDERS_SCOPE, "wm"),
-            lambda: store.acommit_event(commit("orders")),
+            lambda: store.events.acommit(commit("orders")),
         ]
         for call in calls:
             with pytest.raises(AssetNotFoundError):
                 await call()
-        await store.aregister_assets([ORDERS])
+        await store.events.aregister_assets([ORDERS])
         assert await store.aget(ORDERS_SCOPE, "wm") == 1  # not yet swept by GC
 
 
@@ -608,7 +608,7 @@ async def outcome_of(backend: SqliteStateBackend) -> tuple[object, ...]:
     versions."""
     events = [
         (n, e.asset, e.watcher, e.payload, e.dedup_key)
-        for n, e in enumerate(await backend.alist_events())
+        for n, e in enumerate(await backend.events.alist_events())
     ]
     state = {
         name: [(e.key, e.value, e.version) for e in await backend.alist(AssetScope(name=name))]
@@ -623,14 +623,14 @@ class TestGroupedEventCommits:
     ) -> None:
         """Commits released together in one batch return, store and version exactly what the
         same commits awaited one by one do."""
-        await store.acommit_event(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
+        await store.events.acommit(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
         start = anyio.Event()
         results: dict[int, list[tuple[object, ...]]] = {}
         commits = grouped_commits()
 
         async def run(n: int, item: EventCommit) -> None:
             await start.wait()
-            written = await store.acommit_event(item)
+            written = await store.events.acommit(item)
             results[n] = [(e.id, e.asset, e.payload, e.dedup_key) for e in written]
 
         before = store.commit_stats
@@ -642,29 +642,68 @@ class TestGroupedEventCommits:
         assert store.commit_stats.batches - before.batches == 1  # they did share one batch
 
         async with SqliteStateBackend(tmp_path / "sequential.db") as alone:
-            await alone.aregister_assets([ORDERS, INVOICES])
-            await alone.acommit_event(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
+            await alone.events.aregister_assets([ORDERS, INVOICES])
+            await alone.events.acommit(EventCommit("w0", ("orders",), "0", "m3", {"wm": "-1"}))
             expected: dict[int, list[tuple[object, ...]]] = {}
             for n, item in enumerate(commits):
-                written = await alone.acommit_event(item)
+                written = await alone.events.acommit(item)
                 expected[n] = [(e.id, e.asset, e.payload, e.dedup_key) for e in written]
             assert ranked(results) == ranked(expected)
             assert await outcome_of(store) == await outcome_of(alone)
         assert any(not written for written in results.values())  # some were duplicates
-        events = await store.alist_events()
+        events = await store.events.alist_events()
         assert len({e.created_at for e in events[1:]}) == 1  # one batch, one timestamp
+
+    async def test_the_ids_a_group_returns_are_the_ids_it_stored(
+        self, store: SqliteStateBackend
+    ) -> None:
+        """A group of more rows than one statement takes (single commits on one or two
+        assets, duplicates skipped, a batch of 600 events in the middle) returns each event
+        with the id it was stored under."""
+        await store.events.acommit(commit("orders", dedup_key="seen"))
+        start = anyio.Event()
+        returned: list[tuple[int, str, object]] = []
+
+        async def run(item: EventCommit | EventBatchCommit) -> None:
+            await start.wait()
+            if isinstance(item, EventBatchCommit):
+                written = await store.events.acommit_batch(item)
+            else:
+                written = await store.events.acommit(item)
+            returned.extend((e.id, e.asset, e.payload) for e in written)
+
+        items: list[EventCommit | EventBatchCommit] = []
+        for n in range(300):
+            assets = ("orders", "invoices") if n % 3 == 0 else ("orders",)
+            key = "seen" if n % 50 == 0 else (f"k{n % 7}" if n % 5 == 0 else None)
+            items.append(EventCommit("w", assets, str(n), key, {"wm": str(n)}))
+            if n == 150:
+                events = tuple((f'"b{i}"', None) for i in range(600))
+                items.append(EventBatchCommit("b", ("invoices",), events, {"wm": "0"}))
+        before = store.commit_stats
+        async with anyio.create_task_group() as tg:
+            for item in items:
+                tg.start_soon(run, item)
+            await anyio.wait_all_tasks_blocked()
+            start.set()
+        assert store.commit_stats.batches - before.batches == 1  # one group
+        stored = {e.id: (e.asset, e.payload) for e in await store.events.alist_events()}
+        assert len(returned) > 256 + 600
+        assert {event_id: (asset, payload) for event_id, asset, payload in returned} == {
+            event_id: row for event_id, row in stored.items() if event_id > 1
+        }
 
     async def test_a_bad_commit_in_a_group_fails_alone(self, store: SqliteStateBackend) -> None:
         """In one batch, commits naming an unknown asset or carrying a stale fence fail with
         their own errors and write nothing; the commits around them land."""
-        token = (await store.aclaim_leases("daemon", ["w"], 60))["w"]
+        token = (await store.leases.aclaim_leases("daemon", ["w"], 60))["w"]
         start = anyio.Event()
         outcomes: dict[str, object] = {}
 
         async def run(name: str, item: EventCommit) -> None:
             await start.wait()
             try:
-                outcomes[name] = [e.asset for e in await store.acommit_event(item)]
+                outcomes[name] = [e.asset for e in await store.events.acommit(item)]
             except Exception as exc:  # noqa: BLE001 - the outcome under test
                 outcomes[name] = exc
 
@@ -689,7 +728,7 @@ class TestGroupedEventCommits:
         assert entry is not None
         assert (entry.value, entry.version) == (9, 10)
         assert await store.aget(AssetScope(name="invoices"), "wm") == 7
-        assert len(await store.alist_events()) == 11
+        assert len(await store.events.alist_events()) == 11
 
     async def test_a_statement_failure_reruns_the_group_one_by_one(
         self, store: SqliteStateBackend, sqlite_path: Path
@@ -708,7 +747,7 @@ class TestGroupedEventCommits:
         async def run(name: str, item: EventCommit) -> None:
             await start.wait()
             try:
-                outcomes[name] = len(await store.acommit_event(item))
+                outcomes[name] = len(await store.events.acommit(item))
             except StateStoreError as exc:
                 outcomes[name] = exc
 
@@ -722,7 +761,7 @@ class TestGroupedEventCommits:
         assert isinstance(error, StateStoreError)
         assert isinstance(error.__cause__, sqlite3.Error)
         assert outcomes == {f"ok{i}": 1 for i in range(5)}
-        assert [e.asset for e in await store.alist_events()] == ["orders"] * 5
+        assert [e.asset for e in await store.events.alist_events()] == ["orders"] * 5
         assert await store.aget(AssetScope(name="invoices"), "wm") is None
         entry = await store.aget_entry(ORDERS_SCOPE, "wm")
         assert entry is not None
@@ -738,7 +777,7 @@ class TestGarbageCollection:
         await store.aset(TASK, "kept", 1, retention=NEVER_EXPIRE)
         await store.aset(TASK, "fresh", 1, retention=timedelta(days=365))
         await store.aset(ORDERS_SCOPE, "wm", 1)
-        await store.adeactivate_asset("orders")
+        await store.events.adeactivate_asset("orders")
 
     async def test_collects_expired_stale_and_orphaned_rows(
         self, store: SqliteStateBackend
@@ -746,7 +785,7 @@ class TestGarbageCollection:
         """Expired rows, rows past default retention and state of inactive assets go; a
         NEVER_EXPIRE row and an unexpired one stay."""
         await self._fill(store)
-        report = await store.acollect_garbage(
+        report = await store.gc.acollect_garbage(
             default_retention_days=30, now=T0 + timedelta(days=31)
         )
         assert [key for _, key in report.expired] == [f"expired{i}" for i in range(5)]
@@ -761,7 +800,7 @@ class TestGarbageCollection:
         """batch_size=2 deletes the five expired rows in three writes and reports them all."""
         await self._fill(store)
         before = store.commit_stats.writes
-        report = await store.acollect_garbage(
+        report = await store.gc.acollect_garbage(
             default_retention_days=0, batch_size=2, now=T0 + timedelta(days=2)
         )
         # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events: none.
@@ -773,7 +812,7 @@ class TestGarbageCollection:
         """batch_size=0 deletes each kind (three of state, and events) in one write."""
         await self._fill(store)
         before = store.commit_stats.writes
-        report = await store.acollect_garbage(now=T0 + timedelta(days=31))
+        report = await store.gc.acollect_garbage(now=T0 + timedelta(days=31))
         assert store.commit_stats.writes - before == 4
         assert report.total == 7
 
@@ -783,9 +822,9 @@ class TestGarbageCollection:
         """A dry run reports exactly what the real run then deletes, and deletes nothing."""
         await self._fill(store)
         now = T0 + timedelta(days=31)
-        dry = await store.acollect_garbage(dry_run=True, now=now)
+        dry = await store.gc.acollect_garbage(dry_run=True, now=now)
         assert len(await store.alist(TASK)) == 8
-        real = await store.acollect_garbage(now=now)
+        real = await store.gc.acollect_garbage(now=now)
         assert dry.dry_run and not real.dry_run
         assert (dry.expired, dry.retention, dry.orphaned) == (
             real.expired,
@@ -800,7 +839,7 @@ class TestGarbageCollection:
         """A negative batch size or retention is refused before anything is deleted."""
         await self._fill(store)
         with pytest.raises(ValueError, match="must be an int >= 0"):
-            await store.acollect_garbage(
+            await store.gc.acollect_garbage(
                 default_retention_days=days, batch_size=batch, now=T0 + timedelta(days=31)
             )
         assert len(await store.alist(TASK)) == 8
@@ -849,19 +888,19 @@ class TestRunQueries:
     async def test_neighbouring_steps_share_one_claim(self, tmp_path: Path) -> None:
         """Steps that land in one batch run as one group: each finish on its own, then one
         claim statement (and one lapsed-lease check) for all of them, each run claimed once."""
-        from watchkeeper.store.backend import RunOutcome, TaskSpec
+        from watchkeeper.store.protocols import RunOutcome, TaskSpec
         from watchkeeper.store.sqlite.steps import RUN_STEPS, StepItem
         from watchkeeper.store.sqlite.writer import Tx
 
         path = tmp_path / "state.db"
         ttl = timedelta(seconds=30)
         async with SqliteStateBackend(path) as store:
-            await store.aregister_assets([Asset("a")])
-            await store.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+            await store.events.aregister_assets([Asset("a")])
+            await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1)])
             for i in range(6):
-                await store.acommit_event(EventCommit("w", ("a",), str(i)))
-            await store.acreate_runs("t", 6)
-            held = await store.aclaim_runs("w1", limit=3, ttl=ttl)
+                await store.events.acommit(EventCommit("w", ("a",), str(i)))
+            await store.tasks.acreate_runs("t", 6)
+            held = await store.tasks.aclaim_runs("w1", limit=3, ttl=ttl)
         conn = sqlite3.connect(path, isolation_level=None)
         statements: list[str] = []
         conn.set_trace_callback(statements.append)

@@ -18,7 +18,7 @@ from watchkeeper.store import (
     TaskStateStoreAccessor,
     build_task_context,
 )
-from watchkeeper.store.backend import MetastoreBackend, Writer
+from watchkeeper.store.protocols import Writer
 
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")
@@ -32,9 +32,9 @@ class AssetAlias:
 
 
 @pytest.fixture
-async def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+async def store(local_backend: BaseStateBackend) -> BaseStateBackend:
     """An open backend (memory, SQLite) with ``orders`` and ``invoices`` registered."""
-    await local_backend.aregister_assets([ORDERS, INVOICES])
+    await local_backend.events.aregister_assets([ORDERS, INVOICES])
     return local_backend
 
 

@@ -8,7 +8,7 @@ import time
 
 import anyio
 import pytest
-from watchkeeper.store.backend import LoopThreads
+from watchkeeper.store.protocols import LoopThreads
 
 pytestmark = pytest.mark.anyio
 

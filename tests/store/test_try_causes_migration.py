@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 from watchkeeper.store import Asset, PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec
+from watchkeeper.store.protocols import EventCommit, TaskSpec
 
 from tests.support.clock import Clock
 
@@ -21,14 +21,14 @@ TTL = timedelta(seconds=30)
 async def lapse_then_fail(store: Any) -> int:
     """A run of a task with two tries: one lost (its lease lapsed), one the task failed."""
     store.clock = Clock()
-    await store.aregister_assets([Asset("a")])
-    await store.async_tasks([TaskSpec("t", ("a",), max_tries=3)])
-    await store.acommit_event(EventCommit("w", ("a",), "1"))
-    run = await store.acreate_run("t")
-    await store.aclaim_runs("w1", limit=1, ttl=TTL)
+    await store.events.aregister_assets([Asset("a")])
+    await store.tasks.async_tasks([TaskSpec("t", ("a",), max_tries=3)])
+    await store.events.acommit(EventCommit("w", ("a",), "1"))
+    run = await store.tasks.acreate_run("t")
+    await store.tasks.aclaim_runs("w1", limit=1, ttl=TTL)
     store.clock.advance(31)
-    (again,) = await store.aclaim_runs("w2", limit=1, ttl=TTL)
-    await store.afinish_run(run.id, "w2", again.lease_token, success=False, error="boom")
+    (again,) = await store.tasks.aclaim_runs("w2", limit=1, ttl=TTL)
+    await store.tasks.afinish_run(run.id, "w2", again.lease_token, success=False, error="boom")
     return int(run.id)
 
 
@@ -38,7 +38,7 @@ def strip_causes(errors: str) -> str:
 
 
 async def check_migrated(store: Any, run_id: int) -> None:
-    run = await store.aget_run(run_id)
+    run = await store.tasks.aget_run(run_id)
     assert (run.failures, run.lost_tries, run.state) == (1, 1, "queued")
     assert [e.cause for e in run.errors] == ["worker_lost", "task_error"]
 

@@ -9,6 +9,8 @@ the three backends together stay within a few seconds.
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -28,8 +30,9 @@ from watchkeeper.store import (
     InvalidValueError,
     StateScope,
     TaskScope,
+    ValueTypeError,
 )
-from watchkeeper.store.backend import EventCommit, MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit
 
 from tests.support.values import same
 
@@ -172,15 +175,15 @@ def is_valid_name(name: str, max_bytes: int) -> bool:
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> MetastoreBackend:
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
     """The backend with the asset ``orders`` registered and one key in each scope."""
-    await backend.aregister_assets([Asset("orders")])
+    await backend.events.aregister_assets([Asset("orders")])
     for scope in SCOPES:
         await backend.aset(scope, "seed", {"keep": [1, "me"]})
     return backend
 
 
-async def snapshot(store: MetastoreBackend) -> list[object]:
+async def snapshot(store: BaseStateBackend) -> list[object]:
     return [await store.alist(scope) for scope in SCOPES]
 
 
@@ -188,7 +191,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, key=keys, value=json_values)
     async def test_any_json_value_round_trips(
-        self, store: MetastoreBackend, scope: StateScope, key: str, value: Any
+        self, store: BaseStateBackend, scope: StateScope, key: str, value: Any
     ) -> None:
         """Whatever JSON value is written under whatever valid key is read back exactly."""
         await store.aset(scope, key, value)
@@ -197,7 +200,7 @@ class TestValueProperties:
     @backend_settings
     @given(scope=scopes, case=invalid_values)
     async def test_invalid_value_raises_and_changes_nothing(
-        self, store: MetastoreBackend, scope: StateScope, case: tuple[Any, type[Exception]]
+        self, store: BaseStateBackend, scope: StateScope, case: tuple[Any, type[Exception]]
     ) -> None:
         """None, a non-finite float or a non-JSON object anywhere raises its error, writing nothing."""
         value, error = case
@@ -210,7 +213,7 @@ class TestValueProperties:
     @given(scope=scopes, case=invalid_keys, method=st.sampled_from(["aget", "aset", "adelete"]))
     async def test_invalid_key_raises_and_changes_nothing(
         self,
-        store: MetastoreBackend,
+        store: BaseStateBackend,
         scope: StateScope,
         case: tuple[Any, type[Exception]],
         method: str,
@@ -230,7 +233,7 @@ class TestValueProperties:
         )
     )
     async def test_list_matches_a_dict_model(
-        self, backend: MetastoreBackend, writes: list[tuple[str, Any]]
+        self, backend: BaseStateBackend, writes: list[tuple[str, Any]]
     ) -> None:
         """After any sequence of writes the scope lists the last value of each key, by key."""
         scope = TaskScope("dag", "run_1", "model")
@@ -248,30 +251,30 @@ class TestNameProperties:
     @backend_settings
     @given(name=any_name)
     async def test_any_dedup_key_is_refused_or_deduplicates(
-        self, store: MetastoreBackend, name: str
+        self, store: BaseStateBackend, name: str
     ) -> None:
         """A dedup key breaking the naming rule is refused before any I/O; any other commits
         once, reads back exactly, and suppresses its redelivery, on every backend."""
-        before = await store.alist_events()
+        before = await store.events.alist_events()
         if not is_valid_name(name, MAX_NAME_BYTES):
             with pytest.raises(InvalidNameError):
                 EventCommit("w", ("orders",), "1", dedup_key=name)
-            assert await store.alist_events() == before
+            assert await store.events.alist_events() == before
             return
         commit = EventCommit("w", ("orders",), "1", dedup_key=name)
-        first = await store.acommit_event(commit)
-        again = await store.acommit_event(commit)
+        first = await store.events.acommit(commit)
+        again = await store.events.acommit(commit)
         assert [e.dedup_key for e in first] == ([name] if not any_seen(before, name) else [])
         assert again == []
         since = before[-1].id if before else 0
-        assert [e.dedup_key for e in await store.alist_events(since_id=since)] == [
+        assert [e.dedup_key for e in await store.events.alist_events(since_id=since)] == [
             e.dedup_key for e in first
         ]
 
     @backend_settings
     @given(name=any_name)
     async def test_any_asset_name_is_refused_or_round_trips(
-        self, store: MetastoreBackend, name: str
+        self, store: BaseStateBackend, name: str
     ) -> None:
         """An asset name breaking the rule is refused by Asset() and AssetScope(); any other
         registers, lists and addresses its state exactly, on every backend."""
@@ -281,15 +284,15 @@ class TestNameProperties:
             with pytest.raises(InvalidNameError):
                 AssetScope(name=name)
             return
-        await store.aregister_assets([Asset(name)])
-        assert name in {info.name for info in await store.alist_assets()}
+        await store.events.aregister_assets([Asset(name)])
+        assert name in {info.name for info in await store.events.alist_assets()}
         await store.aset(AssetScope(name=name), "k", name)
         assert await store.aget(AssetScope(name=name), "k") == name
 
     @backend_settings
     @given(ids=st.tuples(any_name, any_name, any_name))
     async def test_any_task_scope_is_refused_or_round_trips(
-        self, store: MetastoreBackend, ids: tuple[str, str, str]
+        self, store: BaseStateBackend, ids: tuple[str, str, str]
     ) -> None:
         """Task scope ids breaking the rule (with the 512-byte limit) are refused by
         TaskScope(); any others address their own state exactly, on every backend."""
@@ -310,7 +313,7 @@ def any_seen(events: list[Any], dedup_key: str) -> bool:
 class TestStrategiesAreSound:
     def test_invalid_leaves_are_really_invalid(self) -> None:
         """The kinds of leaf the invalid strategies draw from are ones the store refuses."""
-        from watchkeeper.store.backend import encode_value
+        from watchkeeper.store.protocols import encode_value
 
         for leaf in (date(2024, 1, 1), datetime(2024, 1, 1), Decimal(1), 1j, {1: 1}, (1,)):
             with pytest.raises(TypeError):
@@ -328,7 +331,7 @@ class TestEncodePayload:
 
     def test_exactly_at_the_limit_is_accepted(self) -> None:
         """A payload whose JSON text is exactly the limit in bytes is returned as is."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         text = encode_payload("x" * (PAYLOAD_LIMIT - 2), max_payload_bytes=PAYLOAD_LIMIT)
         assert len(text.encode()) == PAYLOAD_LIMIT
@@ -336,7 +339,7 @@ class TestEncodePayload:
     def test_one_byte_over_names_size_and_limit(self) -> None:
         """One byte over is a PayloadTooLargeError (a ValueError) naming size, limit and key."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         with pytest.raises(ValueError, match=r"1001 bytes.*limit of 1000 bytes") as caught:
             encode_payload({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -347,7 +350,7 @@ class TestEncodePayload:
     def test_the_limit_counts_utf8_bytes(self) -> None:
         """502 characters of 'é' (1,006 bytes with the quotes) are over a 1,000-byte limit."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         encode_payload("é" * 499, max_payload_bytes=PAYLOAD_LIMIT)
         with pytest.raises(PayloadTooLargeError, match="1006 bytes"):
@@ -355,14 +358,14 @@ class TestEncodePayload:
 
     def test_none_payloads_and_no_limit(self) -> None:
         """A None payload is JSON null; max_payload_bytes=None disables the limit."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         assert encode_payload(None, max_payload_bytes=4) == "null"
         assert len(encode_payload("x" * 5000, max_payload_bytes=None)) == 5002
 
     def test_a_payload_that_is_not_json_is_still_refused(self) -> None:
         """The size check comes after the JSON check: a datetime is a TypeError."""
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store.protocols import encode_payload
 
         with pytest.raises(TypeError, match="payload"):
             encode_payload({"at": datetime(2024, 1, 1)}, max_payload_bytes=PAYLOAD_LIMIT)
@@ -371,7 +374,7 @@ class TestEncodePayload:
     @given(bad=st.one_of(with_surrogate, too_long_ints, too_deep))
     def test_the_new_invalid_leaves_are_really_invalid(self, bad: Any) -> None:
         """Lone surrogates, ints past the text limit and deep nesting are InvalidValueError."""
-        from watchkeeper.store.backend import encode_value
+        from watchkeeper.store.protocols import encode_value
 
         with pytest.raises(InvalidValueError):
             encode_value("k", bad)
@@ -390,6 +393,14 @@ class TestEncodePayload:
             assert is_valid_name(name, MAX_NAME_BYTES)
 
 
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Text(str):
+    __slots__ = ()
+
+
 class TestEncodePayloadDecoded:
     """encode_payload_decoded: encode_payload's text, and a fresh decoded copy of the payload."""
 
@@ -398,8 +409,8 @@ class TestEncodePayloadDecoded:
     def test_same_text_and_an_equal_copy(self, value: Any) -> None:
         """Any JSON payload gives encode_payload's text and a value equal to it, typed the
         same all the way down, sharing no container with the original."""
-        from watchkeeper.store._values import encode_payload_decoded
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.protocols import encode_payload
 
         text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
         assert text == encode_payload(value, max_payload_bytes=None)
@@ -411,8 +422,8 @@ class TestEncodePayloadDecoded:
     @given(case=invalid_values.filter(lambda case: case[0] is not None))
     def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
         """A value that is not plain JSON raises the same error as encode_payload."""
-        from watchkeeper.store._values import encode_payload_decoded
-        from watchkeeper.store.backend import encode_payload
+        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.protocols import encode_payload
 
         value, error = case
         with pytest.raises(error) as expected:
@@ -425,7 +436,7 @@ class TestEncodePayloadDecoded:
         """A self-containing list is refused as too deep (InvalidValueError, as encode_payload
         says); a payload over the limit names its size."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store._values import encode_payload_decoded
+        from watchkeeper.store._payloads import encode_payload_decoded
 
         cycle: list[Any] = []
         cycle.append(cycle)
@@ -433,3 +444,50 @@ class TestEncodePayloadDecoded:
             encode_payload_decoded(cycle, max_payload_bytes=None)
         with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
             encode_payload_decoded({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            {"id": 1, "body": "order 1", "amount": 0.25, "ok": True, "gone": None, "big": 2**70},
+            {"id": 1, "amount": -0.0, "é": "naïve ✓"},
+            {"x": float("nan")},
+            {"x": float("inf")},
+            {"x": -float("inf")},
+            {1: "int key"},
+            {"x": _Level.HIGH},
+            {"x": _Text("a str subclass")},
+            {"x": "\ud800"},
+            {"x": b"bytes"},
+            {"x": [1, 2]},
+            {},
+        ],
+        ids=lambda value: repr(value)[:40],
+    )
+    def test_a_flat_object_takes_the_same_rules(self, value: dict[Any, Any]) -> None:
+        """A flat object (one level of scalars) skips the decode-and-compare check only when
+        every key is a str and every value a plain None, str, int, bool or finite float: any
+        other gives encode_payload's error, and one that passes gives its text and an equal
+        copy typed as its text decodes."""
+        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.protocols import encode_payload
+
+        try:
+            expected = encode_payload(value, max_payload_bytes=None)
+        except (InvalidValueError, ValueTypeError) as exc:
+            with pytest.raises(type(exc)) as got:
+                encode_payload_decoded(value, max_payload_bytes=None)
+            assert str(got.value) == str(exc)
+            return
+        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
+        assert text == expected
+        assert same(decoded, json.loads(expected))  # equal, and typed as the text decodes
+        assert decoded is not value
+
+    def test_a_flat_object_over_the_limit_names_its_size(self) -> None:
+        from watchkeeper.store import PayloadTooLargeError
+        from watchkeeper.store._payloads import encode_payload_decoded
+
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "x" * 993}, max_payload_bytes=1000)
+        with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
+            encode_payload_decoded({"a": "é" * 496 + "x"}, max_payload_bytes=1000)

@@ -13,11 +13,9 @@ from typing import Generic, TypeVar
 import anyio
 import httpx
 from watchkeeper.store import AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     encode_json,
-    require_event_log,
-    require_operator_controls,
 )
 from watchkeeper.triggerer import TriggerRunner
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
@@ -46,13 +44,13 @@ class ServedApi(Generic[B]):
         self, name: str, scopes: Sequence[str], expires_in: timedelta | None = None
     ) -> None:
         text, row = make_token(name, list(scopes), now=datetime.now(UTC), expires_in=expires_in)
-        await require_operator_controls(self.backend).acreate_token(row)
+        await self.backend.controls.acreate_token(row)
         self.tokens[name] = text
 
     async def commit(self, asset: str, n: int, watcher: str = "feed") -> list[AssetEvent]:
         """Commit the event ``{"n": n}`` to ``asset``."""
         commit = EventCommit(watcher, (asset,), encode_json({"n": n}))
-        return await require_event_log(self.backend).acommit_event(commit)
+        return await self.backend.events.acommit(commit)
 
 
 @contextlib.asynccontextmanager

@@ -231,4 +231,4 @@ async def wait_for_api(client: httpx.AsyncClient, *alive: anyio.abc.Process | Wa
 
 
 async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:
-    return [int(e.payload["n"]) for e in await backend.alist_events(asset=asset)]
+    return [int(e.payload["n"]) for e in await backend.events.alist_events(asset=asset)]

@@ -21,7 +21,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateScope,
 )
-from watchkeeper.store.backend import MetastoreBackend, Put, RawEntry
+from watchkeeper.store.protocols import Put, RawEntry
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     RunnerConfig,
@@ -145,7 +145,7 @@ class GatedBackend(MemoryStateBackend):
         return MemoryStateBackend._put(self, put)
 
 
-def open_backend(kind: str, tmp_path: Path) -> MetastoreBackend:
+def open_backend(kind: str, tmp_path: Path) -> BaseStateBackend:
     """An unopened backend of ``kind`` (``memory`` or ``sqlite``, a file under tmp_path)."""
     if kind == "memory":
         return MemoryStateBackend()

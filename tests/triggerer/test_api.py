@@ -21,7 +21,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
     EventCommit,
     TaskSpec,
@@ -46,7 +46,7 @@ class Api:
         return httpx.AsyncClient(base_url=self.base, headers=headers, timeout=10)
 
     async def commit(self, asset: str, n: int) -> None:
-        await self.backend.acommit_event(
+        await self.backend.events.acommit(
             EventCommit(watcher="feed", assets=(asset,), payload_json=encode_json({"n": n}))
         )
 
@@ -64,12 +64,12 @@ SCOPES = {
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """A served API on a fresh SQLite store with three assets and a token per scope."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets(ASSETS)
+        await backend.events.aregister_assets(ASSETS)
         tokens: dict[str, str] = {}
         now = datetime.now(UTC)
         for name, scopes in SCOPES.items():
             text, row = make_token(name, scopes, now=now)
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             tokens[name] = text
         ctx = api_context(backend, ApiSettings(port=0))
         ctx.sse_poll = 0.02
@@ -154,12 +154,12 @@ class TestAuthentication:
         expired_text, expired = make_token(
             "expired", ["read"], now=datetime.now(UTC) - timedelta(days=2), expires_in=timedelta(1)
         )
-        await api.backend.acreate_token(row)
-        await api.backend.acreate_token(expired)
+        await api.backend.controls.acreate_token(row)
+        await api.backend.controls.acreate_token(expired)
         async with api.client() as client:
             auth = {"Authorization": f"Bearer {old}"}
             assert (await client.get("/api/v1/assets", headers=auth)).status_code == 200
-            await api.backend.arevoke_token("old")
+            await api.backend.controls.arevoke_token("old")
             assert (await client.get("/api/v1/assets", headers=auth)).status_code == 401
             auth = {"Authorization": f"Bearer {expired_text}"}
             assert (await client.get("/api/v1/assets", headers=auth)).status_code == 401
@@ -405,7 +405,7 @@ class TestEvents:
         """Events through the REST list and the stream show a payload's URL password as
         ``***``, as ``watchkeeper events`` does; the rest of the payload is unchanged."""
         payload = {"n": 7, "source": "redis://:hunter2@cache:6379/0"}
-        await api.backend.acommit_event(
+        await api.backend.events.acommit(
             EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(payload))
         )
         async with api.client("reader") as client:
@@ -452,9 +452,9 @@ class TestWatchersAndDaemons:
             TriggerStatus("t1", "m.C", ("orders",), ("feed",), "running", updated_at=now, owner="d1"),
             TriggerStatus("t2", "m.C", ("bills",), ("bills_feed",), "failed", 5, updated_at=now, owner="d1"),
         ]  # fmt: skip
-        await api.backend.asave_trigger_status(statuses)
-        await api.backend.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
-        await api.backend.aclaim_leases("d1", ["t1", "t2"], 60)
+        await api.backend.status.asave_trigger_status(statuses)
+        await api.backend.status.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
+        await api.backend.leases.aclaim_leases("d1", ["t1", "t2"], 60)
 
     async def test_list_and_control_watchers(self, api: Api) -> None:
         """operate pauses and retries; read lists but may not operate."""
@@ -495,20 +495,20 @@ class TestTasksAndRuns:
         """Task ``load`` on orders with one failed run and one queued run, and ``idle`` paused
         with two pending events on bills: (failed id, queued id)."""
         backend = api.backend
-        await backend.async_tasks(
+        await backend.tasks.async_tasks(
             [TaskSpec("load", ("orders",), max_events=1), TaskSpec("idle", ("bills",))]
         )
-        await backend.aset_task_paused("idle", True)
+        await backend.tasks.aset_task_paused("idle", True)
         for n in range(2):
             await api.commit("orders", n)
             await api.commit("bills", n)
-        first = await backend.acreate_run("load")
+        first = await backend.tasks.acreate_run("load")
         assert first is not None
-        (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
-        await backend.afinish_run(
+        (claimed,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.tasks.afinish_run(
             claimed.id, "w1", claimed.lease_token, success=False, error="boom"
         )
-        second = await backend.acreate_run("load")
+        second = await backend.tasks.acreate_run("load")
         assert second is not None
         return first.id, second.id
 
@@ -563,7 +563,7 @@ class TestTasksAndRuns:
             missing = await client.post("/api/v1/runs/999/retry")
         assert refused.status_code == 403
         assert retried.status_code == 202 and retried.json()["state"] == "queued"
-        assert (await api.backend.aget_run(failed)).state == "queued"
+        assert (await api.backend.tasks.aget_run(failed)).state == "queued"
         assert again.status_code == 409 and again.json()["error"] == "conflict"
         assert missing.status_code == 404
 
@@ -576,10 +576,10 @@ class TestTasksAndRuns:
             refused = await client.post("/api/v1/tasks/load/pause")
             may = (await client.get("/api/v1/tasks")).json()["may_operate"]
         assert refused.status_code == 403 and may is False
-        assert not {i.name: i.paused for i in await api.backend.alist_tasks()}["load"]
+        assert not {i.name: i.paused for i in await api.backend.tasks.alist_tasks()}["load"]
         async with api.client("ops") as client:
             paused = await client.post("/api/v1/tasks/load/pause")
-            after_pause = {i.name: i.paused for i in await api.backend.alist_tasks()}
+            after_pause = {i.name: i.paused for i in await api.backend.tasks.alist_tasks()}
             resumed = await client.post("/api/v1/tasks/idle/resume")
             missing = await client.post("/api/v1/tasks/nope/pause")
             listed = (await client.get("/api/v1/tasks")).json()

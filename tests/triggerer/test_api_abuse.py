@@ -20,7 +20,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     DaemonStatus,
     TaskSpec,
     TriggerStatus,
@@ -45,7 +45,7 @@ Served = ServedApi[SqliteStateBackend]
 @asynccontextmanager
 async def serve(tmp_path: Path, settings: ApiSettings) -> AsyncIterator[Served]:
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets(ASSETS)
+        await backend.events.aregister_assets(ASSETS)
         async with serve_api(backend, SCOPES, settings) as served:
             served.ctx.sse_poll = 0.02
             yield served
@@ -86,7 +86,7 @@ class TestStreamTokens:
             lines = stream.aiter_lines()
             await opened(lines)
             await served.commit("orders", 1)
-            assert await served.backend.arevoke_token("reader")
+            assert await served.backend.controls.arevoke_token("reader")
             rest = await ends(lines)
             refused = await client.get("/api/v1/events")
         assert any("revoked or expired" in line for line in rest), rest
@@ -261,12 +261,12 @@ class TestScopingRule:
 
     async def _seed(self, served: Served) -> int:
         backend = served.backend
-        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
         await served.commit("orders", 1)
-        run = await backend.acreate_run("load")
+        run = await backend.tasks.acreate_run("load")
         assert run is not None
-        (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
-        await backend.afinish_run(
+        (claimed,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.tasks.afinish_run(
             claimed.id,
             "w1",
             claimed.lease_token,
@@ -279,8 +279,8 @@ class TestScopingRule:
             "t1", "m.C", ("orders",), ("feed",), "failed", 3,
             last_error=f"KeyError: {self.SECRET!r}", updated_at=now, owner="d1",
         )  # fmt: skip
-        await backend.asave_trigger_status([status])
-        await backend.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
+        await backend.status.asave_trigger_status([status])
+        await backend.status.asave_daemon_status(DaemonStatus("d1", now, now, 60.0, "watchers"))
         return run.id
 
     async def test_operate_alone_sees_no_data(self, served: Served) -> None:

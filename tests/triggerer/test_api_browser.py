@@ -22,12 +22,12 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, asset_file, wait_until
@@ -74,9 +74,9 @@ async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
             text, row = make_token(
                 "ops", ["read", "operate", "write:asset:orders"], now=datetime.now(UTC)
             )
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             reader, row = make_token("viewer", ["read"], now=datetime.now(UTC))
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
             port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
             yield Site(f"http://127.0.0.1:{port}", text, source, backend, reader)
@@ -159,7 +159,7 @@ class TestWebPage:
         await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
         await page.click('#watchers tr[data-watcher="orders_feed"] button.pause')
         await page.wait_for_selector(state_cell("orders_feed") + ":has-text('paused')")
-        before = len(await backend.alist_events(asset="orders"))
+        before = len(await backend.events.alist_events(asset="orders"))
         append_lines(site.source, 3, 3)
         # The daemon's proof that time passed: a control watcher (picked up by the next
         # reload) commits three lines, each written once the one before was committed.
@@ -170,15 +170,15 @@ class TestWebPage:
             append_lines(control, n, n)
 
             async def committed(n: int = n) -> bool:
-                return len(await backend.alist_events(asset="control")) == n
+                return len(await backend.events.alist_events(asset="control")) == n
 
             await wait_until(committed, f"the control watcher to commit line {n}")
-        assert len(await backend.alist_events(asset="orders")) == before
+        assert len(await backend.events.alist_events(asset="orders")) == before
         await page.click('#watchers tr[data-watcher="orders_feed"] button.resume')
         await page.wait_for_selector(state_cell("orders_feed") + ":has-text('running')")
 
         async def three() -> bool:
-            return len(await backend.alist_events(asset="orders")) == 3
+            return len(await backend.events.alist_events(asset="orders")) == 3
 
         await wait_until(three, "the resumed watcher to emit line 3")
 
@@ -216,17 +216,19 @@ async def runs(site: Site) -> tuple[int, int]:
     backend = site.backend
 
     async def two() -> bool:
-        return len(await backend.alist_events(asset="orders")) == 2
+        return len(await backend.events.alist_events(asset="orders")) == 2
 
     await wait_until(two, "the watcher to emit lines 1 and 2")
-    oldest = (await backend.alist_events(asset="orders"))[0].id
-    await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
-    await backend.arewind_task("load", "orders", oldest)  # a new task starts after the log
-    first = await backend.acreate_run("load")
+    oldest = (await backend.events.alist_events(asset="orders"))[0].id
+    await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+    await backend.tasks.arewind_task("load", "orders", oldest)  # a new task starts after the log
+    first = await backend.tasks.acreate_run("load")
     assert first is not None
-    (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30)
-    await backend.afinish_run(claimed.id, "w1", claimed.lease_token, success=False, error="boom")
-    second = await backend.acreate_run("load")
+    (claimed,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30)
+    await backend.tasks.afinish_run(
+        claimed.id, "w1", claimed.lease_token, success=False, error="boom"
+    )
+    second = await backend.tasks.acreate_run("load")
     assert second is not None
     return first.id, second.id
 
@@ -258,16 +260,16 @@ class TestTasksView:
         await screenshot(page, "task-runs")
         await page.click(f"{run_row(failed)} button.retry")
         await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('queued')")
-        retried = await site.backend.aget_run(failed)
+        retried = await site.backend.tasks.aget_run(failed)
         assert (retried.state, retried.max_tries) == ("queued", 2)
 
         summary = '#task-summary tr[data-task="load"]'
         await page.click(f"{summary} button.pause")
         await page.wait_for_selector(f"{summary} td.paused:text-is('yes')")
-        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": True}
+        assert {i.name: i.paused for i in await site.backend.tasks.alist_tasks()} == {"load": True}
         await page.click(f"{summary} button.resume")
         await page.wait_for_selector(f"{summary} td.paused:text-is('no')")
-        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}
+        assert {i.name: i.paused for i in await site.backend.tasks.alist_tasks()} == {"load": False}
 
     async def test_read_token_sees_disabled_controls(
         self, page: Any, site: Site, runs: tuple[int, int]
@@ -280,8 +282,8 @@ class TestTasksView:
         await page.wait_for_selector(f"{run_row(failed)} td.state:text-is('failed')")
         assert await page.is_disabled(f"{run_row(failed)} button.retry")
         assert await page.is_disabled('#task-summary tr[data-task="load"] button.pause')
-        assert (await site.backend.aget_run(failed)).state == "failed"
-        assert {i.name: i.paused for i in await site.backend.alist_tasks()} == {"load": False}
+        assert (await site.backend.tasks.aget_run(failed)).state == "failed"
+        assert {i.name: i.paused for i in await site.backend.tasks.alist_tasks()} == {"load": False}
 
 
 class TestAssetEvents:
@@ -290,12 +292,12 @@ class TestAssetEvents:
         newest first."""
 
         async def two() -> bool:
-            return len(await site.backend.alist_events(asset="orders")) == 2
+            return len(await site.backend.events.alist_events(asset="orders")) == 2
 
         await wait_until(two, "the watcher to emit lines 1 and 2")
         rows = tuple((encode_json({"bulk": n}), None) for n in range(1, 1101))
-        await site.backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
-        newest = await site.backend.alist_events(asset="orders", newest_first=True, limit=20)
+        await site.backend.events.acommit_batch(EventBatchCommit("bulk", ("orders",), rows))
+        newest = await site.backend.events.alist_events(asset="orders", newest_first=True, limit=20)
         await page.goto(site.base + "/#/assets/orders")
         await page.wait_for_selector(f'#asset-events li:first-child[data-id="{newest[0].id}"]')
         shown = await page.eval_on_selector_all(
@@ -312,13 +314,13 @@ class TestWatcherRates:
         first load: 300 events committed in the last 5 minutes are 60.0/min."""
 
         async def two() -> bool:
-            return len(await site.backend.alist_events(asset="orders")) == 2
+            return len(await site.backend.events.alist_events(asset="orders")) == 2
 
         await wait_until(two, "the watcher to emit lines 1 and 2")
         append_lines(site.source, 3, 300)  # the daemon's own watcher commits them: it counts
 
         async def all_300() -> bool:
-            return len(await site.backend.alist_events(asset="orders")) == 300
+            return len(await site.backend.events.alist_events(asset="orders")) == 300
 
         await wait_until(all_300, "the watcher to emit lines 3 to 300")
         await page.reload()
@@ -332,7 +334,7 @@ class TestWatcherRates:
 async def sign_in_as(page: Any, site: Site, name: str, scopes: list[str]) -> None:
     """Replace the page's token with a new token ``name`` of these scopes."""
     text, row = make_token(name, scopes, now=datetime.now(UTC))
-    await site.backend.acreate_token(row)
+    await site.backend.controls.acreate_token(row)
     await page.evaluate("t => sessionStorage.setItem('watchkeeper.token', t)", text)
 
 
@@ -369,17 +371,17 @@ class TestLayoutAndNames:
         backend = site.backend
 
         async def two() -> bool:
-            return len(await backend.alist_events(asset="orders")) == 2
+            return len(await backend.events.alist_events(asset="orders")) == 2
 
         await wait_until(two, "the watcher to emit lines 1 and 2")
         rows = tuple((encode_json({"bulk": n}), None) for n in range(100))
-        await backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
-        oldest = (await backend.alist_events(asset="orders"))[0].id
-        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
-        await backend.arewind_task("load", "orders", oldest)
+        await backend.events.acommit_batch(EventBatchCommit("bulk", ("orders",), rows))
+        oldest = (await backend.events.alist_events(asset="orders"))[0].id
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+        await backend.tasks.arewind_task("load", "orders", oldest)
         ids = []
         for _ in range(100):
-            run = await backend.acreate_run("load")
+            run = await backend.tasks.acreate_run("load")
             assert run is not None
             ids.append(run.id)
         await page.goto(site.base + "/#/tasks/load")

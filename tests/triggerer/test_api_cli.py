@@ -39,8 +39,8 @@ class TestTokensCommand:
         )
         assert token not in listed and token.split("_", 2)[2] not in listed
         with SqliteStateBackend(tmp_path / "s.db") as backend:
-            (stored,) = backend.run_sync(backend.alist_tokens)
-            principal = backend.run_sync(verify_token, backend, token, stored.created_at)
+            (stored,) = backend.run_sync(backend.controls.alist_tokens)
+            principal = backend.run_sync(verify_token, backend.controls, token, stored.created_at)
         assert token.split("_", 2)[2] not in stored.digest
         assert principal is not None and principal.scopes == ("read", "write:asset:orders_*")
 
@@ -58,8 +58,8 @@ class TestTokensCommand:
         assert token.startswith("wk_") and token.strip() == token and " " not in token, token
         assert "shown once" in note and token not in note
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            (stored,) = await backend.alist_tokens()
-            assert await verify_token(backend, token, stored.created_at) is not None
+            (stored,) = await backend.controls.alist_tokens()
+            assert await verify_token(backend.controls, token, stored.created_at) is not None
 
     def test_revoke_and_errors(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A bad scope is a usage error, a live name cannot be reused, revoke works once."""

@@ -19,7 +19,7 @@ import anyio
 import pytest
 from openapi_spec_validator import validate
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
 from tests.support.requires import unavailable
@@ -42,10 +42,10 @@ Served = ServedApi[SqliteStateBackend]
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
     """Assets ``orders``, ``bills`` and ``a/b`` with events, a task, and a token per scope."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([Asset("orders"), Asset("bills"), Asset("a/b")])
-        await backend.async_tasks([TaskSpec("load", ("orders",))])
+        await backend.events.aregister_assets([Asset("orders"), Asset("bills"), Asset("a/b")])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",))])
         for n in range(3):
-            await backend.acommit_event(
+            await backend.events.acommit(
                 EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(n))
             )
         async with serve_api(backend, SCOPES) as one:

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, TriggerStatus, encode_json
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 
@@ -56,7 +56,7 @@ class TestCollector:
         """Events per asset and watcher, up/state, commit latency and batch size histograms
         come out of a running runner in valid Prometheus text."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            await backend.aregister_assets([ORDERS, BILLS])
+            await backend.events.aregister_assets([ORDERS, BILLS])
             async with TriggerRunner(backend, FAST) as runner:
                 a, b = Scripted(events(3)), Scripted(events(2))
                 await runner.start_trigger(spec("a", a, ORDERS))
@@ -85,7 +85,7 @@ class TestCollector:
     async def test_failures_are_counted_in_total(self, tmp_path: Path) -> None:
         """A watcher that keeps failing shows its failed runs and the failed state."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            await backend.aregister_assets([ORDERS])
+            await backend.events.aregister_assets([ORDERS])
             async with TriggerRunner(backend, FAST) as runner:
                 await runner.start_trigger(spec("bad", Scripted([], then="raise"), ORDERS))
 
@@ -103,7 +103,7 @@ class TestCollector:
         """Past max_watcher_series, the busiest watchers keep their series, the totals still
         count everyone, and the number left out is reported."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            await backend.aregister_assets([ORDERS])
+            await backend.events.aregister_assets([ORDERS])
             async with TriggerRunner(backend, FAST) as runner:
                 triggers = {name: Scripted(events(n)) for name, n in (("x", 1), ("y", 4), ("z", 2))}
                 for name, trigger in triggers.items():
@@ -126,7 +126,7 @@ class TestCollector:
         name = 'we"ird\\na\nme'
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
             status = TriggerStatus("t1", "m.C", ("orders",), (name,), "running", events=1)
-            await backend.asave_trigger_status([status])
+            await backend.status.asave_trigger_status([status])
             metrics = Metrics(backend)
             await metrics.prepare()
             found = samples(metrics.render().decode())
@@ -140,7 +140,7 @@ class TestCollector:
             status = TriggerStatus(
                 "t1", "m.C", ("orders",), ("feed",), "backing_off", failures=2, events=9
             )
-            await backend.asave_trigger_status([status])
+            await backend.status.asave_trigger_status([status])
             metrics = Metrics(backend)
             await metrics.prepare()
             found = samples(metrics.render().decode())
@@ -152,7 +152,7 @@ class TestCollector:
         """Without a runner the cap keeps the saved watchers with the most events; the
         per-state totals still count every saved watcher."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            await backend.asave_trigger_status(
+            await backend.status.asave_trigger_status(
                 [
                     TriggerStatus(f"t{n}", "m.C", ("orders",), (f"w{n}",), state, events=n)
                     for n, state in ((5, "running"), (1, "failed"), (9, "running"))
@@ -177,17 +177,17 @@ class TestTaskMetrics:
         )
         async with opened as backend:
             store: Any = backend
-            await store.aregister_assets([ORDERS, BILLS])
-            await store.async_tasks(
+            await store.events.aregister_assets([ORDERS, BILLS])
+            await store.tasks.async_tasks(
                 [TaskSpec("load", ("orders", "bills"), mode="any", max_events=2)]
             )
             for i in range(3):
                 commit = EventCommit("w", ("orders",), encode_json({"i": i}, what="payload"))
-                await store.acommit_event(commit)
-            await store.acreate_run("load")
-            (run,) = await store.aclaim_runs("me", limit=1, ttl=30)
-            await store.afinish_run(run.id, "me", run.lease_token, success=True)
-            await store.acreate_run("load")
+                await store.events.acommit(commit)
+            await store.tasks.acreate_run("load")
+            (run,) = await store.tasks.aclaim_runs("me", limit=1, ttl=30)
+            await store.tasks.afinish_run(run.id, "me", run.lease_token, success=True)
+            await store.tasks.acreate_run("load")
             metrics = Metrics(backend)
             await metrics.prepare()
             found = samples(metrics.render().decode())
@@ -200,11 +200,11 @@ class TestTaskMetrics:
     async def test_pending_events_before_any_run(self, tmp_path: Path) -> None:
         """Events committed after a task is registered show as pending until a run takes them."""
         async with SqliteStateBackend(tmp_path / "s.db") as backend:
-            await backend.aregister_assets([ORDERS])
-            await backend.async_tasks([TaskSpec("load", ("orders",))])
+            await backend.events.aregister_assets([ORDERS])
+            await backend.tasks.async_tasks([TaskSpec("load", ("orders",))])
             for i in range(4):
                 commit = EventCommit("w", ("orders",), encode_json({"i": i}, what="payload"))
-                await backend.acommit_event(commit)
+                await backend.events.acommit(commit)
             metrics = Metrics(backend)
             await metrics.prepare()
             found = samples(metrics.render().decode())
@@ -220,9 +220,9 @@ class TestInDaemon:
         counts them."""
         from watchkeeper.store import MemoryStateBackend
         from watchkeeper.triggerer import Settings, TriggererSettings
-        from watchkeeper.triggerer._watcher_files import unload_watchers
         from watchkeeper.triggerer.api import api_context, serve_app
         from watchkeeper.triggerer.daemon import Daemon
+        from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
         from watchkeeper.triggerer.settings import ApiSettings
 
         source = tmp_path / "lines.txt"
@@ -272,7 +272,7 @@ class TestDaemonServesTheApi:
         (watchers / "orders.py").write_text(asset_file("orders", source))
         async with SqliteStateBackend(db_path) as backend:
             text, row = make_token("ops", ["operate", "read"], now=datetime.now(UTC))
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
         async with daemon(tmp_path, watchers, env, log_file, reload_interval=None) as process:
             base = f"http://127.0.0.1:{port}"
             async with httpx.AsyncClient(base_url=base, timeout=5) as client:

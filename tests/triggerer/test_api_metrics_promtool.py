@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import MemoryStateBackend
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import api_context, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import FAILING_WATCHER, append_lines, asset_file, wait_until

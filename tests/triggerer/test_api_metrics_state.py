@@ -18,12 +18,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from watchkeeper.store import BaseStateBackend, MemoryStateBackend, PostgresStateBackend
-from watchkeeper.store.backend import TriggerStatus
+from watchkeeper.store.protocols import TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import Metrics, api_context, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, asset_file, wait_until
@@ -125,7 +125,7 @@ class TestWatcherSeriesPersist:
                 )
 
             await wait_until(both_counted, "two events of each watcher")
-            await backend.aset_watcher_paused("orders_feed", True, by="test")
+            await backend.controls.aset_watcher_paused("orders_feed", True, by="test")
 
             async def paused() -> bool:
                 found = await scrape(client)
@@ -150,7 +150,7 @@ class TestWatcherSeriesPersist:
         """A watcher paused before the daemon started never runs there, and still shows."""
         two_feeds(tmp_path, watchers)
         async with MemoryStateBackend() as backend:
-            await backend.aset_watcher_paused("bills_feed", True, by="test")
+            await backend.controls.aset_watcher_paused("bills_feed", True, by="test")
             async with served(fast_settings(watchers), backend) as (_, client):
                 found = await scrape(client)
         assert get(found, "watchkeeper_watcher_state", watcher="bills_feed", state="paused") == 1
@@ -230,7 +230,7 @@ class TestStoreDown:
         name, dsn = pg_database
         async with PostgresStateBackend(dsn) as backend:
             status = TriggerStatus("t1", "m.C", ("orders",), ("feed",), "running", events=7)
-            await backend.asave_trigger_status([status])
+            await backend.status.asave_trigger_status([status])
             metrics = Metrics(backend)
             await metrics.prepare()
             up = parse(metrics.render().decode())

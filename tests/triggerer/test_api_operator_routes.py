@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventBatchCommit,
     TriggerStatus,
     encode_json,
@@ -35,7 +35,7 @@ Api = ServedApi[SqliteStateBackend]
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
     """A served API on a fresh SQLite store with assets orders and bills."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([Asset("orders"), Asset("bills")])
+        await backend.events.aregister_assets([Asset("orders"), Asset("bills")])
         async with serve_api(backend, {"reader": ["read"], "ops": ["operate"]}) as served:
             yield served
 
@@ -76,7 +76,7 @@ class TestUnknownWatcher:
         status = TriggerStatus(
             "t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now, owner="d1"
         )
-        await api.backend.asave_trigger_status([status])
+        await api.backend.status.asave_trigger_status([status])
         async with api.client("ops") as ops:
             typo = await ops.post(f"/api/v1/watchers/orders_pol/{action}")
             far = await ops.post(f"/api/v1/watchers/zzz/{action}")
@@ -85,7 +85,7 @@ class TestUnknownWatcher:
         assert "did you mean 'orders_poll'" in typo.json()["detail"]
         assert far.status_code == 404 and "'zzz'" in far.json()["detail"]
         assert [w["watcher"] for w in listed] == ["orders_poll"]
-        assert await api.backend.alist_watcher_controls() == []
+        assert await api.backend.controls.alist_watcher_controls() == []
 
 
 class TestWatcherRates:
@@ -98,11 +98,13 @@ class TestWatcherRates:
             TriggerStatus("t1", "m.C", ("orders",), ("orders_poll",), "running", updated_at=now),
             TriggerStatus("t2", "m.C", ("bills",), ("bills_poll",), "running", updated_at=now),
         ]
-        await api.backend.asave_trigger_status(statuses)
+        await api.backend.status.asave_trigger_status(statuses)
         for at, count in ((now - timedelta(minutes=10), 500), (now - timedelta(minutes=2), 300)):
             api.backend.clock = functools.partial(_at, at)
             rows = tuple((encode_json({"n": n}), None) for n in range(count))
-            await api.backend.acommit_events(EventBatchCommit("orders_poll", ("orders",), rows))
+            await api.backend.events.acommit_batch(
+                EventBatchCommit("orders_poll", ("orders",), rows)
+            )
         api.backend.clock = lambda: datetime.now(UTC)
         async with api.client("ops") as ops:
             body = (await ops.get("/api/v1/watchers")).json()
@@ -117,7 +119,7 @@ class TestWatcherRates:
         5 events its trigger committed count, 300 written to the log beside it do not, and a
         watcher the runner does not run has no figure (null)."""
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([Asset("orders"), Asset("bills")])
+            await backend.events.aregister_assets([Asset("orders"), Asset("bills")])
             async with TriggerRunner(backend, FAST) as runner:
                 trigger = Scripted([TriggerEvent({"i": i}) for i in range(5)])
                 await runner.start_trigger(spec("orders_poll", trigger, Asset("orders")))
@@ -132,10 +134,10 @@ class TestWatcherRates:
                         "t2", "m.C", ("bills",), ("bills_poll",), "running", updated_at=now
                     ),
                 ]
-                await backend.asave_trigger_status(statuses)
+                await backend.status.asave_trigger_status(statuses)
                 for watcher, asset in (("orders_poll", "orders"), ("bills_poll", "bills")):
                     rows = tuple((encode_json({"n": n}), None) for n in range(300))
-                    await backend.acommit_events(EventBatchCommit(watcher, (asset,), rows))
+                    await backend.events.acommit_batch(EventBatchCommit(watcher, (asset,), rows))
                 async with (
                     serve_api(backend, {"ops": ["operate"]}, runner=runner) as served,
                     served.client("ops") as ops,

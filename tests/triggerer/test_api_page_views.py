@@ -26,12 +26,12 @@ import anyio
 import pytest
 from pydantic import SecretStr
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, OutletEvent, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, OutletEvent, TaskSpec, encode_json
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
 from tests.support.daemons import append_lines, wait_until
@@ -87,7 +87,7 @@ async def open_site(tmp_path: Path, watchers: Path, asset: str, watcher: str) ->
             backend = daemon.backend
             assert isinstance(backend, SqliteStateBackend)
             text, row = make_token("ops", ["read", "operate"], now=datetime.now(UTC))
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             ctx = api_context(
                 backend, ApiSettings(port=0, watcher_sample_seconds=0.2), daemon=daemon
             )
@@ -164,7 +164,7 @@ async def screenshot(page: Any, name: str) -> None:
 
 async def events_of(site: Site, asset: str, n: int) -> None:
     async def enough() -> bool:
-        return len(await site.backend.alist_events(asset=asset)) >= n
+        return len(await site.backend.events.alist_events(asset=asset)) >= n
 
     await wait_until(enough, f"{n} events of {asset!r}")
 
@@ -174,10 +174,10 @@ async def finish_one(
 ) -> int:
     """Create, claim and finish one run of ``task``; its id."""
     backend = site.backend
-    run = await backend.acreate_run(task)
+    run = await backend.tasks.acreate_run(task)
     assert run is not None
-    (claimed,) = await backend.aclaim_runs("w1", limit=1, ttl=30, tasks=[task])
-    await backend.afinish_run(
+    (claimed,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30, tasks=[task])
+    await backend.tasks.afinish_run(
         claimed.id,
         "w1",
         claimed.lease_token,
@@ -193,15 +193,15 @@ async def chain(site: Site) -> None:
     successful run that emitted its outlet."""
     backend = site.backend
     await events_of(site, site.asset, 2)
-    await backend.aregister_assets([Asset("loaded"), Asset("published")])
-    oldest = (await backend.alist_events(asset=site.asset))[0].id
-    await backend.async_tasks(
+    await backend.events.aregister_assets([Asset("loaded"), Asset("published")])
+    oldest = (await backend.events.alist_events(asset=site.asset))[0].id
+    await backend.tasks.async_tasks(
         [
             TaskSpec("load", (site.asset,), max_events=10),
             TaskSpec("publish", ("loaded",), max_events=10),
         ]
     )
-    await backend.arewind_task("load", site.asset, oldest)
+    await backend.tasks.arewind_task("load", site.asset, oldest)
     await finish_one(site, "load", ("loaded",))
     await finish_one(site, "publish", ("published",))
 
@@ -212,7 +212,7 @@ class TestWatcherView:
         lists its state changes (a pause with who asked) and shows its watermark."""
         await events_of(site, "orders", 2)
         rows = tuple((encode_json({"bulk": n}), None) for n in range(120))
-        await site.backend.acommit_events(EventBatchCommit("orders_feed", ("orders",), rows))
+        await site.backend.events.acommit_batch(EventBatchCommit("orders_feed", ("orders",), rows))
         await page.click('#watchers tr[data-watcher="orders_feed"] td.name a')
         await page.wait_for_selector("#watcher-view:not([hidden])")
         assert await page.text_content("#watcher-name") == "orders_feed"
@@ -286,13 +286,13 @@ class TestRunHistory:
         backend = site.backend
         await events_of(site, "orders", 2)
         rows = tuple((encode_json({"n": n}), None) for n in range(RUNS))
-        await backend.acommit_events(EventBatchCommit("bulk", ("orders",), rows))
-        oldest = (await backend.alist_events(asset="orders"))[0].id
-        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
-        await backend.arewind_task("load", "orders", oldest)
+        await backend.events.acommit_batch(EventBatchCommit("bulk", ("orders",), rows))
+        oldest = (await backend.events.alist_events(asset="orders"))[0].id
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1, max_tries=1)])
+        await backend.tasks.arewind_task("load", "orders", oldest)
         failed = await finish_one(site, "load", (), ok=False)
         succeeded = await finish_one(site, "load", ())
-        assert len(await backend.acreate_runs("load", RUNS)) == RUNS  # the rest, queued
+        assert len(await backend.tasks.acreate_runs("load", RUNS)) == RUNS  # the rest, queued
         await page.goto(site.base + "/#/tasks/load")
         await page.wait_for_selector("#runs-timeline[data-runs='100']")
         seen: list[int] = []
@@ -340,10 +340,10 @@ class TestMarkupInNames:
         site, page = hostile, hostile_page
         await chain(site)
         bad_task = MARKUP + "t"
-        await site.backend.async_tasks(
+        await site.backend.tasks.async_tasks(
             [TaskSpec(bad_task, (site.asset,), max_events=1, max_tries=1)]
         )
-        await site.backend.arewind_task(bad_task, site.asset, 1)
+        await site.backend.tasks.arewind_task(bad_task, site.asset, 1)
         run = await finish_one(site, bad_task, (), ok=False, error="boom " + MARKUP)
 
         async def clean(where: str, text: str, wait: Callable[[], Awaitable[Any]]) -> None:

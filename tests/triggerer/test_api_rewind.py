@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
 
@@ -25,19 +25,19 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
     """Task ``load`` on ``orders`` (one event per run) whose two runs took both events, so
     its cursor is at the last one; a read token and an operate token."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([Asset("orders"), Asset("bills")])
-        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
+        await backend.events.aregister_assets([Asset("orders"), Asset("bills")])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
         ids: list[int] = []
         for n in range(2):
             commit = EventCommit("feed", ("orders",), encode_json({"n": n}))
-            ids.extend(e.id for e in await backend.acommit_event(commit))
-        assert len(await backend.acreate_runs("load", 2)) == 2
+            ids.extend(e.id for e in await backend.events.acommit(commit))
+        assert len(await backend.tasks.acreate_runs("load", 2)) == 2
         async with serve_api(backend, {"reader": ["read"], "ops": ["operate"]}) as served:
             yield Site(served.backend, served.ctx, served.base, served.tokens, ids)
 
 
 async def cursors(site: Site) -> Any:
-    (info,) = await site.backend.alist_tasks()
+    (info,) = await site.backend.tasks.alist_tasks()
     return dict(info.cursors), dict(info.pending)
 
 

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, TaskSpec, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -24,18 +24,20 @@ async def client(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, list[
     """A served API on a SQLite store holding RUNS runs of one event each; the client with
     a read token, and the ids of the events."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([Asset("orders")])
-        await backend.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
+        await backend.events.aregister_assets([Asset("orders")])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
         ids: list[int] = []
         for start in range(0, RUNS, 500):
             events = tuple(
                 (encode_json({"n": n}), None) for n in range(start, min(start + 500, RUNS))
             )
-            written = await backend.acommit_events(EventBatchCommit("feed", ("orders",), events))
+            written = await backend.events.acommit_batch(
+                EventBatchCommit("feed", ("orders",), events)
+            )
             ids.extend(e.id for e in written)
-        assert len(await backend.acreate_runs("load", RUNS)) == RUNS
+        assert len(await backend.tasks.acreate_runs("load", RUNS)) == RUNS
         text, row = make_token("reader", ["read"], now=datetime.now(UTC))
-        await backend.acreate_token(row)
+        await backend.controls.acreate_token(row)
         ctx = api_context(backend, ApiSettings(port=0))
         async with anyio.create_task_group() as tg:
             port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
+from watchkeeper.store.protocols import DaemonStatus, EventBatchCommit, TriggerStatus, encode_json
 from watchkeeper.triggerer.api._rates import RunnerRates
 from watchkeeper.triggerer.api._series import MAX_CHANGES, WatcherSeries
 
@@ -17,10 +17,10 @@ from watchkeeper.triggerer.api._series import MAX_CHANGES, WatcherSeries
 async def report(backend: SqliteStateBackend, name: str, state: str, **extra: Any) -> None:
     """A live daemon ``d`` reporting watcher ``name`` on asset ``orders`` in ``state``."""
     now = datetime.now(UTC)
-    await backend.asave_daemon_status(
+    await backend.status.asave_daemon_status(
         DaemonStatus("d", started_at=now, heartbeat_at=now, lease_ttl=3600.0, watchers_path=".")
     )
-    await backend.asave_trigger_status(
+    await backend.status.asave_trigger_status(
         [
             TriggerStatus(
                 name, "x.Y", ("orders",), (name,), state, updated_at=now, owner="d", **extra
@@ -31,7 +31,7 @@ async def report(backend: SqliteStateBackend, name: str, state: str, **extra: An
 
 async def commit(backend: SqliteStateBackend, watcher: str, n: int) -> None:
     rows = tuple((encode_json({"n": i}), None) for i in range(n))
-    await backend.acommit_events(EventBatchCommit(watcher, ("orders",), rows))
+    await backend.events.acommit_batch(EventBatchCommit(watcher, ("orders",), rows))
 
 
 class TestWatcherSeries:
@@ -39,14 +39,14 @@ class TestWatcherSeries:
         """Events committed between two samples make that sample's rate; the age comes from
         the last event; a failure and a pause are changes with their reason."""
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             await report(backend, "feed", "running")
             series = WatcherSeries(backend, interval=60)
             await series.sample()
             await commit(backend, "feed", 30)
             await report(backend, "feed", "failed", last_error="KeyError: 'x'")
             await series.sample()
-            await backend.aset_watcher_paused("feed", True, by="api:ops")
+            await backend.controls.aset_watcher_paused("feed", True, by="api:ops")
             await series.sample()
             view = series.view("feed")
         rates = [p["events_per_minute"] for p in view["points"]]
@@ -64,7 +64,7 @@ class TestWatcherSeries:
         """A watcher first seen at the third sample has nulls for the first two; a writer of
         events with no status row has its rate; a name never seen has no points."""
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             series = WatcherSeries(backend, interval=60)
             await series.sample()
             await series.sample()
@@ -81,7 +81,7 @@ class TestWatcherSeries:
         """Past the window's samples the oldest point goes, the rows stay aligned with the
         times; past MAX_CHANGES state changes the oldest change goes."""
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             series = WatcherSeries(backend, interval=1800)  # two points an hour
             assert series.points == 2
             for n in range(MAX_CHANGES + 3):
@@ -98,7 +98,7 @@ class TestWatcherSeries:
         totals: dict[str, int] = {"feed": 0}
         rates = RunnerRates(lambda: dict(totals), lambda: list(totals))
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             await report(backend, "feed", "running")
             await report(backend, "other", "running")
             series = WatcherSeries(backend, interval=60, rates=rates)

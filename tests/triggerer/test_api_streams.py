@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +16,8 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventBatchCommit, encode_json
+from watchkeeper.store.protocols import EventBatchCommit, EventsService, encode_json
+from watchkeeper.store.sqlite.controls import SqliteControls
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -25,20 +26,30 @@ from tests.support.daemons import wait_until
 ASSETS = [Asset("orders"), Asset("bills")]
 
 
-class CountingSqlite(SqliteStateBackend):
-    """The real SQLite backend, recording each read of the event log that found events."""
+class CountingFeed(SqliteControls):
+    """The real SQLite event feed, recording each read of the event log that found events."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
+    def __init__(self, store: SqliteStateBackend) -> None:
+        super().__init__(store)
         self.reads: list[tuple[str | None, int]] = []
 
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
-        found = await super().alist_event_json(asset=asset, since_id=since_id, limit=limit)
+        found = await super()._alist_event_json(asset, since_id, limit)
         if found:
             self.reads.append((asset, since_id))
         return found
+
+
+class CountingSqlite(SqliteStateBackend):
+    """The real SQLite backend whose event feed counts its reads (``reads``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        feed = CountingFeed(self)
+        self.reads = feed.reads
+        self.services = replace(self.services, events=EventsService(self, self, feed))
 
 
 async def next_ids(lines: AsyncIterator[str], count: int) -> list[int]:
@@ -67,9 +78,9 @@ class TestSharedStreams:
     async def shared(self, tmp_path: Path) -> AsyncIterator[Shared]:
         """A served API over a :class:`CountingSqlite` and a read token."""
         async with CountingSqlite(tmp_path / "state.db") as backend:
-            await backend.aregister_assets(ASSETS)
+            await backend.events.aregister_assets(ASSETS)
             text, row = make_token("reader", ["read"], now=datetime.now(UTC))
-            await backend.acreate_token(row)
+            await backend.controls.acreate_token(row)
             ctx = api_context(backend, ApiSettings(port=0))
             ctx.sse_poll = 0.02
             async with anyio.create_task_group() as tg:
@@ -84,7 +95,7 @@ class TestSharedStreams:
     async def commit(self, backend: SqliteStateBackend, *ns: int) -> None:
         """Commit one event per ``n``, all in one transaction (a feed's read sees all or none)."""
         events = tuple((encode_json({"n": n}), None) for n in ns)
-        await backend.acommit_events(
+        await backend.events.acommit_batch(
             EventBatchCommit(watcher="feed", assets=("orders",), events=events)
         )
 
@@ -117,7 +128,7 @@ class TestSharedStreams:
             a_lines = a.aiter_lines()
             await wait_until(lambda: None in ctx.feeds, "the first client's feed")
             await self.commit(backend, *range(1, 11))
-            ids = [e.id for e in await backend.alist_events()]
+            ids = [e.id for e in await backend.events.alist_events()]
             assert await next_ids(a_lines, 10) == ids
             assert ctx.feeds[None].base == ids[6]  # the feed keeps the last three
             resume = {"Last-Event-ID": str(ids[1])}
@@ -125,7 +136,7 @@ class TestSharedStreams:
                 b_lines = b.aiter_lines()
                 caught_up = await next_ids(b_lines, 8)
                 await self.commit(backend, 11, 12)
-                later = [e.id for e in await backend.alist_events()][10:]
+                later = [e.id for e in await backend.events.alist_events()][10:]
                 assert await next_ids(b_lines, 2) == later
                 assert await next_ids(a_lines, 2) == later
         assert caught_up == ids[2:]
@@ -151,6 +162,6 @@ class TestSharedStreams:
                 await wait_until(lambda: ctx.feeds[None].clients == 2, "both clients")
                 assert ctx.feeds[None].position == head
                 await self.commit(backend, 3, 4)
-                later = [e.id for e in await backend.alist_events()][2:]
+                later = [e.id for e in await backend.events.alist_events()][2:]
                 assert await next_ids(b_lines, 2) == later
                 assert await next_ids(a_lines, 2) == later

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from watchkeeper.store import Asset, InvalidKeyError, InvalidNameError
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 
@@ -39,17 +39,17 @@ class TestBadNamesInEvents:
         "dedup_key", ["a\x00b", "\ud800", "x" * 1025], ids=["NUL", "surrogate", "too-long"]
     )
     async def test_a_bad_dedup_key_is_refused_alike(
-        self, backend: MetastoreBackend, dedup_key: str
+        self, backend: BaseStateBackend, dedup_key: str
     ) -> None:
         """The bad event raises InvalidNameError naming the dedup key on every backend; the
         event before it stays committed with its watermark, nothing of the bad one is."""
         with pytest.raises(InvalidNameError, match=r"^invalid dedup key "):
             await run_trigger(ThenBad(dedup_key), assets=ORDERS, backend=backend)
-        assert [e.payload for e in await backend.alist_events()] == [{"n": 1}]
+        assert [e.payload for e in await backend.events.alist_events()] == [{"n": 1}]
         assert await backend.aget(ORDERS.scope, "wm") == 1
 
-    async def test_a_bad_state_key_is_refused_alike(self, backend: MetastoreBackend) -> None:
+    async def test_a_bad_state_key_is_refused_alike(self, backend: BaseStateBackend) -> None:
         """A state key with a control character is InvalidKeyError on every backend."""
         with pytest.raises(InvalidKeyError, match="control character"):
             await run_trigger(ThenBad("m2", state_key="w\x00m"), assets=ORDERS, backend=backend)
-        assert [e.payload for e in await backend.alist_events()] == [{"n": 1}]
+        assert [e.payload for e in await backend.events.alist_events()] == [{"n": 1}]

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend, ValueTypeError
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     InvalidEventError,
@@ -38,7 +38,7 @@ class Batches(BaseEventTrigger):
     what the code after ``yield`` (an acknowledgement, say) can rely on.
     """
 
-    def __init__(self, script: Sequence[object], backend: MetastoreBackend) -> None:
+    def __init__(self, script: Sequence[object], backend: BaseStateBackend) -> None:
         super().__init__()
         self.script = list(script)
         self.backend = backend
@@ -52,7 +52,7 @@ class Batches(BaseEventTrigger):
         try:
             for item in self.script:
                 yield item  # type: ignore[misc] # the tests yield wrong things on purpose too
-                events = await self.backend.alist_events()
+                events = await self.backend.events.alist_events()
                 watermark = await self.backend.aget(ORDERS.scope, "w")
                 self.seen_after_yield.append((len(events), watermark))
         finally:
@@ -68,13 +68,13 @@ def batch(*payloads: object, keys: Sequence[str | None] = (), **state: Any) -> T
     )
 
 
-async def committed(backend: MetastoreBackend) -> list[Any]:
-    return [event.payload for event in await backend.alist_events()]
+async def committed(backend: BaseStateBackend) -> list[Any]:
+    return [event.payload for event in await backend.events.alist_events()]
 
 
 class TestBatchCommits:
     async def test_a_batch_commits_every_event_and_its_state_once(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """Each event becomes one asset event per asset; the state is written once, after all."""
         events = await run_trigger(
@@ -93,7 +93,7 @@ class TestBatchCommits:
             assert entry is not None and (entry.value, entry.version) == (3, 1)
 
     async def test_the_generator_resumes_once_the_whole_batch_committed(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """The code after the batch's yield sees all its events and its state durable."""
         trigger = Batches(
@@ -102,7 +102,7 @@ class TestBatchCommits:
         await run_trigger(trigger, assets=ORDERS, backend=backend)
         assert trigger.seen_after_yield == [(2, 2), (3, 3), (5, 5)]
 
-    async def test_a_bad_event_fails_the_whole_batch(self, backend: MetastoreBackend) -> None:
+    async def test_a_bad_event_fails_the_whole_batch(self, backend: BaseStateBackend) -> None:
         """An event that cannot be stored fails the run; nothing of its batch is written."""
         trigger = Batches([batch(1, w=1), batch(2, {3}, 4, w=4)], backend)
         with pytest.raises(ValueTypeError) as caught:
@@ -135,7 +135,7 @@ class TestBatchCommits:
         assert await backend.aget(ORDERS.scope, "w") is None
 
     async def test_redelivered_events_are_suppressed_one_by_one(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """Known keys are dropped alone; a batch redelivered in full leaves the state alone."""
         first = await run_trigger(
@@ -161,7 +161,7 @@ class TestBatchCommits:
         assert await backend.aget(ORDERS.scope, "w") == 3
 
     async def test_max_events_counts_events_and_never_splits_a_batch(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """The run stops after the batch that reaches max_events and returns all of it."""
         trigger = Batches([batch(1, 2, 3, w=3), batch(4, 5, 6, w=6), batch(7, w=7)], backend)
@@ -171,7 +171,7 @@ class TestBatchCommits:
         assert trigger.closed and len(trigger.seen_after_yield) == 1  # closed at its yield
 
     async def test_the_committed_payloads_share_nothing_with_the_yielded_ones(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """A trigger that reuses and changes its payload object after the yield does not
         change the events already committed and returned."""

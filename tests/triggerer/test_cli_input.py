@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetScope, SqliteStateBackend, TaskScope
-from watchkeeper.store.backend import EventCommit, TaskSpec, TriggerStatus
+from watchkeeper.store.protocols import EventCommit, TaskSpec, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (
@@ -70,7 +70,7 @@ async def db_path(tmp_path: Path) -> Path:
     """A SQLite file with asset ``orders`` (key ``watermark``) and one task key."""
     path = tmp_path / "state.db"
     async with SqliteStateBackend(path) as backend:
-        await backend.aregister_assets([Asset("orders")])
+        await backend.events.aregister_assets([Asset("orders")])
         await backend.aset(AssetScope(name="orders"), "watermark", 1)
         await backend.aset(TaskScope("etl", "run_1", "load"), "cursor", 10)
     return path
@@ -160,8 +160,8 @@ class TestTablesEscape:
         separators, bidi overrides or rich markup print escaped and literally in tables."""
         odd = "[bold]x\u0085\u202e\u2028y"
         async with SqliteStateBackend(db_path) as backend:
-            await backend.aregister_assets([Asset(odd)])
-            await backend.acommit_event(
+            await backend.events.aregister_assets([Asset(odd)])
+            await backend.events.acommit(
                 EventCommit(odd, (odd,), '"\\u001b[2J"', dedup_key=odd, state={odd: f'"{odd}"'})
             )
         shown = "[bold]x\\x85\\u202e\\u2028y"
@@ -182,16 +182,18 @@ class TestTablesEscape:
         tasks, runs, watchers and status tables: they used to vanish as unknown style tags."""
         orders, bold = "[orders]", "[bold]b"
         async with SqliteStateBackend(db_path) as backend:
-            await backend.aregister_assets([Asset(orders), Asset(bold)])
-            await backend.async_tasks([TaskSpec("[t]", (orders, bold)), TaskSpec("[u]", (orders,))])
+            await backend.events.aregister_assets([Asset(orders), Asset(bold)])
+            await backend.tasks.async_tasks(
+                [TaskSpec("[t]", (orders, bold)), TaskSpec("[u]", (orders,))]
+            )
             for asset in (orders, bold):
-                await backend.acommit_event(EventCommit("[w]", (asset,), "{}"))
-            assert await backend.acreate_run("[t]") is not None
+                await backend.events.acommit(EventCommit("[w]", (asset,), "{}"))
+            assert await backend.tasks.acreate_run("[t]") is not None
             status = TriggerStatus(
                 trigger_id="[trigger]", classpath="pkg.W", assets=(orders,), watchers=("[w]",),
                 state="running", updated_at=datetime.now(UTC),
             )  # fmt: skip
-            await backend.asave_trigger_status([status])
+            await backend.status.asave_trigger_status([status])
         tasks = await cli("tasks", "list")
         assert tasks.code == 0, tasks.err
         assert "[t]" in tasks.out and "[u]" in tasks.out

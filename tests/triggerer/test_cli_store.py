@@ -26,7 +26,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     TaskScope,
 )
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TriggerStatus
 
 _SCRIPT = Path(sys.executable).with_name("watchkeeper")
 COMMAND: list[str] = (
@@ -111,7 +111,7 @@ async def populated(db_path: Path) -> AsyncIterator[Path]:
     """A SQLite file with asset ``orders`` (key ``watermark``), task state and two events."""
     db_path.parent.mkdir()
     async with SqliteStateBackend(db_path) as backend:
-        await backend.aregister_assets([Asset("orders", uri="s3://bucket/orders")])
+        await backend.events.aregister_assets([Asset("orders", uri="s3://bucket/orders")])
         await backend.aset(ORDERS, "watermark", "2024-05-31")
         await backend.aset(TASK, "cursor", 10)
         await commit(backend, "orders", {"n": 1}, dedup_key="m1")
@@ -128,9 +128,9 @@ def cli(populated: Path, tmp_path: Path, pycache: Path) -> Cli:
 
 
 async def commit(
-    backend: MetastoreBackend, asset: str, payload: object, dedup_key: str | None = None
+    backend: BaseStateBackend, asset: str, payload: object, dedup_key: str | None = None
 ) -> None:
-    await backend.acommit_event(
+    await backend.events.acommit(
         EventCommit(
             watcher="feed", assets=(asset,), payload_json=json.dumps(payload), dedup_key=dedup_key
         )
@@ -246,9 +246,9 @@ class TestStateStoreTask:
         async with SqliteStateBackend(db_path) as backend:
             await backend.aset(TASK, "stale", 1, retention=timedelta(seconds=-1))
             await backend.aset(TASK, "kept", 1, retention=NEVER_EXPIRE)
-            await backend.aregister_assets([Asset("gone")])
+            await backend.events.aregister_assets([Asset("gone")])
             await backend.aset(AssetScope(name="gone"), "wm", 5)
-            assert await backend.adeactivate_asset("gone")
+            assert await backend.events.adeactivate_asset("gone")
         before = await snapshot(db_path)
         dry = await cli("state-store", "clean", "--dry-run")
         assert dry.code == 0
@@ -299,7 +299,7 @@ class TestStateStoreTask:
             "deleted 2 events (older than 30 days; with a dedup_key: older than 30 days)"
         )
         async with SqliteStateBackend(db_path) as backend:
-            assert [e.payload for e in await backend.alist_events()] == [{"n": 1}, {"n": 2}]
+            assert [e.payload for e in await backend.events.alist_events()] == [{"n": 1}, {"n": 2}]
 
     async def test_clean_json_reports_rows_and_events(self, cli: Cli, db_path: Path) -> None:
         """clean --json prints one document: the state rows by kind, the number of events,
@@ -326,7 +326,7 @@ class TestStateStoreTask:
         real = await cli("state-store", "clean", "--json", env=window)
         assert real.json_lines() == [{**expected, "dry_run": False}]
         async with SqliteStateBackend(db_path) as backend:
-            keyed = [e.payload["n"] for e in await backend.alist_events() if e.dedup_key]
+            keyed = [e.payload["n"] for e in await backend.events.alist_events() if e.dedup_key]
         assert keyed == [1, "old keyed"]
 
     async def test_clean_keeps_every_event_with_zero_retention(
@@ -340,7 +340,7 @@ class TestStateStoreTask:
             "deleted 0 events ([events] retention_days = 0 keeps them forever)"
         )
         async with SqliteStateBackend(db_path) as backend:
-            assert len(await backend.alist_events()) == 4
+            assert len(await backend.events.alist_events()) == 4
 
 
 class TestAssets:
@@ -404,7 +404,7 @@ class TestEvents:
     async def test_status_masks_a_url_password_in_an_error(self, cli: Cli, db_path: Path) -> None:
         """status shows a saved last_error quoting a URL only with its password masked."""
         async with SqliteStateBackend(db_path) as backend:
-            await backend.asave_trigger_status(
+            await backend.status.asave_trigger_status(
                 [
                     TriggerStatus(
                         trigger_id="t1",

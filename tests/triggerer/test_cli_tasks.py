@@ -20,7 +20,7 @@ from watchkeeper.store import (
     Asset,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     TaskSpec,
     encode_json,
@@ -90,9 +90,9 @@ class Env:
 
     async def emit(self, *payloads: dict[str, Any]) -> None:
         async with SqliteStateBackend(self.db) as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             for payload in payloads:
-                await backend.acommit_event(
+                await backend.events.acommit(
                     EventCommit("feed", ("orders",), encode_json(payload, what="payload"))
                 )
 
@@ -138,7 +138,7 @@ class TestWorkerCommand:
         assert status == 0
         assert run["task"] == "build_report" and run["event_count"] == 1
         async with SqliteStateBackend(env.db) as backend:
-            (event,) = await backend.alist_events(asset="order_report")
+            (event,) = await backend.events.alist_events(asset="order_report")
         assert event.payload == {"orders": 1} and run["outlet_event_ids"] == [event.id]
         assert len(run["event_ids"]) == 1 and run["event_ids"][0] < event.id
         older = await env.json_lines("runs", "list", "--before", str(run["id"]))
@@ -250,8 +250,8 @@ class TestTasksAndRuns:
         """A rewind to an id past the end of the log or after the cursor, or on an asset
         outside the schedule, is one error line, exit 1, and leaves the cursor alone."""
         async with SqliteStateBackend(env.db) as backend:
-            await backend.aregister_assets([Asset("orders"), Asset("other")])
-            await backend.async_tasks([TaskSpec("build_report", ("orders",))])
+            await backend.events.aregister_assets([Asset("orders"), Asset("other")])
+            await backend.tasks.async_tasks([TaskSpec("build_report", ("orders",))])
         await env.emit({"n": 1}, {"n": 2})
         (before,) = await env.json_lines("tasks", "list")
         cases = [

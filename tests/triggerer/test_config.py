@@ -20,10 +20,10 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from watchkeeper.store import MemoryStateBackend, UnknownSettingError
 from watchkeeper.triggerer import RunnerConfig, Settings, TriggererSettings, load_settings
-from watchkeeper.triggerer._config import SupervisionSettings
 from watchkeeper.triggerer.cli import build_parser
 from watchkeeper.triggerer.cli._runtime import with_triggerer_options
-from watchkeeper.triggerer.daemon import Daemon, runner_config
+from watchkeeper.triggerer.daemon._daemon import Daemon, runner_config
+from watchkeeper.triggerer.runtime._config import SupervisionSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

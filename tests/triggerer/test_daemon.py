@@ -7,7 +7,7 @@ import json
 import operator
 import signal
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO
@@ -24,12 +24,12 @@ from watchkeeper.store import (
     MemoryStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
+from watchkeeper.store.protocols import DaemonStatus, EventCommit, RefusedDefinition, TriggerStatus
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.cli._runtime import status_report
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import (
     FAILING_WATCHER,
@@ -74,7 +74,7 @@ class TestDaemonProcess:
                 await wait_until(committed, "the events", process)
 
                 async def both_saved() -> bool:
-                    rows = await backend.alist_trigger_status()
+                    rows = await backend.status.alist_trigger_status()
                     return len(rows) == 2 and all(r.events > 0 for r in rows)
 
                 await wait_until(both_saved, "the trigger statuses", process)
@@ -91,7 +91,7 @@ class TestDaemonProcess:
                 ]
                 assert by_watcher["beta_feed"]["assets"][0]["state"] == {"watermark": 2}
                 assert await terminate(process) == 0
-            assets = {a.name: a.active for a in await backend.alist_assets()}
+            assets = {a.name: a.active for a in await backend.events.alist_assets()}
             assert assets == {"alpha": True, "beta": True}
         events = [e["event"] for e in log_events(tmp_path)]
         assert events.index("daemon_started") < events.index("daemon_stopped")
@@ -163,7 +163,7 @@ class TestDaemonProcess:
             (watchers / "alpha.py").unlink()
 
             async def alpha_inactive() -> bool:
-                active = {a.name for a in await backend.alist_assets(active_only=True)}
+                active = {a.name for a in await backend.events.alist_assets(active_only=True)}
                 return active == {"beta"}
 
             await wait_until(alpha_inactive, "alpha's deactivation", process)
@@ -176,7 +176,7 @@ class TestDaemonProcess:
             await wait_until(swept, "the GC pass that sweeps alpha's state", process)
 
             async def status_forgot_alpha() -> bool:
-                rows = await backend.alist_trigger_status()
+                rows = await backend.status.alist_trigger_status()
                 return [r.watchers for r in rows] == [("beta_feed",)]
 
             await wait_until(status_forgot_alpha, "alpha's status row to go", process)
@@ -224,11 +224,11 @@ class TestDaemonReload:
         class RegisterFails(MemoryStateBackend):
             failures = 0
 
-            async def aregister_assets(self, assets: Sequence[Asset]) -> None:
+            async def _aregister_assets(self, assets: list[Asset]) -> None:
                 if self.failures:
                     self.failures -= 1
                     raise BackendUnavailableError("the store is down")
-                await super().aregister_assets(assets)
+                await super()._aregister_assets(assets)
 
         reads = tmp_path / "reads.txt"
         counting = asset_file("beta", tmp_path / "two.txt") + textwrap.dedent(
@@ -278,7 +278,9 @@ class TestDaemonReload:
             assert report.errors == 1
             assert (report.stopped, report.deactivated) == ([], [])
             assert set(d.groups) == before
-            assert [a.name for a in await backend.alist_assets(active_only=True)] == ["alpha"]
+            assert [a.name for a in await backend.events.alist_assets(active_only=True)] == [
+                "alpha"
+            ]
 
     async def test_exit_stops_every_trigger_and_saves_stopped(
         self, tmp_path: Path, watchers: Path
@@ -288,7 +290,7 @@ class TestDaemonReload:
         async with MemoryStateBackend() as backend:
             async with Daemon(self.settings(watchers), backend=backend) as d:
                 assert len(d.groups) == 1
-            assert [r.state for r in await backend.alist_trigger_status()] == ["stopped"]
+            assert [r.state for r in await backend.status.alist_trigger_status()] == ["stopped"]
             assert repr(d).endswith("open=False>")
 
 
@@ -302,10 +304,10 @@ class TestDaemonGarbageCollection:
         )
         now = datetime.now(UTC)
         async with MemoryStateBackend() as backend:
-            await backend.aregister_assets([Asset("orders")])
+            await backend.events.aregister_assets([Asset("orders")])
             for age, dedup_key in ((2, None), (2, "kept"), (4, "gone"), (0, None)):
                 backend.clock = functools.partial(operator.sub, now, timedelta(days=age))
-                await backend.acommit_event(
+                await backend.events.acommit(
                     EventCommit("feed", ("orders",), json.dumps(age), dedup_key=dedup_key)
                 )
             backend.clock = lambda: now
@@ -313,7 +315,7 @@ class TestDaemonGarbageCollection:
                 async with Daemon(settings, backend=backend):
                     (done, *_) = await logs.wait_for("gc_done")
             assert done["events"] == 2
-            remaining = [(e.payload, e.dedup_key) for e in await backend.alist_events()]
+            remaining = [(e.payload, e.dedup_key) for e in await backend.events.alist_events()]
             assert remaining == [(2, "kept"), (0, None)]
 
 
@@ -352,7 +354,7 @@ class TestDaemonWatcherNames:
             assert len(d.groups) == 2
 
             async def both_emitted() -> bool:
-                return sorted(e.payload for e in await backend.alist_events()) == [
+                return sorted(e.payload for e in await backend.events.alist_events()) == [
                     "first",
                     "second",
                 ]
@@ -420,7 +422,7 @@ class TestRuntimeCommands:
         """The human table lists each watcher with its state, asset and watermark."""
         path = tmp_path / "state.db"
         with SqliteStateBackend(path) as backend:
-            backend.run_sync(backend.aregister_assets, [Asset("orders")])
+            backend.run_sync(backend.events.aregister_assets, [Asset("orders")])
             backend.set(AssetScope(name="orders"), "watermark", 42)
             status = TriggerStatus(
                 trigger_id="abc123",
@@ -432,7 +434,7 @@ class TestRuntimeCommands:
                 last_error="RuntimeError: source is down",
                 events=42,
             )
-            backend.run_sync(backend.asave_trigger_status, [status])
+            backend.run_sync(backend.status.asave_trigger_status, [status])
         monkeypatch.setenv("COLUMNS", "200")
         assert cli.run(["--database-url", f"sqlite:///{path}", "status"]) == 0
         out = capsys.readouterr().out
@@ -464,7 +466,7 @@ class TestStaleStatuses:
             triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=1)
         )
         async with MemoryStateBackend() as backend:
-            await backend.asave_trigger_status(
+            await backend.status.asave_trigger_status(
                 [
                     row("exited", "stopped", 1),
                     row("killed", "running", 3600),
@@ -472,7 +474,7 @@ class TestStaleStatuses:
                 ]
             )
             async with Daemon(settings, backend=backend):
-                rows = await backend.alist_trigger_status()
+                rows = await backend.status.alist_trigger_status()
                 assert [r.trigger_id for r in rows] == ["elsewhere"]
 
 
@@ -559,9 +561,9 @@ class TestStatusReport:
         heartbeat row is unknown unless it said stopped (a clean exit)."""
         async with MemoryStateBackend() as backend:
             backend.clock = lambda: self.NOW
-            await backend.asave_daemon_status(self.daemon("live", age=3))
-            await backend.asave_daemon_status(self.daemon("dead", age=16))
-            await backend.asave_trigger_status(
+            await backend.status.asave_daemon_status(self.daemon("live", age=3))
+            await backend.status.asave_daemon_status(self.daemon("dead", age=16))
+            await backend.status.asave_trigger_status(
                 [
                     self.row("a", "live", "backing_off"),
                     self.row("b", "dead"),
@@ -592,7 +594,7 @@ class TestStatusReport:
         not a running daemon 3 s behind."""
         async with MemoryStateBackend() as backend:
             backend.clock = lambda: self.NOW
-            await backend.asave_daemon_status(self.daemon("old", age=86_403))
+            await backend.status.asave_daemon_status(self.daemon("old", age=86_403))
             report = await status_report(backend)
         (daemon,) = report["daemons"]
         assert (daemon["state"], daemon["heartbeat_age_seconds"]) == ("stale", 86_403)
@@ -615,12 +617,12 @@ class TestStatusReport:
             watchers_path="/old",
         )
         async with MemoryStateBackend() as backend:
-            await backend.asave_daemon_status(long_dead)
+            await backend.status.asave_daemon_status(long_dead)
             async with Daemon(settings, backend=backend, owner="me:1:abc") as d:
-                (row,) = await backend.alist_daemon_status()
+                (row,) = await backend.status.alist_daemon_status()
                 assert (row.owner, row.watchers_path) == ("me:1:abc", str(d.watchers_path))
                 assert [(r.file, r.watcher) for r in row.refused] == [("broken.py", None)]
                 # Stale once three heartbeats were missed, or the lease's ttl if longer.
                 t = settings.triggerer
                 assert row.lease_ttl == max(t.lease_seconds, 3 * t.heartbeat_interval)
-            assert await backend.alist_daemon_status() == []
+            assert await backend.status.alist_daemon_status() == []

@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer.cli._runtime import status_report
 
 from tests.support.daemons import (
@@ -147,15 +147,15 @@ class TestHangingImports:
                 return await payloads(backend, "alpha") == [1, 2]
 
             await wait_until(two, "alpha's first events", process)
-            (before,) = await backend.alist_leases()
+            (before,) = await backend.leases.alist_leases()
             (watchers / "busy.py").write_text(hanging_file(marker))
             await wait_until(marker.exists, "the reload to import the hanging file", process)
-            (hung,) = await backend.alist_leases()
+            (hung,) = await backend.leases.alist_leases()
 
             assert hung.expires_at is not None
 
             async def renewed_long_after() -> bool:
-                (lease,) = await backend.alist_leases()
+                (lease,) = await backend.leases.alist_leases()
                 assert lease.expires_at is not None and hung.expires_at is not None
                 return lease.expires_at > hung.expires_at + timedelta(seconds=3)
 
@@ -166,7 +166,7 @@ class TestHangingImports:
                 return await payloads(backend, "alpha") == [1, 2, 3, 4]
 
             await wait_until(four, "events committed while the file hangs", process)
-            (after,) = await backend.alist_leases()
+            (after,) = await backend.leases.alist_leases()
             assert (after.owner, after.token) == (before.owner, before.token)
             assert await terminate(process) == 0
         names = {e["event"] for e in log_events(tmp_path)}
@@ -195,7 +195,7 @@ def bad_name_file(name: str, source: Path) -> str:
 @asynccontextmanager
 async def database(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[str, MetastoreBackend]]:
+) -> AsyncIterator[tuple[str, BaseStateBackend]]:
     """The daemon's database URL and a backend open on it, for SQLite or PostgreSQL."""
     if kind == "sqlite":
         path = tmp_path / "state.db"
@@ -246,7 +246,7 @@ class TestBadNames:
 
                 await wait_until(beta_done, "the file added at runtime", process)
                 assert await terminate(process) == 0
-            assert sorted(a.name for a in await backend.alist_assets()) == ["alpha", "beta"]
+            assert sorted(a.name for a in await backend.events.alist_assets()) == ["alpha", "beta"]
         reasons = refusals(tmp_path)
         assert set(reasons) == set(BAD_NAMES)
         assert "control character '\\x00'" in reasons["nul.py"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from watchkeeper.store import InvalidNameError
-from watchkeeper.store.backend import EventCommit, Fence, Writer
+from watchkeeper.store.protocols import EventCommit, Fence, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
-from watchkeeper.triggerer._commit import EventEncoder
+from watchkeeper.triggerer.runtime._commit import EventEncoder
 
 FENCED = Writer("watcher", "w1", fence=Fence("t1", "node-a", 3))
 
@@ -33,7 +33,7 @@ class TestEventEncoder:
     def test_the_state_is_marked_encoded_so_the_store_does_not_check_it_again(self) -> None:
         """The encoder checks each state value by the store's rules as it encodes it; the
         backend then skips its own check (a plain mapping from elsewhere is checked)."""
-        from watchkeeper.store.backend import EncodedState, EventBatchCommit
+        from watchkeeper.store.protocols import EncodedState, EventBatchCommit
 
         one = _encoder().build(TriggerEvent({"n": 1}, state={"wm": 7}))
         batch = _encoder().build(

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 from pydantic import ValidationError
 from watchkeeper.triggerer import TriggererSettings
-from watchkeeper.triggerer._event_loop import EventLoopUnavailableError, uses_uvloop
+from watchkeeper.triggerer._core._event_loop import EventLoopUnavailableError, uses_uvloop
 from watchkeeper.triggerer.cli._common import UsageError, run_async
 
 from tests.support.requires import unavailable

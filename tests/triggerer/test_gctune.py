@@ -6,7 +6,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from watchkeeper.triggerer._gctune import GEN0_THRESHOLD, raise_gen0_threshold, startup_gc
+from watchkeeper.triggerer.daemon._gctune import GEN0_THRESHOLD, raise_gen0_threshold, startup_gc
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, TriggerStatus
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent, TriggerRunner, WatchSpec
 
 from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
@@ -27,33 +27,33 @@ HEALTHY = Asset("healthy")
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
     """A memory or SQLite backend with a 1 KiB value limit and both assets registered."""
-    backend: MetastoreBackend = (
+    backend: BaseStateBackend = (
         MemoryStateBackend(max_value_bytes=1024)
         if request.param == "memory"
         else SqliteStateBackend(tmp_path / "state.db", max_value_bytes=1024)
     )
     async with backend:
-        await backend.aregister_assets([HOSTILE, HEALTHY])
+        await backend.events.aregister_assets([HOSTILE, HEALTHY])
         yield backend
 
 
-async def assert_healthy_lost_nothing(backend: MetastoreBackend, ticker: Ticker) -> None:
-    events = await backend.alist_events(asset="healthy")
+async def assert_healthy_lost_nothing(backend: BaseStateBackend, ticker: Ticker) -> None:
+    events = await backend.events.alist_events(asset="healthy")
     ticks = [e.payload["tick"] for e in events]
     assert ticks == list(range(1, len(ticks) + 1))
     assert len(ticks) >= ticker.count
     assert await backend.aget(HEALTHY.scope, "wm") == ticks[-1]
 
 
-async def assert_hostile_wrote_nothing(backend: MetastoreBackend) -> None:
-    assert await backend.alist_events(asset="hostile") == []
+async def assert_hostile_wrote_nothing(backend: BaseStateBackend) -> None:
+    assert await backend.events.alist_events(asset="hostile") == []
     assert await backend.alist(HOSTILE.scope) == []
 
 
 async def fail_beside_healthy(
-    backend: MetastoreBackend, hostile: BaseEventTrigger
+    backend: BaseStateBackend, hostile: BaseEventTrigger
 ) -> tuple[LogWatch, dict[str, TriggerStatus], Ticker]:
     """Run ``hostile`` until it is failed, and check the healthy watcher keeps going."""
     ticker = Ticker()
@@ -136,7 +136,7 @@ BAD_EVENTS = [
 class TestBadEvents:
     @pytest.mark.parametrize(("item", "error_type", "fragment"), BAD_EVENTS)
     async def test_bad_event_fails_only_its_watcher(
-        self, store: MetastoreBackend, item: object, error_type: str, fragment: str
+        self, store: BaseStateBackend, item: object, error_type: str, fragment: str
     ) -> None:
         """A watcher yielding an unstorable event is failed with a clear error; nothing leaks."""
         logs, statuses, _ = await fail_beside_healthy(store, YieldsOnce(item))
@@ -181,27 +181,27 @@ class RaisesOnCall(BaseEventTrigger):
 
 
 class TestBrokenRuns:
-    async def test_state_of_a_rejected_event_is_not_written(self, store: MetastoreBackend) -> None:
+    async def test_state_of_a_rejected_event_is_not_written(self, store: BaseStateBackend) -> None:
         """After a good event, a rejected one leaves the watermark and events as they were.
 
         Re-delivering the good event on each restart is suppressed by its dedup_key and is not
         progress, so the watcher still ends up failed.
         """
         logs, _, _ = await fail_beside_healthy(store, GoodThenBad())
-        events = await store.alist_events(asset="hostile")
+        events = await store.events.alist_events(asset="hostile")
         assert [e.payload for e in events] == ["good"]
         assert await store.aget(HOSTILE.scope, "wm") == 1
         assert await store.aget(HOSTILE.scope, "blob") is None
         assert "ValueTooLargeError" in logs.named("trigger_failed")[0]["error"]
 
-    async def test_run_that_is_not_a_generator(self, store: MetastoreBackend) -> None:
+    async def test_run_that_is_not_a_generator(self, store: BaseStateBackend) -> None:
         """An 'async def run' without yield is refused clearly (and its coroutine is closed)."""
         logs, _, _ = await fail_beside_healthy(store, NotAGenerator())
         [failed] = logs.named("trigger_failed")
         assert failed["error"].startswith("InvalidEventError")
         assert "must be an async generator" in failed["error"]
 
-    async def test_run_that_raises_when_called(self, store: MetastoreBackend) -> None:
+    async def test_run_that_raises_when_called(self, store: BaseStateBackend) -> None:
         """A run() that raises before returning a generator is an ordinary trigger failure."""
         logs, _, _ = await fail_beside_healthy(store, RaisesOnCall())
         assert logs.named("trigger_failed")[0]["error"] == "KeyError: 'missing config'"
@@ -254,7 +254,7 @@ class Stubborn(BaseEventTrigger):
 
 class TestHostileToTheLoop:
     async def test_blocking_watcher_is_named_and_others_carry_on(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """A watcher blocking the loop is named in loop_blocked; nobody loses an event."""
         ticker = Ticker()
@@ -271,13 +271,13 @@ class TestHostileToTheLoop:
         blocked = logs.named("loop_blocked", trigger_id="hostile")  # a busy machine may add more
         assert blocked and blocked[0]["classpath"] == Blocker.classpath()
         assert states == {"healthy": "running", "hostile": "running"}
-        assert [e.payload for e in await store.alist_events(asset="hostile")] == [
+        assert [e.payload for e in await store.events.alist_events(asset="hostile")] == [
             "before",
             "after",
         ]
         await assert_healthy_lost_nothing(store, ticker)
 
-    async def test_watcher_ignoring_cancellation_on_exit(self, store: MetastoreBackend) -> None:
+    async def test_watcher_ignoring_cancellation_on_exit(self, store: BaseStateBackend) -> None:
         """Leaving the runner names a watcher that swallows cancellation, and still finishes.
 
         anyio cancels it again at its next await after each swallowed cancellation; once it
@@ -300,7 +300,7 @@ class TestHostileToTheLoop:
         await assert_healthy_lost_nothing(store, ticker)
 
     async def test_stop_trigger_on_a_watcher_ignoring_cancellation(
-        self, store: MetastoreBackend
+        self, store: BaseStateBackend
     ) -> None:
         """stop_trigger returns after stop_grace, naming the watcher, while others carry on."""
         ticker = Ticker()

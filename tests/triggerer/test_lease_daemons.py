@@ -142,12 +142,12 @@ class TestTwoDaemons:
                 async def holders() -> dict[str | None, list[int]]:
                     """Lease tokens by owner."""
                     found: dict[str | None, list[int]] = {}
-                    for lease in await db.alist_leases():
+                    for lease in await db.leases.alist_leases():
                         found.setdefault(lease.owner, []).append(lease.token)
                     return found
 
                 async def committed(count: int) -> bool:
-                    events = await db.alist_events()
+                    events = await db.events.alist_events()
                     return all(len([e for e in events if e.asset == a]) >= count for a in ASSETS)
 
                 async def split(want: dict[str, list[int]]) -> bool:
@@ -160,7 +160,9 @@ class TestTwoDaemons:
                 assert await holders() == {a.owner: [1, 1, 1]}
                 b = await start("b")
                 await wait_until(lambda: split({a.owner: [1, 1], b.owner: [2]}), "a share", a, b)
-                (first_b,) = [x.trigger_id for x in await db.alist_leases() if x.owner == b.owner]
+                (first_b,) = [
+                    x.trigger_id for x in await db.leases.alist_leases() if x.owner == b.owner
+                ]
 
                 # 2. a is paused past the lease's ttl: b takes every watcher over.
                 a.process.send_signal(signal.SIGSTOP)
@@ -203,7 +205,7 @@ class TestTwoDaemons:
                 assert await holders() == {None: [3, 3, 3]}
 
                 for name in ASSETS:
-                    events = await db.alist_events(asset=name)
+                    events = await db.events.alist_events(asset=name)
                     assert [e.payload["n"] for e in events] == list(range(1, 10)), name
                     assert await db.aget(AssetScope(name=name), "watermark") == 9
         finally:
@@ -223,7 +225,7 @@ class TestTwoDaemons:
             async with PostgresStateBackend(pg_database.dsn) as db:
 
                 async def owners() -> list[str]:
-                    return sorted(x.owner or "" for x in await db.alist_leases())
+                    return sorted(x.owner or "" for x in await db.leases.alist_leases())
 
                 a = await start_node("a", watchers, env, tmp_path, nodes)
                 assert await owners() == [a.owner] * 4
@@ -240,14 +242,14 @@ class TestTwoDaemons:
                     append_lines(source, 4, 6)
 
                 async def b_runs_all() -> bool:
-                    events = await db.alist_events()
+                    events = await db.events.alist_events()
                     every = all(len([e for e in events if e.asset == x]) >= 6 for x in assets)
                     return every and await owners() == [b.owner] * 4
 
                 await wait_until(b_runs_all, "b to take a's watchers over", b)
-                assert sorted(x.token for x in await db.alist_leases()) == [2, 2, 2, 2]
+                assert sorted(x.token for x in await db.leases.alist_leases()) == [2, 2, 2, 2]
                 for name in assets:
-                    events = await db.alist_events(asset=name)
+                    events = await db.events.alist_events(asset=name)
                     assert [e.payload["n"] for e in events] == list(range(1, 7)), name
         finally:
             await stop_all(nodes)

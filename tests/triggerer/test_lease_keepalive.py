@@ -14,10 +14,10 @@ from pathlib import Path
 import anyio
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
-from watchkeeper.triggerer._leases import LeaseKeeper
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._leases import LeaseKeeper
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
 from tests.support.postgres import fresh_pg_schema
@@ -35,9 +35,9 @@ def _unload() -> Iterator[None]:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetastoreBackend]:
+async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseStateBackend]:
     async with contextlib.AsyncExitStack() as stack:
-        backend: MetastoreBackend
+        backend: BaseStateBackend
         if request.param == "sqlite":
             backend = SqliteStateBackend(tmp_path / "state.db")
         else:
@@ -47,17 +47,17 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Me
         yield await stack.enter_async_context(backend)
 
 
-async def committed(db: MetastoreBackend, count: int) -> None:
+async def committed(db: BaseStateBackend, count: int) -> None:
     with anyio.fail_after(WAIT):
         while True:
-            if len(await db.alist_events()) >= count:
+            if len(await db.events.alist_events()) >= count:
                 return
             await anyio.sleep(0.02)
 
 
 class TestKeepAliveThroughABlockedLoop:
     async def test_a_blocked_loop_neither_lapses_nor_loses_the_node_lease(
-        self, db: MetastoreBackend, tmp_path: Path
+        self, db: BaseStateBackend, tmp_path: Path
     ) -> None:
         """The loop sleeps 2.5 s with a node lease of 2 s: the keep-alive thread renews it
         meanwhile, so no ``node_lease_lapsed`` follows, the watcher keeps running under the
@@ -100,13 +100,13 @@ class TestKeepAliveThroughABlockedLoop:
             assert "node_lease_reaped" not in names
             assert list(d.groups) == [trigger_id]
             assert d.leases.held == {trigger_id: 1}
-            assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
-            assert [e.payload["n"] for e in await db.alist_events()] == [1, 2]
+            assert [(x.owner, x.token) for x in await db.leases.alist_leases()] == [(d.owner, 1)]
+            assert [e.payload["n"] for e in await db.events.alist_events()] == [1, 2]
 
 
 class TestKeepAliveGivesUpOnAHungLoop:
     async def test_a_loop_silent_past_the_limit_lets_the_node_lease_lapse(
-        self, db: MetastoreBackend
+        self, db: BaseStateBackend
     ) -> None:
         """The thread keeps a busy loop's lease, not a hung one's: with a keep-alive limit of
         1.2 s and the loop blocked for 3 s, the thread extends the lease at first, then stops,
@@ -120,6 +120,6 @@ class TestKeepAliveGivesUpOnAHungLoop:
                 assert keeper.keepalives > 0  # it kept the lease while under the limit
                 assert keeper.lapsed()
                 # The node lease expired in the store too: another daemon's renewal reaps it.
-                beat = await db.arenew_node("other-host:1:0", 0.5)
+                beat = await db.leases.arenew_node("other-host:1:0", 0.5)
                 assert "hung-host:1:0" in beat.reaped
         assert len(logs.named("node_keepalive_stopped")) == 1

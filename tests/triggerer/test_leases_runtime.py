@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from watchkeeper.store import (
     MemoryStateBackend,
     SqliteStateBackend,
 )
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     Daemon,
@@ -35,8 +36,8 @@ from watchkeeper.triggerer import (
     TriggerRunner,
     WatchSpec,
 )
-from watchkeeper.triggerer._leases import LeaseKeeper, is_dead_local_owner
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._leases import LeaseKeeper, is_dead_local_owner
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.clock import Clock
 from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
@@ -98,21 +99,21 @@ class Fed(BaseEventTrigger):
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> MetastoreBackend:
+async def store(backend: BaseStateBackend) -> BaseStateBackend:
     """The backend on a settable clock, with ``orders`` registered."""
     backend.clock = Clock()
-    await backend.aregister_assets([ORDERS])
+    await backend.events.aregister_assets([ORDERS])
     return backend
 
 
-async def payloads(backend: MetastoreBackend) -> list[Any]:
-    return [e.payload["n"] for e in await backend.alist_events()]
+async def payloads(backend: BaseStateBackend) -> list[Any]:
+    return [e.payload["n"] for e in await backend.events.alist_events()]
 
 
 class TestFencedRunner:
-    async def test_a_fenced_trigger_commits_under_its_lease(self, store: MetastoreBackend) -> None:
+    async def test_a_fenced_trigger_commits_under_its_lease(self, store: BaseStateBackend) -> None:
         """A trigger started with the token of a lease its owner holds commits normally."""
-        (token,) = (await store.aclaim_leases("d1", ["w"], TTL)).values()
+        (token,) = (await store.leases.aclaim_leases("d1", ["w"], TTL)).values()
         trigger = Fed()
         try:
             async with TriggerRunner(store, fast(owner="d1")) as runner:
@@ -126,11 +127,11 @@ class TestFencedRunner:
 
     @pytest.mark.parametrize("airflow", [False, True], ids=["state", "aset"])
     async def test_a_lost_lease_stops_the_trigger_without_a_failure(
-        self, store: MetastoreBackend, airflow: bool
+        self, store: BaseStateBackend, airflow: bool
     ) -> None:
         """Once another owner took the lease, the next write is refused: the trigger stops
         (``stopped``, log ``lease_lost``, no failure, no restart) and nothing is written."""
-        await store.aclaim_leases("d1", ["w"], TTL)
+        await store.leases.aclaim_leases("d1", ["w"], TTL)
         trigger = Fed(airflow=airflow)
         try:
             with watch_logs() as logs:
@@ -139,7 +140,7 @@ class TestFencedRunner:
                     await trigger.feed.send(1)
                     await trigger.wait_committed(1)
                     store.clock.advance(TTL + 1)  # type: ignore[attr-defined]
-                    assert await store.aclaim_leases("d2", ["w"], TTL) == {"w": 2}
+                    assert await store.leases.aclaim_leases("d2", ["w"], TTL) == {"w": 2}
                     await trigger.feed.send(2)
                     (entry,) = await logs.wait_for("lease_lost", trigger_id="w")
                     (status,) = runner.statuses()
@@ -212,10 +213,10 @@ class TestSharedDaemons:
             backend.clock = Clock()
             yield backend
 
-    async def wait_events(self, db: MetastoreBackend, count: int) -> list[Any]:
+    async def wait_events(self, db: BaseStateBackend, count: int) -> list[Any]:
         with anyio.fail_after(WAIT):
             while True:
-                events = await db.alist_events(asset="alpha")
+                events = await db.events.alist_events(asset="alpha")
                 if len(events) >= count:
                     return [e.payload["n"] for e in events]
                 await anyio.sleep(0.02)
@@ -255,7 +256,7 @@ class TestSharedDaemons:
                     while d2.leases.held != {trigger_id: 2}:
                         await d2.renew_leases()
                         await anyio.sleep(0.05)
-                leases = await db.alist_leases()
+                leases = await db.leases.alist_leases()
                 assert [(x.owner, x.token) for x in leases] == [("d2", 2)]
                 assert trigger_id in d2.groups
                 append_lines(source, 4, 5)
@@ -286,7 +287,7 @@ class TestSharedDaemons:
                 assert (d1.groups, d1.leases.held) == ({}, {})
             assert logs.named("lease_moved", trigger_id=trigger_id)
             # d1 stopped it without saving a "stopped" row over the one d2 owns now.
-            assert [r for r in await db.alist_trigger_status() if r.owner == "d1"] == []
+            assert [r for r in await db.status.alist_trigger_status() if r.owner == "d1"] == []
         assert await db.aget(AssetScope(name="alpha"), "watermark") == 4
         assert await self.wait_events(db, 4) == [1, 2, 3, 4]
 
@@ -324,8 +325,9 @@ class TestSharedDaemons:
         """A custom backend without leases: the daemon runs every trigger, as a lone daemon."""
 
         class NoLeases(MemoryStateBackend):
-            # None blocks a Protocol member: isinstance(backend, LeaseTable) is False.
-            aclaim_leases = None  # type: ignore[assignment]
+            def __init__(self) -> None:
+                super().__init__()
+                self.services = replace(self.services, leases=None)
 
         with watch_logs() as logs:
             async with NoLeases() as backend, Daemon(settings, backend=backend) as daemon:
@@ -350,15 +352,15 @@ class TestSharedDaemons:
             assert len(d1.groups) == len(d2.groups) == 1
             assert set(d1.groups).isdisjoint(d2.groups)
             assert await d1.renew_leases() == await d2.renew_leases() == ReloadReport()
-            leases = await db.alist_leases()
+            leases = await db.leases.alist_leases()
             assert sorted((x.owner, x.token) for x in leases) == [("d1", 1), ("d2", 1)]
 
 
-async def committed(db: MetastoreBackend, count: int) -> None:
+async def committed(db: BaseStateBackend, count: int) -> None:
     """Return once ``count`` events were committed (at most WAIT seconds)."""
     with anyio.fail_after(WAIT):
         while True:
-            if len(await db.alist_events()) >= count:
+            if len(await db.events.alist_events()) >= count:
                 return
             await anyio.sleep(0.02)
 
@@ -416,8 +418,8 @@ class TestNodeLeaseDeadline:
                 append_lines(source, 3, 3)
                 await committed(db, 3)
             assert list(d.groups) == [trigger_id]
-            assert [(x.owner, x.token) for x in await db.alist_leases()] == [(d.owner, 1)]
-            assert [e.payload["n"] for e in await db.alist_events()] == [1, 2, 3]
+            assert [(x.owner, x.token) for x in await db.leases.alist_leases()] == [(d.owner, 1)]
+            assert [e.payload["n"] for e in await db.events.alist_events()] == [1, 2, 3]
 
 
 class TestLeaseSettings:
@@ -465,7 +467,7 @@ class TestDeadLocalOwner:
         proc = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
         dead_owner = f"{socket.gethostname()}:{int(proc.stdout)}:dead00"
         async with SqliteStateBackend(tmp_path / "state.db") as backend:
-            assert await backend.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
+            assert await backend.leases.aclaim_leases(dead_owner, ["t1"], 3600) == {"t1": 1}
             keeper = LeaseKeeper(backend, "me:1:abc", ttl=30)
             await keeper.renew()
             assert keeper.free_hint(1, 0)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 PROGRAM = textwrap.dedent(
     """
@@ -92,7 +92,7 @@ class TestLibraryIsQuiet:
         ), done.stderr
         committed = [line for line in lines if " event_committed " in line]
         assert len(committed) == 3, done.stderr
-        assert committed[0].startswith("DEBUG watchkeeper.triggerer._supervisor")
+        assert committed[0].startswith("DEBUG watchkeeper.triggerer.runtime._supervisor")
         assert "trigger_id=" in committed[0]
         assert done.stdout == ""
 

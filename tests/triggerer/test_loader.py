@@ -12,10 +12,14 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 from watchkeeper.triggerer import BaseEventTrigger, TriggerImportError
-from watchkeeper.triggerer._evaluate import aload_watchers
-from watchkeeper.triggerer._identity import canonical_trigger_json, rebuild_trigger, trigger_id_for
-from watchkeeper.triggerer._loader import load_watchers
-from watchkeeper.triggerer._watcher_files import MODULES, scan_watchers_path, unload_watchers
+from watchkeeper.triggerer.daemon._evaluate import aload_watchers
+from watchkeeper.triggerer.daemon._identity import (
+    canonical_trigger_json,
+    rebuild_trigger,
+    trigger_id_for,
+)
+from watchkeeper.triggerer.daemon._loader import load_watchers
+from watchkeeper.triggerer.daemon._watcher_files import MODULES, scan_watchers_path, unload_watchers
 
 TICKER = """
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent

@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import pytest
 from watchkeeper.store import Asset, PostgresStateBackend
-from watchkeeper.store.backend import EventCommit, require_asset_registry, require_event_log
+from watchkeeper.store.protocols import EventCommit
 
 from tests.support.daemons import (
     LINES_WATCHER,
@@ -237,9 +237,9 @@ class TestWorker:
         source = Asset("hole_src")
 
         async def produce(backend: PostgresStateBackend, first: int, last: int) -> None:
-            log = require_event_log(backend)
+            log = backend.events
             for n in range(first, last + 1):
-                await log.acommit_event(EventCommit("feed", (source.name,), json.dumps({"n": n})))
+                await log.acommit(EventCommit("feed", (source.name,), json.dumps({"n": n})))
 
         async def done(count: int) -> bool:
             (row,) = await rows(
@@ -253,7 +253,7 @@ class TestWorker:
             PostgresStateBackend(dsn) as backend,
             open_proxy(urlsplit(dsn).port or 5432) as proxy,
         ):
-            await require_asset_registry(backend).aregister_assets([source])
+            await backend.events.aregister_assets([source])
             env = base_env(
                 proxied(dsn, proxy),
                 WATCHKEEPER__WORKER__POLL_INTERVAL="0.05",

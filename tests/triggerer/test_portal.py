@@ -50,7 +50,7 @@ class TestLazyPortal:
     async def test_a_trigger_without_sync_calls_gets_no_portal(self) -> None:
         """A trigger that only awaits the store runs without a greenback portal, first run."""
         backend = GatedBackend()  # sync calls would need the portal (no sync hooks)
-        await backend.aregister_assets([ORDERS])
+        await backend.events.aregister_assets([ORDERS])
         async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
             await runner.start_trigger(spec("async", AsyncOnly(), ORDERS))
             with anyio.fail_after(5):
@@ -67,7 +67,7 @@ class TestLazyPortal:
         error logged, the event committed once; the next trigger of the class starts with
         its portal (one run)."""
         backend = GatedBackend()
-        await backend.aregister_assets([ORDERS, USERS])
+        await backend.events.aregister_assets([ORDERS, USERS])
         await backend.aset(ORDERS.scope, "wm", 7)
         cls = _sync_reader_class()
         with watch_logs() as logs:
@@ -113,7 +113,7 @@ class TestCaughtSyncCallError:
         """run() swallowing SyncCallInLoopError is stopped at its next await and restarted
         with a portal: its only committed event read the real value, nothing 'swallowed'."""
         backend = GatedBackend()
-        await backend.aregister_assets([ORDERS])
+        await backend.events.aregister_assets([ORDERS])
         await backend.aset(ORDERS.scope, "wm", 3)
         async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
             await runner.start_trigger(spec("careless", _careless_class()(), ORDERS))
@@ -123,7 +123,7 @@ class TestCaughtSyncCallError:
             runs = (slot.runs, slot.failures)
         assert event.payload == {"read": 3, "portal": True}
         assert runs == (2, 0)
-        committed = await backend.alist_events(asset="orders")
+        committed = await backend.events.alist_events(asset="orders")
         assert [e.payload for e in committed] == [{"read": 3, "portal": True}]
 
 
@@ -135,7 +135,7 @@ class TestStartAndStop:
         between) still ends the trigger (state stopped, cleanup awaited), without waiting
         for stop_grace and without run() committing anything."""
         backend = GatedBackend()
-        await backend.aregister_assets([ORDERS])
+        await backend.events.aregister_assets([ORDERS])
         trigger = AsyncOnly()
         cleaned: list[bool] = []
 
@@ -160,7 +160,7 @@ class TestStartAndStop:
         """Leaving the runner while a trigger's task was cancelled for want of a portal ends
         it: no new task is started for it, and its state is stopped."""
         backend = GatedBackend()
-        await backend.aregister_assets([ORDERS])
+        await backend.events.aregister_assets([ORDERS])
         cls = _sync_reader_class()
         async with TriggerRunner(backend, FAST) as runner:
             await runner.start_trigger(spec("leaving", cls(), ORDERS))
@@ -169,4 +169,4 @@ class TestStartAndStop:
             ("stopped", True, 0),
             ("stopped", True, 1),
         )
-        assert await backend.alist_events() == []
+        assert await backend.events.alist_events() == []

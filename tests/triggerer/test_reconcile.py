@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Mapping
 
 from watchkeeper.store import Asset
 from watchkeeper.triggerer import BaseEventTrigger, TriggerEvent
-from watchkeeper.triggerer._loader import WatcherGroup
-from watchkeeper.triggerer._reconcile import Claim, RunningTrigger, plan_reconcile
+from watchkeeper.triggerer.daemon._loader import WatcherGroup
+from watchkeeper.triggerer.daemon._reconcile import Claim, RunningTrigger, plan_reconcile
 
 
 class _Idle(BaseEventTrigger):

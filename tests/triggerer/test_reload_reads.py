@@ -13,9 +13,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from watchkeeper.triggerer._evaluate import ReadingProcesses, aload_watchers
-from watchkeeper.triggerer._loader import LoadResult
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._evaluate import ReadingProcesses, aload_watchers
+from watchkeeper.triggerer.daemon._loader import LoadResult
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.triggerer.test_loader import TICKER, write
 

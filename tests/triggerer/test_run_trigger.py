@@ -9,7 +9,7 @@ import anyio
 import greenback
 import pytest
 from watchkeeper.store import Asset, MemoryStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, InvalidEventError, TriggerEvent
 from watchkeeper.triggerer.testing import run_trigger
 
@@ -47,7 +47,7 @@ class Counted(BaseEventTrigger):
 
 
 class TestResults:
-    async def test_returns_committed_events_in_order(self, backend: MetastoreBackend) -> None:
+    async def test_returns_committed_events_in_order(self, backend: BaseStateBackend) -> None:
         """The result is this call's asset events in commit order, with payload and dedup_key."""
         events = await run_trigger(Counted(3), assets=[ORDERS], backend=backend)
         assert [(e.asset, e.payload, e.dedup_key) for e in events] == [
@@ -55,14 +55,14 @@ class TestResults:
             ("orders", {"i": 2}, "k2"),
             ("orders", {"i": 3}, "k3"),
         ]
-        assert events == await backend.alist_events()
+        assert events == await backend.events.alist_events()
         assert await backend.aget(ORDERS.scope, "wm") == 3
 
     async def test_registers_the_assets(self) -> None:
         """The assets are registered, so a fresh backend needs no preparation."""
         backend = MemoryStateBackend()
         await run_trigger(Counted(1), assets=[ORDERS, USERS], backend=backend)
-        assert [a.name for a in await backend.alist_assets(active_only=True)] == [
+        assert [a.name for a in await backend.events.alist_assets(active_only=True)] == [
             "orders",
             "users",
         ]
@@ -174,7 +174,7 @@ class TestErrors:
         with pytest.raises(LookupError, match="no such partition"):
             await run_trigger(trigger, assets=ORDERS, backend=backend)
         assert trigger.cleaned
-        assert [e.payload for e in await backend.alist_events()] == ["before the bug"]
+        assert [e.payload for e in await backend.events.alist_events()] == ["before the bug"]
 
     async def test_exception_in_cleanup_reaches_the_caller(self) -> None:
         """A cleanup() that raises makes run_trigger raise it too, so the test sees the bug."""
@@ -206,7 +206,7 @@ class TestErrors:
             await run_trigger(Counted(1), assets=ORDERS, backend=backend, max_events=0)
         with pytest.raises(ValueError, match="timeout"):
             await run_trigger(Counted(1), assets=ORDERS, backend=backend, timeout=0)
-        assert await backend.alist_assets() == []
+        assert await backend.events.alist_assets() == []
 
     async def test_caller_task_gets_no_portal(self) -> None:
         """The greenback portal lives in run_trigger's own task, not in the caller's."""

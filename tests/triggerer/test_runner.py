@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from watchkeeper.store import Asset, AssetEvent, MemoryStateBackend
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, TriggerStatus
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TriggerStatus
 from watchkeeper.triggerer import (
     BaseEventTrigger,
     CapacityError,
@@ -21,7 +22,7 @@ from watchkeeper.triggerer import (
     TriggerRunner,
     WatchSpec,
 )
-from watchkeeper.triggerer._supervisor import backoff_delay
+from watchkeeper.triggerer.runtime._supervisor import backoff_delay
 
 from tests.support.runtime import FAST, Scripted, Ticker, fast, spec, watch_logs
 
@@ -30,8 +31,8 @@ ORDERS = Asset("orders")
 USERS = Asset("users")
 
 
-async def registered(backend: MetastoreBackend, *assets: Asset) -> MetastoreBackend:
-    await backend.aregister_assets(list(assets) or [ORDERS, USERS])
+async def registered(backend: BaseStateBackend, *assets: Asset) -> BaseStateBackend:
+    await backend.events.aregister_assets(list(assets) or [ORDERS, USERS])
     return backend
 
 
@@ -43,16 +44,16 @@ class HeldCommitBackend(MemoryStateBackend):
         self.entered = anyio.Event()
         self.release = anyio.Event()
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
         self.entered.set()
         await self.release.wait()
-        return await super().acommit_event(commit)
+        return await super()._acommit_event(commit)
 
 
 class AfterYield(BaseEventTrigger):
     """Records what is durable when its generator is resumed after the first yield."""
 
-    def __init__(self, backend: MetastoreBackend) -> None:
+    def __init__(self, backend: BaseStateBackend) -> None:
         self.backend = backend
         self.resumed = anyio.Event()
         self.events_seen: list[AssetEvent] = []
@@ -63,7 +64,7 @@ class AfterYield(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         yield TriggerEvent({"n": 1}, state={"wm": 1})
-        self.events_seen = await self.backend.alist_events()
+        self.events_seen = await self.backend.events.alist_events()
         self.wm_seen = await self.asset_state_store.aget("wm")
         self.resumed.set()
         await anyio.sleep_forever()
@@ -84,7 +85,7 @@ class TestCommit:
                 await trigger.resumed.wait()
 
     async def test_event_and_state_are_durable_when_resumed(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """After the yield, the event is in the store and the watermark equals its state."""
         await registered(backend)
@@ -98,7 +99,7 @@ class TestCommit:
         ]
         assert trigger.wm_seen == 1
 
-    async def test_events_carry_the_asset_watchers_names(self, backend: MetastoreBackend) -> None:
+    async def test_events_carry_the_asset_watchers_names(self, backend: BaseStateBackend) -> None:
         """A spec naming its AssetWatcher stores that name on its events, not the trigger id."""
         await registered(backend)
         one, two = AfterYield(backend), AfterYield(backend)
@@ -109,13 +110,13 @@ class TestCommit:
             await runner.start_trigger(WatchSpec("77b0e1", two, (ORDERS,), ("a_feed",)))
             with anyio.fail_after(5):
                 await two.resumed.wait()
-        assert [e.watcher for e in await backend.alist_events()] == [
+        assert [e.watcher for e in await backend.events.alist_events()] == [
             "orders_feed",
             "a_feed",
         ]
 
     async def test_each_watermark_is_visible_after_its_yield(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """Every resumption sees the state of the event it just yielded."""
         await registered(backend)
@@ -125,10 +126,10 @@ class TestCommit:
             with anyio.fail_after(5):
                 await trigger.drained.wait()
         assert trigger.seen_after_yield == [1, 2, 3, 4, 5]
-        assert [e.payload for e in await backend.alist_events()] == [1, 2, 3, 4, 5]
+        assert [e.payload for e in await backend.events.alist_events()] == [1, 2, 3, 4, 5]
 
     async def test_dedup_key_suppresses_the_event_and_its_state(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """A redelivered dedup_key commits no event and does not move the watermark back."""
         await registered(backend)
@@ -145,11 +146,11 @@ class TestCommit:
                 await trigger.drained.wait()
             [status] = runner.statuses()
         assert trigger.seen_after_yield == [5, 5, 6]
-        events = await backend.alist_events()
+        events = await backend.events.alist_events()
         assert [(e.payload, e.dedup_key) for e in events] == [("m1", "m1"), ("m2", "m2")]
         assert status.events == 2
 
-    async def test_one_event_per_watched_asset(self, backend: MetastoreBackend) -> None:
+    async def test_one_event_per_watched_asset(self, backend: BaseStateBackend) -> None:
         """A watcher of two assets commits one event and the state on each of them."""
         await registered(backend)
         trigger = Scripted([TriggerEvent("x", state={"wm": 3})])
@@ -157,7 +158,7 @@ class TestCommit:
             await runner.start_trigger(spec("w", trigger, ORDERS, USERS))
             with anyio.fail_after(5):
                 await trigger.drained.wait()
-        assert sorted(e.asset for e in await backend.alist_events()) == ["orders", "users"]
+        assert sorted(e.asset for e in await backend.events.alist_events()) == ["orders", "users"]
         assert await backend.aget(ORDERS.scope, "wm") == 3
         assert await backend.aget(USERS.scope, "wm") == 3
 
@@ -172,7 +173,7 @@ class TestCommit:
                 await ticker.reached(20).wait()
             assert firehose.emitted < 20_000
 
-    async def test_many_triggers_commit_everything(self, backend: MetastoreBackend) -> None:
+    async def test_many_triggers_commit_everything(self, backend: BaseStateBackend) -> None:
         """Twenty concurrent watchers commit all their events, each in its own order."""
         await registered(backend, *[Asset(f"a{i}") for i in range(20)])
         triggers = [
@@ -184,7 +185,7 @@ class TestCommit:
             with anyio.fail_after(20):
                 for trigger in triggers:
                     await trigger.drained.wait()
-        events = await backend.alist_events()
+        events = await backend.events.alist_events()
         assert len(events) == 500
         for i in range(20):
             assert [e.payload for e in events if e.watcher == f"t{i}"] == list(range(25))
@@ -277,7 +278,7 @@ class TestSupervision:
                 await runner.start_trigger(spec("w", trigger, ORDERS))
                 await logs.wait_for("trigger_started", run=5)
         assert not logs.named("trigger_failed")
-        assert len(await backend.alist_events()) >= 4
+        assert len(await backend.events.alist_events()) >= 4
 
     async def test_backoff_doubles_up_to_the_cap(self) -> None:
         """The restart delays double from backoff_initial and stop growing at backoff_max."""
@@ -313,7 +314,7 @@ class TestSupervision:
         assert states == {"broken": "failed", "healthy": "running"}
 
     async def test_an_oversize_payload_fails_only_its_watcher_and_writes_nothing(
-        self, backend: MetastoreBackend
+        self, backend: BaseStateBackend
     ) -> None:
         """A payload over [events] max_payload_bytes fails its watcher's runs like any bad
         event, naming size and limit, and writes neither event, state nor dedup key; another
@@ -338,15 +339,15 @@ class TestSupervision:
         assert failed.last_error.startswith("PayloadTooLargeError: event payload is 1011 bytes")
         assert "over the limit of 1000 bytes ([events] max_payload_bytes)" in failed.last_error
         assert (states["healthy"].state, bulky.runs) == ("running", 2)
-        assert await backend.alist_events(asset="orders") == []
+        assert await backend.events.alist_events(asset="orders") == []
         assert await backend.aget(ORDERS.scope, "wm") is None
-        assert len(await backend.alist_events(asset="users")) >= 10
-        (event,) = await backend.acommit_event(
+        assert len(await backend.events.alist_events(asset="users")) >= 10
+        (event,) = await backend.events.acommit(
             EventCommit("bulky", ("orders",), '{"blob":"x"}', dedup_key="big")
         )
         assert event.dedup_key == "big"  # the key was never recorded
 
-    async def test_a_payload_exactly_at_the_limit_commits(self, backend: MetastoreBackend) -> None:
+    async def test_a_payload_exactly_at_the_limit_commits(self, backend: BaseStateBackend) -> None:
         """The payload limit is inclusive: JSON text of exactly max_payload_bytes commits."""
         await registered(backend)
         backend.max_payload_bytes = 1011
@@ -355,7 +356,7 @@ class TestSupervision:
             await runner.start_trigger(spec("w", trigger, ORDERS))
             with anyio.fail_after(5):
                 await trigger.drained.wait()
-        assert [e.payload for e in await backend.alist_events()] == [{"blob": "x" * 1000}]
+        assert [e.payload for e in await backend.events.alist_events()] == [{"blob": "x" * 1000}]
 
 
 class CleanupProbe(BaseEventTrigger):
@@ -536,17 +537,18 @@ class StatusRecordingBackend(MemoryStateBackend):
         self.saves: list[list[TriggerStatus]] = []
         self.saved = anyio.Event()
 
-    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None:
-        await super().asave_trigger_status(statuses)
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        await super()._asave_trigger_status(statuses)
         self.saves.append(list(statuses))
         self.saved.set()
 
 
 class NoStatusBackend(MemoryStateBackend):
-    """A backend without the trigger-status capability (None blocks a Protocol member, so
-    ``isinstance(backend, StatusTable)`` is False)."""
+    """A backend without the trigger-status service."""
 
-    asave_trigger_status = None  # type: ignore[assignment]
+    def __init__(self) -> None:
+        super().__init__()
+        self.services = replace(self.services, status=None)
 
 
 class TestStatuses:
@@ -559,7 +561,7 @@ class TestStatuses:
             with anyio.fail_after(5):
                 await trigger.drained.wait()
             [status] = runner.statuses()
-        last = (await backend.alist_events())[-1]
+        last = (await backend.events.alist_events())[-1]
         assert status.trigger_id == "w" and status.classpath == Scripted.classpath()
         assert (status.assets, status.watchers) == (("orders", "users"), ("orders_w",))
         assert (status.state, status.events, status.failures) == ("running", 4, 0)
@@ -573,7 +575,7 @@ class TestStatuses:
             await runner.start_trigger(spec("w", Scripted([]), ORDERS))
             with anyio.fail_after(5):
                 await backend.saved.wait()  # type: ignore[attr-defined]
-            [saved] = await backend.alist_trigger_status()
+            [saved] = await backend.status.alist_trigger_status()
             assert (saved.trigger_id, saved.owner) == ("w", "me")
 
     async def test_saved_once_at_exit(self) -> None:
@@ -585,7 +587,7 @@ class TestStatuses:
                 await runner.start_trigger(spec("bad", Scripted([], then="raise"), USERS))
                 await logs.wait_for("trigger_failed")
                 assert backend.saves == []  # type: ignore[attr-defined]
-        saved = {s.trigger_id: s.state for s in await backend.alist_trigger_status()}
+        saved = {s.trigger_id: s.state for s in await backend.status.alist_trigger_status()}
         assert saved == {"bad": "failed", "ok": "stopped"}
 
     async def test_stop_trigger_saves_its_last_status(self) -> None:
@@ -594,7 +596,7 @@ class TestStatuses:
         async with TriggerRunner(backend, fast(status_interval=3600)) as runner:
             await runner.start_trigger(spec("w", Scripted([]), ORDERS))
             await runner.stop_trigger("w")
-            [saved] = await backend.alist_trigger_status()
+            [saved] = await backend.status.alist_trigger_status()
             assert saved.state == "stopped"
 
     async def test_periodic_save_writes_only_changed_rows(self) -> None:
@@ -653,7 +655,7 @@ class TestSubscribe:
                 with anyio.fail_after(5):
                     got = [await events.receive() for _ in range(5)]
         assert [e.payload for e in got] == [0, 1, 2, 3, 4]
-        assert got == await backend.alist_events()
+        assert got == await backend.events.alist_events()
 
     async def test_slow_subscriber_does_not_hold_triggers_back(self) -> None:
         """A subscriber that never reads misses events instead of stalling the triggers."""
@@ -783,13 +785,13 @@ class TestWithSqlite:
         path = tmp_path / "state.db"
         for round_ in range(2):
             async with SqliteStateBackend(path) as backend:
-                await backend.aregister_assets([ORDERS])
+                await backend.events.aregister_assets([ORDERS])
                 ticker = Ticker()
                 async with TriggerRunner(backend, FAST) as runner:
                     await runner.start_trigger(spec("w", ticker, ORDERS))
                     with anyio.fail_after(10):
                         await ticker.reached(20 * (round_ + 1)).wait()
-                events = await backend.alist_events()
+                events = await backend.events.alist_events()
                 wm = await backend.aget(ORDERS.scope, "wm")
             ticks = [e.payload["tick"] for e in events]
             assert ticks == list(range(1, len(ticks) + 1))  # nothing lost, nothing twice

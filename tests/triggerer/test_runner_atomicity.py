@@ -32,7 +32,7 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StateScope,
 )
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, Put, Writer
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, Put, Writer
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner, WatchSpec
 
 from tests.support.runtime import FAST, Scripted
@@ -149,7 +149,7 @@ class PostgresObserver:
         return Snapshot(write, seqs, watermarks, same)
 
 
-class ObservedWrites(MetastoreBackend):
+class ObservedWrites(BaseStateBackend):
     """Mixed into a real backend: after each state or event write returns, take a snapshot."""
 
     _observer: Observer | None = None
@@ -164,8 +164,8 @@ class ObservedWrites(MetastoreBackend):
         if self._observer is not None:
             self.snapshots.append(await self._observer.snapshot(write))
 
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        written = await super().acommit_event(commit)
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
+        written: list[AssetEvent] = await super()._acommit_event(commit)  # type: ignore[misc]
         await self._after(f"acommit_event({json.loads(commit.payload_json)})")
         return written
 
@@ -208,7 +208,7 @@ async def observed(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     if request.param == "sqlite":
         path = tmp_path / "state.db"
         async with ObservedSqlite(path) as sqlite:
-            await sqlite.aregister_assets([ORDERS, USERS])
+            await sqlite.events.aregister_assets([ORDERS, USERS])
             yield Observed(sqlite, sqlite.observe(SqliteObserver(path, names)))
         return
     import asyncpg
@@ -219,7 +219,7 @@ async def observed(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     try:
         await conn.execute(f'CREATE SCHEMA "{schema}"')
         async with ObservedPostgres(dsn, schema=schema) as postgres:
-            await postgres.aregister_assets([ORDERS, USERS])
+            await postgres.events.aregister_assets([ORDERS, USERS])
             yield Observed(postgres, postgres.observe(PostgresObserver(conn, schema, names)))
     finally:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -230,7 +230,7 @@ def _events(count: int = EVENTS) -> list[TriggerEvent]:
     return [TriggerEvent({"seq": n}, state={WATERMARK: n}) for n in range(1, count + 1)]
 
 
-async def _run(backend: MetastoreBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
+async def _run(backend: BaseStateBackend, *specs: tuple[str, Scripted, tuple[Asset, ...]]) -> None:
     """Run the scripted triggers in one runner until each resumed after its last event."""
     async with TriggerRunner(backend, FAST) as runner:
         for trigger_id, trigger, assets in specs:
@@ -291,6 +291,6 @@ class TestTheObserverSeesASplit:
         """Writing the watermark with aset and then the plain event shows the split moment."""
         backend = observed.backend
         await backend.aset(ORDERS.scope, WATERMARK, 1)
-        await backend.acommit_event(EventCommit("w", (ORDERS.name,), json.dumps({"seq": 1})))
+        await backend.events.acommit(EventCommit("w", (ORDERS.name,), json.dumps({"seq": 1})))
         problems = _all_problems(observed.snapshots)
         assert problems[:1] == ["after put(wm=1): orders events [] but watermark 1"]

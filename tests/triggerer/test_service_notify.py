@@ -17,7 +17,7 @@ import anyio.abc
 import httpx
 import pytest
 from structlog.testing import capture_logs
-from watchkeeper.triggerer._notify import notify
+from watchkeeper.triggerer._core._notify import notify
 
 from tests.support.daemons import (
     asset_file,

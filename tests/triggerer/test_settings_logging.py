@@ -287,7 +287,7 @@ class TestNoSecretsFromWatchers:
         structlog.configure(processors=[notice, *structlog.get_config()["processors"]])
         orders = Asset("orders")
         async with MemoryStateBackend() as backend:
-            await backend.aregister_assets([orders])
+            await backend.events.aregister_assets([orders])
             async with TriggerRunner(backend, fast(max_failures=2)) as runner:
                 await runner.start_trigger(WatchSpec("leaky", LeakyWatcher(), (orders,)))
                 with anyio.fail_after(5):

@@ -29,7 +29,6 @@ from watchkeeper.store import (
     SqliteStateBackend,
     StoreUnavailableError,
 )
-from watchkeeper.store.backend import require_asset_registry, require_status_table
 from watchkeeper.store.settings import DatabaseSettings
 from watchkeeper.triggerer import (
     BaseEventTrigger,
@@ -38,9 +37,9 @@ from watchkeeper.triggerer import (
     TriggerEvent,
     TriggerRunner,
 )
-from watchkeeper.triggerer._health import store_unavailable
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
+from watchkeeper.triggerer.runtime._health import store_unavailable
 
 from tests.support.daemons import daemon, log_events
 from tests.support.postgres import PgDatabase
@@ -64,7 +63,7 @@ OUTAGE = fast(max_failures=2, store_retry_max=0.05, backoff_max=0.05)
 async def start_tickers(runner: TriggerRunner, prefix: str, count: int) -> list[Ticker]:
     """Register ``count`` assets ``<prefix><i>`` and run one :class:`Ticker` on each."""
     assets = [Asset(f"{prefix}{i}") for i in range(count)]
-    await require_asset_registry(runner.backend).aregister_assets(assets)
+    await runner.backend.events.aregister_assets(assets)
     tickers = [Ticker() for _ in assets]
     for i, (asset, ticker) in enumerate(zip(assets, tickers, strict=True)):
         await runner.start_trigger(spec(f"{prefix}{i}", ticker, asset))
@@ -268,7 +267,7 @@ class TestPostgresOutage:
                 assert [s.failures for s in statuses] == [0] * 6
 
                 async def saved_after_recovery() -> bool:
-                    rows = await require_status_table(d.backend).alist_trigger_status()
+                    rows = await d.backend.status.alist_trigger_status()
                     return len(rows) == 6 and all(
                         r.state == "running" and r.events > at_recovery[r.trigger_id] for r in rows
                     )
@@ -321,7 +320,7 @@ class TestClassification:
         StoreUnavailableError chained from the driver error (it was a plain StateStoreError)."""
         name, dsn = pg_database
         async with PostgresStateBackend(dsn) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             await block_connections(pg_dsn, name)
             scope = AssetScope(name="a")
             with pytest.raises(StoreUnavailableError) as written:
@@ -347,13 +346,13 @@ class TestClassification:
         (the read-only connections were dropped and replaced)."""
         name, dsn = pg_database
         async with PostgresStateBackend(dsn, max_size=2) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             scope = AssetScope(name="a")
             await backend.aset(scope, "k", 1)
             await make_read_only(pg_dsn, name)
             for _ in range(3):  # more tries than pooled connections: none is handed out again
                 with pytest.raises(StoreUnavailableError, match="ReadOnlySQLTransaction"):
-                    await backend.aclaim_leases("daemon-1", ["t"], 30)
+                    await backend.leases.aclaim_leases("daemon-1", ["t"], 30)
             with pytest.raises(StoreUnavailableError, match="ReadOnlySQLTransaction"):
                 await backend.aset(scope, "k", 2)
             with pytest.raises(StoreUnavailableError, match="read-only"):
@@ -361,7 +360,7 @@ class TestClassification:
             assert await backend.aget(scope, "k") == 1  # reads still work on a standby
             await make_writable(pg_dsn, name)
             await backend.aping()
-            assert await backend.aclaim_leases("daemon-1", ["t"], 30) == {"t": 1}
+            assert await backend.leases.aclaim_leases("daemon-1", ["t"], 30) == {"t": 1}
             await backend.aset(scope, "k", 2)
             assert await backend.aget(scope, "k") == 2
 
@@ -372,7 +371,7 @@ class TestClassification:
         StoreUnavailableError; they work again once it is released."""
         path = tmp_path / "state.db"
         async with SqliteStateBackend(path, busy_timeout=0.05) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             with HeldWriteLock(path):
                 with pytest.raises(StoreUnavailableError, match="locked"):
                     await backend.aset(AssetScope(name="a"), "k", 1)
@@ -465,7 +464,7 @@ class TestDatabaseFileRemoved:
         directory.mkdir()
         path = directory / "state.db"
         async with SqliteStateBackend(path) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             await backend.aset(AssetScope(name="a"), "k", 1)
             await backend.averify()
             await anyio.to_thread.run_sync(shutil.rmtree, directory)
@@ -483,7 +482,7 @@ class TestDatabaseFileRemoved:
         """A file put in place of the open one (another inode) is not written to either."""
         path = tmp_path / "state.db"
         async with SqliteStateBackend(path) as backend:
-            await backend.aregister_assets([Asset("a")])
+            await backend.events.aregister_assets([Asset("a")])
             moved = tmp_path / "moved.db"
             await anyio.to_thread.run_sync(path.rename, moved)
             await anyio.to_thread.run_sync(shutil.copyfile, moved, path)
@@ -507,7 +506,7 @@ class TestDatabaseFileRemoved:
                 SqliteStateBackend(directory / "state.db") as backend,
                 TriggerRunner(backend, fast()) as runner,
             ):
-                await backend.aregister_assets([asset])
+                await backend.events.aregister_assets([asset])
                 await runner.start_trigger(spec("t", trigger, asset))
                 with anyio.fail_after(WAIT):
                     await trigger.waiting.wait()

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from watchkeeper.triggerer._task_loader import load_tasks
-from watchkeeper.triggerer._watcher_files import unload_watchers
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
+from watchkeeper.triggerer.worker._task_loader import load_tasks
 
 TASK_FILE = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import Asset
-from watchkeeper.store.backend import EventCommit, MetastoreBackend, TaskSpec, encode_json
+from watchkeeper.store.protocols import BaseStateBackend, EventCommit, TaskSpec, encode_json
 from watchkeeper.triggerer.api._metrics import Metrics
 
 from tests.support.clock import Clock
@@ -21,17 +21,17 @@ Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
+async def store(backend: BaseStateBackend) -> AsyncIterator[Any]:
     store: Any = backend
     store.clock = Clock()
-    await store.aregister_assets([Asset("a")])
-    await store.async_tasks([TaskSpec("t", ("a",), max_events=1, max_tries=1)])
+    await store.events.aregister_assets([Asset("a")])
+    await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1, max_tries=1)])
     yield store
 
 
 async def emit(store: Any, n: int) -> None:
     for i in range(n):
-        await store.acommit_event(EventCommit("w", ("a",), encode_json({"i": i})))
+        await store.events.acommit(EventCommit("w", ("a",), encode_json({"i": i})))
 
 
 async def scrape(store: Any) -> tuple[Scrape, dict[str, str]]:
@@ -52,7 +52,9 @@ def get(found: Scrape, name: str, **labels: str) -> float:
 
 
 async def fail(store: Any, run: Any, cause: str = "task_error") -> None:
-    await store.afinish_run(run.id, "w", run.lease_token, success=False, error="e", cause=cause)
+    await store.tasks.afinish_run(
+        run.id, "w", run.lease_token, success=False, error="e", cause=cause
+    )
 
 
 async def test_counters_never_decrease_as_runs_fail_and_are_retried(store: Any) -> None:
@@ -60,22 +62,22 @@ async def test_counters_never_decrease_as_runs_fail_and_are_retried(store: Any) 
     counter or histogram sample ever goes down, and each counts what happened; the runs by
     state are a gauge (its failed count drops when the failed run is retried)."""
     await emit(store, 3)
-    await store.acreate_runs("t", 3)
+    await store.tasks.acreate_runs("t", 3)
     scrapes = [await scrape(store)]
-    first, second, third = [r.id for r in await store.aclaim_runs("w", limit=3, ttl=TTL)]
-    await fail(store, await store.aget_run(first))
+    first, second, third = [r.id for r in await store.tasks.aclaim_runs("w", limit=3, ttl=TTL)]
+    await fail(store, await store.tasks.aget_run(first))
     store.clock.advance(31)  # the lease of the other two lapses: lost tries, claimed again
-    again = {r.id: r for r in await store.aclaim_runs("w2", limit=2, ttl=TTL)}
+    again = {r.id: r for r in await store.tasks.aclaim_runs("w2", limit=2, ttl=TTL)}
     store.clock.advance(2)
-    await store.afinish_run(second, "w2", again[second].lease_token, success=True)
+    await store.tasks.afinish_run(second, "w2", again[second].lease_token, success=True)
     scrapes.append(await scrape(store))
-    await store.aretry_run(first)  # failed -> queued: the failed gauge drops
+    await store.tasks.aretry_run(first)  # failed -> queued: the failed gauge drops
     scrapes.append(await scrape(store))
-    (retried,) = await store.aclaim_runs("w", limit=1, ttl=TTL)
-    await store.afinish_run(
+    (retried,) = await store.tasks.aclaim_runs("w", limit=1, ttl=TTL)
+    await store.tasks.afinish_run(
         retried.id, "w", retried.lease_token, success=False, error="slow", cause="timeout"
     )
-    await store.afinish_run(third, "w2", again[third].lease_token, success=True)
+    await store.tasks.afinish_run(third, "w2", again[third].lease_token, success=True)
     await emit(store, 1)  # pending, 7 seconds old at the last scrape
     store.clock.advance(7)
     scrapes.append(await scrape(store))

@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from watchkeeper.store import SqliteStateBackend
-from watchkeeper.store.backend import EventCommit
+from watchkeeper.store.protocols import EventCommit
 from watchkeeper.triggerer import Asset, Worker, WorkerSettings, asset_task
 
 ORDERS = Asset("orders")
@@ -36,7 +36,7 @@ async def async_fails(**context: Any) -> None:
 @pytest.fixture
 async def store(tmp_path: Any) -> AsyncIterator[SqliteStateBackend]:
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
-        await backend.aregister_assets([ORDERS])
+        await backend.events.aregister_assets([ORDERS])
         yield backend
 
 
@@ -49,12 +49,12 @@ async def recorded_traceback(store: SqliteStateBackend, task: Any) -> str:
     worker = Worker(store, [task], WorkerSettings(poll_interval=0.01))
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
-        await store.acommit_event(EventCommit("feed", ("orders",), "{}"))
+        await store.events.acommit(EventCommit("feed", ("orders",), "{}"))
         with anyio.fail_after(20):
-            while not (runs := await store.alist_runs(task=task.name, state="failed")):  # noqa: ASYNC110 - polls the store
+            while not (runs := await store.tasks.alist_runs(task=task.name, state="failed")):  # noqa: ASYNC110 - polls the store
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
-    run = await store.aget_run(runs[0].id)
+    run = await store.tasks.aget_run(runs[0].id)
     (error,) = run.errors
     assert error.traceback is not None
     return error.traceback

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetStateStoreAccessors, MemoryStateBackend
-from watchkeeper.store.backend import MetastoreBackend, Writer
+from watchkeeper.store.protocols import BaseStateBackend, Writer
 from watchkeeper.triggerer import (
     AssetStoreUnavailableError,
     BaseEventTrigger,
@@ -28,7 +28,7 @@ USERS = Asset("users")
 
 
 @pytest.fixture
-def store(local_backend: MetastoreBackend) -> MetastoreBackend:
+def store(local_backend: BaseStateBackend) -> BaseStateBackend:
     """An opened memory or SQLite backend."""
     return local_backend
 
@@ -91,7 +91,7 @@ class TestOutsideRun:
 
 
 class TestInsideRun:
-    async def test_shorthand_with_one_asset(self, store: MetastoreBackend) -> None:
+    async def test_shorthand_with_one_asset(self, store: BaseStateBackend) -> None:
         """Bound to one asset, get/set work directly on the store, and subscripting works."""
 
         def body(t: BaseEventTrigger) -> Any:
@@ -101,14 +101,14 @@ class TestInsideRun:
         events = await run_trigger(Probe(body), assets=[ORDERS], backend=store)
         assert events[0].payload == [41, 41]
 
-    async def test_alias_is_the_same_mapping(self, store: MetastoreBackend) -> None:
+    async def test_alias_is_the_same_mapping(self, store: BaseStateBackend) -> None:
         """self.asset_store is the very object self.asset_state_store returns."""
         events = await run_trigger(
             Probe(lambda t: t.asset_store is t.asset_state_store), assets=ORDERS, backend=store
         )
         assert events[0].payload is True
 
-    async def test_mapping_with_several_assets(self, store: MetastoreBackend) -> None:
+    async def test_mapping_with_several_assets(self, store: BaseStateBackend) -> None:
         """With several assets: subscript by Asset, name or URI match; iterate; len; .assets."""
 
         def body(t: BaseEventTrigger) -> Any:
@@ -132,7 +132,7 @@ class TestInsideRun:
             "assets": ["orders", "users"],
         }
 
-    async def test_shorthand_with_several_assets_raises(self, store: MetastoreBackend) -> None:
+    async def test_shorthand_with_several_assets_raises(self, store: BaseStateBackend) -> None:
         """With several assets the shorthand raises ValueError telling to subscript."""
 
         def body(t: BaseEventTrigger) -> Any:
@@ -141,7 +141,7 @@ class TestInsideRun:
         with pytest.raises(ValueError, match="subscript"):
             await run_trigger(Probe(body), assets=[ORDERS, USERS], backend=store)
 
-    async def test_undeclared_asset_is_a_key_error(self, store: MetastoreBackend) -> None:
+    async def test_undeclared_asset_is_a_key_error(self, store: BaseStateBackend) -> None:
         """Subscripting with an asset the trigger does not watch raises KeyError naming it."""
 
         def body(t: BaseEventTrigger) -> Any:
@@ -173,7 +173,7 @@ class TestWatcherName:
     async def test_the_runner_binds_the_spec_watcher_name_or_its_trigger_id(self) -> None:
         """In a runner, watcher_name is the WatchSpec's watcher name, else its trigger_id."""
         backend = MemoryStateBackend()
-        await backend.aregister_assets([ORDERS, USERS])
+        await backend.events.aregister_assets([ORDERS, USERS])
         named = WatchSpec("t1", Probe(lambda t: t.watcher_name), (ORDERS,), ("orders_feed",))
         async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
             await runner.start_trigger(named)
@@ -187,7 +187,7 @@ class TestWatcherName:
 
 
 class TestSharedWithTasks:
-    async def test_trigger_writes_are_visible_to_tasks(self, store: MetastoreBackend) -> None:
+    async def test_trigger_writes_are_visible_to_tasks(self, store: BaseStateBackend) -> None:
         """A value a trigger sets is what a task's accessor for the asset reads."""
 
         def body(t: BaseEventTrigger) -> Any:
@@ -200,9 +200,9 @@ class TestSharedWithTasks:
         entry = await task_side.aget_entry("cursor")
         assert entry is not None and entry.writer == Writer("watcher", Probe.classpath())
 
-    async def test_task_writes_are_visible_to_triggers(self, store: MetastoreBackend) -> None:
+    async def test_task_writes_are_visible_to_triggers(self, store: BaseStateBackend) -> None:
         """A value a task sets is what the trigger reads inside run()."""
-        await store.aregister_assets([ORDERS])
+        await store.events.aregister_assets([ORDERS])
         task_side = AssetStateStoreAccessors(store, [ORDERS], writer=Writer("task", "t1"))
         await task_side.aset("cursor", "from-task")
         events = await run_trigger(
@@ -248,7 +248,7 @@ class TestSyncCallsInRun:
         """
         backend = GatedBackend()
         backend.gate = anyio.Event()
-        await backend.aregister_assets([ORDERS, USERS])
+        await backend.events.aregister_assets([ORDERS, USERS])
         async with TriggerRunner(backend, FAST) as runner, runner.subscribe() as events:
             await runner.start_trigger(spec("reader", SyncReader(), ORDERS))
             await runner.start_trigger(spec("opener", GateOpener(backend.gate), USERS))
@@ -258,9 +258,9 @@ class TestSyncCallsInRun:
         assert second.payload == {"read": "unset"}
         assert await backend.aget(ORDERS.scope, "seen") == "unset"
 
-    async def test_sync_get_and_set_on_a_real_backend(self, store: MetastoreBackend) -> None:
+    async def test_sync_get_and_set_on_a_real_backend(self, store: BaseStateBackend) -> None:
         """Sync get()/set() inside run() reach the backend through the trigger's portal."""
-        await store.aregister_assets([ORDERS])
+        await store.events.aregister_assets([ORDERS])
         await store.aset(ORDERS.scope, "k", [1, 2])
         events = await run_trigger(SyncReader(), assets=[ORDERS], backend=store, max_events=1)
         assert events[0].payload == {"read": [1, 2]}

@@ -15,10 +15,10 @@ from typing import IO, Any
 import anyio
 import pytest
 from watchkeeper.store import Asset, AssetScope, MemoryStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import DaemonStatus, OperatorControls, TriggerStatus
+from watchkeeper.store.protocols import DaemonStatus, TriggerStatus
 from watchkeeper.triggerer import Settings, TriggererSettings, cli
-from watchkeeper.triggerer._watcher_files import unload_watchers
 from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.daemons import (
     FAILING_WATCHER,
@@ -64,22 +64,22 @@ class TestDaemonActsOnControls:
         ):
 
             async def two() -> bool:
-                return [e.payload["n"] for e in await backend.alist_events()] == [1, 2]
+                return [e.payload["n"] for e in await backend.events.alist_events()] == [1, 2]
 
             await wait_until(two, "the first events")
-            await backend.aset_watcher_paused("orders_feed", True, by="test")
+            await backend.controls.aset_watcher_paused("orders_feed", True, by="test")
             report = await d.renew_leases()
             assert len(report.stopped) == 1 and d.groups == {}
-            assert [s.state for s in await backend.alist_trigger_status()] == ["paused"]
-            assert [lease.owner for lease in await backend.alist_leases()] == [None]
+            assert [s.state for s in await backend.status.alist_trigger_status()] == ["paused"]
+            assert [lease.owner for lease in await backend.leases.alist_leases()] == [None]
             append_lines(source, 3, 3)
             assert (await d.renew_leases()).started == []  # still paused
-            await backend.aset_watcher_paused("orders_feed", False, by="test")
+            await backend.controls.aset_watcher_paused("orders_feed", False, by="test")
             await d.renew_leases()  # (the lease loop, woken by the release, may be first)
             assert len(d.groups) == 1
 
             async def three() -> bool:
-                return [e.payload["n"] for e in await backend.alist_events()] == [1, 2, 3]
+                return [e.payload["n"] for e in await backend.events.alist_events()] == [1, 2, 3]
 
             await wait_until(three, "the resumed watcher to emit line 3")
 
@@ -87,7 +87,7 @@ class TestDaemonActsOnControls:
         """A daemon starting with a paused watcher's row does not run it."""
         (watchers / "broken.py").write_text(FAILING_WATCHER)
         async with MemoryStateBackend() as backend:
-            await backend.aset_watcher_paused("broken_feed", True, by="test")
+            await backend.controls.aset_watcher_paused("broken_feed", True, by="test")
             async with Daemon(_settings(watchers), backend=backend) as d:
                 assert d.groups == {}
 
@@ -102,7 +102,7 @@ class TestDaemonActsOnControls:
 
             await wait_until(failed, "the trigger to fail")
             assert (await d.renew_leases()).started == []  # failed stays failed
-            await backend.arequest_watcher_retry("broken_feed", by="test")
+            await backend.controls.arequest_watcher_retry("broken_feed", by="test")
             assert len((await d.renew_leases()).started) == 1
             await wait_until(failed, "the retried trigger to fail again")
             assert (await d.renew_leases()).started == []
@@ -126,12 +126,12 @@ class TestWatchersCommand:
     def db(self, tmp_path: Path) -> Path:
         path = tmp_path / "state.db"
         with SqliteStateBackend(path) as backend:
-            backend.run_sync(backend.aregister_assets, [Asset("orders"), Asset("bills")])
+            backend.run_sync(backend.events.aregister_assets, [Asset("orders"), Asset("bills")])
             rows = [_status("orders_feed", "orders"), _status("bills_feed", "bills", "failed")]
-            backend.run_sync(backend.asave_trigger_status, rows)
+            backend.run_sync(backend.status.asave_trigger_status, rows)
             now = backend.clock()  # the daemon that saved them is alive (a fresh heartbeat)
             daemon = DaemonStatus("host:1:abc", now, now, 3600.0, "watchers")
-            backend.run_sync(backend.asave_daemon_status, daemon)
+            backend.run_sync(backend.status.asave_daemon_status, daemon)
         return path
 
     def test_list_json_merges_status_and_controls(
@@ -159,8 +159,8 @@ class TestWatchersCommand:
         assert cli.run(["--database-url", url, "watchers", "retry", "bills_feed"]) == 0
         assert "retried" in capsys.readouterr().out
         with SqliteStateBackend(db) as backend:
-            assert isinstance(backend, OperatorControls)
-            (row,) = backend.run_sync(backend.alist_watcher_controls)
+            assert backend.services.controls is not None
+            (row,) = backend.run_sync(backend.controls.alist_watcher_controls)
         assert (row.watcher, row.paused, row.retry_seq) == ("bills_feed", False, 1)
         assert row.updated_by is not None and row.updated_by.startswith("cli:")
 
@@ -171,7 +171,7 @@ class TestWatchersCommand:
         assert cli.run(["--database-url", f"sqlite:///{db}", "watchers", "retry", "nope"]) == 1
         assert "no watcher named 'nope'" in capsys.readouterr().err
         with SqliteStateBackend(db) as backend:
-            assert backend.run_sync(backend.alist_watcher_controls) == []
+            assert backend.run_sync(backend.controls.alist_watcher_controls) == []
 
     @pytest.mark.parametrize("action", ["pause", "resume", "retry"])
     def test_a_typo_is_an_error_naming_the_closest_watcher(
@@ -185,7 +185,7 @@ class TestWatchersCommand:
         assert err.count("\n") == 1
         assert "no watcher named 'orders_fed'; did you mean 'orders_feed'?" in err
         with SqliteStateBackend(db) as backend:
-            assert backend.run_sync(backend.alist_watcher_controls) == []
+            assert backend.run_sync(backend.controls.alist_watcher_controls) == []
         assert cli.run(["--database-url", url, "watchers", "list", "--json"]) == 0
         listed = [json.loads(line)["watcher"] for line in capsys.readouterr().out.splitlines()]
         assert listed == ["bills_feed", "orders_feed"]
@@ -243,7 +243,9 @@ class TestPauseAcrossRestart:
             async with SqliteStateBackend(db_path) as backend:
 
                 async def paused() -> bool:
-                    return [s.state for s in await backend.alist_trigger_status()] == ["paused"]
+                    return [s.state for s in await backend.status.alist_trigger_status()] == [
+                        "paused"
+                    ]
 
                 await wait_until(paused, "the daemon to pause the watcher", process)
             assert await terminate(process) == 0

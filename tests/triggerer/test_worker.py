@@ -13,14 +13,14 @@ import pytest
 from watchkeeper.store import (
     AssetEvent,
 )
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
+    BaseStateBackend,
     EventCommit,
-    MetastoreBackend,
     TaskRun,
     encode_json,
 )
 from watchkeeper.triggerer import AnyOf, Asset, Worker, WorkerSettings, asset_task
-from watchkeeper.triggerer._worker import retry_delay_for
+from watchkeeper.triggerer.worker._worker import retry_delay_for
 
 A = Asset("a")
 B = Asset("b")
@@ -32,23 +32,23 @@ async def emit(store: Any, asset: Asset, n: int = 1, start: int = 0) -> list[int
     ids: list[int] = []
     for i in range(start, start + n):
         commit = EventCommit("w", (asset.name,), encode_json({"i": i}, what="payload"))
-        ids.extend(e.id for e in await store.acommit_event(commit))
+        ids.extend(e.id for e in await store.events.acommit(commit))
     return ids
 
 
 async def wait_runs(store: Any, task: str, state: str, count: int) -> list[TaskRun]:
     with anyio.fail_after(20):
         while True:
-            runs = await store.alist_runs(task=task, state=state)
+            runs = await store.tasks.alist_runs(task=task, state=state)
             if len(runs) >= count:
                 return list(runs)
             await anyio.sleep(0.02)
 
 
 @pytest.fixture
-async def store(backend: MetastoreBackend) -> AsyncIterator[Any]:
+async def store(backend: BaseStateBackend) -> AsyncIterator[Any]:
     """A built-in backend with the test assets registered."""
-    await backend.aregister_assets([A, B, OUT])
+    await backend.events.aregister_assets([A, B, OUT])
     yield backend
 
 
@@ -78,9 +78,9 @@ class TestExecution:
 
         async with anyio.create_task_group() as tg:
             await start(store, tg, consume)
-            await store.aset_task_paused("consume", True)  # the three events make one run
+            await store.tasks.aset_task_paused("consume", True)  # the three events make one run
             await emit(store, A, 3)
-            await store.aset_task_paused("consume", False)
+            await store.tasks.aset_task_paused("consume", False)
             (run,) = await wait_runs(store, "consume", "success", 1)
             tg.cancel_scope.cancel()
         assert seen == [
@@ -102,9 +102,9 @@ class TestExecution:
 
         async with anyio.create_task_group() as tg:
             await start(store, tg, first, second)
-            await store.aset_task_paused("first", True)
+            await store.tasks.aset_task_paused("first", True)
             await emit(store, A, 2)
-            await store.aset_task_paused("first", False)
+            await store.tasks.aset_task_paused("first", False)
             await wait_runs(store, "second", "success", 1)
             tg.cancel_scope.cancel()
         assert got == [{"n": 2}]
@@ -124,7 +124,7 @@ class TestExecution:
             await start(store, tg, either, both)
             await emit(store, B)
             await wait_runs(store, "either", "success", 1)
-            assert await store.alist_runs(task="both") == []
+            assert await store.tasks.alist_runs(task="both") == []
             await emit(store, A)
             await wait_runs(store, "both", "success", 1)
             tg.cancel_scope.cancel()
@@ -142,7 +142,7 @@ class TestExecution:
             running += 1
             try:
                 await anyio.sleep(0.02)
-                seen.append((running, len(await store.alist_runs(state="running"))))
+                seen.append((running, len(await store.tasks.alist_runs(state="running"))))
             finally:
                 running -= 1
 
@@ -162,9 +162,9 @@ class TestExecution:
         settings = WorkerSettings(concurrency=2, poll_interval=0.01, heartbeat_interval=5)
         async with anyio.create_task_group() as tg:
             await tg.start(Worker(store, [bounded], settings).run)
-            await store.aset_task_paused("bounded", True)
+            await store.tasks.aset_task_paused("bounded", True)
             await emit(store, A, 12)
-            await store.aset_task_paused("bounded", False)
+            await store.tasks.aset_task_paused("bounded", False)
             await wait_runs(store, "bounded", "success", 12)
             tg.cancel_scope.cancel()
         assert len(seen) == 12
@@ -192,7 +192,7 @@ class TestExecution:
                 made.append(step.created)
         assert made == [16, 32, 52]  # the third was allowed 64: 52 events were left
         assert worker._batch == 16
-        assert (await store.alist_tasks())[0].pending == {"a": 0}
+        assert (await store.tasks.alist_tasks())[0].pending == {"a": 0}
 
     async def test_a_creation_that_makes_nothing_keeps_the_size(self, store: Any) -> None:
         """A step that found nothing to create (or lost the race for the cursor to another
@@ -233,7 +233,7 @@ class TestFailures:
             (run,) = await wait_runs(store, "flaky", "success", 1)
             tg.cancel_scope.cancel()
         assert reads == [None, 1]
-        shown = await store.aget_run(run.id)
+        shown = await store.tasks.aget_run(run.id)
         assert shown.try_number == 2
         assert "RuntimeError: first try fails" in shown.errors[0].error
         assert "Traceback" in (shown.errors[0].traceback or "")
@@ -303,7 +303,7 @@ class TestFailures:
             with anyio.fail_after(20):
                 await started.wait()
             tg.cancel_scope.cancel()
-        (run,) = await store.alist_runs(task="forever")
+        (run,) = await store.tasks.alist_runs(task="forever")
         assert run.state == "running" and run.errors == ()
 
     def test_retry_delay_doubles_with_jitter(self) -> None:

@@ -16,7 +16,7 @@ import anyio
 import pytest
 from anyio.abc import Process
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, TaskRun, encode_json
+from watchkeeper.store.protocols import EventCommit, TaskRun, encode_json
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -94,10 +94,10 @@ class Env:
 
     async def emit(self, *assets: str) -> None:
         async with SqliteStateBackend(self.db) as backend:
-            await backend.aregister_assets([Asset(a) for a in assets])
+            await backend.events.aregister_assets([Asset(a) for a in assets])
             for asset in assets:
                 payload = encode_json({"n": 1}, what="payload")
-                await backend.acommit_event(EventCommit("feed", (asset,), payload))
+                await backend.events.acommit(EventCommit("feed", (asset,), payload))
 
     async def wait_tasks(self, process: Process) -> None:
         with anyio.fail_after(60):
@@ -105,7 +105,7 @@ class Env:
                 assert process.returncode is None, f"the worker exited: {process.returncode}"
                 if self.db.exists():
                     async with SqliteStateBackend(self.db) as backend:
-                        if len(await backend.alist_tasks()) == len(RAISERS) + 1:
+                        if len(await backend.tasks.alist_tasks()) == len(RAISERS) + 1:
                             return
                 await anyio.sleep(0.1)
 
@@ -114,9 +114,9 @@ class Env:
             while True:
                 assert process.returncode is None, f"the worker exited: {process.returncode}"
                 async with SqliteStateBackend(self.db) as backend:
-                    runs = await backend.alist_runs()
+                    runs = await backend.tasks.alist_runs()
                     done = {
-                        r.task: await backend.aget_run(r.id)
+                        r.task: await backend.tasks.aget_run(r.id)
                         for r in runs
                         if r.task in tasks and r.state in ("success", "failed")
                     }

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.backend import EventCommit, encode_json
+from watchkeeper.store.protocols import EventCommit, encode_json
 
 COMMAND = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
 
@@ -86,12 +86,12 @@ async def test_sigkilled_try_is_retried_without_counting(tmp_path: Path) -> None
             await wait_for(lambda: (tmp_path / "state.db").exists())
             async with SqliteStateBackend(tmp_path / "state.db") as backend:
                 while True:
-                    if await backend.alist_tasks():
+                    if await backend.tasks.alist_tasks():
                         break
                     await anyio.sleep(0.05)
-                await backend.aregister_assets([Asset("orders")])
+                await backend.events.aregister_assets([Asset("orders")])
                 payload = encode_json({"n": 1}, what="payload")
-                await backend.acommit_event(EventCommit("feed", ("orders",), payload))
+                await backend.events.acommit(EventCommit("feed", ("orders",), payload))
             await wait_for(lambda: (tmp_path / "started").exists() or first.returncode is not None)
             assert first.returncode is None
     finally:

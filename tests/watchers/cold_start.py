@@ -35,7 +35,7 @@ async def main(classpath: str, kwargs: dict[str, Any]) -> None:
     asset = Asset("cold")
     config = RunnerConfig(lag_threshold=THRESHOLD, status_interval=0, backoff_initial=0.2)
     async with MemoryStateBackend() as backend:
-        await backend.aregister_assets([asset])
+        await backend.events.aregister_assets([asset])
         async with TriggerRunner(backend, config) as runner:
             events = runner.subscribe()
             trigger: BaseEventTrigger = cls(**kwargs)  # built on the loop, as a daemon does

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
-from watchkeeper.store.backend import MetastoreBackend
+from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.support.postgres import fresh_pg_schema
 from tests.support.requires import unavailable
 
-OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[MetastoreBackend]]
+OpenBackend = Callable[[], contextlib.AbstractAsyncContextManager[BaseStateBackend]]
 
 MYSQL_DSN = os.environ.get("WATCHKEEPER_TEST_MYSQL_DSN", "mysql://root@127.0.0.1:3306/test")
 
@@ -44,7 +44,7 @@ async def reopenable_backend(
     if request.param == "sqlite":
         path = tmp_path / "state.db"
 
-        def open_sqlite() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
+        def open_sqlite() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
             return _opened(SqliteStateBackend(path))
 
         yield open_sqlite
@@ -52,13 +52,13 @@ async def reopenable_backend(
     dsn: str = request.getfixturevalue("pg_dsn")  # a sync fixture: skips when PostgreSQL is down
     async with fresh_pg_schema(dsn, prefix="wk_watchers") as schema:
 
-        def open_postgres() -> contextlib.AbstractAsyncContextManager[MetastoreBackend]:
+        def open_postgres() -> contextlib.AbstractAsyncContextManager[BaseStateBackend]:
             return _opened(PostgresStateBackend(dsn, schema=schema))
 
         yield open_postgres
 
 
 @contextlib.asynccontextmanager
-async def _opened(backend: MetastoreBackend) -> AsyncIterator[MetastoreBackend]:
+async def _opened(backend: BaseStateBackend) -> AsyncIterator[BaseStateBackend]:
     async with backend:
         yield backend

@@ -28,6 +28,7 @@ from watchkeeper.store import Asset, MemoryStateBackend
 from watchkeeper.triggerer import BaseEventTrigger, RunnerConfig, TriggerRunner, WatchSpec
 from watchkeeper.watchers import (
     HttpPollWatcher,
+    KafkaWatcher,
     MqttWatcher,
     NatsJetStreamWatcher,
     RabbitMQWatcher,
@@ -43,6 +44,8 @@ from tests.support.brokers import (
     require_server,
     unique,
 )
+from tests.support.daemons import free_port
+from tests.support.kafka import create_topic, produce, tansu_broker
 from tests.support.proxy import TcpProxy, open_proxy
 
 ASSET = Asset("holed")
@@ -82,7 +85,7 @@ async def through_a_black_hole(
     await send(BEFORE)
     outcome = Outcome([])
     async with MemoryStateBackend() as backend:
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         async with TriggerRunner(backend, CONFIG) as runner:
             with runner.subscribe() as events:
                 await runner.start_trigger(WatchSpec("holed", watcher, (ASSET,), (NAME,)))
@@ -505,7 +508,7 @@ class TestAnUnreachableSource:
             )
             config = CONFIG.model_copy(update={"max_failures": 1})
             async with MemoryStateBackend() as backend:
-                await backend.aregister_assets([ASSET])
+                await backend.events.aregister_assets([ASSET])
                 async with TriggerRunner(backend, config) as runner:
                     with runner.subscribe() as events:
                         await runner.start_trigger(WatchSpec("refused", watcher, (ASSET,), (NAME,)))
@@ -521,3 +524,26 @@ class TestAnUnreachableSource:
         assert got == [1, 2]
         assert proxy.dsn_host in (status.last_error or "")
         assert status.state == "running"
+
+
+# -- KafkaWatcher --------------------------------------------------------------------------------
+
+
+class TestKafkaWatcher:
+    async def test_records_after_a_black_hole_arrive_once(self) -> None:
+        """Tansu advertises the proxy's port, so every connection of the watcher (bootstrap
+        and the partition leader's) goes through it and is black-holed."""
+        port = free_port()
+        async with open_proxy(port) as proxy, tansu_broker(port, advertised_port=proxy.port):
+            topic = unique("wk-holed-")
+            await create_topic(proxy.dsn_host, topic)
+
+            async def send(numbers: tuple[int, ...]) -> None:
+                values = [json.dumps({"n": n}).encode() for n in numbers]
+                await produce(proxy.dsn_host, topic, values)
+
+            watcher = KafkaWatcher(topic, proxy.dsn_host, poll_timeout=0.2, request_timeout=2)
+            outcome = await through_a_black_hole(
+                watcher, proxy, send, lambda payload: int(payload["data"]["n"])
+            )
+        assert_survived(outcome, proxy, topic, proxy.dsn_host)

@@ -238,6 +238,20 @@ async def mqtt_topic(tmp_path: Path) -> AsyncIterator[Prepared]:
 
 
 @contextlib.asynccontextmanager
+async def kafka_topic(tmp_path: Path) -> AsyncIterator[Prepared]:
+    from tests.support.kafka import create_topic, produce, tansu_broker
+
+    async with tansu_broker() as bootstrap:
+        topic = unique("wk-cold-")
+        await create_topic(bootstrap, topic)
+        await produce(bootstrap, topic, [b'{"n": 1}'])
+        yield (
+            f"{W}KafkaWatcher",
+            {"topics": [topic], "bootstrap_servers": [bootstrap], "poll_timeout": 0.2},
+        )
+
+
+@contextlib.asynccontextmanager
 async def directory(tmp_path: Path) -> AsyncIterator[Prepared]:
     (tmp_path / "inbox").mkdir()
     (tmp_path / "inbox" / "a.txt").write_text("a")
@@ -254,6 +268,7 @@ KINDS: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[Prepare
     "nats": nats_stream,
     "rabbitmq": rabbitmq_queue,
     "mqtt": mqtt_topic,
+    "kafka": kafka_topic,
     "directory": directory,
 }
 

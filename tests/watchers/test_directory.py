@@ -305,7 +305,7 @@ class TestDirectoryWatcherEvents:
         self, inbox: Path, backend: MemoryStateBackend
     ) -> None:
         """A stored watermark that is not this watcher's raises ValueError instead of re-emitting."""
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         await backend.aset(ASSET.scope, WATERMARK, {"cursor": 3})
         make_file(inbox, "a", T0)
         with pytest.raises(ValueError, match="not a DirectoryWatcher watermark"):
@@ -423,7 +423,7 @@ class TestDirectoryWatcherStateKeys:
         make_file(inbox, "a", T0)
         make_file(inbox, "b", T0 + 10 * S)
         make_file(inbox, "late", T0 + 5 * S)
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         # What the previous version committed after emitting a, b and then the late file.
         await backend.aset(ASSET.scope, "watermark", {"mtime_ns": T0 + 10 * S, "name": "b"})
         old_recent = {
@@ -453,7 +453,7 @@ class TestDirectoryWatcherStateKeys:
         self, inbox: Path, backend: MemoryStateBackend
     ) -> None:
         """An old 'watermark' that is not a directory watcher's (a task's) is ignored and kept."""
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         await backend.aset(ASSET.scope, "watermark", "2024-06-01T00:00:00Z")
         make_file(inbox, "a", T0)
         make_file(inbox, "b", T0 + S)

@@ -351,7 +351,7 @@ class TestHttpPollWatcherBackoff:
         with pytest.raises(HttpSourceError, match="HTTP 500 Internal Server Error, 3 times"):
             await payloads(watcher, backend, 1)
         assert len(api.requests) == 3
-        assert await backend.alist_events() == []
+        assert await backend.events.alist_events() == []
 
     @pytest.mark.parametrize(
         ("reply", "match"),
@@ -373,7 +373,7 @@ class TestHttpPollWatcherBackoff:
         with pytest.raises(HttpSourceError, match=match):
             await payloads(watcher, backend, 1)
         assert len(api.requests) == 1
-        assert await backend.alist_events() == []
+        assert await backend.events.alist_events() == []
 
     def test_retry_after_reads_seconds_and_http_dates(self) -> None:
         """Retry-After is delay-seconds or an HTTP date (measured from ``now``)."""
@@ -410,7 +410,7 @@ class TestHttpPollWatcherExactlyOnce:
         assert await payloads(watcher, backend, 2) == [{"id": "a"}, {"id": "b"}]
         listing.append({"id": "c"})
         assert await payloads(rebuilt(watcher), backend, 1) == [{"id": "c"}]
-        keys = [event.dedup_key for event in await backend.alist_events()]
+        keys = [event.dedup_key for event in await backend.events.alist_events()]
         assert keys == [f"{NAME}:a", f"{NAME}:b", f"{NAME}:c"]
 
 
@@ -459,7 +459,7 @@ class TestHttpPollWatcherSecrets:
         watcher = failing_with_secrets(api, monkeypatch, 500)
         out = LogStream("trigger_failed")
         configure_logging("info", "json", stream=out)
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         config = RunnerConfig(max_failures=1, status_interval=0, lag_threshold=0)
         async with TriggerRunner(backend, config) as runner:
             await runner.start_trigger(WatchSpec("http", watcher, (ASSET,), (NAME,)))
@@ -488,7 +488,7 @@ class TestHttpPollWatcherSecrets:
         )
         out = LogStream("trigger_failed")
         configure_logging("debug", "json", stream=out)
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         config = RunnerConfig(max_failures=1, status_interval=0, lag_threshold=0)
         async with TriggerRunner(backend, config) as runner:
             await runner.start_trigger(WatchSpec("http", watcher, (ASSET,), (NAME,)))

@@ -14,6 +14,7 @@ from watchkeeper.triggerer.testing import WatcherHarness
 from watchkeeper.watchers import (
     DirectoryWatcher,
     HttpPollWatcher,
+    KafkaWatcher,
     MqttWatcher,
     NatsJetStreamWatcher,
     RabbitMQWatcher,
@@ -36,6 +37,7 @@ WATCHERS: list[type[ReadyMadeWatcher[Any]]] = [
     NatsJetStreamWatcher,
     RabbitMQWatcher,
     MqttWatcher,
+    KafkaWatcher,
 ]
 
 EVERY: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
@@ -158,6 +160,23 @@ EVERY: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
             "reconnect_max": 60,
         },
     ),
+    (
+        KafkaWatcher,
+        {
+            "topics": ["orders", "refunds"],
+            "bootstrap_servers": ["k1:9092", "k2:9092"],
+            "start": "latest",
+            "batch_size": 50,
+            "poll_timeout": 0.5,
+            "group_id": "wk",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "me",
+            "sasl_password": "pw",
+            "request_timeout": 10,
+            "reconnect_attempts": 3,
+        },
+    ),
 ]
 """Per watcher, arguments that together set every parameter to a value other than its default
 (``HttpPollWatcher`` needs two: ``cursor`` and ``cursor_function`` exclude each other)."""
@@ -179,6 +198,7 @@ REQUIRED: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
     (NatsJetStreamWatcher, {"stream": "S"}),
     (RabbitMQWatcher, {"queue": "q"}),
     (MqttWatcher, {"topics": "t/#"}),
+    (KafkaWatcher, {"topics": "t"}),
 ]  # fmt: skip
 """Per watcher, its required arguments only (every other parameter at its default)."""
 
@@ -371,6 +391,8 @@ class TestBadParameters:
             (MqttWatcher, {"topics": "t", "url": "tcp://u:hunter2@h"}),
             (SqlTableWatcher, {"dsn": "oracle://u:hunter2@h", "table": "t", "cursor_column": "c", "key_column": "k"}),
             (HttpPollWatcher, {"url": "ftp://u:hunter2@h/"}),
+            (KafkaWatcher, {"topics": "t", "sasl_username": "u", "sasl_password": "hunter2"}),
+            (KafkaWatcher, {"topics": "t", "security_protocol": "SASL_SSL", "sasl_username": "u", "sasl_password": "hunter2", "batch_size": 0}),
         ],
     )  # fmt: skip
     def test_an_error_never_shows_a_password(

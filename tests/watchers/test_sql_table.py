@@ -345,7 +345,7 @@ class TestSqlTableWatcherStateKeys:
     ) -> None:
         """State saved under the old 'watermark'/'recent' keys resumes there, then moves over."""
         await table.insert((1, 1, "a"), (2, 2, "b"), (4, 4, "d"))
-        await backend.aregister_assets([ASSET])
+        await backend.events.aregister_assets([ASSET])
         # What the previous version committed after emitting rows 1, 2 and 4.
         old_recent = {"floor": None, "keys": [1, 2, 4], "cursors": [1, 2, 4]}
         await backend.aset(ASSET.scope, "watermark", {"kind": "int", "cursor": 4, "key": 4})

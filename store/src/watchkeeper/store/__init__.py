@@ -1,7 +1,7 @@
 """watchkeeper.store: task and asset state, its backends and the accessors tasks and triggers use.
 
 This is the API of task and watcher authors and operators. What a backend author implements
-and the runtime calls (capabilities, records, value rules) is in :mod:`watchkeeper.store.backend`.
+and the runtime calls (capabilities, records, value rules) is in :mod:`watchkeeper.store.protocols`.
 """
 
 from __future__ import annotations

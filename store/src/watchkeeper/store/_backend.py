@@ -5,13 +5,14 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 import anyio
 import anyio.abc
 
 from ._lifecycle import Lifecycle
 from ._offload import OffloadHooks
+from ._protocols import Services
 from ._slots import slot_setters
 from ._types import (
     AssetScope,
@@ -39,9 +40,20 @@ from .errors import (
     HookNotImplementedError,
     InvalidArgumentError,
     InvalidSettingError,
+    MissingCapabilityError,
     RetentionTypeError,
     StoreClosedError,
 )
+
+if TYPE_CHECKING:
+    from ._protocols import (
+        EventLog,
+        GarbageCollector,
+        LeaseTable,
+        OperatorControls,
+        StatusTable,
+        TaskQueue,
+    )
 
 __all__ = ["BaseStateBackend"]
 
@@ -81,6 +93,15 @@ def _entry(raw: RawEntry) -> StateEntry:
     )
 
 
+S = TypeVar("S")
+
+
+def _present(store: object, service: S | None, name: str) -> S:
+    if service is None:
+        raise MissingCapabilityError(store, name)
+    return service
+
+
 class BaseStateBackend(Lifecycle, OffloadHooks):
     """Where task and asset state lives.
 
@@ -95,11 +116,12 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
       each trigger one), or on a private loop thread when the backend was opened with ``with``;
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
-    Asset registration, events, garbage collection, trigger status and trigger leases are
-    capabilities (``runtime_checkable`` Protocols in :mod:`watchkeeper.store.backend`): the
-    built-in backends have them all (they subclass ``MetastoreBackend``); a custom backend
-    implements those it has, and the runtime checks for each with ``isinstance`` (a daemon on
-    a backend without leases runs every trigger unfenced, as a single daemon).
+    The rest of the store is in **services** (:mod:`watchkeeper.store.protocols`):
+    ``store.events``, ``store.tasks``, ``store.leases``, ``store.controls``, ``store.status``
+    and ``store.gc``. The built-in backends have them all; a custom one sets
+    ``self.services`` to those it has (the others are ``None`` there, and their attribute
+    raises :class:`MissingCapabilityError`: a daemon on a store without leases runs every
+    trigger unfenced, as a single daemon).
     """
 
     def __init__(
@@ -121,6 +143,40 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
         self.clock: Callable[[], datetime] = _utcnow
         self.applied_migrations: list[int] = []
         """The schema migrations the last opening applied (empty when it was up to date)."""
+        self.services = Services()
+        """The services this store offers (``None`` for one it lacks)."""
+
+    # -- services ----------------------------------------------------------------------------
+
+    @property
+    def events(self) -> EventLog:
+        """The asset registry and the event log."""
+        return _present(self, self.services.events, "events")
+
+    @property
+    def tasks(self) -> TaskQueue:
+        """Event consumers, tasks, runs and run leases."""
+        return _present(self, self.services.tasks, "tasks")
+
+    @property
+    def leases(self) -> LeaseTable:
+        """Node and trigger leases."""
+        return _present(self, self.services.leases, "leases")
+
+    @property
+    def controls(self) -> OperatorControls:
+        """Watcher controls and API tokens."""
+        return _present(self, self.services.controls, "controls")
+
+    @property
+    def status(self) -> StatusTable:
+        """Trigger and daemon status rows."""
+        return _present(self, self.services.status, "status")
+
+    @property
+    def gc(self) -> GarbageCollector:
+        """Garbage collection."""
+        return _present(self, self.services.gc, "gc")
 
     # -- health ------------------------------------------------------------------------------
 
@@ -145,6 +201,12 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
     async def amigrate(self) -> builtins.list[int]:
         """Apply pending schema migrations; return the versions applied (opening does this too)."""
         return []
+
+    def configure_sessions(self, name: str, lease_seconds: float) -> None:
+        """Name this store's database sessions ``name`` and let the server end one left idle
+        inside a transaction for about ``lease_seconds``, so a frozen process cannot hold its
+        row locks (and its fenced leases) much past its leases. Call before it opens. A store
+        without server sessions (memory, SQLite) has nothing to set."""
 
     def _describe(self) -> str:
         return ""

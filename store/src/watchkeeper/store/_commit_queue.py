@@ -24,9 +24,8 @@ fewer than that many are queued behind it, the writer waits up to ``linger`` sec
 (:data:`LINGER`), or until they are, before it takes the batch, so they share its transaction
 instead of each going alone. The slots of a worker running short tasks do not finish at once:
 without it, the first found the queue idle and went alone, and the rest went together behind
-it (batches of 1 and 7 at ``concurrency`` 8). Waiting a third of a millisecond, against the
-transaction each lone step costs, raised a worker's runs per second by a fifth to a third
-(``BENCHMARKS.md``).
+it. Waiting a fraction of a millisecond is cheap against the transaction each lone step costs
+(the measured gain is in ``BENCHMARKS.md``).
 
 Cancellation: handing a write over has no checkpoint, so a caller cancelled in ``submit``
 only stops waiting, and its write may still commit. When the
@@ -75,8 +74,8 @@ LINGER: Final = 0.0003
 class QueuedWrite:
     """One write waiting for the writer: its outcome, and the future its caller awaits.
 
-    A bare asyncio future rather than an ``anyio.Event``: half the cost per write, which a
-    1000-writer batch pays 1000 times (both drivers tie their backend to asyncio anyway).
+    A bare asyncio future rather than an ``anyio.Event``: cheaper per write, which a large
+    batch pays once per write (both drivers tie their backend to asyncio anyway).
     """
 
     __slots__ = ("company", "done", "error", "ran", "result", "settled")
@@ -148,7 +147,7 @@ class CommitQueue(Generic[W]):
         self._max_bytes = max_batch_bytes
         # A plain deque, not bounded: every caller waits for its own write, so it holds at
         # most one write per waiting caller. (A bounded stream parked the callers beyond its
-        # size, and waking them one by one cost a fifth of the loop with 10,000 writers.)
+        # size, and waking them one by one was a large share of the loop with many writers.)
         self._queue: deque[W] = deque()
         self._closed = False
         self._wakeup: anyio.Event | None = None
@@ -160,10 +159,26 @@ class CommitQueue(Generic[W]):
         """Writes those batches carried."""
         self.batch_sizes = BatchSizes()
         """How many writes each of those batches carried (a histogram)."""
+        self.held = 0
+        """Writes of the next batch while it waits for batches in flight to land (it shares a
+        key with one, every connection is busy, or it is too small to go beside them)."""
+        self._held_changed = anyio.Event()
 
     @property
     def stats(self) -> CommitStats:
         return CommitStats(self.batches, self.writes)
+
+    async def wait_held(self, writes: int = 1) -> None:
+        """Return once at least ``writes`` writes wait behind the batches in flight: what is
+        queued behind a batch that the server holds up can be seen, not guessed at."""
+        while self.held < writes:
+            await self._held_changed.wait()
+
+    def _hold(self, writes: int) -> None:
+        if writes != self.held:
+            self.held = writes
+            changed, self._held_changed = self._held_changed, anyio.Event()
+            changed.set()
 
     async def submit(self, write: W) -> Any:
         """Queue ``write``, wait until its batch has run, and return its result (or raise)."""
@@ -218,8 +233,8 @@ class CommitQueue(Generic[W]):
                     tg = await stack.enter_async_context(anyio.create_task_group())
                 while True:
                     # Let the callers of the last batch run first: most queue their next
-                    # write at once, so the next batch is about twice as large (measured on
-                    # SQLite: +6-12 % events/s at 100 watchers) for one pass of the loop.
+                    # write at once, so the next batch is larger (BENCHMARKS.md) for one pass
+                    # of the loop.
                     await anyio.lowlevel.checkpoint()
                     if carry is None:
                         carry = await self._next()
@@ -228,14 +243,16 @@ class CommitQueue(Generic[W]):
                         if carry.company and self._linger:
                             await self._wait_for_company(carry.company)
                     # Everything queued, as one batch: splitting it over the free connections
-                    # was measured to cost ~40 % more CPU per event (each batch has a fixed
-                    # cost of a few round trips), and the machine is more often short of CPU
-                    # than of round trips.
+                    # cost more CPU per event (each batch has a fixed cost of a few round
+                    # trips; BENCHMARKS.md), and the machine is more often short of CPU than
+                    # of round trips.
                     batch, carry = self._take(carry)
                     if self._flying and carry is None and len(batch) < _MIN_OVERLAP:
                         # A few writes are not worth a transaction beside the ones in flight:
                         # wait for one to land, and take what arrived meanwhile with them.
+                        self._hold(len(batch))
                         await self._landed.wait()
+                        self._hold(0)
                         carry = self._fill(batch)
                     keys = None if self._keys_of is None else self._keys_of(batch)
                     while self._flying and (
@@ -243,7 +260,9 @@ class CommitQueue(Generic[W]):
                         or keys is None
                         or any(k is None or not k.isdisjoint(keys) for k in self._flying)
                     ):
+                        self._hold(len(batch))
                         await self._landed.wait()
+                    self._hold(0)
                     self._flying.append(keys)
                     if tg is None:
                         await self._run_one(batch, keys)
@@ -251,6 +270,7 @@ class CommitQueue(Generic[W]):
                         tg.start_soon(self._run_one, batch, keys)
                     batch = []
         finally:
+            self._hold(0)
             self._fail_unsettled(batch, self._in_flight_error)
             self._closed = True
             leftovers: list[W] = [] if carry is None else [carry]

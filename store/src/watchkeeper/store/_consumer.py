@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ._backend import BaseStateBackend
-from ._tasks import EventConsumers, check_name, encode_state_writes, require_event_consumers
+from ._tasks import encode_state_writes
 from ._types import AssetEvent, StateScope, Writer
-from ._values import JSONValue
+from ._values import JSONValue, check_name
 
 __all__ = ["EventConsumer"]
 
@@ -29,8 +29,8 @@ class EventConsumer:
         assets: Sequence[str] | None = None,
     ) -> None:
         self.backend = backend
-        self._consumers: EventConsumers = require_event_consumers(backend)
-        self.name = check_name("consumer name", name)
+        self._consumers = backend.tasks
+        self.name = check_name(name, what="consumer name")
         self.assets = None if assets is None else tuple(assets)
         self.writer = Writer("api", f"consumer:{name}")
 

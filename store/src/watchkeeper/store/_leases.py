@@ -15,7 +15,7 @@ A lease says which daemon runs a trigger. It is two things:
   touches another live node's; ``arelease_leases`` frees the holder's own (the row stays, so
   the next holder's token is still higher).
 
-Fencing: a write that carries a :class:`~watchkeeper.store.backend.Fence` checks, in the
+Fencing: a write that carries a :class:`~watchkeeper.store.protocols.Fence` checks, in the
 transaction that would write, that the trigger lease names the fence's owner and token and
 that the owner's node lease is alive and not expired at the write's time. If not, the write
 stores nothing and raises :class:`~watchkeeper.store.errors.LeaseLostError`. The token, not
@@ -35,7 +35,6 @@ from .errors import ArgumentTypeError, InvalidArgumentError, LeaseLostError
 __all__ = [
     "HeldLease",
     "check_fence",
-    "check_limit",
     "check_owner",
     "check_trigger_ids",
     "check_ttl",
@@ -95,17 +94,6 @@ def check_fence(fence: Fence, held: HeldLease | None, now: datetime) -> None:
         else:
             reason = f"{owner!r} holds it with token {token}"
     raise LeaseLostError(fence.trigger_id, fence.owner, fence.token, reason)
-
-
-def check_limit(limit: object) -> int | None:
-    """How many free leases a claim may take: None (all) or an int >= 0."""
-    if limit is None:
-        return None
-    if not isinstance(limit, int) or isinstance(limit, bool):
-        raise ArgumentTypeError("limit", limit, "an int or None")
-    if limit < 0:
-        raise InvalidArgumentError("limit", limit, "must be >= 0")
-    return limit
 
 
 def spread_key(owner: str, trigger_id: str) -> str:

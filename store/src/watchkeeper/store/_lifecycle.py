@@ -1,6 +1,6 @@
 """Opening and closing a backend, and running its coroutines from synchronous code.
 
-:class:`Lifecycle` is the part of :class:`~watchkeeper.store.backend.BaseStateBackend` that owns
+:class:`Lifecycle` is the part of :class:`~watchkeeper.store.protocols.BaseStateBackend` that owns
 the event loop side: ``async with`` opens the backend on the running loop (its ``_aopen`` hook
 starts background tasks in a task group the backend owns); ``with`` opens it on a private
 loop thread for purely synchronous use; :meth:`Lifecycle._run_sync` runs a coroutine function

@@ -5,31 +5,25 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from ._controls import ApiToken, ControlsBackend, WatcherControl
-from ._types import AssetEvent, AssetScope
+import anyio
+
+from ._controls import ApiToken, WatcherControl
+from ._memory_part import MemoryCore, MemoryPart
+from ._types import AssetScope
 from .errors import TokenExistsError, VersionConflictError
-
-if TYPE_CHECKING:
-    from .memory import MemoryStateBackend
 
 __all__ = ["MemoryControls"]
 
 
-class MemoryControls(ControlsBackend):
-    """The hooks of :class:`~._controls.ControlsBackend` for the memory backend: the rows in
-    two dicts."""
+class MemoryControls(MemoryPart):
+    """The controls driver of the memory backend (the rows in two dicts) and its event feed
+    (:class:`~.protocols.ControlsDriver`, :class:`~.protocols.EventFeedDriver`)."""
 
-    clock: Callable[[], datetime]
-
-    def _memory(self) -> MemoryStateBackend:
-        return self  # type: ignore[return-value]  # only ever mixed into MemoryStateBackend
-
-    def _init_controls(self) -> None:
+    def __init__(self, store: MemoryCore) -> None:
+        super().__init__(store)
         self._controls_lock = threading.Lock()
         self._controls: dict[str, WatcherControl] = {}
         self._tokens: dict[str, ApiToken] = {}
@@ -63,7 +57,7 @@ class MemoryControls(ControlsBackend):
             return [self._controls[k] for k in sorted(self._controls)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         for event in reversed(events):
             if asset is None or event.asset == asset:
                 return event.id
@@ -72,7 +66,7 @@ class MemoryControls(ControlsBackend):
     async def _alist_event_json(
         self, asset: str | None, since_id: int, limit: int
     ) -> list[tuple[int, str]]:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         out: list[tuple[int, str]] = []
         for event in events[bisect.bisect_right(events, since_id, key=lambda e: e.id) :]:
             if asset is not None and event.asset != asset:
@@ -84,7 +78,7 @@ class MemoryControls(ControlsBackend):
         return out
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
-        events: list[AssetEvent] = self._events  # type: ignore[attr-defined]  # the backend's
+        events = self._events
         counts: dict[str, int] = {}
         for event in reversed(events):  # in commit order, so in time order
             if event.created_at < since:
@@ -93,7 +87,7 @@ class MemoryControls(ControlsBackend):
         return counts
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        backend = self._memory()
+        backend = self
         with backend._lock:
             row = backend._resolve(AssetScope(name=asset))
             entry = backend._asset_state.get((row.asset_id, key))
@@ -127,3 +121,12 @@ class MemoryControls(ControlsBackend):
                 return False
             self._tokens[name] = replace(old, revoked_at=self._controls_now())
             return True
+
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        with anyio.move_on_after(wait):
+            while True:
+                last = self._events[-1].id if self._events else 0
+                if last > after_id:
+                    return last
+                await anyio.sleep(0.01)
+        return self._events[-1].id if self._events else 0

@@ -12,10 +12,8 @@ import builtins
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
-import anyio
-
+from ._memory_part import MemoryCore, MemoryPart
 from ._tasks import (
     MAX_LOST_TRIES,
     RunError,
@@ -32,7 +30,6 @@ from ._tasks import (
     lost_reason,
     plan_runs,
 )
-from ._taskstore import TaskStoreBackend
 from ._types import AssetEvent, AssetScope, Put, Writer
 from ._values import decode_value
 from .errors import (
@@ -42,9 +39,6 @@ from .errors import (
     RunStateError,
     TaskNotFoundError,
 )
-
-if TYPE_CHECKING:
-    import threading
 
 __all__ = ["MemoryTasks"]
 
@@ -57,22 +51,11 @@ class _Task:
     writers: dict[str, Writer | None] = field(default_factory=dict)
 
 
-class MemoryTasks(TaskStoreBackend):
-    """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the memory backend."""
+class MemoryTasks(MemoryPart):
+    """The tasks driver of the memory backend (:class:`~.protocols.TasksDriver`)."""
 
-    # Provided by MemoryStateBackend.
-    _lock: threading.Lock
-    _events: list[AssetEvent]
-    _next_event_id: int
-    clock: Any
-
-    if TYPE_CHECKING:
-
-        def _resolve(self, scope: AssetScope) -> Any: ...
-        def _put(self, put: Put) -> int: ...
-
-    def _init_tasks(self) -> None:
-        """Called by the backend's ``__init__``: empty consumers, tasks and runs."""
+    def __init__(self, store: MemoryCore) -> None:
+        super().__init__(store)
         self._m_consumers: dict[str, int] = {}
         self._m_tasks: dict[str, _Task] = {}
         self._m_runs: dict[int, TaskRun] = {}
@@ -424,15 +407,6 @@ class MemoryTasks(TaskStoreBackend):
                 lost_tries=min(run.lost_tries, MAX_LOST_TRIES - 1),
             )  # fmt: skip
             return run
-
-    async def _await_events(self, after_id: int, wait: float) -> int:
-        with anyio.move_on_after(wait):
-            while True:
-                last = self._events[-1].id if self._events else 0
-                if last > after_id:
-                    return last
-                await anyio.sleep(0.01)
-        return self._events[-1].id if self._events else 0
 
 
 def _lost(run: TaskRun, owner: str, token: int, now: datetime) -> str | None:

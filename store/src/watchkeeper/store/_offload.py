@@ -2,7 +2,7 @@
 
 :class:`~watchkeeper.store.BaseStateBackend` inherits these defaults, which raise
 :class:`HookNotImplementedError` (a ``NotImplementedError``) naming the backend and the hook (a configuration error, not a
-capability check: the metastore capabilities are in :mod:`watchkeeper.store.backend`).
+capability check: the metastore capabilities are in :mod:`watchkeeper.store.protocols`).
 """
 
 from __future__ import annotations

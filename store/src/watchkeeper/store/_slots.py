@@ -2,7 +2,7 @@
 
 A frozen dataclass's ``__init__`` (and ``object.__setattr__``, which it calls once per field)
 checks on every call that no class of the instance's type overrides ``__setattr__`` in C:
-a walk of the type's bases that costs about as much again as the store itself. The member
+a walk of the type's bases, paid per record on the hot paths (see BENCHMARKS.md). The member
 descriptor of each slot sets its field directly. The paths that use these build records of
 values they have checked already (the commit of an event whose names were checked once per
 trigger, the events a batch returns): nothing is checked here.

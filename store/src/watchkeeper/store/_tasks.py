@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
+from ._checks import check_limit
 from ._run_errors import (
     LAPSED,
     MAX_LOST_TRIES,
@@ -42,30 +43,25 @@ from ._run_errors import (
     lapsed_error,
 )
 from ._types import AssetEvent, StateScope, Writer
-from ._values import JSONValue
-from .errors import ArgumentTypeError, InvalidArgumentError, MissingCapabilityError
+from ._values import JSONValue, check_name
+from .errors import InvalidArgumentError
 
 __all__ = [
     "LAPSED",
     "MAX_LOST_TRIES",
     "RUN_STATES",
     "TRY_CAUSES",
-    "EventConsumers",
     "OutletEvent",
     "RunError",
     "RunOutcome",
     "RunStep",
     "StateWrite",
     "TaskInfo",
-    "TaskQueue",
     "TaskRun",
     "TaskSpec",
     "TryCause",
     "after_failure",
     "after_lost",
-    "check_event_id",
-    "check_limit",
-    "check_name",
     "check_rewind",
     "check_state",
     "errors_from_json",
@@ -76,39 +72,10 @@ __all__ = [
     "lost_reason",
     "plan_run",
     "plan_runs",
-    "require_event_consumers",
-    "require_task_queue",
 ]
 
 RunState = Literal["queued", "running", "success", "failed"]
 RUN_STATES: tuple[RunState, ...] = ("queued", "running", "success", "failed")
-
-
-def check_name(what: str, name: object) -> str:
-    """A task or consumer name: a non-empty str."""
-    if not isinstance(name, str):
-        raise ArgumentTypeError(what, name, "a non-empty str")
-    if not name:
-        raise InvalidArgumentError(what, name, "must be a non-empty str")
-    return name
-
-
-def check_limit(limit: object, what: str = "limit") -> int:
-    """A count of runs or events: an int >= 1."""
-    if type(limit) is not int:
-        raise ArgumentTypeError(what, limit, "an int >= 1")
-    if limit < 1:
-        raise InvalidArgumentError(what, limit, "must be an int >= 1")
-    return limit
-
-
-def check_event_id(what: str, event_id: object, least: int) -> int:
-    """An event id (or a cursor position): an int >= ``least``."""
-    if type(event_id) is not int:
-        raise ArgumentTypeError(what, event_id, f"an int >= {least}")
-    if event_id < least:
-        raise InvalidArgumentError(what, event_id, f"must be an int >= {least}")
-    return event_id
 
 
 def check_state(state: object) -> None:
@@ -163,7 +130,7 @@ class TaskSpec:
     max_tries: int = 1
 
     def __post_init__(self) -> None:
-        check_name("TaskSpec.name", self.name)
+        check_name(self.name, what="TaskSpec.name")
         assets = tuple(self.assets)
         if not assets or not all(isinstance(a, str) and a for a in assets):
             raise InvalidArgumentError("TaskSpec.assets", assets, "must be non-empty asset names")
@@ -172,8 +139,8 @@ class TaskSpec:
         object.__setattr__(self, "assets", assets)
         if self.mode not in ("all", "any"):
             raise InvalidArgumentError("TaskSpec.mode", self.mode, "must be 'all' or 'any'")
-        check_limit(self.max_events, "TaskSpec.max_events")
-        check_limit(self.max_tries, "TaskSpec.max_tries")
+        check_limit(self.max_events, what="TaskSpec.max_events")
+        check_limit(self.max_tries, what="TaskSpec.max_tries")
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,146 +235,6 @@ class StateWrite:
     scope: StateScope
     key: str
     value_json: str
-
-
-@runtime_checkable
-class EventConsumers(Protocol):
-    """Named consumers with durable cursors on the event log."""
-
-    async def aconsumer_position(self, name: str) -> int:
-        """The id of the last event ``name`` acknowledged (0: none yet)."""
-        ...
-
-    async def aconsumer_fetch(
-        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
-    ) -> list[AssetEvent]:
-        """Up to ``limit`` events after ``name``'s cursor, in commit order (of ``assets``)."""
-        ...
-
-    async def aconsumer_ack(
-        self,
-        name: str,
-        event_id: int,
-        *,
-        state: Sequence[StateWrite] = (),
-        expected: int | None = None,
-        writer: Writer | None = None,
-    ) -> int:
-        """Move ``name``'s cursor to ``event_id`` and apply ``state``, in one transaction."""
-        ...
-
-
-@runtime_checkable
-class TaskQueue(Protocol):
-    """Task cursors, runs and run leases: what ``watchkeeper worker`` needs of a store."""
-
-    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None: ...
-
-    async def alist_tasks(self) -> list[TaskInfo]: ...
-
-    async def aset_task_paused(self, name: str, paused: bool) -> None: ...
-
-    async def arewind_task(
-        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
-    ) -> None: ...
-
-    async def acreate_run(self, name: str) -> TaskRun | None: ...
-
-    async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]:
-        """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
-        ...
-
-    async def aclaim_runs(
-        self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
-    ) -> list[TaskRun]: ...
-
-    async def astep_runs(
-        self,
-        owner: str,
-        *,
-        finish: RunOutcome | None = None,
-        claim: int = 0,
-        ttl: timedelta | float,
-        tasks: Sequence[str] | None = None,
-        create: int = 0,
-        peers: int = 0,
-    ) -> RunStep:
-        """Finish one try and claim up to ``claim`` runs, in one transaction; when fewer are
-        ready, create up to ``create`` runs from pending events and claim from them.
-        ``peers``: how many other steps of ``owner`` may follow at once (a hint)."""
-        ...
-
-    async def aheartbeat_runs(
-        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
-    ) -> set[int]: ...
-
-    async def abreak_run_leases(self, owners: Sequence[str]) -> int: ...
-
-    async def afinish_run(
-        self,
-        run_id: int,
-        owner: str,
-        token: int,
-        *,
-        success: bool,
-        outlets: Sequence[OutletEvent] = (),
-        error: str | None = None,
-        traceback: str | None = None,
-        retry_delay: timedelta = timedelta(0),
-        cause: TryCause = "task_error",
-    ) -> TaskRun: ...
-
-    async def aget_run(self, run_id: int) -> TaskRun: ...
-
-    async def alist_runs(
-        self,
-        *,
-        task: str | None = None,
-        state: str | None = None,
-        limit: int | None = None,
-        before: int | None = None,
-        event_ids: bool = False,
-    ) -> list[TaskRun]:
-        """Runs, newest first: of ``task``, in ``state``, with ids below ``before`` (the
-        cursor of the next page), at most ``limit``; with ``event_ids``, each run's."""
-        ...
-
-    async def aretry_run(self, run_id: int) -> TaskRun: ...
-
-    async def acount_runs(self) -> dict[tuple[str, str], int]:
-        """How many runs each task has in each state: ``{(task, state): count}``, counted by the
-        store (a scrape of the metrics does not read the runs)."""
-        ...
-
-    async def await_events(self, after_id: int, wait: float) -> int:
-        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
-        ...
-
-    async def acount_tries(self) -> dict[tuple[str, str, bool], int]:
-        """Failed tries by task, cause and whether they failed the run (counts only grow)."""
-        ...
-
-    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
-        """The commit time of the oldest pending event per task and scheduled asset."""
-        ...
-
-    async def arun_durations(self, bounds: Sequence[float]) -> dict[str, tuple[list[int], float]]:
-        """Successful runs' durations per task in buckets (``counts``, total seconds)."""
-        ...
-
-
-def require_event_consumers(backend: object) -> EventConsumers:
-    """``backend`` as an :class:`EventConsumers`, else :class:`MissingCapabilityError`."""
-    if isinstance(backend, EventConsumers):
-        return backend
-    raise MissingCapabilityError(backend, "EventConsumers")
-
-
-def require_task_queue(backend: object) -> TaskQueue:
-    """``backend`` as a :class:`TaskQueue`, else :class:`MissingCapabilityError`."""
-    if isinstance(backend, TaskQueue):
-        return backend
-    raise MissingCapabilityError(backend, "TaskQueue")
 
 
 # -- the shared rules -----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from .errors import (
     InvalidNameError,
     InvalidValueError,
     KeyTypeError,
-    PayloadTooLargeError,
     RetentionTypeError,
     ValueTooLargeError,
     ValueTypeError,
@@ -36,14 +35,11 @@ __all__ = [
     "NEVER_EXPIRE",
     "JSONValue",
     "check_bigint",
-    "check_events_query",
     "check_key",
     "check_name",
     "check_retention",
     "decode_value",
     "encode_json",
-    "encode_payload",
-    "encode_payload_decoded",
     "encode_value",
     "expiry_of",
     "value_from_text",
@@ -191,15 +187,6 @@ def check_bigint(value: object, *, what: str, minimum: int = 0, maximum: int = M
     if value > maximum:
         raise InvalidArgumentError(what, value, f"must be at most {maximum}")
     return value
-
-
-def check_events_query(asset: object, since_id: object, limit: object) -> None:
-    """Check the arguments of ``alist_events`` the same way for every backend."""
-    if asset is not None:
-        check_name(asset, what="asset name")
-    check_bigint(since_id, what="since_id")
-    if limit is not None:
-        check_bigint(limit, what="limit")
 
 
 def check_retention(retention: object) -> timedelta | _NeverExpire | None:
@@ -390,63 +377,6 @@ def encode_json(value: object, *, what: str = "value") -> str:
     if value is None:
         return "null"
     return _encode_checked(value, what)
-
-
-def encode_payload(
-    value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
-) -> str:
-    """Validate an event payload (``None`` allowed) and return its compact JSON text.
-
-    Raises what :func:`encode_json` raises, and :class:`PayloadTooLargeError` when the
-    encoding is over ``max_payload_bytes`` (``None`` disables the limit).
-    """
-    text = encode_json(value, what="payload")
-    # As in encode_value: a UTF-8 character is at most 4 bytes, so a payload under a quarter
-    # of the limit (nearly all of them) costs one len(); only a long one is encoded to measure.
-    if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
-        _check_payload_size(text, max_payload_bytes)
-    return text
-
-
-def _check_payload_size(text: str, max_payload_bytes: int) -> None:
-    size = len(text.encode("utf-8", "surrogatepass"))  # a measure; never raises
-    if size > max_payload_bytes:
-        raise PayloadTooLargeError(size, max_payload_bytes)
-
-
-def encode_payload_decoded(
-    value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
-) -> tuple[str, JSONValue]:
-    """:func:`encode_payload`, and the payload decoded back from that text.
-
-    The check decodes the text anyway (to compare it with ``value``); returning that copy
-    spares a caller that hands the payload on (a batch's events) a second decoding. The copy
-    shares no container with ``value``; immutable scalars are returned as they are.
-    """
-    kind = type(value)
-    if value is None or kind is int or kind is str or kind is bool:
-        return encode_payload(value, max_payload_bytes=max_payload_bytes), value
-    try:
-        if _C_ENCODE is not None and _C_SCAN is not None:
-            text = "".join(_C_ENCODE(value, 0))
-            decoded, end = _C_SCAN(text, 0)
-            same = end == len(text) and decoded == value
-        else:
-            text = _ENCODER.encode(value)
-            decoded = _DECODE(text)
-            same = decoded == value
-    except (TypeError, ValueError, RecursionError, StopIteration):
-        same = False
-    if (
-        not same  # not plain JSON: encode_payload raises the error that names the culprit
-        or (len(text) > MAX_VALUE_DEPTH and text.count("[") + text.count("{") > MAX_VALUE_DEPTH)
-        or not text.isascii()  # maybe deeper than allowed, or a lone surrogate: check it all
-    ):
-        text = encode_payload(value, max_payload_bytes=max_payload_bytes)
-        return text, _DECODE(text)
-    if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
-        _check_payload_size(text, max_payload_bytes)
-    return text, decoded
 
 
 def encode_value(

@@ -29,7 +29,6 @@ from ._backend import BaseStateBackend
 from ._log import get_logger
 from ._types import Asset, TaskScope, Writer
 from .accessors import AssetStateStoreAccessors, TaskStateStoreAccessor
-from .backend import require_asset_registry
 from .errors import ArgumentTypeError, ContextKeyError, InvalidArgumentError
 
 __all__ = ["build_task_context", "declared_assets", "run_task"]
@@ -180,7 +179,7 @@ async def run_task(
     inlets, outlets = _as_tuple("inlets", inlets), _as_tuple("outlets", outlets)
     assets = declared_assets(inlets, outlets)
     if register_assets and assets:
-        await require_asset_registry(backend).aregister_assets(assets)
+        await backend.events.aregister_assets(assets)
     try_number = 1
     while True:
         context = build_task_context(

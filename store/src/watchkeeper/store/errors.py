@@ -317,14 +317,14 @@ class StoreClosedError(StateStoreError):
 
 
 class MissingCapabilityError(StateStoreError, TypeError):
-    """Raised when a backend lacks a capability the caller needs: a runner on a backend with
-    no event log, ``watchkeeper gc`` on one without garbage collection (the capabilities are
-    the Protocols of :mod:`watchkeeper.store.backend`)."""
+    """Raised when a store lacks a service the caller needs: a runner on a store with no
+    event log, ``watchkeeper gc`` on one without garbage collection (the services are those
+    of :mod:`watchkeeper.store.protocols`)."""
 
     def __init__(self, backend: object, capability: str) -> None:
         self.backend_type = type(backend).__name__
         self.capability = capability
-        super().__init__(f"{self.backend_type} has no {capability} (it is not a {capability})")
+        super().__init__(f"{self.backend_type} has no {capability} service")
 
 
 class SyncCallInLoopError(StateStoreError, RuntimeError):

@@ -9,11 +9,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Self
 
+from ._backend import BaseStateBackend
+from ._builtin import builtin_services
 from ._gc import GcPlan
 from ._leases import HeldLease, check_fence, spread_key
 from ._memory_controls import MemoryControls
 from ._memory_tasks import MemoryTasks
-from ._metastore import MetastoreBackend
 from ._types import (
     Asset,
     AssetEvent,
@@ -51,7 +52,7 @@ class _AssetRow:
     updated_at: datetime
 
 
-class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
+class MemoryStateBackend(BaseStateBackend):
     """Everything in process memory, behind one lock; nothing survives the process.
 
     It implements the sync and the async hooks directly (each operation is a few dict
@@ -77,8 +78,11 @@ class MemoryStateBackend(MemoryTasks, MemoryControls, MetastoreBackend):
         self._daemons: dict[str, DaemonStatus] = {}
         self._leases: dict[str, tuple[str | None, int]] = {}  # trigger id: (owner, token)
         self._nodes: dict[str, NodeLease] = {}
-        self._init_tasks()
-        self._init_controls()
+        tasks, controls = MemoryTasks(self), MemoryControls(self)
+        self.services = builtin_services(
+            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            status=self, gc=self,
+        )  # fmt: skip
         self._open = True  # usable without 'async with'; entering it is harmless
 
     async def __aenter__(self) -> Self:

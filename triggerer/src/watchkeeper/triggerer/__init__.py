@@ -1,25 +1,23 @@
 """watchkeeper.triggerer: watcher triggers, the runtime that runs them, the daemon and the CLI.
 
 This package exports what watcher authors and embedders use: the authoring API
-(:mod:`.trigger`), the runner, the daemon and its settings, and the errors. The command line
-is :mod:`watchkeeper.triggerer.cli`, the test kit :mod:`watchkeeper.triggerer.testing`; how
-watcher files are loaded is internal.
+(:mod:`.trigger`), the runner, the daemon, the worker, their settings and the errors. The code
+lives in wings by product, each with its own ``__init__``: :mod:`.runtime` (the embeddable
+runner), :mod:`.daemon`, :mod:`.worker`, :mod:`.cli` (the command line), :mod:`.api` (the
+HTTP API) and :mod:`.testing` (the test kit).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
+from ._core import lazy_exports
 
 if TYPE_CHECKING:
     from watchkeeper.store import Asset
 
-    from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, asset_task
-    from ._logging import configure_logging
-    from ._process import run_daemon
-    from ._worker import Worker, configure_connections, run_worker
-    from .daemon import Daemon, ReloadReport
+    from ._core import configure_logging
+    from .daemon import Daemon, ReloadReport, run_daemon
     from .errors import (
         AssetStoreUnavailableError,
         CapacityError,
@@ -28,7 +26,7 @@ if TYPE_CHECKING:
         TriggerImportError,
         WatcherNameUnavailableError,
     )
-    from .runner import RunnerConfig, TriggerRunner, WatchSpec
+    from .runtime import RunnerConfig, TriggerRunner, WatchSpec
     from .settings import (
         LoggingSettings,
         Settings,
@@ -42,6 +40,15 @@ if TYPE_CHECKING:
         BaseTrigger,
         TriggerEvent,
         TriggerEventBatch,
+    )
+    from .worker import (
+        AnyOf,
+        AssetTask,
+        OutletEventAccessor,
+        Worker,
+        asset_task,
+        configure_connections,
+        run_worker,
     )
 
 __all__ = [
@@ -80,11 +87,8 @@ __all__ = [
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "watchkeeper.store": ("Asset",),
-    "._asset_task": ("AnyOf", "AssetTask", "OutletEventAccessor", "asset_task"),
-    "._logging": ("configure_logging",),
-    "._process": ("run_daemon",),
-    "._worker": ("Worker", "configure_connections", "run_worker"),
-    ".daemon": ("Daemon", "ReloadReport"),
+    "._core": ("configure_logging",),
+    ".daemon": ("Daemon", "ReloadReport", "run_daemon"),
     ".errors": (
         "AssetStoreUnavailableError",
         "CapacityError",
@@ -93,7 +97,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TriggerImportError",
         "WatcherNameUnavailableError",
     ),
-    ".runner": ("RunnerConfig", "TriggerRunner", "WatchSpec"),
+    ".runtime": ("RunnerConfig", "TriggerRunner", "WatchSpec"),
     ".settings": (
         "LoggingSettings",
         "Settings",
@@ -108,8 +112,17 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TriggerEvent",
         "TriggerEventBatch",
     ),
+    ".worker": (
+        "AnyOf",
+        "AssetTask",
+        "OutletEventAccessor",
+        "Worker",
+        "asset_task",
+        "configure_connections",
+        "run_worker",
+    ),
 }
-"""Which module each public name comes from; read on first use (see :mod:`._lazy`)."""
+"""Which module each public name comes from; read on first use (see :mod:`._core._lazy`)."""
 
 if not TYPE_CHECKING:  # type checkers read the imports above; unknown names stay errors
     __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from watchkeeper.store.settings import StoreSettings
 
-from ._config import SupervisionSettings
-from ._defaults import DEFAULT_RELOAD_INTERVAL, LOG_LEVELS
+from ._core import DEFAULT_RELOAD_INTERVAL, LOG_LEVELS
+from .runtime import SupervisionSettings
 
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
@@ -74,7 +74,7 @@ class TriggererSettings(SupervisionSettings, _Section):
     """``[triggerer]``: what the daemon runs and how it supervises it.
 
     The supervision keys (``capacity``, ``backoff_*``, ``max_failures``, ``cleanup_timeout``,
-    ``stop_grace``, ``lag_threshold``) are :class:`~._config.SupervisionSettings`', shared with
+    ``stop_grace``, ``lag_threshold``) are :class:`~.runtime._config.SupervisionSettings`', shared with
     :class:`~watchkeeper.triggerer.RunnerConfig`; the others are the daemon's own.
     """
 

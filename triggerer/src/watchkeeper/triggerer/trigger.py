@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchkeeper.store import AssetStateStoreAccessors
-from watchkeeper.store.backend import redact_secrets
+from watchkeeper.store.protocols import redact_secrets
 
 from .errors import AssetStoreUnavailableError, WatcherNameUnavailableError
 

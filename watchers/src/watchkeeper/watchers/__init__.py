@@ -9,8 +9,10 @@
 - :class:`NatsJetStreamWatcher`: one event per message of a JetStream stream (extra ``nats``).
 - :class:`RabbitMQWatcher`: one event per message of a RabbitMQ queue (extra ``rabbitmq``).
 - :class:`MqttWatcher`: one event per MQTT message of some topics (extra ``mqtt``).
+- :class:`KafkaWatcher`: one event per record of some Kafka topics, a batch per fetch
+  (extra ``kafka``).
 
-The watchers of replayable sources (files, tables, HTTP cursors, Redis streams) commit their
+The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka) commit their
 position with their events (the directory and table watchers a batch at a time, with
 ``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
 of acknowledged sources (JetStream, RabbitMQ, MQTT) acknowledge a message only after its event
@@ -28,6 +30,7 @@ from ._broker import BrokerSourceError
 from ._sql import SqlSourceError
 from .directory import DirectoryWatcher
 from .http_poll import HttpPollWatcher, HttpSourceError
+from .kafka import KafkaWatcher
 from .mqtt import MqttWatcher
 from .nats_jetstream import NatsJetStreamWatcher
 from .rabbitmq import RabbitMQWatcher
@@ -39,6 +42,7 @@ __all__ = [
     "DirectoryWatcher",
     "HttpPollWatcher",
     "HttpSourceError",
+    "KafkaWatcher",
     "MqttWatcher",
     "NatsJetStreamWatcher",
     "RabbitMQWatcher",

@@ -67,7 +67,7 @@ def require_client(owner: str, module: str, extra: str) -> None:
 
 def redact_url(url: str) -> str:
     """``url`` without secrets, by the one rule of every URL watchkeeper prints (see
-    :func:`~watchkeeper.store.backend.redact_dsn`): a password, a bare NATS token
+    :func:`~watchkeeper.store.protocols.redact_dsn`): a password, a bare NATS token
     (``nats://TOKEN@host``) and credential query parameters become ``***``."""
     return redact_dsn(url)
 

@@ -12,7 +12,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectSendStream
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._broker import redact_url
 

@@ -25,7 +25,8 @@ identical triggers serialize identically and run once; a parameter added to a wa
 already shipped is named in the model's ``added_later`` and left out while at its default),
 equality, and the parameter table of the documentation (``docs/_hooks.py``). A parameter
 that may hold a secret (a URL with a password) is never quoted in an error: values are shown
-only when they are numbers, booleans or short texts, and texts pass through :func:`~watchkeeper.store.backend.redact_secrets`.
+only when they are numbers, booleans or short texts, and texts pass through
+:func:`~watchkeeper.store.protocols.redact_secrets`.
 
 Why a pydantic model rather than a dataclass with validators: the bounds declared on a field
 (``gt``, ``ge``, ``min_length``, ``Literal``) are at once its check, in pydantic's compiled
@@ -45,7 +46,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
-from watchkeeper.store.backend import redact_secrets
+from watchkeeper.store.protocols import redact_secrets
 
 from ._common import SerializedEquality
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

@@ -26,11 +26,11 @@ from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 import anyio.to_thread
-from watchkeeper.store.backend import redact_dsn
+from watchkeeper.store.protocols import redact_dsn
 from watchkeeper.triggerer import TriggererError
 
 from ._common import import_off_loop
-from ._sql_values import check_identifier, check_table, to_json_value
+from ._sql_values import check_identifier, check_table, json_row, to_json_value
 
 __all__ = [
     "DRIVERS",
@@ -44,6 +44,7 @@ __all__ = [
     "check_identifier",
     "check_table",
     "driver_for",
+    "json_row",
     "redact_dsn",
     "to_json_value",
 ]

@@ -9,9 +9,10 @@ import decimal
 import math
 import re
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
-__all__ = ["check_identifier", "check_table", "to_json_value"]
+__all__ = ["check_identifier", "check_table", "json_row", "to_json_value"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -43,13 +44,31 @@ def check_table(owner: str, value: object) -> list[str]:
     return [check_identifier(owner, "table", part) for part in parts]
 
 
+_PLAIN: Final = frozenset({str, int, type(None), bool})
+"""Types a row's value keeps as it is in JSON (a finite float too)."""
+
+
+def json_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as a JSON object: :func:`to_json_value` of each value, called only for those
+    that are not JSON already (one comprehension per row, no call per plain value)."""
+    return {
+        name: value
+        if type(value) in _PLAIN or (type(value) is float and value - value == 0.0)
+        else to_json_value(value)
+        for name, value in row.items()
+    }
+
+
 def to_json_value(value: Any) -> Any:
     """Turn one database value into JSON: timestamps as ISO 8601, bytes as base64, and so on.
 
     Decimals become strings (no precision is lost), non-finite floats become the strings
     ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, intervals become seconds.
     """
-    if value is None or isinstance(value, bool | int | str):
+    kind = type(value)
+    if kind is str or kind is int or value is None or kind is bool:  # the common ones, first
+        return value
+    if isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         if math.isfinite(value):

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from watchkeeper.store import AssetStateStoreAccessors
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ._window import LagWindow
 

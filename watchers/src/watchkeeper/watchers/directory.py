@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from pydantic import field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._common import sleep_jittered, sleep_spread

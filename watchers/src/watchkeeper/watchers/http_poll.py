@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 import anyio
 import anyio.to_thread
 from pydantic import Field, ValidationInfo, field_validator, model_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
 
 from ._common import import_off_loop, sleep_jittered, sleep_spread

@@ -42,7 +42,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 from pydantic import Field, ValidationInfo, field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from pydantic import Field, ValidationInfo, field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import anyio
 from pydantic import field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (

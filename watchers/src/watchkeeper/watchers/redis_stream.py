@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 from pydantic import field_validator, model_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (

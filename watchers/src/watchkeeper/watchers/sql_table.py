@@ -37,7 +37,7 @@ from typing import Any
 
 import anyio
 from pydantic import ValidationInfo, field_validator
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import reconnect_delay
@@ -58,8 +58,8 @@ from ._sql import (
     check_identifier,
     check_table,
     driver_for,
+    json_row,
     redact_dsn,
-    to_json_value,
 )
 from ._window import LagWindow
 from ._window_state import WindowState
@@ -275,10 +275,7 @@ class SqlTableWatcher(ReadyMadeWatcher[SqlTableParams]):
                             for _, key in identities:
                                 log.info("late_row", table=self.params.table, key=key)
                         window.record_many(identities, new=is_new)
-                        events += [
-                            TriggerEvent({name: to_json_value(v) for name, v in row.items()})
-                            for row in rows
-                        ]
+                        events += [TriggerEvent(json_row(row)) for row in rows]
                     if events:
                         # The state after the last row: what its single event would carry.
                         yield TriggerEventBatch(events, state=state.state(window))
@@ -364,6 +361,8 @@ def _column(row: dict[str, Any], name: str) -> Any:
 
 
 def _cursor(column: str, value: object) -> Cursor:
+    if type(value) is int or type(value) is str:  # once per row: the common ones first
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"cursor column {column!r} holds {value!r}, which cannot be a watermark")
     if isinstance(value, int | float | dt.datetime | str) and not isinstance(value, bool):
@@ -375,6 +374,8 @@ def _cursor(column: str, value: object) -> Cursor:
 
 
 def _key(column: str, value: object) -> Key:
+    if type(value) is int or type(value) is str:  # once per row: the common ones first
+        return value
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, int | str) and not isinstance(value, bool):

@@ -2,10 +2,12 @@
 
 Its public name is :class:`PostgresStateBackend`; the modules inside are its parts:
 ``backend`` (the class, the pool, the metastore hooks), ``writer`` (group commit), ``ops``
-(the queued writes and how a batch is applied), ``sql`` (the statements, error mapping),
-``gc`` (a GC pass), ``controls`` (watcher controls, tokens, event JSON), ``schema``
-(migrations), ``tasks`` (task cursors and runs), ``consumers`` (event consumers, the events
-lock, wake-ups), ``tasks_schema``.
+(the queued writes), ``batch`` (how a batch of them is applied), ``commits`` (the one
+statement of a round of event commits), ``puts`` (a batch of plain upserts as one
+statement), ``steps`` (a worker's grouped steps, run by the writer), ``sql`` (the statements,
+error mapping), ``gc`` (a GC pass), ``controls`` (watcher controls, tokens, event JSON),
+``schema`` (migrations), ``tasks`` and ``runs`` (task cursors and runs), ``consumers`` (event
+consumers, the events lock, wake-ups), ``tasks_schema``.
 
 The SQLite backend (:mod:`watchkeeper.store.sqlite`) has the same rules and the same
 group-commit core (:mod:`watchkeeper.store._commit_queue`); ``backend``, ``writer``,
@@ -14,9 +16,11 @@ both. How a write is *expressed* differs, because the drivers do:
 
 - asyncpg pays a network round trip per statement, and a batch of a thousand writes must not
   cost a thousand of them. So a write is data, not code: an ``Op`` (``ops.PutOp``,
-  ``ops.CommitOp``...) that ``ops.apply_batch`` groups by kind and turns into a few
-  ``unnest`` statements per batch, with one query resolving every asset of the batch. A write
-  that has no set-based form yet is a ``CallOp`` (a coroutine ``fn(conn)``, the SQLite shape).
+  ``ops.EventsOp``...) that ``batch.apply_batch`` groups by kind and turns into a few
+  set-based statements per batch, with one query resolving every asset of the batch. Event
+  commits, a single one being a batch of one event, travel in one form: a JSON document per
+  op, one statement per round. A write that has no set-based form yet is a ``CallOp`` (a
+  coroutine ``fn(conn)``, the SQLite shape).
 - The statements are built once per schema prefix (``sql.Statements``, ``sql.GcStatements``),
   since the schema is a setting; reads are plain ``await`` on the pool.
 

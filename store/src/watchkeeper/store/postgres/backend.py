@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.abc
 
+from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
+from .._builtin import builtin_services
 from .._commit_queue import CommitStats
 from .._daemons import decode_refused, decode_settings, encode_refused
 from .._gc import GcPlan
-from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
@@ -39,11 +40,7 @@ from .._types import (
     TriggerStatus,
     Writer,
 )
-from .._values import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_VALUE_BYTES,
-    decode_value,
-)
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
 from ..errors import (
     AssetNotFoundError,
     BackendImportError,
@@ -63,13 +60,14 @@ from .connections import (
     discard,
     keep_session,
     pooled,
+    session_settings,
     transaction,
 )
-from .consumers import PostgresConsumers, events_prelude
+from .consumers import events_prelude
 from .controls import PostgresControls
 from .gc import collect_garbage
 from .leases import PostgresLeases
-from .ops import CATALOG, LATE, BatchCommitOp, CallOp, ClearOp, CommitOp, DeleteOp, PutOp
+from .ops import CATALOG, LATE, CallOp, ClearOp, DeleteOp, EventsOp, PutOp
 from .schema import apply_migrations, check_schema_name, table_prefix
 from .sql import (
     Statements,
@@ -79,7 +77,6 @@ from .sql import (
     map_error,
     raw_entry,
 )
-from .steps import StepQueue
 from .tasks import PostgresTasks
 from .writer import GroupWriter
 
@@ -91,9 +88,7 @@ __all__ = ["PostgresStateBackend"]
 T = TypeVar("T")
 
 
-class PostgresStateBackend(
-    PostgresLeases, PostgresTasks, PostgresConsumers, PostgresControls, MetastoreBackend
-):
+class PostgresStateBackend(BaseStateBackend):
     """State in PostgreSQL: ``async with PostgresStateBackend("postgresql://...") as store:``.
 
     ``schema`` puts every table in that schema (created when missing); without it the tables
@@ -118,8 +113,14 @@ class PostgresStateBackend(
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
-        #: Session settings of every connection it opens (``application_name``,
-        #: ``idle_in_transaction_session_timeout``, ...); may be changed until it opens.
+        leases, controls = PostgresLeases(self), PostgresControls(self)
+        self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
+        self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
+            self, events=self, feed=controls, tasks=self._tasks, status=self, gc=self,
+            controls=controls, leases=leases, keepalive=leases,
+            wait_for_release=leases._await_lease_release,
+        )  # fmt: skip
+        #: Session settings of its connections (``application_name``...); set until it opens.
         self.server_settings: dict[str, str] = dict(server_settings or {})
         if not isinstance(dsn, str) or not dsn:
             raise InvalidSettingError(
@@ -141,7 +142,6 @@ class PostgresStateBackend(
         self._sql.clock_param = self._clock_param
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupWriter | None = None
-        self._steps: StepQueue | None = None  # the worker slots' grouped steps (.steps)
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -170,6 +170,9 @@ class PostgresStateBackend(
             return await apply_migrations(conn, self.schema)
         finally:
             await close_quietly(conn)
+
+    def configure_sessions(self, name: str, lease_seconds: float) -> None:
+        session_settings(self.server_settings, name, lease_seconds)
 
     def _describe(self) -> str:
         pool = self._pool
@@ -218,28 +221,21 @@ class PostgresStateBackend(
             events_sql=events_prelude(self.schema),
             freshness=self._freshness,
         )
-        steps = StepQueue(self, self._run_step_group, self._refuse_step)
         try:
             await task_group.start(writer.run)
-            await task_group.start(steps.queue.run)
         except BaseException:
             writer.discard()
-            steps.queue.discard()
             discard(conn, pool)
             raise
         self._pool, self._writer, self._last_writer = pool, writer, writer
-        self._steps = steps
 
     async def _aclose(self) -> None:
-        writer, pool, steps = self._writer, self._pool, self._steps
-        self._writer = self._steps = None
+        writer, pool = self._writer, self._pool
+        self._writer = None
         try:
-            if steps is not None:  # its queued steps run (on the pool) before it closes
-                steps.queue.close()
-                await steps.queue.wait_stopped()
-            await self._close_listener()
-            await self._close_lease_listener()
-            await self._close_lease_conn()
+            await self._controls._close_listener()
+            await self._leases._close_lease_listener()
+            await self._leases._close_lease_conn()
             if writer is not None:
                 await writer.aclose()
         finally:
@@ -260,6 +256,11 @@ class PostgresStateBackend(
         opened (readable after closing)."""
         writer = self._last_writer
         return CommitStats(0, 0) if writer is None else writer.queue.stats
+
+    @property
+    def horizon_waits(self) -> int:
+        """How many times a run step waited for an earlier event's writer still in flight."""
+        return self._tasks.horizon_waits
 
     @property
     def commit_batch_sizes(self) -> BatchSizes | None:
@@ -413,11 +414,11 @@ class PostgresStateBackend(
         return [AssetInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        events: list[AssetEvent] = await self._submit(CommitOp(commit, self.clock()))
+        events: list[AssetEvent] = await self._submit(EventsOp.of(commit, self.clock()))
         return events
 
     async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
-        events: list[AssetEvent] = await self._submit(BatchCommitOp(batch, self.clock()))
+        events: list[AssetEvent] = await self._submit(EventsOp.of(batch, self.clock()))
         return events
 
     async def _alist_events(
@@ -488,8 +489,6 @@ class PostgresStateBackend(
             )
             for r in rows
         ]  # fmt: skip
-
-    # -- clock ---------------------------------------------------------------------------------
 
     def _clock_param(self) -> datetime | None:
         """The time to pass to lease statements: None (the database's ``now()``) unless the

@@ -1,88 +1,94 @@
-"""Event commits on PostgreSQL: the statements that write events with their state, and how a
-round of :class:`~.ops.CommitOp` and each :class:`~.ops.BatchCommitOp` are applied.
+"""Event commits on PostgreSQL: the one statement that writes a round of event commits with
+their state, and how its rows become each op's events.
 
-A round of single event commits is **one statement**: it resolves the asset names, locks the
-leases the commits are fenced by (``FOR SHARE``, in ``trigger_id`` order, held until the
-transaction ends), refuses whole commits whose asset is unknown or whose lease is not live,
-inserts the others' events and upserts their state. So the batch's transaction is three round
-trips (``BEGIN`` with the events lock, this statement, ``COMMIT``) whatever the fences.
+Every event commit, a single event or a trigger's batch, is an :class:`~.ops.EventsOp` and
+travels in one form: the round is **one statement** whose ``$1`` is a JSON array of the ops'
+documents (:attr:`~.ops.EventsOp.doc`) and ``$2`` their timestamps. The statement resolves the
+asset names, locks the leases the commits are fenced by (``FOR SHARE``, in ``trigger_id``
+order, held until the transaction ends), refuses whole commits whose asset is unknown or whose
+lease is not live, inserts the others' events (each event on each of its assets, in op,
+event, asset order, so the ids follow it) and upserts each op's state once per asset where at
+least one of its events was inserted. A dedup key already recorded on an asset, or taken by an
+earlier event of the round, suppresses that event there (``ON CONFLICT DO NOTHING`` covers a
+key another transaction inserted and has not committed yet). A round holds each asset at most
+once, so no two ops of it write the same state row.
 
-The commits travel as one JSON document and one array of timestamps, not as a dozen arrays:
-asyncpg checks every element of an array it encodes against three abstract classes, which cost
-more than the statement's own work on the client (see BENCHMARKS.md). JSON strings carry every
-text exactly (``payload`` and state values are JSON text themselves, so they travel as
-strings, not as nested JSON that the server might reformat).
+Why JSON and not parallel arrays: asyncpg checks every element of an array it encodes against
+three abstract classes, which costs more than the statement's own work on the client (see
+BENCHMARKS.md), and each op encodes its document before it is queued, so the writer only joins
+texts. JSON strings carry every text exactly (payloads and state values are JSON text
+themselves, so they travel as strings, not as nested JSON the server might reformat).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .._leases import check_fence
+from .._slots import slot_setters
 from .._types import AssetEvent
 from .._values import decode_value
 from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError
+from .ops import EventsOp
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from .ops import BatchCommitOp, CommitOp
-
-__all__ = ["commit_batch_sql", "commit_batches", "commit_events", "event_commits_sql"]
-
-_encode = json.JSONEncoder(ensure_ascii=False, check_circular=False, separators=(",", ":")).encode
+__all__ = ["EventStatements", "commit_round"]
 
 
-def event_commits_sql(p: str, prelude: str | None = None) -> tuple[str, str]:
-    """The statements of one round of event commits: with dedup keys, and without (which needs
-    neither the lookup nor the speculative insert); see :func:`_event_commits_sql`."""
-    return _event_commits_sql(p, prelude, dedup=True), _event_commits_sql(p, prelude, dedup=False)
+class EventStatements:
+    """The statements of one round of event commits for a schema prefix ``p``: with dedup keys
+    and without (which needs neither the lookup nor the speculative insert); with ``prelude``
+    (the events lock and NOTIFY) each is a whole transaction on its own."""
+
+    __slots__ = ("keyed", "plain")
+
+    def __init__(self, p: str, prelude: str | None = None) -> None:
+        self.keyed = _round_sql(p, prelude, dedup=True)
+        self.plain = _round_sql(p, prelude, dedup=False)
 
 
-def _event_commits_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
-    """One round of event commits (each asset at most once in it; see the module).
+def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
+    """One round of event commits (see the module).
 
-    With ``prelude`` (the events lock and NOTIFY, a ``SELECT`` of two calls) the statement is
-    a whole transaction on its own: every row it reads or writes comes through ``o``, which
-    joins the prelude's one row, so the lock is taken before any event id is drawn.
+    With ``prelude`` (a ``SELECT`` of two calls) every row the statement reads or writes comes
+    through ``o``, which joins the prelude's one row, so the lock is taken before any event id
+    is drawn. ``$3`` is true to check leases against ``now()`` (false: against each op's time,
+    a backend with a clock of its own).
 
-    ``$1`` is a JSON array with one object per commit: ``w`` watcher, ``p`` payload, and when
-    set ``d`` dedup key, ``ft`` / ``fo`` / ``fk`` the fence's trigger,
-    owner and token, ``wk`` / ``wn`` / ``wt`` the writer. ``$2`` holds each commit's time,
-    ``$3`` is true to check leases against ``now()`` (false: against each commit's time, a
-    backend with a clock of its own). ``$4`` is a JSON array of the commits' state items:
-    ``o`` the commit's 1-based index, ``k`` the key, ``v`` the value (JSON text). ``$5`` is a
-    JSON array of the commits' assets, in order: ``o`` the commit's index, ``n`` the name.
-
-    Rows: each event inserted (``id``, ``asset_name``, ``created_at``), in id order; then each
-    commit refused (``op``: its 1-based index) with the first unknown asset it names, or else
-    the lease it found (``owner``, ``token``, ``expires_at``; NULL when there is no lease row)
-    and the database's time.
+    Rows: each event inserted (``id``, ``asset_name``, ``dedup_key``, ``created_at``), in id
+    order; then each op refused (``op``: its 1-based index) with the first unknown asset it
+    names, or else the lease it found (``owner``, ``token``, ``expires_at``; NULL when there is
+    no lease row) and the database's time.
     """
     lock = "" if prelude is None else f"({prelude}) AS lock(held, sent) CROSS JOIN "
     skip = conflict = ""
     if dedup:
         skip = f"""
-              AND (o.d IS NULL OR NOT EXISTS (
+              AND (x.d IS NULL OR NOT EXISTS (
                     SELECT 1 FROM {p}asset_events e
-                    WHERE e.asset_id = r.asset_id AND e.dedup_key = o.d))"""
+                    WHERE e.asset_id = r.asset_id AND e.dedup_key = x.d))"""
         conflict = """
             ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.w, o.p, o.d, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
+            SELECT o.ord, o.w, o.p, o.d, o.e, o.a, o.n, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
             FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
-                     w text, p text, d text, ft text, fo text, fk int8,
-                     wk text, wn text, wt int4)) WITH ORDINALITY
-                 AS o(w, p, d, ft, fo, fk, wk, wn, wt, ord)
+                     w text, p text, d text, e json, a text, n json, s json,
+                     ft text, fo text, fk int8, wk text, wn text, wt int4)) WITH ORDINALITY
+                 AS o(w, p, d, e, a, n, s, ft, fo, fk, wk, wn, wt, ord)
         ), r AS MATERIALIZED (
-            SELECT x.o AS op, x.pos, x.n AS name,
-                   (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.n) AS asset_id
-            FROM ROWS FROM (json_to_recordset($5::json) AS (o int8, n text)) WITH ORDINALITY
-                 AS x(o, n, pos)
+            SELECT x.op, x.pos, x.name,
+                   (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
+            FROM (SELECT o.ord AS op, 1::int8 AS pos, o.a AS name FROM o WHERE o.n IS NULL
+                  UNION ALL
+                  SELECT o.ord, x.pos, x.name
+                  FROM o CROSS JOIN LATERAL json_array_elements_text(o.n) WITH ORDINALITY
+                       AS x(name, pos)
+                  WHERE o.n IS NOT NULL) x
         ), l AS MATERIALIZED (
             SELECT l.trigger_id, l.owner, l.token, n.expires_at
             FROM {p}trigger_leases l LEFT JOIN {p}trigger_nodes n
@@ -102,92 +108,123 @@ def _event_commits_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
         ), ev AS (
             INSERT INTO {p}asset_events
                 (asset_id, asset_name, watcher, payload, dedup_key, created_at)
-            SELECT r.asset_id, r.name, o.w, o.p, o.d, o.at
-            FROM r JOIN o ON o.ord = r.op
-            WHERE r.op NOT IN (SELECT ord FROM refused){skip}
-            ORDER BY r.op, r.pos{conflict}
-            RETURNING id, asset_id, asset_name, created_at
+            SELECT r.asset_id, r.name, x.w, x.p, x.d, x.at
+            FROM (SELECT o.ord, 1::int8 AS pos, o.w, o.p, o.d, o.at FROM o WHERE o.e IS NULL
+                  UNION ALL
+                  SELECT o.ord, v.pos, o.w, v.v->>0, v.v->>1, o.at
+                  FROM o CROSS JOIN LATERAL json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)
+                  WHERE o.e IS NOT NULL) x
+            JOIN r ON r.op = x.ord
+            WHERE x.ord NOT IN (SELECT ord FROM refused){skip}
+            ORDER BY x.ord, x.pos, r.pos{conflict}
+            RETURNING id, asset_id, asset_name, dedup_key, created_at
         ), st AS (
             INSERT INTO {p}asset_state AS t
                 (asset_id, key, value, version, updated_at,
                  writer_kind, writer_name, writer_try)
-            SELECT r.asset_id, j.k, j.v, 1, o.at, o.wk, o.wn, o.wt
-            FROM json_to_recordset($4::json) AS j(o int8, k text, v text)
-            JOIN o ON o.ord = j.o JOIN r ON r.op = j.o
+            SELECT r.asset_id, j.key, j.value, 1, o.at, o.wk, o.wn, o.wt
+            FROM o CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
+            JOIN r ON r.op = o.ord
             WHERE r.asset_id IN (SELECT asset_id FROM ev)
             ON CONFLICT (asset_id, key) DO UPDATE SET
                 value = EXCLUDED.value, version = t.version + 1,
                 updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
                 writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
         )
-        SELECT id, asset_name, created_at, NULL::int8 AS op, NULL::text AS owner,
+        SELECT id, asset_name, dedup_key, created_at, NULL::int8 AS op, NULL::text AS owner,
                NULL::int8 AS token, NULL::timestamptz AS expires_at, NULL::text AS missing
         FROM ev
         UNION ALL
-        SELECT NULL, NULL, now(), ord, owner, token, expires_at, missing FROM refused
-        ORDER BY 1, 4
+        SELECT NULL, NULL, NULL, now(), ord, owner, token, expires_at, missing FROM refused
+        ORDER BY 1, 5
     """
 
 
-async def commit_events(
-    conn: asyncpg.Connection,
-    statements: tuple[str, str],
-    ops: Sequence[CommitOp],
-    db_clock: bool,
+_NEW: Final = object.__new__
+_SET_ID, _SET_ASSET, _SET_WATCHER, _SET_PAYLOAD, _SET_KEY, _SET_CREATED = slot_setters(AssetEvent)
+
+
+async def commit_round(
+    conn: asyncpg.Connection, statements: EventStatements, ops: Sequence[EventsOp], db_clock: bool
 ) -> None:
-    """Apply one round of event commits (no two share an asset) with one statement (of
-    ``statements``: the one with dedup keys, the one without), setting each op's result (its
-    events, in id order) or error (nothing of it written)."""
+    """Apply one round of event commits (no two share an asset) with one statement, setting
+    each op's result (its events, in id order) or error (nothing of it written)."""
     keyed = False
-    docs: list[dict[str, Any]] = []
-    items: list[dict[str, Any]] = []
-    assets: list[dict[str, Any]] = []
-    stamps = []
-    by_name: dict[str, CommitOp] = {}
-    for index, op in enumerate(ops, 1):
-        c = op.commit
-        doc: dict[str, Any] = {"w": c.watcher, "p": c.payload_json}
+    by_name: dict[str, EventsOp] = {}
+    for op in ops:
         for name in op.names:
-            assets.append({"o": index, "n": name})
             by_name[name] = op
-        items.extend({"o": index, "k": key, "v": value} for key, value in c.state.items())
-        if c.dedup_key is not None:
-            doc["d"] = c.dedup_key
-            keyed = True
-        fence = c.fence
-        if fence is not None:
-            doc["ft"], doc["fo"], doc["fk"] = fence.trigger_id, fence.owner, fence.token
-        writer = c.writer
-        if writer is not None:
-            doc["wk"], doc["wn"], doc["wt"] = writer.kind, writer.name, writer.try_number
-        docs.append(doc)
-        stamps.append(op.created_at)
+        keyed = keyed or op.keyed
         op.result = []
     rows = await conn.fetch(
-        statements[0] if keyed else statements[1],
-        _encode(docs),
-        stamps,
+        statements.keyed if keyed else statements.plain,
+        "[" + ",".join([op.doc for op in ops]) + "]",
+        [op.created_at for op in ops],
         db_clock,
-        _encode(items),
-        _encode(assets),
     )
-    payloads: dict[int, Any] = {}
-    for event_id, name, created_at, index, owner, token, expires_at, missing in rows:
+    several: list[EventsOp] = []
+    for event_id, name, dedup_key, created_at, index, owner, token, expires_at, missing in rows:
         if event_id is None:
             _refuse(ops[index - 1], owner, token, expires_at, missing, created_at, db_clock)
             continue
         op = by_name[name]
-        c = op.commit
-        payload = payloads.get(id(op), payloads)
-        if payload is payloads:
-            payload = payloads[id(op)] = (
-                decode_value(c.payload_json) if c.decoded is None else c.decoded[0]
-            )
-        op.result.append(AssetEvent(event_id, name, c.watcher, payload, c.dedup_key, created_at))
+        if len(op.events) > 1:  # paired with its events below, once all its rows are in
+            if not op.result:
+                several.append(op)
+            op.result.append((event_id, name, dedup_key, created_at))
+            continue
+        decoded = op.decoded
+        payload = decode_value(op.events[0][0]) if decoded is None else decoded[0]
+        # AssetEvent(event_id, name, op.watcher, payload, dedup_key, created_at), its fields
+        # set directly (see .._slots): a round builds one per event.
+        event = _NEW(AssetEvent)
+        _SET_ID(event, event_id)
+        _SET_ASSET(event, name)
+        _SET_WATCHER(event, op.watcher)
+        _SET_PAYLOAD(event, payload)
+        _SET_KEY(event, dedup_key)
+        _SET_CREATED(event, created_at)
+        op.result.append(event)
+    for op in several:
+        op.result = _batch_events(op, op.result)
+
+
+def _batch_events(op: EventsOp, rows: list[tuple[int, str, str | None, Any]]) -> list[AssetEvent]:
+    """Pair an op's returned ``(id, asset, dedup_key, created_at)`` rows, in id order, with its
+    events.
+
+    An event without a dedup key is always inserted; one with a key is inserted on an asset
+    when that pair came back (its first event in the op). The ids follow the insert's
+    ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
+    """
+    names, events = op.names, op.events
+    returned = {(name, key) for _, name, key, _ in rows if key is not None}
+    expected: list[tuple[int, str]] = []  # (event index, asset name)
+    for index, (_, dedup_key) in enumerate(events):
+        for name in names:
+            if dedup_key is not None:
+                if (name, dedup_key) not in returned:
+                    continue
+                returned.discard((name, dedup_key))  # a later repeat was suppressed
+            expected.append((index, name))
+    if len(expected) != len(rows):
+        raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
+    decoded = op.decoded
+    if decoded is None:  # decoded once per event, for all its assets
+        decoded = tuple(decode_value(payload_json) for payload_json, _ in events)
+    out: list[AssetEvent] = []
+    for (index, name), (event_id, got_name, got_key, created_at) in zip(
+        expected, rows, strict=True
+    ):
+        dedup_key = events[index][1]
+        if got_name != name or got_key != dedup_key:
+            raise StateStoreError("the ids of a batch's events do not follow its order")
+        out.append(AssetEvent(event_id, name, op.watcher, decoded[index], dedup_key, created_at))
+    return out
 
 
 def _refuse(
-    op: CommitOp, owner: Any, token: Any, expires_at: Any, missing: Any, now: Any, db_clock: bool
+    op: EventsOp, owner: Any, token: Any, expires_at: Any, missing: Any, now: Any, db_clock: bool
 ) -> None:
     """Record why the statement refused ``op`` (it wrote nothing of it): the first unknown
     asset it names, or else the lease it found (no row when ``token`` is NULL)."""
@@ -195,7 +232,7 @@ def _refuse(
     if missing is not None:
         op.error = AssetNotFoundError(missing)
         return
-    fence = op.commit.fence
+    fence = op.fence
     if fence is None:  # pragma: no cover - the statement refuses only these two cases
         raise StateStoreError("an event commit was refused for no reason the store knows")
     held = None if token is None else (owner, token, expires_at)
@@ -207,111 +244,3 @@ def _refuse(
     raise StateStoreError(  # pragma: no cover - the statement and check_fence disagree
         f"the lease check refused a commit of {fence.trigger_id!r} that {held!r} allows"
     )
-
-
-async def commit_batches(
-    conn: asyncpg.Connection, statements: tuple[str, str], ops: Sequence[BatchCommitOp]
-) -> None:
-    """Apply each event batch with one statement of its own (``statements``: the one with
-    dedup keys, the one without)."""
-    keyed_sql, plain_sql = statements
-    for op in ops:
-        b = op.batch
-        w = b.writer
-        who = (None, None, None) if w is None else (w.kind, w.name, w.try_number)
-        keys = list(b.state)
-        dedup_keys = [dedup_key for _, dedup_key in b.events]
-        keyed = any(key is not None for key in dedup_keys)
-        rows = await conn.fetch(
-            keyed_sql if keyed else plain_sql,
-            [payload for payload, _ in b.events],
-            dedup_keys if keyed else [],  # unnest pads the shorter array with NULLs
-            [asset_id for asset_id, _ in op.targets],
-            [name for _, name in op.targets],
-            b.watcher,
-            op.created_at,
-            keys,
-            [b.state[k] for k in keys],
-            *who,
-        )
-        op.result = _batch_events(op, rows)
-
-
-def _batch_events(op: BatchCommitOp, rows: Sequence[Any]) -> list[AssetEvent]:
-    """Pair the returned ``(id, asset_id, dedup_key)`` rows, in id order, with the events.
-
-    An event without a dedup key is always inserted; one with a key is inserted on an asset
-    when that pair came back (its first event in the batch). The ids follow the insert's
-    ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
-    """
-    b = op.batch
-    targets = op.targets
-    returned = {(asset_id, dedup_key) for _, asset_id, dedup_key in rows if dedup_key is not None}
-    expected: list[tuple[int, int, str]]  # (event index, asset_id, asset name)
-    if not returned and len(rows) == len(b.events) * len(targets):
-        # Nothing suppressed (the usual batch, without dedup keys): every event on every asset.
-        expected = [(i, asset_id, name) for i in range(len(b.events)) for asset_id, name in targets]
-    else:
-        expected = []
-        for index, (_, dedup_key) in enumerate(b.events):
-            for asset_id, name in targets:
-                if dedup_key is not None:
-                    if (asset_id, dedup_key) not in returned:
-                        continue
-                    returned.discard((asset_id, dedup_key))  # a later repeat was suppressed
-                expected.append((index, asset_id, name))
-    if len(expected) != len(rows):
-        raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
-    decoded = b.decoded
-    if decoded is None:  # decoded once per event, for all its assets
-        decoded = tuple(decode_value(payload_json) for payload_json, _ in b.events)
-    watcher, events, created_at = b.watcher, b.events, op.created_at
-    out: list[AssetEvent] = []
-    for (index, asset_id, name), (event_id, got_asset, got_key) in zip(expected, rows, strict=True):
-        dedup_key = events[index][1]
-        if got_asset != asset_id or got_key != dedup_key:
-            raise StateStoreError("the ids of a batch's events do not follow its order")
-        out.append(AssetEvent(event_id, name, watcher, decoded[index], dedup_key, created_at))
-    return out
-
-
-def commit_batch_sql(p: str, *, dedup: bool) -> str:
-    """The statement of one event batch of one trigger: each event on each asset, in (event,
-    asset) order so the ids follow it; its state once per asset where at least one event was
-    inserted. A batch without dedup keys needs neither the lookup nor the speculative insert."""
-    skip = (
-        f"""WHERE e.dedup_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM {p}asset_events x
-                    WHERE x.asset_id = a.asset_id AND x.dedup_key = e.dedup_key)"""
-        if dedup
-        else ""
-    )
-    conflict = (
-        "ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING" if dedup else ""
-    )
-    return f"""
-        WITH ev AS (
-            INSERT INTO {p}asset_events
-                (asset_id, asset_name, watcher, payload, dedup_key, created_at)
-            SELECT a.asset_id, a.asset_name, $5, e.payload, e.dedup_key, $6
-            FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS e(payload, dedup_key, ord)
-            CROSS JOIN unnest($3::int8[], $4::text[]) WITH ORDINALITY
-                 AS a(asset_id, asset_name, ord)
-            {skip}
-            ORDER BY e.ord, a.ord
-            {conflict}
-            RETURNING id, asset_id, dedup_key
-        ), st AS (
-            INSERT INTO {p}asset_state AS t
-                (asset_id, key, value, version, updated_at,
-                 writer_kind, writer_name, writer_try)
-            SELECT w.asset_id, j.key, j.value, 1, $6, $9, $10, $11
-            FROM (SELECT DISTINCT asset_id FROM ev) w
-            CROSS JOIN unnest($7::text[], $8::text[]) AS j(key, value)
-            ON CONFLICT (asset_id, key) DO UPDATE SET
-                value = EXCLUDED.value, version = t.version + 1,
-                updated_at = EXCLUDED.updated_at, writer_kind = EXCLUDED.writer_kind,
-                writer_name = EXCLUDED.writer_name, writer_try = EXCLUDED.writer_try
-        )
-        SELECT id, asset_id, dedup_key FROM ev ORDER BY id
-    """

@@ -35,6 +35,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "DEFAULT_STATEMENT_TIMEOUT",
     "GC_TIMEOUT",
+    "IDLE_IN_TRANSACTION_FLOOR",
     "KEEPALIVE_COUNT",
     "KEEPALIVE_IDLE",
     "KEEPALIVE_INTERVAL",
@@ -53,6 +54,7 @@ __all__ = [
     "keep_session",
     "pooled",
     "roll_back",
+    "session_settings",
     "transaction",
 ]
 
@@ -307,3 +309,19 @@ def discard(conn: asyncpg.Connection | None, pool: asyncpg.Pool | None) -> None:
         pool.terminate()
     if conn is not None:
         conn.terminate()
+
+
+IDLE_IN_TRANSACTION_FLOOR = 5.0
+"""The least idle-in-transaction timeout :func:`session_settings` sets,
+in seconds: no live process sits that long between two statements of one of its short
+transactions, even on a busy machine, while a shorter lease (tests use them) would end
+sessions that are merely slow."""
+
+
+def session_settings(settings: dict[str, str], name: str, lease_seconds: float) -> None:
+    """Set ``application_name`` (cut to PostgreSQL's 63 bytes) and the idle-in-transaction
+    timeout (``lease_seconds``, at least :data:`IDLE_IN_TRANSACTION_FLOOR`) in ``settings``
+    unless they are there already."""
+    idle = max(lease_seconds, IDLE_IN_TRANSACTION_FLOOR)
+    settings.setdefault("application_name", name.encode()[:63].decode(errors="ignore"))
+    settings.setdefault("idle_in_transaction_session_timeout", f"{int(idle * 1000)}ms")

@@ -9,23 +9,14 @@ exclusively.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import anyio
+from typing import Any, TypeVar
 
 from .._tasks import StateWrite
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, AssetScope, TaskScope, Writer
 from .._values import decode_value
 from ..errors import AssetNotFoundError, ConsumerCursorError
-from .connections import Freshness, close_quietly, connect
-from .schema import table_prefix
+from .part import PostgresPart
 from .sql import writer_fields
-
-if TYPE_CHECKING:
-    import asyncpg
-
-    from .sql import Statements
 
 __all__ = [
     "EVENT_COLS",
@@ -75,26 +66,8 @@ def event_row(r: Any) -> AssetEvent:
     return AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5])
 
 
-class PostgresConsumers(TaskStoreBackend):
-    """The :class:`~._tasks.EventConsumers` of PostgreSQL, the events lock and the wake-ups."""
-
-    schema: str | None
-    clock: Any
-    _dsn: str
-    _sql: Statements
-
-    if TYPE_CHECKING:
-
-        async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
-        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        def _connect_args(self) -> dict[str, Any]: ...
-
-        @property
-        def _freshness(self) -> Freshness: ...
-
-    @property
-    def _prefix(self) -> str:
-        return table_prefix(self.schema)
+class PostgresConsumers(PostgresPart):
+    """The event consumers of PostgreSQL and the events lock (a part of its tasks driver)."""
 
     async def _lock_events(self, conn: Any) -> None:
         await conn.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})", self.schema)
@@ -184,90 +157,3 @@ class PostgresConsumers(TaskStoreBackend):
             st = self._sql.asset
             cols = [[asset_id], [key], [write.value_json], [now], [who[0]], [who[1]], [who[2]]]
         await conn.fetch(st.upsert, *cols)
-
-    # -- wake-ups ----------------------------------------------------------------------------
-
-    async def _last_event_id(self) -> int:
-        rows = await self._fetch(
-            "reading the last event id",
-            f"SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events",
-        )
-        return int(rows[0][0])
-
-    async def _await_events(self, after_id: int, wait: float) -> int:
-        """Woken by the commits' NOTIFY on a listening connection of its own (opened on first
-        use, closed with the backend); without one (lost, or refused) it polls every 50 ms.
-
-        The newest id is read only when there may be something new: on a notification, when
-        the listener is new, or when polling. A notification that came while the caller was
-        busy is still pending, so the caller's next wait returns at once."""
-        listener = await self._listener()
-        last = after_id
-        if listener is None or listener[1] or self._take_signal(listener[0]):
-            last = await self._last_event_id()
-            if last > after_id:
-                return last
-        with anyio.move_on_after(wait):
-            while True:
-                if listener is None:
-                    await anyio.sleep(0.05)
-                else:
-                    with anyio.move_on_after(1.0):  # a notification lost with its connection
-                        await listener[0].wait()
-                    self._take_signal(listener[0])
-                last = await self._last_event_id()
-                if last > after_id:
-                    return last
-                listener = await self._listener()
-        return last
-
-    def _take_signal(self, event: anyio.Event) -> bool:
-        """Whether ``event`` was set; if so, the next notification sets a fresh one (before
-        the caller reads, so nothing committed after the read goes unnoticed)."""
-        state: dict[str, Any] = self.__dict__.get("_listen_state", {})
-        if not event.is_set():
-            return False
-        if state.get("event") is event:
-            state["event"] = anyio.Event()
-        return True
-
-    async def _listener(self) -> tuple[anyio.Event, bool] | None:
-        """The event the listening connection sets on a notification, and whether the
-        connection was opened just now (events committed before it were not notified)."""
-        state: dict[str, Any] = self.__dict__.setdefault("_listen_state", {})
-        conn = state.get("conn")
-        if conn is not None and self._freshness.stale(conn):
-            conn.terminate()  # made before a statement timed out: maybe as silent
-        if conn is not None and not conn.is_closed():
-            if anyio.current_time() - state["checked_at"] < _LISTENER_CHECK:
-                return state["event"], False
-            # Quiet for a while: make sure it still answers (a network that drops its bytes
-            # would leave it silent for ever); if not, a new one listens.
-            try:
-                await conn.execute("SELECT 1")
-            except BaseException as exc:
-                conn.terminate()
-                if not isinstance(exc, Exception):
-                    raise
-            else:
-                state["checked_at"] = anyio.current_time()
-                return state["event"], False
-        if state.get("failed_at") is not None and anyio.current_time() - state["failed_at"] < 5:
-            return None
-        try:
-            conn = await connect(self._dsn, **self._connect_args())
-            now = anyio.current_time()
-            state.update(conn=conn, event=anyio.Event(), failed_at=None, checked_at=now)
-
-            def notified(*_: object) -> None:
-                state["event"].set()
-
-            await conn.add_listener(events_channel(self.schema), notified)
-        except Exception:  # noqa: BLE001 - no listener: poll instead, and try again later
-            state.update(conn=None, failed_at=anyio.current_time())
-            return None
-        return state["event"], True
-
-    async def _close_listener(self) -> None:
-        state: dict[str, Any] = self.__dict__.get("_listen_state", {})
-        await close_quietly(state.pop("conn", None))

@@ -21,7 +21,7 @@ of their clocks; a backend given a ``clock`` of its own (the tests) passes it in
   reaped node is rejoined by the daemon's loop, which frees what it held first).
 - A **release** (and a node joining) notifies ``<schema>_watchkeeper_leases`` in its
   transaction, once per call (never per lease): daemons waiting
-  in :meth:`~PostgresLeases.await_lease_release` (on a LISTEN connection of their own) claim
+  in :meth:`~PostgresLeases._await_lease_release` (on a LISTEN connection of their own) claim
   at once instead of at their next heartbeat.
 
 Each runs in its own short transaction on a connection of its own (opened on first use,
@@ -36,7 +36,7 @@ import asyncio
 import builtins
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -51,10 +51,8 @@ from .connections import (
     connection_class,
     transaction,
 )
+from .part import PostgresPart
 from .sql import is_connection_error, is_unavailable, map_error
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = ["PostgresKeepAlive", "PostgresLeases", "lease_channel"]
 
@@ -157,7 +155,7 @@ class _Sql:
 
 
 class PostgresKeepAlive:
-    """A :class:`~watchkeeper.store.backend.NodeKeepAliveChannel` on PostgreSQL: one
+    """A :class:`~watchkeeper.store.protocols.NodeKeepAliveChannel` on PostgreSQL: one
     connection, on an event loop private to the one thread that calls :meth:`renew` (asyncpg
     needs an asyncio loop; the daemon's own is the one that may be too busy)."""
 
@@ -227,26 +225,9 @@ class PostgresKeepAlive:
             loop.close()
 
 
-class PostgresLeases:
-    """The lease hooks of :class:`~watchkeeper.store.PostgresStateBackend` (a mixin)."""
-
-    _dsn: str
-    schema: str | None
-
-    _open: bool
-    _freshness: Freshness
-    statement_timeout: float
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-
-        async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
-
-        def _clock_param(self) -> datetime | None: ...
-
-        def _connect_args(self) -> dict[str, Any]: ...
+class PostgresLeases(PostgresPart):
+    """The leases driver of :class:`~watchkeeper.store.PostgresStateBackend`
+    (:class:`~watchkeeper.store.protocols.LeasesDriver`) and its keep-alive."""
 
     @property
     def _lease_sql(self) -> _Sql:
@@ -396,7 +377,7 @@ class PostgresLeases:
         return result
 
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> PostgresKeepAlive:
-        """See :class:`~watchkeeper.store.backend.NodeKeepAlive`: the renewal's ``UPDATE``
+        """See :class:`~watchkeeper.store.protocols.NodeKeepAlive`: the renewal's ``UPDATE``
         alone (no join, no reaping), with this backend's session settings and clock."""
         owner, seconds = check_owner(owner), check_ttl(ttl).total_seconds()
         dsn, args = self._dsn, self._connect_args()
@@ -420,7 +401,7 @@ class PostgresLeases:
 
     # -- wake-ups ------------------------------------------------------------------------------
 
-    async def await_lease_release(self) -> None:
+    async def _await_lease_release(self) -> None:
         """Return once a daemon released leases or joined: a NOTIFY on a LISTEN connection of
         our own (opened on first use, closed with the backend). Also returns once as soon as
         a new connection listens, for what was released before. Without one (refused) it

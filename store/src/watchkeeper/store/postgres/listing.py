@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._run_errors import bucketed
-from .._taskstore import TaskStoreBackend
+from .part import PostgresPart
 from .runs import RUN_COLS, run_from_row
 
 if TYPE_CHECKING:
@@ -17,14 +17,8 @@ if TYPE_CHECKING:
 __all__ = ["PostgresRunListing"]
 
 
-class PostgresRunListing(TaskStoreBackend):
-    """A mixin of :class:`.tasks.PostgresTasks` (see the module docstring)."""
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-        async def _fetch(self, what: str, sql: str, *args: Any) -> builtins.list[Any]: ...
+class PostgresRunListing(PostgresPart):
+    """A part of :class:`.tasks.PostgresTasks` (see the module docstring)."""
 
     async def _alist_runs(
         self, task: str | None, state: str | None, limit: int | None, before: int | None

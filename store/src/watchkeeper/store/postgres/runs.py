@@ -10,6 +10,7 @@ events lock, with their one ``NOTIFY``).
 from __future__ import annotations
 
 import builtins
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -28,16 +29,14 @@ from .._tasks import (
     ids_to_json,
     lost_reason,
 )
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
-from .consumers import EVENT_COLS, event_row, events_hook
+from .consumers import EVENT_COLS, PostgresConsumers, event_row, events_hook
 from .sql import database_clock, rowcount
+from .steps import Group, StepOp, settle_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-
-    from .steps import Group, StepWrite
 
 __all__ = [
     "RUN_COLS",
@@ -283,18 +282,8 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     return finished, [run_from_row(row, events) for row, events in runs.values()]
 
 
-class PostgresRuns(TaskStoreBackend):
+class PostgresRuns(PostgresConsumers):
     """Claims, finishes and leases of runs (see the module docstring)."""
-
-    schema: str | None
-    clock: Any
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        async def _fetch(self, what: str, sql: str, *args: Any) -> builtins.list[Any]: ...
 
     async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
         if not run_ids:
@@ -342,22 +331,26 @@ class PostgresRuns(TaskStoreBackend):
         finished, claimed = step_rows(rows)
         return (finished[0] if finished else None), claimed
 
-    async def _run_step_group(self, group: Group, steps: builtins.list[StepWrite]) -> Any:
-        """The statement of grouped steps (:mod:`.steps`): its rows."""
+    async def _run_steps(self, conn: Any, group: Group, steps: builtins.list[StepOp]) -> None:
+        """The statement of grouped steps (:mod:`.steps`), on the writer's ``conn``; a step
+        whose finish was refused then gets why (read on the pool)."""
         owner, span, tasks = group
         sql: str | None = self.__dict__.get("_group_step_sql_text")
         if sql is None:
             sql = self.__dict__["_group_step_sql_text"] = step_sql(self._prefix, group=True)
-        return await self._fetch(
-            "finishing and claiming runs", sql, database_clock(self.clock),
-            None if tasks is None else list(tasks), [s.wants for s in steps], owner, span,
-            [s.finish.run_id for s in steps], [s.finish.token for s in steps], LAPSED_SQL,
+        rows = await conn.fetch(
+            sql, database_clock(self.clock), None if tasks is None else list(tasks),
+            [s.wants for s in steps], owner, span, [s.finish.run_id for s in steps],
+            [s.finish.token for s in steps], LAPSED_SQL,
         )  # fmt: skip
-
-    async def _refuse_step(self, step: StepWrite) -> None:
-        await self._transact(
-            "finishing a run", lambda conn: self._refuse(conn, step.group[0], step.finish)
-        )
+        settle_steps(steps, *step_rows(rows))
+        for step in steps:
+            if not step.ran:
+                refuse = functools.partial(self._refuse, owner=owner, outcome=step.finish)
+                try:  # raises why
+                    await self._transact("finishing a run", refuse)
+                except Exception as exc:  # noqa: BLE001 - the refusal is its caller's
+                    step.fail(exc)
 
     @property
     def _step_sql(self) -> str:

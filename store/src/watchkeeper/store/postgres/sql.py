@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Final
 from .._backend import _utcnow
 from .._types import RawEntry, Writer
 from ..errors import InvalidValueError, StateStoreError, StoreUnavailableError
-from .commits import commit_batch_sql, event_commits_sql
 
 if TYPE_CHECKING:
     import asyncpg
@@ -32,6 +31,7 @@ __all__ = [
     "is_unavailable",
     "map_error",
     "raw_entry",
+    "resolve_sql",
     "rowcount",
     "writer_fields",
 ]
@@ -87,7 +87,7 @@ def _join(cols: _Columns) -> str:
     return " AND ".join(f"t.{name} = i.{name}" for name, _ in cols)
 
 
-def _resolve(asset_id: str, name: str, uri: str, p: str) -> str:
+def resolve_sql(asset_id: str, name: str, uri: str, p: str) -> str:
     """The id of the active asset a scope names, as the memory backend picks it.
 
     Memory takes the first active row (in id order) whose id, or name, or (only when the scope
@@ -160,7 +160,7 @@ class Statements:
             "AND ($4::bool OR map_index = $5)"
         )
         entry = ", ".join(f"s.{c.strip()}" for c in _ENTRY_COLUMNS.split(","))
-        scope = _resolve("$1::int8", "$2::text", "$3::text", p)
+        scope = resolve_sql("$1::int8", "$2::text", "$3::text", p)
         self.asset_get = (
             f"SELECT r.id, {entry} FROM (SELECT {scope} AS id) r "
             f"LEFT JOIN {p}asset_state s ON s.asset_id = r.id AND s.key = $4"
@@ -171,14 +171,10 @@ class Statements:
         )
         self.asset_clear = f"DELETE FROM {p}asset_state WHERE asset_id = $1"
         self.resolve = (
-            f"SELECT {_resolve('i.asset_id', 'i.name', 'i.uri', p)} "
+            f"SELECT {resolve_sql('i.asset_id', 'i.name', 'i.uri', p)} "
             "FROM unnest($1::int8[], $2::text[], $3::text[]) WITH ORDINALITY "
             "AS i(asset_id, name, uri, ord) ORDER BY i.ord"
         )
-        # Event commits (see .commits): a round of single commits, and one trigger's batch.
-        self.commit_events = event_commits_sql(p)
-        self.commit_batch = commit_batch_sql(p, dedup=True)
-        self.commit_batch_plain = commit_batch_sql(p, dedup=False)
         self.list_events = (
             "SELECT id, asset_name, watcher, payload, dedup_key, created_at "
             f"FROM {p}asset_events WHERE id > $1 AND ($2::text IS NULL OR asset_name = $2) "

@@ -35,9 +35,8 @@ from __future__ import annotations
 import builtins
 import functools
 import json
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -68,12 +67,7 @@ from .runs import (
     writers_in_flight_sql,
 )
 from .sql import database_clock, writer_fields
-
-if TYPE_CHECKING:
-    import asyncpg
-
-    from .sql import Statements
-    from .steps import StepQueue
+from .steps import StepOp
 
 __all__ = ["PostgresTasks"]
 
@@ -81,25 +75,13 @@ T = TypeVar("T")
 
 
 class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of PostgreSQL."""
+    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TasksDriver`):
+    task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
+    :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
 
-    schema: str | None
-    clock: Any
-    _dsn: str
-    _sql: Statements
-    _steps: StepQueue | None
-
-    if TYPE_CHECKING:
-
-        async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]: ...
-        async def _transact(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T: ...
-        def _pool_or_closed(self) -> asyncpg.Pool: ...
-
-    if TYPE_CHECKING:
-
-        @property
-        def _prefix(self) -> str: ...
-        async def _lock_events(self, conn: Any) -> None: ...
+    horizon_waits: int = 0
+    """How many times a step found an earlier event's writer still in flight and waited for it
+    (a counter: what a step held up by an uncommitted event can be seen by)."""
 
     async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
         p, now = self._prefix, self.clock()
@@ -244,6 +226,7 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         pause = 0.0005
         sql = writers_in_flight_sql(self._events_key)
         while (await self._fetch("reading the events horizon", sql, holders))[0][0]:
+            self.horizon_waits += 1
             await anyio.sleep(pause)
             pause = min(pause * 2, 0.004)
 
@@ -350,18 +333,14 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         create: int,
         peers: int,
     ) -> RunStep:
-        steps = self._steps
         finished: TaskRun | None = None
         claimed: builtins.list[TaskRun]
-        if (
-            steps is not None
-            and finish is not None
-            and finish.success
-            and not finish.outlets
-            and claim <= 1
-        ):  # a slot's usual step: with the others finishing at once (creating after, if short)
+        if finish is not None and finish.success and not finish.outlets and claim <= 1:
+            # A slot's usual step: with the others finishing at once (creating after, if short).
             group = (owner, span, None if tasks is None else tuple(tasks))
-            done = await steps.step(group, finish, claim == 1, peers)
+            done: RunStep = await self._submit(
+                StepOp(group, finish, claim == 1, peers, self._run_steps)
+            )
             finished, claimed = done.finished, list(done.claimed)
         elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.

@@ -4,14 +4,17 @@ per batch of concurrent writes, several batches in flight.
 Callers submit an :class:`~watchkeeper.store.postgres.ops.Op` to the shared
 :class:`~watchkeeper.store._commit_queue.CommitQueue` and wait; its writer task takes everything
 queued and hands the batch to :meth:`GroupWriter._run_batch`, which applies it with
-:func:`~watchkeeper.store.postgres.ops.apply_batch` in one transaction on one of the writer's
-own connections and commits; only then are the callers woken. So an awaited write is durable
+:func:`~watchkeeper.store.postgres.batch.apply_batch` in one transaction on one of the
+writer's own connections and commits; only then are the callers woken. A worker's usual steps
+(:class:`~.steps.StepOp`) queue here too and go after the batch's transaction, one statement
+per group (:mod:`.steps`). So an awaited write is durable
 when it returns, and a thousand concurrent writers share one commit.
 
 Batches overlap: while one waits for the server, the next (on another connection, up to
 ``connections`` of them, opened as they are first needed) is sent, if it holds at least a few
 dozen writes. Only batches of event commits on disjoint sets of assets and watchers overlap
-(:func:`batch_keys`); a batch with any other write runs alone. So the writes of one watcher
+(:func:`batch_keys`), and a batch of steps with them (not with another); a batch with any
+other write runs alone. So the writes of one watcher
 commit in the order they were queued, and two transactions in flight never wait for each
 other's rows.
 
@@ -38,10 +41,13 @@ import anyio.abc
 
 from .._commit_queue import CommitQueue
 from ..errors import BackendUnavailableError
-from .commits import commit_events, event_commits_sql
+from .batch import apply_batch, one_round
+from .commits import EventStatements, commit_round
 from .connections import Freshness, breaks_connection, close_quietly, drop_if_broken, roll_back
-from .ops import BatchCommitOp, CommitOp, Op, apply_batch, one_round
+from .ops import EventsOp, Op
+from .puts import alone, put_alone_sql, upsert_alone
 from .sql import Statements, is_unavailable, map_error
+from .steps import StepOp, step_groups
 
 if TYPE_CHECKING:
     import asyncpg
@@ -70,8 +76,11 @@ class GroupWriter:
         # Sent with the BEGIN of every batch that commits events, single or batched, in one
         # message (the commit-order lock and the one NOTIFY of the batch: see .consumers).
         self._begin_events = "BEGIN" if events_sql is None else f"BEGIN; {events_sql}"
-        # A batch of one round of event commits: the same lock and NOTIFY, in one statement.
-        self._one_round = None if events_sql is None else event_commits_sql(sql.prefix, events_sql)
+        # A round of event commits inside a batch's transaction; a batch that is one round:
+        # the same lock and NOTIFY, in one statement.
+        self._events = EventStatements(sql.prefix)
+        self._one_round = None if events_sql is None else EventStatements(sql.prefix, events_sql)
+        self._put_alone = put_alone_sql(sql.prefix)
         # One slot per batch in flight; a slot's connection is opened when first needed.
         self._conns: list[asyncpg.Connection | None] = [conn] + [None] * (connections - 1)
         self._tuned: list[asyncpg.Connection | None] = [None] * connections
@@ -90,8 +99,11 @@ class GroupWriter:
         )
 
     async def submit(self, op: Op) -> Any:
-        """Queue ``op``, wait until its batch has committed, and return its result."""
-        return await self.queue.submit(op)
+        """Queue ``op``, wait until its batch has committed, and return its result (the
+        queue's ``submit`` inline: one coroutine fewer per write)."""
+        self.queue.put(op)
+        await op.done  # cancelling this cancels only the waiting: the write stays queued
+        return op.outcome()
 
     def discard(self) -> None:
         """Close both ends of the queue of a writer that never ran."""
@@ -133,9 +145,34 @@ class GroupWriter:
         # The queue never has more batches in flight than slots, so one is free.
         slot = self._free.pop()
         try:
-            await self._run_on(slot, batch)
+            writes = [op for op in batch if type(op) is not StepOp]
+            if writes:
+                await self._run_on(slot, writes)
+            if len(writes) < len(batch):
+                await self._run_steps(slot, [op for op in batch if type(op) is StepOp])
         finally:
             self._free.append(slot)
+
+    async def _run_steps(self, slot: int, steps: list[StepOp]) -> None:
+        """Each group of the batch's steps, one statement (a transaction of its own) each; a
+        failed statement gives its error to its group's steps only. Not retried: once sent,
+        a statement whose connection was lost may have committed."""
+        for (runner, group), members in step_groups(steps).items():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await self._connection(slot)
+                await runner(conn, group, members)
+            except BaseException as exc:
+                if conn is not None:
+                    drop_if_broken(conn, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                self._freshness.saw(exc)
+                self._broken(slot, conn, exc)
+                for step in members:
+                    step.fail(map_error(exc, "finishing and claiming runs"))
+        for step in steps:
+            step.settle()
 
     async def _run_on(self, slot: int, batch: list[Op], *, retry: bool = True) -> None:
         conn: asyncpg.Connection | None = None
@@ -146,13 +183,17 @@ class GroupWriter:
                 # One statement, a transaction of its own: once it is sent, a lost connection
                 # may have committed it, so the batch is not tried again (its ops get the error).
                 applied = True
-                await self._commit_round(conn, self._one_round, batch)
+                db_clock = self._sql.clock_param() is None
+                await self._alone(conn, commit_round(conn, self._one_round, batch, db_clock))
+            elif alone(batch):  # plain upserts of asset state: the same, one statement
+                applied = True
+                await self._alone(conn, upsert_alone(conn, self._put_alone, batch))
             else:
-                events = any(isinstance(op, CommitOp | BatchCommitOp) for op in batch)
+                events = any(type(op) is EventsOp for op in batch)
                 try:
                     # One round trip for BEGIN (and the events' lock and NOTIFY), then the batch.
                     await conn.execute(self._begin_events if events else "BEGIN")
-                    await apply_batch(conn, self._sql, batch)
+                    await apply_batch(conn, self._sql, self._events, batch)
                     applied = True
                     await conn.execute("COMMIT")
                 except BaseException as exc:
@@ -171,11 +212,10 @@ class GroupWriter:
         for op in batch:
             op.settle()
 
-    async def _commit_round(
-        self, conn: asyncpg.Connection, statements: tuple[str, str], batch: Sequence[CommitOp]
-    ) -> None:
+    async def _alone(self, conn: asyncpg.Connection, statement: Awaitable[None]) -> None:
+        """Await a batch's one statement (a transaction of its own)."""
         try:
-            await commit_events(conn, statements, batch, self._sql.clock_param() is None)
+            await statement
         except BaseException as exc:
             await _end_failed(conn, exc)  # nothing to end unless it was cut half-way
             raise
@@ -203,19 +243,23 @@ class GroupWriter:
 
 
 def batch_keys(batch: Sequence[Op]) -> frozenset[object] | None:
-    """What a batch of event commits writes, for the writer to overlap only batches that share
-    nothing: the watched assets (their events, their state rows) and the watchers. None (the
-    batch runs alone) when it holds any other write."""
+    """What a batch of event commits and steps writes, for the writer to overlap only batches
+    that share nothing: the watched assets (their events, their state rows) and the watchers;
+    the runs (one batch of steps at a time). None (the batch runs alone) when it holds any
+    other write."""
     keys: set[object] = set()
     for op in batch:
-        if type(op) is CommitOp:
-            keys.add(("watcher", op.commit.watcher))
-        elif type(op) is BatchCommitOp:
-            keys.add(("watcher", op.batch.watcher))
+        if type(op) is EventsOp:
+            keys.add(("watcher", op.watcher))
+            keys.update(op.names)
+        elif type(op) is StepOp:
+            keys.add(_STEPS)
         else:
             return None
-        keys.update(op.asset_names)
     return frozenset(keys)
+
+
+_STEPS = ("steps",)
 
 
 async def _end_failed(conn: asyncpg.Connection, exc: BaseException) -> None:

@@ -47,11 +47,12 @@ import aiosqlite
 import anyio
 import anyio.abc
 
+from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
+from .._builtin import builtin_services
 from .._commit_queue import CommitStats
 from .._gc import GcPlan
 from .._leases import check_owner, check_ttl
-from .._metastore import MetastoreBackend
 from .._types import (
     Asset,
     AssetEvent,
@@ -77,7 +78,6 @@ from ..errors import (
     StoreClosedError,
 )
 from . import leases, meta, ops
-from .consumers import SqliteConsumers
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
@@ -100,7 +100,7 @@ def _fresh(error: DatabaseFileRemovedError) -> DatabaseFileRemovedError:
     return DatabaseFileRemovedError(error.path, error.reason)
 
 
-class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, MetastoreBackend):
+class SqliteStateBackend(BaseStateBackend):
     """Task and asset state, asset events, trigger status and leases in one SQLite file.
 
     Open it with ``async with SqliteStateBackend(path) as backend:`` (or ``with`` for purely
@@ -118,6 +118,11 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
+        tasks, controls = SqliteTasks(self), SqliteControls(self)
+        self.services = builtin_services(
+            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            status=self, gc=self, keepalive=self,
+        )  # fmt: skip
         text = os.fspath(path)
         if not isinstance(text, str):
             raise ArgumentTypeError("path", path, "a str or os.PathLike[str]")
@@ -473,7 +478,7 @@ class SqliteStateBackend(SqliteTasks, SqliteConsumers, SqliteControls, Metastore
         return await self._write(lambda tx: leases.break_node(tx, owner))
 
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> leases.SqliteKeepAlive:
-        """See :class:`~watchkeeper.store.backend.NodeKeepAlive` (a connection of its own)."""
+        """See :class:`~watchkeeper.store.protocols.NodeKeepAlive` (a connection of its own)."""
         return leases.SqliteKeepAlive(
             self.path, lambda: self.clock(), check_owner(owner), check_ttl(ttl)
         )

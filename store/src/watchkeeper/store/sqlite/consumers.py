@@ -7,16 +7,14 @@ events by polling the last event id (one cheap read of the primary key's last ro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
 from .._tasks import StateWrite
-from .._taskstore import TaskStoreBackend
 from .._types import AssetEvent, Put, Writer
 from ..errors import ConsumerCursorError
 from . import meta, ops
+from .part import SqlitePart
 
 if TYPE_CHECKING:
     from .writer import Tx
@@ -54,13 +52,8 @@ def _consumer_ack(
     return event_id
 
 
-class SqliteConsumers(TaskStoreBackend):
-    """The :class:`~._tasks.EventConsumers` of the SQLite backend, and its wake-ups."""
-
-    if TYPE_CHECKING:
-
-        async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
-        async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
+class SqliteConsumers(SqlitePart):
+    """The event consumers of the SQLite backend (a part of its tasks driver)."""
 
     async def _aconsumer_position(self, name: str) -> int:
         rows = await self._read("SELECT cursor FROM event_consumers WHERE name = ?", (name,))
@@ -92,21 +85,3 @@ class SqliteConsumers(TaskStoreBackend):
         return await self._write(
             lambda tx: _consumer_ack(tx, name, event_id, state, expected, writer)
         )
-
-    async def _await_events(self, after_id: int, wait: float) -> int:
-        """Poll the newest event id (a cheap read: the primary key's last row) until it is past
-        ``after_id`` or ``wait`` seconds have passed: other processes commit into the file.
-
-        The poll adapts: every 2 ms at first, doubling up to 20 ms while nothing comes, so a
-        busy log is seen at once and an idle one costs a read per 20 ms."""
-        last = 0
-        pause = 0.002
-        with anyio.move_on_after(wait):
-            while True:
-                rows = await self._read("SELECT coalesce(max(id), 0) FROM asset_events")
-                last = int(rows[0][0])
-                if last > after_id:
-                    return last
-                await anyio.sleep(min(pause, wait))
-                pause = min(pause * 2, 0.02)
-        return last

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from .._controls import ApiToken, ControlsBackend, WatcherControl
+import anyio
+
+from .._controls import ApiToken, WatcherControl
 from .._types import AssetScope
 from ..errors import TokenExistsError, VersionConflictError
+from .part import SqlitePart
 from .schema import from_db, to_db
 
 if TYPE_CHECKING:
-    from .backend import SqliteStateBackend
     from .writer import Tx
+
+T = TypeVar("T")
 
 __all__ = ["SqliteControls"]
 
@@ -42,11 +46,10 @@ def _token(row: Any) -> ApiToken:
     )
 
 
-class SqliteControls(ControlsBackend):
-    """The hooks of :class:`~watchkeeper.store._controls.ControlsBackend` for the SQLite backend."""
-
-    def _backend(self) -> SqliteStateBackend:
-        return self  # type: ignore[return-value]  # only ever mixed into SqliteStateBackend
+class SqliteControls(SqlitePart):
+    """The controls driver of the SQLite backend and its event feed (a live tail's reads)
+    (:class:`~watchkeeper.store.protocols.ControlsDriver`,
+    :class:`~watchkeeper.store.protocols.EventFeedDriver`)."""
 
     async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
         flag = 1 if paused else 0
@@ -63,7 +66,7 @@ class SqliteControls(ControlsBackend):
             ).fetchone()
             return _control(row)
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)
 
     async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
 
@@ -79,18 +82,18 @@ class SqliteControls(ControlsBackend):
             ).fetchone()
             return _control(row)
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)
 
     async def _alist_watcher_controls(self) -> list[WatcherControl]:
         sql = f"SELECT {_CONTROL_COLS} FROM watcher_controls ORDER BY watcher"
-        return [_control(row) for row in await self._backend()._read(sql)]
+        return [_control(row) for row in await self._read(sql)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
         if asset is None:
-            rows = await self._backend()._read("SELECT max(id) FROM asset_events")
+            rows = await self._read("SELECT max(id) FROM asset_events")
         else:
             sql = "SELECT max(id) FROM asset_events WHERE asset_name = ?"
-            rows = await self._backend()._read(sql, (asset,))
+            rows = await self._read(sql, (asset,))
         return int(rows[0][0] or 0)
 
     async def _alist_event_json(
@@ -107,12 +110,12 @@ class SqliteControls(ControlsBackend):
             params.append(asset)
         sql += " ORDER BY id LIMIT ?"
         params.append(int(limit))
-        rows = await self._backend()._read(sql, params)
+        rows = await self._read(sql, params)
         return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
         sql = "SELECT watcher, count(*) FROM asset_events WHERE created_at >= ? GROUP BY watcher"
-        rows = await self._backend()._read(sql, (to_db(since),))
+        rows = await self._read(sql, (to_db(since),))
         return {str(row[0]): int(row[1]) for row in rows}
 
     async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
@@ -130,7 +133,7 @@ class SqliteControls(ControlsBackend):
                 ).fetchone()
                 raise VersionConflictError(key, expected_version, 0 if row is None else row[0])
 
-        await self._backend()._write(write)
+        await self._write(write)
 
     async def _acreate_token(self, token: ApiToken) -> None:
         params = (
@@ -158,16 +161,16 @@ class SqliteControls(ControlsBackend):
             ).fetchall()
             return bool(rows)
 
-        if not await self._backend()._write(write, savepoint=False):
+        if not await self._write(write, savepoint=False):
             raise TokenExistsError(token.name)
 
     async def _alist_tokens(self) -> list[ApiToken]:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens ORDER BY name"
-        return [_token(row) for row in await self._backend()._read(sql)]
+        return [_token(row) for row in await self._read(sql)]
 
     async def _aget_token(self, token_id: str) -> ApiToken | None:
         sql = f"SELECT {_TOKEN_COLS} FROM api_tokens WHERE token_id = ?"
-        rows = await self._backend()._read(sql, (token_id,))
+        rows = await self._read(sql, (token_id,))
         return _token(rows[0]) if rows else None
 
     async def _arevoke_token(self, name: str) -> bool:
@@ -178,4 +181,22 @@ class SqliteControls(ControlsBackend):
             )
             return cursor.rowcount > 0
 
-        return await self._backend()._write(write, savepoint=False)
+        return await self._write(write, savepoint=False)
+
+    async def _await_events(self, after_id: int, wait: float) -> int:
+        """Poll the newest event id (a cheap read: the primary key's last row) until it is past
+        ``after_id`` or ``wait`` seconds have passed: other processes commit into the file.
+
+        The poll adapts: every 2 ms at first, doubling up to 20 ms while nothing comes, so a
+        busy log is seen at once and an idle one costs a read per 20 ms."""
+        last = 0
+        pause = 0.002
+        with anyio.move_on_after(wait):
+            while True:
+                rows = await self._read("SELECT coalesce(max(id), 0) FROM asset_events")
+                last = int(rows[0][0])
+                if last > after_id:
+                    return last
+                await anyio.sleep(min(pause, wait))
+                pause = min(pause * 2, 0.02)
+        return last

@@ -23,7 +23,7 @@ from .._types import AssetEvent, EventBatchCommit, EventCommit
 from .._values import decode_value
 from ..errors import StateStoreError
 from .leases import HELD_SQL, held_of
-from .ops import Row, writer_cols
+from .ops import Row
 from .writer import Tx
 
 __all__ = ["COMMIT_BATCH", "EVENT_COMMITS", "EventCommits"]
@@ -55,7 +55,7 @@ class EventCommits:
             rows = ", ".join([self._EVENT_ROW] * n)
             sql = self._event_sql[n] = (
                 "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, "
-                f"created_at) VALUES {rows} RETURNING id, asset_id"
+                f"created_at) VALUES {rows}"
             )
         return sql
 
@@ -172,15 +172,19 @@ class EventCommits:
                         seen.add((asset_id, key))
                     rows.append((asset_id, name, watcher, payload_json, key, stamp))
                     owners.append((index, entry))
-        # 3. The events, ids in call order (AUTOINCREMENT, one row after the other).
+        # 3. The events. One multi-row INSERT numbers its rows one after the other, in the
+        # order of its VALUES (AUTOINCREMENT: each id is one more than the largest ever
+        # used, and the batch holds the write lock): the ids of a chunk end at its last
+        # rowid. The count is checked, so a row that was not inserted cannot go unseen.
         conn = tx.conn
         ids: list[int] = []
         for chunk in self._chunks(rows):
-            returned = conn.execute(self._insert_events(len(chunk)), _flat(chunk)).fetchall()
-            returned.sort()
-            if [r[1] for r in returned] != [row[0] for row in chunk]:
-                raise StateStoreError("event ids do not follow the rows")  # the writer falls back
-            ids.extend([r[0] for r in returned])
+            n = len(chunk)
+            cursor = conn.execute(self._insert_events(n), _flat(chunk))
+            last = cursor.lastrowid
+            if cursor.rowcount != n or last is None:
+                raise StateStoreError("the events were not all inserted")  # the writer falls back
+            ids.extend(range(last - n + 1, last + 1))
         # 4. The events returned, and the state: written once per (commit, asset) that inserted
         # a row (a single event has one row per asset; a batch writes its state once), folded
         # per key in first-write order: the last value wins, the count of writes adds up.
@@ -217,7 +221,11 @@ class EventCommits:
                 if (owner, asset_id) in batch_stated:
                     continue
                 batch_stated.add((owner, asset_id))
-            who = writer_cols(commit.writer)
+            writer = commit.writer
+            if writer is None:
+                who: tuple[str | None, str | None, int | None] = _NO_WRITER
+            else:
+                who = (writer.kind, writer.name, writer.try_number)
             for key, value_json in state.items():
                 slot = folded.get((asset_id, key))
                 count = 1 if slot is None else slot[3] + 1
@@ -243,6 +251,7 @@ def _entries(commit: EventCommit | EventBatchCommit) -> Sequence[tuple[str, str 
 
 
 _MISSING: Final = object()
+_NO_WRITER: Final = (None, None, None)
 _EVENT_SETTERS: Final = slot_setters(AssetEvent)
 
 

@@ -137,7 +137,7 @@ def leases_result(rows: list[Row]) -> list[Lease]:
 
 
 class SqliteKeepAlive:
-    """A :class:`~watchkeeper.store.backend.NodeKeepAliveChannel` on a SQLite file: its own
+    """A :class:`~watchkeeper.store.protocols.NodeKeepAliveChannel` on a SQLite file: its own
     connection, used by one thread; the time is the backend's clock, as for every lease."""
 
     def __init__(

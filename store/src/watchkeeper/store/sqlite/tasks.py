@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,11 +29,10 @@ from .._tasks import (
     check_rewind,
     lost_reason,
 )
-from .._taskstore import TaskStoreBackend
 from .._types import Writer
 from ..errors import RunNotFoundError, RunStateError
 from . import meta, ops
-from .consumers import EVENT_COLS
+from .consumers import EVENT_COLS, SqliteConsumers
 from .schema import from_db, to_db
 from .steps import (
     RUN_STEPS,
@@ -50,7 +49,7 @@ from .tasks_schema import ANYTHING_TO_CLAIM, RUN_COLS, runs_query
 from .writer import Op
 
 if TYPE_CHECKING:
-    from .writer import GroupCommitWriter, Tx
+    from .writer import Tx
 
 __all__ = ["SqliteTasks"]
 
@@ -157,14 +156,9 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
     return runs_with_events(tx.conn, [run_id])[0]
 
 
-class SqliteTasks(TaskStoreBackend):
-    """The :class:`~._tasks.TaskQueue` and :class:`~._tasks.EventConsumers` of the SQLite backend."""
-
-    if TYPE_CHECKING:
-
-        async def _write(self, fn: Callable[[Tx], T], *, savepoint: bool = True) -> T: ...
-        async def _read(self, sql: str, params: Sequence[object] = ()) -> list[Row]: ...
-        def _live_writer(self) -> GroupCommitWriter: ...
+class SqliteTasks(SqliteConsumers):
+    """The tasks driver of the SQLite backend (:class:`~watchkeeper.store.protocols.TasksDriver`):
+    runs here, consumers in :class:`~.consumers.SqliteConsumers`."""
 
     # -- tasks -------------------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ and runs), ``_tokens``, ``_scoping`` (what each scope sees of runs and watchers)
 and asset graph) and ``_series`` (the watchers' last hour, sampled in memory), ``_headers`` (security headers), ``_server``
 (uvicorn in the caller's task group, TLS) with ``_guard`` (connection and header-time limits,
 the open-file budget).
+
+It may import the store, the authoring API and the public names (``__all__``) of
+:mod:`.._core`, the runtime and the daemon; never the CLI or the test kit.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from watchkeeper.store import (
     ValueTooLargeError,
     ValueTypeError,
 )
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
-from .._describe import describe_error
+from .._core import describe_error
 from ._assets import asset_detail, list_assets, list_state, state_entry
 from ._base import ApiContext, ApiError
 from ._events import list_events, stream_events

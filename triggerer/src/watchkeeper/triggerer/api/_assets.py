@@ -8,10 +8,10 @@ from typing import Final, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import AssetScope, VersionConflictError
-from watchkeeper.store.backend import Writer, encode_value, require_asset_registry
+from watchkeeper.store.protocols import Writer, encode_value
 
-from .._records import iso
-from .._watcher_controls import watcher_rows
+from .._core import iso
+from ..daemon import watcher_rows
 from ._base import (
     ApiError,
     authenticate,
@@ -41,7 +41,7 @@ _ATTEMPTS: Final = 5
 
 async def list_assets(request: Request) -> Response:
     principal = await authenticate(request)
-    assets = await require_asset_registry(ctx_of(request).backend).alist_assets()
+    assets = await ctx_of(request).backend.events.alist_assets()
     shown = [a for a in assets if principal.can_read_asset(a.name)]
     if (
         not shown
@@ -70,7 +70,7 @@ async def _asset_principal(request: Request) -> tuple[Principal, str]:
 async def asset_detail(request: Request) -> Response:
     principal, name = await _asset_principal(request)
     ctx = ctx_of(request)
-    found = [a for a in await require_asset_registry(ctx.backend).alist_assets() if a.name == name]
+    found = [a for a in await ctx.backend.events.alist_assets() if a.name == name]
     if not found:
         raise ApiError(404, "not_found", f"no asset named {name!r}")
     asset = found[0]

@@ -10,11 +10,10 @@ import anyio
 import anyio.abc
 from starlette.requests import Request
 from watchkeeper.store import BaseStateBackend, StateEntry
-from watchkeeper.store.backend import OperatorControls, TaskQueue, get_logger
+from watchkeeper.store.protocols import EventLog, OperatorControls, TaskQueue, get_logger
 
-from .._describe import describe_error
-from .._records import iso
-from .._watcher_controls import controls_of
+from .._core import describe_error, iso
+from ..daemon import controls_of
 from ._errors import ApiError
 from ._feed import SSE_BATCH, EventFeed
 from ._metrics import Metrics
@@ -25,7 +24,7 @@ from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = [
     "MAX_PAGE",
@@ -81,10 +80,20 @@ class ApiContext:
     @property
     def tasks(self) -> TaskQueue:
         """The store as a task queue; a 501 :class:`ApiError` when it keeps no tasks."""
-        backend = self.backend
-        if not isinstance(backend, TaskQueue):
-            raise ApiError(501, "not_supported", f"{type(backend).__name__} keeps no tasks")
-        return backend
+        queue = self.backend.services.tasks
+        if queue is None:
+            raise ApiError(501, "not_supported", f"{type(self.backend).__name__} keeps no tasks")
+        return queue
+
+    @property
+    def events(self) -> EventLog:
+        """The store's event log; a 501 :class:`ApiError` when it keeps none."""
+        store = self.backend.services.events
+        if store is None:
+            raise ApiError(
+                501, "not_supported", f"{type(self.backend).__name__} keeps no event log"
+            )
+        return store
 
     @property
     def controls(self) -> OperatorControls:
@@ -103,7 +112,7 @@ class ApiContext:
         """
         feed = self.feeds.get(asset)
         if feed is None:
-            feed = self.feeds[asset] = EventFeed(self.controls, asset, keep=self.feed_keep)
+            feed = self.feeds[asset] = EventFeed(self.events, asset, keep=self.feed_keep)
         return feed
 
     def kick(self) -> None:

@@ -9,9 +9,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import get_logger, require_asset_registry, require_event_log
+from watchkeeper.store.protocols import get_logger
 
-from .._records import event_record
+from .._core import event_record
 from ._base import (
     MAX_PAGE,
     ApiContext,
@@ -59,7 +59,7 @@ async def list_events(request: Request) -> Response:
     before = int_param(request, "before", 0, 1, None) or None
     limit = int_param(request, "limit", 100, 1, MAX_PAGE)
     newest_first = _order(request)
-    events = await require_event_log(ctx_of(request).backend).alist_events(
+    events = await ctx_of(request).backend.events.alist_events(
         asset=asset, since_id=after, limit=limit, before_id=before, newest_first=newest_first
     )
     # The cursor moves in the direction of the page: up in id order, down newest first.
@@ -83,10 +83,10 @@ async def stream_events(request: Request) -> Response:
     ctx = ctx_of(request)
     after = stream_start(request)  # a 400 before the stream starts
     if asset is not None:
-        known = await require_asset_registry(ctx.backend).alist_assets()
+        known = await ctx.backend.events.alist_assets()
         if not any(a.name == asset for a in known):
             raise ApiError(404, "not_found", f"no asset named {asset!r}")
-    head = await ctx.controls.alast_event_id(asset)
+    head = await ctx.events.alast_event_id(asset)
     # Without a position: a live tail, from now on. A position past the log's head (an id of
     # a bigger or restored database) is the head: every event committed from now on is after it.
     after = head if after is None else min(after, head)
@@ -132,7 +132,7 @@ async def _sse(
     ctx: ApiContext, principal: Principal, asset: str | None, after: int, head: int
 ) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: watching from event {after}\n\n".encode()
-    controls = ctx.controls
+    events_log = ctx.events
     feed = ctx.feed(asset)
     feed.clients += 1
     try:
@@ -146,7 +146,7 @@ async def _sse(
                     return
             if after < feed.base:  # older than what the feed holds: read the log alone
                 try:
-                    events = await controls.alist_event_json(
+                    events = await events_log.alist_event_json(
                         asset=asset, since_id=after, limit=SSE_BATCH
                     )
                 except StoreUnavailableError:

@@ -21,7 +21,7 @@ from bisect import bisect_right
 
 import anyio
 from watchkeeper.store import StoreUnavailableError
-from watchkeeper.store.backend import OperatorControls, redact_secrets
+from watchkeeper.store.protocols import EventLog, redact_secrets
 
 __all__ = ["SSE_BATCH", "EventFeed", "encode_frames", "join_frames"]
 
@@ -47,8 +47,8 @@ def join_frames(frames: list[bytes]) -> bytes:
 class EventFeed:
     """The frames of the events after ``base``, read once for every client of one filter."""
 
-    def __init__(self, controls: OperatorControls, asset: str | None, *, keep: int) -> None:
-        self.controls = controls
+    def __init__(self, events: EventLog, asset: str | None, *, keep: int) -> None:
+        self.events = events
         self.asset = asset
         self.keep = keep
         self.base = 0
@@ -92,7 +92,7 @@ class EventFeed:
         self._reading = True
         try:
             try:
-                events = await self.controls.alist_event_json(
+                events = await self.events.alist_event_json(
                     asset=self.asset, since_id=self.position, limit=SSE_BATCH
                 )
             except StoreUnavailableError:

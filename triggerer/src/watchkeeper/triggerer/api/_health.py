@@ -7,7 +7,7 @@ import anyio.abc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .._describe import describe_error
+from .._core import describe_error
 from ._base import authenticate, ctx_of, require
 from ._metrics import CONTENT_TYPE
 from ._openapi import openapi_document

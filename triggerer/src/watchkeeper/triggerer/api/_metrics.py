@@ -1,7 +1,7 @@
 """``GET /metrics``: one prometheus-client collector computed at scrape time.
 
 Nothing is registered per watcher and nothing is locked per event: the runner keeps plain
-counters (:mod:`.._runtime_metrics`, the trigger slots), and at each scrape :class:`Metrics`
+counters (:mod:`..runtime._metrics`, the trigger slots), and at each scrape :class:`Metrics`
 turns them into metric families. In ``watchkeeper api`` (no runner in the process) the watcher
 series come from the status rows the daemons save.
 
@@ -30,16 +30,14 @@ import anyio
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import StatusTable, TaskQueue, TriggerStatus, get_logger
+from watchkeeper.store.protocols import TriggerStatus, get_logger
 
-from .._describe import describe_error
+from .._core import describe_error
 from ._task_metrics import TaskMetrics
 
 if TYPE_CHECKING:
-    from .._loader import WatcherGroup
-    from .._watcher_controls import ControlsTracker
-    from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..daemon import ControlsTracker, Daemon, WatcherGroup
+    from ..runtime import TriggerRunner
 
 __all__ = ["CONTENT_TYPE", "LoopLagProbe", "Metrics", "WatcherSample"]
 
@@ -140,12 +138,12 @@ class Metrics:
         backend = self.backend
         read = False
         statuses: list[TriggerStatus] | None = None
-        if self.runner is None and isinstance(backend, StatusTable):
-            statuses = await backend.alist_trigger_status()
+        if self.runner is None and backend.services.status is not None:
+            statuses = await backend.status.alist_trigger_status()
             read = True
         task_metrics: TaskMetrics | None = None
-        if isinstance(backend, TaskQueue):
-            task_metrics = TaskMetrics(backend)
+        if backend.services.tasks is not None:
+            task_metrics = TaskMetrics(backend.tasks, backend.clock)
             await task_metrics.prepare()
             read = True
         if not read:

@@ -337,6 +337,7 @@ def _task_paths() -> dict[str, Any]:
         "parameters": [_NAME],
         "responses": {
             "200": _json("the task, paused or not", ref("Task")),
+            "400": _error("a name the store refuses"),
             "404": _error("no such task"),
         },
     }
@@ -395,7 +396,11 @@ def _run_paths() -> dict[str, Any]:
                         "name": "task",
                         "in": "query",
                         "description": "only this task's runs (empty or absent: every task)",
-                        "schema": {"type": "string"},
+                        "schema": {
+                            "type": "string",
+                            "maxLength": MAX_NAME_BYTES,
+                            "pattern": "^[^\\u0000-\\u001f\\u007f]*$",
+                        },
                     },
                     {
                         "name": "state",

@@ -17,10 +17,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from watchkeeper.store import BaseStateBackend
 
-from .._watcher_controls import controls_of
-
 if TYPE_CHECKING:
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = ["RATE_CACHE", "RATE_STEP", "RATE_WINDOW", "RunnerRates", "counted_in_event_log"]
 
@@ -131,7 +129,7 @@ async def counted_in_event_log(
     One count serves :data:`RATE_CACHE` seconds, kept on ``state`` (the app's state), so many
     open pages cost one read.
     """
-    store = controls_of(backend)
+    store = backend.services.events
     if store is None:
         return None
     cached: tuple[float, dict[str, int]] | None = getattr(state, "watcher_rate_counts", None)

@@ -14,10 +14,10 @@ import re
 from datetime import datetime
 from typing import Any, Final
 
-from watchkeeper.store.backend import TaskRun
+from watchkeeper.store.protocols import TaskRun
 
-from .._records import run_record
-from .._watcher_controls import WatcherRow
+from .._core import run_record
+from ..daemon import WatcherRow
 from ._tokens import Principal
 
 __all__ = ["error_type", "run_json", "watcher_json"]

@@ -29,10 +29,10 @@ from typing import Any, Final
 
 import anyio
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
-from .._describe import describe_error
-from .._watcher_controls import WatcherRow, controls_of, watcher_rows
+from .._core import describe_error
+from ..daemon import WatcherRow, controls_of, watcher_rows
 from ._rates import RunnerRates
 
 __all__ = ["StateChange", "WatcherSeries"]
@@ -120,8 +120,9 @@ class WatcherSeries:
             counts = {n: totals.get(n, 0) - before.get(n, 0) for n in self.rates.known()}
             self._totals = totals
         if store is not None:
-            if self.rates is None:
-                counts = await store.acount_events_since(since)
+            events = backend.services.events
+            if self.rates is None and events is not None:
+                counts = await events.acount_events_since(since)
             paused_by = {c.watcher: c.updated_by for c in await store.alist_watcher_controls()}
         minutes = max((now - since).total_seconds(), 1e-9) / 60
         self._since = now

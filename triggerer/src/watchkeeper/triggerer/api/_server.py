@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import uvicorn
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import get_logger
+from watchkeeper.store.protocols import get_logger
 
 from ..errors import TriggererError
 from ..settings import ApiSettings
@@ -32,7 +32,7 @@ from ._series import WatcherSeries
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
-    from ..runner import TriggerRunner
+    from ..runtime import TriggerRunner
 
 __all__ = ["ApiListenError", "api_context", "serve_api", "serve_app"]
 

@@ -8,10 +8,10 @@ events, the age of the oldest pending event) are gauges.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
-from watchkeeper.store.backend import RUN_STATES, TRY_CAUSES, TaskQueue
+from watchkeeper.store.protocols import RUN_STATES, TRY_CAUSES, TaskQueue
 
 __all__ = ["DURATION_BUCKETS", "TaskMetrics"]
 
@@ -28,8 +28,10 @@ def _esc(value: str) -> str:
 class TaskMetrics:
     """The task families: :meth:`prepare` reads the store, :meth:`render` writes the text."""
 
-    def __init__(self, queue: TaskQueue) -> None:
+    def __init__(self, queue: TaskQueue, clock: Callable[[], datetime]) -> None:
         self.queue = queue
+        self.clock = clock
+        """The store's clock: the ages of pending events are measured on it."""
         self._tasks: list[tuple[str, tuple[str, ...], dict[str, int]]] = []
         self._runs: dict[tuple[str, str], int] = {}
         self._tries: dict[tuple[str, str, bool], int] = {}
@@ -46,8 +48,7 @@ class TaskMetrics:
         self._tries = await queue.acount_tries()
         self._oldest = await queue.aoldest_pending()
         self._durations = await queue.arun_durations(DURATION_BUCKETS)
-        clock = getattr(queue, "clock", None)
-        self._now = clock() if callable(clock) else datetime.now(UTC)
+        self._now = self.clock()
 
     def render(self) -> str:
         """The exposition text of the task families."""

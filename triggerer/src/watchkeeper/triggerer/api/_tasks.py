@@ -12,9 +12,9 @@ from watchkeeper.store import (
     RunStateError,
     TaskNotFoundError,
 )
-from watchkeeper.store.backend import RUN_STATES, Writer, get_logger
+from watchkeeper.store.protocols import RUN_STATES, Writer, get_logger
 
-from .._records import task_record
+from .._core import task_record
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, int_param, require
 from ._parse import parse_int, path_param
 from ._scoping import run_json

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from watchkeeper.store.backend import ApiToken, OperatorControls
+from watchkeeper.store.protocols import ApiToken, OperatorControls
 
 __all__ = [
     "Principal",

@@ -15,9 +15,9 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import BaseStateBackend
-from watchkeeper.store.backend import EventLog, TaskInfo, TaskQueue, require_asset_registry
+from watchkeeper.store.protocols import TaskInfo
 
-from .._watcher_controls import unknown_watcher, watcher_rows
+from ..daemon import unknown_watcher, watcher_rows
 from ._base import ApiError, authenticate, ctx_of, require
 from ._parse import path_param
 from ._scoping import error_type
@@ -63,19 +63,19 @@ async def asset_graph(request: Request) -> Response:
     require(principal.can_see_watchers(), principal, "read the graph (needs read or operate)")
     ctx = ctx_of(request)
     backend = ctx.backend
-    assets = await require_asset_registry(backend).alist_assets()
+    assets = await backend.events.alist_assets()
     rows = await watcher_rows(backend)
     tasks: list[TaskInfo] = []
     last_run: dict[str, str] = {}
     emits: dict[str, list[str]] = {}
-    if isinstance(backend, TaskQueue):
-        tasks = await backend.alist_tasks()
+    if backend.services.tasks is not None:
+        tasks = await backend.tasks.alist_tasks()
         state = request.app.state
         cache: dict[int, str] | None = getattr(state, "graph_asset_of", None)
         if cache is None:
             cache = state.graph_asset_of = {}
         for info in tasks:
-            runs = await backend.alist_runs(task=info.name, limit=1)
+            runs = await backend.tasks.alist_runs(task=info.name, limit=1)
             if runs:
                 last_run[info.name] = runs[0].state
             emits[info.name] = await _outlets(backend, info.name, cache)
@@ -124,15 +124,15 @@ async def asset_graph(request: Request) -> Response:
 
 async def _outlets(backend: BaseStateBackend, task: str, cache: dict[int, str]) -> list[str]:
     """The assets of the outlet events of ``task``'s newest successful runs, sorted."""
-    assert isinstance(backend, TaskQueue)
+    assert backend.services.tasks is not None
     ids: list[int] = []
-    for run in await backend.alist_runs(task=task, state="success", limit=OUTLET_RUNS):
+    for run in await backend.tasks.alist_runs(task=task, state="success", limit=OUTLET_RUNS):
         ids.extend(run.outlet_event_ids)
     found: set[str] = set()
     for event_id in sorted(set(ids))[-MAX_OUTLET_IDS:]:
         asset = cache.get(event_id)
-        if asset is None and isinstance(backend, EventLog):
-            events = await backend.alist_events(since_id=event_id - 1, limit=1)
+        if asset is None and backend.services.events is not None:
+            events = await backend.events.alist_events(since_id=event_id - 1, limit=1)
             if events and events[0].id == event_id:
                 asset = events[0].asset
                 if len(cache) >= _ASSET_OF_CACHE:

@@ -6,10 +6,9 @@ from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from watchkeeper.store.backend import LeaseTable, get_logger
+from watchkeeper.store.protocols import get_logger
 
-from .._daemon_report import daemon_report
-from .._watcher_controls import unknown_watcher, watcher_rows
+from ..daemon import daemon_report, unknown_watcher, watcher_rows
 from ._base import ApiContext, ApiError, authenticate, ctx_of, require, utc_now
 from ._parse import path_param
 from ._rates import RATE_WINDOW, counted_in_event_log
@@ -108,7 +107,7 @@ async def list_daemons(request: Request) -> Response:
     report = await daemon_report(backend)
     now = backend.clock()
     leases: dict[str, int] = {}
-    for lease in await backend.alist_leases() if isinstance(backend, LeaseTable) else []:
+    for lease in await backend.leases.alist_leases() if backend.services.leases is not None else []:
         if lease.owner is not None and lease.expires_at is not None and lease.expires_at > now:
             leases[lease.owner] = leases.get(lease.owner, 0) + 1
     return JSONResponse(

@@ -13,6 +13,9 @@ Building the parser loads nothing heavy: the subcommand modules import what a co
 the settings are loaded once the command line parsed, so ``--help`` and a usage error answer
 at once and ``status`` loads no HTTP server or PostgreSQL driver. structlog is configured for
 the commands that run something, or when logs are asked for (see :func:`_wants_logging`).
+
+It may import the store, the authoring API and the public names (``__all__``) of every other
+wing: :mod:`.._core`, the runtime, the daemon, the worker and the API.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from watchkeeper.store.errors import StateStoreError
 
-from .._defaults import LOG_LEVELS
+from .._core import LOG_LEVELS
 from . import _api, _config, _runtime, _store, _tasks, _watchers
 from ._common import (
     PROG,
@@ -136,7 +139,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(error_line(describe_validation_error(exc)))
         return 2
     if _wants_logging(args, settings):
-        from .._logging import configure_logging
+        from .._core import configure_logging
 
         configure_logging(settings.logging.level, settings.logging.format)
     handler = getattr(args, "handler", None)

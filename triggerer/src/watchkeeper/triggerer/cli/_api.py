@@ -32,7 +32,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import ApiToken
+    from watchkeeper.store.protocols import ApiToken
 
     from ..settings import Settings
     from ._common import Subparsers
@@ -45,9 +45,9 @@ __all__ = ["register"]
 
 async def _serve(settings: Settings) -> None:
     import anyio
-    from watchkeeper.store.backend import get_logger
+    from watchkeeper.store.protocols import get_logger
 
-    from .._notify import notify
+    from .._core import notify
     from ..api import serve_api
 
     log = get_logger(__name__)
@@ -101,11 +101,10 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
     from ..api import make_token
 
-    store = require_operator_controls(backend)
+    store = backend.controls
     expires = None if args.expires_in is None else timedelta(days=args.expires_in)
     try:
         text, row = make_token(args.name, args.scope, now=datetime.now(UTC), expires_in=expires)
@@ -123,9 +122,8 @@ async def _create(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    rows = await require_operator_controls(backend).alist_tokens()
+    rows = await backend.controls.alist_tokens()
     now = datetime.now(UTC)
 
     def state(expires: datetime | None, revoked: datetime | None) -> str:
@@ -163,9 +161,8 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 
 async def _revoke(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    if not await require_operator_controls(backend).arevoke_token(args.name):
+    if not await backend.controls.arevoke_token(args.name):
         raise CommandError(f"no active token named {args.name!r}")
     emit(f"token {args.name!r} revoked")
     return 0

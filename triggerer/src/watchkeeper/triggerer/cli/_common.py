@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
     from rich.console import Console
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import Writer
+    from watchkeeper.store.protocols import Writer
 
     from ..settings import Settings
 
@@ -92,7 +92,7 @@ class UsageError(CommandError):
 
 def error_line(message: str) -> str:
     """``watchkeeper: error: <message>`` squeezed onto one line, URL passwords masked."""
-    from watchkeeper.store.backend import redact_secrets
+    from watchkeeper.store.protocols import redact_secrets
 
     flat = " ".join(str(message).split())
     return f"{PROG}: error: {redact_secrets(flat)}\n"
@@ -122,8 +122,8 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def redacted(value: Any) -> Any:
     """``value`` (JSON data) with every URL password masked: what ``status`` and ``events``
-    print (see :func:`~watchkeeper.store.backend.redact_data`)."""
-    from watchkeeper.store.backend import redact_data
+    print (see :func:`~watchkeeper.store.protocols.redact_data`)."""
+    from watchkeeper.store.protocols import redact_data
 
     return redact_data(value)
 
@@ -149,7 +149,7 @@ def settings_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cli_writer() -> Writer:
     """``Writer("cli", <user>)``: who made a change from the command line."""
-    from watchkeeper.store.backend import Writer
+    from watchkeeper.store.protocols import Writer
 
     try:
         user = getpass.getuser()
@@ -319,7 +319,7 @@ def run_async(fn: Callable[..., Awaitable[T]], *args: Any, event_loop: str = "au
     ``auto`` is uvloop when it is installed); unwraps a lone error."""
     import anyio
 
-    from .._event_loop import EventLoopUnavailableError, anyio_backend_options
+    from .._core import EventLoopUnavailableError, anyio_backend_options
 
     try:
         options = anyio_backend_options(event_loop)

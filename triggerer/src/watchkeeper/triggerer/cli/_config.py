@@ -3,8 +3,8 @@
 Each ``section.key`` of :class:`~watchkeeper.triggerer.settings.Settings` is listed with its
 value and its source: ``argument`` (a global option such as ``--database-url``), ``env`` (a
 ``WATCHKEEPER__SECTION__KEY`` variable), ``file`` (the TOML file) or ``default``. Passwords
-are masked: the database URL is shown by :func:`~watchkeeper.store.backend.redact_dsn`, every other
-text by :func:`~watchkeeper.store.backend.redact_secrets`. Nothing is opened; the command only reads
+are masked: the database URL is shown by :func:`~watchkeeper.store.protocols.redact_dsn`, every other
+text by :func:`~watchkeeper.store.protocols.redact_secrets`. Nothing is opened; the command only reads
 the configuration, so it is the first thing to run when a daemon uses the wrong database.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def _shown(value: object) -> Any:
     """A setting's value as JSON data, with any password masked."""
     from pydantic import SecretStr
-    from watchkeeper.store.backend import redact_dsn, redact_secrets
+    from watchkeeper.store.protocols import redact_dsn, redact_secrets
 
     if isinstance(value, SecretStr):
         return redact_dsn(value.get_secret_value())

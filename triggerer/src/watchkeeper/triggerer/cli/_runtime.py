@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from watchkeeper.store.errors import MissingCapabilityError
 
-from .._defaults import DEFAULT_RELOAD_INTERVAL
+from .._core import DEFAULT_RELOAD_INTERVAL
 from ._common import (
     CommandError,
     UsageError,
@@ -35,7 +35,7 @@ __all__ = ["register", "status_report", "status_rows"]
 if TYPE_CHECKING:
     from rich.table import Table
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TriggerStatus
+    from watchkeeper.store.protocols import TriggerStatus
 
     from ..settings import Settings
 
@@ -94,7 +94,7 @@ def _triggerer(args: argparse.Namespace, settings: Settings) -> int:
             "(use --watchers-path or [triggerer] watchers_path)"
         )
     open_backend(settings)  # a configuration mistake is a usage error before anything starts
-    from .._process import run_daemon
+    from ..daemon import run_daemon
 
     run_async(functools.partial(run_daemon, settings), event_loop=settings.triggerer.event_loop)
     return 0
@@ -122,13 +122,12 @@ def _printable(text: str) -> str:
 
 async def status_report(backend: BaseStateBackend) -> dict[str, Any]:
     """What ``watchkeeper status --json`` prints: the daemons, the watchers, the refusals."""
-    from watchkeeper.store.backend import require_status_table
 
-    from .._daemon_report import daemon_report
+    from ..daemon import daemon_report
 
     daemons = await daemon_report(backend)
     watchers: list[dict[str, Any]] = []
-    for status in await require_status_table(backend).alist_trigger_status():
+    for status in await backend.status.alist_trigger_status():
         state = daemons.watcher_state(status.state, status.owner)
         watchers.append(_status_json(status, state, await _asset_states(backend, status)))
     return {"daemons": daemons.rows, "watchers": watchers}

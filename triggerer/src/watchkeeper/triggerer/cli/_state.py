@@ -179,7 +179,7 @@ async def _guard_running_watchers(backend: BaseStateBackend, asset: str, force: 
     """Before a write to ``asset``'s state: refuse it (:class:`CommandError`, nothing written)
     while an unpaused watcher of the asset runs, since its next event may overwrite the key;
     with ``force``, warn on stderr and let the write go ahead."""
-    from .._watcher_controls import watcher_rows
+    from ..daemon import watcher_rows
 
     running = [
         row.watcher
@@ -278,10 +278,9 @@ def _event_rule(retention_days: int, dedup_retention_days: int) -> str:
 
 
 async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: Settings) -> int:
-    from watchkeeper.store.backend import require_garbage_collector
 
     events = s.events
-    report = await require_garbage_collector(backend).acollect_garbage(
+    report = await backend.gc.acollect_garbage(
         default_retention_days=s.state_store.default_retention_days,
         batch_size=s.state_store.state_cleanup_batch_size,
         dry_run=args.dry_run,

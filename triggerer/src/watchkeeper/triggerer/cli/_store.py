@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from watchkeeper.store import MAX_BIGINT, Asset, AssetEvent, AssetInfo
 
-from .._records import event_record
+from .._core import event_record
 from ._common import (
     CommandError,
     UsageError,
@@ -71,11 +71,10 @@ def _asset_record(info: AssetInfo) -> dict[str, Any]:
 
 
 async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_asset_registry
 
     from ._table import PlainTable
 
-    assets = await require_asset_registry(backend).alist_assets(active_only=not args.all)
+    assets = await backend.events.alist_assets(active_only=not args.all)
     empty = "no assets registered" if args.all else "no active assets"
     if emit_listing(assets, args.json, _asset_record, empty):
         return 0
@@ -92,7 +91,7 @@ async def _assets_list(backend: BaseStateBackend, args: argparse.Namespace, _: S
 
 
 def _check_asset(args: argparse.Namespace) -> None:
-    from watchkeeper.store.backend import check_name
+    from watchkeeper.store.protocols import check_name
 
     if not args.name:
         raise UsageError("an asset name must not be empty")
@@ -107,9 +106,8 @@ def _check_asset(args: argparse.Namespace) -> None:
 
 
 async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_asset_registry
 
-    await require_asset_registry(backend).aregister_assets([Asset(args.name, uri=args.uri)])
+    await backend.events.aregister_assets([Asset(args.name, uri=args.uri)])
     emit(f"registered asset {args.name!r}" + (f" ({args.uri})" if args.uri else ""))
     return 0
 
@@ -117,12 +115,11 @@ async def _assets_register(backend: BaseStateBackend, args: argparse.Namespace, 
 async def _assets_deactivate(
     backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 ) -> int:
-    from watchkeeper.store.backend import require_asset_registry
 
-    if await require_asset_registry(backend).adeactivate_asset(args.name):
+    if await backend.events.adeactivate_asset(args.name):
         emit(f"deactivated asset {args.name!r}; its state is removed by the next clean")
         return 0
-    known = {info.name for info in await require_asset_registry(backend).alist_assets()}
+    known = {info.name for info in await backend.events.alist_assets()}
     if args.name not in known:
         raise CommandError(f"asset {args.name!r} is not registered")
     emit(f"asset {args.name!r} is already inactive")
@@ -133,7 +130,7 @@ async def _assets_deactivate(
 
 
 def _event_line(event: AssetEvent) -> str:
-    from watchkeeper.store.backend import redact_secrets
+    from watchkeeper.store.protocols import redact_secrets
 
     dedup = f" dedup_key={event.dedup_key!r}" if event.dedup_key is not None else ""
     return redact_secrets(
@@ -157,14 +154,11 @@ async def _cancel_on_signal(
 
 async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: int) -> None:
     import anyio
-    from watchkeeper.store.backend import require_event_log
 
     printed = 0
     while args.limit is None or printed < args.limit:
         remaining = None if args.limit is None else args.limit - printed
-        batch = await require_event_log(backend).alist_events(
-            asset=args.asset, since_id=since, limit=remaining
-        )
+        batch = await backend.events.alist_events(asset=args.asset, since_id=since, limit=remaining)
         for event in batch:
             if args.json:
                 emit_json(event_record(event))
@@ -178,12 +172,11 @@ async def _follow(backend: BaseStateBackend, args: argparse.Namespace, since: in
 
 async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
     import anyio
-    from watchkeeper.store.backend import require_asset_registry, require_event_log
 
     from ._table import PlainTable
 
     if args.asset is not None:
-        known = {info.name for info in await require_asset_registry(backend).alist_assets()}
+        known = {info.name for info in await backend.events.alist_assets()}
         if args.asset not in known:
             raise CommandError(f"asset {args.asset!r} is not registered")
     if args.follow:
@@ -192,7 +185,7 @@ async def _events(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
             await _follow(backend, args, args.since)
             tg.cancel_scope.cancel()
         return 0
-    events = await require_event_log(backend).alist_events(
+    events = await backend.events.alist_events(
         asset=args.asset, since_id=args.since, limit=args.limit
     )
     if emit_listing(events, args.json, event_record, "no events"):

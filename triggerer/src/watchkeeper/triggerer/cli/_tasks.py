@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from .._records import iso, run_record, task_record
+from .._core import iso, run_record, task_record
 from ._api import api_options, with_api_options
 from ._common import (
     PROG,
@@ -40,24 +40,23 @@ __all__ = ["register"]
 
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
-    from watchkeeper.store.backend import TaskQueue
+    from watchkeeper.store.protocols import TaskQueue
 
-    from .._asset_task import AssetTask
     from ..settings import ApiSettings, Settings
+    from ..worker import AssetTask
 
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _queue(backend: BaseStateBackend) -> TaskQueue:
-    from watchkeeper.store.backend import TaskQueue
-
-    if not isinstance(backend, TaskQueue):
+    queue = backend.services.tasks
+    if queue is None:
         raise CommandError(f"{type(backend).__name__} does not support tasks")
-    return backend
+    return queue
 
 
 def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
-    from .._task_loader import load_tasks
+    from ..worker import load_tasks
 
     path = Path(settings.triggerer.watchers_path)
     if not path.is_dir():
@@ -73,8 +72,8 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
-    from .._watcher_files import unload_watchers
-    from .._worker import configure_connections, run_worker
+    from ..daemon import unload_watchers
+    from ..worker import configure_connections, run_worker
 
     settings = with_triggerer_options(settings, args)
     tasks = _load_tasks(settings)
@@ -106,12 +105,11 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
     import anyio
-    from watchkeeper.store.backend import get_logger
+    from watchkeeper.store.protocols import get_logger
 
-    from .._notify import notify
-    from .._process import start_api
-    from .._worker import Worker, configure_connections
-    from ..daemon import Daemon
+    from .._core import notify
+    from ..daemon import Daemon, start_api
+    from ..worker import Worker, configure_connections
 
     log = get_logger(__name__)
 
@@ -157,7 +155,7 @@ def say_where_the_page_is(api: ApiSettings, port: int) -> None:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
-    from .._watcher_files import unload_watchers
+    from ..daemon import unload_watchers
 
     settings = with_triggerer_options(settings, args)
     settings = with_api_options(settings, args)

@@ -1,6 +1,6 @@
 """``watchkeeper watchers``: list the watchers, pause, resume and retry them.
 
-The controls are rows in the store (see :mod:`._watcher_controls`): the command writes the
+The controls are rows in the store (see :mod:`..daemon._controls`): the command writes the
 row and returns; the daemon that runs the watcher acts on it within one heartbeat, and a
 paused watcher stays paused across daemon restarts until it is resumed. The HTTP API writes
 the same rows.
@@ -25,7 +25,7 @@ from ._common import (
 if TYPE_CHECKING:
     from watchkeeper.store import BaseStateBackend
 
-    from .._watcher_controls import WatcherRow
+    from ..daemon import WatcherRow
     from ..settings import Settings
     from ._common import Subparsers
 
@@ -43,7 +43,7 @@ def _age(seconds: float | None) -> str:
 
 
 async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from .._watcher_controls import watcher_rows
+    from ..daemon import watcher_rows
     from ._table import PlainTable
 
     rows = await watcher_rows(backend)
@@ -71,7 +71,7 @@ async def _list(backend: BaseStateBackend, args: argparse.Namespace, _: Settings
 
 async def _require_known(backend: BaseStateBackend, name: str) -> WatcherRow:
     """The row of watcher ``name``; an unknown name fails, naming the closest known one."""
-    from .._watcher_controls import unknown_watcher, watcher_rows
+    from ..daemon import unknown_watcher, watcher_rows
 
     rows = {row.watcher: row for row in await watcher_rows(backend)}
     if name not in rows:
@@ -80,9 +80,8 @@ async def _require_known(backend: BaseStateBackend, name: str) -> WatcherRow:
 
 
 async def _set_paused(backend: BaseStateBackend, name: str, paused: bool, done: str) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    store = require_operator_controls(backend)
+    store = backend.controls
     await _require_known(backend, name)
     await store.aset_watcher_paused(name, paused, by=str(cli_writer()))
     emit(f"watcher {name!r} {done}")
@@ -102,9 +101,8 @@ async def _resume(backend: BaseStateBackend, args: argparse.Namespace, _: Settin
 
 
 async def _retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    from watchkeeper.store.backend import require_operator_controls
 
-    store = require_operator_controls(backend)
+    store = backend.controls
     row = await _require_known(backend, args.name)
     await store.arequest_watcher_retry(args.name, by=str(cli_writer()))
     if row.state != "failed":

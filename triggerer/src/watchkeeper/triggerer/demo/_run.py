@@ -10,7 +10,7 @@ import anyio
 from rich.console import Console
 from rich.text import Text
 
-from .._event_loop import anyio_backend_options
+from .._core import anyio_backend_options
 from ._scenario import Demo
 
 __all__ = ["run_demo"]

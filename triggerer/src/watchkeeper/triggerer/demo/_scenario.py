@@ -163,7 +163,7 @@ class Demo:
         """Wait until ``process`` has written its first heartbeat row (its owner names its pid)."""
         marker = f":{process.pid}:"
         with anyio.fail_after(DEADLINE):
-            while not any(marker in d.owner for d in await backend.alist_daemon_status()):
+            while not any(marker in d.owner for d in await backend.status.alist_daemon_status()):
                 if process.returncode is not None:
                     raise DemoError(
                         f"the daemon exited with status {process.returncode} while starting"
@@ -187,7 +187,7 @@ class Demo:
     # -- watching the database -------------------------------------------------------------------
 
     async def _poll(self, backend: SqliteStateBackend) -> None:
-        events = await backend.alist_events(since_id=self.seen_id, limit=2000)
+        events = await backend.events.alist_events(since_id=self.seen_id, limit=2000)
         for event in events:
             self.seen_id = event.id
             progress = self.progress.get(event.asset)
@@ -311,7 +311,7 @@ class Demo:
         expected = list(range(1, self.items + 1))
         ok = True
         for table in self.tables:
-            events = await backend.alist_events(asset=table)
+            events = await backend.events.alist_events(asset=table)
             got = [int(e.payload["n"]) for e in events]
             counts = collections.Counter(got)
             duplicates = sorted(n for n, c in counts.items() if c > 1)

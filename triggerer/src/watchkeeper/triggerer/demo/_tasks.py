@@ -52,7 +52,7 @@ async def wait_declared(backend: SqliteStateBackend, alive: Callable[[], None]) 
     """Until the worker has declared its task (so no orders event comes before its cursor)."""
     while True:
         alive()
-        if any(info.name == TASK for info in await backend.alist_tasks()):
+        if any(info.name == TASK for info in await backend.tasks.alist_tasks()):
             return
         await anyio.sleep(0.05)
 
@@ -61,7 +61,7 @@ async def wait_running(backend: SqliteStateBackend, alive: Callable[[], None]) -
     """Until a run of the task is executing; its id."""
     while True:
         alive()
-        running = await backend.alist_runs(task=TASK, state="running")
+        running = await backend.tasks.alist_runs(task=TASK, state="running")
         if running:
             return running[0].id
         await anyio.sleep(0.02)
@@ -69,26 +69,26 @@ async def wait_running(backend: SqliteStateBackend, alive: Callable[[], None]) -
 
 async def all_consumed(backend: SqliteStateBackend) -> bool:
     """Every orders event is in a finished run and no run is open."""
-    (info,) = [i for i in await backend.alist_tasks() if i.name == TASK]
+    (info,) = [i for i in await backend.tasks.alist_tasks() if i.name == TASK]
     if info.pending.get(ASSET):
         return False
-    open_runs = await backend.alist_runs(task=TASK, state="queued")
-    open_runs += await backend.alist_runs(task=TASK, state="running")
+    open_runs = await backend.tasks.alist_runs(task=TASK, state="queued")
+    open_runs += await backend.tasks.alist_runs(task=TASK, state="running")
     return not open_runs
 
 
 async def check_exactly_once(backend: SqliteStateBackend, console: Console) -> bool:
     """Every orders event in exactly one successful run, and one outlet event per run."""
-    expected = [e.id for e in await backend.alist_events(asset=ASSET)]
-    runs = await backend.alist_runs(task=TASK)
+    expected = [e.id for e in await backend.events.alist_events(asset=ASSET)]
+    runs = await backend.tasks.alist_runs(task=TASK)
     succeeded = [r for r in runs if r.state == "success"]
     seen: list[int] = []
     for run in succeeded:
-        seen.extend(e.id for e in (await backend.aget_run(run.id)).events)
+        seen.extend(e.id for e in (await backend.tasks.aget_run(run.id)).events)
     counts = collections.Counter(seen)
     twice = sorted(i for i, c in counts.items() if c > 1)
     missing = sorted(set(expected) - set(seen))
-    outlets = await backend.alist_events(asset="order_totals")
+    outlets = await backend.events.alist_events(asset="order_totals")
     retried = [r.id for r in succeeded if r.try_number > 1]
     ok = (
         not twice and not missing and len(outlets) == len(succeeded) and len(runs) == len(succeeded)

@@ -10,6 +10,9 @@
   file shared with another process;
 - the pytest plugin (:mod:`.plugin`, loaded through the ``pytest11`` entry point) provides the
   ``wk_backend``, ``wk_source`` and ``wk_harness`` fixtures.
+
+It may import the store, the authoring API and the public names (``__all__``) of
+:mod:`.._core`, the runtime, the daemon and the worker.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A backend wrapper that lets the harness watch a run and kill it at a named point.
 
 :class:`ObservedBackend` forwards every call to the real backend and notes each commit; it has the
-capabilities of the backend it wraps (their methods are forwarded generically). Armed
+services of the backend it wraps (their methods are forwarded generically). Armed
 with a :class:`CrashPlan`, it "kills the process" at one point of the trigger's life: from then
 on every call raises :class:`SimulatedCrash` before reaching the real backend, so nothing the
 dying run does afterwards (its ``finally`` blocks, its ``cleanup()``) becomes durable — just as
@@ -10,23 +10,21 @@ nothing happens after a ``kill -9``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal, Self, get_args
+from dataclasses import dataclass, fields
+from typing import Any, Literal, cast, get_args
 
 import anyio
 from watchkeeper.store import AssetEvent, BaseStateBackend, StateScope
-from watchkeeper.store.backend import (
-    CAPABILITIES,
+from watchkeeper.store.protocols import (
     EventBatchCommit,
     EventCommit,
+    EventLog,
     Put,
     RawEntry,
+    Services,
     Writer,
-    capability_methods,
     encode_json,
-    require_event_log,
 )
 
 __all__ = ["CRASH_POINTS", "CrashPlan", "CrashPoint", "ObservedBackend", "SimulatedCrash"]
@@ -74,17 +72,6 @@ class CrashPlan:
 class ObservedBackend(BaseStateBackend):
     """Forwards to ``inner``; records commits; dies at the crash point of ``plan``."""
 
-    def __new__(
-        cls,
-        inner: BaseStateBackend,
-        plan: CrashPlan | None = None,
-        on_crash: Callable[[], Awaitable[None]] | None = None,
-    ) -> Self:
-        if cls is ObservedBackend:  # the subclass forwarding what ``inner`` can do
-            owned = frozenset(c for c in CAPABILITIES if isinstance(inner, c))
-            return super().__new__(_observed_class(owned))  # type: ignore[return-value]
-        return super().__new__(cls)
-
     def __init__(
         self,
         inner: BaseStateBackend,
@@ -105,6 +92,15 @@ class ObservedBackend(BaseStateBackend):
         self.last_commit_at = 0.0
         """``anyio.current_time()`` of the latest commit (suppressed duplicates included)."""
         self.first_commit = anyio.Event()
+        forwarded = {
+            f.name: None
+            if (svc := getattr(inner.services, f.name)) is None
+            else _Forwarded(self, svc)
+            for f in fields(Services)
+        }
+        if inner.services.events is not None:
+            forwarded["events"] = _ObservedEvents(self, inner.services.events)
+        self.services = Services(**cast("dict[str, Any]", forwarded))
 
     def _describe(self) -> str:
         return f"inner={self.inner!r} crashed={self.crashed is not None}"
@@ -128,14 +124,6 @@ class ObservedBackend(BaseStateBackend):
         if plan is not None and plan.point == "between_items" and self.yielded == plan.event:
             raise await self._die("between_items", plan.event)
         return result
-
-    # -- events ----------------------------------------------------------------------------------
-
-    async def acommit_event(self, commit: EventCommit) -> list[AssetEvent]:
-        return await self._commit(lambda: require_event_log(self.inner).acommit_event(commit))
-
-    async def acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]:
-        return await self._commit(lambda: require_event_log(self.inner).acommit_events(batch))
 
     async def _commit(self, commit: Callable[[], Awaitable[list[AssetEvent]]]) -> list[AssetEvent]:
         """One yielded event's (or batch's) commit, with the crash points around it."""
@@ -198,27 +186,32 @@ class ObservedBackend(BaseStateBackend):
         return await self.inner.amigrate()
 
 
-def _forward(name: str) -> Callable[..., Awaitable[Any]]:
-    """A method that checks the run is alive and then awaits ``inner.<name>``."""
+class _Forwarded:
+    """A service of the wrapped backend whose calls first check the run is alive."""
 
-    async def forward(self: ObservedBackend, *args: Any, **kwargs: Any) -> Any:
-        self._check_alive()
-        return await getattr(self.inner, name)(*args, **kwargs)
+    def __init__(self, owner: ObservedBackend, service: object) -> None:
+        self._owner = owner
+        self._service = service
 
-    forward.__name__ = forward.__qualname__ = name
-    return forward
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._service, name)
+        if not name.startswith("a") or not callable(found):
+            return found
+
+        async def forward(*args: Any, **kwargs: Any) -> Any:
+            self._owner._check_alive()
+            return await found(*args, **kwargs)
+
+        return forward
 
 
-@functools.cache
-def _observed_class(capabilities: frozenset[type]) -> type[ObservedBackend]:
-    """ObservedBackend plus a forwarder for each method of these capabilities that it does
-    not define itself: the wrapper has exactly the capabilities of the backend it wraps, and
-    a method added to a capability Protocol is forwarded without a change here."""
-    own = vars(ObservedBackend)
-    methods = {
-        name: _forward(name)
-        for capability in capabilities
-        for name in capability_methods(capability)
-        if name not in own
-    }
-    return type("ObservedBackend", (ObservedBackend,), methods)
+class _ObservedEvents(_Forwarded):
+    """The event log of the wrapped backend, each commit noted and crashed as planned."""
+
+    _service: EventLog
+
+    async def acommit(self, commit: EventCommit) -> list[AssetEvent]:
+        return await self._owner._commit(lambda: self._service.acommit(commit))
+
+    async def acommit_batch(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        return await self._owner._commit(lambda: self._service.acommit_batch(batch))

@@ -1,6 +1,6 @@
 """``run_trigger``: run one trigger instance through the real runtime, once, and see what it did.
 
-It is the supervisor's own :func:`~watchkeeper.triggerer._supervisor.drive_trigger` (the same
+It is the supervisor's own :func:`~watchkeeper.triggerer.runtime._supervisor.drive_trigger` (the same
 binding of ``asset_state_store``, the same validation and commit of each event before the
 generator resumes, the same awaited ``cleanup()``), minus the restart loop: a test wants to see
 its trigger's exception, not a backoff.
@@ -14,9 +14,8 @@ import anyio
 import greenback
 import structlog
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend
-from watchkeeper.store.backend import require_asset_registry
 
-from .._supervisor import TriggerSlot, drive_trigger
+from ..runtime import TriggerSlot, drive_trigger
 from ..trigger import BaseEventTrigger
 
 __all__ = ["run_trigger", "watcher_name_for"]
@@ -72,7 +71,7 @@ async def run_trigger(
     watched = _checked_arguments(trigger, assets, max_events, timeout)
     name = watcher_name_for(trigger, watcher_name)
     slot = TriggerSlot(trigger_id or type(trigger).classpath(), trigger, watched, (name,))
-    await require_asset_registry(backend).aregister_assets(watched)
+    await backend.events.aregister_assets(watched)
 
     committed: list[AssetEvent] = []
     failure: list[Exception] = []

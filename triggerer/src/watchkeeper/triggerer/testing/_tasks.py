@@ -18,17 +18,14 @@ from typing import Any
 
 import anyio
 from watchkeeper.store import Asset, AssetEvent, BaseStateBackend, MemoryStateBackend
-from watchkeeper.store.backend import (
+from watchkeeper.store.protocols import (
     EventCommit,
     TaskRun,
     encode_payload,
-    require_event_log,
-    require_task_queue,
 )
 
-from .._asset_task import AssetTask
-from .._worker import Worker
 from ..settings import WorkerSettings
+from ..worker import AssetTask, Worker
 
 __all__ = ["TaskResult", "run_asset_task"]
 
@@ -97,14 +94,14 @@ async def run_asset_task(
     async with _opened(backend) as store:
         worker = Worker(store, [task], settings or _FAST)
         await worker.declare()
-        queue = require_task_queue(store)
+        queue = store.tasks
         known = {run.id for run in await queue.alist_runs(task=task.name)}
-        log = require_event_log(store)
+        log = store.events
         first = None
         for asset, payloads in per_asset.items():
             for payload in payloads:
                 commit = EventCommit(TEST_WATCHER, (asset,), encode_payload(payload))
-                (event,) = await log.acommit_event(commit)
+                (event,) = await log.acommit(commit)
                 first = event.id if first is None else first
         runs: list[TaskRun] | None = None
         async with anyio.create_task_group() as tg:
@@ -171,7 +168,7 @@ async def _opened(backend: BaseStateBackend | None) -> AsyncIterator[BaseStateBa
 
 async def _finished_runs(store: BaseStateBackend, task: str, known: set[int]) -> list[TaskRun]:
     """Once the task has no event pending and no run queued or running, its new runs."""
-    queue = require_task_queue(store)
+    queue = store.tasks
     while True:
         (info,) = [t for t in await queue.alist_tasks() if t.name == task]
         runs = [r for r in await queue.alist_runs(task=task) if r.id not in known]

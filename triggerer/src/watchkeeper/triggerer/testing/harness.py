@@ -27,9 +27,8 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 from watchkeeper.store import Asset, AssetEvent, AssetScope, BaseStateBackend
-from watchkeeper.store.backend import require_event_log
 
-from .._identity import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
+from ..daemon import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
 from ..trigger import BaseEventTrigger
 from ._observed import CrashPlan, CrashPoint, ObservedBackend, SimulatedCrash
 from ._run import run_trigger, watcher_name_for
@@ -329,9 +328,7 @@ class WatcherHarness:
         crash: SimulatedCrash | None,
     ) -> HarnessRun:
         names = {asset.name for asset in watched}
-        all_events = [
-            e for e in await require_event_log(self.backend).alist_events() if e.asset in names
-        ]
+        all_events = [e for e in await self.backend.events.alist_events() if e.asset in names]
         state: dict[str, dict[str, Any]] = {}
         for asset in watched:
             entries = await self.backend.alist(AssetScope(name=asset.name))

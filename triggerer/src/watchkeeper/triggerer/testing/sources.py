@@ -26,17 +26,18 @@ a producer and a consumer in different processes open at the same time. A trigge
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import anyio
 
+from .._core import AsyncService
 from ._source_store import MemorySourceStore, Row, SourceStore, SqliteSourceStore
 
 __all__ = [
@@ -105,7 +106,7 @@ def _check_count(name: str, value: object, minimum: int) -> int:
     return value
 
 
-class FakeEventSource:
+class FakeEventSource(AsyncService):
     """A scripted, sequence-numbered event source kept in memory; see the module docstring.
 
     :param name: the in-memory source's name, part of its :attr:`address` (default: a random
@@ -165,26 +166,18 @@ class FakeEventSource:
         """Where this source lives; pass it to a trigger and :meth:`connect` to it there."""
         return self._store.address
 
-    async def __aenter__(self) -> Self:
-        if not self._open:
-            await self._store.aopen()
-            self._open = True
-        return self
+    async def _aopen(self, resources: contextlib.AsyncExitStack) -> None:
+        if self._open:  # an in-memory source is always open
+            return
+        await self._store.aopen()
+        self._open = True
+        resources.push_async_callback(self._close_store)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
+    async def _close_store(self) -> None:
         """Close the handle (the SQLite connection); the items stay in the source."""
-        if isinstance(self._store, SqliteSourceStore) and self._open:
-            self._open = False
-            with anyio.move_on_after(5, shield=True):
-                await self._store.aclose()
+        self._open = False
+        with anyio.move_on_after(5, shield=True):
+            await self._store.aclose()
 
     def __repr__(self) -> str:
         return f"<FakeEventSource address={self.address!r} open={self._open}>"

@@ -1,0 +1,443 @@
+"""The Protocols of a store's services and of their drivers' primitives, and ``Services``:
+defined here, published by :mod:`watchkeeper.store.protocols` (which also holds the base
+class and the built-in services: this module imports neither, so ``_backend`` can use it)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from ._controls import ApiToken, WatcherControl
+from ._gc import GcPlan
+from ._tasks import (
+    OutletEvent,
+    RunOutcome,
+    RunStep,
+    StateWrite,
+    TaskInfo,
+    TaskRun,
+    TaskSpec,
+    TryCause,
+)
+from ._types import (
+    Asset,
+    AssetEvent,
+    AssetInfo,
+    DaemonStatus,
+    EventBatchCommit,
+    EventCommit,
+    GcReport,
+    Lease,
+    NodeHeartbeat,
+    TriggerStatus,
+    Writer,
+)
+
+__all__ = [
+    "SERVICE_NAMES",
+    "ControlsDriver",
+    "EventFeedDriver",
+    "EventLog",
+    "EventsDriver",
+    "GarbageCollector",
+    "GcDriver",
+    "LeaseTable",
+    "LeasesDriver",
+    "NodeKeepAlive",
+    "NodeKeepAliveChannel",
+    "OperatorControls",
+    "Services",
+    "StatusDriver",
+    "StatusTable",
+    "TaskQueue",
+    "TasksDriver",
+    "WaitForRelease",
+]
+
+
+# -- the services, as their callers see them ----------------------------------------------------
+
+
+class EventLog(Protocol):
+    """The asset registry and the event log: commits (with their state, atomically, deduplicated
+    per asset) and the log's reads."""
+
+    async def aregister_assets(self, assets: Sequence[Asset]) -> None: ...
+    async def adeactivate_asset(self, name: str) -> bool: ...
+    async def alist_assets(self, *, active_only: bool = False) -> list[AssetInfo]: ...
+    async def acommit(self, commit: EventCommit) -> list[AssetEvent]:
+        """Commit one trigger event and its state atomically; the events written (none when
+        every asset had recorded ``commit.dedup_key``)."""
+        ...
+
+    async def acommit_batch(self, batch: EventBatchCommit) -> list[AssetEvent]:
+        """Commit a batch of trigger events and its state atomically (all or nothing)."""
+        ...
+
+    async def alist_events(
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
+    ) -> list[AssetEvent]: ...
+    async def alist_event_json(
+        self, *, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]:
+        """Events with ``id > since_id`` in id order as ``(id, JSON object text)`` (``id``,
+        ``asset``, ``watcher``, ``payload``, ``dedup_key``, ``created_at``): what a live
+        stream sends, without decoding and re-encoding each one."""
+        ...
+
+    async def alast_event_id(self, asset: str | None = None) -> int:
+        """The id of the latest committed event (of ``asset``), 0 when there is none."""
+        ...
+
+    async def acount_events_since(self, since: datetime) -> dict[str, int]:
+        """How many events each watcher committed at or after ``since`` (one per asset)."""
+        ...
+
+    async def await_events(self, after_id: int, wait: float) -> int:
+        """The newest event id once it is past ``after_id``, or after ``wait`` seconds."""
+        ...
+
+
+class TaskQueue(Protocol):
+    """Event consumers with durable cursors, task cursors, runs and run leases: what
+    ``watchkeeper worker`` and a consumer in a user's own process need of a store."""
+
+    async def aconsumer_position(self, name: str) -> int: ...
+    async def aconsumer_fetch(
+        self, name: str, *, assets: Sequence[str] | None = None, limit: int = 100
+    ) -> list[AssetEvent]: ...
+    async def aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        *,
+        state: Sequence[StateWrite] = (),
+        expected: int | None = None,
+        writer: Writer | None = None,
+    ) -> int: ...
+    async def async_tasks(self, specs: Sequence[TaskSpec]) -> None: ...
+    async def alist_tasks(self) -> list[TaskInfo]: ...
+    async def aset_task_paused(self, name: str, paused: bool) -> None: ...
+    async def arewind_task(
+        self, name: str, asset: str, to_event_id: int, *, writer: Writer | None = None
+    ) -> None: ...
+    async def acreate_run(self, name: str) -> TaskRun | None: ...
+    async def acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
+    async def aclaim_runs(
+        self, owner: str, *, limit: int, ttl: timedelta | float, tasks: Sequence[str] | None = None
+    ) -> list[TaskRun]: ...
+    async def astep_runs(
+        self,
+        owner: str,
+        *,
+        finish: RunOutcome | None = None,
+        claim: int = 0,
+        ttl: timedelta | float,
+        tasks: Sequence[str] | None = None,
+        create: int = 0,
+        peers: int = 0,
+    ) -> RunStep: ...
+    async def aheartbeat_runs(
+        self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
+    ) -> set[int]: ...
+    async def abreak_run_leases(self, owners: Sequence[str]) -> int: ...
+    async def afinish_run(
+        self,
+        run_id: int,
+        owner: str,
+        token: int,
+        *,
+        success: bool,
+        outlets: Sequence[OutletEvent] = (),
+        error: str | None = None,
+        traceback: str | None = None,
+        retry_delay: timedelta = timedelta(0),
+        cause: TryCause = "task_error",
+    ) -> TaskRun: ...
+    async def aget_run(self, run_id: int) -> TaskRun: ...
+    async def alist_runs(
+        self,
+        *,
+        task: str | None = None,
+        state: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+        event_ids: bool = False,
+    ) -> list[TaskRun]: ...
+    async def aretry_run(self, run_id: int) -> TaskRun: ...
+    async def acount_runs(self) -> dict[tuple[str, str], int]: ...
+    async def acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
+    async def aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
+    async def arun_durations(
+        self, bounds: Sequence[float]
+    ) -> dict[str, tuple[list[int], float]]: ...
+
+
+class NodeKeepAliveChannel(Protocol):
+    """A connection of its own that extends one daemon's node lease; blocking, and used by
+    one thread only (never an event loop's): see :class:`NodeKeepAlive`."""
+
+    def renew(self, timeout: float) -> bool:
+        """Extend the node lease to now + ttl if it is still alive; False when it is not
+        (reaped, left, or never joined: only :meth:`LeaseTable.arenew_node` joins). Raises a
+        :class:`~watchkeeper.store.errors.StateStoreError` when the store did not answer
+        within ``timeout`` seconds or failed."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (from the thread that used it); never raises."""
+        ...
+
+
+class NodeKeepAlive(Protocol):
+    """Extends a node lease from a thread of the daemon's own, with a connection of its own,
+    so that an event loop busy for seconds cannot make the renewal late. Only ever extends a
+    live node lease: joining, reaping and claiming stay with :class:`LeaseTable`."""
+
+    def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> NodeKeepAliveChannel:
+        """A channel extending ``owner``'s node lease by ``ttl`` per renewal (connects on its
+        first renewal, in the thread that uses it)."""
+        ...
+
+
+class LeaseTable(Protocol):
+    """Node leases and trigger leases with fencing tokens: which daemon runs which trigger
+    (the rules are in :mod:`watchkeeper.store._leases`). ``keepalive`` renews a node lease
+    from a thread of its own, when the store can (``None`` otherwise)."""
+
+    @property
+    def keepalive(self) -> NodeKeepAlive | None: ...
+    async def arenew_node(self, owner: str, ttl: timedelta | float) -> NodeHeartbeat: ...
+    async def aclaim_leases(
+        self,
+        owner: str,
+        trigger_ids: Sequence[str],
+        ttl: timedelta | float,
+        *,
+        limit: int | None = None,
+    ) -> dict[str, int]: ...
+    async def arelease_leases(
+        self, owner: str, trigger_ids: Sequence[str], *, leave: bool = False
+    ) -> None: ...
+    async def abreak_node(self, owner: str) -> bool: ...
+    async def alist_leases(self) -> list[Lease]: ...
+    async def await_lease_release(self) -> None: ...
+
+
+class OperatorControls(Protocol):
+    """Watcher controls (pause, resume, retry), API tokens, and an atomic compare-and-delete of
+    asset state: what the operator API needs of a store."""
+
+    async def aset_watcher_paused(
+        self, watcher: str, paused: bool, *, by: str
+    ) -> WatcherControl: ...
+    async def arequest_watcher_retry(self, watcher: str, *, by: str) -> WatcherControl: ...
+    async def alist_watcher_controls(self) -> list[WatcherControl]: ...
+    async def adelete_if_version(self, asset: str, key: str, expected_version: int) -> None: ...
+    async def acreate_token(self, token: ApiToken) -> None: ...
+    async def alist_tokens(self) -> list[ApiToken]: ...
+    async def aget_token(self, token_id: str) -> ApiToken | None: ...
+    async def arevoke_token(self, name: str) -> bool: ...
+
+
+class StatusTable(Protocol):
+    """One status row per trigger and one heartbeat row per daemon (``watchkeeper status``)."""
+
+    async def asave_trigger_status(self, statuses: Sequence[TriggerStatus]) -> None: ...
+    async def adelete_trigger_status(self, trigger_ids: Sequence[str]) -> None: ...
+    async def alist_trigger_status(self) -> list[TriggerStatus]: ...
+    async def asave_daemon_status(self, status: DaemonStatus) -> None: ...
+    async def adelete_daemon_status(self, owners: Sequence[str]) -> None: ...
+    async def alist_daemon_status(self) -> list[DaemonStatus]: ...
+
+
+class GarbageCollector(Protocol):
+    """Deletes expired and stale state and the events past their retention."""
+
+    async def acollect_garbage(
+        self,
+        *,
+        default_retention_days: int = 30,
+        batch_size: int = 0,
+        dry_run: bool = False,
+        now: datetime | None = None,
+        event_retention_days: int = 30,
+        dedup_retention_days: int = 7,
+    ) -> GcReport: ...
+
+
+SERVICE_NAMES = ("events", "tasks", "leases", "controls", "status", "gc")
+"""The services a store may offer, by attribute name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The services a store offers; ``None`` for one it lacks. A backend sets it in its
+    ``__init__`` (``dataclasses.replace`` drops or swaps one)."""
+
+    events: EventLog | None = None
+    tasks: TaskQueue | None = None
+    leases: LeaseTable | None = None
+    controls: OperatorControls | None = None
+    status: StatusTable | None = None
+    gc: GarbageCollector | None = None
+
+
+# -- the primitives a driver implements for the built-in services -------------------------------
+# Each is called with checked arguments on an open store; "at least one" means the service
+# skipped the call when there was nothing to do.
+
+
+class EventsDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.EventsService`."""
+
+    async def _aregister_assets(self, assets: list[Asset]) -> None:
+        """Upsert these assets (distinct names, at least one) as active."""
+
+    async def _adeactivate_asset(self, name: str) -> bool: ...
+    async def _alist_assets(self, active_only: bool) -> list[AssetInfo]: ...
+    async def _acommit_event(self, commit: EventCommit) -> list[AssetEvent]: ...
+    async def _acommit_events(self, batch: EventBatchCommit) -> list[AssetEvent]: ...
+    async def _alist_events(
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
+    ) -> list[AssetEvent]: ...
+
+
+class EventFeedDriver(Protocol):
+    """The primitives of a live tail of the event log (the rest of
+    :class:`~watchkeeper.store.protocols.EventsService`'s): reads a stream and the worker poll."""
+
+    async def _alist_event_json(
+        self, asset: str | None, since_id: int, limit: int
+    ) -> list[tuple[int, str]]: ...
+    async def _alast_event_id(self, asset: str | None) -> int: ...
+    async def _acount_events_since(self, since: datetime) -> dict[str, int]: ...
+    async def _await_events(self, after_id: int, wait: float) -> int: ...
+
+
+class TasksDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.TasksService`."""
+
+    async def _aconsumer_position(self, name: str) -> int: ...
+    async def _aconsumer_fetch(
+        self, name: str, assets: list[str] | None, limit: int
+    ) -> list[AssetEvent]:
+        """``assets``: ``None`` (every asset) or at least one name."""
+
+    async def _aconsumer_ack(
+        self,
+        name: str,
+        event_id: int,
+        state: list[StateWrite],
+        expected: int | None,
+        writer: Writer | None,
+    ) -> int: ...
+    async def _async_tasks(self, specs: list[TaskSpec]) -> None:
+        """Upsert these specs (at least one)."""
+
+    async def _alist_tasks(self) -> list[TaskInfo]: ...
+    async def _aset_task_paused(self, name: str, paused: bool) -> None: ...
+    async def _arewind_task(
+        self, name: str, asset: str, to_event_id: int, writer: Writer | None
+    ) -> None: ...
+    async def _acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
+    async def _astep_runs(
+        self,
+        owner: str,
+        finish: RunOutcome | None,
+        claim: int,
+        ttl: timedelta,
+        tasks: list[str] | None,
+        create: int,
+        peers: int,
+    ) -> RunStep:
+        """``finish`` and/or ``claim`` (>= 1); ``tasks``: ``None`` (every task) or at least
+        one name. Raises what ``afinish_run`` raises (the whole step is then undone)."""
+
+    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], ttl: timedelta) -> set[int]:
+        """Renew these leases (at least one)."""
+
+    async def _abreak_run_leases(self, owners: list[str]) -> int:
+        """Expire the leases of these owners (distinct, sorted, at least one)."""
+
+    async def _aget_run(self, run_id: int) -> TaskRun: ...
+    async def _alist_runs(
+        self, task: str | None, state: str | None, limit: int | None, before: int | None
+    ) -> list[TaskRun]: ...
+    async def _arun_event_ids(self, run_ids: list[int]) -> dict[int, list[int]]:
+        """The event ids of these runs (at least one), each run's in order."""
+
+    async def _aretry_run(self, run_id: int) -> TaskRun: ...
+    async def _acount_runs(self) -> dict[tuple[str, str], int]: ...
+    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
+    async def _arun_durations(
+        self, bounds: tuple[float, ...]
+    ) -> dict[str, tuple[list[int], float]]: ...
+
+
+class LeasesDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.LeasesService`."""
+
+    async def _arenew_node(self, owner: str, ttl: timedelta) -> NodeHeartbeat: ...
+    async def _aclaim_leases(
+        self, owner: str, trigger_ids: list[str], ttl: timedelta, limit: int | None
+    ) -> dict[str, int]:
+        """Renew the node, then claim (distinct sorted ids, maybe none)."""
+
+    async def _arelease_leases(self, owner: str, trigger_ids: list[str], leave: bool) -> None: ...
+    async def _abreak_node(self, owner: str) -> bool: ...
+    async def _alist_leases(self) -> list[Lease]: ...
+
+
+WaitForRelease = Callable[[], Awaitable[None]]
+"""A driver's own wait for a lease release (PostgreSQL: LISTEN/NOTIFY, across machines)."""
+
+
+class ControlsDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.ControlsService`."""
+
+    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl: ...
+    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl: ...
+    async def _alist_watcher_controls(self) -> list[WatcherControl]: ...
+    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None: ...
+    async def _acreate_token(self, token: ApiToken) -> None: ...
+    async def _alist_tokens(self) -> list[ApiToken]: ...
+    async def _aget_token(self, token_id: str) -> ApiToken | None: ...
+    async def _arevoke_token(self, name: str) -> bool: ...
+
+
+class StatusDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.StatusService`."""
+
+    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
+        """Upsert these statuses (at least one)."""
+
+    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
+        """Delete these statuses (at least one id)."""
+
+    async def _alist_trigger_status(self) -> list[TriggerStatus]: ...
+    async def _asave_daemon_status(self, status: DaemonStatus) -> None: ...
+    async def _adelete_daemon_status(self, owners: list[str]) -> None:
+        """Delete these rows (distinct sorted owners, at least one)."""
+
+    async def _alist_daemon_status(self) -> list[DaemonStatus]: ...
+
+
+class GcDriver(Protocol):
+    """The primitive of :class:`~watchkeeper.store.protocols.GcService`."""
+
+    async def _acollect_garbage(self, plan: GcPlan) -> GcReport: ...

@@ -1,0 +1,209 @@
+"""``asset_task`` and ``AnyOf``: tasks declared beside the watchers, run on their assets' events.
+
+A definition file declares a task with the decorator; ``watchkeeper worker`` runs it::
+
+    @asset_task(schedule=[orders], outlets=[report], retries=3)
+    def build_report(*, triggering_asset_events, task_state_store, **context): ...
+
+``schedule=[a, b]`` runs the task once every listed asset has a new event since its last run
+(Airflow's rule); ``schedule=AnyOf(a, b)`` once any has. The context is
+:func:`~watchkeeper.store.build_task_context`'s plus ``triggering_asset_events`` (each
+scheduled :class:`Asset` to the run's events on it, in commit order), ``run_id`` (the run's
+id, as text), ``try_number`` and ``outlet_events`` (set ``outlet_events[asset].extra = {...}``
+to give an outlet's event its payload).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+from watchkeeper.store import Asset
+from watchkeeper.store.protocols import TaskSpec
+
+__all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"]
+
+
+class AnyOf:
+    """A schedule that runs its task when any of ``assets`` has a new event."""
+
+    __slots__ = ("assets",)
+
+    def __init__(self, *assets: Asset) -> None:
+        if not assets:
+            raise ValueError("AnyOf needs at least one Asset")
+        for asset in assets:
+            if not isinstance(asset, Asset):
+                raise TypeError(f"AnyOf takes Asset objects, got {type(asset).__name__}")
+        self.assets: tuple[Asset, ...] = assets
+
+    def __repr__(self) -> str:
+        return f"AnyOf({', '.join(repr(a.name) for a in self.assets)})"
+
+
+def _assets(what: str, items: Iterable[Any] | Asset) -> tuple[Asset, ...]:
+    if isinstance(items, Asset):
+        return (items,)
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise TypeError(f"{what} must be a list of Asset objects, got {type(items).__name__}")
+    found = tuple(items)
+    for item in found:
+        if not isinstance(item, Asset):
+            raise TypeError(f"{what} must hold Asset objects, got {type(item).__name__}")
+    return found
+
+
+def _seconds(what: str, value: timedelta | float | None, *, optional: bool) -> timedelta | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, timedelta):
+        span = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        span = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{what} must be a timedelta or seconds, got {type(value).__name__}")
+    if span < timedelta(0) or (optional and span == timedelta(0)):
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return span
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AssetTask:
+    """A task function with its schedule, outlets and retry policy (made by :func:`asset_task`)."""
+
+    fn: Callable[..., Any]
+    name: str
+    schedule: tuple[Asset, ...]
+    mode: Literal["all", "any"]
+    outlets: tuple[Asset, ...] = ()
+    inlets: tuple[Asset, ...] = ()
+    retries: int = 0
+    retry_delay: timedelta = timedelta(seconds=1)
+    max_retry_delay: timedelta = timedelta(minutes=5)
+    execution_timeout: timedelta | None = None
+    clear_on_success: bool = False
+    max_events_per_run: int = 100
+    is_async: bool = field(default=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def spec(self) -> TaskSpec:
+        """What the store keeps of this task."""
+        return TaskSpec(
+            self.name,
+            tuple(a.name for a in self.schedule),
+            self.mode,
+            self.max_events_per_run,
+            self.retries + 1,
+        )
+
+    @property
+    def assets(self) -> tuple[Asset, ...]:
+        """Every asset the task declares (schedule, inlets, outlets), each once."""
+        found: list[Asset] = []
+        for asset in (*self.schedule, *self.inlets, *self.outlets):
+            if not any(asset.matches(seen) for seen in found):
+                found.append(asset)
+        return tuple(found)
+
+    def describe_schedule(self) -> str:
+        names = ", ".join(a.name for a in self.schedule)
+        return f"AnyOf({names})" if self.mode == "any" else f"[{names}]"
+
+
+def asset_task(
+    *,
+    schedule: Iterable[Asset] | AnyOf,
+    outlets: Iterable[Asset] = (),
+    inlets: Iterable[Asset] = (),
+    retries: int = 0,
+    retry_delay: timedelta | float = timedelta(seconds=1),
+    execution_timeout: timedelta | float | None = None,
+    clear_on_success: bool = False,
+    max_events_per_run: int = 100,
+    name: str | None = None,
+) -> Callable[[Callable[..., Any]], AssetTask]:
+    """Declare the decorated function as a task run on its schedule's asset events.
+
+    ``retries`` more tries after a failure, ``retry_delay`` doubling after each (with jitter,
+    capped at 5 minutes); ``execution_timeout`` cancels an async try and abandons a sync one
+    (its thread cannot be interrupted) and counts as a failure. ``name`` defaults to the
+    function's name.
+    """
+    if isinstance(schedule, AnyOf):
+        scheduled, mode = schedule.assets, "any"
+    else:
+        scheduled, mode = _assets("schedule", schedule), "all"
+    if not scheduled:
+        raise ValueError("schedule must name at least one Asset")
+    if type(retries) is not int or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+    if type(max_events_per_run) is not int or max_events_per_run < 1:
+        raise ValueError(f"max_events_per_run must be an int >= 1, got {max_events_per_run!r}")
+    delay = _seconds("retry_delay", retry_delay, optional=False)
+    timeout = _seconds("execution_timeout", execution_timeout, optional=True)
+    out, into = _assets("outlets", outlets), _assets("inlets", inlets)
+
+    def decorate(fn: Callable[..., Any]) -> AssetTask:
+        if not callable(fn):
+            raise TypeError(f"asset_task decorates a function, got {type(fn).__name__}")
+        task_name = name if name is not None else getattr(fn, "__name__", "")
+        if not isinstance(task_name, str) or not task_name:
+            raise ValueError(f"a task needs a non-empty name, got {task_name!r}")
+        assert delay is not None
+        return AssetTask(
+            fn=fn,
+            name=task_name,
+            schedule=tuple(scheduled),
+            mode=mode,  # type: ignore[arg-type]
+            outlets=out,
+            inlets=into,
+            retries=retries,
+            retry_delay=delay,
+            execution_timeout=timeout,
+            clear_on_success=bool(clear_on_success),
+            max_events_per_run=max_events_per_run,
+            is_async=inspect.iscoroutinefunction(fn),
+        )
+
+    return decorate
+
+
+class OutletEventAccessor:
+    """The event a successful run emits on one outlet: set ``extra`` to give it a payload."""
+
+    __slots__ = ("asset", "extra")
+
+    def __init__(self, asset: Asset) -> None:
+        self.asset = asset
+        self.extra: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<OutletEventAccessor asset={self.asset.name!r} extra={self.extra!r}>"
+
+
+class OutletEvents(Mapping[Asset | str, OutletEventAccessor]):
+    """``context["outlet_events"]``: one accessor per outlet, looked up by Asset or by name."""
+
+    def __init__(self, outlets: Iterable[Asset]) -> None:
+        self._by_name = {a.name: OutletEventAccessor(a) for a in outlets}
+
+    def __getitem__(self, key: Asset | str) -> OutletEventAccessor:
+        name = key.name if isinstance(key, Asset) else key
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(
+                f"{name!r} is not an outlet of this task; declare it in outlets=[...]"
+            ) from None
+
+    def __iter__(self) -> Any:
+        return iter(a.asset for a in self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)

@@ -1,0 +1,54 @@
+"""Loading the ``asset_task`` tasks of the definition files, in the worker's own process.
+
+The daemon reads the files for their watchers in a child process and gets plain data back
+(:mod:`..daemon._loader`); a task is a function the worker must call, so ``watchkeeper worker`` imports
+the files itself, with the same package set-up (``watchkeeper_watchers.<module>``), and keeps
+the module-level :class:`~._asset_task.AssetTask` objects. A file that does not import is
+reported and skipped; a task name defined by two files is kept in the first (path order).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from watchkeeper.store.protocols import get_logger
+
+from ..daemon._watcher_files import MODULES, WatcherError, _import_file, watcher_files
+from ._asset_task import AssetTask
+
+__all__ = ["load_tasks"]
+
+log = get_logger(__name__)
+
+
+def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherError, ...]]:
+    """Import every definition file under ``path``; its tasks (by name) and the refusals.
+
+    Blocking (it imports modules and runs their code).
+    """
+    root = Path(path).resolve()
+    if not root.is_dir():
+        raise NotADirectoryError(f"watchers path {str(root)!r} is not a directory")
+    tasks: dict[str, AssetTask] = {}
+    where: dict[str, str] = {}
+    errors: list[WatcherError] = []
+    with MODULES.lock:
+        MODULES.reset(root)
+        for file in watcher_files(root):
+            rel = file.relative_to(root).as_posix()
+            module, error = _import_file(root, file)
+            if module is None:
+                assert error is not None
+                errors.append(error)
+                continue
+            for value in vars(module).values():
+                if not isinstance(value, AssetTask) or tasks.get(value.name) is value:
+                    continue
+                if value.name in tasks:
+                    reason = f"task {value.name!r} is already defined in {where[value.name]}"
+                    errors.append(WatcherError(rel, None, reason))
+                    continue
+                tasks[value.name], where[value.name] = value, rel
+    for error in errors:
+        log.warning("task_refused", file=error.file, reason=error.reason)
+    return tuple(tasks[name] for name in sorted(tasks)), tuple(errors)

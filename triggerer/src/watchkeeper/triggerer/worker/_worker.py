@@ -1,0 +1,429 @@
+"""The worker: runs the ``asset_task`` tasks of the definition files on their assets' events.
+
+``watchkeeper worker`` opens the store, declares the tasks (their specs and assets), then loops:
+
+1. with free slots, take a *step* (:meth:`~watchkeeper.store.protocols.TaskQueue.astep_runs`):
+   claim ready runs under a lease (``[worker] lease_ttl``) and, when too few are ready,
+   create a batch of runs from the pending events and claim from it, in one transaction
+   (each creation moves the task's cursors with it);
+2. execute each claimed run in a slot: a sync task in a thread (at most ``concurrency``), an
+   async one on the loop with a greenback portal, under ``execution_timeout``; then its slot
+   finishes it with one step that records the outcome (success with the outlet events, or a
+   failure retried after an exponential, jittered delay; fenced by the lease token) and
+   claims the slot's next run; a slot with nothing to claim frees itself;
+3. wait for new events: ``await_events`` (LISTEN/NOTIFY on PostgreSQL, an adaptive poll on
+   SQLite), at most ``poll_interval``, or for a slot to free.
+
+One step of a worker at a time creates runs; the others only claim.
+A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
+cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
+the leases of dead worker processes of this host (as the triggerer does for its leases), so a
+restarted worker retries a killed worker's runs without waiting for the lease to lapse.
+Several workers may share one PostgreSQL database; on SQLite they serialise on the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import greenback
+from watchkeeper.store import (
+    BaseStateBackend,
+    RunLeaseLostError,
+    StateStoreError,
+    TaskScope,
+    build_task_context,
+)
+from watchkeeper.store.protocols import (
+    EventLog,
+    LoopThreads,
+    OutletEvent,
+    RunOutcome,
+    RunStep,
+    TaskQueue,
+    TaskRun,
+    encode_payload,
+    get_logger,
+)
+
+from .._core import describe_error, notify
+from ..daemon import daemon_identity, is_dead_local_owner
+from ..settings import WorkerSettings
+from ._asset_task import AssetTask, OutletEvents
+from ._task_traceback import format_task_traceback
+
+__all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
+
+log = get_logger(__name__)
+
+_JITTER = 0.2
+_CREATE_EVENTS = 4096
+"""The most events a creation that grew past the base batch takes (runs x max_events)."""
+
+
+def retry_delay_for(
+    task: AssetTask, try_number: int, rng: random.Random | None = None
+) -> timedelta:
+    """The delay before the try after ``try_number``: ``retry_delay`` doubled per failed try,
+    capped at ``max_retry_delay``, varied by up to ±20 % so failed runs do not retry in step."""
+    base = task.retry_delay.total_seconds() * 2 ** max(0, try_number - 1)
+    base = min(base, task.max_retry_delay.total_seconds())
+    factor = 1 + _JITTER * (2 * (rng or random).random() - 1)
+    return timedelta(seconds=max(0.0, base * factor))
+
+
+def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dict[str, Any]:
+    """The context of one try of ``run``: ``build_task_context``'s plus the run's events."""
+    context = build_task_context(
+        backend,
+        dag_id=task.name,
+        run_id=str(run.id),
+        task_id=task.name,
+        try_number=run.try_number,
+        inlets=(*task.schedule, *task.inlets),
+        outlets=task.outlets,
+    )
+    context["triggering_asset_events"] = {
+        asset: [e for e in run.events if e.asset == asset.name] for asset in task.schedule
+    }
+    context["outlet_events"] = OutletEvents(task.outlets)
+    return context
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether a cancel scope around the current task is cancelled (or past its deadline),
+    or, on asyncio, the task itself was asked to stop: a cancellation exception raised then
+    is the caller's, one raised without it is the task code's own."""
+    if anyio.current_effective_deadline() <= anyio.current_time():
+        return True
+    try:
+        current = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        return False
+    return current is not None and current.cancelling() > 0
+
+
+@dataclass(slots=True)
+class _InFlight:
+    token: int
+    scope: anyio.CancelScope
+
+
+class Worker:
+    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``."""
+
+    def __init__(
+        self,
+        backend: BaseStateBackend,
+        tasks: Sequence[AssetTask],
+        settings: WorkerSettings | None = None,
+        *,
+        owner: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.queue: TaskQueue = backend.tasks
+        self.registry: EventLog = backend.events
+        self.tasks = {task.name: task for task in tasks}
+        self.settings = settings or WorkerSettings()
+        self.owner = owner or daemon_identity()
+        self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
+        self._running: dict[int, _InFlight] = {}
+        self._slot_freed = anyio.Event()
+        self._accepting = True
+        self._finishing = 0
+        self._creating = False
+        self._names = sorted(self.tasks)
+        # Runs created at once when too few are ready: a batch per slot round, not one each,
+        # doubled while each creation fills (see _step).
+        self._base_batch = self._batch = 4 * self.settings.concurrency
+        most = max((task.spec.max_events for task in self.tasks.values()), default=1)
+        self._max_batch = max(
+            self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most)
+        )
+        self.finished = 0
+        self._log_starts = False
+
+    def __repr__(self) -> str:
+        return f"<Worker owner={self.owner!r} tasks={len(self.tasks)} running={len(self._running)}>"
+
+    @property
+    def ttl(self) -> float:
+        return self.settings.lease_seconds
+
+    async def declare(self) -> None:
+        """Register the tasks' assets and specs (idempotent; a new task starts at the log's end)."""
+        assets = {a.name: a for task in self.tasks.values() for a in task.assets}
+        if assets:
+            await self.registry.aregister_assets(list(assets.values()))
+        await self.queue.async_tasks([task.spec for task in self.tasks.values()])
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Declare the tasks, then create, claim and execute runs until cancelled."""
+        await self.declare()
+        # Read once: a disabled debug call still costs a lookup on every run.
+        self._log_starts = log.is_enabled_for(logging.DEBUG)
+        log.info("worker_started", owner=self.owner, tasks=sorted(self.tasks))
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._free_dead_owners()
+                tg.start_soon(self._heartbeat)
+                task_status.started()
+                await self._loop(tg)
+        finally:
+            self._threads.close()
+
+    def stop_claiming(self) -> None:
+        """Take no new runs (a graceful stop lets the running ones finish)."""
+        self._accepting = False
+
+    async def drained(self) -> None:
+        """Return once no run is in flight."""
+        while self._running or self._finishing:
+            self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
+
+    async def _loop(self, tg: anyio.abc.TaskGroup) -> None:
+        last_seen = 0
+        poll = self.settings.poll_interval
+        while True:
+            try:
+                free = self.settings.concurrency - self._in_flight()
+                if self._accepting and free > 0:
+                    step = await self._step(claim=free)
+                    for run in step.claimed:
+                        self._start(tg, run)
+                    if len(step.claimed) == free:
+                        continue  # each slot claims its next run as it finishes
+                if free <= 0 or not self._accepting:
+                    self._slot_freed = anyio.Event()
+                    with anyio.move_on_after(poll):
+                        await self._slot_freed.wait()
+                    continue
+                last_seen = await self.registry.await_events(last_seen, poll)
+            except StateStoreError as exc:  # unavailable, or a conflict: look again shortly
+                log.warning("worker_store_error", error=describe_error(exc))
+                await anyio.sleep(max(poll, 1.0))
+
+    def _in_flight(self) -> int:
+        """Runs claimed and not yet finished: running, or being recorded (whose slot may
+        claim the next one in the same step)."""
+        return len(self._running) + self._finishing
+
+    def _start(self, tg: anyio.abc.TaskGroup, run: TaskRun) -> None:
+        scope = anyio.CancelScope()
+        self._running[run.id] = _InFlight(run.lease_token, scope)
+        tg.start_soon(self._execute, run, scope)
+
+    async def _execute(self, run: TaskRun, scope: anyio.CancelScope) -> None:
+        """Run ``run``, then the run claimed with its finish, and so on: one slot.
+
+        ``scope`` is the slot's: the heartbeat cancels it when the lease of the run it
+        executes is lost, which ends the slot (one scope per slot, not per run: entering and
+        leaving one costs more than a no-op run's thread hand-off). Recording an outcome is
+        shielded, and the run being recorded is no longer in ``_running``."""
+        try:
+            with scope:
+                while True:
+                    outcome = await self._try(self.tasks[run.task], run)
+                    self._running.pop(run.id, None)
+                    self._finishing += 1
+                    try:
+                        next_run = await self._finish(run, outcome)
+                    finally:
+                        self._finishing -= 1
+                    if next_run is None:
+                        return
+                    run = next_run
+                    self._running[run.id] = _InFlight(run.lease_token, scope)
+        finally:
+            self._running.pop(run.id, None)
+            self._slot_freed.set()
+
+    async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
+        if self._log_starts:
+            log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
+        context = run_context(self.backend, task, run)
+        limit: anyio.CancelScope | None = None
+        try:
+            timeout = task.execution_timeout
+            if timeout is None:  # no scope to enter and leave: one fewer per run
+                await self._call(task, context)
+            else:
+                with anyio.move_on_after(timeout.total_seconds()) as limit:
+                    await self._call(task, context)
+                if limit.cancelled_caught:
+                    seconds = timeout.total_seconds()
+                    late = TimeoutError(f"the try ran past its execution_timeout of {seconds:g} s")
+                    return self._failed(task, run, late, cause="timeout")
+            outlets = tuple(
+                OutletEvent(
+                    a.name,
+                    encode_payload(
+                        context["outlet_events"][a].extra,
+                        max_payload_bytes=self.backend.max_payload_bytes,
+                    ),
+                )
+                for a in task.outlets
+            )
+        except Exception as exc:  # noqa: BLE001 - a task's failure is its run's, never the worker's
+            # One raised while the timeout cancels the try (cleanup that failed) is the timeout's.
+            timed_out = limit is not None and limit.cancel_called
+            return self._failed(task, run, exc, cause="timeout" if timed_out else "task_error")
+        except BaseException as exc:
+            # sys.exit(), KeyboardInterrupt, GeneratorExit or the task's own BaseException
+            # subclass end the try, not the worker. A cancellation is the worker's only when
+            # a scope around this slot was cancelled (the worker stopping, a lost lease).
+            if isinstance(exc, anyio.get_cancelled_exc_class()) and _cancelled_from_outside():
+                raise
+            return self._failed(task, run, exc)
+        return RunOutcome(run.id, run.lease_token, True, outlets)
+
+    def _failed(
+        self,
+        task: AssetTask,
+        run: TaskRun,
+        exc: BaseException,
+        *,
+        cause: Literal["task_error", "timeout"] = "task_error",
+    ) -> RunOutcome:
+        """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
+        own, retried after a delay."""
+        delay = retry_delay_for(task, run.failures + 1)
+        log.warning(
+            "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
+            error=describe_error(exc), cause=cause,
+        )  # fmt: skip
+        return RunOutcome(
+            run.id, run.lease_token, False, error=describe_error(exc),
+            traceback=format_task_traceback(exc), retry_delay=delay, cause=cause,
+        )  # fmt: skip
+
+    async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
+        if task.is_async:
+            return await greenback.with_portal_run(task.fn, **context)
+        return await self._threads.call(partial(task.fn, **context))
+
+    async def _finish(self, run: TaskRun, outcome: RunOutcome) -> TaskRun | None:
+        """Record ``outcome`` and, in the same transaction, claim this slot's next run."""
+        task = self.tasks[run.task]
+        with anyio.CancelScope(shield=True):
+            try:
+                step = await self._step(
+                    finish=outcome, claim=1 if self._accepting else 0, peers=len(self._running)
+                )
+            except RunLeaseLostError as exc:
+                log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
+                return None
+            except StateStoreError as exc:
+                # Not recorded: the lease lapses and the run is tried again.
+                log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
+                return None
+        done = step.finished
+        self.finished += 1
+        log.info(
+            "run_finished", run_id=run.id, task=run.task,
+            state=done.state if done is not None else "?", try_number=run.try_number,
+            events=run.event_count,
+        )  # fmt: skip
+        if outcome.success and task.clear_on_success:
+            try:
+                await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
+            except StateStoreError as exc:
+                log.warning("run_clear_failed", run_id=run.id, error=describe_error(exc))
+        return step.claimed[0] if step.claimed else None
+
+    async def _step(
+        self, *, finish: RunOutcome | None = None, claim: int, peers: int = 0
+    ) -> RunStep:
+        """Finish and claim in one step, creating runs when too few are ready. One step of
+        this worker at a time creates, the others only claim. While each creation makes as
+        many runs as it was allowed (a backlog), the next may make twice as many, up to
+        ``_max_batch``: the slots run dry, and wait for a creation, less often. Once one
+        makes fewer, the next makes the base number again. A step that created nothing says
+        nothing about the backlog: it claimed all it wanted, another worker had just
+        created the runs (it waited for that worker's creation, then found the cursor
+        moved), or nothing was pending."""
+        create = 0 if self._creating else self._batch
+        self._creating |= create > 0
+        try:
+            step = await self.queue.astep_runs(
+                self.owner, finish=finish, claim=claim, ttl=self.ttl, tasks=self._names,
+                create=create, peers=peers,
+            )  # fmt: skip
+        finally:
+            if create:
+                self._creating = False
+        if step.created >= create > 0:
+            self._batch = min(2 * create, self._max_batch)
+        elif step.created:  # fewer than allowed: the backlog is drained
+            self._batch = self._base_batch
+        return step
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while True:
+            await anyio.sleep(interval)
+            try:
+                held = {run_id: f.token for run_id, f in self._running.items()}
+                if held:
+                    kept = await self.queue.aheartbeat_runs(self.owner, held, self.ttl)
+                    for run_id in held.keys() - kept:
+                        flight = self._running.get(run_id)
+                        if flight is not None:
+                            log.warning("run_lease_lost", run_id=run_id, owner=self.owner)
+                            flight.scope.cancel()
+                await self._free_dead_owners()
+            except StateStoreError as exc:
+                log.warning("worker_store_error", error=describe_error(exc))
+
+    async def _free_dead_owners(self) -> None:
+        running = await self.queue.alist_runs(state="running")
+        dead = sorted(
+            {r.lease_owner for r in running if r.lease_owner and is_dead_local_owner(r.lease_owner)}
+        )
+        if dead:
+            count = await self.queue.abreak_run_leases(dead)
+            log.info("run_leases_freed", owners=dead, runs=count)
+
+
+def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
+    """Name the store's sessions ``name`` and bound their idle transactions by a run lease
+    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
+    backend.configure_sessions(name, settings.lease_seconds)
+
+
+async def run_worker(
+    backend: BaseStateBackend,
+    tasks: Sequence[AssetTask],
+    settings: WorkerSettings,
+    *,
+    stop_grace: float = 10.0,
+    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+) -> None:
+    """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
+    stop claiming, give the runs in flight ``stop_grace`` seconds, and return."""
+    worker = Worker(backend, tasks, settings)
+    with anyio.open_signal_receiver(*signals) as received:
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            notify(READY=1, STATUS=f"running {len(tasks)} task(s)")
+            async for signum in received:
+                log.info("worker_stopping", signal=signal.Signals(signum).name)
+                notify(STOPPING=1)
+                worker.stop_claiming()
+                with anyio.move_on_after(stop_grace):
+                    await worker.drained()
+                tg.cancel_scope.cancel()
+                break
