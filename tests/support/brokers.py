@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -218,3 +218,44 @@ async def crash_then_restart(
             watcher, assets=asset, max_events=rest, watcher_name=watcher_name
         )
     return after, logs
+
+
+async def crash_in_a_batch(
+    harness: WatcherHarness,
+    watcher: BaseEventTrigger,
+    point: CrashPoint,
+    publish_more: Callable[[], Awaitable[None]],
+    *,
+    asset: Asset,
+    watcher_name: str,
+    total: int,
+) -> tuple[HarnessRun, HarnessRun, int]:
+    """Crash ``watcher`` at ``point`` of its first yield (a batch of what was published),
+    publish more, restart it until all ``total`` messages are events; the crashed run, the
+    restarted one and how many redelivered events the restart suppressed."""
+    crashed = await harness.crash(
+        watcher, assets=asset, at=point, event=1, watcher_name=watcher_name
+    )
+    await publish_more()
+    rest = total - len(crashed.all_events)
+    with structlog.testing.capture_logs() as logs:
+        after = await harness.restart(
+            watcher, assets=asset, max_events=rest, watcher_name=watcher_name
+        )
+    return crashed, after, suppressed_count(logs)
+
+
+def suppressed_count(logs: Sequence[Mapping[str, Any]]) -> int:
+    """How many redelivered events the logs say their dedup_keys suppressed: one per
+    ``event_deduplicated``, a batch's count per ``batch_deduplicated`` and
+    ``batch_partly_deduplicated``."""
+    total = 0
+    for record in logs:
+        event = record.get("event")
+        if event == "event_deduplicated":
+            total += 1
+        elif event == "batch_deduplicated":
+            total += int(str(record["count"]))
+        elif event == "batch_partly_deduplicated":
+            total += int(str(record["suppressed"]))
+    return total

@@ -20,6 +20,7 @@ from watchkeeper.watchers import BrokerSourceError, MqttWatcher
 
 from tests.support.brokers import (
     MQTT_PORT,
+    crash_in_a_batch,
     crash_then_restart,
     numbers,
     require_server,
@@ -30,7 +31,14 @@ from tests.support.proxy import open_proxy
 
 URL = f"mqtt://127.0.0.1:{MQTT_PORT}"
 ASSET = Asset("events")
-FAST: dict[str, Any] = {"session_expiry": 300, "connect_timeout": 10.0, "reconnect_max": 1}
+FAST: dict[str, Any] = {
+    "session_expiry": 300,
+    "connect_timeout": 10.0,
+    "reconnect_max": 1,
+    "batch_size": 1,
+}
+"""The per-message path (``batch_size=1``), whose steps these tests count one by one; the
+batch path has its own tests (``TestBatches``)."""
 
 
 def _client(client_id: str = "") -> paho.Client:
@@ -222,3 +230,27 @@ class TestMqttWatcherTrouble:
             await harness.run(watcher, assets=ASSET, max_events=1, watcher_name=name)
         assert "pa55word" not in str(caught.value)
         assert "no connection within 0.5 s" in str(caught.value)
+
+
+class TestBatches:
+    @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+    async def test_a_crash_inside_a_batch_loses_and_repeats_nothing(
+        self, topic: str, name: str, harness: WatcherHarness, point: CrashPoint
+    ) -> None:
+        """Killed inside a batch (before its commit, after its commit and before the acks),
+        the restarted watcher commits each message exactly once: a batch committed but never
+        acknowledged comes again and each of its messages is suppressed by its dedup_key."""
+        await publish(topic, 1, 2, 3, 4, 5)
+        crashed, after, suppressed = await crash_in_a_batch(
+            harness,
+            watcher_of(topic, batch_size=100, batch_linger=0.2),
+            point,
+            lambda: publish(topic, 6, 7),
+            asset=ASSET,
+            watcher_name=name,
+            total=7,
+        )
+        assert numbers(after.all_payloads) == list(range(1, 8))
+        if point == "after_commit":
+            assert len(crashed.all_events) == 5  # one batch, one commit
+            assert suppressed == 5

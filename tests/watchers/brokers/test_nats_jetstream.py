@@ -15,6 +15,7 @@ from watchkeeper.watchers import BrokerSourceError, NatsJetStreamWatcher
 
 from tests.support.brokers import (
     NATS_PORT,
+    crash_in_a_batch,
     crash_then_restart,
     numbers,
     require_server,
@@ -27,7 +28,9 @@ URL = f"nats://127.0.0.1:{NATS_PORT}"
 ASSET = Asset("events")
 NAME = "jetstream_feed"
 SEQUENCE = f"{NAME}.sequence"
-FAST: dict[str, Any] = {"fetch_timeout": 0.5, "ack_wait": 1.0}
+FAST: dict[str, Any] = {"fetch_timeout": 0.5, "ack_wait": 1.0, "batch_size": 1}
+"""The per-message path (``batch_size=1``), whose steps these tests count one by one; the
+batch path has its own tests (``TestBatches``)."""
 
 
 @pytest.fixture
@@ -160,3 +163,29 @@ class TestNatsJetStreamWatcherTrouble:
         with pytest.raises(BrokerSourceError) as caught:
             await harness.run(watcher, assets=ASSET, max_events=1, watcher_name=NAME)
         assert "t0ken" not in str(caught.value)
+
+
+class TestBatches:
+    @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+    async def test_a_crash_inside_a_batch_loses_and_repeats_nothing(
+        self, js: JetStreamContext, stream: str, harness: WatcherHarness, point: CrashPoint
+    ) -> None:
+        """Killed inside a batch (before its commit, after its commit and before the acks),
+        the restarted watcher commits each message exactly once: a batch committed but never
+        acknowledged comes again and each of its messages is suppressed by its dedup_key."""
+        await publish(js, stream, 1, 2, 3, 4, 5)
+        watcher = NatsJetStreamWatcher(stream, URL, fetch_timeout=0.5, ack_wait=1.0)
+        crashed, after, suppressed = await crash_in_a_batch(
+            harness,
+            watcher,
+            point,
+            lambda: publish(js, stream, 6, 7),
+            asset=ASSET,
+            watcher_name=NAME,
+            total=7,
+        )
+        assert sorted(numbers(after.all_payloads)) == list(range(1, 8))
+        assert len(after.all_payloads) == 7
+        if point == "after_commit":
+            assert len(crashed.all_events) == 5  # one batch, one commit
+            assert suppressed == 5

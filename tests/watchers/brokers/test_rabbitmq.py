@@ -18,6 +18,7 @@ from watchkeeper.watchers import BrokerSourceError, RabbitMQWatcher
 from tests.support.brokers import (
     RABBITMQ_PORT,
     Observed,
+    crash_in_a_batch,
     crash_then_restart,
     numbers,
     publish_without_message_id,
@@ -119,7 +120,7 @@ class TestRabbitMQWatcherFlow:
         """Each message is one event with its body and properties, keyed by its message_id."""
         await publish(channel, queue, 1, 2, headers={"source": "test"})
         run = await harness.run(
-            RabbitMQWatcher(queue, URL), assets=ASSET, max_events=2, watcher_name=NAME
+            RabbitMQWatcher(queue, URL, batch_size=1), assets=ASSET, max_events=2, watcher_name=NAME
         )
         assert numbers(run.payloads) == [1, 2]
         first = run.payloads[0]
@@ -134,7 +135,7 @@ class TestRabbitMQWatcherFlow:
     ) -> None:
         """A watcher rebuilt from serialize() gets the messages not acknowledged before."""
         await publish(channel, queue, 1, 2, 3)
-        watcher = RabbitMQWatcher(queue, URL)
+        watcher = RabbitMQWatcher(queue, URL, batch_size=1)
         first = await harness.run(watcher, assets=ASSET, max_events=2, watcher_name=NAME)
         await publish(channel, queue, 4)
         second = await harness.restart(watcher, assets=ASSET, max_events=2, watcher_name=NAME)
@@ -149,7 +150,11 @@ class TestRabbitMQWatcherFlow:
         messages again from the broker and commits each exactly once."""
         await publish(channel, queue, 1, 2, 3, 4, 5)
         after, logs = await crash_then_restart(
-            harness, RabbitMQWatcher(queue, URL), point, asset=ASSET, watcher_name=NAME
+            harness,
+            RabbitMQWatcher(queue, URL, batch_size=1),
+            point,
+            asset=ASSET,
+            watcher_name=NAME,
         )
         assert sorted(numbers(after.all_payloads)) == [1, 2, 3, 4, 5]
         assert len(after.all_payloads) == 5
@@ -180,7 +185,9 @@ class TestRabbitMQWatcherFlow:
         async with anyio.create_task_group() as tg:
             tg.start_soon(check_then_resume)
             run = await harness.run(
-                Observed(RabbitMQWatcher(queue, URL, prefetch=2), {1: first}, {1: resume}),
+                Observed(
+                    RabbitMQWatcher(queue, URL, batch_size=1, prefetch=2), {1: first}, {1: resume}
+                ),
                 assets=ASSET,
                 max_events=10,
                 watcher_name=NAME,
@@ -196,7 +203,7 @@ class TestRabbitMQWatcherMissingId:
         """Without a message_id, equal body and headers are one event; a different body is not."""
         await publish(channel, queue, 1, 1, 2, with_id=False)
         run = await harness.run(
-            RabbitMQWatcher(queue, URL), assets=ASSET, max_events=2, watcher_name=NAME
+            RabbitMQWatcher(queue, URL, batch_size=1), assets=ASSET, max_events=2, watcher_name=NAME
         )
         assert numbers(run.payloads) == [1, 2]
         assert all(":amqp:" in (e.dedup_key or "") for e in run.events)
@@ -207,7 +214,7 @@ class TestRabbitMQWatcherMissingId:
         """missing_id="emit": messages without an id are events without a dedup_key, each one."""
         await publish(channel, queue, 1, 1, with_id=False)
         run = await harness.run(
-            RabbitMQWatcher(queue, URL, missing_id="emit"),
+            RabbitMQWatcher(queue, URL, batch_size=1, missing_id="emit"),
             assets=ASSET,
             max_events=2,
             watcher_name=NAME,
@@ -223,7 +230,7 @@ class TestRabbitMQWatcherMissingId:
         await publish(channel, queue, 2)
         with structlog.testing.capture_logs() as logs:
             run = await harness.run(
-                RabbitMQWatcher(queue, URL, missing_id="reject"),
+                RabbitMQWatcher(queue, URL, batch_size=1, missing_id="reject"),
                 assets=ASSET,
                 max_events=1,
                 watcher_name=NAME,
@@ -254,7 +261,7 @@ class TestRabbitMQWatcherTrouble:
         with structlog.testing.capture_logs() as logs:
             run = await run_through_a_break(
                 harness,
-                RabbitMQWatcher(queue, URL),
+                RabbitMQWatcher(queue, URL, batch_size=1),
                 close_then_publish,
                 asset=ASSET,
                 watcher_name=name,
@@ -271,7 +278,10 @@ class TestRabbitMQWatcherTrouble:
         missing = unique("wk-missing-")
         with pytest.raises(BrokerSourceError, match=missing):
             await harness.run(
-                RabbitMQWatcher(missing, URL), assets=ASSET, max_events=1, watcher_name=NAME
+                RabbitMQWatcher(missing, URL, batch_size=1),
+                assets=ASSET,
+                max_events=1,
+                watcher_name=NAME,
             )
 
     async def test_refused_credentials_raise_without_the_password(
@@ -281,6 +291,33 @@ class TestRabbitMQWatcherTrouble:
         url = f"amqp://guest:wr0ng-pw@127.0.0.1:{RABBITMQ_PORT}/"
         with pytest.raises(BrokerSourceError) as caught:
             await harness.run(
-                RabbitMQWatcher(queue, url), assets=ASSET, max_events=1, watcher_name=NAME
+                RabbitMQWatcher(queue, url, batch_size=1),
+                assets=ASSET,
+                max_events=1,
+                watcher_name=NAME,
             )
         assert "wr0ng-pw" not in str(caught.value)
+
+
+class TestBatches:
+    @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+    async def test_a_crash_inside_a_batch_loses_and_repeats_nothing(
+        self, channel: AbstractChannel, queue: str, harness: WatcherHarness, point: CrashPoint
+    ) -> None:
+        """Killed inside a batch (before its commit, after its commit and before the acks),
+        the restarted watcher commits each message exactly once: a batch committed but never
+        acknowledged comes again and each of its messages is suppressed by its dedup_key."""
+        await publish(channel, queue, 1, 2, 3, 4, 5)
+        crashed, after, suppressed = await crash_in_a_batch(
+            harness,
+            RabbitMQWatcher(queue, URL, batch_linger=0.2),
+            point,
+            lambda: publish(channel, queue, 6, 7),
+            asset=ASSET,
+            watcher_name=NAME,
+            total=7,
+        )
+        assert numbers(after.all_payloads) == list(range(1, 8))
+        if point == "after_commit":
+            assert len(crashed.all_events) == 5  # one batch, one commit
+            assert suppressed == 5

@@ -16,6 +16,7 @@ from watchkeeper.watchers.redis_stream import parse_id
 
 from tests.support.brokers import (
     REDIS_PORT,
+    crash_in_a_batch,
     crash_then_restart,
     require_server,
     run_through_a_break,
@@ -26,7 +27,9 @@ URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 ASSET = Asset("events")
 NAME = "stream_feed"
 WATERMARK = f"{NAME}.watermark"
-FAST: dict[str, Any] = {"block": 0.2}
+FAST: dict[str, Any] = {"block": 0.2, "batch_size": 1}
+"""The per-message path (``batch_size=1``), whose steps these tests count one by one; the
+batch path has its own tests (``TestBatches``)."""
 
 
 @pytest.fixture
@@ -267,3 +270,48 @@ class TestRedisStreamWatcherGroup:
         assert numbers(after.all_payloads) == [1, 2, 3, 4, 5]
         # The last event of a stopped run is committed, not acknowledged: one at most.
         assert (await redis.xpending(stream, "g"))["pending"] <= 1
+
+
+class TestBatches:
+    @pytest.mark.parametrize("group", [None, "g"])
+    @pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+    async def test_a_crash_inside_a_batch_loses_and_repeats_nothing(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        harness: WatcherHarness,
+        point: CrashPoint,
+        group: str | None,
+    ) -> None:
+        """Killed inside a batch (before its commit, after its commit and before the XACK),
+        the restarted watcher commits each entry exactly once: the watermark committed with
+        the batch says where to go on, and, in a group, which pending entries only need
+        their XACK."""
+        await add(redis, stream, 1, 2, 3, 4, 5)
+
+        later: list[str] = []
+
+        async def more() -> None:
+            later.extend(await add(redis, stream, 6, 7))
+
+        crashed, after, _ = await crash_in_a_batch(
+            harness,
+            RedisStreamWatcher(stream, URL, block=0.2, group=group),
+            point,
+            more,
+            asset=ASSET,
+            watcher_name=NAME,
+            total=7,
+        )
+        assert numbers(after.all_payloads) == list(range(1, 8))
+        if point == "after_commit":
+            assert len(crashed.all_events) == 5  # one batch, one commit
+        if group is not None:
+            # Every batch acknowledged after its commit, but the last: the run stopped at
+            # max_events, right after that commit.
+            pending = await redis.xpending_range(stream, group, min="-", max="+", count=10)
+            assert [_text(entry["message_id"]) for entry in pending] == later
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

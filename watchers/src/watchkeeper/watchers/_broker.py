@@ -14,9 +14,11 @@ import json
 import random
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 from watchkeeper.triggerer import TriggererError
 
 from ._sql import redact_dsn
@@ -26,6 +28,7 @@ __all__ = [
     "content_hash",
     "decode_body",
     "make_dedup_key",
+    "receive_batch",
     "reconnect_delay",
     "redact_url",
     "require_client",
@@ -149,3 +152,36 @@ def reconnect_delay(attempt: int, initial: float = 0.5, cap: float = 10.0) -> fl
     ``cap``, give or take a quarter, so watchers of one broker do not reconnect in step."""
     base = min(cap, initial * 2.0 ** min(max(attempt - 1, 0), 32))
     return base * random.uniform(0.75, 1.25)
+
+
+T = TypeVar("T")
+
+
+async def receive_batch(receive: MemoryObjectReceiveStream[T], size: int, linger: float) -> list[T]:
+    """Up to ``size`` items of ``receive``: the first one awaited, then those already waiting,
+    then those arriving within ``linger`` seconds of the first.
+
+    Raises ``EndOfStream`` only when no item came at all; a stream closed after the first item
+    ends the batch (the next call raises it).
+    """
+    items = [await receive.receive()]
+    deadline = anyio.current_time() + linger
+    while len(items) < size:
+        try:
+            items.append(receive.receive_nowait())
+            continue
+        except anyio.WouldBlock:
+            pass
+        except anyio.EndOfStream:
+            break
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            break
+        with anyio.move_on_after(remaining):
+            try:
+                items.append(await receive.receive())
+            except anyio.EndOfStream:
+                break
+            continue
+        break
+    return items

@@ -21,10 +21,12 @@ Writing a ready-made watcher:
 The rest follows from the model: the constructor (``FooWatcher(*args, **kwargs)``), the
 checks (a bad value raises ``TypeError`` or ``ValueError`` naming the watcher and the
 parameter, and nothing is built), ``serialize()`` (the model's JSON, in declaration order, so
-identical triggers serialize identically and run once), equality, and the parameter table of
-the documentation (``docs/_hooks.py``). A parameter that may hold a secret (a URL with a
-password) is never quoted in an error: values are shown only when they are numbers, booleans
-or short texts, and texts pass through :func:`~watchkeeper.store.protocols.redact_secrets`.
+identical triggers serialize identically and run once; a parameter added to a watcher that
+already shipped is named in the model's ``added_later`` and left out while at its default),
+equality, and the parameter table of the documentation (``docs/_hooks.py``). A parameter
+that may hold a secret (a URL with a password) is never quoted in an error: values are shown
+only when they are numbers, booleans or short texts, and texts pass through
+:func:`~watchkeeper.store.protocols.redact_secrets`.
 
 Why a pydantic model rather than a dataclass with validators: the bounds declared on a field
 (``gt``, ``ge``, ``min_length``, ``Literal``) are at once its check, in pydantic's compiled
@@ -87,6 +89,11 @@ class WatcherParams(BaseModel):
         use_attribute_docstrings=True,
         validate_default=False,
     )
+
+    added_later: ClassVar[frozenset[str]] = frozenset()
+    """Parameters added after the watcher first shipped: ``serialize()`` leaves each out while
+    it holds its default, so the serialized form, a running trigger's identity, stays the one
+    earlier versions wrote."""
 
 
 def owner(info: ValidationInfo) -> str:
@@ -170,13 +177,17 @@ class ReadyMadeWatcher(SerializedEquality, Generic[P]):
         """``(classpath, kwargs)``: every parameter, as JSON, in declaration order."""
         # The fields hold JSON values already (the models declare only JSON types): a copy of
         # them, lists and mappings copied too, is the JSON form without a serializer's cost.
+        params = self.params
+        later = params.added_later
+        fields = type(params).__pydantic_fields__
         return self.classpath(), {
             name: list(value)
             if type(value) is list
             else dict(value)
             if type(value) is dict
             else value
-            for name, value in self.params.__dict__.items()
+            for name, value in params.__dict__.items()
+            if not later or name not in later or value != fields[name].default
         }
 
     if not TYPE_CHECKING:  # for mypy, parameters are read as ``self.params.<name>``

@@ -32,31 +32,38 @@ from __future__ import annotations
 
 import hashlib
 import re
-import ssl
-import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import Field, ValidationInfo, field_validator
 from watchkeeper.store.protocols import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
     content_hash,
     decode_body,
     make_dedup_key,
+    receive_batch,
     redact_url,
 )
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
+from ._mqtt_bridge import Bridge, Delivery, Refused, receive_maximum
+from ._params import (
+    Count,
+    OptionalText,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+    owner,
+)
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -69,8 +76,6 @@ MissingId = Literal["hash", "emit"]
 
 _STOP_TIMEOUT = 5.0
 _CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_FATAL_CONNACK = frozenset({0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})
-"""CONNACK reason codes retrying cannot fix: protocol, client id, credentials, ban, auth."""
 
 
 def client_id_for(watcher_name: str) -> str:
@@ -78,21 +83,6 @@ def client_id_for(watcher_name: str) -> str:
     if _CLIENT_ID.fullmatch(watcher_name):
         return f"watchkeeper-{watcher_name}"
     return "watchkeeper-" + hashlib.sha256(watcher_name.encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True, slots=True)
-class _Delivery:
-    """A message from the network thread, stamped with the connection it came on."""
-
-    connection: int
-    message: paho.MQTTMessage
-
-
-@dataclass(frozen=True, slots=True)
-class _Refused:
-    """The broker refused the connection for a reason retrying cannot fix."""
-
-    reason: str
 
 
 class MqttParams(WatcherParams):
@@ -123,6 +113,14 @@ class MqttParams(WatcherParams):
     """Seconds the first connect may take."""
     reconnect_max: Count = 30
     """The longest wait between reconnections, in seconds (1 s, doubling)."""
+    batch_size: Annotated[int, Field(ge=1, le=65535)] = 100
+    """At most this many messages committed together in one transaction, then acknowledged
+    (a PUBACK each, after the commit); ``1`` commits each alone. The Receive Maximum is raised
+    to twice it when ``max_in_flight`` is lower."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_linger"})
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -205,7 +203,7 @@ class MqttWatcher(ReadyMadeWatcher[MqttParams]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._bridge: _Bridge | None = None
+        self._bridge: Bridge | None = None
         self._name = f"{type(self).__name__}({', '.join(self.params.topics)!r})"
 
     def __repr__(self) -> str:
@@ -216,12 +214,12 @@ class MqttWatcher(ReadyMadeWatcher[MqttParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         client_id = self.params.client_id or client_id_for(self.watcher_name)
-        send, receive = anyio.create_memory_object_stream[_Delivery | _Refused](
-            self.params.max_in_flight
+        send, receive = anyio.create_memory_object_stream[Delivery | Refused](
+            receive_maximum(self.params)
         )
-        bridge = _Bridge(self, client_id, send, anyio.lowlevel.current_token())
+        bridge = Bridge(self, client_id, send, anyio.lowlevel.current_token())
         self._bridge = bridge
         try:
             with receive:
@@ -238,18 +236,33 @@ class MqttWatcher(ReadyMadeWatcher[MqttParams]):
                         ConnectionRefusedError(reason),
                         bridge.secrets,
                     )
-                async for item in receive:
-                    if isinstance(item, _Refused):
-                        raise BrokerSourceError(
-                            self._name,
-                            f"connecting to {redact_url(self.params.url)}",
-                            ConnectionRefusedError(item.reason),
-                            bridge.secrets,
+                size, linger = self.params.batch_size, self.params.batch_linger
+                while True:
+                    try:
+                        items = await receive_batch(receive, size, linger)
+                    except anyio.EndOfStream:
+                        return
+                    deliveries: list[Delivery] = []
+                    for item in items:
+                        if isinstance(item, Refused):
+                            raise BrokerSourceError(
+                                self._name,
+                                f"connecting to {redact_url(self.params.url)}",
+                                ConnectionRefusedError(item.reason),
+                                bridge.secrets,
+                            )
+                        deliveries.append(item)
+                    events = [
+                        TriggerEvent(
+                            self._payload(item.message), dedup_key=self._dedup_key(item.message)
                         )
-                    message = item.message
-                    yield TriggerEvent(self._payload(message), dedup_key=self._dedup_key(message))
-                    # Committed (or suppressed as a resent copy): the broker may forget it.
-                    bridge.ack(item)
+                        for item in deliveries
+                    ]
+                    # One commit for the batch (batch_size=1: for each message alone).
+                    yield TriggerEventBatch(events) if len(events) > 1 else events[0]
+                    # Committed (or suppressed as resent copies): the broker may forget them.
+                    for item in deliveries:
+                        bridge.ack(item)
         finally:
             # The receive side is closed by now (a network thread waiting for room in the
             # stream gets BrokenResourceError); closing the send side too makes every later
@@ -309,163 +322,3 @@ def _user_properties(message: paho.MQTTMessage) -> list[tuple[str, str]]:
     properties = message.properties
     found = getattr(properties, "UserProperty", None) if properties else None
     return [(str(name), str(value)) for name, value in found or []]
-
-
-class _Bridge:
-    """paho's client and network thread, and what they hand to the event loop.
-
-    Runs in three places: ``start``/``stop`` in a worker thread (they block), the ``_on_*``
-    callbacks in paho's network thread, ``ack`` on the event loop. ``connection`` counts the
-    connects and disconnects; a message may be acknowledged only on the connection it came
-    on, because after a reconnect the broker resends it under the same packet id, which the
-    acknowledgement of the resent copy frees for reuse: acknowledging the old copy too could
-    acknowledge another message that took the id.
-    """
-
-    def __init__(
-        self,
-        watcher: MqttWatcher,
-        client_id: str,
-        send: MemoryObjectSendStream[_Delivery | _Refused],
-        token: anyio.lowlevel.EventLoopToken,
-    ) -> None:
-        self.watcher = watcher
-        self.watcher_name = watcher.watcher_name
-        self.client_id = client_id
-        self.send = send
-        self.token = token
-        self.settled = anyio.Event()
-        """Set once the first connect succeeded, or the broker refused the watcher for good."""
-        self.refused: str | None = None
-        self.lock = threading.Lock()
-        self.connection = 0
-        parts = urlsplit(watcher.params.url)
-        self.secrets = [unquote(parts.password)] if parts.password else []
-        self.client: paho.Client | None = None
-        self.stopping = False
-
-    # -- worker thread -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        import paho.mqtt.client as paho
-        from paho.mqtt.enums import CallbackAPIVersion
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        watcher = self.watcher
-        parts = urlsplit(watcher.params.url)
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
-            protocol=paho.MQTTv5,
-            manual_ack=True,
-        )
-        if parts.username is not None:
-            client.username_pw_set(
-                unquote(parts.username), None if parts.password is None else unquote(parts.password)
-            )
-        if parts.scheme == "mqtts":
-            client.tls_set_context(ssl.create_default_context())
-        client.reconnect_delay_set(1, watcher.params.reconnect_max)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        properties.SessionExpiryInterval = watcher.params.session_expiry
-        properties.ReceiveMaximum = watcher.params.max_in_flight
-        port = parts.port or (8883 if parts.scheme == "mqtts" else 1883)
-        client.connect_async(
-            parts.hostname or "",
-            port,
-            keepalive=watcher.params.keepalive,
-            clean_start=False,
-            properties=properties,
-        )
-        self.client = client
-        client.loop_start()
-
-    def stop(self) -> None:
-        self.stopping = True
-        client = self.client
-        if client is None:
-            return
-        client.disconnect()  # the session stays: its expiry was set at connect
-        client.loop_stop()
-
-    # -- event loop ----------------------------------------------------------------------------
-
-    def ack(self, delivery: _Delivery) -> None:
-        """Acknowledge ``delivery`` if its connection is still the current one."""
-        client = self.client
-        if client is None:
-            return
-        with self.lock:
-            if delivery.connection == self.connection:
-                client.ack(delivery.message.mid, delivery.message.qos)
-
-    # -- paho's network thread -----------------------------------------------------------------
-
-    def _hand_over(self, item: _Delivery | _Refused) -> bool:
-        """Send ``item`` to the event loop, waiting for room; False once the run is over."""
-        try:
-            anyio.from_thread.run(self.send.send, item, token=self.token)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
-            return False  # the run ended; the broker resends what was not acknowledged
-        return True
-
-    def _on_connect(
-        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
-    ) -> None:
-        from paho.mqtt.subscribeoptions import SubscribeOptions
-
-        if reason.is_failure:
-            text = f"the broker refused the connection: {reason}"
-            log.warning("mqtt_refused", watcher=self.watcher_name, reason=str(reason))
-            if reason.value in _FATAL_CONNACK:
-                self.refused = text
-                self.stopping = True
-                client.disconnect()
-                self._settle()
-                self._hand_over(_Refused(text))
-            return
-        with self.lock:
-            self.connection += 1
-        log.info(
-            "mqtt_connected",
-            watcher=self.watcher_name,
-            client_id=self.client_id,
-            session_present=bool(getattr(flags, "session_present", False)),
-        )
-        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        client.subscribe([(topic, options) for topic in self.watcher.params.topics])
-        self._settle()
-        self._report(None)
-
-    def _settle(self) -> None:
-        if not self.settled.is_set():
-            try:
-                anyio.from_thread.run_sync(self.settled.set, token=self.token)
-            except RuntimeError:
-                pass  # the event loop is gone
-
-    def _on_disconnect(
-        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, properties: Any
-    ) -> None:
-        with self.lock:
-            self.connection += 1
-        if not self.stopping:
-            log.warning("mqtt_disconnected", watcher=self.watcher_name, reason=str(reason))
-            url = redact_url(self.watcher.params.url)
-            self._report(f"{self.watcher._name}: connection to {url} lost ({reason}), reconnecting")
-
-    def _report(self, trouble: str | None) -> None:
-        """The watcher's report_source, called on the event loop."""
-        try:
-            anyio.from_thread.run_sync(self.watcher.report_source, trouble, token=self.token)
-        except RuntimeError:
-            pass  # the event loop is gone
-
-    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
-        with self.lock:
-            connection = self.connection
-        self._hand_over(_Delivery(connection, message))

@@ -3,7 +3,7 @@
 The watcher reads through a *durable pull consumer*: the server keeps its position (the
 consumer's ack floor), so a restarted watcher, on this daemon or another, gets every message
 it had not acknowledged. It acknowledges a message only after the message's event committed
-(the generator resumes after the commit), and gives each event the ``dedup_key``
+(the generator resumes after the commit; the messages of one fetch commit together), and gives each event the ``dedup_key``
 ``<watcher name>:nats:<stream>:<stream sequence>``. A crash between the commit and the ack makes
 the server redeliver that message (after ``ack_wait``); its event is then suppressed, writing
 nothing, and the redelivery is acknowledged. Nothing is lost and nothing is emitted twice.
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import anyio
 from pydantic import Field, ValidationInfo, field_validator
 from watchkeeper.store.protocols import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
@@ -29,7 +29,16 @@ from ._broker import (
     url_secrets,
 )
 from ._common import import_off_loop
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
+from ._params import (
+    Count,
+    OptionalText,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+    owner,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -65,7 +74,8 @@ class NatsJetStreamParams(WatcherParams):
     """The durable consumer's name (default ``watchkeeper-<watcher name>``): letters, digits,
     ``_`` and ``-``."""
     batch_size: Count = 100
-    """At most this many messages per fetch."""
+    """At most this many messages per fetch, committed together in one transaction and then
+    acknowledged; ``1`` commits and acknowledges each message alone."""
     fetch_timeout: Seconds = 5.0
     """The longest a fetch waits for its first message, in seconds."""
     ack_wait: Seconds = 30.0
@@ -82,6 +92,11 @@ class NatsJetStreamParams(WatcherParams):
     """Seconds the first connect may take."""
     ping_interval: Seconds = 10.0
     """Seconds between two pings; a connection with two unanswered pings is dropped."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a fetch that came back short of ``batch_size`` waits for more messages before
+    its batch commits (``0``: commit what one fetch brought)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_linger"})
 
     @field_validator("servers", mode="before")
     @classmethod
@@ -122,7 +137,11 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
     matching ``subject`` (default: all of the stream's), from the stream's first message
     (``deliver="all"``) or only those published after it was created (``"new"``). An existing
     consumer is used as it is. Messages are fetched ``batch_size`` at a time, waiting up to
-    ``fetch_timeout`` seconds for the first.
+    ``fetch_timeout`` seconds for the first; a fetch that came back short waits up to
+    ``batch_linger`` seconds for more. The messages of a fetch commit together, as one
+    :class:`~watchkeeper.triggerer.TriggerEventBatch`, and are acknowledged after the commit
+    (each one, or only the last when the consumer's ack policy is ``all``); ``batch_size=1``
+    commits and acknowledges each message alone.
 
     Connection: the first connect must succeed within ``connect_timeout`` seconds. The
     client pings the server every ``ping_interval`` seconds and gives up on a connection that
@@ -174,7 +193,7 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         await import_off_loop("nats", "nats.errors", "nats.js.errors", "nats.js.api")
         import nats.errors
 
@@ -187,7 +206,8 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
         self._client = client
         pending: list[Msg] = []
         try:
-            subscription = await self._subscribe(client.jetstream(), durable, secrets)
+            subscription, ack_all = await self._subscribe(client.jetstream(), durable, secrets)
+            size, linger = self.params.batch_size, self.params.batch_linger
             while True:
                 try:
                     pending = await subscription.fetch(
@@ -210,6 +230,28 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
                         ),
                         secrets,
                     )
+                if pending and size > 1 and len(pending) < size and linger > 0:
+                    pending += await _top_up(subscription, size - len(pending), linger)
+                if size > 1 and pending:
+                    # One commit for the batch, then the acks: a kill in between makes the
+                    # server redeliver the batch after ack_wait, and each message's dedup_key
+                    # suppresses it then. Until acked, the batch is ``pending``: if the run
+                    # ends at the yield, it is released for redelivery.
+                    events = []
+                    for message in pending:
+                        sequence = message.metadata.sequence.stream
+                        highest = max(highest, sequence)
+                        events.append(
+                            TriggerEvent(
+                                self._payload(message, sequence),
+                                dedup_key=make_dedup_key(
+                                    self.watcher_name, "nats", self.params.stream, str(sequence)
+                                ),
+                            )
+                        )
+                    yield TriggerEventBatch(events, state={key: highest})
+                    batch, pending = pending, []
+                    await self._ack_batch(batch, ack_all, secrets)
                 while pending:
                     # Stays first in ``pending`` until acked: if the run ends at its yield, it
                     # is released with the rest (committed or not; a committed one comes back
@@ -243,6 +285,26 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await _release(pending)
                 await client.close()
+
+    async def _ack_batch(self, batch: list[Msg], ack_all: bool, secrets: list[str]) -> None:
+        """Acknowledge a committed batch: its last message alone when the consumer's policy
+        is ``all`` (which acknowledges everything before it), else each message."""
+        import nats.errors
+
+        try:
+            if ack_all:
+                await batch[-1].ack()
+            else:
+                for message in batch:
+                    await message.ack()
+        except nats.errors.Error as exc:
+            # Not acknowledged: the server redelivers after ack_wait, the dedup_keys suppress.
+            log.warning(
+                "nats_ack_failed",
+                stream=self.params.stream,
+                sequence=batch[-1].metadata.sequence.stream,
+                error=scrub(f"{type(exc).__name__}: {exc}", secrets),
+            )
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""
@@ -300,15 +362,18 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
 
     async def _subscribe(
         self, js: JetStreamContext, durable: str, secrets: list[str]
-    ) -> JetStreamContext.PullSubscription:
-        """Bind to the durable consumer, creating it first when the stream has none."""
+    ) -> tuple[JetStreamContext.PullSubscription, bool]:
+        """Bind to the durable consumer, creating it first when the stream has none; also
+        say whether its ack policy is ``all`` (one ack covers every earlier message)."""
         import nats.errors
         import nats.js.errors
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+        ack_all = False
         try:
             try:
-                await js.consumer_info(self.params.stream, durable)
+                info = await js.consumer_info(self.params.stream, durable)
+                ack_all = info.config.ack_policy == AckPolicy.ALL
             except nats.js.errors.NotFoundError:
                 config = ConsumerConfig(
                     durable_name=durable,
@@ -323,7 +388,7 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
                 )
                 await js.add_consumer(self.params.stream, config=config)
                 log.info("nats_consumer_created", stream=self.params.stream, durable=durable)
-            return await js.pull_subscribe_bind(durable=durable, stream=self.params.stream)
+            subscription = await js.pull_subscribe_bind(durable=durable, stream=self.params.stream)
         except nats.errors.Error as exc:
             raise BrokerSourceError(
                 self._name,
@@ -331,6 +396,7 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
                 exc,
                 secrets,
             ) from exc
+        return subscription, ack_all
 
     def _payload(self, message: Msg, sequence: int) -> dict[str, Any]:
         metadata = message.metadata
@@ -343,6 +409,18 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
             "headers": dict(message.headers) if message.headers else None,
             "data": decode_body(message.data),
         }
+
+
+async def _top_up(
+    subscription: JetStreamContext.PullSubscription, wanted: int, linger: float
+) -> list[Msg]:
+    """Up to ``wanted`` more messages, those arriving within ``linger`` seconds."""
+    import nats.errors
+
+    try:
+        return await subscription.fetch(wanted, timeout=linger)
+    except (nats.errors.Error, TimeoutError):
+        return []  # nothing more within linger; a lost connection shows in the next fetch
 
 
 async def _release(messages: list[Msg]) -> None:

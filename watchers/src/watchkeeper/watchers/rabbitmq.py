@@ -23,6 +23,7 @@ then:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import datetime as dt
@@ -30,28 +31,30 @@ import decimal
 import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import anyio
 from pydantic import field_validator
 from watchkeeper.store.protocols import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
     content_hash,
     decode_body,
     make_dedup_key,
+    receive_batch,
     reconnect_delay,
     redact_url,
     scrub,
     url_secrets,
 )
 from ._common import import_off_loop
-from ._params import Count, ReadyMadeWatcher, Text, WatcherParams
+from ._params import Count, ReadyMadeWatcher, SecondsOrZero, Text, WatcherParams
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+    from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = ["RabbitMQParams", "RabbitMQWatcher"]
 
@@ -70,7 +73,8 @@ class RabbitMQParams(WatcherParams):
     url: Text = "amqp://guest:guest@127.0.0.1:5672/"
     """The broker: ``amqp://`` or ``amqps://``; its password is never shown."""
     prefetch: Count = 100
-    """At most this many messages delivered and not yet acknowledged (``basic.qos``)."""
+    """At most this many messages delivered and not yet acknowledged (``basic.qos``; raised
+    to twice ``batch_size`` when lower)."""
     declare: bool = False
     """Declare the queue (durable) when missing; otherwise it must exist."""
     missing_id: MissingId = "hash"
@@ -80,6 +84,13 @@ class RabbitMQParams(WatcherParams):
     """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
     heartbeat: Count = 10
     """Seconds between heartbeats both ways; a broker silent for about three is lost."""
+    batch_size: Count = 100
+    """At most this many messages committed together in one transaction, then acknowledged
+    with one ``basic.ack`` (``multiple``); ``1`` commits and acknowledges each alone."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_linger"})
 
     @field_validator("url")
     @classmethod
@@ -142,7 +153,7 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         await import_off_loop("aio_pika", "aio_pika.exceptions", "aiormq.exceptions")
         from aio_pika.exceptions import (
             AMQPConnectionError,
@@ -214,13 +225,14 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await connection.close()
 
-    async def _consume(self, secrets: list[str]) -> AsyncGenerator[TriggerEvent, None]:
+    async def _consume(
+        self, secrets: list[str]
+    ) -> AsyncGenerator[TriggerEvent | TriggerEventBatch, None]:
         """One connection's life: the events of its deliveries, acked after each commit.
 
         Returns when the channel closed (the caller reconnects); raises the client's errors.
         """
         import aio_pika
-        from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
         from aiormq.exceptions import ChannelNotFoundEntity
 
         connection = await aio_pika.connect(
@@ -234,7 +246,7 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
         self._connection = connection
         try:
             channel = await connection.channel()
-            await channel.set_qos(prefetch_count=self.params.prefetch)
+            await channel.set_qos(prefetch_count=self._window())
             try:
                 queue = await channel.declare_queue(
                     self.params.queue, passive=not self.params.declare, durable=True
@@ -246,34 +258,107 @@ class RabbitMQWatcher(ReadyMadeWatcher[RabbitMQParams]):
             log.info("rabbitmq_consuming", queue=self.params.queue, watcher=self.watcher_name)
             self._consuming = True
             self.report_source(None)
-            async with queue.iterator() as messages:
-                async for message in messages:
-                    key = self._dedup_key(message)
-                    if key is None and self.params.missing_id == "reject":
-                        log.warning(
-                            "rabbitmq_message_rejected",
-                            queue=self.params.queue,
-                            delivery_tag=message.delivery_tag,
-                            reason="no message_id (missing_id='reject')",
-                        )
-                        await message.reject(requeue=False)
-                        continue
-                    yield TriggerEvent(self._payload(message), dedup_key=key)
+            size, linger = self.params.batch_size, self.params.batch_linger
+            if size == 1:
+                async with contextlib.aclosing(self._one_by_one(queue, secrets)) as events:
+                    async for event in events:
+                        yield event
+                return
+            # Deliveries go into a stream as they come (in order: each callback puts its
+            # message before its first await); qos keeps at most ``room`` of them unacked.
+            room = self._window()
+            send: MemoryObjectSendStream[AbstractIncomingMessage]
+            receive: MemoryObjectReceiveStream[AbstractIncomingMessage]
+            send, receive = anyio.create_memory_object_stream(room)
+
+            async def deliver(message: AbstractIncomingMessage) -> None:
+                try:
+                    send.send_nowait(message)
+                except anyio.WouldBlock:
+                    await send.send(message)  # past qos: cannot happen, but never drop one
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass  # this consumer is over: the broker redelivers it
+
+            def on_closed(future: asyncio.Future[Any]) -> None:
+                if not future.cancelled():
+                    future.exception()  # seen: the reconnect reports why
+                send.close()
+
+            closed = cast("asyncio.Future[Any]", channel.closed())
+            closed.add_done_callback(on_closed)
+            with receive:
+                await queue.consume(deliver)
+                while True:
                     try:
-                        await message.ack()
-                    except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
-                        # The channel died after the commit: the broker redelivers the
-                        # message, and its dedup_key suppresses the repeat.
-                        log.warning(
-                            "rabbitmq_ack_lost",
-                            queue=self.params.queue,
-                            message_id=message.message_id,
-                            error=scrub(f"{type(exc).__name__}: {exc}", secrets),
-                        )
+                        messages = await receive_batch(receive, size, linger)
+                    except anyio.EndOfStream:
+                        return  # the channel closed: the caller reconnects
+                    if channel.is_closed:
+                        return  # their delivery tags died with it: they come again
+                    batch: list[TriggerEvent] = []
+                    for message in messages:
+                        key = self._dedup_key(message)
+                        if key is None and self.params.missing_id == "reject":
+                            await self._reject(message)
+                            continue
+                        batch.append(TriggerEvent(self._payload(message), dedup_key=key))
+                    if batch:
+                        yield TriggerEventBatch(batch) if len(batch) > 1 else batch[0]
+                    # Committed: one ack for the whole batch, up to its last delivery tag
+                    # (the rejected ones among them are no longer outstanding).
+                    unsettled = [message for message in messages if not message.processed]
+                    if unsettled:
+                        await self._ack(unsettled[-1], secrets, multiple=True)
         finally:
             self._connection = None
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await connection.close()
+
+    async def _one_by_one(
+        self, queue: AbstractQueue, secrets: list[str]
+    ) -> AsyncGenerator[TriggerEvent, None]:
+        """``batch_size=1``: each delivery committed alone, then acknowledged alone."""
+        async with queue.iterator() as messages:
+            async for message in messages:
+                key = self._dedup_key(message)
+                if key is None and self.params.missing_id == "reject":
+                    await self._reject(message)
+                    continue
+                yield TriggerEvent(self._payload(message), dedup_key=key)
+                await self._ack(message, secrets, multiple=False)
+
+    async def _reject(self, message: AbstractIncomingMessage) -> None:
+        log.warning(
+            "rabbitmq_message_rejected",
+            queue=self.params.queue,
+            delivery_tag=message.delivery_tag,
+            reason="no message_id (missing_id='reject')",
+        )
+        await message.reject(requeue=False)
+
+    async def _ack(
+        self, message: AbstractIncomingMessage, secrets: list[str], *, multiple: bool
+    ) -> None:
+        """Acknowledge a committed ``message`` (and, with ``multiple``, every earlier one)."""
+        from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+
+        try:
+            await message.ack(multiple=multiple)
+        except (AMQPError, ChannelInvalidStateError, ConnectionError) as exc:
+            # The channel died after the commit: the broker redelivers the unacknowledged
+            # messages, and their dedup_keys suppress the repeats.
+            log.warning(
+                "rabbitmq_ack_lost",
+                queue=self.params.queue,
+                message_id=message.message_id,
+                error=scrub(f"{type(exc).__name__}: {exc}", secrets),
+            )
+
+    def _window(self) -> int:
+        """The ``prefetch_count``: ``prefetch``, raised to two batches when lower (the next
+        batch arrives while one commits; a batch of its own would wait for the ack)."""
+        size = self.params.batch_size
+        return self.params.prefetch if size == 1 else max(self.params.prefetch, 2 * size)
 
     def _dedup_key(self, message: AbstractIncomingMessage) -> str | None:
         if message.message_id:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 from pydantic import field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
-from watchkeeper.triggerer import TriggerEvent
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
 from ._broker import (
     BrokerSourceError,
@@ -35,36 +35,29 @@ from ._broker import (
     url_secrets,
 )
 from ._common import import_off_loop
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams
+from ._params import (
+    Count,
+    OptionalText,
+    ReadyMadeWatcher,
+    Seconds,
+    SecondsOrZero,
+    Text,
+    WatcherParams,
+)
+from ._redis_position import Position, format_id, parse_id, stored_watermark
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["RedisStreamParams", "RedisStreamWatcher"]
+__all__ = ["RedisStreamParams", "RedisStreamWatcher", "parse_id"]
 
 log = get_logger(__name__)
 
-StreamId = tuple[int, int]
-
-_ID = re.compile(r"(\d+)-(\d+)")
 _CLOSE_TIMEOUT = 5.0
 _CLIENT_MODULES = ("redis.asyncio", "redis.asyncio.retry", "redis.backoff", "redis.exceptions")
 _CONNECT_TIMEOUT = 5.0
 _SILENCE_MARGIN = 10.0
 """Seconds a command may go unanswered beyond the ``block`` time of a blocking read."""
-
-
-def parse_id(value: str | bytes) -> StreamId:
-    """``"1700000000000-3"`` as ``(1700000000000, 3)``: ids compare as integers, never as text."""
-    text = value.decode() if isinstance(value, bytes) else value
-    match = _ID.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a Redis stream id (<ms>-<seq>)")
-    return int(match.group(1)), int(match.group(2))
-
-
-def format_id(value: StreamId) -> str:
-    return f"{value[0]}-{value[1]}"
 
 
 def _text(value: bytes) -> Any:
@@ -87,7 +80,8 @@ class RedisStreamParams(WatcherParams):
     """Where a watcher without state begins: ``"0-0"`` the whole stream, ``"$"`` only entries
     added after its first start, any other id the entries after it."""
     batch_size: Count = 100
-    """At most this many entries per read."""
+    """At most this many entries per read, committed together in one transaction (and, with
+    ``group``, acknowledged with one ``XACK``); ``1`` commits each entry alone."""
     block: Seconds = 5.0
     """The longest a read waits for new entries, in seconds; each command may take this plus
     10 s before the connection counts as lost."""
@@ -98,6 +92,11 @@ class RedisStreamParams(WatcherParams):
     """The consumer's name in ``group`` (default: the watcher's name). Needs ``group``."""
     reconnect_attempts: Count = 10
     """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
+    batch_linger: SecondsOrZero = 0.005
+    """Seconds a read that came back short of ``batch_size`` waits for more entries before
+    its batch commits (``0``: commit what one read brought)."""
+
+    added_later: ClassVar[frozenset[str]] = frozenset({"batch_linger"})
 
     @field_validator("url")
     @classmethod
@@ -133,12 +132,15 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
     ``{"base64": "..."}``). ``start`` is where a watcher without state begins: ``"0-0"``
     (default) reads the whole stream, ``"$"`` only the entries added after its first start
     (entries added before its first event commits, while it is down, are not read), any other
-    id the entries after it. ``batch_size`` entries are read at a time; ``block`` seconds is the
-    longest a read waits for new entries.
+    id the entries after it. ``batch_size`` entries are read at a time and commit together, as
+    one :class:`~watchkeeper.triggerer.TriggerEventBatch` with the watermark after the last
+    (``batch_size=1``: one commit per entry); a read that came back short waits up to
+    ``batch_linger`` seconds for more; ``block`` seconds is the longest a read waits for new
+    entries.
 
     ``group`` reads through that consumer group (created at ``start`` if missing, with the
-    stream) as consumer ``consumer`` (default: the watcher's name), and ``XACK``s each entry
-    once its event committed. On start it first re-reads its own pending entries: those up to
+    stream) as consumer ``consumer`` (default: the watcher's name), and ``XACK``s the entries
+    of a batch, with one command, once their events committed. On start it first re-reads its own pending entries: those up to
     the watermark were committed before a crash and are only acknowledged, the others are
     emitted. Entries pending for another consumer name are not claimed.
 
@@ -187,15 +189,15 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncIterator[TriggerEvent | TriggerEventBatch]:
         await import_off_loop(*_CLIENT_MODULES)
         from redis.exceptions import ConnectionError as LostConnection
         from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as SilentServer
 
         key = f"{self.watcher_name}.watermark"
-        stored = await _stored(self.asset_state_store, key, self._name)
-        position: _Position | None = None
+        stored = await stored_watermark(self.asset_state_store, key, self._name)
+        position: Position | None = None
         failures = 0
         while True:
             client = self._connect()
@@ -203,23 +205,38 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
             try:
                 if position is None:
                     position = await self._call(
-                        "reading the stream", _Position.start(client, self, stored)
+                        "reading the stream", Position.start(client, self, stored)
                     )
                     if self.params.group is not None:
                         position.entries_read = None  # the group's position is the server's
                 reader = self._read_group if self.params.group is not None else self._read
-                async with contextlib.aclosing(reader(client, position)) as entries:
-                    async for entry_id, fields in entries:
+                async with contextlib.aclosing(reader(client, position)) as batches:
+                    async for batch in batches:
                         failures = 0
-                        yield TriggerEvent(
-                            {"stream": self.params.stream, "id": entry_id, "fields": fields},
-                            state={key: position.state()},
-                        )
+                        stream = self.params.stream
+                        if self.params.batch_size == 1:
+                            entry_id, fields = batch[0]
+                            yield TriggerEvent(
+                                {"stream": stream, "id": entry_id, "fields": fields},
+                                state={key: position.state()},
+                            )
+                        else:
+                            yield TriggerEventBatch(
+                                [
+                                    TriggerEvent(
+                                        {"stream": stream, "id": entry_id, "fields": fields}
+                                    )
+                                    for entry_id, fields in batch
+                                ],
+                                state={key: position.state()},
+                            )
                         if self.params.group is not None:
-                            # Committed: the group may forget it.
+                            # Committed: the group may forget them, with one XACK.
                             await self._call(
                                 "acknowledging",
-                                client.xack(self.params.stream, self.params.group, entry_id),
+                                client.xack(
+                                    stream, self.params.group, *[entry_id for entry_id, _ in batch]
+                                ),
                             )
             except (BrokerSourceError, RedisError) as exc:
                 error = exc
@@ -297,25 +314,38 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
             self.report_source(None)  # it answers again
         return result
 
-    async def _read(
-        self, client: Redis, position: _Position
-    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
-        """Entries after the position, in order: a MULTI read, or a blocking wait when idle."""
+    async def _read(self, client: Redis, position: Position) -> AsyncGenerator[_Entries, None]:
+        """Batches of the entries after the position, in order: MULTI reads (topped up for
+        ``batch_linger`` seconds when short), or a blocking wait when idle."""
+        size, linger = self.params.batch_size, self.params.batch_linger
         while True:
-            # One snapshot: the entries after the cursor and the stream's counters at that
-            # moment. XINFO fails on a missing stream; that error stays in its own slot.
-            pipe = client.pipeline(transaction=True)
-            pipe.xread({self.params.stream: format_id(position.last)}, count=self.params.batch_size)
-            pipe.xinfo_stream(self.params.stream)
-            read, info = await self._call("reading the stream", pipe.execute(raise_on_error=False))
-            if isinstance(read, Exception):
-                raise read
-            entries = read[0][1] if read else []
-            position.observe(self, entries, None if isinstance(info, Exception) else info)
-            for raw_id, raw_fields in entries:
-                entry_id = position.advance(raw_id)
-                yield entry_id, {_text(k): _text(v) for k, v in raw_fields.items()}
-            if len(entries) < self.params.batch_size:
+            batch: _Entries = []
+            deadline: float | None = None
+            while True:
+                # One snapshot: the entries after the cursor and the stream's counters at that
+                # moment. XINFO fails on a missing stream; that error stays in its own slot.
+                wanted = size - len(batch)
+                pipe = client.pipeline(transaction=True)
+                pipe.xread({self.params.stream: format_id(position.last)}, count=wanted)
+                pipe.xinfo_stream(self.params.stream)
+                read, info = await self._call(
+                    "reading the stream", pipe.execute(raise_on_error=False)
+                )
+                if isinstance(read, Exception):
+                    raise read
+                entries = read[0][1] if read else []
+                position.observe(self, entries, None if isinstance(info, Exception) else info)
+                batch += [(position.advance(raw_id), _fields(raw)) for raw_id, raw in entries]
+                if len(entries) == wanted or not batch or linger <= 0:
+                    break
+                now = anyio.current_time()
+                deadline = now + linger if deadline is None else deadline
+                if now >= deadline:
+                    break
+                await anyio.sleep(deadline - now)
+            if batch:
+                yield batch
+            if len(batch) < size:
                 # At the tail: wait for the next entry (it is read again by the MULTI above).
                 await self._call(
                     "waiting for entries",
@@ -327,17 +357,17 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                 )
 
     async def _read_group(
-        self, client: Redis, position: _Position
-    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        self, client: Redis, position: Position
+    ) -> AsyncGenerator[_Entries, None]:
         from redis.exceptions import ResponseError
 
-        assert self.params.group is not None
+        group = self.params.group
+        assert group is not None
+        size, linger = self.params.batch_size, self.params.batch_linger
         consumer = self.params.consumer or self.watcher_name
         try:
             start = "$" if self.params.start == "$" else self.params.start
-            await client.xgroup_create(
-                self.params.stream, self.params.group, id=start, mkstream=True
-            )
+            await client.xgroup_create(self.params.stream, group, id=start, mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -346,16 +376,13 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
         while True:
             read: Any = await self._call(
                 "reading pending entries",
-                client.xreadgroup(
-                    self.params.group,
-                    consumer,
-                    {self.params.stream: pending},
-                    count=self.params.batch_size,
-                ),
+                client.xreadgroup(group, consumer, {self.params.stream: pending}, count=size),
             )
             entries = read[0][1] if read else []
             if not entries:
                 break
+            batch: _Entries = []
+            committed: list[str] = []
             for raw_id, raw_fields in entries:
                 entry_id = parse_id(raw_id)
                 pending = format_id(entry_id)
@@ -368,124 +395,46 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                             entry=pending,
                             reason="a pending entry was deleted before it was read again",
                         )
-                    await client.xack(self.params.stream, self.params.group, pending)
+                    committed.append(pending)
                     continue
-                position.advance(raw_id)
-                yield pending, {_text(k): _text(v) for k, v in raw_fields.items()}
+                batch.append((position.advance(raw_id), _fields(raw_fields)))
+            if committed:
+                # Committed before a crash, never acknowledged: only the XACK is missing.
+                await self._call(
+                    "acknowledging", client.xack(self.params.stream, group, *committed)
+                )
+            if batch:
+                yield batch
         block = max(1, round(self.params.block * 1000))
         while True:
-            read = await self._call(
-                "reading the group",
-                client.xreadgroup(
-                    self.params.group,
-                    consumer,
-                    {self.params.stream: ">"},
-                    count=self.params.batch_size,
-                    block=block,
-                ),
-            )
-            if not read:
-                continue
-            for raw_id, raw_fields in read[0][1]:
-                yield position.advance(raw_id), {_text(k): _text(v) for k, v in raw_fields.items()}
-
-
-class _Position:
-    """The watermark while running: the last entry's id, and the stream's count up to it."""
-
-    __slots__ = ("entries_read", "last", "reported_gap")
-
-    def __init__(self, last: StreamId, entries_read: int | None) -> None:
-        self.last = last
-        self.entries_read = entries_read
-        self.reported_gap = False
-
-    @classmethod
-    async def start(
-        cls, client: Redis, watcher: RedisStreamWatcher, stored: dict[str, Any] | None
-    ) -> _Position:
-        if stored is not None:
-            return cls(parse_id(stored["id"]), stored.get("entries_read"))
-        if watcher.params.start != "$":
-            start = (
-                watcher.params.start if "-" in watcher.params.start else f"{watcher.params.start}-0"
-            )
-            begin = parse_id(start)
-            return cls(begin, 0 if begin == (0, 0) else None)
-        if not await client.exists(watcher.params.stream):
-            return cls((0, 0), 0)
-        info = await client.xinfo_stream(watcher.params.stream)
-        return cls(parse_id(info["last-generated-id"]), info.get("entries-added"))
-
-    def state(self) -> dict[str, Any]:
-        return {"id": format_id(self.last), "entries_read": self.entries_read}
-
-    def advance(self, raw_id: bytes | str) -> str:
-        """Move past the entry ``raw_id`` (the next one read); return its id as text."""
-        self.last = parse_id(raw_id)
-        if self.entries_read is not None:
-            self.entries_read += 1
-        return format_id(self.last)
-
-    def observe(
-        self,
-        watcher: RedisStreamWatcher,
-        entries: list[tuple[bytes, Any]],
-        info: dict[str, Any] | None,
-    ) -> None:
-        """Compare one read with the stream's counters taken in the same transaction: report
-        the entries removed before they were read, and learn the count once at the tail."""
-        if info is None:
-            return
-        added = info.get("entries-added")
-        length = info.get("length")
-        first = info.get("first-entry")
-        last = info.get("last-entry")
-        if not isinstance(added, int) or not isinstance(length, int):
-            return  # Redis before 7 has no entries-added
-        if not entries:
-            if self.entries_read is None and last and parse_id(last[0]) == self.last:
-                self.entries_read = added
-            return
-        first_read = parse_id(entries[0][0])
-        if self.entries_read is not None and first and parse_id(first[0]) == first_read:
-            # The stream now starts at the first entry this read returned: every entry added
-            # before it (added - length of them) is gone. Those past our count were never read.
-            lost = added - length - self.entries_read
-            if lost > 0:
-                log.warning(
-                    "redis_stream_gap",
-                    stream=watcher.params.stream,
-                    watcher=watcher.watcher_name,
-                    after=format_id(self.last),
-                    before=format_id(first_read),
-                    lost=lost,
+            batch = []
+            deadline: float | None = None
+            while True:
+                wanted = size - len(batch)
+                wait = block
+                if batch:
+                    now = anyio.current_time()
+                    deadline = now + linger if deadline is None else deadline
+                    wait = round((deadline - now) * 1000)
+                    if wait < 1:
+                        break
+                read = await self._call(
+                    "reading the group",
+                    client.xreadgroup(
+                        group, consumer, {self.params.stream: ">"}, count=wanted, block=wait
+                    ),
                 )
-                self.entries_read += lost
-        elif self.entries_read is None and last and parse_id(last[0]) == parse_id(entries[-1][0]):
-            # The read reached the tail: the count up to its last entry is entries-added.
-            self.entries_read = added - len(entries)
+                entries = read[0][1] if read else []
+                batch += [(position.advance(raw_id), _fields(raw)) for raw_id, raw in entries]
+                if len(entries) == wanted or linger <= 0 or (batch and not entries):
+                    break
+            if batch:
+                yield batch
 
 
-async def _stored(store: Any, key: str, owner: str) -> dict[str, Any] | None:
-    """The most advanced watermark stored on the watched assets (None when there is none)."""
-    best: dict[str, Any] | None = None
-    for asset in store:
-        value = await store[asset].aget(key)
-        if value is None:
-            continue
-        try:
-            if not isinstance(value, dict):
-                raise TypeError("not an object")
-            parse_id(value["id"])
-            read = value.get("entries_read")
-            if read is not None and (isinstance(read, bool) or not isinstance(read, int)):
-                raise TypeError(f"entries_read is {read!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{owner}: the asset state {key!r} is not a Redis stream watermark "
-                f"({value!r}): {exc}"
-            ) from exc
-        if best is None or parse_id(value["id"]) > parse_id(best["id"]):
-            best = value
-    return best
+_Entries = list[tuple[str, dict[str, Any]]]
+"""Stream entries read together: ``(id, fields)`` of each, in id order."""
+
+
+def _fields(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    return {_text(k): _text(v) for k, v in raw.items()}

@@ -121,7 +121,7 @@ async def drive_trigger(
                 if metrics is not None:
                     metrics.observe_commit(time.perf_counter() - started)
                 if written:
-                    _count_written(slot, written, publish, debug)
+                    _count_written(slot, commit, written, publish, debug)
                     if max_events is not None and slot.events >= max_events:
                         return
                 elif debug:
@@ -184,7 +184,11 @@ def _encode(
 
 
 def _count_written(
-    slot: TriggerSlot, written: list[AssetEvent], publish: Publish | None, debug: bool
+    slot: TriggerSlot,
+    commit: EventCommit | EventBatchCommit,
+    written: list[AssetEvent],
+    publish: Publish | None,
+    debug: bool,
 ) -> None:
     """Book a commit that wrote ``written``: progress resets the failure count."""
     slot.failures = 0
@@ -194,6 +198,11 @@ def _count_written(
         publish(written)
     if debug:
         log.debug("event_committed", event_id=written[-1].id, count=len(written))
+        # A batch's asset events its dedup_keys suppressed (redeliveries of committed ones).
+        if not isinstance(commit, EventCommit) and (
+            n := len(commit.events) * len(commit.assets) - len(written)
+        ):
+            log.debug("batch_partly_deduplicated", suppressed=n)
 
 
 def _log_deduplicated(commit: EventCommit | EventBatchCommit) -> None:
