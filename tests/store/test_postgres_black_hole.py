@@ -47,6 +47,15 @@ def proxied(dsn: str, proxy: TcpProxy) -> str:
     return urlunsplit(url._replace(netloc="@".join(netloc)))
 
 
+async def backend_rows(dsn: str, schema: str, sql: str) -> list[str]:
+    """The first column of ``sql``'s rows in ``schema``, on a connection of the test's own."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    try:
+        return [row[0] for row in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def proxy(pg_dsn: str) -> AsyncIterator[TcpProxy]:
     async with open_proxy(urlsplit(pg_dsn).port or 5432) as running:
@@ -93,6 +102,56 @@ class TestBlackHole:
         finally:
             await conn.close()
         assert [json.loads(r[0])["n"] for r in rows] == [1, 3]
+
+    async def test_a_commit_left_waiting_at_the_server_is_fenced_before_the_next_read(
+        self, pg_dsn: str, pg_schema: str, proxy: TcpProxy
+    ) -> None:
+        """A commit whose session is black-holed while the server has it waiting on a lock
+        fails on our side, but its session lives on at the server and would commit once the
+        lock is free: the watcher, restarted from the watermark it reads, would then commit
+        its event a second time. The backend ends that session before its next statement, so
+        the read sees the old watermark, the old commit never lands, and the event is in the
+        log once."""
+        async with PostgresStateBackend(
+            proxied(pg_dsn, proxy), schema=pg_schema, statement_timeout=1.0
+        ) as backend:
+            await backend.events.aregister_assets([Asset("a")])
+            scope = AssetScope(name="a")
+            await backend.events.acommit(EventCommit("w", ("a",), '{"n":1}', state={"wm": "1"}))
+            holder = await asyncpg.connect(pg_dsn)  # holds the watermark's row, not proxied
+            try:
+                tx = holder.transaction()
+                await tx.start()
+                await holder.execute(f'SELECT 1 FROM "{pg_schema}".asset_state FOR UPDATE')
+                again = EventCommit("w", ("a",), '{"n":2}', state={"wm": "2"})
+                async with anyio.create_task_group() as tg:
+
+                    async def first() -> None:
+                        with pytest.raises(StoreUnavailableError):
+                            await backend.events.acommit(again)
+
+                    tg.start_soon(first)
+                    with anyio.fail_after(BOUND + SLACK):  # the commit waits on the lock
+                        while not await holder.fetchval(  # noqa: ASYNC110 - the server's state
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                            "'Lock' AND datname = current_database()"
+                        ):
+                            await anyio.sleep(0.01)
+                    assert proxy.black_hole() > 0
+                # Restarted from its watermark: the old commit's session is ended first.
+                with anyio.fail_after(BOUND + SLACK):
+                    assert await backend.aget(scope, "wm") == 1
+                assert backend._freshness.fences == 1
+                await tx.commit()  # the lock is free: an old session still alive commits now
+                with anyio.fail_after(BOUND + SLACK):
+                    await backend.events.acommit(again)
+            finally:
+                await holder.close()
+            payloads = [
+                json.loads(p)["n"]
+                for p in await backend_rows(pg_dsn, pg_schema, "SELECT payload FROM asset_events")
+            ]
+        assert sorted(payloads) == [1, 2]
 
     async def test_a_cancelled_read_leaves_no_connection_in_the_pool(
         self, pg_dsn: str, pg_schema: str, proxy: TcpProxy

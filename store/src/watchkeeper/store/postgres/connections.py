@@ -114,7 +114,15 @@ def connection_class() -> type[asyncpg.Connection]:
         def __init__(self, protocol: Any, transport: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(protocol, transport, *args, **kwargs)
             self.opened_at = time.monotonic()  # read by Freshness.stale
+            self.freshness: Freshness | None = None  # set by Freshness.track
             keep_alive(transport.get_extra_info("socket"))
+
+        def terminate(self) -> None:
+            # Its server session may live on (a black-holed network) and still commit what
+            # it was given: the backend fences it before its next statement (Freshness).
+            if self.freshness is not None and not self.is_closed():
+                self.freshness.in_doubt.add(self.get_server_pid())
+            super().terminate()
 
     return KeptAliveConnection
 
@@ -160,10 +168,39 @@ class Freshness:
     def __init__(self) -> None:
         self.stale_before = -math.inf
         self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.in_doubt: set[int] = set()
+        """Server process ids of the sessions this backend terminated on its side: a session
+        whose network went silent lives on at the server and may still apply what it was sent
+        (a statement waiting on a lock commits once the lock is free). :meth:`fence` ends them
+        before any other statement, so nothing reads a watermark such a session may still
+        move, and nothing is written twice."""
+        self.fences = 0
+        """How many times :meth:`fence` ended in-doubt sessions (a counter for tests)."""
+        self._fencing = anyio.Lock()
 
     def track(self, conn: Any) -> None:
-        """Count ``conn`` (just made) among the connections :meth:`saw` terminates."""
+        """Count ``conn`` (just made) among the connections :meth:`saw` terminates, and note
+        its server session as in doubt should it be terminated."""
         self._conns.add(conn)
+        if hasattr(conn, "freshness"):
+            conn.freshness = self
+
+    async def fence(self, conn: Any) -> None:
+        """End the in-doubt sessions (:attr:`in_doubt`) from ``conn`` and wait until the server
+        has reaped them: a statement they were running is rolled back, unless it had committed,
+        which any read after this sees. Only sessions of this user and session name are ended
+        (a process id the server reused for another client is left alone)."""
+        if not self.in_doubt:
+            return
+        async with self._fencing:
+            pids = sorted(self.in_doubt)
+            if not pids:
+                return
+            await conn.execute(FENCE_SQL, pids)
+            while await conn.fetchval(IN_DOUBT_SQL, pids):  # noqa: ASYNC110 - the server's state
+                await anyio.sleep(0.01)
+            self.in_doubt.difference_update(pids)
+            self.fences += 1
 
     def saw(self, exc: BaseException) -> None:
         """Note the failure ``exc`` of a statement: a timeout ends the older connections."""
@@ -179,6 +216,19 @@ class Freshness:
         statement that timed out."""
         opened_at: float = getattr(conn, "opened_at", math.inf)
         return opened_at <= self.stale_before
+
+
+_SAME_CLIENT = """
+    FROM pg_stat_activity AS a
+    WHERE a.pid = ANY($1::int[]) AND a.pid <> pg_backend_pid()
+      AND a.usename = session_user
+      AND a.application_name = current_setting('application_name')"""
+
+#: End the in-doubt sessions (:meth:`Freshness.fence`).
+FENCE_SQL: Final = "SELECT pg_terminate_backend(a.pid)" + _SAME_CLIENT
+
+#: How many of them the server still runs.
+IN_DOUBT_SQL: Final = "SELECT count(*)" + _SAME_CLIENT
 
 
 def breaks_connection(exc: BaseException) -> bool:
@@ -214,6 +264,7 @@ async def pooled(pool: asyncpg.Pool, freshness: Freshness) -> AsyncIterator[Any]
                 conn.terminate()  # the pool opens a new one in its place
                 continue
             try:
+                await freshness.fence(conn)
                 yield conn
             except BaseException as exc:
                 freshness.saw(exc)

@@ -139,6 +139,7 @@ class GroupWriter:
             # The writer's connections are its own (never pooled), so the setting stays here.
             await conn.execute("SET jit = off")
             self._tuned[slot] = conn
+        await self._freshness.fence(conn)  # no write before in-doubt sessions are ended
         return conn
 
     async def _run_batch(self, batch: list[Op]) -> None:
