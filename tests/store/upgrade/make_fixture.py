@@ -1,14 +1,16 @@
-"""Build the upgrade fixtures: a SQLite file and a PostgreSQL dump written by commit e351c1b.
+"""Build the upgrade fixtures: a SQLite file and a PostgreSQL dump written by an old commit.
 
-Run with that commit's code, not today's, so the files are what a user of it has on disk:
+Run with that commit's code, not today's, so the files are what a user of it has on disk
+(7461c42 is the 0.1.0 release):
 
-    git worktree add /tmp/old e351c1b
+    git worktree add /tmp/old 7461c42
     (cd /tmp/old && uv sync --locked && \
-        uv run python "$REPO/tests/store/upgrade/make_fixture.py" --out "$REPO/tests/store/upgrade")
+        uv run python "$REPO/tests/store/upgrade/make_fixture.py" \
+            --out "$REPO/tests/store/upgrade" --commit 7461c42)
     git worktree remove --force /tmp/old
 
-It writes ``e351c1b.db`` (SQLite), ``e351c1b.sql`` (``pg_dump --no-owner`` of a fresh
-database holding the store in its default schema) and ``e351c1b.json``: what that code read
+It writes ``<commit>.db`` (SQLite), ``<commit>.sql`` (``pg_dump --no-owner`` of a fresh
+database holding the store in its default schema) and ``<commit>.json``: what that code read
 back from both, which ``test_upgrade.py`` expects today's code to read from them.
 """
 
@@ -129,7 +131,12 @@ async def read_back(store: Any) -> dict[str, Any]:
     tasks_of = getattr(store, "tasks", store)
     controls_of = getattr(store, "controls", store)
     events = await events_of.alist_events()
-    runs = await tasks_of.alist_runs(event_ids=True)
+    try:
+        runs = await tasks_of.alist_runs(event_ids=True)
+        run_events = {r.id: list(r.event_ids) for r in runs}
+    except TypeError:  # 7461c42's listing has no event ids: each run read alone
+        runs = await tasks_of.alist_runs()
+        run_events = {r.id: [e.id for e in (await tasks_of.aget_run(r.id)).events] for r in runs}
     state: dict[str, Any] = {}
     for scope in (*ASSET_SCOPES, AssetScope(name="refunds")):
         state[f"asset:{scope.name}"] = [
@@ -149,7 +156,7 @@ async def read_back(store: Any) -> dict[str, Any]:
             for t in await tasks_of.alist_tasks()
         ],
         "runs": [
-            [r.id, r.task, r.state, r.try_number, r.max_tries, r.event_count, list(r.event_ids)]
+            [r.id, r.task, r.state, r.try_number, r.max_tries, r.event_count, run_events[r.id]]
             for r in sorted(runs, key=lambda r: r.id)
         ],
         "consumer": await tasks_of.aconsumer_position("reporter"),
