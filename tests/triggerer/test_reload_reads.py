@@ -67,7 +67,23 @@ def everies(result: LoadResult) -> dict[str, float]:
     return {g.watchers[0]: g.kwargs["every"] for g in result.groups}
 
 
+_before_the_test: set[int] = set()
+"""The processes this one had started before the test (a session's servers: moto, Tansu)."""
+
+
+@pytest.fixture(autouse=True)
+def _not_the_tests() -> Iterator[None]:
+    _before_the_test.update(_all_children())
+    yield
+    _before_the_test.clear()
+
+
 def children() -> set[int]:
+    """The processes this test started that are still there."""
+    return _all_children() - _before_the_test
+
+
+def _all_children() -> set[int]:
     """The processes this one started that are still there."""
     me = str(os.getpid())
     found = set()
