@@ -136,7 +136,7 @@ class TestEventReads:
         ids = [e.id for e in await backend.events.alist_events()]
         assert await backend.events.alast_event_id() == ids[-1]
         assert await backend.events.alast_event_id("b") == ids[1]
-        rows = await backend.events.alist_event_json(asset="a", since_id=0, limit=10)
+        rows = await backend.events.alist_events(asset="a", since_id=0, limit=10, raw=True)
         assert [i for i, _ in rows] == [ids[0], ids[2]]
         first = json.loads(rows[0][1])
         assert first["payload"] == {"n": 1, "x": [1.5, "é"]}
@@ -147,7 +147,7 @@ class TestEventReads:
             "k1",
         )
         assert first["created_at"].startswith("20")
-        page = await backend.events.alist_event_json(asset=None, since_id=ids[0], limit=1)
+        page = await backend.events.alist_events(since_id=ids[0], limit=1, raw=True)
         assert [i for i, _ in page] == [ids[1]]
 
     async def test_count_events_since(self, backend: BaseStateBackend) -> None:
@@ -220,7 +220,9 @@ class TestArgumentChecks:
         with pytest.raises(InvalidKeyError):
             await backend.controls.adelete_if_version("a", "", 1)
         with pytest.raises(InvalidArgumentError, match="limit"):
-            await backend.events.alist_event_json(asset=None, since_id=0, limit=-1)
+            await backend.events.alist_events(since_id=0, limit=-1, raw=True)
+        with pytest.raises(ArgumentTypeError, match="raw"):
+            await backend.events.alist_events(raw=1)  # type: ignore[call-overload]
         with pytest.raises(InvalidNameError, match="asset name"):
             await backend.events.alast_event_id("")
         assert await backend.controls.alist_watcher_controls() == []

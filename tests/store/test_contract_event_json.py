@@ -15,7 +15,7 @@ from watchkeeper.store.protocols import (
 
 
 async def test_event_json_equals_the_event_record(backend: BaseStateBackend) -> None:
-    """Every key and value of ``alist_event_json``'s objects equals ``AssetEvent.to_record()``,
+    """Every key and value of the raw listing's objects equals ``AssetEvent.to_record()``,
     ``created_at`` included, whether the commit time has microseconds, trailing zeros or none."""
     assert backend.services.controls is not None
     await backend.events.aregister_assets([Asset("a"), Asset("b")])
@@ -33,7 +33,31 @@ async def test_event_json_equals_the_event_record(backend: BaseStateBackend) -> 
     assert [r["created_at"] for r in records[::2]] == [
         t.isoformat(timespec="microseconds") for t in times
     ]
-    served = [json.loads(text) for _, text in await backend.events.alist_event_json(
-        asset=None, since_id=0, limit=100
-    )]  # fmt: skip
-    assert served == records
+    raw = await backend.events.alist_events(raw=True)
+    assert [i for i, _ in raw] == [r["id"] for r in records]
+    assert [json.loads(text) for _, text in raw] == records
+    newest = await backend.events.alist_events(newest_first=True, limit=2, raw=True)
+    assert [json.loads(text) for _, text in newest] == records[::-1][:2]
+
+
+def test_an_event_keeps_its_payload_text_until_read() -> None:
+    """An event built from its payload's JSON text equals the one built from the payload;
+    the text is decoded on the first read, once; the event is immutable and pickles whole."""
+    import pickle
+
+    import pytest
+    from watchkeeper.store.protocols import AssetEvent
+
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    text = '{"n":1,"x":[1.5,"é",null]}'
+    lazy = AssetEvent.from_json(7, "a", "w", text, "k", at)
+    eager = AssetEvent(7, "a", "w", {"n": 1, "x": [1.5, "é", None]}, "k", at)
+    assert lazy == eager and repr(lazy) == repr(eager)
+    assert hash(AssetEvent.from_json(1, "a", "w", "2", None, at)) == hash(
+        AssetEvent(1, "a", "w", 2, None, at)
+    )
+    assert lazy.payload is lazy.payload
+    assert lazy != AssetEvent(8, "a", "w", {"n": 1, "x": [1.5, "é", None]}, "k", at)
+    assert pickle.loads(pickle.dumps(AssetEvent.from_json(7, "a", "w", text, "k", at))) == eager
+    with pytest.raises(AttributeError, match="immutable"):
+        lazy.id = 8

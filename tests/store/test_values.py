@@ -401,49 +401,48 @@ class _Text(str):
     __slots__ = ()
 
 
-class TestEncodePayloadDecoded:
-    """encode_payload_decoded: encode_payload's text, and a fresh decoded copy of the payload."""
+class TestEncodePayloadShortcuts:
+    """encode_payload's shortcuts (a flat object not decoded back, the C scanner) give the
+    text and the errors of the full check (encode_json's)."""
 
     @settings(max_examples=300, deadline=None)
     @given(value=json_any)
-    def test_same_text_and_an_equal_copy(self, value: Any) -> None:
-        """Any JSON payload gives encode_payload's text and a value equal to it, typed the
-        same all the way down, sharing no container with the original."""
-        from watchkeeper.store._payloads import encode_payload_decoded
+    def test_same_text_as_the_full_check(self, value: Any) -> None:
+        """Any JSON payload gives the full check's text, which decodes to a value equal to
+        it, typed the same all the way down."""
+        from watchkeeper.store._payloads import _encode_checked
         from watchkeeper.store.protocols import encode_payload
 
-        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
-        assert text == encode_payload(value, max_payload_bytes=None)
-        assert same(decoded, value)
-        if isinstance(value, list | dict):
-            assert decoded is not value
+        text = encode_payload(value, max_payload_bytes=None)
+        assert text == _encode_checked(value, None)
+        assert same(json.loads(text), value)
 
     @settings(max_examples=200, deadline=None)
     @given(case=invalid_values.filter(lambda case: case[0] is not None))
     def test_refuses_what_encode_payload_refuses(self, case: tuple[Any, type[Exception]]) -> None:
-        """A value that is not plain JSON raises the same error as encode_payload."""
-        from watchkeeper.store._payloads import encode_payload_decoded
+        """A value that is not plain JSON raises the same error as the full check."""
+        from watchkeeper.store._payloads import _encode_checked
         from watchkeeper.store.protocols import encode_payload
 
         value, error = case
         with pytest.raises(error) as expected:
-            encode_payload(value, max_payload_bytes=None)
+            _encode_checked(value, None)
         with pytest.raises(error) as got:
-            encode_payload_decoded(value, max_payload_bytes=None)
+            encode_payload(value, max_payload_bytes=None)
         assert str(got.value) == str(expected.value)
 
     def test_a_cycle_and_the_size_limit(self) -> None:
         """A self-containing list is refused as too deep (InvalidValueError, as encode_payload
         says); a payload over the limit names its size."""
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.protocols import encode_payload
 
         cycle: list[Any] = []
         cycle.append(cycle)
         with pytest.raises(InvalidValueError, match="nested more than"):
-            encode_payload_decoded(cycle, max_payload_bytes=None)
+            encode_payload(cycle, max_payload_bytes=None)
         with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
-            encode_payload_decoded({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)
+            encode_payload({"a": "x" * (PAYLOAD_LIMIT - 7)}, max_payload_bytes=1000)
 
     @pytest.mark.parametrize(
         "value",
@@ -466,28 +465,24 @@ class TestEncodePayloadDecoded:
     def test_a_flat_object_takes_the_same_rules(self, value: dict[Any, Any]) -> None:
         """A flat object (one level of scalars) skips the decode-and-compare check only when
         every key is a str and every value a plain None, str, int, bool or finite float: any
-        other gives encode_payload's error, and one that passes gives its text and an equal
-        copy typed as its text decodes."""
-        from watchkeeper.store._payloads import encode_payload_decoded
+        other gives the full check's error, and one that passes gives its text."""
+        from watchkeeper.store._payloads import _encode_checked
         from watchkeeper.store.protocols import encode_payload
 
         try:
-            expected = encode_payload(value, max_payload_bytes=None)
+            expected = _encode_checked(value, None)
         except (InvalidValueError, ValueTypeError) as exc:
             with pytest.raises(type(exc)) as got:
-                encode_payload_decoded(value, max_payload_bytes=None)
+                encode_payload(value, max_payload_bytes=None)
             assert str(got.value) == str(exc)
             return
-        text, decoded = encode_payload_decoded(value, max_payload_bytes=None)
-        assert text == expected
-        assert same(decoded, json.loads(expected))  # equal, and typed as the text decodes
-        assert decoded is not value
+        assert encode_payload(value, max_payload_bytes=None) == expected
 
     def test_a_flat_object_over_the_limit_names_its_size(self) -> None:
         from watchkeeper.store import PayloadTooLargeError
-        from watchkeeper.store._payloads import encode_payload_decoded
+        from watchkeeper.store.protocols import encode_payload
 
         with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
-            encode_payload_decoded({"a": "x" * 993}, max_payload_bytes=1000)
+            encode_payload({"a": "x" * 993}, max_payload_bytes=1000)
         with pytest.raises(PayloadTooLargeError, match="1001 bytes"):
-            encode_payload_decoded({"a": "é" * 496 + "x"}, max_payload_bytes=1000)
+            encode_payload({"a": "é" * 496 + "x"}, max_payload_bytes=1000)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,8 +16,7 @@ import anyio
 import httpx
 import pytest
 from watchkeeper.store import Asset, SqliteStateBackend
-from watchkeeper.store.protocols import EventBatchCommit, EventsService, encode_json
-from watchkeeper.store.sqlite.controls import SqliteControls
+from watchkeeper.store.protocols import AssetEvent, EventBatchCommit, encode_json
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings
 
@@ -26,30 +25,26 @@ from tests.support.daemons import wait_until
 ASSETS = [Asset("orders"), Asset("bills")]
 
 
-class CountingFeed(SqliteControls):
-    """The real SQLite event feed, recording each read of the event log that found events."""
-
-    def __init__(self, store: SqliteStateBackend) -> None:
-        super().__init__(store)
-        self.reads: list[tuple[str | None, int]] = []
-
-    async def _alist_event_json(
-        self, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        found = await super()._alist_event_json(asset, since_id, limit)
-        if found:
-            self.reads.append((asset, since_id))
-        return found
-
-
 class CountingSqlite(SqliteStateBackend):
-    """The real SQLite backend whose event feed counts its reads (``reads``)."""
+    """The real SQLite backend recording each read of the event log that found events
+    (``reads``: the asset and the position read from)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
-        feed = CountingFeed(self)
-        self.reads = feed.reads
-        self.services = replace(self.services, events=EventsService(self, self, feed))
+        self.reads: list[tuple[str | None, int]] = []
+
+    async def _alist_events(
+        self,
+        asset: str | None,
+        since_id: int,
+        limit: int | None,
+        before_id: int | None,
+        newest_first: bool,
+    ) -> list[AssetEvent]:
+        found = await super()._alist_events(asset, since_id, limit, before_id, newest_first)
+        if found:
+            self.reads.append((asset, since_id))
+        return found
 
 
 async def next_ids(lines: AsyncIterator[str], count: int) -> list[int]:

@@ -20,15 +20,15 @@ def _encoder(watcher: str = "w1", assets: tuple[str, ...] = ("a1", "a2")) -> Eve
 
 class TestEventEncoder:
     def test_a_commit_equals_the_fully_checked_one(self) -> None:
-        """Fields, the writer's fence and the decoded payload match EventCommit's own."""
+        """Fields and the writer's fence match EventCommit's own; the payload is carried as
+        its JSON text only (the commit holds no other form of it)."""
         commit = _encoder().build(TriggerEvent({"n": 1}, state={"wm": 7}, dedup_key="k1"))
         assert isinstance(commit, EventCommit)
-        checked = EventCommit(
-            "w1", ("a1", "a2"), '{"n":1}', "k1", {"wm": "7"}, FENCED, decoded=({"n": 1},)
-        )
+        checked = EventCommit("w1", ("a1", "a2"), '{"n":1}', "k1", {"wm": "7"}, FENCED)
         assert commit == checked
         assert commit.fence == FENCED.fence == checked.fence
-        assert commit.decoded == ({"n": 1},)
+        assert commit.payload_json == '{"n":1}'
+        assert not hasattr(commit, "decoded")
 
     def test_the_state_is_marked_encoded_so_the_store_does_not_check_it_again(self) -> None:
         """The encoder checks each state value by the store's rules as it encodes it; the

@@ -1,5 +1,5 @@
-"""Event payloads on the way in: validated, encoded once, and decoded once for the events a
-commit returns.
+"""Event payloads on the way in: validated and encoded once, into the JSON text that is the
+event's one form until it is read back.
 
 A payload is any JSON value (``None`` too) within ``[events] max_payload_bytes``; the rules
 of a JSON value are :mod:`._values`'s. A flat object of plain scalars (a table row, a
@@ -18,22 +18,15 @@ from ._values import (
     _ENCODER,
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_VALUE_DEPTH,
-    JSONValue,
     encode_json,
 )
 from .errors import PayloadTooLargeError
 
-__all__ = ["encode_payload", "encode_payload_decoded"]
+__all__ = ["encode_payload"]
 
 
-def encode_payload(
-    value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
-) -> str:
-    """Validate an event payload (``None`` allowed) and return its compact JSON text.
-
-    Raises what :func:`encode_json` raises, and :class:`PayloadTooLargeError` when the
-    encoding is over ``max_payload_bytes`` (``None`` disables the limit).
-    """
+def _encode_checked(value: object, max_payload_bytes: int | None) -> str:
+    """The payload's text by :func:`encode_json`'s full checks (the error names the culprit)."""
     text = encode_json(value, what="payload")
     # As in encode_value: a UTF-8 character is at most 4 bytes, so a payload under a quarter
     # of the limit (nearly all of them) costs one len(); only a long one is encoded to measure.
@@ -63,42 +56,39 @@ def _flat_plain(value: dict[Any, Any]) -> bool:
     return True
 
 
-def encode_payload_decoded(
+def encode_payload(
     value: object, *, max_payload_bytes: int | None = DEFAULT_MAX_PAYLOAD_BYTES
-) -> tuple[str, JSONValue]:
-    """:func:`encode_payload`, and the payload decoded back from that text.
+) -> str:
+    """Validate an event payload (``None`` allowed) and return its compact JSON text.
 
-    The check decodes the text anyway (to compare it with ``value``); returning that copy
-    spares a caller that hands the payload on (a batch's events) a second decoding. The copy
-    shares no container with ``value``; immutable scalars are returned as they are.
+    Raises what :func:`encode_json` raises, and :class:`PayloadTooLargeError` when the
+    encoding is over ``max_payload_bytes`` (``None`` disables the limit). The text is what
+    :func:`encode_json` gives; the common payloads get it by a shorter way: a scalar directly,
+    a flat object of plain scalars without decoding it back, anything else decoded once with
+    the C scanner and compared.
     """
     kind = type(value)
     if value is None or kind is int or kind is str or kind is bool:
-        return encode_payload(value, max_payload_bytes=max_payload_bytes), value
+        return _encode_checked(value, max_payload_bytes)
     try:
         if _C_ENCODE is not None and _C_SCAN is not None:
             text = "".join(_C_ENCODE(value, 0))
             if kind is dict and isinstance(value, dict) and _flat_plain(value):
-                # A flat object of str keys and plain scalars (a table row, a message's
-                # fields) encodes faithfully: nothing to decode and compare, and a copy of
-                # it is the decoded payload (its values are immutable).
-                decoded, same = value.copy(), True
+                same = True  # a flat object of plain scalars encodes faithfully
             else:
                 decoded, end = _C_SCAN(text, 0)
                 same = end == len(text) and decoded == value
         else:
             text = _ENCODER.encode(value)
-            decoded = _DECODE(text)
-            same = decoded == value
+            same = _DECODE(text) == value
     except (TypeError, ValueError, RecursionError, StopIteration):
         same = False
     if (
-        not same  # not plain JSON: encode_payload raises the error that names the culprit
+        not same  # not plain JSON: the full check raises the error that names the culprit
         or (len(text) > MAX_VALUE_DEPTH and text.count("[") + text.count("{") > MAX_VALUE_DEPTH)
         or not text.isascii()  # maybe deeper than allowed, or a lone surrogate: check it all
     ):
-        text = encode_payload(value, max_payload_bytes=max_payload_bytes)
-        return text, _DECODE(text)
+        return _encode_checked(value, max_payload_bytes)
     if max_payload_bytes is not None and len(text) * 4 > max_payload_bytes:
         _check_payload_size(text, max_payload_bytes)
-    return text, decoded
+    return text

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Literal, Protocol, overload
 
 from ._controls import ApiToken, WatcherControl
 from ._gc import GcPlan
@@ -76,6 +76,7 @@ class EventLog(Protocol):
         """Commit a batch of trigger events and its state atomically (all or nothing)."""
         ...
 
+    @overload
     async def alist_events(
         self,
         *,
@@ -84,13 +85,33 @@ class EventLog(Protocol):
         limit: int | None = None,
         before_id: int | None = None,
         newest_first: bool = False,
+        raw: Literal[False] = False,
     ) -> list[AssetEvent]: ...
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        """Events with ``id > since_id`` in id order as ``(id, JSON object text)`` (``id``,
-        ``asset``, ``watcher``, ``payload``, ``dedup_key``, ``created_at``): what a live
-        stream sends, without decoding and re-encoding each one."""
+    @overload
+    async def alist_events(
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
+        raw: Literal[True],
+    ) -> list[tuple[int, str]]: ...
+    async def alist_events(
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
+        raw: bool = False,
+    ) -> list[AssetEvent] | list[tuple[int, str]]:
+        """Committed events with ``since_id < id < before_id`` in commit order (newest first
+        with ``newest_first``), as :class:`AssetEvent` objects, or with ``raw`` as
+        ``(id, JSON object text)`` (``id``, ``asset``, ``watcher``, ``payload``,
+        ``dedup_key``, ``created_at``: what a live stream sends, no payload decoded)."""
         ...
 
     async def alast_event_id(self, asset: str | None = None) -> int:
@@ -313,16 +334,14 @@ class EventsDriver(Protocol):
         limit: int | None,
         before_id: int | None,
         newest_first: bool,
-    ) -> list[AssetEvent]: ...
+    ) -> list[AssetEvent]:
+        """The events, each built with :meth:`AssetEvent.from_json` from its stored text."""
 
 
 class EventFeedDriver(Protocol):
     """The primitives of a live tail of the event log (the rest of
     :class:`~watchkeeper.store.protocols.EventsService`'s): reads a stream and the worker poll."""
 
-    async def _alist_event_json(
-        self, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]: ...
     async def _alast_event_id(self, asset: str | None) -> int: ...
     async def _acount_events_since(self, since: datetime) -> dict[str, int]: ...
     async def _await_events(self, after_id: int, wait: float) -> int: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, overload
 
 import anyio
 
@@ -159,6 +159,7 @@ class EventsService(Service[EventsDriver]):
 
     # -- reads -------------------------------------------------------------------------------
 
+    @overload
     async def alist_events(
         self,
         *,
@@ -167,7 +168,29 @@ class EventsService(Service[EventsDriver]):
         limit: int | None = None,
         before_id: int | None = None,
         newest_first: bool = False,
-    ) -> list[AssetEvent]:
+        raw: Literal[False] = False,
+    ) -> list[AssetEvent]: ...
+    @overload
+    async def alist_events(
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
+        raw: Literal[True],
+    ) -> list[tuple[int, str]]: ...
+    async def alist_events(
+        self,
+        *,
+        asset: str | None = None,
+        since_id: int = 0,
+        limit: int | None = None,
+        before_id: int | None = None,
+        newest_first: bool = False,
+        raw: bool = False,
+    ) -> list[AssetEvent] | list[tuple[int, str]]:
         """Committed events with ``since_id < id < before_id`` in commit order.
 
         Args:
@@ -177,6 +200,9 @@ class EventsService(Service[EventsDriver]):
                 ``newest_first``); None for all.
             before_id: the events before this id; None for no upper bound.
             newest_first: the newest events first (a page from the end of the log).
+            raw: each event as ``(id, JSON object text)`` (its record, :meth:`AssetEvent.to_json`:
+                what a live stream sends) instead of an :class:`AssetEvent`; no payload is
+                decoded.
 
         Raises:
             ArgumentTypeError: an argument of the wrong type.
@@ -188,15 +214,12 @@ class EventsService(Service[EventsDriver]):
             check_bigint(before_id, what="before_id")
         if not isinstance(newest_first, bool):
             raise ArgumentTypeError("newest_first", newest_first, "a bool")
-        return await self._driver._alist_events(asset, since_id, limit, before_id, newest_first)
-
-    async def alist_event_json(
-        self, *, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        """Events with ``id > since_id`` in id order, as ``(id, JSON object text)``."""
-        self._store._check_open()
-        check_events_query(asset, since_id, limit)
-        return await self._feed._alist_event_json(asset, since_id, limit)
+        if not isinstance(raw, bool):
+            raise ArgumentTypeError("raw", raw, "a bool")
+        events = await self._driver._alist_events(asset, since_id, limit, before_id, newest_first)
+        if raw:
+            return [(event.id, event.to_json()) for event in events]
+        return events
 
     async def alast_event_id(self, asset: str | None = None) -> int:
         """The id of the latest committed event (of ``asset``), 0 when there is none."""

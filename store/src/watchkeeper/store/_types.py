@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring
 from typing import Any, Final, Literal, Self
 
 from ._slots import slot_setters
@@ -15,6 +17,7 @@ from ._values import (
     check_bigint,
     check_key,
     check_name,
+    decode_value,
 )
 from .errors import ArgumentTypeError, InvalidArgumentError
 
@@ -289,20 +292,118 @@ class AssetInfo:
     updated_at: datetime
 
 
-@dataclass(frozen=True, slots=True)
 class AssetEvent:
-    """A committed asset event; ``id`` increases in commit order."""
+    """A committed asset event; ``id`` increases in commit order.
+
+    An event keeps one form of its payload: the JSON text it was committed as, until
+    ``payload`` is first read, which decodes it (once). A commit's events therefore cost no
+    decoding unless their payloads are read. Built with the payload itself
+    (``AssetEvent(id, asset, watcher, payload, dedup_key, created_at)``) or from its text
+    (:meth:`from_json`). Immutable; equal when every field (the payload decoded) is.
+    """
+
+    __slots__ = ("_payload", "_text", "asset", "created_at", "dedup_key", "id", "watcher")
 
     id: int
     asset: str
     watcher: str
-    payload: Any
     dedup_key: str | None
     created_at: datetime
+    _payload: Any
+    _text: str | None
+
+    def __init__(
+        self,
+        id: int,
+        asset: str,
+        watcher: str,
+        payload: Any,
+        dedup_key: str | None,
+        created_at: datetime,
+    ) -> None:
+        _EV_ID(self, id)
+        _EV_ASSET(self, asset)
+        _EV_WATCHER(self, watcher)
+        _EV_PAYLOAD(self, payload)
+        _EV_TEXT(self, None)
+        _EV_KEY(self, dedup_key)
+        _EV_CREATED(self, created_at)
+
+    @classmethod
+    def from_json(
+        cls,
+        id: int,
+        asset: str,
+        watcher: str,
+        payload_json: str,
+        dedup_key: str | None,
+        created_at: datetime,
+    ) -> AssetEvent:
+        """The event whose payload is the JSON text ``payload_json`` (decoded when read)."""
+        event = _NEW(cls)
+        _EV_ID(event, id)
+        _EV_ASSET(event, asset)
+        _EV_WATCHER(event, watcher)
+        _EV_TEXT(event, payload_json)
+        _EV_KEY(event, dedup_key)
+        _EV_CREATED(event, created_at)
+        return event
+
+    @property
+    def payload(self) -> Any:
+        """The payload, decoded from its JSON text on the first read."""
+        text = self._text
+        if text is None:
+            return self._payload
+        payload = decode_value(text)
+        _EV_PAYLOAD(self, payload)
+        _EV_TEXT(self, None)
+        return payload
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.id, self.asset, self.watcher, self.payload, self.dedup_key, self.created_at)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not AssetEvent:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"AssetEvent(id={self.id!r}, asset={self.asset!r}, watcher={self.watcher!r}, "
+            f"payload={self.payload!r}, dedup_key={self.dedup_key!r}, "
+            f"created_at={self.created_at!r})"
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"AssetEvent is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"AssetEvent is immutable: cannot delete {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (AssetEvent, self._fields())
+
+    def to_json(self) -> str:
+        """:meth:`to_record` as compact JSON text, the payload's own text put in as it was
+        committed (a payload not read yet is never decoded)."""
+        text = self._text
+        if text is None:
+            text = _RECORD_ENCODE(self._payload)
+        key = self.dedup_key
+        return (
+            f'{{"id":{int(self.id)},"asset":{_QUOTE(self.asset)},'
+            f'"watcher":{_QUOTE(self.watcher)},"payload":{text},'
+            f'"dedup_key":{"null" if key is None else _QUOTE(key)},"created_at":"'
+            f'{self.created_at.astimezone(UTC).isoformat(timespec="microseconds")}"}}'
+        )
 
     def to_record(self) -> dict[str, Any]:
-        """The event as ``events --json`` prints it and the API serves it (the SQL backends
-        build the same in SQL); ``created_at`` in UTC with six digits of microseconds."""
+        """The event as ``events --json`` prints it and the API serves it (:meth:`to_json`
+        is the same as text); ``created_at`` in UTC with six digits of microseconds."""
         return {
             "id": self.id,
             "asset": self.asset,
@@ -311,6 +412,15 @@ class AssetEvent:
             "dedup_key": self.dedup_key,
             "created_at": self.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
         }
+
+
+_QUOTE: Final = encode_basestring
+_RECORD_ENCODE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_NEW: Final = object.__new__
+_EV_ID, _EV_ASSET, _EV_WATCHER, _EV_PAYLOAD, _EV_TEXT, _EV_KEY, _EV_CREATED = (
+    AssetEvent.__dict__[name].__set__
+    for name in ("id", "asset", "watcher", "_payload", "_text", "dedup_key", "created_at")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,9 +436,9 @@ class EventCommit:
     (:class:`Fence`); a refused commit writes nothing. The names, the dedup key and the state
     keys are checked against the naming rule when the commit is built (:class:`InvalidNameError`,
     :class:`InvalidKeyError`), so every backend refuses the same commits, before any I/O.
-    ``decoded`` (optional) is ``(payload,)``, the payload already decoded from ``payload_json``
-    (the triggerer has it from validating it), which the events returned carry instead of a
-    second decoding. It must equal ``json.loads`` of the text.
+
+    ``payload_json`` is the event's one form from here to its row: the store writes the text
+    as it is and never decodes it; the events returned decode it if their payload is read.
     """
 
     watcher: str
@@ -338,7 +448,6 @@ class EventCommit:
     state: Mapping[str, str] = field(default_factory=dict)
     writer: Writer | None = None
     fence: Fence | None = None
-    decoded: tuple[Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_name(self.watcher, what="watcher name")
@@ -360,7 +469,6 @@ class EventCommit:
         dedup_key: str | None,
         state: Mapping[str, str],
         writer: Writer | None,
-        decoded: tuple[Any] | None,
     ) -> EventCommit:
         """The commit, without ``__init__``'s name checks: for a caller that checked every name
         and key itself (the triggerer: the names once per trigger). The fence is the writer's."""
@@ -373,7 +481,6 @@ class EventCommit:
         put[4](commit, state)
         put[5](commit, writer)
         put[6](commit, None if writer is None else writer.fence)
-        put[7](commit, decoded)
         return commit
 
 
@@ -393,11 +500,8 @@ class EventBatchCommit:
     event of its batch.
 
     ``fence`` (by default the writer's) guards the whole batch: see :class:`Fence`. A refused
-    batch, or one naming an unknown asset, writes nothing.
-
-    ``decoded`` (optional) holds each event's payload already decoded from its
-    ``payload_json`` (the triggerer has it from validating it): the events returned carry these
-    instead of a second decoding. Each must equal ``json.loads`` of its text.
+    batch, or one naming an unknown asset, writes nothing. Each payload is JSON text, written
+    as it is (see :class:`EventCommit`).
     """
 
     watcher: str
@@ -406,7 +510,6 @@ class EventBatchCommit:
     state: Mapping[str, str] = field(default_factory=dict)
     writer: Writer | None = None
     fence: Fence | None = None
-    decoded: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         events = self.events
@@ -430,13 +533,6 @@ class EventBatchCommit:
                     event,
                     "a (payload_json: str, dedup_key: str | None) tuple",
                 )
-        if self.decoded is not None and len(self.decoded) != len(events):
-            raise InvalidArgumentError(
-                "EventBatchCommit.decoded",
-                self.decoded,
-                f"{len(self.decoded)} decoded payloads for {len(events)} events",
-                show=False,
-            )
         if self.fence is None and self.writer is not None and self.writer.fence is not None:
             object.__setattr__(self, "fence", self.writer.fence)
 

@@ -35,7 +35,7 @@ from ._types import (
     TriggerStatus,
     Writer,
 )
-from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
+from ._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
 from .errors import AssetNotFoundError, VersionConflictError
 
 __all__ = ["MemoryStateBackend"]
@@ -263,17 +263,15 @@ class MemoryStateBackend(BaseStateBackend):
                 for r in rows
                 if commit.dedup_key is None or (r.asset_id, commit.dedup_key) not in self._dedup
             ]
-            decoded = commit.decoded
-            payload = decode_value(commit.payload_json) if decoded is None else decoded[0]
             written: list[AssetEvent] = []
             for row in fresh:
-                event = AssetEvent(
-                    id=self._next_event_id,
-                    asset=row.name,
-                    watcher=commit.watcher,
-                    payload=payload,
-                    dedup_key=commit.dedup_key,
-                    created_at=now,
+                event = AssetEvent.from_json(
+                    self._next_event_id,
+                    row.name,
+                    commit.watcher,
+                    commit.payload_json,
+                    commit.dedup_key,
+                    now,
                 )
                 self._next_event_id += 1
                 self._events.append(event)
@@ -291,17 +289,16 @@ class MemoryStateBackend(BaseStateBackend):
             for name in batch.assets:  # resolve all first: an unknown asset writes nothing
                 row = self._resolve(AssetScope(name=name))
                 rows.setdefault(row.asset_id, row)
-            payloads = batch.decoded or [decode_value(text) for text, _ in batch.events]
             written: list[AssetEvent] = []
             stated: set[int] = set()
-            for payload, (_, dedup_key) in zip(payloads, batch.events, strict=True):
+            for payload_json, dedup_key in batch.events:
                 for row in rows.values():
                     if dedup_key is not None:
                         if (row.asset_id, dedup_key) in self._dedup:
                             continue  # recorded before, or by an earlier event of the batch
                         self._dedup.add((row.asset_id, dedup_key))
-                    event = AssetEvent(
-                        self._next_event_id, row.name, batch.watcher, payload, dedup_key, now
+                    event = AssetEvent.from_json(
+                        self._next_event_id, row.name, batch.watcher, payload_json, dedup_key, now
                     )
                     self._next_event_id += 1
                     self._events.append(event)

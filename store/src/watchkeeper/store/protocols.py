@@ -25,7 +25,7 @@ from ._controls import ApiToken, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
-from ._payloads import encode_payload, encode_payload_decoded
+from ._payloads import encode_payload
 from ._protocols import (
     SERVICE_NAMES,
     ControlsDriver,
@@ -163,7 +163,6 @@ __all__ = [
     "decode_value",
     "encode_json",
     "encode_payload",
-    "encode_payload_decoded",
     "encode_value",
     "get_logger",
     "redact_data",

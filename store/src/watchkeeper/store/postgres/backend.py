@@ -40,7 +40,7 @@ from .._types import (
     TriggerStatus,
     Writer,
 )
-from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES, decode_value
+from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
 from ..errors import (
     AssetNotFoundError,
     BackendImportError,
@@ -431,7 +431,8 @@ class PostgresStateBackend(BaseStateBackend):
     ) -> list[AssetEvent]:
         sql = self._sql.list_events_desc if newest_first else self._sql.list_events
         rows = await self._fetch("listing events", sql, since_id, asset, limit, before_id)
-        return [AssetEvent(r[0], r[1], r[2], decode_value(r[3]), r[4], r[5]) for r in rows]
+        event = AssetEvent.from_json  # each payload decoded when it is read
+        return [event(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
         return await collect_garbage(plan, self._sql.gc, self._fetch, self._submit)

@@ -26,9 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._leases import check_fence
-from .._slots import slot_setters
 from .._types import AssetEvent
-from .._values import decode_value
 from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError
 from .ops import EventsOp
 
@@ -140,8 +138,7 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
     """
 
 
-_NEW: Final = object.__new__
-_SET_ID, _SET_ASSET, _SET_WATCHER, _SET_PAYLOAD, _SET_KEY, _SET_CREATED = slot_setters(AssetEvent)
+_EVENT: Final = AssetEvent.from_json
 
 
 async def commit_round(
@@ -173,18 +170,8 @@ async def commit_round(
                 several.append(op)
             op.result.append((event_id, name, dedup_key, created_at))
             continue
-        decoded = op.decoded
-        payload = decode_value(op.events[0][0]) if decoded is None else decoded[0]
-        # AssetEvent(event_id, name, op.watcher, payload, dedup_key, created_at), its fields
-        # set directly (see .._slots): a round builds one per event.
-        event = _NEW(AssetEvent)
-        _SET_ID(event, event_id)
-        _SET_ASSET(event, name)
-        _SET_WATCHER(event, op.watcher)
-        _SET_PAYLOAD(event, payload)
-        _SET_KEY(event, dedup_key)
-        _SET_CREATED(event, created_at)
-        op.result.append(event)
+        # The payload stays the op's text: the event decodes it if it is read.
+        op.result.append(_EVENT(event_id, name, op.watcher, op.events[0][0], dedup_key, created_at))
     for op in several:
         op.result = _batch_events(op, op.result)
 
@@ -209,17 +196,14 @@ def _batch_events(op: EventsOp, rows: list[tuple[int, str, str | None, Any]]) ->
             expected.append((index, name))
     if len(expected) != len(rows):
         raise StateStoreError(f"{len(rows)} events came back for {len(expected)} inserted")
-    decoded = op.decoded
-    if decoded is None:  # decoded once per event, for all its assets
-        decoded = tuple(decode_value(payload_json) for payload_json, _ in events)
     out: list[AssetEvent] = []
     for (index, name), (event_id, got_name, got_key, created_at) in zip(
         expected, rows, strict=True
     ):
-        dedup_key = events[index][1]
+        payload_json, dedup_key = events[index]
         if got_name != name or got_key != dedup_key:
             raise StateStoreError("the ids of a batch's events do not follow its order")
-        out.append(AssetEvent(event_id, name, op.watcher, decoded[index], dedup_key, created_at))
+        out.append(_EVENT(event_id, name, op.watcher, payload_json, dedup_key, created_at))
     return out
 
 

@@ -183,8 +183,8 @@ class EventsOp(Op):
     """
 
     __slots__ = (
-        "_weight", "created_at", "decoded", "doc", "events", "fence", "keyed", "names", "state",
-        "watcher", "writer",
+        "_weight", "created_at", "doc", "events", "fence", "keyed", "names", "state", "watcher",
+        "writer",
     )  # fmt: skip
 
     def __init__(
@@ -195,12 +195,11 @@ class EventsOp(Op):
         state: Mapping[str, str],
         writer: Writer | None,
         fence: Fence | None,
-        decoded: tuple[Any, ...] | None,
         created_at: datetime,
     ) -> None:
         super().__init__(EVENTS)
         self.watcher, self.events, self.state = watcher, events, state
-        self.writer, self.fence, self.decoded, self.created_at = writer, fence, decoded, created_at
+        self.writer, self.fence, self.created_at = writer, fence, created_at
         # Each asset once, in order (an asset named twice gets one event).
         names = self.names = list(assets) if len(assets) < 2 else list(dict.fromkeys(assets))
         # The document written by hand: each text through the C string encoder, which is
@@ -241,7 +240,7 @@ class EventsOp(Op):
             events = ((commit.payload_json, commit.dedup_key),)  # type: ignore[union-attr]
         return cls(
             commit.watcher, commit.assets, events, commit.state, commit.writer, commit.fence,
-            commit.decoded, created_at,
+            created_at,
         )  # fmt: skip
 
     def weight(self) -> int:

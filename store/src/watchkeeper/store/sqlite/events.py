@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from .._leases import HeldLease, check_fence
-from .._slots import slot_setters
 from .._types import AssetEvent, EventBatchCommit, EventCommit
-from .._values import decode_value
 from ..errors import StateStoreError
 from .leases import HELD_SQL, held_of
 from .ops import Row
@@ -153,7 +151,7 @@ class EventCommits:
         # The rows, in call order: a batch's events in order, each on every asset (the ids a
         # caller yielding them one by one would get); the commit and event of each row.
         rows: list[Row] = []
-        owners: list[tuple[int, int]] = []
+        owners: list[int] = []  # the index of each row's commit
         for index, targets in accepted:
             commit = commits[index]
             watcher = commit.watcher
@@ -162,16 +160,16 @@ class EventCommits:
                 payload_json = commit.payload_json
                 for asset_id, name in targets:
                     rows.append((asset_id, name, watcher, payload_json, None, stamp))
-                    owners.append((index, 0))
+                    owners.append(index)
                 continue
-            for entry, (payload_json, key) in enumerate(_entries(commit)):
+            for payload_json, key in _entries(commit):
                 for asset_id, name in targets:
                     if key is not None:
                         if (asset_id, key) in seen:
                             continue
                         seen.add((asset_id, key))
                     rows.append((asset_id, name, watcher, payload_json, key, stamp))
-                    owners.append((index, entry))
+                    owners.append(index)
         # 3. The events. One multi-row INSERT numbers its rows one after the other, in the
         # order of its VALUES (AUTOINCREMENT: each id is one more than the largest ever
         # used, and the batch holds the write lock): the ids of a chunk end at its last
@@ -188,31 +186,13 @@ class EventCommits:
         # 4. The events returned, and the state: written once per (commit, asset) that inserted
         # a row (a single event has one row per asset; a batch writes its state once), folded
         # per key in first-write order: the last value wins, the count of writes adds up.
-        payloads: dict[tuple[int, int], object] = {}  # decoded once per event, for its assets
         folded: dict[tuple[int, str], Row] = {}
         batch_stated: set[tuple[int, int]] = set()  # (batch, asset_id) whose state is folded
-        new = object.__new__
-        set_id, set_asset, set_watcher, set_payload, set_key, set_created = _EVENT_SETTERS
-        for row, owned, event_id in zip(rows, owners, ids, strict=True):
-            owner, entry = owned
+        event_of = AssetEvent.from_json
+        for row, owner, event_id in zip(rows, owners, ids, strict=True):
             commit = commits[owner]
-            decoded = commit.decoded
-            if decoded is not None:
-                payload = decoded[entry]  # the caller decoded it already
-            else:
-                payload = payloads.get(owned, _MISSING)
-                if payload is _MISSING:
-                    payload = payloads[owned] = decode_value(row[3])
-            # AssetEvent(event_id, row[1], row[2], payload, row[4], now), its fields set
-            # directly (see .._slots): the batch builds one per event.
-            event = new(AssetEvent)
-            set_id(event, event_id)
-            set_asset(event, row[1])
-            set_watcher(event, row[2])
-            set_payload(event, payload)
-            set_key(event, row[4])
-            set_created(event, now)
-            outcomes[owner].append(event)
+            # The payload stays the commit's text: the event decodes it if it is read.
+            outcomes[owner].append(event_of(event_id, row[1], row[2], row[3], row[4], now))
             state = commit.state
             if not state:
                 continue
@@ -250,9 +230,7 @@ def _entries(commit: EventCommit | EventBatchCommit) -> Sequence[tuple[str, str 
     return ((commit.payload_json, commit.dedup_key),)  # type: ignore[union-attr]
 
 
-_MISSING: Final = object()
 _NO_WRITER: Final = (None, None, None)
-_EVENT_SETTERS: Final = slot_setters(AssetEvent)
 
 
 def _flat(rows: list[Row]) -> list[object]:

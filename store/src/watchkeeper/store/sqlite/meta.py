@@ -25,7 +25,6 @@ from .._types import (
     TaskScope,
     TriggerStatus,
 )
-from .._values import decode_value
 from .ops import ASSET_UPSERT, Query, Row, check_fence_in, writer_cols
 from .schema import apply_migrations, from_db, to_db
 from .writer import Tx
@@ -110,7 +109,6 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
         targets.setdefault(asset_id, resolved)  # an asset named twice gets one event
     created, stamp = tx.now()
     who = writer_cols(commit.writer)
-    payload = decode_value(commit.payload_json) if commit.decoded is None else commit.decoded[0]
     conn = tx.conn
     written: list[AssetEvent] = []
     for asset_id, name in targets.items():
@@ -119,7 +117,9 @@ def commit_event(tx: Tx, commit: EventCommit) -> list[AssetEvent]:
         if not rows:
             continue  # a duplicate: neither the event nor its state
         written.append(
-            AssetEvent(rows[0][0], name, commit.watcher, payload, commit.dedup_key, created)
+            AssetEvent.from_json(
+                rows[0][0], name, commit.watcher, commit.payload_json, commit.dedup_key, created
+            )
         )
         for key, value_json in commit.state.items():
             conn.execute(ASSET_UPSERT, (asset_id, key, value_json, stamp, *who)).fetchall()
@@ -152,10 +152,8 @@ def events_query(
 
 
 def events_result(rows: list[Row]) -> list[AssetEvent]:
-    return [
-        AssetEvent(row[0], row[1], row[2], decode_value(row[3]), row[4], from_db(row[5]))
-        for row in rows
-    ]
+    event = AssetEvent.from_json  # each payload decoded when it is read
+    return [event(row[0], row[1], row[2], row[3], row[4], from_db(row[5])) for row in rows]
 
 
 # -- garbage collection --------------------------------------------------------------------------

@@ -146,8 +146,8 @@ async def _sse(
                     return
             if after < feed.base:  # older than what the feed holds: read the log alone
                 try:
-                    events = await events_log.alist_event_json(
-                        asset=asset, since_id=after, limit=SSE_BATCH
+                    events = await events_log.alist_events(
+                        asset=asset, since_id=after, limit=SSE_BATCH, raw=True
                     )
                 except StoreUnavailableError:
                     events = None  # the client keeps its place; the next poll tries again

@@ -92,8 +92,8 @@ class EventFeed:
         self._reading = True
         try:
             try:
-                events = await self.events.alist_event_json(
-                    asset=self.asset, since_id=self.position, limit=SSE_BATCH
+                events = await self.events.alist_events(
+                    asset=self.asset, since_id=self.position, limit=SSE_BATCH, raw=True
                 )
             except StoreUnavailableError:
                 events = []  # the clients keep their places; the next read tries again

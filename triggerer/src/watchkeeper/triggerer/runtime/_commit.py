@@ -23,7 +23,7 @@ from watchkeeper.store.protocols import (
     Writer,
     check_key,
     check_name,
-    encode_payload_decoded,
+    encode_payload,
     encode_value,
 )
 
@@ -94,10 +94,8 @@ class EventEncoder:
                 f"trigger {self.watcher!r} yielded a {type(item).__name__}; run() must yield "
                 f"TriggerEvent(payload, state=..., dedup_key=...) objects{hint}"
             )
-        # Validating decodes the payload anyway: the events returned reuse that copy.
-        payload_json, payload = encode_payload_decoded(
-            item.payload, max_payload_bytes=self.max_payload_bytes
-        )
+        # The payload's one form from here to its row: its JSON text.
+        payload_json = encode_payload(item.payload, max_payload_bytes=self.max_payload_bytes)
         state = item.state
         encoded = _NO_STATE if state is None else self._state(state)
         dedup_key = item.dedup_key
@@ -117,17 +115,8 @@ class EventEncoder:
                 dedup_key,
                 encoded,
                 self.writer,
-                (payload,),
             )
-        return EventCommit(
-            self.watcher,
-            self.assets,
-            payload_json,
-            dedup_key,
-            encoded,
-            self.writer,
-            decoded=(payload,),
-        )
+        return EventCommit(self.watcher, self.assets, payload_json, dedup_key, encoded, self.writer)
 
     def build_batch(self, batch: TriggerEventBatch) -> EventBatchCommit:
         """Validate every event of ``batch`` and its state; return the batch's commit.
@@ -143,31 +132,25 @@ class EventEncoder:
             )
         limit = self.max_payload_bytes
         pairs: list[tuple[str, str | None]] = []
-        decoded: list[object] = []  # validating decodes each payload: the events reuse it
-        encode = encode_payload_decoded
+        encode = encode_payload
         try:
             for event in events:
                 # The common event (a TriggerEvent, no state, no dedup key) inline; any other
                 # through _batched, which checks and refuses.
                 if type(event) is TriggerEvent and event.state is None and event.dedup_key is None:
-                    payload_json, payload = encode(event.payload, max_payload_bytes=limit)
-                    dedup_key = None
+                    pairs.append((encode(event.payload, max_payload_bytes=limit), None))
                 else:
-                    payload_json, payload, dedup_key = self._batched(event, limit)
-                pairs.append((payload_json, dedup_key))
-                decoded.append(payload)
+                    pairs.append(self._batched(event, limit))
         except Exception as exc:
             index = len(pairs)  # the event being checked
             exc.add_note(f"raised for event {index} of a TriggerEventBatch of {len(events)}")
             raise
         state = batch.state
         encoded = _NO_STATE if state is None else self._state(state)
-        return EventBatchCommit(
-            self.watcher, self.assets, tuple(pairs), encoded, self.writer, decoded=tuple(decoded)
-        )
+        return EventBatchCommit(self.watcher, self.assets, tuple(pairs), encoded, self.writer)
 
-    def _batched(self, event: object, limit: int | None) -> tuple[str, object, str | None]:
-        """``(payload_json, decoded payload, dedup_key)`` of one event of a batch."""
+    def _batched(self, event: object, limit: int | None) -> tuple[str, str | None]:
+        """``(payload_json, dedup_key)`` of one event of a batch."""
         if not isinstance(event, TriggerEvent):
             raise InvalidEventError(
                 f"trigger {self.watcher!r} yielded a TriggerEventBatch holding a "
@@ -185,8 +168,7 @@ class EventEncoder:
                 f"trigger {self.watcher!r} yielded an event whose dedup_key is "
                 f"{dedup_key!r}; it must be a non-empty str or None"
             )
-        payload_json, payload = encode_payload_decoded(event.payload, max_payload_bytes=limit)
-        return payload_json, payload, dedup_key
+        return encode_payload(event.payload, max_payload_bytes=limit), dedup_key
 
     def _state(self, state: object) -> Mapping[str, str]:
         """The encoded items of an event's (or a batch's) ``state``."""
