@@ -35,7 +35,7 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
-from watchkeeper.store.protocols import EventCommit, TriggerStatus, Writer
+from watchkeeper.store.protocols import EventBatchCommit, EventCommit, TriggerStatus, Writer
 
 TASK = TaskScope("dag", "run", "task")
 _WAITING_ON_ME = (
@@ -203,7 +203,7 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+            assert first.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
             assert second.applied_migrations == []
@@ -214,7 +214,7 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
     async def test_a_version_4_schema_gets_the_event_retention_index(
         self, pg_dsn: str, pg_schema: str
@@ -240,6 +240,76 @@ class TestLifecycle:
             await conn.close()
         assert "asset_events_created" in {r[0] for r in indexes}
 
+    async def test_migration_11_drops_the_asset_references_and_keeps_the_events(
+        self, pg_dsn: str, pg_schema: str
+    ) -> None:
+        """A version-10 schema (events and state referencing assets, a B-tree on created_at)
+        is upgraded by migration 11 alone: no foreign key left on either table, a BRIN index
+        on created_at, every event and state row kept, and commits and the GC still work."""
+        p = f'"{pg_schema}".'
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+            await backend.events.aregister_assets([Asset("orders")])
+            await backend.events.acommit(
+                EventCommit("w", ("orders",), "1", dedup_key="m1", state={"wm": "1"})
+            )
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(f"DROP INDEX {p}asset_events_created")
+            await conn.execute(f"CREATE INDEX asset_events_created ON {p}asset_events (created_at)")
+            for table in ("asset_events", "asset_state"):
+                await conn.execute(
+                    f"ALTER TABLE {p}{table} ADD CONSTRAINT {table}_asset_id_fkey "
+                    f"FOREIGN KEY (asset_id) REFERENCES {p}assets (id)"
+                )
+            await conn.execute(f"DELETE FROM {p}schema_migrations WHERE version = 11")
+            async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+                assert backend.applied_migrations == [11]
+                await backend.events.acommit(
+                    EventCommit("w", ("orders",), "2", dedup_key="m2", state={"wm": "2"})
+                )
+                assert [e.dedup_key for e in await backend.events.alist_events()] == ["m1", "m2"]
+                assert await backend.aget(AssetScope(name="orders"), "wm") == 2
+            foreign = await conn.fetchval(
+                "SELECT count(*) FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace "
+                "WHERE n.nspname = $1 AND c.contype = 'f' "
+                "AND c.conrelid::regclass::text LIKE '%asset_%'",
+                pg_schema,
+            )
+            method = await conn.fetchval(
+                "SELECT am.amname FROM pg_class i JOIN pg_am am ON am.oid = i.relam "
+                "JOIN pg_namespace n ON n.oid = i.relnamespace "
+                "WHERE n.nspname = $1 AND i.relname = 'asset_events_created'",
+                pg_schema,
+            )
+        finally:
+            await conn.close()
+        assert (foreign, method) == (0, "brin")
+
+    async def test_payload_texts_are_stored_as_given(self, pg_dsn: str, pg_schema: str) -> None:
+        """A payload's JSON text travels inside the round's document as it is and is stored
+        byte for byte (spacing, escapes, a JSON null, the NUL escape the server's JSON
+        functions refuse to take apart), single or in a batch."""
+        texts = ['{"n": 5,  "x":"\\u00e9\\""}', "null", "[1, 2]", '"s"', '{"z":"\\u0000"}']
+        async with PostgresStateBackend(pg_dsn, schema=pg_schema) as backend:
+            await backend.events.aregister_assets([Asset("orders"), Asset("bills")])
+            for text in texts:
+                await backend.events.acommit(EventCommit("w", ("orders",), text))
+            await backend.events.acommit_batch(
+                EventBatchCommit("w", ("bills", "orders"), tuple((t, None) for t in texts))
+            )
+            listed = await backend.events.alist_events()
+            raw = await backend.events.alist_events(raw=True)
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            stored = [r[0] for r in await conn.fetch(
+                f'SELECT payload FROM "{pg_schema}".asset_events ORDER BY id'
+            )]  # fmt: skip
+        finally:
+            await conn.close()
+        assert stored == texts + [t for t in texts for _ in range(2)]
+        assert [e.payload for e in listed[:5]] == [json.loads(t) for t in texts]
+        assert [json.loads(r)["payload"] for _, r in raw[:5]] == [json.loads(t) for t in texts]
+
     async def test_two_backends_opening_a_fresh_schema_at_once_both_work(
         self, pg_dsn: str, pg_schema: str
     ) -> None:
@@ -260,7 +330,7 @@ class TestLifecycle:
                 for ready in opened:
                     await ready.wait()
                 applied = sorted(b.applied_migrations for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+                assert applied == [[], [], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()

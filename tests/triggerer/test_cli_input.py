@@ -225,7 +225,7 @@ class TestDbMigrate:
         first = await cli("db", "migrate")
         assert (first.code, first.out) == (
             0,
-            "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9, 10\n",
+            "applied migrations 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11\n",
         ), first.err
         again = await cli("db", "migrate")
         assert (again.code, again.out) == (0, "database schema is up to date\n"), again.err

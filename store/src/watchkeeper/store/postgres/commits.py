@@ -16,8 +16,11 @@ once, so no two ops of it write the same state row.
 Why JSON and not parallel arrays: asyncpg checks every element of an array it encodes against
 three abstract classes, which costs more than the statement's own work on the client (see
 BENCHMARKS.md), and each op encodes its document before it is queued, so the writer only joins
-texts. JSON strings carry every text exactly (payloads and state values are JSON text
-themselves, so they travel as strings, not as nested JSON the server might reformat).
+texts. A payload is JSON text already: it goes into the document as it is, and the server
+takes it back as ``json``, whose text is kept byte for byte (a JSON ``null`` payload comes
+back as SQL NULL, hence the ``coalesce``); a payload with the escape ``\u0000``, which the
+server's JSON functions refuse to take apart, travels as a JSON string (``q``, or a third
+element in a batch). The other texts (names, keys, state values) travel as JSON strings.
 """
 
 from __future__ import annotations
@@ -72,12 +75,13 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.w, o.p, o.d, o.e, o.a, o.n, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
+            SELECT o.ord, o.w, coalesce(o.q, o.p::text, 'null') AS p, o.d, o.e, o.a, o.n, o.s,
+                   o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
                    ($2::timestamptz[])[o.ord::int4] AS at
             FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
-                     w text, p text, d text, e json, a text, n json, s json,
+                     w text, p json, q text, d text, e json, a text, n json, s json,
                      ft text, fo text, fk int8, wk text, wn text, wt int4)) WITH ORDINALITY
-                 AS o(w, p, d, e, a, n, s, ft, fo, fk, wk, wn, wt, ord)
+                 AS o(w, p, q, d, e, a, n, s, ft, fo, fk, wk, wn, wt, ord)
         ), r AS MATERIALIZED (
             SELECT x.op, x.pos, x.name,
                    (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
@@ -109,7 +113,9 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             SELECT r.asset_id, r.name, x.w, x.p, x.d, x.at
             FROM (SELECT o.ord, 1::int8 AS pos, o.w, o.p, o.d, o.at FROM o WHERE o.e IS NULL
                   UNION ALL
-                  SELECT o.ord, v.pos, o.w, v.v->>0, v.v->>1, o.at
+                  SELECT o.ord, v.pos, o.w,
+                         CASE WHEN v.v->2 IS NULL THEN (v.v->0)::text ELSE v.v->>0 END,
+                         v.v->>1, o.at
                   FROM o CROSS JOIN LATERAL json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)
                   WHERE o.e IS NOT NULL) x
             JOIN r ON r.op = x.ord

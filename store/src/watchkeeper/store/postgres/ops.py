@@ -174,7 +174,10 @@ class EventsOp(Op):
 
     Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as one JSON
     object: ``w`` the watcher; its one event as ``p`` (payload) and ``d`` (dedup key), or its
-    events as ``e`` (each ``[payload]`` or ``[payload, dedup key]``); its one asset as ``a`` or
+    events as ``e`` (each ``[payload]`` or ``[payload, dedup key]``), each payload its own JSON
+    text put in as it is (not quoted: the event keeps one form), but for a payload holding the
+    escape ``\u0000``, which the server's JSON functions refuse to take apart: that one goes
+    quoted, as ``q`` or as ``[text, dedup key, 1]``; its one asset as ``a`` or
     its assets as ``n``; ``s`` the state; ``ft``/``fo``/``fk`` the fence, ``wk``/``wn``/``wt``
     the writer (absent keys are NULL). It is written here, by its caller, so the writer only
     joins the texts. Its
@@ -208,12 +211,20 @@ class EventsOp(Op):
         if len(events) == 1:
             payload, key = events[0]
             self.keyed = key is not None
-            doc = f'{{"w":{q(watcher)},"p":{q(payload)}'
+            if _NUL in payload:
+                doc = f'{{"w":{q(watcher)},"q":{q(payload)}'
+            else:
+                doc = f'{{"w":{q(watcher)},"p":{payload}'
             if key is not None:
                 doc += f',"d":{q(key)}'
         else:
             self.keyed = any(key is not None for _, key in events)
-            text = ",".join([f"[{q(p)}]" if d is None else f"[{q(p)},{q(d)}]" for p, d in events])
+            text = ",".join([
+                (f"[{p}]" if d is None else f"[{p},{q(d)}]")
+                if _NUL not in p
+                else f"[{q(p)},{'null' if d is None else q(d)},1]"
+                for p, d in events
+            ])  # fmt: skip
             doc = f'{{"w":{q(watcher)},"e":[{text}]'
         if len(names) == 1:
             doc += f',"a":{q(names[0])}'
@@ -248,6 +259,9 @@ class EventsOp(Op):
 
     def fence_at(self) -> tuple[Fence, datetime] | None:
         return None if self.fence is None else (self.fence, self.created_at)
+
+
+_NUL: Final = "\\u0000"
 
 
 class CallOp(Op):
