@@ -10,6 +10,7 @@ name the class it is mixed into for its annotations.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -374,3 +375,36 @@ class TestWings:
         loader = MODULES[f"{TRIGGERER}.worker._task_loader"]
         assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(loader)
         assert "_import_file" not in _exported(f"{TRIGGERER}.daemon")
+
+
+def _named_in_code_layout() -> set[str]:
+    """The ``*.py`` paths ``docs/code-layout.md`` names, as written (a tail of the real path)."""
+    text = (ROOT / "docs" / "code-layout.md").read_text(encoding="utf-8")
+    return set(re.findall(r"`([A-Za-z0-9_./]+\.py)`", text))
+
+
+def _tails(path: Path) -> set[str]:
+    parts = path.parts
+    return {"/".join(parts[-n:]) for n in range(1, len(parts) + 1)}
+
+
+class TestCodeLayoutPage:
+    """``docs/code-layout.md`` has one line per module: a new module is named there, a removed
+    one is gone from there."""
+
+    def test_every_module_is_named(self) -> None:
+        named = _named_in_code_layout()
+        unnamed = [
+            str(module.path.relative_to(ROOT))
+            for module in MODULES.values()
+            if not _tails(module.path.relative_to(ROOT)) & named
+        ]
+        assert unnamed == [], f"modules docs/code-layout.md does not name: {unnamed}"
+
+    def test_every_named_module_exists(self) -> None:
+        tails: set[str] = set()
+        for top in (*PARTS, "tests", "benchmarks", "examples", "docs"):
+            for path in (ROOT / top).rglob("*.py"):
+                tails |= _tails(path.relative_to(ROOT))
+        stale = sorted(_named_in_code_layout() - tails)
+        assert stale == [], f"docs/code-layout.md names modules that are gone: {stale}"
