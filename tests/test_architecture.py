@@ -247,7 +247,7 @@ class TestLayout:
 
 
 TRIGGERER = "watchkeeper.triggerer"
-WINGS = ("_core", "runtime", "daemon", "worker", "cli", "api", "testing")
+WINGS = ("_core", "runtime", "daemon", "worker", "cli", "api", "testing", "demo")
 """The triggerer's subpackages, by product; ``_core`` is what they all share."""
 LIBRARY_WINGS = ("_core", "runtime", "daemon", "worker")
 """The wings other wings build on: their public names are their ``__init__``'s ``__all__``."""
@@ -340,6 +340,8 @@ class TestWings:
             ("daemon", {"worker", "cli", "testing"}),
             ("worker", {"runtime", "cli", "api", "testing"}),
             ("api", {"cli", "testing"}),
+            # The demo drives real child processes through the command line: it needs no wing.
+            ("demo", {"runtime", "daemon", "worker", "cli", "api", "testing"}),
         ],
     )
     def test_a_wing_imports_only_the_wings_below_it(self, wing: str, forbidden: set[str]) -> None:
@@ -352,7 +354,7 @@ class TestWings:
         ]
         assert found == []
 
-    @pytest.mark.parametrize("wing", ["cli", "api", "testing"])
+    @pytest.mark.parametrize("wing", ["cli", "api", "testing", "demo"])
     def test_products_import_public_names_of_the_wings(self, wing: str) -> None:
         """The CLI, the API and the test kit import a library wing's public names only: from
         the wing's package, names its ``__all__`` lists (never ``daemon._leases``)."""
