@@ -57,16 +57,21 @@ def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConf
 
 
 class Daemon(DaemonLeases, AsyncService):
-    """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited.
+    """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited
+    (``async with Daemon(settings) as daemon: ...``).
 
-    ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
-    opens nor closes it); by default the daemon opens the one the settings configure.
-    ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon
-    in the lease table and the statuses (default: :func:`~._leases.daemon_identity`,
-    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`~._process.run_daemon`
-    is) pauses the cyclic garbage collector while the first load starts the triggers, then
-    freezes what is alive and raises the gen-0 threshold (see :mod:`._gctune`); an embedding
-    leaves the process's GC settings alone by default.
+    :param settings: the whole configuration (store, ``[triggerer]``, logging).
+    :param backend: a backend the embedding opened itself (the daemon then neither opens nor
+        closes it); by default the daemon opens the one the settings configure.
+    :param reload_interval: seconds between two looks at the watcher files (default:
+        ``[triggerer] reload_interval``).
+    :param owner: the daemon's name in the lease table and the statuses (default:
+        ``host:pid:random``).
+    :param tune_gc: for the owner of the process, as :func:`~._process.run_daemon` is: pause
+        the cyclic garbage collector while the first load starts the triggers, then freeze
+        what is alive and raise the gen-0 threshold (see :mod:`._gctune`); an embedding
+        leaves the process's GC settings alone by default.
+    :raises ValueError: a reload interval that is not positive, or an empty owner.
     """
 
     def __init__(

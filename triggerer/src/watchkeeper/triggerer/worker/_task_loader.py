@@ -25,6 +25,11 @@ def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherEr
     """Import every definition file under ``path``; its tasks (by name) and the refusals.
 
     Blocking (it imports modules and runs their code).
+
+    :param path: the definitions directory (``[triggerer] watchers_path``).
+    :returns: the tasks, sorted by name, and the refusals (a file that did not import, a task
+        name defined twice), each also logged as ``task_refused``.
+    :raises NotADirectoryError: ``path`` is not a directory.
     """
     root = Path(path).resolve()
     if not root.is_dir():
