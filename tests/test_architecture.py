@@ -354,10 +354,11 @@ class TestWings:
         ]
         assert found == []
 
-    @pytest.mark.parametrize("wing", ["cli", "api", "testing", "demo"])
+    @pytest.mark.parametrize("wing", ["cli", "api", "testing", "demo", "worker"])
     def test_products_import_public_names_of_the_wings(self, wing: str) -> None:
-        """The CLI, the API and the test kit import a library wing's public names only: from
-        the wing's package, names its ``__all__`` lists (never ``daemon._leases``)."""
+        """The CLI, the API, the test kit, the demo and the worker import another library
+        wing's public names only: from the wing's package, names its ``__all__`` lists (never
+        ``daemon._leases``)."""
         found = []
         for name, module in MODULES.items():
             if _wing(name) != wing:
@@ -371,11 +372,13 @@ class TestWings:
                     found.append(f"{name} imports {base}.{imported}")
         assert found == []
 
-    def test_public_name_rule_catches_a_private_import(self) -> None:
+    def test_public_name_rule_catches_a_private_import(self, tmp_path: Path) -> None:
         """The public-name check reads a private import as one (so an empty answer means
-        something): the task loader imports the definition files' machinery privately."""
-        loader = MODULES[f"{TRIGGERER}.worker._task_loader"]
-        assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(loader)
+        something): a CLI module importing the definition files' machinery privately."""
+        source = tmp_path / "_probe.py"
+        source.write_text("from ..daemon._watcher_files import _import_file\n", encoding="utf-8")
+        probe = Module(f"{TRIGGERER}.cli._probe", source, is_package=False)
+        assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(probe)
         assert "_import_file" not in _exported(f"{TRIGGERER}.daemon")
 
 
