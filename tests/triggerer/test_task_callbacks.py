@@ -136,4 +136,5 @@ async def _hang(run: TaskRun, error: BaseException | None) -> None:
 @pytest.mark.parametrize("which", ["on_success", "on_failure", "on_retry"])
 def test_a_callback_that_is_not_callable_is_refused(which: str) -> None:
     with pytest.raises(TypeError, match=f"{which} must be a function, got int"):
-        asset_task(schedule=[ORDERS], **{which: 3})
+        callbacks: dict[str, Any] = {which: 3}
+        asset_task(schedule=[ORDERS], **callbacks)
