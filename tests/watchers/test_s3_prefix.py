@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import structlog
 from aiobotocore.session import get_session
 from watchkeeper.store import Asset, BaseStateBackend, SqliteStateBackend
 from watchkeeper.triggerer.testing import CrashPoint, WatcherHarness
-from watchkeeper.watchers import BrokerSourceError, S3PrefixWatcher
+from watchkeeper.watchers import BrokerSourceError, S3PrefixWatcher, SqsWatcher
 from watchkeeper.watchers._window_state import WindowState
 from watchkeeper.watchers.s3_prefix import _advance, _size_of, _whole_window
 
@@ -351,3 +352,48 @@ class TestS3Window:
         saved = state.state(w)
         again = state._decode(saved[state.watermark_key], saved[state.recent_key])
         assert (again.watermark, again.floor, again.items()) == (w.watermark, w.floor, w.items())
+
+
+# -- the notification path of docs/s3-watchers.md ----------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "s3-watchers.md"
+
+
+def docs_block(marker: str) -> dict[str, Any]:
+    """Run the python block of the S3 page that holds ``marker``; its names."""
+    text = DOCS.read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if marker in b]
+    assert len(blocks) == 1, f"expected one python block with {marker!r} in {DOCS.name}"
+    names: dict[str, Any] = {}
+    exec(compile(blocks[0], str(DOCS), "exec"), names)  # noqa: S102 - the page's own example
+    return names
+
+
+class TestNotificationPath:
+    async def test_the_documented_setup_delivers_new_objects_to_an_sqs_watcher(
+        self, s3: Client, bucket: str, moto_endpoint: str, state: BaseStateBackend
+    ) -> None:
+        """The page's setup makes S3 notify a queue; an SqsWatcher on it emits the object,
+        and the page's reader finds its key, size and ETag in the event."""
+        setup = docs_block("async def send_new_objects_to_queue(")["send_new_objects_to_queue"]
+        reader = docs_block("def created_objects(")["created_objects"]
+        async with get_session().create_client(
+            "sqs", region_name="us-east-1", endpoint_url=moto_endpoint
+        ) as sqs:
+            queue = await setup(s3, sqs, bucket, "in/", unique("wk-notify-"))
+            await put(s3, bucket, "in/one.csv", "out/other.csv", body=b"a,b\n")
+            watcher = SqsWatcher(queue, endpoint_url=moto_endpoint, wait_time=1, call_timeout=5.0)
+            harness = WatcherHarness(state, watermark_key="notified.message_id")
+            run = await harness.run(
+                watcher, assets=ASSET, idle=2, timeout=30, watcher_name="notified"
+            )
+        found = [obj for payload in run.payloads for obj in reader(payload)]
+        head = await s3.head_object(Bucket=bucket, Key="in/one.csv")
+        assert found == [
+            {
+                "bucket": bucket,
+                "key": "in/one.csv",
+                "size": 4,
+                "etag": head["ETag"].strip('"'),
+            }
+        ]
