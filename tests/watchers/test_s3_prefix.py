@@ -329,12 +329,15 @@ class TestS3Window:
         assert not w.accepts(*item("b", 10))
 
     def test_the_floor_never_passes_the_last_key_listed(self) -> None:
-        """Keys beyond what this pass listed were not read yet: the floor stops there."""
+        """Keys beyond what this pass listed were not read yet: the floor stops there. A late
+        object with an old LastModified (a long multipart upload) listed at "c" must not
+        lift the floor to "m", past "d", which this pass has not reached."""
         state = window_state()
-        w = state.new_window(item("m", 0), [item("m", 0), item("z", 0)])
-        w = _advance(state, w, [item("c", 100)], 5, "c")
-        assert w.floor is None or w.floor <= "c"
+        w = state.new_window(item("z", 100), [item("m", 0), item("z", 100)])
+        w = _advance(state, w, [item("c", 0)], 5, "c")
+        assert w.floor == "c"
         assert w.accepts(*item("d", 100))
+        assert not w.accepts(*item("c", 0))
 
     def test_an_overflow_keeps_the_newest_keys_within_the_limit(self) -> None:
         state = window_state(max_keys=10)
