@@ -211,7 +211,10 @@ class Settings(StoreSettings):
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
     """Build :class:`Settings` from every source; ``overrides`` beat all of them.
 
-    ``config_file`` replaces ``./watchkeeper.toml`` and must exist; overrides are nested like
-    the file: ``load_settings(database={"url": "sqlite:///state.db"})``.
+    :param config_file: the TOML file to read instead of ``./watchkeeper.toml`` (it must exist).
+    :param overrides: values nested like the file, e.g.
+        ``load_settings(database={"url": "sqlite:///state.db"})``.
+    :returns: the settings.
+    :raises pydantic.ValidationError: a value out of its rules, naming the setting.
     """
     return Settings.load(config_file, **overrides)

@@ -28,7 +28,12 @@ __all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_t
 
 
 class AnyOf:
-    """A schedule that runs its task when any of ``assets`` has a new event."""
+    """A schedule that runs its task when any of ``assets`` has a new event.
+
+    :param assets: the assets (at least one).
+    :raises TypeError: an argument that is not an :class:`Asset`.
+    :raises ValueError: no asset.
+    """
 
     __slots__ = ("assets",)
 
@@ -72,7 +77,11 @@ def _seconds(what: str, value: timedelta | float | None, *, optional: bool) -> t
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AssetTask:
-    """A task function with its schedule, outlets and retry policy (made by :func:`asset_task`)."""
+    """A task function with its schedule, outlets and retry policy.
+
+    Made by :func:`asset_task`, whose parameters its fields hold (``mode`` is ``"all"`` for a
+    list schedule, ``"any"`` for :class:`AnyOf`); calling it calls the function.
+    """
 
     fn: Callable[..., Any]
     name: str
@@ -130,10 +139,24 @@ def asset_task(
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
-    ``retries`` more tries after a failure, ``retry_delay`` doubling after each (with jitter,
-    capped at 5 minutes); ``execution_timeout`` cancels an async try and abandons a sync one
-    (its thread cannot be interrupted) and counts as a failure. ``name`` defaults to the
-    function's name.
+    :param schedule: the assets whose events start a run: a list (a run once every one has a
+        new event since the last run) or :class:`AnyOf` (once any has).
+    :param outlets: assets the task produces: each successful run commits one event on each,
+        with the payload set through ``outlet_events[asset].extra``.
+    :param inlets: assets the task reads without being scheduled on them (their state is
+        readable through ``asset_state_store``).
+    :param retries: tries after the first failed one.
+    :param retry_delay: the delay before the first retry (a timedelta or seconds), doubled
+        after each further failure, varied by ±20 % and capped at 5 minutes.
+    :param execution_timeout: the longest a try may run (None: no limit); an async try is
+        cancelled, a sync one abandoned (its thread cannot be interrupted), and the try
+        counts as a failure.
+    :param clear_on_success: delete the run's task state once it succeeds.
+    :param max_events_per_run: the most events of each scheduled asset one run receives.
+    :param name: the task's name (default: the function's).
+    :returns: the decorator, which turns the function into an :class:`AssetTask`.
+    :raises TypeError: a parameter of the wrong type (naming it).
+    :raises ValueError: a parameter out of its bounds (naming it).
     """
     if isinstance(schedule, AnyOf):
         scheduled, mode = schedule.assets, "any"
@@ -175,7 +198,10 @@ def asset_task(
 
 
 class OutletEventAccessor:
-    """The event a successful run emits on one outlet: set ``extra`` to give it a payload."""
+    """The event a successful run emits on one outlet: set ``extra`` to give it a payload.
+
+    :param asset: the outlet.
+    """
 
     __slots__ = ("asset", "extra")
 
@@ -188,7 +214,10 @@ class OutletEventAccessor:
 
 
 class OutletEvents(Mapping[Asset | str, OutletEventAccessor]):
-    """``context["outlet_events"]``: one accessor per outlet, looked up by Asset or by name."""
+    """``context["outlet_events"]``: one accessor per outlet, looked up by Asset or by name.
+
+    :param outlets: the task's outlets.
+    """
 
     def __init__(self, outlets: Iterable[Asset]) -> None:
         self._by_name = {a.name: OutletEventAccessor(a) for a in outlets}

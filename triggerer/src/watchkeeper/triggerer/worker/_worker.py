@@ -120,7 +120,13 @@ class _InFlight:
 
 
 class Worker:
-    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``."""
+    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``.
+
+    :param backend: an open backend with the tasks service (``backend.tasks``).
+    :param tasks: the tasks to declare and run (each name once).
+    :param settings: ``[worker]`` settings (default: the defaults).
+    :param owner: the name its run leases are held under (default: ``host:pid:random``).
+    """
 
     def __init__(
         self,
@@ -400,7 +406,12 @@ class Worker:
 
 def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
     """Name the store's sessions ``name`` and bound their idle transactions by a run lease
-    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
+    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens.
+
+    :param backend: the backend, not yet opened.
+    :param settings: the ``[worker]`` settings whose lease bounds idle transactions.
+    :param name: the session name the database shows (PostgreSQL's ``application_name``).
+    """
     backend.configure_sessions(name, settings.lease_seconds)
 
 
@@ -413,7 +424,14 @@ async def run_worker(
     signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
 ) -> None:
     """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
-    stop claiming, give the runs in flight ``stop_grace`` seconds, and return."""
+    stop claiming, give the runs in flight ``stop_grace`` seconds, and return.
+
+    :param backend: an open backend with the tasks service.
+    :param tasks: the tasks to run.
+    :param settings: the ``[worker]`` settings.
+    :param stop_grace: seconds the runs in flight get to finish after a signal.
+    :param signals: the signals that stop the worker.
+    """
     worker = Worker(backend, tasks, settings)
     with anyio.open_signal_receiver(*signals) as received:
         async with anyio.create_task_group() as tg:
