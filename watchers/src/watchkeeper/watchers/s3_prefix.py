@@ -24,8 +24,9 @@ emitted whose ``LastModified`` lies within ``lag_window`` seconds of the newest 
   burst larger than that inside the window raises the floor instead of emitting anything
   twice (logged once as ``lag_window_overflow``).
 
-A key written over inside the window (a new ETag or ``LastModified``) is emitted again, as a
-new version; the same version listed again never is.
+A key written over with new content inside the window (a new ETag) is emitted again, as a new
+version; the same content put again (a producer's retry: the same ETag, a later
+``LastModified``) is not, and the same version listed again never is.
 """
 
 from __future__ import annotations
@@ -339,9 +340,15 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
     def _accepted(
         self, window: LagWindow[str, str], contents: list[dict[str, Any]]
     ) -> list[tuple[Item, dict[str, Any]]]:
-        """The objects of a listed page to emit, in key order, with their ``(key, version)``."""
+        """The objects of a listed page to emit, in key order, with their ``(key, version)``.
+
+        An object whose key and ETag the window remembers is not emitted again, even with a
+        later ``LastModified``: the same bytes put again (a producer's retry) are no new
+        object.
+        """
         p = self.params
         found: list[tuple[Item, dict[str, Any]]] = []
+        remembered: set[str] | None = None
         for obj in contents:
             key = obj["Key"]
             if key.endswith("/") or int(obj.get("Size", 0)) < p.min_size:
@@ -351,6 +358,11 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
             version = _version(obj)
             if not window.accepts(key, version):
                 continue
+            if remembered is None:
+                versions = window.keys()
+                remembered = {_content(known) for known in versions}
+            if _content(version) in remembered:
+                continue  # the same content put again
             if not window.is_new(key, version):
                 log.info("late_object", bucket=p.bucket, key=key)
             found.append(((key, version), obj))
@@ -400,6 +412,12 @@ def _version(obj: dict[str, Any]) -> str:
     ms = 0 if modified is None else (modified - _EPOCH) // _MS
     etag = str(obj.get("ETag", "")).strip('"').replace(" ", "")
     return f"{ms} {etag} {obj['Key']}"
+
+
+def _content(version: str) -> str:
+    """``"<ETag> <key>"`` of a version: what stays the same when the same bytes are put
+    again."""
+    return version.split(" ", 1)[1]
 
 
 def _modified_ms(version: str) -> int:
