@@ -446,7 +446,8 @@ def _advance(
     key emitted within ``lag`` seconds of the newest ``LastModified``, but not past ``listed``
     (the last key this pass has listed: what lies beyond was not read yet, and an object there
     is not late), and further, key by key from the bottom, while the versions kept would
-    exceed the window's bounds.
+    exceed the window's bounds. That second rise does not pass ``listed`` either: the versions
+    the window held fit its bounds, so the first one cut is one emitted now.
     """
     watermark = window.watermark
     for item in emitted:
