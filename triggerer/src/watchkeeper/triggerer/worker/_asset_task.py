@@ -22,9 +22,20 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from watchkeeper.store import Asset
-from watchkeeper.store.protocols import TaskSpec
+from watchkeeper.store.protocols import TaskRun, TaskSpec
 
-__all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"]
+__all__ = [
+    "AnyOf",
+    "AssetTask",
+    "OutletEventAccessor",
+    "OutletEvents",
+    "RunCallback",
+    "asset_task",
+]
+
+RunCallback = Callable[[TaskRun, BaseException | None], Any]
+"""``callback(run, error)``: a run's record as it was just recorded and the exception of the
+try (None on success); a plain function or a coroutine function."""
 
 
 class AnyOf:
@@ -96,6 +107,10 @@ class AssetTask:
     clear_on_success: bool = False
     max_events_per_run: int = 100
     is_async: bool = field(default=False)
+    on_success: RunCallback | None = None
+    on_failure: RunCallback | None = None
+    on_retry: RunCallback | None = None
+    isolation: Literal["none", "process"] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -136,6 +151,10 @@ def asset_task(
     clear_on_success: bool = False,
     max_events_per_run: int = 100,
     name: str | None = None,
+    on_success: RunCallback | None = None,
+    on_failure: RunCallback | None = None,
+    on_retry: RunCallback | None = None,
+    isolation: Literal["none", "process"] | None = None,
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
@@ -154,6 +173,16 @@ def asset_task(
     :param clear_on_success: delete the run's task state once it succeeds.
     :param max_events_per_run: the most events of each scheduled asset one run receives.
     :param name: the task's name (default: the function's).
+    :param on_success: called as ``on_success(run, None)`` once a run succeeded (recorded).
+    :param on_failure: called as ``on_failure(run, error)`` once a run failed for good: its
+        last try's exception (or ``TimeoutError`` past ``execution_timeout``).
+    :param on_retry: called as ``on_retry(run, error)`` after a failed try that will be tried
+        again. Each callback may be sync (run in a worker thread) or async, runs after the
+        outcome is recorded, within ``[worker] callback_timeout``; its own failure is logged
+        (``task_callback_failed``) and never changes the run.
+    :param isolation: where each try runs: ``"none"`` in the worker's process, ``"process"``
+        in a child process of the worker's pool (a crash, ``os._exit`` or a leak of the task
+        ends only that child; ``execution_timeout`` kills it); None: ``[worker] isolation``.
     :returns: the decorator, which turns the function into an :class:`AssetTask`.
     :raises TypeError: a parameter of the wrong type (naming it).
     :raises ValueError: a parameter out of its bounds (naming it).
@@ -168,6 +197,15 @@ def asset_task(
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if type(max_events_per_run) is not int or max_events_per_run < 1:
         raise ValueError(f"max_events_per_run must be an int >= 1, got {max_events_per_run!r}")
+    for what, callback in (
+        ("on_success", on_success),
+        ("on_failure", on_failure),
+        ("on_retry", on_retry),
+    ):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"{what} must be a function, got {type(callback).__name__}")
+    if isolation not in (None, "none", "process"):
+        raise ValueError(f"isolation must be 'none' or 'process', got {isolation!r}")
     delay = _seconds("retry_delay", retry_delay, optional=False)
     timeout = _seconds("execution_timeout", execution_timeout, optional=True)
     out, into = _assets("outlets", outlets), _assets("inlets", inlets)
@@ -192,6 +230,10 @@ def asset_task(
             clear_on_success=bool(clear_on_success),
             max_events_per_run=max_events_per_run,
             is_async=inspect.iscoroutinefunction(fn),
+            on_success=on_success,
+            on_failure=on_failure,
+            on_retry=on_retry,
+            isolation=isolation,
         )
 
     return decorate
