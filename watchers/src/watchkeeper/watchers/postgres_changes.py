@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from pydantic import ValidationInfo, field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
-from watchkeeper.triggerer import TriggererError, TriggerEvent, TriggerEventBatch
+from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import reconnect_delay, scrub, url_secrets
+from ._broker import reconnect_delay
 from ._common import import_off_loop, sleep_jittered
 from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
+from ._pg_slot import PostgresChangesError, SlotSession
 from ._pgoutput import Begin, Change, Commit, PgOutputDecoder, format_lsn, parse_lsn
 from ._sql import check_table, redact_dsn
 
@@ -40,9 +41,7 @@ __all__ = ["PostgresChangesError", "PostgresChangesParams", "PostgresChangesWatc
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
 
-_CLOSE_TIMEOUT = 5.0
 _RECONNECT_MAX = 30.0
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """Slot and publication names: what the server takes unquoted (it folds the publication
@@ -52,24 +51,6 @@ _PEEK = (
     "SELECT lsn, data FROM pg_logical_slot_peek_binary_changes("
     "$1, $2, $3, 'proto_version', '1', 'publication_names', $4)"
 )
-
-
-class PostgresChangesError(TriggererError, RuntimeError):
-    """Raised when :class:`PostgresChangesWatcher` cannot reach the database, or the database
-    refuses what the watcher needs (logical decoding, its slot, its publication).
-
-    ``transient`` is true when the server could not be reached, the connection was lost or
-    went silent, or the slot is busy (a new attempt may work: the watcher retries by itself);
-    false when the server refused (``run()`` raises it). The driver's exception is chained as
-    ``__cause__``; the DSN's password never appears in the message.
-    """
-
-    def __init__(
-        self, owner: str, action: str, cause: BaseException | str, *, transient: bool = False
-    ) -> None:
-        reason = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
-        super().__init__(f"{owner}: {action} failed: {reason}")
-        self.transient = transient
 
 
 def _name(value: object, what: str, info: ValidationInfo) -> object:
@@ -246,9 +227,9 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         p = self.params
         self._publication = p.publication if p.publication is not None else p.slot
         self._name = f"{type(self).__name__}({p.slot!r})"
-        self._secrets = url_secrets(p.dsn)
-        self._connection: Any = None
-        self._broken = False
+        self._session = SlotSession(
+            self._name, p.dsn, p.slot, self._publication, p.tables, p.timeout
+        )
         self.slot_lag_bytes: int | None = None
         """The WAL bytes the server keeps for the slot, as last measured (None before)."""
 
@@ -256,7 +237,7 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         p = self.params
         return (
             f"<{type(self).__name__} dsn={redact_dsn(p.dsn)!r} slot={p.slot!r} "
-            f"publication={self._publication!r} connected={self._connection is not None}>"
+            f"publication={self._publication!r} connected={self._session.connection is not None}>"
         )
 
     def source_gauges(self) -> Mapping[str, float]:
@@ -273,8 +254,8 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         failures = 0
         while True:
             try:
-                async with self._connected() as connection:
-                    await self._prepare(connection)
+                async with self._session.connected() as connection:
+                    await self._session.prepare()
                     if failures:
                         failures = 0
                         self.report_source(None)  # it answers again
@@ -304,183 +285,9 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""
-        await self._close()
+        await self._session.close()
 
     # -- the connection ------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _connected(self) -> AsyncIterator[Any]:
-        import asyncpg
-
-        where = f"connecting to {redact_dsn(self.params.dsn)!r}"
-        self._broken = False
-        timeout = self.params.timeout
-        try:
-            with anyio.fail_after(timeout):
-                connection = await asyncpg.connect(
-                    self.params.dsn,
-                    timeout=min(timeout, 60.0),
-                    command_timeout=None,
-                    server_settings={"application_name": "watchkeeper-changes"},
-                )
-        except TimeoutError as exc:
-            silent = f"TimeoutError: no answer within {timeout:g} s"
-            raise PostgresChangesError(self._name, where, silent, transient=True) from exc
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise self._error(where, exc) from exc
-        self._connection = connection
-        try:
-            yield connection
-        finally:
-            await self._close()
-
-    async def _close(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
-            return
-        if self._broken:
-            connection.terminate()  # a statement may still be running: drop it, say nothing
-            return
-        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-            try:
-                await connection.close(timeout=_CLOSE_TIMEOUT)
-            except Exception:  # noqa: BLE001 - a connection that cannot close politely is dropped
-                connection.terminate()
-
-    def _error(self, action: str, exc: BaseException) -> PostgresChangesError:
-        import asyncpg.exceptions as pg
-
-        lost = (
-            OSError,
-            pg.InterfaceError,
-            pg.PostgresConnectionError,
-            pg.CannotConnectNowError,
-            pg.TooManyConnectionsError,
-            pg.AdminShutdownError,
-            pg.CrashShutdownError,
-            pg.ObjectInUseError,  # the slot is held by another session (one being dropped)
-            pg.DuplicateObjectError,  # another process created the slot at the same moment
-            pg.UniqueViolationError,  # the same, for a publication
-        )
-        transient = isinstance(exc, lost)
-        if isinstance(exc, OSError | pg.InterfaceError):
-            self._broken = True
-        reason = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
-        return PostgresChangesError(self._name, action, reason, transient=transient)
-
-    async def _call(self, action: str, call: Awaitable[T]) -> T:
-        """``await call`` within ``timeout``; a failure becomes :class:`PostgresChangesError`."""
-        import asyncpg
-
-        try:
-            with anyio.fail_after(self.params.timeout):
-                return await call
-        except TimeoutError as exc:
-            self._broken = True
-            silent = f"TimeoutError: no answer within {self.params.timeout:g} s"
-            raise PostgresChangesError(self._name, action, silent, transient=True) from exc
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise self._error(action, exc) from exc
-
-    # -- setting up ----------------------------------------------------------------------------
-
-    async def _prepare(self, connection: Any) -> None:
-        """Check logical decoding is on; create the publication and the slot if missing."""
-        wal_level = await self._call("reading wal_level", connection.fetchval("SHOW wal_level"))
-        if wal_level != "logical":
-            raise PostgresChangesError(
-                self._name,
-                "starting logical decoding",
-                f"the server runs with wal_level={wal_level}; set wal_level=logical "
-                "(a restart of the server)",
-            )
-        await self._publication_ready(connection)
-        slot = self.params.slot
-        row = await self._call(
-            f"looking up slot {slot!r}",
-            connection.fetchrow(
-                "SELECT plugin, slot_type, database = current_database() AS here "
-                "FROM pg_replication_slots WHERE slot_name = $1",
-                slot,
-            ),
-        )
-        if row is None:
-            await self._call(
-                f"creating slot {slot!r}",
-                connection.execute(
-                    "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot
-                ),
-            )
-            log.info("postgres_changes_slot_created", slot=slot)
-        elif row["slot_type"] != "logical" or row["plugin"] != "pgoutput" or not row["here"]:
-            raise PostgresChangesError(
-                self._name,
-                f"using slot {slot!r}",
-                f"the slot exists but is a {row['slot_type']} slot of plugin "
-                f"{row['plugin']!r}{'' if row['here'] else ' of another database'}; "
-                "give another slot name (this watcher needs a logical pgoutput slot of its "
-                "own)",
-            )
-
-    async def _publication_ready(self, connection: Any) -> None:
-        name = self._publication
-        tables = self.params.tables
-        found = await self._call(
-            f"looking up publication {name!r}",
-            connection.fetch(
-                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1",
-                name,
-            ),
-        )
-        exists = bool(found) or await self._call(
-            f"looking up publication {name!r}",
-            connection.fetchval("SELECT count(*) > 0 FROM pg_publication WHERE pubname = $1", name),
-        )
-        if tables is None:
-            if not exists:
-                raise PostgresChangesError(
-                    self._name,
-                    f"reading publication {name!r}",
-                    "no such publication: create it (CREATE PUBLICATION "
-                    f"{name} FOR TABLE ...) or give tables=[...] to have it created",
-                )
-            return
-        wanted = [check_table(self._name, table) for table in tables]
-        resolved = await self._call(
-            "looking up the tables",
-            connection.fetch(
-                "SELECT n.nspname, c.relname FROM unnest($1::text[]) AS t(name) "
-                "JOIN pg_class c ON c.oid = to_regclass(t.name) "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace",
-                [".".join(f'"{part}"' for part in parts) for parts in wanted],
-            ),
-        )
-        if len(resolved) != len(wanted):
-            have = {f"{r[0]}.{r[1]}" for r in resolved} | {r[1] for r in resolved}
-            missing = [t for t in tables if t not in have]
-            raise PostgresChangesError(
-                self._name, "looking up the tables", f"no such table: {', '.join(missing)}"
-            )
-        want = {(r[0], r[1]) for r in resolved}
-        if exists:
-            have_set = {(r[0], r[1]) for r in found}
-            if have_set != want:
-                listed = ", ".join(sorted(f"{s}.{t}" for s, t in have_set)) or "no table"
-                raise PostgresChangesError(
-                    self._name,
-                    f"using publication {name!r}",
-                    f"it publishes {listed}, not the tables given; change it with ALTER "
-                    "PUBLICATION or give another publication name",
-                )
-            return
-        names = ", ".join(f'"{schema}"."{table}"' for schema, table in sorted(want))
-        await self._call(
-            f"creating publication {name!r}",
-            connection.execute(f'CREATE PUBLICATION "{name}" FOR TABLE {names}'),
-        )
-        log.info("postgres_changes_publication_created", publication=name, tables=tables)
-
-    # -- reading -------------------------------------------------------------------------------
 
     async def _peek(
         self, connection: Any, position: _Position, key: str
@@ -488,7 +295,8 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         """One peek at the slot: a batch of events at a time, then, once the slot was advanced
         past them, how many messages were read."""
         p = self.params
-        flush = await self._call(
+        session = self._session
+        flush = await session.call(
             "reading the WAL position", connection.fetchval("SELECT pg_current_wal_flush_lsn()")
         )
         decoder = PgOutputDecoder()
@@ -509,13 +317,13 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
 
         async with contextlib.AsyncExitStack() as stack:
             transaction = connection.transaction(readonly=True)
-            await self._call(action, transaction.start())
-            stack.push_async_callback(self._finish, transaction)
-            cursor = await self._call(
+            await session.call(action, transaction.start())
+            stack.push_async_callback(session.finish, transaction)
+            cursor = await session.call(
                 action, connection.cursor(_PEEK, p.slot, flush, p.max_changes, self._publication)
             )
             while True:
-                records = await self._call(action, cursor.fetch(p.batch_size))
+                records = await session.call(action, cursor.fetch(p.batch_size))
                 if not records:
                     break
                 read += len(records)
@@ -575,11 +383,11 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         # ``flush`` was decoded unless the peek stopped at max_changes.
         target = max(last_end, flush if read < p.max_changes else 0)
         if target:
-            await self._call(
+            await session.call(
                 f"advancing slot {p.slot!r}",
                 connection.execute("SELECT pg_replication_slot_advance($1, $2)", p.slot, target),
             )
-        lag = await self._call(
+        lag = await session.call(
             f"measuring slot {p.slot!r}",
             connection.fetchval(
                 "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
@@ -596,16 +404,6 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
                 slot_lag_bytes=self.slot_lag_bytes,
             )
         yield read
-
-    async def _finish(self, transaction: Any) -> None:
-        """End the read-only transaction of a peek (a broken connection is dropped instead)."""
-        if self._broken or self._connection is None:
-            return
-        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-            try:
-                await transaction.rollback()
-            except Exception:  # noqa: BLE001 - the connection is closed next if it is broken
-                self._broken = True
 
 
 def _event(change: Change, begin: Begin, lsn: int) -> TriggerEvent:
