@@ -25,7 +25,9 @@ from watchkeeper.triggerer.testing import WatcherHarness
 from watchkeeper.watchers import PostgresChangesError, PostgresChangesWatcher
 from watchkeeper.watchers._pgoutput import parse_lsn
 
+from tests.support.brokers import run_through_a_break
 from tests.support.pg_logical import PASSWORD, LogicalCluster
+from tests.support.proxy import open_proxy
 
 ASSET = Asset("changes")
 NAME = "cdc"
@@ -527,3 +529,40 @@ class TestUnreachable:
         assert reports[0] is not None and "connecting to" in reports[0]
         assert PASSWORD not in reports[0]
         assert reports[-1] is None
+
+    async def test_a_silent_connection_is_dropped_and_the_watcher_reads_on(
+        self,
+        pg_logical: LogicalCluster,
+        db: asyncpg.Connection,
+        table: str,
+        harness: WatcherHarness,
+    ) -> None:
+        """A connection that goes silent (every byte dropped, the socket kept open) fails the
+        next statement within ``timeout``; the watcher reports it, reconnects and emits the
+        rest: each row once."""
+        await start_slot(pg_logical, harness, table)
+        await db.execute(f"INSERT INTO {table} (id) VALUES (1)")
+        async with open_proxy(pg_logical.port) as proxy:
+            dsn = pg_logical.dsn.replace(f"127.0.0.1:{pg_logical.port}", proxy.dsn_host)
+            trigger = PostgresChangesWatcher(
+                dsn, f"wk_{table}", tables=[table], poll_interval=0.1, timeout=2.0
+            )
+
+            async def hole_then_insert() -> None:
+                assert proxy.black_hole() == 1
+                await db.execute(f"INSERT INTO {table} (id) VALUES (2)")
+
+            with structlog.testing.capture_logs() as logs:
+                run = await run_through_a_break(
+                    harness,
+                    trigger,
+                    hole_then_insert,
+                    asset=ASSET,
+                    watcher_name=NAME,
+                    after=1,
+                    events=2,
+                )
+        assert [p["new"]["id"] for p in run.all_payloads] == [1, 2]
+        retries = [r["reason"] for r in logs if r["event"] == "postgres_changes_reconnecting"]
+        assert retries and "no answer within 2 s" in retries[0]
+        assert proxy.accepted >= 2
