@@ -92,7 +92,12 @@ class SlotSession:
                     self.dsn,
                     timeout=min(timeout, 60.0),
                     command_timeout=None,
-                    server_settings={"application_name": "watchkeeper-changes"},
+                    server_settings={
+                        "application_name": "watchkeeper-changes",
+                        # The server gives up a statement when we do, so a peek abandoned for
+                        # its slowness does not keep the slot held after we left.
+                        "statement_timeout": str(max(1, round(timeout * 1000))),
+                    },
                 )
         except TimeoutError as exc:
             silent = f"TimeoutError: no answer within {timeout:g} s"
@@ -130,6 +135,7 @@ class SlotSession:
             pg.AdminShutdownError,
             pg.CrashShutdownError,
             pg.ObjectInUseError,  # the slot is held by another session (one being dropped)
+            pg.QueryCanceledError,  # statement_timeout: the same as our own timeout
             pg.DuplicateObjectError,  # another process created the slot at the same moment
             pg.UniqueViolationError,  # the same, for a publication
         )
