@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 from .._core import lazy_exports
 
 if TYPE_CHECKING:
-    from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, OutletEvents, asset_task
+    from ._asset_task import (
+        AnyOf,
+        AssetTask,
+        OutletEventAccessor,
+        OutletEvents,
+        RunCallback,
+        asset_task,
+    )
     from ._task_loader import load_tasks
     from ._worker import Worker, configure_connections, run_worker
 
@@ -24,6 +31,7 @@ __all__ = [
     "AssetTask",
     "OutletEventAccessor",
     "OutletEvents",
+    "RunCallback",
     "Worker",
     "asset_task",
     "configure_connections",
@@ -32,7 +40,14 @@ __all__ = [
 ]
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "._asset_task": ("AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"),
+    "._asset_task": (
+        "AnyOf",
+        "AssetTask",
+        "OutletEventAccessor",
+        "OutletEvents",
+        "RunCallback",
+        "asset_task",
+    ),
     "._task_loader": ("load_tasks",),
     "._worker": ("Worker", "configure_connections", "run_worker"),
 }

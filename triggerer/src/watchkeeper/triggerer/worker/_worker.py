@@ -25,6 +25,7 @@ Several workers may share one PostgreSQL database; on SQLite they serialise on t
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import signal
@@ -119,8 +120,23 @@ class _InFlight:
     scope: anyio.CancelScope
 
 
+def _callback_for(task: AssetTask, outcome: RunOutcome, done: TaskRun) -> tuple[str, Any]:
+    """The callback a recorded outcome calls (its name and the callable, None when unset)."""
+    if outcome.success:
+        return "on_success", task.on_success
+    if done.state == "failed":
+        return "on_failure", task.on_failure
+    return "on_retry", task.on_retry
+
+
 class Worker:
-    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``."""
+    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``.
+
+    :param backend: an open backend with the tasks service (``backend.tasks``).
+    :param tasks: the tasks to declare and run (each name once).
+    :param settings: ``[worker]`` settings (default: the defaults).
+    :param owner: the name its run leases are held under (default: ``host:pid:random``).
+    """
 
     def __init__(
         self,
@@ -138,6 +154,8 @@ class Worker:
         self.owner = owner or daemon_identity()
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
+        self._errors: dict[int, BaseException] = {}
+        """The exception of each failed try not yet handed to its callback, by run id."""
         self._slot_freed = anyio.Event()
         self._accepting = True
         self._finishing = 0
@@ -240,13 +258,17 @@ class Worker:
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
-                        next_run = await self._finish(run, outcome)
+                        done, next_run = await self._finish(run, outcome)
+                        if next_run is not None:
+                            self._running[next_run.id] = _InFlight(next_run.lease_token, scope)
+                        if done is not None:
+                            await self._call_back(run, outcome, done)
                     finally:
                         self._finishing -= 1
+                        self._errors.pop(run.id, None)
                     if next_run is None:
                         return
                     run = next_run
-                    self._running[run.id] = _InFlight(run.lease_token, scope)
         finally:
             self._running.pop(run.id, None)
             self._slot_freed.set()
@@ -301,6 +323,8 @@ class Worker:
         """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
         own, retried after a delay."""
         delay = retry_delay_for(task, run.failures + 1)
+        if task.on_failure is not None or task.on_retry is not None:
+            self._errors[run.id] = exc
         log.warning(
             "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
             error=describe_error(exc), cause=cause,
@@ -315,8 +339,11 @@ class Worker:
             return await greenback.with_portal_run(task.fn, **context)
         return await self._threads.call(partial(task.fn, **context))
 
-    async def _finish(self, run: TaskRun, outcome: RunOutcome) -> TaskRun | None:
-        """Record ``outcome`` and, in the same transaction, claim this slot's next run."""
+    async def _finish(
+        self, run: TaskRun, outcome: RunOutcome
+    ) -> tuple[TaskRun | None, TaskRun | None]:
+        """Record ``outcome`` and, in the same transaction, claim this slot's next run: the
+        run as recorded (None when the record was refused or failed) and the next run."""
         task = self.tasks[run.task]
         with anyio.CancelScope(shield=True):
             try:
@@ -325,11 +352,11 @@ class Worker:
                 )
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
-                return None
+                return None, None
             except StateStoreError as exc:
                 # Not recorded: the lease lapses and the run is tried again.
                 log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
-                return None
+                return None, None
         done = step.finished
         self.finished += 1
         log.info(
@@ -342,7 +369,34 @@ class Worker:
                 await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
             except StateStoreError as exc:
                 log.warning("run_clear_failed", run_id=run.id, error=describe_error(exc))
-        return step.claimed[0] if step.claimed else None
+        return done, step.claimed[0] if step.claimed else None
+
+    async def _call_back(self, run: TaskRun, outcome: RunOutcome, done: TaskRun) -> None:
+        """Call the task's callback for the recorded outcome, within ``callback_timeout``; its
+        failure (or its being late) is logged, never raised: the run is recorded already."""
+        task = self.tasks[run.task]
+        which, callback = _callback_for(task, outcome, done)
+        if callback is None:
+            return
+        error = None if outcome.success else self._errors.get(run.id)
+        timeout = self.settings.callback_timeout
+        try:
+            with anyio.move_on_after(timeout) as late:
+                if inspect.iscoroutinefunction(callback):
+                    await callback(done, error)
+                else:
+                    await self._threads.call(partial(callback, done, error))
+        except Exception as exc:  # noqa: BLE001 - a callback never fails its run or the worker
+            log.error(
+                "task_callback_failed", task=task.name, run_id=run.id, callback=which,
+                error=describe_error(exc),
+            )  # fmt: skip
+            return
+        if late.cancelled_caught:
+            log.error(
+                "task_callback_failed", task=task.name, run_id=run.id, callback=which,
+                error=f"took longer than callback_timeout ({timeout:g} s)",
+            )  # fmt: skip
 
     async def _step(
         self, *, finish: RunOutcome | None = None, claim: int, peers: int = 0
@@ -400,7 +454,12 @@ class Worker:
 
 def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
     """Name the store's sessions ``name`` and bound their idle transactions by a run lease
-    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
+    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens.
+
+    :param backend: the backend, not yet opened.
+    :param settings: the ``[worker]`` settings whose lease bounds idle transactions.
+    :param name: the session name the database shows (PostgreSQL's ``application_name``).
+    """
     backend.configure_sessions(name, settings.lease_seconds)
 
 
@@ -413,7 +472,14 @@ async def run_worker(
     signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
 ) -> None:
     """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
-    stop claiming, give the runs in flight ``stop_grace`` seconds, and return."""
+    stop claiming, give the runs in flight ``stop_grace`` seconds, and return.
+
+    :param backend: an open backend with the tasks service.
+    :param tasks: the tasks to run.
+    :param settings: the ``[worker]`` settings.
+    :param stop_grace: seconds the runs in flight get to finish after a signal.
+    :param signals: the signals that stop the worker.
+    """
     worker = Worker(backend, tasks, settings)
     with anyio.open_signal_receiver(*signals) as received:
         async with anyio.create_task_group() as tg:
