@@ -423,9 +423,8 @@ class TestSetUp:
         async with connected(pg_dsn) as conn:
             level = await conn.fetchval("SHOW wal_level")
         if level == "logical":
-            pytest.skip(
-                "the shared server has logical decoding on: nothing to refuse"
-            )  # not a service
+            reason = "the shared server has logical decoding on: nothing to refuse"
+            pytest.skip(reason)  # not a service
         trigger = PostgresChangesWatcher(pg_dsn, "wk_never", tables=["t"], **FAST)
         with pytest.raises(PostgresChangesError, match="wal_level=logical"):
             await harness.run(trigger, assets=ASSET, timeout=10, watcher_name=NAME)
