@@ -161,10 +161,9 @@ class _Position:
 
 
 class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
-    """Yields one event per row inserted, updated or deleted in some PostgreSQL tables, a
-    batch of whole source transactions at a time.
+    """Yields one event per row inserted, updated or deleted in some PostgreSQL tables.
 
-    The payload is ``{"schema", "table", "op", "new", "old", "unchanged", "xid",
+    The events come in batches of whole source transactions. The payload is ``{"schema", "table", "op", "new", "old", "unchanged", "xid",
     "commit_lsn", "commit_time", "lsn"}``: ``op`` is ``"insert"``, ``"update"``,
     ``"delete"`` or ``"truncate"`` (one event per table truncated, without rows); ``new``
     the row after an insert or update; ``old`` the row before an update or delete as far as
