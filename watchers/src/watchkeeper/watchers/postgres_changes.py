@@ -229,6 +229,7 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         self._session = SlotSession(
             self._name, p.dsn, p.slot, self._publication, p.tables, p.timeout
         )
+        self._advanced = 0  # where this instance last advanced the slot to
         self.slot_lag_bytes: int | None = None
         """The WAL bytes the server keeps for the slot, as last measured (None before)."""
 
@@ -381,11 +382,12 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         # Everything read is committed: the slot may forget it. All of the WAL up to
         # ``flush`` was decoded unless the peek stopped at max_changes.
         target = max(last_end, flush if read < p.max_changes else 0)
-        if target:
+        if target > self._advanced:  # (an idle server's WAL does not move: nothing to do)
             await session.call(
                 f"advancing slot {p.slot!r}",
                 connection.execute("SELECT pg_replication_slot_advance($1, $2)", p.slot, target),
             )
+            self._advanced = target
         lag = await session.call(
             f"measuring slot {p.slot!r}",
             connection.fetchval(
