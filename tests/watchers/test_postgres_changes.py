@@ -287,6 +287,11 @@ class TestExactlyOnce:
         )
         assert [p["new"]["id"] for p in after.payloads] == [4]
         assert [p["new"]["id"] for p in after.all_payloads] == [1, 2, 3, 4]
+        # A run with nothing new to emit confirms what was committed: the slot moves on.
+        quiet = await harness.restart(
+            watcher(pg_logical, table), assets=ASSET, timeout=3, watcher_name=NAME
+        )
+        assert quiet.payloads == []
         assert await _confirmed(db, slot) > confirmed
 
     async def test_a_crash_inside_a_large_transaction_resumes_inside_it(

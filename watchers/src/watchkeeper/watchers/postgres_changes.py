@@ -256,16 +256,18 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
             try:
                 async with self._session.connected() as connection:
                     await self._session.prepare()
-                    if failures:
-                        failures = 0
-                        self.report_source(None)  # it answers again
                     while True:
                         read = 0
-                        async for item in self._peek(connection, position, key):
-                            if isinstance(item, int):
-                                read = item
-                            else:
-                                yield item
+                        peek = self._peek(connection, position, key)
+                        async with contextlib.aclosing(peek) as items:
+                            async for item in items:
+                                if isinstance(item, int):
+                                    read = item
+                                else:
+                                    yield item
+                        if failures:  # a whole read went through: it answers again
+                            failures = 0
+                            self.report_source(None)
                         if read < self.params.max_changes:
                             await sleep_jittered(self.params.poll_interval)
             except PostgresChangesError as exc:
@@ -287,7 +289,7 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         """Close the connection if ``run()`` was abandoned without being finalized."""
         await self._session.close()
 
-    # -- the connection ------------------------------------------------------------------------
+    # -- reading -------------------------------------------------------------------------------
 
     async def _peek(
         self, connection: Any, position: _Position, key: str
