@@ -13,6 +13,8 @@
   (extra ``kafka``).
 - :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
   (extra ``sqs``).
+- :class:`S3PrefixWatcher`: one event per new object under a prefix of an S3 bucket, a batch
+  per listed page (extra ``s3``).
 - :class:`PostgresChangesWatcher`: one event per row change of PostgreSQL tables, through
   logical decoding, a batch of whole source transactions at a time (extra ``postgres-cdc``).
 
@@ -41,6 +43,7 @@ from .nats_jetstream import NatsJetStreamWatcher
 from .postgres_changes import PostgresChangesError, PostgresChangesWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
+from .s3_prefix import S3PrefixWatcher
 from .sql_table import SqlTableWatcher
 from .sqs import SqsWatcher
 
@@ -56,6 +59,7 @@ __all__ = [
     "PostgresChangesWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
+    "S3PrefixWatcher",
     "SqlSourceError",
     "SqlTableWatcher",
     "SqsWatcher",
