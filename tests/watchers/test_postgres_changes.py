@@ -202,6 +202,29 @@ class TestChanges:
             ("truncate", table),
         ]
 
+    async def test_an_unchanged_large_value_is_named_not_sent(
+        self,
+        pg_logical: LogicalCluster,
+        db: asyncpg.Connection,
+        table: str,
+        harness: WatcherHarness,
+    ) -> None:
+        """An update that leaves a TOASTed value alone does not carry it: the column is left
+        out of ``new`` and named in ``unchanged``."""
+        await start_slot(pg_logical, harness, table)
+        await db.execute(
+            f"INSERT INTO {table} (id, name) SELECT 1, string_agg(md5(g::text), '') "
+            "FROM generate_series(1, 400) g"
+        )
+        await db.execute(f"UPDATE {table} SET qty = 2 WHERE id = 1")
+        run = await harness.run(
+            watcher(pg_logical, table), assets=ASSET, max_events=2, watcher_name=NAME
+        )
+        inserted, updated = run.payloads
+        assert len(inserted["new"]["name"]) == 400 * 32
+        assert "name" not in updated["new"] and updated["new"]["qty"] == 2
+        assert updated["unchanged"] == ["name"]
+
     async def test_changes_of_one_transaction_share_a_batch(
         self,
         pg_logical: LogicalCluster,
