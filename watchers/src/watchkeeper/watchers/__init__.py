@@ -13,11 +13,13 @@
   (extra ``kafka``).
 - :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
   (extra ``sqs``).
+- :class:`PubSubWatcher`: one event per message of a Google Cloud Pub/Sub subscription, a
+  batch per delivery (extra ``pubsub``).
 
 The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka) commit their
 position with their events (the directory and table watchers a batch at a time, with
 ``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
-of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS) acknowledge a message only after its event
+of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS, Pub/Sub) acknowledge a message only after its event
 committed and give the event a ``dedup_key``, so a redelivered message writes nothing. Either
 way a restarted watcher neither loses nor repeats an item. Their state keys and dedup keys
 start with the watcher's name (``<name>.watermark``, ``<name>.cursor``, ...), so several
@@ -35,6 +37,7 @@ from .http_poll import HttpPollWatcher, HttpSourceError
 from .kafka import KafkaWatcher
 from .mqtt import MqttWatcher
 from .nats_jetstream import NatsJetStreamWatcher
+from .pubsub import PubSubWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
 from .sql_table import SqlTableWatcher
@@ -48,6 +51,7 @@ __all__ = [
     "KafkaWatcher",
     "MqttWatcher",
     "NatsJetStreamWatcher",
+    "PubSubWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
     "SqlSourceError",
