@@ -72,6 +72,7 @@ class TestPythonBlocks:
         """The checks below see the blocks (a renamed page or fence would hide them)."""
         assert {page for page, _ in PYTHON} == {
             "queue-watchers.md",
+            "pubsub.md",
             "testing.md",
             "writing-watchers.md",
             "tasks.md",

@@ -47,6 +47,7 @@ GUIDES = tuple(
         "writing-watchers.md",
         "tasks.md",
         "queue-watchers.md",
+        "pubsub.md",
         "testing.md",
         "operating.md",
         "api-and-page.md",
