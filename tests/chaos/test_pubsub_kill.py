@@ -7,10 +7,8 @@ plain ``sqlite3`` and compared with the ids published: none may be missing and n
 there twice, though the emulator hands out again what a killed daemon had committed but not
 acknowledged (its leases run out after 10 s).
 
-The emulator keeps streaming to the stream of a killed process (it never notices the
-connection went): what it sends there stays leased until the lease runs out, then comes to
-the live stream. So a daemon's life may wait up to a lease for messages, and the rounds get
-the patience for it.
+A pull in flight when a daemon is killed leases its batch to the dead process: it comes back
+once that lease runs out (10 s), to the next daemon.
 """
 
 from __future__ import annotations
@@ -45,9 +43,7 @@ class TestPubSubKillNine:
         async def send(numbers: list[int]) -> None:
             await publish(pubsub_host, topic, [body(n) for n in numbers])
 
-        watcher = (
-            f"PubSubWatcher({subscription!r}, emulator_host={pubsub_host!r}, ack_deadline=10)"
-        )
+        watcher = f"PubSubWatcher({subscription!r}, emulator_host={pubsub_host!r}, ack_deadline=10)"
         name = f"chaos_{os.urandom(5).hex()}"
         chaos = BrokerChaos("pubsub", watcher, send, tmp_path, PLAN, watcher_name=name)
         result = await chaos.run()

@@ -5,7 +5,9 @@ per test session and stopped after it.
 The emulator speaks the service's gRPC API in plain text and checks no credentials; it keeps
 everything in memory. Leases, acknowledgements, ``ModifyAckDeadline`` (0 gives a message back
 at once) and redelivery with the same message id behave as the service's; it hands out more
-than a streaming pull's ``max_outstanding_messages`` asks. Each test makes a topic and a
+than a streaming pull's ``max_outstanding_messages`` asks, it answers an empty ``Pull`` at
+once, and it never notices that a client with a streaming pull was killed (it goes on
+sending to that stream). Each test makes a topic and a
 subscription of its own names (:func:`make_subscription`), so tests sharing the emulator never
 see each other's messages.
 """

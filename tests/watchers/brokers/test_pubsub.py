@@ -263,7 +263,7 @@ class TestPubSubWatcherTrouble:
     async def test_a_dropped_connection_is_survived_without_loss_or_repeat(
         self, pubsub_host: str, harness: WatcherHarness
     ) -> None:
-        """The link to the emulator is cut after two events: the watcher opens a new stream
+        """The link to the emulator is cut after two events: the watcher reconnects
         and goes on in the same run, emitting each message once."""
         topic, subscription = await make_subscription(pubsub_host)
         await publish(pubsub_host, topic, bodies(1, 2))

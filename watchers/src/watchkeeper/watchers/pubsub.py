@@ -1,19 +1,18 @@
 """``PubSubWatcher``: one event per message of a Google Cloud Pub/Sub subscription, exactly once.
 
 The rule it follows (commit, then acknowledge; a dedup key for what the source redelivers):
-the watcher holds one streaming pull open on the subscription, commits the messages it hands
-out as :class:`~watchkeeper.triggerer.TriggerEventBatch` es, and only once a batch committed
-(the generator resumes after the commit) acknowledges its messages with one ``Acknowledge``
-call. Each event's ``dedup_key`` is ``<watcher name>:pubsub:<subscription>:<message id>``;
-Pub/Sub keeps a message's id across redeliveries, so a message redelivered after a crash
-between the commit and the acknowledgement (or after an acknowledgement that was lost) writes
-nothing, and is acknowledged then. Nothing is lost and nothing is emitted twice.
+the watcher pulls up to ``batch_size`` messages with one ``Pull`` call, commits them as one
+:class:`~watchkeeper.triggerer.TriggerEventBatch`, and only once that batch committed (the
+generator resumes after the commit) acknowledges them with one ``Acknowledge`` call. Each
+event's ``dedup_key`` is ``<watcher name>:pubsub:<subscription>:<message id>``; Pub/Sub keeps
+a message's id across redeliveries, so a message redelivered after a crash between the commit
+and the acknowledgement (or after an acknowledgement that was lost) writes nothing, and is
+acknowledged then. Nothing is lost and nothing is emitted twice.
 
-While a message is held (buffered, being committed, waiting for its acknowledgement) its
-lease is extended on the stream itself (``modify_deadline_ack_ids``), so a slow commit does
-not hand it to another subscriber. The requests of a streaming pull are read by gRPC in a
-task of its own, concurrently with the watcher: that request iterator is where the extensions
-are sent from, so they go on while the generator is suspended at its ``yield``.
+Its leases are extended while it is held, by a thread of its own (the generator is suspended
+during the commit). Why ``Pull`` rather than a streaming pull: a pull is one request and one
+answer, a stream a session the service must notice has ended (the emulator never notices a
+killed client's and keeps sending to it); see docs/pubsub.md and BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import time
-import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -39,7 +37,7 @@ from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, Watch
 
 if TYPE_CHECKING:
     from google.pubsub_v1 import SubscriberAsyncClient
-    from google.pubsub_v1.types import ReceivedMessage, StreamingPullRequest
+    from google.pubsub_v1.types import ReceivedMessage
 
 __all__ = ["PubSubParams", "PubSubWatcher"]
 
@@ -52,6 +50,7 @@ _CLIENT_MODULES = (
     "google.api_core.exceptions",
     "google.pubsub_v1",
     "google.pubsub_v1.types",
+    "google.pubsub_v1.services.subscriber.transports.grpc",
     "google.pubsub_v1.services.subscriber.transports.grpc_asyncio",
 )
 _SUBSCRIPTION = re.compile(r"^projects/([^/\s]+)/subscriptions/([^/\s]+)$")
@@ -59,10 +58,10 @@ _HOST = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d+$")
 _CLOSE_TIMEOUT = 5.0
 _MAX_IDS = 2500
 """Ack ids per request (the service limits a request's size; its own clients send 2,500)."""
-_STEP = 0.25
-"""Seconds between two looks of the request stream at the leases and the half-close."""
-_HEARTBEAT = 30.0
-"""Seconds of silence on the request stream after which it carries an empty request."""
+_TICK = 1.0
+"""Seconds between two looks of the lease keeper at the leases."""
+_MIN_DEADLINE = 10
+"""The shortest lease the service gives (a subscription's ack deadline is 10 s or more)."""
 _SCOPES = ("https://www.googleapis.com/auth/pubsub",)
 _FATAL_CODES = frozenset(
     {"NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED", "INVALID_ARGUMENT", "FAILED_PRECONDITION"}
@@ -79,12 +78,12 @@ class PubSubParams(WatcherParams):
     batch_size: Annotated[int, Field(ge=1, le=1000)] = 100
     """At most this many messages committed together in one transaction, then acknowledged
     with one call."""
-    max_outstanding: Count | None = None
-    """At most this many messages handed out and not yet acknowledged (the stream's flow
-    control; default: twice ``batch_size``)."""
     ack_deadline: Annotated[int, Field(ge=10, le=600)] = 60
-    """Seconds a message handed out stays leased to the watcher; the lease of a message still
-    held is extended by as much each time half of it has passed."""
+    """Seconds by which the lease of a message the watcher holds is extended, once half of
+    its lease has passed (a batch whose commit takes long)."""
+    poll_interval: Seconds = 0.5
+    """Seconds between two pulls when the last one brought nothing (the service holds a pull
+    open a while by itself; the emulator answers at once)."""
     emulator_host: OptionalText = None
     """``host:port`` of a Pub/Sub emulator (plain gRPC, no credentials); default: the
     ``PUBSUB_EMULATOR_HOST`` variable when set, else Google's service."""
@@ -92,7 +91,7 @@ class PubSubParams(WatcherParams):
     """``host:port`` of another endpoint of the service (a regional or private one, TLS);
     default: ``pubsub.googleapis.com:443``."""
     call_timeout: Seconds = 30.0
-    """Seconds each call (opening the stream, an acknowledgement) may take, and the longest
+    """Seconds each call (a pull, an acknowledgement) may take, and the longest
     a keepalive ping of a silent connection may go unanswered before it counts as lost."""
     keepalive: Seconds = 30.0
     """Seconds between the connection's keepalive pings (how a network path that drops every
@@ -117,39 +116,72 @@ class PubSubParams(WatcherParams):
         return value
 
 
-class _Leases:
-    """The ack ids the watcher holds (handed out, not yet acknowledged), each with the
-    monotonic time its lease ends."""
+class _LeaseKeeper:
+    """The ack ids of the batch the watcher holds (pulled, not yet acknowledged), and a thread
+    that extends their leases while they are held.
 
-    def __init__(self, deadline: int) -> None:
+    The watcher's generator is suspended while its batch commits, so the extensions cannot run
+    there; a thread of its own, with a blocking client, sends them meanwhile. The ids are
+    shared between the event loop and the thread under a lock.
+    """
+
+    def __init__(self, deadline: int, extend: Callable[[list[str]], None]) -> None:
         self.deadline = deadline
-        self.ends: dict[str, float] = {}
+        self.extend = extend
         self.extended = 0
         """How many lease extensions were sent (for the logs and the tests)."""
-        self.closing = anyio.Event()
-        """Set to end the request stream (the client's half-close)."""
+        self._ends: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="pubsub-leases", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (blocking: call it in a worker thread)."""
+        self._stop.set()
+        self._thread.join(_CLOSE_TIMEOUT)
 
     def hold(self, ids: Iterable[str]) -> None:
-        end = time.monotonic() + self.deadline
-        for ack_id in ids:
-            self.ends[ack_id] = end
+        # A pulled message's first lease is the subscription's deadline, at least 10 s.
+        end = time.monotonic() + _MIN_DEADLINE
+        with self._lock:
+            for ack_id in ids:
+                self._ends[ack_id] = end
 
-    def release(self, ids: Iterable[str]) -> None:
-        for ack_id in ids:
-            self.ends.pop(ack_id, None)
+    def release(self) -> list[str]:
+        """Forget every id held; the ids."""
+        with self._lock:
+            ids = list(self._ends)
+            self._ends.clear()
+        return ids
 
-    def due(self) -> list[str]:
-        """The ids whose lease has less than half of it left, marked as extended."""
+    def _due(self) -> list[str]:
         now = time.monotonic()
-        soon = now + self.deadline / 2
-        due = [ack_id for ack_id, end in self.ends.items() if end <= soon]
-        for ack_id in due:
-            self.ends[ack_id] = now + self.deadline
+        with self._lock:
+            due = [ack_id for ack_id, end in self._ends.items() if end - now <= _MIN_DEADLINE / 2]
+            for ack_id in due:
+                self._ends[ack_id] = now + self.deadline
         return due
+
+    def _keep(self) -> None:
+        while not self._stop.wait(_TICK):
+            due = self._due()
+            if not due:
+                continue
+            try:
+                for start in range(0, len(due), _MAX_IDS):
+                    self.extend(due[start : start + _MAX_IDS])
+            except Exception as exc:  # noqa: BLE001 - a redelivery is suppressed: log only
+                log.warning("pubsub_extend_failed", count=len(due), error=type(exc).__name__)
+                continue
+            self.extended += len(due)
+            log.debug("pubsub_leases_extended", count=len(due))
 
 
 class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
-    """Yields one batch of events per delivery of a Google Cloud Pub/Sub subscription.
+    """Yields one batch of events per pull from a Google Cloud Pub/Sub subscription.
 
     Each message is one event with the payload ``{"subscription", "message_id",
     "published", "ordering_key", "attributes", "delivery_attempt", "data"}``: the
@@ -158,19 +190,19 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
     attempt the service counts on a subscription with a dead-letter policy (else null), and
     the data as JSON when it is UTF-8 JSON, else its text, else ``{"base64": ...}``.
 
-    Exactly once: the watcher opens a streaming pull (at most ``max_outstanding`` messages
-    handed out and not acknowledged), commits what the stream delivers in batches of at most
-    ``batch_size`` messages, and acknowledges each batch with one ``Acknowledge`` call once it
-    committed. Each event has the ``dedup_key`` ``<watcher name>:pubsub:<subscription>:<message
-    id>``: a message redelivered after a crash between the commit and the acknowledgement, an
-    acknowledgement lost with its connection, or a lease that ran out writes nothing and is
-    acknowledged then. While a message is held (waiting in the watcher, in the commit,
-    waiting for its acknowledgement), its lease (``ack_deadline`` seconds) is extended on the
-    stream each time half of it has passed, so a slow commit does not let the service hand it
-    out again. A watcher stopped (or restarted after an error) gives back the messages it holds
-    and has not committed (``ModifyAckDeadline`` to 0), so they come again at once rather than
-    when their leases run out. On a subscription with message ordering, the messages of one
-    ordering key are handed out, and committed, in publish order.
+    Exactly once: the watcher pulls up to ``batch_size`` messages at a time (``Pull``),
+    commits them as one batch, and acknowledges them with one ``Acknowledge`` call once the
+    batch committed. Each event has the ``dedup_key`` ``<watcher name>:pubsub:<subscription>:
+    <message id>``: a message redelivered after a crash between the commit and the
+    acknowledgement, an acknowledgement lost with its connection, or a lease that ran out
+    writes nothing and is acknowledged then. While a batch is held (in the commit, waiting
+    for its acknowledgement), a thread of the watcher extends its leases by ``ack_deadline``
+    seconds before they run out, so a slow commit does not let the service hand it out
+    again. A watcher stopped (or reconnecting after an error) gives back the batch it holds
+    (``ModifyAckDeadline`` to 0), so it comes again at once rather than when its leases run
+    out. On a subscription with message ordering, the messages of one ordering key are
+    handed out, and committed, in publish order. After a pull that brought nothing the
+    watcher waits ``poll_interval`` seconds before the next.
 
     Credentials come from Google's application default credentials
     (``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default login``, the
@@ -179,12 +211,12 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
     ``PUBSUB_EMULATOR_HOST`` variable) the watcher talks plain gRPC to an emulator and uses
     none. Permission needed: ``roles/pubsub.subscriber`` on the subscription.
 
-    Connection: opening the stream and each acknowledgement must answer within
-    ``call_timeout`` seconds; the connection is pinged every ``keepalive`` seconds and one
-    whose ping goes unanswered within ``call_timeout`` counts as lost. While the service
-    cannot be reached (or the stream breaks, or the service is unavailable) the watcher opens
-    a new stream with a growing delay, its status ``backing_off`` with the reason (logged as
-    ``pubsub_reconnecting``), and ``running`` again once a stream opens; after
+    Connection: each call (a pull, an acknowledgement) must answer within ``call_timeout``
+    seconds; the connection is pinged every ``keepalive`` seconds and one whose ping goes
+    unanswered within ``call_timeout`` counts as lost. While the service cannot be reached
+    (or is unavailable) the watcher opens a new connection with a growing delay, its status
+    ``backing_off`` with the reason (logged as ``pubsub_reconnecting``), and ``running``
+    again once a pull succeeds; after
     ``reconnect_attempts`` failures in a row, or at once when the subscription does not exist
     or the credentials are refused, ``run()`` raises :class:`BrokerSourceError` and the
     daemon restarts the watcher with its backoff. An acknowledgement that fails is logged
@@ -216,6 +248,7 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
         if self.params.emulator_host is not None and self.params.endpoint is not None:
             raise ValueError(f"{type(self).__name__}: give emulator_host or endpoint, not both")
         self._client: SubscriberAsyncClient | None = None
+        self._blocking_channel: Any = None
         self._name = f"{type(self).__name__}({self.params.subscription!r})"
         self._troubled = False
 
@@ -233,71 +266,63 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
         return self.params.emulator_host or os.environ.get("PUBSUB_EMULATOR_HOST") or None
 
     def _secrets(self) -> list[str]:
-        """What must never show: an access token of the environment (errors seldom quote one,
-        but a proxy's might)."""
-        found = []
-        for variable in ("GOOGLE_OAUTH_ACCESS_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"):
-            value = os.environ.get(variable)
-            if value:
-                found.append(value)
-        return found
+        """An access token of the environment, never to be shown (a proxy's error may quote it)."""
+        tokens = ("GOOGLE_OAUTH_ACCESS_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE")
+        return [value for name in tokens if (value := os.environ.get(name))]
 
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
         await import_off_loop(*_CLIENT_MODULES)
-        from google.api_core.exceptions import GoogleAPICallError
+        from google.api_core.exceptions import DeadlineExceeded, GoogleAPICallError
 
         secrets = self._secrets()
         key = f"{self.watcher_name}.message_id"
         prefix = make_dedup_key(self.watcher_name, "pubsub", self.params.subscription) + ":"
         failures = 0
         while True:
-            leases = _Leases(self.params.ack_deadline)
-            buffered: deque[ReceivedMessage] = deque()
             client: SubscriberAsyncClient | None = None
-            call: Any = None
+            keeper: _LeaseKeeper | None = None
             try:
                 try:
-                    client = await self._new_client()
+                    client, extend = await self._new_clients()
                 except Exception as exc:  # no credentials, a malformed endpoint: not retried
                     raise BrokerSourceError(
                         self._name, "creating the client", exc, secrets
                     ) from exc
                 self._client = client
-                with anyio.fail_after(self.params.call_timeout):
-                    call = await client.streaming_pull(
-                        requests=self._requests(leases), retry=None, timeout=None
-                    )
-                    await call.wait_for_connection()
-                failures = 0
-                if self._troubled:
-                    self._troubled = False
-                    log.info("pubsub_reachable", watcher=self.watcher_name)
-                    self.report_source(None)
+                keeper = _LeaseKeeper(self.params.ack_deadline, extend)
+                keeper.start()
                 while True:
-                    if not buffered:
-                        # Never cancelled from here: cancelling a read ends the stream.
-                        response = await call.read()
-                        if response is _eof():
-                            raise ConnectionError("the service ended the stream")
-                        received = list(response.received_messages)
-                        leases.hold(m.ack_id for m in received)
-                        buffered.extend(received)
-                        if not buffered:
-                            continue
-                    size = min(len(buffered), self.params.batch_size)
-                    batch = [buffered.popleft() for _ in range(size)]
+                    try:
+                        answer = await client.pull(
+                            subscription=self.params.subscription,
+                            max_messages=self.params.batch_size,
+                            retry=None,
+                            timeout=self.params.call_timeout,
+                        )
+                        batch = list(answer.received_messages)
+                    except DeadlineExceeded:
+                        batch = []  # the service held the pull open and nothing came
+                    failures = 0
+                    if self._troubled:
+                        self._troubled = False
+                        log.info("pubsub_reachable", watcher=self.watcher_name)
+                        self.report_source(None)
+                    if not batch:
+                        await anyio.sleep(self.params.poll_interval)
+                        continue
+                    keeper.hold(message.ack_id for message in batch)
                     events = [self._event(message, prefix) for message in batch]
                     yield TriggerEventBatch(events, state={key: batch[-1].message.message_id})
                     # Committed (or suppressed as a redelivery): the service may forget them.
-                    await self._acknowledge(client, batch, leases, secrets)
-            except (GoogleAPICallError, ConnectionError, OSError, TimeoutError) as exc:
+                    await self._acknowledge(client, keeper.release(), secrets)
+            except (GoogleAPICallError, OSError, TimeoutError) as exc:
                 failures = self._failed(exc, failures, secrets)
             finally:
                 self._client = None
                 with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                    await self._close(client, call, leases, secrets)
+                    await self._close(client, keeper, secrets)
             await anyio.sleep(reconnect_delay(failures))
 
     async def cleanup(self) -> None:
@@ -307,9 +332,12 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 await _close_channel(client)
 
-    async def _new_client(self) -> SubscriberAsyncClient:
+    async def _new_clients(self) -> tuple[SubscriberAsyncClient, Callable[[list[str]], None]]:
+        """The client of the watcher's calls, and the blocking call that extends leases (for
+        the lease keeper's thread), each on a channel of its own."""
         import grpc
-        from google.pubsub_v1 import SubscriberAsyncClient
+        from google.pubsub_v1 import SubscriberAsyncClient, SubscriberClient
+        from google.pubsub_v1.services.subscriber.transports.grpc import SubscriberGrpcTransport
         from google.pubsub_v1.services.subscriber.transports.grpc_asyncio import (
             SubscriberGrpcAsyncIOTransport,
         )
@@ -328,6 +356,7 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
         emulator = self._emulator()
         if emulator is not None:
             channel = grpc.aio.insecure_channel(emulator, options=options)
+            blocking = grpc.insecure_channel(emulator, options=options)
         else:
             import google.auth
 
@@ -335,71 +364,36 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
             credentials, _ = await anyio.to_thread.run_sync(
                 lambda: google.auth.default(scopes=_SCOPES)
             )
+            host = self.params.endpoint or "pubsub.googleapis.com:443"
             channel = SubscriberGrpcAsyncIOTransport.create_channel(
-                self.params.endpoint or "pubsub.googleapis.com:443",
-                credentials=credentials,
-                options=options,
+                host, credentials=credentials, options=options
             )
-        return SubscriberAsyncClient(transport=SubscriberGrpcAsyncIOTransport(channel=channel))
+            blocking = SubscriberGrpcTransport.create_channel(
+                host, credentials=credentials, options=options
+            )
+        client = SubscriberAsyncClient(transport=SubscriberGrpcAsyncIOTransport(channel=channel))
+        keeper_client = SubscriberClient(transport=SubscriberGrpcTransport(channel=blocking))
+        subscription, deadline = self.params.subscription, self.params.ack_deadline
+        timeout = self.params.call_timeout
 
-    async def _requests(self, leases: _Leases) -> AsyncIterator[StreamingPullRequest]:
-        """The stream's requests: the subscription first, then the lease extensions of the
-        messages held (and a heartbeat when there is nothing to say).
+        def extend(ids: list[str]) -> None:
+            keeper_client.modify_ack_deadline(
+                subscription=subscription,
+                ack_ids=ids,
+                ack_deadline_seconds=deadline,
+                retry=None,
+                timeout=timeout,
+            )
 
-        gRPC reads this iterator in a task of its own, so it goes on while the watcher's
-        generator is suspended at a ``yield`` (a batch being committed).
-        """
-        from google.pubsub_v1.types import StreamingPullRequest
-
-        deadline = self.params.ack_deadline
-        yield StreamingPullRequest(
-            subscription=self.params.subscription,
-            stream_ack_deadline_seconds=deadline,
-            max_outstanding_messages=self.params.max_outstanding or 2 * self.params.batch_size,
-            # Each stream its own: a stream that takes over another's id (a restart in another
-            # process) may be handed none of the messages, on the emulator at least.
-            client_id=uuid.uuid4().hex,
-        )
-        quiet = 0.0
-        tick = deadline / 4
-        waited = 0.0
-        while True:
-            # Short sleeps rather than a cancel scope: this runs in gRPC's task, not ours.
-            await anyio.sleep(_STEP)
-            if leases.closing.is_set():
-                return  # the half-close: the service ends the stream
-            waited += _STEP
-            if waited < tick:
-                continue
-            waited = 0.0
-            due = leases.due()
-            if due:
-                for start in range(0, len(due), _MAX_IDS):
-                    ids = due[start : start + _MAX_IDS]
-                    yield StreamingPullRequest(
-                        modify_deadline_ack_ids=ids, modify_deadline_seconds=[deadline] * len(ids)
-                    )
-                leases.extended += len(due)
-                log.debug("pubsub_leases_extended", watcher=self.watcher_name, count=len(due))
-                quiet = 0.0
-                continue
-            quiet += tick
-            if quiet >= _HEARTBEAT:
-                quiet = 0.0
-                yield StreamingPullRequest(stream_ack_deadline_seconds=deadline)
+        self._blocking_channel = blocking
+        return client, extend
 
     async def _acknowledge(
-        self,
-        client: SubscriberAsyncClient,
-        batch: list[ReceivedMessage],
-        leases: _Leases,
-        secrets: list[str],
+        self, client: SubscriberAsyncClient, ids: list[str], secrets: list[str]
     ) -> None:
         """Acknowledge a committed batch; what is not acknowledged comes again, suppressed."""
         from google.api_core.exceptions import GoogleAPICallError
 
-        ids = [message.ack_id for message in batch]
-        leases.release(ids)
         try:
             for start in range(0, len(ids), _MAX_IDS):
                 await client.acknowledge(
@@ -420,44 +414,34 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
     async def _close(
         self,
         client: SubscriberAsyncClient | None,
-        call: Any,
-        leases: _Leases,
+        keeper: _LeaseKeeper | None,
         secrets: list[str],
     ) -> None:
-        """Give back the messages still held (they come again at once; one whose event did
-        commit is then suppressed), end the stream, close the channel."""
+        """Give back the batch still held (it comes again at once; if its events did commit,
+        they are then suppressed), stop the lease keeper, close the channels."""
         try:
-            if call is not None:
-                # Ended first, by a half-close, and its end awaited: a message given back while
-                # the stream is open could be handed to it again. Cancelling the call would
-                # not do: the emulator keeps streaming to a cancelled stream (so to a killed
-                # process's), and what it sends there stays leased until its deadline.
-                leases.closing.set()
-                with contextlib.suppress(Exception), anyio.move_on_after(self.params.call_timeout):
-                    while not call.done():
-                        response = await call.read()  # what came meanwhile is given back too
-                        if response is _eof():
-                            break
-                        leases.hold(m.ack_id for m in response.received_messages)
-                call.cancel()
-            held = list(leases.ends)
-            leases.ends.clear()
-            if client is not None and held:
-                with contextlib.suppress(Exception), anyio.fail_after(self.params.call_timeout):
-                    for start in range(0, len(held), _MAX_IDS):
-                        await client.modify_ack_deadline(
-                            subscription=self.params.subscription,
-                            ack_ids=held[start : start + _MAX_IDS],
-                            ack_deadline_seconds=0,
-                            retry=None,
-                            timeout=self.params.call_timeout,
-                        )
+            if keeper is not None:
+                held = keeper.release()
+                await anyio.to_thread.run_sync(keeper.stop, abandon_on_cancel=True)
+                if client is not None and held:
+                    with contextlib.suppress(Exception), anyio.fail_after(self.params.call_timeout):
+                        for start in range(0, len(held), _MAX_IDS):
+                            await client.modify_ack_deadline(
+                                subscription=self.params.subscription,
+                                ack_ids=held[start : start + _MAX_IDS],
+                                ack_deadline_seconds=0,
+                                retry=None,
+                                timeout=self.params.call_timeout,
+                            )
         finally:
+            blocking, self._blocking_channel = self._blocking_channel, None
+            if blocking is not None:
+                blocking.close()
             if client is not None:
                 await _close_channel(client)
 
     def _failed(self, exc: BaseException, failures: int, secrets: list[str]) -> int:
-        """Count a broken stream: raise for what no retry cures or after too many, else
+        """Count a failed call: raise for what no retry cures or after too many, else
         report the source as unreachable and return the new count of failures in a row."""
         from google.api_core.exceptions import GoogleAPICallError
 
@@ -507,12 +491,6 @@ def _safe(message_id: str) -> str:
     if message_id.isalnum() and len(message_id) <= 200:
         return message_id
     return make_dedup_key("", message_id)[1:]
-
-
-def _eof() -> Any:
-    import grpc.aio
-
-    return grpc.aio.EOF
 
 
 async def _close_channel(client: SubscriberAsyncClient) -> None:
