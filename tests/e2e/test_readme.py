@@ -48,6 +48,7 @@ GUIDES = tuple(
         "tasks.md",
         "queue-watchers.md",
         "pubsub.md",
+        "s3-watchers.md",
         "testing.md",
         "operating.md",
         "api-and-page.md",

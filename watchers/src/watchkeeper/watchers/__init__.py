@@ -14,7 +14,9 @@
 - :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
   (extra ``sqs``).
 - :class:`PubSubWatcher`: one event per message of a Google Cloud Pub/Sub subscription, a
-  batch per delivery (extra ``pubsub``).
+  batch per pull (extra ``pubsub``).
+- :class:`S3PrefixWatcher`: one event per new object under a prefix of an S3 bucket, a batch
+  per listed page (extra ``s3``).
 
 The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka) commit their
 position with their events (the directory and table watchers a batch at a time, with
@@ -40,6 +42,7 @@ from .nats_jetstream import NatsJetStreamWatcher
 from .pubsub import PubSubWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
+from .s3_prefix import S3PrefixWatcher
 from .sql_table import SqlTableWatcher
 from .sqs import SqsWatcher
 
@@ -54,6 +57,7 @@ __all__ = [
     "PubSubWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
+    "S3PrefixWatcher",
     "SqlSourceError",
     "SqlTableWatcher",
     "SqsWatcher",
