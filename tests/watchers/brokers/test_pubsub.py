@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -216,6 +217,26 @@ class TestPubSubWatcherFlow:
 
 
 class TestPubSubWatcherTrouble:
+    async def test_cleanup_stops_the_lease_keeper_of_an_abandoned_run(
+        self, pubsub_host: str
+    ) -> None:
+        """A run abandoned at its yield (never finalized) leaves its lease keeper's thread
+        running; cleanup() stops it and closes the clients."""
+        topic, subscription = await make_subscription(pubsub_host)
+        await publish(pubsub_host, topic, bodies(1))
+        watcher = PubSubWatcher(subscription, emulator_host=pubsub_host)
+        watcher.bind_watcher_name(NAME)
+        events = watcher.run()
+        assert isinstance(events, AsyncGenerator)
+        with anyio.fail_after(30):
+            batch = await events.__anext__()
+        assert isinstance(batch, TriggerEventBatch) and len(batch) == 1
+        assert any(t.name == "pubsub-leases" for t in threading.enumerate())
+        await watcher.cleanup()
+        assert not any(t.name == "pubsub-leases" for t in threading.enumerate())
+        with anyio.move_on_after(10, shield=True):
+            await events.aclose()
+
     async def test_an_unreachable_service_backs_off_with_the_reason_then_recovers(
         self, pubsub_host: str
     ) -> None:

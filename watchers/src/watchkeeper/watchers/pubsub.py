@@ -125,12 +125,12 @@ class _LeaseKeeper:
     shared between the event loop and the thread under a lock.
     """
 
-    def __init__(self, deadline: int, extend: Callable[[list[str]], None]) -> None:
+    def __init__(self, deadline: int, extend: Callable[[list[str]], None], watcher: str) -> None:
         self.deadline = deadline
         self.extend = extend
-        self.extended = 0
-        """How many lease extensions were sent (for the logs and the tests)."""
-        self._ends: dict[str, float] = {}
+        self.watcher = watcher  # for the logs: the thread has none of the loop's context
+        self._ends: dict[str, tuple[float, float]] = {}
+        """``{ack id: (when its lease ends, how long it was)}``."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keep, name="pubsub-leases", daemon=True)
@@ -145,10 +145,10 @@ class _LeaseKeeper:
 
     def hold(self, ids: Iterable[str]) -> None:
         # A pulled message's first lease is the subscription's deadline, at least 10 s.
-        end = time.monotonic() + _MIN_DEADLINE
+        lease = (time.monotonic() + _MIN_DEADLINE, float(_MIN_DEADLINE))
         with self._lock:
             for ack_id in ids:
-                self._ends[ack_id] = end
+                self._ends[ack_id] = lease
 
     def release(self) -> list[str]:
         """Forget every id held; the ids."""
@@ -160,9 +160,9 @@ class _LeaseKeeper:
     def _due(self) -> list[str]:
         now = time.monotonic()
         with self._lock:
-            due = [ack_id for ack_id, end in self._ends.items() if end - now <= _MIN_DEADLINE / 2]
+            due = [key for key, (end, length) in self._ends.items() if end - now <= length / 2]
             for ack_id in due:
-                self._ends[ack_id] = now + self.deadline
+                self._ends[ack_id] = (now + self.deadline, float(self.deadline))
         return due
 
     def _keep(self) -> None:
@@ -174,10 +174,12 @@ class _LeaseKeeper:
                 for start in range(0, len(due), _MAX_IDS):
                     self.extend(due[start : start + _MAX_IDS])
             except Exception as exc:  # noqa: BLE001 - a redelivery is suppressed: log only
-                log.warning("pubsub_extend_failed", count=len(due), error=type(exc).__name__)
+                error = type(exc).__name__
+                log.warning(
+                    "pubsub_extend_failed", watcher=self.watcher, count=len(due), error=error
+                )
                 continue
-            self.extended += len(due)
-            log.debug("pubsub_leases_extended", count=len(due))
+            log.debug("pubsub_leases_extended", watcher=self.watcher, count=len(due))
 
 
 class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
@@ -249,6 +251,7 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
             raise ValueError(f"{type(self).__name__}: give emulator_host or endpoint, not both")
         self._client: SubscriberAsyncClient | None = None
         self._blocking_channel: Any = None
+        self._keeper: _LeaseKeeper | None = None
         self._name = f"{type(self).__name__}({self.params.subscription!r})"
         self._troubled = False
 
@@ -291,7 +294,7 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
                         self._name, "creating the client", exc, secrets
                     ) from exc
                 self._client = client
-                keeper = _LeaseKeeper(self.params.ack_deadline, extend)
+                keeper = self._keeper = _LeaseKeeper(self.params.ack_deadline, extend, self._name)
                 keeper.start()
                 while True:
                     try:
@@ -322,15 +325,14 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
             finally:
                 self._client = None
                 with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                    await self._close(client, keeper, secrets)
+                    await self._close(client, keeper)
             await anyio.sleep(reconnect_delay(failures))
 
     async def cleanup(self) -> None:
-        """Close the client if ``run()`` was abandoned without being finalized."""
+        """Stop the lease keeper, close the clients, if ``run()`` was abandoned unfinalized."""
         client, self._client = self._client, None
-        if client is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await _close_channel(client)
+        with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            await self._close(client, self._keeper)
 
     async def _new_clients(self) -> tuple[SubscriberAsyncClient, Callable[[list[str]], None]]:
         """The client of the watcher's calls, and the blocking call that extends leases (for
@@ -412,13 +414,11 @@ class PubSubWatcher(ReadyMadeWatcher[PubSubParams]):
             )
 
     async def _close(
-        self,
-        client: SubscriberAsyncClient | None,
-        keeper: _LeaseKeeper | None,
-        secrets: list[str],
+        self, client: SubscriberAsyncClient | None, keeper: _LeaseKeeper | None
     ) -> None:
         """Give back the batch still held (it comes again at once; if its events did commit,
         they are then suppressed), stop the lease keeper, close the channels."""
+        self._keeper = None
         try:
             if keeper is not None:
                 held = keeper.release()
