@@ -73,6 +73,7 @@ class TestPythonBlocks:
         assert {page for page, _ in PYTHON} == {
             "queue-watchers.md",
             "postgres-changes.md",
+            "pubsub.md",
             "s3-watchers.md",
             "testing.md",
             "writing-watchers.md",

@@ -47,6 +47,7 @@ GUIDES = tuple(
         "writing-watchers.md",
         "tasks.md",
         "queue-watchers.md",
+        "pubsub.md",
         "s3-watchers.md",
         "postgres-changes.md",
         "testing.md",
