@@ -11,14 +11,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._relay import AirflowRelay, RelayError, RelaySettings
     from ._store_backend import StateValueRejectedError, WatchkeeperStoreBackend
 
 _EXPORTS: dict[str, str] = {
+    "AirflowRelay": "._relay",
+    "RelayError": "._relay",
+    "RelaySettings": "._relay",
     "StateValueRejectedError": "._store_backend",
     "WatchkeeperStoreBackend": "._store_backend",
 }
 
-__all__ = ["StateValueRejectedError", "WatchkeeperStoreBackend"]
+__all__ = [
+    "AirflowRelay",
+    "RelayError",
+    "RelaySettings",
+    "StateValueRejectedError",
+    "WatchkeeperStoreBackend",
+]
 
 
 def __getattr__(name: str) -> Any:

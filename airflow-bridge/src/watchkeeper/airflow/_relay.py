@@ -35,7 +35,7 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.protocols import check_name, get_logger, redact_secrets
 
-__all__ = ["AirflowRelay", "RelayError", "RelaySettings"]
+__all__ = ["AirflowRelay", "RelayError", "RelaySettings", "relay_settings"]
 
 log = get_logger(__name__)
 
