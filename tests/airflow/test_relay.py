@@ -29,7 +29,7 @@ from watchkeeper.triggerer.testing import run_trigger
 from tests.support.airflow_env import airflow_env, require_airflow, run_airflow
 from tests.support.daemons import free_port, reap, watchkeeper_command
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+AIRFLOW_TIMEOUT = 300
 """Airflow's api-server starts in ~9 s on an idle machine and several times that on a loaded
 one: the suite's 120 s would fail a correct run on a busy machine."""
 
@@ -138,6 +138,31 @@ def _tail(tmp_path: Path) -> str:
     return (tmp_path / "api-server.log").read_text(errors="replace")[-3000:]
 
 
+async def test_the_password_comes_from_the_environment_only(tmp_path: Path) -> None:
+    """Without the variable the relay refuses to start (exit 2) and says which one to set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER")}
+    done = await anyio.run_process(
+        watchkeeper_command(
+            "--database-url",
+            f"sqlite:///{tmp_path / 'wk.db'}",
+            "airflow",
+            "relay",
+            "--airflow-url",
+            "http://127.0.0.1:9",
+            "--username",
+            "relay",
+            "--asset",
+            "orders",
+        ),
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "WATCHKEEPER_AIRFLOW_PASSWORD" in done.stderr.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(AIRFLOW_TIMEOUT)
 async def test_each_event_reaches_airflow_once_across_kills(
     tmp_path: Path, airflow: tuple[Airflow, dict[str, str]]
 ) -> None:
