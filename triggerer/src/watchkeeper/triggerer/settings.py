@@ -147,6 +147,13 @@ class WorkerSettings(_LeasedSection):
     file; PostgreSQL: only when its LISTEN connection is lost) and for due retries."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between two renewals of the leases of the runs a worker executes."""
+    isolation: Literal["none", "process"] = "none"
+    """Where a try runs unless its task says (``asset_task(isolation=...)``): ``none``, in
+    the worker's process (a sync task in a thread, an async one on the loop); ``process``, in
+    a child process of a pool of ``concurrency`` (see the tasks guide)."""
+    process_memory_limit_mb: int | None = Field(default=None, ge=16)
+    """Address space a try's child process may use, in MiB (``RLIMIT_AS``; Linux and other
+    POSIX systems): past it the try fails with ``MemoryError``. None: no limit."""
     callback_timeout: PositiveSeconds = 30.0
     """Seconds a task's ``on_success``/``on_failure``/``on_retry`` callback may take; a slower
     one is cancelled (async) or abandoned (sync) and logged. The slot that ran the try waits

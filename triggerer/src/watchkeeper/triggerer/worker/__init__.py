@@ -23,12 +23,15 @@ if TYPE_CHECKING:
         RunCallback,
         asset_task,
     )
+    from ._isolation import IsolationUnavailableError
+    from ._run import configure_connections, run_worker
     from ._task_loader import load_tasks
-    from ._worker import Worker, configure_connections, run_worker
+    from ._worker import Worker
 
 __all__ = [
     "AnyOf",
     "AssetTask",
+    "IsolationUnavailableError",
     "OutletEventAccessor",
     "OutletEvents",
     "RunCallback",
@@ -48,8 +51,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RunCallback",
         "asset_task",
     ),
+    "._isolation": ("IsolationUnavailableError",),
     "._task_loader": ("load_tasks",),
-    "._worker": ("Worker", "configure_connections", "run_worker"),
+    "._run": ("configure_connections", "run_worker"),
+    "._worker": ("Worker",),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

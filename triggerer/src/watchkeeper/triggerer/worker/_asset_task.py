@@ -110,6 +110,7 @@ class AssetTask:
     on_success: RunCallback | None = None
     on_failure: RunCallback | None = None
     on_retry: RunCallback | None = None
+    isolation: Literal["none", "process"] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -153,6 +154,7 @@ def asset_task(
     on_success: RunCallback | None = None,
     on_failure: RunCallback | None = None,
     on_retry: RunCallback | None = None,
+    isolation: Literal["none", "process"] | None = None,
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
@@ -178,6 +180,9 @@ def asset_task(
         again. Each callback may be sync (run in a worker thread) or async, runs after the
         outcome is recorded, within ``[worker] callback_timeout``; its own failure is logged
         (``task_callback_failed``) and never changes the run.
+    :param isolation: where each try runs: ``"none"`` in the worker's process, ``"process"``
+        in a child process of the worker's pool (a crash, ``os._exit`` or a leak of the task
+        ends only that child; ``execution_timeout`` kills it); None: ``[worker] isolation``.
     :returns: the decorator, which turns the function into an :class:`AssetTask`.
     :raises TypeError: a parameter of the wrong type (naming it).
     :raises ValueError: a parameter out of its bounds (naming it).
@@ -199,6 +204,8 @@ def asset_task(
     ):
         if callback is not None and not callable(callback):
             raise TypeError(f"{what} must be a function, got {type(callback).__name__}")
+    if isolation not in (None, "none", "process"):
+        raise ValueError(f"isolation must be 'none' or 'process', got {isolation!r}")
     delay = _seconds("retry_delay", retry_delay, optional=False)
     timeout = _seconds("execution_timeout", execution_timeout, optional=True)
     out, into = _assets("outlets", outlets), _assets("inlets", inlets)
@@ -226,6 +233,7 @@ def asset_task(
             on_success=on_success,
             on_failure=on_failure,
             on_retry=on_retry,
+            isolation=isolation,
         )
 
     return decorate

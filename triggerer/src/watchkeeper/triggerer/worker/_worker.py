@@ -25,13 +25,9 @@ Several workers may share one PostgreSQL database; on SQLite they serialise on t
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import random
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
 
@@ -43,7 +39,6 @@ from watchkeeper.store import (
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
-    build_task_context,
 )
 from watchkeeper.store.protocols import (
     EventLog,
@@ -57,48 +52,22 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
-from .._core import describe_error, notify
+from .._core import describe_error
 from ..daemon import daemon_identity, is_dead_local_owner
-from ..settings import WorkerSettings
-from ._asset_task import AssetTask, OutletEvents
+from ..settings import Settings, WorkerSettings
+from ._asset_task import AssetTask
+from ._callbacks import call_back
+from ._context import retry_delay_for, run_context
+from ._isolation import ChildResult, ProcessPool, process_pool_for
 from ._task_traceback import format_task_traceback
 
-__all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
+__all__ = ["Worker"]
 
 log = get_logger(__name__)
 
 _JITTER = 0.2
 _CREATE_EVENTS = 4096
 """The most events a creation that grew past the base batch takes (runs x max_events)."""
-
-
-def retry_delay_for(
-    task: AssetTask, try_number: int, rng: random.Random | None = None
-) -> timedelta:
-    """The delay before the try after ``try_number``: ``retry_delay`` doubled per failed try,
-    capped at ``max_retry_delay``, varied by up to ±20 % so failed runs do not retry in step."""
-    base = task.retry_delay.total_seconds() * 2 ** max(0, try_number - 1)
-    base = min(base, task.max_retry_delay.total_seconds())
-    factor = 1 + _JITTER * (2 * (rng or random).random() - 1)
-    return timedelta(seconds=max(0.0, base * factor))
-
-
-def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dict[str, Any]:
-    """The context of one try of ``run``: ``build_task_context``'s plus the run's events."""
-    context = build_task_context(
-        backend,
-        dag_id=task.name,
-        run_id=str(run.id),
-        task_id=task.name,
-        try_number=run.try_number,
-        inlets=(*task.schedule, *task.inlets),
-        outlets=task.outlets,
-    )
-    context["triggering_asset_events"] = {
-        asset: [e for e in run.events if e.asset == asset.name] for asset in task.schedule
-    }
-    context["outlet_events"] = OutletEvents(task.outlets)
-    return context
 
 
 def _cancelled_from_outside() -> bool:
@@ -120,15 +89,6 @@ class _InFlight:
     scope: anyio.CancelScope
 
 
-def _callback_for(task: AssetTask, outcome: RunOutcome, done: TaskRun) -> tuple[str, Any]:
-    """The callback a recorded outcome calls (its name and the callable, None when unset)."""
-    if outcome.success:
-        return "on_success", task.on_success
-    if done.state == "failed":
-        return "on_failure", task.on_failure
-    return "on_retry", task.on_retry
-
-
 class Worker:
     """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``.
 
@@ -136,6 +96,12 @@ class Worker:
     :param tasks: the tasks to declare and run (each name once).
     :param settings: ``[worker]`` settings (default: the defaults).
     :param owner: the name its run leases are held under (default: ``host:pid:random``).
+    :param process_settings: the whole configuration, for tasks run in child processes
+        (``isolation="process"``): each child opens the store from it and finds the task's
+        definition file under ``[triggerer] watchers_path``. Its ``[worker]`` section is used
+        in place of ``settings``.
+    :raises IsolationUnavailableError: a task runs in child processes and there are no
+        ``process_settings``, or they name an in-memory store the children cannot share.
     """
 
     def __init__(
@@ -145,13 +111,20 @@ class Worker:
         settings: WorkerSettings | None = None,
         *,
         owner: str | None = None,
+        process_settings: Settings | None = None,
     ) -> None:
         self.backend = backend
         self.queue: TaskQueue = backend.tasks
         self.registry: EventLog = backend.events
         self.tasks = {task.name: task for task in tasks}
+        if process_settings is not None:
+            settings = process_settings.worker
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
+        self._isolated = {
+            task.name for task in tasks if (task.isolation or self.settings.isolation) == "process"
+        }
+        self._pool = process_pool_for(self._isolated, self.settings, process_settings)
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._errors: dict[int, BaseException] = {}
@@ -197,10 +170,15 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 await self._free_dead_owners()
                 tg.start_soon(self._heartbeat)
+                if self._pool is not None:
+                    tg.start_soon(self._pool.warm)
                 task_status.started()
                 await self._loop(tg)
         finally:
             self._threads.close()
+            if self._pool is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._pool.aclose()
 
     def stop_claiming(self) -> None:
         """Take no new runs (a graceful stop lets the running ones finish)."""
@@ -276,6 +254,8 @@ class Worker:
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
+        if self._pool is not None and task.name in self._isolated:
+            return await self._try_in_child(self._pool, task, run)
         context = run_context(self.backend, task, run)
         limit: anyio.CancelScope | None = None
         try:
@@ -312,6 +292,18 @@ class Worker:
             return self._failed(task, run, exc)
         return RunOutcome(run.id, run.lease_token, True, outlets)
 
+    async def _try_in_child(self, pool: ProcessPool, task: AssetTask, run: TaskRun) -> RunOutcome:
+        timeout = task.execution_timeout
+        answer = await pool.run(task, run, timeout.total_seconds() if timeout else None)
+        if isinstance(answer, ChildResult):
+            return RunOutcome(run.id, run.lease_token, True, answer.outlets)
+        cause: Literal["task_error", "timeout"] = (
+            "timeout" if answer.cause == "timeout" else "task_error"
+        )
+        return self._failed(
+            task, run, answer.error, cause=cause, traceback=answer.traceback, described=True
+        )
+
     def _failed(
         self,
         task: AssetTask,
@@ -319,19 +311,25 @@ class Worker:
         exc: BaseException,
         *,
         cause: Literal["task_error", "timeout"] = "task_error",
+        traceback: str | None = None,
+        described: bool = False,
     ) -> RunOutcome:
         """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
-        own, retried after a delay."""
+        own, retried after a delay. ``described``: ``exc``'s message already says what
+        failed (a try in a child process: its exception's type and message, or how the
+        child ended)."""
         delay = retry_delay_for(task, run.failures + 1)
         if task.on_failure is not None or task.on_retry is not None:
             self._errors[run.id] = exc
+        error = str(exc) if described else describe_error(exc)
         log.warning(
             "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
-            error=describe_error(exc), cause=cause,
+            error=error, cause=cause,
         )  # fmt: skip
         return RunOutcome(
-            run.id, run.lease_token, False, error=describe_error(exc),
-            traceback=format_task_traceback(exc), retry_delay=delay, cause=cause,
+            run.id, run.lease_token, False, error=error,
+            traceback=traceback if traceback is not None else format_task_traceback(exc),
+            retry_delay=delay, cause=cause,
         )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
@@ -372,31 +370,11 @@ class Worker:
         return done, step.claimed[0] if step.claimed else None
 
     async def _call_back(self, run: TaskRun, outcome: RunOutcome, done: TaskRun) -> None:
-        """Call the task's callback for the recorded outcome, within ``callback_timeout``; its
-        failure (or its being late) is logged, never raised: the run is recorded already."""
-        task = self.tasks[run.task]
-        which, callback = _callback_for(task, outcome, done)
-        if callback is None:
-            return
         error = None if outcome.success else self._errors.get(run.id)
-        timeout = self.settings.callback_timeout
-        try:
-            with anyio.move_on_after(timeout) as late:
-                if inspect.iscoroutinefunction(callback):
-                    await callback(done, error)
-                else:
-                    await self._threads.call(partial(callback, done, error))
-        except Exception as exc:  # noqa: BLE001 - a callback never fails its run or the worker
-            log.error(
-                "task_callback_failed", task=task.name, run_id=run.id, callback=which,
-                error=describe_error(exc),
-            )  # fmt: skip
-            return
-        if late.cancelled_caught:
-            log.error(
-                "task_callback_failed", task=task.name, run_id=run.id, callback=which,
-                error=f"took longer than callback_timeout ({timeout:g} s)",
-            )  # fmt: skip
+        await call_back(
+            self.tasks[run.task], outcome, done, error,
+            time_limit=self.settings.callback_timeout, threads=self._threads,
+        )  # fmt: skip
 
     async def _step(
         self, *, finish: RunOutcome | None = None, claim: int, peers: int = 0
@@ -450,46 +428,3 @@ class Worker:
         if dead:
             count = await self.queue.abreak_run_leases(dead)
             log.info("run_leases_freed", owners=dead, runs=count)
-
-
-def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
-    """Name the store's sessions ``name`` and bound their idle transactions by a run lease
-    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens.
-
-    :param backend: the backend, not yet opened.
-    :param settings: the ``[worker]`` settings whose lease bounds idle transactions.
-    :param name: the session name the database shows (PostgreSQL's ``application_name``).
-    """
-    backend.configure_sessions(name, settings.lease_seconds)
-
-
-async def run_worker(
-    backend: BaseStateBackend,
-    tasks: Sequence[AssetTask],
-    settings: WorkerSettings,
-    *,
-    stop_grace: float = 10.0,
-    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
-) -> None:
-    """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
-    stop claiming, give the runs in flight ``stop_grace`` seconds, and return.
-
-    :param backend: an open backend with the tasks service.
-    :param tasks: the tasks to run.
-    :param settings: the ``[worker]`` settings.
-    :param stop_grace: seconds the runs in flight get to finish after a signal.
-    :param signals: the signals that stop the worker.
-    """
-    worker = Worker(backend, tasks, settings)
-    with anyio.open_signal_receiver(*signals) as received:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            notify(READY=1, STATUS=f"running {len(tasks)} task(s)")
-            async for signum in received:
-                log.info("worker_stopping", signal=signal.Signals(signum).name)
-                notify(STOPPING=1)
-                worker.stop_claiming()
-                with anyio.move_on_after(stop_grace):
-                    await worker.drained()
-                tg.cancel_scope.cancel()
-                break
