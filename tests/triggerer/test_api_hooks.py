@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, AssetEvent, SqliteStateBackend
 from watchkeeper.triggerer.settings import ApiSettings, HookSettings
@@ -49,15 +49,15 @@ def _settings() -> ApiSettings:
     return ApiSettings(
         port=0,
         hooks={
-            "gh": HookSettings(provider="github", secret=GITHUB_SECRET),
-            "stripe": HookSettings(provider="stripe", secret=STRIPE_SECRET, tolerance=300),
+            "gh": HookSettings(provider="github", secret=SecretStr(GITHUB_SECRET)),
+            "stripe": HookSettings(provider="stripe", secret=SecretStr(STRIPE_SECRET), tolerance=300),
             "generic": HookSettings(
                 provider="hmac",
-                secret=HMAC_SECRET,
+                secret=SecretStr(HMAC_SECRET),
                 signature_header="X-Sig",
                 delivery_header="X-Delivery",
             ),
-            "unregistered": HookSettings(provider="github", secret=GITHUB_SECRET),
+            "unregistered": HookSettings(provider="github", secret=SecretStr(GITHUB_SECRET)),
         },
     )
 
@@ -451,14 +451,14 @@ class TestSecrets:
         with pytest.raises(ValidationError, match="either secret or secret_env"):
             HookSettings(provider="github")
         with pytest.raises(ValidationError, match="either secret or secret_env"):
-            HookSettings(provider="github", secret="s3cr3t-value", secret_env="X")
+            HookSettings(provider="github", secret=SecretStr("s3cr3t-value"), secret_env="X")
         monkeypatch.delenv("WK_TEST_HOOK_SECRET", raising=False)
         with pytest.raises(ValidationError, match="'WK_TEST_HOOK_SECRET', which is not set"):
             HookSettings(provider="github", secret_env="WK_TEST_HOOK_SECRET")
         with pytest.raises(ValidationError, match="secret is empty"):
-            HookSettings(provider="github", secret="")
+            HookSettings(provider="github", secret=SecretStr(""))
         with pytest.raises(ValidationError) as caught:
-            HookSettings(provider="gitlab", secret="s3cr3t-value")  # type: ignore[arg-type]
+            HookSettings(provider="gitlab", secret=SecretStr("s3cr3t-value"))  # type: ignore[arg-type]
         assert "s3cr3t-value" not in str(caught.value)
 
     async def test_secret_env_is_read(
