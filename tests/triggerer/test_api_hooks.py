@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -50,7 +51,9 @@ def _settings() -> ApiSettings:
         port=0,
         hooks={
             "gh": HookSettings(provider="github", secret=SecretStr(GITHUB_SECRET)),
-            "stripe": HookSettings(provider="stripe", secret=SecretStr(STRIPE_SECRET), tolerance=300),
+            "stripe": HookSettings(
+                provider="stripe", secret=SecretStr(STRIPE_SECRET), tolerance=300
+            ),
             "generic": HookSettings(
                 provider="hmac",
                 secret=SecretStr(HMAC_SECRET),
@@ -377,6 +380,25 @@ class TestRefusals:
         assert response.status_code == 413
         assert str(LIMIT) in response.json()["detail"]
         assert "max_payload_bytes" in response.json()["detail"]
+        assert await events(served) == []
+
+    async def test_a_declared_length_is_refused_before_the_body_is_sent(
+        self, served: Served
+    ) -> None:
+        """Headers declaring 100 MB and no body byte sent: the 413 comes at once (the server
+        reads nothing of the body)."""
+        host, port = served.base.removeprefix("http://").split(":")
+        request = (
+            f"POST /hooks/pushes HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {served.tokens['pusher']}\r\n"
+            "Content-Length: 100000000\r\n\r\n"
+        ).encode()
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            await stream.send(request)
+            with anyio.fail_after(5):
+                head = await stream.receive()
+        assert head.startswith(b"HTTP/1.1 413"), head[:100]
+        assert b"the body is 100000000 bytes; at most 4096" in head
         assert await events(served) == []
 
     async def test_a_streamed_body_over_the_limit_is_413(self, served: Served) -> None:
