@@ -1,0 +1,184 @@
+"""kill -9 of a real ``watchkeeper triggerer`` while senders push webhooks to it: every
+delivery is committed exactly once.
+
+The daemon serves ``POST /hooks/pushes`` with a GitHub-style signed hook (``[api.hooks]`` in
+its ``watchkeeper.toml``, the secret in the environment). Eight senders push 400 deliveries,
+each signed, each with its delivery id, each sent again until it is answered 200, as a sender
+does (a refused connection, a connection cut mid-request, any other answer: send again).
+Meanwhile the daemon is SIGKILLed at random moments at least five times and started again.
+A request cut by a kill was either committed (its retry is answered 200 ``duplicate``) or
+not (its retry commits it): the events of the asset, counted with ``sqlite3``, are then
+exactly the 400 deliveries, each once, each with its own body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import random
+import signal
+import sqlite3
+from collections import Counter
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from tests.support.daemons import free_port, reap, spawn_daemon, wait_for_api
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SEED = int(os.environ.get("WATCHKEEPER_CHAOS_SEED", random.randrange(2**32)))
+DELIVERIES = 400
+SENDERS = 8
+KILLS = 6
+SECRET = "chaos-hook-secret"
+
+
+@dataclass
+class Tally:
+    """What the senders saw."""
+
+    answered: int = 0
+    duplicates: int = 0
+    cut: int = 0
+    """Requests sent whose answer never came (the connection died under them)."""
+    refused: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    goal: int = 0
+    reached: anyio.Event = field(default_factory=anyio.Event)
+    """Set once ``answered`` reaches ``goal`` (and when the senders are done)."""
+
+    def wait_for(self, goal: int) -> anyio.Event:
+        self.goal, self.reached = goal, anyio.Event()
+        if self.answered >= goal:
+            self.reached.set()
+        return self.reached
+
+
+def _signed(n: int) -> tuple[bytes, dict[str, str]]:
+    body = json.dumps({"n": n}).encode()
+    digest = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    return body, {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": "push",
+        "X-GitHub-Delivery": f"delivery-{n}",
+        "X-Hub-Signature-256": f"sha256={digest}",
+    }
+
+
+async def _send(client: httpx.AsyncClient, n: int, tally: Tally) -> None:
+    """Send delivery ``n`` until it is answered 200, as a webhook sender retries."""
+    body, headers = _signed(n)
+    while True:
+        try:
+            response = await client.post("/hooks/pushes", content=body, headers=headers)
+        except httpx.ConnectError:
+            tally.refused += 1
+        except httpx.TransportError:
+            tally.cut += 1
+        else:
+            tally.statuses[response.status_code] += 1
+            if response.status_code == 200:
+                tally.answered += 1
+                tally.duplicates += bool(response.json()["duplicate"])
+                if tally.answered >= tally.goal:
+                    tally.reached.set()
+                return
+        await anyio.sleep(0.05)
+
+
+async def _senders(client: httpx.AsyncClient, tally: Tally) -> None:
+    queue = list(range(1, DELIVERIES + 1))
+
+    async def sender() -> None:
+        while queue:
+            await _send(client, queue.pop(0), tally)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(SENDERS):
+            tg.start_soon(sender)
+
+
+def _committed(db: Path) -> list[tuple[str, str]]:
+    with closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT dedup_key, payload FROM asset_events WHERE asset_name = 'pushes' ORDER BY id"
+        ).fetchall()
+    return [(str(key), str(payload)) for key, payload in rows]
+
+
+async def test_every_delivery_is_committed_once_across_kills(tmp_path: Path) -> None:
+    """Eight senders, 400 signed deliveries retried until 200, six SIGKILLs of the daemon at
+    random moments: the asset's events are the 400 deliveries, each exactly once."""
+    rng = random.Random(SEED)
+    db = tmp_path / "state.db"
+    watchers = tmp_path / "watchers"
+    watchers.mkdir()
+    (watchers / "hooks.py").write_text(
+        'from watchkeeper.triggerer import Asset\n\npushes = Asset("pushes")\n'
+    )
+    (tmp_path / "watchkeeper.toml").write_text(
+        '[api.hooks.pushes]\nprovider = "github"\nsecret_env = "WK_CHAOS_HOOK_SECRET"\n'
+    )
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+    env.update(
+        WATCHKEEPER__DATABASE__URL=f"sqlite:///{db}",
+        WATCHKEEPER__LOGGING__FORMAT="json",
+        WATCHKEEPER__API__PORT=str(port),
+        WK_CHAOS_HOOK_SECRET=SECRET,
+    )
+    tally = Tally()
+    kills = 0
+    with (tmp_path / "daemon.log").open("ab") as log:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            process = await spawn_daemon(tmp_path, watchers, env, log)
+            try:
+                await wait_for_api(client, process)
+                async with anyio.create_task_group() as tg:
+                    done = anyio.Event()
+
+                    async def send_all() -> None:
+                        await _senders(client, tally)
+                        done.set()
+                        tally.reached.set()
+
+                    tg.start_soon(send_all)
+                    while kills < KILLS and not done.is_set():
+                        goal = tally.answered + rng.randint(5, DELIVERIES // (2 * KILLS))
+                        with anyio.fail_after(60):
+                            await tally.wait_for(goal).wait()
+                        if done.is_set():
+                            break
+                        process.send_signal(signal.SIGKILL)
+                        await reap(process)
+                        kills += 1
+                        process = await spawn_daemon(tmp_path, watchers, env, log)
+                        await wait_for_api(client, process)
+                    with anyio.fail_after(120):
+                        await done.wait()
+                process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(20):
+                    await process.wait()
+            finally:
+                await reap(process)
+    rows = _committed(db)
+    keys = Counter(key for key, _ in rows)
+    print(
+        f"hooks chaos: seed={SEED} kills={kills} deliveries={DELIVERIES} events={len(rows)} "
+        f"cut={tally.cut} refused={tally.refused} duplicates={tally.duplicates} "
+        f"statuses={dict(tally.statuses)}"
+    )
+    assert kills >= 5, "fewer kills than planned: the senders finished first"
+    assert tally.cut > 0, "no kill cut a request in flight: the gap was never exercised"
+    assert {key: count for key, count in keys.items() if count != 1} == {}
+    assert set(keys) == {f"delivery-{n}" for n in range(1, DELIVERIES + 1)}
+    for key, payload in rows:
+        assert json.loads(payload)["body"] == {"n": int(key.removeprefix("delivery-"))}
