@@ -5,8 +5,10 @@ Not a test (CI does not run it). Run by hand from the repository root:
 
     uv run python benchmarks/hooks_bench.py [--posts 3000] [--concurrency 16] [--rounds 3]
 
-Each round serves, one after the other on a fresh SQLite file (uvicorn in this process, on
-127.0.0.1):
+Each round serves, one after the other on a fresh store (uvicorn in this process, on
+127.0.0.1), for each ``--store``: ``sqlite`` (a fresh file: each commit waits for the disk,
+group commit shares it among the requests in flight) and ``memory`` (no disk: what the
+HTTP side costs in CPU):
 
 - ``api-github``: the API's route with a GitHub-style hook (``X-Hub-Signature-256``
   checked, ``X-GitHub-Delivery`` as the dedup key), as ``[api.hooks]`` configures it;
@@ -48,7 +50,7 @@ import anyio
 import uvicorn
 from _bench_measure import loadavg
 from pydantic import SecretStr
-from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store import Asset, BaseStateBackend, MemoryStateBackend, SqliteStateBackend
 from watchkeeper.store.protocols import EventCommit, Writer, encode_payload
 from watchkeeper.triggerer.api import api_context, make_token, serve_app
 from watchkeeper.triggerer.settings import ApiSettings, HookSettings
@@ -98,7 +100,7 @@ asyncio.run(main())
 """
 
 
-def _raw_app(backend: SqliteStateBackend) -> Callable[..., Awaitable[None]]:
+def _raw_app(backend: BaseStateBackend) -> Callable[..., Awaitable[None]]:
     """The baseline: one ASGI callable doing the same check and commit, nothing else."""
     secret = SECRET.encode()
     writer = Writer("api", "webhook:github")
@@ -165,9 +167,7 @@ class _Quiet(uvicorn.Server):
         self.ready.set()
 
 
-async def _serve_raw(
-    backend: SqliteStateBackend, *, task_status: anyio.abc.TaskStatus[int]
-) -> None:
+async def _serve_raw(backend: BaseStateBackend, *, task_status: anyio.abc.TaskStatus[int]) -> None:
     sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
     config = uvicorn.Config(_raw_app(backend), log_config=None, access_log=False, lifespan="off")
     server = _Quiet(config)
@@ -189,9 +189,12 @@ async def _client(base: str, mode: str, posts: int, concurrency: int, token: str
     return float(json.loads(done.stdout)["seconds"])
 
 
-async def _one(mode: str, work: Path, posts: int, concurrency: int) -> dict[str, Any]:
+async def _one(store: str, mode: str, work: Path, posts: int, concurrency: int) -> dict[str, Any]:
     path = work / f"{mode}-{time.monotonic_ns()}.db"
-    async with SqliteStateBackend(path) as backend:
+    opened: BaseStateBackend = (
+        SqliteStateBackend(path) if store == "sqlite" else MemoryStateBackend()
+    )
+    async with opened as backend:
         await backend.events.aregister_assets([Asset(ASSET)])
         token = ""
         async with anyio.create_task_group() as tg:
@@ -219,7 +222,7 @@ async def _one(mode: str, work: Path, posts: int, concurrency: int) -> dict[str,
     expected = posts + concurrency
     if committed != expected:
         raise RuntimeError(f"{mode}: {committed} events committed, expected {expected}")
-    return {"mode": mode, "posts_per_s": posts / seconds, "load": loadavg()}
+    return {"store": store, "mode": mode, "posts_per_s": posts / seconds, "load": loadavg()}
 
 
 async def main() -> None:
@@ -227,27 +230,38 @@ async def main() -> None:
     parser.add_argument("--posts", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--store", choices=["sqlite", "memory"], action="append")
     parser.add_argument("--out", type=Path, default=RESULTS / "hooks.json")
     args = parser.parse_args()
     modes = ["raw", "api-github", "api-token"]
+    stores = args.store or ["sqlite", "memory"]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = modes[r % 3 :] + modes[: r % 3]
-            for mode in order:
-                run = await _one(mode, Path(tmp), args.posts, args.concurrency)
-                runs.append(run)
-                print(
-                    f"round {r + 1} {mode:<11} {run['posts_per_s']:8.0f} posts/s  load {run['load']}"
-                )
+            for store in stores:
+                for mode in order:
+                    run = await _one(store, mode, Path(tmp), args.posts, args.concurrency)
+                    runs.append(run)
+                    print(
+                        f"round {r + 1} {store:<6} {mode:<11} {run['posts_per_s']:8.0f} "
+                        f"posts/s  load {run['load']}",
+                        flush=True,
+                    )
     medians = {
-        mode: statistics.median(x["posts_per_s"] for x in runs if x["mode"] == mode)
+        f"{store}/{mode}": statistics.median(
+            x["posts_per_s"] for x in runs if x["mode"] == mode and x["store"] == store
+        )
+        for store in stores
         for mode in modes
     }
     print()
-    for mode in modes:
-        ratio = medians[mode] / medians["raw"]
-        print(f"{mode:<11} median {medians[mode]:8.0f} posts/s   {ratio:.2f}x raw")
+    for store in stores:
+        for mode in modes:
+            ratio = medians[f"{store}/{mode}"] / medians[f"{store}/raw"]
+            print(
+                f"{store:<6} {mode:<11} median {medians[f'{store}/{mode}']:8.0f} posts/s   {ratio:.2f}x raw"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -50,6 +50,7 @@ GUIDES = tuple(
         "testing.md",
         "operating.md",
         "api-and-page.md",
+        "webhooks.md",
         "postgresql.md",
         "configuring.md",
         "command-line.md",
