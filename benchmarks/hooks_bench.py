@@ -14,7 +14,7 @@ HTTP side costs in CPU):
   checked, ``X-GitHub-Delivery`` as the dedup key), as ``[api.hooks]`` configures it;
 - ``api-token``: the same route with a ``push:asset`` bearer token (a token row read and its
   digest compared per request) and ``Idempotency-Key``;
-- ``raw``: a bare ASGI callable under the same uvicorn: it reads the body, checks the same
+- ``raw``: a bare ASGI callable under the same uvicorn (its h11 protocol, as the API's): it reads the body, checks the same
   HMAC with :func:`hmac.compare_digest`, decodes the JSON, builds the same payload and commits
   the same :class:`EventCommit` through the same store, then answers a small JSON body. No
   routing, middleware, auth choice, limits or error handling: the floor of any handler that
@@ -169,7 +169,9 @@ class _Quiet(uvicorn.Server):
 
 async def _serve_raw(backend: BaseStateBackend, *, task_status: anyio.abc.TaskStatus[int]) -> None:
     sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
-    config = uvicorn.Config(_raw_app(backend), log_config=None, access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        _raw_app(backend), log_config=None, access_log=False, lifespan="off", http="h11"
+    )
     server = _Quiet(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])
