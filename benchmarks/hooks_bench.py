@@ -14,11 +14,11 @@ HTTP side costs in CPU):
   checked, ``X-GitHub-Delivery`` as the dedup key), as ``[api.hooks]`` configures it;
 - ``api-token``: the same route with a ``push:asset`` bearer token (a token row read and its
   digest compared per request) and ``Idempotency-Key``;
-- ``raw``: a bare ASGI callable under the same uvicorn (its h11 protocol, as the API's): it reads the body, checks the same
-  HMAC with :func:`hmac.compare_digest`, decodes the JSON, builds the same payload and commits
-  the same :class:`EventCommit` through the same store, then answers a small JSON body. No
-  routing, middleware, auth choice, limits or error handling: the floor of any handler that
-  commits the same rows through the store.
+- ``raw``: a bare ASGI callable under the same uvicorn (its h11 protocol, as the API's): it
+  reads the body, checks the same HMAC with :func:`hmac.compare_digest`, decodes the JSON,
+  builds the same payload and commits the same :class:`EventCommit` through the same store,
+  then answers a small JSON body. No routing, middleware, auth choice, limits or error
+  handling: the floor of any handler that commits the same rows through the store.
 
 A client in a child process (so the server's loop is not the client's) posts ``--posts``
 signed JSON bodies with ``--concurrency`` connections and reports posts/s (every answer must
