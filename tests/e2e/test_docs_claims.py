@@ -75,6 +75,7 @@ class TestPythonBlocks:
             "testing.md",
             "writing-watchers.md",
             "tasks.md",
+            "webhooks.md",
         }
 
     def test_every_python_block_runs_unless_marked_a_fragment(self) -> None:
