@@ -24,7 +24,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from structlog.testing import capture_logs
 from watchkeeper.store import Asset, AssetEvent, SqliteStateBackend
-from watchkeeper.triggerer.settings import ApiSettings, HookSettings
+from watchkeeper.triggerer.settings import ApiSettings, HookSettings, load_settings
 
 from tests.support.api import ServedApi, serve_api
 
@@ -498,6 +498,18 @@ class TestSecrets:
                 assert (await post(one, "gh", PUSH, github_headers(PUSH))).status_code == 200
                 bad = await post(one, "gh", PUSH, github_headers(PUSH, secret="other"))
                 assert bad.status_code == 401
+
+    def test_the_table_from_the_environment(
+        self, isolated: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``WATCHKEEPER__API__HOOKS`` holds the table as JSON; asset names keep their case."""
+        monkeypatch.setenv("WK_TEST_HOOK_SECRET", "from-env")
+        monkeypatch.setenv(
+            "WATCHKEEPER__API__HOOKS",
+            '{"GitHub_Pushes": {"provider": "github", "secret_env": "WK_TEST_HOOK_SECRET"}}',
+        )
+        hook = load_settings().api.hooks["GitHub_Pushes"]
+        assert hook.provider == "github" and hook.secret_bytes() == b"from-env"
 
     def test_config_show_hides_the_secret(self, isolated: Path) -> None:
         """``config show --json`` lists the hook without its secret."""
