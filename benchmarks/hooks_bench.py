@@ -22,8 +22,10 @@ HTTP side costs in CPU):
 
 A client in a child process (so the server's loop is not the client's) posts ``--posts``
 signed JSON bodies with ``--concurrency`` connections and reports posts/s (every answer must
-be 200). Modes alternate within each round; the medians are reported with the ratios to
-``raw``. The client shares the machine's cores with the server: the figures are for the
+be 200), and the server process's CPU time per post over the same span (every thread of
+this process: the loop, uvicorn, the store's writer thread), the figure a loaded machine
+disturbs least. Modes alternate within each round; the medians are reported with the ratios
+to ``raw``. The client shares the machine's cores with the server: the figures are for the
 pair, the ratio is what matters.
 
 Writes ``benchmarks/results/hooks.json``.
@@ -217,14 +219,22 @@ async def _one(store: str, mode: str, work: Path, posts: int, concurrency: int) 
                         ctx, host="127.0.0.1", port=0, settings=settings, task_status=task_status
                     )
                 )
+            cpu = time.process_time()
             seconds = await _client(f"http://127.0.0.1:{port}", mode, posts, concurrency, token)
+            cpu = time.process_time() - cpu
             tg.cancel_scope.cancel()
         committed = len(await backend.events.alist_events(asset=ASSET))
     path.unlink(missing_ok=True)
     expected = posts + concurrency
     if committed != expected:
         raise RuntimeError(f"{mode}: {committed} events committed, expected {expected}")
-    return {"store": store, "mode": mode, "posts_per_s": posts / seconds, "load": loadavg()}
+    return {
+        "store": store,
+        "mode": mode,
+        "posts_per_s": posts / seconds,
+        "server_cpu_us_per_post": 1e6 * cpu / posts,
+        "load": loadavg(),
+    }
 
 
 async def main() -> None:
@@ -247,27 +257,36 @@ async def main() -> None:
                     runs.append(run)
                     print(
                         f"round {r + 1} {store:<6} {mode:<11} {run['posts_per_s']:8.0f} "
-                        f"posts/s  load {run['load']}",
+                        f"posts/s {run['server_cpu_us_per_post']:7.0f} µs server CPU/post  "
+                        f"load {run['load']}",
                         flush=True,
                     )
-    medians = {
-        f"{store}/{mode}": statistics.median(
-            x["posts_per_s"] for x in runs if x["mode"] == mode and x["store"] == store
+
+    def median(store: str, mode: str, figure: str) -> float:
+        return statistics.median(
+            x[figure] for x in runs if x["mode"] == mode and x["store"] == store
         )
-        for store in stores
-        for mode in modes
-    }
+
+    medians = {f"{st}/{m}": median(st, m, "posts_per_s") for st in stores for m in modes}
+    cpu = {f"{st}/{m}": median(st, m, "server_cpu_us_per_post") for st in stores for m in modes}
     print()
     for store in stores:
         for mode in modes:
-            ratio = medians[f"{store}/{mode}"] / medians[f"{store}/raw"]
+            key, raw = f"{store}/{mode}", f"{store}/raw"
             print(
-                f"{store:<6} {mode:<11} median {medians[f'{store}/{mode}']:8.0f} posts/s   {ratio:.2f}x raw"
+                f"{store:<6} {mode:<11} median {medians[key]:8.0f} posts/s "
+                f"({medians[key] / medians[raw]:.2f}x raw), server CPU {cpu[key]:6.0f} µs/post "
+                f"({cpu[key] / cpu[raw]:.2f}x raw)"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
-            {"runs": runs, "medians": medians, "args": vars(args) | {"out": str(args.out)}},
+            {
+                "runs": runs,
+                "medians": medians,
+                "cpu_us_per_post": cpu,
+                "args": vars(args) | {"out": str(args.out)},
+            },
             indent=2,
         )
     )

@@ -8,7 +8,8 @@ does (a refused connection, a connection cut mid-request, any other answer: send
 Meanwhile the daemon is SIGKILLed at random moments at least five times and started again.
 A request cut by a kill was either committed (its retry is answered 200 ``duplicate``) or
 not (its retry commits it): the events of the asset, counted with ``sqlite3``, are then
-exactly the 400 deliveries, each once, each with its own body.
+exactly the 400 deliveries, each once, each with its own body. The same on PostgreSQL
+(counted with ``asyncpg``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import httpx
 import pytest
 
 from tests.support.daemons import free_port, reap, spawn_daemon, wait_for_api
+from tests.support.postgres import fresh_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -106,19 +108,43 @@ async def _senders(client: httpx.AsyncClient, tally: Tally) -> None:
             tg.start_soon(sender)
 
 
-def _committed(db: Path) -> list[tuple[str, str]]:
-    with closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute(
-            "SELECT dedup_key, payload FROM asset_events WHERE asset_name = 'pushes' ORDER BY id"
-        ).fetchall()
+_COMMITTED = "SELECT dedup_key, payload FROM asset_events WHERE asset_name = 'pushes' ORDER BY id"
+
+
+async def _committed(url: str) -> list[tuple[str, str]]:
+    """The asset's events, read with the database's own driver (not through watchkeeper)."""
+    if url.startswith("sqlite:///"):
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
+            rows = lite.execute(_COMMITTED).fetchall()
+    else:
+        import asyncpg
+
+        pg = await asyncpg.connect(url)
+        try:
+            rows = [tuple(r) for r in await pg.fetch(_COMMITTED)]
+        finally:
+            await pg.close()
     return [(str(key), str(payload)) for key, payload in rows]
 
 
-async def test_every_delivery_is_committed_once_across_kills(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_every_delivery_is_committed_once_across_kills(
+    tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
     """Eight senders, 400 signed deliveries retried until 200, six SIGKILLs of the daemon at
     random moments: the asset's events are the 400 deliveries, each exactly once."""
+    if backend == "sqlite":
+        await _kill_while_pushing(tmp_path, f"sqlite:///{tmp_path / 'state.db'}")
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    async with fresh_pg_database(dsn, prefix="wk_hooks") as database:
+        await _kill_while_pushing(tmp_path, database.dsn)
+
+
+async def _kill_while_pushing(tmp_path: Path, url: str) -> None:
     rng = random.Random(SEED)
-    db = tmp_path / "state.db"
     watchers = tmp_path / "watchers"
     watchers.mkdir()
     (watchers / "hooks.py").write_text(
@@ -130,7 +156,7 @@ async def test_every_delivery_is_committed_once_across_kills(tmp_path: Path) -> 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
     env.update(
-        WATCHKEEPER__DATABASE__URL=f"sqlite:///{db}",
+        WATCHKEEPER__DATABASE__URL=url,
         WATCHKEEPER__LOGGING__FORMAT="json",
         WATCHKEEPER__API__PORT=str(port),
         WK_CHAOS_HOOK_SECRET=SECRET,
@@ -169,10 +195,10 @@ async def test_every_delivery_is_committed_once_across_kills(tmp_path: Path) -> 
                     await process.wait()
             finally:
                 await reap(process)
-    rows = _committed(db)
+    rows = await _committed(url)
     keys = Counter(key for key, _ in rows)
     print(
-        f"hooks chaos: seed={SEED} kills={kills} deliveries={DELIVERIES} events={len(rows)} "
+        f"hooks chaos: {url.split(':')[0]} seed={SEED} kills={kills} deliveries={DELIVERIES} events={len(rows)} "
         f"cut={tally.cut} refused={tally.refused} duplicates={tally.duplicates} "
         f"statuses={dict(tally.statuses)}"
     )
