@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import sqlite3
+import time
 from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from tests.support.daemons import free_port, reap, spawn_daemon, wait_for_api
+from tests.support.daemons import free_port, reap, spawn_daemon
 from tests.support.postgres import fresh_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -108,6 +109,26 @@ async def _senders(client: httpx.AsyncClient, tally: Tally) -> None:
             tg.start_soon(sender)
 
 
+START = 120.0
+"""Seconds a daemon may take to answer after its start (a loaded machine starts Python slowly,
+and a PostgreSQL daemon connects and migrates first)."""
+
+
+async def _started(client: httpx.AsyncClient, process: anyio.abc.Process) -> float:
+    """Wait until the daemon's API answers ``/healthz``; the seconds it took."""
+    began = time.monotonic()
+    with anyio.fail_after(START):
+        while True:
+            if process.returncode is not None:
+                pytest.fail(f"the daemon exited ({process.returncode}) before its API answered")
+            try:
+                if (await client.get("/healthz")).status_code == 200:
+                    return time.monotonic() - began
+            except httpx.TransportError:
+                pass
+            await anyio.sleep(0.05)
+
+
 _COMMITTED = "SELECT dedup_key, payload FROM asset_events WHERE asset_name = 'pushes' ORDER BY id"
 
 
@@ -167,7 +188,7 @@ async def _kill_while_pushing(tmp_path: Path, url: str) -> None:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             process = await spawn_daemon(tmp_path, watchers, env, log)
             try:
-                await wait_for_api(client, process)
+                starts = [await _started(client, process)]
                 async with anyio.create_task_group() as tg:
                     done = anyio.Event()
 
@@ -179,7 +200,7 @@ async def _kill_while_pushing(tmp_path: Path, url: str) -> None:
                     tg.start_soon(send_all)
                     while kills < KILLS and not done.is_set():
                         goal = tally.answered + rng.randint(5, DELIVERIES // (2 * KILLS))
-                        with anyio.fail_after(60):
+                        with anyio.fail_after(120):
                             await tally.wait_for(goal).wait()
                         if done.is_set():
                             break
@@ -187,7 +208,7 @@ async def _kill_while_pushing(tmp_path: Path, url: str) -> None:
                         await reap(process)
                         kills += 1
                         process = await spawn_daemon(tmp_path, watchers, env, log)
-                        await wait_for_api(client, process)
+                        starts.append(await _started(client, process))
                     with anyio.fail_after(120):
                         await done.wait()
                 process.send_signal(signal.SIGTERM)
@@ -200,7 +221,7 @@ async def _kill_while_pushing(tmp_path: Path, url: str) -> None:
     print(
         f"hooks chaos: {url.split(':')[0]} seed={SEED} kills={kills} deliveries={DELIVERIES} events={len(rows)} "
         f"cut={tally.cut} refused={tally.refused} duplicates={tally.duplicates} "
-        f"statuses={dict(tally.statuses)}"
+        f"statuses={dict(tally.statuses)} starts={[round(t, 1) for t in starts]}"
     )
     assert kills >= 5, "fewer kills than planned: the senders finished first"
     assert tally.cut > 0, "no kill cut a request in flight: the gap was never exercised"
