@@ -13,16 +13,18 @@ are rendered by the same chain: one JSON object per record, like structlog's own
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
-from typing import Literal, TextIO
+from collections.abc import Iterator
+from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, ExceptionRenderer, Processor, WrappedLogger
 from watchkeeper.store.protocols import redact_secrets
 
-__all__ = ["HANDLER_NAME", "configure_logging", "wants_json"]
+__all__ = ["HANDLER_NAME", "configure_logging", "kept_logging", "wants_json"]
 
 HANDLER_NAME = "watchkeeper"
 """The name of the root logger's handler that :func:`configure_logging` installs."""
@@ -150,6 +152,44 @@ def configure_logging(
     root.setLevel(number)
     # aiosqlite logs every statement at DEBUG: that is the driver's, not ours, to debug.
     logging.getLogger("aiosqlite").setLevel(max(number, logging.INFO))
+
+
+@contextlib.contextmanager
+def kept_logging() -> Iterator[None]:
+    """Undo, on exit, what code run inside did to the process's logging configuration.
+
+    For imports of frameworks that configure logging as a side effect (Apache Airflow's
+    ``import airflow`` replaces structlog's configuration and adds a root handler printing to
+    stdout): structlog's configuration, the root logger's handlers and level, and each existing
+    logger's ``disabled`` flag, level and ``propagate`` are put back as they were; loggers the
+    code created keep their own level but propagate to the root again and get no handlers of
+    their own, so their records are rendered once, by ours.
+    """
+    config: dict[str, Any] = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    manager = logging.Logger.manager
+    before = {
+        name: (logger.disabled, logger.level, logger.propagate, list(logger.handlers))
+        for name, logger in manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    try:
+        yield
+    finally:
+        structlog.configure(**config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, logger in list(manager.loggerDict.items()):
+            if not isinstance(logger, logging.Logger):
+                continue
+            kept = before.get(name)
+            if kept is None:
+                logger.propagate, logger.disabled = True, False
+                logger.handlers[:] = []
+                continue
+            logger.disabled, logger.level, logger.propagate = kept[:3]
+            logger.handlers[:] = kept[3]
 
 
 class _Redacting:

@@ -3,7 +3,9 @@
 Each ``*.py`` file under the watchers path is imported as ``watchkeeper_watchers.<relative.module>``
 (a package whose ``__path__`` is the watchers path), and the path is put on ``sys.path`` so the
 files can import helper modules that sit next to them. Module-level :class:`Asset` objects with
-``watchers=[AssetWatcher(name, trigger)]`` define what is watched.
+``watchers=[AssetWatcher(name, trigger)]`` define what is watched; another framework's assets
+(Apache Airflow's ``Asset`` with its ``AssetWatcher``) are read by their attributes, and their
+triggers wrapped by the adapter installed for them (see :mod:`._adapters`).
 
 Reading a file yields its :class:`FileDefinitions`: each asset's name and URI and, for each of
 its watchers, the watcher's name and its trigger's ``serialize()`` as canonical JSON. That is
@@ -33,7 +35,8 @@ from typing import Any
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
 from .._core import describe_error
-from ..trigger import AssetWatcher
+from ..trigger import AssetWatcher, BaseEventTrigger
+from ._adapters import adapter_for_trigger, foreign_refusal
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
 
 __all__ = [
@@ -390,22 +393,73 @@ def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, Watch
         return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}{where}")
 
 
-def _serialize(rel: str, watcher: AssetWatcher, root: Path) -> WatcherDefinition | WatcherError:
+def _serialize(
+    rel: str, name: str, trigger: object, root: Path
+) -> WatcherDefinition | WatcherError:
     try:
-        classpath, kwargs = watcher.trigger.serialize()
+        if isinstance(trigger, BaseEventTrigger):
+            classpath, kwargs = trigger.serialize()
+        else:  # another framework's trigger (an Airflow one): its adapter wraps it, or refuses
+            adapter = adapter_for_trigger(trigger)
+            if adapter is None:
+                return WatcherError(rel, name, foreign_refusal(trigger))
+            try:
+                classpath, kwargs = adapter.wrap(trigger)
+            except (TypeError, ValueError) as exc:
+                where = raised_at(root, exc)
+                return WatcherError(rel, name, f"cannot run here: {exc}{where}")
         canonical = canonical_trigger_json(classpath, kwargs)
     except (InvalidValueError, ValueTypeError) as exc:
-        return WatcherError(rel, watcher.name, f"serialize() kwargs are not JSON: {exc}")
+        return WatcherError(rel, name, f"serialize() kwargs are not JSON: {exc}")
     except Exception as exc:  # noqa: BLE001 - user code; reported, never fatal
         where = raised_at(root, exc)
-        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}{where}")
+        return WatcherError(rel, name, f"serialize() failed: {describe_error(exc)}{where}")
     try:
         canonical.encode()  # the trigger id hashes it
     except UnicodeEncodeError:
+        return WatcherError(rel, name, "serialize() kwargs are not valid UTF-8 (a lone surrogate)")
+    return WatcherDefinition(name, classpath, canonical)
+
+
+def _foreign_asset(value: object) -> bool:
+    """Whether ``value`` is another framework's asset (Airflow's ``Asset``): read by its
+    attributes, a str ``name`` and a list of ``watchers``."""
+    if isinstance(value, type | types.ModuleType):
+        return False
+    return isinstance(getattr(value, "name", None), str) and isinstance(
+        getattr(value, "watchers", None), list | tuple
+    )
+
+
+def _asset_of(rel: str, value: object) -> tuple[Asset | None, WatcherError | None]:
+    """Our :class:`Asset` for a module-level asset (ours, or one read by its attributes)."""
+    if isinstance(value, Asset):
+        return value, None
+    name = getattr(value, "name", None)
+    uri = getattr(value, "uri", None)
+    kind = type(value).__qualname__
+    if uri is not None and not isinstance(uri, str):
+        return None, WatcherError(rel, None, f"{kind} {name!r}: uri must be a str, got {uri!r}")
+    try:
+        return Asset(str(name), uri=uri), None
+    except (TypeError, ValueError) as exc:
+        return None, WatcherError(rel, None, f"{kind} {name!r} cannot be an asset here: {exc}")
+
+
+def _watcher_of(rel: str, asset: str, watcher: object) -> tuple[str, object] | WatcherError:
+    """``(name, trigger)`` of one watcher (ours, or one read by its attributes)."""
+    if isinstance(watcher, AssetWatcher):
+        return watcher.name, watcher.trigger
+    name = getattr(watcher, "name", None)
+    trigger = getattr(watcher, "trigger", None)
+    if not isinstance(name, str) or not name or trigger is None:
         return WatcherError(
-            rel, watcher.name, "serialize() kwargs are not valid UTF-8 (a lone surrogate)"
+            rel,
+            None,
+            f"asset {asset!r}: watchers must be AssetWatcher objects (a name and a trigger), "
+            f"got {type(watcher).__name__}",
         )
-    return WatcherDefinition(watcher.name, classpath, canonical)
+    return name, trigger
 
 
 def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileDefinitions:
@@ -413,27 +467,26 @@ def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileD
     refused: list[WatcherError] = []
     seen: set[int] = set()
     for value in vars(module).values():
-        if not isinstance(value, Asset) or id(value) in seen:
+        if id(value) in seen or not (isinstance(value, Asset) or _foreign_asset(value)):
             continue
         seen.add(id(value))
+        asset, error = _asset_of(rel, value)
+        if asset is None:
+            assert error is not None
+            refused.append(error)
+            continue
         watchers: list[WatcherDefinition] = []
-        for watcher in value.watchers:
-            if not isinstance(watcher, AssetWatcher):
-                refused.append(
-                    WatcherError(
-                        rel,
-                        None,
-                        f"asset {value.name!r}: watchers must be AssetWatcher objects, "
-                        f"got {type(watcher).__name__}",
-                    )
-                )
+        for watcher in getattr(value, "watchers", ()):
+            found = _watcher_of(rel, asset.name, watcher)
+            if isinstance(found, WatcherError):
+                refused.append(found)
                 continue
-            serialized = _serialize(rel, watcher, root)
+            serialized = _serialize(rel, *found, root)
             if isinstance(serialized, WatcherError):
                 refused.append(serialized)
             elif serialized not in watchers:
                 watchers.append(serialized)
-        assets.append(AssetDefinition(value.name, value.uri, tuple(watchers)))
+        assets.append(AssetDefinition(asset.name, asset.uri, tuple(watchers)))
     return FileDefinitions(rel, assets=tuple(assets), refused=tuple(refused))
 
 

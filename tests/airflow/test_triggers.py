@@ -1,0 +1,251 @@
+"""Apache Airflow's event triggers under watchkeeper: loaded from Airflow's own asset types,
+refused by name when they cannot run, and their state writes held until the next event.
+
+The watcher files are Airflow code (no watchkeeper import), read by the daemon's loader in a
+child process and rebuilt in this one, as the daemon does; one load serves the module (Airflow's
+first import costs seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
+from watchkeeper.triggerer.daemon import LoadResult, WatcherGroup
+from watchkeeper.triggerer.daemon._evaluate import aload_watchers
+from watchkeeper.triggerer.testing import run_trigger
+
+from tests.support.daemons import wait_until
+
+AIRFLOW_WATCHERS = '''
+"""Airflow triggers, written as Airflow's documentation shows them."""
+
+import asyncio
+from datetime import timedelta
+
+from airflow.sdk import Asset, AssetWatcher
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+
+class CountingTrigger(BaseEventTrigger):
+    """Sets the watermark, reads it back, then yields: one event per number up to ``stop``."""
+
+    def __init__(self, stop, pause=timedelta(0)):
+        super().__init__()
+        self.stop = stop
+        self.pause = pause
+
+    def serialize(self):
+        return (f"{__name__}.CountingTrigger", {"stop": self.stop, "pause": self.pause})
+
+    async def run(self):
+        state = self.asset_state_store[Asset(name="counted")]
+        n = state.get("watermark") or 0
+        while n < self.stop:
+            n += 1
+            state.set("watermark", n)
+            seen = await state.aget("watermark")
+            await asyncio.sleep(self.pause.total_seconds())
+            yield TriggerEvent({"n": n, "seen": seen})
+
+
+class PollOnlyTrigger(BaseEventTrigger):
+    """Writes its last poll and never yields."""
+
+    def serialize(self):
+        return (f"{__name__}.PollOnlyTrigger", {})
+
+    async def run(self):
+        await self.asset_state_store.aset("last_poll", 1)
+        await asyncio.sleep(3600)
+        yield TriggerEvent(None)
+
+
+counted = Asset(
+    name="counted",
+    uri="s3://data/counted/",
+    watchers=[AssetWatcher(name="counter", trigger=CountingTrigger(5, timedelta(seconds=0)))],
+)
+polled = Asset(name="polled", watchers=[AssetWatcher(name="poller", trigger=PollOnlyTrigger())])
+'''
+
+REFUSED_WATCHERS = '''
+"""What cannot run here, each refused by name."""
+
+from airflow.sdk import Asset, AssetWatcher
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+
+class SetTrigger(BaseEventTrigger):
+    def __init__(self, tags):
+        super().__init__()
+        self.tags = tags
+
+    def serialize(self):
+        return (f"{__name__}.SetTrigger", {"tags": self.tags})
+
+    async def run(self):
+        yield TriggerEvent(None)
+
+
+class AckTrigger(BaseEventTrigger):
+    def serialize(self):
+        return (f"{__name__}.AckTrigger", {})
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs):
+        raise NotImplementedError
+
+    async def run(self):
+        yield TriggerEvent(None)
+
+
+class DriftingTrigger(BaseEventTrigger):
+    def __init__(self, n=0):
+        super().__init__()
+        self.n = n + 1
+
+    def serialize(self):
+        return (f"{__name__}.DriftingTrigger", {"n": self.n})
+
+    async def run(self):
+        yield TriggerEvent(None)
+
+
+class NotATrigger:
+    def serialize(self):
+        return ("x.NotATrigger", {})
+
+
+class Watcher:
+    name = "odd"
+    trigger = NotATrigger()
+
+
+bad = Asset(
+    name="bad",
+    watchers=[
+        AssetWatcher(name="with_set", trigger=SetTrigger({"a"})),
+        AssetWatcher(name="ack", trigger=AckTrigger()),
+        AssetWatcher(name="drifting", trigger=DriftingTrigger()),
+    ],
+)
+class OddAsset:
+    name = "odd"
+    uri = None
+    watchers = [Watcher()]
+
+
+odd = OddAsset()
+'''
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadResult]:
+    """The two files above, loaded as the daemon loads them (Airflow's home in a temporary
+    directory: importing Airflow creates its logs directory there)."""
+    root = tmp_path_factory.mktemp("airflow")
+    watchers = root / "watchers"
+    watchers.mkdir()
+    (watchers / "counting.py").write_text(textwrap.dedent(AIRFLOW_WATCHERS))
+    (watchers / "refused.py").write_text(textwrap.dedent(REFUSED_WATCHERS))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW_HOME", os.environ.get("AIRFLOW_HOME", str(root / "home")))
+        yield anyio.run(aload_watchers, watchers)
+
+
+def _group(loaded: LoadResult, asset: str) -> WatcherGroup:
+    (group,) = [g for g in loaded.groups if any(a.name == asset for a in g.assets)]
+    return group
+
+
+class TestLoading:
+    def test_airflow_assets_and_watchers_load(self, loaded: LoadResult) -> None:
+        """An Airflow Asset's watcher runs as an AirflowTrigger carrying the Airflow trigger's
+        classpath and kwargs (a timedelta tagged), its asset's URI as Airflow normalises it."""
+        group = _group(loaded, "counted")
+        assert group.classpath == "watchkeeper.airflow.AirflowTrigger"
+        assert group.watchers == ("counter",)
+        assert group.assets[0].uri == "s3://data/counted"
+        assert group.kwargs == {
+            "classpath": "watchkeeper_watchers.counting.CountingTrigger",
+            "kwargs": {"stop": 5, "pause": {"__watchkeeper_type__": "timedelta", "value": 0.0}},
+        }
+        inner = group.trigger.airflow_trigger  # type: ignore[attr-defined]
+        assert type(inner).__mro__[1].__module__ == "airflow.triggers.base"
+
+    def test_what_cannot_run_is_refused_by_name(self, loaded: LoadResult) -> None:
+        """A kwarg that is no JSON, Airflow's ack mode, a serialize() that does not rebuild
+        the same trigger, and a trigger that is nobody's are each refused, saying why."""
+        reasons = {e.watcher: e.reason for e in loaded.errors if e.file == "refused.py"}
+        assert "is a set, which cannot be kept as JSON" in reasons["with_set"]
+        assert "create_shared_stream_producer" in reasons["ack"]
+        assert "serializes differently" in reasons["drifting"]
+        assert "not a watchkeeper BaseEventTrigger" in reasons["odd"]
+        assert not [g for g in loaded.groups if g.watchers[0] in reasons]
+
+
+def _raw_rows(path: Path, asset: str) -> tuple[tuple[str, str], str]:
+    """The watermark's (value, updated_at) and the last event's created_at, as stored."""
+    with sqlite3.connect(path) as conn:
+        watermark = conn.execute(
+            "SELECT s.value, s.updated_at FROM asset_state s JOIN assets a ON a.id = s.asset_id "
+            "WHERE a.name = ? AND s.key = 'watermark'",
+            (asset,),
+        ).fetchone()
+        (created_at,) = conn.execute(
+            "SELECT created_at FROM asset_events WHERE asset_name = ? ORDER BY id DESC LIMIT 1",
+            (asset,),
+        ).fetchone()
+    conn.close()
+    return (watermark[0], watermark[1]), created_at
+
+
+async def _polled(backend: SqliteStateBackend) -> bool:
+    try:
+        return bool(await backend.aget(AssetScope(name="polled"), "last_poll") == 1)
+    except AssetNotFoundError:  # run_trigger has not registered it yet
+        return False
+
+
+class TestHeldWrites:
+    async def test_watermark_commits_with_its_event(
+        self, loaded: LoadResult, tmp_path: Path
+    ) -> None:
+        """Each watermark written before a yield is read back at once, and commits in the
+        event's transaction: the stored watermark's updated_at is the last event's created_at."""
+        group = _group(loaded, "counted")
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            events = await run_trigger(
+                group.trigger, assets=list(group.assets), backend=backend, timeout=30
+            )
+            entry = await backend.aget_entry(AssetScope(name="counted"), "watermark")
+        assert [e.payload for e in events] == [{"n": n, "seen": n} for n in range(1, 6)]
+        assert entry is not None
+        assert entry.value == 5
+        assert entry.updated_at == events[-1].created_at
+        (value, updated_at), created_at = _raw_rows(tmp_path / "state.db", "counted")
+        assert (value, updated_at) == ("5", created_at)
+
+    async def test_writes_no_event_follows_commit_after_the_linger(
+        self, loaded: LoadResult, tmp_path: Path
+    ) -> None:
+        """A write that no yield follows commits on its own, once it has lingered."""
+        from watchkeeper.airflow import AirflowTrigger
+
+        group = _group(loaded, "polled")
+        kwargs = dict(group.kwargs)
+        trigger = AirflowTrigger(kwargs["classpath"], kwargs["kwargs"], linger=0.05)
+        async with (
+            SqliteStateBackend(tmp_path / "state.db") as backend,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(lambda: run_trigger(trigger, assets=list(group.assets), backend=backend))
+            await wait_until(lambda: _polled(backend), "the lingering write to commit")
+            tg.cancel_scope.cancel()
