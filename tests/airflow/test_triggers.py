@@ -8,14 +8,18 @@ first import costs seconds).
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import pytest
+import structlog
 from watchkeeper.store import AssetNotFoundError, AssetScope, SqliteStateBackend
 from watchkeeper.triggerer.daemon import LoadResult, WatcherGroup
 from watchkeeper.triggerer.daemon._evaluate import aload_watchers
@@ -28,6 +32,7 @@ AIRFLOW_WATCHERS = '''
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
 
 from airflow.sdk import Asset, AssetWatcher
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -36,13 +41,15 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 class CountingTrigger(BaseEventTrigger):
     """Sets the watermark, reads it back, then yields: one event per number up to ``stop``."""
 
-    def __init__(self, stop, pause=timedelta(0)):
+    def __init__(self, stop, pause=timedelta(0), mark=None):
         super().__init__()
         self.stop = stop
         self.pause = pause
+        self.mark = mark
 
     def serialize(self):
-        return (f"{__name__}.CountingTrigger", {"stop": self.stop, "pause": self.pause})
+        kwargs = {"stop": self.stop, "pause": self.pause}
+        return (f"{__name__}.CountingTrigger", kwargs | ({"mark": self.mark} if self.mark else {}))
 
     async def run(self):
         state = self.asset_state_store[Asset(name="counted")]
@@ -51,6 +58,8 @@ class CountingTrigger(BaseEventTrigger):
             n += 1
             state.set("watermark", n)
             seen = await state.aget("watermark")
+            if self.mark:  # the test's sign that the watermark is set and the yield to come
+                Path(self.mark).write_text(str(n))
             await asyncio.sleep(self.pause.total_seconds())
             yield TriggerEvent({"n": n, "seen": seen})
 
@@ -146,8 +155,23 @@ odd = OddAsset()
 '''
 
 
+@dataclass(frozen=True)
+class Loading:
+    """A load, and the process's logging set-up before and after it."""
+
+    result: LoadResult
+    before: tuple[object, ...]
+    after: tuple[object, ...]
+
+
+def _logging_setup() -> tuple[object, ...]:
+    config = structlog.get_config()
+    root = logging.getLogger()
+    return (tuple(root.handlers), root.level, tuple(config["processors"]), config["logger_factory"])
+
+
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadResult]:
+def loading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loading]:
     """The two files above, loaded as the daemon loads them (Airflow's home in a temporary
     directory: importing Airflow creates its logs directory there)."""
     root = tmp_path_factory.mktemp("airflow")
@@ -157,7 +181,14 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoadResult]:
     (watchers / "refused.py").write_text(textwrap.dedent(REFUSED_WATCHERS))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW_HOME", os.environ.get("AIRFLOW_HOME", str(root / "home")))
-        yield anyio.run(aload_watchers, watchers)
+        before = _logging_setup()
+        result = anyio.run(aload_watchers, watchers)
+        yield Loading(result, before, _logging_setup())
+
+
+@pytest.fixture
+def loaded(loading: Loading) -> LoadResult:
+    return loading.result
 
 
 def _group(loaded: LoadResult, asset: str) -> WatcherGroup:
@@ -179,6 +210,12 @@ class TestLoading:
         }
         inner = group.trigger.airflow_trigger  # type: ignore[attr-defined]
         assert type(inner).__mro__[1].__module__ == "airflow.triggers.base"
+
+    def test_importing_airflow_keeps_our_logging(self, loading: Loading) -> None:
+        """Airflow, imported to rebuild its triggers, leaves structlog's configuration and the
+        root logger's handlers as they were (it would print every record to stdout)."""
+        assert "airflow.triggers.base" in sys.modules
+        assert loading.after == loading.before
 
     def test_what_cannot_run_is_refused_by_name(self, loaded: LoadResult) -> None:
         """A kwarg that is no JSON, Airflow's ack mode, a serialize() that does not rebuild
@@ -249,3 +286,39 @@ class TestHeldWrites:
             tg.start_soon(lambda: run_trigger(trigger, assets=list(group.assets), backend=backend))
             await wait_until(lambda: _polled(backend), "the lingering write to commit")
             tg.cancel_scope.cancel()
+
+
+def _pause(seconds: float) -> dict[str, object]:
+    return {"__watchkeeper_type__": "timedelta", "value": seconds}
+
+
+class TestTwoStepContrast:
+    @pytest.mark.parametrize("hold", [True, False], ids=["held", "two-step"])
+    async def test_a_stop_between_the_watermark_and_its_yield(
+        self, loaded: LoadResult, tmp_path: Path, hold: bool
+    ) -> None:
+        """Stopped after it set the watermark and before it yielded, the trigger emits that
+        event on its next run when its writes are held; committed at once, as Airflow's
+        triggerer commits them, the watermark says the event was seen, and it is lost."""
+        from watchkeeper.airflow import AirflowTrigger
+
+        group = _group(loaded, "counted")
+        classpath = group.kwargs["classpath"]
+        mark = tmp_path / "set"
+        first = AirflowTrigger(
+            classpath, {"stop": 1, "pause": _pause(60), "mark": str(mark)}, linger=60, hold=hold
+        )
+        second = AirflowTrigger(classpath, {"stop": 1, "pause": _pause(0)}, hold=hold)
+        assets = list(group.assets)
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: run_trigger(first, assets=assets, backend=backend))
+                await wait_until(mark.exists, "the watermark to be set")
+                tg.cancel_scope.cancel()  # the daemon stopped, between set() and the yield
+            events = await run_trigger(second, assets=assets, backend=backend, timeout=30)
+            watermark = await backend.aget(AssetScope(name="counted"), "watermark")
+        assert watermark == 1
+        if hold:
+            assert [e.payload for e in events] == [{"n": 1, "seen": 1}]
+        else:
+            assert events == []  # lost: the watermark moved without its event

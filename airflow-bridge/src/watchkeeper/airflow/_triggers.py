@@ -188,9 +188,10 @@ ADAPTER = AirflowAdapter()
 class _Held:
     """The writes an Airflow trigger made since its last yield, per asset, not committed yet."""
 
-    def __init__(self, accessors: AssetStateStoreAccessors, linger: float) -> None:
+    def __init__(self, accessors: AssetStateStoreAccessors, linger: float, holding: bool) -> None:
         self.accessors = accessors
         self.linger = linger
+        self.holding = holding
         self.writes: dict[str, dict[str, Any]] = {a.name: {} for a in accessors.assets}
         self.written = anyio.Event()
         self.error: Exception | None = None
@@ -280,9 +281,15 @@ class _AssetState:
         return value if found else await self._accessor.aget(key, default)
 
     def set(self, key: str, value: Any) -> None:
+        if not self._held.holding:
+            self._accessor.set(key, value)
+            return
         self._held.hold(self._name, key, value)
 
     async def aset(self, key: str, value: Any) -> None:
+        if not self._held.holding:
+            await self._accessor.aset(key, value)
+            return
         self._held.hold(self._name, key, value)
         await anyio.lowlevel.checkpoint()
 
@@ -364,14 +371,19 @@ class AirflowTrigger(BaseEventTrigger):
     its ``serialize()``) as a watchkeeper watcher, its state writes held until the next event.
 
     ``linger``: seconds a held write waits for an event before it commits on its own.
-    Constructing one imports Airflow (about two seconds the first time): the daemon does it
+    ``hold=False`` commits each write at once, as Airflow's triggerer does (the watermark then
+    commits apart from its event: a crash between the two loses or repeats it). Constructing one imports Airflow (about two seconds the first time): the daemon does it
     in a thread.
     """
 
     hold_linger: ClassVar[float] = HOLD_LINGER
 
     def __init__(
-        self, classpath: str, kwargs: Mapping[str, Any], linger: float = HOLD_LINGER
+        self,
+        classpath: str,
+        kwargs: Mapping[str, Any],
+        linger: float = HOLD_LINGER,
+        hold: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(linger, int | float) or not linger > 0:
@@ -379,6 +391,7 @@ class AirflowTrigger(BaseEventTrigger):
         self._classpath = classpath
         self._kwargs = dict(kwargs)
         self._linger = float(linger)
+        self._hold = bool(hold)
         self.airflow_trigger = build_airflow_trigger(classpath, self._kwargs)
 
     @classmethod
@@ -389,6 +402,8 @@ class AirflowTrigger(BaseEventTrigger):
         kwargs: dict[str, Any] = {"classpath": self._classpath, "kwargs": self._kwargs}
         if self._linger != HOLD_LINGER:
             kwargs["linger"] = self._linger
+        if not self._hold:
+            kwargs["hold"] = False
         return _TRIGGER_CLASS, kwargs
 
     def __repr__(self) -> str:
@@ -405,7 +420,7 @@ class AirflowTrigger(BaseEventTrigger):
         return trigger.filter_shared_stream(stream)  # type: ignore[no-any-return]
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        held = _Held(self.asset_state_store, self._linger)
+        held = _Held(self.asset_state_store, self._linger, self._hold)
         trigger = self.airflow_trigger
         trigger.asset_state_store = _AssetStates(held)
         events = self._events()
