@@ -8,6 +8,7 @@ first import costs seconds).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -76,12 +77,47 @@ class PollOnlyTrigger(BaseEventTrigger):
         yield TriggerEvent(None)
 
 
+class SharedTrigger(BaseEventTrigger):
+    """Reads a stream Airflow would share among triggers of one key; cleans up in a file."""
+
+    def __init__(self, items, done):
+        super().__init__()
+        self.items = items
+        self.done = done
+
+    def serialize(self):
+        return (f"{__name__}.SharedTrigger", {"items": self.items, "done": self.done})
+
+    def shared_stream_key(self):
+        return ("numbers", self.items)
+
+    @classmethod
+    async def open_shared_stream(cls, kwargs):
+        for i in range(kwargs["items"]):
+            yield i
+
+    async def filter_shared_stream(self, shared_stream):
+        async for raw in shared_stream:
+            if raw % 2 == 0:
+                yield TriggerEvent({"even": raw})
+
+    async def run(self):
+        raise AssertionError("a trigger with a shared stream key is run through its stream")
+        yield
+
+    async def cleanup(self):
+        Path(self.done).write_text("cleaned")
+
+
 counted = Asset(
     name="counted",
     uri="s3://data/counted/",
     watchers=[AssetWatcher(name="counter", trigger=CountingTrigger(5, timedelta(seconds=0)))],
 )
 polled = Asset(name="polled", watchers=[AssetWatcher(name="poller", trigger=PollOnlyTrigger())])
+shared = Asset(
+    name="shared", watchers=[AssetWatcher(name="evens", trigger=SharedTrigger(6, "DONE"))]
+)
 '''
 
 REFUSED_WATCHERS = '''
@@ -182,7 +218,8 @@ def loading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loading]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW_HOME", os.environ.get("AIRFLOW_HOME", str(root / "home")))
         before = _logging_setup()
-        result = anyio.run(aload_watchers, watchers)
+        # Airflow's first import in the reading child takes seconds, more on a loaded machine.
+        result = anyio.run(functools.partial(aload_watchers, watchers, import_timeout=120))
         yield Loading(result, before, _logging_setup())
 
 
@@ -286,6 +323,23 @@ class TestHeldWrites:
             tg.start_soon(lambda: run_trigger(trigger, assets=list(group.assets), backend=backend))
             await wait_until(lambda: _polled(backend), "the lingering write to commit")
             tg.cancel_scope.cancel()
+
+
+class TestHooks:
+    async def test_a_shared_stream_is_read_through_its_filter_and_cleanup_runs(
+        self, loaded: LoadResult, tmp_path: Path
+    ) -> None:
+        """A trigger with a shared-stream key yields what its filter makes of the stream it
+        opens (not its run()), and its cleanup() is awaited when the run ends."""
+        from watchkeeper.airflow import AirflowTrigger
+
+        group = _group(loaded, "shared")
+        done = tmp_path / "done"
+        trigger = AirflowTrigger(group.kwargs["classpath"], {"items": 6, "done": str(done)})
+        async with SqliteStateBackend(tmp_path / "state.db") as backend:
+            events = await run_trigger(trigger, assets=list(group.assets), backend=backend)
+        assert [e.payload for e in events] == [{"even": 0}, {"even": 2}, {"even": 4}]
+        assert done.read_text() == "cleaned"
 
 
 def _pause(seconds: float) -> dict[str, object]:
