@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import logging.config
 import sys
 import threading
 from collections.abc import Iterator
@@ -154,16 +155,22 @@ def configure_logging(
     logging.getLogger("aiosqlite").setLevel(max(number, logging.INFO))
 
 
+def _not_now(*args: object, **kwargs: object) -> None:
+    """What :func:`kept_logging` puts in place of the functions that configure logging."""
+
+
 @contextlib.contextmanager
 def kept_logging() -> Iterator[None]:
-    """Undo, on exit, what code run inside did to the process's logging configuration.
+    """Keep the process's logging configuration as it is while the code inside runs.
 
     For imports of frameworks that configure logging as a side effect (Apache Airflow's
-    ``import airflow`` replaces structlog's configuration and adds a root handler printing to
-    stdout): structlog's configuration, the root logger's handlers and level, and each existing
-    logger's ``disabled`` flag, level and ``propagate`` are put back as they were; loggers the
-    code created keep their own level but propagate to the root again and get no handlers of
-    their own, so their records are rendered once, by ours.
+    ``import airflow`` configures structlog and adds a root handler printing to stdout), run
+    in a thread while the event loop goes on logging: ``structlog.configure`` does nothing
+    meanwhile, and ``logging.config.dictConfig`` puts the root logger's handlers back as soon
+    as it has run (so the loop's lines are not rendered another way, nor twice); on exit structlog's configuration, the root logger's handlers and level,
+    and each existing logger's ``disabled`` flag, level, ``propagate`` and handlers are put
+    back as they were; loggers the code created propagate to the root and have no handlers of
+    their own, so their records are rendered once, by ours. Not for two threads at once.
     """
     config: dict[str, Any] = structlog.get_config()
     root = logging.getLogger()
@@ -174,9 +181,22 @@ def kept_logging() -> Iterator[None]:
         for name, logger in manager.loggerDict.items()
         if isinstance(logger, logging.Logger)
     }
+    configure, dict_config = structlog.configure, logging.config.dictConfig
+
+    def root_kept(config: dict[str, Any]) -> None:
+        # Applied (the framework may check what it configured), the root logger's handlers
+        # put back at once: the loop's records keep their one handler, ours.
+        dict_config(config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+    setattr(structlog, "configure", _not_now)  # noqa: B010 - a module's function, swapped
+    setattr(logging.config, "dictConfig", root_kept)  # noqa: B010
     try:
         yield
     finally:
+        setattr(structlog, "configure", configure)  # noqa: B010
+        setattr(logging.config, "dictConfig", dict_config)  # noqa: B010
         structlog.configure(**config)
         root.handlers[:] = handlers
         root.setLevel(level)
