@@ -47,6 +47,7 @@ GUIDES = tuple(
         "writing-watchers.md",
         "tasks.md",
         "queue-watchers.md",
+        "s3-watchers.md",
         "testing.md",
         "operating.md",
         "api-and-page.md",

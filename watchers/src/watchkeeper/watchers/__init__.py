@@ -13,6 +13,8 @@
   (extra ``kafka``).
 - :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
   (extra ``sqs``).
+- :class:`S3PrefixWatcher`: one event per new object under a prefix of an S3 bucket, a batch
+  per listed page (extra ``s3``).
 
 The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka) commit their
 position with their events (the directory and table watchers a batch at a time, with
@@ -37,6 +39,7 @@ from .mqtt import MqttWatcher
 from .nats_jetstream import NatsJetStreamWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
+from .s3_prefix import S3PrefixWatcher
 from .sql_table import SqlTableWatcher
 from .sqs import SqsWatcher
 
@@ -50,6 +53,7 @@ __all__ = [
     "NatsJetStreamWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
+    "S3PrefixWatcher",
     "SqlSourceError",
     "SqlTableWatcher",
     "SqsWatcher",

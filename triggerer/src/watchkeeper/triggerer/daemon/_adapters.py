@@ -18,19 +18,26 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import types
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from watchkeeper.store import Asset
+
 from .._core import describe_error, kept_logging
+from ..trigger import AssetWatcher
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "TriggerAdapter",
     "adapter_for_classpath",
     "adapter_for_trigger",
+    "asset_of",
     "foreign_refusal",
     "installed_adapters",
+    "is_foreign_asset",
     "prepare_adapter",
+    "watcher_of",
 ]
 
 ENTRY_POINT_GROUP = "watchkeeper.trigger_adapters"
@@ -132,3 +139,44 @@ def prepare_adapter(adapter: TriggerAdapter) -> None:
                 f"{adapter.framework} could not be imported: {describe_error(exc)}"
             ) from exc
     _prepared.add(adapter.trigger_class)
+
+
+def is_foreign_asset(value: object) -> bool:
+    """Whether ``value`` is another framework's asset (Airflow's ``Asset``): read by its
+    attributes, a str ``name`` and a list of ``watchers``."""
+    if isinstance(value, type | types.ModuleType):
+        return False
+    return isinstance(getattr(value, "name", None), str) and isinstance(
+        getattr(value, "watchers", None), list | tuple
+    )
+
+
+def asset_of(value: object) -> Asset | str:
+    """Our :class:`Asset` for a module-level asset (ours, or one read by its attributes), or
+    why it cannot be one."""
+    if isinstance(value, Asset):
+        return value
+    name = getattr(value, "name", None)
+    uri = getattr(value, "uri", None)
+    kind = type(value).__qualname__
+    if uri is not None and not isinstance(uri, str):
+        return f"{kind} {name!r}: uri must be a str, got {uri!r}"
+    try:
+        return Asset(str(name), uri=uri)
+    except (TypeError, ValueError) as exc:
+        return f"{kind} {name!r} cannot be an asset here: {exc}"
+
+
+def watcher_of(asset: str, watcher: object) -> tuple[str, object] | str:
+    """``(name, trigger)`` of one watcher (ours, or one read by its attributes), or why it
+    is not one."""
+    if isinstance(watcher, AssetWatcher):
+        return watcher.name, watcher.trigger
+    name = getattr(watcher, "name", None)
+    trigger = getattr(watcher, "trigger", None)
+    if not isinstance(name, str) or not name or trigger is None:
+        return (
+            f"asset {asset!r}: watchers must be AssetWatcher objects (a name and a trigger), "
+            f"got {type(watcher).__name__}"
+        )
+    return name, trigger

@@ -35,8 +35,8 @@ from typing import Any
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
 from .._core import describe_error
-from ..trigger import AssetWatcher, BaseEventTrigger
-from ._adapters import adapter_for_trigger, foreign_refusal
+from ..trigger import BaseEventTrigger
+from ._adapters import adapter_for_trigger, asset_of, foreign_refusal, is_foreign_asset, watcher_of
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "WatcherError",
     "WatcherModules",
     "default_allowed_modules",
+    "import_definition_files",
     "read_definitions",
     "scan_watchers_path",
     "unload_watchers",
@@ -377,6 +378,21 @@ def raised_at(root: Path, exc: BaseException) -> str:
     return found
 
 
+def import_definition_files(
+    path: Path,
+) -> list[tuple[str, types.ModuleType | None, WatcherError | None]]:
+    """Import every definition file under ``path`` (in path order) into the watchers' package,
+    as a load does: ``(relative path, module, None)`` for each file that imported, ``(relative
+    path, None, refusal)`` for each that did not. Blocking (it runs the files' code)."""
+    found: list[tuple[str, types.ModuleType | None, WatcherError | None]] = []
+    with MODULES.lock:
+        MODULES.reset(path)
+        for file in watcher_files(path):
+            module, error = _import_file(path, file)
+            found.append((file.relative_to(path).as_posix(), module, error))
+    return found
+
+
 def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, WatcherError | None]:
     relative = file.relative_to(path)
     rel = relative.as_posix()
@@ -421,65 +437,23 @@ def _serialize(
     return WatcherDefinition(name, classpath, canonical)
 
 
-def _foreign_asset(value: object) -> bool:
-    """Whether ``value`` is another framework's asset (Airflow's ``Asset``): read by its
-    attributes, a str ``name`` and a list of ``watchers``."""
-    if isinstance(value, type | types.ModuleType):
-        return False
-    return isinstance(getattr(value, "name", None), str) and isinstance(
-        getattr(value, "watchers", None), list | tuple
-    )
-
-
-def _asset_of(rel: str, value: object) -> tuple[Asset | None, WatcherError | None]:
-    """Our :class:`Asset` for a module-level asset (ours, or one read by its attributes)."""
-    if isinstance(value, Asset):
-        return value, None
-    name = getattr(value, "name", None)
-    uri = getattr(value, "uri", None)
-    kind = type(value).__qualname__
-    if uri is not None and not isinstance(uri, str):
-        return None, WatcherError(rel, None, f"{kind} {name!r}: uri must be a str, got {uri!r}")
-    try:
-        return Asset(str(name), uri=uri), None
-    except (TypeError, ValueError) as exc:
-        return None, WatcherError(rel, None, f"{kind} {name!r} cannot be an asset here: {exc}")
-
-
-def _watcher_of(rel: str, asset: str, watcher: object) -> tuple[str, object] | WatcherError:
-    """``(name, trigger)`` of one watcher (ours, or one read by its attributes)."""
-    if isinstance(watcher, AssetWatcher):
-        return watcher.name, watcher.trigger
-    name = getattr(watcher, "name", None)
-    trigger = getattr(watcher, "trigger", None)
-    if not isinstance(name, str) or not name or trigger is None:
-        return WatcherError(
-            rel,
-            None,
-            f"asset {asset!r}: watchers must be AssetWatcher objects (a name and a trigger), "
-            f"got {type(watcher).__name__}",
-        )
-    return name, trigger
-
-
 def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileDefinitions:
     assets: list[AssetDefinition] = []
     refused: list[WatcherError] = []
     seen: set[int] = set()
     for value in vars(module).values():
-        if id(value) in seen or not (isinstance(value, Asset) or _foreign_asset(value)):
+        if id(value) in seen or not (isinstance(value, Asset) or is_foreign_asset(value)):
             continue
         seen.add(id(value))
-        asset, error = _asset_of(rel, value)
-        if asset is None:
-            assert error is not None
-            refused.append(error)
+        asset = asset_of(value)
+        if isinstance(asset, str):
+            refused.append(WatcherError(rel, None, asset))
             continue
         watchers: list[WatcherDefinition] = []
         for watcher in getattr(value, "watchers", ()):
-            found = _watcher_of(rel, asset.name, watcher)
-            if isinstance(found, WatcherError):
-                refused.append(found)
+            found = watcher_of(asset.name, watcher)
+            if isinstance(found, str):
+                refused.append(WatcherError(rel, None, found))
                 continue
             serialized = _serialize(rel, *found, root)
             if isinstance(serialized, WatcherError):
