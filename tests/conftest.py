@@ -15,6 +15,7 @@ from watchkeeper.store import MemoryStateBackend
 from watchkeeper.store.protocols import BaseStateBackend
 
 from tests.support.aws import AWS_ENV, moto_server
+from tests.support.pg_logical import LogicalCluster, logical_cluster
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
 from tests.support.requires import unavailable
 from tests.support.runtime import open_backend
@@ -109,6 +110,14 @@ def moto_endpoint(_moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     for name, value in AWS_ENV.items():
         monkeypatch.setenv(name, value)
     return _moto_endpoint
+
+
+@pytest.fixture(scope="session")
+def pg_logical() -> Iterator[LogicalCluster]:
+    """A throwaway PostgreSQL cluster with ``wal_level=logical`` (logical decoding), shared
+    by the session, stopped and removed after it."""
+    with logical_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -73,6 +73,8 @@ class TestPythonBlocks:
         assert {page for page, _ in PYTHON} == {
             "airflow.md",
             "queue-watchers.md",
+            "postgres-changes.md",
+            "s3-watchers.md",
             "testing.md",
             "writing-watchers.md",
             "tasks.md",

@@ -48,6 +48,7 @@ GUIDES = tuple(
         "tasks.md",
         "queue-watchers.md",
         "s3-watchers.md",
+        "postgres-changes.md",
         "testing.md",
         "operating.md",
         "api-and-page.md",

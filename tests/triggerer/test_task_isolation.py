@@ -197,7 +197,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")  # not a service
 async def test_a_killed_worker_takes_its_children_with_it(tmp_path: Path) -> None:
     """SIGKILL of ``watchkeeper worker`` mid-try: the child running the try ends too, so no
     try keeps running behind the retry another worker makes."""

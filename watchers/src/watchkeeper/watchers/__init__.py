@@ -15,8 +15,11 @@
   (extra ``sqs``).
 - :class:`S3PrefixWatcher`: one event per new object under a prefix of an S3 bucket, a batch
   per listed page (extra ``s3``).
+- :class:`PostgresChangesWatcher`: one event per row change of PostgreSQL tables, through
+  logical decoding, a batch of whole source transactions at a time (extra ``postgres-cdc``).
 
-The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka) commit their
+The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, Kafka,
+PostgreSQL's logical replication slots) commit their
 position with their events (the directory and table watchers a batch at a time, with
 ``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
 of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS) acknowledge a message only after its event
@@ -37,6 +40,7 @@ from .http_poll import HttpPollWatcher, HttpSourceError
 from .kafka import KafkaWatcher
 from .mqtt import MqttWatcher
 from .nats_jetstream import NatsJetStreamWatcher
+from .postgres_changes import PostgresChangesError, PostgresChangesWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
 from .s3_prefix import S3PrefixWatcher
@@ -51,6 +55,8 @@ __all__ = [
     "KafkaWatcher",
     "MqttWatcher",
     "NatsJetStreamWatcher",
+    "PostgresChangesError",
+    "PostgresChangesWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
     "S3PrefixWatcher",
