@@ -58,6 +58,7 @@ GUIDES = tuple(
         "command-line.md",
         "upgrading.md",
         "development.md",
+        "airflow.md",
     )
 )
 """The pages the README's long parts moved to, and every other page with code but the
