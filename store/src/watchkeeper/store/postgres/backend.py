@@ -49,6 +49,8 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from ..sql.controls import SqlControls
+from ..sql.leases import SqlLeases
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     MIGRATION_TIMEOUT,
@@ -65,6 +67,7 @@ from .connections import (
 )
 from .consumers import events_prelude
 from .controls import PostgresControls
+from .executor import PostgresRunner
 from .gc import collect_garbage
 from .leases import PostgresLeases
 from .ops import CATALOG, LATE, CallOp, ClearOp, DeleteOp, EventsOp, PutOp
@@ -117,7 +120,8 @@ class PostgresStateBackend(BaseStateBackend):
         self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
             self, events=self, feed=controls, tasks=self._tasks, status=self, gc=self,
-            controls=controls, leases=leases, keepalive=leases,
+            controls=SqlControls(PostgresRunner(controls)), leases=SqlLeases(leases),
+            keepalive=leases,
             wait_for_release=leases._await_lease_release,
         )  # fmt: skip
         #: Session settings of its connections (``application_name``...); set until it opens.

@@ -61,8 +61,6 @@ from .._types import (
     EventBatchCommit,
     EventCommit,
     GcReport,
-    Lease,
-    NodeHeartbeat,
     Put,
     RawEntry,
     StateScope,
@@ -77,9 +75,12 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
+from ..sql.controls import SqlControls
+from ..sql.leases import SqlLeases
 from . import leases, meta, ops
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
+from .executor import SqliteRunner
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
 from .tasks import SqliteTasks
 from .writer import GroupCommitWriter, Op, Tx
@@ -120,7 +121,8 @@ class SqliteStateBackend(BaseStateBackend):
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         tasks, controls = SqliteTasks(self), SqliteControls(self)
         self.services = builtin_services(
-            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            self, events=self, feed=controls, tasks=tasks, leases=SqlLeases(SqliteRunner(self)),
+            controls=SqlControls(SqliteRunner(self)),
             status=self, gc=self, keepalive=self,
         )  # fmt: skip
         text = os.fspath(path)
@@ -463,25 +465,8 @@ class SqliteStateBackend(BaseStateBackend):
     async def _alist_daemon_status(self) -> list[DaemonStatus]:
         return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
 
-    async def _arenew_node(self, owner: str, span: timedelta) -> NodeHeartbeat:
-        return await self._write(lambda tx: leases.renew_node(tx, owner, span))
-
-    async def _aclaim_leases(
-        self, owner: str, ids: list[str], span: timedelta, limit: int | None
-    ) -> dict[str, int]:
-        return await self._write(lambda tx: leases.claim_leases(tx, owner, ids, span, limit))
-
-    async def _arelease_leases(self, owner: str, ids: list[str], leave: bool) -> None:
-        await self._write(lambda tx: leases.release_leases(tx, owner, ids, leave))
-
-    async def _abreak_node(self, owner: str) -> bool:
-        return await self._write(lambda tx: leases.break_node(tx, owner))
-
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> leases.SqliteKeepAlive:
         """See :class:`~watchkeeper.store.protocols.NodeKeepAlive` (a connection of its own)."""
         return leases.SqliteKeepAlive(
             self.path, lambda: self.clock(), check_owner(owner), check_ttl(ttl)
         )
-
-    async def _alist_leases(self) -> list[Lease]:
-        return leases.leases_result(await self._read(leases.LEASE_LIST_SQL))

@@ -13,14 +13,16 @@ compare them in SQL, and readable by anyone who opens the file with the ``sqlite
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final, Literal, TypeVar
 
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
+from ..sql.dialects import sqlite_text
 from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
 __all__ = [
@@ -263,10 +265,8 @@ _TRANSIENT_CODES: Final = _BUSY_CODES | {
 }
 
 
-def to_db(value: datetime) -> str:
-    """A datetime as fixed-width UTC ISO text; a naive datetime is taken to be UTC."""
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return value.isoformat(timespec="microseconds")
+to_db = sqlite_text
+"""A datetime as fixed-width UTC ISO text; a naive datetime is taken to be UTC."""
 
 
 def from_db(text: str) -> datetime:
@@ -345,6 +345,12 @@ def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
         delay = min(delay * 2, 0.25)
 
 
+def _md5(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
 def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqlite3.Connection:
     """Open the writer's connection: WAL, the busy timeout, ``synchronous`` and foreign keys.
 
@@ -370,6 +376,7 @@ def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqli
         retry_busy(set_wal, timeout=busy_timeout, what=f"switch {path!r} to WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.create_function("md5", 1, _md5, deterministic=True)  # as PostgreSQL's
     except BaseException:
         conn.close()
         raise
