@@ -49,8 +49,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql.controls import SqlControls
-from ..sql.leases import SqlLeases
+from ..sql import SqlControls, SqlLeases, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     MIGRATION_TIMEOUT,
@@ -67,11 +66,11 @@ from .connections import (
 )
 from .consumers import events_prelude
 from .controls import PostgresControls
-from .executor import PostgresRunner
+from .executor import PostgresRunner, run_job
 from .gc import collect_garbage
 from .leases import PostgresLeases
 from .ops import CATALOG, LATE, CallOp, ClearOp, DeleteOp, EventsOp, PutOp
-from .schema import apply_migrations, check_schema_name, table_prefix
+from .schema import POSTGRES_MIGRATIONS, check_schema_name, prelude, table_prefix
 from .sql import (
     Statements,
     database_clock,
@@ -171,7 +170,8 @@ class PostgresStateBackend(BaseStateBackend):
         session = self._session()
         conn = await connect(self._dsn, server_settings=session, command_timeout=MIGRATION_TIMEOUT)
         try:
-            return await apply_migrations(conn, self.schema)
+            job = migrate(POSTGRES_MIGRATIONS, table_prefix(self.schema), prelude(self.schema))
+            return await run_job(job, conn, clock=self._clock_param(), channel=str)
         finally:
             await close_quietly(conn)
 

@@ -14,3 +14,9 @@ What stays with each database is how a job runs: SQLite's executor is the group-
 writer's transaction (:func:`watchkeeper.store.sqlite.executor.run_job`); PostgreSQL's is a
 connection of the pool or of a lease lane (:func:`watchkeeper.store.postgres.executor.run_job`).
 """
+
+from .controls import SqlControls
+from .leases import SqlLeases
+from .migrations import Migrations, migrate
+
+__all__ = ["Migrations", "SqlControls", "SqlLeases", "migrate"]

@@ -75,8 +75,7 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
-from ..sql.controls import SqlControls
-from ..sql.leases import SqlLeases
+from ..sql import SqlControls, SqlLeases
 from . import leases, meta, ops
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS

@@ -10,41 +10,57 @@ time plus ``ttl`` seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sqlite3
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from ..sql.dialects import SQLITE
+from ..sql.dialects import SQLITE, sqlite_text
 from ..sql.engine import Dialect, Job, Query, Step, drive, drive_sync
-from .schema import to_db
 
-if TYPE_CHECKING:
-    from .part import SqliteCore
-    from .writer import Tx
-
-__all__ = ["SqliteRunner", "run_job"]
+__all__ = ["SqliteRunner", "run_job", "run_on"]
 
 T = TypeVar("T")
 
 
+class BatchTx(Protocol):
+    """What a job needs of the writer's batch (:class:`~.writer.Tx`)."""
+
+    @property
+    def conn(self) -> sqlite3.Connection: ...
+    def now(self) -> tuple[datetime, str]: ...
+
+
+class Store(Protocol):
+    """What the runner needs of the SQLite store (its writer, its reader, its clock)."""
+
+    def clock(self) -> datetime: ...
+    async def _write(self, fn: Callable[[Any], T], *, savepoint: bool = True) -> T: ...
+    async def _read(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]: ...
+
+
 def _later(now: datetime, ttl: float) -> str:
-    return to_db(now + timedelta(seconds=ttl))
+    return sqlite_text(now + timedelta(seconds=ttl))
 
 
-def _step(tx: Tx, now: str, expires: Callable[[float], str], step: Step) -> Any:
+def _step(conn: sqlite3.Connection, now: str, expires: Callable[[float], str], step: Step) -> Any:
     if type(step) is not Query:
         return None  # BEGIN: already in the batch's transaction; notify: nobody listens
-    cursor = tx.conn.execute(step.stmt.sql, step.stmt.bind(step.params, now, expires))
+    cursor = conn.execute(step.stmt.sql, step.stmt.bind(step.params, now, expires))
     if step.kind == "rows":
         return cursor.fetchall()
     return cursor.rowcount if step.kind == "count" else None
 
 
-def run_job(job: Job[T], tx: Tx) -> T:
+def run_job(job: Job[T], tx: BatchTx) -> T:
     """Run ``job`` in the writer's batch transaction ``tx``."""
-    moment, stamp = tx.now()
-    return drive_sync(job, partial(_step, tx, stamp, partial(_later, moment)))
+    return run_on(job, tx.conn, tx.now()[0])
+
+
+def run_on(job: Job[T], conn: sqlite3.Connection, moment: datetime) -> T:
+    """Run ``job`` on ``conn``, in the transaction the caller opened, at the time ``moment``."""
+    return drive_sync(job, partial(_step, conn, sqlite_text(moment), partial(_later, moment)))
 
 
 class SqliteRunner:
@@ -55,7 +71,7 @@ class SqliteRunner:
     dialect: Dialect = SQLITE
     prefix = ""
 
-    def __init__(self, store: SqliteCore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     def __repr__(self) -> str:
@@ -73,7 +89,7 @@ class SqliteRunner:
 
     async def read(self, job: Callable[[], Job[T]], *, what: str) -> T:
         moment = self._store.clock()
-        stamp, expires = to_db(moment), partial(_later, moment)
+        stamp, expires = sqlite_text(moment), partial(_later, moment)
 
         async def step(step: Step) -> Any:
             if type(step) is not Query:

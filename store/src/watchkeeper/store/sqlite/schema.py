@@ -22,7 +22,10 @@ from typing import Final, Literal, TypeVar
 
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
-from ..sql.dialects import sqlite_text
+from ..sql.dialects import SQLITE, sqlite_text
+from ..sql.migrations import Migrations
+from ..sql.migrations import migrate as migrate_job
+from .executor import run_on
 from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
 __all__ = [
@@ -253,7 +256,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (11, "tries counted by cause", TRY_COUNTS),
 )
 
-SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+SQLITE_MIGRATIONS: Final = Migrations(SQLITE, _SCHEMA_MIGRATIONS, MIGRATIONS)
+SCHEMA_VERSION: Final = SQLITE_MIGRATIONS.version
 
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 _TRANSIENT_CODES: Final = _BUSY_CODES | {
@@ -383,30 +387,9 @@ def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqli
     return conn
 
 
-def _pending(conn: sqlite3.Connection) -> list[tuple[int, str, tuple[str, ...]]]:
-    conn.execute(_SCHEMA_MIGRATIONS)
-    applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-    newer = sorted(v for v in applied if v > SCHEMA_VERSION)
-    if newer:
-        raise BackendUnavailableError(
-            f"the database has schema version {newer[-1]}, newer than {SCHEMA_VERSION}, "
-            "the latest this watchkeeper knows; upgrade watchkeeper"
-        )
-    return [m for m in MIGRATIONS if m[0] not in applied]
-
-
 def apply_migrations(conn: sqlite3.Connection, now: datetime) -> list[int]:
     """Apply the pending migrations inside the caller's open transaction; return their versions."""
-    done: list[int] = []
-    for version, name, statements in _pending(conn):
-        for statement in statements:
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-            (version, name, to_db(now)),
-        )
-        done.append(version)
-    return done
+    return run_on(migrate_job(SQLITE_MIGRATIONS, ""), conn, now)
 
 
 def migrate(conn: sqlite3.Connection, now: datetime, *, busy_timeout: float) -> list[int]:
