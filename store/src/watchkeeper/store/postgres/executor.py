@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 from ..sql.dialects import POSTGRES
-from ..sql.engine import Begin, Dialect, Job, Query, Step, drive
+from ..sql.engine import Begin, Dialect, Job, Many, Query, Step, drive
 from .connections import transaction
+from .ops import LATE, CallOp
 from .part import PostgresPart
 
 __all__ = ["PostgresRunner", "no_expiry", "run_job"]
@@ -50,6 +51,11 @@ async def run_job(
                     return await conn.fetch(stmt.sql, *args, timeout=bound)
                 status = await conn.execute(stmt.sql, *args, timeout=bound)
                 return int(status.rsplit(" ", 1)[-1]) if step.kind == "count" else None
+            if isinstance(step, Many):
+                stmt = step.stmt
+                sets = [stmt.bind(p, clock, no_expiry) for p in step.params]
+                await conn.executemany(stmt.sql, sets, timeout=bound)
+                return None
             if isinstance(step, Begin):
                 if not in_transaction:
                     await stack.enter_async_context(transaction(conn))
@@ -66,7 +72,8 @@ async def run_job(
 class PostgresRunner:
     """The :class:`~watchkeeper.store.sql.runner.Runner` of a PostgreSQL store's pool: a write
     is one transaction on a pooled connection (tried again on another one when the server was
-    unavailable), a read one statement at a time through the pool."""
+    unavailable), or in lane ``"late"`` a step of the writer's batch after its events; a read
+    one statement at a time through the pool."""
 
     __slots__ = ("_part",)
     dialect: Dialect = POSTGRES
@@ -100,6 +107,8 @@ class PostgresRunner:
                 job(), conn, clock=clock, channel=channel, bound=bound, in_transaction=True
             )
 
+        if lane == "late":  # in the writer's batch, after its events
+            return cast("T", await part._submit(CallOp(fn, phase=LATE)))
         return await part._transact(what, fn)
 
     async def read(self, job: Callable[[], Job[T]], *, what: str) -> T:

@@ -8,7 +8,11 @@ dialect for each database where the SQL must differ.
   :func:`~.engine.notify`) and receives their results, so one job serves a synchronous
   connection (SQLite, in the writer's thread) and an asynchronous one (PostgreSQL) alike.
 - :mod:`.dialects`: the SQLite and the PostgreSQL dialect.
-- :mod:`.leases`: node and trigger leases, as jobs, and the leases driver over an executor.
+- :mod:`.runner`: what a driver needs of its database; :mod:`.migrations`: the one runner of
+  each database's numbered migrations.
+- The drivers, each with its statements and jobs: :mod:`.leases` (node and trigger leases),
+  :mod:`.controls` (watcher controls, API tokens), :mod:`.status` (trigger and daemon status),
+  :mod:`.gc` (garbage collection).
 
 What stays with each database is how a job runs: SQLite's executor is the group-commit
 writer's transaction (:func:`watchkeeper.store.sqlite.executor.run_job`); PostgreSQL's is a
@@ -16,7 +20,9 @@ connection of the pool or of a lease lane (:func:`watchkeeper.store.postgres.exe
 """
 
 from .controls import SqlControls
+from .gc import SqlGc
 from .leases import SqlLeases
 from .migrations import Migrations, migrate
+from .status import SqlStatus
 
-__all__ = ["Migrations", "SqlControls", "SqlLeases", "migrate"]
+__all__ = ["Migrations", "SqlControls", "SqlGc", "SqlLeases", "SqlStatus", "migrate"]

@@ -10,6 +10,8 @@ parameter *n*       ``?n``                                      ``$n``
 ``{each:x:e}``      ``json_each(x) AS e``                       ``unnest(x::text[]) AS e(value)``
 ``{list:x}``        JSON text                                   an array
 ``{ts:x}``          fixed-width UTC ISO text                    ``timestamptz``
+``{iso:x}``         ISO text with its own offset                ``timestamptz``
+``{order}``         ``rowid`` (insertion order)                 ``NULL`` (reports sort by key)
 row locks           nothing (the writer holds the write lock)   ``FOR UPDATE``, ``SKIP LOCKED``...
 timestamps          fixed-width UTC ISO text                    ``timestamptz``
 ==================  ==========================================  =================================
@@ -44,6 +46,10 @@ def _sqlite_stamp(value: datetime | None) -> str | None:
     return None if value is None else sqlite_text(value)
 
 
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()  # its own offset kept: reads back equal
+
+
 def _json(values: Any) -> str:
     return json.dumps(list(values))
 
@@ -66,9 +72,11 @@ SQLITE: Final = Dialect(
         "skip_locked": "",
         "for_share": "",
         "ts": lambda name: f":{name}",
+        "iso": lambda name: f":{name}",
         "list": lambda name: f":{name}",
+        "order": lambda alias="": f"{alias}.rowid" if alias else "rowid",
     },
-    encoders={"in": _json, "each": _json, "list": _json, "ts": _sqlite_stamp},
+    encoders={"in": _json, "each": _json, "list": _json, "ts": _sqlite_stamp, "iso": _iso},
     timestamp=_sqlite_timestamp,
     json_list=json.loads,
 )
@@ -88,7 +96,9 @@ POSTGRES: Final = Dialect(
         "skip_locked": "SKIP LOCKED",
         "for_share": "FOR SHARE",
         "ts": lambda name: f":{name}",
+        "iso": lambda name: f":{name}",
         "list": lambda name: f":{name}",
+        "order": lambda alias="": "NULL",
     },
     encoders={"in": list, "each": list, "list": list},
     timestamp=_postgres_timestamp,

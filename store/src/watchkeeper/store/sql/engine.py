@@ -17,7 +17,7 @@ A statement is a template in one SQL that both databases read, with two kinds of
 twice is one parameter) and the order to bind them in.
 
 A *job* is a generator: it yields :class:`Query` objects (made by :func:`rows`, :func:`count`,
-:func:`run`), :data:`BEGIN` (the rest runs in one transaction: a no-op inside SQLite's batch)
+:func:`run`; :func:`many` for one statement over many parameter sets), :data:`BEGIN` (the rest runs in one transaction: a no-op inside SQLite's batch)
 or a :func:`notify`, and receives each query's result (its rows, or the number of rows it
 changed). A job holds the rules of what is read and written, once; an executor runs it on
 its database.
@@ -26,7 +26,7 @@ its database.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, TypeVar
@@ -36,6 +36,7 @@ __all__ = [
     "Begin",
     "Dialect",
     "Job",
+    "Many",
     "Notify",
     "Query",
     "Step",
@@ -43,6 +44,7 @@ __all__ = [
     "count",
     "drive",
     "drive_sync",
+    "many",
     "notify",
     "rows",
     "run",
@@ -162,6 +164,14 @@ class Begin:
 
 
 @dataclass(frozen=True, slots=True)
+class Many:
+    """One statement run once per parameter set of ``params`` (``executemany``)."""
+
+    stmt: Stmt
+    params: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
 class Notify:
     """Wake the listeners of ``topic`` with ``payload`` (at commit; where the database can)."""
 
@@ -171,7 +181,7 @@ class Notify:
 
 BEGIN: Final = Begin()
 
-Job = Generator[Query | Begin | Notify, Any, T]
+Job = Generator[Query | Many | Begin | Notify, Any, T]
 """A job: yields its statements, receives their results, returns its own."""
 
 
@@ -187,11 +197,15 @@ def run(stmt: Stmt, **params: Any) -> Query:
     return Query(stmt, params, "run")
 
 
+def many(stmt: Stmt, params: Sequence[Mapping[str, Any]]) -> Many:
+    return Many(stmt, params)
+
+
 def notify(topic: str, payload: str) -> Notify:
     return Notify(topic, payload)
 
 
-Step = Query | Begin | Notify
+Step = Query | Many | Begin | Notify
 
 
 def drive_sync(job: Job[T], step: Callable[[Step], Any]) -> T:

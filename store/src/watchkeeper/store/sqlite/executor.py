@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from ..sql.dialects import SQLITE, sqlite_text
-from ..sql.engine import Dialect, Job, Query, Step, drive, drive_sync
+from ..sql.engine import Dialect, Job, Many, Query, Step, drive, drive_sync
 
 __all__ = ["SqliteRunner", "run_job", "run_on"]
 
@@ -45,6 +45,10 @@ def _later(now: datetime, ttl: float) -> str:
 
 
 def _step(conn: sqlite3.Connection, now: str, expires: Callable[[float], str], step: Step) -> Any:
+    if type(step) is Many:
+        stmt = step.stmt
+        conn.executemany(stmt.sql, [stmt.bind(p, now, expires) for p in step.params])
+        return None
     if type(step) is not Query:
         return None  # BEGIN: already in the batch's transaction; notify: nobody listens
     cursor = conn.execute(step.stmt.sql, step.stmt.bind(step.params, now, expires))
