@@ -21,27 +21,12 @@ import aiosqlite
 import anyio
 import anyio.abc
 import asyncpg
+from _raw_tables import pg_tables, sqlite_tables
 from _triggerer_fixtures import Database
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = ["RawPipeline", "open_raw_pipeline"]
 
-_SQLITE_SCHEMA = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, asset_id INTEGER NOT NULL,
-        asset_name TEXT NOT NULL, watcher TEXT NOT NULL, payload TEXT NOT NULL,
-        dedup_key TEXT, created_at TEXT NOT NULL)""",
-    (
-        "CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_id, dedup_key) "
-        "WHERE dedup_key IS NOT NULL"
-    ),
-    "CREATE INDEX asset_events_asset ON asset_events (asset_name, id)",
-    """CREATE TABLE asset_state (
-        asset_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-        version INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (asset_id, key))""",
-)
 _SQLITE_EVENT = (
     "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, created_at) "
     "VALUES (?, ?, ?, ?, NULL, ?)"
@@ -51,21 +36,6 @@ _SQLITE_STATE = (
     "VALUES (?, 'watermark', ?, 1, ?) ON CONFLICT (asset_id, key) DO UPDATE SET "
     "value = excluded.value, version = asset_state.version + 1, updated_at = excluded.updated_at"
 )
-
-
-def _pg_schema(p: str) -> tuple[str, ...]:
-    return (
-        f"""CREATE TABLE {p}asset_events (
-            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, asset_id bigint NOT NULL,
-            asset_name text COLLATE "C" NOT NULL, watcher text NOT NULL, payload text NOT NULL,
-            dedup_key text, created_at timestamptz NOT NULL)""",
-        f"CREATE UNIQUE INDEX ON {p}asset_events (asset_id, dedup_key) WHERE dedup_key IS NOT NULL",
-        f"CREATE INDEX ON {p}asset_events (asset_name, id)",
-        f"""CREATE TABLE {p}asset_state (
-            asset_id bigint NOT NULL, key text COLLATE "C" NOT NULL, value text NOT NULL,
-            version bigint NOT NULL, updated_at timestamptz NOT NULL,
-            PRIMARY KEY (asset_id, key))""",
-    )
 
 
 Item = tuple[int, str, str, int, "asyncio.Future[None]"]
@@ -117,7 +87,7 @@ async def _sqlite_writer(
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     async with aiosqlite.connect(path, isolation_level=None) as conn:
-        for statement in _SQLITE_SCHEMA:
+        for statement in sqlite_tables():
             await conn.execute(statement)
         task_status.started()
         async for first in receive:
@@ -152,7 +122,7 @@ async def _pg_writer(
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        for statement in _pg_schema(p):
+        for statement in pg_tables(p):
             await conn.execute(statement)
         insert = (
             f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, created_at) "

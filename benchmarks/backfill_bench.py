@@ -46,6 +46,7 @@ from typing import Any
 import aiosqlite
 import anyio
 import asyncpg
+from _raw_tables import pg_tables, sqlite_tables
 from watchkeeper.store import (
     Asset,
     BaseStateBackend,
@@ -109,23 +110,6 @@ async def make_pg_source(dsn: str, schema: str, count: int) -> None:
 
 # -- the raw loop --------------------------------------------------------------------------------
 
-_SQLITE_SINK = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, asset_id INTEGER NOT NULL,
-        asset_name TEXT NOT NULL, watcher TEXT NOT NULL, payload TEXT NOT NULL,
-        dedup_key TEXT, created_at TEXT NOT NULL)""",
-    (
-        "CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_id, dedup_key) "
-        "WHERE dedup_key IS NOT NULL"
-    ),
-    "CREATE INDEX asset_events_asset ON asset_events (asset_name, id)",
-    "CREATE INDEX asset_events_created ON asset_events (created_at)",
-    """CREATE TABLE asset_state (
-        asset_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-        version INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (asset_id, key))""",
-)
 _SQLITE_EVENT = (
     "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, created_at) "
     "VALUES (1, 'backfill', 'raw', ?, NULL, ?)"
@@ -147,7 +131,7 @@ async def raw_sqlite(source: Path, sink: Path, count: int) -> float:
         aiosqlite.connect(sink, isolation_level=None) as dst,
     ):
         src.row_factory = aiosqlite.Row
-        for statement in _SQLITE_SINK:
+        for statement in sqlite_tables(created_index=True):
             await dst.execute(statement)
         start = time.perf_counter()
         last, done = 0, 0
@@ -173,7 +157,7 @@ def plain_sqlite(source: Path, sink: Path, count: int) -> float:
     dst = sqlite3.connect(sink, isolation_level=None)
     try:
         src.row_factory = sqlite3.Row
-        for statement in _SQLITE_SINK:
+        for statement in sqlite_tables(created_index=True):
             dst.execute(statement)
         start = time.perf_counter()
         last, done = 0, 0
@@ -200,24 +184,8 @@ async def raw_postgres(dsn: str, source: str, sink: str, count: int) -> float:
     p = f'"{sink}".'
     try:
         await dst.execute(f'CREATE SCHEMA "{sink}"')
-        await dst.execute(
-            f"""CREATE TABLE {p}asset_events (
-            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, asset_id bigint NOT NULL,
-            asset_name text COLLATE "C" NOT NULL, watcher text NOT NULL, payload text NOT NULL,
-            dedup_key text, created_at timestamptz NOT NULL)"""
-        )
-        await dst.execute(
-            f"CREATE UNIQUE INDEX ON {p}asset_events (asset_id, dedup_key) "
-            "WHERE dedup_key IS NOT NULL"
-        )
-        await dst.execute(f"CREATE INDEX ON {p}asset_events (asset_name, id)")
-        await dst.execute(f"CREATE INDEX ON {p}asset_events (created_at)")
-        await dst.execute(
-            f"""CREATE TABLE {p}asset_state (
-            asset_id bigint NOT NULL, key text COLLATE "C" NOT NULL, value text NOT NULL,
-            version bigint NOT NULL, updated_at timestamptz NOT NULL,
-            PRIMARY KEY (asset_id, key))"""
-        )
+        for statement in pg_tables(p, created_index=True):
+            await dst.execute(statement)
         insert = (
             f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, created_at) "
             "SELECT 1, 'backfill', 'raw', j, $2 FROM unnest($1::text[]) AS i(j)"

@@ -54,6 +54,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import asyncpg
+from _raw_tables import pg_tables, sqlite_tables
 from anyio.abc import Process
 
 PG_ADMIN = os.environ.get(
@@ -71,20 +72,6 @@ def body(n: int) -> bytes:
 
 # -- the raw sinks: tables shaped like the store's ------------------------------------------------
 
-_SQLITE_SCHEMA = (
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, asset_id INTEGER NOT NULL,
-        asset_name TEXT NOT NULL, watcher TEXT NOT NULL, payload TEXT NOT NULL,
-        dedup_key TEXT, created_at TEXT NOT NULL)""",
-    (
-        "CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_id, dedup_key) "
-        "WHERE dedup_key IS NOT NULL"
-    ),
-    "CREATE INDEX asset_events_asset ON asset_events (asset_name, id)",
-    """CREATE TABLE asset_state (
-        asset_id INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-        version INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (asset_id, key))""",
-)
 _SQLITE_EVENT = (
     "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, created_at) "
     "VALUES (1, ?, ?, ?, ?, ?)"
@@ -93,17 +80,6 @@ _SQLITE_STATE = (
     "INSERT INTO asset_state (asset_id, key, value, version, updated_at) VALUES (1, ?, ?, 1, ?) "
     "ON CONFLICT (asset_id, key) DO UPDATE SET value = excluded.value, "
     "version = asset_state.version + 1, updated_at = excluded.updated_at"
-)
-_PG_SCHEMA = (
-    """CREATE TABLE asset_events (
-        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, asset_id bigint NOT NULL,
-        asset_name text COLLATE "C" NOT NULL, watcher text NOT NULL, payload text NOT NULL,
-        dedup_key text, created_at timestamptz NOT NULL)""",
-    "CREATE UNIQUE INDEX ON asset_events (asset_id, dedup_key) WHERE dedup_key IS NOT NULL",
-    "CREATE INDEX ON asset_events (asset_name, id)",
-    """CREATE TABLE asset_state (
-        asset_id bigint NOT NULL, key text COLLATE "C" NOT NULL, value text NOT NULL,
-        version bigint NOT NULL, updated_at timestamptz NOT NULL, PRIMARY KEY (asset_id, key))""",
 )
 
 Row = tuple[str, str | None]
@@ -137,9 +113,7 @@ class Sink:
 class SqliteSink(Sink):
     def __init__(self, path: Path) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        for statement in _SQLITE_SCHEMA:
+        for statement in sqlite_tables():
             self.conn.execute(statement)
 
     def _write(self, rows: list[Row], watermark: str | None) -> None:
@@ -209,7 +183,7 @@ async def raw_sink(url: str) -> AsyncIterator[Sink]:
         return
     conn = await asyncpg.connect(url)
     try:
-        for statement in _PG_SCHEMA:
+        for statement in pg_tables():
             await conn.execute(statement)
         yield PostgresSink(conn)
     finally:

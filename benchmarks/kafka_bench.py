@@ -37,25 +37,20 @@ from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import KafkaWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _raw_tables import sqlite_tables
+
 from tests.support.kafka import create_topic, produce, tansu_broker
 
 PARTITIONS = 3
 
-_SCHEMA = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, asset_name TEXT NOT NULL, payload TEXT NOT NULL,
-        dedup_key TEXT, created_at TEXT NOT NULL)""",
-    "CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_name, dedup_key)",
-    """CREATE TABLE asset_state (
-        asset_name TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-        PRIMARY KEY (asset_name, key))""",
+_EVENT = (
+    "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, created_at) "
+    "VALUES (1, ?, 'raw', ?, ?, ?)"
 )
-_EVENT = "INSERT INTO asset_events (asset_name, payload, dedup_key, created_at) VALUES (?, ?, ?, ?)"
 _STATE = (
-    "INSERT INTO asset_state (asset_name, key, value) VALUES ('bench', 'offsets', ?) "
-    "ON CONFLICT (asset_name, key) DO UPDATE SET value = excluded.value"
+    "INSERT INTO asset_state (asset_id, key, value, version, updated_at) "
+    "VALUES (1, 'offsets', ?, 1, ?) ON CONFLICT (asset_id, key) DO UPDATE SET "
+    "value = excluded.value, version = asset_state.version + 1, updated_at = excluded.updated_at"
 )
 
 
@@ -67,7 +62,7 @@ async def raw_loop(bootstrap: str, topic: str, records: int, batch_size: int, db
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
     async with aiosqlite.connect(db, isolation_level=None) as conn:
-        for statement in _SCHEMA:
+        for statement in sqlite_tables():
             await conn.execute(statement)
         await consumer.start()
         try:
@@ -98,7 +93,7 @@ async def raw_loop(bootstrap: str, topic: str, records: int, batch_size: int, db
                     continue
                 await conn.execute("BEGIN IMMEDIATE")
                 await conn.executemany(_EVENT, rows)
-                await conn.execute(_STATE, (json.dumps({topic: offsets}),))
+                await conn.execute(_STATE, (json.dumps({topic: offsets}), stamp))
                 await conn.execute("COMMIT")
                 done += len(rows)
             return time.perf_counter() - start

@@ -44,23 +44,18 @@ from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import SqsWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _raw_tables import sqlite_tables
+
 from tests.support.aws import AWS_ENV, moto_server
 
-_SCHEMA = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
-    """CREATE TABLE asset_events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, asset_name TEXT NOT NULL, payload TEXT NOT NULL,
-        dedup_key TEXT, created_at TEXT NOT NULL)""",
-    "CREATE UNIQUE INDEX asset_events_dedup ON asset_events (asset_name, dedup_key)",
-    """CREATE TABLE asset_state (
-        asset_name TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-        PRIMARY KEY (asset_name, key))""",
+_EVENT = (
+    "INSERT INTO asset_events (asset_id, asset_name, watcher, payload, dedup_key, created_at) "
+    "VALUES (1, ?, 'raw', ?, ?, ?)"
 )
-_EVENT = "INSERT INTO asset_events (asset_name, payload, dedup_key, created_at) VALUES (?, ?, ?, ?)"
 _STATE = (
-    "INSERT INTO asset_state (asset_name, key, value) VALUES ('bench', 'message_id', ?) "
-    "ON CONFLICT (asset_name, key) DO UPDATE SET value = excluded.value"
+    "INSERT INTO asset_state (asset_id, key, value, version, updated_at) "
+    "VALUES (1, 'message_id', ?, 1, ?) ON CONFLICT (asset_id, key) DO UPDATE SET "
+    "value = excluded.value, version = asset_state.version + 1, updated_at = excluded.updated_at"
 )
 
 
@@ -80,7 +75,7 @@ async def fill_queue(sqs: Any, messages: int) -> str:
 async def raw_loop(sqs: Any, queue: str, messages: int, batch_size: int, db: Path) -> float:
     """Seconds the raw loop takes to receive, commit and delete ``messages`` messages."""
     async with aiosqlite.connect(db, isolation_level=None) as conn:
-        for statement in _SCHEMA:
+        for statement in sqlite_tables():
             await conn.execute(statement)
         start = time.perf_counter()
         done = 0
@@ -107,7 +102,7 @@ async def raw_loop(sqs: Any, queue: str, messages: int, batch_size: int, db: Pat
             ]
             await conn.execute("BEGIN IMMEDIATE")
             await conn.executemany(_EVENT, rows)
-            await conn.execute(_STATE, (json.dumps(found[-1]["MessageId"]),))
+            await conn.execute(_STATE, (json.dumps(found[-1]["MessageId"]), stamp))
             await conn.execute("COMMIT")
             entries = [
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(found)

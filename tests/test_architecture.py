@@ -10,6 +10,7 @@ name the class it is mixed into for its annotations.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,7 +247,7 @@ class TestLayout:
 
 
 TRIGGERER = "watchkeeper.triggerer"
-WINGS = ("_core", "runtime", "daemon", "worker", "cli", "api", "testing")
+WINGS = ("_core", "runtime", "daemon", "worker", "cli", "api", "testing", "demo")
 """The triggerer's subpackages, by product; ``_core`` is what they all share."""
 LIBRARY_WINGS = ("_core", "runtime", "daemon", "worker")
 """The wings other wings build on: their public names are their ``__init__``'s ``__all__``."""
@@ -339,6 +340,8 @@ class TestWings:
             ("daemon", {"worker", "cli", "testing"}),
             ("worker", {"runtime", "cli", "api", "testing"}),
             ("api", {"cli", "testing"}),
+            # The demo drives real child processes through the command line: it needs no wing.
+            ("demo", {"runtime", "daemon", "worker", "cli", "api", "testing"}),
         ],
     )
     def test_a_wing_imports_only_the_wings_below_it(self, wing: str, forbidden: set[str]) -> None:
@@ -351,10 +354,11 @@ class TestWings:
         ]
         assert found == []
 
-    @pytest.mark.parametrize("wing", ["cli", "api", "testing"])
+    @pytest.mark.parametrize("wing", ["cli", "api", "testing", "demo", "worker"])
     def test_products_import_public_names_of_the_wings(self, wing: str) -> None:
-        """The CLI, the API and the test kit import a library wing's public names only: from
-        the wing's package, names its ``__all__`` lists (never ``daemon._leases``)."""
+        """The CLI, the API, the test kit, the demo and the worker import another library
+        wing's public names only: from the wing's package, names its ``__all__`` lists (never
+        ``daemon._leases``)."""
         found = []
         for name, module in MODULES.items():
             if _wing(name) != wing:
@@ -368,9 +372,44 @@ class TestWings:
                     found.append(f"{name} imports {base}.{imported}")
         assert found == []
 
-    def test_public_name_rule_catches_a_private_import(self) -> None:
+    def test_public_name_rule_catches_a_private_import(self, tmp_path: Path) -> None:
         """The public-name check reads a private import as one (so an empty answer means
-        something): the task loader imports the definition files' machinery privately."""
-        loader = MODULES[f"{TRIGGERER}.worker._task_loader"]
-        assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(loader)
+        something): a CLI module importing the definition files' machinery privately."""
+        source = tmp_path / "_probe.py"
+        source.write_text("from ..daemon._watcher_files import _import_file\n", encoding="utf-8")
+        probe = Module(f"{TRIGGERER}.cli._probe", source, is_package=False)
+        assert (f"{TRIGGERER}.daemon._watcher_files", "_import_file") in _imported_names(probe)
         assert "_import_file" not in _exported(f"{TRIGGERER}.daemon")
+
+
+def _named_in_code_layout() -> set[str]:
+    """The ``*.py`` paths ``docs/code-layout.md`` names, as written (a tail of the real path)."""
+    text = (ROOT / "docs" / "code-layout.md").read_text(encoding="utf-8")
+    return set(re.findall(r"`([A-Za-z0-9_./]+\.py)`", text))
+
+
+def _tails(path: Path) -> set[str]:
+    parts = path.parts
+    return {"/".join(parts[-n:]) for n in range(1, len(parts) + 1)}
+
+
+class TestCodeLayoutPage:
+    """``docs/code-layout.md`` has one line per module: a new module is named there, a removed
+    one is gone from there."""
+
+    def test_every_module_is_named(self) -> None:
+        named = _named_in_code_layout()
+        unnamed = [
+            str(module.path.relative_to(ROOT))
+            for module in MODULES.values()
+            if not _tails(module.path.relative_to(ROOT)) & named
+        ]
+        assert unnamed == [], f"modules docs/code-layout.md does not name: {unnamed}"
+
+    def test_every_named_module_exists(self) -> None:
+        tails: set[str] = set()
+        for top in (*PARTS, "tests", "benchmarks", "examples", "docs"):
+            for path in (ROOT / top).rglob("*.py"):
+                tails |= _tails(path.relative_to(ROOT))
+        stale = sorted(_named_in_code_layout() - tails)
+        assert stale == [], f"docs/code-layout.md names modules that are gone: {stale}"

@@ -20,7 +20,7 @@ from watchkeeper.store.protocols import (
     encode_json,
 )
 from watchkeeper.triggerer import AnyOf, Asset, Worker, WorkerSettings, asset_task
-from watchkeeper.triggerer.worker._worker import retry_delay_for
+from watchkeeper.triggerer.worker._context import retry_delay_for
 
 A = Asset("a")
 B = Asset("b")

@@ -21,6 +21,8 @@ class AssetStoreUnavailableError(TriggererError, RuntimeError, AttributeError):
 
     It is also an ``AttributeError`` so that ``hasattr(trigger, "asset_state_store")`` is
     False in ``__init__`` and ``serialize()``.
+
+    :param trigger: the trigger whose attribute was read.
     """
 
     def __init__(self, trigger: object) -> None:
@@ -35,6 +37,8 @@ class WatcherNameUnavailableError(TriggererError, RuntimeError, AttributeError):
 
     Like :class:`AssetStoreUnavailableError` it is also an ``AttributeError``, so
     ``hasattr(trigger, "watcher_name")`` is False in ``__init__`` and ``serialize()``.
+
+    :param trigger: the trigger whose attribute was read.
     """
 
     def __init__(self, trigger: object) -> None:
@@ -45,7 +49,11 @@ class WatcherNameUnavailableError(TriggererError, RuntimeError, AttributeError):
 
 
 class CapacityError(TriggererError):
-    """Raised when a trigger is started on a runner that already runs ``capacity`` triggers."""
+    """Raised when a trigger is started on a runner that already runs ``capacity`` triggers.
+
+    :param trigger_id: the trigger that was not started.
+    :param capacity: the runner's capacity.
+    """
 
     def __init__(self, trigger_id: str, capacity: int) -> None:
         self.trigger_id = trigger_id

@@ -147,6 +147,17 @@ class WorkerSettings(_LeasedSection):
     file; PostgreSQL: only when its LISTEN connection is lost) and for due retries."""
     heartbeat_interval: PositiveSeconds = 5.0
     """Seconds between two renewals of the leases of the runs a worker executes."""
+    isolation: Literal["none", "process"] = "none"
+    """Where a try runs unless its task says (``asset_task(isolation=...)``): ``none``, in
+    the worker's process (a sync task in a thread, an async one on the loop); ``process``, in
+    a child process of a pool of ``concurrency`` (see the tasks guide)."""
+    process_memory_limit_mb: int | None = Field(default=None, ge=16)
+    """Address space a try's child process may use, in MiB (``RLIMIT_AS``; Linux and other
+    POSIX systems): past it the try fails with ``MemoryError``. None: no limit."""
+    callback_timeout: PositiveSeconds = 30.0
+    """Seconds a task's ``on_success``/``on_failure``/``on_retry`` callback may take; a slower
+    one is cancelled (async) or abandoned (sync) and logged. The slot that ran the try waits
+    for its callback before running its next run."""
     lease_ttl: PositiveSeconds | None = None
     """Seconds a run's lease lasts without renewal; a killed worker's run is retried that long
     after (at once when a worker on the same host finds its process gone). None: three
@@ -211,7 +222,10 @@ class Settings(StoreSettings):
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
     """Build :class:`Settings` from every source; ``overrides`` beat all of them.
 
-    ``config_file`` replaces ``./watchkeeper.toml`` and must exist; overrides are nested like
-    the file: ``load_settings(database={"url": "sqlite:///state.db"})``.
+    :param config_file: the TOML file to read instead of ``./watchkeeper.toml`` (it must exist).
+    :param overrides: values nested like the file, e.g.
+        ``load_settings(database={"url": "sqlite:///state.db"})``.
+    :returns: the settings.
+    :raises pydantic.ValidationError: a value out of its rules, naming the setting.
     """
     return Settings.load(config_file, **overrides)

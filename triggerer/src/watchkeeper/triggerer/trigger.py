@@ -28,6 +28,11 @@ class TriggerEvent:
     the event, so a watermark never moves without its event and no event commits without its
     watermark. ``dedup_key`` makes a redelivered source item produce no second event (and no
     state write). Both are optional; the runtime validates them when the event is yielded.
+
+    :param payload: the event's payload: any JSON value within ``[events] max_payload_bytes``.
+    :param state: state keys and JSON values written with the event, atomically.
+    :param dedup_key: the source item's identity; an event whose key the asset already
+        recorded commits nothing.
     """
 
     __slots__ = ("dedup_key", "payload", "state")
@@ -73,6 +78,9 @@ class TriggerEventBatch:
     redelivered event is suppressed alone, and ``state`` is written to each asset where at least
     one event of the batch was, so a batch redelivered in full writes nothing (as a suppressed
     single event does). The generator is resumed once the whole batch has committed.
+
+    :param events: the events, in order (none of them with a ``state``).
+    :param state: the state after the last event, written with the batch.
     """
 
     __slots__ = ("events", "state")
@@ -201,7 +209,14 @@ class BaseEventTrigger(BaseTrigger):
 
 @dataclass(frozen=True, slots=True)
 class AssetWatcher:
-    """Attaches ``trigger`` to the asset(s) whose ``watchers=`` list it appears in."""
+    """Attaches ``trigger`` to the asset(s) whose ``watchers=`` list it appears in.
+
+    :param name: the watcher's name: unique among the definitions, the namespace of its
+        state keys and the ``watcher`` of its events.
+    :param trigger: the :class:`BaseEventTrigger` instance that watches the source.
+    :raises TypeError: a trigger that is not a :class:`BaseEventTrigger`.
+    :raises ValueError: an empty name.
+    """
 
     name: str
     trigger: BaseEventTrigger

@@ -90,6 +90,13 @@ def configure_logging(
     one handler that renders stdlib records the same way (calling this again replaces it).
     Logger caching stays off unless asked for, so tests that reconfigure structlog see their
     configuration.
+
+    :param level: the lowest level logged: a name (``"debug"``, ``"info"``, ...) or a number.
+    :param fmt: ``"json"``, ``"console"``, or ``"auto"`` (JSON unless ``stream`` is a terminal).
+    :param stream: where the lines go (default: stderr).
+    :param cache_logger_on_first_use: structlog's logger caching (faster; later
+        reconfiguration no longer reaches loggers already used).
+    :raises ValueError: an unknown level.
     """
     out = sys.stderr if stream is None else stream
     number = _level_number(level)

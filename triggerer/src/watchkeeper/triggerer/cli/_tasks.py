@@ -87,7 +87,11 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     async def main() -> None:
         async with backend:
             await run_worker(
-                backend, tasks, settings.worker, stop_grace=settings.triggerer.stop_grace
+                backend,
+                tasks,
+                settings.worker,
+                stop_grace=settings.triggerer.stop_grace,
+                process_settings=settings,
             )
 
     try:
@@ -119,7 +123,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
-            worker = Worker(backend, tasks, settings.worker)
+            worker = Worker(backend, tasks, process_settings=settings)
             await worker.declare()
             async with (
                 Daemon(settings, backend=backend, tune_gc=True) as daemon,

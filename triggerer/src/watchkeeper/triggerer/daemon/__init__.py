@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ._loader import LoadResult, WatcherGroup
     from ._process import run_daemon, start_api
     from ._report import daemon_report
-    from ._watcher_files import unload_watchers
+    from ._watcher_files import WatcherError, import_definition_files, unload_watchers
 
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
@@ -31,12 +31,14 @@ __all__ = [
     "Daemon",
     "LoadResult",
     "ReloadReport",
+    "WatcherError",
     "WatcherGroup",
     "WatcherRow",
     "canonical_trigger_json",
     "controls_of",
     "daemon_identity",
     "daemon_report",
+    "import_definition_files",
     "is_dead_local_owner",
     "rebuild_trigger",
     "run_daemon",
@@ -61,7 +63,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._loader": ("LoadResult", "WatcherGroup"),
     "._process": ("run_daemon", "start_api"),
     "._report": ("daemon_report",),
-    "._watcher_files": ("unload_watchers",),
+    "._watcher_files": ("WatcherError", "import_definition_files", "unload_watchers"),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

@@ -1,42 +1,44 @@
-"""The daemon: :class:`Daemon`, its lifecycle, and the loops it runs.
+"""The daemon: :class:`Daemon`, its lifecycle, composing the parts that do its work.
 
 A :class:`Daemon` opens the store, its leases, its status row and a
 :class:`~watchkeeper.triggerer.runtime.TriggerRunner`, loads the watchers path once, then runs
-its loops until it is closed: reload (follow the files), leases and reconcile (which triggers
-run here: :mod:`._lease_loops`), status (the heartbeat row) and GC. Closing stops the loops,
-then the triggers, releases the leases and closes the store. :func:`~._process.run_daemon`
-is the same daemon as a process, with signals.
+its loops until it is closed: reload (follow the files: :mod:`._reloads`), leases and
+reconcile (which triggers run here: :mod:`._lease_loops`), status (the heartbeat row:
+:mod:`._status`) and GC (:mod:`._collect`). Closing stops the loops, then the triggers,
+releases the leases and closes the store. :func:`~._process.run_daemon` is the same daemon as
+a process, with signals.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 from watchkeeper.store import BaseStateBackend, open_state_backend
 from watchkeeper.store.protocols import (
     GcReport,
     get_logger,
 )
 
-from .._core import AsyncService, describe_error
+from .._core import AsyncService
 from ..runtime import RunnerConfig, SupervisionSettings, TriggerRunner
 from ..settings import DEFAULT_RELOAD_INTERVAL, Settings
+from ._collect import collect_garbage, collect_garbage_every
 from ._controls import ControlsTracker
-from ._evaluate import ReadingProcesses, aload_watchers
+from ._evaluate import ReadingProcesses
 from ._gctune import raise_gen0_threshold, startup_gc
 from ._lease_loops import DaemonLeases
 from ._leases import LeaseKeeper, daemon_identity
 from ._loader import LoadResult, WatcherGroup
 from ._placement import ReloadReport, TriggerPlacement
 from ._reconcile import RunningTrigger
+from ._reloads import Reloads
 from ._status import DaemonStatusKeeper
-from ._watcher_files import FileStamp, scan_watchers_path
 
 __all__ = ["DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"]
 
@@ -57,16 +59,21 @@ def runner_config(settings: Settings, *, owner: str | None = None) -> RunnerConf
 
 
 class Daemon(DaemonLeases, AsyncService):
-    """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited.
+    """Runs the triggers defined under ``[triggerer] watchers_path`` until it is exited
+    (``async with Daemon(settings) as daemon: ...``).
 
-    ``backend`` lets an embedding pass a backend it opened itself (the daemon then neither
-    opens nor closes it); by default the daemon opens the one the settings configure.
-    ``reload_interval`` overrides ``[triggerer] reload_interval``. ``owner`` names the daemon
-    in the lease table and the statuses (default: :func:`~._leases.daemon_identity`,
-    ``host:pid:random``). ``tune_gc`` (for the owner of the process, as :func:`~._process.run_daemon`
-    is) pauses the cyclic garbage collector while the first load starts the triggers, then
-    freezes what is alive and raises the gen-0 threshold (see :mod:`._gctune`); an embedding
-    leaves the process's GC settings alone by default.
+    :param settings: the whole configuration (store, ``[triggerer]``, logging).
+    :param backend: a backend the embedding opened itself (the daemon then neither opens nor
+        closes it); by default the daemon opens the one the settings configure.
+    :param reload_interval: seconds between two looks at the watcher files (default:
+        ``[triggerer] reload_interval``).
+    :param owner: the daemon's name in the lease table and the statuses (default:
+        ``host:pid:random``).
+    :param tune_gc: for the owner of the process, as :func:`~._process.run_daemon` is: pause
+        the cyclic garbage collector while the first load starts the triggers, then freeze
+        what is alive and raise the gen-0 threshold (see :mod:`._gctune`); an embedding
+        leaves the process's GC settings alone by default.
+    :raises ValueError: a reload interval that is not positive, or an empty owner.
     """
 
     def __init__(
@@ -92,18 +99,12 @@ class Daemon(DaemonLeases, AsyncService):
         self._backend = backend
         self._owns_backend = backend is None
         self._runner: TriggerRunner | None = None
-        self._loaded: LoadResult | None = None
         self._placement: TriggerPlacement | None = None
         self._leases: LeaseKeeper | None = None
         self._status: DaemonStatusKeeper | None = None
-        self._snapshot: dict[str, FileStamp] = {}
-        # One load at a time (it may take import_timeout per hung file); bringing the runner
-        # in line with it holds the placement's lock too.
-        self._load_lock = anyio.Lock()
-        self._unapplied: tuple[dict[str, FileStamp], LoadResult] | None = None
+        self._reloads: Reloads | None = None
         self._boot_report: ReloadReport | None = None
         self._wake = anyio.Event()
-        self._processes: ReadingProcesses | None = None
 
     def __repr__(self) -> str:
         placement = self._placement
@@ -112,6 +113,11 @@ class Daemon(DaemonLeases, AsyncService):
             f"<Daemon owner={self.owner!r} watchers_path={str(self.watchers_path)!r} "
             f"triggers={running}/{wanted} open={self.is_running}>"
         )
+
+    @property
+    def _loaded(self) -> LoadResult | None:
+        """What the last applied load found (None before the first, or once closed)."""
+        return self._reloads.loaded if self._reloads is not None else None
 
     @property
     def _running(self) -> dict[str, RunningTrigger]:
@@ -175,15 +181,24 @@ class Daemon(DaemonLeases, AsyncService):
             backend=backend,
             controls=controls,
         )
-        # A process to read the watcher files is started ahead of each load.
-        self._processes = await resources.enter_async_context(ReadingProcesses())
+        self._reloads = Reloads(
+            self.watchers_path,
+            self.settings.triggerer,
+            backend=backend,
+            placement=self._placement,
+            # A process to read the watcher files is started ahead of each load.
+            processes=await resources.enter_async_context(ReadingProcesses()),
+            loaded_changed=self.save_daemon_status,
+        )
         self._boot_report = await self._first_load()
         await self._status.prune(self._running, self.placement.wanted)
 
     async def _astart(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start the loops (see the module docstring), then log that the daemon serves."""
         triggerer = self.settings.triggerer
-        task_group.start_soon(self._reload_loop)
+        task_group.start_soon(
+            _while_open(self._reloads).follow, self.reload_interval, self.runner.store_health
+        )
         claimed, to_apply = anyio.create_memory_object_stream[None](1)
         task_group.start_soon(self._lease_loop, triggerer.lease_renew_interval, claimed)
         task_group.start_soon(self._reconcile_loop, to_apply)
@@ -192,7 +207,17 @@ class Daemon(DaemonLeases, AsyncService):
             task_group.start_soon(self._deadline_loop, triggerer.lease_renew_interval)
         task_group.start_soon(self._status_loop, triggerer.heartbeat_interval)
         if triggerer.gc_interval > 0:
-            task_group.start_soon(self._gc_loop, triggerer.gc_interval)
+            task_group.start_soon(
+                functools.partial(
+                    collect_garbage_every,
+                    triggerer.gc_interval,
+                    self.backend,
+                    self.settings,
+                    health=self.runner.store_health,
+                    status=_while_open(self._status),
+                    placement=self.placement,
+                )
+            )
         loaded = self._loaded
         log.info(
             "daemon_started",
@@ -263,7 +288,7 @@ class Daemon(DaemonLeases, AsyncService):
         """Load the watchers path and start its triggers, renewing the node lease meanwhile
         (starting thousands of triggers takes a while), under the start-up GC tuning when
         asked."""
-        self._snapshot = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
+        reloads = _while_open(self._reloads)
         async with anyio.create_task_group() as boot:
             boot.start_soon(
                 self._renew_while_starting, self.settings.triggerer.lease_renew_interval
@@ -271,9 +296,9 @@ class Daemon(DaemonLeases, AsyncService):
             if self.tune_gc:
                 raise_gen0_threshold()
                 with startup_gc():
-                    report = await self.reload()
+                    report = await reloads.first()
             else:
-                report = await self.reload()
+                report = await reloads.first()
             boot.cancel_scope.cancel()
         return report
 
@@ -282,83 +307,16 @@ class Daemon(DaemonLeases, AsyncService):
         self._leases = None
         self._placement = None
         self._status = None
-        self._loaded = None
+        self._reloads = None
         if self._owns_backend:
             self._backend = None
 
-    # -- reloading -------------------------------------------------------------------------------
+    # -- the loops' work, for embeddings and tests ------------------------------------------
 
     async def reload(self) -> ReloadReport:
-        """Load the watchers path again and bring the running triggers in line with it.
-
-        The files are read first, without the lock the lease loop's reconciles take (a file
-        may take ``import_timeout`` to be refused); only bringing the runner in line holds it.
-        """
-        return await self._reload(None)
-
-    async def _reload(self, snapshot: dict[str, FileStamp] | None) -> ReloadReport:
-        """:meth:`reload`; with the scan ``snapshot`` the files were read at, a retry after
-        a failed apply (the store unreachable, say) reuses what was read if nothing changed."""
-        async with self._load_lock:
-            refused_before = self._loaded.errors if self._loaded is not None else None
-            unapplied = self._unapplied
-            if snapshot is not None and unapplied is not None and unapplied[0] == snapshot:
-                result = unapplied[1]
-            else:
-                triggerer = self.settings.triggerer
-                result = await aload_watchers(
-                    self.watchers_path,
-                    allowed_modules=triggerer.allowed_trigger_modules or None,
-                    previous=self._loaded,
-                    import_timeout=triggerer.import_timeout,
-                    processes=self._processes,
-                )
-            try:
-                async with self.placement.lock:
-                    report = await self._apply(result)
-            except Exception:
-                self._unapplied = None if snapshot is None else (snapshot, result)
-                raise
-            self._unapplied = None
-        if result.errors != refused_before:  # else the heartbeat's next save will do
-            await self.save_daemon_status()  # what was refused changed
-        log.info(
-            "watchers_reloaded",
-            triggers=len(self._running),
-            assets=len(result.assets),
-            started=report.started,
-            stopped=report.stopped,
-            deactivated=report.deactivated,
-            refused=report.errors,
-        )
-        return report
-
-    async def _apply(self, result: LoadResult) -> ReloadReport:
-        """Register, start, stop and deactivate to match ``result``; call under the lock."""
-        report = ReloadReport(errors=len(result.errors))
-        backend, placement = self.backend, self.placement
-        if result.assets:
-            await backend.events.aregister_assets(list(result.assets))
-        await placement.apply_load(result.groups, report)
-        # After the reconcile stopped the triggers of removed files, their assets go.
-        before = {a.name for a in self._loaded.assets} if self._loaded else set()
-        for name in sorted(before - {a.name for a in result.assets}):
-            if await backend.events.adeactivate_asset(name):
-                report.deactivated.append(name)
-                log.info("asset_deactivated", asset=name)
-        gone = [t for t in report.stopped if t not in placement.wanted]
-        if gone and backend.services.status is not None:
-            await backend.status.adelete_trigger_status(gone)
-        self._loaded = result
-        return report
-
-    # -- daemon status -----------------------------------------------------------------------------
-
-    async def _status_loop(self, interval: float) -> None:
-        """Every heartbeat: save the daemon's heartbeat row (``watchkeeper status`` reads it)."""
-        while True:
-            await anyio.sleep(interval)
-            await self.save_daemon_status()
+        """Load the watchers path again and bring the running triggers in line with it (see
+        :class:`~._reloads.Reloads`)."""
+        return await _while_open(self._reloads).reload()
 
     async def save_daemon_status(self) -> None:
         """Save this daemon's heartbeat row (owner, heartbeat time, lease time to live, the
@@ -366,67 +324,15 @@ class Daemon(DaemonLeases, AsyncService):
         if self._status is not None:
             await self._status.save(self._loaded.errors if self._loaded else ())
 
-    async def _reload_loop(self) -> None:
-        """Every ``reload_interval``: scan the watchers path (mtimes and sizes, in a worker
-        thread) and reload when something changed.
-
-        A reload reads the files in a child process, each within ``import_timeout`` (see
-        :mod:`._evaluate`), registers their assets, starts the new triggers, stops the removed
-        or changed ones (and restarts ``failed`` ones: touching a file retries its trigger),
-        and deactivates the assets no file defines any more; only assets an earlier load of
-        this process defined, since tasks may use assets no file declares. A file that fails
-        to import keeps its last good definitions. While the store is unavailable the loop
-        skips its work (the runner's store health logs the outage once).
-        """
-        health = self.runner.store_health
-        while True:
-            await anyio.sleep(self.reload_interval)
-            try:
-                current = await anyio.to_thread.run_sync(scan_watchers_path, self.watchers_path)
-                if current == self._snapshot or not health.available:
-                    continue
-                await self._reload(current)
-            except Exception as exc:  # noqa: BLE001 - a failed reload is retried next poll
-                if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("watchers_reload_failed", error=describe_error(exc))
-                continue
-            self._snapshot = current
-
-    # -- garbage collection ----------------------------------------------------------------------
-
     async def collect_garbage(self) -> GcReport:
         """One GC pass with the ``[state_store]`` and ``[events]`` retentions and batch size."""
-        store, events = self.settings.state_store, self.settings.events
-        report = await self.backend.gc.acollect_garbage(
-            default_retention_days=store.default_retention_days,
-            batch_size=store.state_cleanup_batch_size,
-            event_retention_days=events.retention_days,
-            dedup_retention_days=events.dedup_retention_days,
-        )
-        log.info(
-            "gc_done",
-            expired=len(report.expired),
-            retention=len(report.retention),
-            orphaned=len(report.orphaned),
-            events=report.events,
-        )
-        return report
+        return await collect_garbage(self.backend, self.settings)
 
-    async def _gc_loop(self, interval: float) -> None:
-        """Every ``gc_interval``: one GC pass (task state, the state of inactive assets, events
-        past retention), then forget the status rows of triggers no daemon runs any more."""
-        health = self.runner.store_health
+    async def _status_loop(self, interval: float) -> None:
+        """Every heartbeat: save the daemon's heartbeat row (``watchkeeper status`` reads it)."""
         while True:
             await anyio.sleep(interval)
-            if not health.available:
-                continue
-            try:
-                await self.collect_garbage()
-                if self._status is not None:
-                    await self._status.prune(self._running, self.placement.wanted)
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                if health.report(exc) is None:  # an outage is logged once, by the health
-                    log.error("gc_failed", error=describe_error(exc))
+            await self.save_daemon_status()
 
 
 def _while_open(part: _T | None) -> _T:

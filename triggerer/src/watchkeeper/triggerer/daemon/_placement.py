@@ -51,7 +51,15 @@ the event loop run thousands of first steps (or cancellations) while the renewal
 
 @dataclass(slots=True)
 class ReloadReport:
-    """What one reload changed (trigger ids and asset names)."""
+    """What one reload changed (trigger ids and asset names).
+
+    :param started: ids of the triggers started.
+    :param stopped: ids of the triggers stopped (removed from the files, or changed).
+    :param deactivated: names of the assets no definition declares any more.
+    :param not_started: ids of the triggers wanted but not started (leased elsewhere, or
+        refused).
+    :param errors: how many definition files or watchers were refused.
+    """
 
     started: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)

@@ -42,6 +42,11 @@ async def run_daemon(
     the process alive forever, so a watchdog thread armed at the signal ends the process
     (exit status 70, log ``daemon_shutdown_stuck``) once ``stop_grace`` and a margin for
     flushing have passed. Whatever had committed stays committed; leases expire on their own.
+
+    :param settings: the whole configuration (store, ``[triggerer]``, ``[api]``, logging).
+    :param reload_interval: seconds between two looks at the watcher files (default:
+        ``[triggerer] reload_interval``).
+    :param signals: the signals that stop the daemon.
     """
     watchdog: list[threading.Timer] = []
     started = anyio.Event()

@@ -47,6 +47,7 @@ __all__ = [
     "WatcherError",
     "WatcherModules",
     "default_allowed_modules",
+    "import_definition_files",
     "read_definitions",
     "scan_watchers_path",
     "unload_watchers",
@@ -371,6 +372,21 @@ def raised_at(root: Path, exc: BaseException) -> str:
         rel = _under(root, frame.f_code.co_filename)
         if rel is not None:
             found = f" (at {rel}:{line})"
+    return found
+
+
+def import_definition_files(
+    path: Path,
+) -> list[tuple[str, types.ModuleType | None, WatcherError | None]]:
+    """Import every definition file under ``path`` (in path order) into the watchers' package,
+    as a load does: ``(relative path, module, None)`` for each file that imported, ``(relative
+    path, None, refusal)`` for each that did not. Blocking (it runs the files' code)."""
+    found: list[tuple[str, types.ModuleType | None, WatcherError | None]] = []
+    with MODULES.lock:
+        MODULES.reset(path)
+        for file in watcher_files(path):
+            module, error = _import_file(path, file)
+            found.append((file.relative_to(path).as_posix(), module, error))
     return found
 
 

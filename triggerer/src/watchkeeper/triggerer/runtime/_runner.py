@@ -93,6 +93,15 @@ class WatchSpec:
     ``config.owner``; with it, every write of the trigger is fenced on that lease.
     ``watchers`` holds at most one name, the trigger's ``watcher_name`` inside ``run()`` (the
     namespace of its state keys); without one, ``trigger_id`` is its name.
+
+    :param trigger_id: the trigger's stable id (the daemon derives it from ``serialize()``).
+    :param trigger: the trigger instance.
+    :param assets: the registered assets it watches.
+    :param watchers: the names of the watchers it serves.
+    :param fence_token: the token of the lease held on ``trigger_id``, or None.
+    :raises TypeError: a trigger that is not a ``BaseEventTrigger``, or assets that are not
+        ``Asset`` objects.
+    :raises ValueError: an empty id, or no asset.
     """
 
     trigger_id: str
@@ -137,7 +146,11 @@ class WatchSpec:
 
 
 class TriggerRunner(AsyncService):
-    """An async context manager that owns a task group and supervises triggers in it."""
+    """An async context manager that owns a task group and supervises triggers in it.
+
+    :param backend: an open backend the triggers' events and state are committed to.
+    :param config: the runner's settings (default: :class:`RunnerConfig`'s defaults).
+    """
 
     def __init__(self, backend: BaseStateBackend, config: RunnerConfig | None = None) -> None:
         self.backend = backend

@@ -108,6 +108,7 @@ async def run_asset_task(
             await tg.start(worker.run)
             with anyio.move_on_after(timeout):
                 runs = await _finished_runs(store, task.name, known)
+                await worker.drained()  # the task's callbacks have returned too
             tg.cancel_scope.cancel()
         if runs is None:
             states = [(r.id, r.state) for r in await queue.alist_runs(task=task.name)]

@@ -15,15 +15,26 @@ from typing import TYPE_CHECKING
 from .._core import lazy_exports
 
 if TYPE_CHECKING:
-    from ._asset_task import AnyOf, AssetTask, OutletEventAccessor, OutletEvents, asset_task
+    from ._asset_task import (
+        AnyOf,
+        AssetTask,
+        OutletEventAccessor,
+        OutletEvents,
+        RunCallback,
+        asset_task,
+    )
+    from ._isolation import IsolationUnavailableError
+    from ._run import configure_connections, run_worker
     from ._task_loader import load_tasks
-    from ._worker import Worker, configure_connections, run_worker
+    from ._worker import Worker
 
 __all__ = [
     "AnyOf",
     "AssetTask",
+    "IsolationUnavailableError",
     "OutletEventAccessor",
     "OutletEvents",
+    "RunCallback",
     "Worker",
     "asset_task",
     "configure_connections",
@@ -32,9 +43,18 @@ __all__ = [
 ]
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "._asset_task": ("AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"),
+    "._asset_task": (
+        "AnyOf",
+        "AssetTask",
+        "OutletEventAccessor",
+        "OutletEvents",
+        "RunCallback",
+        "asset_task",
+    ),
+    "._isolation": ("IsolationUnavailableError",),
     "._task_loader": ("load_tasks",),
-    "._worker": ("Worker", "configure_connections", "run_worker"),
+    "._run": ("configure_connections", "run_worker"),
+    "._worker": ("Worker",),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

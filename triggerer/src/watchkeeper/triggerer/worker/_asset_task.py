@@ -22,13 +22,29 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from watchkeeper.store import Asset
-from watchkeeper.store.protocols import TaskSpec
+from watchkeeper.store.protocols import TaskRun, TaskSpec
 
-__all__ = ["AnyOf", "AssetTask", "OutletEventAccessor", "OutletEvents", "asset_task"]
+__all__ = [
+    "AnyOf",
+    "AssetTask",
+    "OutletEventAccessor",
+    "OutletEvents",
+    "RunCallback",
+    "asset_task",
+]
+
+RunCallback = Callable[[TaskRun, BaseException | None], Any]
+"""``callback(run, error)``: a run's record as it was just recorded and the exception of the
+try (None on success); a plain function or a coroutine function."""
 
 
 class AnyOf:
-    """A schedule that runs its task when any of ``assets`` has a new event."""
+    """A schedule that runs its task when any of ``assets`` has a new event.
+
+    :param assets: the assets (at least one).
+    :raises TypeError: an argument that is not an :class:`Asset`.
+    :raises ValueError: no asset.
+    """
 
     __slots__ = ("assets",)
 
@@ -72,7 +88,11 @@ def _seconds(what: str, value: timedelta | float | None, *, optional: bool) -> t
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AssetTask:
-    """A task function with its schedule, outlets and retry policy (made by :func:`asset_task`)."""
+    """A task function with its schedule, outlets and retry policy.
+
+    Made by :func:`asset_task`, whose parameters its fields hold (``mode`` is ``"all"`` for a
+    list schedule, ``"any"`` for :class:`AnyOf`); calling it calls the function.
+    """
 
     fn: Callable[..., Any]
     name: str
@@ -87,6 +107,10 @@ class AssetTask:
     clear_on_success: bool = False
     max_events_per_run: int = 100
     is_async: bool = field(default=False)
+    on_success: RunCallback | None = None
+    on_failure: RunCallback | None = None
+    on_retry: RunCallback | None = None
+    isolation: Literal["none", "process"] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -127,13 +151,41 @@ def asset_task(
     clear_on_success: bool = False,
     max_events_per_run: int = 100,
     name: str | None = None,
+    on_success: RunCallback | None = None,
+    on_failure: RunCallback | None = None,
+    on_retry: RunCallback | None = None,
+    isolation: Literal["none", "process"] | None = None,
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
-    ``retries`` more tries after a failure, ``retry_delay`` doubling after each (with jitter,
-    capped at 5 minutes); ``execution_timeout`` cancels an async try and abandons a sync one
-    (its thread cannot be interrupted) and counts as a failure. ``name`` defaults to the
-    function's name.
+    :param schedule: the assets whose events start a run: a list (a run once every one has a
+        new event since the last run) or :class:`AnyOf` (once any has).
+    :param outlets: assets the task produces: each successful run commits one event on each,
+        with the payload set through ``outlet_events[asset].extra``.
+    :param inlets: assets the task reads without being scheduled on them (their state is
+        readable through ``asset_state_store``).
+    :param retries: tries after the first failed one.
+    :param retry_delay: the delay before the first retry (a timedelta or seconds), doubled
+        after each further failure, varied by ±20 % and capped at 5 minutes.
+    :param execution_timeout: the longest a try may run (None: no limit); an async try is
+        cancelled, a sync one abandoned (its thread cannot be interrupted), and the try
+        counts as a failure.
+    :param clear_on_success: delete the run's task state once it succeeds.
+    :param max_events_per_run: the most events of each scheduled asset one run receives.
+    :param name: the task's name (default: the function's).
+    :param on_success: called as ``on_success(run, None)`` once a run succeeded (recorded).
+    :param on_failure: called as ``on_failure(run, error)`` once a run failed for good: its
+        last try's exception (or ``TimeoutError`` past ``execution_timeout``).
+    :param on_retry: called as ``on_retry(run, error)`` after a failed try that will be tried
+        again. Each callback may be sync (run in a worker thread) or async, runs after the
+        outcome is recorded, within ``[worker] callback_timeout``; its own failure is logged
+        (``task_callback_failed``) and never changes the run.
+    :param isolation: where each try runs: ``"none"`` in the worker's process, ``"process"``
+        in a child process of the worker's pool (a crash, ``os._exit`` or a leak of the task
+        ends only that child; ``execution_timeout`` kills it); None: ``[worker] isolation``.
+    :returns: the decorator, which turns the function into an :class:`AssetTask`.
+    :raises TypeError: a parameter of the wrong type (naming it).
+    :raises ValueError: a parameter out of its bounds (naming it).
     """
     if isinstance(schedule, AnyOf):
         scheduled, mode = schedule.assets, "any"
@@ -145,6 +197,15 @@ def asset_task(
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if type(max_events_per_run) is not int or max_events_per_run < 1:
         raise ValueError(f"max_events_per_run must be an int >= 1, got {max_events_per_run!r}")
+    for what, callback in (
+        ("on_success", on_success),
+        ("on_failure", on_failure),
+        ("on_retry", on_retry),
+    ):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"{what} must be a function, got {type(callback).__name__}")
+    if isolation not in (None, "none", "process"):
+        raise ValueError(f"isolation must be 'none' or 'process', got {isolation!r}")
     delay = _seconds("retry_delay", retry_delay, optional=False)
     timeout = _seconds("execution_timeout", execution_timeout, optional=True)
     out, into = _assets("outlets", outlets), _assets("inlets", inlets)
@@ -169,13 +230,20 @@ def asset_task(
             clear_on_success=bool(clear_on_success),
             max_events_per_run=max_events_per_run,
             is_async=inspect.iscoroutinefunction(fn),
+            on_success=on_success,
+            on_failure=on_failure,
+            on_retry=on_retry,
+            isolation=isolation,
         )
 
     return decorate
 
 
 class OutletEventAccessor:
-    """The event a successful run emits on one outlet: set ``extra`` to give it a payload."""
+    """The event a successful run emits on one outlet: set ``extra`` to give it a payload.
+
+    :param asset: the outlet.
+    """
 
     __slots__ = ("asset", "extra")
 
@@ -188,7 +256,10 @@ class OutletEventAccessor:
 
 
 class OutletEvents(Mapping[Asset | str, OutletEventAccessor]):
-    """``context["outlet_events"]``: one accessor per outlet, looked up by Asset or by name."""
+    """``context["outlet_events"]``: one accessor per outlet, looked up by Asset or by name.
+
+    :param outlets: the task's outlets.
+    """
 
     def __init__(self, outlets: Iterable[Asset]) -> None:
         self._by_name = {a.name: OutletEventAccessor(a) for a in outlets}

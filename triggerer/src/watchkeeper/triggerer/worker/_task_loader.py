@@ -13,7 +13,7 @@ from pathlib import Path
 
 from watchkeeper.store.protocols import get_logger
 
-from ..daemon._watcher_files import MODULES, WatcherError, _import_file, watcher_files
+from ..daemon import WatcherError, import_definition_files
 from ._asset_task import AssetTask
 
 __all__ = ["load_tasks"]
@@ -25,6 +25,11 @@ def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherEr
     """Import every definition file under ``path``; its tasks (by name) and the refusals.
 
     Blocking (it imports modules and runs their code).
+
+    :param path: the definitions directory (``[triggerer] watchers_path``).
+    :returns: the tasks, sorted by name, and the refusals (a file that did not import, a task
+        name defined twice), each also logged as ``task_refused``.
+    :raises NotADirectoryError: ``path`` is not a directory.
     """
     root = Path(path).resolve()
     if not root.is_dir():
@@ -32,23 +37,19 @@ def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherEr
     tasks: dict[str, AssetTask] = {}
     where: dict[str, str] = {}
     errors: list[WatcherError] = []
-    with MODULES.lock:
-        MODULES.reset(root)
-        for file in watcher_files(root):
-            rel = file.relative_to(root).as_posix()
-            module, error = _import_file(root, file)
-            if module is None:
-                assert error is not None
-                errors.append(error)
+    for rel, module, error in import_definition_files(root):
+        if module is None:
+            assert error is not None
+            errors.append(error)
+            continue
+        for value in vars(module).values():
+            if not isinstance(value, AssetTask) or tasks.get(value.name) is value:
                 continue
-            for value in vars(module).values():
-                if not isinstance(value, AssetTask) or tasks.get(value.name) is value:
-                    continue
-                if value.name in tasks:
-                    reason = f"task {value.name!r} is already defined in {where[value.name]}"
-                    errors.append(WatcherError(rel, None, reason))
-                    continue
-                tasks[value.name], where[value.name] = value, rel
+            if value.name in tasks:
+                reason = f"task {value.name!r} is already defined in {where[value.name]}"
+                errors.append(WatcherError(rel, None, reason))
+                continue
+            tasks[value.name], where[value.name] = value, rel
     for error in errors:
         log.warning("task_refused", file=error.file, reason=error.reason)
     return tuple(tasks[name] for name in sorted(tasks)), tuple(errors)

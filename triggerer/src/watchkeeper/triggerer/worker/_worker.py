@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
 
@@ -42,7 +39,6 @@ from watchkeeper.store import (
     RunLeaseLostError,
     StateStoreError,
     TaskScope,
-    build_task_context,
 )
 from watchkeeper.store.protocols import (
     EventLog,
@@ -56,48 +52,22 @@ from watchkeeper.store.protocols import (
     get_logger,
 )
 
-from .._core import describe_error, notify
+from .._core import describe_error
 from ..daemon import daemon_identity, is_dead_local_owner
-from ..settings import WorkerSettings
-from ._asset_task import AssetTask, OutletEvents
+from ..settings import Settings, WorkerSettings
+from ._asset_task import AssetTask
+from ._callbacks import call_back
+from ._context import retry_delay_for, run_context
+from ._isolation import ChildResult, ProcessPool, process_pool_for
 from ._task_traceback import format_task_traceback
 
-__all__ = ["Worker", "configure_connections", "retry_delay_for", "run_context"]
+__all__ = ["Worker"]
 
 log = get_logger(__name__)
 
 _JITTER = 0.2
 _CREATE_EVENTS = 4096
 """The most events a creation that grew past the base batch takes (runs x max_events)."""
-
-
-def retry_delay_for(
-    task: AssetTask, try_number: int, rng: random.Random | None = None
-) -> timedelta:
-    """The delay before the try after ``try_number``: ``retry_delay`` doubled per failed try,
-    capped at ``max_retry_delay``, varied by up to ±20 % so failed runs do not retry in step."""
-    base = task.retry_delay.total_seconds() * 2 ** max(0, try_number - 1)
-    base = min(base, task.max_retry_delay.total_seconds())
-    factor = 1 + _JITTER * (2 * (rng or random).random() - 1)
-    return timedelta(seconds=max(0.0, base * factor))
-
-
-def run_context(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> dict[str, Any]:
-    """The context of one try of ``run``: ``build_task_context``'s plus the run's events."""
-    context = build_task_context(
-        backend,
-        dag_id=task.name,
-        run_id=str(run.id),
-        task_id=task.name,
-        try_number=run.try_number,
-        inlets=(*task.schedule, *task.inlets),
-        outlets=task.outlets,
-    )
-    context["triggering_asset_events"] = {
-        asset: [e for e in run.events if e.asset == asset.name] for asset in task.schedule
-    }
-    context["outlet_events"] = OutletEvents(task.outlets)
-    return context
 
 
 def _cancelled_from_outside() -> bool:
@@ -120,7 +90,19 @@ class _InFlight:
 
 
 class Worker:
-    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``."""
+    """Runs ``tasks`` from ``backend`` until cancelled: ``await worker.run()``.
+
+    :param backend: an open backend with the tasks service (``backend.tasks``).
+    :param tasks: the tasks to declare and run (each name once).
+    :param settings: ``[worker]`` settings (default: the defaults).
+    :param owner: the name its run leases are held under (default: ``host:pid:random``).
+    :param process_settings: the whole configuration, for tasks run in child processes
+        (``isolation="process"``): each child opens the store from it and finds the task's
+        definition file under ``[triggerer] watchers_path``. Its ``[worker]`` section is used
+        in place of ``settings``.
+    :raises IsolationUnavailableError: a task runs in child processes and there are no
+        ``process_settings``, or they name an in-memory store the children cannot share.
+    """
 
     def __init__(
         self,
@@ -129,15 +111,24 @@ class Worker:
         settings: WorkerSettings | None = None,
         *,
         owner: str | None = None,
+        process_settings: Settings | None = None,
     ) -> None:
         self.backend = backend
         self.queue: TaskQueue = backend.tasks
         self.registry: EventLog = backend.events
         self.tasks = {task.name: task for task in tasks}
+        if process_settings is not None:
+            settings = process_settings.worker
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
+        self._isolated = {
+            task.name for task in tasks if (task.isolation or self.settings.isolation) == "process"
+        }
+        self._pool = process_pool_for(self._isolated, self.settings, process_settings)
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
+        self._errors: dict[int, BaseException] = {}
+        """The exception of each failed try not yet handed to its callback, by run id."""
         self._slot_freed = anyio.Event()
         self._accepting = True
         self._finishing = 0
@@ -183,6 +174,9 @@ class Worker:
                 await self._loop(tg)
         finally:
             self._threads.close()
+            if self._pool is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._pool.aclose()
 
     def stop_claiming(self) -> None:
         """Take no new runs (a graceful stop lets the running ones finish)."""
@@ -240,13 +234,17 @@ class Worker:
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
-                        next_run = await self._finish(run, outcome)
+                        done, next_run = await self._finish(run, outcome)
+                        if next_run is not None:
+                            self._running[next_run.id] = _InFlight(next_run.lease_token, scope)
+                        if done is not None:
+                            await self._call_back(run, outcome, done)
                     finally:
                         self._finishing -= 1
+                        self._errors.pop(run.id, None)
                     if next_run is None:
                         return
                     run = next_run
-                    self._running[run.id] = _InFlight(run.lease_token, scope)
         finally:
             self._running.pop(run.id, None)
             self._slot_freed.set()
@@ -254,6 +252,8 @@ class Worker:
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
+        if self._pool is not None and task.name in self._isolated:
+            return await self._try_in_child(self._pool, task, run)
         context = run_context(self.backend, task, run)
         limit: anyio.CancelScope | None = None
         try:
@@ -290,6 +290,18 @@ class Worker:
             return self._failed(task, run, exc)
         return RunOutcome(run.id, run.lease_token, True, outlets)
 
+    async def _try_in_child(self, pool: ProcessPool, task: AssetTask, run: TaskRun) -> RunOutcome:
+        timeout = task.execution_timeout
+        answer = await pool.run(task, run, timeout.total_seconds() if timeout else None)
+        if isinstance(answer, ChildResult):
+            return RunOutcome(run.id, run.lease_token, True, answer.outlets)
+        cause: Literal["task_error", "timeout"] = (
+            "timeout" if answer.cause == "timeout" else "task_error"
+        )
+        return self._failed(
+            task, run, answer.error, cause=cause, traceback=answer.traceback, described=True
+        )
+
     def _failed(
         self,
         task: AssetTask,
@@ -297,17 +309,25 @@ class Worker:
         exc: BaseException,
         *,
         cause: Literal["task_error", "timeout"] = "task_error",
+        traceback: str | None = None,
+        described: bool = False,
     ) -> RunOutcome:
         """The outcome of a try that raised ``exc`` (or timed out): a failure of the task's
-        own, retried after a delay."""
+        own, retried after a delay. ``described``: ``exc``'s message already says what
+        failed (a try in a child process: its exception's type and message, or how the
+        child ended)."""
         delay = retry_delay_for(task, run.failures + 1)
+        if task.on_failure is not None or task.on_retry is not None:
+            self._errors[run.id] = exc
+        error = str(exc) if described else describe_error(exc)
         log.warning(
             "run_try_failed", run_id=run.id, task=task.name, try_number=run.try_number,
-            error=describe_error(exc), cause=cause,
+            error=error, cause=cause,
         )  # fmt: skip
         return RunOutcome(
-            run.id, run.lease_token, False, error=describe_error(exc),
-            traceback=format_task_traceback(exc), retry_delay=delay, cause=cause,
+            run.id, run.lease_token, False, error=error,
+            traceback=traceback if traceback is not None else format_task_traceback(exc),
+            retry_delay=delay, cause=cause,
         )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
@@ -315,8 +335,11 @@ class Worker:
             return await greenback.with_portal_run(task.fn, **context)
         return await self._threads.call(partial(task.fn, **context))
 
-    async def _finish(self, run: TaskRun, outcome: RunOutcome) -> TaskRun | None:
-        """Record ``outcome`` and, in the same transaction, claim this slot's next run."""
+    async def _finish(
+        self, run: TaskRun, outcome: RunOutcome
+    ) -> tuple[TaskRun | None, TaskRun | None]:
+        """Record ``outcome`` and, in the same transaction, claim this slot's next run: the
+        run as recorded (None when the record was refused or failed) and the next run."""
         task = self.tasks[run.task]
         with anyio.CancelScope(shield=True):
             try:
@@ -325,11 +348,11 @@ class Worker:
                 )
             except RunLeaseLostError as exc:
                 log.warning("run_fenced", run_id=run.id, task=run.task, reason=exc.reason)
-                return None
+                return None, None
             except StateStoreError as exc:
                 # Not recorded: the lease lapses and the run is tried again.
                 log.warning("run_finish_failed", run_id=run.id, error=describe_error(exc))
-                return None
+                return None, None
         done = step.finished
         self.finished += 1
         log.info(
@@ -342,7 +365,14 @@ class Worker:
                 await self.backend.aclear(TaskScope(task.name, str(run.id), task.name))
             except StateStoreError as exc:
                 log.warning("run_clear_failed", run_id=run.id, error=describe_error(exc))
-        return step.claimed[0] if step.claimed else None
+        return done, step.claimed[0] if step.claimed else None
+
+    async def _call_back(self, run: TaskRun, outcome: RunOutcome, done: TaskRun) -> None:
+        error = None if outcome.success else self._errors.get(run.id)
+        await call_back(
+            self.tasks[run.task], outcome, done, error,
+            time_limit=self.settings.callback_timeout, threads=self._threads,
+        )  # fmt: skip
 
     async def _step(
         self, *, finish: RunOutcome | None = None, claim: int, peers: int = 0
@@ -396,34 +426,3 @@ class Worker:
         if dead:
             count = await self.queue.abreak_run_leases(dead)
             log.info("run_leases_freed", owners=dead, runs=count)
-
-
-def configure_connections(backend: BaseStateBackend, settings: WorkerSettings, name: str) -> None:
-    """Name the store's sessions ``name`` and bound their idle transactions by a run lease
-    (:meth:`~watchkeeper.store.BaseStateBackend.configure_sessions`). Call before it opens."""
-    backend.configure_sessions(name, settings.lease_seconds)
-
-
-async def run_worker(
-    backend: BaseStateBackend,
-    tasks: Sequence[AssetTask],
-    settings: WorkerSettings,
-    *,
-    stop_grace: float = 10.0,
-    signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
-) -> None:
-    """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
-    stop claiming, give the runs in flight ``stop_grace`` seconds, and return."""
-    worker = Worker(backend, tasks, settings)
-    with anyio.open_signal_receiver(*signals) as received:
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            notify(READY=1, STATUS=f"running {len(tasks)} task(s)")
-            async for signum in received:
-                log.info("worker_stopping", signal=signal.Signals(signum).name)
-                notify(STOPPING=1)
-                worker.stop_claiming()
-                with anyio.move_on_after(stop_grace):
-                    await worker.drained()
-                tg.cancel_scope.cancel()
-                break

@@ -1,0 +1,168 @@
+"""``isolation="process"``: each try in a child process of the worker's pool. A task that
+segfaults, calls ``os._exit``, runs past ``execution_timeout`` or leaks past the memory cap
+fails its own try with the cause recorded; the worker and its other runs carry on."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+from watchkeeper.store import SqliteStateBackend
+from watchkeeper.store.protocols import EventCommit, TaskRun, encode_json
+from watchkeeper.triggerer import asset_task, load_settings
+from watchkeeper.triggerer.settings import Settings
+from watchkeeper.triggerer.worker import IsolationUnavailableError, Worker, load_tasks
+
+DEFINITIONS = textwrap.dedent(
+    """
+    import ctypes
+    import os
+    import time
+
+    from watchkeeper.triggerer import Asset, asset_task
+
+    totals = Asset("totals")
+
+
+    @asset_task(schedule=[Asset("segv")], isolation="process")
+    def segv(**_):
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+    @asset_task(schedule=[Asset("exits")], isolation="process")
+    def exits(**_):
+        os._exit(3)
+
+
+    @asset_task(schedule=[Asset("sleeps")], isolation="process", execution_timeout=0.5)
+    def sleeps(**_):
+        time.sleep(60)  # a sync try: in a thread it could only be abandoned
+
+
+    @asset_task(schedule=[Asset("leaks")], isolation="process")
+    def leaks(**_):
+        kept = []
+        while True:
+            kept.append(bytearray(64 * 1024 * 1024))
+
+
+    @asset_task(schedule=[Asset("raises")], isolation="process")
+    def raises(**_):
+        raise ValueError("bad row 7")
+
+
+    @asset_task(schedule=[Asset("fine")], outlets=[totals], isolation="process")
+    def fine(*, triggering_asset_events, outlet_events, asset_state_store, **context):
+        (event,) = triggering_asset_events[Asset("fine")]
+        asset_state_store[totals].set("last", event.payload)
+        outlet_events[totals].extra = {"pid": os.getpid(), "seen": event.payload}
+
+
+    @asset_task(schedule=[Asset("inline")])
+    def inline(**_):
+        pass
+    """
+)
+
+
+class Env:
+    def __init__(self, tmp_path: Path) -> None:
+        self.defs = tmp_path / "defs"
+        self.defs.mkdir()
+        (self.defs / "tasks.py").write_text(DEFINITIONS)
+        self.db = tmp_path / "state.db"
+        self.settings: Settings = load_settings(
+            database={"url": f"sqlite:///{self.db}"},
+            triggerer={"watchers_path": str(self.defs)},
+            worker={"poll_interval": 0.02, "concurrency": 4, "process_memory_limit_mb": 1024},
+        )
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    yield Env(tmp_path)
+
+
+async def _run_until_settled(env: Env, assets: list[str]) -> dict[str, TaskRun]:
+    """Run a worker with the definitions' tasks, commit one event on each of ``assets``, and
+    return each task's run once every run has settled."""
+    tasks, errors = await anyio.to_thread.run_sync(load_tasks, env.defs)
+    assert errors == ()
+    async with SqliteStateBackend(env.db) as backend:
+        worker = Worker(backend, tasks, process_settings=env.settings)
+        await worker.declare()
+        for name in assets:
+            await backend.events.acommit(EventCommit("feed", (name,), encode_json({"n": 1})))
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            with anyio.fail_after(90):
+                while True:
+                    runs = await backend.tasks.alist_runs()
+                    if len(runs) == len(assets) and all(
+                        r.state in ("success", "failed") for r in runs
+                    ):
+                        break
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        return {r.task: r for r in runs}
+
+
+class TestProcessIsolation:
+    @pytest.mark.slow
+    async def test_crashes_fail_their_own_try_and_the_rest_runs(self, env: Env) -> None:
+        runs = await _run_until_settled(
+            env, ["segv", "exits", "sleeps", "leaks", "raises", "fine", "inline"]
+        )
+        states = {name: run.state for name, run in runs.items()}
+        assert states == {
+            "segv": "failed",
+            "exits": "failed",
+            "sleeps": "failed",
+            "leaks": "failed",
+            "raises": "failed",
+            "fine": "success",
+            "inline": "success",
+        }
+        errors = {name: run.errors[-1] for name, run in runs.items() if run.errors}
+        assert "killed by SIGSEGV" in errors["segv"].error
+        assert "exited with status 3" in errors["exits"].error
+        assert errors["sleeps"].cause == "timeout"
+        assert "execution_timeout of 0.5 s" in errors["sleeps"].error
+        assert "MemoryError" in errors["leaks"].error
+        assert errors["raises"].error == "ValueError: bad row 7"
+        assert errors["raises"].traceback is not None
+        assert "raise ValueError" in errors["raises"].traceback
+        async with SqliteStateBackend(env.db) as backend:
+            (outlet,) = [e for e in await backend.events.alist_events() if e.asset == "totals"]
+        assert outlet.payload["seen"] == {"n": 1}
+        assert outlet.payload["pid"] != os.getpid()  # it ran in a child
+
+    async def test_a_crashed_child_is_replaced_for_the_next_try(self, env: Env) -> None:
+        """A child killed by a try is not reused: the next task's try gets a new one."""
+        runs = await _run_until_settled(env, ["exits", "fine"])
+        assert (runs["exits"].state, runs["fine"].state) == ("failed", "success")
+
+
+def test_process_isolation_needs_the_settings(tmp_path: Path) -> None:
+    from watchkeeper.store import Asset, MemoryStateBackend
+
+    @asset_task(schedule=[Asset("a")], isolation="process")
+    def isolated(**_: object) -> None:
+        pass
+
+    with pytest.raises(IsolationUnavailableError, match="process_settings"):
+        Worker(MemoryStateBackend(), [isolated])
+    in_memory = load_settings(database={"url": "sqlite:///:memory:"})
+    with pytest.raises(IsolationUnavailableError, match="in-memory store"):
+        Worker(MemoryStateBackend(), [isolated], process_settings=in_memory)
+
+
+def test_isolation_is_checked() -> None:
+    from watchkeeper.store import Asset
+
+    with pytest.raises(ValueError, match="isolation must be 'none' or 'process', got 'thread'"):
+        asset_task(schedule=[Asset("a")], isolation="thread")  # type: ignore[arg-type]
