@@ -79,6 +79,7 @@ SQLITE: Final = Dialect(
     encoders={"in": _json, "each": _json, "list": _json, "ts": _sqlite_stamp, "iso": _iso},
     timestamp=_sqlite_timestamp,
     json_list=json.loads,
+    row_locks=False,
 )
 
 _PG_NOW: Final = "coalesce(:now::timestamptz, now())"
@@ -103,4 +104,5 @@ POSTGRES: Final = Dialect(
     encoders={"in": list, "each": list, "list": list},
     timestamp=_postgres_timestamp,
     json_list=list,
+    row_locks=True,
 )

@@ -95,8 +95,11 @@ class Dialect:
         encoders: Mapping[str, Callable[[Any], Any]],
         timestamp: Callable[[Any], datetime],
         json_list: Callable[[Any], list[Any]],
+        row_locks: bool,
     ) -> None:
         self.name = name
+        #: Whether writers lock rows (PostgreSQL), or one write holds the whole database (SQLite).
+        self.row_locks = row_locks
         self._param = param
         self._fragments = dict(fragments)
         self._encoders = dict(encoders)

@@ -164,6 +164,14 @@ def claim_leases(
     return {r[0]: r[1] for r in (yield rows(s.held, owner=owner, ids=ids))}
 
 
+def renew_and_claim(
+    s: LeaseStatements, owner: str, ttl: float, ids: list[str], limit: int | None
+) -> Job[dict[str, int]]:
+    """:func:`renew_node` then :func:`claim_leases`, in one transaction."""
+    yield from renew_node(s, owner, ttl)
+    return (yield from claim_leases(s, owner, ids, limit))
+
+
 def release_leases(s: LeaseStatements, owner: str, ids: list[str], leave: bool) -> Job[None]:
     """Free ``owner``'s leases among ``ids`` (all of them and its node lease, if ``leave``)."""
     yield BEGIN
@@ -226,14 +234,17 @@ class SqlLeases:
     async def _aclaim_leases(
         self, owner: str, ids: list[str], ttl: timedelta, limit: int | None
     ) -> dict[str, int]:
-        # The node lease is renewed in a transaction of its own first: a claim of thousands
-        # of rows must not hold the node row (a reaper would wait for it, and find it expired).
-        await self._arenew_node(owner, ttl)
-        return await self._runner.write(
-            partial(claim_leases, self.statements, owner, ids, limit),
-            what="claiming leases",
-            lane="claims",
-        )
+        s = self.statements
+        if s.dialect.row_locks:
+            # The node lease is renewed in a transaction of its own first: a claim of
+            # thousands of rows must not hold the node row (a reaper would wait for it, and
+            # find it expired).
+            await self._arenew_node(owner, ttl)
+            job = partial(claim_leases, s, owner, ids, limit)
+        else:  # one write holds the database: the renewal and the claim commit together,
+            # so no other daemon rejoins and claims between them
+            job = partial(renew_and_claim, s, owner, ttl.total_seconds(), ids, limit)
+        return await self._runner.write(job, what="claiming leases", lane="claims")
 
     async def _arelease_leases(self, owner: str, ids: list[str], leave: bool) -> None:
         await self._runner.write(
