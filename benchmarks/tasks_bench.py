@@ -11,6 +11,8 @@ Not a test. Run by hand from the repository root:
    when too few runs are ready) and the no-op call in the thread pool. Workers run in this
    process, each on its own backend (its own connections), 1 and 4 of them on PostgreSQL, 1
    on SQLite.
+   The same with ``isolation="process"`` (each try in a child process of the worker's pool),
+   1 worker on each database.
    Baselines, same run: a bare ``FOR UPDATE SKIP LOCKED`` queue on asyncpg (claim up to 8
    jobs, mark each done), 1 and 4 consumers; a bare polling loop on aiosqlite (claim up to 8
    in one ``BEGIN IMMEDIATE``, mark each done).
@@ -54,7 +56,9 @@ from watchkeeper.store import (
     SqliteStateBackend,
 )
 from watchkeeper.store.protocols import EventCommit
-from watchkeeper.triggerer import Worker, WorkerSettings, asset_task
+from watchkeeper.triggerer import Worker, WorkerSettings, asset_task, load_settings
+from watchkeeper.triggerer.settings import Settings
+from watchkeeper.triggerer.worker import AssetTask, load_tasks
 
 PG_DSN = os.environ.get("WATCHKEEPER_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 SRC = Asset("bench_src")
@@ -116,7 +120,36 @@ async def pg_schema() -> AsyncIterator[str]:
 def open_backend(kind: str, where: str) -> BaseStateBackend:
     if kind == "sqlite":
         return SqliteStateBackend(where)
+    if kind == "postgres-url":  # a database of its own, reachable by URL (child processes)
+        return PostgresStateBackend(where)
     return PostgresStateBackend(PG_DSN, schema=where)
+
+
+ISOLATED = textwrap.dedent(
+    """
+    from watchkeeper.triggerer import Asset, asset_task
+
+
+    @asset_task(schedule=[Asset("bench_src")], max_events_per_run=1, isolation="process")
+    def noop(**_):
+        pass
+    """
+)
+
+
+def isolated_noop(defs: Path, url: str) -> tuple[AssetTask, Settings]:
+    """The no-op task with ``isolation="process"`` (from a definition file, as children find
+    it) and the settings its worker's children open the store with."""
+    defs.mkdir(parents=True, exist_ok=True)
+    (defs / "bench_tasks.py").write_text(ISOLATED)
+    (task,), _ = load_tasks(defs)
+    settings = load_settings(
+        database={"url": url},
+        triggerer={"watchers_path": str(defs)},
+        worker={"concurrency": 8, "poll_interval": POLL, "heartbeat_interval": 5},
+        logging={"level": "warning"},
+    )
+    return task, settings
 
 
 # -- 1. runs per second ---------------------------------------------------------------------------
@@ -133,11 +166,19 @@ async def all_succeeded(store: Any) -> bool:
     return bool(await store.tasks.alist_runs(task=info.name, state="success", limit=1))
 
 
-async def runs_per_second(kind: str, where: str, workers: int, events: int) -> float:
+async def runs_per_second(
+    kind: str,
+    where: str,
+    workers: int,
+    events: int,
+    *,
+    isolated: tuple[AssetTask, Settings] | None = None,
+) -> float:
     settings = WorkerSettings(concurrency=8, poll_interval=POLL, heartbeat_interval=5)
+    task, process_settings = isolated if isolated is not None else (noop, None)
     async with open_backend(kind, where) as main:
         await main.events.aregister_assets([SRC])
-        await Worker(main, [noop], settings).declare()
+        await Worker(main, [task], settings, process_settings=process_settings).declare()
         await main.tasks.aset_task_paused("noop", True)  # type: ignore[attr-defined]
         async with anyio.create_task_group() as tg:
             for start in range(0, events, 500):
@@ -150,7 +191,8 @@ async def runs_per_second(kind: str, where: str, workers: int, events: int) -> f
                 await stack.enter_async_context(backend)
             async with anyio.create_task_group() as tg:
                 for backend in backends:
-                    await tg.start(Worker(backend, [noop], settings).run)
+                    worker = Worker(backend, [task], settings, process_settings=process_settings)
+                    await tg.start(worker.run)
                 t0, c0 = time.perf_counter(), time.process_time()
                 await main.tasks.aset_task_paused("noop", False)  # type: ignore[attr-defined]
                 while True:
@@ -158,7 +200,10 @@ async def runs_per_second(kind: str, where: str, workers: int, events: int) -> f
                         break
                     await anyio.sleep(0.02)
                 elapsed = time.perf_counter() - t0
-                CPU_MS_PER_JOB[f"{kind}_{workers}"] = (time.process_time() - c0) * 1000 / events
+                mode = "" if isolated is None else "_process"
+                CPU_MS_PER_JOB[f"{kind}_{workers}{mode}"] = (
+                    (time.process_time() - c0) * 1000 / events
+                )
                 tg.cancel_scope.cancel()
         return events / elapsed
 
@@ -443,6 +488,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"runs/s sqlite 1 worker: {round(ours)} raw aiosqlite queue: {round(raw_jobs)} "
                 f"({ours / raw_jobs:.2f}x); CPU ms per run/job {cpu}"
             )
+            if args.isolation:
+                db = tmp / "runs-process.db"
+                isolated = isolated_noop(tmp / "defs-sqlite", f"sqlite:///{db}")
+                child = await runs_per_second("sqlite", str(db), 1, events, isolated=isolated)
+                results["sqlite_runs_per_s_1_worker_process"] = round(child)
+                print(
+                    f"runs/s sqlite 1 worker, isolation='process': {round(child)} "
+                    f"({child / raw_jobs:.2f}x the raw queue, {child / ours:.2f}x in-process)"
+                )
         if "postgres" in backends:
             for workers in (1, 4):
                 async with pg_schema() as schema:
@@ -454,6 +508,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     f"runs/s postgres {workers} workers: {round(rate)} "
                     f"raw SKIP LOCKED: {round(raw)} ({rate / raw:.2f}x)"
                 )
+                if args.isolation and workers == 1:
+                    async with pg_database() as dsn:
+                        isolated = isolated_noop(tmp / "defs-postgres", dsn)
+                        child = await runs_per_second(
+                            "postgres-url", dsn, 1, events, isolated=isolated
+                        )
+                    results["pg_runs_per_s_1_worker_process"] = round(child)
+                    print(
+                        f"runs/s postgres 1 worker, isolation='process': {round(child)} "
+                        f"({child / raw:.2f}x the raw queue, {child / rate:.2f}x in-process)"
+                    )
 
     if args.only in (None, "latency"):
         for rate in args.rates:
@@ -531,6 +596,12 @@ if __name__ == "__main__":
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default=None)
     parser.add_argument("--only", choices=("runs", "latency"), default=None)
     parser.add_argument("--rates", type=float, nargs="+", default=[100.0, 1000.0])
+    parser.add_argument(
+        "--no-isolation",
+        dest="isolation",
+        action="store_false",
+        help="skip the runs/s of isolation='process' (a child process per try)",
+    )
     parser.add_argument(
         "--profile-dir",
         type=Path,

@@ -85,13 +85,18 @@ class BrokerResult:
         )
 
 
-def committed_numbers(database: Path) -> list[int]:
+def message_number(payload: Any) -> int:
+    """The ``n`` of a broker watcher's event: its message body's."""
+    return int(payload["data"]["n"])
+
+
+def committed_numbers(database: Path, number: Callable[[Any], int] = message_number) -> list[int]:
     """The ``n`` of every event of the chaos asset, in commit order, by plain SQL."""
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
         rows = connection.execute(
             "SELECT payload FROM asset_events WHERE asset_name = ? ORDER BY id", (ASSET,)
         ).fetchall()
-    return [int(json.loads(payload)["data"]["n"]) for (payload,) in rows]
+    return [number(json.loads(payload)) for (payload,) in rows]
 
 
 def committed_count(database: Path) -> int:
@@ -116,8 +121,10 @@ class BrokerChaos:
         work: Path,
         plan: BrokerPlan,
         watcher_name: str = "chaos",
+        number: Callable[[Any], int] = message_number,
     ) -> None:
         self.broker = broker
+        self.number = number
         self.watcher = watcher
         self.watcher_name = watcher_name
         self.publish = publish
@@ -239,7 +246,7 @@ class BrokerChaos:
             while self.kills < self.plan.kills:
                 await self._life(watchers, final=False)
             await self._life(watchers, final=True)
-        numbers = await anyio.to_thread.run_sync(committed_numbers, self.database)
+        numbers = await anyio.to_thread.run_sync(committed_numbers, self.database, self.number)
         log = await anyio.Path(self.log_path).read_text(errors="replace")
         redelivered = suppressed_count(log_records(log))
         return BrokerResult(self.broker, self.plan.items, self.kills, numbers, redelivered)

@@ -164,9 +164,17 @@ class TaskChaos:
     """Workers on one database, killed ``kills`` times while ``events`` are committed."""
 
     def __init__(
-        self, work: Path, url: str, *, workers: int, events: int, kills: int, seed: int
+        self,
+        work: Path,
+        url: str,
+        *,
+        workers: int,
+        events: int,
+        kills: int,
+        seed: int,
+        isolation: str = "none",
     ) -> None:
-        self.work, self.url = work, url
+        self.work, self.url, self.isolation = work, url, isolation
         self.workers, self.events, self.kills_wanted = workers, events, kills
         self.rng = random.Random(seed)
         self.defs = work / "defs"
@@ -185,6 +193,7 @@ class TaskChaos:
                 "WATCHKEEPER__WORKER__HEARTBEAT_INTERVAL": "0.3",
                 "WATCHKEEPER__WORKER__LEASE_TTL": "1.5",
                 "WATCHKEEPER__WORKER__CONCURRENCY": "4",
+                "WATCHKEEPER__WORKER__ISOLATION": self.isolation,
                 "WATCHKEEPER__LOGGING__FORMAT": "json",
                 "WATCHKEEPER__LOGGING__LEVEL": "warning",
             }

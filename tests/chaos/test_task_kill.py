@@ -27,14 +27,14 @@ EVENTS = 10_000
 KILLS = 20
 
 
-def check(consume: Verdict, chained: Verdict) -> None:
+def check(consume: Verdict, chained: Verdict, events: int = EVENTS) -> None:
     for verdict in (consume, chained):
         assert len(verdict.expected) > 0, verdict.task
         assert verdict.missing == set(), f"{verdict.task}: events in no successful run"
         assert verdict.twice == 0, f"{verdict.task}: events in two successful runs"
         assert len(verdict.in_any_run) == len(set(verdict.in_any_run)), "an event in two runs"
         assert verdict.failed_runs == 0, verdict.task
-    assert len(consume.expected) == EVENTS
+    assert len(consume.expected) == events
     assert consume.retried_runs + chained.retried_runs > 0, "no kill landed inside a run"
     # One outlet event per successful upstream run, and those are exactly chained's events.
     assert len(consume.outlets) == consume.success_runs
@@ -84,3 +84,33 @@ class TestWorkersKilled:
             )
         assert chaos.kills >= KILLS
         check(consume, chained)
+
+    async def test_sqlite_one_worker_tries_in_child_processes(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The same under ``isolation="process"``: a SIGKILL of the worker takes its children
+        with it; every event is still in exactly one successful run."""
+        db = tmp_path / "chaos.db"
+        events, kills = 3_000, 10
+        chaos = TaskChaos(
+            tmp_path,
+            f"sqlite:///{db}",
+            workers=1,
+            events=events,
+            kills=kills,
+            seed=SEED,
+            isolation="process",
+        )
+        raw = Raw(path=db)
+        async with SqliteStateBackend(db) as backend:
+            await chaos.run(backend, raw)
+        consume = await raw.verdict("consume", "chaos_src")
+        chained = await raw.verdict("chained", "chaos_mid")
+        with capsys.disabled():
+            print(
+                f"\nchaos tasks sqlite isolation=process seed={SEED} kills={chaos.kills} "
+                f"consume_runs={consume.success_runs} chained_runs={chained.success_runs} "
+                f"retried={consume.retried_runs + chained.retried_runs}"
+            )
+        assert chaos.kills >= kills
+        check(consume, chained, events)

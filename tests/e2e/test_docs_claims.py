@@ -72,6 +72,9 @@ class TestPythonBlocks:
         """The checks below see the blocks (a renamed page or fence would hide them)."""
         assert {page for page, _ in PYTHON} == {
             "queue-watchers.md",
+            "postgres-changes.md",
+            "pubsub.md",
+            "s3-watchers.md",
             "testing.md",
             "writing-watchers.md",
             "tasks.md",

@@ -51,6 +51,13 @@ def events(n: int) -> list[TriggerEvent]:
     return [TriggerEvent({"i": i}, state={"wm": i}) for i in range(1, n + 1)]
 
 
+class Measuring(Scripted):
+    """A scripted trigger that measures its source (and names one measure badly)."""
+
+    def source_gauges(self) -> dict[str, float]:
+        return {"slot_lag_bytes": 4096.0, "Not A Name": 1.0}
+
+
 class TestCollector:
     async def test_runner_metrics_parse_and_count(self, tmp_path: Path) -> None:
         """Events per asset and watcher, up/state, commit latency and batch size histograms
@@ -81,6 +88,26 @@ class TestCollector:
         assert value(found, "watchkeeper_fenced_writes_total") == 0
         stamp = value(found, "watchkeeper_watcher_last_event_timestamp_seconds", watcher="a")
         assert abs(stamp - datetime.now(UTC).timestamp()) < 3600
+
+    async def test_what_a_watcher_measures_of_its_source_is_a_gauge(self, tmp_path: Path) -> None:
+        """A trigger with source_gauges() gets a watchkeeper_source_<name> gauge per measure
+        whose name is a metric name; the others have none."""
+        async with SqliteStateBackend(tmp_path / "s.db") as backend:
+            await backend.events.aregister_assets([ORDERS])
+            async with TriggerRunner(backend, FAST) as runner:
+                measuring, plain = Measuring(events(1)), Scripted(events(1))
+                await runner.start_trigger(spec("cdc", measuring, ORDERS))
+                await runner.start_trigger(spec("plain", plain, ORDERS))
+                with anyio.fail_after(10):
+                    await measuring.drained.wait()
+                    await plain.drained.wait()
+                metrics = Metrics(backend, runner=runner)
+                text = metrics.render().decode()
+        found = samples(text)
+        assert value(found, "watchkeeper_source_slot_lag_bytes", watcher="cdc") == 4096
+        assert len(found["watchkeeper_source_slot_lag_bytes"]) == 1
+        assert "Not A Name" not in text
+        assert "# TYPE watchkeeper_source_slot_lag_bytes gauge" in text
 
     async def test_failures_are_counted_in_total(self, tmp_path: Path) -> None:
         """A watcher that keeps failing shows its failed runs and the failed state."""

@@ -17,6 +17,8 @@ from watchkeeper.triggerer import asset_task, load_settings
 from watchkeeper.triggerer.settings import Settings
 from watchkeeper.triggerer.worker import IsolationUnavailableError, Worker, load_tasks
 
+from tests.support.daemons import wait_until
+
 DEFINITIONS = textwrap.dedent(
     """
     import ctypes
@@ -166,3 +168,88 @@ def test_isolation_is_checked() -> None:
 
     with pytest.raises(ValueError, match="isolation must be 'none' or 'process', got 'thread'"):
         asset_task(schedule=[Asset("a")], isolation="thread")  # type: ignore[arg-type]
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import os
+    import time
+    from pathlib import Path
+
+    from watchkeeper.triggerer import Asset, asset_task
+
+
+    @asset_task(schedule=[Asset("naps")], isolation="process")
+    def naps(**_):
+        Path(os.environ["NAP_PID_FILE"]).write_text(str(os.getpid()))
+        time.sleep(120)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc (Linux)")  # not a service
+async def test_a_killed_worker_takes_its_children_with_it(tmp_path: Path) -> None:
+    """SIGKILL of ``watchkeeper worker`` mid-try: the child running the try ends too, so no
+    try keeps running behind the retry another worker makes."""
+    import signal
+    import subprocess
+    import sys
+
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    (defs / "naps.py").write_text(SLEEPER)
+    db, pid_file = tmp_path / "state.db", tmp_path / "child.pid"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATCHKEEPER__")}
+    env.update(
+        {
+            "WATCHKEEPER__DATABASE__URL": f"sqlite:///{db}",
+            "WATCHKEEPER__WORKER__POLL_INTERVAL": "0.02",
+            "NAP_PID_FILE": str(pid_file),
+        }
+    )
+    command = [sys.executable, "-c", "from watchkeeper.triggerer.cli import main; main()"]
+    worker = await anyio.open_process(
+        [*command, "worker", "--watchers-path", str(defs)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_until(lambda: backend_has_task(db, "naps"), "the task declared", worker)
+        async with SqliteStateBackend(db) as backend:
+            await backend.events.acommit(EventCommit("feed", ("naps",), encode_json(1)))
+        await wait_until(lambda: _read(pid_file), "the try started in a child", worker)
+        child = int(_read(pid_file))
+        assert child != worker.pid and _alive(child)
+        worker.send_signal(signal.SIGKILL)
+        await worker.wait()
+        await wait_until(lambda: not _alive(child), "the child ended with its worker")
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+async def backend_has_task(db: Path, name: str) -> bool:
+    if not await anyio.Path(db).exists():
+        return False
+    async with SqliteStateBackend(db) as backend:
+        return any(t.name == name for t in await backend.tasks.alist_tasks())

@@ -17,6 +17,7 @@ from watchkeeper.watchers import (
     KafkaWatcher,
     MqttWatcher,
     NatsJetStreamWatcher,
+    PostgresChangesWatcher,
     RabbitMQWatcher,
     RedisStreamWatcher,
     SqlTableWatcher,
@@ -38,6 +39,7 @@ WATCHERS: list[type[ReadyMadeWatcher[Any]]] = [
     RabbitMQWatcher,
     MqttWatcher,
     KafkaWatcher,
+    PostgresChangesWatcher,
 ]
 
 EVERY: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
@@ -175,6 +177,19 @@ EVERY: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
             "sasl_password": "pw",
             "request_timeout": 10,
             "reconnect_attempts": 3,
+        },
+    ),
+    (
+        PostgresChangesWatcher,
+        {
+            "dsn": "postgresql://cdc@db:5432/shop",
+            "slot": "wk_orders",
+            "publication": "wk_pub",
+            "tables": ["orders", "public.refunds"],
+            "batch_size": 50,
+            "max_changes": 2000,
+            "poll_interval": 0.5,
+            "timeout": 10,
         },
     ),
 ]
@@ -393,6 +408,8 @@ class TestBadParameters:
             (HttpPollWatcher, {"url": "ftp://u:hunter2@h/"}),
             (KafkaWatcher, {"topics": "t", "sasl_username": "u", "sasl_password": "hunter2"}),
             (KafkaWatcher, {"topics": "t", "security_protocol": "SASL_SSL", "sasl_username": "u", "sasl_password": "hunter2", "batch_size": 0}),
+            (PostgresChangesWatcher, {"dsn": "mysql://u:hunter2@h/db", "slot": "s", "publication": "p"}),
+            (PostgresChangesWatcher, {"dsn": "postgresql://u:hunter2@h/db", "slot": "s", "batch_size": 0}),
         ],
     )  # fmt: skip
     def test_an_error_never_shows_a_password(

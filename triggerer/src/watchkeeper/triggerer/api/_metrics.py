@@ -20,11 +20,12 @@ succeeded (``watchkeeper_store_read_timestamp_seconds`` is its time).
 from __future__ import annotations
 
 import heapq
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 from prometheus_client.metrics_core import Metric
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from ..daemon import ControlsTracker, Daemon, WatcherGroup
     from ..runtime import TriggerRunner
 
-__all__ = ["CONTENT_TYPE", "LoopLagProbe", "Metrics", "WatcherSample"]
+__all__ = ["CONTENT_TYPE", "LoopLagProbe", "Metrics", "SourceGauges", "WatcherSample"]
 
 log = get_logger(__name__)
 
@@ -47,6 +48,17 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STORE_READ_TIMEOUT = 2.0
 """Seconds a scrape waits for the store before it answers from the last read."""
 STATES = ("running", "backing_off", "failed", "stopped", "paused")
+_GAUGE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@runtime_checkable
+class SourceGauges(Protocol):
+    """A trigger that measures its source: each scrape shows ``source_gauges()``'s values as
+    ``watchkeeper_source_<name>{watcher}`` gauges (names in snake case with their unit,
+    ``slot_lag_bytes``; a name that is not is left out). Read on the event loop at scrape
+    time, so it must return at once, from figures the trigger already holds."""
+
+    def source_gauges(self) -> Mapping[str, float]: ...
 
 
 class LoopLagProbe:
@@ -76,6 +88,8 @@ class WatcherSample:
     events: dict[str, int]
     failures: int
     last_event_at: datetime | None
+    gauges: Mapping[str, float] | None = None
+    """What the watcher measures of its source (see :class:`SourceGauges`)."""
 
 
 def _backend_label(backend: BaseStateBackend) -> str:
@@ -196,8 +210,16 @@ class Metrics:
             kept = heapq.nlargest(
                 cap, watchers, key=lambda w: sum(by_watcher.get(w[1], no_events).values())
             )
+        gauges = _source_gauges(runner)
         shown = [
-            WatcherSample(name, state, by_watcher.get(name, {}), metrics.failures.get(tid, 0), at)
+            WatcherSample(
+                name,
+                state,
+                by_watcher.get(name, {}),
+                metrics.failures.get(tid, 0),
+                at,
+                gauges.get(tid),
+            )
             for tid, name, state, at in kept
         ]
         return by_state, shown, len(watchers)
@@ -268,6 +290,7 @@ class Metrics:
         states: list[str] = []
         last: list[str] = []
         failures: list[str] = []
+        sources: dict[str, list[str]] = {}
         labels = self._labels
         if len(labels) > 2 * watchers + 1024:
             labels.clear()
@@ -291,6 +314,9 @@ class Metrics:
                     f"watchkeeper_watcher_last_event_timestamp_seconds{{{label}}} {stamp!r}\n"
                 )
             failures.append(f"watchkeeper_watcher_failures_total{{{label}}} {sample.failures}\n")
+            for gauge, value in (sample.gauges or {}).items():
+                metric = f"watchkeeper_source_{gauge}"
+                sources.setdefault(metric, []).append(f"{metric}{{{label}}} {value!r}\n")
         out.family("watchkeeper_events_total", "counter", "Asset events committed.", events)
         out.family("watchkeeper_watcher_up", "gauge", "1 while the watcher runs, else 0.", up)
         out.family(
@@ -311,6 +337,8 @@ class Metrics:
             "Failed runs of the watcher (run() raised or returned).",
             failures,
         )
+        for metric, rows in sources.items():
+            out.family(metric, "gauge", "Measured by the watcher of its source.", rows)
 
     def _runtime_families(self, out: _Exposition) -> None:
         """The runner's commit latency and fenced writes, the store's commit batch sizes, and
@@ -410,6 +438,36 @@ def _watcher_totals(out: _Exposition, by_state: Mapping[str, int], dropped: int)
         "Watchers left out of the per-watcher series by [api] max_watcher_series.",
         [f"watchkeeper_watcher_series_dropped {dropped}\n"],
     )
+
+
+_MEASURES: dict[type, bool] = {}
+"""Trigger classes checked once each: do they measure their source?"""
+
+
+def _source_gauges(runner: TriggerRunner) -> dict[str, dict[str, float]]:
+    """``{trigger_id: {name: value}}`` of the running triggers that measure their source."""
+    found: dict[str, dict[str, float]] = {}
+    for slot in runner.slots():
+        trigger = slot.trigger
+        kind = type(trigger)
+        measures = _MEASURES.get(kind)
+        if measures is None:
+            measures = _MEASURES[kind] = isinstance(trigger, SourceGauges)
+        if not measures:
+            continue
+        try:
+            values = trigger.source_gauges()  # type: ignore[attr-defined]
+            kept = {
+                str(name): float(value)
+                for name, value in values.items()
+                if isinstance(name, str) and _GAUGE_NAME.fullmatch(name)
+            }
+        except Exception as exc:  # noqa: BLE001 - a watcher's bug must not fail the scrape
+            log.warning("source_gauges_failed", trigger_id=slot.trigger_id, error=repr(exc))
+            continue
+        if kept:
+            found[slot.trigger_id] = kept
+    return found
 
 
 def _esc(value: str) -> str:

@@ -1,10 +1,10 @@
 """Tries in child processes: ``asset_task(isolation="process")``.
 
-A :class:`ProcessPool` keeps up to ``[worker] concurrency`` child processes (started with
-``forkserver``), each running one try at a time. A child opens the store from the worker's
-settings once, imports the task's module (or the definition files) once, and then serves tries
-sent over a pipe: it builds the try's context as the worker does, calls the task, and answers
-with the outlet events' payloads or the error and its traceback.
+A :class:`ProcessPool` keeps up to ``[worker] concurrency`` child processes (each a fresh
+interpreter running :mod:`._child`), each running one try at a time. A child opens the store
+from the worker's settings once, imports the task's module (or the definition files) once, and
+then serves tries sent over its stdin: it builds the try's context as the worker does, calls
+the task, and answers with the outlet events' payloads or the error and its traceback.
 
 What the worker's own process no longer shares with the task: a segfault, ``os._exit``, a
 C extension holding the GIL, or a leak ends or bloats the child only. The worker records such a
@@ -12,27 +12,27 @@ try as failed with the child's exit status or signal; past ``execution_timeout``
 child (a sync try no longer keeps running in an abandoned thread); ``[worker]
 process_memory_limit_mb`` caps a child's address space (``RLIMIT_AS``), where the platform
 has it. A child that died, was killed or ran out of memory is replaced by a new one for the
-next try.
+next try; a child whose worker died (its stdin closed) kills itself, even mid-try.
 """
 
 from __future__ import annotations
 
-import importlib
-import multiprocessing
-import multiprocessing.connection
+import os
+import pickle
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.to_thread
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
 from watchkeeper.store.protocols import OutletEvent, TaskRun, get_logger
 
-if TYPE_CHECKING:
-    from multiprocessing.process import BaseProcess
+from ._child import HEADER
 
+if TYPE_CHECKING:
     from ..settings import Settings, WorkerSettings
     from ._asset_task import AssetTask
 
@@ -97,20 +97,36 @@ class _Request:
 
 
 class _Child:
-    def __init__(self, process: BaseProcess, conn: multiprocessing.connection.Connection) -> None:
+    """One child process and the two ends of its pipes the worker holds."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
         self.process = process
-        self.conn = conn
+        assert process.stdin is not None and process.stdout is not None
+        self.requests = process.stdin
+        self.answers = BufferedByteReceiveStream(process.stdout)
+
+    async def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        await self.requests.send(HEADER.pack(len(data)) + data)
+
+    async def receive(self) -> Any:
+        header = await self.answers.receive_exactly(HEADER.size)
+        return pickle.loads(await self.answers.receive_exactly(HEADER.unpack(header)[0]))
 
     def kill(self) -> None:
-        if self.process.is_alive():
+        if self.process.returncode is None:
             self.process.kill()
 
-    def close(self) -> None:
-        self.conn.close()
-        self.process.join(_STOP_GRACE)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+    async def close(self) -> None:
+        """End the child: close its stdin (it kills itself), then wait (killing it if it
+        lingers)."""
+        with anyio.CancelScope(shield=True):
+            await self.requests.aclose()
+            with anyio.move_on_after(_STOP_GRACE):
+                await self.process.wait()
+            self.kill()
+            await self.process.wait()
+            await self.process.aclose()
 
 
 class ProcessPool:
@@ -126,7 +142,6 @@ class ProcessPool:
         self.settings = settings
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
-        self._context = multiprocessing.get_context("forkserver")
         self._limit = anyio.Semaphore(size)
         self._closed = False
 
@@ -143,7 +158,7 @@ class ProcessPool:
                 keep = isinstance(answer, ChildResult) or (
                     isinstance(answer, ChildFailure)
                     and answer.cause == "task_error"
-                    and child.process.is_alive()
+                    and child.process.returncode is None
                     and not isinstance(answer.error, MemoryError)
                     and getattr(answer.error, "type_name", "") != "MemoryError"
                 )
@@ -154,21 +169,37 @@ class ProcessPool:
                     self._idle.append(child)
                 else:
                     child.kill()
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(child.close)
+                    await child.close()
+
+    async def warm(self) -> None:
+        """Start the children ahead of the first tries (each opens the store and imports
+        Python's and watchkeeper's modules: up to a second each on a busy machine)."""
+        while len(self._idle) + len(self._busy) < self.size and not self._closed:
+            async with self._limit:
+                child = await self._start()
+                if not self._keep(child):  # closed while the child started
+                    await child.close()
+                    return
+
+    def _keep(self, child: _Child) -> bool:
+        """Put a started ``child`` with the idle ones, unless the pool was closed meanwhile."""
+        if self._closed:
+            return False
+        self._idle.append(child)
+        return True
 
     async def _ask(
         self, child: _Child, task: AssetTask, run: TaskRun, time_limit: float | None
     ) -> ChildResult | ChildFailure:
-        request = _Request(task.name, task.fn.__module__, run)
-        await anyio.to_thread.run_sync(child.conn.send, request)
         answer: Any = None
         with anyio.move_on_after(time_limit if time_limit is not None else float("inf")) as late:
             try:
-                answer = await anyio.to_thread.run_sync(child.conn.recv, abandon_on_cancel=True)
-            except (EOFError, OSError):
-                await anyio.to_thread.run_sync(child.process.join, _STOP_GRACE)
-                return ChildFailure(_died(child.process), None)
+                await child.send(_Request(task.name, task.fn.__module__, run))
+                answer = await child.receive()
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+                with anyio.move_on_after(_STOP_GRACE, shield=True):
+                    await child.process.wait()
+                return ChildFailure(_died(child.process.returncode), None)
             except BaseException:
                 child.kill()  # cancelled (the worker stops, or a lost lease): end the try
                 raise
@@ -187,14 +218,20 @@ class ProcessPool:
         return ChildFailure(TaskProcessError(message, type_name), traceback_text)
 
     async def _start(self) -> _Child:
-        parent, child_end = self._context.Pipe()
-        spec = _Spec(self.settings, self.settings.worker.process_memory_limit_mb)
-        process = self._context.Process(
-            target=_child_main, args=(child_end, spec), name="watchkeeper-task", daemon=True
+        """A new child, its settings sent (it opens the store while the first try is sent)."""
+        env = dict(os.environ)
+        # The child imports what this process can: the task's module, the test kit...
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        process = await anyio.open_process(
+            [sys.executable, "-m", "watchkeeper.triggerer.worker._child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,  # the worker's own stderr: the task's prints and the child's log
+            env=env,
         )
-        await anyio.to_thread.run_sync(process.start)
-        child_end.close()
-        return _Child(process, parent)
+        child = _Child(process)
+        await child.send(_Spec(self.settings, self.settings.worker.process_memory_limit_mb))
+        return child
 
     async def aclose(self) -> None:
         """End every child (idle ones at once; a busy one's try is abandoned)."""
@@ -204,13 +241,11 @@ class ProcessPool:
         for child in children:
             if child in self._busy:
                 child.kill()
-        with anyio.CancelScope(shield=True):
-            for child in children:
-                await anyio.to_thread.run_sync(child.close)
+        for child in children:
+            await child.close()
 
 
-def _died(process: BaseProcess) -> TaskProcessError:
-    code = process.exitcode
+def _died(code: int | None) -> TaskProcessError:
     if code is not None and code < 0:
         try:
             name = signal.Signals(-code).name
@@ -243,102 +278,3 @@ def process_pool_for(
             "share an in-memory store: configure a SQLite file or PostgreSQL"
         )
     return ProcessPool(settings.concurrency, process_settings)
-
-
-# -- the child's side ----------------------------------------------------------------------------
-
-
-def _child_main(conn: multiprocessing.connection.Connection, spec: _Spec) -> None:
-    """A child's main: cap its memory, configure logging, then serve tries until the pipe
-    closes."""
-    if spec.memory_limit_mb is not None:
-        import resource
-
-        limit = spec.memory_limit_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    from .._core import configure_logging
-
-    logging_settings = spec.settings.logging
-    configure_logging(logging_settings.level, logging_settings.format)
-    anyio.run(_serve, conn, spec)
-
-
-async def _serve(conn: multiprocessing.connection.Connection, spec: _Spec) -> None:
-    from watchkeeper.store import open_state_backend
-
-    tasks: dict[str, AssetTask] = {}
-    async with open_state_backend(spec.settings) as backend:
-        while True:
-            try:
-                request: _Request = await anyio.to_thread.run_sync(conn.recv)
-            except (EOFError, OSError):
-                return  # the worker closed the pipe: stop
-            task = tasks.get(request.task)
-            if task is None:
-                try:
-                    task = await anyio.to_thread.run_sync(
-                        _find_task, request, Path(spec.settings.triggerer.watchers_path)
-                    )
-                except Exception as exc:  # noqa: BLE001 - answered as the try's failure
-                    await anyio.to_thread.run_sync(conn.send, _error(exc, None))
-                    continue
-                tasks[request.task] = task
-            answer = await _one_try(backend, task, request.run)
-            await anyio.to_thread.run_sync(conn.send, answer)
-
-
-def _error(exc: BaseException, traceback_text: str | None) -> tuple[Any, ...]:
-    from .._core import describe_error
-
-    return ("error", describe_error(exc), type(exc).__name__, traceback_text)
-
-
-async def _one_try(backend: Any, task: AssetTask, run: TaskRun) -> tuple[Any, ...]:
-    import greenback
-    from watchkeeper.store.protocols import encode_payload
-
-    from ._context import run_context
-    from ._task_traceback import format_task_traceback
-
-    context = run_context(backend, task, run)
-    try:
-        if task.is_async:
-            await greenback.with_portal_run(task.fn, **context)
-        else:
-            await anyio.to_thread.run_sync(partial(task.fn, **context))
-        outlets = [
-            (
-                a.name,
-                encode_payload(
-                    context["outlet_events"][a].extra,
-                    max_payload_bytes=backend.max_payload_bytes,
-                ),
-            )
-            for a in task.outlets
-        ]
-    except BaseException as exc:
-        if isinstance(exc, anyio.get_cancelled_exc_class()):
-            raise
-        return _error(exc, format_task_traceback(exc))
-    return ("ok", outlets)
-
-
-def _find_task(request: _Request, watchers_path: Path) -> AssetTask:
-    """The task the worker named: from its module when that imports, else from the
-    definition files (a file's module exists only where the files were imported)."""
-    from ._asset_task import AssetTask
-    from ._task_loader import load_tasks
-
-    try:
-        module = importlib.import_module(request.module)
-    except ImportError:
-        module = None
-    if module is not None:
-        for value in vars(module).values():
-            if isinstance(value, AssetTask) and value.name == request.task:
-                return value
-    tasks, _ = load_tasks(watchers_path)
-    for task in tasks:
-        if task.name == request.task:
-            return task
-    raise LookupError(f"task {request.task!r} is not defined in {request.module}")

@@ -170,6 +170,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 await self._free_dead_owners()
                 tg.start_soon(self._heartbeat)
+                if self._pool is not None:
+                    tg.start_soon(self._pool.warm)
                 task_status.started()
                 await self._loop(tg)
         finally:
