@@ -17,6 +17,7 @@ from watchkeeper.store.protocols import BaseStateBackend
 from tests.support.aws import AWS_ENV, moto_server
 from tests.support.pg_logical import LogicalCluster, logical_cluster
 from tests.support.postgres import PgDatabase, fresh_pg_database, fresh_pg_schema
+from tests.support.pubsub import pubsub_emulator
 from tests.support.requires import unavailable
 from tests.support.runtime import open_backend
 
@@ -118,6 +119,20 @@ def pg_logical() -> Iterator[LogicalCluster]:
     by the session, stopped and removed after it."""
     with logical_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def _pubsub_host() -> Iterator[str]:
+    with pubsub_emulator() as host:
+        yield host
+
+
+@pytest.fixture
+def pubsub_host(_pubsub_host: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``host:port`` of a real Pub/Sub emulator shared by the session; the test's environment
+    has no ``PUBSUB_EMULATOR_HOST`` of its own (a watcher is told the host explicitly)."""
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    return _pubsub_host
 
 
 @pytest.fixture

@@ -71,8 +71,10 @@ class TestPythonBlocks:
     def test_the_pages_have_python_blocks(self) -> None:
         """The checks below see the blocks (a renamed page or fence would hide them)."""
         assert {page for page, _ in PYTHON} == {
+            "airflow.md",
             "queue-watchers.md",
             "postgres-changes.md",
+            "pubsub.md",
             "s3-watchers.md",
             "testing.md",
             "writing-watchers.md",

@@ -47,6 +47,7 @@ GUIDES = tuple(
         "writing-watchers.md",
         "tasks.md",
         "queue-watchers.md",
+        "pubsub.md",
         "s3-watchers.md",
         "postgres-changes.md",
         "testing.md",
@@ -58,6 +59,7 @@ GUIDES = tuple(
         "command-line.md",
         "upgrading.md",
         "development.md",
+        "airflow.md",
     )
 )
 """The pages the README's long parts moved to, and every other page with code but the

@@ -13,6 +13,8 @@
   (extra ``kafka``).
 - :class:`SqsWatcher`: one event per message of an Amazon SQS queue, a batch per receive
   (extra ``sqs``).
+- :class:`PubSubWatcher`: one event per message of a Google Cloud Pub/Sub subscription, a
+  batch per pull (extra ``pubsub``).
 - :class:`S3PrefixWatcher`: one event per new object under a prefix of an S3 bucket, a batch
   per listed page (extra ``s3``).
 - :class:`PostgresChangesWatcher`: one event per row change of PostgreSQL tables, through
@@ -22,7 +24,7 @@ The watchers of replayable sources (files, tables, HTTP cursors, Redis streams, 
 PostgreSQL's logical replication slots) commit their
 position with their events (the directory and table watchers a batch at a time, with
 ``TriggerEventBatch``, and catching items that arrive late inside a bounded lag window); those
-of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS) acknowledge a message only after its event
+of acknowledged sources (JetStream, RabbitMQ, MQTT, SQS, Pub/Sub) acknowledge a message only after its event
 committed and give the event a ``dedup_key``, so a redelivered message writes nothing. Either
 way a restarted watcher neither loses nor repeats an item. Their state keys and dedup keys
 start with the watcher's name (``<name>.watermark``, ``<name>.cursor``, ...), so several
@@ -41,6 +43,7 @@ from .kafka import KafkaWatcher
 from .mqtt import MqttWatcher
 from .nats_jetstream import NatsJetStreamWatcher
 from .postgres_changes import PostgresChangesError, PostgresChangesWatcher
+from .pubsub import PubSubWatcher
 from .rabbitmq import RabbitMQWatcher
 from .redis_stream import RedisStreamWatcher
 from .s3_prefix import S3PrefixWatcher
@@ -57,6 +60,7 @@ __all__ = [
     "NatsJetStreamWatcher",
     "PostgresChangesError",
     "PostgresChangesWatcher",
+    "PubSubWatcher",
     "RabbitMQWatcher",
     "RedisStreamWatcher",
     "S3PrefixWatcher",

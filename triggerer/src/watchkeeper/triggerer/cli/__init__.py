@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config.register(subparsers)
     _watchers.register(subparsers)
     _api.register(subparsers)
+    for entry in entry_points(group="watchkeeper.commands"):
+        # installed distributions add their subcommands (watchkeeper-airflow: ``airflow``)
+        entry.load()(subparsers)
     return parser
 
 
