@@ -105,7 +105,34 @@ def settings_reference() -> str:
                 f"{_cell(what)}<br>env: `{env}` |"
             )
         out.append("")
+        for key, info in model.model_fields.items():
+            table = _table_model(info.annotation)
+            if table is not None:
+                out += _table_reference(f"{section}.{key}", table)
     return "\n".join(out)
+
+
+def _table_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a key holding a table of sub-tables (``dict[str, Model]``), else None."""
+    if typing.get_origin(annotation) is not dict:
+        return None
+    value = typing.get_args(annotation)[1]
+    return value if isinstance(value, type) and issubclass(value, BaseModel) else None
+
+
+def _table_reference(dotted: str, model: type[BaseModel]) -> list[str]:
+    """The keys of each ``[dotted.<name>]`` sub-table (set in the file, or as JSON in the
+    environment variable of ``dotted``)."""
+    out = [f"#### `[{dotted}.<name>]`", "", _first_paragraph(model.__doc__ or ""), ""]
+    out += ["| key | type | default | what it does |", "|---|---|---|---|"]
+    docs = _attribute_docs(model)
+    for key, info in model.model_fields.items():
+        out.append(
+            f"| `{key}` | {_cell(_type_name(info))} | {_cell(_default(info))} | "
+            f"{_cell(docs.get(key, ''))} |"
+        )
+    out.append("")
+    return out
 
 
 def _attribute_docs(model: type[BaseModel]) -> dict[str, str]:

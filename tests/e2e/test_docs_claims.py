@@ -71,6 +71,7 @@ class TestPythonBlocks:
     def test_the_pages_have_python_blocks(self) -> None:
         """The checks below see the blocks (a renamed page or fence would hide them)."""
         assert {page for page, _ in PYTHON} == {
+            "airflow.md",
             "queue-watchers.md",
             "postgres-changes.md",
             "pubsub.md",
@@ -78,6 +79,7 @@ class TestPythonBlocks:
             "testing.md",
             "writing-watchers.md",
             "tasks.md",
+            "webhooks.md",
         }
 
     def test_every_python_block_runs_unless_marked_a_fragment(self) -> None:

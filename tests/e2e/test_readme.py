@@ -53,11 +53,13 @@ GUIDES = tuple(
         "testing.md",
         "operating.md",
         "api-and-page.md",
+        "webhooks.md",
         "postgresql.md",
         "configuring.md",
         "command-line.md",
         "upgrading.md",
         "development.md",
+        "airflow.md",
     )
 )
 """The pages the README's long parts moved to, and every other page with code but the

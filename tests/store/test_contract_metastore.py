@@ -417,11 +417,17 @@ class TestTriggerStatus:
         assert _without_updated_at(listed) == _without_updated_at([saved[1], saved[0]])
 
     async def test_save_upserts(self, store: BaseStateBackend) -> None:
-        """Saving a trigger's status again replaces the previous row."""
+        """Saving a trigger's status again replaces the previous row, every field of it."""
         await store.status.asave_trigger_status([_status("t1")])
-        await store.status.asave_trigger_status([_status("t1", state="backing_off", failures=1)])
+        again = _status(
+            "t1", classpath="pkg.Other", assets=("invoices",), watchers=("w2",),
+            state="backing_off", failures=1, last_error="boom", last_event_at=None, events=9,
+            owner="daemon-2",
+        )  # fmt: skip
+        await store.status.asave_trigger_status([again])
         (listed,) = await store.status.alist_trigger_status()
         assert (listed.state, listed.failures) == ("backing_off", 1)
+        assert _without_updated_at([listed]) == _without_updated_at([again])
 
     async def test_delete(self, store: BaseStateBackend) -> None:
         """Deleting statuses removes exactly those; unknown ids are ignored."""

@@ -57,6 +57,7 @@ SCOPES = {
     "ops": ["operate"],
     "orders": ["write:asset:orders"],
     "eu": ["write:asset:orders_*"],
+    "pusher": ["push:asset:orders"],
 }
 
 
@@ -194,6 +195,43 @@ class TestAuthentication:
             "/api/v1/runs/{run_id}/retry",
         ):
             assert path in doc["paths"]
+
+
+class TestPushScope:
+    """``push:asset:<glob>``: ``POST /hooks/<asset>`` for its assets, and nothing else."""
+
+    @pytest.mark.parametrize(("method", "path"), TestAuthentication.ROUTES[1:])
+    async def test_a_push_token_reaches_no_api_route(
+        self, api: Api, method: str, path: str
+    ) -> None:
+        """Every /api/v1 route but the document is 403 for ``push:asset:orders``; the asset's
+        state is unchanged."""
+        await api.backend.aset(AssetScope(name="orders"), "wm", 7)
+        async with api.client("pusher") as client:
+            response = await client.request(method, path, json=99)
+        assert response.status_code == 403, response.text
+        assert await api.backend.aget(AssetScope(name="orders"), "wm") == 7
+
+    HOOKS: ClassVar = {
+        ("admin", "orders"): 200,
+        ("reader", "orders"): 403,
+        ("ops", "orders"): 403,
+        ("orders", "orders"): 403,
+        ("eu", "orders_eu"): 403,
+        ("pusher", "orders"): 200,
+        ("pusher", "orders_eu"): 403,
+        ("pusher", "bills"): 403,
+    }
+
+    @pytest.mark.parametrize(("token", "asset"), list(HOOKS))
+    async def test_who_may_push(self, api: Api, token: str, asset: str) -> None:
+        """Each token kind on ``POST /hooks/<asset>``: only ``admin`` and a matching
+        ``push:asset`` commit; a refusal commits nothing."""
+        async with api.client(token) as client:
+            response = await client.post(f"/hooks/{asset}", json={"n": 1})
+        assert response.status_code == self.HOOKS[token, asset], response.text
+        committed = await api.backend.events.alist_events()
+        assert len(committed) == (1 if response.status_code == 200 else 0)
 
 
 class TestAssetScopes:

@@ -31,6 +31,7 @@ SCOPES = {
     "admin": ["admin"],
     "write": ["write:asset:orders"],
     "slash": ["write:asset:a/b"],
+    "push": ["push:asset:orders"],
 }
 BIG = str(2**63)
 
@@ -63,7 +64,7 @@ async def _document(served: Served) -> dict[str, Any]:
 class TestSchemathesis:
     @pytest.mark.slow
     @pytest.mark.timeout(300)  # a few seconds alone; far more on a loaded machine
-    @pytest.mark.parametrize("scope", ["read", "operate", "admin", "write"])
+    @pytest.mark.parametrize("scope", ["read", "operate", "admin", "write", "push"])
     async def test_no_check_fails(self, served: Served, scope: str) -> None:
         """schemathesis with every check, a fixed seed and bounded examples finds nothing.
 

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._relay import AirflowRelay, RelayError, RelaySettings
     from ._store_backend import StateValueRejectedError, WatchkeeperStoreBackend
+    from ._triggers import HOLD_LINGER, AirflowTrigger
 
 _EXPORTS: dict[str, str] = {
+    "HOLD_LINGER": "._triggers",
     "AirflowRelay": "._relay",
+    "AirflowTrigger": "._triggers",
     "RelayError": "._relay",
     "RelaySettings": "._relay",
     "StateValueRejectedError": "._store_backend",
@@ -23,7 +26,9 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "HOLD_LINGER",
     "AirflowRelay",
+    "AirflowTrigger",
     "RelayError",
     "RelaySettings",
     "StateValueRejectedError",

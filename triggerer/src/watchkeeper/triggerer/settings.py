@@ -8,10 +8,11 @@ defaults.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
 from watchkeeper.store.settings import StoreSettings
 
 from ._core import DEFAULT_RELOAD_INTERVAL, LOG_LEVELS
@@ -21,6 +22,7 @@ __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
     "LOG_LEVELS",
     "ApiSettings",
+    "HookSettings",
     "LogLevel",
     "LoggingSettings",
     "Settings",
@@ -164,6 +166,48 @@ class WorkerSettings(_LeasedSection):
     heartbeats. Must exceed the heartbeat."""
 
 
+class HookSettings(_Section):
+    """``[api.hooks.<asset>]``: an asset that takes webhooks signed by a sender's secret at
+    ``POST /hooks/<asset>`` (a token with ``push:asset:<asset>`` needs no entry here).
+
+    The secret is ``secret`` itself, or read from the environment variable ``secret_env``
+    names (when the settings load: a missing variable is an error naming it). Either way it
+    is a :class:`~pydantic.SecretStr`: never shown, logged or put in an error.
+    """
+
+    provider: Literal["github", "stripe", "hmac"]
+    """Whose signature scheme: ``github`` (``X-Hub-Signature-256``, delivery id from
+    ``X-GitHub-Delivery``), ``stripe`` (``Stripe-Signature`` with its signed timestamp, the
+    event id of the body), or ``hmac`` (``sha256=<hex>`` of the body in ``signature_header``,
+    the delivery id from ``delivery_header``)."""
+    secret: SecretStr | None = None
+    """The shared secret the sender signs with."""
+    secret_env: str | None = Field(default=None, min_length=1)
+    """The environment variable holding the secret (instead of ``secret``)."""
+    tolerance: float = Field(default=300.0, gt=0)
+    """``stripe``: seconds a signed timestamp may be away from now (older: a replay)."""
+    signature_header: str = Field(default="X-Signature-256", min_length=1)
+    """``hmac``: the header carrying ``sha256=<hex digest>`` of the body."""
+    delivery_header: str = Field(default="Idempotency-Key", min_length=1)
+    """``hmac``: the header carrying the delivery id (the dedup key); optional in requests."""
+
+    @model_validator(mode="after")
+    def _check_secret(self) -> Self:
+        if (self.secret is None) == (self.secret_env is None):
+            raise ValueError("set either secret or secret_env (the variable holding it)")
+        if self.secret_env is not None and not os.environ.get(self.secret_env):
+            raise ValueError(f"secret_env names {self.secret_env!r}, which is not set or empty")
+        if self.secret is not None and not self.secret.get_secret_value():
+            raise ValueError("secret is empty")
+        return self
+
+    def secret_bytes(self) -> bytes:
+        """The secret as the HMAC key (from ``secret_env``'s variable when named)."""
+        if self.secret is not None:
+            return self.secret.get_secret_value().encode()
+        return os.environ.get(self.secret_env or "", "").encode()
+
+
 class ApiSettings(_Section):
     """``[api]``: the HTTP API, metrics, health checks and web page the daemon serves."""
 
@@ -192,6 +236,8 @@ class ApiSettings(_Section):
     watcher_sample_seconds: float = Field(default=60.0, ge=0.05)
     """Seconds between two samples of the watchers' event rate, last-event age and state for
     the page's watcher view (the last hour is kept in memory)."""
+    hooks: dict[Annotated[str, Field(min_length=1)], HookSettings] = Field(default_factory=dict)
+    """The assets that take signed webhooks at ``POST /hooks/<asset>``, by asset name."""
 
     @model_validator(mode="after")
     def _check_tls(self) -> Self:

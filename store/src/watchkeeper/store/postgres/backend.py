@@ -12,7 +12,7 @@ asyncpg is imported when the backend opens, so ``import watchkeeper.store`` work
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,21 +23,16 @@ from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
 from .._builtin import builtin_services
 from .._commit_queue import CommitStats
-from .._daemons import decode_refused, decode_settings, encode_refused
-from .._gc import GcPlan
 from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
-    DaemonStatus,
     EventBatchCommit,
     EventCommit,
-    GcReport,
     Put,
     RawEntry,
     StateScope,
     TaskScope,
-    TriggerStatus,
     Writer,
 )
 from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
@@ -49,8 +44,10 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
+    GC_TIMEOUT,
     MIGRATION_TIMEOUT,
     Freshness,
     check_timeout,
@@ -65,10 +62,10 @@ from .connections import (
 )
 from .consumers import events_prelude
 from .controls import PostgresControls
-from .gc import collect_garbage
+from .executor import PostgresRunner, run_job
 from .leases import PostgresLeases
 from .ops import CATALOG, LATE, CallOp, ClearOp, DeleteOp, EventsOp, PutOp
-from .schema import apply_migrations, check_schema_name, table_prefix
+from .schema import POSTGRES_MIGRATIONS, check_schema_name, prelude, table_prefix
 from .sql import (
     Statements,
     database_clock,
@@ -114,10 +111,12 @@ class PostgresStateBackend(BaseStateBackend):
     ) -> None:
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         leases, controls = PostgresLeases(self), PostgresControls(self)
+        pool = PostgresRunner(controls)
         self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
-            self, events=self, feed=controls, tasks=self._tasks, status=self, gc=self,
-            controls=controls, leases=leases, keepalive=leases,
+            self, events=self, feed=controls, tasks=self._tasks, leases=SqlLeases(leases),
+            gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
+            keepalive=leases,
             wait_for_release=leases._await_lease_release,
         )  # fmt: skip
         #: Session settings of its connections (``application_name``...); set until it opens.
@@ -167,7 +166,8 @@ class PostgresStateBackend(BaseStateBackend):
         session = self._session()
         conn = await connect(self._dsn, server_settings=session, command_timeout=MIGRATION_TIMEOUT)
         try:
-            return await apply_migrations(conn, self.schema)
+            job = migrate(POSTGRES_MIGRATIONS, table_prefix(self.schema), prelude(self.schema))
+            return await run_job(job, conn, clock=self._clock_param(), channel=str)
         finally:
             await close_quietly(conn)
 
@@ -433,63 +433,6 @@ class PostgresStateBackend(BaseStateBackend):
         rows = await self._fetch("listing events", sql, since_id, asset, limit, before_id)
         event = AssetEvent.from_json  # each payload decoded when it is read
         return [event(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
-
-    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
-        return await collect_garbage(plan, self._sql.gc, self._fetch, self._submit)
-
-    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
-        rows = [
-            (s.trigger_id, s.classpath, list(s.assets), list(s.watchers), s.state, s.failures,
-             s.last_error, s.last_event_at, s.events, s.updated_at, s.owner)
-            for s in statuses
-        ]  # fmt: skip
-
-        await self._write_late(self._sql.save_status, rows, many=True)
-
-    async def _adelete_trigger_status(self, ids: list[str]) -> None:
-        await self._write_late(self._sql.delete_status, [ids])
-
-    async def _alist_trigger_status(self) -> list[TriggerStatus]:
-        rows = await self._fetch("listing trigger status", self._sql.list_status)
-        return [
-            TriggerStatus(
-                trigger_id=r[0], classpath=r[1], assets=tuple(r[2]), watchers=tuple(r[3]),
-                state=r[4], failures=r[5], last_error=r[6], last_event_at=r[7], events=r[8],
-                updated_at=r[9], owner=r[10],
-            )
-            for r in rows
-        ]  # fmt: skip
-
-    async def _asave_daemon_status(self, s: DaemonStatus) -> None:
-        row = (s.owner, s.started_at, s.heartbeat_at, float(s.lease_ttl), s.watchers_path,
-               encode_refused(s.refused, s.settings))  # fmt: skip
-
-        await self._write_late(self._sql.save_daemon, row)
-
-    async def _adelete_daemon_status(self, names: list[str]) -> None:
-        await self._write_late(self._sql.delete_daemons, [names])
-
-    async def _write_late(self, statement: str, args: Sequence[Any], *, many: bool = False) -> None:
-        """Run one status statement in the writer's late phase, after the batch's events:
-        ``args`` are its parameters, or with ``many`` one tuple of them per row."""
-
-        async def write(conn: asyncpg.Connection) -> None:
-            if many:
-                await conn.executemany(statement, args)
-            else:
-                await conn.execute(statement, *args)
-
-        await self._submit(CallOp(write, phase=LATE))
-
-    async def _alist_daemon_status(self) -> list[DaemonStatus]:
-        rows = await self._fetch("listing daemon status", self._sql.list_daemons)
-        return [
-            DaemonStatus(
-                owner=r[0], started_at=r[1], heartbeat_at=r[2], lease_ttl=r[3],
-                watchers_path=r[4], refused=decode_refused(r[5]), settings=decode_settings(r[5]),
-            )
-            for r in rows
-        ]  # fmt: skip
 
     def _clock_param(self) -> datetime | None:
         """The time to pass to lease statements: None (the database's ``now()``) unless the

@@ -1,18 +1,15 @@
-"""Watcher controls and API tokens of :class:`~watchkeeper.store.PostgresStateBackend`.
-
-Each operation is one short transaction on a pooled connection (controls are rare, operator
-actions; they do not go through the event writer). The tables are created by migration 7.
+"""The event feed of :class:`~watchkeeper.store.PostgresStateBackend`: a live tail's reads
+(event JSON) and the wake-ups of the commits' NOTIFY. Watcher controls and API tokens are
+:mod:`watchkeeper.store.sql.controls`', run on the pool by :class:`.executor.PostgresRunner`.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
-from .._controls import ApiToken, WatcherControl
-from ..errors import AssetNotFoundError, TokenExistsError, VersionConflictError
 from .connections import close_quietly, connect
 from .consumers import events_channel
 from .part import PostgresPart
@@ -25,58 +22,13 @@ T = TypeVar("T")
 
 __all__ = ["PostgresControls"]
 
-_CONTROL_COLS: Final = "watcher, paused, retry_seq, updated_at, updated_by"
-_TOKEN_COLS: Final = "name, token_id, scopes, salt, digest, created_at, expires_at, revoked_at"
-
-
-def _control(row: Any) -> WatcherControl:
-    return WatcherControl(row[0], row[1], row[2], row[3], row[4])
-
-
-def _token(row: Any) -> ApiToken:
-    return ApiToken(row[0], row[1], tuple(row[2]), row[3], row[4], row[5], row[6], row[7])
-
 
 class PostgresControls(PostgresPart):
-    """The controls driver of the PostgreSQL backend and its event feed: a live tail's reads,
-    and the wake-ups of the commits' NOTIFY (:class:`~watchkeeper.store.protocols.ControlsDriver`,
-    :class:`~watchkeeper.store.protocols.EventFeedDriver`)."""
+    """The event feed of the PostgreSQL backend: a live tail's reads, and the wake-ups of the
+    commits' NOTIFY (:class:`~watchkeeper.store.protocols.EventFeedDriver`)."""
 
     def _p(self) -> str:
         return table_prefix(self.schema)
-
-    async def _one(self, what: str, sql: str, *args: Any) -> Any:
-        async def run(conn: Any) -> Any:
-            return await conn.fetchrow(sql, *args)
-
-        return await self._transact(what, run)
-
-    async def _aset_watcher_paused(self, watcher: str, paused: bool, by: str) -> WatcherControl:
-        p = self._p()
-        sql = f"""
-            INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, $2, 0, $3, $4)
-            ON CONFLICT (watcher) DO UPDATE SET paused = excluded.paused,
-                updated_at = excluded.updated_at, updated_by = excluded.updated_by
-            RETURNING {_CONTROL_COLS}
-        """
-        now = self.clock()
-        return _control(await self._one("pausing a watcher", sql, watcher, paused, now, by))
-
-    async def _arequest_watcher_retry(self, watcher: str, by: str) -> WatcherControl:
-        p = self._p()
-        sql = f"""
-            INSERT INTO {p}watcher_controls ({_CONTROL_COLS}) VALUES ($1, false, 1, $2, $3)
-            ON CONFLICT (watcher) DO UPDATE SET retry_seq = {p}watcher_controls.retry_seq + 1,
-                updated_at = excluded.updated_at, updated_by = excluded.updated_by
-            RETURNING {_CONTROL_COLS}
-        """
-        now = self.clock()
-        return _control(await self._one("retrying a watcher", sql, watcher, now, by))
-
-    async def _alist_watcher_controls(self) -> list[WatcherControl]:
-        backend = self
-        sql = f"SELECT {_CONTROL_COLS} FROM {self._p()}watcher_controls ORDER BY watcher"
-        return [_control(r) for r in await backend._fetch("listing watcher controls", sql)]
 
     async def _alast_event_id(self, asset: str | None) -> int:
         backend = self
@@ -114,76 +66,6 @@ class PostgresControls(PostgresPart):
         )
         rows = await self._fetch("counting recent events", sql, since)
         return {str(row[0]): int(row[1]) for row in rows}
-
-    async def _adelete_if_version(self, asset: str, key: str, expected_version: int) -> None:
-        p = self._p()
-
-        async def delete(conn: Any) -> None:
-            asset_id = await conn.fetchval(
-                f"SELECT id FROM {p}assets WHERE name = $1 AND active FOR SHARE", asset
-            )
-            if asset_id is None:
-                raise AssetNotFoundError(asset)
-            deleted = await conn.fetchval(
-                f"DELETE FROM {p}asset_state WHERE asset_id = $1 AND key = $2 AND version = $3 "
-                "RETURNING version",
-                asset_id,
-                key,
-                expected_version,
-            )
-            if deleted is None:
-                actual = await conn.fetchval(
-                    f"SELECT version FROM {p}asset_state WHERE asset_id = $1 AND key = $2",
-                    asset_id,
-                    key,
-                )
-                raise VersionConflictError(key, expected_version, actual or 0)
-
-        await self._transact("deleting a key", delete)
-
-    async def _acreate_token(self, token: ApiToken) -> None:
-        p = self._p()
-        sql = f"""
-            INSERT INTO {p}api_tokens ({_TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)
-            ON CONFLICT (name) DO UPDATE SET token_id = excluded.token_id,
-                scopes = excluded.scopes, salt = excluded.salt, digest = excluded.digest,
-                created_at = excluded.created_at, expires_at = excluded.expires_at,
-                revoked_at = NULL
-            WHERE {p}api_tokens.revoked_at IS NOT NULL
-            RETURNING name
-        """
-        row = await self._one(
-            "creating a token",
-            sql,
-            token.name,
-            token.token_id,
-            list(token.scopes),
-            token.salt,
-            token.digest,
-            token.created_at,
-            token.expires_at,
-        )
-        if row is None:
-            raise TokenExistsError(token.name)
-
-    async def _alist_tokens(self) -> list[ApiToken]:
-        backend = self
-        sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens ORDER BY name"
-        return [_token(r) for r in await backend._fetch("listing tokens", sql)]
-
-    async def _aget_token(self, token_id: str) -> ApiToken | None:
-        backend = self
-        sql = f"SELECT {_TOKEN_COLS} FROM {self._p()}api_tokens WHERE token_id = $1"
-        rows = await backend._fetch("reading a token", sql, token_id)
-        return _token(rows[0]) if rows else None
-
-    async def _arevoke_token(self, name: str) -> bool:
-        sql = (
-            f"UPDATE {self._p()}api_tokens SET revoked_at = $2 "
-            "WHERE name = $1 AND revoked_at IS NULL RETURNING name"
-        )
-        row = await self._one("revoking a token", sql, name, self.clock())
-        return row is not None
 
     # -- wake-ups ----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The PostgreSQL schema of :class:`~watchkeeper.store.PostgresStateBackend`: migrations.
 
-Migrations are numbered and applied in order, each recorded in ``schema_migrations``. They run
-in one transaction that first takes a transaction-scoped advisory lock derived from the schema
+Migrations are numbered and applied in order by the runner of :mod:`watchkeeper.store.sql.migrations`,
+each recorded in ``schema_migrations``. They run in one transaction that first takes a transaction-scoped advisory lock derived from the schema
 name, so several daemons opening the same new database at the same moment serialise: the first
 creates the tables, the others wait, then find every version recorded and apply nothing. The
 lock is released by the commit; nothing is left on the session (the pool does not reset
@@ -17,20 +17,20 @@ and drops duplicates).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from ..errors import ArgumentTypeError, BackendUnavailableError, InvalidSettingError
+from ..errors import ArgumentTypeError, InvalidSettingError
+from ..sql.dialects import POSTGRES
+from ..sql.engine import Job, rows, run
+from ..sql.migrations import Migrations, raw
 from .tasks_schema import TASK_TABLES, TRY_COUNTS
-
-if TYPE_CHECKING:
-    import asyncpg
-    import asyncpg.pool
 
 __all__ = [
     "MIGRATIONS",
+    "POSTGRES_MIGRATIONS",
     "SCHEMA_VERSION",
-    "apply_migrations",
     "check_schema_name",
+    "prelude",
     "table_prefix",
 ]
 
@@ -245,8 +245,6 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     ),
 )
 
-SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
-
 _SCHEMA_MIGRATIONS: Final = """
 CREATE TABLE IF NOT EXISTS {p}schema_migrations (
     version    integer PRIMARY KEY,
@@ -254,6 +252,17 @@ CREATE TABLE IF NOT EXISTS {p}schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+
+POSTGRES_MIGRATIONS: Final = Migrations(POSTGRES, _SCHEMA_MIGRATIONS, MIGRATIONS)
+SCHEMA_VERSION: Final = POSTGRES_MIGRATIONS.version
+
+_LOCK: Final = POSTGRES.compile(
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "'watchkeeper.migrate:' || coalesce(:schema::text, current_schema()), 0))"
+)
+_EXISTS: Final = POSTGRES.compile(
+    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = :schema)"
+)
 
 
 def check_schema_name(schema: object) -> str | None:
@@ -280,45 +289,11 @@ def table_prefix(schema: str | None) -> str:
     return "" if schema is None else f'"{check_schema_name(schema)}".'
 
 
-async def apply_migrations(
-    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy, schema: str | None
-) -> list[int]:
-    """Apply the pending migrations in one locked transaction; return the versions applied.
-
-    Creates ``schema`` first when it does not exist. Raises :class:`BackendUnavailableError`
-    when the database already has a version newer than this code knows.
-    """
-    p = table_prefix(schema)
-    done: list[int] = []
-    async with conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended("
-            "'watchkeeper.migrate:' || coalesce($1::text, current_schema()), 0))",
-            schema,
-        )
-        if schema is not None:
-            exists = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema
-            )
-            if not exists:
-                await conn.execute(f'CREATE SCHEMA "{schema}"')
-        await conn.execute(_SCHEMA_MIGRATIONS.format(p=p))
-        applied = {row[0] for row in await conn.fetch(f"SELECT version FROM {p}schema_migrations")}
-        newer = sorted(v for v in applied if v > SCHEMA_VERSION)
-        if newer:
-            raise BackendUnavailableError(
-                f"the database has schema version {newer[-1]}, newer than {SCHEMA_VERSION}, "
-                "the latest this watchkeeper knows; upgrade watchkeeper"
-            )
-        for version, name, statements in MIGRATIONS:
-            if version in applied:
-                continue
-            for statement in statements:
-                await conn.execute(statement.format(p=p))
-            await conn.execute(
-                f"INSERT INTO {p}schema_migrations (version, name) VALUES ($1, $2)",
-                version,
-                name,
-            )
-            done.append(version)
-    return done
+def prelude(schema: str | None) -> Job[None]:
+    """What a migration does first on PostgreSQL: lock out other migrations of ``schema``
+    (until the transaction ends), and create ``schema`` when it does not exist."""
+    yield run(_LOCK, schema=schema)
+    if schema is not None:
+        found = yield rows(_EXISTS, schema=schema)
+        if not found[0][0]:
+            yield run(raw(f'CREATE SCHEMA "{schema}"'))

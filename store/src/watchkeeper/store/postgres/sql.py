@@ -205,35 +205,6 @@ class Statements:
             f"SELECT id, name, uri, active, updated_at FROM {p}assets "
             "WHERE active OR NOT $1::bool ORDER BY name"
         )
-        self.save_status = (
-            f"INSERT INTO {p}trigger_status (trigger_id, classpath, assets, watchers, state, "
-            "failures, last_error, last_event_at, events, updated_at, owner) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-            "ON CONFLICT (trigger_id) DO UPDATE SET classpath = EXCLUDED.classpath, "
-            "assets = EXCLUDED.assets, watchers = EXCLUDED.watchers, state = EXCLUDED.state, "
-            "failures = EXCLUDED.failures, last_error = EXCLUDED.last_error, "
-            "last_event_at = EXCLUDED.last_event_at, events = EXCLUDED.events, "
-            "updated_at = EXCLUDED.updated_at, owner = EXCLUDED.owner"
-        )
-        self.delete_status = f"DELETE FROM {p}trigger_status WHERE trigger_id = ANY($1::text[])"
-        self.list_status = (
-            "SELECT trigger_id, classpath, assets, watchers, state, failures, last_error, "
-            f"last_event_at, events, updated_at, owner FROM {p}trigger_status "
-            "ORDER BY trigger_id"
-        )
-        self.save_daemon = (
-            f"INSERT INTO {p}daemon_status (owner, started_at, heartbeat_at, lease_ttl, "
-            "watchers_path, refused) VALUES ($1, $2, $3, $4, $5, $6) "
-            "ON CONFLICT (owner) DO UPDATE SET started_at = EXCLUDED.started_at, "
-            "heartbeat_at = EXCLUDED.heartbeat_at, lease_ttl = EXCLUDED.lease_ttl, "
-            "watchers_path = EXCLUDED.watchers_path, refused = EXCLUDED.refused"
-        )
-        self.delete_daemons = f"DELETE FROM {p}daemon_status WHERE owner = ANY($1::text[])"
-        self.list_daemons = (
-            "SELECT owner, started_at, heartbeat_at, lease_ttl, watchers_path, refused "
-            f"FROM {p}daemon_status ORDER BY owner"
-        )
-        self.gc = GcStatements(p)
         # Leases. Every statement that locks lease rows locks them in trigger_id order (the
         # writer's fence check, a claim, a release), so two daemons never deadlock on them.
         # The fence check takes FOR SHARE: a claim by another daemon (FOR UPDATE) waits until
@@ -247,57 +218,6 @@ class Statements:
         )
         self.clock_param: Callable[[], datetime | None] = lambda: None
         """The lease clock: None for the database's ``now()`` (set by the backend)."""
-
-
-class GcStatements:
-    """Select, delete, and delete-a-batch statements for each kind of garbage.
-
-    The task kinds take their time bound as ``$1`` (and the batch size as ``$2``); the orphan
-    kind takes no bound (the batch size is ``$1``). Each returns the deleted rows' identity.
-    The ``events_*`` statements count the events past retention, or delete them.
-    """
-
-    def __init__(self, p: str) -> None:
-        task_keys = "dag_id, run_id, task_id, map_index, key"
-        conditions = {
-            "expired": ("NOT never_expire AND expires_at IS NOT NULL AND expires_at < $1", 2),
-            "retention": ("NOT never_expire AND expires_at IS NULL AND updated_at < $1", 2),
-        }
-        self.select: dict[str, str] = {}
-        self.delete: dict[str, str] = {}
-        self.delete_batch: dict[str, str] = {}
-        for kind, (cond, limit) in conditions.items():
-            self.select[kind] = f"SELECT {task_keys} FROM {p}task_state WHERE {cond}"
-            self.delete[kind] = f"DELETE FROM {p}task_state WHERE {cond} RETURNING {task_keys}"
-            self.delete_batch[kind] = (
-                f"DELETE FROM {p}task_state WHERE ({task_keys}) IN ("
-                f"SELECT {task_keys} FROM {p}task_state WHERE {cond} "
-                f"LIMIT ${limit} FOR UPDATE SKIP LOCKED) RETURNING {task_keys}"
-            )
-        self.select["orphaned"] = (
-            f"SELECT a.name, s.key FROM {p}asset_state s JOIN {p}assets a ON a.id = s.asset_id "
-            "WHERE NOT a.active"
-        )
-        self.delete["orphaned"] = (
-            f"DELETE FROM {p}asset_state s USING {p}assets a "
-            "WHERE a.id = s.asset_id AND NOT a.active RETURNING a.name, s.key"
-        )
-        self.delete_batch["orphaned"] = (
-            f"DELETE FROM {p}asset_state s USING {p}assets a "
-            "WHERE a.id = s.asset_id AND (s.asset_id, s.key) IN ("
-            f"SELECT asset_id, key FROM {p}asset_state "
-            f"WHERE asset_id IN (SELECT id FROM {p}assets WHERE NOT active) "
-            "LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING a.name, s.key"
-        )
-        # Events past retention (_gc.py's rule; a NULL $2 keeps events with a dedup key),
-        # counted rather than returned: $1 and $2 are the cutoffs, $3 the batch size.
-        events = "created_at < $1 AND (dedup_key IS NULL OR created_at < $2::timestamptz)"
-        self.events_count = f"SELECT count(*) FROM {p}asset_events WHERE {events}"
-        self.events_delete = f"DELETE FROM {p}asset_events WHERE {events}"
-        self.events_delete_batch = (
-            f"DELETE FROM {p}asset_events WHERE id IN (SELECT id FROM {p}asset_events "
-            f"WHERE {events} LIMIT $3 FOR UPDATE SKIP LOCKED)"
-        )
 
 
 def writer_fields(writer: Writer | None) -> tuple[str | None, str | None, int | None]:

@@ -2,9 +2,11 @@
 
 Its public name is :class:`SqliteStateBackend`; the modules inside are its parts:
 ``backend`` (the class), ``writer`` (group commit), ``ops`` (key/value SQL), ``events``
-(event commits), ``meta`` (assets, GC, status, leases SQL), ``controls`` (watcher controls,
-tokens, event JSON), ``schema`` (connections, migrations), ``tasks`` (task cursors and runs),
-``consumers`` (event consumers, wake-ups), ``tasks_schema``.
+(event commits), ``meta`` (assets, GC, status SQL), ``controls`` (event JSON, the poll),
+``leases`` (the fence's view, the keep-alive), ``executor`` (how a job of
+:mod:`watchkeeper.store.sql`, where leases, watcher controls and tokens are written once for
+both SQL backends, runs here), ``schema`` (connections, migrations), ``tasks`` (task cursors
+and runs), ``consumers`` (event consumers, wake-ups), ``tasks_schema``.
 
 The PostgreSQL backend (:mod:`watchkeeper.store.postgres`) has the same rules and the same
 group-commit core (:mod:`watchkeeper.store._commit_queue`); ``backend``, ``writer``,

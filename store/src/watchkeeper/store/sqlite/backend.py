@@ -40,7 +40,6 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from functools import partial
 from typing import Any, Final, TypeVar, cast
 
 import aiosqlite
@@ -51,22 +50,16 @@ from .._backend import BaseStateBackend
 from .._batch_sizes import BatchSizes
 from .._builtin import builtin_services
 from .._commit_queue import CommitStats
-from .._gc import GcPlan
 from .._leases import check_owner, check_ttl
 from .._types import (
     Asset,
     AssetEvent,
     AssetInfo,
-    DaemonStatus,
     EventBatchCommit,
     EventCommit,
-    GcReport,
-    Lease,
-    NodeHeartbeat,
     Put,
     RawEntry,
     StateScope,
-    TriggerStatus,
     Writer,
 )
 from .._values import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_VALUE_BYTES
@@ -77,9 +70,11 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus
 from . import leases, meta, ops
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
+from .executor import SqliteRunner
 from .schema import Synchronous, connect, is_busy, migrate, unavailable
 from .tasks import SqliteTasks
 from .writer import GroupCommitWriter, Op, Tx
@@ -120,8 +115,9 @@ class SqliteStateBackend(BaseStateBackend):
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         tasks, controls = SqliteTasks(self), SqliteControls(self)
         self.services = builtin_services(
-            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
-            status=self, gc=self, keepalive=self,
+            self, events=self, feed=controls, tasks=tasks, leases=SqlLeases(SqliteRunner(self)),
+            controls=SqlControls(SqliteRunner(self)),
+            status=SqlStatus(SqliteRunner(self)), gc=SqlGc(SqliteRunner(self)), keepalive=self,
         )  # fmt: skip
         text = os.fspath(path)
         if not isinstance(text, str):
@@ -404,84 +400,8 @@ class SqliteStateBackend(BaseStateBackend):
         sql, params = meta.events_query(asset, since_id, limit, before_id, newest_first)
         return meta.events_result(await self._read(sql, params))
 
-    async def _acollect_garbage(self, plan: GcPlan) -> GcReport:
-        now, dry_run, batch_size = plan.now, plan.dry_run, plan.batch_size
-        cutoff, events_due = plan.stale_before, plan.events
-        report = GcReport(dry_run=dry_run)
-        for kind in meta.GC_KINDS:
-            bound = now
-            if kind == "retention":
-                if cutoff is None:
-                    continue  # default_retention_days = 0 disables it
-                bound = cutoff
-            found: list[Any]
-            if dry_run:
-                sql, params = meta.gc_select(kind, bound)
-                found = meta.gc_rows(kind, await self._read(sql, params))
-            elif batch_size == 0:
-                found = await self._write(partial(meta.gc_delete, kind=kind, bound=bound, limit=0))
-            else:
-                found = []
-                while True:  # each batch its own operation: the write lock is never held long
-                    chunk = await self._write(
-                        partial(meta.gc_delete, kind=kind, bound=bound, limit=batch_size)
-                    )
-                    found.extend(chunk)
-                    if len(chunk) < batch_size:
-                        break
-            getattr(report, kind).extend(found)
-        if events_due is not None:
-            if dry_run:
-                sql, params = meta.gc_events_select(events_due)
-                report.events = (await self._read(sql, params))[0][0]
-            else:
-                while True:  # one statement with batch_size 0, else one batch per operation
-                    deleted = await self._write(
-                        partial(meta.gc_events_delete, cutoffs=events_due, limit=batch_size),
-                        savepoint=False,
-                    )
-                    report.events += deleted
-                    if not batch_size or deleted < batch_size:
-                        break
-        return report
-
-    async def _asave_trigger_status(self, statuses: list[TriggerStatus]) -> None:
-        await self._write(lambda tx: meta.save_statuses(tx, statuses))
-
-    async def _adelete_trigger_status(self, trigger_ids: list[str]) -> None:
-        await self._write(lambda tx: meta.delete_statuses(tx, trigger_ids))
-
-    async def _alist_trigger_status(self) -> list[TriggerStatus]:
-        return meta.statuses_result(await self._read(meta.STATUS_LIST_SQL))
-
-    async def _asave_daemon_status(self, status: DaemonStatus) -> None:
-        await self._write(lambda tx: meta.save_daemon(tx, status))
-
-    async def _adelete_daemon_status(self, owners: list[str]) -> None:
-        await self._write(lambda tx: meta.delete_daemons(tx, owners))
-
-    async def _alist_daemon_status(self) -> list[DaemonStatus]:
-        return meta.daemons_result(await self._read(meta.DAEMON_LIST_SQL))
-
-    async def _arenew_node(self, owner: str, span: timedelta) -> NodeHeartbeat:
-        return await self._write(lambda tx: leases.renew_node(tx, owner, span))
-
-    async def _aclaim_leases(
-        self, owner: str, ids: list[str], span: timedelta, limit: int | None
-    ) -> dict[str, int]:
-        return await self._write(lambda tx: leases.claim_leases(tx, owner, ids, span, limit))
-
-    async def _arelease_leases(self, owner: str, ids: list[str], leave: bool) -> None:
-        await self._write(lambda tx: leases.release_leases(tx, owner, ids, leave))
-
-    async def _abreak_node(self, owner: str) -> bool:
-        return await self._write(lambda tx: leases.break_node(tx, owner))
-
     def open_node_keepalive(self, owner: str, ttl: timedelta | float) -> leases.SqliteKeepAlive:
         """See :class:`~watchkeeper.store.protocols.NodeKeepAlive` (a connection of its own)."""
         return leases.SqliteKeepAlive(
             self.path, lambda: self.clock(), check_owner(owner), check_ttl(ttl)
         )
-
-    async def _alist_leases(self) -> list[Lease]:
-        return leases.leases_result(await self._read(leases.LEASE_LIST_SQL))

@@ -13,14 +13,19 @@ compare them in SQL, and readable by anyone who opens the file with the ``sqlite
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final, Literal, TypeVar
 
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
+from ..sql.dialects import SQLITE, sqlite_text
+from ..sql.migrations import Migrations
+from ..sql.migrations import migrate as migrate_job
+from .executor import run_on
 from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
 __all__ = [
@@ -251,7 +256,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (11, "tries counted by cause", TRY_COUNTS),
 )
 
-SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+SQLITE_MIGRATIONS: Final = Migrations(SQLITE, _SCHEMA_MIGRATIONS, MIGRATIONS)
+SCHEMA_VERSION: Final = SQLITE_MIGRATIONS.version
 
 _BUSY_CODES: Final = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 _TRANSIENT_CODES: Final = _BUSY_CODES | {
@@ -263,10 +269,8 @@ _TRANSIENT_CODES: Final = _BUSY_CODES | {
 }
 
 
-def to_db(value: datetime) -> str:
-    """A datetime as fixed-width UTC ISO text; a naive datetime is taken to be UTC."""
-    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return value.isoformat(timespec="microseconds")
+to_db = sqlite_text
+"""A datetime as fixed-width UTC ISO text; a naive datetime is taken to be UTC."""
 
 
 def from_db(text: str) -> datetime:
@@ -345,6 +349,12 @@ def retry_busy(fn: Callable[[], T], *, timeout: float, what: str) -> T:
         delay = min(delay * 2, 0.25)
 
 
+def _md5(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
 def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqlite3.Connection:
     """Open the writer's connection: WAL, the busy timeout, ``synchronous`` and foreign keys.
 
@@ -370,36 +380,16 @@ def connect(path: str, *, synchronous: Synchronous, busy_timeout: float) -> sqli
         retry_busy(set_wal, timeout=busy_timeout, what=f"switch {path!r} to WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.create_function("md5", 1, _md5, deterministic=True)  # as PostgreSQL's
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def _pending(conn: sqlite3.Connection) -> list[tuple[int, str, tuple[str, ...]]]:
-    conn.execute(_SCHEMA_MIGRATIONS)
-    applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-    newer = sorted(v for v in applied if v > SCHEMA_VERSION)
-    if newer:
-        raise BackendUnavailableError(
-            f"the database has schema version {newer[-1]}, newer than {SCHEMA_VERSION}, "
-            "the latest this watchkeeper knows; upgrade watchkeeper"
-        )
-    return [m for m in MIGRATIONS if m[0] not in applied]
-
-
 def apply_migrations(conn: sqlite3.Connection, now: datetime) -> list[int]:
     """Apply the pending migrations inside the caller's open transaction; return their versions."""
-    done: list[int] = []
-    for version, name, statements in _pending(conn):
-        for statement in statements:
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-            (version, name, to_db(now)),
-        )
-        done.append(version)
-    return done
+    return run_on(migrate_job(SQLITE_MIGRATIONS, ""), conn, now)
 
 
 def migrate(conn: sqlite3.Connection, now: datetime, *, busy_timeout: float) -> list[int]:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._defaults import DEFAULT_RELOAD_INTERVAL, EVENT_LOOPS, LOG_LEVELS
     from ._describe import describe_error, lease_lost
     from ._event_loop import EventLoopUnavailableError, anyio_backend_options, uses_uvloop
-    from ._logging import configure_logging
+    from ._logging import configure_logging, kept_logging
     from ._notify import notify
     from ._records import event_record, iso, run_record, task_record
     from ._service import AsyncService
@@ -33,6 +33,7 @@ __all__ = [
     "describe_error",
     "event_record",
     "iso",
+    "kept_logging",
     "lazy_exports",
     "lease_lost",
     "notify",
@@ -45,7 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._defaults": ("DEFAULT_RELOAD_INTERVAL", "EVENT_LOOPS", "LOG_LEVELS"),
     "._describe": ("describe_error", "lease_lost"),
     "._event_loop": ("EventLoopUnavailableError", "anyio_backend_options", "uses_uvloop"),
-    "._logging": ("configure_logging",),
+    "._logging": ("configure_logging", "kept_logging"),
     "._notify": ("notify",),
     "._service": ("AsyncService",),
     "._records": ("event_record", "iso", "run_record", "task_record"),

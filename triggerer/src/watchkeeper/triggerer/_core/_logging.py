@@ -13,16 +13,19 @@ are rendered by the same chain: one JSON object per record, like structlog's own
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import logging.config
 import sys
 import threading
-from typing import Literal, TextIO
+from collections.abc import Iterator
+from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, ExceptionRenderer, Processor, WrappedLogger
 from watchkeeper.store.protocols import redact_secrets
 
-__all__ = ["HANDLER_NAME", "configure_logging", "wants_json"]
+__all__ = ["HANDLER_NAME", "configure_logging", "kept_logging", "wants_json"]
 
 HANDLER_NAME = "watchkeeper"
 """The name of the root logger's handler that :func:`configure_logging` installs."""
@@ -157,6 +160,63 @@ def configure_logging(
     root.setLevel(number)
     # aiosqlite logs every statement at DEBUG: that is the driver's, not ours, to debug.
     logging.getLogger("aiosqlite").setLevel(max(number, logging.INFO))
+
+
+def _not_now(*args: object, **kwargs: object) -> None:
+    """What :func:`kept_logging` puts in place of the functions that configure logging."""
+
+
+@contextlib.contextmanager
+def kept_logging() -> Iterator[None]:
+    """Keep the process's logging configuration as it is while the code inside runs.
+
+    For imports of frameworks that configure logging as a side effect (Apache Airflow's
+    ``import airflow`` configures structlog and adds a root handler printing to stdout), run
+    in a thread while the event loop goes on logging: ``structlog.configure`` does nothing
+    meanwhile, and ``logging.config.dictConfig`` puts the root logger's handlers back as soon
+    as it has run (so the loop's lines are not rendered another way, nor twice); on exit structlog's configuration, the root logger's handlers and level,
+    and each existing logger's ``disabled`` flag, level, ``propagate`` and handlers are put
+    back as they were; loggers the code created propagate to the root and have no handlers of
+    their own, so their records are rendered once, by ours. Not for two threads at once.
+    """
+    config: dict[str, Any] = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    manager = logging.Logger.manager
+    before = {
+        name: (logger.disabled, logger.level, logger.propagate, list(logger.handlers))
+        for name, logger in manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    configure, dict_config = structlog.configure, logging.config.dictConfig
+
+    def root_kept(config: dict[str, Any]) -> None:
+        # Applied (the framework may check what it configured), the root logger's handlers
+        # put back at once: the loop's records keep their one handler, ours.
+        dict_config(config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+    setattr(structlog, "configure", _not_now)  # noqa: B010 - a module's function, swapped
+    setattr(logging.config, "dictConfig", root_kept)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(structlog, "configure", configure)  # noqa: B010
+        setattr(logging.config, "dictConfig", dict_config)  # noqa: B010
+        structlog.configure(**config)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, logger in list(manager.loggerDict.items()):
+            if not isinstance(logger, logging.Logger):
+                continue
+            kept = before.get(name)
+            if kept is None:
+                logger.propagate, logger.disabled = True, False
+                logger.handlers[:] = []
+                continue
+            logger.disabled, logger.level, logger.propagate = kept[:3]
+            logger.handlers[:] = kept[3]
 
 
 class _Redacting:

@@ -8,9 +8,10 @@ authentication, JSON shapes), ``_health`` (health, readiness, metrics, OpenAPI),
 (assets and state), ``_events`` (events and the live stream) with ``_feed`` (the read of the
 event log a stream's clients share), ``_watchers`` (watchers and daemons) with ``_rates``
 (their events per minute), ``_tasks`` (tasks
-and runs), ``_tokens``, ``_scoping`` (what each scope sees of runs and watchers),
+and runs), ``_tokens``, ``_hooks`` (``POST /hooks/{asset}``, webhooks) with ``_signatures``
+(the senders' signature schemes), ``_scoping`` (what each scope sees of runs and watchers),
 ``_metrics`` with ``_task_metrics`` (the task series, read from the store), ``_openapi`` with
-``_schemas`` (its body schemas),
+``_schemas`` (its body schemas) and ``_openapi_hooks`` (the webhook route's part),
 ``_page`` and ``static/`` (the web page) with ``_views`` (the read routes of its watcher view
 and asset graph) and ``_series`` (the watchers' last hour, sampled in memory), ``_headers`` (security headers), ``_server``
 (uvicorn in the caller's task group, TLS) with ``_guard`` (connection and header-time limits,

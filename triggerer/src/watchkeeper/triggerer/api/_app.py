@@ -2,7 +2,8 @@
 
 :func:`create_app` builds it over an :class:`ApiContext` (the opened backend and, inside a
 daemon, the daemon and its runner). Every ``/api/v1`` route needs ``Authorization: Bearer
-<token>`` (see :mod:`._tokens`); ``/healthz``, ``/readyz``, ``/metrics`` and the page's files
+<token>`` (see :mod:`._tokens`); ``POST /hooks/{asset}`` a token or a sender's signature (see
+:mod:`._hooks`); ``/healthz``, ``/readyz``, ``/metrics`` and the page's files
 do not (the page asks for a token and sends it with each call). Errors are JSON ``{"error":
 <code>, "detail": <sentence>}``.
 """
@@ -34,6 +35,7 @@ from ._base import ApiContext, ApiError
 from ._events import list_events, stream_events
 from ._headers import SecurityHeaders
 from ._health import healthz, metrics, openapi, readyz
+from ._hooks import receive_hook
 from ._page import page
 from ._parse import PathSegments
 from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
@@ -95,6 +97,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
+        Route("/hooks/{asset}", receive_hook, methods=["POST"]),
         Route(f"{v1}/openapi.json", openapi),
         Route(f"{v1}/assets", list_assets),
         Route(f"{v1}/assets/{{name}}", asset_detail),

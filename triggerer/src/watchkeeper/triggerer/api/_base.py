@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from ._metrics import Metrics
 from ._parse import int_param
 from ._rates import RunnerRates
 from ._series import WatcherSeries
+from ._signatures import CHALLENGE, Hook
 from ._tokens import Principal, verify_token
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ class ApiContext:
     """``/metrics`` needs a token with read scope."""
     series: WatcherSeries | None = None
     """The watchers' last hour (sampled by the server that serves this context), or None."""
+    hooks: Mapping[str, Hook] = field(default_factory=dict)
+    """The assets that take signed webhooks (``[api.hooks]``), by asset name."""
 
     @property
     def tasks(self) -> TaskQueue:
@@ -146,7 +150,7 @@ async def authenticate(request: Request) -> Principal:
     """The request's principal; 401 without a valid bearer token (never says which part failed)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    challenge = {"WWW-Authenticate": 'Bearer realm="watchkeeper"'}
+    challenge = dict(CHALLENGE)
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
     principal = await verify_token(ctx_of(request).controls, token.strip(), utc_now())

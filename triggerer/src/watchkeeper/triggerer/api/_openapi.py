@@ -14,6 +14,7 @@ from typing import Any
 from watchkeeper.store import MAX_BIGINT, MAX_KEY_LENGTH, MAX_NAME_BYTES
 
 from ._base import MAX_PAGE
+from ._openapi_hooks import hook_paths
 from ._schemas import SCHEMAS, VALUE, ref
 
 __all__ = ["openapi_document"]
@@ -154,6 +155,7 @@ def openapi_document() -> dict[str, Any]:
             **_task_paths(),
             **_run_paths(),
             **_view_paths(),
+            **hook_paths(),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -36,10 +36,13 @@ __all__ = [
     "MAX_ID",
     "PathSegments",
     "Preconditions",
+    "check_length",
+    "decode_json",
     "int_param",
     "json_body",
     "parse_int",
     "path_param",
+    "raw_body",
     "stream_start",
 ]
 
@@ -180,31 +183,51 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def check_length(request: Request, limit: int, setting: str = "") -> None:
+    """413 when the request's ``Content-Length`` passes ``limit`` (before any byte is read);
+    ``setting`` names what sets the limit, for the message."""
+    declared = request.headers.get("content-length")
+    if declared is not None and parse_int(declared.strip(), "Content-Length") > limit:
+        raise ApiError(
+            413, "too_large", f"the body is {declared.strip()} bytes; at most {limit}{setting}"
+        )
+
+
+async def raw_body(request: Request, limit: int, setting: str = "") -> bytes:
+    """The request's body, at most ``limit`` bytes: 413 when ``Content-Length`` passes it
+    (nothing read) or as soon as the bytes read do (the rest is never read)."""
+    check_length(request, limit, setting)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, "too_large", f"the body is over {limit} bytes{setting}")
+    return bytes(body)
+
+
 async def json_body(request: Request, limit: int) -> Any:
     """The request's body decoded as one JSON value of at most ``limit`` bytes.
 
     413 when ``Content-Length`` or the bytes read pass ``limit``; 400 when the body is not
     JSON (``NaN`` and ``Infinity`` are not JSON) or nests deeper than ``MAX_VALUE_DEPTH``.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None and parse_int(declared.strip(), "Content-Length") > limit:
-        raise ApiError(413, "too_large", f"the body is {declared} bytes; at most {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, "too_large", f"the body is over {limit} bytes")
-    depth = _depth(bytes(body))
+    return decode_json(await raw_body(request, limit))
+
+
+def decode_json(body: bytes, what: str = "the body") -> Any:
+    """``body`` decoded as one JSON value: 400 when it is not JSON (``NaN`` and ``Infinity``
+    are not JSON) or nests deeper than ``MAX_VALUE_DEPTH`` (checked before decoding)."""
+    depth = _depth(body)
     if depth > MAX_VALUE_DEPTH:
         raise ApiError(
             400,
             "invalid_json",
-            f"the body nests {depth} lists or objects deep; at most {MAX_VALUE_DEPTH}",
+            f"{what} nests {depth} lists or objects deep; at most {MAX_VALUE_DEPTH}",
         )
     try:
-        return json.loads(bytes(body), parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
-        raise ApiError(400, "invalid_json", f"the body is not a JSON value: {exc}") from None
+        raise ApiError(400, "invalid_json", f"{what} is not a JSON value: {exc}") from None
 
 
 # -- names with "/" in paths ----------------------------------------------------------------------
@@ -216,7 +239,8 @@ _App = Callable[
 
 
 class PathSegments:
-    """ASGI middleware: route ``/api/v1`` paths by their segments as sent, not as decoded.
+    """ASGI middleware: route ``/api/v1`` and ``/hooks`` paths by their segments as sent, not
+    as decoded.
 
     A server decodes ``%2F`` into ``/`` before routing, which would split a name holding a
     ``/`` into two segments. This keeps each segment's ``/`` (and ``%``) escaped in the path
@@ -233,13 +257,14 @@ class PathSegments:
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
         raw = scope.get("raw_path")
-        if scope["type"] == "http" and raw and scope.get("path", "").startswith("/api/v1/"):
+        if scope["type"] == "http" and raw and scope.get("path", "").startswith(_SEGMENTED):
             segments = raw.split(b"?", 1)[0].decode("latin-1").split("/")
             path = "/".join(quote(unquote(s), safe="".join(_SAFE)) for s in segments)
             scope = dict(scope, path=path)
         await self.app(scope, receive, send)
 
 
+_SEGMENTED: Final = ("/api/v1/", "/hooks/")
 # Every printable ASCII character but "/" and "%" stays as it is in the matched path (so the
 # path of every ordinary request is unchanged); non-ASCII stays decoded.
 _SAFE: Final = frozenset(chr(c) for c in range(0x20, 0x7F)) - {"/", "%"}

@@ -43,6 +43,14 @@ VALUE = {
 
 SCHEMAS: dict[str, Any] = {
     "Error": obj({"error": STR, "detail": STR}),
+    "HookReceipt": obj(
+        {
+            "asset": STR,
+            "delivery": nullable("string"),
+            "duplicate": BOOL,
+            "event_id": nullable("integer"),
+        }
+    ),
     "Conflict": obj(
         {"error": {"const": "version_conflict"}, "detail": STR, "current_version": INT}
     ),

@@ -29,6 +29,7 @@ from ._guard import descriptor_budget, guarded_protocol
 from ._metrics import LoopLagProbe, Metrics
 from ._rates import RunnerRates
 from ._series import WatcherSeries
+from ._signatures import Hook
 
 if TYPE_CHECKING:
     from ..daemon import Daemon
@@ -138,6 +139,16 @@ def api_context(
         max_streams_per_token=api.max_streams_per_token,
         metrics_token_required=api.metrics_token_required,
         series=WatcherSeries(backend, interval=api.watcher_sample_seconds, rates=rates),
+        hooks={
+            asset: Hook(
+                hook.provider,
+                hook.secret_bytes(),
+                tolerance=hook.tolerance,
+                signature_header=hook.signature_header,
+                delivery_header=hook.delivery_header,
+            )
+            for asset, hook in api.hooks.items()
+        },
     )
 
 

@@ -11,6 +11,8 @@ Scopes:
 - ``read``: every read-only route;
 - ``write:asset:<glob>``: read and write the state (and read the events) of the assets whose
   names match the glob (``orders_*``);
+- ``push:asset:<glob>``: ``POST /hooks/<asset>`` for the assets whose names match the glob,
+  and nothing else (a sender's token: it reads nothing);
 - ``operate``: list watchers, daemons, tasks and runs without their data (:mod:`._scoping`);
   pause, resume and retry watchers, pause and resume tasks, retry runs;
 - ``admin``: everything.
@@ -38,19 +40,21 @@ __all__ = [
 ]
 
 _TOKEN: Final = re.compile(r"wk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
-_SCOPE: Final = re.compile(r"read|operate|admin|write:asset:[^\s]+")
+_SCOPE: Final = re.compile(r"read|operate|admin|(?:write|push):asset:[^\s]+")
 
 
 def check_scope(scope: str) -> str:
     """Check that ``scope`` is a valid scope.
 
-    :param scope: ``read``, ``operate``, ``admin`` or ``write:asset:<name or glob>``.
+    :param scope: ``read``, ``operate``, ``admin``, ``write:asset:<name or glob>`` or
+        ``push:asset:<name or glob>``.
     :returns: ``scope`` itself.
     :raises ValueError: not a valid scope; the message names it and the valid forms.
     """
     if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
         raise ValueError(
-            f"invalid scope {scope!r}: use read, operate, admin or write:asset:<name or glob>"
+            f"invalid scope {scope!r}: use read, operate, admin, write:asset:<name or glob> "
+            "or push:asset:<name or glob>"
         )
     return scope
 
@@ -130,6 +134,16 @@ class Principal:
             return True
         return any(
             scope.startswith("write:asset:") and fnmatch.fnmatchcase(asset, scope[12:])
+            for scope in self.scopes
+        )
+
+    def can_push_asset(self, asset: str) -> bool:
+        """Whether the token pushes events to ``asset`` through ``POST /hooks/<asset>`` (a
+        matching ``push:asset:`` glob, or ``admin``)."""
+        if "admin" in self.scopes:
+            return True
+        return any(
+            scope.startswith("push:asset:") and fnmatch.fnmatchcase(asset, scope[11:])
             for scope in self.scopes
         )
 

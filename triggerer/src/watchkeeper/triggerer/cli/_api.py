@@ -187,7 +187,8 @@ def register(subparsers: Subparsers) -> None:
         action="append",
         required=True,
         metavar="SCOPE",
-        help="read, operate, admin or write:asset:<name or glob>; repeat for several",
+        help="read, operate, admin, write:asset:<name or glob> or push:asset:<name or glob>; "
+        "repeat for several",
     )
     create.add_argument(
         "--expires-in", type=int_at_least(1), metavar="DAYS", help="expire after DAYS days"

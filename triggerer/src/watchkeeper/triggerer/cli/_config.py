@@ -27,12 +27,20 @@ if TYPE_CHECKING:
 
 
 def _shown(value: object) -> Any:
-    """A setting's value as JSON data, with any password masked."""
-    from pydantic import SecretStr
+    """A setting's value as JSON data, with any password masked (a secret inside a table,
+    such as a webhook's, is not shown at all)."""
+    from pydantic import BaseModel, SecretStr
     from watchkeeper.store.protocols import redact_dsn, redact_secrets
 
     if isinstance(value, SecretStr):
         return redact_dsn(value.get_secret_value())
+    if isinstance(value, BaseModel):
+        return {
+            key: "**********" if isinstance(item, SecretStr) else _shown(item)
+            for key, item in value
+        }
+    if isinstance(value, dict):
+        return {str(key): _shown(item) for key, item in value.items()}
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, str):

@@ -49,6 +49,7 @@ import anyio.to_thread
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .._core import kept_logging
 from ..errors import TriggererError, TriggerImportError
 from ..trigger import BaseEventTrigger
 from ._identity import rebuild_trigger
@@ -147,7 +148,8 @@ def child_main() -> None:
     out.write(_READY)
     for rel in request["files"]:
         tracker.current, tracker.edges = rel, {}
-        answer = read_definitions(path, path / rel).to_json()
+        with kept_logging():  # a file importing Airflow would take over the log (stderr here)
+            answer = read_definitions(path, path / rel).to_json()
         answer["imports"] = {k: sorted(v) for k, v in tracker.edges.items()}
         out.write(json.dumps(answer, ensure_ascii=True).encode() + b"\n")
     out.close()

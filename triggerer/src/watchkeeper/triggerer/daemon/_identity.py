@@ -21,6 +21,7 @@ from watchkeeper.store.protocols import encode_json
 from .._core import describe_error
 from ..errors import TriggerImportError
 from ..trigger import BaseEventTrigger
+from ._adapters import TriggerAdapter, adapter_for_classpath, prepare_adapter
 
 __all__ = [
     "canonical_trigger_json",
@@ -64,16 +65,42 @@ def _is_allowed(classpath: str, allowed: Iterable[str]) -> bool:
     return any(classpath == p or classpath.startswith(p.rstrip(".") + ".") for p in allowed)
 
 
+def _wrapped_classpath(adapter: TriggerAdapter, classpath: str, kwargs: Mapping[str, Any]) -> str:
+    try:
+        wrapped = adapter.wrapped_classpath(kwargs)
+    except Exception as exc:
+        raise TriggerImportError(
+            f"{classpath}: kwargs name no {adapter.framework} trigger: {describe_error(exc)}"
+        ) from exc
+    return wrapped
+
+
 def rebuild_trigger(
     classpath: str, kwargs: Mapping[str, Any], allowed_modules: Sequence[str]
 ) -> BaseEventTrigger:
     """Import ``classpath`` (only under ``allowed_modules``) and return ``cls(**kwargs)``.
 
-    Raises :class:`TriggerImportError` naming the classpath when it is outside the allowed
-    prefixes, cannot be imported, is not a :class:`BaseEventTrigger` subclass, or its
+    A trigger of another framework, wrapped by an installed adapter (see :mod:`._adapters`),
+    is checked by the class it wraps, and the adapter's framework is imported first (with our
+    logging kept). Raises :class:`TriggerImportError` naming the classpath when it is outside
+    the allowed prefixes, cannot be imported, is not a :class:`BaseEventTrigger` subclass, or its
     constructor rejects the kwargs.
     """
-    if not _is_allowed(classpath, allowed_modules):
+    adapter = adapter_for_classpath(classpath)
+    if adapter is not None:
+        # Another framework's trigger, wrapped: the adapter is installed code (allowed as the
+        # ready-made watchers are); the class it wraps is checked as any trigger class is.
+        wrapped = _wrapped_classpath(adapter, classpath, kwargs)
+        if not _is_allowed(wrapped, allowed_modules):
+            raise TriggerImportError(
+                f"trigger class {wrapped!r} is outside allowed_trigger_modules "
+                f"({', '.join(allowed_modules) or 'none'})"
+            )
+        try:
+            prepare_adapter(adapter)
+        except ImportError as exc:
+            raise TriggerImportError(f"cannot run {wrapped!r}: {exc}") from exc
+    elif not _is_allowed(classpath, allowed_modules):
         raise TriggerImportError(
             f"trigger class {classpath!r} is outside allowed_trigger_modules "
             f"({', '.join(allowed_modules) or 'none'})"

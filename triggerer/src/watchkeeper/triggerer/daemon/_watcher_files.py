@@ -3,7 +3,9 @@
 Each ``*.py`` file under the watchers path is imported as ``watchkeeper_watchers.<relative.module>``
 (a package whose ``__path__`` is the watchers path), and the path is put on ``sys.path`` so the
 files can import helper modules that sit next to them. Module-level :class:`Asset` objects with
-``watchers=[AssetWatcher(name, trigger)]`` define what is watched.
+``watchers=[AssetWatcher(name, trigger)]`` define what is watched; another framework's assets
+(Apache Airflow's ``Asset`` with its ``AssetWatcher``) are read by their attributes, and their
+triggers wrapped by the adapter installed for them (see :mod:`._adapters`).
 
 Reading a file yields its :class:`FileDefinitions`: each asset's name and URI and, for each of
 its watchers, the watcher's name and its trigger's ``serialize()`` as canonical JSON. That is
@@ -33,7 +35,8 @@ from typing import Any
 from watchkeeper.store import Asset, InvalidValueError, ValueTypeError
 
 from .._core import describe_error
-from ..trigger import AssetWatcher
+from ..trigger import BaseEventTrigger
+from ._adapters import adapter_for_trigger, asset_of, foreign_refusal, is_foreign_asset, watcher_of
 from ._identity import BUILTIN_ALLOWED, canonical_trigger_json
 
 __all__ = [
@@ -406,22 +409,32 @@ def _import_file(path: Path, file: Path) -> tuple[types.ModuleType | None, Watch
         return None, WatcherError(rel, None, f"import failed: {describe_error(exc)}{where}")
 
 
-def _serialize(rel: str, watcher: AssetWatcher, root: Path) -> WatcherDefinition | WatcherError:
+def _serialize(
+    rel: str, name: str, trigger: object, root: Path
+) -> WatcherDefinition | WatcherError:
     try:
-        classpath, kwargs = watcher.trigger.serialize()
+        if isinstance(trigger, BaseEventTrigger):
+            classpath, kwargs = trigger.serialize()
+        else:  # another framework's trigger (an Airflow one): its adapter wraps it, or refuses
+            adapter = adapter_for_trigger(trigger)
+            if adapter is None:
+                return WatcherError(rel, name, foreign_refusal(trigger))
+            try:
+                classpath, kwargs = adapter.wrap(trigger)
+            except (TypeError, ValueError) as exc:
+                where = raised_at(root, exc)
+                return WatcherError(rel, name, f"cannot run here: {exc}{where}")
         canonical = canonical_trigger_json(classpath, kwargs)
     except (InvalidValueError, ValueTypeError) as exc:
-        return WatcherError(rel, watcher.name, f"serialize() kwargs are not JSON: {exc}")
+        return WatcherError(rel, name, f"serialize() kwargs are not JSON: {exc}")
     except Exception as exc:  # noqa: BLE001 - user code; reported, never fatal
         where = raised_at(root, exc)
-        return WatcherError(rel, watcher.name, f"serialize() failed: {describe_error(exc)}{where}")
+        return WatcherError(rel, name, f"serialize() failed: {describe_error(exc)}{where}")
     try:
         canonical.encode()  # the trigger id hashes it
     except UnicodeEncodeError:
-        return WatcherError(
-            rel, watcher.name, "serialize() kwargs are not valid UTF-8 (a lone surrogate)"
-        )
-    return WatcherDefinition(watcher.name, classpath, canonical)
+        return WatcherError(rel, name, "serialize() kwargs are not valid UTF-8 (a lone surrogate)")
+    return WatcherDefinition(name, classpath, canonical)
 
 
 def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileDefinitions:
@@ -429,27 +442,25 @@ def _module_definitions(rel: str, module: types.ModuleType, root: Path) -> FileD
     refused: list[WatcherError] = []
     seen: set[int] = set()
     for value in vars(module).values():
-        if not isinstance(value, Asset) or id(value) in seen:
+        if id(value) in seen or not (isinstance(value, Asset) or is_foreign_asset(value)):
             continue
         seen.add(id(value))
+        asset = asset_of(value)
+        if isinstance(asset, str):
+            refused.append(WatcherError(rel, None, asset))
+            continue
         watchers: list[WatcherDefinition] = []
-        for watcher in value.watchers:
-            if not isinstance(watcher, AssetWatcher):
-                refused.append(
-                    WatcherError(
-                        rel,
-                        None,
-                        f"asset {value.name!r}: watchers must be AssetWatcher objects, "
-                        f"got {type(watcher).__name__}",
-                    )
-                )
+        for watcher in getattr(value, "watchers", ()):
+            found = watcher_of(asset.name, watcher)
+            if isinstance(found, str):
+                refused.append(WatcherError(rel, None, found))
                 continue
-            serialized = _serialize(rel, watcher, root)
+            serialized = _serialize(rel, *found, root)
             if isinstance(serialized, WatcherError):
                 refused.append(serialized)
             elif serialized not in watchers:
                 watchers.append(serialized)
-        assets.append(AssetDefinition(value.name, value.uri, tuple(watchers)))
+        assets.append(AssetDefinition(asset.name, asset.uri, tuple(watchers)))
     return FileDefinitions(rel, assets=tuple(assets), refused=tuple(refused))
 
 
