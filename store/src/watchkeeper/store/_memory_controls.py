@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-import json
 import threading
 from dataclasses import replace
 from datetime import datetime
@@ -62,20 +60,6 @@ class MemoryControls(MemoryPart):
             if asset is None or event.asset == asset:
                 return event.id
         return 0
-
-    async def _alist_event_json(
-        self, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        events = self._events
-        out: list[tuple[int, str]] = []
-        for event in events[bisect.bisect_right(events, since_id, key=lambda e: e.id) :]:
-            if asset is not None and event.asset != asset:
-                continue
-            record = json.dumps(event.to_record(), ensure_ascii=False, separators=(",", ":"))
-            out.append((event.id, record))
-            if len(out) >= limit:
-                break
-        return out
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
         events = self._events

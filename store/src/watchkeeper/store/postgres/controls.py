@@ -40,25 +40,6 @@ class PostgresControls(PostgresPart):
             rows = await backend._fetch("reading the last event id", sql, asset)
         return int(rows[0][0] or 0)
 
-    async def _alist_event_json(
-        self, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        backend = self
-        sql = (
-            "SELECT id, json_build_object('id', id, 'asset', asset_name, 'watcher', watcher, "
-            "'payload', payload::json, 'dedup_key', dedup_key, 'created_at', to_char("
-            "created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"'))::text "
-            f"FROM {self._p()}asset_events WHERE id > $1"
-        )
-        args: list[object] = [int(since_id)]
-        if asset is not None:
-            sql += " AND asset_name = $2"
-            args.append(asset)
-        sql += f" ORDER BY id LIMIT ${len(args) + 1}"
-        args.append(int(limit))
-        rows = await backend._fetch("reading events", sql, *args)
-        return [(row[0], row[1]) for row in rows]
-
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
         sql = (
             f"SELECT watcher, count(*) FROM {self._p()}asset_events "

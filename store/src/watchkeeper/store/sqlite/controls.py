@@ -6,7 +6,7 @@ API tokens are :mod:`watchkeeper.store.sql.controls`'.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import anyio
 
@@ -29,23 +29,6 @@ class SqliteControls(SqlitePart):
             sql = "SELECT max(id) FROM asset_events WHERE asset_name = ?"
             rows = await self._read(sql, (asset,))
         return int(rows[0][0] or 0)
-
-    async def _alist_event_json(
-        self, asset: str | None, since_id: int, limit: int
-    ) -> list[tuple[int, str]]:
-        sql = (
-            "SELECT id, json_object('id', id, 'asset', asset_name, 'watcher', watcher, "
-            "'payload', json(payload), 'dedup_key', dedup_key, 'created_at', created_at) "
-            "FROM asset_events WHERE id > ?"
-        )
-        params: list[object] = [int(since_id)]
-        if asset is not None:
-            sql += " AND asset_name = ?"
-            params.append(asset)
-        sql += " ORDER BY id LIMIT ?"
-        params.append(int(limit))
-        rows = await self._read(sql, params)
-        return cast("list[tuple[int, str]]", rows)  # (id, json) tuples as they come
 
     async def _acount_events_since(self, since: datetime) -> dict[str, int]:
         sql = "SELECT watcher, count(*) FROM asset_events WHERE created_at >= ? GROUP BY watcher"
