@@ -286,3 +286,23 @@ class TestDatabaseClock:
             async with pool.acquire() as conn:
                 assert await conn.fetchval("SHOW application_name") == "watchkeeper worker"
                 assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "20s"
+
+
+class TestNoRetry:
+    async def test_a_failure_not_worth_retrying_fails_the_run_at_once(self, store: Any) -> None:
+        """``retry=False`` (the task's ``retry_on`` does not name the error): the run fails on
+        its first failed try with tries left, its error recorded as final; ``retry=True``
+        (the default) queues it again."""
+        await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1, max_tries=5)])
+        await emit(store, "a", 2)
+        await store.tasks.acreate_runs("t", 2)
+        first, second = await store.tasks.aclaim_runs("w1", limit=2, ttl=TTL)
+        fatal = RunOutcome(
+            first.id, first.lease_token, False, error="ValueError: bad row", retry=False
+        )
+        step = await store.tasks.astep_runs("w1", finish=fatal, claim=0, ttl=TTL)
+        assert step.finished.state == "failed"
+        assert [(e.error, e.final) for e in step.finished.errors] == [("ValueError: bad row", True)]
+        retried = RunOutcome(second.id, second.lease_token, False, error="ConnectionError")
+        step = await store.tasks.astep_runs("w1", finish=retried, claim=0, ttl=TTL)
+        assert step.finished.state == "queued"

@@ -138,3 +138,35 @@ def test_a_callback_that_is_not_callable_is_refused(which: str) -> None:
     with pytest.raises(TypeError, match=f"{which} must be a function, got int"):
         callbacks: dict[str, Any] = {which: 3}
         asset_task(schedule=[ORDERS], **callbacks)
+
+
+class TestRetryOn:
+    async def test_an_error_retry_on_does_not_name_fails_the_run_at_once(self) -> None:
+        tries: list[int] = []
+
+        @asset_task(schedule=[ORDERS], retries=5, retry_on=ConnectionError)
+        def strict(try_number: int, **_: Any) -> None:
+            tries.append(try_number)
+            raise ValueError("bad row 7")
+
+        result = await run_asset_task(strict, events=[{"n": 1}])
+        assert (result.run.state, tries) == ("failed", [1])
+        (error,) = result.run.errors
+        assert (error.error, error.final) == ("ValueError: bad row 7", True)
+
+    async def test_an_error_retry_on_names_is_retried_with_its_subclasses(self) -> None:
+        tries: list[int] = []
+
+        @asset_task(schedule=[ORDERS], retries=2, retry_on=[OSError])
+        def flaky(try_number: int, **_: Any) -> None:
+            tries.append(try_number)
+            if try_number < 3:
+                raise ConnectionResetError("the warehouse hung up")  # an OSError
+
+        result = await run_asset_task(flaky, events=[{"n": 1}])
+        assert (result.run.state, tries) == ("success", [1, 2, 3])
+
+    @pytest.mark.parametrize("bad", [[], [int], "ValueError"])
+    def test_retry_on_is_checked(self, bad: Any) -> None:
+        with pytest.raises((TypeError, ValueError), match="retry_on"):
+            asset_task(schedule=[ORDERS], retry_on=bad)

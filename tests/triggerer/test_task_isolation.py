@@ -67,6 +67,22 @@ DEFINITIONS = textwrap.dedent(
     @asset_task(schedule=[Asset("inline")])
     def inline(**_):
         pass
+
+
+    @asset_task(
+        schedule=[Asset("strict")], isolation="process", retries=3, retry_on=ConnectionError
+    )
+    def strict(**_):
+        raise ValueError("bad row 7")
+
+
+    @asset_task(
+        schedule=[Asset("flaky")], isolation="process", retries=3, retry_delay=0.01,
+        retry_on=[OSError],
+    )
+    def flaky(try_number, **_):
+        if try_number == 1:
+            raise ConnectionResetError("hung up")
     """
 )
 
@@ -142,6 +158,15 @@ class TestProcessIsolation:
             (outlet,) = [e for e in await backend.events.alist_events() if e.asset == "totals"]
         assert outlet.payload["seen"] == {"n": 1}
         assert outlet.payload["pid"] != os.getpid()  # it ran in a child
+
+    async def test_retry_on_matches_a_child_s_error_by_its_type(self, env: Env) -> None:
+        """The child's exception type (and its bases) decide: a ``ValueError`` the task's
+        ``retry_on`` does not name fails at once; a ``ConnectionResetError`` (an ``OSError``)
+        is retried."""
+        runs = await _run_until_settled(env, ["strict", "flaky"])
+        assert (runs["strict"].state, runs["strict"].try_number) == ("failed", 1)
+        assert runs["strict"].errors[-1].final
+        assert (runs["flaky"].state, runs["flaky"].try_number) == ("success", 2)
 
     async def test_a_crashed_child_is_replaced_for_the_next_try(self, env: Env) -> None:
         """A child killed by a try is not reused: the next task's try gets a new one."""

@@ -313,7 +313,9 @@ class MemoryTasks(MemoryPart):
             )  # fmt: skip
         else:
             failures = run.failures + 1
-            state, not_before = after_failure(failures, run.max_tries, now, outcome.retry_delay)
+            state, not_before = after_failure(
+                failures, run.max_tries, now, outcome.retry_delay, retry=outcome.retry
+            )
             entry = RunError(
                 run.try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
                 state == "failed",

@@ -61,6 +61,7 @@ def _check_outcome(outcome: object) -> RunOutcome:
     return RunOutcome(
         outcome.run_id, outcome.token, bool(outcome.success), tuple(outcome.outlets),
         outcome.error, outcome.traceback, outcome.retry_delay, outcome.cause,
+        bool(outcome.retry),
     )  # fmt: skip
 
 

@@ -204,7 +204,8 @@ class OutletEvent:
 class RunOutcome:
     """How one try ended, as the worker reports it: success with the outlet events, or a
     failure (``error``, ``traceback``; ``cause`` ``task_error`` or ``timeout``) retried after
-    ``retry_delay`` while tries remain."""
+    ``retry_delay`` while tries remain, unless ``retry`` is False (the task's ``retry_on`` does
+    not name the error): then the run fails at once."""
 
     run_id: int
     token: int
@@ -214,6 +215,7 @@ class RunOutcome:
     traceback: str | None = None
     retry_delay: timedelta = timedelta(0)
     cause: TryCause = "task_error"
+    retry: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +283,12 @@ def plan_runs(
 
 
 def after_failure(
-    failures: int, max_tries: int, now: datetime, retry_delay: timedelta
+    failures: int, max_tries: int, now: datetime, retry_delay: timedelta, *, retry: bool = True
 ) -> tuple[RunState, datetime | None]:
     """A run whose task failed a try (``failures``: its own failures, this one included):
-    queued again at ``now + retry_delay`` while fewer than ``max_tries``, else failed."""
-    if failures < max_tries:
+    queued again at ``now + retry_delay`` while fewer than ``max_tries`` and ``retry``, else
+    failed."""
+    if retry and failures < max_tries:
         return "queued", now + retry_delay
     return "failed", None
 

@@ -426,7 +426,9 @@ class PostgresRuns(PostgresConsumers):
         reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
         if reason is not None:
             raise RunLeaseLostError(run_id, owner, token, reason)
-        new_state, not_before = after_failure(failed + 1, max_tries, now, outcome.retry_delay)
+        new_state, not_before = after_failure(
+            failed + 1, max_tries, now, outcome.retry_delay, retry=outcome.retry
+        )
         entry = RunError(
             try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
             new_state == "failed",

@@ -327,7 +327,9 @@ def _finish(tx: Tx, owner: str, outcome: RunOutcome) -> TaskRun:
             (stamp, stamp, ids_to_json(outlet_ids), run_id),
         )
     else:
-        new_state, not_before = after_failure(failures + 1, max_tries, now, outcome.retry_delay)
+        new_state, not_before = after_failure(
+            failures + 1, max_tries, now, outcome.retry_delay, retry=outcome.retry
+        )
         entries = (
             *errors_from_json(errors),
             RunError(

@@ -72,6 +72,20 @@ def _assets(what: str, items: Iterable[Any] | Asset) -> tuple[Asset, ...]:
     return found
 
 
+def _exception_types(
+    value: Iterable[type[BaseException]] | type[BaseException] | None,
+) -> tuple[type[BaseException], ...] | None:
+    if value is None:
+        return None
+    found = (value,) if isinstance(value, type) else tuple(value)
+    for item in found:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise TypeError(f"retry_on must hold exception types, got {item!r}")
+    if not found:
+        raise ValueError("retry_on must name at least one exception type (or be None)")
+    return found
+
+
 def _seconds(what: str, value: timedelta | float | None, *, optional: bool) -> timedelta | None:
     if value is None and optional:
         return None
@@ -111,6 +125,18 @@ class AssetTask:
     on_failure: RunCallback | None = None
     on_retry: RunCallback | None = None
     isolation: Literal["none", "process"] | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+
+    def retries_on(self, exc: BaseException) -> bool:
+        """Whether a try that raised ``exc`` may be retried (``retry_on`` names its type, or
+        there is no ``retry_on``). An error from a child process matches by its type's and its
+        bases' qualified names."""
+        if self.retry_on is None:
+            return True
+        names = getattr(exc, "type_names", None)
+        if names is not None:
+            return any(f"{t.__module__}.{t.__qualname__}" in names for t in self.retry_on)
+        return isinstance(exc, self.retry_on)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -155,6 +181,7 @@ def asset_task(
     on_failure: RunCallback | None = None,
     on_retry: RunCallback | None = None,
     isolation: Literal["none", "process"] | None = None,
+    retry_on: Iterable[type[BaseException]] | type[BaseException] | None = None,
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
@@ -183,6 +210,10 @@ def asset_task(
     :param isolation: where each try runs: ``"none"`` in the worker's process, ``"process"``
         in a child process of the worker's pool (a crash, ``os._exit`` or a leak of the task
         ends only that child; ``execution_timeout`` kills it); None: ``[worker] isolation``.
+    :param retry_on: the exception types worth retrying (their subclasses too): a try that
+        fails with another error fails the run at once, whatever ``retries`` says. A try past
+        ``execution_timeout`` raises ``TimeoutError``; a child process that died matches
+        nothing. None (the default): every error is retried while tries remain.
     :returns: the decorator, which turns the function into an :class:`AssetTask`.
     :raises TypeError: a parameter of the wrong type (naming it).
     :raises ValueError: a parameter out of its bounds (naming it).
@@ -204,6 +235,7 @@ def asset_task(
     ):
         if callback is not None and not callable(callback):
             raise TypeError(f"{what} must be a function, got {type(callback).__name__}")
+    retried = _exception_types(retry_on)
     if isolation not in (None, "none", "process"):
         raise ValueError(f"isolation must be 'none' or 'process', got {isolation!r}")
     delay = _seconds("retry_delay", retry_delay, optional=False)
@@ -234,6 +266,7 @@ def asset_task(
             on_failure=on_failure,
             on_retry=on_retry,
             isolation=isolation,
+            retry_on=retried,
         )
 
     return decorate

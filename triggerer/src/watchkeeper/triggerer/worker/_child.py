@@ -115,7 +115,8 @@ async def _serve(incoming: queue.SimpleQueue[Any], answers: IO[bytes], spec: Any
 def _error(exc: BaseException, traceback_text: str | None) -> tuple[Any, ...]:
     from .._core import describe_error
 
-    return ("error", describe_error(exc), type(exc).__name__, traceback_text)
+    names = tuple(f"{t.__module__}.{t.__qualname__}" for t in type(exc).__mro__)
+    return ("error", describe_error(exc), names, traceback_text)
 
 
 async def _one_try(backend: BaseStateBackend, task: AssetTask, run: TaskRun) -> tuple[Any, ...]:

@@ -57,11 +57,12 @@ class IsolationUnavailableError(RuntimeError):
 
 class TaskProcessError(RuntimeError):
     """What a try in a child process raised (or how the child ended), as the worker's own
-    exception for the task's callbacks: ``type_name`` is the child's exception type."""
+    exception for the task's callbacks and its ``retry_on``: ``type_names`` are the qualified
+    names of the child's exception type and its bases (empty when the child died)."""
 
-    def __init__(self, message: str, type_name: str) -> None:
+    def __init__(self, message: str, type_names: tuple[str, ...]) -> None:
         super().__init__(message)
-        self.type_name = type_name
+        self.type_names = type_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ class ProcessPool:
                     and answer.cause == "task_error"
                     and child.process.returncode is None
                     and not isinstance(answer.error, MemoryError)
-                    and getattr(answer.error, "type_name", "") != "MemoryError"
+                    and "builtins.MemoryError" not in getattr(answer.error, "type_names", ())
                 )
                 return answer
             finally:
@@ -214,8 +215,8 @@ class ProcessPool:
         kind, *rest = answer
         if kind == "ok":
             return ChildResult(tuple(OutletEvent(a, p) for a, p in rest[0]))
-        message, type_name, traceback_text = rest
-        return ChildFailure(TaskProcessError(message, type_name), traceback_text)
+        message, type_names, traceback_text = rest
+        return ChildFailure(TaskProcessError(message, tuple(type_names)), traceback_text)
 
     async def _start(self) -> _Child:
         """A new child, its settings sent (it opens the store while the first try is sent)."""
@@ -251,8 +252,8 @@ def _died(code: int | None) -> TaskProcessError:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return TaskProcessError(f"the task's process was killed by {name}", name)
-    return TaskProcessError(f"the task's process exited with status {code}", "SystemExit")
+        return TaskProcessError(f"the task's process was killed by {name}", ())
+    return TaskProcessError(f"the task's process exited with status {code}", ())
 
 
 def process_pool_for(

@@ -329,7 +329,7 @@ class Worker:
         return RunOutcome(
             run.id, run.lease_token, False, error=error,
             traceback=traceback if traceback is not None else format_task_traceback(exc),
-            retry_delay=delay, cause=cause,
+            retry_delay=delay, cause=cause, retry=task.retries_on(exc),
         )  # fmt: skip
 
     async def _call(self, task: AssetTask, context: dict[str, Any]) -> Any:
