@@ -246,6 +246,42 @@ class TestTasksAndRuns:
             lines = done.stderr.decode().splitlines()
             assert len(lines) == 1 and lines[0].startswith("watchkeeper: error:")
 
+    async def test_retry_every_failed_run_of_a_task(self, env: Env) -> None:
+        """``runs retry --task NAME``: each failed run of the task queued for one more try, the
+        others left alone; no RUN_ID and no --task (or both) is a usage error."""
+        async with SqliteStateBackend(env.db) as backend:
+            await backend.events.aregister_assets([Asset("orders")])
+            await backend.tasks.async_tasks(
+                [TaskSpec("build_report", ("orders",), max_events=1, max_tries=1)]
+            )
+        await env.emit({"n": 1}, {"n": 2}, {"n": 3})
+        async with SqliteStateBackend(env.db) as backend:
+            runs = await backend.tasks.acreate_runs("build_report", 3)
+            claimed = await backend.tasks.aclaim_runs("w", limit=3, ttl=30)
+            for run in claimed[:2]:
+                await backend.tasks.afinish_run(
+                    run.id, "w", run.lease_token, success=False, error="boom"
+                )
+            await backend.tasks.afinish_run(
+                claimed[2].id, "w", claimed[2].lease_token, success=True
+            )
+        done = await env.run("runs", "retry", "--task", "build_report", "--state", "failed")
+        assert done.returncode == 0, done.stderr.decode()
+        assert "2 failed run(s) queued" in done.stdout.decode()
+        async with SqliteStateBackend(env.db) as backend:
+            states = {r.id: r.state for r in await backend.tasks.alist_runs()}
+        assert states == {
+            claimed[0].id: "queued",
+            claimed[1].id: "queued",
+            claimed[2].id: "success",
+        }
+        assert len(runs) == 3
+        for args in ((), ("1", "--task", "build_report")):
+            usage = await env.run("runs", "retry", *args)
+            assert usage.returncode == 2, usage.stderr.decode()
+        unknown = await env.run("runs", "retry", "--task", "nope")
+        assert unknown.returncode == 1 and "no task named 'nope'" in unknown.stderr.decode()
+
     async def test_rewind_past_the_cursor_is_refused(self, env: Env) -> None:
         """A rewind to an id past the end of the log or after the cursor, or on an asset
         outside the schedule, is one error line, exit 1, and leaves the cursor alone."""

@@ -250,8 +250,24 @@ async def _runs_show(backend: BaseStateBackend, args: argparse.Namespace, _: Set
 
 
 async def _runs_retry(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
-    run = await _queue(backend).aretry_run(args.run_id)
-    emit(f"run {run.id} queued for try {run.try_number + 1}")
+    queue = _queue(backend)
+    if (args.run_id is None) == (args.task is None):
+        raise UsageError("give a RUN_ID, or --task NAME to retry every failed run of a task")
+    if args.run_id is not None:
+        run = await queue.aretry_run(args.run_id)
+        emit(f"run {run.id} queued for try {run.try_number + 1}")
+        return 0
+    if args.task not in {t.name for t in await queue.alist_tasks()}:
+        raise CommandError(f"no task named {args.task!r}")
+    # The failed runs first (retrying moves each out of the listing), then one more try each.
+    failed: list[int] = []
+    before = None
+    while page := await queue.alist_runs(task=args.task, state="failed", limit=500, before=before):
+        failed += [run.id for run in page]
+        before = page[-1].id
+    for run_id in sorted(failed):
+        await queue.aretry_run(run_id)
+    emit(f"task {args.task!r}: {len(failed)} failed run(s) queued for one more try")
     return 0
 
 
@@ -318,6 +334,13 @@ def register(subparsers: Subparsers) -> None:
     show.add_argument("run_id", type=int_at_least(1), metavar="RUN_ID")
     json_flag(show, "the run")
     show.set_defaults(handler=store_handler(_runs_show))
-    retry = actions.add_parser("retry", help="queue a failed run for one more try")
-    retry.add_argument("run_id", type=int_at_least(1), metavar="RUN_ID")
+    retry = actions.add_parser(
+        "retry", help="queue a failed run (or every failed run of a task) for one more try"
+    )
+    retry.add_argument("run_id", type=int_at_least(1), metavar="RUN_ID", nargs="?")
+    retry.add_argument("--task", metavar="NAME", help="every failed run of this task")
+    retry.add_argument(
+        "--state", choices=("failed",), default="failed",
+        help="the runs to retry with --task (only failed runs can be retried)",
+    )  # fmt: skip
     retry.set_defaults(handler=store_handler(_runs_retry))
