@@ -1,8 +1,9 @@
 """Installing watchkeeper where users work: wheels in a fresh virtual environment, no clone.
 
-The module builds the three wheels with ``uv build --all-packages`` into a temporary directory,
-creates a virtual environment with pip in it, and installs them there the way the
-README's "Using watchkeeper in your own project" section says: ``pip install --find-links
+The module builds the wheels with ``uv build --all-packages`` into a temporary directory (the
+three of the README's install, and the optional Airflow bridge), creates a virtual environment
+with pip in it, and installs the three there the way the README's "Using watchkeeper in your
+own project" section says: ``pip install --find-links
 DIST watchkeeper-triggerer watchkeeper-watchers "watchkeeper-store[postgres]"``, then a
 watcher's client library (httpx) with a second ``pip install``. Every command then runs from
 that environment, in a directory outside the repository: the demo, and a daemon on a watchers
@@ -40,6 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 SETUP_TIMEOUT = 400.0
 """Seconds each setup command (build, venv, pip install) may take."""
 DISTRIBUTIONS = ("watchkeeper_store", "watchkeeper_triggerer", "watchkeeper_watchers")
+"""The three the README installs; the workspace also builds ``watchkeeper_airflow`` (optional)."""
+BUILT = sorted((*DISTRIBUTIONS, "watchkeeper_airflow"))
 ITEMS = [{"id": n, "name": f"item-{n}"} for n in (1, 2, 3)]
 """What the local HTTP feed serves; the watcher emits one event per item."""
 
@@ -140,7 +143,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     dist, venv = work / "dist", work / "venv"
     _setup([uv, "build", "--all-packages", "--wheel", "--out-dir", str(dist)], cwd=REPO)
     built = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
-    assert built == list(DISTRIBUTIONS)
+    assert built == BUILT
     # `uv venv --seed` is `python -m venv` (pip included) without needing ensurepip, which some
     # distributions ship separately.
     _setup([uv, "venv", "--seed", "--python", sys.executable, str(venv)], cwd=work)
