@@ -17,8 +17,9 @@ if TYPE_CHECKING:
         GcDriver,
         LeasesDriver,
         NodeKeepAlive,
+        RunsDriver,
         StatusDriver,
-        TasksDriver,
+        TaskSpecsDriver,
         WaitForRelease,
     )
 
@@ -30,7 +31,8 @@ def builtin_services(
     *,
     events: EventsDriver,
     feed: EventFeedDriver,
-    tasks: TasksDriver,
+    tasks: TaskSpecsDriver,
+    runs: RunsDriver,
     leases: LeasesDriver,
     controls: ControlsDriver,
     status: StatusDriver,
@@ -43,7 +45,7 @@ def builtin_services(
     ``wait_for_release`` and ``keepalive``)."""
     return Services(
         events=EventsService(store, events, feed),
-        tasks=TasksService(store, tasks),
+        tasks=TasksService(store, tasks, runs),
         leases=LeasesService(store, leases, wait_for_release=wait_for_release, keepalive=keepalive),
         controls=ControlsService(store, controls),
         status=StatusService(store, status),

@@ -52,7 +52,7 @@ class _Task:
 
 
 class MemoryTasks(MemoryPart):
-    """The tasks driver of the memory backend (:class:`~.protocols.TasksDriver`)."""
+    """The tasks driver of the memory backend (:class:`~.protocols.TaskSpecsDriver` and :class:`~.protocols.RunsDriver`)."""
 
     def __init__(self, store: MemoryCore) -> None:
         super().__init__(store)

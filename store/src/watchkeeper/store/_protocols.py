@@ -48,11 +48,12 @@ __all__ = [
     "NodeKeepAlive",
     "NodeKeepAliveChannel",
     "OperatorControls",
+    "RunsDriver",
     "Services",
     "StatusDriver",
     "StatusTable",
     "TaskQueue",
-    "TasksDriver",
+    "TaskSpecsDriver",
     "WaitForRelease",
 ]
 
@@ -347,8 +348,9 @@ class EventFeedDriver(Protocol):
     async def _await_events(self, after_id: int, wait: float) -> int: ...
 
 
-class TasksDriver(Protocol):
-    """The primitives of :class:`~watchkeeper.store.protocols.TasksService`."""
+class TaskSpecsDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.TasksService` that keep
+    consumers and tasks: their positions, specs and cursors, and what is pending."""
 
     async def _aconsumer_position(self, name: str) -> int: ...
     async def _aconsumer_fetch(
@@ -372,6 +374,14 @@ class TasksDriver(Protocol):
     async def _arewind_task(
         self, name: str, asset: str, to_event_id: int, writer: Writer | None
     ) -> None: ...
+    async def _acount_runs(self) -> dict[tuple[str, str], int]: ...
+    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
+
+
+class RunsDriver(Protocol):
+    """The primitives of :class:`~watchkeeper.store.protocols.TasksService` that make, claim,
+    step and list runs (a worker's hot path)."""
+
     async def _acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
     async def _astep_runs(
         self,
@@ -400,9 +410,7 @@ class TasksDriver(Protocol):
         """The event ids of these runs (at least one), each run's in order."""
 
     async def _aretry_run(self, run_id: int) -> TaskRun: ...
-    async def _acount_runs(self) -> dict[tuple[str, str], int]: ...
     async def _acount_tries(self) -> dict[tuple[str, str, bool], int]: ...
-    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]: ...
     async def _arun_durations(
         self, bounds: tuple[float, ...]
     ) -> dict[str, tuple[list[int], float]]: ...

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ._checks import check_items, check_limit
 from ._leases import check_owner, check_ttl
-from ._protocols import TasksDriver
+from ._protocols import RunsDriver, TaskSpecsDriver
 from ._services import Service
 from ._tasks import (
     OutletEvent,
@@ -27,6 +28,9 @@ from ._tasks import (
 from ._types import AssetEvent, Writer
 from ._values import check_key, check_name, value_from_text
 from .errors import ArgumentTypeError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ._backend import BaseStateBackend
 
 __all__ = ["TasksService"]
 
@@ -68,10 +72,15 @@ def _check_outcome(outcome: object) -> RunOutcome:
 _OWN_CAUSES = ("task_error", "timeout")
 
 
-class TasksService(Service[TasksDriver]):
-    """Event consumers and the task queue (:class:`~.protocols.TaskQueue`)."""
+class TasksService(Service[TaskSpecsDriver]):
+    """Event consumers and the task queue (:class:`~.protocols.TaskQueue`): ``driver`` keeps
+    the consumers and tasks, ``runs`` the runs (often the same object)."""
 
-    __slots__ = ()
+    __slots__ = ("_runs",)
+
+    def __init__(self, store: BaseStateBackend, driver: TaskSpecsDriver, runs: RunsDriver) -> None:
+        super().__init__(store, driver)
+        self._runs = runs
 
     # -- event consumers ---------------------------------------------------------------------
 
@@ -155,7 +164,7 @@ class TasksService(Service[TasksDriver]):
         """Up to ``max_runs`` runs of ``name`` from its pending events, in one transaction."""
         self._store._check_open()
         name, max_runs = check_name(name, what="task name"), check_limit(max_runs, what="max_runs")
-        return await self._driver._acreate_runs(name, max_runs)
+        return await self._runs._acreate_runs(name, max_runs)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -173,7 +182,7 @@ class TasksService(Service[TasksDriver]):
         only = None if tasks is None else _check_names("tasks", tasks)
         if only == []:
             return []
-        return list((await self._driver._astep_runs(owner, None, limit, span, only, 0, 0)).claimed)
+        return list((await self._runs._astep_runs(owner, None, limit, span, only, 0, 0)).claimed)
 
     async def astep_runs(
         self,
@@ -208,7 +217,7 @@ class TasksService(Service[TasksDriver]):
             claim = create = 0
         if finish is None and claim == 0:
             return RunStep(None, ())
-        return await self._driver._astep_runs(owner, finish, claim, span, only, create, peers)
+        return await self._runs._astep_runs(owner, finish, claim, span, only, create, peers)
 
     async def aheartbeat_runs(
         self, owner: str, runs: Mapping[int, int], ttl: timedelta | float
@@ -221,7 +230,7 @@ class TasksService(Service[TasksDriver]):
         held = {_check_run_id(r): check_limit(t, what="token", least=0) for r, t in runs.items()}
         if not held:
             return set()
-        return await self._driver._aheartbeat_runs(owner, held, span)
+        return await self._runs._aheartbeat_runs(owner, held, span)
 
     async def abreak_run_leases(self, owners: Sequence[str]) -> int:
         """Expire the run leases of ``owners`` now (dead workers); return how many."""
@@ -229,7 +238,7 @@ class TasksService(Service[TasksDriver]):
         names = sorted({check_owner(o) for o in check_items("owners", owners, str, "str owners")})
         if not names:
             return 0
-        return await self._driver._abreak_run_leases(names)
+        return await self._runs._abreak_run_leases(names)
 
     async def afinish_run(
         self,
@@ -254,14 +263,14 @@ class TasksService(Service[TasksDriver]):
         outcome = _check_outcome(
             RunOutcome(run_id, token, bool(success), kept, error, traceback, retry_delay, cause)
         )
-        step = await self._driver._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
+        step = await self._runs._astep_runs(owner, outcome, 0, timedelta(seconds=1), None, 0, 0)
         assert step.finished is not None
         return step.finished
 
     async def aget_run(self, run_id: int) -> TaskRun:
         """One run, with its events."""
         self._store._check_open()
-        return await self._driver._aget_run(_check_run_id(run_id))
+        return await self._runs._aget_run(_check_run_id(run_id))
 
     async def alist_runs(
         self,
@@ -282,16 +291,16 @@ class TasksService(Service[TasksDriver]):
         name = None if task is None else check_name(task, what="task name")
         count = None if limit is None else check_limit(limit)
         below = None if before is None else check_limit(before, what="before")
-        runs = await self._driver._alist_runs(name, state, count, below)
+        runs = await self._runs._alist_runs(name, state, count, below)
         if not event_ids or not runs:
             return runs
-        ids = await self._driver._arun_event_ids([r.id for r in runs])
+        ids = await self._runs._arun_event_ids([r.id for r in runs])
         return [replace(r, event_ids=tuple(ids.get(r.id, ()))) for r in runs]
 
     async def aretry_run(self, run_id: int) -> TaskRun:
         """Queue a failed run again with one more try."""
         self._store._check_open()
-        return await self._driver._aretry_run(_check_run_id(run_id))
+        return await self._runs._aretry_run(_check_run_id(run_id))
 
     async def acount_runs(self) -> dict[tuple[str, str], int]:
         """How many runs each task has in each state (pairs with no run are left out)."""
@@ -303,7 +312,7 @@ class TasksService(Service[TasksDriver]):
         failed its run: ``{(task, cause, final): count}``. A run's tries stay recorded (a
         retry adds to them), so every count only grows."""
         self._store._check_open()
-        return await self._driver._acount_tries()
+        return await self._runs._acount_tries()
 
     async def aoldest_pending(self) -> dict[tuple[str, str], datetime]:
         """When the oldest event past each task's cursor on each scheduled asset was
@@ -320,4 +329,4 @@ class TasksService(Service[TasksDriver]):
         edges = [float(b) for b in bounds]
         if edges != sorted(edges):
             raise InvalidArgumentError("bounds", bounds, "must be in increasing order")
-        return await self._driver._arun_durations(tuple(edges))
+        return await self._runs._arun_durations(tuple(edges))

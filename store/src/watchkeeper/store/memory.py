@@ -80,7 +80,7 @@ class MemoryStateBackend(BaseStateBackend):
         self._nodes: dict[str, NodeLease] = {}
         tasks, controls = MemoryTasks(self), MemoryControls(self)
         self.services = builtin_services(
-            self, events=self, feed=controls, tasks=tasks, leases=self, controls=controls,
+            self, events=self, feed=controls, tasks=tasks, runs=tasks, leases=self, controls=controls,
             status=self, gc=self,
         )  # fmt: skip
         self._open = True  # usable without 'async with'; entering it is harmless

@@ -39,11 +39,12 @@ from ._protocols import (
     NodeKeepAlive,
     NodeKeepAliveChannel,
     OperatorControls,
+    RunsDriver,
     Services,
     StatusDriver,
     StatusTable,
     TaskQueue,
-    TasksDriver,
+    TaskSpecsDriver,
 )
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._services import (
@@ -143,6 +144,7 @@ __all__ = [
     "RunError",
     "RunOutcome",
     "RunStep",
+    "RunsDriver",
     "Services",
     "StateWrite",
     "StatusDriver",
@@ -152,7 +154,7 @@ __all__ = [
     "TaskQueue",
     "TaskRun",
     "TaskSpec",
-    "TasksDriver",
+    "TaskSpecsDriver",
     "TasksService",
     "TriggerStatus",
     "WatcherControl",

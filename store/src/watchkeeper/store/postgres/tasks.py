@@ -75,7 +75,8 @@ T = TypeVar("T")
 
 
 class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TasksDriver`):
+    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TaskSpecsDriver` and
+    :class:`~watchkeeper.store.protocols.RunsDriver`):
     task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
     :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
 

@@ -157,7 +157,8 @@ def _retry(tx: Tx, run_id: int) -> TaskRun:
 
 
 class SqliteTasks(SqliteConsumers):
-    """The tasks driver of the SQLite backend (:class:`~watchkeeper.store.protocols.TasksDriver`):
+    """The tasks driver of the SQLite backend (:class:`~watchkeeper.store.protocols.TaskSpecsDriver` and
+    :class:`~watchkeeper.store.protocols.RunsDriver`):
     runs here, consumers in :class:`~.consumers.SqliteConsumers`."""
 
     # -- tasks -------------------------------------------------------------------------------
