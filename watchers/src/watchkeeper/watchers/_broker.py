@@ -14,12 +14,12 @@ import json
 import random
 import re
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
-from watchkeeper.triggerer import TriggererError
+from watchkeeper.triggerer import BaseEventTrigger, TriggererError
 
 from ._sql import redact_dsn
 
@@ -32,6 +32,7 @@ __all__ = [
     "reconnect_delay",
     "redact_url",
     "require_client",
+    "retry_delay",
     "scrub",
     "url_secrets",
 ]
@@ -152,6 +153,35 @@ def reconnect_delay(attempt: int, initial: float = 0.5, cap: float = 10.0) -> fl
     ``cap``, give or take a quarter, so watchers of one broker do not reconnect in step."""
     base = min(cap, initial * 2.0 ** min(max(attempt - 1, 0), 32))
     return base * random.uniform(0.75, 1.25)
+
+
+class _Warns(Protocol):
+    def warning(self, event: str, /, **fields: Any) -> Any: ...
+
+
+def retry_delay(
+    trigger: BaseEventTrigger,
+    log: _Warns,
+    event: str,
+    reason: str,
+    attempt: int,
+    /,
+    *,
+    cap: float = 10.0,
+    **fields: Any,
+) -> float:
+    """Say that the source of watcher ``trigger`` failed and will be tried again, and return
+    how long to wait first (:func:`reconnect_delay` of ``attempt``, up to ``cap``).
+
+    ``reason`` becomes the watcher's source trouble (its status ``backing_off``) and is logged
+    as ``event`` on the watcher's own ``log`` with ``attempt``, ``delay`` and ``fields``: one
+    wording for every watcher that reconnects, on the page and in the log. The caller sleeps,
+    once it has closed what the failed attempt opened.
+    """
+    delay = reconnect_delay(attempt, cap=cap)
+    trigger.report_source(reason)
+    log.warning(event, **fields, reason=reason, attempt=attempt, delay=round(delay, 3))
+    return delay
 
 
 T = TypeVar("T")

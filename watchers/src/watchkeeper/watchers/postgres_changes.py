@@ -30,7 +30,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import reconnect_delay
+from ._broker import retry_delay
 from ._common import import_off_loop, sleep_jittered
 from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
 from ._pg_slot import PostgresChangesError, SlotSession
@@ -274,16 +274,18 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
                 if not exc.transient:
                     raise
                 failures += 1
-                delay = reconnect_delay(failures, cap=_RECONNECT_MAX)
-                self.report_source(str(exc))
-                log.warning(
-                    "postgres_changes_reconnecting",
-                    slot=self.params.slot,
-                    reason=str(exc),
-                    attempt=failures,
-                    delay=round(delay, 3),
+                reconnecting = "postgres_changes_reconnecting"
+                await anyio.sleep(
+                    retry_delay(
+                        self,
+                        log,
+                        reconnecting,
+                        str(exc),
+                        failures,
+                        cap=_RECONNECT_MAX,
+                        slot=self.params.slot,
+                    )
                 )
-                await anyio.sleep(delay)
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""
