@@ -8,28 +8,22 @@ test skips, and fails under ``CI=true``."""
 
 from __future__ import annotations
 
-import functools
 import shutil
 import subprocess
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 import asyncpg
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from watchkeeper.store import MemoryStateBackend
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer.api import api_context, serve_app
-from watchkeeper.triggerer.daemon import Daemon
-from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
-from watchkeeper.triggerer.settings import ApiSettings
 
+from tests.support.api import daemon_api
 from tests.support.daemons import FAILING_WATCHER, append_lines, asset_file, wait_until
 from tests.support.pg_logical import LogicalCluster
 from tests.support.requires import unavailable
@@ -45,12 +39,6 @@ def promtool() -> str:
     if found is None:
         unavailable("promtool is missing (apt-get install prometheus)")
     return found
-
-
-@pytest.fixture(autouse=True)
-def _unload() -> Iterator[None]:
-    yield
-    unload_watchers()
 
 
 def check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:
@@ -93,23 +81,15 @@ def gauge(text: str, name: str, **labels: str) -> float | None:
 
 @asynccontextmanager
 async def scraped(settings: Settings) -> AsyncIterator[Scrape]:
-    """A daemon on a memory store, its API on a free port; yields a scrape of its ``/metrics``."""
-    async with (
-        MemoryStateBackend() as backend,
-        Daemon(settings, backend=backend) as d,
-        anyio.create_task_group() as tg,
-    ):
-        ctx = api_context(backend, ApiSettings(port=0), daemon=d)
-        port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    """A daemon with its API (see :func:`daemon_api`); yields a scrape of its ``/metrics``."""
+    async with daemon_api(settings) as client:
 
-            async def scrape() -> str:
-                response = await client.get("/metrics")
-                assert response.status_code == 200
-                return response.text
+        async def scrape() -> str:
+            response = await client.get("/metrics")
+            assert response.status_code == 200
+            return response.text
 
-            yield scrape
-        tg.cancel_scope.cancel()
+        yield scrape
 
 
 async def assert_promtool_passes(promtool: str, text: str) -> None:

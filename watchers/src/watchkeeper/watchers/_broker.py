@@ -25,6 +25,7 @@ from ._sql import redact_dsn
 
 __all__ = [
     "BrokerSourceError",
+    "Retries",
     "content_hash",
     "decode_body",
     "make_dedup_key",
@@ -182,6 +183,33 @@ def retry_delay(
     trigger.report_source(reason)
     log.warning(event, **fields, reason=reason, attempt=attempt, delay=round(delay, 3))
     return delay
+
+
+class Retries:
+    """The failures in a row of a watcher that retries its source for as long as it takes:
+    each one reported and waited out (:func:`retry_delay`), the trouble cleared once the
+    source answers again."""
+
+    def __init__(
+        self, trigger: BaseEventTrigger, log: _Warns, event: str, *, cap: float, **fields: Any
+    ) -> None:
+        self.trigger, self.log, self.event = trigger, log, event
+        self.cap, self.fields = cap, fields
+        self.failures = 0
+
+    async def failed(self, reason: str) -> None:
+        """Count a failure, report and log it, and sleep before the next attempt."""
+        self.failures += 1
+        delay = retry_delay(
+            self.trigger, self.log, self.event, reason, self.failures, cap=self.cap, **self.fields
+        )
+        await anyio.sleep(delay)
+
+    def answered(self) -> None:
+        """The source answered: after failures, its trouble is cleared and the count restarts."""
+        if self.failures:
+            self.failures = 0
+            self.trigger.report_source(None)
 
 
 T = TypeVar("T")

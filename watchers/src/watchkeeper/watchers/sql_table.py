@@ -35,12 +35,11 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import anyio
 from pydantic import ValidationInfo, field_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import retry_delay
+from ._broker import Retries
 from ._common import close_bounded, sleep_jittered, sleep_spread
 from ._params import (
     Count,
@@ -230,32 +229,20 @@ class SqlTableWatcher(ReadyMadeWatcher[SqlTableParams]):
         )
         window = await state.aload(self.asset_state_store)
         await sleep_spread(self.params.poll_interval)
-        failures = 0
+        retries = Retries(
+            self, log, "sql_source_reconnecting", cap=_RECONNECT_MAX, table=self.params.table
+        )
         while True:
             try:
                 async with contextlib.aclosing(self._connected(window, state)) as batches:
                     async for batch in batches:
-                        if failures:
-                            failures = 0
-                            self.report_source(None)  # it answers again
+                        retries.answered()
                         if batch is not None:
                             yield batch
             except SqlSourceError as exc:
                 if not exc.transient:
                     raise
-                failures += 1
-                reconnecting = "sql_source_reconnecting"
-                await anyio.sleep(
-                    retry_delay(
-                        self,
-                        log,
-                        reconnecting,
-                        str(exc),
-                        failures,
-                        cap=_RECONNECT_MAX,
-                        table=self.params.table,
-                    )
-                )
+                await retries.failed(str(exc))
 
     async def _connected(
         self, window: LagWindow[Cursor, Key], state: WindowState[Cursor, Key]
