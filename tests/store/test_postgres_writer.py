@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -318,3 +318,32 @@ async def test_single_commits_and_a_batch_share_one_round(store: PostgresStateBa
         EventCommit("wb2", ("b2",), "9", dedup_key="x", state={"wm": "9"})
     )
     assert again == [] and await store.aget(AssetScope(name="b2"), "wm") == 1
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(1893, 4, 1, 12, 30, 15, 123457, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2026, 3, 29, 1, 30, 0, 999999, tzinfo=UTC),  # a DST change in the session's zone
+        datetime(9999, 12, 31, 23, 59, 59, 999998, tzinfo=UTC),
+    ],
+)
+async def test_a_writes_time_is_stored_to_the_microsecond(
+    pg_dsn: str, pg_schema: str, at: datetime
+) -> None:
+    """An event commit and a plain upsert carry their time inside their JSON document: what
+    is stored (and returned) is the backend's clock to the microsecond, far from 1970 too,
+    whatever time zone the session is in."""
+    async with PostgresStateBackend(
+        pg_dsn, schema=pg_schema, server_settings={"TimeZone": "Europe/Berlin"}
+    ) as store:
+        await store.events.aregister_assets([Asset("a"), Asset("b")])
+        store.clock = lambda: at
+        (event,) = await store.events.acommit(EventCommit("w", ("a",), "1", state={"wm": "1"}))
+        assert await store.aset(AssetScope(name="b"), "k", 1) == 1
+        assert event.created_at == at
+        assert [e.created_at for e in await store.events.alist_events(asset="a")] == [at]
+        for asset, key in (("a", "wm"), ("b", "k")):
+            entry = await store.aget_entry(AssetScope(name=asset), key)
+            assert entry is not None and entry.updated_at == at
