@@ -241,16 +241,23 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
 ) -> None:
     """The texts of a round of commits travel inside one JSON document: escapes, quotes,
     backslashes, spacing and characters outside the BMP come out exactly as they went in, in
-    the payloads and in the state; an asset named twice gets one event."""
+    the payloads (a single event's and a batch's) and in the state; an asset named twice gets
+    one event."""
     text = '{"z":1, "a":[1,{"é\U0001f642":"\\u0000\\"\\\\"}],  "m":1.5e300,"s":"\\ud83d\\ude42"}'
     calls = {
         "twice": lambda: store.events.acommit(
             EventCommit("wa", ("a", "b0", "a"), text, state={"k": text, "é\U0001f642": "1"})
         ),
         "other": lambda: store.events.acommit(EventCommit("wb1", ("b1",), text, dedup_key="d")),
+        "batch": lambda: store.events.acommit_batch(
+            EventBatchCommit(
+                "wb2", ("b2",), ((text, "k"), ("null", None), (text, "k"), (text, None))
+            )
+        ),
     }
     outcomes = await _one_batch(store, calls)
     assert outcomes["twice"] == [json.loads(text)] * 2
+    assert outcomes["batch"] == [json.loads(text), None, json.loads(text)]
     conn = await asyncpg.connect(pg_dsn)
     try:
         rows = await conn.fetch(
@@ -258,7 +265,9 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
         )
     finally:
         await conn.close()
-    assert [(r[0], r[1]) for r in rows] == [("a", text), ("b0", text), ("b1", text)]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("a", text), ("b0", text), ("b1", text), ("b2", text), ("b2", "null"), ("b2", text)
+    ]  # fmt: skip
     for asset in ("a", "b0"):
         raw = await store.aget_raw(AssetScope(name=asset), "k")
         assert raw is not None and raw.value_json == text

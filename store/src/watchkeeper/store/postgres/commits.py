@@ -20,8 +20,8 @@ texts (its time too: no array of timestamps). A one-key state (the usual waterma
 two fields, so the server reads it as columns instead of taking a JSON object apart per op. A
 payload is JSON text already: it goes into the document as it is, and the server takes it back
 as ``json``, whose text is kept byte for byte (a JSON ``null`` payload comes back as SQL NULL,
-hence the ``coalesce``); a payload with the escape ``\u0000``, which the server's JSON
-functions refuse to take apart, travels as a JSON string (``q``, or a third element in a
+hence the ``coalesce``); a payload with the escape ``\u0000``, which the server will not take
+out of an object as ``json``, travels as a JSON string (``q``, or flagged in ``eq`` in a
 batch). The other texts (names, keys, state values) travel as JSON strings.
 """
 
@@ -77,12 +77,13 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.w, coalesce(o.q, o.p::text, 'null') AS p, o.d, o.e, o.a, o.n, o.k,
-                   o.v, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt, {at_sql("o.t")} AS at
+            SELECT o.ord, o.w, coalesce(o.q, o.p::text, 'null') AS p, o.d, o.e, o.ek, o.eq, o.a,
+                   o.n, o.k, o.v, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt, {at_sql("o.t")} AS at
             FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
-                     w text, p json, q text, d text, e json, a text, n json, k text, v text,
-                     s json, ft text, fo text, fk int8, wk text, wn text, wt int4, t int8))
-                 WITH ORDINALITY AS o(w, p, q, d, e, a, n, k, v, s, ft, fo, fk, wk, wn, wt, t, ord)
+                     w text, p json, q text, d text, e json, ek json, eq json, a text, n json,
+                     k text, v text, s json, ft text, fo text, fk int8, wk text, wn text,
+                     wt int4, t int8)) WITH ORDINALITY
+                 AS o(w, p, q, d, e, ek, eq, a, n, k, v, s, ft, fo, fk, wk, wn, wt, t, ord)
         ), r AS MATERIALIZED (
             SELECT x.op, x.pos, x.name,
                    (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
@@ -115,9 +116,11 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             FROM (SELECT o.ord, 1::int8 AS pos, o.w, o.p, o.d, o.at FROM o WHERE o.e IS NULL
                   UNION ALL
                   SELECT o.ord, v.pos, o.w,
-                         CASE WHEN v.v->2 IS NULL THEN (v.v->0)::text ELSE v.v->>0 END,
-                         v.v->>1, o.at
-                  FROM o CROSS JOIN LATERAL json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)
+                         CASE WHEN v.f = '1' THEN v.p #>> '{{}}' ELSE v.p::text END, v.d, o.at
+                  FROM o CROSS JOIN LATERAL ROWS FROM (
+                           json_array_elements(o.e), json_array_elements_text(o.ek),
+                           json_array_elements_text(o.eq))
+                       WITH ORDINALITY AS v(p, d, f, pos)
                   WHERE o.e IS NOT NULL) x
             JOIN r ON r.op = x.ord
             WHERE x.ord NOT IN (SELECT ord FROM refused){skip}

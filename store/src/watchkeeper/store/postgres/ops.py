@@ -176,16 +176,17 @@ class EventsOp(Op):
 
     Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as one JSON
     object: ``w`` the watcher; its one event as ``p`` (payload) and ``d`` (dedup key), or its
-    events as ``e`` (each ``[payload]`` or ``[payload, dedup key]``), each payload its own JSON
-    text put in as it is (not quoted: the event keeps one form), but for a payload holding the
-    escape ``\u0000``, which the server's JSON functions refuse to take apart: that one goes
-    quoted, as ``q`` or as ``[text, dedup key, 1]``; its one asset as ``a`` or
-    its assets as ``n``; its state as ``k`` and ``v`` when it holds one key (the usual
-    watermark: the statement reads them as two columns), else as the object ``s``;
+    events as the array ``e`` of their payloads and, when any has a dedup key, the array ``ek``
+    of their keys (null for none) beside it; each payload its own JSON text put in as it is
+    (not quoted: the event keeps one form), but for a payload holding the escape ``\u0000``,
+    which the server refuses to take out of the op's object as ``json``: that one goes quoted,
+    as ``q``, or as a JSON string in ``e`` with its flag 1 in the array ``eq``; its one asset
+    as ``a`` or its assets as ``n``; its state as ``k`` and ``v`` when it holds one key (the
+    usual watermark: the statement reads them as two columns), else as the object ``s``;
     ``ft``/``fo``/``fk`` the fence, ``wk``/``wn``/``wt`` the writer; ``t`` its time
     (:func:`epoch_us`); absent keys are NULL. It is written here, by its caller, so the writer
-    only joins the texts. Its assets are resolved, and its fence checked, by the statement that writes it, not by the
-    batch's shared steps. ``keyed``: whether any event has a dedup key.
+    only joins the texts. Its assets are resolved, and its fence checked, by the statement that
+    writes it, not by the batch's shared steps. ``keyed``: whether any event has a dedup key.
     """
 
     __slots__ = (
@@ -222,14 +223,22 @@ class EventsOp(Op):
                 doc += f',"d":{q(key)}'
             size = len(payload) + WRITE_OVERHEAD
         else:
-            self.keyed = any(key is not None for _, key in events)
-            text = ",".join([
-                (f"[{p}]" if d is None else f"[{p},{q(d)}]")
-                if _NUL not in p
-                else f"[{q(p)},{'null' if d is None else q(d)},1]"
-                for p, d in events
-            ])  # fmt: skip
-            doc = f'{{"w":{q(watcher)},"e":[{text}]'
+            # The payloads and the keys as arrays the statement reads side by side: each
+            # element comes out as one value, with no object or pair to take apart per event.
+            payloads = [p for p, _ in events]
+            quoted = [i for i, p in enumerate(payloads) if _NUL in p]
+            for i in quoted:
+                payloads[i] = q(payloads[i])
+            doc = f'{{"w":{q(watcher)},"e":[{",".join(payloads)}]'
+            keys = [d for _, d in events]
+            self.keyed = keys.count(None) < len(keys)
+            if self.keyed:
+                doc += f',"ek":[{",".join(["null" if d is None else q(d) for d in keys])}]'
+            if quoted:  # which payloads went as JSON strings
+                flags = ["0"] * len(payloads)
+                for i in quoted:
+                    flags[i] = "1"
+                doc += f',"eq":[{",".join(flags)}]'
             size = sum([len(p) for p, _ in events]) + WRITE_OVERHEAD * len(events)
         if len(names) == 1:
             doc += f',"a":{q(names[0])}'
