@@ -199,6 +199,14 @@ def _batch_events(op: EventsOp, rows: list[tuple[int, str, str | None, Any]]) ->
     ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
     """
     names, events = op.names, op.events
+    if not op.keyed and len(names) == 1:  # a backfill's batch: every event, in order
+        if len(rows) != len(events):
+            raise StateStoreError(f"{len(rows)} events came back for {len(events)} inserted")
+        w = op.watcher
+        return [
+            _EVENT(event_id, name, w, payload_json, None, created_at)
+            for (event_id, name, _, created_at), (payload_json, _) in zip(rows, events, strict=True)
+        ]
     returned = {(name, key) for _, name, key, _ in rows if key is not None}
     expected: list[tuple[int, str]] = []  # (event index, asset name)
     for index, (_, dedup_key) in enumerate(events):
