@@ -30,12 +30,16 @@ from watchkeeper.store import (
     VersionConflictError,
 )
 from watchkeeper.store.protocols import EventBatchCommit, EventCommit, Fence, TriggerStatus, Writer
+from watchkeeper.store.sqlite.schema import MIGRATIONS
 
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")
 ORDERS_SCOPE = AssetScope(name="orders")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+VERSIONS = [version for version, _, _ in MIGRATIONS]
+"""Every migration's number: what a new database records."""
 
 
 @pytest.fixture
@@ -75,9 +79,9 @@ class TestMigrations:
     async def test_a_new_file_records_every_migration(self, sqlite_path: Path) -> None:
         """Opening a new file applies every migration in order and records each one."""
         async with SqliteStateBackend(sqlite_path) as backend:
-            assert backend.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+            assert backend.applied_migrations == VERSIONS
         rows = raw_rows(sqlite_path, "SELECT version, name FROM schema_migrations ORDER BY 1")
-        assert [row[0] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        assert [row[0] for row in rows] == VERSIONS
         assert all(row[1] for row in rows)
 
     async def test_reopening_applies_nothing(self, sqlite_path: Path) -> None:
@@ -87,7 +91,7 @@ class TestMigrations:
         async with SqliteStateBackend(sqlite_path) as backend:
             assert backend.applied_migrations == []
             assert await backend.amigrate() == []
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 11
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == len(VERSIONS)
 
     async def test_two_backends_opening_a_new_file_at_once(self, sqlite_path: Path) -> None:
         """Two openings racing on a new file apply each migration exactly once between them."""
@@ -100,8 +104,8 @@ class TestMigrations:
         async with anyio.create_task_group() as tg:
             tg.start_soon(open_one)
             tg.start_soon(open_one)
-        assert sorted(applied) == [[], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 11
+        assert sorted(applied) == [[], VERSIONS]
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == len(VERSIONS)
 
     async def test_a_version_4_file_gets_the_event_retention_index(self, sqlite_path: Path) -> None:
         """A file from before event retention (version 4) is upgraded by migration 5 alone,
@@ -803,17 +807,18 @@ class TestGarbageCollection:
         report = await store.gc.acollect_garbage(
             default_retention_days=0, batch_size=2, now=T0 + timedelta(days=2)
         )
-        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events: none.
-        assert store.commit_stats.writes - before == 5
+        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events and the
+        # runs' logs: none (one write each).
+        assert store.commit_stats.writes - before == 6
         assert len(report.expired) == 5 and report.retention == [] and len(report.orphaned) == 1
         assert sorted(e.key for e in await store.alist(TASK)) == ["fresh", "kept", "stale"]
 
     async def test_one_statement_when_batch_size_is_zero(self, store: SqliteStateBackend) -> None:
-        """batch_size=0 deletes each kind (three of state, and events) in one write."""
+        """batch_size=0 deletes each kind (three of state, events, runs' logs) in one write."""
         await self._fill(store)
         before = store.commit_stats.writes
         report = await store.gc.acollect_garbage(now=T0 + timedelta(days=31))
-        assert store.commit_stats.writes - before == 4
+        assert store.commit_stats.writes - before == 5
         assert report.total == 7
 
     async def test_dry_run_reports_the_same_rows_and_deletes_nothing(

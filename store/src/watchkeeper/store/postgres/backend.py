@@ -44,7 +44,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, migrate
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     GC_TIMEOUT,
@@ -116,7 +116,7 @@ class PostgresStateBackend(BaseStateBackend):
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
             self, events=self, feed=controls, tasks=self._tasks, runs=self._tasks, leases=SqlLeases(leases),
             gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
-            keepalive=leases,
+            keepalive=leases, logs=SqlLogs(pool),
             wait_for_release=leases._await_lease_release,
         )  # fmt: skip
         #: Session settings of its connections (``application_name``...); set until it opens.

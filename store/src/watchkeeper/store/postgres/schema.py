@@ -22,6 +22,7 @@ from typing import Final
 from ..errors import ArgumentTypeError, InvalidSettingError
 from ..sql.dialects import POSTGRES
 from ..sql.engine import Job, rows, run
+from ..sql.logs import LOG_TABLE_POSTGRES
 from ..sql.migrations import Migrations, raw
 from .tasks_schema import TASK_TABLES, TRY_COUNTS
 
@@ -243,6 +244,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             ),
         ),
     ),
+    (12, "run logs", LOG_TABLE_POSTGRES),
 )
 
 _SCHEMA_MIGRATIONS: Final = """
