@@ -10,8 +10,8 @@ the try asked for) is over and every chunk of it has been sent.
 Each stream reads the store on its own, at most once per ``[api]`` poll interval while nothing
 new is kept and at once while it is catching up: a run's logs have few readers, and none waits
 for another. The stream counts against its token's open streams as the event stream does, and
-ends as that one does when the token is revoked or the server stops. The text is masked of
-URL passwords on the way out, as event payloads are.
+ends as that one does when the token is revoked or the server stops. The text is served as
+the store keeps it: secrets were masked on the way in.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from watchkeeper.store import LogChunk, RunNotFoundError, StoreUnavailableError
-from watchkeeper.store.protocols import TaskRun, redact_secrets
+from watchkeeper.store.protocols import RunLogs, TaskRun
 
 from .._core import iso
 from ._base import MAX_PAGE, ApiContext, ApiError, authenticate, ctx_of, int_param, require
@@ -43,12 +43,12 @@ _FINAL = ("success", "failed")
 
 
 def chunk_json(chunk: LogChunk) -> dict[str, Any]:
-    """One chunk as the API answers it, URL passwords in its text masked."""
+    """One chunk as the API answers it."""
     return {
         "seq": chunk.seq,
         "try": chunk.try_number,
         "stream": chunk.stream,
-        "text": redact_secrets(chunk.text),
+        "text": chunk.text,
         "at": iso(chunk.created_at),
     }
 
@@ -69,6 +69,14 @@ def _start(request: Request) -> int:
     return int_param(request, "after", 0, 0, None)
 
 
+def _logs(ctx: ApiContext) -> RunLogs:
+    """The store's run logs; a 501 :class:`ApiError` when it keeps none."""
+    logs = ctx.backend.services.logs
+    if logs is None:
+        raise ApiError(501, "not_supported", f"{type(ctx.backend).__name__} keeps no run logs")
+    return logs
+
+
 async def _run(ctx: ApiContext, run_id: int) -> TaskRun:
     try:
         return await ctx.tasks.aget_run(run_id)
@@ -86,13 +94,13 @@ async def run_logs(request: Request) -> Response:
     after = _start(request)
     limit = int_param(request, "limit", LOG_BATCH, 1, MAX_PAGE)
     ctx = ctx_of(request)
+    logs = _logs(ctx)
     run = await _run(ctx, run_id)  # a 404 before anything is read or streamed
     if follow:
-        return LiveStream(ctx, principal, _stream(ctx, principal, run_id, try_number, after))
+        stream = _stream(ctx, principal, logs, run_id, try_number, after)
+        return LiveStream(ctx, principal, stream)
     # One chunk more than the page: whether there is a next page, without a second call.
-    chunks = await ctx.backend.logs.alist(
-        run_id, try_number=try_number, after_seq=after, limit=limit + 1
-    )
+    chunks = await logs.alist(run_id, try_number=try_number, after_seq=after, limit=limit + 1)
     page = chunks[:limit]
     return JSONResponse(
         {
@@ -123,10 +131,15 @@ def _over(run: TaskRun, try_number: int | None) -> bool:
 
 
 async def _stream(
-    ctx: ApiContext, principal: Principal, run_id: int, try_number: int | None, after: int
+    ctx: ApiContext,
+    principal: Principal,
+    logs: RunLogs,
+    run_id: int,
+    try_number: int | None,
+    after: int,
 ) -> AsyncIterator[bytes]:
     yield f"retry: 2000\n: logs of run {run_id} after chunk {after}\n\n".encode()
-    logs, tasks = ctx.backend.logs, ctx.tasks
+    tasks = ctx.tasks
     quiet_since = checked_at = time.monotonic()
     over: TaskRun | None = None  # the run once seen over: one more read, then the end
     while not ctx.closing.is_set():
