@@ -7,11 +7,12 @@ polls passes ``next_after`` back until the run has finished and ``more`` is fals
 the event id (``Last-Event-ID`` resumes after it), and a last ``end`` frame once the run (or
 the try asked for) is over and every chunk of it has been sent.
 
-Each stream reads the store on its own, at most once per ``[api]`` poll interval while nothing
-new is kept and at once while it is catching up: a run's logs have few readers, and none waits
-for another. The stream counts against its token's open streams as the event stream does, and
-ends as that one does when the token is revoked or the server stops. The text is served as
-the store keeps it: secrets were masked on the way in.
+Each stream reads the store on its own, at most once per live-stream poll interval while
+nothing new is kept (and the run's state at most once per :data:`STATE_EVERY`), at once while
+it is catching up: a run's logs have few readers, and none waits for another. The stream
+counts against its token's open streams as the event stream does, and ends as that one does
+when the token is revoked or the server stops. The text is served as the store keeps it:
+secrets were masked on the way in.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ from ._parse import parse_int
 from ._scoping import may_read_logs
 from ._tokens import Principal
 
-__all__ = ["LOG_BATCH", "chunk_json", "run_logs"]
+__all__ = ["LOG_BATCH", "STATE_EVERY", "chunk_json", "run_logs"]
 
 LOG_BATCH = 1000
 """Chunks per read of the store, and the default page of the JSON answer."""
+
+STATE_EVERY = 1.0
+"""Seconds between two reads of a followed run's state while it writes nothing new (a run
+read with its events costs more than a read of its newest chunks)."""
 
 _FINAL = ("success", "failed")
 
@@ -61,12 +66,11 @@ def _follow(request: Request) -> bool:
 
 
 def _start(request: Request) -> int:
-    """Where the answer starts: after ``Last-Event-ID`` when following and it is sent, else
-    after ``?after=`` (absent: from the first chunk)."""
+    """Where the answer starts: after ``Last-Event-ID`` if sent (what a reconnecting stream
+    sends), else after ``?after=`` (absent: from the first chunk)."""
+    after = int_param(request, "after", 0, 0, None)  # checked even when the header wins
     last_id = request.headers.get("last-event-id")
-    if last_id is not None and _follow(request):
-        return parse_int(last_id.strip(), "Last-Event-ID")
-    return int_param(request, "after", 0, 0, None)
+    return after if last_id is None else parse_int(last_id.strip(), "Last-Event-ID")
 
 
 def _logs(ctx: ApiContext) -> RunLogs:
@@ -142,6 +146,7 @@ async def _stream(
     tasks = ctx.tasks
     quiet_since = checked_at = time.monotonic()
     over: TaskRun | None = None  # the run once seen over: one more read, then the end
+    state_at = float("-inf")
     while not ctx.closing.is_set():
         if time.monotonic() - checked_at >= ctx.token_recheck:
             checked_at = time.monotonic()
@@ -161,10 +166,12 @@ async def _stream(
                 end = {"run_id": run_id, "state": over.state, "try_number": over.try_number}
                 yield f"event: end\ndata: {json.dumps(end)}\n\n".encode()
                 return
-            run = await tasks.aget_run(run_id)
-            if _over(run, try_number):
-                over = run
-                continue  # what the last try wrote before it finished is read once more
+            if time.monotonic() - state_at >= STATE_EVERY:
+                state_at = time.monotonic()
+                run = await tasks.aget_run(run_id)
+                if _over(run, try_number):
+                    over = run
+                    continue  # what the last try wrote before it finished is read once more
         except RunNotFoundError:
             yield b": the run is gone; the stream ends\n\n"
             return

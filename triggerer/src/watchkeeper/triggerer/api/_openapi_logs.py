@@ -40,6 +40,19 @@ LOG_SCHEMAS: dict[str, Any] = {
 }
 
 
+_FRAME = {
+    "type": "object",
+    "description": "one event of the stream: a 'log' frame holds a LogChunk as JSON, its seq "
+    "the id; the 'end' frame the run's id, state and try_number",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["log", "end"]},
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+}
+
+
 def _error(description: str, **extra: Any) -> dict[str, Any]:
     return {
         "description": description,
@@ -65,7 +78,7 @@ def log_paths(common: dict[str, Any]) -> dict[str, Any]:
                         ),
                         "content": {
                             "application/json": {"schema": ref("LogPage")},
-                            "text/event-stream": {"schema": {"type": "string"}},
+                            "text/event-stream": {"schema": _FRAME},
                         },
                     },
                     "400": _error("a malformed parameter or header (the detail names it)"),
@@ -111,7 +124,7 @@ def log_paths(common: dict[str, Any]) -> dict[str, Any]:
                     {
                         "name": "Last-Event-ID",
                         "in": "header",
-                        "description": "following: resume after this seq (wins over after)",
+                        "description": "resume after this seq (wins over after)",
                         "schema": {"type": "string", "pattern": "^[ \\t]*[0-9]{1,19}[ \\t]*$"},
                     },
                 ],

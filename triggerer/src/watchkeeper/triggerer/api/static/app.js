@@ -449,7 +449,13 @@ async function loadRun(runId) {
   const run = await response.json();
   $("#run-detail").hidden = false;
   $("#run-id").textContent = "#" + runId;
-  if (!response.ok) { $("#run-summary").textContent = run.detail; return; }
+  if (!response.ok) {
+    $("#run-summary").textContent = run.detail;
+    runLogs = { runId: null, after: 0, tries: new Map() }; // nothing of another run stays
+    for (const id of ["#run-tries tbody", "#run-errors", "#run-logs", "#run-events"]) $(id).replaceChildren();
+    $("#run-logs-status").textContent = "";
+    return;
+  }
   $("#run-summary").textContent =
     `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${when(run.created_at)}` +
     (run.started_at ? `, started ${when(run.started_at)}` : "") +
