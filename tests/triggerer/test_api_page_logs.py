@@ -3,7 +3,7 @@ Debian's chromium): beside the selected run, one row per try and one block of ou
 try, followed while the run runs; log text holding markup or a script shows as text and never
 runs; the blocks are reachable from the keyboard.
 
-The daemon and its API are those of ``test_api_page_views.py``: one watcher on ``orders``.
+The daemon and its API are those of :mod:`tests.support.browser`: one watcher on ``orders``.
 """
 
 from __future__ import annotations
@@ -15,16 +15,8 @@ from typing import Any
 import pytest
 from watchkeeper.store.protocols import TaskRun, TaskSpec
 
-from tests.support.requires import unavailable
-from tests.triggerer.test_api_page_views import (
-    CHROMIUM,
-    MARKUP,
-    Site,
-    events_of,
-    open_site,
-    screenshot,
-    signed_in,
-)
+from tests.support.browser import Site, open_site, screenshot, signed_in
+from tests.triggerer.test_api_page_views import MARKUP, events_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -33,22 +25,15 @@ SCRIPT = "<script>window.__xss=2</script>"
 
 
 @pytest.fixture
-def chromium() -> Path:
-    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
-    if not CHROMIUM.exists():
-        unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
-    return CHROMIUM
-
-
-@pytest.fixture
 async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
-    async for one in open_site(tmp_path, watchers, "orders", "orders_feed"):
+    async with open_site(tmp_path, watchers) as one:
         yield one
 
 
 @pytest.fixture
 async def page(chromium: Path, site: Site) -> AsyncIterator[Any]:
-    async for tab in signed_in(chromium, site):
+    viewport = {"width": 1200, "height": 800}
+    async with signed_in(chromium, site.base, site.token, viewport=viewport) as tab:
         yield tab
 
 
