@@ -44,7 +44,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, SqlTaskSpecs, migrate
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, SqlTaskSpecs, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     GC_TIMEOUT,
@@ -117,7 +117,7 @@ class PostgresStateBackend(BaseStateBackend):
             self, events=self, feed=controls, runs=self._tasks, leases=SqlLeases(leases),
             tasks=SqlTaskSpecs(pool, events_lock=self._events_lock),
             gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
-            keepalive=leases,
+            keepalive=leases, logs=SqlLogs(pool),
             wait_for_release=leases._await_lease_release,
         )  # fmt: skip
         #: Session settings of its connections (``application_name``...); set until it opens.

@@ -70,7 +70,7 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, SqlTaskSpecs
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, SqlTaskSpecs
 from . import leases, meta, ops
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
@@ -119,6 +119,7 @@ class SqliteStateBackend(BaseStateBackend):
             leases=SqlLeases(SqliteRunner(self)),
             controls=SqlControls(SqliteRunner(self)),
             status=SqlStatus(SqliteRunner(self)), gc=SqlGc(SqliteRunner(self)), keepalive=self,
+            logs=SqlLogs(SqliteRunner(self)),
         )  # fmt: skip
         text = os.fspath(path)
         if not isinstance(text, str):
