@@ -61,7 +61,7 @@ class TryLog:
     def __init__(self, run_id: int, try_number: int, max_bytes: int) -> None:
         self.run_id, self.try_number, self.max_bytes = run_id, try_number, max_bytes
         self._lock = threading.Lock()
-        self._pending: list[list[str]] = []  # [stream, text], a stream's writes run together
+        self._pending: list[tuple[str, str]] = []  # each write, joined when taken
         self._size = 0  # characters pending: a cheap bound on the bytes
         #: Held while a flush takes and stores: flushes of one try store in order.
         self.flushing = anyio.Lock()
@@ -69,25 +69,26 @@ class TryLog:
     def __repr__(self) -> str:
         return f"<TryLog run={self.run_id} try={self.try_number} pending={self._size}>"
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and no flush is storing: the try's output is all stored."""
+        return not self._pending and not self.flushing.locked()
+
     def write(self, stream: str, text: str) -> None:
         if not text:
             return
         with self._lock:
-            pending = self._pending
-            if pending and pending[-1][0] == stream:
-                pending[-1][1] += text
-            else:
-                pending.append([stream, text])
+            self._pending.append((stream, text))
             self._size += len(text)
             if self._size > 2 * self.max_bytes:  # bound the memory: the tail is what is kept
                 self._trim()
 
     def _trim(self) -> None:
-        kept: list[list[str]] = []
+        kept: list[tuple[str, str]] = []
         room = self.max_bytes
         for stream, text in reversed(self._pending):
             part = text[-room:]
-            kept.append([stream, part])
+            kept.append((stream, part))
             room -= len(part)
             if room <= 0:
                 break
@@ -96,15 +97,22 @@ class TryLog:
         self._size = sum(len(text) for _, text in kept)
 
     def take(self) -> list[tuple[str, str]]:
-        """What waits, in order, and nothing waits any more."""
+        """What waits, in order, each stream's consecutive writes as one chunk; and nothing
+        waits any more."""
         with self._lock:
             taken, self._pending, self._size = self._pending, [], 0
-        return [(stream, text) for stream, text in taken]
+        runs: list[tuple[str, list[str]]] = []
+        for stream, text in taken:
+            if runs and runs[-1][0] == stream:
+                runs[-1][1].append(text)
+            else:
+                runs.append((stream, [text]))
+        return [(stream, "".join(parts)) for stream, parts in runs]
 
     def put_back(self, chunks: list[tuple[str, str]]) -> None:
         """Return ``chunks`` (taken, not stored) before what was written since."""
         with self._lock:
-            self._pending[:0] = [[stream, text] for stream, text in chunks]
+            self._pending[:0] = chunks
             self._size += sum(len(text) for _, text in chunks)
             if self._size > 2 * self.max_bytes:
                 self._trim()
@@ -237,9 +245,11 @@ class TryLogs:
             _CURRENT.reset(token)
 
     async def close(self, buffer: TryLog) -> None:
-        """Store what is left of a try's output; the try is over."""
+        """Store what is left of a try's output; the try is over (when it returns, all of
+        the try's output is stored, or given up on with a warning)."""
         self._live.pop(id(buffer), None)
-        await self.flush(buffer)
+        if not buffer.idle:  # most tries print nothing: no lock, no scope
+            await self.flush(buffer)
 
     async def flush(self, buffer: TryLog) -> None:
         """Store what waits in ``buffer``: shielded from cancellation (what was taken is
