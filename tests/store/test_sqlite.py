@@ -870,10 +870,12 @@ class TestRunQueries:
     async def test_a_filtered_listing_reads_an_index(
         self, tmp_path: Path, task: str | None, state: str | None, index: str
     ) -> None:
-        from watchkeeper.store.sqlite.tasks_schema import runs_query
+        from watchkeeper.store.sql.dialects import SQLITE
+        from watchkeeper.store.sql.runs import RunStatements
 
-        sql, params = runs_query(task, state)
-        plan = await self.plan(tmp_path, sql, (*params, 10))
+        stmt = RunStatements(SQLITE, "").listing(task is not None, state, False)
+        params = stmt.bind({"task": task, "limit": 10}, None, lambda ttl: None)
+        plan = await self.plan(tmp_path, stmt.sql, params)
         assert f"USING INDEX {index}" in plan and "SCAN task_runs" not in plan, plan
 
     @pytest.mark.parametrize("name", ["LAPSED_RUNS", "READY_RUNS", "ANYTHING_TO_CLAIM"])

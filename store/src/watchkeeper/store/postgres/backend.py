@@ -44,7 +44,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, migrate
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlRuns, SqlStatus, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     GC_TIMEOUT,
@@ -114,7 +114,7 @@ class PostgresStateBackend(BaseStateBackend):
         pool = PostgresRunner(controls)
         self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
-            self, events=self, feed=controls, tasks=self._tasks, runs=self._tasks, leases=SqlLeases(leases),
+            self, events=self, feed=controls, tasks=self._tasks, runs=SqlRuns(pool, self._tasks), leases=SqlLeases(leases),
             gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
             keepalive=leases,
             wait_for_release=leases._await_lease_release,

@@ -32,7 +32,7 @@ from .._tasks import (
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
 from .consumers import EVENT_COLS, PostgresConsumers, event_row, events_hook
-from .sql import database_clock, rowcount
+from .sql import database_clock
 from .steps import Group, StepOp, settle_steps
 
 if TYPE_CHECKING:
@@ -358,38 +358,6 @@ class PostgresRuns(PostgresConsumers):
         if cached is None:
             cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
         return cached
-
-    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
-        held, p = runs, self._prefix
-
-        async def renew(conn: Any) -> builtins.set[int]:
-            rows = await conn.fetch(
-                f"UPDATE {p}task_runs r SET lease_expires_at = n.at + $4::interval "
-                "FROM unnest($2::int8[], $3::int8[]) AS i(id, token), "
-                "(SELECT coalesce($5::timestamptz, now()) AS at) n "
-                "WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = $1 "
-                "AND r.state = 'running' AND r.lease_expires_at > n.at RETURNING r.id",
-                owner, list(held), list(held.values()), span, database_clock(self.clock),
-            )  # fmt: skip
-            return {r[0] for r in rows}
-
-        return await self._transact("renewing run leases", renew)
-
-    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
-        names = owners
-
-        async def brk(conn: Any) -> int:
-            return rowcount(
-                await conn.execute(
-                    f"UPDATE {self._prefix}task_runs "
-                    "SET lease_expires_at = coalesce($2::timestamptz, now()) "
-                    "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
-                    names,
-                    database_clock(self.clock),
-                )
-            )
-
-        return await self._transact("breaking run leases", brk)
 
     async def _finish(self, conn: Any, owner: str, outcome: RunOutcome) -> TaskRun:
         """Finish one try, fenced by its lease (on the database clock)."""

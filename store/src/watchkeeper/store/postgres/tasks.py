@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 import anyio
 
 from .._tasks import (
-    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskInfo,
@@ -52,8 +51,6 @@ from .._tasks import (
 )
 from .._types import AssetEvent, Writer
 from ..errors import (
-    RunNotFoundError,
-    RunStateError,
     TaskNotFoundError,
 )
 from .consumers import LOCK_KEY, event_row
@@ -408,42 +405,9 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             more, made = more + runs, made + n
         return RunStep(finished, (*claimed, *more), made)
 
-    async def _aget_run(self, run_id: int) -> TaskRun:
-
-        async def get(conn: Any) -> list[TaskRun]:
-            return await self._runs_with_events(conn, [run_id])
-
-        found = await self._transact("reading a run", get)
-        if not found:
-            raise RunNotFoundError(run_id)
-        return found[0]
-
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._fetch(
             "counting runs",
             f"SELECT task, state, count(*) FROM {self._prefix}task_runs GROUP BY task, state",
         )
         return {(row[0], row[1]): row[2] for row in rows}
-
-    async def _aretry_run(self, run_id: int) -> TaskRun:
-        p = self._prefix
-
-        async def retry(conn: Any) -> TaskRun:
-            state = await conn.fetchval(
-                f"SELECT state FROM {p}task_runs WHERE id = $1 FOR UPDATE", run_id
-            )
-            if state is None:
-                raise RunNotFoundError(run_id)
-            if state != "failed":
-                raise RunStateError(run_id, state, "only a failed run can be retried")
-            await conn.execute(
-                f"UPDATE {p}task_runs SET state = 'queued', max_tries = failures + 1, "
-                "not_before = NULL, finished_at = NULL, updated_at = $2, "
-                "lost_tries = least(lost_tries, $3) WHERE id = $1",
-                run_id,
-                self.clock(),
-                MAX_LOST_TRIES - 1,
-            )
-            return (await self._runs_with_events(conn, [run_id]))[0]
-
-        return await self._transact("retrying a run", retry)

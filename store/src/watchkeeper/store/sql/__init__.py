@@ -12,7 +12,7 @@ dialect for each database where the SQL must differ.
   each database's numbered migrations.
 - The drivers, each with its statements and jobs: :mod:`.leases` (node and trigger leases),
   :mod:`.controls` (watcher controls, API tokens), :mod:`.status` (trigger and daemon status),
-  :mod:`.gc` (garbage collection).
+  :mod:`.gc` (garbage collection), :mod:`.runs` (runs of tasks).
 
 What stays with each database is how a job runs: SQLite's executor is the group-commit
 writer's transaction (:func:`watchkeeper.store.sqlite.executor.run_job`); PostgreSQL's is a
@@ -23,6 +23,7 @@ from .controls import SqlControls
 from .gc import SqlGc
 from .leases import SqlLeases
 from .migrations import Migrations, migrate
+from .runs import SqlRuns
 from .status import SqlStatus
 
-__all__ = ["Migrations", "SqlControls", "SqlGc", "SqlLeases", "SqlStatus", "migrate"]
+__all__ = ["Migrations", "SqlControls", "SqlGc", "SqlLeases", "SqlRuns", "SqlStatus", "migrate"]

@@ -14,38 +14,32 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._run_errors import bucketed
 from .._tasks import (
-    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskInfo,
     TaskRun,
     TaskSpec,
     check_rewind,
-    lost_reason,
 )
 from .._types import Writer
-from ..errors import RunNotFoundError, RunStateError
-from . import meta, ops
-from .consumers import EVENT_COLS, SqliteConsumers
+from . import ops
+from .consumers import SqliteConsumers
 from .schema import from_db, to_db
 from .steps import (
     RUN_STEPS,
     StepItem,
     create_runs,
-    lease_row,
-    run_from_row,
     runs_with_events,
     spec_from_row,
     step,
     task_spec,
 )
-from .tasks_schema import ANYTHING_TO_CLAIM, RUN_COLS, runs_query
+from .tasks_schema import ANYTHING_TO_CLAIM
 from .writer import Op
 
 if TYPE_CHECKING:
@@ -102,58 +96,6 @@ def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | No
         "WHERE task = ? AND asset = ?",
         (cursor, stamp, who[0], who[1], name, asset),
     )
-
-
-def _heartbeat(tx: Tx, owner: str, runs: Mapping[int, int], span: timedelta) -> set[int]:
-    now, _ = tx.now()
-    held: set[int] = set()
-    for run_id, token in runs.items():
-        try:
-            row = lease_row(tx, run_id)
-        except RunNotFoundError:
-            continue
-        if (
-            lost_reason(
-                row[0],
-                row[1],
-                row[2],
-                None if row[3] is None else from_db(row[3]),
-                owner,
-                token,
-                now,
-            )
-            is None
-        ):
-            tx.conn.execute(
-                "UPDATE task_runs SET lease_expires_at = ? WHERE id = ?",
-                (to_db(now + span), run_id),
-            )
-            held.add(run_id)
-    return held
-
-
-def _break(tx: Tx, owners: Sequence[str]) -> int:
-    _, stamp = tx.now()
-    marks = ", ".join("?" * len(owners))
-    cur = tx.conn.execute(
-        "UPDATE task_runs SET lease_expires_at = ? WHERE state = 'running' "
-        f"AND lease_owner IN ({marks})",
-        (stamp, *owners),
-    )
-    return cur.rowcount
-
-
-def _retry(tx: Tx, run_id: int) -> TaskRun:
-    state = lease_row(tx, run_id)[0]
-    if state != "failed":
-        raise RunStateError(run_id, state, "only a failed run can be retried")
-    _, stamp = tx.now()
-    tx.conn.execute(
-        "UPDATE task_runs SET state = 'queued', max_tries = failures + 1, not_before = NULL, "
-        "finished_at = NULL, updated_at = ?, lost_tries = min(lost_tries, ?) WHERE id = ?",
-        (stamp, MAX_LOST_TRIES - 1, run_id),
-    )
-    return runs_with_events(tx.conn, [run_id])[0]
 
 
 class SqliteTasks(SqliteConsumers):
@@ -236,66 +178,9 @@ class SqliteTasks(SqliteConsumers):
         rows = await self._read(ANYTHING_TO_CLAIM, (stamp, stamp, int(create)))
         return bool(rows[0][0])
 
-    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
-        return await self._write(lambda tx: _heartbeat(tx, owner, runs, span))
-
-    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
-        return await self._write(lambda tx: _break(tx, owners))
-
-    async def _aget_run(self, run_id: int) -> TaskRun:
-        rows = await self._read(f"SELECT {RUN_COLS} FROM task_runs WHERE id = ?", (run_id,))
-        if not rows:
-            raise RunNotFoundError(run_id)
-        events = await self._read(
-            f"SELECT {EVENT_COLS} FROM task_run_events e JOIN asset_events ev "
-            "ON ev.id = e.event_id WHERE e.run_id = ? ORDER BY e.event_id",
-            (run_id,),
-        )
-        return run_from_row(rows[0], meta.events_result(events))
-
-    async def _alist_runs(
-        self, task: str | None, state: str | None, limit: int | None, before: int | None
-    ) -> builtins.list[TaskRun]:
-        sql, params = runs_query(task, state, before)
-        rows = await self._read(sql, (*params, -1 if limit is None else limit))
-        return [run_from_row(row) for row in rows]
-
-    async def _arun_event_ids(self, run_ids: builtins.list[int]) -> dict[int, builtins.list[int]]:
-        found: dict[int, list[int]] = {}
-        for start in range(0, len(run_ids), 500):
-            chunk = run_ids[start : start + 500]
-            rows = await self._read(
-                f"SELECT run_id, event_id FROM task_run_events WHERE run_id IN "
-                f"({', '.join('?' * len(chunk))}) ORDER BY run_id, event_id",
-                chunk,
-            )
-            for run_id, event_id in rows:
-                found.setdefault(run_id, []).append(event_id)
-        return found
-
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
         rows = await self._read("SELECT task, state, count(*) FROM task_runs GROUP BY task, state")
         return {(task, state): count for task, state, count in rows}
-
-    async def _acount_tries(self) -> dict[tuple[str, str, bool], int]:
-        rows = await self._read(
-            "SELECT r.task, coalesce(json_extract(e.value, '$.cause'), CASE WHEN "
-            "json_extract(e.value, '$.error') LIKE 'the lease of worker %' THEN 'worker_lost' "
-            "ELSE 'task_error' END), coalesce(json_extract(e.value, '$.final'), 0), count(*) "
-            "FROM task_runs r, json_each(r.errors) e WHERE r.errors != '[]' GROUP BY 1, 2, 3"
-        )
-        return {(task, cause, bool(final)): n for task, cause, final, n in rows}
-
-    async def _arun_durations(
-        self, bounds: tuple[float, ...]
-    ) -> dict[str, tuple[builtins.list[int], float]]:
-        took = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
-        bucket = "CASE " + "".join(f"WHEN {took} <= {b!r} THEN {i} " for i, b in enumerate(bounds))
-        rows = await self._read(
-            f"SELECT task, {bucket}ELSE {len(bounds)} END, count(*), sum({took}) "
-            "FROM task_runs WHERE state = 'success' GROUP BY 1, 2"
-        )
-        return bucketed(rows, len(bounds))
 
     async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
         rows = await self._read(
@@ -304,6 +189,3 @@ class SqliteTasks(SqliteConsumers):
             "FROM task_cursors c"
         )
         return {(task, asset): from_db(at) for task, asset, at in rows if at is not None}
-
-    async def _aretry_run(self, run_id: int) -> TaskRun:
-        return await self._write(lambda tx: _retry(tx, run_id))

@@ -22,7 +22,6 @@ __all__ = [
     "RUN_COLS",
     "TASK_TABLES",
     "TRY_COUNTS",
-    "runs_query",
 ]
 
 TASK_TABLES: Final[tuple[str, ...]] = (
@@ -131,28 +130,3 @@ ANYTHING_TO_CLAIM = (
     "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))"
 )
 
-
-def runs_query(
-    task: str | None, state: str | None, before: int | None = None
-) -> tuple[str, tuple[object, ...]]:
-    """The listing of runs (newest first, below the id ``before``, then ``LIMIT ?``) with
-    only the filters given.
-
-    The state is written into the SQL as a literal (it is one of ``RUN_STATES``, checked by
-    the caller) so that the ``(state, id)`` index answers, where a ``(? IS NULL OR state = ?)``
-    filter scanned every run ever made (the worker lists its running runs at every
-    heartbeat)."""
-    where = []
-    params: tuple[object, ...] = ()
-    if task is not None:
-        where.append("task = ?")
-        params += (task,)
-    if state is not None:
-        where.append(f"state = '{state}'")
-    if before is not None:
-        where.append("id < ?")
-        params += (before,)
-    sql = f"SELECT {RUN_COLS} FROM task_runs"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY id DESC LIMIT ?", params
