@@ -129,4 +129,3 @@ ANYTHING_TO_CLAIM = (
     "FROM task_cursors c JOIN tasks t ON t.name = c.task WHERE t.paused = 0 AND EXISTS "
     "(SELECT 1 FROM asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))"
 )
-
