@@ -878,12 +878,17 @@ class TestRunQueries:
         plan = await self.plan(tmp_path, stmt.sql, params)
         assert f"USING INDEX {index}" in plan and "SCAN task_runs" not in plan, plan
 
-    @pytest.mark.parametrize("name", ["LAPSED_RUNS", "READY_RUNS", "ANYTHING_TO_CLAIM"])
+    @pytest.mark.parametrize("name", ["lapsed", "claim", "anything"])
     async def test_what_a_claim_reads_uses_the_state_index(self, tmp_path: Path, name: str) -> None:
-        from watchkeeper.store.sqlite import tasks_schema as tasks
+        """The statements a claim reads open runs with find them by the state index."""
+        from watchkeeper.store.sql.dialects import SQLITE
+        from watchkeeper.store.sql.run_steps import StepStatements
 
-        sql: str = getattr(tasks, name)
-        plan = await self.plan(tmp_path, sql, (1,) * sql.count("?"))
+        found = getattr(StepStatements(SQLITE, ""), name)
+        stmt = found if name == "anything" else found[1]  # with the task filter
+        params = {"tasks": ["t"], "owner": "w", "limit": 1, "create": 1, "ttl": 1.0}
+        now = "2026-01-01T00:00:00.000000+00:00"
+        plan = await self.plan(tmp_path, stmt.sql, stmt.bind(params, now, lambda ttl: now))
         assert "USING INDEX task_runs_state" in plan, plan
         assert "SCAN r" not in plan.split(" | ") and "SCAN task_runs" not in plan, plan
 
@@ -891,7 +896,8 @@ class TestRunQueries:
         """Steps that land in one batch run as one group: each finish on its own, then one
         claim statement (and one lapsed-lease check) for all of them, each run claimed once."""
         from watchkeeper.store.protocols import RunOutcome, TaskSpec
-        from watchkeeper.store.sqlite.steps import RUN_STEPS, StepItem
+        from watchkeeper.store.sql.run_steps import StepItem
+        from watchkeeper.store.sqlite.tasks import RUN_STEPS
         from watchkeeper.store.sqlite.writer import Tx
 
         path = tmp_path / "state.db"

@@ -12,26 +12,25 @@ from __future__ import annotations
 import builtins
 import functools
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._tasks import (
     LAPSED,
     MAX_LOST_TRIES,
-    OutletEvent,
-    RunError,
     RunOutcome,
     TaskRun,
-    after_failure,
     errors_from_json,
-    errors_to_json,
     ids_from_json,
-    ids_to_json,
     lost_reason,
 )
 from .._types import AssetEvent
-from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
-from .consumers import EVENT_COLS, PostgresConsumers, event_row, events_hook
+from ..errors import RunLeaseLostError, RunNotFoundError
+from ..sql.dialects import POSTGRES
+from ..sql.engine import Job
+from ..sql.run_steps import StepStatements
+from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, event_row, events_channel
+from .executor import run_job
 from .sql import database_clock
 from .steps import Group, StepOp, settle_steps
 
@@ -285,23 +284,35 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
 class PostgresRuns(PostgresConsumers):
     """Claims, finishes and leases of runs (see the module docstring)."""
 
-    async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
-        if not run_ids:
-            return []
-        p = self._prefix
-        ids = list(run_ids)
-        rows = await conn.fetch(
-            f"SELECT {RUN_COLS} FROM {p}task_runs WHERE id = ANY($1::int8[]) ORDER BY id", ids
+    @property
+    def events_lock(self) -> str:
+        """The events lock taken exclusively (see :mod:`.tasks`)."""
+        return f"SELECT pg_advisory_xact_lock({self._events_key})"
+
+    @property
+    def _events_key(self) -> str:
+        return LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
+
+    @property
+    def _steps(self) -> StepStatements:
+        """The engine's statements of a step here (built on first use: the schema is known)."""
+        s: StepStatements | None = self.__dict__.get("_step_statements")
+        if s is None:
+            # A finish's outlet events hold the events lock shared and wake the listeners,
+            # as every transaction inserting events does (events_hook).
+            share = (
+                f"SELECT pg_advisory_xact_lock_shared({self._events_key}), "
+                f"pg_notify('{events_channel(self.schema)}', '')"
+            )
+            s = StepStatements(POSTGRES, self._prefix, self.events_lock, share)
+            self.__dict__["_step_statements"] = s
+        return s
+
+    async def _in(self, conn: Any, job: Job[T]) -> T:
+        """Run an engine job in ``conn``'s transaction."""
+        return await run_job(
+            job, conn, clock=database_clock(self.clock), channel=str, in_transaction=True
         )
-        events: dict[int, list[AssetEvent]] = {}
-        for r in await conn.fetch(
-            f"SELECT e.run_id, {EVENT_COLS} FROM {p}task_run_events e "
-            f"JOIN {p}asset_events ev ON ev.id = e.event_id WHERE e.run_id = ANY($1::int8[]) "
-            "ORDER BY e.event_id",
-            ids,
-        ):
-            events.setdefault(r[0], []).append(event_row(tuple(r)[1:]))
-        return [run_from_row(row, events.get(row[0], ())) for row in rows]
 
     async def _claim(
         self,
@@ -359,58 +370,6 @@ class PostgresRuns(PostgresConsumers):
             cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
         return cached
 
-    async def _finish(self, conn: Any, owner: str, outcome: RunOutcome) -> TaskRun:
-        """Finish one try, fenced by its lease (on the database clock)."""
-        p, run_id, token = self._prefix, outcome.run_id, outcome.token
-        if outcome.success:
-            row = await conn.fetchrow(
-                f"UPDATE {p}task_runs r SET state = 'success', finished_at = n.at, "
-                "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL "
-                "FROM (SELECT coalesce($4::timestamptz, now()) AS at) n WHERE r.id = $1 "
-                "AND r.state = 'running' AND r.lease_owner = $2 AND r.lease_token = $3 "
-                f"AND r.lease_expires_at > n.at RETURNING {RUN_COLS.replace('id,', 'r.id,', 1)}",
-                run_id, owner, token, database_clock(self.clock),
-            )  # fmt: skip
-            if row is None:
-                await self._refuse(conn, owner, outcome)
-            if not outcome.outlets:
-                return run_from_row(row)
-            ids = await self._emit(conn, row[1], row[7], outcome.outlets)
-            row = await conn.fetchrow(
-                f"UPDATE {p}task_runs SET outlet_event_ids = $2 WHERE id = $1 "
-                f"RETURNING {RUN_COLS}",
-                run_id, ids_to_json(ids),
-            )  # fmt: skip
-            return run_from_row(row)
-        row = await conn.fetchrow(
-            "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
-            f"errors, coalesce($2::timestamptz, now()), failures FROM {p}task_runs "
-            "WHERE id = $1 FOR UPDATE",
-            run_id, database_clock(self.clock),
-        )  # fmt: skip
-        if row is None:
-            raise RunNotFoundError(run_id)
-        state, lease_owner, lease_token, expires, try_number, max_tries, errors, now, failed = row
-        reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
-        if reason is not None:
-            raise RunLeaseLostError(run_id, owner, token, reason)
-        new_state, not_before = after_failure(
-            failed + 1, max_tries, now, outcome.retry_delay, retry=outcome.retry
-        )
-        entry = RunError(
-            try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
-            new_state == "failed",
-        )  # fmt: skip
-        row = await conn.fetchrow(
-            f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
-            "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "
-            f"finished_at = $6, failures = failures + 1 WHERE id = $1 RETURNING {RUN_COLS}",
-            run_id, new_state, not_before, now,
-            errors_to_json((*errors_from_json(errors), entry)),
-            now if new_state == "failed" else None,
-        )  # fmt: skip
-        return run_from_row(row)
-
     async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> NoReturn:
         """Raise why ``owner`` could not finish ``outcome``'s run."""
         row = await conn.fetchrow(
@@ -424,28 +383,3 @@ class PostgresRuns(PostgresConsumers):
         raise RunLeaseLostError(
             outcome.run_id, owner, outcome.token, reason or "its lease changed meanwhile"
         )
-
-    async def _emit(
-        self, conn: Any, task: str, now: datetime, outlets: Sequence[OutletEvent]
-    ) -> list[int]:
-        """Insert a successful run's outlet events (under the events lock, with its NOTIFY)."""
-        p = self._prefix
-        await events_hook(self.schema)(conn)
-        found = dict(
-            await conn.fetch(
-                f"SELECT name, id FROM {p}assets WHERE active AND name = ANY($1::text[])",
-                [o.asset for o in outlets],
-            )
-        )
-        for outlet in outlets:
-            if outlet.asset not in found:
-                raise AssetNotFoundError(outlet.asset)
-        rows = await conn.fetch(
-            f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, "
-            "created_at) SELECT i.asset_id, i.asset_name, $1, i.payload, $2 "
-            "FROM unnest($3::int8[], $4::text[], $5::text[]) WITH ORDINALITY "
-            "AS i(asset_id, asset_name, payload, ord) ORDER BY i.ord RETURNING id",
-            f"task:{task}", now, [found[o.asset] for o in outlets],
-            [o.asset for o in outlets], [o.payload_json for o in outlets],
-        )  # fmt: skip
-        return sorted(r[0] for r in rows)

@@ -19,33 +19,23 @@ groups it its own way: :class:`SqlRuns` hands it to the backend's :class:`RunSte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, Final, Protocol
 
-from .._events import AssetEvent
 from .._run_errors import bucketed
 from .._tasks import (
     MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskRun,
-    errors_from_json,
-    ids_from_json,
 )
 from ..errors import RunNotFoundError, RunStateError
 from .engine import BEGIN, Dialect, Job, Stmt, count, rows, run
+from .run_steps import RUN_COLS, StepStatements, create_runs_now, runs_with_events
 from .runner import Runner
 
 __all__ = ["RUN_COLS", "RunStatements", "RunStepper", "SqlRuns", "runs_with_events"]
-
-RUN_COLS: Final = (
-    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
-    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids, failures, lost_tries"
-)
-EVENT_COLS: Final = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
 
 _NO_LIMIT: Final = 2**62
 
@@ -71,21 +61,12 @@ _DURATION: Final = {
 }
 
 
-class RunStatements:
-    """The statements of runs in one dialect, for one table prefix, and their row mapping."""
+class RunStatements(StepStatements):
+    """Every statement of runs in one dialect, for one table prefix."""
 
-    def __init__(self, dialect: Dialect, prefix: str) -> None:
-        self.dialect = dialect
-        self.prefix = prefix
+    def __init__(self, dialect: Dialect, prefix: str, lock_events: str | None = None) -> None:
+        super().__init__(dialect, prefix, lock_events)
         sql = partial(dialect.compile, prefix=prefix)
-        self.by_ids = sql(
-            f"SELECT {RUN_COLS} FROM {{p}}task_runs WHERE id {{in:ids:bigint}} ORDER BY id"
-        )
-        self.events = sql(
-            f"SELECT e.run_id, {EVENT_COLS} FROM {{p}}task_run_events e "
-            "JOIN {p}asset_events ev ON ev.id = e.event_id "
-            "WHERE e.run_id {in:ids:bigint} ORDER BY e.event_id"
-        )
         self.event_ids = sql(
             "SELECT run_id, event_id FROM {p}task_run_events "
             "WHERE run_id {in:ids:bigint} ORDER BY run_id, event_id"
@@ -133,42 +114,8 @@ class RunStatements:
             self.prefix,
         )
 
-    def run(self, row: Sequence[Any], events: Sequence[AssetEvent] = ()) -> TaskRun:
-        """A run from its ``RUN_COLS`` row."""
-        ts = self.dialect.timestamp
-
-        def opt(value: Any) -> Any:
-            return None if value is None else ts(value)
-
-        return TaskRun(
-            id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
-            event_count=row[5], created_at=ts(row[6]), updated_at=ts(row[7]),
-            started_at=opt(row[8]), finished_at=opt(row[9]), not_before=opt(row[10]),
-            lease_owner=row[11], lease_token=row[12], lease_expires_at=opt(row[13]),
-            errors=errors_from_json(row[14]), outlet_event_ids=ids_from_json(row[15]),
-            events=tuple(events), failures=row[16], lost_tries=row[17],
-        )  # fmt: skip
-
-    def event(self, row: Sequence[Any]) -> AssetEvent:
-        """An event from its ``EVENT_COLS`` row (the payload decoded when it is read)."""
-        ts = self.dialect.timestamp
-        return AssetEvent.from_json(row[0], row[1], row[2], row[3], row[4], ts(row[5]))
-
 
 # -- the jobs --------------------------------------------------------------------------------
-
-
-def runs_with_events(s: RunStatements, run_ids: list[int]) -> Job[list[TaskRun]]:
-    """The runs ``run_ids`` (by id), each with its events."""
-    if not run_ids:
-        return []
-    found = yield rows(s.by_ids, ids=run_ids)
-    if not found:
-        return []
-    events: dict[int, list[AssetEvent]] = {}
-    for r in (yield rows(s.events, ids=[row[0] for row in found])):
-        events.setdefault(r[0], []).append(s.event(r[1:]))
-    return [s.run(row, events.get(row[0], ())) for row in found]
 
 
 def renew_leases(s: RunStatements, owner: str, runs: dict[int, int], ttl: float) -> Job[set[int]]:
@@ -229,7 +176,12 @@ def run_durations(
 class RunStepper(Protocol):
     """What each database does its own way: a worker's steps, grouped by its writer."""
 
-    async def _acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]: ...
+    @property
+    def events_lock(self) -> str | None:
+        """The statement taking the events lock exclusively, where event ids can commit out
+        of id order (PostgreSQL); ``None`` where they cannot (SQLite)."""
+        ...
+
     async def _astep_runs(
         self,
         owner: str,
@@ -260,11 +212,15 @@ class SqlRuns:
         """The statements (built on first use: a store knows its schema once it is set up)."""
         s = self._statements
         if s is None:
-            s = self._statements = RunStatements(self._runner.dialect, self._runner.prefix)
+            runner = self._runner
+            lock = self._stepper.events_lock
+            s = self._statements = RunStatements(runner.dialect, runner.prefix, lock)
         return s
 
     async def _acreate_runs(self, name: str, max_runs: int) -> list[TaskRun]:
-        return await self._stepper._acreate_runs(name, max_runs)
+        return await self._runner.write(
+            partial(create_runs_now, self.statements, name, max_runs), what="creating runs"
+        )
 
     async def _astep_runs(
         self,

@@ -16,30 +16,23 @@ import builtins
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .._tasks import (
     RunOutcome,
     RunStep,
     TaskInfo,
-    TaskRun,
     TaskSpec,
     check_rewind,
 )
 from .._types import Writer
+from ..errors import TaskNotFoundError
+from ..sql.dialects import SQLITE
+from ..sql.run_steps import StepItem, StepStatements, step_group
 from . import ops
 from .consumers import SqliteConsumers
+from .executor import run_on
 from .schema import from_db, to_db
-from .steps import (
-    RUN_STEPS,
-    StepItem,
-    create_runs,
-    runs_with_events,
-    spec_from_row,
-    step,
-    task_spec,
-)
-from .tasks_schema import ANYTHING_TO_CLAIM
 from .writer import Op
 
 if TYPE_CHECKING:
@@ -49,6 +42,47 @@ __all__ = ["SqliteTasks"]
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
+
+
+_STEPS: Final = StepStatements(SQLITE, "")
+
+
+def spec_from_row(row: Row) -> TaskSpec:
+    """A task's spec from its ``name, assets, mode, max_events, max_tries`` row."""
+    return TaskSpec(row[0], tuple(json.loads(row[1])), row[2], row[3], row[4])
+
+
+def task_spec(tx: Tx, name: str) -> tuple[TaskSpec, bool]:
+    """Task ``name``'s spec and whether it is paused (:class:`TaskNotFoundError` if unknown)."""
+    row = tx.conn.execute(
+        "SELECT name, assets, mode, max_events, max_tries, paused FROM tasks WHERE name = ?",
+        (name,),
+    ).fetchone()
+    if row is None:
+        raise TaskNotFoundError(f"task {name!r}")
+    return spec_from_row(row), bool(row[5])
+
+
+# -- a worker's steps, on the engine (:mod:`..sql.run_steps`) in the writer's batch ---------------
+
+
+def _step(tx: Tx, item: StepItem) -> RunStep:
+    """One step alone: raises what refused its finish."""
+    (outcome,) = run_on(step_group(_STEPS, [item]), tx.conn, tx.now()[0])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    result: RunStep = outcome
+    return result
+
+
+class _RunSteps:
+    """Neighbouring steps of a batch as one call (:func:`~..sql.run_steps.step_group`)."""
+
+    def run(self, tx: Tx, items: Sequence[StepItem]) -> list[Any]:
+        return run_on(step_group(_STEPS, items), tx.conn, tx.now()[0])
+
+
+RUN_STEPS: Final = _RunSteps()
 
 
 # -- operations (fn(tx), run by the writer) -------------------------------------------------------
@@ -99,9 +133,12 @@ def _rewind(tx: Tx, name: str, asset: str, to_event_id: int, writer: Writer | No
 
 
 class SqliteTasks(SqliteConsumers):
-    """The tasks driver of the SQLite backend (:class:`~watchkeeper.store.protocols.TaskSpecsDriver` and
-    :class:`~watchkeeper.store.protocols.RunsDriver`):
-    runs here, consumers in :class:`~.consumers.SqliteConsumers`."""
+    """The tasks driver of the SQLite backend (:class:`~watchkeeper.store.protocols.TaskSpecsDriver`),
+    consumers in :class:`~.consumers.SqliteConsumers`; and the writer's grouping of a worker's
+    steps for :class:`~watchkeeper.store.sql.runs.SqlRuns`."""
+
+    events_lock: str | None = None
+    """Event ids are commit order here (``AUTOINCREMENT`` under the write lock): no lock."""
 
     # -- tasks -------------------------------------------------------------------------------
 
@@ -143,11 +180,6 @@ class SqliteTasks(SqliteConsumers):
     ) -> None:
         await self._write(lambda tx: _rewind(tx, name, asset, to_event_id, writer))
 
-    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-        return await self._write(
-            lambda tx: runs_with_events(tx.conn, create_runs(tx, name, max_runs))
-        )
-
     # -- runs --------------------------------------------------------------------------------
 
     async def _astep_runs(
@@ -164,7 +196,7 @@ class SqliteTasks(SqliteConsumers):
             return RunStep(None, ())  # no write: another process's commits need not wait
         # Neighbouring steps of a batch run as one (RUN_STEPS), this one alone if that fails.
         item = StepItem(owner, finish, claim, span, None if tasks is None else tuple(tasks), create)
-        op = Op(step, item, group=RUN_STEPS)
+        op = Op(_step, item, group=RUN_STEPS)
         op.company = peers
         self._live_writer().put(op)
         await op.done
@@ -174,8 +206,8 @@ class SqliteTasks(SqliteConsumers):
     async def _anything_to_claim(self, create: bool) -> bool:
         """Whether a claim could find something (a read, without the write lock): a ready
         run, a lapsed lease, or (``create``) a task with events after its cursor."""
-        stamp = to_db(self.clock())
-        rows = await self._read(ANYTHING_TO_CLAIM, (stamp, stamp, int(create)))
+        stmt = _STEPS.anything
+        rows = await self._read(stmt.sql, stmt.bind({"create": create}, to_db(self.clock()), str))
         return bool(rows[0][0])
 
     async def _acount_runs(self) -> dict[tuple[str, str], int]:
