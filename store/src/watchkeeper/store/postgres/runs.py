@@ -1,10 +1,12 @@
-"""Run claims, finishes and leases for :class:`~watchkeeper.store.PostgresStateBackend`.
+"""Run claims for :class:`~watchkeeper.store.PostgresStateBackend`, in one statement.
 
 A mixin of :class:`.tasks.PostgresTasks`. Every run lease follows the database clock
 (``now()``), the one clock all workers share, unless a clock is set on the backend (tests). A
 claim is one statement (the ready runs with ``FOR UPDATE ... SKIP LOCKED``, their lease, and
-their events); a successful finish is one fenced ``UPDATE`` (plus the outlet events, under the
-events lock, with their one ``NOTIFY``).
+their events, a plain success finished in it too): PostgreSQL can update inside ``WITH``, so
+what takes SQLite three statements (:mod:`watchkeeper.store.sql.run_steps`) is one round trip
+here. The rest of a step (a failure's finish, outlet events, runs of tasks on several assets)
+runs as the engine's jobs on the step's connection (:attr:`PostgresRuns._steps`).
 """
 
 from __future__ import annotations
@@ -13,23 +15,19 @@ import builtins
 import functools
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._tasks import (
     LAPSED,
     MAX_LOST_TRIES,
     RunOutcome,
     TaskRun,
-    errors_from_json,
-    ids_from_json,
-    lost_reason,
 )
 from .._types import AssetEvent
-from ..errors import RunLeaseLostError, RunNotFoundError
 from ..sql.dialects import POSTGRES
 from ..sql.engine import Job
-from ..sql.run_steps import StepStatements
-from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, event_row, events_channel
+from ..sql.run_steps import RUN_COLS, StepStatements, refuse
+from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, events_channel
 from .executor import run_job
 from .sql import database_clock
 from .steps import Group, StepOp, settle_steps
@@ -38,25 +36,16 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 __all__ = [
-    "RUN_COLS",
     "RUN_WIDTH",
     "PostgresRuns",
     "create_claim_sql",
     "horizon_sql",
-    "run_from_row",
     "step_rows",
     "step_sql",
     "writers_in_flight_sql",
 ]
 
 T = TypeVar("T")
-
-RUN_COLS = (
-    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
-    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids, failures, lost_tries"
-)
-
 
 RUN_WIDTH = len(RUN_COLS.split(","))
 # The lapsed try's error, as :data:`~._tasks.LAPSED` words it ($8: that text, in format()).
@@ -254,18 +243,7 @@ def create_claim_sql(p: str, key: str) -> str:
     )
 
 
-def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
-    return TaskRun(
-        id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
-        event_count=row[5], created_at=row[6], updated_at=row[7], started_at=row[8],
-        finished_at=row[9], not_before=row[10], lease_owner=row[11], lease_token=row[12],
-        lease_expires_at=row[13], errors=errors_from_json(row[14]),
-        outlet_event_ids=ids_from_json(row[15]), events=tuple(events), failures=row[16],
-        lost_tries=row[17],
-    )  # fmt: skip
-
-
-def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
+def step_rows(s: StepStatements, rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     """The rows of :func:`step_sql`: the finished runs (``'d'``, without their events) and
     the claimed ones with their events (``'c'``), in run order."""
     finished: list[TaskRun] = []
@@ -273,12 +251,12 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     for r in rows:
         values = tuple(r)
         if values[0] == "d":
-            finished.append(run_from_row(values[1 : RUN_WIDTH + 1]))
+            finished.append(s.run(values[1 : RUN_WIDTH + 1]))
             continue
         entry = runs.setdefault(values[1], (values[1 : RUN_WIDTH + 1], []))
         if values[RUN_WIDTH + 1] is not None:
-            entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
-    return finished, [run_from_row(row, events) for row, events in runs.values()]
+            entry[1].append(s.event(values[RUN_WIDTH + 1 :]))
+    return finished, [s.run(row, events) for row, events in runs.values()]
 
 
 class PostgresRuns(PostgresConsumers):
@@ -339,7 +317,7 @@ class PostgresRuns(PostgresConsumers):
             token,
             LAPSED_SQL,
         )
-        finished, claimed = step_rows(rows)
+        finished, claimed = step_rows(self._steps, rows)
         return (finished[0] if finished else None), claimed
 
     async def _run_steps(self, conn: Any, group: Group, steps: builtins.list[StepOp]) -> None:
@@ -354,7 +332,7 @@ class PostgresRuns(PostgresConsumers):
             [s.wants for s in steps], owner, span, [s.finish.run_id for s in steps],
             [s.finish.token for s in steps], LAPSED_SQL,
         )  # fmt: skip
-        settle_steps(steps, *step_rows(rows))
+        settle_steps(steps, *step_rows(self._steps, rows))
         for step in steps:
             if not step.ran:
                 refuse = functools.partial(self._refuse, owner=owner, outcome=step.finish)
@@ -370,16 +348,6 @@ class PostgresRuns(PostgresConsumers):
             cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
         return cached
 
-    async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> NoReturn:
+    async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> None:
         """Raise why ``owner`` could not finish ``outcome``'s run."""
-        row = await conn.fetchrow(
-            "SELECT state, lease_owner, lease_token, lease_expires_at, "
-            f"coalesce($2::timestamptz, now()) FROM {self._prefix}task_runs WHERE id = $1",
-            outcome.run_id, database_clock(self.clock),
-        )  # fmt: skip
-        if row is None:
-            raise RunNotFoundError(outcome.run_id)
-        reason = lost_reason(row[0], row[1], row[2], row[3], owner, outcome.token, row[4])
-        raise RunLeaseLostError(
-            outcome.run_id, owner, outcome.token, reason or "its lease changed meanwhile"
-        )
+        await self._in(conn, refuse(self._steps, owner, outcome))

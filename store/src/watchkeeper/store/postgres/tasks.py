@@ -53,14 +53,12 @@ from ..errors import (
     TaskNotFoundError,
 )
 from ..sql.run_steps import create_runs, finish_run
-from .consumers import event_row
 from .listing import PostgresRunListing
 from .runs import (
     RUN_WIDTH,
     PostgresRuns,
     create_claim_sql,
     horizon_sql,
-    run_from_row,
     writers_in_flight_sql,
 )
 from .sql import database_clock, writer_fields
@@ -72,10 +70,10 @@ T = TypeVar("T")
 
 
 class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TaskSpecsDriver` and
-    :class:`~watchkeeper.store.protocols.RunsDriver`):
-    task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
-    :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
+    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TaskSpecsDriver`):
+    task specs and cursors here, consumers in :class:`.consumers.PostgresConsumers`; and a
+    worker's step for :class:`~watchkeeper.store.sql.runs.SqlRuns` (claims in
+    :class:`.runs.PostgresRuns`)."""
 
     horizon_waits: int = 0
     """How many times a step found an earlier event's writer still in flight and waited for it
@@ -251,8 +249,8 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             if values[0] is None:
                 continue
             entry = runs.setdefault(values[0], (values[:RUN_WIDTH], []))
-            entry[1].append(event_row(values[RUN_WIDTH : RUN_WIDTH + 6]))
-        return what, [run_from_row(row, events) for row, events in runs.values()], made
+            entry[1].append(self._steps.event(values[RUN_WIDTH : RUN_WIDTH + 6]))
+        return what, [self._steps.run(row, events) for row, events in runs.values()], made
 
     # -- runs --------------------------------------------------------------------------------
 

@@ -54,10 +54,12 @@ __all__ = [
     "RUN_COLS",
     "StepItem",
     "StepStatements",
+    "check_lease",
     "claim_or_create",
     "create_runs",
     "create_runs_now",
     "finish_run",
+    "refuse",
     "runs_with_events",
     "step_group",
 ]
@@ -180,16 +182,15 @@ class StepStatements:
 
     def run(self, row: Sequence[Any], events: Sequence[AssetEvent] = ()) -> TaskRun:
         """A run from its ``RUN_COLS`` row."""
-        ts = self.dialect.timestamp
-
-        def opt(value: Any) -> Any:
-            return None if value is None else ts(value)
-
+        ts = self.dialect.timestamp  # the hot path: no helper per column
         return TaskRun(
             id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
             event_count=row[5], created_at=ts(row[6]), updated_at=ts(row[7]),
-            started_at=opt(row[8]), finished_at=opt(row[9]), not_before=opt(row[10]),
-            lease_owner=row[11], lease_token=row[12], lease_expires_at=opt(row[13]),
+            started_at=None if row[8] is None else ts(row[8]),
+            finished_at=None if row[9] is None else ts(row[9]),
+            not_before=None if row[10] is None else ts(row[10]),
+            lease_owner=row[11], lease_token=row[12],
+            lease_expires_at=None if row[13] is None else ts(row[13]),
             errors=errors_from_json(row[14]), outlet_event_ids=ids_from_json(row[15]),
             events=tuple(events), failures=row[16], lost_tries=row[17],
         )  # fmt: skip
@@ -276,27 +277,35 @@ def create_runs_now(s: StepStatements, name: str, max_runs: int) -> Job[list[Tas
 # -- finishing -------------------------------------------------------------------------------
 
 
+def check_lease(s: StepStatements, owner: str, outcome: RunOutcome) -> Job[Sequence[Any]]:
+    """The run's row as fencing needs it (``now`` last, parsed) if ``owner`` holds its lease
+    with the outcome's token; else raise why (:func:`~.._tasks.lost_reason`)."""
+    found = yield rows(s.lease, id=outcome.run_id)
+    if not found:
+        raise RunNotFoundError(outcome.run_id)
+    ts = s.dialect.timestamp
+    state, holder, held, expires, *_, now = found[0]
+    now = ts(now)
+    at = None if expires is None else ts(expires)
+    reason = lost_reason(state, holder, held, at, owner, outcome.token, now)
+    if reason is not None:
+        raise RunLeaseLostError(outcome.run_id, owner, outcome.token, reason)
+    return (*found[0][:-1], now)
+
+
+def refuse(s: StepStatements, owner: str, outcome: RunOutcome) -> Job[None]:
+    """Raise why a fenced finish of ``outcome`` changed nothing."""
+    yield from check_lease(s, owner, outcome)
+    raise RunLeaseLostError(outcome.run_id, owner, outcome.token, "its lease changed meanwhile")
+
+
 def finish_run(s: StepStatements, owner: str, outcome: RunOutcome) -> Job[TaskRun]:
     """Record ``outcome`` if ``owner`` still holds the run's lease with its token; else raise
     :class:`RunLeaseLostError` (or :class:`RunNotFoundError`) having written nothing."""
-    run_id, token = outcome.run_id, outcome.token
-    if outcome.success:  # the common case: one fenced statement
-        found = yield rows(s.done, id=run_id, owner=owner, token=token)
-        if found and not outcome.outlets:
-            return s.run(found[0])
-    if not outcome.success or not found:
-        lease = yield rows(s.lease, id=run_id)
-        if not lease:
-            raise RunNotFoundError(run_id)
-        state, holder, held, expires, try_number, max_tries, errors, task, failures, now = lease[0]
-        ts = s.dialect.timestamp
-        now = ts(now)
-        at = None if expires is None else ts(expires)
-        reason = lost_reason(state, holder, held, at, owner, token, now)
-        if reason is None and outcome.success:
-            reason = "its lease changed meanwhile"  # pragma: no cover - read in one transaction
-        if reason is not None:
-            raise RunLeaseLostError(run_id, owner, token, reason)
+    run_id = outcome.run_id
+    if not outcome.success:
+        row = yield from check_lease(s, owner, outcome)
+        try_number, max_tries, errors, failures, now = row[4], row[5], row[6], row[8], row[9]
         new_state, not_before = after_failure(
             failures + 1, max_tries, now, outcome.retry_delay, retry=outcome.retry
         )
@@ -308,6 +317,11 @@ def finish_run(s: StepStatements, owner: str, outcome: RunOutcome) -> Job[TaskRu
             s.failed, id=run_id, state=new_state, not_before=not_before, final=final,
             errors=errors_to_json((*errors_from_json(errors), entry)),
         )  # fmt: skip
+        return s.run(found[0])
+    found = yield rows(s.done, id=run_id, owner=owner, token=outcome.token)  # the common case
+    if not found:
+        yield from refuse(s, owner, outcome)
+    if not outcome.outlets:
         return s.run(found[0])
     task = found[0][1]
     names = sorted({o.asset for o in outcome.outlets})
