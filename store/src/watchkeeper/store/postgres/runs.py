@@ -158,7 +158,8 @@ def horizon_sql(p: str, key: str) -> str:
     return (
         "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(t.name, t.assets, t.mode, "
         "t.max_events, t.max_tries) ORDER BY t.name), '[]')::text "
-        f"FROM {p}tasks t WHERE NOT t.paused AND ($1::text[] IS NULL OR t.name = ANY($1)) "
+        f"FROM {p}tasks t WHERE NOT t.paused AND t.removed_at IS NULL "
+        "AND ($1::text[] IS NULL OR t.name = ANY($1)) "
         f"AND EXISTS (SELECT 1 FROM {p}task_cursors c WHERE c.task = t.name AND EXISTS "
         f"(SELECT 1 FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor))"
         f"), (SELECT coalesce(max(id), 0) FROM {p}asset_events), "
@@ -173,6 +174,17 @@ def writers_in_flight_sql(key: str) -> str:
         f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_lock_match(key)} "
         "AND l.virtualtransaction = ANY($1::text[]))"
     )
+
+
+# The batch window (:func:`~.._tasks.window_waits`) in this one statement: no window, or
+# max_events pending (up to the horizon), or the oldest pending event window seconds old.
+_WINDOW_OPEN = (
+    "(t.batch_window = 0 OR (SELECT count(*) FROM (SELECT 1 FROM {p}asset_events e "
+    "WHERE e.asset_name = c.asset AND e.id > c.cursor AND e.id <= blk.h "
+    "LIMIT t.max_events) w) >= t.max_events OR (SELECT e.created_at FROM {p}asset_events e "
+    "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
+    "<= (SELECT at FROM n) - t.batch_window * interval '1 second')"
+)
 
 
 def create_claim_sql(p: str, key: str) -> str:
@@ -201,9 +213,9 @@ def create_claim_sql(p: str, key: str) -> str:
     claim = "plan.k < $6"
     return (
         "WITH n AS (SELECT coalesce($4::timestamptz, now()) AS at), "
-        "t AS (SELECT name, assets[1] AS asset, max_events, max_tries, "
+        "t AS (SELECT name, assets[1] AS asset, max_events, max_tries, batch_window, "
         f"CASE WHEN cardinality(assets) = 1 THEN 'one' ELSE 'other' END AS what FROM {p}tasks "
-        "WHERE name = $1 AND NOT paused), "
+        "WHERE name = $1 AND NOT paused AND removed_at IS NULL), "
         f"blk AS (SELECT (SELECT what FROM t) AS what, coalesce($2::int8, (SELECT "
         f"coalesce(max(id), 0) FROM {p}asset_events)) AS h, CASE WHEN $2::int8 IS NULL "
         f"AND EXISTS (SELECT 1 FROM {p}task_cursors c JOIN t ON t.name = c.task "
@@ -213,7 +225,7 @@ def create_claim_sql(p: str, key: str) -> str:
         "ELSE '{}'::text[] END AS holders), "
         f"cur AS (SELECT c.cursor, t.asset, t.max_events, t.max_tries FROM {p}task_cursors c "
         "JOIN t ON t.name = c.task AND t.asset = c.asset, blk WHERE t.what = 'one' "
-        "AND cardinality(blk.holders) = 0), "
+        f"AND cardinality(blk.holders) = 0 AND {_WINDOW_OPEN.format(p=p)}), "
         "pend AS (SELECT e.id, (row_number() OVER (ORDER BY e.id) - 1) / cur.max_events AS k "
         f"FROM cur, LATERAL (SELECT e.id FROM {p}asset_events e WHERE e.asset_name = cur.asset "
         "AND e.id > cur.cursor AND e.id <= (SELECT h FROM blk) ORDER BY e.id "

@@ -354,15 +354,17 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
 
             async def create_and_claim(conn: Any) -> tuple[list[TaskRun], int]:
                 locked = await conn.fetch(
-                    "SELECT name, assets, mode, max_events, max_tries FROM "
-                    f"{self._prefix}tasks WHERE NOT paused AND name = ANY($1::text[]) "
-                    "ORDER BY name FOR UPDATE",
+                    "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, "
+                    f"max_active_runs, removed_at FROM {self._prefix}tasks "
+                    "WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
                     names,
                 )
                 n = 0
                 for row in locked:
-                    spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
-                    n += len(await self._in(conn, create_runs(self._steps, spec, create, horizon)))
+                    spec = self._steps.task_spec(row)
+                    if spec is not None:  # not paused or removed meanwhile
+                        job = create_runs(self._steps, spec, create, horizon)
+                        n += len(await self._in(conn, job))
                 if len(more) >= wanted:
                     return [], n
                 runs = (await self._claim(conn.fetch, owner, wanted - len(more), span, tasks))[1]

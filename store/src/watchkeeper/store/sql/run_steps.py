@@ -46,6 +46,7 @@ from .._tasks import (
     ids_to_json,
     lost_reason,
     plan_runs,
+    window_waits,
 )
 from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError, TaskNotFoundError
 from .engine import BEGIN, Dialect, Job, many, rows, run
@@ -72,7 +73,10 @@ RUN_COLS: Final = (
 EVENT_COLS: Final = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
 
 _NO_LIMIT: Final = 2**62
-_SPEC: Final = "SELECT name, assets, mode, max_events, max_tries, paused FROM {p}tasks"
+_SPEC: Final = (
+    "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, max_active_runs, "
+    "removed_at FROM {p}tasks"
+)
 _READY: Final = (
     "SELECT r.id FROM {p}task_runs r JOIN {p}tasks t ON t.name = r.task WHERE NOT t.paused "
     "AND r.state = 'queued' AND (r.not_before IS NULL OR r.not_before <= {now})"
@@ -106,11 +110,13 @@ class StepStatements:
         self.share_events = None if share_events is None else sql(share_events)
         self.spec = sql(_SPEC + " WHERE name = :name")
         self.spec_locked = sql(_SPEC + " WHERE name = :name {for_update}")
-        self.unpaused = sql("SELECT name FROM {p}tasks WHERE NOT paused ORDER BY name")
-        self.cursors = sql("SELECT asset, cursor FROM {p}task_cursors WHERE task = :name")
+        self.unpaused = sql(
+            "SELECT name FROM {p}tasks WHERE NOT paused AND removed_at IS NULL ORDER BY name"
+        )
+        self.cursors = sql("SELECT asset, cursor, {now} FROM {p}task_cursors WHERE task = :name")
         self.pending = sql(
-            "SELECT id FROM {p}asset_events WHERE asset_name = :asset AND id > :cursor "
-            "AND id <= :horizon ORDER BY id LIMIT :limit"
+            "SELECT id, created_at FROM {p}asset_events WHERE asset_name = :asset "
+            "AND id > :cursor AND id <= :horizon ORDER BY id LIMIT :limit"
         )
         self.insert_run = sql(
             "INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
@@ -176,7 +182,7 @@ class StepStatements:
             "AND (not_before IS NULL OR not_before <= {now})) OR EXISTS (SELECT 1 "
             "FROM {p}task_runs WHERE state = 'running' AND lease_expires_at <= {now}) "
             "OR (:create AND EXISTS (SELECT 1 FROM {p}task_cursors c JOIN {p}tasks t "
-            "ON t.name = c.task WHERE NOT t.paused AND EXISTS (SELECT 1 "
+            "ON t.name = c.task WHERE NOT t.paused AND t.removed_at IS NULL AND EXISTS (SELECT 1 "
             "FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor)))"
         )
 
@@ -200,10 +206,13 @@ class StepStatements:
         ts = self.dialect.timestamp
         return AssetEvent.from_json(row[0], row[1], row[2], row[3], row[4], ts(row[5]))
 
-    def task_spec(self, row: Sequence[Any]) -> TaskSpec:
-        """A task's spec from its ``name, assets, mode, max_events, max_tries`` row."""
+    def task_spec(self, row: Sequence[Any]) -> TaskSpec | None:
+        """A task's spec from its ``_SPEC`` row; ``None`` when it gets no new runs (paused,
+        or removed from the definitions)."""
+        if row[5] or row[8] is not None:
+            return None
         assets = self.dialect.json_list(row[1])
-        return TaskSpec(row[0], tuple(assets), row[2], row[3], row[4])
+        return TaskSpec(row[0], tuple(assets), row[2], row[3], row[4], row[6], row[7])
 
 
 def runs_with_events(s: StepStatements, run_ids: list[int]) -> Job[list[TaskRun]]:
@@ -228,15 +237,22 @@ def create_runs(
     """Up to ``max_runs`` runs of ``spec`` from its pending events (ids up to ``horizon``),
     its cursors moved past them; their ids. The caller serialises creations of the task."""
     name = spec.name
-    cursors = dict((yield rows(s.cursors, name=name)))
+    read = yield rows(s.cursors, name=name)
+    cursors = {r[0]: r[1] for r in read}
     pending: dict[str, list[tuple[int, str]]] = {}
     most = _NO_LIMIT if horizon is None else horizon
+    ts, oldest = s.dialect.timestamp, None
     for asset in spec.assets:
         found = yield rows(
             s.pending, asset=asset, cursor=cursors.get(asset, 0), horizon=most,
             limit=max_runs * spec.max_events,
         )  # fmt: skip
         pending[asset] = [(r[0], asset) for r in found]
+        if found and (oldest is None or ts(found[0][1]) < oldest):
+            oldest = ts(found[0][1])
+    count = sum(len(p) for p in pending.values())
+    if read and window_waits(spec, count, oldest, ts(read[0][2])):
+        return []
     plans = plan_runs(spec, pending, max_runs)
     run_ids: list[int] = []
     for taken, _ in plans:
@@ -266,11 +282,12 @@ def create_runs_now(s: StepStatements, name: str, max_runs: int) -> Job[list[Tas
     found = yield rows(s.spec_locked, name=name)
     if not found:
         raise TaskNotFoundError(f"task {name!r}")
-    if found[0][5]:
+    spec = s.task_spec(found[0])
+    if spec is None:
         return []
     if s.lock_events is not None:
         yield run(s.lock_events)
-    run_ids = yield from create_runs(s, s.task_spec(found[0]), max_runs)
+    run_ids = yield from create_runs(s, spec, max_runs)
     return (yield from runs_with_events(s, run_ids))
 
 
@@ -380,9 +397,9 @@ def claim_or_create(
         names = list(tasks) if tasks is not None else [r[0] for r in (yield rows(s.unpaused))]
         for name in names:
             found = yield rows(s.spec, name=name)
-            if not found or found[0][5]:
-                continue
-            created += len((yield from create_runs(s, s.task_spec(found[0]), create)))
+            spec = s.task_spec(found[0]) if found else None
+            if spec is not None:
+                created += len((yield from create_runs(s, spec, create)))
         claimed += yield from claim_runs(s, owner, claim - len(claimed), ttl, tasks)
     return claimed, created
 
