@@ -138,6 +138,14 @@ class StepStatements:
             f"AND lease_expires_at > {{now}} RETURNING {RUN_COLS}"
         )
         self.done = sql(done)
+        # Plain successes of a group in one statement, each fenced by its own key.
+        self.done_all = sql(
+            "UPDATE {p}task_runs SET state = 'success', finished_at = {now}, "
+            "updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL "
+            "WHERE id {in:ids:bigint} AND state = 'running' AND lease_expires_at > {now} "
+            "AND (id || ':' || lease_token || ':' || lease_owner) {in:keys} "
+            f"RETURNING {RUN_COLS}"
+        )
         self.lease = sql(
             "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
             "errors, task, failures, {now} FROM {p}task_runs WHERE id = :id {for_update}"
@@ -418,6 +426,23 @@ class StepItem(NamedTuple):
     create: int
 
 
+def _plain_successes(s: StepStatements, items: Sequence[StepItem]) -> Job[dict[int, TaskRun]]:
+    """The plain successes (no outlets) among ``items`` recorded in one statement, each
+    fenced by its run, token and owner: the finished runs by item index. Those it did not
+    finish are left to :func:`finish_run`, which says why (it writes nothing for them)."""
+    plain: dict[int, int] = {}
+    keys: list[str] = []
+    for i, item in enumerate(items):
+        f = item.finish
+        if f is not None and f.success and not f.outlets and f.run_id not in plain:
+            plain[f.run_id] = i  # a run finished twice: the first finishes, the second is refused
+            keys.append(f"{f.run_id}:{f.token}:{item.owner}")
+    if len(plain) < 2:
+        return {}  # one alone: finish_run's own statement is as short
+    found = yield rows(s.done_all, ids=list(plain), keys=keys)
+    return {plain[row[0]]: s.run(row) for row in found}
+
+
 def step_group(s: StepStatements, items: Sequence[StepItem]) -> Job[list[Any]]:
     """The steps ``items`` as one (see the module docstring): each one's :class:`RunStep`, or
     the error that refused its finish.
@@ -426,11 +451,12 @@ def step_group(s: StepStatements, items: Sequence[StepItem]) -> Job[list[Any]]:
     every claim, and which of the grouped steps gets which of the claimed runs."""
     outcomes: list[Any] = []
     claims: dict[tuple[str, timedelta, tuple[str, ...] | None], list[int]] = {}
+    done = yield from _plain_successes(s, items)
     for i, item in enumerate(items):
         finished = None
         if item.finish is not None:
             try:
-                finished = yield from finish_run(s, item.owner, item.finish)
+                finished = done.get(i) or (yield from finish_run(s, item.owner, item.finish))
             except (RunLeaseLostError, RunNotFoundError) as exc:  # raised before any write
                 outcomes.append(exc)
                 continue
