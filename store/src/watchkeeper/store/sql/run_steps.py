@@ -13,11 +13,12 @@ create runs from a task's pending events, claim ready runs (the rules are
   :func:`~.._tasks.plan_runs` and moves the cursors; the caller serialises the creations of
   one task (SQLite's writer; PostgreSQL: the task row, or the cursor compare of its
   one-statement creation).
-- **Grouping**: :func:`step_group` runs the steps that reach a writer together as one: each
-  finish on its own (a refused one fails alone, having written nothing), then one claim per
-  owner, lease and task list, creating runs at most once when too few are ready. That is one
-  claim, one lapsed-lease check and one read of the claimed runs' events where eight slots
-  finishing at once made eight of each.
+- **Grouping**: :func:`step_group` runs the steps that reach a writer together as one: the
+  plain successes in one statement, each fenced by its own run, token and owner, the other
+  finishes one by one (a refused finish fails alone, having written nothing), then one claim
+  per owner, lease and task list, creating runs at most once when too few are ready. That is
+  one finish, one claim, one lapsed-lease check and one read of the claimed runs' events
+  where eight slots finishing at once made eight of each.
 - **Claiming** on SQLite is three statements (lapsed tries recorded, the ready runs leased,
   their events read): SQLite has no ``UPDATE`` inside ``WITH``. PostgreSQL claims (and
   finishes plain successes) in one statement, :mod:`watchkeeper.store.postgres.runs`.
