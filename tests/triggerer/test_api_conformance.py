@@ -22,7 +22,7 @@ from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
 from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
-from tests.support.requires import unavailable
+from tests.support.browser import signed_in
 
 ROOT = Path(__file__).resolve().parents[2]
 SCOPES = {
@@ -41,14 +41,19 @@ Served = ServedApi[SqliteStateBackend]
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    """Assets ``orders``, ``bills`` and ``a/b`` with events, a task, and a token per scope."""
+    """Assets ``orders``, ``bills`` and ``a/b`` with events, a task with one finished run
+    that wrote logs (so a followed run's stream ends), and a token per scope."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
         await backend.events.aregister_assets([Asset("orders"), Asset("bills"), Asset("a/b")])
-        await backend.tasks.async_tasks([TaskSpec("load", ("orders",))])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
         for n in range(3):
             await backend.events.acommit(
                 EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(n))
             )
+        assert await backend.tasks.acreate_run("load") is not None
+        (run,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.logs.aappend(run.id, 1, [("stdout", "one\n"), ("stderr", "two\n")])
+        await backend.tasks.afinish_run(run.id, "w1", run.lease_token, success=True)
         async with serve_api(backend, SCOPES) as one:
             yield one
 
@@ -142,6 +147,12 @@ class TestParsing:
             ("GET", f"/api/v1/events/stream?after={BIG}", {}),
             ("GET", "/api/v1/events/stream", {"Last-Event-ID": b"\xb2"}),
             ("GET", "/api/v1/events/stream", {"Last-Event-ID": BIG.encode()}),
+            ("GET", f"/api/v1/runs/{BIG}/logs", {}),
+            ("GET", f"/api/v1/runs/1/logs?after={BIG}", {}),
+            ("GET", "/api/v1/runs/1/logs?try=%C2%B2", {}),
+            ("GET", "/api/v1/runs/1/logs?follow=true", {"Last-Event-ID": b"\xb2"}),
+            ("GET", "/api/v1/runs/1/logs", {"Last-Event-ID": b")z{"}),
+            ("GET", "/api/v1/runs/1/logs?follow=true", {"Last-Event-ID": BIG.encode()}),
             ("GET", "/api/v1/assets/orders/state/k", {"If-Match": b"\xb2"}),
         ],
     )
@@ -321,41 +332,18 @@ class TestNamesWithSlashes:
         assert task.status_code == 404 and "no/such" in task.json()["detail"]
 
 
-@pytest.fixture
-def chromium() -> Path:
-    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
-    path = Path("/usr/bin/chromium")
-    if not path.exists():
-        unavailable(f"{path} is missing (apt-get install chromium)")
-    return path
-
-
 @pytest.mark.browser
 @pytest.mark.slow
 async def test_the_page_clears_an_asset_it_cannot_show(chromium: Path, served: Served) -> None:
     """Opening an asset the API refuses after one it showed leaves no row of the first under
     the second's heading, and says why."""
-    from playwright.async_api import async_playwright
-
     await served.backend.aset(AssetScope(name="orders"), "watermark", 7)
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            tab = await browser.new_page()
-            tab.set_default_timeout(15_000)
-            await tab.goto(served.base + "/")
-            await tab.fill("#token", served.tokens["admin"])
-            await tab.click("#login-button")
-            await tab.wait_for_selector("#watchers-view:not([hidden])")
-            await tab.goto(served.base + "/#/assets/orders")
-            await tab.wait_for_selector('#state tr[data-key="watermark"]')
-            await tab.goto(served.base + "/#/assets/nope")
-            await tab.wait_for_selector("#asset-message:has-text('nope')")
-            assert await tab.text_content("#asset-name") == "nope"
-            assert await tab.locator("#state tbody tr").count() == 0
-            assert await tab.locator("#asset-events li").count() == 0
-            assert await tab.locator("#edit-form").is_hidden()
-        finally:
-            await browser.close()
+    async with signed_in(chromium, served.base, served.tokens["admin"]) as tab:
+        await tab.goto(served.base + "/#/assets/orders")
+        await tab.wait_for_selector('#state tr[data-key="watermark"]')
+        await tab.goto(served.base + "/#/assets/nope")
+        await tab.wait_for_selector("#asset-message:has-text('nope')")
+        assert await tab.text_content("#asset-name") == "nope"
+        assert await tab.locator("#state tbody tr").count() == 0
+        assert await tab.locator("#asset-events li").count() == 0
+        assert await tab.locator("#edit-form").is_hidden()

@@ -27,7 +27,7 @@ from .._types import AssetEvent
 from ..sql.dialects import POSTGRES
 from ..sql.engine import Job
 from ..sql.run_steps import RUN_COLS, StepStatements, refuse
-from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, events_channel
+from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, events_lock, events_prelude
 from .executor import run_job
 from .sql import database_clock
 from .steps import Group, StepOp, settle_steps
@@ -277,7 +277,7 @@ class PostgresRuns(PostgresConsumers):
     @property
     def events_lock(self) -> str:
         """The events lock taken exclusively (see :mod:`.tasks`)."""
-        return f"SELECT pg_advisory_xact_lock({self._events_key})"
+        return events_lock(self.schema)
 
     @property
     def _events_key(self) -> str:
@@ -290,10 +290,7 @@ class PostgresRuns(PostgresConsumers):
         if s is None:
             # A finish's outlet events hold the events lock shared and wake the listeners,
             # as every transaction inserting events does (events_hook).
-            share = (
-                f"SELECT pg_advisory_xact_lock_shared({self._events_key}), "
-                f"pg_notify('{events_channel(self.schema)}', '')"
-            )
+            share = events_prelude(self.schema)
             s = StepStatements(POSTGRES, self._prefix, self.events_lock, share)
             self.__dict__["_step_statements"] = s
         return s
