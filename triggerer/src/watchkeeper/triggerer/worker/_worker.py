@@ -60,6 +60,7 @@ from ._callbacks import call_back
 from ._context import retry_delay_for, run_context
 from ._isolation import ChildResult, ProcessPool, process_pool_for
 from ._task_traceback import format_task_traceback
+from ._try_logs import TryLogs
 
 __all__ = ["Worker"]
 
@@ -125,6 +126,9 @@ class Worker:
             task.name for task in tasks if (task.isolation or self.settings.isolation) == "process"
         }
         self._pool = process_pool_for(self._isolated, self.settings, process_settings)
+        logs, cap = backend.services.logs, self.settings.log_max_bytes
+        #: Each in-process try's output, kept with its run (a child keeps its own).
+        self.try_logs = TryLogs(logs, max_bytes=cap) if logs is not None and cap else None
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._errors: dict[int, BaseException] = {}
@@ -170,6 +174,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 await self._free_dead_owners()
                 tg.start_soon(self._heartbeat)
+                if self.try_logs is not None:
+                    await tg.start(self.try_logs.run)
                 if self._pool is not None:
                     tg.start_soon(self._pool.warm)
                 task_status.started()
@@ -232,7 +238,7 @@ class Worker:
         try:
             with scope:
                 while True:
-                    outcome = await self._try(self.tasks[run.task], run)
+                    outcome = await self._try_logged(self.tasks[run.task], run)
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
@@ -250,6 +256,18 @@ class Worker:
         finally:
             self._running.pop(run.id, None)
             self._slot_freed.set()
+
+    async def _try_logged(self, task: AssetTask, run: TaskRun) -> RunOutcome:
+        """A try, its output kept with its run and stored before the outcome is recorded."""
+        logs = self.try_logs
+        if logs is None or task.name in self._isolated:
+            return await self._try(task, run)
+        buffer = logs.open(run.id, run.try_number)
+        try:
+            with logs.routed(buffer):
+                return await self._try(task, run)
+        finally:
+            await logs.close(buffer)
 
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
