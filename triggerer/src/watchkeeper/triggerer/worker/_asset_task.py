@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -238,7 +239,8 @@ def asset_task(
         more events after the first pending one, unless ``max_events_per_run`` are pending
         already; 0 (the default): a run as soon as there are events.
     :param max_active_runs: the most runs of the task running at once across every worker
-        (an int >= 1); None (the default): no limit.
+        (an int >= 1); None (the default): no limit. Stored with the task, not yet enforced
+        by claims: declaring it warns so.
     :returns: the decorator, which turns the function into an :class:`AssetTask`.
     :raises TypeError: a parameter of the wrong type (naming it).
     :raises ValueError: a parameter out of its bounds (naming it).
@@ -256,6 +258,13 @@ def asset_task(
     window = _window(batch_window)
     if max_active_runs is not None and (type(max_active_runs) is not int or max_active_runs < 1):
         raise ValueError(f"max_active_runs must be an int >= 1 or None, got {max_active_runs!r}")
+    if max_active_runs is not None:
+        warnings.warn(
+            "asset_task(max_active_runs=...) is stored with the task, but claims do not "
+            "enforce it yet: runs of the task may still overlap",
+            UserWarning,
+            stacklevel=2,
+        )
     for what, callback in (
         ("on_success", on_success),
         ("on_failure", on_failure),
