@@ -164,6 +164,10 @@ class WorkerSettings(_LeasedSection):
     """Seconds a run's lease lasts without renewal; a killed worker's run is retried that long
     after (at once when a worker on the same host finds its process gone). None: three
     heartbeats. Must exceed the heartbeat."""
+    reload_interval: PositiveSeconds = DEFAULT_RELOAD_INTERVAL
+    """Seconds between two scans of the definition files for changed tasks (``watchkeeper
+    worker`` and ``up``): a changed task's code applies to the runs claimed after the reload,
+    a task gone from the files gets no new runs."""
 
 
 class HookSettings(_Section):

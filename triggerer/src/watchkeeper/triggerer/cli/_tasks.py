@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from watchkeeper.store.protocols import TaskQueue
 
     from ..settings import ApiSettings, Settings
-    from ..worker import AssetTask
+    from ..worker import AssetTask, TaskFiles
 
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -55,8 +55,9 @@ def _queue(backend: BaseStateBackend) -> TaskQueue:
     return queue
 
 
-def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
-    from ..worker import load_tasks
+def _load_tasks(settings: Settings) -> tuple[tuple[AssetTask, ...], TaskFiles]:
+    """The tasks of the definition files, and the files, for the worker to follow."""
+    from ..worker import TaskFiles
 
     path = Path(settings.triggerer.watchers_path)
     if not path.is_dir():
@@ -64,8 +65,9 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
             f"watchers path {str(path)!r} is not a directory "
             "(use --watchers-path or [triggerer] watchers_path)"
         )
-    tasks, _ = load_tasks(path)  # refusals are logged
-    return tasks
+    files = TaskFiles(path, import_timeout=settings.triggerer.import_timeout)
+    load = files.load()  # refusals are logged
+    return tuple(load.tasks.values()), files
 
 
 # -- watchkeeper worker / up ---------------------------------------------------------------------
@@ -76,7 +78,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from ..worker import configure_connections, run_worker
 
     settings = with_triggerer_options(settings, args)
-    tasks = _load_tasks(settings)
+    tasks, files = _load_tasks(settings)
     if not tasks:
         raise UsageError(
             f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
@@ -92,6 +94,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
                 settings.worker,
                 stop_grace=settings.triggerer.stop_grace,
                 process_settings=settings,
+                files=files,
             )
 
     try:
@@ -101,11 +104,14 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
+async def run_up(
+    settings: Settings, tasks: tuple[AssetTask, ...], files: TaskFiles | None = None
+) -> None:
     """A triggerer and a worker on one store until SIGTERM or SIGINT; both stop cleanly.
 
     The tasks are declared before the triggerer starts, so no event its watchers commit
-    comes before a task's cursor. With ``[api] enabled`` the HTTP API is served in the same
+    comes before a task's cursor. The worker follows ``files`` (the definition files the
+    tasks came from), when given. With ``[api] enabled`` the HTTP API is served in the same
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
     import anyio
@@ -123,7 +129,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
-            worker = Worker(backend, tasks, process_settings=settings)
+            worker = Worker(backend, tasks, process_settings=settings, files=files)
             await worker.declare()
             async with (
                 Daemon(settings, backend=backend, tune_gc=True) as daemon,
@@ -163,10 +169,11 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = with_triggerer_options(settings, args)
     settings = with_api_options(settings, args)
-    tasks = _load_tasks(settings)
+    tasks, files = _load_tasks(settings)
     try:
         run_async(
-            functools.partial(run_up, settings, tasks), event_loop=settings.triggerer.event_loop
+            functools.partial(run_up, settings, tasks, files),
+            event_loop=settings.triggerer.event_loop,
         )
     finally:
         unload_watchers()

@@ -15,6 +15,10 @@
    SQLite), at most ``poll_interval``, or for a slot to free.
 
 One step of a worker at a time creates runs; the others only claim.
+A worker given its definition files (:class:`~._task_files.TaskFiles`) follows them every
+``reload_interval``: a changed task's code applies to the runs claimed after the reload (a try
+already running finishes with the code it started with); a task gone from the files is no
+longer scheduled by this worker, and a task defined again is scheduled again.
 A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
 cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
 the leases of dead worker processes of this host (as the triggerer does for its leases), so a
@@ -59,6 +63,7 @@ from ._asset_task import AssetTask
 from ._callbacks import call_back
 from ._context import retry_delay_for, run_context
 from ._isolation import ChildResult, ProcessPool, process_pool_for
+from ._task_files import TaskFiles, TaskLoad
 from ._task_traceback import format_task_traceback
 
 __all__ = ["Worker"]
@@ -100,6 +105,8 @@ class Worker:
         (``isolation="process"``): each child opens the store from it and finds the task's
         definition file under ``[triggerer] watchers_path``. Its ``[worker]`` section is used
         in place of ``settings``.
+    :param files: the definition files ``tasks`` were loaded from, to follow while running
+        (every ``[worker] reload_interval``); None: the tasks stay as given.
     :raises IsolationUnavailableError: a task runs in child processes and there are no
         ``process_settings``, or they name an in-memory store the children cannot share.
     """
@@ -112,6 +119,7 @@ class Worker:
         *,
         owner: str | None = None,
         process_settings: Settings | None = None,
+        files: TaskFiles | None = None,
     ) -> None:
         self.backend = backend
         self.queue: TaskQueue = backend.tasks
@@ -121,9 +129,11 @@ class Worker:
             settings = process_settings.worker
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
-        self._isolated = {
-            task.name for task in tasks if (task.isolation or self.settings.isolation) == "process"
-        }
+        self.files = files
+        self._process_settings = process_settings
+        self._gone: dict[str, AssetTask] = {}
+        """Tasks no longer defined, for the runs of theirs claimed before they went."""
+        self._isolated = self._isolated_of(self.tasks)
         self._pool = process_pool_for(self._isolated, self.settings, process_settings)
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
@@ -137,10 +147,7 @@ class Worker:
         # Runs created at once when too few are ready: a batch per slot round, not one each,
         # doubled while each creation fills (see _step).
         self._base_batch = self._batch = 4 * self.settings.concurrency
-        most = max((task.spec.max_events for task in self.tasks.values()), default=1)
-        self._max_batch = max(
-            self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most)
-        )
+        self._max_batch = self._max_batch_for(self.tasks)
         self.finished = 0
         self._log_starts = False
 
@@ -151,12 +158,56 @@ class Worker:
     def ttl(self) -> float:
         return self.settings.lease_seconds
 
+    def _isolated_of(self, tasks: dict[str, AssetTask]) -> set[str]:
+        default = self.settings.isolation
+        return {name for name, task in tasks.items() if (task.isolation or default) == "process"}
+
+    def _max_batch_for(self, tasks: dict[str, AssetTask]) -> int:
+        most = max((task.spec.max_events for task in tasks.values()), default=1)
+        return max(self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most))
+
+    def _task_of(self, name: str) -> AssetTask:
+        """The code a run of ``name`` runs with: the task's now, or its last definition when
+        it went from the files after the run was claimed."""
+        return self.tasks.get(name) or self._gone[name]
+
+    async def apply_tasks(self, load: TaskLoad) -> None:
+        """Run the tasks of ``load`` from now on: the new and changed ones are declared, the
+        runs claimed from now on run their code, and a task no longer defined gets no new
+        run from this worker (its pending events and cursor stay in the store)."""
+        tasks = load.tasks
+        changed = [task for name, task in tasks.items() if self.tasks.get(name) is not task]
+        gone = sorted(self.tasks.keys() - tasks.keys())
+        if not changed and not gone:
+            return
+        await self._declare(changed)
+        isolated = self._isolated_of(tasks)
+        pool = self._pool
+        if pool is None and isolated:
+            pool = process_pool_for(isolated, self.settings, self._process_settings)
+        for name in gone:
+            self._gone[name] = self.tasks[name]
+        for task in changed:
+            self._gone.pop(task.name, None)
+        self.tasks, self._names, self._isolated, self._pool = tasks, sorted(tasks), isolated, pool
+        self._max_batch = self._max_batch_for(tasks)
+        if pool is not None:
+            await pool.renew()  # children hold the tasks they ran: new ones load the files
+        log.info(
+            "tasks_reloaded", tasks=self._names, changed=sorted(t.name for t in changed),
+            removed=gone, refused=[str(error) for error in load.errors],
+        )  # fmt: skip
+
     async def declare(self) -> None:
         """Register the tasks' assets and specs (idempotent; a new task starts at the log's end)."""
-        assets = {a.name: a for task in self.tasks.values() for a in task.assets}
+        await self._declare(list(self.tasks.values()))
+
+    async def _declare(self, tasks: Sequence[AssetTask]) -> None:
+        assets = {a.name: a for task in tasks for a in task.assets}
         if assets:
             await self.registry.aregister_assets(list(assets.values()))
-        await self.queue.async_tasks([task.spec for task in self.tasks.values()])
+        if tasks:
+            await self.queue.async_tasks([task.spec for task in tasks])
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -172,6 +223,10 @@ class Worker:
                 tg.start_soon(self._heartbeat)
                 if self._pool is not None:
                     tg.start_soon(self._pool.warm)
+                if self.files is not None:
+                    tg.start_soon(
+                        self.files.follow, self.settings.reload_interval, self.apply_tasks
+                    )
                 task_status.started()
                 await self._loop(tg)
         finally:
@@ -232,7 +287,7 @@ class Worker:
         try:
             with scope:
                 while True:
-                    outcome = await self._try(self.tasks[run.task], run)
+                    outcome = await self._try(self._task_of(run.task), run)
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
@@ -342,7 +397,7 @@ class Worker:
     ) -> tuple[TaskRun | None, TaskRun | None]:
         """Record ``outcome`` and, in the same transaction, claim this slot's next run: the
         run as recorded (None when the record was refused or failed) and the next run."""
-        task = self.tasks[run.task]
+        task = self._task_of(run.task)
         with anyio.CancelScope(shield=True):
             try:
                 step = await self._step(
@@ -372,7 +427,7 @@ class Worker:
     async def _call_back(self, run: TaskRun, outcome: RunOutcome, done: TaskRun) -> None:
         error = None if outcome.success else self._errors.get(run.id)
         await call_back(
-            self.tasks[run.task], outcome, done, error,
+            self._task_of(run.task), outcome, done, error,
             time_limit=self.settings.callback_timeout, threads=self._threads,
         )  # fmt: skip
 
