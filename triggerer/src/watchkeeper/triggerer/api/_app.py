@@ -38,7 +38,15 @@ from ._health import healthz, metrics, openapi, readyz
 from ._hooks import receive_hook
 from ._page import page
 from ._parse import PathSegments
-from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
+from ._tasks import (
+    list_runs,
+    list_tasks,
+    retry_run,
+    retry_task_runs,
+    rewind_task,
+    run_detail,
+    task_control,
+)
 from ._views import asset_graph, watcher_history
 from ._watchers import control, list_daemons, list_watchers
 
@@ -114,6 +122,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/tasks/{{name}}/pause", task_control("pause"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/resume", task_control("resume"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/rewind", rewind_task, methods=["POST"]),
+        Route(f"{v1}/tasks/{{name}}/retry", retry_task_runs, methods=["POST"]),
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),

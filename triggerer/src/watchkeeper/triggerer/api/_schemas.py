@@ -160,6 +160,9 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "Tasks": obj({"tasks": array(ref("Task")), "may_operate": BOOL}),
+    "TaskRetry": obj(
+        {"task": STR, "retried": {**array(INT), "description": "run ids, oldest first"}}
+    ),
     "Run": obj(
         {
             "id": INT,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from .._core import iso, run_record, task_record
+from .._core import iso, retry_failed_runs, run_record, task_record
 from ._api import api_options, with_api_options
 from ._common import (
     PROG,
@@ -264,17 +264,13 @@ async def _runs_retry(backend: BaseStateBackend, args: argparse.Namespace, _: Se
         run = await queue.aretry_run(args.run_id)
         emit(f"run {run.id} queued for try {run.try_number + 1}")
         return 0
-    if args.task not in {t.name for t in await queue.alist_tasks()}:
-        raise CommandError(f"no task named {args.task!r}")
-    # The failed runs first (retrying moves each out of the listing), then one more try each.
-    failed: list[int] = []
-    before = None
-    while page := await queue.alist_runs(task=args.task, state="failed", limit=500, before=before):
-        failed += [run.id for run in page]
-        before = page[-1].id
-    for run_id in sorted(failed):
-        await queue.aretry_run(run_id)
-    emit(f"task {args.task!r}: {len(failed)} failed run(s) queued for one more try")
+    from watchkeeper.store import TaskNotFoundError
+
+    try:
+        retried = await retry_failed_runs(queue, args.task)
+    except TaskNotFoundError:
+        raise CommandError(f"no task named {args.task!r}") from None
+    emit(f"task {args.task!r}: {len(retried)} failed run(s) queued for one more try")
     return 0
 
 
