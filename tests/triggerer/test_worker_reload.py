@@ -45,8 +45,9 @@ def definitions(version: int, *, with_report: bool = True) -> str:
 
 
 class Env:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, isolation: str = "none") -> None:
         self.tmp_path = tmp_path
+        self.isolation = isolation
         self.db = tmp_path / "state.db"
         self.defs = tmp_path / "defs"
         self.defs.mkdir()
@@ -60,6 +61,8 @@ class Env:
                 "WATCHKEEPER__DATABASE__URL": f"sqlite:///{self.db}",
                 "WATCHKEEPER__WORKER__POLL_INTERVAL": "0.02",
                 "WATCHKEEPER__WORKER__RELOAD_INTERVAL": "0.1",
+                "WATCHKEEPER__WORKER__ISOLATION": self.isolation,
+                "WATCHKEEPER__WORKER__CONCURRENCY": "2",  # few children to start on a busy machine
                 "WATCHKEEPER__LOGGING__FORMAT": "json",
             }
         )
@@ -94,9 +97,10 @@ class Env:
         )
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    yield Env(tmp_path)
+@pytest.fixture(params=["none", "process"])
+async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
+    """The definitions and the database; tries in the worker, or in child processes."""
+    yield Env(tmp_path, request.param)
 
 
 @pytest.fixture

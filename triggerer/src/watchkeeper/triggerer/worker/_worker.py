@@ -133,8 +133,9 @@ class Worker:
         self._process_settings = process_settings
         self._gone: dict[str, AssetTask] = {}
         """Tasks no longer defined, for the runs of theirs claimed before they went."""
-        self._isolated = self._isolated_of(self.tasks)
-        self._pool = process_pool_for(self._isolated, self.settings, process_settings)
+        self._pool = process_pool_for(
+            self._isolated_of(self.tasks), self.settings, process_settings
+        )
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._errors: dict[int, BaseException] = {}
@@ -189,9 +190,9 @@ class Worker:
             self._gone[name] = self.tasks[name]
         for task in changed:
             self._gone.pop(task.name, None)
-        self.tasks, self._names, self._isolated, self._pool = tasks, sorted(tasks), isolated, pool
+        self.tasks, self._names, self._pool = tasks, sorted(tasks), pool
         self._max_batch = self._max_batch_for(tasks)
-        if pool is not None:
+        if pool is not None and any(task.name in isolated for task in changed):
             await pool.renew()  # children hold the tasks they ran: new ones load the files
         log.info(
             "tasks_reloaded", tasks=self._names, changed=sorted(t.name for t in changed),
@@ -309,7 +310,7 @@ class Worker:
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
-        if self._pool is not None and task.name in self._isolated:
+        if self._pool is not None and (task.isolation or self.settings.isolation) == "process":
             return await self._try_in_child(self._pool, task, run)
         context = run_context(self.backend, task, run)
         limit: anyio.CancelScope | None = None
