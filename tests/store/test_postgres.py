@@ -35,8 +35,11 @@ from watchkeeper.store import (
     TaskScope,
     VersionConflictError,
 )
+from watchkeeper.store.postgres.schema import POSTGRES_MIGRATIONS
 from watchkeeper.store.protocols import EventBatchCommit, EventCommit, TriggerStatus, Writer
 
+VERSIONS = sorted(step[0] for step in POSTGRES_MIGRATIONS.steps)
+"""Every migration's version, as a new schema records them."""
 TASK = TaskScope("dag", "run", "task")
 _WAITING_ON_ME = (
     "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' "
@@ -203,7 +206,7 @@ class TestLifecycle:
     ) -> None:
         """The first open applies and records every migration; later opens apply none."""
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as first:
-            assert first.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+            assert first.applied_migrations == VERSIONS
             assert await first.amigrate() == []
         async with PostgresStateBackend(pg_dsn, schema=pg_schema) as second:
             assert second.applied_migrations == []
@@ -214,7 +217,7 @@ class TestLifecycle:
             )
         finally:
             await conn.close()
-        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        assert [r[0] for r in rows] == VERSIONS
 
     async def test_a_version_4_schema_gets_the_event_retention_index(
         self, pg_dsn: str, pg_schema: str
@@ -330,7 +333,7 @@ class TestLifecycle:
                 for ready in opened:
                     await ready.wait()
                 applied = sorted(b.applied_migrations for b in backends)
-                assert applied == [[], [], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+                assert applied == [[], [], VERSIONS]
                 await backends[0].aset(TASK, "k", 1)
                 assert await backends[2].aget(TASK, "k") == 1
                 done.set()

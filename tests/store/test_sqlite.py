@@ -30,7 +30,10 @@ from watchkeeper.store import (
     VersionConflictError,
 )
 from watchkeeper.store.protocols import EventBatchCommit, EventCommit, Fence, TriggerStatus, Writer
+from watchkeeper.store.sqlite.schema import SQLITE_MIGRATIONS
 
+VERSIONS = sorted(step[0] for step in SQLITE_MIGRATIONS.steps)
+"""Every migration's version, as a new file records them."""
 TASK = TaskScope("dag", "run_1", "task")
 ORDERS = Asset("orders", uri="s3://data/orders")
 INVOICES = Asset("invoices")
@@ -75,9 +78,9 @@ class TestMigrations:
     async def test_a_new_file_records_every_migration(self, sqlite_path: Path) -> None:
         """Opening a new file applies every migration in order and records each one."""
         async with SqliteStateBackend(sqlite_path) as backend:
-            assert backend.applied_migrations == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+            assert backend.applied_migrations == VERSIONS
         rows = raw_rows(sqlite_path, "SELECT version, name FROM schema_migrations ORDER BY 1")
-        assert [row[0] for row in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        assert [row[0] for row in rows] == VERSIONS
         assert all(row[1] for row in rows)
 
     async def test_reopening_applies_nothing(self, sqlite_path: Path) -> None:
@@ -87,7 +90,7 @@ class TestMigrations:
         async with SqliteStateBackend(sqlite_path) as backend:
             assert backend.applied_migrations == []
             assert await backend.amigrate() == []
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 11
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == len(VERSIONS)
 
     async def test_two_backends_opening_a_new_file_at_once(self, sqlite_path: Path) -> None:
         """Two openings racing on a new file apply each migration exactly once between them."""
@@ -100,8 +103,8 @@ class TestMigrations:
         async with anyio.create_task_group() as tg:
             tg.start_soon(open_one)
             tg.start_soon(open_one)
-        assert sorted(applied) == [[], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
-        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == 11
+        assert sorted(applied) == [[], VERSIONS]
+        assert len(raw_rows(sqlite_path, "SELECT * FROM schema_migrations")) == len(VERSIONS)
 
     async def test_a_version_4_file_gets_the_event_retention_index(self, sqlite_path: Path) -> None:
         """A file from before event retention (version 4) is upgraded by migration 5 alone,

@@ -26,6 +26,7 @@ from ._tasks import (
     after_failure,
     after_lost,
     check_rewind,
+    deleting_running,
     lapsed_error,
     lost_reason,
     plan_runs,
@@ -49,6 +50,7 @@ class _Task:
     paused: bool = False
     cursors: dict[str, int] = field(default_factory=dict)
     writers: dict[str, Writer | None] = field(default_factory=dict)
+    removed_at: datetime | None = None
 
 
 class MemoryTasks(MemoryPart):
@@ -126,7 +128,7 @@ class MemoryTasks(MemoryPart):
             _, tasks, _ = self._tasks_state()
             for spec in specs:
                 task = tasks.setdefault(spec.name, _Task(spec))
-                task.spec = spec
+                task.spec, task.removed_at = spec, None
                 for asset in spec.assets:
                     if asset not in task.cursors:
                         task.cursors[asset] = self._last_event_id(asset)
@@ -143,8 +145,34 @@ class MemoryTasks(MemoryPart):
                     for asset in task.spec.assets
                 }
                 cursors = {a: task.cursors[a] for a in task.spec.assets}
-                out.append(TaskInfo(task.spec, task.paused, cursors, pending, dict(task.writers)))
+                out.append(
+                    TaskInfo(
+                        task.spec, task.paused, cursors, pending, dict(task.writers),
+                        task.removed_at,
+                    )
+                )  # fmt: skip
         return out
+
+    async def _aretire_tasks(self, keep: builtins.list[str]) -> builtins.list[str]:
+        kept = set(keep)
+        with self._lock:
+            _, tasks, _ = self._tasks_state()
+            now = self.clock()
+            retired = sorted(
+                name for name, task in tasks.items() if name not in kept and task.removed_at is None
+            )
+            for name in retired:
+                tasks[name].removed_at = now
+        return retired
+
+    async def _adelete_task(self, name: str) -> None:
+        with self._lock:
+            _, tasks, runs = self._tasks_state()
+            self._named_task(name)
+            running = sorted(r.id for r in runs.values() if r.task == name and r.state == "running")
+            if running:
+                raise deleting_running(name, running[0])
+            del tasks[name]
 
     async def _aset_task_paused(self, name: str, paused: bool) -> None:
         with self._lock:

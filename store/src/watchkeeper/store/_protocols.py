@@ -367,7 +367,14 @@ class TaskSpecsDriver(Protocol):
         writer: Writer | None,
     ) -> int: ...
     async def _async_tasks(self, specs: list[TaskSpec]) -> None:
-        """Upsert these specs (at least one)."""
+        """Upsert these specs (at least one), each declared again (no longer removed)."""
+
+    async def _aretire_tasks(self, keep: list[str]) -> list[str]:
+        """Mark removed now every task not in ``keep`` and not removed already; their names."""
+
+    async def _adelete_task(self, name: str) -> None:
+        """Forget task ``name``: its spec and cursors (its runs stay). :class:`TaskNotFoundError`
+        if unknown; :class:`RunStateError` while a run of it is running."""
 
     async def _alist_tasks(self) -> list[TaskInfo]: ...
     async def _aset_task_paused(self, name: str, paused: bool) -> None: ...

@@ -129,11 +129,30 @@ class TasksService(Service[TaskSpecsDriver]):
     # -- tasks -------------------------------------------------------------------------------
 
     async def async_tasks(self, specs: Sequence[TaskSpec]) -> None:
-        """Insert or update these tasks; a new task's cursors start at the end of the log."""
+        """Insert or update these tasks; a new task's cursors start at the end of the log, a
+        removed one is present again (its cursors where they were)."""
         self._store._check_open()
         batch = check_items("specs", specs, TaskSpec, "TaskSpec objects")
         if batch:
             await self._driver._async_tasks([s for s in batch if isinstance(s, TaskSpec)])
+
+    async def aretire_tasks(self, keep: Sequence[str]) -> list[str]:
+        """Mark removed every task not named in ``keep`` (the tasks the definitions declare
+        now); return the names of those this call marked, sorted. A removed task keeps its
+        cursors and runs and gets no new run; :meth:`async_tasks` declares it again."""
+        self._store._check_open()
+        return await self._driver._aretire_tasks(sorted(set(_check_names("keep", keep))))
+
+    async def adelete_task(self, name: str) -> None:
+        """Forget task ``name`` for good: its spec and its cursors (its runs are kept, and
+        none is claimed unless a task of that name is declared again).
+
+        Raises:
+            TaskNotFoundError: no task is named ``name``.
+            RunStateError: a run of the task is running (a worker holds it): nothing changed.
+        """
+        self._store._check_open()
+        await self._driver._adelete_task(check_name(name, what="task name"))
 
     async def alist_tasks(self) -> list[TaskInfo]:
         """Every registered task with its cursors and pending events, by name."""

@@ -24,6 +24,7 @@ ended (see :mod:`.postgres.tasks`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -44,7 +45,7 @@ from ._run_errors import (
 )
 from ._types import AssetEvent, StateScope, Writer
 from ._values import JSONValue, check_name
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError, RunStateError
 
 __all__ = [
     "LAPSED",
@@ -64,6 +65,7 @@ __all__ = [
     "after_lost",
     "check_rewind",
     "check_state",
+    "deleting_running",
     "errors_from_json",
     "errors_to_json",
     "ids_from_json",
@@ -115,12 +117,23 @@ def check_rewind(spec: TaskSpec, asset: str, to_event_id: int, cursor: int, last
     return to_event_id - 1
 
 
+def deleting_running(name: str, run_id: int) -> RunStateError:
+    """Why task ``name`` cannot be deleted: its run ``run_id`` is running. A worker holds
+    that try; deleting the task under it would leave the try's finish nothing to go by."""
+    return RunStateError(
+        run_id, "running", f"so task {name!r} cannot be deleted until it ends; nothing was changed"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """What the store keeps of a declared task: its scheduled assets and its limits.
 
     ``mode`` ``"all"`` runs the task once every scheduled asset has a new event, ``"any"``
-    once any has. ``max_tries`` is ``retries + 1``.
+    once any has. ``max_tries`` is ``retries + 1``. ``batch_window``: seconds a run waits
+    for more events after the first pending one (unless ``max_events`` are pending already);
+    ``max_active_runs``: the most runs of the task running at once across every worker
+    (``None``: no limit).
     """
 
     name: str
@@ -128,6 +141,8 @@ class TaskSpec:
     mode: Literal["all", "any"] = "all"
     max_events: int = 100
     max_tries: int = 1
+    batch_window: float = 0.0
+    max_active_runs: int | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, what="TaskSpec.name")
@@ -141,21 +156,40 @@ class TaskSpec:
             raise InvalidArgumentError("TaskSpec.mode", self.mode, "must be 'all' or 'any'")
         check_limit(self.max_events, what="TaskSpec.max_events")
         check_limit(self.max_tries, what="TaskSpec.max_tries")
+        window = self.batch_window
+        if isinstance(window, bool) or not isinstance(window, int | float):
+            raise ArgumentTypeError("TaskSpec.batch_window", window, "a number of seconds")
+        if not math.isfinite(window) or window < 0:
+            raise InvalidArgumentError(
+                "TaskSpec.batch_window", window, "must be a finite number of seconds >= 0"
+            )
+        object.__setattr__(self, "batch_window", float(window))
+        if self.max_active_runs is not None:
+            check_limit(self.max_active_runs, what="TaskSpec.max_active_runs")
 
 
 @dataclass(frozen=True, slots=True)
 class TaskInfo:
-    """A registered task: its spec, whether it is paused, its cursor and pending events per asset."""
+    """A registered task: its spec, whether it is paused, its cursor and pending events per
+    asset, and ``removed_at``: when the definitions stopped declaring it (``None``: declared).
+    A removed task keeps its cursors and runs, gets no new run, and is present again once
+    declared again."""
 
     spec: TaskSpec
     paused: bool
     cursors: Mapping[str, int]
     pending: Mapping[str, int]
     cursor_writers: Mapping[str, Writer | None] = field(default_factory=dict)
+    removed_at: datetime | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def removed(self) -> bool:
+        """Whether the definitions no longer declare the task (see ``removed_at``)."""
+        return self.removed_at is not None
 
 
 @dataclass(frozen=True, slots=True)

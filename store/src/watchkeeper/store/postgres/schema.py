@@ -23,7 +23,7 @@ from ..errors import ArgumentTypeError, InvalidSettingError
 from ..sql.dialects import POSTGRES
 from ..sql.engine import Job, rows, run
 from ..sql.migrations import Migrations, raw
-from .tasks_schema import TASK_TABLES, TRY_COUNTS
+from .tasks_schema import TASK_LIFECYCLE, TASK_TABLES, TRY_COUNTS
 
 __all__ = [
     "MIGRATIONS",
@@ -243,6 +243,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             ),
         ),
     ),
+    # The runner applies every version a database lacks: the numbers may have gaps.
+    (13, "task batch windows, active run limits, removed tasks", TASK_LIFECYCLE),
 )
 
 _SCHEMA_MIGRATIONS: Final = """

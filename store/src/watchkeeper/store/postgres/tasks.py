@@ -48,6 +48,7 @@ from .._tasks import (
     TaskRun,
     TaskSpec,
     check_rewind,
+    deleting_running,
     plan_runs,
 )
 from .._types import AssetEvent, Writer
@@ -93,11 +94,15 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             for spec in batch:
                 await conn.execute(
                     f"INSERT INTO {p}tasks (name, assets, mode, max_events, max_tries, "
-                    "updated_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO UPDATE "
+                    "batch_window, max_active_runs, updated_at) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (name) DO UPDATE "
                     "SET assets = EXCLUDED.assets, mode = EXCLUDED.mode, "
                     "max_events = EXCLUDED.max_events, max_tries = EXCLUDED.max_tries, "
+                    "batch_window = EXCLUDED.batch_window, "
+                    "max_active_runs = EXCLUDED.max_active_runs, removed_at = NULL, "
                     "updated_at = EXCLUDED.updated_at",
-                    spec.name, list(spec.assets), spec.mode, spec.max_events, spec.max_tries, now,
+                    spec.name, list(spec.assets), spec.mode, spec.max_events, spec.max_tries,
+                    spec.batch_window, spec.max_active_runs, now,
                 )  # fmt: skip
             await self._lock_events(conn)  # a new cursor's start must not pass an in-flight event
             for spec in batch:
@@ -117,7 +122,8 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         p = self._prefix
         tasks = await self._fetch(
             "listing tasks",
-            f"SELECT name, assets, mode, max_events, max_tries, paused FROM {p}tasks ORDER BY name",
+            "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, "
+            f"max_active_runs, removed_at FROM {p}tasks ORDER BY name",
         )
         cursors = await self._fetch(
             "listing tasks",
@@ -130,7 +136,7 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             by_task.setdefault(row[0], []).append(row)
         out = []
         for row in tasks:
-            spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
+            spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4], row[6], row[7])
             mine = {r[1]: r for r in by_task.get(spec.name, []) if r[1] in spec.assets}
             writers = {a: None if r[3] is None else Writer(r[3], r[4]) for a, r in mine.items()}
             out.append(
@@ -140,9 +146,37 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
                     {a: r[2] for a, r in mine.items()},
                     {a: r[5] for a, r in mine.items()},
                     writers,
+                    row[8],
                 )
             )
         return out
+
+    async def _aretire_tasks(self, keep: builtins.list[str]) -> builtins.list[str]:
+        rows = await self._transact(
+            "retiring tasks",
+            lambda conn: conn.fetch(
+                f"UPDATE {self._prefix}tasks SET removed_at = $2 WHERE removed_at IS NULL "
+                "AND NOT (name = ANY($1::text[])) RETURNING name",
+                keep,
+                self.clock(),
+            ),
+        )
+        return sorted(r[0] for r in rows)
+
+    async def _adelete_task(self, name: str) -> None:
+        p = self._prefix
+
+        async def delete(conn: Any) -> None:
+            await self._spec(conn, name, lock=True)
+            running = await conn.fetchval(
+                f"SELECT min(id) FROM {p}task_runs WHERE task = $1 AND state = 'running'", name
+            )
+            if running is not None:
+                raise deleting_running(name, running)
+            await conn.execute(f"DELETE FROM {p}task_cursors WHERE task = $1", name)
+            await conn.execute(f"DELETE FROM {p}tasks WHERE name = $1", name)
+
+        await self._transact("deleting a task", delete)
 
     async def _spec(self, conn: Any, name: str, *, lock: bool = False) -> tuple[TaskSpec, bool]:
         row = await conn.fetchrow(

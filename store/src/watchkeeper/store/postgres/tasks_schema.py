@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["TASK_TABLES", "TRY_COUNTS"]
+__all__ = ["TASK_LIFECYCLE", "TASK_TABLES", "TRY_COUNTS"]
 
 TASK_TABLES: Final[tuple[str, ...]] = (
     """
@@ -92,5 +92,14 @@ TRY_COUNTS: Final[tuple[str, ...]] = (
         failures = (SELECT count(*) FROM jsonb_array_elements(r.errors::jsonb) e
                     WHERE e ->> 'error' NOT LIKE 'the lease of worker %')
     WHERE r.errors <> '[]'
+    """,
+)
+
+# Migration 13: what a task's runs wait for (batch_window, seconds; max_active_runs, NULL: no
+# limit), and when the definitions stopped declaring it (removed_at, NULL: declared).
+TASK_LIFECYCLE: Final[tuple[str, ...]] = (
+    """
+    ALTER TABLE {p}tasks ADD COLUMN batch_window double precision NOT NULL DEFAULT 0,
+    ADD COLUMN max_active_runs integer, ADD COLUMN removed_at timestamptz
     """,
 )

@@ -36,8 +36,9 @@ class Migrations:
 
     @property
     def version(self) -> int:
-        """The newest version these migrations reach."""
-        return self.steps[-1][0]
+        """The newest version these migrations reach (versions may have gaps, and need not
+        be listed in order: each missing one is applied)."""
+        return max(version for version, _, _ in self.steps)
 
 
 def migrate(m: Migrations, prefix: str, prelude: Job[None] | None = None) -> Job[list[int]]:

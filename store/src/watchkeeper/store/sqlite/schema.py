@@ -26,7 +26,7 @@ from ..sql.dialects import SQLITE, sqlite_text
 from ..sql.migrations import Migrations
 from ..sql.migrations import migrate as migrate_job
 from .executor import run_on
-from .tasks_schema import TASK_TABLES, TRY_COUNTS
+from .tasks_schema import TASK_LIFECYCLE, TASK_TABLES, TRY_COUNTS
 
 __all__ = [
     "MIGRATIONS",
@@ -254,6 +254,8 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         ),
     ),
     (11, "tries counted by cause", TRY_COUNTS),
+    # The runner applies every version a database lacks: the numbers may have gaps.
+    (13, "task batch windows, active run limits, removed tasks", TASK_LIFECYCLE),
 )
 
 SQLITE_MIGRATIONS: Final = Migrations(SQLITE, _SCHEMA_MIGRATIONS, MIGRATIONS)

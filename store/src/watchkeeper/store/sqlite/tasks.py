@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,7 @@ from .._tasks import (
     TaskRun,
     TaskSpec,
     check_rewind,
+    deleting_running,
     lost_reason,
 )
 from .._types import Writer
@@ -65,12 +67,16 @@ def _sync_tasks(tx: Tx, specs: Sequence[TaskSpec]) -> None:
     _, stamp = tx.now()
     for spec in specs:
         conn.execute(
-            "INSERT INTO tasks (name, assets, mode, max_events, max_tries, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "INSERT INTO tasks (name, assets, mode, max_events, max_tries, batch_window, "
+            "max_active_runs, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET "
             "assets = excluded.assets, mode = excluded.mode, max_events = excluded.max_events, "
-            "max_tries = excluded.max_tries, updated_at = excluded.updated_at",
-            (spec.name, json.dumps(spec.assets), spec.mode, spec.max_events, spec.max_tries, stamp),
-        )
+            "max_tries = excluded.max_tries, batch_window = excluded.batch_window, "
+            "max_active_runs = excluded.max_active_runs, removed_at = NULL, "
+            "updated_at = excluded.updated_at",
+            (spec.name, json.dumps(spec.assets), spec.mode, spec.max_events, spec.max_tries,
+             spec.batch_window, spec.max_active_runs, stamp),
+        )  # fmt: skip
         for asset in spec.assets:
             # A new cursor starts at the end of the log: a task sees the events after it
             # was declared, as an asset-scheduled DAG does.
@@ -80,6 +86,27 @@ def _sync_tasks(tx: Tx, specs: Sequence[TaskSpec]) -> None:
                 "ON CONFLICT (task, asset) DO NOTHING",
                 (spec.name, asset, stamp, asset),
             )
+
+
+def _retire(tx: Tx, keep: Sequence[str]) -> list[str]:
+    _, stamp = tx.now()
+    rows = tx.conn.execute(
+        "UPDATE tasks SET removed_at = ? WHERE removed_at IS NULL AND name NOT IN "
+        "(SELECT value FROM json_each(?)) RETURNING name",
+        (stamp, json.dumps(list(keep))),
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def _delete(tx: Tx, name: str) -> None:
+    task_spec(tx, name)
+    running = tx.conn.execute(
+        "SELECT min(id) FROM task_runs WHERE task = ? AND state = 'running'", (name,)
+    ).fetchone()[0]
+    if running is not None:
+        raise deleting_running(name, running)
+    tx.conn.execute("DELETE FROM task_cursors WHERE task = ?", (name,))
+    tx.conn.execute("DELETE FROM tasks WHERE name = ?", (name,))
 
 
 def _set_paused(tx: Tx, name: str, paused: bool) -> None:
@@ -168,7 +195,8 @@ class SqliteTasks(SqliteConsumers):
 
     async def _alist_tasks(self) -> builtins.list[TaskInfo]:
         tasks = await self._read(
-            "SELECT name, assets, mode, max_events, max_tries, paused FROM tasks ORDER BY name"
+            "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, "
+            "max_active_runs, removed_at FROM tasks ORDER BY name"
         )
         cursors = await self._read(
             "SELECT c.task, c.asset, c.cursor, c.writer_kind, c.writer_name, "
@@ -180,7 +208,7 @@ class SqliteTasks(SqliteConsumers):
             by_task.setdefault(row[0], []).append(row)
         out = []
         for row in tasks:
-            spec = spec_from_row(row)
+            spec = replace(spec_from_row(row), batch_window=row[6], max_active_runs=row[7])
             mine = {r[1]: r for r in by_task.get(spec.name, []) if r[1] in spec.assets}
             out.append(
                 TaskInfo(
@@ -189,9 +217,16 @@ class SqliteTasks(SqliteConsumers):
                     {a: r[2] for a, r in mine.items()},
                     {a: r[5] for a, r in mine.items()},
                     {a: ops._writer(r[3], r[4], None) for a, r in mine.items()},
+                    None if row[8] is None else from_db(row[8]),
                 )
             )
         return out
+
+    async def _aretire_tasks(self, keep: builtins.list[str]) -> builtins.list[str]:
+        return await self._write(lambda tx: _retire(tx, keep))
+
+    async def _adelete_task(self, name: str) -> None:
+        await self._write(lambda tx: _delete(tx, name))
 
     async def _aset_task_paused(self, name: str, paused: bool) -> None:
         await self._write(lambda tx: _set_paused(tx, name, paused))

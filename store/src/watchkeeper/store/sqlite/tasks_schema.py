@@ -20,6 +20,7 @@ __all__ = [
     "LAPSED_RUNS",
     "READY_RUNS",
     "RUN_COLS",
+    "TASK_LIFECYCLE",
     "TASK_TABLES",
     "TRY_COUNTS",
     "runs_query",
@@ -110,6 +111,14 @@ TRY_COUNTS: Final[tuple[str, ...]] = (
                     WHERE json_extract(value, '$.error') NOT LIKE 'the lease of worker %')
     WHERE errors != '[]'
     """,
+)
+
+# Migration 13: what a task's runs wait for (batch_window, seconds; max_active_runs, NULL: no
+# limit), and when the definitions stopped declaring it (removed_at, NULL: declared).
+TASK_LIFECYCLE: Final[tuple[str, ...]] = (
+    "ALTER TABLE tasks ADD COLUMN batch_window REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE tasks ADD COLUMN max_active_runs INTEGER",
+    "ALTER TABLE tasks ADD COLUMN removed_at TEXT",
 )
 
 # What a claim reads: tries whose lease lapsed, runs ready to start, and whether there may

@@ -16,6 +16,7 @@ to give an outlet's event its payload).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -100,6 +101,19 @@ def _seconds(what: str, value: timedelta | float | None, *, optional: bool) -> t
     return span
 
 
+def _window(value: timedelta | float) -> float:
+    """``batch_window`` in seconds: a timedelta or a number, finite and >= 0."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"batch_window must be a timedelta or seconds, got {type(value).__name__}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"batch_window must be a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class AssetTask:
     """A task function with its schedule, outlets and retry policy.
@@ -126,6 +140,8 @@ class AssetTask:
     on_retry: RunCallback | None = None
     isolation: Literal["none", "process"] | None = None
     retry_on: tuple[type[BaseException], ...] | None = None
+    batch_window: float = 0.0
+    max_active_runs: int | None = None
 
     def retries_on(self, exc: BaseException) -> bool:
         """Whether a try that raised ``exc`` may be retried (``retry_on`` names its type, or
@@ -150,6 +166,8 @@ class AssetTask:
             self.mode,
             self.max_events_per_run,
             self.retries + 1,
+            self.batch_window,
+            self.max_active_runs,
         )
 
     @property
@@ -182,6 +200,8 @@ def asset_task(
     on_retry: RunCallback | None = None,
     isolation: Literal["none", "process"] | None = None,
     retry_on: Iterable[type[BaseException]] | type[BaseException] | None = None,
+    batch_window: timedelta | float = 0.0,
+    max_active_runs: int | None = None,
 ) -> Callable[[Callable[..., Any]], AssetTask]:
     """Declare the decorated function as a task run on its schedule's asset events.
 
@@ -214,6 +234,11 @@ def asset_task(
         fails with another error fails the run at once, whatever ``retries`` says. A try past
         ``execution_timeout`` raises ``TimeoutError``; a child process that died matches
         nothing. None (the default): every error is retried while tries remain.
+    :param batch_window: how long (a timedelta or seconds, finite, >= 0) a run waits for
+        more events after the first pending one, unless ``max_events_per_run`` are pending
+        already; 0 (the default): a run as soon as there are events.
+    :param max_active_runs: the most runs of the task running at once across every worker
+        (an int >= 1); None (the default): no limit.
     :returns: the decorator, which turns the function into an :class:`AssetTask`.
     :raises TypeError: a parameter of the wrong type (naming it).
     :raises ValueError: a parameter out of its bounds (naming it).
@@ -228,6 +253,9 @@ def asset_task(
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if type(max_events_per_run) is not int or max_events_per_run < 1:
         raise ValueError(f"max_events_per_run must be an int >= 1, got {max_events_per_run!r}")
+    window = _window(batch_window)
+    if max_active_runs is not None and (type(max_active_runs) is not int or max_active_runs < 1):
+        raise ValueError(f"max_active_runs must be an int >= 1 or None, got {max_active_runs!r}")
     for what, callback in (
         ("on_success", on_success),
         ("on_failure", on_failure),
@@ -267,6 +295,8 @@ def asset_task(
             on_retry=on_retry,
             isolation=isolation,
             retry_on=retried,
+            batch_window=window,
+            max_active_runs=max_active_runs,
         )
 
     return decorate
