@@ -88,6 +88,11 @@ class Env:
         async with SqliteStateBackend(self.db) as backend:
             return await backend.tasks.alist_runs(task=task, state="success")
 
+    async def task(self, name: str) -> Any:
+        async with SqliteStateBackend(self.db) as backend:
+            (info,) = [t for t in await backend.tasks.alist_tasks() if t.name == name]
+        return info
+
     async def rewrite(self, text: str, reloads: int) -> None:
         """Write the definition file and wait for the worker's next reload to be logged."""
         self.file.write_text(text)
@@ -144,6 +149,44 @@ class TestWorkerFollowsFiles:
         await env.emit(3)
         await wait_until(lambda: _has(env.versions, [1, 2, 2]), "version 2 to run again", worker)
         assert await terminate(worker) == 0
+
+    @pytest.mark.parametrize("env", ["none"], indirect=True)
+    async def test_a_removed_task_keeps_its_events_until_it_comes_back(
+        self, env: Env, worker: anyio.abc.Process
+    ) -> None:
+        """A task gone from the file gets no new runs and is listed as removed, its events
+        pending; defined again, it runs them with its new code; deleted, it is forgotten and
+        its runs stay."""
+        await wait_until(lambda: env.logged("worker_started"), "the worker to start", worker)
+        await env.emit(1)
+        await wait_until(lambda: _has(env.versions, [1]), "version 1 to run", worker)
+
+        await env.rewrite(definitions(1, with_report=False), reloads=0)
+        (reloaded,) = env.logged("tasks_reloaded")
+        assert reloaded["removed"] == ["build_report"]
+        await env.emit(2)
+        await wait_until(lambda: _count(env.runs("audit"), 2), "audit to run again", worker)
+        info = await env.task("build_report")
+        assert info.removed and info.pending == {"orders": 1}
+        assert len(await env.runs("build_report")) == 1  # audit's run was made: none for it
+
+        await env.rewrite(definitions(4), reloads=1)
+        await wait_until(lambda: _has(env.versions, [1, 4]), "the pending event to run", worker)
+        assert not (await env.task("build_report")).removed
+        assert await terminate(worker) == 0
+
+        done = await anyio.run_process(
+            watchkeeper_command("tasks", "delete", "build_report", "--yes"),
+            cwd=env.tmp_path, env=env.env(), check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()
+        async with SqliteStateBackend(env.db) as backend:
+            assert [t.name for t in await backend.tasks.alist_tasks()] == ["audit"]
+        assert len(await env.runs("build_report")) == 2
+
+
+async def _count(runs: Any, expected: int) -> bool:
+    return len(await runs) >= expected
 
 
 async def _has(versions: Any, expected: list[int]) -> bool:

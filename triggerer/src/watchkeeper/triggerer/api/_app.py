@@ -39,6 +39,7 @@ from ._hooks import receive_hook
 from ._page import page
 from ._parse import PathSegments
 from ._tasks import (
+    delete_task,
     list_runs,
     list_tasks,
     retry_run,
@@ -119,6 +120,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/watchers/{{name}}/retry", control("retry"), methods=["POST"]),
         Route(f"{v1}/daemons", list_daemons),
         Route(f"{v1}/tasks", list_tasks),
+        Route(f"{v1}/tasks/{{name}}", delete_task, methods=["DELETE"]),
         Route(f"{v1}/tasks/{{name}}/pause", task_control("pause"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/resume", task_control("resume"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/rewind", rewind_task, methods=["POST"]),

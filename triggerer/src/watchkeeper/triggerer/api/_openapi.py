@@ -334,7 +334,8 @@ def _watcher_paths() -> dict[str, Any]:
 
 
 def _task_paths() -> dict[str, Any]:
-    """The tasks, their controls, their rewind and the retry of their failed runs."""
+    """The tasks, their controls, their rewind, their deletion and the retry of their failed
+    runs."""
     task: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
@@ -348,6 +349,19 @@ def _task_paths() -> dict[str, Any]:
             "get": _op(
                 "tasks with their pending events per asset and whether paused",
                 {"200": _json("tasks", ref("Tasks"))},
+            )
+        },
+        "/api/v1/tasks/{name}": {
+            "delete": _op(
+                "forget a task for good: its cursors and pending events; its runs are kept "
+                "until retention (needs operate)",
+                {
+                    "204": {"description": "deleted"},
+                    "404": _error("no such task"),
+                    "409": _error("a run of the task is running: nothing changed"),
+                },
+                bad=True,
+                parameters=[_NAME],
             )
         },
         "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},

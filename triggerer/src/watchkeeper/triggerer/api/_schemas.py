@@ -155,6 +155,8 @@ SCHEMAS: dict[str, Any] = {
             "max_events": nullable("integer"),
             "max_tries": INT,
             "paused": BOOL,
+            "removed": {**BOOL, "description": "the definitions no longer declare the task"},
+            "removed_at": nullable("string"),
             "pending": {"type": "object", "additionalProperties": INT},
             "cursors": {"type": "object", "additionalProperties": INT},
         }

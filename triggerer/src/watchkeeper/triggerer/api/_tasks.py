@@ -1,5 +1,5 @@
-"""Tasks (list, pause, resume, rewind, retry of their failed runs) and runs (list, detail,
-retry)."""
+"""Tasks (list, pause, resume, rewind, delete, retry of their failed runs) and runs (list,
+detail, retry)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ._scoping import run_json
 from ._tokens import Principal
 
 __all__ = [
+    "delete_task",
     "list_runs",
     "list_tasks",
     "retry_run",
@@ -168,3 +169,20 @@ async def retry_task_runs(request: Request) -> Response:
         raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
     log.info("task_control", task=name, action="retry", runs=len(retried), by=principal.writer_name)
     return JSONResponse({"task": name, "retried": retried}, status_code=202)
+
+
+async def delete_task(request: Request) -> Response:
+    """``DELETE /tasks/{name}``: forget a task for good, its cursors and pending events (as
+    ``watchkeeper tasks delete``); its runs stay until retention. 409 while a run of it is
+    running (nothing changed)."""
+    principal = await authenticate(request)
+    require(principal.can_operate(), principal, "delete tasks (needs operate)")
+    name = path_param(request, "name")
+    try:
+        await ctx_of(request).tasks.adelete_task(name)
+    except TaskNotFoundError:
+        raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
+    except RunStateError as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    log.info("task_control", task=name, action="delete", by=principal.writer_name)
+    return Response(status_code=204)

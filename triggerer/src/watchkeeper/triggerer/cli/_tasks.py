@@ -190,12 +190,15 @@ async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     empty = "no tasks registered (a worker registers its tasks when it starts)"
     if emit_listing(infos, args.json, task_record, empty):
         return 0
-    table = PlainTable("task", "schedule", "pending", "paused", title="tasks")
+    table = PlainTable("task", "schedule", "pending", "paused", "removed", title="tasks")
     for info in infos:
         names = ", ".join(info.spec.assets)
         schedule = f"AnyOf({names})" if info.spec.mode == "any" else f"[{names}]"
         pending = " ".join(f"{a}={n}" for a, n in info.pending.items())
-        table.add_row(info.name, schedule, pending, "yes" if info.paused else "no")
+        table.add_row(
+            info.name, schedule, pending, "yes" if info.paused else "no",
+            "yes" if info.removed else "no",
+        )  # fmt: skip
     console().print(table)
     return 0
 
@@ -205,6 +208,39 @@ async def _tasks_pause(backend: BaseStateBackend, args: argparse.Namespace, _: S
     await _queue(backend).aset_task_paused(args.name, paused)
     emit(f"task {args.name!r} {'paused' if paused else 'resumed'}")
     return 0
+
+
+async def _tasks_delete(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store import TaskNotFoundError
+
+    queue = _queue(backend)
+    if args.name not in {info.name for info in await queue.alist_tasks()}:
+        raise CommandError(f"no task named {args.name!r}")
+    if not args.yes:
+        await _confirm(
+            f"forget task {args.name!r} for good (its cursors and pending events; its runs "
+            "are kept until retention)"
+        )
+    try:
+        await queue.adelete_task(args.name)
+    except TaskNotFoundError:  # deleted meanwhile
+        raise CommandError(f"no task named {args.name!r}") from None
+    emit(f"task {args.name!r} deleted (its runs are kept until retention)")
+    return 0
+
+
+async def _confirm(what: str) -> None:
+    """Ask on the terminal whether to ``what``; anything but yes changes nothing. Without a
+    terminal to ask on, the command is refused: a script says ``--yes``."""
+    import anyio.to_thread
+
+    if not sys.stdin.isatty():
+        raise UsageError(f"not deleted: confirm on a terminal, or pass --yes to {what}")
+    sys.stderr.write(f"{PROG}: {what}? [y/N] ")
+    sys.stderr.flush()
+    answer = await anyio.to_thread.run_sync(sys.stdin.readline)
+    if answer.strip().lower() not in {"y", "yes"}:
+        raise CommandError("not deleted")
 
 
 async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
@@ -310,6 +346,12 @@ def register(subparsers: Subparsers) -> None:
         action = actions.add_parser(name, help=text)
         action.add_argument("name", metavar="NAME")
         action.set_defaults(handler=store_handler(_tasks_pause))
+    delete = actions.add_parser(
+        "delete", help="forget a task for good: its cursors and pending events (runs are kept)"
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(handler=store_handler(_tasks_delete))
     rewind = actions.add_parser("rewind", help="redeliver past events of one asset to a task")
     rewind.add_argument("name", metavar="NAME")
     rewind.add_argument("--asset", required=True, metavar="A", help="a scheduled asset")

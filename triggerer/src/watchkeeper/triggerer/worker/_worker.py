@@ -18,7 +18,8 @@ One step of a worker at a time creates runs; the others only claim.
 A worker given its definition files (:class:`~._task_files.TaskFiles`) follows them every
 ``reload_interval``: a changed task's code applies to the runs claimed after the reload (a try
 already running finishes with the code it started with); a task gone from the files is no
-longer scheduled by this worker, and a task defined again is scheduled again.
+longer scheduled by this worker and is marked removed in the store, and a task defined again
+is scheduled again.
 A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
 cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
 the leases of dead worker processes of this host (as the triggerer does for its leases), so a
@@ -175,13 +176,16 @@ class Worker:
     async def apply_tasks(self, load: TaskLoad) -> None:
         """Run the tasks of ``load`` from now on: the new and changed ones are declared, the
         runs claimed from now on run their code, and a task no longer defined gets no new
-        run from this worker (its pending events and cursor stay in the store)."""
+        run and is marked removed in the store (its pending events and cursor stay)."""
         tasks = load.tasks
         changed = [task for name, task in tasks.items() if self.tasks.get(name) is not task]
         gone = sorted(self.tasks.keys() - tasks.keys())
         if not changed and not gone:
             return
         await self._declare(changed)
+        if gone:  # only those this worker ran: another worker's tasks are not its to retire
+            others = {info.name for info in await self.queue.alist_tasks()} - set(gone)
+            await self.queue.aretire_tasks(sorted(others | tasks.keys()))
         isolated = self._isolated_of(tasks)
         pool = self._pool
         if pool is None and isolated:
