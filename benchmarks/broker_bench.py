@@ -4,7 +4,7 @@ Not a test (CI does not run it). Run by hand from the repository root, with the 
 machine up (Redis 6379, NATS 4222 with JetStream, RabbitMQ 5672, Mosquitto 1883):
 
     uv run python benchmarks/broker_bench.py [--messages N] [--only BROKER] [--no-postgres]
-        [--batch-size B] [--latency SECONDS] [--backlog N]
+        [--batch-size B] [--latency SECONDS] [--linger S] [--backlog N]
 
 Per broker (Redis stream, Redis stream through a consumer group, NATS JetStream, RabbitMQ,
 MQTT) and per backend (SQLite, PostgreSQL), N messages ``{"id": "m-<n>", "n": n, "at": <unix
@@ -23,8 +23,9 @@ time>}`` are published first (a backlog), then drained two ways, in the same run
 The figure is messages committed per second from the first commit to the last (the daemon's
 start-up, seconds on a loaded machine, is left out the same way: the raw loop's clock starts
 at its first commit too); the ratio is ours ÷ raw. ``--latency S`` also publishes 100
-messages per second for S seconds to an idle daemon and reports the percentiles of
-``created_at`` (the commit's time in the store) minus the time in the message. ``--backlog N``
+messages per second for S seconds to the raw loop, then to an idle daemon, and reports the
+percentiles of ``created_at`` (the commit's time in the store) minus the time in the message
+for both. ``--backlog N``
 drains N NATS messages through the daemon on SQLite and reports the time. Writes
 ``benchmarks/results/broker.json``.
 """
@@ -200,12 +201,21 @@ def payload_of(fields: dict[str, Any]) -> str:
 class Broker:
     """One broker's names, publisher, raw loop and watcher source for one measurement."""
 
+    linger: float | None = None
+    """``--linger``: the watchers' ``batch_linger`` (their default when ``None``)."""
+
     def __init__(self, kind: str, batch: int) -> None:
         self.kind = kind
         self.batch = batch
         self.tag = uuid.uuid4().hex[:10]
 
     def watcher(self, batch: int) -> str:
+        source = self._watcher(batch)
+        if self.linger is None:
+            return source
+        return f"{source[:-1]}, batch_linger={self.linger!r})"
+
+    def _watcher(self, batch: int) -> str:
         t = self.tag
         if self.kind == "redis":
             return f"RedisStreamWatcher('wk-bench-{t}', block=1.0, batch_size={batch})"
@@ -440,34 +450,35 @@ class Broker:
         import aio_pika
 
         queue_name = f"wk-bench-{self.tag}-raw"
+        send, receive = anyio.create_memory_object_stream[Any](2 * self.batch)
         async with await aio_pika.connect("amqp://guest:guest@127.0.0.1:5672/") as conn:
             channel = await conn.channel()
             await channel.set_qos(prefetch_count=2 * self.batch)  # as the watcher asks
             queue = await channel.declare_queue(queue_name, durable=True)
-            async with queue.iterator() as messages:
-                batch: list[Any] = []
-                async for message in messages:
-                    batch.append(message)
-                    if len(batch) < self.batch and sink.count + len(batch) < count:
-                        continue
-                    rows = [
-                        (
-                            payload_of(
-                                {
-                                    "queue": queue_name,
-                                    "message_id": m.message_id,
-                                    "data": json.loads(m.body),
-                                }
-                            ),
-                            f"{WATCHER}:amqp:{queue_name}:{m.message_id}",
-                        )
-                        for m in batch
-                    ]
-                    await sink.commit(rows)
-                    await batch[-1].ack(multiple=True)
-                    batch = []
-                    if sink.count >= count:
+            await queue.consume(send.send)
+            while sink.count < count:
+                # What has arrived, up to a batch: a backlog fills it, a trickle does not wait.
+                batch = [await receive.receive()]
+                while len(batch) < self.batch:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except anyio.WouldBlock:
                         break
+                rows = [
+                    (
+                        payload_of(
+                            {
+                                "queue": queue_name,
+                                "message_id": m.message_id,
+                                "data": json.loads(m.body),
+                            }
+                        ),
+                        f"{WATCHER}:amqp:{queue_name}:{m.message_id}",
+                    )
+                    for m in batch
+                ]
+                await sink.commit(rows)
+                await batch[-1].ack(multiple=True)
 
     async def _raw_mqtt(self, sink: Sink, count: int) -> None:
         import paho.mqtt.client as paho
@@ -741,11 +752,23 @@ async def live_drain(broker: Broker, messages: int, loop: Awaitable[None], sink:
 
 
 async def measure_latency(kind: str, seconds: float, batch: int, root: Path) -> dict[str, Any]:
-    """p50/p99 of commit time minus publish time, 100 messages per second, SQLite."""
+    """p50/p99 of commit time minus publish time, 100 messages per second, SQLite: the raw
+    loop first (its rows' ``created_at`` is its commit's start, as the store's is), then ours."""
     broker = Broker(kind, batch)
     await broker.setup()
     count = int(seconds * 100)
     try:
+        async with fresh_database("sqlite", root) as url, raw_sink(url) as sink:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(broker.raw, sink, count + 1)
+                await broker.publish(range(1), raw=True)
+                with anyio.fail_after(60):
+                    while True:  # the first commit: the loop runs
+                        if sink.count >= 1:
+                            break
+                        await anyio.sleep(0.01)
+                await broker.publish(range(1, count + 1), raw=True, rate=100.0)
+            raw = _delays(kind, (await committed(url))[1:])
         async with fresh_database("sqlite", root) as url:
             async with daemon(root, url, broker.watcher(batch)) as process:
                 # Once it runs (one message committed), publish at 100 per second.
@@ -753,20 +776,32 @@ async def measure_latency(kind: str, seconds: float, batch: int, root: Path) -> 
                 await wait_for(url, 1, process, 300)
                 await broker.publish(range(1, count + 1), rate=100.0)
                 await wait_for(url, count + 1, process, 120)
-            rows = await committed(url)
+            ours = _delays(kind, (await committed(url))[1:])
     finally:
         await broker.teardown()
+    return {
+        "broker": kind,
+        "messages": len(ours),
+        **_percentiles(ours),
+        **{f"raw_{k}": v for k, v in _percentiles(raw).items()},
+        "load": loadavg(),
+    }
+
+
+def _delays(kind: str, rows: list[tuple[str, datetime]]) -> list[float]:
+    """Each row's commit time minus the publish time its message carries, in ms, sorted."""
     delays = []
-    for payload, created in rows[1:]:
+    for payload, created in rows:
         data = json.loads(payload)
         sent = data["fields"]["body"] if kind.startswith("redis") else data["data"]
         if isinstance(sent, str):
             sent = json.loads(sent)
         delays.append((created.timestamp() - sent["at"]) * 1000)
-    delays.sort()
+    return sorted(delays)
+
+
+def _percentiles(delays: list[float]) -> dict[str, float]:
     return {
-        "broker": kind,
-        "messages": len(delays),
         "p50_ms": round(delays[len(delays) // 2], 1),
         "p99_ms": round(delays[int(len(delays) * 0.99) - 1], 1),
         "max_ms": round(delays[-1], 1),
@@ -803,7 +838,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     brokers = [args.only] if args.only else list(BROKERS)
     with tempfile.TemporaryDirectory(prefix="wk-broker-") as tmp:
         root = Path(tmp)
-        for backend in backends:
+        for backend in backends if args.messages else ():  # --messages 0: no throughput run
             for kind in brokers:
                 row = await measure_throughput(kind, backend, args.messages, args.batch_size, root)
                 print(json.dumps(row), flush=True)
@@ -828,8 +863,10 @@ def main() -> None:
     parser.add_argument("--only", choices=BROKERS)
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--linger", type=float, default=None, help="the watchers' batch_linger")
     parser.add_argument("--backlog", type=int, default=0)
     args = parser.parse_args()
+    Broker.linger = args.linger
     results = anyio.run(run, args, backend="asyncio")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")

@@ -160,7 +160,9 @@ def write_watchers(path: Path, args: argparse.Namespace, max_payload: int) -> Pa
 def touch(file: Path, n: int) -> None:
     """Change ``file`` without changing what it defines: the next scan reloads."""
     text = file.read_text().split("# rewrite")[0]
-    file.write_text(f"{text}# rewrite {n}\n")
+    fresh = file.with_suffix(".tmp")  # written aside, then renamed: a scan never reads half
+    fresh.write_text(f"{text}# rewrite {n}\n")
+    os.replace(fresh, file)
 
 
 def rss_mb(pid: int) -> float:
@@ -252,6 +254,12 @@ def reload_lines(log: Path) -> list[float]:
 def log_counts(log: Path, names: tuple[str, ...]) -> dict[str, int]:
     text = log.read_text(errors="replace")
     return {name: text.count(f'"{name}"') for name in names}
+
+
+def log_lines(log: Path, name: str, most: int = 5) -> list[str]:
+    """The first ``most`` log lines of event ``name`` (cut at 400 characters): the reasons."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if f'"{name}"' in line]
+    return [line[:400] for line in lines[:most]]
 
 
 @contextmanager
@@ -382,6 +390,9 @@ def run(args: argparse.Namespace, pg: str | None) -> None:
             alive = proc.poll() is None
         counts = log_counts(log_path, ("watcher_failed", "trigger_failed", "store_unavailable",
                                        "watchers_reload_failed", "loop_blocked"))  # fmt: skip
+        for name in ("watchers_reload_failed", "loop_blocked", "watcher_failed"):
+            for line in log_lines(log_path, name):
+                print(line)
     load_after = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     summarise(args, samples, collected, alive, counts, load_before, load_after, pg is not None)
 

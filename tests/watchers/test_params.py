@@ -198,7 +198,7 @@ EVERY: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
 
 ADDED_LATER: list[tuple[type[ReadyMadeWatcher[Any]], dict[str, Any]]] = [
     (RedisStreamWatcher, {"stream": "s", "batch_linger": 0.02}),
-    (NatsJetStreamWatcher, {"stream": "S", "batch_linger": 0}),
+    (NatsJetStreamWatcher, {"stream": "S", "batch_linger": 0.02}),
     (RabbitMQWatcher, {"queue": "q", "batch_size": 500, "batch_linger": 0.02}),
     (MqttWatcher, {"topics": ["t/#"], "batch_size": 1, "batch_linger": 0.02}),
 ]

@@ -117,7 +117,7 @@ class MqttParams(WatcherParams):
     """At most this many messages committed together in one transaction, then acknowledged
     (a PUBACK each, after the commit); ``1`` commits each alone. The Receive Maximum is raised
     to twice it when ``max_in_flight`` is lower."""
-    batch_linger: SecondsOrZero = 0.005
+    batch_linger: SecondsOrZero = 0.0
     """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
 
     added_later: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_linger"})

@@ -92,7 +92,7 @@ class NatsJetStreamParams(WatcherParams):
     """Seconds the first connect may take."""
     ping_interval: Seconds = 10.0
     """Seconds between two pings; a connection with two unanswered pings is dropped."""
-    batch_linger: SecondsOrZero = 0.005
+    batch_linger: SecondsOrZero = 0.0
     """Seconds a fetch that came back short of ``batch_size`` waits for more messages before
     its batch commits (``0``: commit what one fetch brought)."""
 

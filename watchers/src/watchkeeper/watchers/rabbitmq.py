@@ -87,7 +87,7 @@ class RabbitMQParams(WatcherParams):
     batch_size: Count = 100
     """At most this many messages committed together in one transaction, then acknowledged
     with one ``basic.ack`` (``multiple``); ``1`` commits and acknowledges each alone."""
-    batch_linger: SecondsOrZero = 0.005
+    batch_linger: SecondsOrZero = 0.0
     """Seconds a batch waits, after its first message, for more (``0``: what has arrived)."""
 
     added_later: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_linger"})

@@ -92,7 +92,7 @@ class RedisStreamParams(WatcherParams):
     """The consumer's name in ``group`` (default: the watcher's name). Needs ``group``."""
     reconnect_attempts: Count = 10
     """Failed reconnections in a row before ``run()`` raises :class:`BrokerSourceError`."""
-    batch_linger: SecondsOrZero = 0.005
+    batch_linger: SecondsOrZero = 0.0
     """Seconds a read that came back short of ``batch_size`` waits for more entries before
     its batch commits (``0``: commit what one read brought)."""
 
