@@ -106,6 +106,20 @@ class TestTaskFiles:
         assert sorted(fixed.tasks) == ["tc"] and fixed.errors == ()
         assert fixed.tasks["tc"].fn() == 5
 
+    async def test_a_path_gone_for_a_moment_keeps_every_task(self, files: Files) -> None:
+        """The definitions folder moved away (a deploy): refused, every task kept; back with
+        a change, only that change applies."""
+        first = files.files.load()
+        away = files.folder.with_name("away")
+        files.folder.rename(away)
+        gone = await files.reload()
+        assert gone.tasks == first.tasks and "not a directory" in gone.errors[0].reason
+        away.rename(files.folder)
+        files.write("a", task="ta", value="7")
+        back = await files.reload()
+        assert back.errors == () and back.tasks["ta"].fn() == 7
+        assert back.tasks["tc"] is first.tasks["tc"]
+
     async def test_a_hanging_file_is_refused_without_blocking(self, files: Files) -> None:
         """A file that hangs at import is refused by the child after import_timeout; the
         worker never imports it and keeps the task it had."""

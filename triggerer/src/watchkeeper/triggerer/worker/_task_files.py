@@ -87,7 +87,12 @@ class TaskFiles:
 
     async def reload(self, stamps: _Stamps) -> TaskLoad:
         """Read again what may have changed, the path's stamps being ``stamps`` now (see the
-        module's docstring); the new load."""
+        module's docstring); the new load. A path that is not a directory now (gone for a
+        moment, during a deploy) keeps every task as it was."""
+        if not await anyio.Path(self.path).is_dir():
+            error = WatcherError(str(self.path), None, "watchers path is not a directory")
+            log.warning("task_refused", file=error.file, reason=error.reason, kept=True)
+            return TaskLoad(self.current.tasks, (error,))
         reads = self._reads
         todo = list(stamps) if reads is None else [r for r in stamps if r in reads.stale(stamps)]
         edges: dict[str, set[str]] = {}
