@@ -19,6 +19,7 @@ what changed.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -90,9 +91,9 @@ class TaskFiles:
         module's docstring); the new load. A path that is not a directory now (gone for a
         moment, during a deploy) keeps every task as it was."""
         if not await anyio.Path(self.path).is_dir():
-            error = WatcherError(str(self.path), None, "watchers path is not a directory")
-            log.warning("task_refused", file=error.file, reason=error.reason, kept=True)
-            return TaskLoad(self.current.tasks, (error,))
+            missing = WatcherError(str(self.path), None, "watchers path is not a directory")
+            log.warning("task_refused", file=missing.file, reason=missing.reason, kept=True)
+            return TaskLoad(self.current.tasks, (missing,))
         reads = self._reads
         todo = list(stamps) if reads is None else [r for r in stamps if r in reads.stale(stamps)]
         edges: dict[str, set[str]] = {}
@@ -115,8 +116,9 @@ class TaskFiles:
             if error is not None:  # refused: what it defined before stays
                 self._refused[rel] = error
                 log.warning("task_refused", file=rel, reason=error.reason, kept=True)
-        imported = None
+        imported: list[tuple[str, types.ModuleType | None, WatcherError | None]] | None = []
         if again or gone:
+            imported = None  # until the import answers within its time
             with anyio.move_on_after(self.import_timeout * max(1, len(again))):
                 imported = await anyio.to_thread.run_sync(
                     partial(import_definition_files, self.path, again, forget=gone),
