@@ -334,8 +334,7 @@ def _watcher_paths() -> dict[str, Any]:
 
 
 def _task_paths() -> dict[str, Any]:
-    """The tasks, their controls, their rewind, their deletion and the retry of their failed
-    runs."""
+    """The tasks: their controls, rewind, deletion and the retry of their failed runs."""
     task: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
@@ -353,8 +352,7 @@ def _task_paths() -> dict[str, Any]:
         },
         "/api/v1/tasks/{name}": {
             "delete": _op(
-                "forget a task for good: its cursors and pending events; its runs are kept "
-                "until retention (needs operate)",
+                "forget a task: its cursors and pending events; its runs kept (needs operate)",
                 {
                     "204": {"description": "deleted"},
                     "404": _error("no such task"),
@@ -369,10 +367,7 @@ def _task_paths() -> dict[str, Any]:
         "/api/v1/tasks/{name}/retry": {
             "post": _op(
                 "queue every failed run of a task for one more try, oldest first (needs operate)",
-                {
-                    "202": _json("the runs queued", ref("TaskRetry")),
-                    "404": _error("no such task"),
-                },
+                {"202": _json("the runs queued", ref("TaskRetry")), "404": _error("no such task")},
                 bad=True,
                 parameters=[
                     _NAME,

@@ -50,7 +50,12 @@ _Stamps = Mapping[str, tuple[int, int, int]]
 
 @dataclass(frozen=True, slots=True)
 class TaskLoad:
-    """The tasks the definition files define now, by name, and the refusals in force."""
+    """The tasks the definition files define now, by name, and the refusals in force.
+
+    :param tasks: every task defined now, by name (sorted).
+    :param errors: the files refused now and the task names defined twice; a refused file's
+        tasks are in ``tasks`` as it last defined them.
+    """
 
     tasks: dict[str, AssetTask]
     errors: tuple[WatcherError, ...]
