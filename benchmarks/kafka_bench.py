@@ -31,13 +31,11 @@ from pathlib import Path
 
 import aiosqlite
 import anyio
-from watchkeeper.store import SqliteStateBackend
-from watchkeeper.triggerer import Asset
-from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import KafkaWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _raw_tables import sqlite_tables
+from _watcher_bench import Rates, timed_watcher
 
 from tests.support.kafka import create_topic, produce, tansu_broker
 
@@ -106,15 +104,7 @@ async def watcher_loop(
 ) -> float:
     """Seconds ``KafkaWatcher`` takes to read and commit ``records`` records."""
     watcher = KafkaWatcher(topic, bootstrap, batch_size=batch_size)
-    async with SqliteStateBackend(db) as backend:
-        start = time.perf_counter()
-        events = await run_trigger(
-            watcher, assets=Asset("bench"), backend=backend, max_events=records, watcher_name="b"
-        )
-        elapsed = time.perf_counter() - start
-    if len(events) < records:
-        raise RuntimeError(f"the watcher committed {len(events)} of {records} records")
-    return elapsed
+    return await timed_watcher(watcher, records, db, "records")
 
 
 async def main() -> None:
@@ -123,7 +113,7 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"raw": [], "watcher": []}
+    rates = Rates(args.records, "raw", "watcher")
     async with tansu_broker() as bootstrap:
         topic = "bench"
         await create_topic(bootstrap, topic, partitions=PARTITIONS)
@@ -137,25 +127,8 @@ async def main() -> None:
                 mine = await watcher_loop(
                     bootstrap, topic, args.records, args.batch_size, Path(tmp) / "wk.db"
                 )
-            results["raw"].append(args.records / raw)
-            results["watcher"].append(args.records / mine)
-            print(
-                f"run {run + 1}: raw {args.records / raw:,.0f}/s, "
-                f"watcher {args.records / mine:,.0f}/s"
-            )
-    best_raw, best_mine = max(results["raw"]), max(results["watcher"])
-    summary = {
-        "records": args.records,
-        "batch_size": args.batch_size,
-        "partitions": PARTITIONS,
-        "raw_per_s": round(best_raw),
-        "watcher_per_s": round(best_mine),
-        "ratio": round(best_mine / best_raw, 2),
-    }
-    print(json.dumps(summary))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "kafka.json").write_text(json.dumps(summary, indent=2) + "\n")
+            rates.add(run, raw=raw, watcher=mine)
+    rates.write("kafka", records=args.records, batch_size=args.batch_size, partitions=PARTITIONS)
 
 
 if __name__ == "__main__":

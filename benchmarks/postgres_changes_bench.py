@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -39,13 +38,12 @@ import aiosqlite
 import anyio
 import anyio.to_thread
 import asyncpg
-from watchkeeper.store import SqliteStateBackend
-from watchkeeper.triggerer import Asset
-from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import PostgresChangesWatcher
 from watchkeeper.watchers._pgoutput import Begin, Commit, PgOutputDecoder, format_lsn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _watcher_bench import Rates, timed_watcher
+
 from tests.support.pg_logical import logical_cluster
 
 _SCHEMA = (
@@ -171,15 +169,7 @@ async def raw_loop(dsn: str, slot: str, rows: int, batch_size: int, db: Path) ->
 async def watcher_loop(dsn: str, slot: str, rows: int, batch_size: int, db: Path) -> float:
     """Seconds ``PostgresChangesWatcher`` takes to read and commit ``rows`` changes."""
     watcher = PostgresChangesWatcher(dsn, slot, slot, batch_size=batch_size, poll_interval=0.1)
-    async with SqliteStateBackend(db) as backend:
-        start = time.perf_counter()
-        events = await run_trigger(
-            watcher, assets=Asset("bench"), backend=backend, max_events=rows, watcher_name="b"
-        )
-        elapsed = time.perf_counter() - start
-    if len(events) < rows:
-        raise RuntimeError(f"the watcher committed {len(events)} of {rows} changes")
-    return elapsed
+    return await timed_watcher(watcher, rows, db, "changes")
 
 
 async def main() -> None:
@@ -188,7 +178,7 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"raw": [], "watcher": []}
+    rates = Rates(args.rows, "raw", "watcher")
     with logical_cluster() as cluster:
         dsn = cluster.dsn
         for run in range(args.runs):
@@ -199,23 +189,13 @@ async def main() -> None:
                 mine = await watcher_loop(
                     dsn, slot, args.rows, args.batch_size, Path(tmp) / "wk.db"
                 )
-            results["raw"].append(args.rows / raw)
-            results["watcher"].append(args.rows / mine)
-            print(f"run {run + 1}: raw {args.rows / raw:,.0f}/s, watcher {args.rows / mine:,.0f}/s")
-    best_raw, best_mine = max(results["raw"]), max(results["watcher"])
-    summary = {
-        "rows": args.rows,
-        "batch_size": args.batch_size,
-        "rows_per_transaction": _PER_TRANSACTION,
-        "raw_per_s": round(best_raw),
-        "watcher_per_s": round(best_mine),
-        "ratio": round(best_mine / best_raw, 2),
-        "load": [round(x, 1) for x in os.getloadavg()],
-    }
-    print(json.dumps(summary))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "postgres_changes.json").write_text(json.dumps(summary, indent=2) + "\n")
+            rates.add(run, raw=raw, watcher=mine)
+    rates.write(
+        "postgres_changes",
+        rows=args.rows,
+        batch_size=args.batch_size,
+        rows_per_transaction=_PER_TRANSACTION,
+    )
 
 
 if __name__ == "__main__":

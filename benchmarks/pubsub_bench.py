@@ -40,12 +40,11 @@ from typing import Any
 import aiosqlite
 import anyio
 from google.pubsub_v1.types import ReceivedMessage, StreamingPullRequest
-from watchkeeper.store import SqliteStateBackend
-from watchkeeper.triggerer import Asset
-from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import PubSubWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _watcher_bench import Rates, timed_watcher
+
 from tests.support.pubsub import make_subscription, publish, pubsub_emulator, subscriber
 
 _SCHEMA = (
@@ -170,15 +169,7 @@ async def watcher_loop(
 ) -> float:
     """Seconds ``PubSubWatcher`` takes to pull and commit ``messages`` messages."""
     watcher = PubSubWatcher(subscription, emulator_host=host, batch_size=batch_size)
-    async with SqliteStateBackend(db) as backend:
-        start = time.perf_counter()
-        events = await run_trigger(
-            watcher, assets=Asset("bench"), backend=backend, max_events=messages, watcher_name="b"
-        )
-        elapsed = time.perf_counter() - start
-    if len(events) < messages:
-        raise RuntimeError(f"the watcher committed {len(events)} of {messages} messages")
-    return elapsed
+    return await timed_watcher(watcher, messages, db, "messages")
 
 
 async def main() -> None:
@@ -187,7 +178,7 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"raw": [], "raw_stream": [], "watcher": []}
+    rates = Rates(args.messages, "raw", "raw_stream", "watcher")
     with pubsub_emulator() as host:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
@@ -203,27 +194,8 @@ async def main() -> None:
                 mine = await watcher_loop(
                     host, subscription, args.messages, args.batch_size, Path(tmp) / "wk.db"
                 )
-            results["raw"].append(args.messages / raw)
-            results["raw_stream"].append(args.messages / stream)
-            results["watcher"].append(args.messages / mine)
-            print(
-                f"run {run + 1}: raw {args.messages / raw:,.0f}/s, "
-                f"raw stream {args.messages / stream:,.0f}/s, "
-                f"watcher {args.messages / mine:,.0f}/s"
-            )
-    best_raw, best_mine = max(results["raw"]), max(results["watcher"])
-    summary = {
-        "messages": args.messages,
-        "batch_size": args.batch_size,
-        "raw_per_s": round(best_raw),
-        "raw_stream_per_s": round(max(results["raw_stream"])),
-        "watcher_per_s": round(best_mine),
-        "ratio": round(best_mine / best_raw, 2),
-    }
-    print(json.dumps(summary))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "pubsub.json").write_text(json.dumps(summary, indent=2) + "\n")
+            rates.add(run, raw=raw, raw_stream=stream, watcher=mine)
+    rates.write("pubsub", messages=args.messages, batch_size=args.batch_size)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,11 @@ from typing import Any
 import aiosqlite
 import anyio
 from aiobotocore.session import get_session
-from watchkeeper.store import SqliteStateBackend
-from watchkeeper.triggerer import Asset
-from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import S3PrefixWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _watcher_bench import Rates, timed_watcher
+
 from tests.support.aws import AWS_ENV, moto_server
 
 PREFIX = "bench/"
@@ -132,15 +131,7 @@ async def watcher_loop(endpoint: str, bucket: str, objects: int, page_size: int,
     watcher = S3PrefixWatcher(
         bucket, PREFIX, endpoint_url=endpoint, page_size=page_size, poll_interval=0.1
     )
-    async with SqliteStateBackend(db) as backend:
-        start = time.perf_counter()
-        events = await run_trigger(
-            watcher, assets=Asset("bench"), backend=backend, max_events=objects, watcher_name="b"
-        )
-        elapsed = time.perf_counter() - start
-    if len(events) < objects:
-        raise RuntimeError(f"the watcher committed {len(events)} of {objects} objects")
-    return elapsed
+    return await timed_watcher(watcher, objects, db, "objects")
 
 
 async def main() -> None:
@@ -150,7 +141,7 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     os.environ.update(AWS_ENV)
-    results: dict[str, list[float]] = {"raw": [], "watcher": []}
+    rates = Rates(args.objects, "raw", "watcher")
     with moto_server() as endpoint:
         async with get_session().create_client(
             "s3", region_name="us-east-1", endpoint_url=endpoint
@@ -166,25 +157,8 @@ async def main() -> None:
                     mine = await watcher_loop(
                         endpoint, bucket, args.objects, args.page_size, Path(tmp) / "wk.db"
                     )
-                results["raw"].append(args.objects / raw)
-                results["watcher"].append(args.objects / mine)
-                print(
-                    f"run {run + 1}: raw {args.objects / raw:,.0f}/s, "
-                    f"watcher {args.objects / mine:,.0f}/s"
-                )
-    best_raw, best_mine = max(results["raw"]), max(results["watcher"])
-    summary = {
-        "objects": args.objects,
-        "page_size": args.page_size,
-        "raw_per_s": round(best_raw),
-        "watcher_per_s": round(best_mine),
-        "ratio": round(best_mine / best_raw, 2),
-        "load": os.getloadavg()[0],
-    }
-    print(json.dumps(summary))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "s3.json").write_text(json.dumps(summary, indent=2) + "\n")
+                rates.add(run, raw=raw, watcher=mine)
+    rates.write("s3", objects=args.objects, page_size=args.page_size)
 
 
 if __name__ == "__main__":

@@ -38,13 +38,11 @@ from typing import Any
 import aiosqlite
 import anyio
 from aiobotocore.session import get_session
-from watchkeeper.store import SqliteStateBackend
-from watchkeeper.triggerer import Asset
-from watchkeeper.triggerer.testing import run_trigger
 from watchkeeper.watchers import SqsWatcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _raw_tables import sqlite_tables
+from _watcher_bench import Rates, timed_watcher
 
 from tests.support.aws import AWS_ENV, moto_server
 
@@ -117,15 +115,7 @@ async def watcher_loop(
 ) -> float:
     """Seconds ``SqsWatcher`` takes to receive and commit ``messages`` messages."""
     watcher = SqsWatcher(queue, endpoint_url=endpoint, batch_size=batch_size, wait_time=1)
-    async with SqliteStateBackend(db) as backend:
-        start = time.perf_counter()
-        events = await run_trigger(
-            watcher, assets=Asset("bench"), backend=backend, max_events=messages, watcher_name="b"
-        )
-        elapsed = time.perf_counter() - start
-    if len(events) < messages:
-        raise RuntimeError(f"the watcher committed {len(events)} of {messages} messages")
-    return elapsed
+    return await timed_watcher(watcher, messages, db, "messages")
 
 
 async def main() -> None:
@@ -135,7 +125,7 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     os.environ.update(AWS_ENV)
-    results: dict[str, list[float]] = {"raw": [], "watcher": []}
+    rates = Rates(args.messages, "raw", "watcher")
     with moto_server() as endpoint:
         async with get_session().create_client(
             "sqs", region_name="us-east-1", endpoint_url=endpoint
@@ -150,24 +140,8 @@ async def main() -> None:
                     mine = await watcher_loop(
                         endpoint, queue, args.messages, args.batch_size, Path(tmp) / "wk.db"
                     )
-                results["raw"].append(args.messages / raw)
-                results["watcher"].append(args.messages / mine)
-                print(
-                    f"run {run + 1}: raw {args.messages / raw:,.0f}/s, "
-                    f"watcher {args.messages / mine:,.0f}/s"
-                )
-    best_raw, best_mine = max(results["raw"]), max(results["watcher"])
-    summary = {
-        "messages": args.messages,
-        "batch_size": args.batch_size,
-        "raw_per_s": round(best_raw),
-        "watcher_per_s": round(best_mine),
-        "ratio": round(best_mine / best_raw, 2),
-    }
-    print(json.dumps(summary))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "sqs.json").write_text(json.dumps(summary, indent=2) + "\n")
+                rates.add(run, raw=raw, watcher=mine)
+    rates.write("sqs", messages=args.messages, batch_size=args.batch_size)
 
 
 if __name__ == "__main__":

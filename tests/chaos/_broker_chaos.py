@@ -246,6 +246,11 @@ class BrokerChaos:
             while self.kills < self.plan.kills:
                 await self._life(watchers, final=False)
             await self._life(watchers, final=True)
+        return await self._result()
+
+    async def _result(self) -> BrokerResult:
+        """What the lives committed: the numbers, in commit order, and how many redeliveries
+        the daemons' log shows suppressed. A source with other numbers overrides it."""
         numbers = await anyio.to_thread.run_sync(committed_numbers, self.database, self.number)
         log = await anyio.Path(self.log_path).read_text(errors="replace")
         redelivered = suppressed_count(log_records(log))

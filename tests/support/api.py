@@ -12,16 +12,18 @@ from typing import Generic, TypeVar
 
 import anyio
 import httpx
-from watchkeeper.store import AssetEvent, BaseStateBackend
+from watchkeeper.store import AssetEvent, BaseStateBackend, MemoryStateBackend
 from watchkeeper.store.protocols import (
     EventCommit,
     encode_json,
 )
-from watchkeeper.triggerer import TriggerRunner
+from watchkeeper.triggerer import Settings, TriggerRunner
 from watchkeeper.triggerer.api import ApiContext, api_context, make_token, serve_app
+from watchkeeper.triggerer.daemon import Daemon
+from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
-__all__ = ["ServedApi", "serve_api"]
+__all__ = ["ServedApi", "daemon_api", "serve_api"]
 
 B = TypeVar("B", bound=BaseStateBackend)
 
@@ -72,3 +74,23 @@ async def serve_api(
         served.base = f"http://127.0.0.1:{await tg.start(serve)}"
         yield served
         tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def daemon_api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A daemon in this process on a memory store, its API on a free port (no token needed
+    for the probes and ``/metrics``); yields a client of it. Its watchers are unloaded at
+    exit."""
+    try:
+        async with (
+            MemoryStateBackend() as backend,
+            Daemon(settings, backend=backend) as daemon,
+            anyio.create_task_group() as tg,
+        ):
+            ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
+            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                yield client
+            tg.cancel_scope.cancel()
+    finally:
+        unload_watchers()

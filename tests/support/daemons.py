@@ -24,6 +24,8 @@ import anyio.abc
 import httpx
 import pytest
 from watchkeeper.store import SqliteStateBackend
+from watchkeeper.store.protocols import BaseStateBackend
+from watchkeeper.triggerer import Settings, TriggererSettings
 
 __all__ = [
     "FAILING_WATCHER",
@@ -33,8 +35,10 @@ __all__ = [
     "Watched",
     "append_lines",
     "asset_file",
+    "committed",
     "daemon",
     "free_port",
+    "lines_settings",
     "log_events",
     "payloads",
     "reap",
@@ -103,6 +107,18 @@ def asset_file(asset: str, source: Path) -> str:
         {asset} = Asset("{asset}", watchers=[AssetWatcher("{asset}_feed", LinesWatcher({str(source)!r}))])
         """
     )
+
+
+def lines_settings(tmp_path: Path, source: Path, **triggerer: Any) -> Settings:
+    """Settings of an in-process daemon whose watchers directory (``tmp_path/watchers``) holds
+    :data:`LINES_WATCHER` and the asset ``alpha`` on the text file ``source``. ``triggerer``:
+    the triggerer's other settings (GC off and a 1 s stop grace unless given)."""
+    watchers = tmp_path / "watchers"
+    watchers.mkdir()
+    (watchers / "lines.py").write_text(LINES_WATCHER)
+    (watchers / "alpha.py").write_text(asset_file("alpha", source))
+    chosen = {"gc_interval": 0, "stop_grace": 1, **triggerer}
+    return Settings(triggerer=TriggererSettings(watchers_path=watchers, **chosen))
 
 
 def append_lines(path: Path, start: int, stop: int) -> None:
@@ -199,11 +215,14 @@ def _exit_note(alive: anyio.abc.Process | Watched) -> str | None:
 
 
 async def wait_until(
-    check: Callable[[], Any], what: str, *alive: anyio.abc.Process | Watched | None
+    check: Callable[[], Any],
+    what: str,
+    *alive: anyio.abc.Process | Watched | None,
+    within: float = WAIT,
 ) -> None:
-    """Poll ``check`` (sync or async) until truthy; fail after WAIT or if one of ``alive``
-    (a daemon process, or a :class:`Watched`) died meanwhile."""
-    with anyio.fail_after(WAIT):
+    """Poll ``check`` (sync or async) until truthy; fail after ``within`` seconds or if one of
+    ``alive`` (a daemon process, or a :class:`Watched`) died meanwhile."""
+    with anyio.fail_after(within):
         while True:
             result = check()
             if hasattr(result, "__await__"):
@@ -228,6 +247,15 @@ async def wait_for_api(client: httpx.AsyncClient, *alive: anyio.abc.Process | Wa
             return False
 
     await wait_until(answers, "the API to answer", *alive)
+
+
+async def committed(backend: BaseStateBackend, count: int, *, within: float = WAIT) -> None:
+    """Return once ``count`` events were committed; fail after ``within`` seconds."""
+    with anyio.fail_after(within):
+        while True:
+            if len(await backend.events.alist_events()) >= count:
+                return
+            await anyio.sleep(0.02)
 
 
 async def payloads(backend: SqliteStateBackend, asset: str) -> list[int]:

@@ -9,6 +9,7 @@ from typing import IO
 
 import pytest
 
+from tests.support.browser import chromium_path
 from tests.support.daemons import LINES_WATCHER, STOP_GRACE, free_port
 
 
@@ -46,3 +47,10 @@ def env(db_path: Path) -> dict[str, str]:
 def log_file(tmp_path: Path) -> Iterator[IO[bytes]]:
     with (tmp_path / "daemon.log").open("ab") as f:
         yield f
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's chromium for the browser tests; missing, the test skips (and fails under
+    CI=true)."""
+    return chromium_path()

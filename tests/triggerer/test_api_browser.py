@@ -9,108 +9,36 @@ docs' pictures come from ``docs/screenshots``).
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from pydantic import SecretStr
-from watchkeeper.store import SqliteStateBackend
 from watchkeeper.store.protocols import EventBatchCommit, TaskSpec, encode_json
-from watchkeeper.store.settings import DatabaseSettings
-from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer.api import api_context, make_token, serve_app
-from watchkeeper.triggerer.daemon import Daemon
-from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
-from watchkeeper.triggerer.settings import ApiSettings
+from watchkeeper.triggerer.api import make_token
 
+from tests.support.browser import Site, launched, new_tab, open_site, screenshot, signed_in
 from tests.support.daemons import append_lines, asset_file, wait_until
-from tests.support.requires import unavailable
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-CHROMIUM = Path("/usr/bin/chromium")
-TIMEOUT_MS = 15_000
-
-
-@pytest.fixture
-def chromium() -> Path:
-    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
-    if not CHROMIUM.exists():
-        unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
-    return CHROMIUM
-
-
-@dataclass
-class Site:
-    base: str
-    token: str
-    source: Path
-    backend: SqliteStateBackend
-    reader: str
-    """A token with the read scope only."""
 
 
 @pytest.fixture
 async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
     """A daemon with the watcher ``orders_feed`` and its API on a free port."""
-    source = tmp_path / "lines.txt"
-    append_lines(source, 1, 2)
-    (watchers / "orders.py").write_text(asset_file("orders", source))
-    settings = Settings(
-        database=DatabaseSettings(url=SecretStr(f"sqlite:///{tmp_path / 'state.db'}")),
-        triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=2),
-    )
-    try:
-        async with Daemon(settings) as daemon, anyio.create_task_group() as tg:
-            backend = daemon.backend
-            assert isinstance(backend, SqliteStateBackend)
-            text, row = make_token(
-                "ops", ["read", "operate", "write:asset:orders"], now=datetime.now(UTC)
-            )
-            await backend.controls.acreate_token(row)
-            reader, row = make_token("viewer", ["read"], now=datetime.now(UTC))
-            await backend.controls.acreate_token(row)
-            ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Site(f"http://127.0.0.1:{port}", text, source, backend, reader)
-            tg.cancel_scope.cancel()
-    finally:
-        unload_watchers()
+    scopes = ["read", "operate", "write:asset:orders"]
+    async with open_site(tmp_path, watchers, scopes=scopes) as one:
+        yield one
 
 
 @pytest.fixture
 async def page(chromium: Path, site: Site) -> AsyncIterator[Any]:
     """A signed-in page of a fresh browser."""
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            context = await browser.new_context(viewport={"width": 1200, "height": 700})
-            tab = await context.new_page()
-            tab.set_default_timeout(TIMEOUT_MS)
-            await tab.goto(site.base + "/")
-            await tab.fill("#token", site.token)
-            await tab.click("#login-button")
-            await tab.wait_for_selector("#watchers-view:not([hidden])")
-            yield tab
-        finally:
-            await browser.close()
-
-
-async def screenshot(page: Any, name: str) -> None:
-    directory = os.environ.get("WATCHKEEPER_SCREENSHOTS")
-    if directory:
-        await page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
+    viewport = {"width": 1200, "height": 700}
+    async with signed_in(chromium, site.base, site.token, viewport=viewport) as tab:
+        yield tab
 
 
 def state_cell(name: str) -> str:
@@ -122,23 +50,14 @@ class TestWebPage:
         self, chromium: Path, site: Site
     ) -> None:
         """A wrong token leaves the sign-in form up with an error; nothing is stored."""
-        from playwright.async_api import async_playwright
-
-        async with async_playwright() as playwright:
-            browser = await playwright.chromium.launch(
-                executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
-            )
-            try:
-                tab = await browser.new_page()
-                tab.set_default_timeout(TIMEOUT_MS)
-                await tab.goto(site.base + "/")
-                await tab.fill("#token", "wk_0123456789abcdef_" + "x" * 43)
-                await tab.click("#login-button")
-                await tab.wait_for_selector("#login-error:has-text('unknown')")
-                stored = await tab.evaluate("sessionStorage.getItem('watchkeeper.token')")
-                assert stored is None
-            finally:
-                await browser.close()
+        async with launched(chromium) as browser:
+            tab = await new_tab(browser)
+            await tab.goto(site.base + "/")
+            await tab.fill("#token", "wk_0123456789abcdef_" + "x" * 43)
+            await tab.click("#login-button")
+            await tab.wait_for_selector("#login-error:has-text('unknown')")
+            stored = await tab.evaluate("sessionStorage.getItem('watchkeeper.token')")
+            assert stored is None
 
     async def test_events_arrive_live(self, page: Any, site: Site) -> None:
         """The live tail shows an event committed after the page opened the stream."""

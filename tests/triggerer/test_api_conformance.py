@@ -22,7 +22,7 @@ from watchkeeper.store import Asset, AssetScope, SqliteStateBackend
 from watchkeeper.store.protocols import EventCommit, TaskSpec, encode_json
 
 from tests.support.api import ServedApi, serve_api
-from tests.support.requires import unavailable
+from tests.support.browser import signed_in
 
 ROOT = Path(__file__).resolve().parents[2]
 SCOPES = {
@@ -321,41 +321,18 @@ class TestNamesWithSlashes:
         assert task.status_code == 404 and "no/such" in task.json()["detail"]
 
 
-@pytest.fixture
-def chromium() -> Path:
-    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
-    path = Path("/usr/bin/chromium")
-    if not path.exists():
-        unavailable(f"{path} is missing (apt-get install chromium)")
-    return path
-
-
 @pytest.mark.browser
 @pytest.mark.slow
 async def test_the_page_clears_an_asset_it_cannot_show(chromium: Path, served: Served) -> None:
     """Opening an asset the API refuses after one it showed leaves no row of the first under
     the second's heading, and says why."""
-    from playwright.async_api import async_playwright
-
     await served.backend.aset(AssetScope(name="orders"), "watermark", 7)
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            tab = await browser.new_page()
-            tab.set_default_timeout(15_000)
-            await tab.goto(served.base + "/")
-            await tab.fill("#token", served.tokens["admin"])
-            await tab.click("#login-button")
-            await tab.wait_for_selector("#watchers-view:not([hidden])")
-            await tab.goto(served.base + "/#/assets/orders")
-            await tab.wait_for_selector('#state tr[data-key="watermark"]')
-            await tab.goto(served.base + "/#/assets/nope")
-            await tab.wait_for_selector("#asset-message:has-text('nope')")
-            assert await tab.text_content("#asset-name") == "nope"
-            assert await tab.locator("#state tbody tr").count() == 0
-            assert await tab.locator("#asset-events li").count() == 0
-            assert await tab.locator("#edit-form").is_hidden()
-        finally:
-            await browser.close()
+    async with signed_in(chromium, served.base, served.tokens["admin"]) as tab:
+        await tab.goto(served.base + "/#/assets/orders")
+        await tab.wait_for_selector('#state tr[data-key="watermark"]')
+        await tab.goto(served.base + "/#/assets/nope")
+        await tab.wait_for_selector("#asset-message:has-text('nope')")
+        assert await tab.text_content("#asset-name") == "nope"
+        assert await tab.locator("#state tbody tr").count() == 0
+        assert await tab.locator("#asset-events li").count() == 0
+        assert await tab.locator("#edit-form").is_hidden()

@@ -3,7 +3,6 @@ and the API served by a real ``watchkeeper triggerer`` process."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +18,7 @@ from watchkeeper.store.protocols import EventCommit, TaskSpec, TriggerStatus, en
 from watchkeeper.triggerer import TriggerEvent, TriggerRunner
 from watchkeeper.triggerer.api import Metrics, make_token
 
+from tests.support.api import daemon_api
 from tests.support.daemons import (
     append_lines,
     asset_file,
@@ -245,31 +245,15 @@ class TestInDaemon:
     ) -> None:
         """Served from a daemon, /readyz is 200 while it holds its leases and /metrics
         counts them."""
-        from watchkeeper.store import MemoryStateBackend
         from watchkeeper.triggerer import Settings, TriggererSettings
-        from watchkeeper.triggerer.api import api_context, serve_app
-        from watchkeeper.triggerer.daemon import Daemon
-        from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
-        from watchkeeper.triggerer.settings import ApiSettings
 
         source = tmp_path / "lines.txt"
         append_lines(source, 1, 1)
         (watchers / "orders.py").write_text(asset_file("orders", source))
         settings = Settings(triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0))
-        try:
-            async with (
-                MemoryStateBackend() as backend,
-                Daemon(settings, backend=backend) as daemon,
-                anyio.create_task_group() as tg,
-            ):
-                ctx = api_context(backend, ApiSettings(port=0), daemon=daemon)
-                port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                    ready = await client.get("/readyz")
-                    found = samples((await client.get("/metrics")).text)
-                tg.cancel_scope.cancel()
-        finally:
-            unload_watchers()
+        async with daemon_api(settings) as client:
+            ready = await client.get("/readyz")
+            found = samples((await client.get("/metrics")).text)
         assert ready.status_code == 200, ready.text
         assert value(found, "watchkeeper_leases_held") == 1
         assert value(found, "watchkeeper_loop_lag_seconds") >= 0

@@ -1,33 +1,36 @@
 """A live scrape of a daemon's ``/metrics`` passes Prometheus's own ``promtool check metrics``,
-and no counter goes down between two scrapes with watcher failures and events between them.
+and no counter goes down between two scrapes with watcher failures and events between them; a
+daemon running a ``PostgresChangesWatcher`` (on the ``pg_logical`` cluster) passes it with its
+source gauge, the slot's lag, in the scrape.
 
 promtool comes with Debian's ``prometheus`` package (``.ci/run`` installs it); without it the
 test skips, and fails under ``CI=true``."""
 
 from __future__ import annotations
 
-import functools
 import shutil
 import subprocess
-from collections.abc import Iterator
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
-import httpx
+import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from watchkeeper.store import MemoryStateBackend
 from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer.api import api_context, serve_app
-from watchkeeper.triggerer.daemon import Daemon
-from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
-from watchkeeper.triggerer.settings import ApiSettings
 
+from tests.support.api import daemon_api
 from tests.support.daemons import FAILING_WATCHER, append_lines, asset_file, wait_until
+from tests.support.pg_logical import LogicalCluster
 from tests.support.requires import unavailable
 
 Key = tuple[str, frozenset[tuple[str, str]]]
+Scrape = Callable[[], Awaitable[str]]
+LAG = "watchkeeper_source_slot_lag_bytes"
 
 
 @pytest.fixture
@@ -36,12 +39,6 @@ def promtool() -> str:
     if found is None:
         unavailable("promtool is missing (apt-get install prometheus)")
     return found
-
-
-@pytest.fixture(autouse=True)
-def _unload() -> Iterator[None]:
-    yield
-    unload_watchers()
 
 
 def check_metrics(promtool: str, text: str) -> subprocess.CompletedProcess[str]:
@@ -72,6 +69,73 @@ def value(text: str, name: str, **labels: str) -> float | None:
     return cumulative(text).get((name, frozenset(labels.items())))
 
 
+def gauge(text: str, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with exactly ``labels`` of a gauge family, if the scrape has it."""
+    for family in text_string_to_metric_families(text):
+        if family.type == "gauge":
+            for s in family.samples:
+                if s.name == name and s.labels == labels:
+                    return float(s.value)
+    return None
+
+
+@asynccontextmanager
+async def scraped(settings: Settings) -> AsyncIterator[Scrape]:
+    """A daemon with its API (see :func:`daemon_api`); yields a scrape of its ``/metrics``."""
+    async with daemon_api(settings) as client:
+
+        async def scrape() -> str:
+            response = await client.get("/metrics")
+            assert response.status_code == 200
+            return response.text
+
+        yield scrape
+
+
+async def assert_promtool_passes(promtool: str, text: str) -> None:
+    """``promtool check metrics`` accepts ``text`` without a single remark."""
+    checked = await anyio.to_thread.run_sync(check_metrics, promtool, text)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout + checked.stderr == ""
+
+
+CDC_WATCHER = """
+from watchkeeper.triggerer import Asset, AssetWatcher
+from watchkeeper.watchers import PostgresChangesWatcher
+
+changes = Asset(
+    "changes",
+    watchers=[
+        AssetWatcher(
+            "cdc",
+            PostgresChangesWatcher({dsn!r}, {slot!r}, tables=[{table!r}], poll_interval=0.1),
+        )
+    ],
+)
+"""
+
+
+@asynccontextmanager
+async def watched_table(dsn: str) -> AsyncIterator[tuple[asyncpg.Connection, str]]:
+    """A connection to the cluster and a new table on it; at exit, the slot and publication a
+    watcher made for the table (named ``wk_<table>``) are dropped with it."""
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text)")
+        yield connection, table
+    finally:
+        with anyio.move_on_after(10, shield=True):
+            await connection.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = $1 AND NOT active",
+                f"wk_{table}",
+            )
+            await connection.execute(f"DROP PUBLICATION IF EXISTS wk_{table}")
+            await connection.execute(f"DROP TABLE {table}")
+            await connection.close()
+
+
 class TestPromtool:
     async def test_live_scrapes_pass_promtool_and_counters_never_decrease(
         self, tmp_path: Path, watchers: Path, promtool: str
@@ -94,56 +158,70 @@ class TestPromtool:
                 max_failures=50,
             )
         )
-        async with (
-            MemoryStateBackend() as backend,
-            Daemon(settings, backend=backend) as d,
-            anyio.create_task_group() as tg,
-        ):
-            ctx = api_context(backend, ApiSettings(port=0), daemon=d)
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        async with scraped(settings) as scrape:
 
-                async def scrape() -> str:
-                    response = await client.get("/metrics")
-                    assert response.status_code == 200
-                    return response.text
+            async def started() -> bool:
+                text = await scrape()
+                failures = value(text, "watchkeeper_watcher_failures_total", watcher="broken_feed")
+                events = value(
+                    text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
+                )
+                return (failures or 0) >= 1 and events == 2
 
-                async def started() -> bool:
-                    text = await scrape()
-                    failures = value(
-                        text, "watchkeeper_watcher_failures_total", watcher="broken_feed"
-                    )
-                    events = value(
-                        text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
-                    )
-                    return (failures or 0) >= 1 and events == 2
+            await wait_until(started, "a failure and two events")
+            first = await scrape()
+            failed = value(first, "watchkeeper_watcher_failures_total", watcher="broken_feed")
+            append_lines(source, 3, 5)
 
-                await wait_until(started, "a failure and two events")
-                first = await scrape()
-                failed = value(first, "watchkeeper_watcher_failures_total", watcher="broken_feed")
-                append_lines(source, 3, 5)
+            async def moved_on() -> bool:
+                text = await scrape()
+                failures = value(text, "watchkeeper_watcher_failures_total", watcher="broken_feed")
+                events = value(
+                    text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
+                )
+                return (failures or 0) >= (failed or 0) + 2 and events == 5
 
-                async def moved_on() -> bool:
-                    text = await scrape()
-                    failures = value(
-                        text, "watchkeeper_watcher_failures_total", watcher="broken_feed"
-                    )
-                    events = value(
-                        text, "watchkeeper_events_total", asset="orders", watcher="orders_feed"
-                    )
-                    return (failures or 0) >= (failed or 0) + 2 and events == 5
-
-                await wait_until(moved_on, "two more failures and three more events")
-                second = await scrape()
-            tg.cancel_scope.cancel()
+            await wait_until(moved_on, "two more failures and three more events")
+            second = await scrape()
         for text in (first, second):
-            checked = await anyio.to_thread.run_sync(check_metrics, promtool, text)
-            assert checked.returncode == 0, checked.stdout + checked.stderr
-            assert checked.stdout + checked.stderr == ""
+            await assert_promtool_passes(promtool, text)
         before, after = cumulative(first), cumulative(second)
         assert before, "no counter in the first scrape"
         lower = {k: (v, after.get(k)) for k, v in before.items() if after.get(k, -1.0) < v}
         assert lower == {}, "counter samples gone or lower in the second scrape"
+
+    @pytest.mark.slow
+    async def test_the_cdc_watchers_source_gauge_passes_promtool(
+        self, watchers: Path, promtool: str, pg_logical: LogicalCluster
+    ) -> None:
+        """A daemon running a ``PostgresChangesWatcher``: once it read a change, its scrape
+        holds the slot's lag (``watchkeeper_source_slot_lag_bytes``, from the watcher's
+        ``source_gauges()``) and passes ``promtool check metrics`` without a remark."""
+        async with watched_table(pg_logical.dsn) as (connection, table):
+            slot = f"wk_{table}"
+            cdc = CDC_WATCHER.format(dsn=pg_logical.dsn, slot=slot, table=table)
+            (watchers / "cdc.py").write_text(textwrap.dedent(cdc))
+            settings = Settings(triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0))
+            async with scraped(settings) as scrape:
+
+                async def slot_made() -> bool:
+                    found = await connection.fetchval(
+                        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", slot
+                    )
+                    return bool(found)
+
+                # The watcher makes its slot on its first start; a change before that is not seen.
+                await wait_until(slot_made, "the watcher's replication slot")
+                await connection.execute(f"INSERT INTO {table} VALUES (1, 'one')")
+
+                async def measured() -> bool:
+                    text = await scrape()
+                    events = value(text, "watchkeeper_events_total", asset="changes", watcher="cdc")
+                    return events == 1 and gauge(text, LAG, watcher="cdc") is not None
+
+                await wait_until(measured, "the change committed and the slot's lag measured")
+                text = await scrape()
+        await assert_promtool_passes(promtool, text)
 
     def test_the_checks_can_fail(self, promtool: str) -> None:
         """promtool remarks on a counter named without ``_total``, and a lower counter sample

@@ -11,36 +11,27 @@ text file, its API on a free port sampling the watchers every 0.2 s. With
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import anyio
 import pytest
-from pydantic import SecretStr
-from watchkeeper.store import Asset, SqliteStateBackend
+from watchkeeper.store import Asset
 from watchkeeper.store.protocols import EventBatchCommit, OutletEvent, TaskSpec, encode_json
-from watchkeeper.store.settings import DatabaseSettings
-from watchkeeper.triggerer import Settings, TriggererSettings
-from watchkeeper.triggerer.api import api_context, make_token, serve_app
-from watchkeeper.triggerer.daemon import Daemon
-from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.settings import ApiSettings
 
+from tests.support.browser import Site, open_site, screenshot, signed_in
 from tests.support.daemons import append_lines, wait_until
 from tests.support.requires import unavailable
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-TIMEOUT_MS = 15_000
+SAMPLED = ApiSettings(port=0, watcher_sample_seconds=0.2)
+"""The API, sampling the watchers every 0.2 s (so their charts fill within a test)."""
 ZONE = "Asia/Tokyo"
 """The browser's time zone: the exact times on hover are in it, not in UTC."""
 MARKUP = '<img src=x onerror="window.__xss=1">'
@@ -52,114 +43,43 @@ AXE = (
 """axe-core (npm, installed by ``.ci/run``): injected by the test, never served by the page."""
 
 
-@dataclass
-class Site:
-    base: str
-    token: str
-    source: Path
-    backend: SqliteStateBackend
-    asset: str
-    watcher: str
-
-
-def definitions(asset: str, watcher: str, source: Path) -> str:
-    return textwrap.dedent(
-        f"""
-        from watchkeeper.triggerer import Asset, AssetWatcher
-        from lines import LinesWatcher
-
-        feed = Asset({asset!r}, watchers=[AssetWatcher({watcher!r}, LinesWatcher({str(source)!r}))])
-        """
-    )
-
-
-async def open_site(tmp_path: Path, watchers: Path, asset: str, watcher: str) -> Any:
-    """A daemon with one watcher on ``asset`` and its API; yields a :class:`Site`."""
-    source = tmp_path / "lines.txt"
-    append_lines(source, 1, 2)
-    (watchers / "feed.py").write_text(definitions(asset, watcher, source))
-    settings = Settings(
-        database=DatabaseSettings(url=SecretStr(f"sqlite:///{tmp_path / 'state.db'}")),
-        triggerer=TriggererSettings(watchers_path=watchers, gc_interval=0, stop_grace=2),
-    )
-    try:
-        async with Daemon(settings) as daemon, anyio.create_task_group() as tg:
-            backend = daemon.backend
-            assert isinstance(backend, SqliteStateBackend)
-            text, row = make_token("ops", ["read", "operate"], now=datetime.now(UTC))
-            await backend.controls.acreate_token(row)
-            ctx = api_context(
-                backend, ApiSettings(port=0, watcher_sample_seconds=0.2), daemon=daemon
-            )
-            port = await tg.start(functools.partial(serve_app, ctx, host="127.0.0.1", port=0))
-            yield Site(f"http://127.0.0.1:{port}", text, source, backend, asset, watcher)
-            tg.cancel_scope.cancel()
-    finally:
-        unload_watchers()
-
-
-@pytest.fixture
-def chromium() -> Path:
-    """Debian's chromium; missing, the test skips (and fails under CI=true)."""
-    if not CHROMIUM.exists():
-        unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
-    return CHROMIUM
-
-
 @pytest.fixture
 async def site(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
-    async for one in open_site(tmp_path, watchers, "orders", "orders_feed"):
+    async with open_site(tmp_path, watchers, api=SAMPLED) as one:
         yield one
 
 
 @pytest.fixture
 async def hostile(tmp_path: Path, watchers: Path) -> AsyncIterator[Site]:
     """The same daemon, its asset and watcher named with markup."""
-    async for one in open_site(tmp_path, watchers, MARKUP + "a", MARKUP + "w"):
+    async with open_site(tmp_path, watchers, MARKUP + "a", MARKUP + "w", api=SAMPLED) as one:
         yield one
 
 
-async def signed_in(chromium: Path, site: Site, *, bypass_csp: bool = False) -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            context = await browser.new_context(
-                viewport={"width": 1200, "height": 800},
-                timezone_id=ZONE,
-                locale="en-US",
-                bypass_csp=bypass_csp,  # only to inject axe-core
-            )
-            tab = await context.new_page()
-            tab.set_default_timeout(TIMEOUT_MS)
-            await tab.goto(site.base + "/")
-            await tab.fill("#token", site.token)
-            await tab.click("#login-button")
-            await tab.wait_for_selector("#watchers-view:not([hidden])")
-            yield tab
-        finally:
-            await browser.close()
+def signed_in_page(chromium: Path, site: Site, *, bypass_csp: bool = False) -> Any:
+    """A page signed in to ``site``, in the viewer's zone (``bypass_csp``: only to inject
+    axe-core)."""
+    return signed_in(
+        chromium,
+        site.base,
+        site.token,
+        viewport={"width": 1200, "height": 800},
+        timezone_id=ZONE,
+        locale="en-US",
+        bypass_csp=bypass_csp,
+    )
 
 
 @pytest.fixture
 async def page(chromium: Path, site: Site) -> AsyncIterator[Any]:
-    async for tab in signed_in(chromium, site):
+    async with signed_in_page(chromium, site) as tab:
         yield tab
 
 
 @pytest.fixture
 async def hostile_page(chromium: Path, hostile: Site) -> AsyncIterator[Any]:
-    async for tab in signed_in(chromium, hostile):
+    async with signed_in_page(chromium, hostile) as tab:
         yield tab
-
-
-async def screenshot(page: Any, name: str) -> None:
-    directory = os.environ.get("WATCHKEEPER_SCREENSHOTS")
-    if directory:
-        await page.screenshot(path=str(Path(directory) / f"{name}.png"), full_page=True)
 
 
 async def events_of(site: Site, asset: str, n: int) -> None:
@@ -426,7 +346,7 @@ class TestAccessibility:
             "tasks": ("#/tasks", "#tasks tr[data-task]"),
             "task": ("#/tasks/load", "#runs-timeline a"),
         }
-        async for page in signed_in(chromium, site, bypass_csp=True):
+        async with signed_in_page(chromium, site, bypass_csp=True) as page:
             found = {}
             for name, (hash_, ready) in views.items():
                 await page.goto(site.base + "/" + hash_)

@@ -15,15 +15,14 @@ import anyio
 import pytest
 from watchkeeper.store import PostgresStateBackend, SqliteStateBackend
 from watchkeeper.store.protocols import BaseStateBackend
-from watchkeeper.triggerer import Daemon, Settings, TriggererSettings
+from watchkeeper.triggerer import Daemon
 from watchkeeper.triggerer.daemon._leases import LeaseKeeper
 from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
-from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
+from tests.support.daemons import append_lines, committed, lines_settings
 from tests.support.postgres import fresh_pg_schema
 from tests.support.runtime import watch_logs
 
-WAIT = 20.0
 BLOCK = 2.5
 """Seconds the test blocks the loop: over the 1 s node lease, and its 0.5 s deadline."""
 
@@ -47,14 +46,6 @@ async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Ba
         yield await stack.enter_async_context(backend)
 
 
-async def committed(db: BaseStateBackend, count: int) -> None:
-    with anyio.fail_after(WAIT):
-        while True:
-            if len(await db.events.alist_events()) >= count:
-                return
-            await anyio.sleep(0.02)
-
-
 class TestKeepAliveThroughABlockedLoop:
     async def test_a_blocked_loop_neither_lapses_nor_loses_the_node_lease(
         self, db: BaseStateBackend, tmp_path: Path
@@ -66,21 +57,14 @@ class TestKeepAliveThroughABlockedLoop:
         lease the thread had 0.2 s of slack, and a scheduling hiccup on a loaded machine
         lapsed the lease now and then.)"""
         source = tmp_path / "alpha.txt"
-        watchers = tmp_path / "watchers"
-        watchers.mkdir()
-        (watchers / "lines.py").write_text(LINES_WATCHER)
-        (watchers / "alpha.py").write_text(asset_file("alpha", source))
         append_lines(source, 1, 1)
-        settings = Settings(
-            triggerer=TriggererSettings(
-                watchers_path=watchers,
-                gc_interval=0,
-                stop_grace=1,
-                heartbeat_interval=0.2,
-                lease_renew_interval=0.2,
-                lease_ttl=2.0,
-                lease_margin=0.5,
-            )
+        settings = lines_settings(
+            tmp_path,
+            source,
+            heartbeat_interval=0.2,
+            lease_renew_interval=0.2,
+            lease_ttl=2.0,
+            lease_margin=0.5,
         )
         async with Daemon(settings, backend=db) as d:
             (trigger_id,) = d.groups

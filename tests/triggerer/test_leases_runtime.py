@@ -40,7 +40,7 @@ from watchkeeper.triggerer.daemon._leases import LeaseKeeper, is_dead_local_owne
 from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 
 from tests.support.clock import Clock
-from tests.support.daemons import LINES_WATCHER, append_lines, asset_file
+from tests.support.daemons import append_lines, asset_file, committed, lines_settings
 from tests.support.runtime import fast, watch_logs
 
 ALSO_ON_UVLOOP = True  # the runner on asyncio's loop and on uvloop (see tests/conftest.py)
@@ -192,19 +192,12 @@ class TestSharedDaemons:
 
     @pytest.fixture
     def settings(self, tmp_path: Path, source: Path) -> Settings:
-        watchers = tmp_path / "watchers"
-        watchers.mkdir()
-        (watchers / "lines.py").write_text(LINES_WATCHER)
-        (watchers / "alpha.py").write_text(asset_file("alpha", source))
-        return Settings(
-            triggerer=TriggererSettings(
-                watchers_path=watchers,
-                gc_interval=0,
-                stop_grace=1,
-                heartbeat_interval=3600,
-                lease_renew_interval=3600,  # no renewal unless the test calls renew_leases()
-                lease_ttl=TTL,
-            )
+        return lines_settings(
+            tmp_path,
+            source,
+            heartbeat_interval=3600,
+            lease_renew_interval=3600,  # no renewal unless the test calls renew_leases()
+            lease_ttl=TTL,
         )
 
     @pytest.fixture
@@ -356,15 +349,6 @@ class TestSharedDaemons:
             assert sorted((x.owner, x.token) for x in leases) == [("d1", 1), ("d2", 1)]
 
 
-async def committed(db: BaseStateBackend, count: int) -> None:
-    """Return once ``count`` events were committed (at most WAIT seconds)."""
-    with anyio.fail_after(WAIT):
-        while True:
-            if len(await db.events.alist_events()) >= count:
-                return
-            await anyio.sleep(0.02)
-
-
 class TestNodeLeaseDeadline:
     async def test_a_daemon_past_its_deadline_stops_its_watchers_and_resumes_them(
         self, tmp_path: Path
@@ -374,21 +358,14 @@ class TestNodeLeaseDeadline:
         (``node_lease_lapsed``) but keeps their leases; once renewing works again and finds
         the lease still its own, it runs them again under the same token, without a gap."""
         source = tmp_path / "alpha.txt"
-        watchers = tmp_path / "watchers"
-        watchers.mkdir()
-        (watchers / "lines.py").write_text(LINES_WATCHER)
-        (watchers / "alpha.py").write_text(asset_file("alpha", source))
         append_lines(source, 1, 2)
-        settings = Settings(
-            triggerer=TriggererSettings(
-                watchers_path=watchers,
-                gc_interval=0,
-                stop_grace=1,
-                heartbeat_interval=0.2,
-                lease_renew_interval=0.2,
-                lease_ttl=1.0,
-                lease_margin=0.5,
-            )
+        settings = lines_settings(
+            tmp_path,
+            source,
+            heartbeat_interval=0.2,
+            lease_renew_interval=0.2,
+            lease_ttl=1.0,
+            lease_margin=0.5,
         )
         db_path = tmp_path / "state.db"
 

@@ -41,7 +41,7 @@ from watchkeeper.triggerer.daemon import Daemon
 from watchkeeper.triggerer.daemon._watcher_files import unload_watchers
 from watchkeeper.triggerer.runtime._health import store_unavailable
 
-from tests.support.daemons import daemon, log_events
+from tests.support.daemons import daemon, log_events, wait_until
 from tests.support.postgres import PgDatabase
 from tests.support.runtime import LogWatch, Ticker, fast, spec, watch_logs
 
@@ -176,15 +176,8 @@ async def pg_streams(
 
 
 async def poll(check: Callable[[], Any], what: str) -> None:
-    """Poll ``check`` (sync or async) until it is truthy; fail after WAIT."""
-    with anyio.fail_after(WAIT):
-        while True:
-            result = check()
-            if hasattr(result, "__await__"):
-                result = await result
-            if result:
-                return
-            await anyio.sleep(0.02)
+    """Poll ``check`` (sync or async) until it is truthy; fail after this module's WAIT."""
+    await wait_until(check, what, within=WAIT)
 
 
 def assert_one_outage(logs: LogWatch) -> None:

@@ -14,17 +14,18 @@ import json
 import random
 import re
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
-from watchkeeper.triggerer import TriggererError
+from watchkeeper.triggerer import BaseEventTrigger, TriggererError
 
 from ._sql import redact_dsn
 
 __all__ = [
     "BrokerSourceError",
+    "Retries",
     "content_hash",
     "decode_body",
     "make_dedup_key",
@@ -32,6 +33,7 @@ __all__ = [
     "reconnect_delay",
     "redact_url",
     "require_client",
+    "retry_delay",
     "scrub",
     "url_secrets",
 ]
@@ -152,6 +154,62 @@ def reconnect_delay(attempt: int, initial: float = 0.5, cap: float = 10.0) -> fl
     ``cap``, give or take a quarter, so watchers of one broker do not reconnect in step."""
     base = min(cap, initial * 2.0 ** min(max(attempt - 1, 0), 32))
     return base * random.uniform(0.75, 1.25)
+
+
+class _Warns(Protocol):
+    def warning(self, event: str, /, **fields: Any) -> Any: ...
+
+
+def retry_delay(
+    trigger: BaseEventTrigger,
+    log: _Warns,
+    event: str,
+    reason: str,
+    attempt: int,
+    /,
+    *,
+    cap: float = 10.0,
+    **fields: Any,
+) -> float:
+    """Say that the source of watcher ``trigger`` failed and will be tried again, and return
+    how long to wait first (:func:`reconnect_delay` of ``attempt``, up to ``cap``).
+
+    ``reason`` becomes the watcher's source trouble (its status ``backing_off``) and is logged
+    as ``event`` on the watcher's own ``log`` with ``attempt``, ``delay`` and ``fields``: one
+    wording for every watcher that reconnects, on the page and in the log. The caller sleeps,
+    once it has closed what the failed attempt opened.
+    """
+    delay = reconnect_delay(attempt, cap=cap)
+    trigger.report_source(reason)
+    log.warning(event, **fields, reason=reason, attempt=attempt, delay=round(delay, 3))
+    return delay
+
+
+class Retries:
+    """The failures in a row of a watcher that retries its source for as long as it takes:
+    each one reported and waited out (:func:`retry_delay`), the trouble cleared once the
+    source answers again."""
+
+    def __init__(
+        self, trigger: BaseEventTrigger, log: _Warns, event: str, *, cap: float, **fields: Any
+    ) -> None:
+        self.trigger, self.log, self.event = trigger, log, event
+        self.cap, self.fields = cap, fields
+        self.failures = 0
+
+    async def failed(self, reason: str) -> None:
+        """Count a failure, report and log it, and sleep before the next attempt."""
+        self.failures += 1
+        delay = retry_delay(
+            self.trigger, self.log, self.event, reason, self.failures, cap=self.cap, **self.fields
+        )
+        await anyio.sleep(delay)
+
+    def answered(self) -> None:
+        """The source answered: after failures, its trouble is cleared and the count restarts."""
+        if self.failures:
+            self.failures = 0
+            self.trigger.report_source(None)
 
 
 T = TypeVar("T")

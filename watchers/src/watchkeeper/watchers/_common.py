@@ -1,4 +1,5 @@
-"""What the ready-made watchers share: the jittered poll timer, client imports, equality."""
+"""What the ready-made watchers share: the jittered poll timer, client imports, closing a
+client, equality."""
 
 from __future__ import annotations
 
@@ -6,14 +7,17 @@ import importlib
 import json
 import random
 import sys
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.to_thread
 from watchkeeper.triggerer import BaseEventTrigger
 
 __all__ = [
+    "CLOSE_TIMEOUT",
     "JITTER",
     "SerializedEquality",
+    "close_bounded",
     "import_off_loop",
     "sleep_jittered",
     "sleep_spread",
@@ -21,6 +25,20 @@ __all__ = [
 
 JITTER = 0.1
 """Each poll sleeps ``poll_interval`` times a random factor in ``[1 - JITTER, 1 + JITTER]``."""
+
+CLOSE_TIMEOUT = 5.0
+"""Seconds a watcher's client may take to close before it is abandoned."""
+
+
+async def close_bounded(close: Callable[[], Awaitable[object]]) -> None:
+    """Await ``close()`` shielded from cancellation and bounded by :data:`CLOSE_TIMEOUT`.
+
+    A watcher closes its client in ``finally`` and in ``cleanup()``, both often reached by
+    cancellation: shielded, the close still runs; bounded, a server that no longer answers
+    cannot hold up the daemon's shutdown.
+    """
+    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+        await close()
 
 
 def _loaded(name: str) -> bool:

@@ -59,6 +59,7 @@ __all__ = [
     "Text",
     "WatcherParams",
     "owner",
+    "text_list",
 ]
 
 # NaN and infinities are refused by the models' ``allow_inf_nan=False``.
@@ -100,6 +101,27 @@ def owner(info: ValidationInfo) -> str:
     """The name of the watcher being built, for messages raised inside a validator."""
     context = info.context
     return str(context.get("owner", "watcher")) if isinstance(context, dict) else "watcher"
+
+
+def text_list(value: object, info: ValidationInfo, *, whole: str, each: str) -> list[str]:
+    """``value`` (one ``str``, or a list or tuple of them) as a non-empty list of non-empty
+    ``str``, for a ``mode="before"`` validator of a parameter that takes one name or several.
+
+    The messages say what was expected in the parameter's own words: ``"<owner>: <whole>"``
+    when ``value`` is no list, ``"<owner>: <each> must be a non-empty str"`` for a bad item.
+
+    :raises TypeError: ``value`` is not of that shape.
+    """
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list) or not value:
+        raise TypeError(f"{owner(info)}: {whole}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise TypeError(f"{owner(info)}: {each} must be a non-empty str")
+    return value
 
 
 P = TypeVar("P", bound=WatcherParams)

@@ -27,9 +27,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import BrokerSourceError, decode_body, make_dedup_key, reconnect_delay, scrub
-from ._common import import_off_loop
-from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, WatcherParams, owner
+from ._broker import BrokerSourceError, decode_body, make_dedup_key, retry_delay, scrub
+from ._common import close_bounded, import_off_loop
+from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, WatcherParams, text_list
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -47,21 +47,17 @@ Offsets = dict[str, dict[str, int]]
 """``{topic: {partition (as text): next offset}}``: the watermark, as stored."""
 
 _CLIENT_MODULES = ("aiokafka", "aiokafka.errors", "aiokafka.structs", "aiokafka.helpers")
-_CLOSE_TIMEOUT = 5.0
 _CLIENT_MARGIN = 5.0
 """Seconds the client's own request timeout exceeds ``request_timeout``."""
 
 
 def _text_list(name: str, value: object, info: ValidationInfo) -> object:
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, tuple):
-        value = list(value)
-    if not isinstance(value, list) or not value:
-        raise TypeError(f"{owner(info)}: {name} must be a str or a non-empty list of str")
-    for item in value:
-        if not isinstance(item, str) or not item:
-            raise TypeError(f"{owner(info)}: each of {name} must be a non-empty str")
+    value = text_list(
+        value,
+        info,
+        whole=f"{name} must be a str or a non-empty list of str",
+        each=f"each of {name}",
+    )
     if len(set(value)) != len(value):
         raise ValueError(f"{name} lists a name twice")
     return value
@@ -253,28 +249,25 @@ class KafkaWatcher(ReadyMadeWatcher[KafkaParams]):
                         raise
                     raise error from exc
                 self._troubled = True
-                self.report_source(str(error))
-                delay = reconnect_delay(failures)
-                log.warning(
+                delay = retry_delay(
+                    self,
+                    log,
                     "kafka_reconnecting",
+                    str(error),
+                    failures,
                     topics=self.params.topics,
                     watcher=self.watcher_name,
-                    reason=str(error),
-                    attempt=failures,
-                    delay=round(delay, 3),
                 )
             finally:
                 self._consumer = None
-                with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                    await consumer.stop()
+                await close_bounded(consumer.stop)
             await anyio.sleep(delay)
 
     async def cleanup(self) -> None:
         """Close the client if ``run()`` was abandoned without being finalized."""
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await consumer.stop()
+            await close_bounded(consumer.stop)
 
     def _new_consumer(self) -> AIOKafkaConsumer:
         from aiokafka import AIOKafkaConsumer

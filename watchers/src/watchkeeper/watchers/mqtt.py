@@ -62,7 +62,7 @@ from ._params import (
     SecondsOrZero,
     Text,
     WatcherParams,
-    owner,
+    text_list,
 )
 
 if TYPE_CHECKING:
@@ -125,18 +125,12 @@ class MqttParams(WatcherParams):
     @field_validator("topics", mode="before")
     @classmethod
     def _topic_list(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list) or not value:
-            raise TypeError(
-                f"{owner(info)}: topics must be a topic filter or a non-empty list of them"
-            )
-        for topic in value:
-            if not isinstance(topic, str) or not topic:
-                raise TypeError(f"{owner(info)}: a topic filter must be a non-empty str")
-        return value
+        return text_list(
+            value,
+            info,
+            whole="topics must be a topic filter or a non-empty list of them",
+            each="a topic filter",
+        )
 
     @field_validator("url")
     @classmethod

@@ -28,7 +28,7 @@ from ._broker import (
     scrub,
     url_secrets,
 )
-from ._common import import_off_loop
+from ._common import CLOSE_TIMEOUT, close_bounded, import_off_loop
 from ._params import (
     Count,
     OptionalText,
@@ -37,7 +37,7 @@ from ._params import (
     SecondsOrZero,
     Text,
     WatcherParams,
-    owner,
+    text_list,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ log = get_logger(__name__)
 
 Deliver = Literal["all", "new"]
 
-_CLOSE_TIMEOUT = 5.0
 _NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -101,15 +100,13 @@ class NatsJetStreamParams(WatcherParams):
     @field_validator("servers", mode="before")
     @classmethod
     def _server_list(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list) or not value:
-            raise TypeError(f"{owner(info)}: servers must be a URL or a non-empty list of URLs")
+        value = text_list(
+            value,
+            info,
+            whole="servers must be a URL or a non-empty list of URLs",
+            each="a server URL",
+        )
         for url in value:
-            if not isinstance(url, str) or not url:
-                raise TypeError(f"{owner(info)}: a server URL must be a non-empty str")
             if not url.startswith(("nats://", "tls://", "ws://", "wss://")):
                 raise ValueError(
                     f"server {redact_url(url)!r} must start with nats://, tls://, ws:// or wss://"
@@ -282,7 +279,7 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
         finally:
             self._client = None
             self._closing = True
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
                 await _release(pending)
                 await client.close()
 
@@ -310,8 +307,7 @@ class NatsJetStreamWatcher(ReadyMadeWatcher[NatsJetStreamParams]):
         """Close the connection if ``run()`` was abandoned without being finalized."""
         client, self._client = self._client, None
         if client is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await client.close()
+            await close_bounded(client.close)
 
     async def _connect(self, secrets: list[str]) -> Client:
         import nats

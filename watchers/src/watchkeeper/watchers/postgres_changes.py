@@ -25,12 +25,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from pydantic import ValidationInfo, field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import reconnect_delay
+from ._broker import Retries
 from ._common import import_off_loop, sleep_jittered
 from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams, owner
 from ._pg_slot import PostgresChangesError, SlotSession
@@ -251,7 +250,9 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
         await import_off_loop("asyncpg")
         key = f"{self.watcher_name}.position"
         position = _stored(await self.asset_state_store.aget(key), key, self._name)
-        failures = 0
+        retries = Retries(
+            self, log, "postgres_changes_reconnecting", cap=_RECONNECT_MAX, slot=self.params.slot
+        )
         while True:
             try:
                 async with self._session.connected() as connection:
@@ -265,25 +266,13 @@ class PostgresChangesWatcher(ReadyMadeWatcher[PostgresChangesParams]):
                                     read = item
                                 else:
                                     yield item
-                        if failures:  # a whole read went through: it answers again
-                            failures = 0
-                            self.report_source(None)
+                        retries.answered()  # a whole read went through
                         if read < self.params.max_changes:
                             await sleep_jittered(self.params.poll_interval)
             except PostgresChangesError as exc:
                 if not exc.transient:
                     raise
-                failures += 1
-                delay = reconnect_delay(failures, cap=_RECONNECT_MAX)
-                self.report_source(str(exc))
-                log.warning(
-                    "postgres_changes_reconnecting",
-                    slot=self.params.slot,
-                    reason=str(exc),
-                    attempt=failures,
-                    delay=round(delay, 3),
-                )
-                await anyio.sleep(delay)
+                await retries.failed(str(exc))
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""

@@ -30,11 +30,11 @@ from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 from ._broker import (
     BrokerSourceError,
     decode_body,
-    reconnect_delay,
     redact_url,
+    retry_delay,
     url_secrets,
 )
-from ._common import import_off_loop
+from ._common import close_bounded, import_off_loop
 from ._params import (
     Count,
     OptionalText,
@@ -53,7 +53,6 @@ __all__ = ["RedisStreamParams", "RedisStreamWatcher", "parse_id"]
 
 log = get_logger(__name__)
 
-_CLOSE_TIMEOUT = 5.0
 _CLIENT_MODULES = ("redis.asyncio", "redis.asyncio.retry", "redis.backoff", "redis.exceptions")
 _CONNECT_TIMEOUT = 5.0
 _SILENCE_MARGIN = 10.0
@@ -254,30 +253,27 @@ class RedisStreamWatcher(ReadyMadeWatcher[RedisStreamParams]):
                 if not lost or failures > self.params.reconnect_attempts:
                     raise error from error.__cause__
                 self._troubled = True
-                self.report_source(str(error))
-                delay = reconnect_delay(failures)
-                log.warning(
+                delay = retry_delay(
+                    self,
+                    log,
                     "redis_reconnecting",
+                    str(error),
+                    failures,
                     stream=self.params.stream,
                     watcher=self.watcher_name,
-                    reason=str(error),
-                    attempt=failures,
-                    delay=round(delay, 3),
                 )
             else:
                 return
             finally:
                 self._client = None
-                with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                    await client.aclose()
+                await close_bounded(client.aclose)
             await anyio.sleep(delay)
 
     async def cleanup(self) -> None:
         """Close the connection if ``run()`` was abandoned without being finalized."""
         client, self._client = self._client, None
         if client is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await client.aclose()
+            await close_bounded(client.aclose)
 
     def _connect(self) -> Redis:
         from redis.asyncio import Redis

@@ -31,9 +31,7 @@ version; the same content put again (a producer's retry: the same ETag, a later
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import os
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -44,8 +42,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import BrokerSourceError, reconnect_delay, redact_url, scrub, url_secrets
-from ._common import import_off_loop, sleep_jittered, sleep_spread
+from ._aws import AwsClient, aws_errors, aws_secrets, failure_reason
+from ._broker import reconnect_delay, redact_url
+from ._common import sleep_jittered, sleep_spread
 from ._params import OptionalText, ReadyMadeWatcher, Seconds, SecondsOrZero, Text, WatcherParams
 from ._window import LagWindow
 from ._window_state import MAX_RECENT_BYTES, WindowState
@@ -57,7 +56,6 @@ log = get_logger(__name__)
 Item = tuple[str, str]
 """``(key, version)``: an object's key and ``"<LastModified in ms> <ETag> <key>"``."""
 
-_CLOSE_TIMEOUT = 5.0
 _RECONNECT_MAX = 30.0
 """The longest wait between two listings while S3 cannot be reached."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -227,7 +225,7 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._aws = AwsClient()
         self._name = f"{type(self).__name__}({self.params.bucket!r}, {self.params.prefix!r})"
 
     def __repr__(self) -> str:
@@ -236,24 +234,15 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
             f"<{type(self).__name__} bucket={self.params.bucket!r} "
             f"prefix={self.params.prefix!r} "
             f"endpoint_url={None if endpoint is None else redact_url(endpoint)!r} "
-            f"connected={self._stack is not None}>"
+            f"connected={self._aws.connected}>"
         )
 
     def _secrets(self) -> list[str]:
-        found = url_secrets(*filter(None, [self.params.endpoint_url]))
-        for variable in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-            value = os.environ.get(variable)
-            if value:
-                found.append(value)
-        return found
+        return aws_secrets(self.params.endpoint_url)
 
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
-        await import_off_loop("aiobotocore.session", "aiobotocore.config", "botocore.exceptions")
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import get_session
-
         p = self.params
         state: WindowState[str, str] = WindowState(
             self._name,
@@ -269,23 +258,17 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
         if window.watermark is None and p.start_after is not None:
             window = state.new_window(floor=p.start_after)
         secrets = self._secrets()
-        config = AioConfig(
-            connect_timeout=p.call_timeout,
-            read_timeout=p.call_timeout,
-            retries={"max_attempts": 1, "mode": "standard"},
-        )
         failures = 0
-        stack = contextlib.AsyncExitStack()
-        self._stack = stack
         try:
-            try:
-                client = await stack.enter_async_context(
-                    get_session().create_client(
-                        "s3", region_name=p.region, endpoint_url=p.endpoint_url, config=config
-                    )
-                )
-            except Exception as exc:  # no region, a malformed endpoint: no retry cures it
-                raise BrokerSourceError(self._name, "creating the client", exc, secrets) from exc
+            client = await self._aws.open(
+                self._name,
+                "s3",
+                region=p.region,
+                endpoint_url=p.endpoint_url,
+                call_timeout=p.call_timeout,
+                read_timeout=p.call_timeout,
+                secrets=secrets,
+            )
             await sleep_spread(min(p.poll_interval, 1.0))
             while True:
                 token: str | None = None
@@ -303,7 +286,7 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
                     try:
                         with anyio.fail_after(p.call_timeout + 5):
                             page = await client.list_objects_v2(**arguments)
-                    except _errors() as exc:
+                    except aws_errors() as exc:
                         failures = self._failed(exc, failures, secrets)
                         await anyio.sleep(reconnect_delay(failures, cap=_RECONNECT_MAX))
                         break  # list again from the window's bottom
@@ -326,16 +309,11 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
                 if not failures:
                     await sleep_jittered(p.poll_interval)
         finally:
-            self._stack = None
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await stack.aclose()
+            await self._aws.aclose()
 
     async def cleanup(self) -> None:
         """Close the client if ``run()`` was abandoned without being finalized."""
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await stack.aclose()
+        await self._aws.aclose()
 
     def _accepted(
         self, window: LagWindow[str, str], contents: list[dict[str, Any]]
@@ -371,14 +349,8 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
     def _failed(self, exc: BaseException, failures: int, secrets: list[str]) -> int:
         """Count a failed listing: raise for what no retry cures, else report the source as
         unreachable and return the new count of failures in a row."""
-        from botocore.exceptions import ClientError
-
-        if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in _FATAL_CODES:
-                raise BrokerSourceError(self._name, "listing", exc, secrets) from exc
+        reason = failure_reason(self._name, "listing", exc, _FATAL_CODES, secrets)
         failures += 1
-        reason = scrub(f"{type(exc).__name__}: {exc}", secrets)
         where = redact_url(self.params.endpoint_url or "S3")
         log.warning("s3_unreachable", watcher=self.watcher_name, error=reason, attempt=failures)
         self.report_source(f"{self._name}: listing from {where} failed, retrying: {reason}")
@@ -396,13 +368,6 @@ class S3PrefixWatcher(ReadyMadeWatcher[S3PrefixParams]):
             "last_modified": None if modified is None else modified.isoformat(),
             "storage_class": obj.get("StorageClass"),
         }
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    """What a call to S3 raises when it fails (botocore's errors, the network's, a timeout)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    return (BotoCoreError, ClientError, OSError, TimeoutError)
 
 
 def _version(obj: dict[str, Any]) -> str:

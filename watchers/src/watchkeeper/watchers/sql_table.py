@@ -35,13 +35,12 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import anyio
 from pydantic import ValidationInfo, field_validator
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
-from ._broker import reconnect_delay
-from ._common import sleep_jittered, sleep_spread
+from ._broker import Retries
+from ._common import close_bounded, sleep_jittered, sleep_spread
 from ._params import (
     Count,
     ReadyMadeWatcher,
@@ -71,7 +70,6 @@ log = get_logger(__name__)
 Cursor = int | float | dt.datetime | str
 Key = int | str
 
-_CLOSE_TIMEOUT = 5.0
 _RECONNECT_MAX = 30.0
 """The longest wait between two attempts to reach a database that does not answer."""
 
@@ -231,30 +229,20 @@ class SqlTableWatcher(ReadyMadeWatcher[SqlTableParams]):
         )
         window = await state.aload(self.asset_state_store)
         await sleep_spread(self.params.poll_interval)
-        failures = 0
+        retries = Retries(
+            self, log, "sql_source_reconnecting", cap=_RECONNECT_MAX, table=self.params.table
+        )
         while True:
             try:
                 async with contextlib.aclosing(self._connected(window, state)) as batches:
                     async for batch in batches:
-                        if failures:
-                            failures = 0
-                            self.report_source(None)  # it answers again
+                        retries.answered()
                         if batch is not None:
                             yield batch
             except SqlSourceError as exc:
                 if not exc.transient:
                     raise
-                failures += 1
-                delay = reconnect_delay(failures, cap=_RECONNECT_MAX)
-                self.report_source(str(exc))
-                log.warning(
-                    "sql_source_reconnecting",
-                    table=self.params.table,
-                    reason=str(exc),
-                    attempt=failures,
-                    delay=round(delay, 3),
-                )
-                await anyio.sleep(delay)
+                await retries.failed(str(exc))
 
     async def _connected(
         self, window: LagWindow[Cursor, Key], state: WindowState[Cursor, Key]
@@ -290,8 +278,7 @@ class SqlTableWatcher(ReadyMadeWatcher[SqlTableParams]):
         """Close the connection if ``run()`` was abandoned without being finalized."""
         source, self._source = self._source, None
         if source is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await source.aclose()
+            await close_bounded(source.aclose)
 
     async def _poll(
         self, source: Source, window: LagWindow[Cursor, Key]

@@ -12,8 +12,6 @@ then. Nothing is lost and nothing is emitted twice.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +23,7 @@ from pydantic import Field
 from watchkeeper.store.protocols import get_logger
 from watchkeeper.triggerer import TriggerEvent, TriggerEventBatch
 
+from ._aws import AwsClient, aws_errors, aws_secrets, failure_reason
 from ._broker import (
     BrokerSourceError,
     decode_body,
@@ -32,16 +31,13 @@ from ._broker import (
     reconnect_delay,
     redact_url,
     scrub,
-    url_secrets,
 )
-from ._common import import_off_loop
 from ._params import Count, OptionalText, ReadyMadeWatcher, Seconds, Text, WatcherParams
 
 __all__ = ["SqsParams", "SqsWatcher"]
 
 log = get_logger(__name__)
 
-_CLOSE_TIMEOUT = 5.0
 _REGION = re.compile(r"^https?://sqs[.-]([a-z0-9-]+)\.amazonaws\.com", re.IGNORECASE)
 _FATAL_CODES = frozenset(
     {
@@ -137,7 +133,7 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._aws = AwsClient()
         self._queue = self.params.queue_url.rstrip("/").rsplit("/", 1)[-1]
         self._name = f"{type(self).__name__}({redact_url(self.params.queue_url)!r})"
 
@@ -146,7 +142,7 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
         return (
             f"<{type(self).__name__} queue_url={redact_url(self.params.queue_url)!r} "
             f"endpoint_url={None if endpoint is None else redact_url(endpoint)!r} "
-            f"connected={self._stack is not None}>"
+            f"connected={self._aws.connected}>"
         )
 
     def _region(self) -> str | None:
@@ -156,44 +152,26 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
         return found.group(1) if found else None
 
     def _secrets(self) -> list[str]:
-        found = url_secrets(self.params.queue_url, *filter(None, [self.params.endpoint_url]))
-        for variable in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-            value = os.environ.get(variable)
-            if value:
-                found.append(value)
-        return found
+        return aws_secrets(self.params.queue_url, self.params.endpoint_url)
 
     # -- running -------------------------------------------------------------------------------
 
     async def run(self) -> AsyncIterator[TriggerEventBatch]:
-        await import_off_loop("aiobotocore.session", "aiobotocore.config", "botocore.exceptions")
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import get_session
-
         secrets = self._secrets()
         key = f"{self.watcher_name}.message_id"
         bound = self.params.wait_time + self.params.call_timeout
-        config = AioConfig(
-            connect_timeout=self.params.call_timeout,
-            read_timeout=bound,
-            retries={"max_attempts": 1, "mode": "standard"},
-        )
         failures = 0
         troubled = False
-        stack = contextlib.AsyncExitStack()
-        self._stack = stack
         try:
-            try:
-                client = await stack.enter_async_context(
-                    get_session().create_client(
-                        "sqs",
-                        region_name=self._region(),
-                        endpoint_url=self.params.endpoint_url,
-                        config=config,
-                    )
-                )
-            except Exception as exc:  # no region, a malformed endpoint: no retry cures it
-                raise BrokerSourceError(self._name, "creating the client", exc, secrets) from exc
+            client = await self._aws.open(
+                self._name,
+                "sqs",
+                region=self._region(),
+                endpoint_url=self.params.endpoint_url,
+                call_timeout=self.params.call_timeout,
+                read_timeout=bound,
+                secrets=secrets,
+            )
             while True:
                 try:
                     with anyio.fail_after(bound + 5):
@@ -206,7 +184,7 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
                             MessageAttributeNames=["All"],
                         )
                     received = time.monotonic()
-                except _errors() as exc:
+                except aws_errors() as exc:
                     failures = self._failed(exc, "receiving", failures, secrets)
                     troubled = True
                     await anyio.sleep(reconnect_delay(failures))
@@ -226,32 +204,21 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
                 # Committed (or suppressed as a redelivery): the queue may forget them.
                 await self._delete(client, messages, secrets)
         finally:
-            self._stack = None
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await stack.aclose()
+            await self._aws.aclose()
 
     async def cleanup(self) -> None:
         """Close the client if ``run()`` was abandoned without being finalized."""
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await stack.aclose()
+        await self._aws.aclose()
 
     def _failed(self, exc: BaseException, action: str, failures: int, secrets: list[str]) -> int:
         """Count a failed call: raise for what no retry cures or after too many, else report
         the source as unreachable and return the new count of failures in a row."""
-        from botocore.exceptions import ClientError
-
-        if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in _FATAL_CODES:
-                raise BrokerSourceError(self._name, action, exc, secrets) from exc
+        reason = failure_reason(self._name, action, exc, _FATAL_CODES, secrets)
         failures += 1
         if failures > self.params.reconnect_attempts:
             raise BrokerSourceError(
                 self._name, f"{action} ({failures} failures in a row)", exc, secrets
             ) from exc
-        reason = scrub(f"{type(exc).__name__}: {exc}", secrets)
         where = redact_url(self.params.endpoint_url or self.params.queue_url)
         log.warning("sqs_unreachable", watcher=self.watcher_name, error=reason, attempt=failures)
         self.report_source(f"{self._name}: {action} from {where} failed, retrying: {reason}")
@@ -279,7 +246,7 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
                 await client.change_message_visibility_batch(
                     QueueUrl=self.params.queue_url, Entries=entries
                 )
-        except _errors() as exc:
+        except aws_errors() as exc:
             # Not extended: a redelivery of this batch, should there be one, is suppressed.
             self._call_failed(exc, "sqs_extend_failed", secrets)
 
@@ -296,7 +263,7 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
                 answer = await client.delete_message_batch(
                     QueueUrl=self.params.queue_url, Entries=entries
                 )
-        except _errors() as exc:
+        except aws_errors() as exc:
             # Not deleted: SQS redelivers them after the visibility timeout, suppressed then.
             self._call_failed(exc, "sqs_delete_failed", secrets)
             return
@@ -326,13 +293,6 @@ class SqsWatcher(ReadyMadeWatcher[SqsParams]):
             },
             dedup_key=make_dedup_key(self.watcher_name, "sqs", self._queue, message["MessageId"]),
         )
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    """What a call to SQS raises when it fails (botocore's errors, the network's, a timeout)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    return (BotoCoreError, ClientError, OSError, TimeoutError)
 
 
 def _message_attributes(attributes: dict[str, Any] | None) -> dict[str, Any] | None:

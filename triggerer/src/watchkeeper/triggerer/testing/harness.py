@@ -179,22 +179,19 @@ class WatcherHarness:
     ) -> HarnessRun:
         """:meth:`run` a new instance rebuilt from ``trigger.serialize()`` (a daemon restart).
 
-        :param trigger: the trigger instance to run.
-        :param assets: the asset or assets it watches.
-        :param max_events: stop after this many committed asset events (a
-            :class:`~watchkeeper.triggerer.TriggerEventBatch` is never split: the run
-            stops after the batch that reached it, and its events are all in the result).
-        :param idle: stop once this many seconds pass without a commit; the idle clock starts at
-            the first commit, so a slow start never looks idle.
-        :param timeout: stop after this many seconds; None: no limit.
-        :param watcher_name: the watcher's name (default: the trigger's class name).
-        :returns: what the run committed, and where the backend stands after it.
+        The parameters and the result are :meth:`run`'s; ``trigger`` is the instance the new
+        one is rebuilt from (:attr:`HarnessRun.trigger` is the new one).
+
         :raises Exception: what the trigger raised.
         :raises TriggerImportError: the trigger cannot be rebuilt (see :meth:`rebuild`).
         """
-        fresh = self.rebuild(trigger)
-        return await self._run(
-            fresh, _assets(assets), max_events, idle, timeout, None, (), watcher_name
+        return await self.run(
+            self.rebuild(trigger),
+            assets=assets,
+            max_events=max_events,
+            idle=idle,
+            timeout=timeout,
+            watcher_name=watcher_name,
         )
 
     async def crash(
