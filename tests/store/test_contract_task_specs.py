@@ -14,13 +14,17 @@ import pytest
 from watchkeeper.store import (
     ArgumentTypeError,
     Asset,
+    AssetScope,
     BaseStateBackend,
+    EventConsumer,
     InvalidArgumentError,
     InvalidNameError,
+    LeaseLostError,
     RunStateError,
     TaskNotFoundError,
+    TaskScope,
 )
-from watchkeeper.store.protocols import TaskSpec
+from watchkeeper.store.protocols import Fence, StateWrite, TaskSpec, Writer
 
 from tests.support.clock import T0, Clock
 
@@ -154,3 +158,36 @@ class TestDelete:
         await store.tasks.afinish_run(claimed.id, "w1", claimed.lease_token, success=True)
         await store.tasks.adelete_task("t")
         assert await infos(store) == {}
+
+
+class TestAckWriters:
+    async def test_state_written_with_an_ack_records_its_writer_and_versions(
+        self, store: Any
+    ) -> None:
+        """An acknowledgement's state writes are writes as any other: a version per key, the
+        writer recorded, an asset named by its URI resolved."""
+        await store.events.aregister_assets([Asset("u", uri="s3://b/u")])
+        ids = await emit(store, "a", 2)
+        consumer = EventConsumer(store, "c1")
+        scope, by_uri = TaskScope("d", "r", "t"), AssetScope(uri="s3://b/u")
+        await consumer.ack(ids[0], state=[(scope, "n", 1), (by_uri, "n", 1)])
+        await consumer.ack(ids[1], state=[(scope, "n", 2), (by_uri, "n", 2)])
+        for where in (scope, AssetScope(name="u")):
+            (entry,) = await store.alist(where)
+            assert (entry.key, entry.value, entry.version) == ("n", 2, 2)
+            assert entry.writer == Writer("api", "consumer:c1")
+
+    async def test_a_fenced_writer_without_its_lease_writes_nothing(self, store: Any) -> None:
+        """A writer fenced by a trigger lease it does not hold is refused, cursor and state
+        alike; with the lease held, the same acknowledgement commits."""
+        ids = await emit(store, "a")
+        fenced = Writer("watcher", "w", fence=Fence("trig", "d1", 1))
+        write = StateWrite(AssetScope(name="a"), "k", "1")
+        before = await snapshot(store)
+        with pytest.raises(LeaseLostError, match="never claimed"):
+            await store.tasks.aconsumer_ack("c1", ids[0], state=[write], writer=fenced)
+        assert await snapshot(store) == before and await store.tasks.aconsumer_position("c1") == 0
+        assert await store.leases.aclaim_leases("d1", ["trig"], TTL) == {"trig": 1}
+        await store.tasks.aconsumer_ack("c1", ids[0], state=[write], writer=fenced)
+        assert await store.aget(AssetScope(name="a"), "k") == 1
+        assert await store.tasks.aconsumer_position("c1") == ids[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import anyio
@@ -241,16 +241,23 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
 ) -> None:
     """The texts of a round of commits travel inside one JSON document: escapes, quotes,
     backslashes, spacing and characters outside the BMP come out exactly as they went in, in
-    the payloads and in the state; an asset named twice gets one event."""
+    the payloads (a single event's and a batch's) and in the state; an asset named twice gets
+    one event."""
     text = '{"z":1, "a":[1,{"é\U0001f642":"\\u0000\\"\\\\"}],  "m":1.5e300,"s":"\\ud83d\\ude42"}'
     calls = {
         "twice": lambda: store.events.acommit(
             EventCommit("wa", ("a", "b0", "a"), text, state={"k": text, "é\U0001f642": "1"})
         ),
         "other": lambda: store.events.acommit(EventCommit("wb1", ("b1",), text, dedup_key="d")),
+        "batch": lambda: store.events.acommit_batch(
+            EventBatchCommit(
+                "wb2", ("b2",), ((text, "k"), ("null", None), (text, "k"), (text, None))
+            )
+        ),
     }
     outcomes = await _one_batch(store, calls)
     assert outcomes["twice"] == [json.loads(text)] * 2
+    assert outcomes["batch"] == [json.loads(text), None, json.loads(text)]
     conn = await asyncpg.connect(pg_dsn)
     try:
         rows = await conn.fetch(
@@ -258,7 +265,9 @@ async def test_an_event_round_carries_every_text_byte_for_byte(
         )
     finally:
         await conn.close()
-    assert [(r[0], r[1]) for r in rows] == [("a", text), ("b0", text), ("b1", text)]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("a", text), ("b0", text), ("b1", text), ("b2", text), ("b2", "null"), ("b2", text)
+    ]  # fmt: skip
     for asset in ("a", "b0"):
         raw = await store.aget_raw(AssetScope(name=asset), "k")
         assert raw is not None and raw.value_json == text
@@ -318,3 +327,32 @@ async def test_single_commits_and_a_batch_share_one_round(store: PostgresStateBa
         EventCommit("wb2", ("b2",), "9", dedup_key="x", state={"wm": "9"})
     )
     assert again == [] and await store.aget(AssetScope(name="b2"), "wm") == 1
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(1893, 4, 1, 12, 30, 15, 123457, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+        datetime(2026, 3, 29, 1, 30, 0, 999999, tzinfo=UTC),  # a DST change in the session's zone
+        datetime(9999, 12, 31, 23, 59, 59, 999998, tzinfo=UTC),
+    ],
+)
+async def test_a_writes_time_is_stored_to_the_microsecond(
+    pg_dsn: str, pg_schema: str, at: datetime
+) -> None:
+    """An event commit and a plain upsert carry their time inside their JSON document: what
+    is stored (and returned) is the backend's clock to the microsecond, far from 1970 too,
+    whatever time zone the session is in."""
+    async with PostgresStateBackend(
+        pg_dsn, schema=pg_schema, server_settings={"TimeZone": "Europe/Berlin"}
+    ) as store:
+        await store.events.aregister_assets([Asset("a"), Asset("b")])
+        store.clock = lambda: at
+        (event,) = await store.events.acommit(EventCommit("w", ("a",), "1", state={"wm": "1"}))
+        assert await store.aset(AssetScope(name="b"), "k", 1) == 1
+        assert event.created_at == at
+        assert [e.created_at for e in await store.events.alist_events(asset="a")] == [at]
+        for asset, key in (("a", "wm"), ("b", "k")):
+            entry = await store.aget_entry(AssetScope(name=asset), key)
+            assert entry is not None and entry.updated_at == at

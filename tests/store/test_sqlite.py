@@ -806,17 +806,18 @@ class TestGarbageCollection:
         report = await store.gc.acollect_garbage(
             default_retention_days=0, batch_size=2, now=T0 + timedelta(days=2)
         )
-        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events: none.
-        assert store.commit_stats.writes - before == 5
+        # expired: 2 + 2 + 1 rows; retention is disabled; orphaned: 1 row; events and the
+        # runs' logs: none (one write each).
+        assert store.commit_stats.writes - before == 6
         assert len(report.expired) == 5 and report.retention == [] and len(report.orphaned) == 1
         assert sorted(e.key for e in await store.alist(TASK)) == ["fresh", "kept", "stale"]
 
     async def test_one_statement_when_batch_size_is_zero(self, store: SqliteStateBackend) -> None:
-        """batch_size=0 deletes each kind (three of state, and events) in one write."""
+        """batch_size=0 deletes each kind (three of state, events, runs' logs) in one write."""
         await self._fill(store)
         before = store.commit_stats.writes
         report = await store.gc.acollect_garbage(now=T0 + timedelta(days=31))
-        assert store.commit_stats.writes - before == 4
+        assert store.commit_stats.writes - before == 5
         assert report.total == 7
 
     async def test_dry_run_reports_the_same_rows_and_deletes_nothing(

@@ -41,14 +41,19 @@ Served = ServedApi[SqliteStateBackend]
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    """Assets ``orders``, ``bills`` and ``a/b`` with events, a task, and a token per scope."""
+    """Assets ``orders``, ``bills`` and ``a/b`` with events, a task with one finished run
+    that wrote logs (so a followed run's stream ends), and a token per scope."""
     async with SqliteStateBackend(tmp_path / "state.db") as backend:
         await backend.events.aregister_assets([Asset("orders"), Asset("bills"), Asset("a/b")])
-        await backend.tasks.async_tasks([TaskSpec("load", ("orders",))])
+        await backend.tasks.async_tasks([TaskSpec("load", ("orders",), max_events=1)])
         for n in range(3):
             await backend.events.acommit(
                 EventCommit(watcher="feed", assets=("orders",), payload_json=encode_json(n))
             )
+        assert await backend.tasks.acreate_run("load") is not None
+        (run,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30)
+        await backend.logs.aappend(run.id, 1, [("stdout", "one\n"), ("stderr", "two\n")])
+        await backend.tasks.afinish_run(run.id, "w1", run.lease_token, success=True)
         async with serve_api(backend, SCOPES) as one:
             yield one
 
@@ -142,6 +147,12 @@ class TestParsing:
             ("GET", f"/api/v1/events/stream?after={BIG}", {}),
             ("GET", "/api/v1/events/stream", {"Last-Event-ID": b"\xb2"}),
             ("GET", "/api/v1/events/stream", {"Last-Event-ID": BIG.encode()}),
+            ("GET", f"/api/v1/runs/{BIG}/logs", {}),
+            ("GET", f"/api/v1/runs/1/logs?after={BIG}", {}),
+            ("GET", "/api/v1/runs/1/logs?try=%C2%B2", {}),
+            ("GET", "/api/v1/runs/1/logs?follow=true", {"Last-Event-ID": b"\xb2"}),
+            ("GET", "/api/v1/runs/1/logs", {"Last-Event-ID": b")z{"}),
+            ("GET", "/api/v1/runs/1/logs?follow=true", {"Last-Event-ID": BIG.encode()}),
             ("GET", "/api/v1/assets/orders/state/k", {"If-Match": b"\xb2"}),
         ],
     )

@@ -90,13 +90,21 @@ async def events_of(site: Site, asset: str, n: int) -> None:
 
 
 async def finish_one(
-    site: Site, task: str, outlets: tuple[str, ...], *, ok: bool = True, error: str = "boom"
+    site: Site,
+    task: str,
+    outlets: tuple[str, ...],
+    *,
+    ok: bool = True,
+    error: str = "boom",
+    logs: tuple[tuple[str, str], ...] = (),
 ) -> int:
-    """Create, claim and finish one run of ``task``; its id."""
+    """Create, claim and finish one run of ``task``, its try writing ``logs``; its id."""
     backend = site.backend
     run = await backend.tasks.acreate_run(task)
     assert run is not None
     (claimed,) = await backend.tasks.aclaim_runs("w1", limit=1, ttl=30, tasks=[task])
+    if logs:
+        await backend.logs.aappend(claimed.id, claimed.try_number, logs)
     await backend.tasks.afinish_run(
         claimed.id,
         "w1",
@@ -108,9 +116,9 @@ async def finish_one(
     return claimed.id
 
 
-async def chain(site: Site) -> None:
+async def chain(site: Site) -> int:
     """Tasks ``load`` (orders -> loaded) and ``publish`` (loaded -> published), each with one
-    successful run that emitted its outlet."""
+    successful run that emitted its outlet (``load``'s wrote some logs: its id is returned)."""
     backend = site.backend
     await events_of(site, site.asset, 2)
     await backend.events.aregister_assets([Asset("loaded"), Asset("published")])
@@ -122,8 +130,10 @@ async def chain(site: Site) -> None:
         ]
     )
     await backend.tasks.arewind_task("load", site.asset, oldest)
-    await finish_one(site, "load", ("loaded",))
+    logs = (("stdout", "loaded 2 rows\n"), ("stderr", "one warning\n"), ("log", "INFO done\n"))
+    load = await finish_one(site, "load", ("loaded",), logs=logs)
     await finish_one(site, "publish", ("published",))
+    return load
 
 
 class TestWatcherView:
@@ -335,8 +345,9 @@ class TestAccessibility:
         self, chromium: Path, site: Site, axe: Path
     ) -> None:
         """axe-core finds no violation (WCAG 2 A and AA rules) in the watchers, a watcher's
-        view, the graph, the assets, an asset, the tasks and a task's run history."""
-        await chain(site)
+        view, the graph, the assets, an asset, the tasks, a task's run history and a run's
+        tries and logs."""
+        load = await chain(site)
         views = {
             "watchers": ("#/watchers", "#watchers td.state"),
             "watcher": ("#/watchers/orders_feed", "#watcher-changes td.state"),
@@ -345,6 +356,7 @@ class TestAccessibility:
             "asset": ("#/assets/orders", "#state tr[data-key]"),
             "tasks": ("#/tasks", "#tasks tr[data-task]"),
             "task": ("#/tasks/load", "#runs-timeline a"),
+            "run": (f"#/tasks/load/runs/{load}", "#run-logs span.stream-log"),
         }
         async with signed_in_page(chromium, site, bypass_csp=True) as page:
             found = {}

@@ -319,6 +319,7 @@ class TestStateStoreTask:
             "retention": [],
             "orphaned": [],
             "events": 1,
+            "logs": 0,
             "event_retention_days": 30,
             "dedup_retention_days": 40,
         }  # fmt: skip

@@ -13,6 +13,7 @@ from ._lazy import lazy_exports
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend
     from ._consumer import EventConsumer
+    from ._logs import LOG_STREAMS, LogChunk
     from ._open import open_state_backend
     from ._types import (
         Asset,
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
+    "LOG_STREAMS",
     "MAX_BIGINT",
     "MAX_KEY_LENGTH",
     "MAX_MAP_INDEX",
@@ -125,6 +127,7 @@ __all__ = [
     "InvalidValueError",
     "KeyTypeError",
     "LeaseLostError",
+    "LogChunk",
     "MemoryStateBackend",
     "MissingCapabilityError",
     "PayloadTooLargeError",
@@ -182,6 +185,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MAX_VALUE_DEPTH",
         "NEVER_EXPIRE",
     ),
+    "._logs": ("LOG_STREAMS", "LogChunk"),
     ".accessors": (
         "AssetStateStoreAccessor",
         "AssetStateStoreAccessors",

@@ -14,15 +14,7 @@ from ._lifecycle import Lifecycle
 from ._offload import OffloadHooks
 from ._protocols import Services
 from ._slots import slot_setters
-from ._types import (
-    AssetScope,
-    Put,
-    RawEntry,
-    StateEntry,
-    StateScope,
-    TaskScope,
-    Writer,
-)
+from ._types import AssetScope, Put, RawEntry, StateEntry, StateScope, TaskScope, Writer
 from ._values import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
@@ -51,6 +43,7 @@ if TYPE_CHECKING:
         GarbageCollector,
         LeaseTable,
         OperatorControls,
+        RunLogs,
         StatusTable,
         TaskQueue,
     )
@@ -117,8 +110,8 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
     - sync hooks from async callers: in a worker thread, so the loop never blocks.
 
     The rest of the store is in **services** (:mod:`watchkeeper.store.protocols`):
-    ``store.events``, ``store.tasks``, ``store.leases``, ``store.controls``, ``store.status``
-    and ``store.gc``. The built-in backends have them all; a custom one sets
+    ``store.events``, ``store.tasks``, ``store.leases``, ``store.controls``, ``store.status``,
+    ``store.gc`` and ``store.logs``. The built-in backends have them all; a custom one sets
     ``self.services`` to those it has (the others are ``None`` there, and their attribute
     raises :class:`MissingCapabilityError`: a daemon on a store without leases runs every
     trigger unfenced, as a single daemon).
@@ -177,6 +170,11 @@ class BaseStateBackend(Lifecycle, OffloadHooks):
     def gc(self) -> GarbageCollector:
         """Garbage collection."""
         return _present(self, self.services.gc, "gc")
+
+    @property
+    def logs(self) -> RunLogs:
+        """The logs kept with each run's tries."""
+        return _present(self, self.services.logs, "logs")
 
     # -- health ------------------------------------------------------------------------------
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._log_service import LogsService
 from ._protocols import Services
 from ._services import ControlsService, EventsService, GcService, LeasesService, StatusService
 from ._task_service import TasksService
 
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend
+    from ._logs import LogsDriver
     from ._protocols import (
         ControlsDriver,
         EventFeedDriver,
@@ -37,6 +39,7 @@ def builtin_services(
     controls: ControlsDriver,
     status: StatusDriver,
     gc: GcDriver,
+    logs: LogsDriver,
     wait_for_release: WaitForRelease | None = None,
     keepalive: NodeKeepAlive | None = None,
 ) -> Services:
@@ -50,4 +53,5 @@ def builtin_services(
         controls=ControlsService(store, controls),
         status=StatusService(store, status),
         gc=GcService(store, gc),
+        logs=LogsService(store, logs),
     )

@@ -8,6 +8,10 @@ short the event retention. ``0`` for either means "forever": ``retention_days = 
 event, ``dedup_retention_days = 0`` keeps every event that has a dedup key. "Older than N days"
 is ``created_at < now - N days``, with ``now`` from the backend's clock.
 
+A finished run's logs (``store.logs``) go with the events: a run that succeeded or failed
+before the events' cutoff (``created_at < now - retention_days``) loses its logs; a run
+still queued or running keeps them, and ``retention_days = 0`` keeps them all.
+
 The memory backend applies :meth:`EventCutoffs.due`; the SQL backends apply the same condition
 in SQL (``created_at < $events AND (dedup_key IS NULL OR created_at < $dedup)``, where a NULL
 ``$dedup`` is never true).

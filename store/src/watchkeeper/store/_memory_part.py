@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._types import AssetEvent, AssetScope, Put, RawEntry
+from ._types import AssetEvent, AssetScope, Put, RawEntry, Writer
 
 __all__ = ["MemoryCore", "MemoryPart"]
 
@@ -24,6 +24,7 @@ class MemoryCore(Protocol):
 
     def _resolve(self, scope: AssetScope) -> Any: ...
     def _put(self, put: Put) -> int: ...
+    def _check_writer(self, writer: Writer | None) -> None: ...
 
 
 class MemoryPart:
@@ -61,3 +62,6 @@ class MemoryPart:
 
     def _put(self, put: Put) -> int:
         return self._store._put(put)
+
+    def _check_writer(self, writer: Writer | None) -> None:
+        self._store._check_writer(writer)

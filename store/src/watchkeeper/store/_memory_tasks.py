@@ -103,6 +103,8 @@ class MemoryTasks(MemoryPart):
             for write in state:  # resolve first: an unknown asset changes nothing
                 if isinstance(write.scope, AssetScope):
                     self._resolve(write.scope)
+            if state:  # nor does a fenced writer without its lease
+                self._check_writer(writer)
             consumers[name] = event_id
         for write in state:
             self._put(Put(write.scope, write.key, write.value_json, writer=writer))

@@ -11,6 +11,7 @@ from typing import Literal, Protocol, overload
 
 from ._controls import ApiToken, WatcherControl
 from ._gc import GcPlan
+from ._logs import DEFAULT_LOG_MAX_BYTES, LogChunk
 from ._tasks import (
     OutletEvent,
     RunOutcome,
@@ -48,6 +49,7 @@ __all__ = [
     "NodeKeepAlive",
     "NodeKeepAliveChannel",
     "OperatorControls",
+    "RunLogs",
     "RunsDriver",
     "Services",
     "StatusDriver",
@@ -298,7 +300,28 @@ class GarbageCollector(Protocol):
     ) -> GcReport: ...
 
 
-SERVICE_NAMES = ("events", "tasks", "leases", "controls", "status", "gc")
+class RunLogs(Protocol):
+    """Each try's stdout, stderr and log records, kept with its run (rules: ``_logs``)."""
+
+    async def aappend(
+        self,
+        run_id: int,
+        try_number: int,
+        chunks: Sequence[tuple[str, str]],
+        *,
+        max_bytes: int = DEFAULT_LOG_MAX_BYTES,
+    ) -> None: ...
+    async def alist(
+        self,
+        run_id: int,
+        *,
+        try_number: int | None = None,
+        after_seq: int = 0,
+        limit: int | None = None,
+    ) -> list[LogChunk]: ...
+
+
+SERVICE_NAMES = ("events", "tasks", "leases", "controls", "status", "gc", "logs")
 """The services a store may offer, by attribute name."""
 
 
@@ -313,6 +336,7 @@ class Services:
     controls: OperatorControls | None = None
     status: StatusTable | None = None
     gc: GarbageCollector | None = None
+    logs: RunLogs | None = None
 
 
 # -- the primitives a driver implements for the built-in services -------------------------------

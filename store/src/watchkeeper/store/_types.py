@@ -249,17 +249,20 @@ class AssetInfo:
 class GcReport:
     """What a garbage-collection pass deleted (or, with ``dry_run``, would delete): the state
     rows are listed (task scope or asset name, and key); ``events`` is the number of asset
-    events past their retention (there may be millions, so they are counted, not listed)."""
+    events past their retention (there may be millions, so they are counted, not listed);
+    ``logs`` the number of log chunks of the runs that finished before the events' cutoff."""
 
     dry_run: bool
     expired: list[tuple[TaskScope, str]] = field(default_factory=list)
     retention: list[tuple[TaskScope, str]] = field(default_factory=list)
     orphaned: list[tuple[str, str]] = field(default_factory=list)
     events: int = 0
+    logs: int = 0
 
     @property
     def total(self) -> int:
-        return len(self.expired) + len(self.retention) + len(self.orphaned) + self.events
+        rows = len(self.expired) + len(self.retention) + len(self.orphaned)
+        return rows + self.events + self.logs
 
 
 @dataclass(frozen=True, slots=True)

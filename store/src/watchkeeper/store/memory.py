@@ -14,6 +14,7 @@ from ._builtin import builtin_services
 from ._gc import GcPlan
 from ._leases import HeldLease, check_fence, spread_key
 from ._memory_controls import MemoryControls
+from ._memory_logs import MemoryLogs
 from ._memory_tasks import MemoryTasks
 from ._types import (
     Asset,
@@ -79,9 +80,10 @@ class MemoryStateBackend(BaseStateBackend):
         self._leases: dict[str, tuple[str | None, int]] = {}  # trigger id: (owner, token)
         self._nodes: dict[str, NodeLease] = {}
         tasks, controls = MemoryTasks(self), MemoryControls(self)
+        self._logs = MemoryLogs(tasks)
         self.services = builtin_services(
             self, events=self, feed=controls, tasks=tasks, runs=tasks, leases=self, controls=controls,
-            status=self, gc=self,
+            status=self, gc=self, logs=self._logs,
         )  # fmt: skip
         self._open = True  # usable without 'async with'; entering it is harmless
 
@@ -364,7 +366,8 @@ class MemoryStateBackend(BaseStateBackend):
                 report.orphaned.append((inactive[asset_key[0]], asset_key[1]))
                 if not dry_run:
                     del self._asset_state[asset_key]
-            if events_due is not None:
+            if events_due is not None:  # a finished run's logs go with its events
+                report.logs = self._logs.collect(events_due.events, dry_run)
                 due = [e for e in self._events if events_due.due(e.created_at, e.dedup_key)]
                 report.events = len(due)
                 if due and not dry_run:

@@ -4,8 +4,8 @@ their Protocols, the driver primitives, the records and the value rules.
 A store (a :class:`BaseStateBackend`) keeps key/value state itself and offers the rest as
 **services**, each typed by a small Protocol: ``store.events`` (:class:`EventLog`),
 ``store.tasks`` (:class:`TaskQueue`), ``store.leases`` (:class:`LeaseTable`),
-``store.controls`` (:class:`OperatorControls`), ``store.status`` (:class:`StatusTable`) and
-``store.gc`` (:class:`GarbageCollector`). A service the store lacks is ``None`` in
+``store.controls`` (:class:`OperatorControls`), ``store.status`` (:class:`StatusTable`),
+``store.gc`` (:class:`GarbageCollector`) and ``store.logs`` (:class:`RunLogs`). A service the store lacks is ``None`` in
 ``store.services`` and a :class:`~watchkeeper.store.MissingCapabilityError` at its
 attribute.
 
@@ -25,6 +25,8 @@ from ._controls import ApiToken, WatcherControl
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
+from ._log_service import LogsService
+from ._logs import DEFAULT_LOG_MAX_BYTES, LOG_STREAMS, LogChunk, LogsDriver
 from ._payloads import encode_payload
 from ._protocols import (
     SERVICE_NAMES,
@@ -39,6 +41,7 @@ from ._protocols import (
     NodeKeepAlive,
     NodeKeepAliveChannel,
     OperatorControls,
+    RunLogs,
     RunsDriver,
     Services,
     StatusDriver,
@@ -100,6 +103,8 @@ if TYPE_CHECKING:
     from ._threads import LoopThreads
 
 __all__ = [
+    "DEFAULT_LOG_MAX_BYTES",
+    "LOG_STREAMS",
     "MAX_LOST_TRIES",
     "RUN_STATES",
     "SERVICE_NAMES",
@@ -131,6 +136,9 @@ __all__ = [
     "LeaseTable",
     "LeasesDriver",
     "LeasesService",
+    "LogChunk",
+    "LogsDriver",
+    "LogsService",
     "LoopThreads",
     "NodeHeartbeat",
     "NodeKeepAlive",
@@ -142,6 +150,7 @@ __all__ = [
     "RawEntry",
     "RefusedDefinition",
     "RunError",
+    "RunLogs",
     "RunOutcome",
     "RunStep",
     "RunsDriver",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, model_validator
+from watchkeeper.store.protocols import DEFAULT_LOG_MAX_BYTES
 from watchkeeper.store.settings import StoreSettings
 
 from ._core import DEFAULT_RELOAD_INTERVAL, LOG_LEVELS
@@ -164,6 +165,10 @@ class WorkerSettings(_LeasedSection):
     """Seconds a run's lease lasts without renewal; a killed worker's run is retried that long
     after (at once when a worker on the same host finds its process gone). None: three
     heartbeats. Must exceed the heartbeat."""
+    log_max_bytes: int = Field(default=DEFAULT_LOG_MAX_BYTES, ge=0)
+    """Bytes of output (stdout, stderr, log records) each try keeps with its run: past it, the
+    oldest go and the tail is kept. 0: no logs are kept, a task's output goes to the worker's
+    own streams."""
     reload_interval: PositiveSeconds = DEFAULT_RELOAD_INTERVAL
     """Seconds between two scans of the definition files for changed tasks (``watchkeeper
     worker`` and ``up``): a changed task's code applies to the runs claimed after the reload,

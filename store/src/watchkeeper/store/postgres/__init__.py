@@ -6,12 +6,12 @@ Its public name is :class:`PostgresStateBackend`; the modules inside are its par
 statement of a round of event commits), ``puts`` (a batch of plain upserts as one
 statement), ``steps`` (a worker's grouped steps, run by the writer), ``sql`` (the statements,
 error mapping), ``gc`` (a GC pass), ``controls`` (watcher controls, tokens, event JSON),
-``schema`` (migrations), ``tasks`` and ``runs`` (task cursors and runs), ``consumers`` (event
-consumers, the events lock, wake-ups), ``tasks_schema``.
+``schema`` (migrations), ``tasks`` and ``runs`` (runs), ``consumers`` (the events lock, the
+commits' NOTIFY), ``tasks_schema``.
 
 The SQLite backend (:mod:`watchkeeper.store.sqlite`) has the same rules and the same
 group-commit core (:mod:`watchkeeper.store._commit_queue`); ``backend``, ``writer``,
-``schema``, ``controls``, ``tasks``, ``consumers`` and ``tasks_schema`` do the same job in
+``schema``, ``controls``, ``tasks`` and ``tasks_schema`` do the same job in
 both. How a write is *expressed* differs, because the drivers do:
 
 - asyncpg pays a network round trip per statement, and a batch of a thousand writes must not

@@ -44,7 +44,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlStatus, migrate
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, SqlTaskSpecs, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     GC_TIMEOUT,
@@ -60,7 +60,7 @@ from .connections import (
     session_settings,
     transaction,
 )
-from .consumers import events_prelude
+from .consumers import events_lock, events_prelude
 from .controls import PostgresControls
 from .executor import PostgresRunner, run_job
 from .leases import PostgresLeases
@@ -114,9 +114,10 @@ class PostgresStateBackend(BaseStateBackend):
         pool = PostgresRunner(controls)
         self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
-            self, events=self, feed=controls, tasks=self._tasks, runs=self._tasks, leases=SqlLeases(leases),
+            self, events=self, feed=controls, runs=self._tasks, leases=SqlLeases(leases),
+            tasks=SqlTaskSpecs(pool, events_lock=self._events_lock),
             gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
-            keepalive=leases,
+            keepalive=leases, logs=SqlLogs(pool),
             wait_for_release=leases._await_lease_release,
         )  # fmt: skip
         #: Session settings of its connections (``application_name``...); set until it opens.
@@ -144,6 +145,11 @@ class PostgresStateBackend(BaseStateBackend):
         self._last_writer: GroupWriter | None = None  # its counters stay readable after closing
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def _events_lock(self) -> str:
+        """The events lock of this store's schema (what reading past a task's or a consumer's
+        cursor waits for: see :mod:`.tasks`)."""
+        return events_lock(self.schema)
 
     def _where(self) -> str:
         """``host=… db=… schema=…`` from the DSN, never its password."""

@@ -3,7 +3,7 @@ their state, and how its rows become each op's events.
 
 Every event commit, a single event or a trigger's batch, is an :class:`~.ops.EventsOp` and
 travels in one form: the round is **one statement** whose ``$1`` is a JSON array of the ops'
-documents (:attr:`~.ops.EventsOp.doc`) and ``$2`` their timestamps. The statement resolves the
+documents (:attr:`~.ops.EventsOp.doc`, each with its time). The statement resolves the
 asset names, locks the leases the commits are fenced by (``FOR SHARE``, in ``trigger_id``
 order, held until the transaction ends), refuses whole commits whose asset is unknown or whose
 lease is not live, inserts the others' events (each event on each of its assets, in op,
@@ -16,11 +16,13 @@ once, so no two ops of it write the same state row.
 Why JSON and not parallel arrays: asyncpg checks every element of an array it encodes against
 three abstract classes, which costs more than the statement's own work on the client (see
 BENCHMARKS.md), and each op encodes its document before it is queued, so the writer only joins
-texts. A payload is JSON text already: it goes into the document as it is, and the server
-takes it back as ``json``, whose text is kept byte for byte (a JSON ``null`` payload comes
-back as SQL NULL, hence the ``coalesce``); a payload with the escape ``\u0000``, which the
-server's JSON functions refuse to take apart, travels as a JSON string (``q``, or a third
-element in a batch). The other texts (names, keys, state values) travel as JSON strings.
+texts (its time too: no array of timestamps). A one-key state (the usual watermark) travels as
+two fields, so the server reads it as columns instead of taking a JSON object apart per op. A
+payload is JSON text already: it goes into the document as it is, and the server takes it back
+as ``json``, whose text is kept byte for byte (a JSON ``null`` payload comes back as SQL NULL,
+hence the ``coalesce``); a payload with the escape ``\u0000``, which the server will not take
+out of an object as ``json``, travels as a JSON string (``q``, or flagged in ``eq`` in a
+batch). The other texts (names, keys, state values) travel as JSON strings.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._leases import check_fence
 from .._types import AssetEvent
 from ..errors import AssetNotFoundError, LeaseLostError, StateStoreError
-from .ops import EventsOp
+from .ops import EventsOp, at_sql
 
 if TYPE_CHECKING:
     import asyncpg
@@ -56,7 +58,7 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
 
     With ``prelude`` (a ``SELECT`` of two calls) every row the statement reads or writes comes
     through ``o``, which joins the prelude's one row, so the lock is taken before any event id
-    is drawn. ``$3`` is true to check leases against ``now()`` (false: against each op's time,
+    is drawn. ``$2`` is true to check leases against ``now()`` (false: against each op's time,
     a backend with a clock of its own).
 
     Rows: each event inserted (``id``, ``asset_name``, ``dedup_key``, ``created_at``), in id
@@ -75,13 +77,13 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             ON CONFLICT (asset_id, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"""
     return f"""
         WITH o AS MATERIALIZED (
-            SELECT o.ord, o.w, coalesce(o.q, o.p::text, 'null') AS p, o.d, o.e, o.a, o.n, o.s,
-                   o.ft, o.fo, o.fk, o.wk, o.wn, o.wt,
-                   ($2::timestamptz[])[o.ord::int4] AS at
+            SELECT o.ord, o.w, coalesce(o.q, o.p::text, 'null') AS p, o.d, o.e, o.ek, o.eq, o.a,
+                   o.n, o.k, o.v, o.s, o.ft, o.fo, o.fk, o.wk, o.wn, o.wt, {at_sql("o.t")} AS at
             FROM {lock}ROWS FROM (json_to_recordset($1::json) AS (
-                     w text, p json, q text, d text, e json, a text, n json, s json,
-                     ft text, fo text, fk int8, wk text, wn text, wt int4)) WITH ORDINALITY
-                 AS o(w, p, q, d, e, a, n, s, ft, fo, fk, wk, wn, wt, ord)
+                     w text, p json, q text, d text, e json, ek json, eq json, a text, n json,
+                     k text, v text, s json, ft text, fo text, fk int8, wk text, wn text,
+                     wt int4, t int8)) WITH ORDINALITY
+                 AS o(w, p, q, d, e, ek, eq, a, n, k, v, s, ft, fo, fk, wk, wn, wt, t, ord)
         ), r AS MATERIALIZED (
             SELECT x.op, x.pos, x.name,
                    (SELECT a.id FROM {p}assets a WHERE a.active AND a.name = x.name) AS asset_id
@@ -105,7 +107,7 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             WHERE EXISTS (SELECT 1 FROM r WHERE r.op = o.ord AND r.asset_id IS NULL)
                OR (o.ft IS NOT NULL AND NOT coalesce(
                        l.owner = o.fo AND l.token = o.fk
-                       AND l.expires_at > CASE WHEN $3::bool THEN now() ELSE o.at END,
+                       AND l.expires_at > CASE WHEN $2::bool THEN now() ELSE o.at END,
                        false))
         ), ev AS (
             INSERT INTO {p}asset_events
@@ -114,9 +116,11 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             FROM (SELECT o.ord, 1::int8 AS pos, o.w, o.p, o.d, o.at FROM o WHERE o.e IS NULL
                   UNION ALL
                   SELECT o.ord, v.pos, o.w,
-                         CASE WHEN v.v->2 IS NULL THEN (v.v->0)::text ELSE v.v->>0 END,
-                         v.v->>1, o.at
-                  FROM o CROSS JOIN LATERAL json_array_elements(o.e) WITH ORDINALITY AS v(v, pos)
+                         CASE WHEN v.f = '1' THEN v.p #>> '{{}}' ELSE v.p::text END, v.d, o.at
+                  FROM o CROSS JOIN LATERAL ROWS FROM (
+                           json_array_elements(o.e), json_array_elements_text(o.ek),
+                           json_array_elements_text(o.eq))
+                       WITH ORDINALITY AS v(p, d, f, pos)
                   WHERE o.e IS NOT NULL) x
             JOIN r ON r.op = x.ord
             WHERE x.ord NOT IN (SELECT ord FROM refused){skip}
@@ -126,9 +130,14 @@ def _round_sql(p: str, prelude: str | None, *, dedup: bool) -> str:
             INSERT INTO {p}asset_state AS t
                 (asset_id, key, value, version, updated_at,
                  writer_kind, writer_name, writer_try)
-            SELECT r.asset_id, j.key, j.value, 1, o.at, o.wk, o.wn, o.wt
-            FROM o CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
-            JOIN r ON r.op = o.ord
+            SELECT r.asset_id, j.key, j.value, 1, j.at, j.wk, j.wn, j.wt
+            FROM (SELECT o.ord, o.k AS key, o.v AS value, o.at, o.wk, o.wn, o.wt
+                  FROM o WHERE o.k IS NOT NULL
+                  UNION ALL
+                  SELECT o.ord, j.key, j.value, o.at, o.wk, o.wn, o.wt
+                  FROM o CROSS JOIN LATERAL json_each_text(o.s) AS j(key, value)
+                  WHERE o.s IS NOT NULL) j
+            JOIN r ON r.op = j.ord
             WHERE r.asset_id IN (SELECT asset_id FROM ev)
             ON CONFLICT (asset_id, key) DO UPDATE SET
                 value = EXCLUDED.value, version = t.version + 1,
@@ -162,7 +171,6 @@ async def commit_round(
     rows = await conn.fetch(
         statements.keyed if keyed else statements.plain,
         "[" + ",".join([op.doc for op in ops]) + "]",
-        [op.created_at for op in ops],
         db_clock,
     )
     several: list[EventsOp] = []
@@ -191,6 +199,14 @@ def _batch_events(op: EventsOp, rows: list[tuple[int, str, str | None, Any]]) ->
     ``ORDER BY``; a mismatch (which would be a bug) fails the op rather than mislabel events.
     """
     names, events = op.names, op.events
+    if not op.keyed and len(names) == 1:  # a backfill's batch: every event, in order
+        if len(rows) != len(events):
+            raise StateStoreError(f"{len(rows)} events came back for {len(events)} inserted")
+        w = op.watcher
+        return [
+            _EVENT(event_id, name, w, payload_json, None, created_at)
+            for (event_id, name, _, created_at), (payload_json, _) in zip(rows, events, strict=True)
+        ]
     returned = {(name, key) for _, name, key, _ in rows if key is not None}
     expected: list[tuple[int, str]] = []  # (event index, asset name)
     for index, (_, dedup_key) in enumerate(events):

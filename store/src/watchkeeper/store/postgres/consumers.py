@@ -1,9 +1,10 @@
-"""Event consumers and wake-ups for :class:`~watchkeeper.store.PostgresStateBackend`.
+"""The events lock and the event commits' NOTIFY of :class:`~watchkeeper.store.PostgresStateBackend`
+(the consumers themselves are :mod:`watchkeeper.store.sql.tasks`').
 
-The commit-order lock and the one NOTIFY per batch of event commits are here too
-(:func:`events_prelude`, sent with the group writer's ``BEGIN``; :func:`events_hook`, the same
-run by a finish with outlets): see :mod:`.tasks` for why a cursor reader takes that lock
-exclusively.
+Every transaction inserting events holds the commit-order lock shared and sends one NOTIFY per
+batch (:func:`events_prelude`, sent with the group writer's ``BEGIN``; :func:`events_hook`, the
+same run by a finish with outlets); a reader past a cursor takes it exclusively first
+(:func:`events_lock`): see :mod:`.tasks` for why.
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._tasks import StateWrite
-from .._types import AssetEvent, AssetScope, TaskScope, Writer
+from .._types import AssetEvent
 from .._values import decode_value
-from ..errors import AssetNotFoundError, ConsumerCursorError
 from .part import PostgresPart
-from .sql import writer_fields
 
 __all__ = [
     "EVENT_COLS",
@@ -24,13 +22,11 @@ __all__ = [
     "event_row",
     "events_channel",
     "events_hook",
+    "events_lock",
     "events_prelude",
 ]
 
 T = TypeVar("T")
-
-_LISTENER_CHECK = 30.0
-"""Seconds after which the LISTEN connection is checked again (one ``SELECT 1``)."""
 
 EVENT_COLS = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
 LOCK_KEY = "hashtextextended('watchkeeper.events:' || coalesce($1::text, current_schema()), 0)"
@@ -53,13 +49,26 @@ def events_hook(schema: str | None) -> Callable[[Any], Awaitable[None]]:
     return hook
 
 
+def _events_key(schema: str | None) -> str:
+    """The events lock's key with the schema written in: a plain identifier
+    (:func:`~.schema.check_schema_name`), so nothing in it needs escaping."""
+    where = "current_schema()" if schema is None else f"'{schema}'"
+    return f"hashtextextended('watchkeeper.events:' || {where}, 0)"
+
+
 def events_prelude(schema: str | None) -> str:
     """:func:`events_hook`'s statement with its values written in (no parameters), so the
-    group writer can send it in one message with its ``BEGIN``. The schema and the channel are
-    plain identifiers (:func:`~.schema.check_schema_name`): nothing in them needs escaping."""
-    where = "current_schema()" if schema is None else f"'{schema}'"
-    key = f"hashtextextended('watchkeeper.events:' || {where}, 0)"
+    group writer can send it in one message with its ``BEGIN``. The channel is a plain
+    identifier too."""
+    key = _events_key(schema)
     return f"SELECT pg_advisory_xact_lock_shared({key}), pg_notify('{events_channel(schema)}', '')"
+
+
+def events_lock(schema: str | None) -> str:
+    """The statement that takes the events lock exclusively until the transaction ends: it
+    waits for every transaction inserting events (each holds it shared) to end, so every
+    event below the newest id read after it has committed or rolled back."""
+    return f"SELECT pg_advisory_xact_lock({_events_key(schema)})"
 
 
 def event_row(r: Any) -> AssetEvent:
@@ -67,93 +76,7 @@ def event_row(r: Any) -> AssetEvent:
 
 
 class PostgresConsumers(PostgresPart):
-    """The event consumers of PostgreSQL and the events lock (a part of its tasks driver)."""
+    """The events lock, taken exclusively (a part of the runs driver)."""
 
     async def _lock_events(self, conn: Any) -> None:
         await conn.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})", self.schema)
-
-    # -- consumers ---------------------------------------------------------------------------
-
-    async def _aconsumer_position(self, name: str) -> int:
-        rows = await self._fetch(
-            "reading a consumer",
-            f"SELECT cursor FROM {self._prefix}event_consumers WHERE name = $1",
-            name,
-        )
-        return int(rows[0][0]) if rows else 0
-
-    async def _aconsumer_fetch(
-        self, name: str, assets: list[str] | None, limit: int
-    ) -> list[AssetEvent]:
-        wanted, p = assets, self._prefix
-
-        async def fetch(conn: Any) -> list[AssetEvent]:
-            await self._lock_events(conn)
-            rows = await conn.fetch(
-                f"SELECT {EVENT_COLS} FROM {p}asset_events ev WHERE ev.id > coalesce("
-                f"(SELECT cursor FROM {p}event_consumers WHERE name = $1), 0) "
-                "AND ($2::text[] IS NULL OR ev.asset_name = ANY($2::text[])) ORDER BY ev.id "
-                "LIMIT $3",
-                name,
-                wanted,
-                limit,
-            )
-            return [event_row(r) for r in rows]
-
-        return await self._transact("fetching consumer events", fetch)
-
-    async def _aconsumer_ack(
-        self,
-        name: str,
-        event_id: int,
-        state: list[StateWrite],
-        expected: int | None,
-        writer: Writer | None,
-    ) -> int:
-        writes, p, now = state, self._prefix, self.clock()
-        kind, who, try_number = writer_fields(writer)
-
-        async def ack(conn: Any) -> int:
-            await conn.execute(
-                f"INSERT INTO {p}event_consumers (name, cursor, updated_at) VALUES ($1, 0, $2) "
-                "ON CONFLICT (name) DO NOTHING",
-                name,
-                now,
-            )
-            current = await conn.fetchval(
-                f"SELECT cursor FROM {p}event_consumers WHERE name = $1 FOR UPDATE", name
-            )
-            if expected is not None and expected != current:
-                raise ConsumerCursorError(name, event_id, current, f"expected {expected}")
-            if event_id < current:
-                raise ConsumerCursorError(name, event_id, current, "a cursor only moves forward")
-            await conn.execute(
-                f"UPDATE {p}event_consumers SET cursor = $2, updated_at = $3, writer_kind = $4, "
-                "writer_name = $5 WHERE name = $1",
-                name, event_id, now, kind, who,
-            )  # fmt: skip
-            for write in writes:
-                await self._put_state(conn, write, now, (kind, who, try_number))
-            return event_id
-
-        return await self._transact("acknowledging events", ack)
-
-    async def _put_state(
-        self, conn: Any, write: StateWrite, now: Any, who: tuple[Any, ...]
-    ) -> None:
-        key = write.key
-        scope = write.scope
-        if isinstance(scope, TaskScope):
-            st = self._sql.task
-            cols = [[scope.dag_id], [scope.run_id], [scope.task_id], [scope.map_index], [key],
-                    [write.value_json], [now], [who[0]], [who[1]], [who[2]], [None], [False]]  # fmt: skip
-        else:
-            assert isinstance(scope, AssetScope)
-            asset_id = await conn.fetchval(
-                self._sql.resolve, [scope.asset_id], [scope.name], [scope.uri]
-            )
-            if asset_id is None:
-                raise AssetNotFoundError(str(scope))
-            st = self._sql.asset
-            cols = [[asset_id], [key], [write.value_json], [now], [who[0]], [who[1]], [who[2]]]
-        await conn.fetch(st.upsert, *cols)

@@ -4,7 +4,6 @@ page at a time, and the event ids of the runs listed (one query for a whole page
 from __future__ import annotations
 
 import builtins
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .._run_errors import bucketed
@@ -77,13 +76,3 @@ class PostgresRunListing(PostgresPart):
             f"FROM {self._prefix}task_runs WHERE state = 'success' GROUP BY 1, 2",
         )
         return bucketed(rows, len(bounds))
-
-    async def _aoldest_pending(self) -> dict[tuple[str, str], datetime]:
-        p = self._prefix
-        rows = await self._fetch(
-            "reading the oldest pending events",
-            f"SELECT c.task, c.asset, (SELECT e.created_at FROM {p}asset_events e "
-            "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
-            f"FROM {p}task_cursors c",
-        )
-        return {(row[0], row[1]): row[2] for row in rows if row[2] is not None}

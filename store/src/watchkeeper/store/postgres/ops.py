@@ -15,7 +15,7 @@ before they write, so a failure touches nothing and records its error on that op
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from json.encoder import encode_basestring as _quote
 from typing import TYPE_CHECKING, Any, Final
 
@@ -50,6 +50,8 @@ __all__ = [
     "EventsOp",
     "Op",
     "PutOp",
+    "at_sql",
+    "epoch_us",
 ]
 
 
@@ -174,15 +176,17 @@ class EventsOp(Op):
 
     Every event commit travels in one form (:mod:`.commits`): ``doc``, the op as one JSON
     object: ``w`` the watcher; its one event as ``p`` (payload) and ``d`` (dedup key), or its
-    events as ``e`` (each ``[payload]`` or ``[payload, dedup key]``), each payload its own JSON
-    text put in as it is (not quoted: the event keeps one form), but for a payload holding the
-    escape ``\u0000``, which the server's JSON functions refuse to take apart: that one goes
-    quoted, as ``q`` or as ``[text, dedup key, 1]``; its one asset as ``a`` or
-    its assets as ``n``; ``s`` the state; ``ft``/``fo``/``fk`` the fence, ``wk``/``wn``/``wt``
-    the writer (absent keys are NULL). It is written here, by its caller, so the writer only
-    joins the texts. Its
-    assets are resolved, and its fence checked, by the statement that writes it, not by the
-    batch's shared steps. ``keyed``: whether any event has a dedup key.
+    events as the array ``e`` of their payloads and, when any has a dedup key, the array ``ek``
+    of their keys (null for none) beside it; each payload its own JSON text put in as it is
+    (not quoted: the event keeps one form), but for a payload holding the escape ``\u0000``,
+    which the server refuses to take out of the op's object as ``json``: that one goes quoted,
+    as ``q``, or as a JSON string in ``e`` with its flag 1 in the array ``eq``; its one asset
+    as ``a`` or its assets as ``n``; its state as ``k`` and ``v`` when it holds one key (the
+    usual watermark: the statement reads them as two columns), else as the object ``s``;
+    ``ft``/``fo``/``fk`` the fence, ``wk``/``wn``/``wt`` the writer; ``t`` its time
+    (:func:`epoch_us`); absent keys are NULL. It is written here, by its caller, so the writer
+    only joins the texts. Its assets are resolved, and its fence checked, by the statement that
+    writes it, not by the batch's shared steps. ``keyed``: whether any event has a dedup key.
     """
 
     __slots__ = (
@@ -217,30 +221,45 @@ class EventsOp(Op):
                 doc = f'{{"w":{q(watcher)},"p":{payload}'
             if key is not None:
                 doc += f',"d":{q(key)}'
+            size = len(payload) + WRITE_OVERHEAD
         else:
-            self.keyed = any(key is not None for _, key in events)
-            text = ",".join([
-                (f"[{p}]" if d is None else f"[{p},{q(d)}]")
-                if _NUL not in p
-                else f"[{q(p)},{'null' if d is None else q(d)},1]"
-                for p, d in events
-            ])  # fmt: skip
-            doc = f'{{"w":{q(watcher)},"e":[{text}]'
+            # The payloads and the keys as arrays the statement reads side by side: each
+            # element comes out as one value, with no object or pair to take apart per event.
+            payloads = [p for p, _ in events]
+            quoted = [i for i, p in enumerate(payloads) if _NUL in p]
+            for i in quoted:
+                payloads[i] = q(payloads[i])
+            doc = f'{{"w":{q(watcher)},"e":[{",".join(payloads)}]'
+            keys = [d for _, d in events]
+            self.keyed = keys.count(None) < len(keys)
+            if self.keyed:
+                doc += f',"ek":[{",".join(["null" if d is None else q(d) for d in keys])}]'
+            if quoted:  # which payloads went as JSON strings
+                flags = ["0"] * len(payloads)
+                for i in quoted:
+                    flags[i] = "1"
+                doc += f',"eq":[{",".join(flags)}]'
+            size = sum([len(p) for p, _ in events]) + WRITE_OVERHEAD * len(events)
         if len(names) == 1:
             doc += f',"a":{q(names[0])}'
         else:
             doc += f',"n":[{",".join(map(q, names))}]'
-        if state:
+        if len(state) == 1:  # the usual watermark: two columns, no JSON object to take apart
+            for k, v in state.items():
+                doc += f',"k":{q(k)},"v":{q(v)}'
+                size += len(v)
+        elif state:
             doc += ',"s":{' + ",".join([f"{q(k)}:{q(v)}" for k, v in state.items()]) + "}"
+            size += sum([len(v) for v in state.values()])
         if fence is not None:
             doc += f',"ft":{q(fence.trigger_id)},"fo":{q(fence.owner)},"fk":{int(fence.token)}'
         if writer is not None:
             doc += f',"wk":{q(writer.kind)},"wn":{q(writer.name)}'
             if writer.try_number is not None:
                 doc += f',"wt":{int(writer.try_number)}'
-        self.doc = doc + "}"
-        size = sum(len(p) for p, _ in events) + WRITE_OVERHEAD * len(events)
-        self._weight = (size + sum(len(v) for v in state.values())) * max(1, len(names))
+        # Its time in the document too (see epoch_us): no array of timestamps to encode.
+        self.doc = f'{doc},"t":{epoch_us(created_at)}}}'
+        self._weight = size if len(names) < 2 else size * len(names)
 
     @classmethod
     def of(cls, commit: EventCommit | EventBatchCommit, created_at: datetime) -> EventsOp:
@@ -262,6 +281,26 @@ class EventsOp(Op):
 
 
 _NUL: Final = "\\u0000"
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+def epoch_us(at: datetime) -> int:
+    """``at`` as whole microseconds since the Unix epoch, how a write's time travels in its
+    JSON (the server turns it back with :func:`at_sql`, exactly). An array of timestamps
+    would cost the driver an abstract-class check or three per element; a naive time is
+    local time, as the driver takes it."""
+    return ((at if at.tzinfo is not None else at.astimezone(UTC)) - _EPOCH) // _MICROSECOND
+
+
+def at_sql(micros: str) -> str:
+    """The SQL of the ``timestamptz`` whose :func:`epoch_us` is the ``int8`` ``micros``:
+    the whole seconds and the microseconds added apart, each exact in a ``float8`` for any
+    time PostgreSQL holds (the microseconds alone pass 2^53 some 285 years from 1970)."""
+    return (
+        f"(to_timestamp(({micros}) / 1000000) + (({micros}) % 1000000) * interval '1 microsecond')"
+    )
 
 
 class CallOp(Op):

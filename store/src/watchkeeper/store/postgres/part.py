@@ -1,4 +1,4 @@
-"""What a part of the PostgreSQL backend (its leases, tasks, consumers, controls) reaches of
+"""What a part of the PostgreSQL backend (its leases, runs, controls) reaches of
 the store: its pool and transactions, its statements, its clock and its session settings,
 all owned by the store."""
 

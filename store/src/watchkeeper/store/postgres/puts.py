@@ -6,8 +6,8 @@ fenced) needs no transaction around it: one statement resolves the batch's scope
 every row and returns each version, so it commits on its own in one round trip, where the
 general path (:func:`~.batch.apply_batch`) takes four (``BEGIN``, the scopes, the upsert,
 ``COMMIT``). The rows travel as JSON, like event commits (:mod:`.commits`): ``$1`` the scopes
-``[asset_id, name, uri]``, ``$2`` one ``[scope index, key, value, writer kind, name, try]``
-per put (trailing NULLs left off), ``$3`` their timestamps.
+``[asset_id, name, uri]``, ``$2`` one ``[scope index, key, value, time, writer kind, name,
+try]`` per put (trailing NULLs left off; the time as :func:`~.ops.epoch_us`).
 
 A put whose scope names no active asset writes nothing and gets :class:`AssetNotFoundError`.
 Two puts of one key go the general way (in successive statements); two puts of the batch on
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final, TypeGuard
 
 from .._types import AssetScope
 from ..errors import AssetNotFoundError
-from .ops import PUT, Op, PutOp
+from .ops import PUT, Op, PutOp, at_sql, epoch_us
 from .sql import resolve_sql
 
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ def put_alone_sql(p: str) -> str:
             FROM json_array_elements($1::json) WITH ORDINALITY AS s(j, ord)
         ), i AS MATERIALIZED (
             SELECT i.ord, s.asset_id, i.j->>1 AS key, i.j->>2 AS value,
-                   ($3::timestamptz[])[i.ord::int4] AS at,
-                   i.j->>3 AS wk, i.j->>4 AS wn, (i.j->>5)::int4 AS wt
+                   {at_sql("(i.j->>3)::int8")} AS at,
+                   i.j->>4 AS wk, i.j->>5 AS wn, (i.j->>6)::int4 AS wt
             FROM json_array_elements($2::json) WITH ORDINALITY AS i(j, ord)
             JOIN s ON s.ord = (i.j->>0)::int8
         ), up AS (
@@ -94,14 +94,14 @@ async def upsert_alone(conn: asyncpg.Connection, sql: str, ops: Sequence[PutOp])
             index = scopes[s] = len(scopes) + 1
         w = op.writer
         if w is None:
-            docs.append(f"[{index},{q(op.key)},{q(op.value_json)}]")
+            docs.append(f"[{index},{q(op.key)},{q(op.value_json)},{epoch_us(op.at)}]")
         else:
-            docs.append(_encode([index, op.key, op.value_json, w.kind, w.name, w.try_number]))
+            at = epoch_us(op.at)
+            docs.append(_encode([index, op.key, op.value_json, at, w.kind, w.name, w.try_number]))
     rows = await conn.fetch(
         sql,
         _encode([[s.asset_id, s.name, s.uri] for s in scopes]),
         "[" + ",".join(docs) + "]",
-        [op.at for op in ops],
     )
     for op, (asset_id, version) in zip(ops, rows, strict=True):
         if asset_id is None:

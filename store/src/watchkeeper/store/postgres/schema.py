@@ -22,6 +22,7 @@ from typing import Final
 from ..errors import ArgumentTypeError, InvalidSettingError
 from ..sql.dialects import POSTGRES
 from ..sql.engine import Job, rows, run
+from ..sql.logs import LOG_TABLE_POSTGRES
 from ..sql.migrations import Migrations, raw
 from .tasks_schema import TASK_LIFECYCLE, TASK_TABLES, TRY_COUNTS
 
@@ -243,7 +244,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             ),
         ),
     ),
-    # The runner applies every version a database lacks: the numbers may have gaps.
+    (12, "run logs", LOG_TABLE_POSTGRES),
     (13, "task batch windows, active run limits, removed tasks", TASK_LIFECYCLE),
 )
 

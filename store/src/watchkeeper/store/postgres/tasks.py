@@ -1,5 +1,5 @@
-"""Task cursors and runs for :class:`~watchkeeper.store.PostgresStateBackend` (the event
-consumers and wake-ups are :mod:`.consumers`).
+"""Runs for :class:`~watchkeeper.store.PostgresStateBackend` (event consumers and task specs
+are :mod:`watchkeeper.store.sql.tasks`'; the events lock and the wake-ups :mod:`.consumers`).
 
 Each operation is one short transaction on a pooled connection (``_transact``), not a batch
 of the group writer: claims hold run rows (``FOR UPDATE ... SKIP LOCKED``, so several workers
@@ -26,7 +26,7 @@ request, as declaring tasks, ``acreate_runs`` and consumer fetches still make, w
 every new shared one behind it. Lock order for those, always: task rows, then the events lock.
 
 **Wake-ups.** The same hook sends one ``NOTIFY`` per committed batch (never one per event);
-:meth:`PostgresConsumers.await_events` listens on a connection of its own and falls back to
+:meth:`.controls.PostgresControls._await_events` listens on a connection of its own and falls back to
 polling when that connection is lost.
 """
 
@@ -44,14 +44,11 @@ from .._tasks import (
     MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
-    TaskInfo,
     TaskRun,
     TaskSpec,
-    check_rewind,
-    deleting_running,
     plan_runs,
 )
-from .._types import AssetEvent, Writer
+from .._types import AssetEvent
 from ..errors import (
     RunNotFoundError,
     RunStateError,
@@ -67,7 +64,7 @@ from .runs import (
     run_from_row,
     writers_in_flight_sql,
 )
-from .sql import database_clock, writer_fields
+from .sql import database_clock
 from .steps import StepOp
 
 __all__ = ["PostgresTasks"]
@@ -76,107 +73,14 @@ T = TypeVar("T")
 
 
 class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The tasks driver of PostgreSQL (:class:`~watchkeeper.store.protocols.TaskSpecsDriver` and
-    :class:`~watchkeeper.store.protocols.RunsDriver`):
-    task specs and cursors here, runs in :class:`.runs.PostgresRuns`, run listings in
-    :class:`.listing.PostgresRunListing`, consumers in :class:`.consumers.PostgresConsumers`."""
+    """The runs driver of PostgreSQL (:class:`~watchkeeper.store.protocols.RunsDriver`):
+    run creation here, claims and finishes in :class:`.runs.PostgresRuns`, run listings in
+    :class:`.listing.PostgresRunListing`, the events lock in :class:`.consumers.PostgresConsumers`
+    (consumers and task specs are :mod:`watchkeeper.store.sql.tasks`')."""
 
     horizon_waits: int = 0
     """How many times a step found an earlier event's writer still in flight and waited for it
     (a counter: what a step held up by an uncommitted event can be seen by)."""
-
-    async def _async_tasks(self, specs: builtins.list[TaskSpec]) -> None:
-        p, now = self._prefix, self.clock()
-        batch = sorted(specs, key=lambda spec: spec.name)  # rows locked in one order by all
-
-        async def sync(conn: Any) -> None:
-            # Locks in acreate_run's order, task rows then the events lock (else a deadlock).
-            for spec in batch:
-                await conn.execute(
-                    f"INSERT INTO {p}tasks (name, assets, mode, max_events, max_tries, "
-                    "batch_window, max_active_runs, updated_at) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (name) DO UPDATE "
-                    "SET assets = EXCLUDED.assets, mode = EXCLUDED.mode, "
-                    "max_events = EXCLUDED.max_events, max_tries = EXCLUDED.max_tries, "
-                    "batch_window = EXCLUDED.batch_window, "
-                    "max_active_runs = EXCLUDED.max_active_runs, removed_at = NULL, "
-                    "updated_at = EXCLUDED.updated_at",
-                    spec.name, list(spec.assets), spec.mode, spec.max_events, spec.max_tries,
-                    spec.batch_window, spec.max_active_runs, now,
-                )  # fmt: skip
-            await self._lock_events(conn)  # a new cursor's start must not pass an in-flight event
-            for spec in batch:
-                await conn.execute(
-                    f"INSERT INTO {p}task_cursors (task, asset, cursor, updated_at) "
-                    "SELECT $1, a.name, coalesce((SELECT max(id) FROM "
-                    f"{p}asset_events WHERE asset_name = a.name), 0), $3 "
-                    "FROM unnest($2::text[]) AS a(name) ON CONFLICT (task, asset) DO NOTHING",
-                    spec.name,
-                    list(spec.assets),
-                    now,
-                )
-
-        await self._transact("declaring tasks", sync)
-
-    async def _alist_tasks(self) -> builtins.list[TaskInfo]:
-        p = self._prefix
-        tasks = await self._fetch(
-            "listing tasks",
-            "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, "
-            f"max_active_runs, removed_at FROM {p}tasks ORDER BY name",
-        )
-        cursors = await self._fetch(
-            "listing tasks",
-            "SELECT c.task, c.asset, c.cursor, c.writer_kind, c.writer_name, "
-            f"(SELECT count(*) FROM {p}asset_events ev WHERE ev.asset_name = c.asset "
-            f"AND ev.id > c.cursor) FROM {p}task_cursors c",
-        )
-        by_task: dict[str, list[Any]] = {}
-        for row in cursors:
-            by_task.setdefault(row[0], []).append(row)
-        out = []
-        for row in tasks:
-            spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4], row[6], row[7])
-            mine = {r[1]: r for r in by_task.get(spec.name, []) if r[1] in spec.assets}
-            writers = {a: None if r[3] is None else Writer(r[3], r[4]) for a, r in mine.items()}
-            out.append(
-                TaskInfo(
-                    spec,
-                    row[5],
-                    {a: r[2] for a, r in mine.items()},
-                    {a: r[5] for a, r in mine.items()},
-                    writers,
-                    row[8],
-                )
-            )
-        return out
-
-    async def _aretire_tasks(self, keep: builtins.list[str]) -> builtins.list[str]:
-        rows = await self._transact(
-            "retiring tasks",
-            lambda conn: conn.fetch(
-                f"UPDATE {self._prefix}tasks SET removed_at = $2 WHERE removed_at IS NULL "
-                "AND NOT (name = ANY($1::text[])) RETURNING name",
-                keep,
-                self.clock(),
-            ),
-        )
-        return sorted(r[0] for r in rows)
-
-    async def _adelete_task(self, name: str) -> None:
-        p = self._prefix
-
-        async def delete(conn: Any) -> None:
-            await self._spec(conn, name, lock=True)
-            running = await conn.fetchval(
-                f"SELECT min(id) FROM {p}task_runs WHERE task = $1 AND state = 'running'", name
-            )
-            if running is not None:
-                raise deleting_running(name, running)
-            await conn.execute(f"DELETE FROM {p}task_cursors WHERE task = $1", name)
-            await conn.execute(f"DELETE FROM {p}tasks WHERE name = $1", name)
-
-        await self._transact("deleting a task", delete)
 
     async def _spec(self, conn: Any, name: str, *, lock: bool = False) -> tuple[TaskSpec, bool]:
         row = await conn.fetchrow(
@@ -187,39 +91,6 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         if row is None:
             raise TaskNotFoundError(f"task {name!r}")
         return TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4]), row[5]
-
-    async def _aset_task_paused(self, name: str, paused: bool) -> None:
-
-        async def pause(conn: Any) -> None:
-            await self._spec(conn, name)
-            await conn.execute(
-                f"UPDATE {self._prefix}tasks SET paused = $2 WHERE name = $1", name, bool(paused)
-            )
-
-        await self._transact("pausing a task", pause)
-
-    async def _arewind_task(
-        self, name: str, asset: str, to_event_id: int, writer: Writer | None
-    ) -> None:
-        now = self.clock()
-        kind, who, _ = writer_fields(writer)
-
-        async def rewind(conn: Any) -> None:
-            spec, _ = await self._spec(conn, name, lock=True)
-            row = await conn.fetchrow(
-                f"SELECT (SELECT cursor FROM {self._prefix}task_cursors WHERE task = $1 "
-                f"AND asset = $2), (SELECT coalesce(max(id), 0) FROM {self._prefix}asset_events "
-                "WHERE asset_name = $2)",
-                name, asset,
-            )  # fmt: skip
-            cursor = check_rewind(spec, asset, to_event_id, row[0] or 0, row[1])
-            await conn.execute(
-                f"UPDATE {self._prefix}task_cursors SET cursor = $3, updated_at = $4, "
-                "writer_kind = $5, writer_name = $6 WHERE task = $1 AND asset = $2",
-                name, asset, cursor, now, kind, who,
-            )  # fmt: skip
-
-        await self._transact("rewinding a task", rewind)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -451,13 +322,6 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         if not found:
             raise RunNotFoundError(run_id)
         return found[0]
-
-    async def _acount_runs(self) -> dict[tuple[str, str], int]:
-        rows = await self._fetch(
-            "counting runs",
-            f"SELECT task, state, count(*) FROM {self._prefix}task_runs GROUP BY task, state",
-        )
-        return {(row[0], row[1]): row[2] for row in rows}
 
     async def _aretry_run(self, run_id: int) -> TaskRun:
         p = self._prefix

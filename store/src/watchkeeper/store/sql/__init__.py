@@ -12,7 +12,8 @@ dialect for each database where the SQL must differ.
   each database's numbered migrations.
 - The drivers, each with its statements and jobs: :mod:`.leases` (node and trigger leases),
   :mod:`.controls` (watcher controls, API tokens), :mod:`.status` (trigger and daemon status),
-  :mod:`.gc` (garbage collection).
+  :mod:`.gc` (garbage collection), :mod:`.tasks` (event consumers and task specs),
+  :mod:`.logs` (the logs kept with each run).
 
 What stays with each database is how a job runs: SQLite's executor is the group-commit
 writer's transaction (:func:`watchkeeper.store.sqlite.executor.run_job`); PostgreSQL's is a
@@ -22,7 +23,18 @@ connection of the pool or of a lease lane (:func:`watchkeeper.store.postgres.exe
 from .controls import SqlControls
 from .gc import SqlGc
 from .leases import SqlLeases
+from .logs import SqlLogs
 from .migrations import Migrations, migrate
 from .status import SqlStatus
+from .tasks import SqlTaskSpecs
 
-__all__ = ["Migrations", "SqlControls", "SqlGc", "SqlLeases", "SqlStatus", "migrate"]
+__all__ = [
+    "Migrations",
+    "SqlControls",
+    "SqlGc",
+    "SqlLeases",
+    "SqlLogs",
+    "SqlStatus",
+    "SqlTaskSpecs",
+    "migrate",
+]

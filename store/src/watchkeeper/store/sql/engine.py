@@ -8,8 +8,9 @@ A statement is a template in one SQL that both databases read, with two kinds of
 - ``{name}`` or ``{name:arg:arg}`` is a dialect fragment: ``{p}`` the table prefix,
   ``{now}``, ``{expires}``, ``{in:ids}`` (``= ANY`` of a list parameter, or ``IN`` over it),
   ``{each:ids:e}`` (a list parameter as a table ``e`` with one column ``value``),
-  ``{for_update}``, ``{for_update_of:l}``, ``{skip_locked}``, ``{for_share}`` (row locks:
-  nothing on SQLite, whose writer holds the file's write lock), ``{ts:x}`` and ``{list:x}``
+  ``{for_update}``, ``{for_update_of:l}``, ``{skip_locked}``, ``{for_share}``,
+  ``{for_share_of:l}`` (row locks: nothing on SQLite, whose writer holds the file's write
+  lock), ``{ts:x}`` and ``{list:x}``
   (the parameter ``x`` is a timestamp, a list of str: bound the dialect's way).
 
 :class:`Dialect` compiles a template once (cached per dialect and prefix) into a

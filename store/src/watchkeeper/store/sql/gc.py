@@ -30,6 +30,11 @@ _INACTIVE: Final = "asset_id IN (SELECT id FROM {p}assets WHERE NOT active)"
 # _gc.py's rule; a NULL dedup cutoff (keep events with a dedup key forever) is never true.
 _EVENTS: Final = "created_at < {ts:events} AND (dedup_key IS NULL OR created_at < {ts:dedup})"
 _BATCH: Final = "LIMIT :limit {for_update} {skip_locked}"
+# A finished run's logs go with its events (_logs.py): the runs finished before their cutoff.
+_LOGS: Final = (
+    "run_id IN (SELECT id FROM {p}task_runs "
+    "WHERE state IN ('success', 'failed') AND finished_at < {ts:events})"
+)
 
 
 class GcStatements:
@@ -67,6 +72,12 @@ class GcStatements:
         self.events_delete_batch = sql(
             "DELETE FROM {p}asset_events WHERE id IN (SELECT id FROM {p}asset_events "
             f"WHERE {_EVENTS} {_BATCH})"
+        )
+        self.logs_count = sql(f"SELECT count(*) FROM {{p}}task_run_logs WHERE {_LOGS}")
+        self.logs_delete = sql(f"DELETE FROM {{p}}task_run_logs WHERE {_LOGS}")
+        self.logs_delete_batch = sql(
+            "DELETE FROM {p}task_run_logs WHERE seq IN (SELECT seq FROM {p}task_run_logs "
+            f"WHERE {_LOGS} {_BATCH})"
         )
 
 
@@ -115,6 +126,21 @@ def delete_events(s: GcStatements, cutoffs: tuple[Any, Any], limit: int) -> Job[
     return deleted
 
 
+def count_logs(s: GcStatements, cutoff: Any) -> Job[int]:
+    found = yield rows(s.logs_count, events=cutoff)
+    return int(found[0][0])
+
+
+def delete_logs(s: GcStatements, cutoff: Any, limit: int) -> Job[int]:
+    """Delete the log chunks of the runs finished before ``cutoff`` (at most ``limit``)."""
+    yield BEGIN
+    if limit:
+        deleted: int = yield count(s.logs_delete_batch, events=cutoff, limit=limit)
+    else:
+        deleted = yield count(s.logs_delete, events=cutoff)
+    return deleted
+
+
 # -- the driver ------------------------------------------------------------------------------
 
 
@@ -146,13 +172,14 @@ class SqlGc:
         due = plan.events
         cutoffs = None if due is None else (due.events, due.dedup)
         found: dict[str, list[tuple[Any, ...]]] = {kind: [] for kind in kinds}
-        events = 0
+        events = logs = 0
         write = partial(run.write, what="GC", lane="late", bound=self._bound)
         if plan.dry_run:
             for kind, bound in kinds.items():
                 found[kind] = await run.read(partial(select, s, kind, bound), what="GC")
             if cutoffs is not None:
                 events = await run.read(partial(count_events, s, cutoffs), what="GC")
+                logs = await run.read(partial(count_logs, s, cutoffs[0]), what="GC")
         else:  # one write per kind (batch_size 0), or per batch: no write is held long
             size = plan.batch_size
             for kind, bound in kinds.items():
@@ -166,7 +193,12 @@ class SqlGc:
                 events += deleted
                 if not size or deleted < size:
                     break
-        report = GcReport(dry_run=plan.dry_run, events=events)
+            while cutoffs is not None:
+                deleted = await write(partial(delete_logs, s, cutoffs[0], size))
+                logs += deleted
+                if not size or deleted < size:
+                    break
+        report = GcReport(dry_run=plan.dry_run, events=events, logs=logs)
         for kind in ("expired", "retention"):
             rows_ = sorted(found.get(kind, []))
             setattr(report, kind, [(TaskScope._from_row(*r[1:5]), r[5]) for r in rows_])

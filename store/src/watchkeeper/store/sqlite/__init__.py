@@ -5,12 +5,12 @@ Its public name is :class:`SqliteStateBackend`; the modules inside are its parts
 (event commits), ``meta`` (assets, GC, status SQL), ``controls`` (event JSON, the poll),
 ``leases`` (the fence's view, the keep-alive), ``executor`` (how a job of
 :mod:`watchkeeper.store.sql`, where leases, watcher controls and tokens are written once for
-both SQL backends, runs here), ``schema`` (connections, migrations), ``tasks`` (task cursors
-and runs), ``consumers`` (event consumers, wake-ups), ``tasks_schema``.
+both SQL backends, runs here), ``schema`` (connections, migrations), ``tasks`` (runs),
+``tasks_schema``.
 
 The PostgreSQL backend (:mod:`watchkeeper.store.postgres`) has the same rules and the same
 group-commit core (:mod:`watchkeeper.store._commit_queue`); ``backend``, ``writer``,
-``schema``, ``controls``, ``tasks``, ``consumers`` and ``tasks_schema`` do the same job in
+``schema``, ``controls``, ``tasks`` and ``tasks_schema`` do the same job in
 both. How a write is *expressed* differs, because the drivers do:
 
 - ``sqlite3`` is synchronous and in-process: the writer is one thread that owns the write

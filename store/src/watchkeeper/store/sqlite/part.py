@@ -1,4 +1,4 @@
-"""What a part of the SQLite backend (its tasks, consumers, controls) reaches of the store:
+"""What a part of the SQLite backend (its runs, controls) reaches of the store:
 its writer and its reader, owned by the store."""
 
 from __future__ import annotations

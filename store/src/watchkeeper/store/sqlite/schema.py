@@ -23,6 +23,7 @@ from typing import Final, Literal, TypeVar
 from .._types import AssetScope
 from ..errors import BackendUnavailableError, StoreUnavailableError
 from ..sql.dialects import SQLITE, sqlite_text
+from ..sql.logs import LOG_TABLE_SQLITE
 from ..sql.migrations import Migrations
 from ..sql.migrations import migrate as migrate_job
 from .executor import run_on
@@ -254,7 +255,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         ),
     ),
     (11, "tries counted by cause", TRY_COUNTS),
-    # The runner applies every version a database lacks: the numbers may have gaps.
+    (12, "run logs", LOG_TABLE_SQLITE),
     (13, "task batch windows, active run limits, removed tasks", TASK_LIFECYCLE),
 )
 

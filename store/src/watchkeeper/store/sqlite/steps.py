@@ -36,9 +36,8 @@ from .._tasks import (
 from .._types import AssetEvent, AssetScope
 from ..errors import RunLeaseLostError, RunNotFoundError, TaskNotFoundError
 from . import meta
-from .consumers import EVENT_COLS
 from .schema import from_db, to_db
-from .tasks_schema import LAPSED_RUNS, READY_RUNS, RUN_COLS
+from .tasks_schema import EVENT_COLS, LAPSED_RUNS, READY_RUNS, RUN_COLS
 
 if TYPE_CHECKING:
     from .writer import Tx

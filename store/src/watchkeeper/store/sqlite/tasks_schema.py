@@ -17,6 +17,7 @@ from typing import Final
 
 __all__ = [
     "ANYTHING_TO_CLAIM",
+    "EVENT_COLS",
     "LAPSED_RUNS",
     "READY_RUNS",
     "RUN_COLS",
@@ -91,6 +92,9 @@ TASK_TABLES: Final[tuple[str, ...]] = (
     """,
     "CREATE INDEX task_run_events_event ON task_run_events (task, event_id)",
 )
+
+EVENT_COLS: Final = "ev.id, ev.asset_name, ev.watcher, ev.payload, ev.dedup_key, ev.created_at"
+"""An event's columns (``ev``: ``asset_events``), as :func:`.meta.events_result` reads them."""
 
 RUN_COLS: Final = (
     "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "

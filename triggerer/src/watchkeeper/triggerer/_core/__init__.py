@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ._event_loop import EventLoopUnavailableError, anyio_backend_options, uses_uvloop
     from ._logging import configure_logging, kept_logging
     from ._notify import notify
-    from ._records import event_record, iso, run_record, task_record
+    from ._records import event_record, iso, log_record, run_record, task_record
     from ._runs import retry_failed_runs
     from ._service import AsyncService
 
@@ -37,6 +37,7 @@ __all__ = [
     "kept_logging",
     "lazy_exports",
     "lease_lost",
+    "log_record",
     "notify",
     "retry_failed_runs",
     "run_record",
@@ -51,7 +52,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._logging": ("configure_logging", "kept_logging"),
     "._notify": ("notify",),
     "._service": ("AsyncService",),
-    "._records": ("event_record", "iso", "run_record", "task_record"),
+    "._records": ("event_record", "iso", "log_record", "run_record", "task_record"),
     "._runs": ("retry_failed_runs",),
 }
 

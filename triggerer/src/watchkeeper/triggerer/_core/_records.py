@@ -2,7 +2,8 @@
 
 ``GET /api/v1/events`` and ``watchkeeper events --json`` give the same object per event,
 ``GET /api/v1/tasks`` and ``watchkeeper tasks list --json`` the same object per task,
-``GET /api/v1/runs/{id}`` and ``watchkeeper runs show --json`` the same object per run.
+``GET /api/v1/runs/{id}`` and ``watchkeeper runs show --json`` the same object per run,
+and ``watchkeeper runs logs --json`` one object per chunk of a run's logs (:func:`log_record`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from watchkeeper.store import AssetEvent
+    from watchkeeper.store import AssetEvent, LogChunk
     from watchkeeper.store.protocols import TaskInfo, TaskRun
 
-__all__ = ["event_record", "iso", "run_record", "task_record"]
+__all__ = ["event_record", "iso", "log_record", "run_record", "task_record"]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -83,3 +84,15 @@ def run_record(run: TaskRun, *, events: bool = False) -> dict[str, Any]:
     if events:
         record["events"] = [event_record(e) for e in run.events]
     return record
+
+
+def log_record(chunk: LogChunk) -> dict[str, Any]:
+    """A chunk of a try's output (its text was redacted when it was stored)."""
+    return {
+        "run_id": chunk.run_id,
+        "try_number": chunk.try_number,
+        "seq": chunk.seq,
+        "stream": chunk.stream,
+        "text": chunk.text,
+        "created_at": iso(chunk.created_at),
+    }

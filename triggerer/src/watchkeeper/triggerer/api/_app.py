@@ -36,6 +36,7 @@ from ._events import list_events, stream_events
 from ._headers import SecurityHeaders
 from ._health import healthz, metrics, openapi, readyz
 from ._hooks import receive_hook
+from ._logs import run_logs
 from ._page import page
 from ._parse import PathSegments
 from ._tasks import (
@@ -128,6 +129,7 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),
+        Route(f"{v1}/runs/{{run_id}}/logs", run_logs),
         Route(f"{v1}/watchers/{{name}}/history", watcher_history),
         Route(f"{v1}/graph", asset_graph),
         Mount(

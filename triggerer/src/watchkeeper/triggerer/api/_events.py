@@ -27,7 +27,7 @@ from ._feed import SSE_BATCH, encode_frames, join_frames
 from ._parse import stream_start
 from ._tokens import Principal, still_valid
 
-__all__ = ["list_events", "stream_events"]
+__all__ = ["SSE_KEEPALIVE", "LiveStream", "list_events", "stream_events", "token_holds"]
 
 log = get_logger(__name__)
 
@@ -90,10 +90,10 @@ async def stream_events(request: Request) -> Response:
     # Without a position: a live tail, from now on. A position past the log's head (an id of
     # a bigger or restored database) is the head: every event committed from now on is after it.
     after = head if after is None else min(after, head)
-    return _Stream(ctx, principal, _sse(ctx, principal, asset, after, head))
+    return LiveStream(ctx, principal, _sse(ctx, principal, asset, after, head))
 
 
-class _Stream(StreamingResponse):
+class LiveStream(StreamingResponse):
     """A live stream counted against its token's ``max_streams_per_token`` while it is open."""
 
     def __init__(
@@ -141,7 +141,7 @@ async def _sse(
         while not ctx.closing.is_set():
             if time.monotonic() - checked_at >= ctx.token_recheck:
                 checked_at = time.monotonic()
-                if not await _token_holds(ctx, principal):
+                if not await token_holds(ctx, principal):
                     yield b": the token is revoked or expired; the stream ends\n\n"
                     return
             if after < feed.base:  # older than what the feed holds: read the log alone
@@ -176,7 +176,7 @@ async def _sse(
             del ctx.feeds[asset]
 
 
-async def _token_holds(ctx: ApiContext, principal: Principal) -> bool:
+async def token_holds(ctx: ApiContext, principal: Principal) -> bool:
     """Whether a live stream's token is still valid; True while the store cannot tell (the
     stream waits for the store like its reads do, and the next check asks again)."""
     try:

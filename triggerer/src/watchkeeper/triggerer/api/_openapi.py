@@ -15,6 +15,7 @@ from watchkeeper.store import MAX_BIGINT, MAX_KEY_LENGTH, MAX_NAME_BYTES
 
 from ._base import MAX_PAGE
 from ._openapi_hooks import hook_paths
+from ._openapi_logs import LOG_SCHEMAS, log_paths
 from ._schemas import SCHEMAS, VALUE, ref
 
 __all__ = ["openapi_document"]
@@ -154,12 +155,13 @@ def openapi_document() -> dict[str, Any]:
             **_watcher_paths(),
             **_task_paths(),
             **_run_paths(),
+            **log_paths(_COMMON),
             **_view_paths(),
             **hook_paths(),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **LOG_SCHEMAS},
         },
     }
 

@@ -5,7 +5,8 @@ of errors (a message or a traceback quotes values and payloads as often as not).
 all of it; ``write:asset:<glob>`` the state and events of its assets. ``operate`` alone sees
 the operational record (names, states, counts, times, ids, tries) and each error's type only,
 which is what pausing, resuming and retrying need. Every route that returns runs or watchers
-shapes them here.
+shapes them here. A run's logs (what its tries printed and logged) are data through and
+through: they need ``read``, with nothing to show ``operate`` alone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .._core import run_record
 from ..daemon import WatcherRow
 from ._tokens import Principal
 
-__all__ = ["error_type", "run_json", "watcher_json"]
+__all__ = ["error_type", "may_read_logs", "run_json", "watcher_json"]
 
 _TYPE: Final = re.compile(r"([A-Za-z_][\w.]*)(?::|$)")
 
@@ -46,6 +47,12 @@ def run_json(run: TaskRun, principal: Principal, *, events: bool = False) -> dic
     ]
     record["data_withheld"] = True
     return record
+
+
+def may_read_logs(principal: Principal) -> bool:
+    """Whether ``principal`` may read runs' logs: a try's output quotes values, payloads and
+    tracebacks as freely as its errors do, so only ``read`` (or ``admin``) sees it."""
+    return principal.can_read()
 
 
 def watcher_json(row: WatcherRow, principal: Principal, now: datetime) -> dict[str, Any]:

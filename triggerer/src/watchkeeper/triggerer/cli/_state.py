@@ -297,6 +297,7 @@ async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: S
                 "retention": [_task_row(scope, key) for scope, key in report.retention],
                 "orphaned": [{"asset": name, "key": key} for name, key in report.orphaned],
                 "events": report.events,
+                "logs": report.logs,
                 "event_retention_days": events.retention_days,
                 "dedup_retention_days": events.dedup_retention_days,
             }
@@ -321,6 +322,9 @@ async def _state_clean(backend: BaseStateBackend, args: argparse.Namespace, s: S
         emit(f"{verb} {report.events} {noun} ({rule})")
     else:
         emit(f"{verb} 0 events ([events] retention_days = 0 keeps them forever)")
+    if report.logs:
+        noun = "chunk" if report.logs == 1 else "chunks"
+        emit(f"{verb} {report.logs} log {noun} of runs finished before the events' retention")
     return 0
 
 

@@ -34,6 +34,7 @@ from ._common import (
     run_async,
     store_handler,
 )
+from ._run_logs import register_logs
 from ._runtime import with_triggerer_options
 
 __all__ = ["register"]
@@ -389,3 +390,4 @@ def register(subparsers: Subparsers) -> None:
         help="the runs to retry with --task (only failed runs can be retried)",
     )  # fmt: skip
     retry.set_defaults(handler=store_handler(_runs_retry))
+    register_logs(actions)

@@ -39,6 +39,7 @@ async def collect_garbage(backend: BaseStateBackend, settings: Settings) -> GcRe
         retention=len(report.retention),
         orphaned=len(report.orphaned),
         events=report.events,
+        logs=report.logs,
     )
     return report
 

@@ -2,7 +2,9 @@
 
 The worker writes framed messages (a 4-byte length, then a pickle) to the child's stdin and
 reads its answers from the child's stdout; the child moves both pipes aside at start, so what a
-task prints goes to stderr (the worker's log) and never into the answers. The first message is
+task prints never goes into the answers: the child keeps each try's output with its run, as
+the worker does (:mod:`._try_logs`), and anything printed outside a try goes to stderr (the
+worker's log). The first message is
 the worker's settings; each later one is a try: the child builds the try's context as the
 worker does, calls the task and answers ``("ok", outlets)`` or ``("error", message, type name,
 traceback)``. A thread reads the requests as they come: when the worker closes the pipe, or
@@ -97,8 +99,14 @@ async def _serve(incoming: queue.SimpleQueue[Any], answers: IO[bytes], spec: Any
     import anyio.to_thread
     from watchkeeper.store import open_state_backend
 
+    from ._try_logs import TryLogs
+
     tasks: dict[str, AssetTask] = {}
-    async with open_state_backend(spec.settings) as backend:
+    async with open_state_backend(spec.settings) as backend, anyio.create_task_group() as tg:
+        cap, store_logs = spec.settings.worker.log_max_bytes, backend.services.logs
+        logs = TryLogs(store_logs, max_bytes=cap) if cap and store_logs is not None else None
+        if logs is not None:
+            await tg.start(logs.run)
         while True:
             request = await anyio.to_thread.run_sync(incoming.get)
             task = tasks.get(request.task)
@@ -109,7 +117,16 @@ async def _serve(incoming: queue.SimpleQueue[Any], answers: IO[bytes], spec: Any
                     write_message(answers, _error(exc, None))
                     continue
                 tasks[request.task] = task
-            write_message(answers, await _one_try(backend, task, request.run))
+            if logs is None:
+                write_message(answers, await _one_try(backend, task, request.run))
+                continue
+            buffer = logs.open(request.run.id, request.run.try_number)
+            try:
+                with logs.routed(buffer):
+                    answer = await _one_try(backend, task, request.run)
+            finally:
+                await logs.close(buffer)  # stored before the worker records the outcome
+            write_message(answers, answer)
 
 
 def _error(exc: BaseException, traceback_text: str | None) -> tuple[Any, ...]:

@@ -15,11 +15,6 @@
    SQLite), at most ``poll_interval``, or for a slot to free.
 
 One step of a worker at a time creates runs; the others only claim.
-A worker given its definition files (:class:`~._task_files.TaskFiles`) follows them every
-``reload_interval``: a changed task's code applies to the runs claimed after the reload (a try
-already running finishes with the code it started with); a task gone from the files is no
-longer scheduled by this worker and is marked removed in the store, and a task defined again
-is scheduled again.
 A heartbeat task renews the leases of the runs in flight every ``heartbeat_interval`` and
 cancels a run whose lease was lost (its result would be refused anyway), and it frees at once
 the leases of dead worker processes of this host (as the triggerer does for its leases), so a
@@ -66,6 +61,7 @@ from ._context import retry_delay_for, run_context
 from ._isolation import ChildResult, ProcessPool, process_pool_for
 from ._task_files import TaskFiles, TaskLoad
 from ._task_traceback import format_task_traceback
+from ._try_logs import TryLogs
 
 __all__ = ["Worker"]
 
@@ -132,11 +128,12 @@ class Worker:
         self.owner = owner or daemon_identity()
         self.files = files
         self._process_settings = process_settings
-        self._gone: dict[str, AssetTask] = {}
-        """Tasks no longer defined, for the runs of theirs claimed before they went."""
-        self._pool = process_pool_for(
-            self._isolated_of(self.tasks), self.settings, process_settings
-        )
+        self._gone: dict[str, AssetTask] = {}  # for the runs claimed before their task went
+        isolated = {name for name, task in self.tasks.items() if self._isolated(task)}
+        self._pool = process_pool_for(isolated, self.settings, process_settings)
+        logs, cap = backend.services.logs, self.settings.log_max_bytes
+        #: Each in-process try's output, kept with its run (a child keeps its own).
+        self.try_logs = TryLogs(logs, max_bytes=cap) if logs is not None and cap else None
         self._threads = LoopThreads(self.settings.concurrency, name="watchkeeper-task")
         self._running: dict[int, _InFlight] = {}
         self._errors: dict[int, BaseException] = {}
@@ -160,47 +157,46 @@ class Worker:
     def ttl(self) -> float:
         return self.settings.lease_seconds
 
-    def _isolated_of(self, tasks: dict[str, AssetTask]) -> set[str]:
-        default = self.settings.isolation
-        return {name for name, task in tasks.items() if (task.isolation or default) == "process"}
+    def _isolated(self, task: AssetTask) -> bool:
+        return (task.isolation or self.settings.isolation) == "process"
 
     def _max_batch_for(self, tasks: dict[str, AssetTask]) -> int:
         most = max((task.spec.max_events for task in tasks.values()), default=1)
         return max(self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most))
 
     def _task_of(self, name: str) -> AssetTask:
-        """The code a run of ``name`` runs with: the task's now, or its last definition when
-        it went from the files after the run was claimed."""
+        """A run's code: its task's now, or its last one if it went after the run was claimed."""
         return self.tasks.get(name) or self._gone[name]
 
     async def apply_tasks(self, load: TaskLoad) -> None:
         """Run the tasks of ``load`` from now on: the new and changed ones are declared, the
         runs claimed from now on run their code, and a task no longer defined gets no new
-        run and is marked removed in the store (its pending events and cursor stay)."""
+        run and is marked removed in the store (its pending events and cursor stay). A try
+        already running finishes with the code it started with."""
         tasks = load.tasks
-        changed = [task for name, task in tasks.items() if self.tasks.get(name) is not task]
+        changed = [name for name, task in tasks.items() if self.tasks.get(name) is not task]
         gone = sorted(self.tasks.keys() - tasks.keys())
         if not changed and not gone:
             return
-        await self._declare(changed)
+        await self._declare([tasks[name] for name in changed])
         if gone:  # only those this worker ran: another worker's tasks are not its to retire
             others = {info.name for info in await self.queue.alist_tasks()} - set(gone)
             await self.queue.aretire_tasks(sorted(others | tasks.keys()))
-        isolated = self._isolated_of(tasks)
+        isolated = {name for name, task in tasks.items() if self._isolated(task)}
         pool = self._pool
         if pool is None and isolated:
             pool = process_pool_for(isolated, self.settings, self._process_settings)
         for name in gone:
             self._gone[name] = self.tasks[name]
-        for task in changed:
-            self._gone.pop(task.name, None)
+        for name in changed:
+            self._gone.pop(name, None)
         self.tasks, self._names, self._pool = tasks, sorted(tasks), pool
         self._max_batch = self._max_batch_for(tasks)
-        if pool is not None and any(task.name in isolated for task in changed):
+        if pool is not None and isolated.intersection(changed):
             await pool.renew()  # children hold the tasks they ran: new ones load the files
         log.info(
-            "tasks_reloaded", tasks=self._names, changed=sorted(t.name for t in changed),
-            removed=gone, refused=[str(error) for error in load.errors],
+            "tasks_reloaded", tasks=self._names, changed=sorted(changed), removed=gone,
+            refused=[str(error) for error in load.errors],
         )  # fmt: skip
 
     async def declare(self) -> None:
@@ -226,6 +222,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 await self._free_dead_owners()
                 tg.start_soon(self._heartbeat)
+                if self.try_logs is not None:
+                    await tg.start(self.try_logs.run)
                 if self._pool is not None:
                     tg.start_soon(self._pool.warm)
                 if self.files is not None:
@@ -292,7 +290,7 @@ class Worker:
         try:
             with scope:
                 while True:
-                    outcome = await self._try(self._task_of(run.task), run)
+                    outcome = await self._try_logged(self._task_of(run.task), run)
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
@@ -311,10 +309,22 @@ class Worker:
             self._running.pop(run.id, None)
             self._slot_freed.set()
 
+    async def _try_logged(self, task: AssetTask, run: TaskRun) -> RunOutcome:
+        """A try, its output kept with its run and stored before the outcome is recorded."""
+        logs = self.try_logs
+        if logs is None or self._isolated(task):
+            return await self._try(task, run)
+        buffer = logs.open(run.id, run.try_number)
+        try:
+            with logs.routed(buffer):
+                return await self._try(task, run)
+        finally:
+            await logs.close(buffer)
+
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
-        if self._pool is not None and (task.isolation or self.settings.isolation) == "process":
+        if self._pool is not None and self._isolated(task):
             return await self._try_in_child(self._pool, task, run)
         context = run_context(self.backend, task, run)
         limit: anyio.CancelScope | None = None

@@ -449,7 +449,13 @@ async function loadRun(runId) {
   const run = await response.json();
   $("#run-detail").hidden = false;
   $("#run-id").textContent = "#" + runId;
-  if (!response.ok) { $("#run-summary").textContent = run.detail; return; }
+  if (!response.ok) {
+    $("#run-summary").textContent = run.detail;
+    runLogs = { runId: null, after: 0, tries: new Map() }; // nothing of another run stays
+    for (const id of ["#run-tries tbody", "#run-errors", "#run-logs", "#run-events"]) $(id).replaceChildren();
+    $("#run-logs-status").textContent = "";
+    return;
+  }
   $("#run-summary").textContent =
     `${run.state}, try ${run.try_number} of ${run.max_tries}; created ${when(run.created_at)}` +
     (run.started_at ? `, started ${when(run.started_at)}` : "") +
@@ -459,6 +465,7 @@ async function loadRun(runId) {
     li.textContent = `try ${e.try} at ${when(e.at)}: ${e.error}`;
     return li;
   }));
+  $("#run-tries tbody").replaceChildren(...tryRows(run));
   const events = run.events === undefined ? null : run.events.map(eventLine);
   if (events === null) {
     const li = document.createElement("li");
@@ -466,6 +473,90 @@ async function loadRun(runId) {
     $("#run-events").replaceChildren(li);
   } else {
     $("#run-events").replaceChildren(...events);
+  }
+  await loadLogs(run);
+}
+
+// -- a run's tries and their logs -------------------------------------------------------------
+
+// One row per try: how it ended (an error's cause, or the run's state for its current try)
+// and its duration where the run tells it: the store keeps the start of the current try only.
+function tryRows(run) {
+  const rows = [];
+  for (let n = 1; n <= run.try_number; n++) {
+    const error = run.errors.filter((e) => e.try === n).pop();
+    const current = n === run.try_number;
+    const tr = document.createElement("tr");
+    tr.dataset.try = n;
+    cell(tr, n, "try");
+    cell(tr, error ? error.cause : current ? run.state : null, "cause");
+    let took = null;
+    if (current && run.started_at) {
+      const end = error ? error.at : run.finished_at || (run.state === "running" ? new Date().toISOString() : null);
+      if (end) took = Math.max(0, (Date.parse(end) - Date.parse(run.started_at)) / 1000);
+    }
+    cell(tr, took === null ? null : seconds(took), "duration");
+    cell(tr, error ? error.error : null, "error");
+    rows.push(tr);
+  }
+  return rows;
+}
+
+// The logs of the run shown beside the list: the chunks read so far, one block per try, and
+// the position after the last one. Each refresh asks for the chunks after it and appends
+// them (each once, by its seq), so a running try's output is followed as it is written.
+let runLogs = { runId: null, after: 0, tries: new Map() };
+
+function logBlock(logs, tryNumber) {
+  let pre = logs.tries.get(tryNumber);
+  if (pre) return pre;
+  const block = document.createElement("section");
+  block.dataset.try = tryNumber;
+  const title = document.createElement("h5");
+  title.textContent = `Try ${tryNumber}`;
+  pre = document.createElement("pre");
+  pre.className = "log";
+  pre.tabIndex = 0; // a scrolled block is reachable from the keyboard
+  pre.setAttribute("role", "log");
+  pre.setAttribute("aria-label", `Logs of try ${tryNumber}`);
+  block.append(title, pre);
+  const later = [...$("#run-logs").children].find((b) => Number(b.dataset.try) > tryNumber);
+  $("#run-logs").insertBefore(block, later || null);
+  logs.tries.set(tryNumber, pre);
+  return pre;
+}
+
+function appendChunk(logs, chunk) {
+  if (chunk.seq <= logs.after) return; // already shown by an earlier refresh
+  logs.after = chunk.seq;
+  const pre = logBlock(logs, chunk.try);
+  const follow = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  const span = document.createElement("span");
+  span.className = "stream-" + chunk.stream;
+  span.dataset.seq = chunk.seq;
+  span.textContent = chunk.text;
+  pre.appendChild(span);
+  if (follow) pre.scrollTop = pre.scrollHeight; // kept at the end unless the reader scrolled up
+}
+
+async function loadLogs(run) {
+  if (runLogs.runId !== run.id) {
+    runLogs = { runId: run.id, after: 0, tries: new Map() };
+    $("#run-logs").replaceChildren();
+    $("#run-logs-status").textContent = "";
+  }
+  const logs = runLogs;
+  for (let pages = 0; pages < 10; pages++) {
+    const response = await api(`/api/v1/runs/${run.id}/logs?after=${logs.after}`);
+    const body = await response.json();
+    if (logs !== runLogs) return; // another run was opened meanwhile
+    if (!response.ok) { $("#run-logs-status").textContent = body.detail; return; }
+    for (const chunk of body.chunks) appendChunk(logs, chunk);
+    const over = body.state === "success" || body.state === "failed";
+    $("#run-logs-status").textContent = !logs.tries.size
+      ? (over ? "No try wrote any output." : "No output yet; followed while the run runs.")
+      : (over ? "" : "Followed while the run runs.");
+    if (!body.more) break;
   }
 }
 
