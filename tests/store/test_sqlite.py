@@ -874,26 +874,74 @@ class TestRunQueries:
     async def test_a_filtered_listing_reads_an_index(
         self, tmp_path: Path, task: str | None, state: str | None, index: str
     ) -> None:
-        from watchkeeper.store.sqlite.tasks_schema import runs_query
+        from watchkeeper.store.sql.dialects import SQLITE
+        from watchkeeper.store.sql.runs import RunStatements
 
-        sql, params = runs_query(task, state)
-        plan = await self.plan(tmp_path, sql, (*params, 10))
+        stmt = RunStatements(SQLITE, "").listing(task is not None, state, False)
+        params = stmt.bind({"task": task, "limit": 10}, None, lambda ttl: None)
+        plan = await self.plan(tmp_path, stmt.sql, params)
         assert f"USING INDEX {index}" in plan and "SCAN task_runs" not in plan, plan
 
-    @pytest.mark.parametrize("name", ["LAPSED_RUNS", "READY_RUNS", "ANYTHING_TO_CLAIM"])
+    @pytest.mark.parametrize("name", ["lapsed", "claim", "anything"])
     async def test_what_a_claim_reads_uses_the_state_index(self, tmp_path: Path, name: str) -> None:
-        from watchkeeper.store.sqlite import tasks_schema as tasks
+        """The statements a claim reads open runs with find them by the state index."""
+        from watchkeeper.store.sql.dialects import SQLITE
+        from watchkeeper.store.sql.run_steps import StepStatements
 
-        sql: str = getattr(tasks, name)
-        plan = await self.plan(tmp_path, sql, (1,) * sql.count("?"))
+        found = getattr(StepStatements(SQLITE, ""), name)
+        stmt = found if name == "anything" else found[1]  # with the task filter
+        params = {"tasks": ["t"], "owner": "w", "limit": 1, "create": 1, "ttl": 1.0}
+        now = "2026-01-01T00:00:00.000000+00:00"
+        plan = await self.plan(tmp_path, stmt.sql, stmt.bind(params, now, lambda ttl: now))
         assert "USING INDEX task_runs_state" in plan, plan
         assert "SCAN r" not in plan.split(" | ") and "SCAN task_runs" not in plan, plan
 
-    async def test_neighbouring_steps_share_one_claim(self, tmp_path: Path) -> None:
-        """Steps that land in one batch run as one group: each finish on its own, then one
-        claim statement (and one lapsed-lease check) for all of them, each run claimed once."""
+    async def test_a_refused_finish_in_a_group_fails_alone(self, tmp_path: Path) -> None:
+        """Among grouped plain successes, one with a stale token gets the reason its finish
+        was refused and its run is left as it was; the others finish."""
+        from watchkeeper.store import RunLeaseLostError
         from watchkeeper.store.protocols import RunOutcome, TaskSpec
-        from watchkeeper.store.sqlite.steps import RUN_STEPS, StepItem
+        from watchkeeper.store.sql.run_steps import StepItem
+        from watchkeeper.store.sqlite.tasks import RUN_STEPS
+        from watchkeeper.store.sqlite.writer import Tx
+
+        path = tmp_path / "state.db"
+        ttl = timedelta(seconds=30)
+        async with SqliteStateBackend(path) as store:
+            await store.events.aregister_assets([Asset("a")])
+            await store.tasks.async_tasks([TaskSpec("t", ("a",), max_events=1)])
+            for i in range(3):
+                await store.events.acommit(EventCommit("w", ("a",), str(i)))
+            await store.tasks.acreate_runs("t", 3)
+            held = await store.tasks.aclaim_runs("w1", limit=3, ttl=ttl)
+        stale = held[1]
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            tx = Tx(conn, lambda: datetime.now(UTC))
+            conn.execute("BEGIN IMMEDIATE")
+            tx.begin()
+            tokens = [r.lease_token + (r.id == stale.id) for r in held]
+            outcomes = RUN_STEPS.run(
+                tx,
+                [StepItem("w1", RunOutcome(r.id, token, True), 0, ttl, ("t",), 0)
+                 for r, token in zip(held, tokens, strict=True)],
+            )  # fmt: skip
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        assert isinstance(outcomes[1], RunLeaseLostError) and "w1" in str(outcomes[1])
+        assert [outcomes[0].finished.state, outcomes[2].finished.state] == ["success"] * 2
+        async with SqliteStateBackend(path) as store:
+            left = await store.tasks.aget_run(stale.id)
+        assert (left.state, left.lease_owner, left.lease_token) == ("running", "w1", 1)
+
+    async def test_neighbouring_steps_share_one_claim(self, tmp_path: Path) -> None:
+        """Steps that land in one batch run as one group: one statement for their plain
+        successes, then one claim statement (and one lapsed-lease check) for all of them,
+        each run claimed once."""
+        from watchkeeper.store.protocols import RunOutcome, TaskSpec
+        from watchkeeper.store.sql.run_steps import StepItem
+        from watchkeeper.store.sqlite.tasks import RUN_STEPS
         from watchkeeper.store.sqlite.writer import Tx
 
         path = tmp_path / "state.db"
@@ -925,4 +973,5 @@ class TestRunQueries:
         assert len(claimed) == len(set(claimed)) == 3
         assert not set(claimed) & {r.id for r in held}
         assert sum("SET state = 'running'" in s for s in statements) == 1, statements
+        assert sum("SET state = 'success'" in s for s in statements) == 1, statements
         assert sum(s.startswith("SELECT r.id, r.try_number") for s in statements) == 1

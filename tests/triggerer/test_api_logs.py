@@ -92,13 +92,13 @@ class TestPages:
                 )
             ).json()
         chunks = whole["chunks"]
-        assert [(c["try"], c["stream"], c["text"]) for c in chunks] == [
+        assert [(c["try_number"], c["stream"], c["text"]) for c in chunks] == [
             (1, "stdout", "loading 1\n"),
             (1, "stderr", "warning\n"),
             (1, "log", "INFO loaded\n"),
         ]
         seqs = [c["seq"] for c in chunks]
-        assert seqs == sorted(set(seqs)) and all(c["at"] for c in chunks)
+        assert seqs == sorted(set(seqs)) and all(c["created_at"] for c in chunks)
         assert whole["state"] == "running" and whole["try_number"] == 1
         assert whole["more"] is False and whole["next_after"] == seqs[-1]
         assert first["more"] is True and [c["seq"] for c in first["chunks"]] == seqs[:2]
@@ -117,7 +117,7 @@ class TestPages:
             two = (await client.get(f"/api/v1/runs/{run.id}/logs", params={"try": 2})).json()
             both = (await client.get(f"/api/v1/runs/{run.id}/logs")).json()
         assert [c["text"] for c in two["chunks"]] == ["second try\n"]
-        assert [(c["try"], c["text"]) for c in both["chunks"]] == [
+        assert [(c["try_number"], c["text"]) for c in both["chunks"]] == [
             (1, "first try\n"),
             (2, "second try\n"),
         ]

@@ -251,10 +251,13 @@ async def test_a_killed_worker_takes_its_children_with_it(tmp_path: Path) -> Non
         stderr=subprocess.DEVNULL,
     )
     try:
-        await wait_until(lambda: backend_has_task(db, "naps"), "the task declared", worker)
+        await wait_until(
+            lambda: backend_has_task(db, "naps"), "the task declared", worker, within=120
+        )
         async with SqliteStateBackend(db) as backend:
             await backend.events.acommit(EventCommit("feed", ("naps",), encode_json(1)))
-        await wait_until(lambda: _read(pid_file), "the try started in a child", worker)
+        # A pool of fresh interpreters starts first: seconds each on a busy machine.
+        await wait_until(lambda: _read(pid_file), "the try started in a child", worker, within=120)
         child = int(_read(pid_file))
         assert child != worker.pid and _alive(child)
         worker.send_signal(signal.SIGKILL)

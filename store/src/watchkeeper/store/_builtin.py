@@ -5,24 +5,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._log_service import LogsService
-from ._protocols import Services
+from ._protocols import (
+    Services,
+)
 from ._services import ControlsService, EventsService, GcService, LeasesService, StatusService
 from ._task_service import TasksService
 
 if TYPE_CHECKING:
     from ._backend import BaseStateBackend
-    from ._logs import LogsDriver
-    from ._protocols import (
+    from ._drivers import (
         ControlsDriver,
         EventFeedDriver,
         EventsDriver,
         GcDriver,
         LeasesDriver,
-        NodeKeepAlive,
         RunsDriver,
         StatusDriver,
         TaskSpecsDriver,
         WaitForRelease,
+    )
+    from ._logs import LogsDriver
+    from ._protocols import (
+        NodeKeepAlive,
     )
 
 __all__ = ["builtin_services"]

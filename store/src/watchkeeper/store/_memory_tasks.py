@@ -30,6 +30,7 @@ from ._tasks import (
     lapsed_error,
     lost_reason,
     plan_runs,
+    window_waits,
 )
 from ._types import AssetEvent, AssetScope, Put, Writer
 from ._values import decode_value
@@ -198,15 +199,19 @@ class MemoryTasks(MemoryPart):
     def _create(self, name: str, max_runs: int) -> list[TaskRun]:
         _, _, runs = self._tasks_state()
         task = self._named_task(name)
-        if task.paused:
+        if task.paused or task.removed_at is not None:  # no new runs
             return []
         spec = task.spec
         pending: dict[str, list[tuple[int, str]]] = {}
+        by_id = {e.id: e for e in self._events}
         for asset in spec.assets:
             found = [e for e in self._after(task.cursors[asset]) if e.asset == asset]
             pending[asset] = [(e.id, asset) for e in found[: max_runs * spec.max_events]]
-        by_id = {e.id: e for e in self._events}
         now = self.clock()
+        firsts = [by_id[p[0][0]].created_at for p in pending.values() if p]
+        count = sum(len(p) for p in pending.values())
+        if window_waits(spec, count, min(firsts, default=None), now):
+            return []
         created: list[TaskRun] = []
         for taken, cursors in plan_runs(spec, pending, max_runs):
             task.cursors.update(cursors)

@@ -17,17 +17,19 @@ import anyio
 from ._checks import check_events_query, check_items, check_limit
 from ._controls import ApiToken, WatcherControl
 from ._daemons import check_daemon_status, check_owners
-from ._gc import gc_plan
-from ._leases import check_owner, check_trigger_ids, check_ttl
-from ._protocols import (
+from ._drivers import (
     ControlsDriver,
     EventFeedDriver,
     EventsDriver,
     GcDriver,
     LeasesDriver,
-    NodeKeepAlive,
     StatusDriver,
     WaitForRelease,
+)
+from ._gc import gc_plan
+from ._leases import check_owner, check_trigger_ids, check_ttl
+from ._protocols import (
+    NodeKeepAlive,
 )
 from ._types import (
     Asset,

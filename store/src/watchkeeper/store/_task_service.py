@@ -11,8 +11,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ._checks import check_items, check_limit
+from ._drivers import (
+    RunsDriver,
+    TaskSpecsDriver,
+)
 from ._leases import check_owner, check_ttl
-from ._protocols import RunsDriver, TaskSpecsDriver
 from ._services import Service
 from ._tasks import (
     OutletEvent,

@@ -74,6 +74,7 @@ __all__ = [
     "lost_reason",
     "plan_run",
     "plan_runs",
+    "window_waits",
 ]
 
 RunState = Literal["queued", "running", "success", "failed"]
@@ -294,6 +295,16 @@ def plan_run(
     for event_id, asset in merged:
         cursors[asset] = max(cursors.get(asset, 0), event_id)
     return merged, cursors
+
+
+def window_waits(spec: TaskSpec, pending: int, oldest: datetime | None, now: datetime) -> bool:
+    """Whether creating runs of ``spec`` waits for its batch window: fewer than
+    ``max_events`` events pending (``pending``, across its assets) and the oldest of them
+    (created at ``oldest``) younger than ``batch_window`` seconds at ``now``. A window adds
+    up to its length to an event's latency, and lets one run take what arrives meanwhile."""
+    if spec.batch_window <= 0 or oldest is None or pending >= spec.max_events:
+        return False
+    return now - oldest < timedelta(seconds=spec.batch_window)
 
 
 def plan_runs(

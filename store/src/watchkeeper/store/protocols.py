@@ -22,6 +22,16 @@ from typing import TYPE_CHECKING
 from ._backend import BaseStateBackend
 from ._builtin import builtin_services
 from ._controls import ApiToken, WatcherControl
+from ._drivers import (
+    ControlsDriver,
+    EventFeedDriver,
+    EventsDriver,
+    GcDriver,
+    LeasesDriver,
+    RunsDriver,
+    StatusDriver,
+    TaskSpecsDriver,
+)
 from ._gc import EventCutoffs, GcPlan
 from ._lazy import lazy_exports
 from ._lifecycle import SYNC_CALL_WITHOUT_PORTAL
@@ -30,24 +40,16 @@ from ._logs import DEFAULT_LOG_MAX_BYTES, LOG_STREAMS, LogChunk, LogsDriver
 from ._payloads import encode_payload
 from ._protocols import (
     SERVICE_NAMES,
-    ControlsDriver,
-    EventFeedDriver,
     EventLog,
-    EventsDriver,
     GarbageCollector,
-    GcDriver,
-    LeasesDriver,
     LeaseTable,
     NodeKeepAlive,
     NodeKeepAliveChannel,
     OperatorControls,
     RunLogs,
-    RunsDriver,
     Services,
-    StatusDriver,
     StatusTable,
     TaskQueue,
-    TaskSpecsDriver,
 )
 from ._redact import redact_data, redact_dsn, redact_secrets
 from ._services import (

@@ -44,7 +44,7 @@ from ..errors import (
     StoreClosedError,
     StoreUnavailableError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, SqlTaskSpecs, migrate
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlRuns, SqlStatus, SqlTaskSpecs, migrate
 from .connections import (
     DEFAULT_STATEMENT_TIMEOUT,
     GC_TIMEOUT,
@@ -114,7 +114,7 @@ class PostgresStateBackend(BaseStateBackend):
         pool = PostgresRunner(controls)
         self._leases, self._tasks, self._controls = leases, PostgresTasks(self), controls
         self.services = builtin_services(  # the leases' wait: a NOTIFY wakes other machines too
-            self, events=self, feed=controls, runs=self._tasks, leases=SqlLeases(leases),
+            self, events=self, feed=controls, runs=SqlRuns(pool, self._tasks), leases=SqlLeases(leases),
             tasks=SqlTaskSpecs(pool, events_lock=self._events_lock),
             gc=SqlGc(pool, bound=GC_TIMEOUT), status=SqlStatus(pool), controls=SqlControls(pool),
             keepalive=leases, logs=SqlLogs(pool),

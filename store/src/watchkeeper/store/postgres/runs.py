@@ -1,10 +1,12 @@
-"""Run claims, finishes and leases for :class:`~watchkeeper.store.PostgresStateBackend`.
+"""Run claims for :class:`~watchkeeper.store.PostgresStateBackend`, in one statement.
 
 A mixin of :class:`.tasks.PostgresTasks`. Every run lease follows the database clock
 (``now()``), the one clock all workers share, unless a clock is set on the backend (tests). A
 claim is one statement (the ready runs with ``FOR UPDATE ... SKIP LOCKED``, their lease, and
-their events); a successful finish is one fenced ``UPDATE`` (plus the outlet events, under the
-events lock, with their one ``NOTIFY``).
+their events, a plain success finished in it too): PostgreSQL can update inside ``WITH``, so
+what takes SQLite three statements (:mod:`watchkeeper.store.sql.run_steps`) is one round trip
+here. The rest of a step (a failure's finish, outlet events, runs of tasks on several assets)
+runs as the engine's jobs on the step's connection (:attr:`PostgresRuns._steps`).
 """
 
 from __future__ import annotations
@@ -12,52 +14,38 @@ from __future__ import annotations
 import builtins
 import functools
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._tasks import (
     LAPSED,
     MAX_LOST_TRIES,
-    OutletEvent,
-    RunError,
     RunOutcome,
     TaskRun,
-    after_failure,
-    errors_from_json,
-    errors_to_json,
-    ids_from_json,
-    ids_to_json,
-    lost_reason,
 )
 from .._types import AssetEvent
-from ..errors import AssetNotFoundError, RunLeaseLostError, RunNotFoundError
-from .consumers import EVENT_COLS, PostgresConsumers, event_row, events_hook
-from .sql import database_clock, rowcount
+from ..sql.dialects import POSTGRES
+from ..sql.engine import Job
+from ..sql.run_steps import RUN_COLS, StepStatements, refuse
+from .consumers import EVENT_COLS, LOCK_KEY, PostgresConsumers, events_lock, events_prelude
+from .executor import run_job
+from .sql import database_clock
 from .steps import Group, StepOp, settle_steps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 __all__ = [
-    "RUN_COLS",
     "RUN_WIDTH",
     "PostgresRuns",
     "create_claim_sql",
     "horizon_sql",
-    "run_from_row",
     "step_rows",
     "step_sql",
     "writers_in_flight_sql",
 ]
 
 T = TypeVar("T")
-
-RUN_COLS = (
-    "id, task, state, try_number, max_tries, event_count, created_at, updated_at, started_at, "
-    "finished_at, not_before, lease_owner, lease_token, lease_expires_at, errors, "
-    "outlet_event_ids, failures, lost_tries"
-)
-
 
 RUN_WIDTH = len(RUN_COLS.split(","))
 # The lapsed try's error, as :data:`~._tasks.LAPSED` words it ($8: that text, in format()).
@@ -170,7 +158,8 @@ def horizon_sql(p: str, key: str) -> str:
     return (
         "SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(t.name, t.assets, t.mode, "
         "t.max_events, t.max_tries) ORDER BY t.name), '[]')::text "
-        f"FROM {p}tasks t WHERE NOT t.paused AND ($1::text[] IS NULL OR t.name = ANY($1)) "
+        f"FROM {p}tasks t WHERE NOT t.paused AND t.removed_at IS NULL "
+        "AND ($1::text[] IS NULL OR t.name = ANY($1)) "
         f"AND EXISTS (SELECT 1 FROM {p}task_cursors c WHERE c.task = t.name AND EXISTS "
         f"(SELECT 1 FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor))"
         f"), (SELECT coalesce(max(id), 0) FROM {p}asset_events), "
@@ -185,6 +174,17 @@ def writers_in_flight_sql(key: str) -> str:
         f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {_lock_match(key)} "
         "AND l.virtualtransaction = ANY($1::text[]))"
     )
+
+
+# The batch window (:func:`~.._tasks.window_waits`) in this one statement: no window, or
+# max_events pending (up to the horizon), or the oldest pending event window seconds old.
+_WINDOW_OPEN = (
+    "(t.batch_window = 0 OR (SELECT count(*) FROM (SELECT 1 FROM {p}asset_events e "
+    "WHERE e.asset_name = c.asset AND e.id > c.cursor AND e.id <= blk.h "
+    "LIMIT t.max_events) w) >= t.max_events OR (SELECT e.created_at FROM {p}asset_events e "
+    "WHERE e.asset_name = c.asset AND e.id > c.cursor ORDER BY e.id LIMIT 1) "
+    "<= (SELECT at FROM n) - t.batch_window * interval '1 second')"
+)
 
 
 def create_claim_sql(p: str, key: str) -> str:
@@ -213,9 +213,9 @@ def create_claim_sql(p: str, key: str) -> str:
     claim = "plan.k < $6"
     return (
         "WITH n AS (SELECT coalesce($4::timestamptz, now()) AS at), "
-        "t AS (SELECT name, assets[1] AS asset, max_events, max_tries, "
+        "t AS (SELECT name, assets[1] AS asset, max_events, max_tries, batch_window, "
         f"CASE WHEN cardinality(assets) = 1 THEN 'one' ELSE 'other' END AS what FROM {p}tasks "
-        "WHERE name = $1 AND NOT paused), "
+        "WHERE name = $1 AND NOT paused AND removed_at IS NULL), "
         f"blk AS (SELECT (SELECT what FROM t) AS what, coalesce($2::int8, (SELECT "
         f"coalesce(max(id), 0) FROM {p}asset_events)) AS h, CASE WHEN $2::int8 IS NULL "
         f"AND EXISTS (SELECT 1 FROM {p}task_cursors c JOIN t ON t.name = c.task "
@@ -225,7 +225,7 @@ def create_claim_sql(p: str, key: str) -> str:
         "ELSE '{}'::text[] END AS holders), "
         f"cur AS (SELECT c.cursor, t.asset, t.max_events, t.max_tries FROM {p}task_cursors c "
         "JOIN t ON t.name = c.task AND t.asset = c.asset, blk WHERE t.what = 'one' "
-        "AND cardinality(blk.holders) = 0), "
+        f"AND cardinality(blk.holders) = 0 AND {_WINDOW_OPEN.format(p=p)}), "
         "pend AS (SELECT e.id, (row_number() OVER (ORDER BY e.id) - 1) / cur.max_events AS k "
         f"FROM cur, LATERAL (SELECT e.id FROM {p}asset_events e WHERE e.asset_name = cur.asset "
         "AND e.id > cur.cursor AND e.id <= (SELECT h FROM blk) ORDER BY e.id "
@@ -255,18 +255,7 @@ def create_claim_sql(p: str, key: str) -> str:
     )
 
 
-def run_from_row(row: Any, events: Sequence[AssetEvent] = ()) -> TaskRun:
-    return TaskRun(
-        id=row[0], task=row[1], state=row[2], try_number=row[3], max_tries=row[4],
-        event_count=row[5], created_at=row[6], updated_at=row[7], started_at=row[8],
-        finished_at=row[9], not_before=row[10], lease_owner=row[11], lease_token=row[12],
-        lease_expires_at=row[13], errors=errors_from_json(row[14]),
-        outlet_event_ids=ids_from_json(row[15]), events=tuple(events), failures=row[16],
-        lost_tries=row[17],
-    )  # fmt: skip
-
-
-def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
+def step_rows(s: StepStatements, rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     """The rows of :func:`step_sql`: the finished runs (``'d'``, without their events) and
     the claimed ones with their events (``'c'``), in run order."""
     finished: list[TaskRun] = []
@@ -274,34 +263,43 @@ def step_rows(rows: Sequence[Any]) -> tuple[list[TaskRun], list[TaskRun]]:
     for r in rows:
         values = tuple(r)
         if values[0] == "d":
-            finished.append(run_from_row(values[1 : RUN_WIDTH + 1]))
+            finished.append(s.run(values[1 : RUN_WIDTH + 1]))
             continue
         entry = runs.setdefault(values[1], (values[1 : RUN_WIDTH + 1], []))
         if values[RUN_WIDTH + 1] is not None:
-            entry[1].append(event_row(values[RUN_WIDTH + 1 :]))
-    return finished, [run_from_row(row, events) for row, events in runs.values()]
+            entry[1].append(s.event(values[RUN_WIDTH + 1 :]))
+    return finished, [s.run(row, events) for row, events in runs.values()]
 
 
 class PostgresRuns(PostgresConsumers):
     """Claims, finishes and leases of runs (see the module docstring)."""
 
-    async def _runs_with_events(self, conn: Any, run_ids: Sequence[int]) -> list[TaskRun]:
-        if not run_ids:
-            return []
-        p = self._prefix
-        ids = list(run_ids)
-        rows = await conn.fetch(
-            f"SELECT {RUN_COLS} FROM {p}task_runs WHERE id = ANY($1::int8[]) ORDER BY id", ids
+    @property
+    def events_lock(self) -> str:
+        """The events lock taken exclusively (see :mod:`.tasks`)."""
+        return events_lock(self.schema)
+
+    @property
+    def _events_key(self) -> str:
+        return LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
+
+    @property
+    def _steps(self) -> StepStatements:
+        """The engine's statements of a step here (built on first use: the schema is known)."""
+        s: StepStatements | None = self.__dict__.get("_step_statements")
+        if s is None:
+            # A finish's outlet events hold the events lock shared and wake the listeners,
+            # as every transaction inserting events does (events_hook).
+            share = events_prelude(self.schema)
+            s = StepStatements(POSTGRES, self._prefix, self.events_lock, share)
+            self.__dict__["_step_statements"] = s
+        return s
+
+    async def _in(self, conn: Any, job: Job[T]) -> T:
+        """Run an engine job in ``conn``'s transaction."""
+        return await run_job(
+            job, conn, clock=database_clock(self.clock), channel=str, in_transaction=True
         )
-        events: dict[int, list[AssetEvent]] = {}
-        for r in await conn.fetch(
-            f"SELECT e.run_id, {EVENT_COLS} FROM {p}task_run_events e "
-            f"JOIN {p}asset_events ev ON ev.id = e.event_id WHERE e.run_id = ANY($1::int8[]) "
-            "ORDER BY e.event_id",
-            ids,
-        ):
-            events.setdefault(r[0], []).append(event_row(tuple(r)[1:]))
-        return [run_from_row(row, events.get(row[0], ())) for row in rows]
 
     async def _claim(
         self,
@@ -328,7 +326,7 @@ class PostgresRuns(PostgresConsumers):
             token,
             LAPSED_SQL,
         )
-        finished, claimed = step_rows(rows)
+        finished, claimed = step_rows(self._steps, rows)
         return (finished[0] if finished else None), claimed
 
     async def _run_steps(self, conn: Any, group: Group, steps: builtins.list[StepOp]) -> None:
@@ -343,7 +341,7 @@ class PostgresRuns(PostgresConsumers):
             [s.wants for s in steps], owner, span, [s.finish.run_id for s in steps],
             [s.finish.token for s in steps], LAPSED_SQL,
         )  # fmt: skip
-        settle_steps(steps, *step_rows(rows))
+        settle_steps(steps, *step_rows(self._steps, rows))
         for step in steps:
             if not step.ran:
                 refuse = functools.partial(self._refuse, owner=owner, outcome=step.finish)
@@ -359,125 +357,6 @@ class PostgresRuns(PostgresConsumers):
             cached = self.__dict__["_step_sql_text"] = step_sql(self._prefix)
         return cached
 
-    async def _aheartbeat_runs(self, owner: str, runs: dict[int, int], span: timedelta) -> set[int]:
-        held, p = runs, self._prefix
-
-        async def renew(conn: Any) -> builtins.set[int]:
-            rows = await conn.fetch(
-                f"UPDATE {p}task_runs r SET lease_expires_at = n.at + $4::interval "
-                "FROM unnest($2::int8[], $3::int8[]) AS i(id, token), "
-                "(SELECT coalesce($5::timestamptz, now()) AS at) n "
-                "WHERE r.id = i.id AND r.lease_token = i.token AND r.lease_owner = $1 "
-                "AND r.state = 'running' AND r.lease_expires_at > n.at RETURNING r.id",
-                owner, list(held), list(held.values()), span, database_clock(self.clock),
-            )  # fmt: skip
-            return {r[0] for r in rows}
-
-        return await self._transact("renewing run leases", renew)
-
-    async def _abreak_run_leases(self, owners: builtins.list[str]) -> int:
-        names = owners
-
-        async def brk(conn: Any) -> int:
-            return rowcount(
-                await conn.execute(
-                    f"UPDATE {self._prefix}task_runs "
-                    "SET lease_expires_at = coalesce($2::timestamptz, now()) "
-                    "WHERE state = 'running' AND lease_owner = ANY($1::text[])",
-                    names,
-                    database_clock(self.clock),
-                )
-            )
-
-        return await self._transact("breaking run leases", brk)
-
-    async def _finish(self, conn: Any, owner: str, outcome: RunOutcome) -> TaskRun:
-        """Finish one try, fenced by its lease (on the database clock)."""
-        p, run_id, token = self._prefix, outcome.run_id, outcome.token
-        if outcome.success:
-            row = await conn.fetchrow(
-                f"UPDATE {p}task_runs r SET state = 'success', finished_at = n.at, "
-                "updated_at = n.at, lease_owner = NULL, lease_expires_at = NULL "
-                "FROM (SELECT coalesce($4::timestamptz, now()) AS at) n WHERE r.id = $1 "
-                "AND r.state = 'running' AND r.lease_owner = $2 AND r.lease_token = $3 "
-                f"AND r.lease_expires_at > n.at RETURNING {RUN_COLS.replace('id,', 'r.id,', 1)}",
-                run_id, owner, token, database_clock(self.clock),
-            )  # fmt: skip
-            if row is None:
-                await self._refuse(conn, owner, outcome)
-            if not outcome.outlets:
-                return run_from_row(row)
-            ids = await self._emit(conn, row[1], row[7], outcome.outlets)
-            row = await conn.fetchrow(
-                f"UPDATE {p}task_runs SET outlet_event_ids = $2 WHERE id = $1 "
-                f"RETURNING {RUN_COLS}",
-                run_id, ids_to_json(ids),
-            )  # fmt: skip
-            return run_from_row(row)
-        row = await conn.fetchrow(
-            "SELECT state, lease_owner, lease_token, lease_expires_at, try_number, max_tries, "
-            f"errors, coalesce($2::timestamptz, now()), failures FROM {p}task_runs "
-            "WHERE id = $1 FOR UPDATE",
-            run_id, database_clock(self.clock),
-        )  # fmt: skip
-        if row is None:
-            raise RunNotFoundError(run_id)
-        state, lease_owner, lease_token, expires, try_number, max_tries, errors, now, failed = row
-        reason = lost_reason(state, lease_owner, lease_token, expires, owner, token, now)
-        if reason is not None:
-            raise RunLeaseLostError(run_id, owner, token, reason)
-        new_state, not_before = after_failure(
-            failed + 1, max_tries, now, outcome.retry_delay, retry=outcome.retry
-        )
-        entry = RunError(
-            try_number, outcome.error or "failed", outcome.traceback, now, outcome.cause,
-            new_state == "failed",
-        )  # fmt: skip
-        row = await conn.fetchrow(
-            f"UPDATE {p}task_runs SET state = $2, not_before = $3, updated_at = $4, "
-            "errors = $5, lease_owner = NULL, lease_expires_at = NULL, "
-            f"finished_at = $6, failures = failures + 1 WHERE id = $1 RETURNING {RUN_COLS}",
-            run_id, new_state, not_before, now,
-            errors_to_json((*errors_from_json(errors), entry)),
-            now if new_state == "failed" else None,
-        )  # fmt: skip
-        return run_from_row(row)
-
-    async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> NoReturn:
+    async def _refuse(self, conn: Any, owner: str, outcome: RunOutcome) -> None:
         """Raise why ``owner`` could not finish ``outcome``'s run."""
-        row = await conn.fetchrow(
-            "SELECT state, lease_owner, lease_token, lease_expires_at, "
-            f"coalesce($2::timestamptz, now()) FROM {self._prefix}task_runs WHERE id = $1",
-            outcome.run_id, database_clock(self.clock),
-        )  # fmt: skip
-        if row is None:
-            raise RunNotFoundError(outcome.run_id)
-        reason = lost_reason(row[0], row[1], row[2], row[3], owner, outcome.token, row[4])
-        raise RunLeaseLostError(
-            outcome.run_id, owner, outcome.token, reason or "its lease changed meanwhile"
-        )
-
-    async def _emit(
-        self, conn: Any, task: str, now: datetime, outlets: Sequence[OutletEvent]
-    ) -> list[int]:
-        """Insert a successful run's outlet events (under the events lock, with its NOTIFY)."""
-        p = self._prefix
-        await events_hook(self.schema)(conn)
-        found = dict(
-            await conn.fetch(
-                f"SELECT name, id FROM {p}assets WHERE active AND name = ANY($1::text[])",
-                [o.asset for o in outlets],
-            )
-        )
-        for outlet in outlets:
-            if outlet.asset not in found:
-                raise AssetNotFoundError(outlet.asset)
-        rows = await conn.fetch(
-            f"INSERT INTO {p}asset_events (asset_id, asset_name, watcher, payload, "
-            "created_at) SELECT i.asset_id, i.asset_name, $1, i.payload, $2 "
-            "FROM unnest($3::int8[], $4::text[], $5::text[]) WITH ORDINALITY "
-            "AS i(asset_id, asset_name, payload, ord) ORDER BY i.ord RETURNING id",
-            f"task:{task}", now, [found[o.asset] for o in outlets],
-            [o.asset for o in outlets], [o.payload_json for o in outlets],
-        )  # fmt: skip
-        return sorted(r[0] for r in rows)
+        await self._in(conn, refuse(self._steps, owner, outcome))

@@ -41,27 +41,21 @@ from typing import Any, TypeVar
 import anyio
 
 from .._tasks import (
-    MAX_LOST_TRIES,
     RunOutcome,
     RunStep,
     TaskRun,
     TaskSpec,
-    plan_runs,
 )
 from .._types import AssetEvent
 from ..errors import (
-    RunNotFoundError,
-    RunStateError,
     TaskNotFoundError,
 )
-from .consumers import LOCK_KEY, event_row
-from .listing import PostgresRunListing
+from ..sql.run_steps import create_runs, finish_run
 from .runs import (
     RUN_WIDTH,
     PostgresRuns,
     create_claim_sql,
     horizon_sql,
-    run_from_row,
     writers_in_flight_sql,
 )
 from .sql import database_clock
@@ -72,10 +66,10 @@ __all__ = ["PostgresTasks"]
 T = TypeVar("T")
 
 
-class PostgresTasks(PostgresRunListing, PostgresRuns):
-    """The runs driver of PostgreSQL (:class:`~watchkeeper.store.protocols.RunsDriver`):
-    run creation here, claims and finishes in :class:`.runs.PostgresRuns`, run listings in
-    :class:`.listing.PostgresRunListing`, the events lock in :class:`.consumers.PostgresConsumers`
+class PostgresTasks(PostgresRuns):
+    """The stepper of PostgreSQL's runs driver (:class:`~watchkeeper.store.sql.runs.SqlRuns`):
+    a worker's step here (the events horizon, creating and claiming in one statement), claims
+    in :class:`.runs.PostgresRuns`, the events lock in :class:`.consumers.PostgresConsumers`
     (consumers and task specs are :mod:`watchkeeper.store.sql.tasks`')."""
 
     horizon_waits: int = 0
@@ -93,19 +87,6 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         return TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4]), row[5]
 
     # -- runs --------------------------------------------------------------------------------
-
-    async def _acreate_runs(self, name: str, max_runs: int) -> builtins.list[TaskRun]:
-
-        async def create(conn: Any) -> list[TaskRun]:
-            # The task row serialises the workers creating its runs; the events lock makes
-            # every event below the ids read here committed (see the module docstring).
-            spec, paused = await self._spec(conn, name, lock=True)
-            if paused:
-                return []
-            await self._lock_events(conn)
-            return await self._runs_with_events(conn, await self._create(conn, spec, max_runs))
-
-        return await self._transact("creating runs", create)
 
     async def _horizon(
         self, tasks: builtins.list[str] | None
@@ -135,10 +116,6 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             self.horizon_waits += 1
             await anyio.sleep(pause)
             pause = min(pause * 2, 0.004)
-
-    @property
-    def _events_key(self) -> str:
-        return LOCK_KEY.replace("$1::text", "NULL" if self.schema is None else f"'{self.schema}'")
 
     async def _create_claim_one(
         self,
@@ -176,56 +153,8 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             if values[0] is None:
                 continue
             entry = runs.setdefault(values[0], (values[:RUN_WIDTH], []))
-            entry[1].append(event_row(values[RUN_WIDTH : RUN_WIDTH + 6]))
-        return what, [run_from_row(row, events) for row, events in runs.values()], made
-
-    async def _create(
-        self, conn: Any, spec: TaskSpec, max_runs: int, horizon: int | None = None
-    ) -> list[int]:
-        """Up to ``max_runs`` runs from the pending events (at most ``horizon``), in one
-        statement each for runs, their events and the cursors; the caller holds the task row."""
-        p, name = self._prefix, spec.name
-        rows = await conn.fetch(
-            f"SELECT c.asset, ev.id FROM {p}task_cursors c CROSS JOIN LATERAL (SELECT e.id "
-            f"FROM {p}asset_events e WHERE e.asset_name = c.asset AND e.id > c.cursor "
-            "AND ($3::int8 IS NULL OR e.id <= $3) ORDER BY e.id LIMIT $2) ev "
-            "WHERE c.task = $1 ORDER BY ev.id",
-            name, max_runs * spec.max_events, horizon,
-        )  # fmt: skip
-        pending: dict[str, list[tuple[int, str]]] = {}
-        for asset, event_id in rows:
-            pending.setdefault(asset, []).append((event_id, asset))
-        plans = plan_runs(spec, pending, max_runs)
-        if not plans:
-            return []
-        run_ids = [
-            r[0]
-            for r in await conn.fetch(
-                f"INSERT INTO {p}task_runs (task, state, try_number, max_tries, event_count, "
-                "created_at, updated_at) SELECT $1, 'queued', 0, $2, n, $3, $3 "
-                "FROM unnest($4::int4[]) WITH ORDINALITY AS i(n, ord) ORDER BY ord RETURNING id",
-                name,
-                spec.max_tries,
-                self.clock(),
-                [len(taken) for taken, _ in plans],
-            )
-        ]
-        run_ids.sort()  # identity values in insert order
-        owned = [(r, e, a) for r, (taken, _) in zip(run_ids, plans, strict=True) for e, a in taken]
-        moved: dict[str, int] = {}
-        for _, cursors in plans:
-            moved.update(cursors)
-        await conn.execute(
-            f"WITH ins AS (INSERT INTO {p}task_run_events (run_id, event_id, task, asset) "
-            "SELECT i.run_id, i.event_id, $1, i.asset FROM unnest($2::int8[], $3::int8[], "
-            f"$4::text[]) AS i(run_id, event_id, asset)) UPDATE {p}task_cursors c "
-            "SET cursor = m.cursor, updated_at = $5, writer_kind = NULL, writer_name = NULL "
-            "FROM unnest($6::text[], $7::int8[]) AS m(asset, cursor) "
-            "WHERE c.task = $1 AND c.asset = m.asset",
-            name, [o[0] for o in owned], [o[1] for o in owned], [o[2] for o in owned],
-            self.clock(), list(moved), list(moved.values()),
-        )  # fmt: skip
-        return run_ids
+            entry[1].append(self._steps.event(values[RUN_WIDTH : RUN_WIDTH + 6]))
+        return what, [self._steps.run(row, events) for row, events in runs.values()], made
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -251,7 +180,7 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
         elif finish is not None and (not finish.success or finish.outlets):
             # A failure (its retry) or outlet events: the finish, then the claim.
             async def step(conn: Any) -> tuple[TaskRun, list[TaskRun]]:
-                done = await self._finish(conn, owner, finish)
+                done = await self._in(conn, finish_run(self._steps, owner, finish))
                 return done, (await self._claim(conn.fetch, owner, claim, span, tasks))[1]
 
             finished, claimed = await self._transact("finishing and claiming runs", step)
@@ -295,15 +224,17 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
 
             async def create_and_claim(conn: Any) -> tuple[list[TaskRun], int]:
                 locked = await conn.fetch(
-                    "SELECT name, assets, mode, max_events, max_tries FROM "
-                    f"{self._prefix}tasks WHERE NOT paused AND name = ANY($1::text[]) "
-                    "ORDER BY name FOR UPDATE",
+                    "SELECT name, assets, mode, max_events, max_tries, paused, batch_window, "
+                    f"max_active_runs, removed_at FROM {self._prefix}tasks "
+                    "WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE",
                     names,
                 )
                 n = 0
                 for row in locked:
-                    spec = TaskSpec(row[0], tuple(row[1]), row[2], row[3], row[4])
-                    n += len(await self._create(conn, spec, create, horizon))
+                    spec = self._steps.task_spec(row)
+                    if spec is not None:  # not paused or removed meanwhile
+                        job = create_runs(self._steps, spec, create, horizon)
+                        n += len(await self._in(conn, job))
                 if len(more) >= wanted:
                     return [], n
                 runs = (await self._claim(conn.fetch, owner, wanted - len(more), span, tasks))[1]
@@ -312,36 +243,3 @@ class PostgresTasks(PostgresRunListing, PostgresRuns):
             runs, n = await self._transact("creating and claiming runs", create_and_claim)
             more, made = more + runs, made + n
         return RunStep(finished, (*claimed, *more), made)
-
-    async def _aget_run(self, run_id: int) -> TaskRun:
-
-        async def get(conn: Any) -> list[TaskRun]:
-            return await self._runs_with_events(conn, [run_id])
-
-        found = await self._transact("reading a run", get)
-        if not found:
-            raise RunNotFoundError(run_id)
-        return found[0]
-
-    async def _aretry_run(self, run_id: int) -> TaskRun:
-        p = self._prefix
-
-        async def retry(conn: Any) -> TaskRun:
-            state = await conn.fetchval(
-                f"SELECT state FROM {p}task_runs WHERE id = $1 FOR UPDATE", run_id
-            )
-            if state is None:
-                raise RunNotFoundError(run_id)
-            if state != "failed":
-                raise RunStateError(run_id, state, "only a failed run can be retried")
-            await conn.execute(
-                f"UPDATE {p}task_runs SET state = 'queued', max_tries = failures + 1, "
-                "not_before = NULL, finished_at = NULL, updated_at = $2, "
-                "lost_tries = least(lost_tries, $3) WHERE id = $1",
-                run_id,
-                self.clock(),
-                MAX_LOST_TRIES - 1,
-            )
-            return (await self._runs_with_events(conn, [run_id]))[0]
-
-        return await self._transact("retrying a run", retry)

@@ -13,7 +13,7 @@ dialect for each database where the SQL must differ.
 - The drivers, each with its statements and jobs: :mod:`.leases` (node and trigger leases),
   :mod:`.controls` (watcher controls, API tokens), :mod:`.status` (trigger and daemon status),
   :mod:`.gc` (garbage collection), :mod:`.tasks` (event consumers and task specs),
-  :mod:`.logs` (the logs kept with each run).
+  :mod:`.logs` (the logs kept with each run), :mod:`.runs` and :mod:`.run_steps` (runs of tasks).
 
 What stays with each database is how a job runs: SQLite's executor is the group-commit
 writer's transaction (:func:`watchkeeper.store.sqlite.executor.run_job`); PostgreSQL's is a
@@ -25,6 +25,7 @@ from .gc import SqlGc
 from .leases import SqlLeases
 from .logs import SqlLogs
 from .migrations import Migrations, migrate
+from .runs import SqlRuns
 from .status import SqlStatus
 from .tasks import SqlTaskSpecs
 
@@ -34,6 +35,7 @@ __all__ = [
     "SqlGc",
     "SqlLeases",
     "SqlLogs",
+    "SqlRuns",
     "SqlStatus",
     "SqlTaskSpecs",
     "migrate",

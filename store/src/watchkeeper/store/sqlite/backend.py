@@ -70,7 +70,7 @@ from ..errors import (
     InvalidSettingError,
     StoreClosedError,
 )
-from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlStatus, SqlTaskSpecs
+from ..sql import SqlControls, SqlGc, SqlLeases, SqlLogs, SqlRuns, SqlStatus, SqlTaskSpecs
 from . import leases, meta, ops
 from .controls import SqliteControls
 from .events import COMMIT_BATCH, EVENT_COMMITS
@@ -115,7 +115,7 @@ class SqliteStateBackend(BaseStateBackend):
         super().__init__(max_value_bytes=max_value_bytes, max_payload_bytes=max_payload_bytes)
         tasks, controls = SqliteTasks(self), SqliteControls(self)
         self.services = builtin_services(
-            self, events=self, feed=controls, tasks=SqlTaskSpecs(SqliteRunner(self)), runs=tasks,
+            self, events=self, feed=controls, tasks=SqlTaskSpecs(SqliteRunner(self)), runs=SqlRuns(SqliteRunner(self), tasks),
             leases=SqlLeases(SqliteRunner(self)),
             controls=SqlControls(SqliteRunner(self)),
             status=SqlStatus(SqliteRunner(self)), gc=SqlGc(SqliteRunner(self)), keepalive=self,

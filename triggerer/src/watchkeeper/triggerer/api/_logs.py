@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import anyio
 from starlette.requests import Request
@@ -28,14 +27,14 @@ from starlette.responses import JSONResponse, Response
 from watchkeeper.store import LogChunk, RunNotFoundError, StoreUnavailableError
 from watchkeeper.store.protocols import RunLogs, TaskRun
 
-from .._core import iso
+from .._core import log_record
 from ._base import MAX_PAGE, ApiContext, ApiError, authenticate, ctx_of, int_param, require
 from ._events import SSE_KEEPALIVE, LiveStream, token_holds
 from ._parse import parse_int
 from ._scoping import may_read_logs
 from ._tokens import Principal
 
-__all__ = ["LOG_BATCH", "STATE_EVERY", "chunk_json", "run_logs"]
+__all__ = ["LOG_BATCH", "STATE_EVERY", "run_logs"]
 
 LOG_BATCH = 1000
 """Chunks per read of the store, and the default page of the JSON answer."""
@@ -45,17 +44,6 @@ STATE_EVERY = 1.0
 read with its events costs more than a read of its newest chunks)."""
 
 _FINAL = ("success", "failed")
-
-
-def chunk_json(chunk: LogChunk) -> dict[str, Any]:
-    """One chunk as the API answers it."""
-    return {
-        "seq": chunk.seq,
-        "try": chunk.try_number,
-        "stream": chunk.stream,
-        "text": chunk.text,
-        "at": iso(chunk.created_at),
-    }
 
 
 def _follow(request: Request) -> bool:
@@ -111,7 +99,7 @@ async def run_logs(request: Request) -> Response:
             "run_id": run_id,
             "state": run.state,
             "try_number": run.try_number,
-            "chunks": [chunk_json(c) for c in page],
+            "chunks": [log_record(c) for c in page],
             "next_after": page[-1].seq if page else after,
             "more": len(chunks) > limit,
         }
@@ -121,7 +109,7 @@ async def run_logs(request: Request) -> Response:
 def _frames(chunks: Sequence[LogChunk]) -> bytes:
     """One ``log`` frame per chunk (its JSON is one line: a frame never holds a blank line)."""
     parts = [
-        f"id: {c.seq}\nevent: log\ndata: {json.dumps(chunk_json(c), separators=(',', ':'))}\n\n"
+        f"id: {c.seq}\nevent: log\ndata: {json.dumps(log_record(c), separators=(',', ':'))}\n\n"
         for c in chunks
     ]
     return "".join(parts).encode()

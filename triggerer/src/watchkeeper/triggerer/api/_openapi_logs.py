@@ -10,7 +10,7 @@ from watchkeeper.store import MAX_BIGINT
 
 from ._base import MAX_PAGE
 from ._logs import LOG_BATCH
-from ._schemas import BOOL, INT, STR, array, nullable, obj, ref
+from ._schemas import BOOL, INT, STR, array, obj, ref
 
 __all__ = ["LOG_SCHEMAS", "log_paths"]
 
@@ -20,11 +20,12 @@ _POSITION = {"type": "integer", "minimum": 0, "maximum": MAX_BIGINT}
 LOG_SCHEMAS: dict[str, Any] = {
     "LogChunk": obj(
         {
+            "run_id": INT,
+            "try_number": INT,
             "seq": INT,
-            "try": INT,
             "stream": {"type": "string", "enum": ["stdout", "stderr", "log"]},
             "text": STR,
-            "at": nullable("string"),
+            "created_at": STR,
         }
     ),
     "LogPage": obj(

@@ -529,7 +529,7 @@ function logBlock(logs, tryNumber) {
 function appendChunk(logs, chunk) {
   if (chunk.seq <= logs.after) return; // already shown by an earlier refresh
   logs.after = chunk.seq;
-  const pre = logBlock(logs, chunk.try);
+  const pre = logBlock(logs, chunk.try_number);
   const follow = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   const span = document.createElement("span");
   span.className = "stream-" + chunk.stream;
