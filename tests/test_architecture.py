@@ -155,6 +155,29 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+BACKEND_CLASSES = frozenset({"MemoryStateBackend", "SqliteStateBackend", "PostgresStateBackend"})
+
+
+def _backend_probes(source: str) -> list[int]:
+    """The lines of ``source`` that call ``isinstance`` with a built-in backend class."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            named = {
+                n.id if isinstance(n, ast.Name) else n.attr
+                for n in ast.walk(node.args[1])
+                if isinstance(n, ast.Name | ast.Attribute)
+            }
+            if named & BACKEND_CLASSES:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
 class TestLayout:
     def test_the_source_tree_was_found(self) -> None:
         """The walk sees each part's package and its private modules (the rules below would
@@ -199,6 +222,28 @@ class TestLayout:
             and "return self  # type: ignore" in module.path.read_text(encoding="utf-8")
         ]
         assert reaching == []
+
+    def test_no_module_outside_the_store_probes_a_backend_class(self) -> None:
+        """Outside the store, no module calls ``isinstance`` on a built-in backend class: what
+        a caller needs to know of a store is a capability the store offers every backend."""
+        probing = [
+            f"{name}:{line}"
+            for name, module in MODULES.items()
+            if module.part != "store"
+            for line in _backend_probes(module.path.read_text(encoding="utf-8"))
+        ]
+        assert probing == []
+
+    def test_backend_probe_finder_finds_one(self) -> None:
+        """The finder sees a probe by name, by attribute, in a tuple and in a union."""
+        source = (
+            "isinstance(b, SqliteStateBackend)\n"
+            "isinstance(b, store.PostgresStateBackend)\n"
+            "isinstance(b, (int, MemoryStateBackend))\n"
+            "isinstance(b, int | SqliteStateBackend)\n"
+            "isinstance(b, BaseStateBackend)\n"
+        )
+        assert _backend_probes(source) == [1, 2, 3, 4]
 
     def test_cycle_finder_finds_a_cycle(self) -> None:
         """The cycle finder reports a cycle it is given (so an empty answer means something)."""

@@ -9,13 +9,16 @@ and the page's excerpt of a ready-made watcher calls only what that watcher's mo
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from watchkeeper.triggerer.cli import build_parser
 
 from tests.e2e.test_readme import (
     GUIDES,
@@ -149,6 +152,22 @@ class TestCommands:
         if path == README:
             assert len(quoted) >= 3  # the check sees the README's quotes
 
+    def test_the_command_line_page_names_every_command_and_option(self) -> None:
+        """docs/command-line.md has a line for every command of the CLI's parser (the
+        installed distributions' commands too, such as ``airflow relay``) naming each of its
+        long options."""
+        missing = [
+            f"{' '.join(path)}{': ' + ', '.join(gaps) if gaps else ''}"
+            for path, gaps in _command_line_gaps((REPO / "docs" / "command-line.md").read_text())
+        ]
+        assert missing == []
+
+    def test_the_command_line_check_bites(self) -> None:
+        """A page without a command, or without one of its options, is reported."""
+        gaps = dict(_command_line_gaps("```console\nwatchkeeper runs retry RUN_ID\n```\n"))
+        assert gaps[("runs", "retry")] == ["--task", "--state"]
+        assert gaps[("runs", "list")] is None
+
     def test_the_checker_refuses_a_missing_option(self) -> None:
         """A quoted command with an option the parser lacks is a problem (the check bites)."""
         (problem,) = check_watchkeeper_command(["up", "--bind", "0.0.0.0"])
@@ -164,3 +183,51 @@ class TestPaths:
         assert missing == []
         if path.name == "testing.md":
             assert "examples/testing/my_watcher.py" in quoted  # the check sees the quotes
+
+
+def _command_line_gaps(page: str) -> list[tuple[tuple[str, ...], list[str] | None]]:
+    """Each command of the CLI's parser the console blocks of ``page`` leave out (None), or
+    the long options of it no line of that command names."""
+    lines: list[str] = []
+    for block in read_blocks(page):
+        if block.language != "console":
+            continue
+        for line in block.text.splitlines():
+            if line.startswith("watchkeeper "):
+                lines.append(line)
+            elif lines and line.startswith(" "):  # a comment carried to the next line
+                lines[-1] += line
+    gaps: list[tuple[tuple[str, ...], list[str] | None]] = []
+    for path, parser in _leaf_commands(build_parser(), ()):
+        top, rest = path[0], path[1:]
+        found = [
+            part
+            for words in (line.split() for line in lines)
+            if words[1] == top
+            for part in " ".join(words[2:]).split(" | ")
+            if not rest or part.split()[:1] == list(rest)
+        ]
+        options = [
+            option
+            for action in parser._actions
+            for option in action.option_strings
+            if option.startswith("--") and option not in {"--help", "--config"}
+        ]
+        if not found:
+            gaps.append((path, None))
+            continue
+        absent = [o for o in options if not any(re.search(rf"{o}\b", f) for f in found)]
+        if absent:
+            gaps.append((path, absent))
+    return gaps
+
+
+def _leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...]
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield path, parser
+    for action in subcommands:
+        for name, sub in action.choices.items():
+            yield from _leaf_commands(sub, (*path, name))

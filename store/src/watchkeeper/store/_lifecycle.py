@@ -57,6 +57,13 @@ class Lifecycle:
     def is_open(self) -> bool:
         return self._open
 
+    def missing_database(self) -> str | None:
+        """Where this store would keep its data, when that is not there yet and opening the
+        store would create it empty (a SQLite file); None otherwise (the file is there, or
+        the data lives in memory or on a server). A command that only reads can then say
+        that nothing ran there, instead of leaving an empty database behind."""
+        return None
+
     async def _aopen(self, task_group: anyio.abc.TaskGroup) -> None:
         """Open connections, apply migrations; start background tasks in ``task_group``."""
 

@@ -169,6 +169,10 @@ class WorkerSettings(_LeasedSection):
     """Bytes of output (stdout, stderr, log records) each try keeps with its run: past it, the
     oldest go and the tail is kept. 0: no logs are kept, a task's output goes to the worker's
     own streams."""
+    reload_interval: PositiveSeconds = DEFAULT_RELOAD_INTERVAL
+    """Seconds between two scans of the definition files for changed tasks (``watchkeeper
+    worker`` and ``up``): a changed task's code applies to the runs claimed after the reload,
+    a task gone from the files gets no new runs."""
 
 
 class HookSettings(_Section):

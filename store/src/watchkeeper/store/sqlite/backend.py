@@ -150,6 +150,9 @@ class SqliteStateBackend(BaseStateBackend):
     def _describe(self) -> str:
         return f"path={self.path}"
 
+    def missing_database(self) -> str | None:
+        return None if os.path.isfile(self.path) else self.path
+
     @property
     def commit_stats(self) -> CommitStats:
         """How many transactions (batches) the writer committed for how many writes."""

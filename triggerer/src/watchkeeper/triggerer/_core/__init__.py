@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._logging import configure_logging, kept_logging
     from ._notify import notify
     from ._records import event_record, iso, log_record, run_record, task_record
+    from ._runs import retry_failed_runs
     from ._service import AsyncService
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "lease_lost",
     "log_record",
     "notify",
+    "retry_failed_runs",
     "run_record",
     "task_record",
     "uses_uvloop",
@@ -51,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "._notify": ("notify",),
     "._service": ("AsyncService",),
     "._records": ("event_record", "iso", "log_record", "run_record", "task_record"),
+    "._runs": ("retry_failed_runs",),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

@@ -38,6 +38,8 @@ def task_record(info: TaskInfo) -> dict[str, Any]:
         "max_events": spec.max_events,
         "max_tries": spec.max_tries,
         "paused": info.paused,
+        "removed": info.removed,
+        "removed_at": iso(info.removed_at),
         "pending": {asset: info.pending.get(asset, 0) for asset in spec.assets},
         "cursors": {asset: info.cursors.get(asset, 0) for asset in spec.assets},
     }

@@ -39,7 +39,16 @@ from ._hooks import receive_hook
 from ._logs import run_logs
 from ._page import page
 from ._parse import PathSegments
-from ._tasks import list_runs, list_tasks, retry_run, rewind_task, run_detail, task_control
+from ._tasks import (
+    delete_task,
+    list_runs,
+    list_tasks,
+    retry_run,
+    retry_task_runs,
+    rewind_task,
+    run_detail,
+    task_control,
+)
 from ._views import asset_graph, watcher_history
 from ._watchers import control, list_daemons, list_watchers
 
@@ -112,9 +121,11 @@ def create_app(ctx: ApiContext) -> Starlette:
         Route(f"{v1}/watchers/{{name}}/retry", control("retry"), methods=["POST"]),
         Route(f"{v1}/daemons", list_daemons),
         Route(f"{v1}/tasks", list_tasks),
+        Route(f"{v1}/tasks/{{name}}", delete_task, methods=["DELETE"]),
         Route(f"{v1}/tasks/{{name}}/pause", task_control("pause"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/resume", task_control("resume"), methods=["POST"]),
         Route(f"{v1}/tasks/{{name}}/rewind", rewind_task, methods=["POST"]),
+        Route(f"{v1}/tasks/{{name}}/retry", retry_task_runs, methods=["POST"]),
         Route(f"{v1}/runs", list_runs),
         Route(f"{v1}/runs/{{run_id}}", run_detail),
         Route(f"{v1}/runs/{{run_id}}/retry", retry_run, methods=["POST"]),

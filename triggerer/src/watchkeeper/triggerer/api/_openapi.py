@@ -336,7 +336,7 @@ def _watcher_paths() -> dict[str, Any]:
 
 
 def _task_paths() -> dict[str, Any]:
-    """The tasks, their controls and their rewind."""
+    """The tasks: their controls, rewind, deletion and the retry of their failed runs."""
     task: dict[str, Any] = {
         "parameters": [_NAME],
         "responses": {
@@ -352,8 +352,36 @@ def _task_paths() -> dict[str, Any]:
                 {"200": _json("tasks", ref("Tasks"))},
             )
         },
+        "/api/v1/tasks/{name}": {
+            "delete": _op(
+                "forget a task: its cursors and pending events; its runs kept (needs operate)",
+                {
+                    "204": {"description": "deleted"},
+                    "404": _error("no such task"),
+                    "409": _error("a run of the task is running: nothing changed"),
+                },
+                bad=True,
+                parameters=[_NAME],
+            )
+        },
         "/api/v1/tasks/{name}/pause": {"post": _op("pause a task (needs operate)", **task)},
         "/api/v1/tasks/{name}/resume": {"post": _op("resume a task (needs operate)", **task)},
+        "/api/v1/tasks/{name}/retry": {
+            "post": _op(
+                "queue every failed run of a task for one more try, oldest first (needs operate)",
+                {"202": _json("the runs queued", ref("TaskRetry")), "404": _error("no such task")},
+                bad=True,
+                parameters=[
+                    _NAME,
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "description": "the runs to retry: only failed runs can be (absent: failed)",
+                        "schema": {"type": "string", "enum": ["failed"]},
+                    },
+                ],
+            )
+        },
         "/api/v1/tasks/{name}/rewind": {
             "post": _op(
                 "redeliver a scheduled asset's events from an id on (needs operate); a "

@@ -155,11 +155,16 @@ SCHEMAS: dict[str, Any] = {
             "max_events": nullable("integer"),
             "max_tries": INT,
             "paused": BOOL,
+            "removed": {**BOOL, "description": "the definitions no longer declare the task"},
+            "removed_at": nullable("string"),
             "pending": {"type": "object", "additionalProperties": INT},
             "cursors": {"type": "object", "additionalProperties": INT},
         }
     ),
     "Tasks": obj({"tasks": array(ref("Task")), "may_operate": BOOL}),
+    "TaskRetry": obj(
+        {"task": STR, "retried": {**array(INT), "description": "run ids, oldest first"}}
+    ),
     "Run": obj(
         {
             "id": INT,

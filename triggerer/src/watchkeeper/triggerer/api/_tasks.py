@@ -1,4 +1,5 @@
-"""Tasks (list, pause, resume) and runs (list, detail, retry)."""
+"""Tasks (list, pause, resume, rewind, delete, retry of their failed runs) and runs (list,
+detail, retry)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ from watchkeeper.store import (
 )
 from watchkeeper.store.protocols import RUN_STATES, Writer, get_logger
 
-from .._core import task_record
+from .._core import retry_failed_runs, task_record
 from ._base import MAX_PAGE, ApiError, authenticate, ctx_of, int_param, require
 from ._parse import parse_int, path_param
 from ._scoping import run_json
 from ._tokens import Principal
 
-__all__ = ["list_runs", "list_tasks", "retry_run", "rewind_task", "run_detail", "task_control"]
+__all__ = [
+    "delete_task",
+    "list_runs",
+    "list_tasks",
+    "retry_run",
+    "retry_task_runs",
+    "rewind_task",
+    "run_detail",
+    "task_control",
+]
 
 log = get_logger(__name__)
 
@@ -137,3 +147,42 @@ async def retry_run(request: Request) -> Response:
         raise ApiError(409, "conflict", str(exc)) from None
     log.info("run_control", run=run_id, action="retry", by=principal.writer_name)
     return JSONResponse(run_json(run, principal), status_code=202)
+
+
+async def retry_task_runs(request: Request) -> Response:
+    """``POST /tasks/{name}/retry?state=failed``: every failed run of the task queued for one
+    more try, oldest first (as ``watchkeeper runs retry --task NAME``); 202 with their ids.
+    Only failed runs can be retried, so ``state`` is ``failed`` or absent."""
+    principal = await authenticate(request)
+    require(principal.can_operate(), principal, "retry runs (needs operate)")
+    name = path_param(request, "name")
+    state = request.query_params.get("state", "failed")
+    if state != "failed":
+        raise ApiError(
+            400,
+            "bad_request",
+            f"state must be failed (only failed runs can be retried), got {state!r}",
+        )
+    try:
+        retried = await retry_failed_runs(ctx_of(request).tasks, name)
+    except TaskNotFoundError:
+        raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
+    log.info("task_control", task=name, action="retry", runs=len(retried), by=principal.writer_name)
+    return JSONResponse({"task": name, "retried": retried}, status_code=202)
+
+
+async def delete_task(request: Request) -> Response:
+    """``DELETE /tasks/{name}``: forget a task for good, its cursors and pending events (as
+    ``watchkeeper tasks delete``); its runs stay until retention. 409 while a run of it is
+    running (nothing changed)."""
+    principal = await authenticate(request)
+    require(principal.can_operate(), principal, "delete tasks (needs operate)")
+    name = path_param(request, "name")
+    try:
+        await ctx_of(request).tasks.adelete_task(name)
+    except TaskNotFoundError:
+        raise ApiError(404, "not_found", f"no task named {name!r} is registered") from None
+    except RunStateError as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    log.info("task_control", task=name, action="delete", by=principal.writer_name)
+    return Response(status_code=204)

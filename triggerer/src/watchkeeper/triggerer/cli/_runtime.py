@@ -285,14 +285,11 @@ def _status_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from watchkeeper.store import SqliteStateBackend
-
     backend = open_backend(settings)
-    if isinstance(backend, SqliteStateBackend) and not Path(backend.path).is_file():
+    missing = backend.missing_database()
+    if missing is not None:
         # Opening it would create an empty database: say instead that nothing ran there.
-        raise CommandError(
-            f"no database at {backend.path} (has a daemon run with this [database] url?)"
-        )
+        raise CommandError(f"no database at {missing} (has a daemon run with this [database] url?)")
 
     async def read() -> dict[str, Any]:
         async with backend:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from .._core import iso, run_record, task_record
+from .._core import iso, retry_failed_runs, run_record, task_record
 from ._api import api_options, with_api_options
 from ._common import (
     PROG,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from watchkeeper.store.protocols import TaskQueue
 
     from ..settings import ApiSettings, Settings
-    from ..worker import AssetTask
+    from ..worker import AssetTask, TaskFiles
 
     Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -56,8 +56,9 @@ def _queue(backend: BaseStateBackend) -> TaskQueue:
     return queue
 
 
-def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
-    from ..worker import load_tasks
+def _load_tasks(settings: Settings) -> tuple[tuple[AssetTask, ...], TaskFiles]:
+    """The tasks of the definition files, and the files, for the worker to follow."""
+    from ..worker import TaskFiles
 
     path = Path(settings.triggerer.watchers_path)
     if not path.is_dir():
@@ -65,8 +66,9 @@ def _load_tasks(settings: Settings) -> tuple[AssetTask, ...]:
             f"watchers path {str(path)!r} is not a directory "
             "(use --watchers-path or [triggerer] watchers_path)"
         )
-    tasks, _ = load_tasks(path)  # refusals are logged
-    return tasks
+    files = TaskFiles(path, import_timeout=settings.triggerer.import_timeout)
+    load = files.load()  # refusals are logged
+    return tuple(load.tasks.values()), files
 
 
 # -- watchkeeper worker / up ---------------------------------------------------------------------
@@ -77,7 +79,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from ..worker import configure_connections, run_worker
 
     settings = with_triggerer_options(settings, args)
-    tasks = _load_tasks(settings)
+    tasks, files = _load_tasks(settings)
     if not tasks:
         raise UsageError(
             f"no asset_task is defined under {str(settings.triggerer.watchers_path)!r}"
@@ -93,6 +95,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
                 settings.worker,
                 stop_grace=settings.triggerer.stop_grace,
                 process_settings=settings,
+                files=files,
             )
 
     try:
@@ -102,11 +105,14 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
+async def run_up(
+    settings: Settings, tasks: tuple[AssetTask, ...], files: TaskFiles | None = None
+) -> None:
     """A triggerer and a worker on one store until SIGTERM or SIGINT; both stop cleanly.
 
     The tasks are declared before the triggerer starts, so no event its watchers commit
-    comes before a task's cursor. With ``[api] enabled`` the HTTP API is served in the same
+    comes before a task's cursor. The worker follows ``files`` (the definition files the
+    tasks came from), when given. With ``[api] enabled`` the HTTP API is served in the same
     task group, as ``watchkeeper triggerer`` does; it stops with the worker.
     """
     import anyio
@@ -124,7 +130,7 @@ async def run_up(settings: Settings, tasks: tuple[AssetTask, ...]) -> None:
     configure_connections(backend, settings.worker, "watchkeeper up")
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
         async with backend:
-            worker = Worker(backend, tasks, process_settings=settings)
+            worker = Worker(backend, tasks, process_settings=settings, files=files)
             await worker.declare()
             async with (
                 Daemon(settings, backend=backend, tune_gc=True) as daemon,
@@ -164,10 +170,11 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = with_triggerer_options(settings, args)
     settings = with_api_options(settings, args)
-    tasks = _load_tasks(settings)
+    tasks, files = _load_tasks(settings)
     try:
         run_async(
-            functools.partial(run_up, settings, tasks), event_loop=settings.triggerer.event_loop
+            functools.partial(run_up, settings, tasks, files),
+            event_loop=settings.triggerer.event_loop,
         )
     finally:
         unload_watchers()
@@ -184,12 +191,15 @@ async def _tasks_list(backend: BaseStateBackend, args: argparse.Namespace, _: Se
     empty = "no tasks registered (a worker registers its tasks when it starts)"
     if emit_listing(infos, args.json, task_record, empty):
         return 0
-    table = PlainTable("task", "schedule", "pending", "paused", title="tasks")
+    table = PlainTable("task", "schedule", "pending", "paused", "removed", title="tasks")
     for info in infos:
         names = ", ".join(info.spec.assets)
         schedule = f"AnyOf({names})" if info.spec.mode == "any" else f"[{names}]"
         pending = " ".join(f"{a}={n}" for a, n in info.pending.items())
-        table.add_row(info.name, schedule, pending, "yes" if info.paused else "no")
+        table.add_row(
+            info.name, schedule, pending, "yes" if info.paused else "no",
+            "yes" if info.removed else "no",
+        )  # fmt: skip
     console().print(table)
     return 0
 
@@ -199,6 +209,39 @@ async def _tasks_pause(backend: BaseStateBackend, args: argparse.Namespace, _: S
     await _queue(backend).aset_task_paused(args.name, paused)
     emit(f"task {args.name!r} {'paused' if paused else 'resumed'}")
     return 0
+
+
+async def _tasks_delete(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
+    from watchkeeper.store import TaskNotFoundError
+
+    queue = _queue(backend)
+    if args.name not in {info.name for info in await queue.alist_tasks()}:
+        raise CommandError(f"no task named {args.name!r}")
+    if not args.yes:
+        await _confirm(
+            f"forget task {args.name!r} for good (its cursors and pending events; its runs "
+            "are kept until retention)"
+        )
+    try:
+        await queue.adelete_task(args.name)
+    except TaskNotFoundError:  # deleted meanwhile
+        raise CommandError(f"no task named {args.name!r}") from None
+    emit(f"task {args.name!r} deleted (its runs are kept until retention)")
+    return 0
+
+
+async def _confirm(what: str) -> None:
+    """Ask on the terminal whether to ``what``; anything but yes changes nothing. Without a
+    terminal to ask on, the command is refused: a script says ``--yes``."""
+    import anyio.to_thread
+
+    if not sys.stdin.isatty():
+        raise UsageError(f"not deleted: confirm on a terminal, or pass --yes to {what}")
+    sys.stderr.write(f"{PROG}: {what}? [y/N] ")
+    sys.stderr.flush()
+    answer = await anyio.to_thread.run_sync(sys.stdin.readline)
+    if answer.strip().lower() not in {"y", "yes"}:
+        raise CommandError("not deleted")
 
 
 async def _tasks_rewind(backend: BaseStateBackend, args: argparse.Namespace, _: Settings) -> int:
@@ -258,17 +301,13 @@ async def _runs_retry(backend: BaseStateBackend, args: argparse.Namespace, _: Se
         run = await queue.aretry_run(args.run_id)
         emit(f"run {run.id} queued for try {run.try_number + 1}")
         return 0
-    if args.task not in {t.name for t in await queue.alist_tasks()}:
-        raise CommandError(f"no task named {args.task!r}")
-    # The failed runs first (retrying moves each out of the listing), then one more try each.
-    failed: list[int] = []
-    before = None
-    while page := await queue.alist_runs(task=args.task, state="failed", limit=500, before=before):
-        failed += [run.id for run in page]
-        before = page[-1].id
-    for run_id in sorted(failed):
-        await queue.aretry_run(run_id)
-    emit(f"task {args.task!r}: {len(failed)} failed run(s) queued for one more try")
+    from watchkeeper.store import TaskNotFoundError
+
+    try:
+        retried = await retry_failed_runs(queue, args.task)
+    except TaskNotFoundError:
+        raise CommandError(f"no task named {args.task!r}") from None
+    emit(f"task {args.task!r}: {len(retried)} failed run(s) queued for one more try")
     return 0
 
 
@@ -308,6 +347,12 @@ def register(subparsers: Subparsers) -> None:
         action = actions.add_parser(name, help=text)
         action.add_argument("name", metavar="NAME")
         action.set_defaults(handler=store_handler(_tasks_pause))
+    delete = actions.add_parser(
+        "delete", help="forget a task for good: its cursors and pending events (runs are kept)"
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(handler=store_handler(_tasks_delete))
     rewind = actions.add_parser("rewind", help="redeliver past events of one asset to a task")
     rewind.add_argument("name", metavar="NAME")
     rewind.add_argument("--asset", required=True, metavar="A", help="a scheduled asset")

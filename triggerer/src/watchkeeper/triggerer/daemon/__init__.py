@@ -18,17 +18,27 @@ from .._core import lazy_exports
 if TYPE_CHECKING:
     from ._controls import ControlsTracker, WatcherRow, controls_of, unknown_watcher, watcher_rows
     from ._daemon import DEFAULT_RELOAD_INTERVAL, Daemon, ReloadReport
+    from ._evaluate import evaluate_files
     from ._identity import canonical_trigger_json, rebuild_trigger, watcher_trigger_id
     from ._leases import daemon_identity, is_dead_local_owner
     from ._loader import LoadResult, WatcherGroup
     from ._process import run_daemon, start_api
     from ._report import daemon_report
-    from ._watcher_files import WatcherError, import_definition_files, unload_watchers
+    from ._watcher_files import (
+        FileDefinitions,
+        FileReads,
+        WatcherError,
+        import_definition_files,
+        scan_watchers_path,
+        unload_watchers,
+    )
 
 __all__ = [
     "DEFAULT_RELOAD_INTERVAL",
     "ControlsTracker",
     "Daemon",
+    "FileDefinitions",
+    "FileReads",
     "LoadResult",
     "ReloadReport",
     "WatcherError",
@@ -38,10 +48,12 @@ __all__ = [
     "controls_of",
     "daemon_identity",
     "daemon_report",
+    "evaluate_files",
     "import_definition_files",
     "is_dead_local_owner",
     "rebuild_trigger",
     "run_daemon",
+    "scan_watchers_path",
     "start_api",
     "unknown_watcher",
     "unload_watchers",
@@ -58,12 +70,20 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "watcher_rows",
     ),
     "._daemon": ("DEFAULT_RELOAD_INTERVAL", "Daemon", "ReloadReport"),
+    "._evaluate": ("evaluate_files",),
     "._identity": ("canonical_trigger_json", "rebuild_trigger", "watcher_trigger_id"),
     "._leases": ("daemon_identity", "is_dead_local_owner"),
     "._loader": ("LoadResult", "WatcherGroup"),
     "._process": ("run_daemon", "start_api"),
     "._report": ("daemon_report",),
-    "._watcher_files": ("WatcherError", "import_definition_files", "unload_watchers"),
+    "._watcher_files": (
+        "FileDefinitions",
+        "FileReads",
+        "WatcherError",
+        "import_definition_files",
+        "scan_watchers_path",
+        "unload_watchers",
+    ),
 }
 
 if not TYPE_CHECKING:  # type checkers read the imports above

@@ -27,7 +27,7 @@ import threading
 import traceback
 import types
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -342,6 +342,20 @@ class WatcherModules:
             sys.meta_path.insert(at, self._finder)
         importlib.invalidate_caches()
 
+    def drop(self, path: Path, files: Collection[str]) -> None:
+        """Forget the modules of ``files`` (relative to ``path``, under whatever name they
+        were imported) and keep the others of the path; a full :meth:`reset` when the
+        package does not point at ``path`` now. Call with :attr:`lock` held."""
+        package = sys.modules.get(PACKAGE)
+        if package is None or list(getattr(package, "__path__", ())) != [str(path)]:
+            self.reset(path)
+            return
+        doomed = {str(path / rel) for rel in files}
+        for name, module in list(sys.modules.items()):
+            if getattr(module, "__file__", None) in doomed:
+                del sys.modules[name]
+        importlib.invalidate_caches()
+
 
 MODULES = WatcherModules()
 """The one :class:`WatcherModules` of this process (``sys.modules`` is the process's)."""
@@ -379,15 +393,24 @@ def raised_at(root: Path, exc: BaseException) -> str:
 
 
 def import_definition_files(
-    path: Path,
+    path: Path, files: Collection[str] | None = None, *, forget: Collection[str] = ()
 ) -> list[tuple[str, types.ModuleType | None, WatcherError | None]]:
     """Import every definition file under ``path`` (in path order) into the watchers' package,
     as a load does: ``(relative path, module, None)`` for each file that imported, ``(relative
-    path, None, refusal)`` for each that did not. Blocking (it runs the files' code)."""
+    path, None, refusal)`` for each that did not. Blocking (it runs the files' code).
+
+    With ``files`` (relative paths), a reload of what changed: only their modules, and those
+    of the files in ``forget`` (gone, say), are forgotten and only ``files`` are imported
+    again; every other module of the path stays as imported (see :meth:`WatcherModules.drop`).
+    """
     found: list[tuple[str, types.ModuleType | None, WatcherError | None]] = []
     with MODULES.lock:
-        MODULES.reset(path)
-        for file in watcher_files(path):
+        if files is None:
+            MODULES.reset(path)
+        else:
+            MODULES.drop(path, {*files, *forget})
+        chosen = watcher_files(path) if files is None else sorted(path / rel for rel in files)
+        for file in chosen:
             module, error = _import_file(path, file)
             found.append((file.relative_to(path).as_posix(), module, error))
     return found

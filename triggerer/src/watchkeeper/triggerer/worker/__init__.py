@@ -1,6 +1,6 @@
 """The task worker (``watchkeeper worker``): :class:`Worker` driving the task queue,
 :func:`asset_task` and ``AnyOf`` (how a definition file declares a task), the loader that
-imports the tasks of the definition files, the outlet accessor a running task receives, and a
+imports the tasks of the definition files and follows them (:class:`TaskFiles`), the outlet accessor a running task receives, and a
 failed task's traceback. (``run_task`` and the task's context stay in the store: a task that
 only reads state needs nothing but ``watchkeeper-store``.)
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     )
     from ._isolation import IsolationUnavailableError
     from ._run import configure_connections, run_worker
+    from ._task_files import TaskFiles, TaskLoad
     from ._task_loader import load_tasks
     from ._worker import Worker
 
@@ -35,6 +36,8 @@ __all__ = [
     "OutletEventAccessor",
     "OutletEvents",
     "RunCallback",
+    "TaskFiles",
+    "TaskLoad",
     "Worker",
     "asset_task",
     "configure_connections",
@@ -52,6 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "asset_task",
     ),
     "._isolation": ("IsolationUnavailableError",),
+    "._task_files": ("TaskFiles", "TaskLoad"),
     "._task_loader": ("load_tasks",),
     "._run": ("configure_connections", "run_worker"),
     "._worker": ("Worker",),

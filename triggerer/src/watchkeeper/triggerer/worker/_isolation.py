@@ -12,7 +12,9 @@ try as failed with the child's exit status or signal; past ``execution_timeout``
 child (a sync try no longer keeps running in an abandoned thread); ``[worker]
 process_memory_limit_mb`` caps a child's address space (``RLIMIT_AS``), where the platform
 has it. A child that died, was killed or ran out of memory is replaced by a new one for the
-next try; a child whose worker died (its stdin closed) kills itself, even mid-try.
+next try; a child whose worker died (its stdin closed) kills itself, even mid-try. When the
+worker reloads its definition files, the pool is renewed: a child keeps the tasks it imported,
+so the idle ones end at once and the busy ones once their try is answered.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ class _Request:
 class _Child:
     """One child process and the two ends of its pipes the worker holds."""
 
-    def __init__(self, process: anyio.abc.Process) -> None:
+    def __init__(self, process: anyio.abc.Process, generation: int) -> None:
         self.process = process
+        self.generation = generation
         assert process.stdin is not None and process.stdout is not None
         self.requests = process.stdin
         self.answers = BufferedByteReceiveStream(process.stdout)
@@ -145,6 +148,7 @@ class ProcessPool:
         self._busy: set[_Child] = set()
         self._limit = anyio.Semaphore(size)
         self._closed = False
+        self._generation = 0
 
     async def run(
         self, task: AssetTask, run: TaskRun, time_limit: float | None
@@ -166,7 +170,7 @@ class ProcessPool:
                 return answer
             finally:
                 self._busy.discard(child)
-                if keep and not self._closed:
+                if keep and not self._closed and child.generation == self._generation:
                     self._idle.append(child)
                 else:
                     child.kill()
@@ -178,13 +182,21 @@ class ProcessPool:
         while len(self._idle) + len(self._busy) < self.size and not self._closed:
             async with self._limit:
                 child = await self._start()
-                if not self._keep(child):  # closed while the child started
+                if not self._keep(child):  # closed or renewed while the child started
                     await child.close()
                     return
 
+    async def renew(self) -> None:
+        """From now on, tries run in new children (which import the definition files as
+        they are now): the idle ones end, the busy ones after their try."""
+        self._generation += 1
+        idle, self._idle = self._idle, []
+        for child in idle:
+            await child.close()
+
     def _keep(self, child: _Child) -> bool:
         """Put a started ``child`` with the idle ones, unless the pool was closed meanwhile."""
-        if self._closed:
+        if self._closed or child.generation != self._generation:
             return False
         self._idle.append(child)
         return True
@@ -230,7 +242,7 @@ class ProcessPool:
             stderr=None,  # the worker's own stderr: the task's prints and the child's log
             env=env,
         )
-        child = _Child(process)
+        child = _Child(process, self._generation)
         await child.send(_Spec(self.settings, self.settings.worker.process_memory_limit_mb))
         return child
 

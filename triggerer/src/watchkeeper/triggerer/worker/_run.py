@@ -13,6 +13,7 @@ from watchkeeper.store.protocols import get_logger
 from .._core import notify
 from ..settings import Settings, WorkerSettings
 from ._asset_task import AssetTask
+from ._task_files import TaskFiles
 from ._worker import Worker
 
 __all__ = ["configure_connections", "run_worker"]
@@ -39,6 +40,7 @@ async def run_worker(
     stop_grace: float = 10.0,
     signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
     process_settings: Settings | None = None,
+    files: TaskFiles | None = None,
 ) -> None:
     """Run a :class:`Worker` on the opened ``backend`` until one of ``signals`` arrives, then
     stop claiming, give the runs in flight ``stop_grace`` seconds, and return.
@@ -50,8 +52,9 @@ async def run_worker(
     :param signals: the signals that stop the worker.
     :param process_settings: the whole configuration, for tasks run in child processes (see
         :class:`Worker`).
+    :param files: the definition files ``tasks`` came from, followed while the worker runs.
     """
-    worker = Worker(backend, tasks, settings, process_settings=process_settings)
+    worker = Worker(backend, tasks, settings, process_settings=process_settings, files=files)
     with anyio.open_signal_receiver(*signals) as received:
         async with anyio.create_task_group() as tg:
             await tg.start(worker.run)

@@ -9,6 +9,8 @@ reported and skipped; a task name defined by two files is kept in the first (pat
 
 from __future__ import annotations
 
+import types
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from watchkeeper.store.protocols import get_logger
@@ -16,9 +18,37 @@ from watchkeeper.store.protocols import get_logger
 from ..daemon import WatcherError, import_definition_files
 from ._asset_task import AssetTask
 
-__all__ = ["load_tasks"]
+__all__ = ["load_tasks", "merge_tasks", "module_tasks"]
 
 log = get_logger(__name__)
+
+
+def module_tasks(module: types.ModuleType) -> tuple[AssetTask, ...]:
+    """The :class:`AssetTask` objects ``module`` defines at its top level (each once, even
+    when bound to two names)."""
+    seen: dict[int, AssetTask] = {}
+    for value in vars(module).values():
+        if isinstance(value, AssetTask):
+            seen.setdefault(id(value), value)
+    return tuple(seen.values())
+
+
+def merge_tasks(
+    by_file: Iterable[tuple[str, Sequence[AssetTask]]],
+) -> tuple[dict[str, AssetTask], list[WatcherError]]:
+    """The tasks of several files (given in path order) by name, and the refusals of a name
+    defined again after its first definition."""
+    tasks: dict[str, AssetTask] = {}
+    where: dict[str, str] = {}
+    errors: list[WatcherError] = []
+    for rel, found in by_file:
+        for task in found:
+            if task.name in tasks:
+                reason = f"task {task.name!r} is already defined in {where[task.name]}"
+                errors.append(WatcherError(rel, None, reason))
+                continue
+            tasks[task.name], where[task.name] = task, rel
+    return tasks, errors
 
 
 def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherError, ...]]:
@@ -34,22 +64,12 @@ def load_tasks(path: Path | str) -> tuple[tuple[AssetTask, ...], tuple[WatcherEr
     root = Path(path).resolve()
     if not root.is_dir():
         raise NotADirectoryError(f"watchers path {str(root)!r} is not a directory")
-    tasks: dict[str, AssetTask] = {}
-    where: dict[str, str] = {}
-    errors: list[WatcherError] = []
-    for rel, module, error in import_definition_files(root):
-        if module is None:
-            assert error is not None
-            errors.append(error)
-            continue
-        for value in vars(module).values():
-            if not isinstance(value, AssetTask) or tasks.get(value.name) is value:
-                continue
-            if value.name in tasks:
-                reason = f"task {value.name!r} is already defined in {where[value.name]}"
-                errors.append(WatcherError(rel, None, reason))
-                continue
-            tasks[value.name], where[value.name] = value, rel
+    found = import_definition_files(root)
+    errors = [error for _, module, error in found if module is None and error is not None]
+    tasks, twice = merge_tasks(
+        (rel, module_tasks(module)) for rel, module, _ in found if module is not None
+    )
+    errors += twice
     for error in errors:
         log.warning("task_refused", file=error.file, reason=error.reason)
     return tuple(tasks[name] for name in sorted(tasks)), tuple(errors)

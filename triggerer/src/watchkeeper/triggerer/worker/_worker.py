@@ -59,6 +59,7 @@ from ._asset_task import AssetTask
 from ._callbacks import call_back
 from ._context import retry_delay_for, run_context
 from ._isolation import ChildResult, ProcessPool, process_pool_for
+from ._task_files import TaskFiles, TaskLoad
 from ._task_traceback import format_task_traceback
 from ._try_logs import TryLogs
 
@@ -101,6 +102,8 @@ class Worker:
         (``isolation="process"``): each child opens the store from it and finds the task's
         definition file under ``[triggerer] watchers_path``. Its ``[worker]`` section is used
         in place of ``settings``.
+    :param files: the definition files ``tasks`` were loaded from, to follow while running
+        (every ``[worker] reload_interval``); None: the tasks stay as given.
     :raises IsolationUnavailableError: a task runs in child processes and there are no
         ``process_settings``, or they name an in-memory store the children cannot share.
     """
@@ -113,6 +116,7 @@ class Worker:
         *,
         owner: str | None = None,
         process_settings: Settings | None = None,
+        files: TaskFiles | None = None,
     ) -> None:
         self.backend = backend
         self.queue: TaskQueue = backend.tasks
@@ -122,10 +126,11 @@ class Worker:
             settings = process_settings.worker
         self.settings = settings or WorkerSettings()
         self.owner = owner or daemon_identity()
-        self._isolated = {
-            task.name for task in tasks if (task.isolation or self.settings.isolation) == "process"
-        }
-        self._pool = process_pool_for(self._isolated, self.settings, process_settings)
+        self.files = files
+        self._process_settings = process_settings
+        self._gone: dict[str, AssetTask] = {}  # for the runs claimed before their task went
+        isolated = {name for name, task in self.tasks.items() if self._isolated(task)}
+        self._pool = process_pool_for(isolated, self.settings, process_settings)
         logs, cap = backend.services.logs, self.settings.log_max_bytes
         #: Each in-process try's output, kept with its run (a child keeps its own).
         self.try_logs = TryLogs(logs, max_bytes=cap) if logs is not None and cap else None
@@ -141,10 +146,7 @@ class Worker:
         # Runs created at once when too few are ready: a batch per slot round, not one each,
         # doubled while each creation fills (see _step).
         self._base_batch = self._batch = 4 * self.settings.concurrency
-        most = max((task.spec.max_events for task in self.tasks.values()), default=1)
-        self._max_batch = max(
-            self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most)
-        )
+        self._max_batch = self._max_batch_for(self.tasks)
         self.finished = 0
         self._log_starts = False
 
@@ -155,12 +157,58 @@ class Worker:
     def ttl(self) -> float:
         return self.settings.lease_seconds
 
+    def _isolated(self, task: AssetTask) -> bool:
+        return (task.isolation or self.settings.isolation) == "process"
+
+    def _max_batch_for(self, tasks: dict[str, AssetTask]) -> int:
+        most = max((task.spec.max_events for task in tasks.values()), default=1)
+        return max(self._base_batch, min(32 * self.settings.concurrency, _CREATE_EVENTS // most))
+
+    def _task_of(self, name: str) -> AssetTask:
+        """A run's code: its task's now, or its last one if it went after the run was claimed."""
+        return self.tasks.get(name) or self._gone[name]
+
+    async def apply_tasks(self, load: TaskLoad) -> None:
+        """Run the tasks of ``load`` from now on: the new and changed ones are declared, the
+        runs claimed from now on run their code, and a task no longer defined gets no new
+        run and is marked removed in the store (its pending events and cursor stay). A try
+        already running finishes with the code it started with."""
+        tasks = load.tasks
+        changed = [name for name, task in tasks.items() if self.tasks.get(name) is not task]
+        gone = sorted(self.tasks.keys() - tasks.keys())
+        if not changed and not gone:
+            return
+        await self._declare([tasks[name] for name in changed])
+        if gone:  # only those this worker ran: another worker's tasks are not its to retire
+            others = {info.name for info in await self.queue.alist_tasks()} - set(gone)
+            await self.queue.aretire_tasks(sorted(others | tasks.keys()))
+        isolated = {name for name, task in tasks.items() if self._isolated(task)}
+        pool = self._pool
+        if pool is None and isolated:
+            pool = process_pool_for(isolated, self.settings, self._process_settings)
+        for name in gone:
+            self._gone[name] = self.tasks[name]
+        for name in changed:
+            self._gone.pop(name, None)
+        self.tasks, self._names, self._pool = tasks, sorted(tasks), pool
+        self._max_batch = self._max_batch_for(tasks)
+        if pool is not None and isolated.intersection(changed):
+            await pool.renew()  # children hold the tasks they ran: new ones load the files
+        log.info(
+            "tasks_reloaded", tasks=self._names, changed=sorted(changed), removed=gone,
+            refused=[str(error) for error in load.errors],
+        )  # fmt: skip
+
     async def declare(self) -> None:
         """Register the tasks' assets and specs (idempotent; a new task starts at the log's end)."""
-        assets = {a.name: a for task in self.tasks.values() for a in task.assets}
+        await self._declare(list(self.tasks.values()))
+
+    async def _declare(self, tasks: Sequence[AssetTask]) -> None:
+        assets = {a.name: a for task in tasks for a in task.assets}
         if assets:
             await self.registry.aregister_assets(list(assets.values()))
-        await self.queue.async_tasks([task.spec for task in self.tasks.values()])
+        if tasks:
+            await self.queue.async_tasks([task.spec for task in tasks])
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -178,6 +226,10 @@ class Worker:
                     await tg.start(self.try_logs.run)
                 if self._pool is not None:
                     tg.start_soon(self._pool.warm)
+                if self.files is not None:
+                    tg.start_soon(
+                        self.files.follow, self.settings.reload_interval, self.apply_tasks
+                    )
                 task_status.started()
                 await self._loop(tg)
         finally:
@@ -238,7 +290,7 @@ class Worker:
         try:
             with scope:
                 while True:
-                    outcome = await self._try_logged(self.tasks[run.task], run)
+                    outcome = await self._try_logged(self._task_of(run.task), run)
                     self._running.pop(run.id, None)
                     self._finishing += 1
                     try:
@@ -260,7 +312,7 @@ class Worker:
     async def _try_logged(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         """A try, its output kept with its run and stored before the outcome is recorded."""
         logs = self.try_logs
-        if logs is None or task.name in self._isolated:
+        if logs is None or self._isolated(task):
             return await self._try(task, run)
         buffer = logs.open(run.id, run.try_number)
         try:
@@ -272,7 +324,7 @@ class Worker:
     async def _try(self, task: AssetTask, run: TaskRun) -> RunOutcome:
         if self._log_starts:
             log.debug("run_started", run_id=run.id, task=task.name, try_number=run.try_number)
-        if self._pool is not None and task.name in self._isolated:
+        if self._pool is not None and self._isolated(task):
             return await self._try_in_child(self._pool, task, run)
         context = run_context(self.backend, task, run)
         limit: anyio.CancelScope | None = None
@@ -360,7 +412,7 @@ class Worker:
     ) -> tuple[TaskRun | None, TaskRun | None]:
         """Record ``outcome`` and, in the same transaction, claim this slot's next run: the
         run as recorded (None when the record was refused or failed) and the next run."""
-        task = self.tasks[run.task]
+        task = self._task_of(run.task)
         with anyio.CancelScope(shield=True):
             try:
                 step = await self._step(
@@ -390,7 +442,7 @@ class Worker:
     async def _call_back(self, run: TaskRun, outcome: RunOutcome, done: TaskRun) -> None:
         error = None if outcome.success else self._errors.get(run.id)
         await call_back(
-            self.tasks[run.task], outcome, done, error,
+            self._task_of(run.task), outcome, done, error,
             time_limit=self.settings.callback_timeout, threads=self._threads,
         )  # fmt: skip
 
