@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from .._core import iso, retry_failed_runs, run_record, task_record
+from .._core import iso, run_record, task_record
 from ._api import api_options, with_api_options
 from ._common import (
     PROG,
@@ -302,6 +302,8 @@ async def _runs_retry(backend: BaseStateBackend, args: argparse.Namespace, _: Se
         emit(f"run {run.id} queued for try {run.try_number + 1}")
         return 0
     from watchkeeper.store import TaskNotFoundError
+
+    from .._core import retry_failed_runs  # loads the store: not for --help
 
     try:
         retried = await retry_failed_runs(queue, args.task)
